@@ -1,0 +1,39 @@
+"""Settings the harness needs. The gateway's config.yaml embeds these; the agent never reads files
+of the gateway."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ModelSpec(BaseModel):
+    """One chat model: ``use`` is a ``module:Class`` path; every other key goes to its constructor."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = "default"
+    use: str = "langchain_openai:ChatOpenAI"
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class AgentSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "default"
+    """Name of the entry in ``models`` the lead agent uses."""
+    system_prompt: str = (
+        "You are Chital, a helpful assistant that lives in the user's team chat. "
+        "Answer concisely in Markdown."
+    )
+    model_timeout: float = Field(60.0, gt=0)
+    """Seconds one model call may take before it counts as failed."""
+    model_retries: int = Field(3, ge=0, le=10)
+    """Retries of a failed model call (timeout, 429, 5xx) with exponential backoff."""
+    retry_backoff: float = Field(1.0, ge=0)
+    """First backoff delay in seconds; doubles each retry (jittered)."""
+    max_steps: int = Field(25, ge=1)
+    """Model calls one turn may make before it must answer."""

@@ -1,0 +1,421 @@
+"""The agent core: one LangChain ``create_agent`` graph, checkpointed in SQLite, run turn by turn.
+
+``Harness.run`` turns a LangGraph run into Chital's ``AgentEvent`` stream. What it adds on top of
+the library:
+
+- **Exactly-once turns.** The HumanMessage of a turn carries the chat message id. Before running,
+  the thread's checkpoint says whether that message was already answered (replay the answer, no
+  model call), was interrupted mid-turn (continue from the checkpoint, input ``None``), or is new.
+- **Durability ``"sync"``.** Each super-step's checkpoint is committed before the next step starts,
+  so a daemon killed mid-turn resumes right after the last finished step and a finished tool is
+  never run twice. ``"async"`` overlaps that write with the next step (a crash can lose the last
+  step and repeat a tool's side effects) and ``"exit"`` writes only at the end (a crash loses the
+  whole turn, so a long tool-using turn would start over). The CPU cost is the same for all three
+  per written step; "sync" only adds the commit latency (SQLite WAL with synchronous=NORMAL: no
+  fsync per commit, still safe against a process crash).
+- **Clear failures.** Model errors are retried by ``RetryModelCalls``; what is left becomes a
+  ``TurnFailed`` with a message fit for the chat (no provider text, no secrets).
+- **Stop.** Cancelling the task that consumes ``run`` stops the model call; the next turn first
+  answers any tool call the stopped turn left dangling, so the history stays valid for the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing, suppress
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+from deepagents import DeepAgentState
+from langchain.agents import create_agent
+from langchain.agents.middleware.types import AgentMiddleware
+from langchain_core.exceptions import (
+    ContextOverflowError,
+    ModelAuthenticationError,
+    ModelPermissionDeniedError,
+    ModelRateLimitError,
+    ModelTimeoutError,
+)
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.errors import GraphRecursionError
+from langgraph.graph.state import CompiledStateGraph
+
+from agent.config import AgentSettings, ModelSpec
+from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
+from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, is_retryable
+from agent.model import build_chat_model, model_display_name
+
+log = logging.getLogger(__name__)
+
+DURABILITY = "sync"
+"""Checkpoint durability of every run; see the module docstring for why."""
+
+_LEAD_NODE = "model"
+_STREAM_MODES = ["messages", "updates", "custom"]
+_SETTLED_CACHE = 4096
+
+
+class HarnessNotStarted(RuntimeError):
+    """``run`` was called before ``start()`` (or after ``close()``)."""
+
+
+class Harness:
+    """The lead agent of every chat thread; one instance serves all threads of the daemon.
+
+    The compiled graph and the model client are built once in ``start()`` and reused by every
+    turn: per-turn work is the graph run itself plus one checkpoint read.
+    """
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        model: ModelSpec,
+        checkpoint_path: Path,
+        *,
+        extra_tools: Sequence[BaseTool | Callable[..., Any]] = (),
+        extra_middleware: Sequence[AgentMiddleware[Any, Any, Any]] = (),
+    ) -> None:
+        self.settings = settings
+        self.spec = model
+        self.checkpoint_path = Path(checkpoint_path)
+        self.tools: list[BaseTool | Callable[..., Any]] = list(extra_tools)
+        self.extra_middleware = list(extra_middleware)
+        self._model = build_chat_model(model, settings)
+        self._conn: aiosqlite.Connection | None = None
+        self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        # thread id -> message id of the last turn this process finished cleanly on that thread.
+        # A different message id on such a thread needs no checkpoint read to know it is new.
+        self._settled: dict[str, str] = {}
+
+    @property
+    def model_name(self) -> str:
+        return model_display_name(self.spec, self._model)
+
+    def middleware(self) -> list[AgentMiddleware[Any, Any, Any]]:
+        """The middleware stack, outermost first. Sandbox tools, sub-agents, skills, memory and
+        summarization (issue 4) go here; keep them ``wrap_*`` hooks where possible, as every
+        before/after hook is one more graph node per turn."""
+        return [
+            StepBudget(self.settings.max_steps),
+            *self.extra_middleware,
+            RetryModelCalls(
+                max_retries=self.settings.model_retries, initial_delay=self.settings.retry_backoff
+            ),
+        ]
+
+    async def start(self) -> None:
+        """Open the checkpoint database and compile the agent graph (once)."""
+        if self._graph is not None:
+            return
+        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+        conn = await aiosqlite.connect(str(self.checkpoint_path))
+        try:
+            await conn.execute("PRAGMA journal_mode=WAL")
+            await conn.execute("PRAGMA synchronous=NORMAL")
+            saver = AsyncSqliteSaver(conn)
+            await saver.setup()
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+        self._graph = create_agent(
+            self._model,
+            self.tools,
+            system_prompt=self.settings.system_prompt,
+            middleware=self.middleware(),
+            # deepagents' state: messages live in a DeltaChannel, so a checkpoint stores the new
+            # messages of a step instead of the whole history (and issue 4's deep agent reads the
+            # same threads).
+            state_schema=DeepAgentState,
+            checkpointer=saver,
+        )
+
+    async def close(self) -> None:
+        self._graph = None
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await conn.close()
+
+    async def __aenter__(self) -> Harness:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _require_graph(self) -> CompiledStateGraph[Any, Any, Any, Any]:
+        if self._graph is None:
+            raise HarnessNotStarted("Harness.start() was not called")
+        return self._graph
+
+    def _config(self, thread_id: str, **metadata: str) -> RunnableConfig:
+        return {
+            "configurable": {"thread_id": thread_id},
+            # A model call and its tool step are two super-steps; a few more for the edges.
+            "recursion_limit": 2 * self.settings.max_steps + 5,
+            "metadata": metadata,
+        }
+
+    async def message_count(self, thread_id: str) -> int:
+        """Messages in the thread's history (for /status)."""
+        snap = await self._require_graph().aget_state(self._config(thread_id))
+        return len(snap.values.get("messages", ()))
+
+    async def run(
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        text: str,
+        files: Sequence[Path] = (),
+    ) -> AsyncIterator[AgentEvent]:
+        """Answer one chat message: TextDelta/ToolProgress/StatusUpdate events, then exactly one
+        ``Final`` or ``TurnFailed``.
+
+        Safe to call again with the same ``message_id`` after a crash (see the module docstring).
+        Turns of one thread are serialised. Consume it with ``contextlib.aclosing`` so that a
+        consumer that stops early releases the thread at once rather than at garbage collection.
+        """
+        graph = self._require_graph()
+        config = self._config(thread_id, user_id=user_id, message_id=message_id)
+        lock = self._locks.get(thread_id)
+        if lock is None:
+            lock = self._locks[thread_id] = asyncio.Lock()
+        async with lock:
+            try:
+                inp = await self._prepare(graph, config, thread_id, message_id, text, files, user_id)
+                if isinstance(inp, Final):
+                    yield inp
+                    return
+                final: str | None = None
+                async with aclosing(self._stream(graph, inp, config)) as events:
+                    async for event in events:
+                        if isinstance(event, Final):
+                            final = event.text
+                        else:
+                            yield event
+                if final is None:
+                    final = await self._final_from_state(graph, config)
+            except Exception as exc:
+                self._settled.pop(thread_id, None)
+                yield _failure(exc)
+                return
+            except BaseException:  # cancelled (/stop) or closed early: the history may dangle
+                self._settled.pop(thread_id, None)
+                raise
+            self._remember(thread_id, message_id)
+            yield Final(final)
+
+    # ---- turn preparation ----------------------------------------------------------------------
+    async def _prepare(
+        self,
+        graph: CompiledStateGraph[Any, Any, Any, Any],
+        config: RunnableConfig,
+        thread_id: str,
+        message_id: str,
+        text: str,
+        files: Sequence[Path],
+        user_id: str,
+    ) -> dict[str, Any] | Final | None:
+        """Decide between replaying the answer (Final), continuing (None) and a new turn (input)."""
+        human = HumanMessage(
+            content=_with_files(text, files), id=message_id, additional_kwargs={"user_id": user_id}
+        )
+        settled = self._settled.get(thread_id)
+        if settled is not None and settled != message_id:
+            return {"messages": [human]}
+        snap = await graph.aget_state(config)
+        messages: list[AnyMessage] = list(snap.values.get("messages", ()))
+        last_human = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
+        if last_human is not None and last_human.id == message_id:
+            last = messages[-1]
+            if (
+                not snap.next
+                and isinstance(last, AIMessage)
+                and not last.tool_calls
+                and last is not last_human
+            ):
+                log.info(
+                    "thread %s: message %s already answered; replaying the answer", thread_id, message_id
+                )
+                return Final(last.text)
+            log.info("thread %s: continuing the interrupted turn of message %s", thread_id, message_id)
+            if not snap.next:
+                # Nothing scheduled (an unusual stop): answer dangling tool calls and hand the
+                # turn back to the model, as the tools node would have.
+                await graph.aupdate_state(config, {"messages": _tool_patches(messages)}, as_node="tools")
+            return None
+        patches = _tool_patches(messages)
+        if patches:
+            log.info("thread %s: closing %d tool call(s) left by a stopped turn", thread_id, len(patches))
+        return {"messages": [*patches, human]}
+
+    def _remember(self, thread_id: str, message_id: str) -> None:
+        if len(self._settled) >= _SETTLED_CACHE:
+            self._settled.pop(next(iter(self._settled)))
+        self._settled[thread_id] = message_id
+
+    # ---- the run -------------------------------------------------------------------------------
+    async def _stream(
+        self,
+        graph: CompiledStateGraph[Any, Any, Any, Any],
+        inp: dict[str, Any] | None,
+        config: RunnableConfig,
+    ) -> AsyncIterator[AgentEvent]:
+        """Map LangGraph stream parts to events; yields a Final (no tool calls) when the lead's
+        last model step is known from the stream."""
+        final: AIMessage | None = None
+        shown = 0  # characters of the current model call already sent as TextDelta
+        replay = 0  # characters a retried model call repeats before it says anything new
+        try:
+            stream = graph.astream(inp, config, stream_mode=_STREAM_MODES, durability=DURABILITY)
+            async with aclosing(stream):
+                async for mode, part in stream:
+                    if mode == "messages":
+                        chunk, meta = part
+                        if meta.get("langgraph_node") != _LEAD_NODE or "|" in meta.get(
+                            "langgraph_checkpoint_ns", ""
+                        ):
+                            continue  # tool-internal or sub-agent model output: not the answer
+                        if chunk.type != "AIMessageChunk":
+                            continue
+                        piece = chunk.text
+                        if not piece:
+                            continue
+                        shown += len(piece)
+                        if replay:
+                            skip = min(replay, len(piece))
+                            replay -= skip
+                            piece = piece[skip:]
+                            if not piece:
+                                continue
+                        yield TextDelta(piece)
+                    elif mode == "updates":
+                        for node, update in part.items():
+                            for message in _messages_of(update):
+                                if node == _LEAD_NODE and isinstance(message, AIMessage):
+                                    shown = replay = 0
+                                    final = message
+                                    for call in message.tool_calls:
+                                        yield ToolProgress(call["name"], "start", _brief(call.get("args")))
+                                elif isinstance(message, ToolMessage):
+                                    phase = "error" if message.status == "error" else "end"
+                                    yield ToolProgress(message.name or "tool", phase)
+                    elif mode == "custom" and isinstance(part, dict) and RETRY_EVENT in part:
+                        info = part[RETRY_EVENT]
+                        replay, shown = shown, 0
+                        attempt = f"{info['attempt']}/{self.settings.model_retries}"
+                        yield StatusUpdate(f"The model did not answer; retrying ({attempt})…")
+        except asyncio.CancelledError as exc:
+            # LangGraph hands over the task that finishes writing the checkpoint; wait for it so
+            # the next turn reads a settled history.
+            for arg in exc.args:
+                if isinstance(arg, asyncio.Future):
+                    with suppress(BaseException):
+                        await asyncio.wait_for(asyncio.shield(arg), 5)
+            raise
+        if final is not None and not final.tool_calls:
+            yield Final(final.text)
+
+    async def _final_from_state(
+        self, graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig
+    ) -> str:
+        """The answer when the stream did not show it (e.g. a middleware ended the turn)."""
+        snap = await graph.aget_state(config)
+        for message in reversed(snap.values.get("messages", ())):
+            if isinstance(message, HumanMessage):
+                break
+            if isinstance(message, AIMessage) and not message.tool_calls:
+                return message.text
+        raise RuntimeError("the agent finished without an answer")
+
+
+def _with_files(text: str, files: Sequence[Path]) -> str:
+    if not files:
+        return text
+    listing = "\n".join(f"- {path}" for path in files)
+    return f"{text}\n\nAttached files:\n{listing}"
+
+
+def _messages_of(update: Any) -> list[Any]:
+    """Messages in one node's update (a dict, a list of them, or None for hooks that wrote nothing)."""
+    if isinstance(update, dict):
+        messages = update.get("messages")
+        if isinstance(messages, list):
+            return messages
+        return [messages] if messages is not None else []
+    if isinstance(update, list | tuple):
+        return [m for item in update for m in _messages_of(item)]
+    return []
+
+
+def _tool_patches(messages: Sequence[AnyMessage]) -> list[ToolMessage]:
+    """ToolMessages answering the tool calls of the last AIMessage that got no result.
+
+    Only the tail can dangle: every turn closes the previous one's calls before it starts.
+    deepagents' PatchToolCallsMiddleware does this for the whole history on every turn (one more
+    graph node and a full rewrite of the messages); here it costs nothing when nothing dangles.
+    """
+    answered: set[str] = set()
+    for message in reversed(messages):
+        if isinstance(message, ToolMessage):
+            answered.add(message.tool_call_id)
+        elif isinstance(message, AIMessage):
+            return [
+                ToolMessage(
+                    content=f"Tool call {call['name']} was stopped before it finished; no result.",
+                    name=call["name"],
+                    tool_call_id=call["id"],
+                    status="error",
+                )
+                for call in message.tool_calls
+                if call.get("id") and call["id"] not in answered
+            ]
+        else:
+            return []
+    return []
+
+
+def _brief(args: Any, limit: int = 200) -> str:
+    if not args:
+        return ""
+    try:
+        text = json.dumps(args, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = str(args)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _failure(exc: Exception) -> TurnFailed:
+    """A user-safe TurnFailed for an exception; the log gets the type, never the provider text."""
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, ModelRateLimitError) or status == 429:
+        message, retryable = "The model is rate-limited right now. Please try again in a minute.", True
+    elif isinstance(exc, ModelTimeoutError | TimeoutError):
+        message, retryable = "The model did not answer in time. Please try again.", True
+    elif isinstance(exc, ModelAuthenticationError | ModelPermissionDeniedError) or status in (401, 403):
+        message, retryable = (
+            "The model service refused our credentials; ask the admin to check the API key.",
+            False,
+        )
+    elif isinstance(exc, ContextOverflowError):
+        message, retryable = "This conversation is too long for the model; please start a new one.", False
+    elif isinstance(exc, GraphRecursionError):
+        message, retryable = "This task needed too many steps and was stopped.", False
+    elif is_retryable(exc):
+        message, retryable = "The model service failed. Please try again later.", True
+    else:
+        log.error("turn failed with an unexpected %s", type(exc).__name__, exc_info=exc)
+        return TurnFailed("Something went wrong while answering; the error was logged.", retryable=False)
+    log.warning("turn failed: %s (status %s)", type(exc).__name__, status)
+    return TurnFailed(message, retryable=retryable)

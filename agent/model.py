@@ -1,0 +1,72 @@
+"""Build the chat model a ``ModelSpec`` names, with Chital's streaming, timeout and retry defaults."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+
+from agent.config import AgentSettings, ModelSpec
+
+
+def _field_names(cls: type) -> set[str]:
+    """Constructor field names and aliases of a pydantic chat-model class."""
+    names: set[str] = set()
+    for name, info in getattr(cls, "model_fields", {}).items():
+        names.add(name)
+        if info.alias:
+            names.add(info.alias)
+    return names
+
+
+def build_chat_model(spec: ModelSpec, settings: AgentSettings) -> BaseChatModel:
+    """Instantiate ``spec.use`` (``module:Class``) with ``spec.kwargs()``.
+
+    Defaults we add unless the spec sets them (so one spec format fits ChatOpenAI, ChatAnthropic...):
+    - ``streaming=True``: the chat shows tokens as they come.
+    - ``timeout=settings.model_timeout``: for httpx-based clients this bounds the wait for the
+      first byte and every gap between streamed chunks, not the whole answer, so a long answer
+      that keeps streaming is never cut off.
+    - ``max_retries=0``: retries belong to ``agent.middleware.RetryModelCalls``, which honours
+      ``model_retries``/``retry_backoff`` and Retry-After; the SDK's own retries (openai: 2, with a
+      fixed 0.5-8 s schedule) would multiply with ours and ignore the settings.
+    The spec's kwargs may hold an ``api_key``: it goes to the constructor only (ChatOpenAI keeps it
+    as a SecretStr) and is never logged here.
+    """
+    module_name, _, class_name = spec.use.partition(":")
+    if not module_name or not class_name:
+        raise ValueError(f"model {spec.name!r}: 'use' must look like 'module:Class', got {spec.use!r}")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"model {spec.name!r}: cannot import {spec.use!r}") from exc
+    kwargs: dict[str, Any] = spec.kwargs()
+    fields = _field_names(cls)
+    if "streaming" in fields:
+        kwargs.setdefault("streaming", True)
+    if "stream_usage" in fields:
+        kwargs.setdefault("stream_usage", True)
+    if "max_retries" in fields:
+        kwargs.setdefault("max_retries", 0)
+    if "timeout" in fields and "timeout" not in kwargs and "request_timeout" not in kwargs:
+        kwargs["timeout"] = settings.model_timeout
+    try:
+        model = cls(**kwargs)
+    except Exception as exc:
+        # Validation errors may echo constructor values (an api_key): keep only the class name.
+        raise ValueError(
+            f"model {spec.name!r}: invalid settings for {spec.use} ({type(exc).__name__})"
+        ) from None
+    if not isinstance(model, BaseChatModel):
+        raise ValueError(f"model {spec.name!r}: {spec.use} is not a LangChain chat model")
+    return model
+
+
+def model_display_name(spec: ModelSpec, model: BaseChatModel) -> str:
+    """What /status shows: the provider's model id when known, else the spec's name."""
+    for attr in ("model_name", "model", "model_id"):
+        value = getattr(model, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return spec.name

@@ -1,0 +1,394 @@
+"""The agent's file tools (ls, read, write, edit, glob, grep, delete) acting on one thread's host dirs.
+
+Why not plain ``open(host_path)``: sandboxed code shares these directories and may plant or swap
+symlinks at any moment. Every operation first checks the path with :class:`PathMapper`, then opens
+the already-resolved, symlink-free path one component at a time relative to a directory fd with
+``O_NOFOLLOW`` (and walks trees with ``os.fwalk``), so a symlink swapped in after the check makes the
+call fail instead of reaching outside the thread's dirs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import re
+import shutil
+import stat
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from wcmatch import glob as wcglob
+
+from .paths import Mount, PathMapper, PathRefused, Resolved, SandboxError
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_GREP_FILE = 8 * 1024 * 1024  # skip bigger files: grep is for source/text, not data dumps
+_MAX_LINE_TEXT = 1000
+_WALK_LIMIT = 50_000  # files visited per glob/grep call, so a huge tree cannot hang a tool call
+_EDIT_LOCKS = [threading.Lock() for _ in range(64)]  # striped: bounded memory, per-file exclusion
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str
+    is_dir: bool
+    size: int
+    modified: float
+
+
+@dataclass(frozen=True)
+class TextWindow:
+    """A window of lines; ``start_line``/``end_line`` are 1-based and inclusive (0/0 when empty)."""
+
+    text: str
+    start_line: int
+    end_line: int
+    total_lines: int
+
+
+@dataclass(frozen=True)
+class GrepMatch:
+    path: str
+    line: int
+    text: str
+
+
+def _compile_glob(pattern: str) -> Callable[[str], bool]:
+    """ripgrep-like include globs (as deepagents documents them): no ``/`` → match the basename at
+    any depth; with ``/`` → match the path relative to the search root, ``**`` spans dirs."""
+    if ".." in pattern.split("/"):
+        raise PathRefused("'..' is not allowed in glob patterns")
+    compiled = wcglob.compile(pattern.lstrip("/"), flags=wcglob.BRACE | wcglob.GLOBSTAR)
+    if "/" in pattern:
+        return lambda rel: bool(compiled.match(rel))
+    return lambda rel: bool(compiled.match(PurePosixPath(rel).name))
+
+
+class HostFiles:
+    """File operations of one thread. Synchronous (callers run them in a worker thread)."""
+
+    def __init__(self, mapper: PathMapper, owner: tuple[int, int] | None = None) -> None:
+        self.mapper = mapper
+        self.owner = owner
+
+    # --- low-level, symlink-safe opening ---------------------------------------------------------
+
+    def _give(self, name: str, dir_fd: int, is_dir: bool) -> None:
+        """Make a file we created usable by the sandbox user (see ThreadDirs.ensure)."""
+        if self.owner is None or self.owner[0] == os.geteuid():
+            return
+        if os.geteuid() == 0:
+            os.chown(name, *self.owner, dir_fd=dir_fd, follow_symlinks=False)
+        else:
+            os.chmod(name, 0o777 if is_dir else 0o666, dir_fd=dir_fd, follow_symlinks=False)
+
+    def _open_dir(self, r: Resolved, parts: tuple[str, ...], *, create: bool = False) -> int:
+        fd = os.open(r.root, _DIR_FLAGS)
+        try:
+            for part in parts:
+                try:
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    self._give(part, fd, True)
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(part, fd):
+                        raise PathRefused(f"{r.virtual}: a symlink appeared in the path; refused") from e
+                    raise
+                os.close(fd)
+                fd = nfd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _open_file(self, r: Resolved, flags: int, *, create_parents: bool = False) -> int:
+        if not r.parts:
+            raise IsADirectoryError(errno.EISDIR, "is a directory")
+        dfd = self._open_dir(r, r.parts[:-1], create=create_parents)
+        try:
+            name = r.parts[-1]
+            existed = flags & os.O_CREAT and _exists(name, dfd)
+            try:
+                fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise PathRefused(f"{r.virtual}: a symlink appeared in the path; refused") from e
+                raise
+            if flags & os.O_CREAT and not existed:
+                self._give(name, dfd, False)
+            return fd
+        finally:
+            os.close(dfd)
+
+    @contextlib.contextmanager
+    def _errors(self, virtual: str) -> Iterator[None]:
+        """Turn OS errors into messages that name the virtual path, never the host path."""
+        try:
+            yield
+        except SandboxError:
+            raise
+        except FileNotFoundError:
+            raise SandboxError(f"{virtual}: no such file or directory") from None
+        except IsADirectoryError:
+            raise SandboxError(f"{virtual}: is a directory") from None
+        except NotADirectoryError:
+            raise SandboxError(f"{virtual}: not a directory") from None
+        except UnicodeDecodeError:
+            raise SandboxError(f"{virtual}: not a UTF-8 text file") from None
+        except OSError as e:
+            raise SandboxError(f"{virtual}: {e.strerror or e}") from None
+
+    # --- operations ---------------------------------------------------------------------------
+
+    def ls(self, path: str) -> list[Entry]:
+        synthetic = self.mapper.synthetic_children(path)
+        if synthetic is not None:
+            return [Entry(c, True, 0, 0.0) for c in synthetic]
+        r = self.mapper.resolve(path)
+        out: list[Entry] = []
+        with self._errors(r.virtual):
+            fd = self._open_dir(r, r.parts)
+            try:
+                with os.scandir(fd) as it:
+                    for de in it:
+                        virtual = self.mapper.to_virtual(r.mount, (*r.parts, de.name))
+                        try:
+                            st = de.stat(follow_symlinks=False)
+                            if stat.S_ISLNK(st.st_mode):
+                                # Show a link only when it stays inside the sandbox.
+                                st = os.stat(self.mapper.resolve(virtual).host)
+                        except (OSError, PathRefused):
+                            continue
+                        is_dir = stat.S_ISDIR(st.st_mode)
+                        out.append(Entry(virtual, is_dir, 0 if is_dir else st.st_size, st.st_mtime))
+            finally:
+                os.close(fd)
+        return sorted(out, key=lambda e: e.path)
+
+    def stat(self, path: str) -> Entry | None:
+        """The entry at ``path``, or None when nothing is there."""
+        if self.mapper.synthetic_children(path) is not None:
+            return Entry(self.mapper.normalize(path), True, 0, 0.0)
+        r = self.mapper.resolve(path)
+        try:
+            st = os.stat(r.host, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        is_dir = stat.S_ISDIR(st.st_mode)
+        return Entry(r.virtual, is_dir, 0 if is_dir else st.st_size, st.st_mtime)
+
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+        r = self.mapper.resolve(path)
+        with self._errors(r.virtual):
+            fd = self._open_file(r, os.O_RDONLY)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise SandboxError(f"{r.virtual}: not a regular file")
+                data = f.read(-1 if max_bytes is None else max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise SandboxError(f"{r.virtual}: larger than {max_bytes} bytes")
+        return data
+
+    def read_text(self, path: str, offset: int = 0, limit: int = 2000) -> TextWindow:
+        """Lines ``offset`` (0-based) .. ``offset+limit`` of a UTF-8 file, keeping line endings."""
+        offset, limit = max(int(offset), 0), max(int(limit), 0)
+        r = self.mapper.resolve(path)
+        picked: list[str] = []
+        total = 0
+        with self._errors(r.virtual):
+            fd = self._open_file(r, os.O_RDONLY)
+            with os.fdopen(fd, "rb") as raw:
+                if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
+                    raise SandboxError(f"{r.virtual}: not a regular file")
+                head = raw.peek(8192)[:8192] if hasattr(raw, "peek") else b""
+                if b"\x00" in head:
+                    raise SandboxError(f"{r.virtual}: binary file, not shown as text")
+                text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+                for line in text:
+                    if offset <= total < offset + limit:
+                        picked.append(line)
+                    total += 1
+        if total and offset >= total:
+            raise SandboxError(f"{r.virtual}: line offset {offset} is past the end ({total} lines)")
+        if not picked:
+            return TextWindow("", 0, 0, total)
+        return TextWindow("".join(picked), offset + 1, offset + len(picked), total)
+
+    def write(self, path: str, content: str | bytes) -> str:
+        r = self.mapper.resolve(path, write=True)
+        data = content.encode() if isinstance(content, str) else content
+        with self._errors(r.virtual):
+            fd = self._open_file(r, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, create_parents=True)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        return r.virtual
+
+    def edit(self, path: str, old: str, new: str, replace_all: bool = False) -> int:
+        """Replace the exact string ``old``; it must occur exactly once unless ``replace_all``."""
+        if not old:
+            raise SandboxError("old_string must not be empty")
+        if old == new:
+            raise SandboxError("old_string and new_string are identical")
+        r = self.mapper.resolve(path, write=True)
+        lock = _EDIT_LOCKS[zlib.crc32(str(r.host).encode()) % len(_EDIT_LOCKS)]
+        with lock, self._errors(r.virtual):
+            fd = self._open_file(r, os.O_RDWR)
+            with os.fdopen(fd, "r+b") as f:
+                content = f.read().decode("utf-8")
+                count = content.count(old)
+                if count == 0:
+                    raise SandboxError(f"{r.virtual}: old_string not found")
+                if count > 1 and not replace_all:
+                    raise SandboxError(
+                        f"{r.virtual}: old_string occurs {count} times; add context to make it unique "
+                        "or set replace_all"
+                    )
+                updated = content.replace(old, new) if replace_all else content.replace(old, new, 1)
+                f.seek(0)
+                f.write(updated.encode())
+                f.truncate()
+        return count if replace_all else 1
+
+    def delete(self, path: str) -> str:
+        r = self.mapper.resolve(path, write=True)
+        if not r.parts:
+            raise PathRefused(f"{r.mount.virtual} itself cannot be deleted")
+        with self._errors(r.virtual):
+            dfd = self._open_dir(r, r.parts[:-1])
+            try:
+                name = r.parts[-1]
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(name, dir_fd=dfd)  # fd-based, does not follow symlinks
+                else:
+                    os.unlink(name, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        return r.virtual
+
+    # --- tree walks ----------------------------------------------------------------------------
+
+    def _roots(self, path: str) -> list[tuple[Resolved, str]]:
+        """(resolved dir, prefix of relative paths) to search: a mount subtree, or every mount
+        below a synthetic dir such as ``/mnt/user-data``."""
+        base = self.mapper.normalize(path)
+        if self.mapper.synthetic_children(base) is None:
+            return [(self.mapper.resolve(base), "")]
+        roots = []
+        for m in self.mapper.mounts:
+            if m.virtual.startswith(base.rstrip("/") + "/"):
+                roots.append((self.mapper.resolve(m.virtual), m.virtual[len(base) :].strip("/")))
+        return roots
+
+    def _walk(self, path: str) -> Iterator[tuple[Mount, tuple[str, ...], str, str, int]]:
+        """Yield (mount, parts, rel path, name, dir fd) for every regular file below ``path``."""
+        seen = 0
+        for r, prefix in self._roots(path):
+            try:
+                top = self._open_dir(r, r.parts)
+            except NotADirectoryError:
+                # A single file: yield it on its own.
+                parent = self._open_dir(r, r.parts[:-1])
+                try:
+                    yield r.mount, r.parts, r.parts[-1], r.parts[-1], parent
+                finally:
+                    os.close(parent)
+                continue
+            except FileNotFoundError:
+                continue
+            try:
+                for dirpath, _dirs, files, dfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+                    sub = () if dirpath == "." else tuple(dirpath[2:].split("/"))
+                    for name in sorted(files):
+                        try:
+                            if not stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                                continue  # symlinks and specials are not followed
+                        except OSError:
+                            continue
+                        seen += 1
+                        if seen > _WALK_LIMIT:
+                            return
+                        rel = "/".join(p for p in (prefix, *sub, name) if p)
+                        yield r.mount, (*r.parts, *sub, name), rel, name, dfd
+            finally:
+                os.close(top)
+
+    def glob(self, pattern: str, path: str = "/mnt/user-data", max_results: int = 1000) -> tuple[list[str], bool]:
+        """Virtual paths of files matching ``pattern`` below ``path``; True when truncated."""
+        match = _compile_glob(pattern)
+        out: list[str] = []
+        with self._errors(self.mapper.normalize(path)):
+            for mount, parts, rel, _name, _fd in self._walk(path):
+                if match(rel):
+                    if len(out) >= max_results:
+                        return out, True
+                    out.append(self.mapper.to_virtual(mount, parts))
+        return out, False
+
+    def grep(
+        self,
+        pattern: str,
+        path: str = "/mnt/user-data",
+        glob: str | None = None,
+        max_count: int | None = 1000,
+        regex: bool = False,
+    ) -> tuple[list[GrepMatch], bool]:
+        """Lines containing ``pattern`` (literal unless ``regex``); True when cut at ``max_count``."""
+        if not pattern:
+            raise SandboxError("pattern must not be empty")
+        try:
+            rx = re.compile(pattern if regex else re.escape(pattern))
+        except re.error as e:
+            raise SandboxError(f"invalid regex: {e}") from None
+        include = _compile_glob(glob) if glob else None
+        out: list[GrepMatch] = []
+        with self._errors(self.mapper.normalize(path)):
+            for mount, parts, rel, name, dfd in self._walk(path):
+                if include is not None and not include(rel):
+                    continue
+                for lineno, line in _grep_file(name, dfd, rx):
+                    if max_count is not None and len(out) >= max_count:
+                        return out, True
+                    out.append(GrepMatch(self.mapper.to_virtual(mount, parts), lineno, line))
+        return out, False
+
+
+def _grep_file(name: str, dfd: int, rx: re.Pattern[str]) -> Iterator[tuple[int, str]]:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_GREP_FILE:
+            return
+        data = f.read()
+    if b"\x00" in data[:8192]:
+        return  # binary
+    for i, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        if rx.search(line):
+            yield i, line[:_MAX_LINE_TEXT]
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True

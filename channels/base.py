@@ -1,0 +1,242 @@
+"""The one small contract every platform adapter implements.
+
+An adapter turns its SDK's events into :class:`Inbound` values and carries replies back. It knows no
+agent, no store and no other platform. The gateway owns policy (who may talk, journaling, ordering,
+pacing); the adapter owns the platform's facts (its limits, its formatting, its wire quirks).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file a user sent. ``file_id`` is the adapter's own handle for :meth:`Channel.download`."""
+
+    file_id: str
+    name: str
+    mime_type: str | None = None
+    size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """One user message, platform-neutral.
+
+    ``message_id`` must be stable across redelivery and reconnect replay: the gateway journals on
+    ``(platform, chat_id, message_id)`` so a second delivery of the same post is a no-op (Slack: the
+    message ``ts``, not the event id).
+    """
+
+    platform: str
+    chat_id: str
+    message_id: str
+    sender_id: str
+    text: str
+    is_direct: bool
+    addressed: bool
+    """True when the bot was mentioned, replied to or addressed by command (always True in DMs)."""
+    thread_id: str | None = None
+    """Topic / thread inside the chat that forms its own conversation (Telegram forum topic, Slack
+    thread ts, Discord thread channel). ``None`` when the chat is one conversation."""
+    sender_name: str = ""
+    chat_title: str = ""
+    attachments: tuple[Attachment, ...] = ()
+    received_at: float = field(default_factory=time.time)
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Adapter-private data the adapter needs again to reply (e.g. Slack's thread ts). JSON-safe."""
+
+    @property
+    def conversation(self) -> str:
+        """The key of the conversation this message belongs to (one agent thread per key)."""
+        base = f"{self.platform}:{self.chat_id}"
+        return f"{base}:{self.thread_id}" if self.thread_id else base
+
+    @property
+    def key(self) -> str:
+        """Idempotency key of this message: redeliveries share it."""
+        return f"{self.platform}:{self.chat_id}:{self.message_id}"
+
+    @property
+    def user(self) -> str:
+        """The platform-qualified user id used for access control and memory."""
+        return f"{self.platform}:{self.sender_id}"
+
+    @property
+    def target(self) -> ReplyTarget:
+        return ReplyTarget(
+            platform=self.platform,
+            chat_id=self.chat_id,
+            thread_id=self.thread_id,
+            reply_to=self.message_id,
+            extra=dict(self.extra),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyTarget:
+    """Where a reply goes. Built from an :class:`Inbound`; survives a restart as JSON."""
+
+    platform: str
+    chat_id: str
+    thread_id: str | None = None
+    reply_to: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """One platform-ready message part: text plus whatever the adapter needs to send it
+    (parse mode, entities, blocks, a card)."""
+
+    text: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """The platform facts shared delivery code paces and splits by."""
+
+    max_message_len: int
+    edit_interval: float
+    """Minimum seconds between two edits of one message (streaming cadence)."""
+    can_edit: bool = True
+    min_send_interval: float = 0.0
+    """Minimum seconds between two sends into one chat."""
+    max_upload_bytes: int = 20 * 1024 * 1024
+
+
+class ChannelState(enum.StrEnum):
+    DISABLED = "disabled"
+    STARTING = "starting"
+    CONNECTED = "connected"
+    RECONNECTING = "reconnecting"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+# -- errors adapters raise; delivery and the supervisor act on them --------------------------------
+
+
+class ChannelError(Exception):
+    """Base of adapter errors. Messages must never contain a token."""
+
+
+class FatalChannelError(ChannelError):
+    """The channel cannot work until a human acts (revoked or invalid token, missing permission).
+
+    The supervisor keeps it down with this message as the reason instead of retrying in a loop."""
+
+
+class RetryAfter(ChannelError):
+    """The platform asked us to slow down (HTTP 429)."""
+
+    def __init__(self, seconds: float, message: str = "rate limited") -> None:
+        super().__init__(f"{message}; retry after {seconds:.1f}s")
+        self.seconds = seconds
+
+
+class TransientSendError(ChannelError):
+    """A send/edit failed for a reason worth retrying (5xx, network)."""
+
+
+class PermanentSendError(ChannelError):
+    """A send/edit failed and retrying cannot help (400, 403 on that chat, message gone)."""
+
+
+class NotModified(ChannelError):
+    """An edit carried the text the message already had (harmless)."""
+
+
+InboundSink = Callable[[Inbound], Awaitable[None]]
+"""Called by an adapter for each inbound message. It returns once the message is durably journaled
+(or deliberately dropped); only then may the adapter acknowledge the event to the platform."""
+
+StatusListener = Callable[["Channel"], None]
+
+
+class Channel(abc.ABC):
+    """A platform adapter. Subclasses implement the abstract methods; shared bookkeeping lives here."""
+
+    name: str
+    capabilities: Capabilities
+
+    def __init__(self) -> None:
+        self.state: ChannelState = ChannelState.STOPPED
+        self.reason: str | None = None
+        self.state_since: float = time.time()
+        self.last_activity: float = time.monotonic()
+        self._listeners: list[StatusListener] = []
+
+    # -- status -------------------------------------------------------------------------------
+    def add_status_listener(self, listener: StatusListener) -> None:
+        self._listeners.append(listener)
+
+    def set_state(self, state: ChannelState, reason: str | None = None) -> None:
+        if state is self.state and reason == self.reason:
+            return
+        self.state, self.reason, self.state_since = state, reason, time.time()
+        for listener in self._listeners:
+            listener(self)
+
+    def touch(self) -> None:
+        """Record that the connection showed life (an event, a poll answer, a pong)."""
+        self.last_activity = time.monotonic()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def run(self, sink: InboundSink) -> None:
+        """Connect and deliver inbound messages to ``sink`` until cancelled.
+
+        Must call ``set_state(CONNECTED)`` once live. Raises :class:`FatalChannelError` when retrying
+        cannot help; any other exception makes the supervisor restart the channel with backoff.
+        Cancellation must close connections cleanly.
+        """
+
+    async def close(self) -> None:
+        """Release HTTP sessions etc. after ``run`` has ended. Idempotent."""
+
+    # -- rendering ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def render(self, markdown: str) -> Sequence[Rendered]:
+        """The final answer (Markdown) formatted for the platform, split at its limit without
+        breaking code blocks. Never returns an empty sequence for non-empty input."""
+
+    def render_stream(self, markdown: str) -> Rendered:
+        """An in-progress snapshot for streaming edits; plain text cut to the limit by default."""
+        limit = self.capabilities.max_message_len
+        text = markdown if len(markdown) <= limit else markdown[: limit - 1] + "…"
+        return Rendered(text=text)
+
+    # -- outbound -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
+        """Send one message part as a reply to ``target``; return the platform message id.
+
+        ``idempotency_key`` is stable across restarts for the same reply part; adapters whose
+        platform deduplicates on a key (Discord nonce, Lark uuid) pass it on."""
+
+    @abc.abstractmethod
+    async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        """Replace the content of a message the bot sent earlier."""
+
+    async def typing(self, target: ReplyTarget) -> None:  # noqa: B027 - optional capability
+        """Show a typing / working indicator, where the platform has one."""
+
+    async def react(self, target: ReplyTarget, emoji: str) -> None:  # noqa: B027
+        """Put a reaction on the user's message, where the platform has reactions."""
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """Fetch an inbound attachment; raise :class:`PermanentSendError` if it exceeds ``limit``."""
+        raise PermanentSendError(f"{self.name} does not support attachments")
+
+    async def send_file(self, target: ReplyTarget, path: Path, caption: str = "") -> str:
+        """Upload a file produced by the agent into the conversation."""
+        raise PermanentSendError(f"{self.name} does not support sending files")

@@ -1,0 +1,462 @@
+"""Discord adapter: discord.py's gateway client in, REST replies out.
+
+Conversation keys: ``chat_id`` is the channel the user wrote in, except in a thread, where ``chat_id`` is
+the thread's parent channel and ``thread_id`` the thread (a Discord thread is a channel of its own, and
+its own conversation). Replies go to ``thread_id or chat_id``. This matches Slack (channel + thread ts)
+and Telegram (chat + topic), so per-chat access policy set on a channel covers its threads.
+
+Durability: Discord has no acknowledgement; a RESUME replays what a dropped connection missed (same
+message ids, so the gateway journal drops the duplicates), and nothing replays after a fresh IDENTIFY.
+The journal is all there is, so the sink is awaited in arrival order all the same.
+
+The module is named ``discord_channel`` so that ``import discord`` always means discord.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import aiohttp
+import discord
+import discord.gateway
+import discord.http
+import yarl
+from markdown_it import MarkdownIt
+
+from channels.base import (
+    Attachment,
+    Capabilities,
+    Channel,
+    ChannelError,
+    ChannelState,
+    FatalChannelError,
+    Inbound,
+    InboundSink,
+    PermanentSendError,
+    Rendered,
+    ReplyTarget,
+    RetryAfter,
+    TransientSendError,
+)
+from channels.textsplit import split_markdown
+
+log = logging.getLogger(__name__)
+
+DEFAULT_API_BASE_URL = "https://discord.com/api/v10"
+DEFAULT_GATEWAY_URL = "wss://gateway.discord.gg/"
+MAX_LEN = 2000
+NONCE_LEN = 25  # Discord's limit for a string nonce
+
+# Auth failed / invalid intents / privileged intents not enabled: a human must act.
+_FATAL_CLOSE_CODES = {4004: "Discord rejected the bot token (gateway close 4004)",
+                      4013: "Discord refused the requested gateway intents (close 4013)",
+                      4014: "enable the Message Content intent for this bot in the Discord developer portal"}
+_USER_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
+
+
+def _nonce(idempotency_key: str) -> str:
+    """A deterministic nonce: Discord returns the earlier message for a repeated nonce (enforce_nonce),
+    so a retried or restarted send never posts twice. Discord caps nonces at 25 characters."""
+    return hashlib.blake2b(idempotency_key.encode(), digest_size=12).hexdigest()[:NONCE_LEN]
+
+
+class _Client(discord.Client):
+    """discord.py dispatches to ``on_*`` methods; this forwards them to the adapter."""
+
+    def __init__(self, adapter: DiscordChannel, **options: Any) -> None:
+        super().__init__(**options)
+        self._adapter = adapter
+
+    async def on_connect(self) -> None:  # READY (a fresh session)
+        self._adapter._live()
+
+    async def on_resumed(self) -> None:
+        self._adapter._live()
+
+    async def on_disconnect(self) -> None:
+        self._adapter.set_state(ChannelState.RECONNECTING, "gateway connection lost")
+
+    async def on_socket_raw_receive(self, _msg: str) -> None:  # every frame, heartbeat ACKs included
+        self._adapter.touch()
+
+    async def on_message(self, message: discord.Message) -> None:
+        await self._adapter._on_message(message)
+
+
+class DiscordChannel(Channel):
+    """One bot account on Discord (guild channels, threads and DMs)."""
+
+    name = "discord"
+    capabilities = Capabilities(
+        max_message_len=MAX_LEN,
+        edit_interval=1.2,  # Discord allows about 5 message edits per 5 s per channel
+        min_send_interval=1.0,  # and about 5 new messages per 5 s per channel
+        max_upload_bytes=10 * 1024 * 1024,  # the default upload limit of a non-boosted server
+    )
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        api_base_url: str = DEFAULT_API_BASE_URL,
+        gateway_url: str | None = None,
+        heartbeat_timeout: float = 60.0,
+    ) -> None:
+        super().__init__()
+        self._token = token
+        self._api_base_url = api_base_url.rstrip("/")
+        self._gateway_url = gateway_url or DEFAULT_GATEWAY_URL
+        self._heartbeat_timeout = heartbeat_timeout
+        self._client: _Client | None = None
+        self._sink: InboundSink | None = None
+        self._sink_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:  # never show the token
+        return f"DiscordChannel(api_base_url={self._api_base_url!r}, state={self.state.value})"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def _apply_endpoints(self) -> None:
+        """discord.py has no per-client base URL: both are process-wide class attributes, read when
+        a request or a websocket is made. Set them before login; one Discord bot per process.
+        (``discord.http._set_api_version()`` would reset Route.BASE; we never call it.)"""
+        discord.http.Route.BASE = self._api_base_url
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self._gateway_url)
+
+    def _make_client(self) -> _Client:
+        intents = discord.Intents.none()
+        intents.guilds = True
+        intents.guild_messages = True
+        intents.dm_messages = True
+        intents.message_content = True  # privileged: must be enabled in the developer portal
+        return _Client(
+            self,
+            intents=intents,
+            enable_debug_events=True,  # gives on_socket_raw_receive, our liveness signal
+            max_ratelimit_timeout=30.0,  # longer waits surface as RetryAfter for delivery to pace
+            heartbeat_timeout=self._heartbeat_timeout,
+            chunk_guilds_at_startup=False,
+            member_cache_flags=discord.MemberCacheFlags.none(),
+            allowed_mentions=discord.AllowedMentions(everyone=False, users=False, roles=False,
+                                                     replied_user=True),
+        )
+
+    async def run(self, sink: InboundSink) -> None:
+        self._sink = sink
+        self.set_state(ChannelState.STARTING)
+        self._apply_endpoints()
+        client = self._client = self._make_client()
+        try:
+            await client.start(self._token, reconnect=True)
+        except discord.LoginFailure:
+            self._fail("Discord rejected the bot token (401 Unauthorized)")
+        except discord.PrivilegedIntentsRequired:
+            self._fail(_FATAL_CLOSE_CODES[4014])
+        except discord.ConnectionClosed as exc:
+            if exc.code in _FATAL_CLOSE_CODES:
+                self._fail(_FATAL_CLOSE_CODES[exc.code])
+            raise ChannelError(f"Discord gateway closed (code {exc.code})") from None
+        except asyncio.CancelledError:
+            self.set_state(ChannelState.STOPPED)
+            raise
+        finally:
+            if not client.is_closed():
+                await client.close()
+        raise ChannelError("Discord client stopped unexpectedly")
+
+    def _fail(self, reason: str) -> NoReturn:
+        self.set_state(ChannelState.FAILED, reason)
+        raise FatalChannelError(reason) from None
+
+    def _live(self) -> None:
+        self.touch()
+        self.set_state(ChannelState.CONNECTED)
+
+    async def close(self) -> None:
+        if self._client is not None and not self._client.is_closed():
+            await self._client.close()
+
+    # -- inbound ------------------------------------------------------------------------------
+    async def _on_message(self, message: discord.Message) -> None:
+        self.touch()
+        client = self._client
+        me = client.user if client else None
+        if me is None or message.author.id == me.id or message.author.bot:
+            return
+        if message.type not in _USER_MESSAGE_TYPES:
+            return  # joins, pins, thread-created notices ...
+        inbound = self._inbound(message, me.id)
+        if inbound is None or self._sink is None:
+            return
+        # Tasks start in dispatch order and reach this FIFO lock before their first await, so the
+        # sink sees messages in arrival order.
+        async with self._sink_lock:
+            try:
+                await self._sink(inbound)
+            except Exception:
+                log.exception("discord: sink failed for message %s", inbound.key)
+
+    def _inbound(self, message: discord.Message, me: int) -> Inbound | None:
+        channel = message.channel
+        is_dm = message.guild is None
+        if isinstance(channel, discord.Thread):
+            chat_id, thread_id = str(channel.parent_id), str(channel.id)
+        else:
+            chat_id, thread_id = str(channel.id), None
+        bot_roles = [r.id for r in message.role_mentions if r.tags is not None and r.tags.bot_id == me]
+        mentioned = (any(u.id == me for u in message.mentions) or bool(bot_roles)
+                     or re.search(rf"<@!?{me}>", message.content) is not None)
+        text = _strip_mentions(message, me, bot_roles)
+        attachments = tuple(
+            Attachment(file_id=a.url, name=a.filename, mime_type=a.content_type, size=a.size)
+            for a in message.attachments
+        )
+        addressed = is_dm or mentioned or _replies_to(message, me)
+        if not text and not attachments and not addressed:
+            return None  # sticker- or embed-only chatter
+        extra: dict[str, Any] = {"guild_id": str(message.guild.id)} if message.guild else {}
+        return Inbound(
+            platform=self.name,
+            chat_id=chat_id,
+            message_id=str(message.id),
+            sender_id=str(message.author.id),
+            text=text,
+            is_direct=is_dm,
+            addressed=addressed,
+            thread_id=thread_id,
+            sender_name=message.author.display_name,
+            chat_title=_chat_title(message),
+            attachments=attachments,
+            received_at=message.created_at.timestamp(),
+            extra=extra,
+        )
+
+    # -- rendering ----------------------------------------------------------------------------
+    def render(self, markdown: str) -> Sequence[Rendered]:
+        parts = split_markdown(to_discord_markdown(markdown), MAX_LEN)
+        if not parts:
+            return [Rendered(text="…")]
+        # Only the first part is a visible reply; the rest follow it without repeating the quote.
+        return [Rendered(text=p, payload={"part": i}) for i, p in enumerate(parts)]
+
+    def render_stream(self, markdown: str) -> Rendered:
+        text = markdown if len(markdown) <= MAX_LEN else markdown[: MAX_LEN - 5] + "…"
+        if text.count("```") % 2:
+            text += "\n```"  # keep a half-streamed code block from swallowing the message
+        return Rendered(text=text)
+
+    # -- outbound -----------------------------------------------------------------------------
+    def _channel(self, target: ReplyTarget) -> discord.PartialMessageable:
+        client = self._client
+        if client is None or client.is_closed() or client.user is None:
+            raise TransientSendError("Discord is not connected")
+        return client.get_partial_messageable(int(target.thread_id or target.chat_id))
+
+    @staticmethod
+    def _reference(target: ReplyTarget, channel_id: int) -> discord.MessageReference | None:
+        if not target.reply_to:
+            return None
+        return discord.MessageReference(message_id=int(target.reply_to), channel_id=channel_id,
+                                        fail_if_not_exists=False)
+
+    async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
+        channel = self._channel(target)
+        ref = self._reference(target, channel.id) if part.payload.get("part", 0) == 0 else None
+        try:
+            msg = await channel.send(part.text, nonce=_nonce(idempotency_key), reference=ref)
+        except Exception as exc:
+            _raise_mapped(exc, "send")
+        return str(msg.id)
+
+    async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        channel = self._channel(target)
+        try:
+            await channel.get_partial_message(int(message_id)).edit(content=part.text)
+        except Exception as exc:
+            _raise_mapped(exc, "edit")
+
+    async def typing(self, target: ReplyTarget) -> None:
+        """One typing signal (shows ~10 s); the delivery loop repeats it while the turn works."""
+        channel = self._channel(target)
+        try:
+            await channel.typing()
+        except Exception as exc:
+            _raise_mapped(exc, "typing")
+
+    async def react(self, target: ReplyTarget, emoji: str) -> None:
+        if not target.reply_to:
+            return
+        channel = self._channel(target)
+        try:
+            await channel.get_partial_message(int(target.reply_to)).add_reaction(emoji)
+        except Exception as exc:
+            _raise_mapped(exc, "reaction")
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        if attachment.size is not None and attachment.size > limit:
+            raise PermanentSendError(f"attachment {attachment.name!r} is larger than {limit} bytes")
+        if not attachment.file_id.startswith(("https://", "http://")):
+            raise PermanentSendError("not a Discord attachment URL")
+        client = self._client
+        if client is None or client.is_closed():
+            raise TransientSendError("Discord is not connected")
+        try:
+            # The SDK's own CDN fetch (same session, proxy settings); Discord states the size up front.
+            data = await client.http.get_from_cdn(attachment.file_id)
+        except Exception as exc:
+            _raise_mapped(exc, "download")
+        if len(data) > limit:
+            raise PermanentSendError(f"attachment {attachment.name!r} is larger than {limit} bytes")
+        return data
+
+    async def send_file(self, target: ReplyTarget, path: Path, caption: str = "") -> str:
+        size = (await asyncio.to_thread(path.stat)).st_size
+        if size > self.capabilities.max_upload_bytes:
+            raise PermanentSendError(f"{path.name} is too large for Discord ({size} bytes)")
+        channel = self._channel(target)
+        try:
+            msg = await channel.send(caption[:MAX_LEN] or None, file=discord.File(path, filename=path.name),
+                                     reference=self._reference(target, channel.id))
+        except Exception as exc:
+            _raise_mapped(exc, "file upload")
+        return str(msg.id)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _raise_mapped(exc: BaseException, what: str) -> NoReturn:
+    """Translate discord.py / transport errors into the channel contract's errors.
+
+    discord.py already retries short 429s (sleeping retry_after) and 500/502/504; what reaches us is a
+    429 longer than ``max_ratelimit_timeout`` (RateLimited), or what its retries could not fix."""
+    if isinstance(exc, ChannelError):
+        raise exc
+    if isinstance(exc, discord.RateLimited):
+        raise RetryAfter(exc.retry_after, f"Discord {what} rate limited") from exc
+    if isinstance(exc, discord.HTTPException):
+        detail = f"Discord {what} failed: {exc.status} (code {exc.code}) {exc.text}".strip()
+        if exc.status == 429:
+            try:
+                seconds = float(exc.response.headers.get("Retry-After", "1"))
+            except (AttributeError, ValueError):
+                seconds = 1.0
+            raise RetryAfter(seconds, f"Discord {what} rate limited") from exc
+        if exc.status >= 500:
+            raise TransientSendError(detail) from exc
+        raise PermanentSendError(detail) from exc  # 400 (50035 ...), 403 Forbidden, 404 NotFound
+    if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
+        raise TransientSendError(f"Discord {what} failed: {type(exc).__name__}") from exc
+    raise exc
+
+
+def _replies_to(message: discord.Message, me: int) -> bool:
+    ref = message.reference
+    if ref is None or ref.message_id is None:
+        return False
+    resolved = ref.resolved if isinstance(ref.resolved, discord.Message) else ref.cached_message
+    return resolved is not None and resolved.author.id == me
+
+
+def _strip_mentions(message: discord.Message, me: int, bot_roles: list[int]) -> str:
+    """Remove the bot's own mention (user or managed role); show other mentions as @name."""
+    text = re.sub(rf"<@!?{me}>", "", message.content)
+    for rid in bot_roles:
+        text = text.replace(f"<@&{rid}>", "")
+    for user in message.mentions:
+        if user.id != me:
+            text = re.sub(rf"<@!?{user.id}>", f"@{user.display_name}", text)
+    return re.sub(r"[ \t]{2,}", " ", text).strip()
+
+
+def _chat_title(message: discord.Message) -> str:
+    channel = message.channel
+    if message.guild is None:
+        return f"DM with {message.author.display_name}"
+    name = getattr(channel, "name", None) or str(channel.id)
+    if isinstance(channel, discord.Thread) and channel.parent is not None:
+        return f"{message.guild.name} #{channel.parent.name} › {name}"
+    return f"{message.guild.name} #{name}"
+
+
+# -- Markdown → Discord markdown ----------------------------------------------------------------
+# Discord renders most Markdown natively (bold, italics, code, fences, lists, quotes, links, # to ###).
+# It lacks tables, setext and level 4-6 headings, rules and inline images: those are rewritten here,
+# located with markdown-it's block map so that code blocks are never touched.
+
+_MD = MarkdownIt("commonmark").enable("table")
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_CELL_MARKUP = re.compile(r"\*\*|__|`")
+
+
+def to_discord_markdown(markdown: str) -> str:
+    """Rewrite what Discord cannot show: tables → aligned code blocks, h4-h6 and setext headings →
+    bold or ``#`` headings, ``---`` rules → a line, images → links."""
+    text = markdown.replace("\r\n", "\n")
+    lines = text.split("\n")
+    tokens = _MD.parse(text)
+    replace: dict[int, tuple[int, list[str]]] = {}  # start line -> (end line, new lines)
+    code: set[int] = set()
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.map is None:
+            i += 1
+            continue
+        start, end = tok.map
+        if tok.type in ("fence", "code_block"):
+            code.update(range(start, end))
+        elif tok.level > 0:
+            pass  # inside a list or quote: rewriting would lose the prefix; Discord shows it as text
+        elif tok.type == "table_open":
+            rows: list[list[str]] = []
+            while tokens[i].type != "table_close":
+                t = tokens[i]
+                if t.type == "tr_open":
+                    rows.append([])
+                elif t.type == "inline" and rows:
+                    rows[-1].append(_CELL_MARKUP.sub("", t.content).strip())
+                i += 1
+            replace[start] = (end, _table_block(rows))
+        elif tok.type == "heading_open":
+            title, level = tokens[i + 1].content, int(tok.tag[1])
+            if level > 3 or not tok.markup.startswith("#"):  # Discord knows only ATX # to ###
+                replace[start] = (end, [f"{'#' * level} {title}" if level <= 3 else f"**{title}**"])
+        elif tok.type == "hr":
+            replace[start] = (end, ["──────────"])
+        i += 1
+    out: list[str] = []
+    n = 0
+    while n < len(lines):
+        if n in replace:
+            end, new = replace[n]
+            out.extend(new)
+            n = max(end, n + 1)
+            continue
+        out.append(lines[n] if n in code else _IMAGE.sub(_image_link, lines[n]))
+        n += 1
+    return "\n".join(out)
+
+
+def _image_link(m: re.Match[str]) -> str:
+    alt, url = m.group(1).strip(), m.group(2)
+    return f"[{alt}]({url})" if alt else url
+
+
+def _table_block(rows: list[list[str]]) -> list[str]:
+    if not rows:
+        return []
+    cols = max(len(r) for r in rows)
+    rows = [r + [""] * (cols - len(r)) for r in rows]
+    widths = [max(len(r[c]) for r in rows) for c in range(cols)]
+
+    def fmt(row: list[str]) -> str:
+        return " | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+
+    body = [fmt(rows[0]), "-+-".join("-" * w for w in widths)] + [fmt(r) for r in rows[1:]]
+    return ["```", *body, "```"]

@@ -1,0 +1,425 @@
+"""Slack adapter: slack-bolt's AsyncApp over Socket Mode, slack_sdk's AsyncWebClient for replies.
+
+Durability. The envelope of an event is acknowledged only after the sink has journaled it: the app runs
+with ``process_before_response=True``, so bolt runs our listener to completion and acks afterwards; a
+listener that raises makes bolt answer 500, and its Socket Mode adapter then sends no ack at all, so
+Slack redelivers the event (``retry_attempt`` > 0). Redeliveries and the double delivery of a mention
+(``message`` + ``app_mention`` with the same ``ts``) reach the sink with the same :attr:`Inbound.key`
+(the message ``ts``); the journal makes them no-ops.
+
+Authorization. We call ``auth.test`` ourselves before connecting (a revoked token becomes a
+:class:`FatalChannelError` at once) and hand bolt the result through its ``authorize`` hook. Bolt's
+default single-team authorization would call ``auth.test`` lazily on the first event and, should that
+call fail, *ack the event* with an error text: a lost message.
+
+Connection. The Socket Mode client reconnects by itself (close frame or ``disconnect``: at once; TCP
+abort: ~``ping_interval``; half-open: ~1.5-2 × ``ping_interval``). ``run`` polls its public
+``is_connected()`` to publish CONNECTED/RECONNECTING and raises after a long outage so the supervisor
+restarts the channel (that restart re-checks both tokens).
+
+Limits. Slack accepts up to 40,000 characters but advises under 4,000 and truncates long ``text``
+in places: parts are cut at 3,900. ``chat.update`` is Tier 3 (~50/min per workspace) and
+``chat.postMessage`` about one per second per channel: edits every 1.2 s, sends 1 s apart.
+
+Proxies. slack_sdk reads ``HTTPS_PROXY``/``HTTP_PROXY`` from the environment for both the Web API and
+the websocket and ignores ``NO_PROXY``; clear them when ``api_base_url`` points at a local server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import html
+import logging
+import re
+import time
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import aiohttp
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
+from slack_sdk.errors import SlackApiError, SlackRequestError
+from slack_sdk.web.async_client import AsyncWebClient
+from slackify_markdown import slackify_markdown
+
+from .base import (
+    Attachment,
+    Capabilities,
+    Channel,
+    ChannelError,
+    ChannelState,
+    FatalChannelError,
+    Inbound,
+    InboundSink,
+    PermanentSendError,
+    Rendered,
+    ReplyTarget,
+    RetryAfter,
+    TransientSendError,
+)
+from .textsplit import split_markdown
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+AUTH_ERRORS = frozenset(
+    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired", "not_allowed_token_type"}
+)
+TRANSIENT_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+ACCEPTED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
+"""Message subtypes that are a person saying something; edits, deletions, joins, bot posts are not."""
+
+# Reactions are named on Slack; the gateway may speak in Unicode.
+EMOJI_NAMES = {
+    "👀": "eyes", "👍": "+1", "👎": "-1", "✅": "white_check_mark", "❌": "x", "⏳": "hourglass_flowing_sand",
+    "🤔": "thinking_face", "🔥": "fire", "🎉": "tada", "⚠️": "warning", "⚠": "warning", "🛑": "octagonal_sign",
+    "❤️": "heart", "🙏": "pray", "💬": "speech_balloon", "🔄": "arrows_counterclockwise", "⏹️": "black_square_for_stop",
+}
+WORKING_REACTION = "eyes"
+
+_LINK = re.compile(r"<([^<>|]+)(?:\|([^<>]*))?>")
+
+
+def to_mrkdwn(markdown: str) -> str:
+    """Markdown → Slack mrkdwn (slackify-markdown: a markdown-it renderer that also escapes &, <, >
+    and keeps Slack's own ``<@U…>`` mentions)."""
+    return slackify_markdown(markdown).strip("\n")
+
+
+class SlackChannel(Channel):
+    """One Slack workspace through a bot token (xoxb-) and an app-level token (xapp-)."""
+
+    name = "slack"
+    capabilities = Capabilities(
+        max_message_len=3900,
+        edit_interval=1.2,
+        can_edit=True,
+        min_send_interval=1.0,
+        max_upload_bytes=100 * 1024 * 1024,  # files_upload_v2 holds the file in memory
+    )
+
+    def __init__(
+        self, bot_token: str, app_token: str, *, api_base_url: str, ping_interval: float = 10.0
+    ) -> None:
+        super().__init__()
+        self._bot_token = bot_token
+        self._app_token = app_token
+        self._base_url = api_base_url if api_base_url.endswith("/") else api_base_url + "/"
+        self._ping_interval = ping_interval
+        self._client = AsyncWebClient(token=bot_token, base_url=self._base_url)
+        self._session: aiohttp.ClientSession | None = None
+        self._handler: AsyncSocketModeHandler | None = None
+        self._auth: AuthorizeResult | None = None
+        self._sink: InboundSink | None = None
+        self._sink_lock = asyncio.Lock()
+        self._working: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+        self.bot_user_id: str | None = None
+        self.give_up_after = max(60.0, 12 * ping_interval)
+        """Seconds without a connection after which ``run`` fails (the supervisor restarts it)."""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def run(self, sink: InboundSink) -> None:
+        self.set_state(ChannelState.STARTING)
+        self._sink = sink
+        self._http()
+        auth = await self._call(self._client.auth_test(), "auth.test")
+        self._auth = AuthorizeResult.from_auth_test_response(bot_token=self._bot_token, auth_test_response=auth)
+        self.bot_user_id = auth.get("user_id")
+
+        app = AsyncApp(
+            name="chital-slack",
+            # No token on the app's client: with one, bolt would authorize by its own lazy auth.test.
+            client=AsyncWebClient(base_url=self._base_url, session=self._session),
+            authorize=self._authorize,
+            process_before_response=True,  # ack only after our listener (the sink) returned
+            request_verification_enabled=False,  # Socket Mode requests carry no signature
+            logger=logging.getLogger(f"{__name__}.bolt"),
+        )
+        app.event(re.compile(".*"))(self._on_event)  # one listener: every event is acked or retried
+        handler = AsyncSocketModeHandler(
+            app, self._app_token, web_client=self._client, ping_interval=self._ping_interval
+        )
+        self._handler = handler
+        sm = handler.client
+        sm.on_message_listeners.append(self._on_frame)
+        try:
+            # Fetch the first URL ourselves: the SDK's connect() retries every error forever,
+            # which would hide a revoked app token.
+            sm.wss_uri = await self._call(sm.issue_new_wss_url(), "apps.connections.open")
+            await handler.connect_async()
+            self.set_state(ChannelState.CONNECTED)
+            await self._watch()
+        finally:
+            self._handler = None
+            try:
+                await asyncio.shield(handler.close_async())
+            except Exception as exc:  # closing a broken socket may fail; nothing to save
+                log.debug("slack socket close: %s", type(exc).__name__)
+
+    async def close(self) -> None:
+        if self._handler is not None:
+            handler, self._handler = self._handler, None
+            await handler.close_async()
+        if self._session is not None:
+            session, self._session = self._session, None
+            self._client.session = None
+            await session.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        """One pooled HTTP session for all Web API calls (the SDK opens one per call otherwise)."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+            self._client.session = self._session
+        return self._session
+
+    async def _watch(self) -> None:
+        """Publish the socket's health; give up (→ supervisor restart) after a long outage."""
+        assert self._handler is not None
+        sm = self._handler.client
+        step = min(1.0, self._ping_interval / 2)
+        down_since: float | None = None
+        last_pong = sm.last_ping_pong_time
+        while True:
+            await asyncio.sleep(step)
+            if sm.last_ping_pong_time != last_pong:
+                last_pong = sm.last_ping_pong_time
+                self.touch()
+            if await sm.is_connected():
+                down_since = None
+                self.set_state(ChannelState.CONNECTED)
+                continue
+            now = time.monotonic()
+            down_since = down_since or now
+            self.set_state(ChannelState.RECONNECTING, "socket mode connection lost")
+            if now - down_since > self.give_up_after:
+                raise ChannelError(f"slack socket mode not reconnected for {self.give_up_after:.0f}s")
+
+    async def _on_frame(self, message: aiohttp.WSMessage) -> None:
+        self.touch()
+
+    async def _authorize(self, enterprise_id: str | None, team_id: str | None) -> AuthorizeResult:
+        if self._auth is None:  # cannot happen after run() started; never ack without it
+            raise RuntimeError("slack channel not authorized yet")
+        return self._auth
+
+    # -- inbound --------------------------------------------------------------------------------
+    async def _on_event(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        """Bolt listener. Returning acks the envelope; raising leaves it unacked (Slack retries)."""
+        self.touch()
+        inbound = self.to_inbound(event)
+        if inbound is None or self._sink is None:
+            return
+        async with self._sink_lock:  # journal in arrival order
+            await self._sink(inbound)
+
+    def to_inbound(self, event: dict[str, Any]) -> Inbound | None:
+        """An ``app_mention`` or ``message`` event as an :class:`Inbound`, or None to drop it."""
+        etype = event.get("type")
+        if etype not in ("message", "app_mention") or event.get("subtype") not in ACCEPTED_SUBTYPES:
+            return None
+        user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
+        if not user or not channel or not ts:
+            return None
+        if event.get("bot_id") or user == self.bot_user_id:
+            return None  # our own posts come back as events; other bots could loop with us
+        is_direct = event.get("channel_type") == "im"
+        raw = event.get("text") or ""
+        mention = re.compile(rf"<@{re.escape(self.bot_user_id or '-')}(?:\|[^>]*)?> ?")
+        addressed = is_direct or etype == "app_mention" or bool(mention.search(raw))
+        thread_ts = event.get("thread_ts")
+        # A channel post starts a thread: the reply goes there and the thread is one conversation.
+        thread_id = thread_ts if is_direct else (thread_ts or ts)
+        profile = event.get("user_profile") or {}
+        attachments = tuple(
+            Attachment(
+                file_id=f.get("url_private_download") or f.get("url_private"),
+                name=f.get("name") or f.get("title") or f.get("id", "file"),
+                mime_type=f.get("mimetype"),
+                size=f.get("size"),
+            )
+            for f in event.get("files") or []
+            if f.get("url_private_download") or f.get("url_private")
+        )
+        return Inbound(
+            platform=self.name,
+            chat_id=channel,
+            message_id=ts,
+            sender_id=user,
+            text=plain_text(mention.sub("", raw)),
+            is_direct=is_direct,
+            addressed=addressed,
+            thread_id=thread_id,
+            sender_name=profile.get("display_name") or profile.get("real_name") or profile.get("name") or "",
+            attachments=attachments,
+            extra={"thread_ts": thread_id},
+        )
+
+    # -- rendering ------------------------------------------------------------------------------
+    def render(self, markdown: str) -> Sequence[Rendered]:
+        limit = self.capabilities.max_message_len
+        parts = split_markdown(to_mrkdwn(markdown), limit)
+        if not parts and markdown.strip():
+            parts = [html.escape(markdown.strip(), quote=False)[:limit]]
+        return [Rendered(text=p, payload={"mrkdwn": True}) for p in parts]
+
+    def render_stream(self, markdown: str) -> Rendered:
+        limit = self.capabilities.max_message_len
+        text = to_mrkdwn(markdown)
+        if len(text) > limit:
+            text = text[: limit - 6]
+            if text.count("```") % 2:
+                text += "\n```"
+            text += "…"
+        return Rendered(text=text or "…", payload={"mrkdwn": True})
+
+    # -- outbound -------------------------------------------------------------------------------
+    async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
+        # Slack has no idempotency key for posts: the gateway's outbox is what prevents doubles.
+        resp = await self._call(
+            self._client.chat_postMessage(
+                channel=target.chat_id, text=part.text, thread_ts=_thread_ts(target), mrkdwn=True
+            ),
+            "chat.postMessage",
+        )
+        return str(resp["ts"])
+
+    async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        await self._call(
+            self._client.chat_update(channel=target.chat_id, ts=message_id, text=part.text), "chat.update"
+        )
+
+    async def typing(self, target: ReplyTarget) -> None:
+        """Slack has no typing indicator for bots: the user's message gets :eyes: once instead."""
+        if not target.reply_to:
+            return
+        key = (target.chat_id, target.reply_to)
+        if key in self._working:
+            return
+        await self.react(target, WORKING_REACTION)
+        self._working[key] = None
+        while len(self._working) > 1000:
+            self._working.popitem(last=False)
+
+    async def react(self, target: ReplyTarget, emoji: str) -> None:
+        if not target.reply_to:
+            return
+        name = EMOJI_NAMES.get(emoji, emoji).strip(":")
+        try:
+            await self._call(
+                self._client.reactions_add(channel=target.chat_id, timestamp=target.reply_to, name=name),
+                "reactions.add",
+            )
+        except PermanentSendError as exc:
+            if "already_reacted" not in str(exc):
+                raise
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        if attachment.size is not None and attachment.size > limit:
+            raise PermanentSendError(f"file {attachment.name!r} is larger than {limit} bytes")
+        url = attachment.file_id
+        if not self._trusted(url):
+            raise PermanentSendError(f"refusing to send the bot token to {urlsplit(url).hostname}")
+        try:
+            async with self._http().get(
+                url, headers={"Authorization": f"Bearer {self._bot_token}"}, proxy=self._client.proxy
+            ) as resp:
+                if resp.status == 429 or resp.status >= 500:
+                    raise TransientSendError(f"slack file download: HTTP {resp.status}")
+                if resp.status != 200:
+                    raise PermanentSendError(f"slack file download: HTTP {resp.status}")
+                if resp.content_type == "text/html":  # Slack's login page: token lacks files:read
+                    raise PermanentSendError("slack file download answered a login page (files:read scope?)")
+                data = bytearray()
+                async for chunk in resp.content.iter_chunked(64 * 1024):
+                    data += chunk
+                    if len(data) > limit:
+                        raise PermanentSendError(f"file {attachment.name!r} is larger than {limit} bytes")
+                return bytes(data)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise TransientSendError(f"slack file download failed ({type(exc).__name__})") from None
+
+    async def send_file(self, target: ReplyTarget, path: Path, caption: str = "") -> str:
+        size = path.stat().st_size
+        if size > self.capabilities.max_upload_bytes:
+            raise PermanentSendError(f"{path.name} is too large to upload ({size} bytes)")
+        resp = await self._call(
+            self._client.files_upload_v2(
+                channel=target.chat_id,
+                thread_ts=_thread_ts(target),
+                file=str(path),
+                filename=path.name,
+                title=path.name,
+                initial_comment=caption or None,
+            ),
+            "files.upload",
+        )
+        files = resp.get("files") or [{}]
+        return str(files[0].get("id", ""))
+
+    # -- errors ---------------------------------------------------------------------------------
+    def _trusted(self, url: str) -> bool:
+        """The bot token goes only to the API's own host or Slack's file hosts."""
+        host = (urlsplit(url).hostname or "").lower()
+        api_host = (urlsplit(self._base_url).hostname or "").lower()
+        return bool(host) and (
+            host == api_host or host.endswith((".slack.com", ".slack-gov.com")) or host in ("slack.com",)
+        )
+
+    async def _call(self, call: Awaitable[T], what: str) -> T:
+        """Await one SDK call and map its failures onto the channel errors delivery acts on."""
+        try:
+            return await call
+        except SlackApiError as exc:
+            raise map_api_error(exc, what) from None
+        except SlackRequestError as exc:
+            # files_upload_v2 raises this when the upload step (not a Web API method) fails.
+            raise TransientSendError(f"slack {what}: upload failed") from exc
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+            raise TransientSendError(f"slack {what}: network error ({type(exc).__name__})") from None
+
+
+def map_api_error(exc: SlackApiError, what: str) -> ChannelError:
+    """SlackApiError → RetryAfter / Fatal / Transient / Permanent. Never carries the token."""
+    resp = exc.response
+    status = getattr(resp, "status_code", None) or getattr(resp, "status", None) or 0
+    data = getattr(resp, "data", None)
+    error = data.get("error") if isinstance(data, dict) else None
+    headers = getattr(resp, "headers", None) or {}
+    if status == 429 or error == "ratelimited":
+        retry = next((v for k, v in headers.items() if k.lower() == "retry-after"), "1")
+        try:
+            seconds = float(retry)
+        except ValueError:
+            seconds = 1.0
+        return RetryAfter(seconds, f"slack {what} rate limited")
+    if error in AUTH_ERRORS:
+        return FatalChannelError(f"slack rejected the token ({error}); update it in the config")
+    if status >= 500 or error in TRANSIENT_ERRORS:
+        return TransientSendError(f"slack {what}: {error or 'HTTP ' + str(status)}")
+    needed = f" (needs scope {data.get('needed')})" if isinstance(data, dict) and data.get("needed") else ""
+    return PermanentSendError(f"slack {what}: {error or 'HTTP ' + str(status)}{needed}")
+
+
+def plain_text(text: str) -> str:
+    """Slack's markup in a user's text made readable: links, channel refs and specials decoded;
+    user mentions (``<@U…>``) kept so the agent can mention people back."""
+
+    def link(m: re.Match[str]) -> str:
+        target, label = m.group(1), m.group(2)
+        if target.startswith("@"):
+            return m.group(0)
+        if target.startswith("#"):
+            return "#" + (label or target[1:])
+        if target.startswith("!"):
+            return label if label and label.startswith("@") else "@" + (label or target[1:].split("^")[0])
+        return f"{label} ({target})" if label and label != target else target
+
+    return html.unescape(_LINK.sub(link, text)).strip()
+
+
+def _thread_ts(target: ReplyTarget) -> str | None:
+    return target.thread_id or target.extra.get("thread_ts") or None

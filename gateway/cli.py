@@ -1,0 +1,203 @@
+"""The ``chital`` command: run, check, chat, pairing."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import os
+import sys
+import time
+from pathlib import Path
+
+from .config import Config, ConfigError, load_config
+
+DEFAULT_CONFIG = "config.yaml"
+
+
+def _config_path(arg: str | None) -> Path | None:
+    if arg:
+        return Path(arg)
+    env = os.environ.get("CHITAL_CONFIG")
+    if env:
+        return Path(env)
+    return Path(DEFAULT_CONFIG) if Path(DEFAULT_CONFIG).exists() else None
+
+
+def _load(args: argparse.Namespace) -> Config:
+    path = _config_path(args.config)
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"chital: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+# -- run ---------------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from .app import Daemon
+    from .logs import setup_logging
+    from .registry import channel_readiness
+
+    cfg = _load(args)
+    setup_logging(cfg)
+    for name, (ok, why) in channel_readiness(cfg).items():
+        print(f"  {name:<9} {'on ' if ok else 'off'}  {why}", file=sys.stderr)
+    asyncio.run(Daemon(cfg).run_forever())
+    return 0
+
+
+# -- check -------------------------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    from .registry import channel_readiness
+
+    cfg = _load(args)
+    print(f"config: {_config_path(args.config) or '(built-in defaults)'} is valid")
+    spec = cfg.model_spec()
+    kwargs = spec.kwargs()
+    print(f"model: {spec.name} → {spec.use} model={kwargs.get('model', '?')} "
+          f"base_url={kwargs.get('base_url') or '(default)'} "
+          f"api_key={'set' if kwargs.get('api_key') or os.environ.get('OPENAI_API_KEY') else 'MISSING'}")
+    print(f"storage: {cfg.storage.path}")
+    print("channels:")
+    ready = 0
+    for name, (ok, why) in channel_readiness(cfg).items():
+        ready += ok
+        print(f"  {name:<9} {'ready' if ok else 'off  '}  {why}")
+    if not ready:
+        print("no chat channel is ready: `chital run` still starts; `chital chat` talks to the agent here")
+    return 0
+
+
+# -- chat --------------------------------------------------------------------------------------------
+async def _chat(cfg: Config) -> int:
+    from agent.events import Clarification, Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
+
+    from .app import open_harness
+    from .store import Store
+
+    store = await Store.open(cfg.storage.path / "gateway.sqlite")
+    harness = await open_harness(cfg)
+    conversation = f"cli:{getpass.getuser()}"
+    thread_id = await store.thread_for(conversation)
+    print(f"chital chat — model {harness.model_name}. /new starts over, /quit (or Ctrl-D) leaves.")
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            try:
+                line = await loop.run_in_executor(None, lambda: input("you> "))
+            except (EOFError, KeyboardInterrupt):
+                print()
+                break
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/quit", "/exit"):
+                break
+            if text == "/new":
+                thread_id = await store.new_thread(conversation)
+                print("(fresh conversation)")
+                continue
+            print("chital> ", end="", flush=True)
+            streamed = False
+            async for ev in harness.run(thread_id, user_id=conversation, message_id=f"cli-{time.time_ns()}",
+                                        text=text):
+                if isinstance(ev, TextDelta):
+                    streamed = True
+                    print(ev.text, end="", flush=True)
+                elif isinstance(ev, ToolProgress) and ev.phase == "start":
+                    print(f"\n  [tool {ev.name}]", flush=True)
+                elif isinstance(ev, StatusUpdate):
+                    print(f"\n  [{ev.text}]", flush=True)
+                elif isinstance(ev, Clarification):
+                    print(f"? {ev.question}", end="")
+                elif isinstance(ev, Final) and not streamed:
+                    print(ev.text, end="")
+                elif isinstance(ev, TurnFailed):
+                    print(f"⚠ {ev.message}", end="")
+            print()
+    finally:
+        close = getattr(harness, "close", None)
+        if close:
+            await close()
+        await store.close()
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    import logging
+
+    cfg = _load(args)
+    logging.basicConfig(level=logging.WARNING)
+    return asyncio.run(_chat(cfg))
+
+
+# -- pairing -----------------------------------------------------------------------------------------
+async def _pairing(cfg: Config, action: str, arg: str | None) -> int:
+    from .store import Store
+
+    store = await Store.open(cfg.storage.path / "gateway.sqlite")
+    try:
+        if action == "list":
+            pending = await store.pairing_list()
+            approved = await store.approved_list()
+            print("pending:" if pending else "pending: none")
+            for code, user, name, created in pending:
+                print(f"  {code}  {user}  {name}  (asked {time.strftime('%Y-%m-%d %H:%M', time.localtime(created))})")
+            print("approved:" if approved else "approved: none")
+            for user, _ in approved:
+                print(f"  {user}")
+            return 0
+        if action == "approve":
+            user = await store.pairing_approve(arg or "")
+            if user is None:
+                print(f"chital: no pending pairing code {arg!r}", file=sys.stderr)
+                return 1
+            print(f"approved {user}")
+            return 0
+        if action == "revoke":
+            if await store.revoke(arg or ""):
+                print(f"revoked {arg}")
+                return 0
+            print(f"chital: {arg!r} was not approved", file=sys.stderr)
+            return 1
+    finally:
+        await store.close()
+    return 2
+
+
+def cmd_pairing(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    if args.action in ("approve", "revoke") and not args.arg:
+        print(f"chital: pairing {args.action} needs an argument", file=sys.stderr)
+        return 2
+    return asyncio.run(_pairing(cfg, args.action, args.arg))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    help_ = "path to config.yaml (default: $CHITAL_CONFIG or ./config.yaml)"
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-c", "--config", help=help_)
+    parser = argparse.ArgumentParser(prog="chital", description="A self-hosted agent in your team's chats.")
+    parser.add_argument("-c", "--config", dest="config_top", help=help_)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", parents=[common], help="run the daemon").set_defaults(func=cmd_run)
+    sub.add_parser("check", parents=[common], help="validate config and report which channels are ready"
+                   ).set_defaults(func=cmd_check)
+    sub.add_parser("chat", parents=[common], help="talk to the agent in this terminal").set_defaults(func=cmd_chat)
+    pairing = sub.add_parser("pairing", parents=[common], help="approve users who asked for access")
+    pairing.add_argument("action", choices=["list", "approve", "revoke"])
+    pairing.add_argument("arg", nargs="?", help="the CODE to approve or the platform:user to revoke")
+    pairing.set_defaults(func=cmd_pairing)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.config = args.config or args.config_top
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,396 @@
+"""The gateway proper: intake (access, commands, journal), turns through the harness, delivery.
+
+This is the one place where a channel's message meets the agent. The order of operations is the
+design's backbone: decide → journal → (only then may the adapter acknowledge) → queue → run → deliver →
+mark done. Whatever is journaled and not done is resumed at the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent.events import (
+    AgentEvent,
+    Clarification,
+    FileOut,
+    Final,
+    StatusUpdate,
+    TextDelta,
+    ToolProgress,
+    TurnFailed,
+)
+from channels.base import Channel, ChannelError, Inbound, InboundSink
+
+from . import commands
+from .access import Verdict, decide
+from .config import Config
+from .delivery import Reply
+from .metrics import Metrics
+from .pacing import PacerPool
+from .store import JournalEntry, Store
+from .turns import TurnQueue
+
+log = logging.getLogger(__name__)
+
+TYPING_EVERY = 4.5
+MAX_ATTEMPTS = 3
+PAIRING_REMINDER_EVERY = 60.0
+
+
+class AgentHarness(Protocol):
+    """What the gateway needs of ``agent.harness.Harness`` (kept as a protocol for the terminal chat
+    and for a harness that failed to configure)."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    def run(
+        self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Any = ()
+    ) -> Any: ...
+
+    async def message_count(self, thread_id: str) -> int: ...
+
+
+def _safe_name(name: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "file"
+    return cleaned[:120]
+
+
+class Gateway:
+    def __init__(self, config: Config, store: Store, harness: AgentHarness, metrics: Metrics) -> None:
+        self.config = config
+        self.store = store
+        self.harness = harness
+        self.metrics = metrics
+        self.channels: dict[str, Channel] = {}
+        self.turns = TurnQueue(config.concurrency.max_turns, self._run_entry, metrics)
+        self._pacers = PacerPool()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reminded: dict[str, float] = {}
+        self._closing = False
+
+    # -- wiring ---------------------------------------------------------------------------------
+    def attach(self, channel: Channel) -> InboundSink:
+        self.channels[channel.name] = channel
+
+        async def sink(inbound: Inbound) -> None:
+            await self.accept(inbound)
+
+        return sink
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _reply(self, entry: JournalEntry) -> Reply:
+        channel = self.channels[entry.inbound.platform]
+        rate_limited = self.metrics.rate_limited.labels(channel.name).inc
+        pacer = self._pacers.get(channel.name, entry.inbound.chat_id, channel.capabilities, rate_limited)
+        return Reply(
+            channel, entry.inbound.target, entry.key, self.store, pacer, self.metrics,
+            stream=self.config.delivery.stream, first_delay=self.config.delivery.first_edit_delay,
+        )
+
+    # -- intake ---------------------------------------------------------------------------------
+    async def accept(self, inbound: Inbound) -> None:
+        """The sink every channel calls. Returns once the message is journaled (or dropped)."""
+        name = inbound.platform
+        if self._closing:
+            # Not journaled and not acknowledged: the platform redelivers it after the restart.
+            raise ChannelError("gateway is shutting down")
+        policy = self.config.access_for(name)
+        engaged = False
+        if not inbound.is_direct and not inbound.addressed and inbound.thread_id:
+            engaged = await self.store.thread_get(inbound.conversation) is not None
+        decision = await decide(inbound, policy, self.store, engaged)
+
+        if decision.verdict is Verdict.IGNORE:
+            self.metrics.messages_ignored.labels(name, "not_for_bot").inc()
+            return
+        if decision.verdict is Verdict.PAIR:
+            await self._pairing(inbound)
+            return
+        if decision.verdict is Verdict.DENY:
+            await self._journal_notice(
+                inbound, "Sorry, I only answer people I know. Send me a direct message to ask for access."
+            )
+            return
+
+        text = inbound.text.strip()
+        command = commands.parse_command(text)
+        if command is not None:
+            if command.known:
+                if await self._journal(inbound, "command"):
+                    entry = JournalEntry(inbound.key, inbound.conversation, "command", inbound, "pending")
+                    self._spawn(self._run_command(entry, command), f"cmd:{inbound.key}")
+            else:
+                await self._journal_notice(inbound, commands.unknown_text(command.name))
+            return
+        limit = self.config.limits.max_message_chars
+        if len(text) > limit:
+            await self._journal_notice(
+                inbound,
+                f"⚠️ Your message is {len(text):,} characters long; I take at most {limit:,}. "
+                "Please shorten it or send it as a file.",
+            )
+            return
+        if not text and not inbound.attachments:
+            await self._journal_notice(inbound, "I received an empty message. What can I do for you?")
+            return
+        if await self._journal(inbound, "turn"):
+            entry = JournalEntry(inbound.key, inbound.conversation, "turn", inbound, "pending")
+            self._submit(entry)
+
+    async def _journal(self, inbound: Inbound, kind: str, note: str = "") -> bool:
+        fresh = await self.store.journal_add(inbound, kind, note)
+        if fresh:
+            self.metrics.messages_in.labels(inbound.platform).inc()
+        else:
+            self.metrics.messages_ignored.labels(inbound.platform, "duplicate").inc()
+            log.info("duplicate delivery of %s ignored", inbound.key)
+        return fresh
+
+    async def _journal_notice(self, inbound: Inbound, note: str) -> None:
+        if await self._journal(inbound, "notice", note):
+            entry = JournalEntry(inbound.key, inbound.conversation, "notice", inbound, "pending", note=note)
+            self._spawn(self._send_notice(entry), f"notice:{inbound.key}")
+
+    async def _pairing(self, inbound: Inbound) -> None:
+        code, new = await self.store.pairing_code_for(inbound.user, inbound.sender_name)
+        now = time.monotonic()
+        if not new and now - self._reminded.get(inbound.user, -1e9) < PAIRING_REMINDER_EVERY:
+            self.metrics.messages_ignored.labels(inbound.platform, "pairing_pending").inc()
+            return
+        self._reminded[inbound.user] = now
+        await self._journal_notice(
+            inbound,
+            "👋 I don't know you yet, so I can't help here. Your pairing code is "
+            f"{code}. Ask the bot's admin to run:\n\nchital pairing approve {code}\n\n"
+            "Once approved, send your message again.",
+        )
+
+    def _submit(self, entry: JournalEntry) -> None:
+        ahead = self.turns.submit(entry)
+        if ahead:
+            self._spawn(self._show_queued(entry, ahead), f"queued:{entry.key}")
+
+    async def _show_queued(self, entry: JournalEntry, ahead: int) -> None:
+        running, _ = self.turns.status(entry.conversation)
+        if running is not None and running.key == entry.key:
+            return  # it started meanwhile
+        what = "the current answer" if ahead == 1 else f"{ahead} messages"
+        reply = self._reply(entry)
+        await reply.load()
+        if not reply.has_message:
+            with contextlib.suppress(Exception):
+                await reply.status(f"⏳ Queued behind {what}; I'll answer here.")
+
+    # -- resume after restart -------------------------------------------------------------------
+    async def resume(self, platform: str) -> int:
+        """Re-dispatch the entries of ``platform`` a previous run left unfinished. Returns how many."""
+        entries = [e for e in await self.store.journal_open() if e.inbound.platform == platform]
+        for entry in entries:
+            if entry.kind == "turn":
+                self.turns.submit(entry)
+            elif entry.kind == "notice":
+                self._spawn(self._send_notice(entry), f"notice:{entry.key}")
+            else:
+                cmd = commands.parse_command(entry.inbound.text)
+                if cmd is not None:
+                    self._spawn(self._run_command(entry, cmd), f"cmd:{entry.key}")
+        if entries:
+            log.info("resuming %d unfinished %s message(s) from the journal", len(entries), platform)
+        return len(entries)
+
+    # -- commands and notices -------------------------------------------------------------------
+    async def _send_notice(self, entry: JournalEntry) -> None:
+        await self._deliver_fixed(entry, entry.note)
+
+    async def _deliver_fixed(self, entry: JournalEntry, text: str) -> None:
+        try:
+            reply = self._reply(entry)
+            await reply.load()
+            await reply.finish(text)
+            await self.store.journal_set(entry.key, "done")
+        except Exception as exc:
+            self.metrics.errors.labels(entry.inbound.platform, "delivery").inc()
+            log.error("could not deliver a notice for %s: %s", entry.key, exc)
+            await self.store.journal_set(entry.key, "failed")
+
+    async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:
+        conv = entry.conversation
+        if cmd.name == "help":
+            text = commands.help_text()
+        elif cmd.name == "stop":
+            text = "⏹ Stopping the current answer." if self.turns.stop(conv) else "Nothing is running."
+        elif cmd.name == "new":
+            thread_id = await self.store.new_thread(conv)
+            text = f"🆕 Started a fresh conversation (thread {thread_id[:8]})."
+        elif cmd.name == "status":
+            text = await self._status_text(conv)
+        else:  # pragma: no cover - parse_command only marks the names above as known
+            text = commands.unknown_text(cmd.name)
+        await self._deliver_fixed(entry, text)
+
+    async def _status_text(self, conversation: str) -> str:
+        thread_id = await self.store.thread_get(conversation)
+        running, queued = self.turns.status(conversation)
+        count = await self.harness.message_count(thread_id) if thread_id else 0
+        lines = [
+            f"Thread: {thread_id[:8] if thread_id else '(none yet)'} — {count} messages",
+            f"Model: {self.harness.model_name}",
+            f"Now: {'answering a message' if running else 'idle'}; {queued} queued",
+            f"All chats: {self.turns.running_count} running (limit {self.config.concurrency.max_turns})",
+        ]
+        return "\n".join(lines)
+
+    # -- turns ----------------------------------------------------------------------------------
+    async def _run_entry(self, entry: JournalEntry) -> None:
+        inbound = entry.inbound
+        started = time.monotonic()
+        reply = self._reply(entry)
+        await reply.load()
+        await self.store.journal_set(entry.key, "running")
+        entry.attempts += 1
+        if entry.attempts > MAX_ATTEMPTS:
+            await self._give_up(entry, reply)
+            return
+        if entry.attempts > 1 and reply.has_message:
+            with contextlib.suppress(Exception):
+                await reply.status("♻️ I was restarted while answering; picking up where I left off…")
+        typing = asyncio.create_task(self._keep_typing(reply))
+        text, outcome = "", "error"
+        try:
+            thread_id = await self.store.thread_for(inbound.conversation)
+            files, notes = await self._fetch_attachments(reply.channel, inbound, thread_id)
+            final, outcome, files_out = await self._agent_turn(entry, thread_id, files, reply, notes)
+            text = final
+            typing.cancel()
+            await reply.finish(final)
+            for path, caption in files_out:
+                await reply.channel.send_file(inbound.target, path, caption)
+            await self.store.journal_set(entry.key, "done")
+        except asyncio.CancelledError:
+            typing.cancel()
+            if not self.turns.was_stopped(entry.key):
+                raise  # shutdown: stays 'running' in the journal, resumed at next start
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            outcome = "stopped"
+            with contextlib.suppress(Exception):
+                await reply.finish("⏹ Stopped.")
+            await self.store.journal_set(entry.key, "done")
+        except Exception as exc:
+            typing.cancel()
+            self.metrics.errors.labels(inbound.platform, type(exc).__name__).inc()
+            log.error("turn %s failed: %s", entry.key, exc, exc_info=not isinstance(exc, ChannelError))
+            if isinstance(exc, ChannelError) and entry.attempts < MAX_ATTEMPTS:
+                await self.store.journal_set(entry.key, "pending")  # retried at the next start
+            else:
+                with contextlib.suppress(Exception):
+                    await reply.finish("⚠️ Something went wrong on my side while answering. Please try again.")
+                await self.store.journal_set(entry.key, "failed")
+        finally:
+            self.metrics.turns.labels(outcome).inc()
+            self.metrics.turn_seconds.observe(time.monotonic() - started)
+            del text
+
+    async def _agent_turn(
+        self, entry: JournalEntry, thread_id: str, files: list[Path], reply: Reply, notes: list[str]
+    ) -> tuple[str, str, list[tuple[Path, str]]]:
+        inbound = entry.inbound
+        text, final, outcome = "", "", "ok"
+        files_out: list[tuple[Path, str]] = []
+        message = inbound.text.strip() or "(the user sent files without a message)"
+        try:
+            async with asyncio.timeout(self.config.concurrency.turn_timeout):
+                stream = self.harness.run(
+                    thread_id, user_id=inbound.user, message_id=inbound.key, text=message, files=files
+                )
+                async for event in stream:
+                    text, final, outcome = self._on_event(event, text, final, outcome, reply, files_out)
+        except TimeoutError:
+            minutes = self.config.concurrency.turn_timeout / 60
+            final, outcome = f"⚠️ This took longer than {minutes:g} minutes, so I stopped.", "timeout"
+        if not final:
+            final, outcome = text or "⚠️ The agent ended without an answer.", outcome
+        if notes:
+            final = "\n".join(notes) + "\n\n" + final
+        return final, outcome, files_out
+
+    @staticmethod
+    def _on_event(
+        event: AgentEvent, text: str, final: str, outcome: str, reply: Reply, files_out: list[tuple[Path, str]]
+    ) -> tuple[str, str, str]:
+        if isinstance(event, TextDelta):
+            text += event.text
+            reply.stream(text)
+        elif isinstance(event, ToolProgress):
+            if event.phase == "start":
+                reply.stream((text + "\n\n" if text else "") + f"🔧 {event.name}…")
+        elif isinstance(event, StatusUpdate):
+            reply.stream((text + "\n\n" if text else "") + event.text)
+        elif isinstance(event, Clarification):
+            final = f"❓ {event.question}"
+        elif isinstance(event, FileOut):
+            files_out.append((event.path, event.caption))
+        elif isinstance(event, Final):
+            final = final or event.text
+        elif isinstance(event, TurnFailed):
+            final, outcome = f"⚠️ {event.message}", "error"
+        return text, final, outcome
+
+    async def _give_up(self, entry: JournalEntry, reply: Reply) -> None:
+        with contextlib.suppress(Exception):
+            await reply.finish("⚠️ I could not finish this answer after several tries. Please ask again.")
+        await self.store.journal_set(entry.key, "failed")
+        self.metrics.turns.labels("abandoned").inc()
+
+    async def _keep_typing(self, reply: Reply) -> None:
+        with contextlib.suppress(Exception):
+            while True:
+                await reply.channel.typing(reply.target)
+                await asyncio.sleep(TYPING_EVERY)
+
+    async def _fetch_attachments(
+        self, channel: Channel, inbound: Inbound, thread_id: str
+    ) -> tuple[list[Path], list[str]]:
+        if not inbound.attachments:
+            return [], []
+        limit = self.config.limits.max_attachment_bytes
+        uploads = self.config.storage.path / "threads" / thread_id / "uploads"
+        uploads.mkdir(parents=True, exist_ok=True)
+        files: list[Path] = []
+        notes: list[str] = []
+        for att in inbound.attachments:
+            if att.size is not None and att.size > limit:
+                notes.append(f"⚠️ I skipped {att.name}: it is {att.size / 1e6:.1f} MB, over my {limit / 1e6:.0f} MB limit.")
+                continue
+            try:
+                data = await channel.download(att, limit)
+            except ChannelError as exc:
+                notes.append(f"⚠️ I could not fetch {att.name}: {exc}")
+                continue
+            path = uploads / _safe_name(att.name)
+            await asyncio.to_thread(path.write_bytes, data)
+            files.append(path)
+        return files, notes
+
+    # -- shutdown -------------------------------------------------------------------------------
+    async def close(self, grace: float) -> int:
+        self._closing = True
+        cut = await self.turns.drain(grace)
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        return cut

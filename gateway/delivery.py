@@ -1,0 +1,145 @@
+"""Delivery: one state machine for every platform.
+
+placeholder (queued / resuming sign) → throttled edits of one message while text streams → the final
+answer rendered and split for the platform. Every message id we create goes to the outbox before
+anything else happens, so a retry or a restart edits the same messages instead of posting new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from channels.base import Channel, NotModified, PermanentSendError, Rendered, ReplyTarget
+
+from .metrics import Metrics
+from .pacing import ChatPacer
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Reply:
+    """The bot's reply to one journaled message."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        target: ReplyTarget,
+        key: str,
+        store: Store,
+        pacer: ChatPacer,
+        metrics: Metrics,
+        *,
+        stream: bool = True,
+        first_delay: float = 0.6,
+    ) -> None:
+        self.channel = channel
+        self.target = target
+        self.key = key
+        self._store = store
+        self._pacer = pacer
+        self._metrics = metrics
+        self._stream = stream and channel.capabilities.can_edit
+        self._first_delay = first_delay
+        self._parts: dict[int, str] = {}
+        self._shown = ""
+        self._pending: str | None = None
+        self._wake = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._closing = False
+        self._started = time.monotonic()
+        self._last_edit = 0.0
+
+    async def load(self) -> None:
+        """Pick up message ids sent for this key before a restart."""
+        self._parts = await self._store.outbox_get(self.key)
+
+    @property
+    def has_message(self) -> bool:
+        return 0 in self._parts
+
+    # -- low level ------------------------------------------------------------------------------
+    async def _put(self, part_no: int, part: Rendered) -> None:
+        """Send part ``part_no`` or edit it if it already exists."""
+        existing = self._parts.get(part_no)
+        channel = self.channel
+        if existing is not None:
+            try:
+                await self._pacer.call(lambda: channel.edit(self.target, existing, part), is_send=False)
+                self._metrics.edits.labels(channel.name).inc()
+                return
+            except NotModified:
+                return
+            except PermanentSendError as exc:
+                # The message is gone (deleted by a user, too old to edit): post a new one.
+                log.info("edit of %s part %d failed (%s); sending anew", self.key, part_no, exc)
+        idem = f"{self.key}#{part_no}" if existing is None else f"{self.key}#{part_no}r"
+        message_id = await self._pacer.call(
+            lambda: channel.send(self.target, part, idempotency_key=idem), is_send=True
+        )
+        self._parts[part_no] = message_id
+        await self._store.outbox_put(self.key, part_no, message_id)
+        self._metrics.messages_out.labels(channel.name).inc()
+
+    # -- streaming ------------------------------------------------------------------------------
+    async def status(self, text: str) -> None:
+        """Show a short sign now (queued, resuming) in the reply's first message."""
+        await self._put(0, Rendered(text=text))
+        self._shown = text
+
+    def stream(self, text: str) -> None:
+        """Offer the text so far; it is shown when pacing allows. Never blocks the turn."""
+        if not self._stream or self._closing or not text.strip():
+            return
+        self._pending = text
+        self._wake.set()
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_loop(), name=f"stream:{self.key}")
+
+    async def _flush_loop(self) -> None:
+        interval = self.channel.capabilities.edit_interval
+        while not self._closing:
+            first = not self._last_edit and not self.has_message
+            due = self._started + self._first_delay if first else self._last_edit + interval
+            delay = due - time.monotonic()
+            if delay > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                continue  # re-check: closing, or simply due now
+            text, self._pending = self._pending, None
+            if text is None or text == self._shown:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                await self._put(0, self.channel.render_stream(text))
+                self._shown = text
+            except Exception as exc:  # streaming is best effort; the final answer is not
+                log.warning("streaming edit failed for %s: %s", self.key, exc)
+            self._last_edit = time.monotonic()
+
+    async def _stop_stream(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._flusher is not None:
+            # Never cancel mid-send: a message sent but not recorded would be posted twice.
+            await asyncio.shield(self._flusher)
+            self._flusher = None
+
+    # -- final ----------------------------------------------------------------------------------
+    async def finish(self, markdown: str) -> None:
+        """Deliver the final answer: part 0 edited in place, further parts sent after it."""
+        await self._stop_stream()
+        parts = list(self.channel.render(markdown)) if markdown.strip() else []
+        if not parts:
+            parts = [Rendered(text="(empty answer)")]
+        for i, part in enumerate(parts):
+            await self._put(i, part)
+
+    async def finish_plain(self, text: str) -> None:
+        """Deliver a fixed notice (errors, command output) as plain rendered text."""
+        await self.finish(text)

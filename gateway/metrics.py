@@ -1,0 +1,40 @@
+"""Prometheus metrics of the daemon (served on /metrics). One registry per daemon so tests and the
+terminal chat can build several without clashing with prometheus-client's global one."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.messages_in = Counter(
+            "chital_messages_in", "Inbound messages accepted from users", ["channel"], registry=r
+        )
+        self.messages_ignored = Counter(
+            "chital_messages_ignored", "Inbound messages not for the bot or redelivered",
+            ["channel", "reason"], registry=r,
+        )
+        self.messages_out = Counter(
+            "chital_messages_out", "Messages sent to a platform (edits excluded)", ["channel"], registry=r
+        )
+        self.edits = Counter("chital_edits", "Message edits sent to a platform", ["channel"], registry=r)
+        self.turns = Counter("chital_turns", "Agent turns finished, by outcome", ["outcome"], registry=r)
+        self.turn_seconds = Histogram(
+            "chital_turn_seconds", "Time from journaled message to final reply",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300), registry=r,
+        )
+        self.errors = Counter("chital_errors", "Errors by channel and kind", ["channel", "kind"], registry=r)
+        self.reconnects = Counter(
+            "chital_reconnects", "Channel restarts after a failure", ["channel"], registry=r
+        )
+        self.rate_limited = Counter(
+            "chital_platform_429", "Platform rate-limit answers (429 / retry-after)", ["channel"], registry=r
+        )
+        self.channel_up = Gauge(
+            "chital_channel_up", "1 when the channel is connected", ["channel"], registry=r
+        )
+        self.turns_running = Gauge("chital_turns_running", "Agent turns running now", registry=r)
+        self.turns_queued = Gauge("chital_turns_queued", "Messages waiting for their turn", registry=r)

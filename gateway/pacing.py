@@ -1,0 +1,95 @@
+"""One rate limiter per chat that serves sends and edits alike and obeys the platform's retry-after.
+
+The SDKs each have some retry logic, but none paces edits of a message we stream, and each treats
+429 differently; one small limiter here keeps the behaviour the same on every platform.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from channels.base import Capabilities, RetryAfter, TransientSendError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_ATTEMPTS = 5
+MAX_RETRY_AFTER = 120.0
+
+
+class ChatPacer:
+    """Serialises calls into one chat and spaces them by the platform's intervals."""
+
+    def __init__(self, caps: Capabilities, on_rate_limited: Callable[[], None] | None = None) -> None:
+        self._caps = caps
+        self._lock = asyncio.Lock()
+        self._next_send = 0.0
+        self._blocked_until = 0.0
+        self._on_rate_limited = on_rate_limited
+        self.last_used = time.monotonic()
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    async def call(self, op: Callable[[], Awaitable[T]], *, is_send: bool) -> T:
+        async with self._lock:
+            self.last_used = time.monotonic()
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                now = time.monotonic()
+                wait = max(self._blocked_until, self._next_send if is_send else 0.0) - now
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                try:
+                    result = await op()
+                except RetryAfter as exc:
+                    if self._on_rate_limited:
+                        self._on_rate_limited()
+                    delay = min(max(exc.seconds, 0.05), MAX_RETRY_AFTER)
+                    self._blocked_until = time.monotonic() + delay
+                    log.warning("rate limited by the platform; waiting %.1fs (attempt %d)", delay, attempt)
+                    if attempt == MAX_ATTEMPTS:
+                        raise
+                    continue
+                except TransientSendError as exc:
+                    if attempt == MAX_ATTEMPTS:
+                        raise
+                    delay = min(0.5 * 2 ** (attempt - 1), 8.0) * (0.5 + random.random())
+                    log.warning("send failed (%s); retrying in %.1fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                if is_send:
+                    self._next_send = time.monotonic() + self._caps.min_send_interval
+                return result
+            raise AssertionError("unreachable")
+
+
+class PacerPool:
+    """Pacers by (channel, chat), dropped when idle so memory stays flat across many chats."""
+
+    def __init__(self, idle_ttl: float = 600.0) -> None:
+        self._pacers: dict[tuple[str, str], ChatPacer] = {}
+        self._idle_ttl = idle_ttl
+        self._last_sweep = time.monotonic()
+
+    def get(self, channel: str, chat: str, caps: Capabilities, on_rate_limited: Callable[[], None]) -> ChatPacer:
+        key = (channel, chat)
+        pacer = self._pacers.get(key)
+        if pacer is None:
+            pacer = self._pacers[key] = ChatPacer(caps, on_rate_limited)
+        self._sweep()
+        return pacer
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        if now - self._last_sweep < 60:
+            return
+        self._last_sweep = now
+        for key, pacer in list(self._pacers.items()):
+            if not pacer.busy and now - pacer.last_used > self._idle_ttl:
+                del self._pacers[key]

@@ -1,0 +1,251 @@
+"""The gateway's durable state in SQLite: journal, outbox, threads, pairing.
+
+One aiosqlite connection in WAL mode with ``synchronous=NORMAL``: a committed row survives ``kill -9``
+of the daemon (only an OS crash can lose the last transactions), which is the failure this journal
+guards against, at a fraction of the cost of an fsync per message.
+
+The class is the seam for a later Postgres store: the gateway only calls the methods below.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from channels.base import Attachment, Inbound
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS journal (
+    key TEXT PRIMARY KEY,
+    conversation TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS journal_open ON journal(state) WHERE state IN ('pending', 'running');
+CREATE TABLE IF NOT EXISTS outbox (
+    key TEXT NOT NULL,
+    part INTEGER NOT NULL,
+    message_id TEXT NOT NULL,
+    text_hash TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (key, part)
+);
+CREATE TABLE IF NOT EXISTS threads (
+    conversation TEXT PRIMARY KEY,
+    thread_id TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pairing (
+    code TEXT PRIMARY KEY,
+    user TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS approved_users (
+    user TEXT PRIMARY KEY,
+    approved REAL NOT NULL,
+    code TEXT
+);
+"""
+
+OPEN_STATES = ("pending", "running")
+_PAIRING_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
+
+
+@dataclass(slots=True)
+class JournalEntry:
+    key: str
+    conversation: str
+    kind: str
+    """``turn`` (goes to the agent), ``command`` or ``notice`` (a fixed reply, e.g. pairing)."""
+    inbound: Inbound
+    state: str
+    attempts: int = 0
+    note: str = ""
+    """For ``notice`` entries: the text to send."""
+
+
+def inbound_to_json(inbound: Inbound, note: str = "") -> str:
+    data = asdict(inbound)
+    data["attachments"] = [asdict(a) for a in inbound.attachments]
+    if note:
+        data["_note"] = note
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def inbound_from_json(raw: str) -> tuple[Inbound, str]:
+    data: dict[str, Any] = json.loads(raw)
+    note = data.pop("_note", "")
+    data["attachments"] = tuple(Attachment(**a) for a in data.get("attachments", ()))
+    return Inbound(**data), note
+
+
+class Store:
+    """SQLite-backed gateway state. Create with :meth:`open`."""
+
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+
+    @classmethod
+    async def open(cls, path: Path) -> Store:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(path)
+        await db.execute("PRAGMA journal_mode=WAL")
+        await db.execute("PRAGMA synchronous=NORMAL")
+        await db.execute("PRAGMA busy_timeout=5000")
+        await db.executescript(_SCHEMA)
+        await db.commit()
+        return cls(db, path)
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    # -- journal --------------------------------------------------------------------------------
+    async def journal_add(self, inbound: Inbound, kind: str, note: str = "") -> bool:
+        """Record a message durably. Returns False when the key is already journaled (redelivery)."""
+        now = time.time()
+        cur = await self._db.execute(
+            "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, state, created, updated)"
+            " VALUES (?, ?, ?, ?, 'pending', ?, ?)",
+            (inbound.key, inbound.conversation, kind, inbound_to_json(inbound, note), now, now),
+        )
+        await self._db.commit()
+        return cur.rowcount == 1
+
+    async def journal_seen(self, key: str) -> bool:
+        async with self._db.execute("SELECT 1 FROM journal WHERE key = ?", (key,)) as cur:
+            return await cur.fetchone() is not None
+
+    async def journal_set(self, key: str, state: str) -> None:
+        extra = ", attempts = attempts + 1" if state == "running" else ""
+        await self._db.execute(
+            f"UPDATE journal SET state = ?, updated = ?{extra} WHERE key = ?", (state, time.time(), key)
+        )
+        await self._db.commit()
+
+    async def journal_open(self) -> list[JournalEntry]:
+        """Entries not finished, oldest first: what a restart must resume."""
+        async with self._db.execute(
+            "SELECT key, conversation, kind, payload, state, attempts FROM journal"
+            " WHERE state IN ('pending', 'running') ORDER BY created, rowid"
+        ) as cur:
+            rows = await cur.fetchall()
+        out = []
+        for key, conv, kind, payload, state, attempts in rows:
+            inbound, note = inbound_from_json(payload)
+            out.append(JournalEntry(key, conv, kind, inbound, state, attempts, note))
+        return out
+
+    async def journal_counts(self) -> dict[str, int]:
+        async with self._db.execute("SELECT state, COUNT(*) FROM journal GROUP BY state") as cur:
+            return {state: n for state, n in await cur.fetchall()}
+
+    async def journal_prune(self, older_than: float) -> int:
+        """Drop finished entries (and their outbox rows) older than ``older_than`` seconds."""
+        cutoff = time.time() - older_than
+        await self._db.execute(
+            "DELETE FROM outbox WHERE key IN (SELECT key FROM journal WHERE updated < ?"
+            " AND state NOT IN ('pending', 'running'))",
+            (cutoff,),
+        )
+        cur = await self._db.execute(
+            "DELETE FROM journal WHERE updated < ? AND state NOT IN ('pending', 'running')", (cutoff,)
+        )
+        await self._db.commit()
+        return cur.rowcount
+
+    # -- outbox ---------------------------------------------------------------------------------
+    async def outbox_get(self, key: str) -> dict[int, str]:
+        async with self._db.execute("SELECT part, message_id FROM outbox WHERE key = ?", (key,)) as cur:
+            return {part: mid for part, mid in await cur.fetchall()}
+
+    async def outbox_put(self, key: str, part: int, message_id: str) -> None:
+        await self._db.execute(
+            "INSERT OR REPLACE INTO outbox(key, part, message_id) VALUES (?, ?, ?)", (key, part, message_id)
+        )
+        await self._db.commit()
+
+    # -- conversations → agent threads ------------------------------------------------------------
+    async def thread_for(self, conversation: str) -> str:
+        async with self._db.execute(
+            "SELECT thread_id FROM threads WHERE conversation = ?", (conversation,)
+        ) as cur:
+            row = await cur.fetchone()
+        if row:
+            return str(row[0])
+        return await self.new_thread(conversation)
+
+    async def thread_get(self, conversation: str) -> str | None:
+        async with self._db.execute(
+            "SELECT thread_id FROM threads WHERE conversation = ?", (conversation,)
+        ) as cur:
+            row = await cur.fetchone()
+        return str(row[0]) if row else None
+
+    async def new_thread(self, conversation: str) -> str:
+        thread_id = uuid.uuid4().hex
+        await self._db.execute(
+            "INSERT OR REPLACE INTO threads(conversation, thread_id, created) VALUES (?, ?, ?)",
+            (conversation, thread_id, time.time()),
+        )
+        await self._db.commit()
+        return thread_id
+
+    # -- access: pairing and approvals ------------------------------------------------------------
+    async def is_approved(self, user: str) -> bool:
+        async with self._db.execute("SELECT 1 FROM approved_users WHERE user = ?", (user,)) as cur:
+            return await cur.fetchone() is not None
+
+    async def pairing_code_for(self, user: str, name: str) -> tuple[str, bool]:
+        """The user's pending pairing code, creating one if needed. Returns (code, newly_created)."""
+        async with self._db.execute("SELECT code FROM pairing WHERE user = ?", (user,)) as cur:
+            row = await cur.fetchone()
+        if row:
+            return str(row[0]), False
+        code = "".join(secrets.choice(_PAIRING_ALPHABET) for _ in range(8))
+        await self._db.execute(
+            "INSERT INTO pairing(code, user, name, created) VALUES (?, ?, ?, ?)",
+            (code, user, name[:100], time.time()),
+        )
+        await self._db.commit()
+        return code, True
+
+    async def pairing_list(self) -> list[tuple[str, str, str, float]]:
+        async with self._db.execute("SELECT code, user, name, created FROM pairing ORDER BY created") as cur:
+            return [(str(c), str(u), str(n), float(t)) for c, u, n, t in await cur.fetchall()]
+
+    async def pairing_approve(self, code: str) -> str | None:
+        """Approve a pending code; returns the user it belonged to, or None for an unknown code."""
+        code = code.strip().upper()
+        async with self._db.execute("SELECT user FROM pairing WHERE code = ?", (code,)) as cur:
+            row = await cur.fetchone()
+        if not row:
+            return None
+        user = str(row[0])
+        await self._db.execute(
+            "INSERT OR REPLACE INTO approved_users(user, approved, code) VALUES (?, ?, ?)",
+            (user, time.time(), code),
+        )
+        await self._db.execute("DELETE FROM pairing WHERE code = ?", (code,))
+        await self._db.commit()
+        return user
+
+    async def revoke(self, user: str) -> bool:
+        cur = await self._db.execute("DELETE FROM approved_users WHERE user = ?", (user,))
+        await self._db.commit()
+        return cur.rowcount > 0
+
+    async def approved_list(self) -> list[tuple[str, float]]:
+        async with self._db.execute("SELECT user, approved FROM approved_users ORDER BY approved") as cur:
+            return [(str(u), float(t)) for u, t in await cur.fetchall()]

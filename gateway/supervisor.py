@@ -1,0 +1,90 @@
+"""Runs each channel, restarts it with capped exponential backoff and jitter, keeps its state visible.
+
+A channel whose token is refused (FatalChannelError) stays down with its reason; the others go on.
+A channel that returns or raises anything else is restarted; a channel that stayed connected for a
+while starts its backoff again from the bottom.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+
+from channels.base import Channel, ChannelState, FatalChannelError, InboundSink
+
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class Backoff:
+    def __init__(self, base: float = 1.0, cap: float = 60.0, stable_after: float = 60.0) -> None:
+        self.base, self.cap, self.stable_after = base, cap, stable_after
+        self.failures = 0
+
+    def next_delay(self, ran_for: float) -> float:
+        if ran_for >= self.stable_after:
+            self.failures = 0
+        self.failures += 1
+        ceiling = min(self.cap, self.base * 2 ** (self.failures - 1))
+        return random.uniform(ceiling / 2, ceiling)  # "equal jitter"
+
+
+class ChannelSupervisor:
+    def __init__(self, channel: Channel, sink: InboundSink, metrics: Metrics, backoff: Backoff | None = None) -> None:
+        self.channel = channel
+        self._sink = sink
+        self._metrics = metrics
+        self._backoff = backoff or Backoff()
+        self._task: asyncio.Task[None] | None = None
+        channel.add_status_listener(self._on_state)
+
+    def _on_state(self, channel: Channel) -> None:
+        self._metrics.channel_up.labels(channel.name).set(1 if channel.state is ChannelState.CONNECTED else 0)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=f"channel:{self.channel.name}")
+
+    async def _loop(self) -> None:
+        ch = self.channel
+        while True:
+            ch.set_state(ChannelState.STARTING if self._backoff.failures == 0 else ChannelState.RECONNECTING, ch.reason)
+            started = time.monotonic()
+            try:
+                await ch.run(self._sink)
+                reason = "the connection ended"
+            except asyncio.CancelledError:
+                raise
+            except FatalChannelError as exc:
+                ch.set_state(ChannelState.FAILED, str(exc))
+                self._metrics.errors.labels(ch.name, "fatal").inc()
+                log.error("channel %s is down until fixed: %s", ch.name, exc)
+                await _safe_close(ch)
+                return
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            await _safe_close(ch)
+            delay = self._backoff.next_delay(time.monotonic() - started)
+            self._metrics.reconnects.labels(ch.name).inc()
+            ch.set_state(ChannelState.RECONNECTING, f"{reason}; retrying in {delay:.1f}s")
+            log.warning("channel %s: %s; restarting in %.1fs", ch.name, reason, delay)
+            await asyncio.sleep(delay)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: S110 - shutting down
+                pass
+        await _safe_close(self.channel)
+        self.channel.set_state(ChannelState.STOPPED)
+
+
+async def _safe_close(ch: Channel) -> None:
+    try:
+        await ch.close()
+    except Exception as exc:
+        log.debug("closing %s: %s", ch.name, exc)

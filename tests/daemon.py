@@ -1,0 +1,155 @@
+"""Run ``chital run`` as a real subprocess for end-to-end tests (kill -9, SIGTERM, restarts)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def base_config(data_dir: Path, model_base_url: str, http_port: int) -> dict[str, Any]:
+    """A config for tests: fake model, no channel on (tests switch theirs on), fast delivery."""
+    return {
+        "models": [{
+            "name": "default", "use": "langchain_openai:ChatOpenAI", "model": "fake-model",
+            "base_url": model_base_url, "api_key": "sk-test-key-never-logged",
+        }],
+        "agent": {"model_timeout": 20, "model_retries": 2, "retry_backoff": 0.05},
+        "channels": {name: {"enabled": False} for name in ("telegram", "slack", "discord", "lark")},
+        "storage": {"path": str(data_dir)},
+        "concurrency": {"max_turns": 8, "shutdown_grace": 5},
+        "delivery": {"first_edit_delay": 0.2},
+        "http": {"host": "127.0.0.1", "port": http_port},
+        "log_level": "INFO",
+    }
+
+
+class DaemonProcess:
+    """One ``chital run`` subprocess. Logs go to ``<dir>/daemon-N.log`` (printed on test failure)."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+        self.workdir = workdir
+        self.config = config
+        self.config_path = workdir / "config.yaml"
+        self.port = int(config["http"]["port"])
+        self.proc: asyncio.subprocess.Process | None = None
+        self.runs = 0
+        self.log_path = workdir / "daemon-0.log"
+
+    def write_config(self) -> None:
+        self.config_path.write_text(yaml.safe_dump(self.config), encoding="utf-8")
+
+    async def start(self, *, wait_ready: bool = True, timeout: float = 30.0) -> None:
+        self.write_config()
+        self.runs += 1
+        self.log_path = self.workdir / f"daemon-{self.runs}.log"
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        env["PYTHONUNBUFFERED"] = "1"
+        log = self.log_path.open("wb")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "run", "-c", str(self.config_path),
+            cwd=str(REPO), env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
+        )
+        log.close()
+        await self.wait_http(timeout)
+        if wait_ready:
+            await self.wait_ready(timeout)
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{self.port}{path}") as r:
+            body = await r.text()
+            try:
+                return r.status, json.loads(body)
+            except json.JSONDecodeError:
+                return r.status, body
+
+    async def wait_http(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc and self.proc.returncode is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.logs()}")
+            try:
+                status, _ = await self.get("/healthz")
+                if status == 200:
+                    return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"daemon did not serve /healthz in {timeout}s:\n{self.logs()}")
+
+    async def wait_ready(self, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        body: Any = None
+        while time.monotonic() < deadline:
+            status, body = await self.get("/readyz")
+            if status == 200:
+                return body  # type: ignore[no-any-return]
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"daemon not ready in {timeout}s: {body}\n{self.logs()}")
+
+    async def wait_channel_state(self, name: str, state: str, timeout: float = 15.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        body: Any = None
+        while time.monotonic() < deadline:
+            _, body = await self.get("/readyz")
+            info = body["channels"].get(name, {})
+            if info.get("state") == state:
+                return info  # type: ignore[no-any-return]
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"channel {name} never reached {state}: {body}")
+
+    async def metrics(self) -> str:
+        _, body = await self.get("/metrics")
+        return str(body)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+
+    async def terminate(self, timeout: float = 20.0) -> int:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.proc.wait(), timeout)
+
+    async def wait_exit(self, timeout: float = 10.0) -> int:
+        assert self.proc is not None
+        return await asyncio.wait_for(self.proc.wait(), timeout)
+
+    def logs(self) -> str:
+        parts = []
+        for i in range(1, self.runs + 1):
+            p = self.workdir / f"daemon-{i}.log"
+            if p.exists():
+                parts.append(f"--- run {i} ---\n" + p.read_text(errors="replace")[-8000:])
+        return "\n".join(parts)
+
+    async def cli(self, *args: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", *args, "-c", str(self.config_path), cwd=str(REPO),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await proc.communicate()
+        return int(proc.returncode or 0), out.decode()
+
+    async def close(self) -> None:
+        if self.proc and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()

@@ -1,0 +1,617 @@
+"""A fake Discord: REST API v10, gateway websocket and attachment CDN on 127.0.0.1, for discord.py.
+
+One guild with a text channel (and a thread under it) plus DM channels made on demand. The gateway
+keeps a per-session event log, so a RESUME replays what the bot missed (also events injected while it
+was disconnected), exactly the behaviour the adapter relies on; a fresh IDENTIFY replays nothing, as on
+the real service. Everything the bot posts or edits is recorded as a user would see it.
+
+The fake only talks over TCP, so an end-to-end test can point a daemon subprocess at ``api_base_url``
+and ``gateway_url``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, TypeVar
+
+from aiohttp import WSMsgType, web
+
+T = TypeVar("T")
+JSON_TYPE = "application/json"  # exact: discord.py returns a str for "...; charset=utf-8"
+MAX_CONTENT = 2000
+DISCORD_EPOCH_MS = 1_420_070_400_000
+
+
+@dataclass
+class PostedMessage:
+    """A message the bot posted, as the user sees it now (edits applied)."""
+
+    id: str
+    channel_id: str
+    content: str
+    reply_to: str | None = None
+    nonce: str | None = None
+    files: list[tuple[str, bytes]] = field(default_factory=list)
+    edits: int = 0
+
+
+@dataclass
+class _Failure:
+    status: int
+    method: str | None
+    path_contains: str
+    times: int
+    retry_after: float
+    code: int
+
+
+@dataclass
+class _Session:
+    id: str
+    seq: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+    conn: _Conn | None = None
+    dead: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass(eq=False)
+class _Conn:
+    ws: web.WebSocketResponse
+    request: web.Request
+    session: _Session | None = None
+    stalled: bool = False
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=json.dumps(data).encode(), status=status, headers={"Content-Type": JSON_TYPE, **(headers or {})}
+    )
+
+
+def _error(status: int, code: int, message: str, errors: dict[str, Any] | None = None) -> web.Response:
+    body: dict[str, Any] = {"message": message, "code": code}
+    if errors:
+        body["errors"] = errors
+    return _json(body, status)
+
+
+class FakeDiscord:
+    """The fake service. ``await start()``, point discord.py at :attr:`api_base_url` and
+    :attr:`gateway_url`, then inject user messages and inspect :attr:`posted`."""
+
+    def __init__(self, token: str = "fake-discord-token", *, heartbeat_interval: float = 41.25) -> None:
+        self.token = token
+        self.heartbeat_interval = heartbeat_interval
+        self._last_id = 0
+        self.bot_id = self.new_id()
+        self.application_id = self.new_id()
+        self.guild_id = self.new_id()
+        self.channel_id = self.new_id()
+        self.thread_id = self.new_id()
+        self.owner_id = self.new_id()
+        self._threads: dict[str, str] = {self.thread_id: self.channel_id}  # thread -> parent
+        self._dms: dict[str, str] = {}  # user id -> DM channel id
+        self._messages: dict[str, dict[str, Any]] = {}
+        self._nonces: dict[str, str] = {}
+        self._cdn: dict[str, tuple[bytes, str]] = {}
+        self._failures: list[_Failure] = []
+        self._sessions: dict[str, _Session] = {}
+        self._session: _Session | None = None
+        self._conns: set[_Conn] = set()
+        self._changed = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        # What the bot did, for assertions.
+        self.posted: list[PostedMessage] = []
+        self.typing: Counter[str] = Counter()
+        self.reactions: list[tuple[str, str, str]] = []  # (channel, message, emoji)
+        self.forbidden_channels: set[str] = set()
+        self.identifies = 0
+        self.resumes = 0
+        self.heartbeats = 0
+        self.intents: int | None = None
+        self.rest_calls: list[tuple[str, str]] = []
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
+        r = app.router
+        api = "/api/v10"
+        r.add_get(f"{api}/users/@me", self._me)
+        r.add_get(f"{api}/oauth2/applications/@me", self._application)
+        r.add_get(f"{api}/gateway/bot", self._gateway_bot)
+        r.add_get(f"{api}/gateway", self._gateway_bot)
+        r.add_post(f"{api}/channels/{{cid}}/messages", self._post_message)
+        r.add_get(f"{api}/channels/{{cid}}/messages/{{mid}}", self._get_message)
+        r.add_patch(f"{api}/channels/{{cid}}/messages/{{mid}}", self._patch_message)
+        r.add_post(f"{api}/channels/{{cid}}/typing", self._typing)
+        r.add_put(f"{api}/channels/{{cid}}/messages/{{mid}}/reactions/{{emoji}}/@me", self._react)
+        r.add_get("/attachments/{cid}/{aid}/{name}", self._cdn_get)
+        r.add_get("/gateway/", self._gateway)
+        r.add_get("/gateway", self._gateway)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        for conn in list(self._conns):
+            with contextlib.suppress(Exception):
+                await conn.ws.close(code=1001)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeDiscord:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_base_url(self) -> str:
+        return f"{self.url}/api/v10"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/gateway/"
+
+    def new_id(self) -> str:
+        """A real-looking snowflake (its timestamp is now), strictly increasing."""
+        snowflake = (int(time.time() * 1000) - DISCORD_EPOCH_MS) << 22
+        self._last_id = max(snowflake, self._last_id + 1)
+        return str(self._last_id)
+
+    # -- observation --------------------------------------------------------------------------
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_for(self, predicate: Callable[[], T], timeout: float = 5.0) -> T:  # noqa: ASYNC109
+        """Wait until ``predicate()`` is truthy and return its value; re-checked on every change
+        of the fake and at least every 50 ms (for predicates over state outside the fake)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            result = predicate()
+            if result:
+                return result
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"condition not met within {timeout}s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.05))
+
+    @property
+    def connected(self) -> bool:
+        """True while a live, identified or resumed gateway connection exists."""
+        s = self._session
+        return bool(s and not s.dead and s.conn is not None and not s.conn.stalled)
+
+    async def wait_connected(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        await self.wait_for(lambda: self.connected, timeout)
+
+    def bot_messages(self, channel_id: str | None = None) -> list[PostedMessage]:
+        return [m for m in self.posted if channel_id is None or m.channel_id == channel_id]
+
+    def message(self, message_id: str) -> dict[str, Any]:
+        return self._messages[message_id]
+
+    # -- failure injection --------------------------------------------------------------------
+    def fail_next(
+        self,
+        status: int,
+        *,
+        method: str | None = None,
+        path_contains: str = "",
+        times: int = 1,
+        retry_after: float = 1.0,
+        code: int = 0,
+    ) -> None:
+        """Answer the next ``times`` matching REST calls with ``status`` (429 carries retry_after in
+        the body and X-RateLimit-* headers, like Discord's)."""
+        self._failures.append(_Failure(status, method, path_contains, times, retry_after, code))
+
+    def _take_failure(self, request: web.Request) -> _Failure | None:
+        for f in self._failures:
+            if (f.method is None or f.method == request.method) and f.path_contains in request.path:
+                f.times -= 1
+                if f.times <= 0:
+                    self._failures.remove(f)
+                return f
+        return None
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if not request.path.startswith("/api/"):
+            return await handler(request)
+        self.rest_calls.append((request.method, request.path))
+        if request.headers.get("Authorization") != f"Bot {self.token}":
+            return _error(401, 0, "401: Unauthorized")
+        failure = self._take_failure(request)
+        if failure is None:
+            return await handler(request)
+        if failure.status == 429:
+            ra = failure.retry_after
+            headers = {
+                "Retry-After": str(max(1, round(ra))),
+                "X-RateLimit-Limit": "5",
+                "X-RateLimit-Remaining": "0",
+                "X-RateLimit-Reset": f"{time.time() + ra:.3f}",
+                "X-RateLimit-Reset-After": f"{ra:.3f}",
+                "X-RateLimit-Bucket": "fake-bucket",
+                "X-RateLimit-Scope": "user",
+                "Via": "1.1 google",  # discord.py treats a 429 without Via as a Cloudflare ban
+            }
+            body = {"message": "You are being rate limited.", "retry_after": ra, "global": False}
+            return _json(body, 429, headers)
+        return _error(failure.status, failure.code, f"{failure.status}: injected failure")
+
+    # -- model helpers ------------------------------------------------------------------------
+    def _user(self, user_id: str, *, bot: bool = False) -> dict[str, Any]:
+        name = "chital" if user_id == self.bot_id else f"user{user_id[-4:]}"
+        return {"id": user_id, "username": name, "global_name": name.title(), "discriminator": "0",
+                "avatar": None, "bot": bot, "flags": 0, "public_flags": 0}
+
+    def _bot_user(self) -> dict[str, Any]:
+        return {**self._user(self.bot_id, bot=True), "verified": True, "mfa_enabled": False}
+
+    def _is_guild_channel(self, cid: str) -> bool:
+        return cid == self.channel_id or cid in self._threads
+
+    def _known_channel(self, cid: str) -> bool:
+        return self._is_guild_channel(cid) or cid in self._dms.values()
+
+    def _thread_data(self, tid: str) -> dict[str, Any]:
+        return {"id": tid, "type": 11, "guild_id": self.guild_id, "parent_id": self._threads[tid],
+                "owner_id": self.owner_id, "name": f"thread-{tid[-4:]}", "message_count": 0,
+                "member_count": 1, "rate_limit_per_user": 0, "flags": 0,
+                "thread_metadata": {"archived": False, "auto_archive_duration": 1440,
+                                    "archive_timestamp": _now_iso(), "locked": False}}
+
+    def _guild_data(self) -> dict[str, Any]:
+        everyone = {"id": self.guild_id, "name": "@everyone", "permissions": "1071698660929", "position": 0,
+                    "color": 0, "hoist": False, "managed": False, "mentionable": False, "flags": 0}
+        text = {"id": self.channel_id, "type": 0, "guild_id": self.guild_id, "name": "general",
+                "position": 0, "permission_overwrites": [], "nsfw": False, "parent_id": None}
+        return {"id": self.guild_id, "name": "Fake Guild", "owner_id": self.owner_id, "unavailable": False,
+                "member_count": 2, "large": False, "roles": [everyone], "emojis": [], "stickers": [],
+                "features": [], "channels": [text], "members": [], "voice_states": [], "presences": [],
+                "threads": [self._thread_data(t) for t in self._threads], "joined_at": _now_iso(),
+                "preferred_locale": "en-US", "mfa_level": 0, "verification_level": 0,
+                "premium_tier": 0, "system_channel_flags": 0}
+
+    def _message_data(self, cid: str, author_id: str, content: str, **extra: Any) -> dict[str, Any]:
+        mid = self.new_id()
+        data: dict[str, Any] = {
+            "id": mid, "channel_id": cid, "type": 0, "content": content,
+            "author": self._bot_user() if author_id == self.bot_id else self._user(author_id),
+            "timestamp": _now_iso(), "edited_timestamp": None, "tts": False, "mention_everyone": False,
+            "mentions": [], "mention_roles": [], "attachments": [], "embeds": [], "pinned": False,
+            "flags": 0, "components": [],
+        }
+        if self._is_guild_channel(cid):
+            data["guild_id"] = self.guild_id
+            data["member"] = {"roles": [], "joined_at": _now_iso(), "deaf": False, "mute": False, "flags": 0}
+        data.update(extra)
+        self._messages[mid] = data
+        return data
+
+    def _add_cdn(self, cid: str, name: str, body: bytes, content_type: str) -> dict[str, Any]:
+        aid = self.new_id()
+        self._cdn[aid] = (body, content_type)
+        url = f"{self.url}/attachments/{cid}/{aid}/{name}"
+        return {"id": aid, "filename": name, "size": len(body), "url": url, "proxy_url": url,
+                "content_type": content_type}
+
+    # -- user side ----------------------------------------------------------------------------
+    async def inject_message(
+        self,
+        channel_id: str | None,
+        author_id: str,
+        content: str,
+        *,
+        guild: bool = True,
+        mention_bot: bool = False,
+        reply_to_message_id: str | None = None,
+        thread: bool = False,
+        attachments: Iterable[tuple[str, bytes, str]] | None = None,
+    ) -> str:
+        """A user posts a message; returns its id. ``channel_id=None`` means the guild text channel;
+        ``thread=True`` posts into the thread under it; ``guild=False`` means a DM (see inject_dm).
+        ``attachments`` are ``(filename, bytes, content_type)`` served from the fake CDN."""
+        if not guild:
+            cid = self._dms.setdefault(author_id, self.new_id())
+        else:
+            cid = channel_id or self.channel_id
+            if thread and cid not in self._threads:
+                existing = next((t for t, p in self._threads.items() if p == cid), None)
+                cid = existing or await self._new_thread(cid)
+        extra: dict[str, Any] = {}
+        if mention_bot:
+            content = f"<@{self.bot_id}> {content}"
+            extra["mentions"] = [self._user(self.bot_id, bot=True)]
+        if reply_to_message_id is not None:
+            ref = self._messages.get(reply_to_message_id)
+            extra["type"] = 19
+            extra["message_reference"] = {"type": 0, "message_id": reply_to_message_id, "channel_id": cid,
+                                          **({"guild_id": self.guild_id} if guild else {})}
+            extra["referenced_message"] = ref
+        extra["attachments"] = [self._add_cdn(cid, n, b, t) for n, b, t in attachments or ()]
+        data = self._message_data(cid, author_id, content, **extra)
+        await self._dispatch("MESSAGE_CREATE", data)
+        return data["id"]
+
+    async def inject_dm(self, author_id: str, content: str, **kwargs: Any) -> str:
+        return await self.inject_message(None, author_id, content, guild=False, **kwargs)
+
+    async def redeliver(self, message_id: str) -> None:
+        """Dispatch an earlier MESSAGE_CREATE again (new sequence number, same message)."""
+        await self._dispatch("MESSAGE_CREATE", self._messages[message_id])
+
+    def dm_channel(self, user_id: str) -> str:
+        return self._dms.setdefault(user_id, self.new_id())
+
+    async def _new_thread(self, parent: str) -> str:
+        tid = self.new_id()
+        self._threads[tid] = parent
+        await self._dispatch("THREAD_CREATE", {**self._thread_data(tid), "newly_created": True})
+        return tid
+
+    # -- gateway ------------------------------------------------------------------------------
+    async def _send(self, conn: _Conn, frame: dict[str, Any]) -> None:
+        if conn.stalled or conn.ws.closed:
+            return
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await conn.ws.send_str(json.dumps(frame))
+
+    async def _dispatch(self, event: str, data: dict[str, Any], session: _Session | None = None) -> None:
+        """Log a dispatch in the session (for RESUME) and send it if the bot is connected. Events for
+        a dead session are lost, as on Discord."""
+        session = session or self._session
+        if session is None:
+            raise RuntimeError("the bot has not identified with the fake gateway yet")
+        async with session.lock:
+            session.seq += 1
+            frame = {"op": 0, "t": event, "s": session.seq, "d": data}
+            session.events.append(frame)
+            if session.conn is not None and not session.dead:
+                await self._send(session.conn, frame)
+        self._notify()
+
+    async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=True, max_msg_size=0)
+        await ws.prepare(request)
+        conn = _Conn(ws=ws, request=request)
+        self._conns.add(conn)
+        await self._send(conn, {"op": 10, "s": None, "t": None,
+                                "d": {"heartbeat_interval": int(self.heartbeat_interval * 1000)}})
+        try:
+            async for msg in ws:
+                if msg.type is not WSMsgType.TEXT:
+                    continue
+                frame = json.loads(msg.data)
+                op, d = frame.get("op"), frame.get("d")
+                if op == 1:
+                    self.heartbeats += 1
+                    await self._send(conn, {"op": 11, "s": None, "t": None, "d": None})
+                elif op == 2:
+                    await self._identify(conn, d)
+                elif op == 6:
+                    await self._resume(conn, d)
+                self._notify()
+        finally:
+            self._conns.discard(conn)
+            if conn.session is not None and conn.session.conn is conn:
+                conn.session.conn = None
+            self._notify()
+        return ws
+
+    async def _identify(self, conn: _Conn, d: dict[str, Any]) -> None:
+        if d.get("token") != self.token:
+            await conn.ws.close(code=4004, message=b"Authentication failed.")
+            return
+        self.identifies += 1
+        self.intents = d.get("intents")
+        if self._session is not None:
+            self._session.dead = True
+        session = _Session(id=uuid.uuid4().hex)
+        self._sessions[session.id] = session
+        self._session, conn.session, session.conn = session, session, conn
+        ready = {"v": 10, "user": self._bot_user(), "guilds": [{"id": self.guild_id, "unavailable": True}],
+                 "session_id": session.id, "session_type": "normal", "resume_gateway_url": self.gateway_url,
+                 "application": {"id": self.application_id, "flags": 0}, "private_channels": [],
+                 "relationships": []}
+        await self._dispatch("READY", ready, session)
+        await self._dispatch("GUILD_CREATE", self._guild_data(), session)
+
+    async def _resume(self, conn: _Conn, d: dict[str, Any]) -> None:
+        if d.get("token") != self.token:
+            await conn.ws.close(code=4004, message=b"Authentication failed.")
+            return
+        session = self._sessions.get(d.get("session_id") or "")
+        if session is None or session.dead:
+            await self._send(conn, {"op": 9, "s": None, "t": None, "d": False})
+            return
+        after = d.get("seq") or 0
+        async with session.lock:
+            old = session.conn
+            session.conn, conn.session = conn, session
+            for frame in session.events:
+                if frame["s"] > after:
+                    await self._send(conn, frame)
+        if old is not None and old is not conn:
+            with contextlib.suppress(Exception):
+                await old.ws.close(code=4000)
+        self.resumes += 1
+        await self._dispatch("RESUMED", {}, session)
+
+    async def drop_connection(self, mode: Literal["close", "abort", "stall"] = "close") -> None:
+        """Break the bot's live gateway connection: ``close`` (close frame 4000, resumable),
+        ``abort`` (TCP reset, no close frame) or ``stall`` (half-open: the fake stops answering
+        heartbeats and sending events, the bot notices only by its heartbeat timeout)."""
+        session = self._session
+        conn = session.conn if session else None
+        if conn is None:
+            raise RuntimeError("no live gateway connection")
+        if mode == "stall":
+            conn.stalled = True
+        elif mode == "abort":
+            if conn.request.transport is not None:
+                conn.request.transport.abort()
+        else:
+            await conn.ws.close(code=4000, message=b"fake: reconnect")
+        if session is not None and session.conn is conn:
+            session.conn = None
+        self._notify()
+
+    async def invalidate_session(self) -> None:
+        """Send op 9 (not resumable): the bot must IDENTIFY again and missed events are lost."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("no session")
+        session.dead = True
+        if session.conn is not None:
+            await self._send(session.conn, {"op": 9, "s": None, "t": None, "d": False})
+        self._notify()
+
+    # -- REST ---------------------------------------------------------------------------------
+    async def _me(self, request: web.Request) -> web.Response:
+        return _json(self._bot_user())
+
+    async def _application(self, request: web.Request) -> web.Response:
+        return _json({"id": self.application_id, "name": "Chital", "description": "", "icon": None,
+                      "bot_public": False, "bot_require_code_grant": False, "verify_key": "00" * 32,
+                      "owner": self._user(self.owner_id), "flags": 0, "rpc_origins": [],
+                      "summary": "", "team": None, "bot": self._bot_user()})
+
+    async def _gateway_bot(self, request: web.Request) -> web.Response:
+        return _json({"url": self.gateway_url.rstrip("/"), "shards": 1, "session_start_limit": {
+            "total": 1000, "remaining": 999, "reset_after": 0, "max_concurrency": 1}})
+
+    def _check_channel(self, cid: str) -> web.Response | None:
+        if not self._known_channel(cid):
+            return _error(404, 10003, "Unknown Channel")
+        if cid in self.forbidden_channels:
+            return _error(403, 50013, "Missing Permissions")
+        return None
+
+    @staticmethod
+    def _too_long() -> web.Response:
+        errors = {"content": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH",
+                                           "message": "Must be 2000 or fewer in length."}]}}
+        return _error(400, 50035, "Invalid Form Body", errors)
+
+    async def _post_message(self, request: web.Request) -> web.Response:
+        cid = request.match_info["cid"]
+        if (bad := self._check_channel(cid)) is not None:
+            return bad
+        files: list[tuple[str, bytes, str]] = []
+        if request.content_type.startswith("multipart/"):
+            payload: dict[str, Any] = {}
+            reader = await request.multipart()
+            async for part in reader:
+                if part.name == "payload_json":
+                    payload = json.loads(await part.text())  # type: ignore[union-attr]
+                elif part.name and part.name.startswith("files["):
+                    body = bytes(await part.read())  # type: ignore[union-attr]
+                    ctype = part.headers.get("Content-Type", "application/octet-stream")
+                    files.append((part.filename or "file", body, ctype))  # type: ignore[union-attr]
+        else:
+            payload = await request.json()
+        content = payload.get("content") or ""
+        if len(content) > MAX_CONTENT:
+            return self._too_long()
+        if not content and not files:
+            return _error(400, 50006, "Cannot send an empty message")
+        nonce = payload.get("nonce")
+        if nonce is not None and payload.get("enforce_nonce") and str(nonce) in self._nonces:
+            return _json(self._messages[self._nonces[str(nonce)]])
+        extra: dict[str, Any] = {"nonce": nonce} if nonce is not None else {}
+        reply_to = None
+        if ref := payload.get("message_reference"):
+            reply_to = str(ref.get("message_id"))
+            if reply_to in self._messages:
+                extra.update(type=19, referenced_message=self._messages[reply_to],
+                             message_reference={"type": 0, "message_id": reply_to, "channel_id": cid})
+            elif ref.get("fail_if_not_exists", True):
+                return _error(400, 50035, "Invalid Form Body",
+                              {"message_reference": {"_errors": [{"code": "REPLIES_UNKNOWN_MESSAGE"}]}})
+        extra["attachments"] = [self._add_cdn(cid, n, b, t) for n, b, t in files]
+        data = self._message_data(cid, self.bot_id, content, **extra)
+        if nonce is not None:
+            self._nonces[str(nonce)] = data["id"]
+        self.posted.append(PostedMessage(id=data["id"], channel_id=cid, content=content, reply_to=reply_to,
+                                         nonce=None if nonce is None else str(nonce),
+                                         files=[(n, b) for n, b, _ in files]))
+        if self._session is not None and not self._session.dead:
+            await self._dispatch("MESSAGE_CREATE", data)  # Discord echoes the bot's own posts
+        self._notify()
+        return _json(data)
+
+    async def _get_message(self, request: web.Request) -> web.Response:
+        data = self._messages.get(request.match_info["mid"])
+        if data is None or data["channel_id"] != request.match_info["cid"]:
+            return _error(404, 10008, "Unknown Message")
+        return _json(data)
+
+    async def _patch_message(self, request: web.Request) -> web.Response:
+        cid, mid = request.match_info["cid"], request.match_info["mid"]
+        data = self._messages.get(mid)
+        if data is None or data["channel_id"] != cid:
+            return _error(404, 10008, "Unknown Message")
+        if data["author"]["id"] != self.bot_id:
+            return _error(403, 50005, "Cannot edit a message authored by another user")
+        payload = await request.json()
+        if "content" in payload:
+            content = payload["content"] or ""
+            if len(content) > MAX_CONTENT:
+                return self._too_long()
+            data["content"] = content
+            data["edited_timestamp"] = _now_iso()
+            for m in self.posted:
+                if m.id == mid:
+                    m.content, m.edits = content, m.edits + 1
+        self._notify()
+        return _json(data)
+
+    async def _typing(self, request: web.Request) -> web.Response:
+        cid = request.match_info["cid"]
+        if (bad := self._check_channel(cid)) is not None:
+            return bad
+        self.typing[cid] += 1
+        self._notify()
+        return web.Response(status=204)
+
+    async def _react(self, request: web.Request) -> web.Response:
+        cid, mid = request.match_info["cid"], request.match_info["mid"]
+        if mid not in self._messages:
+            return _error(404, 10008, "Unknown Message")
+        self.reactions.append((cid, mid, request.match_info["emoji"]))
+        self._notify()
+        return web.Response(status=204)
+
+    async def _cdn_get(self, request: web.Request) -> web.Response:
+        item = self._cdn.get(request.match_info["aid"])
+        if item is None:
+            return web.Response(status=404, text="Not Found")
+        return web.Response(body=item[0], headers={"Content-Type": item[1]})

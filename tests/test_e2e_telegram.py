@@ -1,0 +1,204 @@
+"""End to end: `chital run` as a subprocess against a fake Telegram Bot API and a fake model.
+
+Everything asserted is what the Telegram user would see in the chat (the fake's view of messages
+after edits), plus /readyz and /metrics for the operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon import DaemonProcess, base_config, free_port
+from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
+from tests.fakes.telegram_server import FakeTelegram
+
+OWNER = 1001  # allowed by config
+STRANGER = 6666
+GROUP = -100200300
+
+
+@pytest.fixture
+async def tg() -> AsyncIterator[FakeTelegram]:
+    fake = FakeTelegram()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[FakeOpenAI]:
+    fake = FakeOpenAI()
+    fake.add_demo_rules()
+    await fake.start()
+    yield fake
+    await fake.aclose()
+
+
+def telegram_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
+    cfg = base_config(tmp_path / "data", model.base_url, free_port())
+    cfg["channels"]["telegram"] = {
+        "enabled": True, "token": tg.token, "base_url": tg.base_url, "base_file_url": tg.base_file_url,
+        "poll_timeout": 2,
+    }
+    cfg["access"] = {"allow_users": [str(OWNER)], "pairing": True, "group_policy": "mention"}
+    return cfg
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
+    d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
+    await d.start()
+    yield d
+    await d.close()
+
+
+def replies_to(tg: FakeTelegram, chat: int, user_msg: int) -> list[Any]:
+    return [m for m in tg.bot_messages(chat) if m.reply_to == user_msg]
+
+
+async def answered(tg: FakeTelegram, chat: int, update: dict[str, Any], needle: str, timeout: float = 15) -> Any:
+    """Wait until the reply to ``update`` shows ``needle``; return that reply message."""
+    mid = update["message"]["message_id"]
+
+    def check() -> Any:
+        for m in replies_to(tg, chat, mid):
+            if needle in m.text:
+                return m
+        return None
+
+    return await tg.wait_for(check, timeout=timeout, what=f"reply containing {needle!r}")
+
+
+async def test_dm_is_answered_with_streamed_edits(daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI) -> None:
+    words = [f"word{i} " for i in range(12)]
+    model.add_rule(lambda t: "stream please" in t, Reply(text="".join(words), chunks=12, chunk_delay=0.25))
+    up = tg.inject_message(OWNER, OWNER, "stream please")
+    msg = await answered(tg, OWNER, up, "word11")
+    # One message, first sent with part of the text, then edited as more arrived.
+    assert len(replies_to(tg, OWNER, up["message"]["message_id"])) == 1
+    assert msg.edits >= 1
+    first_send = [c for c in tg.calls_to("sendMessage") if c.params.get("chat_id") in (OWNER, str(OWNER))]
+    assert first_send and "word11" not in first_send[0].params["text"]
+    assert msg.text.strip() == "".join(words).strip()
+    assert tg.calls_to("sendChatAction"), "a typing action was shown while working"
+    metrics = await daemon.metrics()
+    assert 'chital_messages_in_total{channel="telegram"} 1.0' in metrics
+
+
+async def test_group_needs_a_mention(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+    quiet = tg.inject_message(GROUP, OWNER, "just chatting with friends", chat_type="supergroup")
+    loud = tg.inject_mention(GROUP, OWNER, "what is up")
+    reply = await answered(tg, GROUP, loud, "echo: what is up")
+    assert "@" not in reply.text, "the bot mention is stripped before the agent sees the text"
+    # Same conversation, handled in order: the unmentioned message had its chance and got nothing.
+    assert replies_to(tg, GROUP, quiet["message"]["message_id"]) == []
+    assert all("just chatting" not in m.text for m in tg.bot_messages(GROUP))
+
+
+async def test_commands_new_status_stop(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+    status1 = await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None),
+                             "Thread:")
+    assert "Model: fake-model" in status1.text
+    await answered(tg, OWNER, tg.inject_message(OWNER, OWNER, "remember me"), "echo: remember me")
+    new = await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "new", chat_type="private", at=None),
+                         "fresh conversation")
+    assert new.text
+    status2 = await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None),
+                             "Thread:")
+    assert status2.text.splitlines()[0] != status1.text.splitlines()[0] or "0 messages" in status2.text
+    assert "0 messages" in status2.text
+
+    slow = tg.inject_message(OWNER, OWNER, "SLOW story")
+    await tg.wait_for(lambda: replies_to(tg, OWNER, slow["message"]["message_id"]), timeout=10, what="slow start")
+    stop = tg.inject_command(OWNER, OWNER, "stop", chat_type="private", at=None)
+    await answered(tg, OWNER, stop, "Stopping")
+    await answered(tg, OWNER, slow, "Stopped")
+    help_ = await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "help", chat_type="private", at=None), "/new")
+    assert "/stop" in help_.text and "/status" in help_.text
+    unknown = await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "frobnicate", chat_type="private", at=None),
+                             "Unknown command /frobnicate")
+    assert "/help" in unknown.text
+
+
+async def test_long_answer_is_split_without_breaking_code(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+    up = tg.inject_message(OWNER, OWNER, "LONG please")
+    mid = up["message"]["message_id"]
+    await tg.wait_for(lambda: len(replies_to(tg, OWNER, mid)) >= 3 or None, timeout=20, what="3+ parts")
+    await asyncio.sleep(0.5)  # let the last parts land
+    parts = replies_to(tg, OWNER, mid)
+    assert all(len(p.text.encode("utf-16-le")) // 2 <= 4096 for p in parts)
+    code_parts = [p for p in parts if p.spans("pre")]
+    assert code_parts, "the code block keeps its pre entity"
+    joined = "".join(p.text for p in parts)
+    assert "```" not in joined, "Markdown was rendered, not sent raw"
+
+
+async def test_redelivered_update_is_answered_once(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+    up = tg.inject_message(OWNER, OWNER, "only once")
+    await answered(tg, OWNER, up, "echo: only once")
+    tg.redeliver(up)
+    after = tg.inject_message(OWNER, OWNER, "next one")
+    await answered(tg, OWNER, after, "echo: next one")
+    assert len(replies_to(tg, OWNER, up["message"]["message_id"])) == 1
+    assert 'reason="duplicate"' in await daemon.metrics()
+
+
+async def test_kill9_mid_turn_resumes_once(daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI) -> None:
+    up = tg.inject_message(OWNER, OWNER, "SLOW crash test")
+    mid = up["message"]["message_id"]
+    await tg.wait_for(lambda: replies_to(tg, OWNER, mid), timeout=10, what="streaming started")
+    daemon.kill9()
+    await daemon.wait_exit()
+    model.add_rule(lambda t: True, lambda body: Reply(text=f"resumed answer to {last_user_text(body)}"))
+    # Rules are checked in order: put the catch-all first so the SLOW rule does not fire again.
+    model._rules.insert(0, model._rules.pop())
+    await daemon.start()
+    await answered(tg, OWNER, up, "resumed answer to SLOW crash test", timeout=20)
+    replies = replies_to(tg, OWNER, mid)
+    assert len(replies) == 1, [r.text for r in replies]
+    assert "SLOW crash test" in replies[0].text
+
+
+async def test_stranger_gets_pairing_code_never_the_agent(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    up = tg.inject_message(STRANGER, STRANGER, "hello bot, secret question")
+    reply = await answered(tg, STRANGER, up, "pairing code")
+    assert all("secret question" not in last_user_text(r) for r in model.requests)
+    code = reply.text.split("pairing code ")[1].split(".")[0].strip()
+    rc, out = await daemon.cli("pairing", "approve", code)
+    assert rc == 0 and f"telegram:{STRANGER}" in out, out
+    again = tg.inject_message(STRANGER, STRANGER, "now may I")
+    await answered(tg, STRANGER, again, "echo: now may I")
+
+
+async def test_bad_input_gets_clear_answers(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+    huge = tg.inject_message(OWNER, OWNER, "x" * 40_000)
+    await answered(tg, OWNER, huge, "characters long")
+    rate = tg.inject_message(OWNER, OWNER, "FAIL429 now")
+    msg = await answered(tg, OWNER, rate, "rate", timeout=30)
+    assert "⚠️" in msg.text
+    odd = tg.inject_message(OWNER, OWNER, "héllo \u200b 🦌 \U0001f9ea עברית")
+    await answered(tg, OWNER, odd, "echo: héllo")
+
+
+async def test_revoked_token_shows_in_readyz(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+    tg.revoke_token()
+    info = await daemon.wait_channel_state("telegram", "failed", timeout=15)
+    assert "401" in (info.get("reason") or "")
+    status, body = await daemon.get("/readyz")
+    assert status == 503 and body["ready"] is False
+    assert tg.token not in str(body)
+    assert tg.token not in daemon.logs()
+
+
+async def test_sigterm_exits_cleanly(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+    await answered(tg, OWNER, tg.inject_message(OWNER, OWNER, "hi"), "echo: hi")
+    rc = await daemon.terminate()
+    assert rc == 0, daemon.logs()
+    assert "stopped cleanly" in daemon.logs()
