@@ -80,7 +80,8 @@ class _Client(discord.Client):
         self._adapter._live()
 
     async def on_disconnect(self) -> None:
-        self._adapter.set_state(ChannelState.RECONNECTING, "gateway connection lost")
+        if not self._adapter._stopping:
+            self._adapter.set_state(ChannelState.RECONNECTING, "gateway connection lost")
 
     async def on_socket_raw_receive(self, _msg: str) -> None:  # every frame, heartbeat ACKs included
         self._adapter.touch()
@@ -116,6 +117,7 @@ class DiscordChannel(Channel):
         self._client: _Client | None = None
         self._sink: InboundSink | None = None
         self._sink_lock = asyncio.Lock()
+        self._stopping = False
 
     def __repr__(self) -> str:  # never show the token
         return f"DiscordChannel(api_base_url={self._api_base_url!r}, state={self.state.value})"
@@ -129,6 +131,8 @@ class DiscordChannel(Channel):
         discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self._gateway_url)
 
     def _make_client(self) -> _Client:
+        # We never use voice: silence discord.py's one-time "voice will NOT be supported" warnings.
+        discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
         intents = discord.Intents.none()
         intents.guilds = True
         intents.guild_messages = True
@@ -147,7 +151,7 @@ class DiscordChannel(Channel):
         )
 
     async def run(self, sink: InboundSink) -> None:
-        self._sink = sink
+        self._sink, self._stopping = sink, False
         self.set_state(ChannelState.STARTING)
         self._apply_endpoints()
         client = self._client = self._make_client()
@@ -162,6 +166,7 @@ class DiscordChannel(Channel):
                 self._fail(_FATAL_CLOSE_CODES[exc.code])
             raise ChannelError(f"Discord gateway closed (code {exc.code})") from None
         except asyncio.CancelledError:
+            self._stopping = True
             self.set_state(ChannelState.STOPPED)
             raise
         finally:
@@ -175,9 +180,11 @@ class DiscordChannel(Channel):
 
     def _live(self) -> None:
         self.touch()
-        self.set_state(ChannelState.CONNECTED)
+        if not self._stopping:
+            self.set_state(ChannelState.CONNECTED)
 
     async def close(self) -> None:
+        self._stopping = True
         if self._client is not None and not self._client.is_closed():
             await self._client.close()
 
@@ -245,7 +252,8 @@ class DiscordChannel(Channel):
         return [Rendered(text=p, payload={"part": i}) for i, p in enumerate(parts)]
 
     def render_stream(self, markdown: str) -> Rendered:
-        text = markdown if len(markdown) <= MAX_LEN else markdown[: MAX_LEN - 5] + "…"
+        text = to_discord_markdown(markdown)
+        text = text if len(text) <= MAX_LEN else text[: MAX_LEN - 5] + "…"
         if text.count("```") % 2:
             text += "\n```"  # keep a half-streamed code block from swallowing the message
         return Rendered(text=text)
@@ -392,6 +400,7 @@ def _chat_title(message: discord.Message) -> str:
 _MD = MarkdownIt("commonmark").enable("table")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _CELL_MARKUP = re.compile(r"\*\*|__|`")
+_CODE_SPAN = re.compile(r"(`+[^`]*`+)")
 
 
 def to_discord_markdown(markdown: str) -> str:
@@ -438,14 +447,17 @@ def to_discord_markdown(markdown: str) -> str:
             out.extend(new)
             n = max(end, n + 1)
             continue
-        out.append(lines[n] if n in code else _IMAGE.sub(_image_link, lines[n]))
+        out.append(lines[n] if n in code else _images_to_links(lines[n]))
         n += 1
     return "\n".join(out)
 
 
-def _image_link(m: re.Match[str]) -> str:
-    alt, url = m.group(1).strip(), m.group(2)
-    return f"[{alt}]({url})" if alt else url
+def _images_to_links(line: str) -> str:
+    """Discord shows no inline images: keep them as links (outside inline code spans)."""
+    pieces = _CODE_SPAN.split(line)
+    for k in range(0, len(pieces), 2):
+        pieces[k] = _IMAGE.sub(lambda m: f"[{m[1].strip()}]({m[2]})" if m[1].strip() else m[2], pieces[k])
+    return "".join(pieces)
 
 
 def _table_block(rows: list[list[str]]) -> list[str]:

@@ -67,7 +67,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 AUTH_ERRORS = frozenset(
-    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired", "not_allowed_token_type"}
+    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
+     "not_allowed_token_type"}
 )
 TRANSIENT_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
 ACCEPTED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
@@ -77,7 +78,8 @@ ACCEPTED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
 EMOJI_NAMES = {
     "👀": "eyes", "👍": "+1", "👎": "-1", "✅": "white_check_mark", "❌": "x", "⏳": "hourglass_flowing_sand",
     "🤔": "thinking_face", "🔥": "fire", "🎉": "tada", "⚠️": "warning", "⚠": "warning", "🛑": "octagonal_sign",
-    "❤️": "heart", "🙏": "pray", "💬": "speech_balloon", "🔄": "arrows_counterclockwise", "⏹️": "black_square_for_stop",
+    "❤️": "heart", "🙏": "pray", "💬": "speech_balloon", "🔄": "arrows_counterclockwise",
+    "⏹️": "black_square_for_stop",
 }
 WORKING_REACTION = "eyes"
 
@@ -127,19 +129,28 @@ class SlackChannel(Channel):
         self._sink = sink
         self._http()
         auth = await self._call(self._client.auth_test(), "auth.test")
-        self._auth = AuthorizeResult.from_auth_test_response(bot_token=self._bot_token, auth_test_response=auth)
+        self._auth = AuthorizeResult.from_auth_test_response(
+            bot_token=self._bot_token, auth_test_response=auth
+        )
         self.bot_user_id = auth.get("user_id")
+
+        # Bolt injects listener arguments by parameter name and counts ``self`` as one: closures.
+        async def authorize(enterprise_id: str | None, team_id: str | None) -> AuthorizeResult:
+            return self._authorized()
+
+        async def on_event(body: dict[str, Any], event: dict[str, Any]) -> None:
+            await self._on_event(event)
 
         app = AsyncApp(
             name="chital-slack",
             # No token on the app's client: with one, bolt would authorize by its own lazy auth.test.
             client=AsyncWebClient(base_url=self._base_url, session=self._session),
-            authorize=self._authorize,
+            authorize=authorize,
             process_before_response=True,  # ack only after our listener (the sink) returned
             request_verification_enabled=False,  # Socket Mode requests carry no signature
-            logger=logging.getLogger(f"{__name__}.bolt"),
+            logger=logging.getLogger("slack_bolt.chital"),  # under the library level set in gateway/logs
         )
-        app.event(re.compile(".*"))(self._on_event)  # one listener: every event is acked or retried
+        app.event(re.compile(".*"))(on_event)  # one listener: every event is acked or retried
         handler = AsyncSocketModeHandler(
             app, self._app_token, web_client=self._client, ping_interval=self._ping_interval
         )
@@ -150,7 +161,10 @@ class SlackChannel(Channel):
             # Fetch the first URL ourselves: the SDK's connect() retries every error forever,
             # which would hide a revoked app token.
             sm.wss_uri = await self._call(sm.issue_new_wss_url(), "apps.connections.open")
-            await handler.connect_async()
+            try:  # connect() also retries forever when the socket URL does not answer
+                await asyncio.wait_for(handler.connect_async(), self.give_up_after)
+            except TimeoutError:
+                raise ChannelError("slack socket mode did not connect") from None
             self.set_state(ChannelState.CONNECTED)
             await self._watch()
         finally:
@@ -201,13 +215,13 @@ class SlackChannel(Channel):
     async def _on_frame(self, message: aiohttp.WSMessage) -> None:
         self.touch()
 
-    async def _authorize(self, enterprise_id: str | None, team_id: str | None) -> AuthorizeResult:
+    def _authorized(self) -> AuthorizeResult:
         if self._auth is None:  # cannot happen after run() started; never ack without it
             raise RuntimeError("slack channel not authorized yet")
         return self._auth
 
     # -- inbound --------------------------------------------------------------------------------
-    async def _on_event(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+    async def _on_event(self, event: dict[str, Any]) -> None:
         """Bolt listener. Returning acks the envelope; raising leaves it unacked (Slack retries)."""
         self.touch()
         inbound = self.to_inbound(event)
@@ -343,7 +357,7 @@ class SlackChannel(Channel):
             raise TransientSendError(f"slack file download failed ({type(exc).__name__})") from None
 
     async def send_file(self, target: ReplyTarget, path: Path, caption: str = "") -> str:
-        size = path.stat().st_size
+        size = (await asyncio.to_thread(path.stat)).st_size
         if size > self.capabilities.max_upload_bytes:
             raise PermanentSendError(f"{path.name} is too large to upload ({size} bytes)")
         resp = await self._call(
@@ -371,6 +385,7 @@ class SlackChannel(Channel):
 
     async def _call(self, call: Awaitable[T], what: str) -> T:
         """Await one SDK call and map its failures onto the channel errors delivery acts on."""
+        self._http()  # the call has not started yet: it will use the pooled session
         try:
             return await call
         except SlackApiError as exc:

@@ -28,7 +28,7 @@ class Decision:
 
 
 def _matches(ids: list[str], platform: str, raw_id: str) -> bool:
-    return raw_id in ids or f"{platform}:{raw_id}" in ids
+    return raw_id in ids or f"{platform}:{raw_id}" in ids or "*" in ids or f"{platform}:*" in ids
 
 
 def is_admin(policy: AccessPolicy, inbound: Inbound) -> bool:

@@ -27,7 +27,8 @@ class AccessPolicy(_Strict):
     """Who may talk to the bot. Deny by default: unknown DM senders get the pairing path."""
 
     allow_users: list[str] = Field(default_factory=list)
-    """User ids (bare platform id, or ``platform:id``) that bypass pairing."""
+    """User ids (bare platform id, or ``platform:id``) that bypass pairing. ``"*"`` (or
+    ``"telegram:*"``) opens the bot to everyone: an explicit choice, never a default."""
     allow_chats: list[str] = Field(default_factory=list)
     """Group chats where anyone may address the bot. Empty: any group, but only allowed users."""
     admins: list[str] = Field(default_factory=list)
@@ -88,8 +89,8 @@ class StorageConfig(_Strict):
 
 
 class ConcurrencyConfig(_Strict):
-    max_turns: int = Field(8, ge=1, le=1024)
-    """Agent turns running at once across all conversations."""
+    max_turns: int = Field(32, ge=1, le=1024)
+    """Agent turns running at once across all conversations (turns mostly wait on the model)."""
     max_queue_per_conversation: int = Field(50, ge=1)
     """Messages a single conversation may have waiting; more are refused with a visible note."""
     turn_timeout: float = Field(900.0, gt=0)

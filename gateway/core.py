@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 TYPING_EVERY = 4.5
 MAX_ATTEMPTS = 3
 PAIRING_REMINDER_EVERY = 60.0
+QUEUED_SIGN_AFTER = 0.4
+"""A message still waiting this long gets a visible "queued" sign (a turn about to start needs none)."""
 
 
 class AgentHarness(Protocol):
@@ -73,6 +75,8 @@ class Gateway:
         self._pacers = PacerPool()
         self._tasks: set[asyncio.Task[None]] = set()
         self._reminded: dict[str, float] = {}
+        self._replies: dict[str, Reply] = {}
+        """Live replies by journal key, shared by the queued sign and the turn."""
         self._closing = False
 
     # -- wiring ---------------------------------------------------------------------------------
@@ -90,6 +94,12 @@ class Gateway:
         task.add_done_callback(self._tasks.discard)
 
     def _reply(self, entry: JournalEntry) -> Reply:
+        reply = self._replies.get(entry.key)
+        if reply is None:
+            reply = self._replies[entry.key] = self._new_reply(entry)
+        return reply
+
+    def _new_reply(self, entry: JournalEntry) -> Reply:
         channel = self.channels[entry.inbound.platform]
         rate_limited = self.metrics.rate_limited.labels(channel.name).inc
         pacer = self._pacers.get(channel.name, entry.inbound.chat_id, channel.capabilities, rate_limited)
@@ -182,9 +192,9 @@ class Gateway:
             self._spawn(self._show_queued(entry, ahead), f"queued:{entry.key}")
 
     async def _show_queued(self, entry: JournalEntry, ahead: int) -> None:
-        running, _ = self.turns.status(entry.conversation)
-        if running is not None and running.key == entry.key:
-            return  # it started meanwhile
+        await asyncio.sleep(QUEUED_SIGN_AFTER)
+        if not self.turns.is_queued(entry.key):
+            return  # it started (or finished) meanwhile
         what = "the current answer" if ahead == 1 else f"{ahead} messages"
         reply = self._reply(entry)
         await reply.load()
@@ -223,6 +233,8 @@ class Gateway:
             self.metrics.errors.labels(entry.inbound.platform, "delivery").inc()
             log.error("could not deliver a notice for %s: %s", entry.key, exc)
             await self.store.journal_set(entry.key, "failed")
+        finally:
+            self._replies.pop(entry.key, None)
 
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:
         conv = entry.conversation
@@ -257,6 +269,7 @@ class Gateway:
         started = time.monotonic()
         reply = self._reply(entry)
         await reply.load()
+        reply.restart_clock()
         await self.store.journal_set(entry.key, "running")
         entry.attempts += 1
         if entry.attempts > MAX_ATTEMPTS:
@@ -266,12 +279,11 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await reply.status("♻️ I was restarted while answering; picking up where I left off…")
         typing = asyncio.create_task(self._keep_typing(reply))
-        text, outcome = "", "error"
+        outcome = "error"
         try:
             thread_id = await self.store.thread_for(inbound.conversation)
             files, notes = await self._fetch_attachments(reply.channel, inbound, thread_id)
             final, outcome, files_out = await self._agent_turn(entry, thread_id, files, reply, notes)
-            text = final
             typing.cancel()
             await reply.finish(final)
             for path, caption in files_out:
@@ -299,9 +311,9 @@ class Gateway:
                     await reply.finish("⚠️ Something went wrong on my side while answering. Please try again.")
                 await self.store.journal_set(entry.key, "failed")
         finally:
+            self._replies.pop(entry.key, None)
             self.metrics.turns.labels(outcome).inc()
             self.metrics.turn_seconds.observe(time.monotonic() - started)
-            del text
 
     async def _agent_turn(
         self, entry: JournalEntry, thread_id: str, files: list[Path], reply: Reply, notes: list[str]

@@ -52,10 +52,18 @@ class Reply:
         self._closing = False
         self._started = time.monotonic()
         self._last_edit = 0.0
+        self._put_lock = asyncio.Lock()  # one creator of each part, however many tasks share the reply
+        self._loaded = False
 
     async def load(self) -> None:
-        """Pick up message ids sent for this key before a restart."""
-        self._parts = await self._store.outbox_get(self.key)
+        """Pick up message ids sent for this key before a restart (once per reply)."""
+        if not self._loaded:
+            self._parts = await self._store.outbox_get(self.key)
+            self._loaded = True
+
+    def restart_clock(self) -> None:
+        """The turn starts now (it may have waited in the queue): pace the first edit from here."""
+        self._started = time.monotonic()
 
     @property
     def has_message(self) -> bool:
@@ -64,6 +72,10 @@ class Reply:
     # -- low level ------------------------------------------------------------------------------
     async def _put(self, part_no: int, part: Rendered) -> None:
         """Send part ``part_no`` or edit it if it already exists."""
+        async with self._put_lock:
+            await self._put_locked(part_no, part)
+
+    async def _put_locked(self, part_no: int, part: Rendered) -> None:
         existing = self._parts.get(part_no)
         channel = self.channel
         if existing is not None:

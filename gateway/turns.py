@@ -58,6 +58,9 @@ class TurnQueue:
             return None, 0
         return conv.running, len(conv.queue)
 
+    def is_queued(self, key: str) -> bool:
+        return any(e.key == key for c in self._convs.values() for e in c.queue)
+
     @property
     def running_count(self) -> int:
         return sum(1 for c in self._convs.values() if c.running is not None)

@@ -76,6 +76,7 @@ async def bot(fake: FakeDiscord) -> AsyncIterator[Bot]:
     with contextlib.suppress(asyncio.CancelledError):
         await bot.task
     await bot.channel.close()
+    assert bot.channel.state is ChannelState.STOPPED
 
 
 async def _next(fake: FakeDiscord, bot: Bot, count: int) -> Inbound:
@@ -201,6 +202,11 @@ def test_render_splits_long_answer_with_code_block() -> None:
         assert part.text.count("```") % 2 == 0, part.text
     joined = "\n".join(p.text for p in parts)
     assert all(f"line {i:03d}" in joined for i in range(80)) and joined.endswith("The end.")
+
+
+def test_render_stream_closes_open_fence_within_limit() -> None:
+    snapshot = DiscordChannel("unused").render_stream("Here:\n```python\n" + "x = 1\n" * 500)
+    assert len(snapshot.text) <= 2000 and snapshot.text.count("```") == 2
 
 
 def test_markdown_conversion_for_discord() -> None:

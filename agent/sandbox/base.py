@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
 from .files import Entry, GrepMatch, HostFiles, TextWindow
 from .paths import PathMapper, SandboxError, ThreadDirs
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_MAX_OUTPUT = 64 * 1024
@@ -104,7 +107,10 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def exec(
-        self, command: str, timeout: float = DEFAULT_TIMEOUT, max_output: int = DEFAULT_MAX_OUTPUT
+        self,
+        command: str,
+        timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the command's limit, not ours
+        max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> ExecResult:
         """Run ``command`` with ``bash -c`` in the workspace. Every process it started is dead
         when this returns (timeout or not)."""
@@ -136,7 +142,11 @@ class Sandbox(abc.ABC):
         return (await asyncio.to_thread(self.files.glob, pattern, path))[0]
 
     async def grep(
-        self, pattern: str, path: str = "/mnt/user-data", glob: str | None = None, max_count: int | None = 1000
+        self,
+        pattern: str,
+        path: str = "/mnt/user-data",
+        glob: str | None = None,
+        max_count: int | None = 1000,
     ) -> list[GrepMatch]:
         return (await asyncio.to_thread(self.files.grep, pattern, path, glob, max_count))[0]
 
@@ -182,9 +192,7 @@ class SandboxProvider(abc.ABC):
                 try:
                     await self.reap_idle()
                 except Exception:  # keep reaping; one failed pass must not stop the loop
-                    import logging
-
-                    logging.getLogger(__name__).exception("sandbox reaper pass failed")
+                    log.exception("sandbox reaper pass failed")
 
         if self._reaper is None:
             self._reaper = asyncio.create_task(loop(), name="sandbox-reaper")

@@ -306,7 +306,8 @@ class HostFiles:
             except FileNotFoundError:
                 continue
             try:
-                for dirpath, _dirs, files, dfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+                for dirpath, dirs, files, dfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+                    dirs.sort()  # deterministic order for the model and for tests
                     sub = () if dirpath == "." else tuple(dirpath[2:].split("/"))
                     for name in sorted(files):
                         try:
@@ -322,7 +323,9 @@ class HostFiles:
             finally:
                 os.close(top)
 
-    def glob(self, pattern: str, path: str = "/mnt/user-data", max_results: int = 1000) -> tuple[list[str], bool]:
+    def glob(
+        self, pattern: str, path: str = "/mnt/user-data", max_results: int = 1000
+    ) -> tuple[list[str], bool]:
         """Virtual paths of files matching ``pattern`` below ``path``; True when truncated."""
         match = _compile_glob(pattern)
         out: list[str] = []

@@ -173,9 +173,7 @@ class PathMapper:
             if virtual == mount.virtual or virtual.startswith(mount.virtual + "/"):
                 break
         else:
-            raise PathRefused(
-                f"{path!r} is outside the sandbox; use paths under {USER_DATA}/ or {SKILLS}/"
-            )
+            raise PathRefused(f"{path!r} is outside the sandbox; use paths under {USER_DATA}/ or {SKILLS}/")
         if write and not mount.writable:
             raise PathRefused(f"{mount.virtual} is read-only")
         rel = virtual[len(mount.virtual) :].lstrip("/")

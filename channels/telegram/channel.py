@@ -65,7 +65,7 @@ _PHOTO_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp"})
 # Reactions must come from Telegram's fixed list; common status emoji map to the nearest allowed one.
 _REACTIONS = {e.value.replace("\ufe0f", ""): e.value for e in ReactionEmoji}
 _REACTION_ALIASES = {"✅": "👌", "✔": "👌", "☑": "👌", "⏳": "👀", "⌛": "👀", "🔄": "👀", "❌": "👎",
-                     "⚠": "🤯", "🚫": "👎", "💭": "🤔"}  # fmt: skip
+                     "🚫": "👎", "💭": "🤔"}  # fmt: skip
 _NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
 
 
@@ -74,9 +74,9 @@ class TelegramChannel(Channel):
 
     ``base_url``/``base_file_url`` are PTB-style prefixes the token is appended to (a self-hosted Bot
     API server or a test fake). Pacing: Telegram allows about one message a second per chat sustained
-    (20 a minute in groups) but tolerates short bursts, so sends are spaced 0.5 s (a split answer
-    goes out promptly) and edits 1 s; anything faster is answered with 429 + retry_after, which
-    :class:`RetryAfter` carries to delivery.
+    (20 a minute in groups) but tolerates short bursts, so sends are not spaced ahead of time (a
+    reply to a message must not wait on the previous reply) and edits are spaced 1 s; anything faster
+    is answered with 429 + retry_after, which :class:`RetryAfter` carries to delivery's pacer.
     """
 
     name = "telegram"
@@ -84,7 +84,7 @@ class TelegramChannel(Channel):
         max_message_len=MAX_MESSAGE_UTF16,
         edit_interval=1.0,
         can_edit=True,
-        min_send_interval=0.5,
+        min_send_interval=0.0,
         max_upload_bytes=UPLOAD_LIMIT,
     )
 
@@ -189,7 +189,10 @@ class TelegramChannel(Channel):
                 self.touch()
                 self.set_state(ChannelState.CONNECTED)
                 await self._deliver(updates, sink)
-                continue
+                if updates or self._poll_timeout > 0:
+                    continue
+                delay = 1.0  # short polling (poll_timeout 0) must not spin
+
             if delay:
                 await asyncio.sleep(delay)
 
@@ -263,7 +266,12 @@ class TelegramChannel(Channel):
         self._check_size(attachment.name, attachment.size, limit)
         file = await self._api(self._require_bot().get_file(attachment.file_id))
         self._check_size(attachment.name, file.file_size, limit)
-        data = bytes(await self._api(file.download_as_bytearray()))
+        try:
+            data = bytes(await self._api(file.download_as_bytearray()))
+        except FatalChannelError:
+            # PTB maps any 404 to InvalidToken, but on the file server a 404 means the file path
+            # expired (they live an hour) or the file is gone, not that the token was revoked.
+            raise PermanentSendError(f"{attachment.name} could not be downloaded (not found)") from None
         self._check_size(attachment.name, len(data), limit)
         return data
 
@@ -335,7 +343,7 @@ class TelegramChannel(Channel):
         if isinstance(exc, tg.InvalidToken):
             return FatalChannelError(TOKEN_REJECTED)
         if isinstance(exc, tg.BadRequest):  # before NetworkError: BadRequest subclasses it
-            if "message is not modified" in text:
+            if "message is not modified" in text.lower():
                 return NotModified(text)
             return PermanentSendError(text)
         if isinstance(exc, tg.Forbidden | tg.ChatMigrated):

@@ -530,15 +530,17 @@ class FakeLark:
         if m := re.fullmatch(r"/open-apis/im/v1/messages/([^/]+)", path):
             return await self._edit(request, m.group(1))
         if path in ("/open-apis/im/v1/images", "/open-apis/im/v1/files") and method == "POST":
-            form = await request.post()
-            upload = form.get("image") or form.get("file")
-            if upload is None or not hasattr(upload, "file"):
-                return _err(400, 234001, "file missing")
-            data = upload.file.read()
+            fields: dict[str, bytes] = {}
+            reader = await request.multipart()
+            while (part := await reader.next()) is not None:
+                fields[part.name or ""] = bytes(await part.read())  # type: ignore[union-attr]
             image = path.endswith("images")
+            data = fields.get("image" if image else "file")
+            if data is None:
+                return _err(400, 234001, "file missing")
             key = f"{'img' if image else 'file'}_v3_{next(self._ids)}"
             with self._cond:
-                self.uploads[key] = (str(form.get("file_name") or upload.filename or ""), data)
+                self.uploads[key] = (fields.get("file_name", b"").decode(), data)
             self._changed()
             return _ok({"image_key": key} if image else {"file_key": key})
         return _err(404, 404, f"no fake for {method} {path}")

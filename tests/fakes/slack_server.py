@@ -5,7 +5,15 @@ Point ``AsyncWebClient(base_url=fake.api_base_url)`` at it; ``apps.connections.o
 user would see (the bot's messages with their current text, reactions, uploaded files) and which
 envelopes the client acknowledged, and can break the connection in the ways real networks do.
 
-It runs on whatever event loop starts it; a daemon under test may live in another process.
+It runs on whatever event loop starts it; a daemon under test may live in another process
+(configure it with ``api_base_url``, ``bot_token`` and ``app_token`` from the fake).
+
+Users: ``inject_mention`` (message + app_mention), ``inject_message``, ``inject_dm``,
+``inject_thread_reply``, ``send_event``, ``redeliver``; ``add_file`` hosts a shared file. Events sent
+while no live socket exists are queued and go out on the next connection.
+Network: ``close_ws``, ``send_disconnect``, ``abort_ws``, ``stall``; ``fail(method, ...)`` for 429/5xx/
+``ok: false`` answers. What users see: ``posts``, ``thread(channel, thread_ts)``, ``texts``,
+``reactions``, ``uploads``; acks in ``acks`` / ``is_acked``; ``wait_for(predicate, timeout)``.
 """
 
 from __future__ import annotations
@@ -137,6 +145,7 @@ class FakeSlack:
         self._tickets: set[str] = set()
         self._conns: list[_Conn] = []
         self._queue: list[dict[str, Any]] = []  # envelopes waiting for a live connection
+        self._superseded: set[str] = set()  # unacked envelopes already redelivered
         self._files: dict[str, tuple[str, bytes]] = {}  # id -> (name, content) downloadable
         self._pending_uploads: dict[str, tuple[str, bytes | None]] = {}
         self._runner: web.AppRunner | None = None
@@ -332,7 +341,7 @@ class FakeSlack:
     def connected(self) -> bool:
         return self._live() is not None
 
-    async def wait_connected(self, count: int = 1, timeout: float = 10.0) -> None:
+    async def wait_connected(self, count: int = 1, timeout: float = 10.0) -> None:  # noqa: ASYNC109
         """Wait until at least ``count`` connections were made and one is live."""
         await self.wait_for(lambda: self.connections >= count and self.connected, timeout)
 
@@ -359,8 +368,8 @@ class FakeSlack:
     def stall(self, *, hard: bool = False) -> None:
         """Stop answering pings and delivering events on the live socket (half-open).
 
-        By default close frames are still honoured so the client's abandon is quick; ``hard=True``
-        stops reading altogether (the client's close then waits for aiohttp's ws_close timeout)."""
+        By default the socket still reads (and honours a close frame); ``hard=True`` stops reading
+        altogether, like a peer that vanished. The client notices after ~1.5-2 × its ping interval."""
         conn = self._current()
         if conn is not None:
             conn.stalled = True
@@ -390,7 +399,7 @@ class FakeSlack:
     def calls_to(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
 
-    async def wait_for(self, predicate: Callable[[], T], timeout: float = 5.0) -> T:
+    async def wait_for(self, predicate: Callable[[], T], timeout: float = 5.0) -> T:  # noqa: ASYNC109
         """Poll ``predicate`` until it returns something truthy; return that, or fail after
         ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
@@ -424,13 +433,14 @@ class FakeSlack:
 
     async def _flush(self) -> None:
         if self.redeliver_unacked_on_reconnect:
-            seen = {e["envelope_id"] for e in self._queue}
             for env in list(self.sent):
-                if env["envelope_id"] not in self.acks and env["envelope_id"] not in seen:
+                eid = env["envelope_id"]
+                if eid not in self.acks and eid not in self._superseded:
+                    self._superseded.add(eid)
                     retry = json.loads(json.dumps(env))
+                    retry["envelope_id"] = f"env-retry-{uuid.uuid4().hex[:12]}"
                     retry["retry_attempt"] = env.get("retry_attempt", 0) + 1
                     retry["retry_reason"] = "timeout"
-                    self.acks.append(env["envelope_id"])  # superseded by the retry
                     self._queue.append(retry)
         queued, self._queue = self._queue, []
         for envelope in queued:
@@ -564,7 +574,8 @@ class FakeSlack:
             return web.json_response({"ok": False, "error": "not_authed"})
         if token != expected:
             kind_ok = token.startswith("xapp-") == expected.startswith("xapp-")
-            return web.json_response({"ok": False, "error": "invalid_auth" if kind_ok else "not_allowed_token_type"})
+            error = "invalid_auth" if kind_ok else "not_allowed_token_type"
+            return web.json_response({"ok": False, "error": error})
         handler = getattr(self, "_m_" + method.replace(".", "_"), None)
         if handler is None:
             return web.json_response({"ok": False, "error": "unknown_method"})

@@ -18,122 +18,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import web
-from telegram.constants import ReactionEmoji
+
+from tests.fakes.telegram_methods import BotApiMethods
+from tests.fakes.telegram_wire import (
+    DESCRIPTIONS,
+    ApiError,
+    Call,
+    Failure,
+    Seen,
+    StoredFile,
+    auto_entities,
+    entity_text,
+    file_ext,
+    read_params,
+    utf16_len,
+)
+
+__all__ = ["Call", "FakeTelegram", "Seen", "auto_entities", "entity_text", "utf16_len"]
 
 T = TypeVar("T")
 
-MAX_TEXT_UTF16 = 4096
-MAX_CAPTION_UTF16 = 1024
-GETFILE_LIMIT = 20 * 1024 * 1024
-# Parameters that are plain strings on the wire; everything else PTB JSON-encodes (numbers, lists).
-_STRING_PARAMS = frozenset(
-    {"text", "caption", "action", "file_id", "parse_mode", "emoji", "description", "url", "name"}
-)
-_REACTIONS = frozenset(e.value for e in ReactionEmoji)
-_MENTION = re.compile(r"(?<![\w@])@[A-Za-z][A-Za-z0-9_]{3,31}\b")
-_COMMAND = re.compile(r"(?<!\S)/[A-Za-z0-9_]{1,32}(?:@[A-Za-z][A-Za-z0-9_]{3,31})?(?![\w@])")
-_DESCRIPTIONS = {
-    400: "Bad Request: something is wrong",
-    401: "Unauthorized",
-    403: "Forbidden: bot was blocked by the user",
-    404: "Not Found",
-    409: "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
-    429: "Too Many Requests: retry after {retry_after}",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-}
 
-
-def utf16_len(text: str) -> int:
-    return len(text.encode("utf-16-le")) // 2
-
-
-def entity_text(text: str, entity: dict[str, Any]) -> str:
-    """The part of ``text`` an entity covers (offsets are UTF-16 code units)."""
-    raw = text.encode("utf-16-le")
-    start = 2 * entity["offset"]
-    return raw[start : start + 2 * entity["length"]].decode("utf-16-le")
-
-
-def auto_entities(text: str) -> list[dict[str, Any]]:
-    """The mention and bot_command entities Telegram itself would attach to ``text``."""
-    found: list[tuple[int, int, str]] = []
-    for kind, rx in (("mention", _MENTION), ("bot_command", _COMMAND)):
-        for m in rx.finditer(text):
-            found.append((m.start(), m.end(), kind))
-    found.sort()
-    return [
-        {"type": kind, "offset": utf16_len(text[:s]), "length": utf16_len(text[s:e])}
-        for s, e, kind in found
-    ]
-
-
-@dataclass(slots=True)
-class Call:
-    """One request the bot made (failed ones included, with the status it got)."""
-
-    method: str
-    params: dict[str, Any]
-    time: float
-    status: int = 200
-
-
-@dataclass(slots=True)
-class Seen:
-    """A message as the chat's members see it now (edits applied)."""
-
-    chat_id: int
-    message_id: int
-    text: str
-    entities: list[dict[str, Any]]
-    from_bot: bool
-    thread_id: int | None = None
-    reply_to: int | None = None
-    edits: int = 0
-    deleted: bool = False
-    document: dict[str, Any] | None = None
-    photo: list[dict[str, Any]] | None = None
-    reactions: list[str] = field(default_factory=list)
-    raw: dict[str, Any] = field(default_factory=dict)
-
-    def spans(self, kind: str) -> list[str]:
-        """The text covered by each entity of type ``kind`` (e.g. "pre", "bold")."""
-        return [entity_text(self.text, e) for e in self.entities if e["type"] == kind]
-
-
-@dataclass(slots=True)
-class _Failure:
-    status: int
-    times: int
-    retry_after: int | None
-    description: str | None
-
-
-@dataclass(slots=True)
-class _File:
-    file_id: str
-    unique_id: str
-    data: bytes
-    name: str
-    mime_type: str
-    path: str
-
-
-class _ApiError(Exception):
-    def __init__(self, status: int, description: str, retry_after: int | None = None) -> None:
-        super().__init__(description)
-        self.status, self.description, self.retry_after = status, description, retry_after
-
-
-class FakeTelegram:
+class FakeTelegram(BotApiMethods):
     """An aiohttp Bot API server on 127.0.0.1 with helpers to script users and inspect the bot."""
 
     def __init__(
@@ -156,8 +67,8 @@ class FakeTelegram:
         self._chats: dict[int, dict[str, Any]] = {}
         self._next_mid: dict[int, int] = {}
         self._messages: dict[int, dict[int, Seen]] = {}
-        self._files: dict[str, _File] = {}
-        self._failures: dict[str, list[_Failure]] = {}
+        self._files: dict[str, StoredFile] = {}
+        self._failures: dict[str, list[Failure]] = {}
         self._blocked: set[int] = set()
         self._revoked = False
         self._stalled = False
@@ -345,7 +256,7 @@ class FakeTelegram:
     ) -> None:
         """Answer the next ``times`` calls of ``method`` ("*" = any) with an error. ``status=0`` drops
         the connection without an answer (a network failure)."""
-        self._failures.setdefault(method, []).append(_Failure(status, times, retry_after, description))
+        self._failures.setdefault(method, []).append(Failure(status, times, retry_after, description))
 
     def revoke_token(self, revoked: bool = True) -> None:
         """From now on every call answers 401 Unauthorized (BotFather revoked the token)."""
@@ -388,8 +299,11 @@ class FakeTelegram:
         """Updates the bot has not confirmed yet."""
         return list(self._pending)
 
-    async def wait_for(  # noqa: ASYNC109 - a deadline for the condition, not for one call
-        self, predicate: Callable[[], T], timeout: float = 10.0, what: str = ""
+    async def wait_for(
+        self,
+        predicate: Callable[[], T],
+        timeout: float = 10.0,  # noqa: ASYNC109 - a deadline for the condition, not for one call
+        what: str = "",
     ) -> T:
         """Wait until ``predicate()`` is truthy (re-checked on every change) and return its value."""
         loop = asyncio.get_running_loop()
@@ -429,9 +343,9 @@ class FakeTelegram:
         self._next_mid[chat_id] = mid + 1
         return mid
 
-    def _new_file(self, data: bytes, name: str, mime: str, folder: str) -> _File:
+    def _new_file(self, data: bytes, name: str, mime: str, folder: str) -> StoredFile:
         n = next(self._file_ids)
-        f = _File(f"FILE{n:06d}", f"U{n:06d}", data, name, mime, f"{folder}/file_{n}{_ext(name)}")
+        f = StoredFile(f"FILE{n:06d}", f"U{n:06d}", data, name, mime, f"{folder}/file_{n}{file_ext(name)}")
         self._files[f.file_id] = f
         return f
 
@@ -484,12 +398,14 @@ class FakeTelegram:
 
     async def _handle_api(self, request: web.Request) -> web.StreamResponse:
         method = request.match_info["method"]
-        params, files = await _read_params(request)
-        call = Call(method, params, time.monotonic())
+        params, files = await read_params(request)
+        uploads = {k: {"filename": n, "mime_type": m, "size": len(d)} for k, (n, m, d) in files.items()}
+        call = Call(method, {**params, **uploads}, time.monotonic())
         self.calls.append(call)
+        self._bump()
         try:
             if request.match_info["token"] != self.token or self._revoked:
-                raise _ApiError(401, "Unauthorized")
+                raise ApiError(401, "Unauthorized")
             failure = self._take_failure(method)
             if failure is not None:
                 if failure.status == 0:
@@ -497,14 +413,14 @@ class FakeTelegram:
                     if request.transport is not None:
                         request.transport.abort()
                     raise asyncio.CancelledError  # nothing to answer on an aborted connection
-                desc = failure.description or _DESCRIPTIONS.get(failure.status, "Error")
+                desc = failure.description or DESCRIPTIONS.get(failure.status, "Error")
                 desc = desc.format(retry_after=failure.retry_after)
-                raise _ApiError(failure.status, desc, failure.retry_after)
+                raise ApiError(failure.status, desc, failure.retry_after)
             handler = getattr(self, f"_m_{method.lower()}", None)
             if handler is None:
-                raise _ApiError(404, "Not Found")
+                raise ApiError(404, "Not Found")
             result = await handler(params, files)
-        except _ApiError as err:
+        except ApiError as err:
             call.status = err.status
             body: dict[str, Any] = {"ok": False, "error_code": err.status, "description": err.description}
             if err.retry_after is not None:
@@ -514,7 +430,7 @@ class FakeTelegram:
         self._bump()
         return web.json_response({"ok": True, "result": result})
 
-    def _take_failure(self, method: str) -> _Failure | None:
+    def _take_failure(self, method: str) -> Failure | None:
         for key in (method, "*"):
             queue = self._failures.get(key)
             if queue:
@@ -524,225 +440,3 @@ class FakeTelegram:
                     queue.pop(0)
                 return failure
         return None
-
-    def _target(self, params: dict[str, Any]) -> int:
-        try:
-            chat_id = int(params["chat_id"])
-        except (KeyError, TypeError, ValueError):
-            raise _ApiError(400, "Bad Request: chat not found") from None
-        if chat_id not in self._chats:
-            raise _ApiError(400, "Bad Request: chat not found")
-        if chat_id in self._blocked:
-            raise _ApiError(403, "Forbidden: bot was blocked by the user")
-        return chat_id
-
-    def _find(self, chat_id: int, params: dict[str, Any], what: str) -> Seen:
-        seen = self._messages[chat_id].get(int(params.get("message_id", 0)))
-        if seen is None or seen.deleted:
-            raise _ApiError(400, f"Bad Request: message to {what} not found")
-        return seen
-
-    # -- internals: Bot API methods --------------------------------------------------------------
-    async def _m_getme(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        return {**self.bot_user, "can_join_groups": True, "can_read_all_group_messages": True,
-                "supports_inline_queries": False}  # fmt: skip
-
-    async def _m_deletewebhook(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        self.webhook_deleted += 1
-        if p.get("drop_pending_updates"):
-            self._pending.clear()
-        return True
-
-    async def _m_setmycommands(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        self.commands = p.get("commands", [])
-        return True
-
-    async def _m_getupdates(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        offset = int(p.get("offset") or 0)
-        timeout = float(p.get("timeout") or 0)
-        limit = int(p.get("limit") or 100)
-        if "allowed_updates" in p:  # sticky, as on Telegram: omitted means "as last time"
-            self._allowed = p["allowed_updates"] or None
-        allowed = self._allowed
-        if offset > 0:
-            self._pending = [u for u in self._pending if u["update_id"] >= offset]
-        elif offset < 0:
-            self._pending = self._pending[offset:]
-        self._poll_gen += 1
-        gen = self._poll_gen
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            changed = self._changed
-            if self._closing:
-                return []
-            if self._revoked:
-                raise _ApiError(401, "Unauthorized")
-            if gen != self._poll_gen:
-                raise _ApiError(409, _DESCRIPTIONS[409])
-            if not self._stalled:
-                batch = self._ready(allowed, limit)
-                if batch or loop.time() >= deadline:
-                    return batch
-                wait = deadline - loop.time()
-            else:
-                wait = 3600.0
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), wait)
-
-    def _ready(self, allowed: list[str] | None, limit: int) -> list[dict[str, Any]]:
-        forced, self._forced = self._forced[:limit], self._forced[limit:]
-        wanted = [u for u in self._pending if not allowed or any(k in u for k in allowed)]
-        # Updates of kinds the bot did not ask for are confirmed silently, as Telegram does.
-        if allowed:
-            self._pending = [u for u in self._pending if any(k in u for k in allowed)]
-        return forced + wanted[: limit - len(forced)]
-
-    async def _m_sendmessage(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        chat_id = self._target(p)
-        text = str(p.get("text", ""))
-        entities = list(p.get("entities") or [])
-        _check_text(text, entities, MAX_TEXT_UTF16, "message text")
-        return self._bot_message(chat_id, p, {"text": text, "entities": entities})
-
-    async def _m_editmessagetext(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        chat_id = self._target(p)
-        seen = self._find(chat_id, p, "edit")
-        if not seen.from_bot:
-            raise _ApiError(400, "Bad Request: message can't be edited")
-        text = str(p.get("text", ""))
-        entities = list(p.get("entities") or [])
-        _check_text(text, entities, MAX_TEXT_UTF16, "message text")
-        if text == seen.text and entities == seen.entities:
-            raise _ApiError(
-                400,
-                "Bad Request: message is not modified: specified new message content and reply markup "
-                "are exactly the same as a current content and reply markup of the message",
-            )
-        seen.text, seen.entities = text, entities
-        seen.edits += 1
-        seen.raw = {**seen.raw, "text": text, "entities": entities, "edit_date": int(time.time())}
-        if not entities:
-            seen.raw.pop("entities")
-        return seen.raw
-
-    async def _m_sendchataction(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        self._target(p)
-        return True
-
-    async def _m_setmessagereaction(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        chat_id = self._target(p)
-        seen = self._find(chat_id, p, "react")
-        emojis = [r.get("emoji", "") for r in p.get("reaction") or []]
-        if any(e not in _REACTIONS for e in emojis):
-            raise _ApiError(400, "Bad Request: REACTION_INVALID")
-        seen.reactions = emojis
-        return True
-
-    async def _m_deletemessage(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        chat_id = self._target(p)
-        self._find(chat_id, p, "delete").deleted = True
-        return True
-
-    async def _m_getfile(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        stored = self._files.get(str(p.get("file_id", "")))
-        if stored is None:
-            raise _ApiError(400, "Bad Request: invalid file_id")
-        if len(stored.data) > GETFILE_LIMIT:
-            raise _ApiError(400, "Bad Request: file is too big")
-        return {"file_id": stored.file_id, "file_unique_id": stored.unique_id,
-                "file_size": len(stored.data), "file_path": stored.path}  # fmt: skip
-
-    async def _m_senddocument(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        return self._send_media(p, f, "document")
-
-    async def _m_sendphoto(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        return self._send_media(p, f, "photo")
-
-    def _send_media(self, p: dict[str, Any], files: dict[str, Any], kind: str) -> Any:
-        chat_id = self._target(p)
-        caption = str(p.get("caption", ""))
-        entities = list(p.get("caption_entities") or [])
-        if caption:
-            _check_text(caption, entities, MAX_CAPTION_UTF16, "caption")
-        upload = files.get(kind)
-        if upload is None:
-            stored = self._files.get(str(p.get(kind, "")))
-            if stored is None:
-                raise _ApiError(400, f"Bad Request: there is no {kind} in the request")
-        else:
-            name, mime, data = upload
-            stored = self._new_file(data, name, mime, "documents" if kind == "document" else "photos")
-        body: dict[str, Any] = {}
-        if kind == "document":
-            body["document"] = {"file_id": stored.file_id, "file_unique_id": stored.unique_id,
-                                "file_name": stored.name, "mime_type": stored.mime_type,
-                                "file_size": len(stored.data)}  # fmt: skip
-        else:
-            body["photo"] = [{"file_id": stored.file_id, "file_unique_id": stored.unique_id,
-                              "width": 800, "height": 600, "file_size": len(stored.data)}]  # fmt: skip
-        if caption:
-            body["caption"] = caption
-            if entities:
-                body["caption_entities"] = entities
-        return self._bot_message(chat_id, p, body)
-
-    def _bot_message(self, chat_id: int, p: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
-        chat = self._chats[chat_id]
-        msg: dict[str, Any] = {"message_id": self._new_mid(chat_id), "date": int(time.time()),
-                               "chat": chat, "from": self.bot_user}  # fmt: skip
-        msg.update({k: v for k, v in body.items() if v not in (None, [], "")})
-        thread = p.get("message_thread_id")
-        if thread is not None and chat.get("is_forum"):
-            msg["message_thread_id"], msg["is_topic_message"] = int(thread), True
-        reply = p.get("reply_parameters")
-        if isinstance(reply, dict) and reply.get("message_id") is not None:
-            target = self._messages[chat_id].get(int(reply["message_id"]))
-            if target is not None and not target.deleted:
-                msg["reply_to_message"] = target.raw
-            elif not reply.get("allow_sending_without_reply"):
-                raise _ApiError(400, "Bad Request: message to be replied not found")
-        return self._store(msg, from_bot=True).raw
-
-
-def _check_text(text: str, entities: list[dict[str, Any]], limit: int, what: str) -> None:
-    if not text.strip():
-        raise _ApiError(400, f"Bad Request: {what} is empty")
-    size = utf16_len(text)
-    if size > limit:
-        raise _ApiError(400, f"Bad Request: {what} is too long")
-    for e in entities:
-        if e.get("offset", -1) < 0 or e.get("length", 0) <= 0 or e["offset"] + e["length"] > size:
-            raise _ApiError(400, f"Bad Request: can't parse entities: entity {e} is out of the text")
-
-
-async def _read_params(request: web.Request) -> tuple[dict[str, Any], dict[str, tuple[str, str, bytes]]]:
-    """Decode a Bot API request the way Telegram does: query string, urlencoded or multipart form
-    (values JSON-encoded unless they are strings), or a JSON body."""
-    params: dict[str, Any] = {k: _decode(k, v) for k, v in request.query.items()}
-    files: dict[str, tuple[str, str, bytes]] = {}
-    if request.content_type == "application/json":
-        body = await request.json() if request.can_read_body else {}
-        params.update(body or {})
-    elif request.can_read_body:
-        form = await request.post()
-        for key, value in form.items():
-            if isinstance(value, web.FileField):
-                files[key] = (value.filename, value.content_type, value.file.read())
-            else:
-                params[key] = _decode(key, str(value))
-    return params, files
-
-
-def _decode(key: str, value: str) -> Any:
-    if key in _STRING_PARAMS:
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
-
-
-def _ext(name: str) -> str:
-    dot = name.rfind(".")
-    return name[dot:] if dot > 0 else ""

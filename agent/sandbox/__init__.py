@@ -1,0 +1,82 @@
+"""Per-thread sandboxes: the agent's virtual filesystem and command execution.
+
+Knows nothing of chat platforms or the gateway. Entry point: ``create_provider(settings)``.
+"""
+
+from __future__ import annotations
+
+from .base import (
+    DEFAULT_MAX_OUTPUT,
+    DEFAULT_TIMEOUT,
+    ExecResult,
+    OutputCap,
+    Sandbox,
+    SandboxProvider,
+    SandboxUnavailable,
+)
+from .config import SandboxLimits, SandboxSettings
+from .files import Entry, GrepMatch, TextWindow
+from .paths import (
+    OUTPUTS,
+    SKILLS,
+    UPLOADS,
+    USER_DATA,
+    WORKSPACE,
+    PathMapper,
+    PathRefused,
+    SandboxError,
+    ThreadDirs,
+)
+
+__all__ = [
+    "DEFAULT_MAX_OUTPUT",
+    "DEFAULT_TIMEOUT",
+    "OUTPUTS",
+    "SKILLS",
+    "UPLOADS",
+    "USER_DATA",
+    "WORKSPACE",
+    "Entry",
+    "ExecResult",
+    "GrepMatch",
+    "OutputCap",
+    "PathMapper",
+    "PathRefused",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "SandboxProvider",
+    "SandboxSettings",
+    "SandboxUnavailable",
+    "TextWindow",
+    "ThreadDirs",
+    "create_provider",
+]
+
+
+def create_provider(settings: SandboxSettings) -> SandboxProvider:
+    """The provider ``settings.provider`` names. Docker is imported lazily (it needs the SDK)."""
+    if settings.provider == "docker":
+        from .docker_provider import DockerProvider
+
+        return DockerProvider(
+            settings.root,
+            settings.skills_dir,
+            image=settings.image,
+            limits=settings.limits,
+            uid=settings.uid,
+            gid=settings.gid,
+            idle_timeout=settings.idle_timeout,
+            network=settings.network,
+        )
+    from .local import LocalProvider
+
+    return LocalProvider(
+        settings.root,
+        settings.skills_dir,
+        limits=settings.limits,
+        uid=settings.uid,
+        gid=settings.gid,
+        idle_timeout=settings.idle_timeout,
+        allow_unsandboxed=settings.allow_unsandboxed,
+    )

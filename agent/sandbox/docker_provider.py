@@ -1,0 +1,383 @@
+"""The ``docker`` provider: one long-lived, locked-down container per conversation thread.
+
+Containers are named ``chital-sbx-<hash>``, labelled with the thread and this provider's root (so
+two daemons on one engine never touch each other's), reused across turns, removed after
+``idle_timeout`` and reconciled at start-up. Each command is a ``docker exec`` whose processes are
+all killed when it ends or times out (see ``_WRAPPER``). The Docker SDK is blocking, so every call
+runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from docker.errors import APIError, DockerException, NotFound
+from docker.types import Mount, Ulimit
+
+import docker
+
+from .base import (
+    DEFAULT_MAX_OUTPUT,
+    DEFAULT_TIMEOUT,
+    ExecResult,
+    OutputCap,
+    Sandbox,
+    SandboxProvider,
+    SandboxUnavailable,
+)
+from .config import SandboxLimits
+from .local import MAX_COMMAND_BYTES, sandbox_env
+from .paths import OUTPUTS, SKILLS, UPLOADS, WORKSPACE, SandboxError, ThreadDirs, safe_thread_id
+
+log = logging.getLogger(__name__)
+
+LABEL = "chital.sandbox"
+LABEL_THREAD = "chital.thread"
+LABEL_INSTANCE = "chital.instance"
+LABEL_CONFIG = "chital.config"
+
+# Runs the user's command, then kills every process still carrying this exec's marker (children it
+# backgrounded, even ones that called setsid), so nothing outlives the command: the same contract as
+# the local provider, and the exec's output stream closes instead of hanging on a straggler.
+_SWEEP = (
+    'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = "$$" ] && continue; '
+    'grep -qzx "CHITAL_EXEC=$M" "$d/environ" 2>/dev/null && kill -9 "$p" 2>/dev/null; done'
+)
+_WRAPPER = f'bash -c "$1" 2>&1; rc=$?; M=$CHITAL_EXEC; {_SWEEP}; exit $rc'
+_KILLER = f"M=$1; {_SWEEP}; exit 0"
+
+
+def container_name(thread_id: str) -> str:
+    return "chital-sbx-" + hashlib.sha256(thread_id.encode()).hexdigest()[:16]
+
+
+class DockerSandbox(Sandbox):
+    def __init__(self, provider: DockerProvider, dirs: ThreadDirs, container_id: str) -> None:
+        super().__init__(dirs, (provider.uid, provider.gid))
+        self.provider = provider
+        self.container_id = container_id
+        self.busy = 0
+
+    async def exec(
+        self,
+        command: str,
+        timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the command's limit, not ours
+        max_output: int = DEFAULT_MAX_OUTPUT,
+    ) -> ExecResult:
+        if len(command.encode()) > MAX_COMMAND_BYTES:
+            raise SandboxError(
+                f"command longer than {MAX_COMMAND_BYTES} bytes; write a script file and run that"
+            )
+        self.touch()
+        self.busy += 1
+        try:
+            return await self._exec(command, timeout, max_output)
+        finally:
+            self.busy -= 1
+            self.touch()
+
+    async def _exec(self, command: str, timeout: float, max_output: int) -> ExecResult:  # noqa: ASYNC109
+        api = self.provider.client.api
+        marker = uuid.uuid4().hex
+        user = f"{self.provider.uid}:{self.provider.gid}"
+
+        def start() -> tuple[str, Any]:
+            exec_id = api.exec_create(
+                self.container_id,
+                ["/bin/sh", "-c", _WRAPPER, "chital-exec", command],
+                user=user,
+                workdir=WORKSPACE,
+                environment={"CHITAL_EXEC": marker},
+                stdout=True,
+                stderr=True,
+            )["Id"]
+            return exec_id, api.exec_start(exec_id, stream=True)
+
+        try:
+            exec_id, stream = await asyncio.to_thread(start)
+        except NotFound:
+            raise SandboxUnavailable("the sandbox container is gone; retry the command") from None
+        except DockerException as e:
+            raise SandboxUnavailable(f"docker exec failed: {_short(e)}") from None
+        cap = OutputCap(max_output)
+
+        def pump() -> None:
+            for chunk in stream:
+                cap.feed(chunk)
+
+        reader = asyncio.ensure_future(asyncio.to_thread(pump))
+        timed_out = False
+        try:
+            done, _ = await asyncio.wait({reader}, timeout=timeout)
+            if not done:
+                timed_out = True
+                await self._kill(marker, reader, stream)
+            else:
+                reader.result()
+        except BaseException:  # cancelled (/stop) or failed: nothing may keep running
+            await asyncio.shield(self._kill(marker, reader, stream))
+            raise
+        if timed_out:
+            return ExecResult(None, cap.text(), cap.truncated, True)
+        info = await asyncio.to_thread(api.exec_inspect, exec_id)
+        return ExecResult(info.get("ExitCode"), cap.text(), cap.truncated, False)
+
+    async def _kill(self, marker: str, reader: asyncio.Future[None], stream: Any) -> None:
+        """Kill every process of one exec; escalate to all of the sandbox user's processes."""
+        api = self.provider.client.api
+        user = f"{self.provider.uid}:{self.provider.gid}"
+
+        def run(cmd: list[str]) -> None:
+            with contextlib.suppress(DockerException):
+                exec_id = api.exec_create(self.container_id, cmd, user=user)["Id"]
+                api.exec_start(exec_id)
+
+        await asyncio.to_thread(run, ["/bin/sh", "-c", _KILLER, "chital-kill", marker])
+        done, _ = await asyncio.wait({reader}, timeout=5)
+        if not done:
+            # Something shed the marker (e.g. `env -i`). Kill all of the user's processes; that
+            # also ends the container's idle process, so the next acquire starts a fresh one.
+            log.warning("sandbox %s: stragglers after timeout; killing all its processes", self.id)
+            await asyncio.to_thread(run, ["/bin/sh", "-c", "kill -9 -1"])
+            done, _ = await asyncio.wait({reader}, timeout=5)
+        if not done:
+            with contextlib.suppress(Exception):
+                stream.close()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(reader, 5)
+
+    async def alive(self) -> bool:
+        def check() -> bool:
+            try:
+                c = self.provider.client.containers.get(self.container_id)
+            except NotFound:
+                return False
+            return c.status == "running"
+
+        try:
+            return await asyncio.to_thread(check)
+        except DockerException:
+            return False
+
+
+class DockerProvider(SandboxProvider):
+    """One container per thread on a Docker engine (local socket or ``DOCKER_HOST``)."""
+
+    def __init__(
+        self,
+        root: Path | str,
+        skills_dir: Path | str | None = None,
+        *,
+        image: str = "chital-sandbox:latest",
+        limits: SandboxLimits | None = None,
+        uid: int = 1000,
+        gid: int = 1000,
+        idle_timeout: float = 1800.0,
+        network: bool = False,
+        client: docker.DockerClient | None = None,
+    ) -> None:
+        super().__init__(idle_timeout)
+        self.root = Path(root).resolve()
+        self.skills_dir = Path(skills_dir).resolve() if skills_dir else None
+        self.image = image
+        self.limits = limits or SandboxLimits()
+        self.uid, self.gid = uid, gid
+        self.network = network
+        self._client = client
+        self._sandboxes: dict[str, DockerSandbox] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.instance = hashlib.sha256(str(self.root).encode()).hexdigest()[:16]
+        settings = [image, self.limits.model_dump(), uid, gid, network, str(self.skills_dir)]
+        self.config_hash = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            try:
+                self._client = docker.from_env()
+            except DockerException as e:
+                raise SandboxUnavailable(f"no Docker engine answers: {_short(e)}") from None
+        return self._client
+
+    async def ping(self) -> None:
+        """Raise SandboxUnavailable unless the engine answers and has the image."""
+
+        def check() -> None:
+            try:
+                self.client.ping()
+                self.client.images.get(self.image)
+            except NotFound:
+                raise SandboxUnavailable(
+                    f"sandbox image {self.image} is missing; run scripts/setup-sandbox.sh"
+                ) from None
+            except DockerException as e:
+                raise SandboxUnavailable(f"no Docker engine answers: {_short(e)}") from None
+
+        await asyncio.to_thread(check)
+
+    def _lock(self, thread_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(thread_id, asyncio.Lock())
+
+    async def acquire(self, thread_id: str) -> DockerSandbox:
+        async with self._lock(thread_id):
+            sb = self._sandboxes.get(thread_id)
+            if sb is not None and await sb.alive():
+                sb.touch()
+                return sb
+            dirs = ThreadDirs.for_thread(self.root, thread_id, self.skills_dir)
+            await asyncio.to_thread(dirs.ensure, (self.uid, self.gid))
+            try:
+                cid = await asyncio.to_thread(self._ensure_container, dirs)
+            except DockerException as e:
+                raise SandboxUnavailable(f"cannot start the sandbox container: {_short(e)}") from None
+            sb = self._sandboxes[thread_id] = DockerSandbox(self, dirs, cid)
+            return sb
+
+    def _ensure_container(self, dirs: ThreadDirs) -> str:
+        name = container_name(dirs.thread_id)
+        try:
+            c = self.client.containers.get(name)
+            if c.status == "running" and c.labels.get(LABEL_CONFIG) == self.config_hash:
+                return str(c.id)
+            c.remove(force=True)  # stopped or built from older settings: start afresh
+        except NotFound:
+            pass
+        lim = self.limits
+        mb = 1024 * 1024
+        mounts = [
+            Mount(WORKSPACE, str(dirs.workspace), type="bind"),
+            Mount(UPLOADS, str(dirs.uploads), type="bind"),
+            Mount(OUTPUTS, str(dirs.outputs), type="bind"),
+        ]
+        if dirs.skills is not None:
+            mounts.append(Mount(SKILLS, str(dirs.skills), type="bind", read_only=True))
+        try:
+            c = self.client.containers.run(
+                self.image,
+                ["sleep", "infinity"],
+                name=name,
+                detach=True,
+                init=True,  # docker-init reaps orphans of killed commands
+                labels={
+                    LABEL: "1",
+                    LABEL_THREAD: dirs.thread_id,
+                    LABEL_INSTANCE: self.instance,
+                    LABEL_CONFIG: self.config_hash,
+                },
+                user=f"{self.uid}:{self.gid}",
+                environment=sandbox_env(),
+                working_dir=WORKSPACE,
+                hostname="sandbox",
+                network_mode="bridge" if self.network else "none",
+                mem_limit=lim.memory_mb * mb,
+                memswap_limit=lim.memory_mb * mb,
+                nano_cpus=int(lim.cpus * 1e9),
+                pids_limit=lim.pids,
+                ulimits=[
+                    Ulimit(name="fsize", soft=lim.file_size_mb * mb, hard=lim.file_size_mb * mb),
+                    Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
+                    Ulimit(name="core", soft=0, hard=0),
+                ],
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                read_only=True,
+                tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.tmp_size_mb}m,mode=1777"},
+                mounts=mounts,
+                ipc_mode="private",
+            )
+        except APIError as e:
+            if e.status_code != 409:  # 409: a concurrent start won the name; use its container
+                raise
+            c = self.client.containers.get(name)
+        return str(c.id)
+
+    async def release(self, thread_id: str) -> None:
+        sb = self._sandboxes.get(thread_id)
+        if sb is not None:
+            sb.touch()
+
+    async def _remove(self, container_id: str) -> None:
+        def rm() -> None:
+            with contextlib.suppress(NotFound):
+                self.client.api.remove_container(container_id, force=True)
+
+        try:
+            await asyncio.to_thread(rm)
+        except DockerException as e:
+            log.warning("could not remove sandbox container %s: %s", container_id[:12], _short(e))
+
+    async def reap_idle(self) -> list[str]:
+        cutoff = time.monotonic() - self.idle_timeout
+        gone = []
+        for tid, sb in list(self._sandboxes.items()):
+            if sb.busy or sb.last_used >= cutoff:
+                continue
+            async with self._lock(tid):
+                if self._sandboxes.get(tid) is sb and not sb.busy and sb.last_used < cutoff:
+                    del self._sandboxes[tid]
+                    await self._remove(sb.container_id)
+                    gone.append(tid)
+        if gone:
+            log.info("reaped %d idle sandbox container(s)", len(gone))
+        return gone
+
+    async def reconcile(self) -> None:
+        """Adopt running containers of this provider with current settings; remove the rest."""
+
+        def listing() -> list[Any]:
+            return list(
+                self.client.containers.list(
+                    all=True, filters={"label": [f"{LABEL}=1", f"{LABEL_INSTANCE}={self.instance}"]}
+                )
+            )
+
+        try:
+            containers = await asyncio.to_thread(listing)
+        except DockerException as e:
+            raise SandboxUnavailable(f"no Docker engine answers: {_short(e)}") from None
+        adopted = 0
+        for c in containers:
+            tid = c.labels.get(LABEL_THREAD, "")
+            dirs = ThreadDirs.for_thread(self.root, tid, self.skills_dir) if tid else None
+            keep = (
+                dirs is not None
+                and c.status == "running"
+                and c.labels.get(LABEL_CONFIG) == self.config_hash
+                and c.name == container_name(tid)
+                and dirs.workspace.is_dir()
+                and tid not in self._sandboxes
+            )
+            if keep:
+                assert dirs is not None
+                self._sandboxes[tid] = DockerSandbox(self, dirs, str(c.id))
+                adopted += 1
+            else:
+                await self._remove(str(c.id))
+        log.info("sandbox reconcile: %d adopted, %d removed", adopted, len(containers) - adopted)
+
+    async def close(self) -> None:
+        """Remove every container of this provider: their state lives in the host dirs."""
+        await super().close()
+        sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
+        await asyncio.gather(*(self._remove(sb.container_id) for sb in sandboxes))
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._client.close)
+            self._client = None
+
+
+def _short(e: BaseException) -> str:
+    """First line of an SDK error, bounded: enough to act on, never a wall of text."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text[:300]
+
+
+__all__ = ["DockerProvider", "DockerSandbox", "container_name", "safe_thread_id"]

@@ -1,0 +1,258 @@
+"""Running lark-oapi's long-connection client inside a daemon that owns its own event loop.
+
+``lark_oapi.ws.Client`` was written to be the whole program: ``start()`` blocks forever, has no stop,
+refuses to run inside a running loop, and every coroutine it schedules goes to a module-global
+``lark_oapi.ws.client.loop`` grabbed at import time. Its reconnect can die silently (a client error
+code during a reconnect ends the task and nothing else notices), and it only pings every
+``PingInterval`` seconds as the server configures it. :class:`WsRunner` makes it embeddable:
+
+* one dedicated daemon thread per client with a fresh event loop. Instead of assigning that loop to
+  the module global (which a second client in the same process, e.g. the old one still winding down
+  during a restart, would then share across threads), the global is replaced once by
+  :class:`_PerThreadLoop`, which resolves to the loop bound to the calling thread. Every use of the
+  global in lark_oapi/ws/client.py (``start``'s ``run_until_complete``, ``_connect``'s and
+  ``_receive_message_loop``'s ``create_task``) runs on the client's own thread, so each client only
+  ever touches its own loop;
+* a small subclass (:class:`_WatchedClient`) that reports every received frame, a lost connection
+  and a reconnect that gave up, and pings at our cadence so a half-open socket shows within the
+  liveness timeout (the frames the server answers are what prove the connection alive);
+* :meth:`WsRunner.stop`: refuse further events, switch auto-reconnect off and cancel every task on
+  the client's loop from that loop (``call_soon_threadsafe``), close the websocket, close the loop.
+  A thread stuck in the SDK's blocking endpoint request (it has no timeout) cannot be interrupted; it
+  is abandoned as a daemon thread, and because the runner refuses events once stopping, it can never
+  deliver a message next to its successor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lark_oapi.core.enum import LogLevel
+from lark_oapi.event.dispatcher_handler import EventDispatcherHandler
+from lark_oapi.ws import client as sdk_ws
+
+log = logging.getLogger(__name__)
+
+
+class _PerThreadLoop:
+    """Stands in for ``lark_oapi.ws.client.loop``: attribute access goes to the loop bound to the
+    calling thread (falling back to the SDK's original loop for threads that bound none)."""
+
+    def __init__(self, fallback: Any) -> None:
+        self._fallback = fallback
+        self._local = threading.local()
+
+    def bind(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._local.loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(getattr(self._local, "loop", None) or self._fallback, name)
+
+
+_install_lock = threading.Lock()
+
+
+def _loop_proxy() -> _PerThreadLoop:
+    with _install_lock:
+        current = sdk_ws.loop
+        if not isinstance(current, _PerThreadLoop):
+            current = _PerThreadLoop(current)
+            sdk_ws.loop = current  # type: ignore[assignment]
+        return current
+
+
+# The SDK logs the websocket URL (its query carries a connection ticket / access key) at INFO and
+# exception texts at ERROR; mask credential-looking values wherever they appear.
+_SECRET_QUERY = re.compile(r"((?:access_key|ticket|token|secret|app_secret)=)[^&\s'\"]+", re.IGNORECASE)
+_BEARER = re.compile(r"(Bearer\s+)\S+")
+
+
+class _RedactFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        redacted = _BEARER.sub(r"\1***", _SECRET_QUERY.sub(r"\1***", message))
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+def install_log_redaction() -> None:
+    # "Lark" is the SDK's logger; websockets logs the handshake request line at DEBUG.
+    for name in ("Lark", "websockets.client"):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _RedactFilter) for f in target.filters):
+            target.addFilter(_RedactFilter())
+
+
+class _WatchedClient(sdk_ws.Client):
+    """The SDK client with three observation points (private SDK methods, pinned lark-oapi 1.7.x)."""
+
+    def __init__(self, *args: Any, runner: WsRunner, ping_every: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._runner = runner
+        self._ping_every = ping_every
+
+    async def _handle_message(self, msg: bytes) -> None:
+        self._runner._frame_seen()
+        await super()._handle_message(msg)
+
+    async def _ping_loop(self) -> None:
+        # Same as the SDK's loop, but at least every ``ping_every`` seconds: the server's pongs are
+        # our liveness signal, and its configured PingInterval (minutes) is too slow for that.
+        while True:
+            try:
+                if self._conn is not None:
+                    frame = sdk_ws._new_ping_frame(int(self._service_id))
+                    await self._write_message(frame.SerializeToString())
+            except Exception as e:
+                log.debug("lark ping failed: %s", e)
+            await asyncio.sleep(min(float(self._ping_interval or self._ping_every), self._ping_every))
+
+    async def _reconnect(self) -> None:
+        try:
+            await super()._reconnect()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the SDK lets this die inside a task nobody awaits
+            self._runner._client_died(e)
+            raise
+
+
+class WsRunner:
+    """One lark-oapi websocket client in its own thread. Callbacks run on that thread."""
+
+    def __init__(
+        self,
+        app_id: str,
+        app_secret: str,
+        domain: str,
+        dispatcher: EventDispatcherHandler,
+        *,
+        ping_every: float,
+        notify: Callable[[str], None],
+    ) -> None:
+        self._app_id, self._app_secret, self._domain = app_id, app_secret, domain
+        self._dispatcher = dispatcher
+        self._ping_every = ping_every
+        self._notify = notify  # "frame" | "reconnecting" | "died" | "exit"
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self.last_frame = time.monotonic()
+        self.frames = 0
+        self.busy = 0  # handlers currently waiting for the daemon's sink
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: _WatchedClient | None = None
+        self._thread = threading.Thread(target=self._main, name=f"lark-ws-{app_id}", daemon=True)
+
+    # -- daemon side -------------------------------------------------------------------------
+    def start(self) -> None:
+        self.last_frame = time.monotonic()
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def connected(self) -> bool:
+        client = self._client
+        return client is not None and client._conn is not None
+
+    def problem(self, liveness_timeout: float) -> str | None:
+        """Why this client cannot be trusted any more, or None while it looks healthy."""
+        if self.error is not None:
+            return f"Lark websocket client stopped: {type(self.error).__name__}: {self.error}"
+        if not self._thread.is_alive():
+            return "Lark websocket client thread ended"
+        idle = time.monotonic() - self.last_frame
+        if self.busy == 0 and idle > liveness_timeout:
+            state = "connected" if self.connected else "not connected"
+            return f"no frame from Lark for {idle:.0f}s ({state}; half-open connection or dead client)"
+        return None
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Shut the client down as far as the SDK allows; True when its thread has ended."""
+        self.stopping.set()
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(self._cancel_everything)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("lark websocket thread did not stop within %.0fs; abandoning it", timeout)
+            return False
+        return True
+
+    # -- client thread -----------------------------------------------------------------------
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)  # the SDK's ExpiringCache grabs the thread's loop in __init__
+        proxy = _loop_proxy()
+        proxy.bind(loop)
+        self._loop = loop
+        try:
+            self._client = _WatchedClient(
+                self._app_id, self._app_secret, log_level=LogLevel.WARNING,
+                event_handler=self._dispatcher, domain=self._domain, auto_reconnect=True,
+                runner=self, ping_every=self._ping_every,
+            )
+            self._client.on_reconnecting = lambda: self._notify("reconnecting")
+            if not self.stopping.is_set():
+                self._client.start()  # returns only by an exception
+        except BaseException as e:  # CancelledError included: that is how stop() ends start()
+            if not self.stopping.is_set():
+                self.error = e
+        finally:
+            try:
+                loop.run_until_complete(self._cleanup())
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            except BaseException as e:
+                log.debug("lark websocket cleanup: %s", e)
+            finally:
+                loop.close()
+                proxy.bind(None)
+                self._notify("exit")
+
+    def _cancel_everything(self) -> None:
+        if self._client is not None:
+            self._client._auto_reconnect = False
+        for task in asyncio.all_tasks():
+            task.cancel()
+
+    async def _cleanup(self) -> None:
+        client = self._client
+        if client is not None:
+            client._auto_reconnect = False
+            conn, client._conn = client._conn, None
+            if conn is not None:
+                try:
+                    await asyncio.wait_for(conn.close(), 2)
+                except Exception:
+                    with contextlib.suppress(Exception):
+                        conn.transport.abort()
+        me = asyncio.current_task()
+        others = [t for t in asyncio.all_tasks() if t is not me]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
+    def _frame_seen(self) -> None:
+        self.last_frame = time.monotonic()
+        self.frames += 1
+        self._notify("frame")
+
+    def _client_died(self, error: BaseException) -> None:
+        if not self.stopping.is_set():
+            self.error = error
+            self._notify("died")

@@ -1,0 +1,413 @@
+"""The Feishu/Lark adapter: lark-oapi's long connection in, its im.v1 API out (see package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lark_oapi as lark
+import requests
+from lark_oapi.api.im.v1 import (
+    CreateFileRequest,
+    CreateFileRequestBody,
+    CreateImageRequest,
+    CreateImageRequestBody,
+    CreateMessageReactionRequest,
+    CreateMessageReactionRequestBody,
+    CreateMessageRequest,
+    CreateMessageRequestBody,
+    Emoji,
+    GetMessageResourceRequest,
+    P2ImMessageReceiveV1,
+    PatchMessageRequest,
+    PatchMessageRequestBody,
+    ReplyMessageRequest,
+    ReplyMessageRequestBody,
+)
+from lark_oapi.core.enum import AccessTokenType, HttpMethod, LogLevel
+from lark_oapi.core.exception import ObtainAccessTokenException
+from lark_oapi.core.model import BaseRequest
+
+from channels.base import (
+    Attachment,
+    Capabilities,
+    Channel,
+    ChannelError,
+    ChannelState,
+    FatalChannelError,
+    Inbound,
+    InboundSink,
+    PermanentSendError,
+    Rendered,
+    ReplyTarget,
+    RetryAfter,
+    TransientSendError,
+)
+
+from . import _format
+from ._ws import WsRunner, install_log_redaction
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+DOMAINS = {"feishu": lark.FEISHU_DOMAIN, "lark": lark.LARK_DOMAIN}
+# Token endpoint answers for a wrong app id / secret: nothing but a human can fix those.
+_BAD_CREDENTIAL_CODES = {10003, 10012, 10014, 1000040344}
+_RATE_LIMIT_CODES = {99991400, 230020}  # app frequency limit; per-chat/message frequency limit
+_WITHDRAWN_CODES = {230011}  # replying to a message the user withdrew: post into the chat instead
+_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tiff", ".ico", ".heic"}
+_FILE_TYPES = {".pdf": "pdf", ".doc": "doc", ".docx": "doc", ".xls": "xls", ".xlsx": "xls",
+               ".ppt": "ppt", ".pptx": "ppt", ".mp4": "mp4", ".opus": "opus"}
+_MAX_IMAGE_BYTES = 10 * 1024 * 1024
+_EMOJI = {"👍": "THUMBSUP", "👌": "OK", "✅": "DONE", "🙏": "THANKS", "👏": "APPLAUSE",
+          "💪": "MUSCLE", "😄": "SMILE", "🙂": "SMILE", "➕": "JIAYI"}
+
+
+class LarkConnectionError(ChannelError):
+    """The long connection is dead, half-open or could not start; the supervisor restarts us."""
+
+
+class LarkChannel(Channel):
+    name = "lark"
+    capabilities = Capabilities(
+        max_message_len=_format.MAX_PART_CHARS,
+        # A card accepts 5 updates/s, the app 50/s and 1000/min: 1 s per streamed card leaves room
+        # for ~15 conversations streaming at once.
+        edit_interval=1.0,
+        min_send_interval=0.25,  # 5 messages/s into one chat, shared by the group's bots
+        max_upload_bytes=30 * 1024 * 1024,
+    )
+
+    def __init__(
+        self,
+        app_id: str,
+        app_secret: str,
+        *,
+        domain: str = "feishu",
+        liveness_timeout: float = 90.0,
+    ) -> None:
+        super().__init__()
+        self.app_id = app_id
+        self._app_secret = app_secret
+        self.domain = DOMAINS.get(domain, domain).rstrip("/")
+        self.liveness_timeout = liveness_timeout
+        self.bot_open_id: str | None = None
+        install_log_redaction()
+        self._api = (
+            lark.Client.builder().app_id(app_id).app_secret(app_secret).domain(self.domain)
+            .timeout(30).log_level(LogLevel.WARNING).build()
+        )
+        # Blocking SDK calls (requests, and the token fetch even in its a* methods) run here.
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sink: InboundSink | None = None
+        self._runner: WsRunner | None = None
+        self._wake: asyncio.Event | None = None
+
+    def __repr__(self) -> str:  # never the secret
+        return f"LarkChannel(app_id={self.app_id!r}, domain={self.domain!r})"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def run(self, sink: InboundSink) -> None:
+        self._loop, self._sink = asyncio.get_running_loop(), sink
+        self._wake = asyncio.Event()
+        self.set_state(ChannelState.STARTING)
+        self.bot_open_id = await self._fetch_bot_open_id()
+        dispatcher = (
+            lark.EventDispatcherHandler.builder("", "")
+            .register_p2_im_message_receive_v1(self._on_receive)
+            .build()
+        )
+        runner = WsRunner(
+            self.app_id, self._app_secret, self.domain, dispatcher,
+            ping_every=max(0.5, self.liveness_timeout / 3), notify=self._from_sdk_thread,
+        )
+        self._runner = runner
+        runner.start()
+        check_every = min(1.0, self.liveness_timeout / 4)
+        cancelled = False
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), check_every)
+                self._wake.clear()
+                problem = runner.problem(self.liveness_timeout)
+                if problem:
+                    log.warning("lark channel restarting: %s", problem)
+                    self.set_state(ChannelState.RECONNECTING, problem)
+                    raise LarkConnectionError(problem)
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            await asyncio.to_thread(runner.stop, 5.0)
+            if cancelled:
+                self.set_state(ChannelState.STOPPED)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await asyncio.to_thread(self._runner.stop, 5.0)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _from_sdk_thread(self, kind: str) -> None:
+        """Runner news from the SDK thread, handed to the daemon's loop."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._runner_news, kind)
+
+    def _runner_news(self, kind: str) -> None:
+        if kind == "frame":
+            self.touch()
+            if self.state is not ChannelState.CONNECTED and self._runner and self._runner.connected:
+                self.set_state(ChannelState.CONNECTED)
+        elif kind == "reconnecting":
+            self.set_state(ChannelState.RECONNECTING, "connection lost; lark-oapi reconnecting")
+        if kind != "frame" and self._wake is not None:
+            self._wake.set()
+
+    async def _fetch_bot_open_id(self) -> str:
+        """The bot's open_id (group messages address it by mention). Also proves the credentials."""
+        req = (BaseRequest.builder().http_method(HttpMethod.GET).uri("/open-apis/bot/v3/info")
+               .token_types({AccessTokenType.TENANT}).build())
+        try:
+            resp = await self._blocking(self._api.request, req)
+        except ObtainAccessTokenException as e:
+            if e.code in _BAD_CREDENTIAL_CODES:
+                raise FatalChannelError(
+                    f"Lark rejected the app credentials: code {e.code}: {e.msg}") from None
+            raise LarkConnectionError(f"Lark token request failed: code {e.code}: {e.msg}") from None
+        except (requests.RequestException, OSError, ValueError) as e:
+            raise LarkConnectionError(f"Lark bot info request failed: {type(e).__name__}") from None
+        try:
+            body = json.loads(resp.raw.content) if resp.raw is not None else {}
+        except ValueError:
+            body = {}
+        open_id = (body.get("bot") or (body.get("data") or {}).get("bot") or {}).get("open_id")
+        if resp.code != 0 or not open_id:
+            status = resp.raw.status_code if resp.raw is not None else 0
+            if status >= 500 or resp.code in _RATE_LIMIT_CODES:
+                raise LarkConnectionError(f"Lark bot info failed: HTTP {status}, code {resp.code}")
+            raise FatalChannelError(
+                f"Lark bot info failed (is the bot capability enabled?): code {resp.code}: {resp.msg}")
+        return str(open_id)
+
+    # -- inbound (runs on the SDK's thread) -----------------------------------------------------
+    def _on_receive(self, data: P2ImMessageReceiveV1) -> None:
+        """Deliver one message and block until the sink has journaled it, so that the SDK acks the
+        frame only afterwards. Raising makes the SDK ack 500 and the platform redeliver."""
+        runner, loop, sink = self._runner, self._loop, self._sink
+        if runner is None or loop is None or sink is None or runner.stopping.is_set():
+            raise LarkConnectionError("channel is stopping")
+        inbound = self._to_inbound(data)
+        if inbound is None:
+            return
+        future = asyncio.run_coroutine_threadsafe(sink(inbound), loop)
+        runner.busy += 1
+        try:
+            while not concurrent.futures.wait([future], timeout=0.25).done:
+                if runner.stopping.is_set():
+                    future.cancel()
+                    raise LarkConnectionError("stopped before the message was journaled")
+            future.result()  # the sink's exception, if any, becomes the SDK's 500 ack
+        finally:
+            runner.busy -= 1
+            runner.last_frame = time.monotonic()
+
+    def _to_inbound(self, data: P2ImMessageReceiveV1) -> Inbound | None:
+        event = data.event
+        msg = event.message if event else None
+        sender = event.sender if event else None
+        if msg is None or sender is None or not msg.message_id or not msg.chat_id:
+            return None
+        sender_id = sender.sender_id.open_id if sender.sender_id else None
+        # Only people: other bots (and our own echoes) must not start conversations or loops.
+        if sender.sender_type not in (None, "user") or not sender_id or sender_id == self.bot_open_id:
+            return None
+        text, attachments = _format.message_text(msg.message_type or "", msg.content or "", msg.message_id)
+        mentions = [
+            (m.key or "", m.name or "", (m.id.open_id if m.id else "") or "") for m in msg.mentions or []
+        ]
+        is_direct = msg.chat_type == "p2p"
+        mentioned = any(open_id == self.bot_open_id for _, _, open_id in mentions)
+        return Inbound(
+            platform=self.name,
+            chat_id=msg.chat_id,
+            message_id=msg.message_id,
+            sender_id=sender_id,
+            text=_format.resolve_mentions(text, mentions, self.bot_open_id or ""),
+            is_direct=is_direct,
+            addressed=is_direct or mentioned,
+            # Topics (topic groups, "reply in thread") carry a thread_id and are their own
+            # conversation; a plain quote-reply (root_id only) stays in the chat's conversation.
+            thread_id=msg.thread_id or None,
+            attachments=tuple(attachments),
+            extra={"chat_type": msg.chat_type or ""},
+        )
+
+    # -- rendering -----------------------------------------------------------------------------
+    def render(self, markdown: str) -> Sequence[Rendered]:
+        return _format.render(markdown)
+
+    def render_stream(self, markdown: str) -> Rendered:
+        return _format.render_stream(markdown)
+
+    # -- outbound ------------------------------------------------------------------------------
+    async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
+        msg_type, content = _payload(part)
+        # The platform de-duplicates creates and replies on uuid (<= 50 chars) for about an hour.
+        uuid = hashlib.sha256(idempotency_key.encode()).hexdigest()[:40]
+        if target.reply_to:
+            try:
+                return await self._reply(target, msg_type, content, uuid)
+            except _LarkApiError as e:
+                if e.code not in _WITHDRAWN_CODES:
+                    raise e.mapped() from None
+        try:
+            return await self._create(target.chat_id, msg_type, content, uuid)
+        except _LarkApiError as e:
+            raise e.mapped() from None
+
+    async def _reply(self, target: ReplyTarget, msg_type: str, content: str, uuid: str | None) -> str:
+        body = ReplyMessageRequestBody.builder().content(content).msg_type(msg_type)
+        if uuid:
+            body = body.uuid(uuid)
+        if target.thread_id:
+            body = body.reply_in_thread(True)
+        req = ReplyMessageRequest.builder().message_id(target.reply_to).request_body(body.build()).build()
+        resp = await self._call("reply", self._api.im.v1.message.reply, req, raw=True)
+        return str(resp.data.message_id)
+
+    async def _create(self, chat_id: str, msg_type: str, content: str, uuid: str | None) -> str:
+        body = CreateMessageRequestBody.builder().receive_id(chat_id).msg_type(msg_type).content(content)
+        if uuid:
+            body = body.uuid(uuid)
+        req = CreateMessageRequest.builder().receive_id_type("chat_id").request_body(body.build()).build()
+        resp = await self._call("send", self._api.im.v1.message.create, req)
+        return str(resp.data.message_id)
+
+    async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        msg_type, content = _payload(part)
+        if msg_type != "interactive":
+            raise PermanentSendError("only cards can be edited on Lark by this adapter")
+        req = (PatchMessageRequest.builder().message_id(message_id)
+               .request_body(PatchMessageRequestBody.builder().content(content).build()).build())
+        await self._call("edit", self._api.im.v1.message.patch, req)
+
+    async def react(self, target: ReplyTarget, emoji: str) -> None:
+        if not target.reply_to:
+            return
+        emoji_type = _EMOJI.get(emoji) or (emoji if emoji.isascii() and emoji.isalpha() else "OK")
+        req = (CreateMessageReactionRequest.builder().message_id(target.reply_to)
+               .request_body(CreateMessageReactionRequestBody.builder()
+                             .reaction_type(Emoji.builder().emoji_type(emoji_type).build()).build())
+               .build())
+        try:
+            await self._call("react", self._api.im.v1.message_reaction.create, req)
+        except (ChannelError, _LarkApiError) as e:  # a missing reaction is cosmetic
+            log.debug("lark reaction failed: %s", e)
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        if attachment.size is not None and attachment.size > limit:
+            raise PermanentSendError(f"{attachment.name} is larger than {limit} bytes")
+        try:
+            message_id, kind, key = _format.parse_attachment_id(attachment.file_id)
+        except ValueError:
+            raise PermanentSendError("not a Lark attachment") from None
+        req = GetMessageResourceRequest.builder().message_id(message_id).file_key(key).type(kind).build()
+        # The SDK reads the whole body; Lark caps a message's file at 100 MB.
+        resp = await self._call("download", self._api.im.v1.message_resource.get, req)
+        data = resp.file.read() if resp.file is not None else b""
+        if len(data) > limit:
+            raise PermanentSendError(f"{attachment.name} is larger than {limit} bytes")
+        return data
+
+    async def send_file(self, target: ReplyTarget, path: Path, caption: str = "") -> str:
+        size = (await asyncio.to_thread(path.stat)).st_size
+        if size > self.capabilities.max_upload_bytes:
+            raise PermanentSendError(f"{path.name} exceeds Lark's 30 MB upload limit")
+        raw = await asyncio.to_thread(path.read_bytes)
+        # Same file into the same conversation again within the platform's dedupe hour: one message.
+        key = f"{target.chat_id}:{target.reply_to}:{path.name}:{hashlib.sha256(raw).hexdigest()[:16]}"
+        data = io.BytesIO(raw)
+        if caption:
+            await self.send(target, _format.rendered_card(caption), idempotency_key=f"caption:{key}")
+        if path.suffix.lower() in _IMAGE_SUFFIXES and size <= _MAX_IMAGE_BYTES:
+            req: Any = CreateImageRequest.builder().request_body(
+                CreateImageRequestBody.builder().image_type("message").image(data).build()).build()
+            resp = await self._call("upload", self._api.im.v1.image.create, req)
+            msg_type, content = "image", {"image_key": resp.data.image_key}
+        else:
+            file_type = _FILE_TYPES.get(path.suffix.lower(), "stream")
+            req = CreateFileRequest.builder().request_body(
+                CreateFileRequestBody.builder().file_type(file_type).file_name(path.name).file(data)
+                .build()).build()
+            resp = await self._call("upload", self._api.im.v1.file.create, req)
+            msg_type, content = "file", {"file_key": resp.data.file_key}
+        part = Rendered(text=path.name, payload={"msg_type": msg_type, "content": json.dumps(content)})
+        return await self.send(target, part, idempotency_key=f"file:{key}")
+
+    # -- plumbing ------------------------------------------------------------------------------
+    async def _blocking(self, fn: Callable[..., R], *args: Any) -> R:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="lark-api")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def _call(self, what: str, fn: Callable[[Any], Any], req: Any, *, raw: bool = False) -> Any:
+        """Run one SDK call; map failures to the contract's errors (or :class:`_LarkApiError` when
+        ``raw``, for callers that look at the code first)."""
+        try:
+            resp = await self._blocking(fn, req)
+        except ObtainAccessTokenException as e:
+            if e.code in _BAD_CREDENTIAL_CODES:
+                raise FatalChannelError(f"Lark rejected the app credentials: code {e.code}") from None
+            raise TransientSendError(f"Lark {what}: token request failed: code {e.code}") from None
+        except (requests.RequestException, OSError) as e:
+            raise TransientSendError(f"Lark {what}: {type(e).__name__}") from None
+        except ValueError:  # a non-JSON answer (proxy error page, 502 from a gateway)
+            raise TransientSendError(f"Lark {what}: unreadable answer") from None
+        if resp.code == 0:
+            return resp
+        status = resp.raw.status_code if resp.raw is not None else 0
+        headers = resp.raw.headers if resp.raw is not None and resp.raw.headers else {}
+        error = _LarkApiError(what, status, int(resp.code or 0), resp.msg or "", headers)
+        if raw:
+            raise error
+        raise error.mapped()
+
+
+class _LarkApiError(Exception):
+    def __init__(self, what: str, status: int, code: int, msg: str, headers: dict[str, str]) -> None:
+        super().__init__(f"Lark {what} failed: HTTP {status}, code {code}: {msg}")
+        self.status, self.code, self.headers = status, code, headers
+
+    def mapped(self) -> ChannelError:
+        if self.status == 429 or self.code in _RATE_LIMIT_CODES:
+            reset = {k.lower(): v for k, v in self.headers.items()}.get("x-ogw-ratelimit-reset")
+            try:
+                seconds = max(float(reset), 0.5) if reset else 1.0
+            except ValueError:
+                seconds = 1.0
+            return RetryAfter(seconds, str(self))
+        if self.status >= 500 or self.code in (1, 99991663, 99991661):  # busy; token expired early
+            return TransientSendError(str(self))
+        return PermanentSendError(str(self))
+
+
+def _payload(part: Rendered) -> tuple[str, str]:
+    """(msg_type, content) of a part; plain parts (notices) become cards so they stay editable."""
+    if part.payload.get("msg_type") and part.payload.get("content"):
+        return str(part.payload["msg_type"]), str(part.payload["content"])
+    return "interactive", _format.card_content(part.text)

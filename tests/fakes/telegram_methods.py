@@ -1,0 +1,232 @@
+"""The Bot API methods the fake Telegram server implements, as a mixin over its state.
+
+Split from :mod:`tests.fakes.telegram_server` (which owns the state and the HTTP side) to keep each
+module small. Each ``_m_<method>`` takes the decoded parameters and uploaded files and returns the
+``result`` of the answer, or raises :class:`ApiError` with Telegram's status and description.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+from telegram.constants import ReactionEmoji
+
+from tests.fakes.telegram_wire import (
+    DESCRIPTIONS,
+    GETFILE_LIMIT,
+    MAX_CAPTION_UTF16,
+    MAX_TEXT_UTF16,
+    ApiError,
+    Seen,
+    StoredFile,
+    check_text,
+)
+
+_REACTIONS = frozenset(e.value for e in ReactionEmoji)
+
+
+class BotApiMethods:
+    """Bot API behaviour; the state it reads and writes is declared here and set up by the server."""
+
+    if TYPE_CHECKING:
+        bot_user: dict[str, Any]
+        commands: list[Any]
+        webhook_deleted: int
+        _pending: list[dict[str, Any]]
+        _forced: list[dict[str, Any]]
+        _allowed: list[str] | None
+        _chats: dict[int, dict[str, Any]]
+        _messages: dict[int, dict[int, Seen]]
+        _files: dict[str, StoredFile]
+        _blocked: set[int]
+        _revoked: bool
+        _stalled: bool
+        _closing: bool
+        _poll_gen: int
+        _changed: asyncio.Event
+
+        def _new_mid(self, chat_id: int) -> int: ...
+        def _new_file(self, data: bytes, name: str, mime: str, folder: str) -> StoredFile: ...
+        def _store(self, msg: dict[str, Any], *, from_bot: bool) -> Seen: ...
+
+    def _target(self, params: dict[str, Any]) -> int:
+        try:
+            chat_id = int(params["chat_id"])
+        except (KeyError, TypeError, ValueError):
+            raise ApiError(400, "Bad Request: chat not found") from None
+        if chat_id not in self._chats:
+            raise ApiError(400, "Bad Request: chat not found")
+        if chat_id in self._blocked:
+            raise ApiError(403, "Forbidden: bot was blocked by the user")
+        return chat_id
+
+    def _find(self, chat_id: int, params: dict[str, Any], what: str) -> Seen:
+        seen = self._messages[chat_id].get(int(params.get("message_id", 0)))
+        if seen is None or seen.deleted:
+            raise ApiError(400, f"Bad Request: message to {what} not found")
+        return seen
+
+    # -- methods --------------------------------------------------------------
+    async def _m_getme(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        return {**self.bot_user, "can_join_groups": True, "can_read_all_group_messages": True,
+                "supports_inline_queries": False}  # fmt: skip
+
+    async def _m_deletewebhook(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        self.webhook_deleted += 1
+        if p.get("drop_pending_updates"):
+            self._pending.clear()
+        return True
+
+    async def _m_setmycommands(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        self.commands = p.get("commands", [])
+        return True
+
+    async def _m_getupdates(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        offset = int(p.get("offset") or 0)
+        timeout = float(p.get("timeout") or 0)
+        limit = int(p.get("limit") or 100)
+        if "allowed_updates" in p:  # sticky, as on Telegram: omitted means "as last time"
+            self._allowed = p["allowed_updates"] or None
+        allowed = self._allowed
+        if offset > 0:
+            self._pending = [u for u in self._pending if u["update_id"] >= offset]
+        elif offset < 0:
+            self._pending = self._pending[offset:]
+        self._poll_gen += 1
+        gen = self._poll_gen
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            changed = self._changed
+            if self._closing:
+                return []
+            if self._revoked:
+                raise ApiError(401, "Unauthorized")
+            if gen != self._poll_gen:
+                raise ApiError(409, DESCRIPTIONS[409])
+            if not self._stalled:
+                batch = self._ready(allowed, limit)
+                if batch or loop.time() >= deadline:
+                    return batch
+                wait = deadline - loop.time()
+            else:
+                wait = 3600.0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), wait)
+
+    def _ready(self, allowed: list[str] | None, limit: int) -> list[dict[str, Any]]:
+        forced, self._forced = self._forced[:limit], self._forced[limit:]
+        wanted = [u for u in self._pending if not allowed or any(k in u for k in allowed)]
+        # Updates of kinds the bot did not ask for are confirmed silently, as Telegram does.
+        if allowed:
+            self._pending = [u for u in self._pending if any(k in u for k in allowed)]
+        return forced + wanted[: limit - len(forced)]
+
+    async def _m_sendmessage(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        chat_id = self._target(p)
+        text = str(p.get("text", ""))
+        entities = list(p.get("entities") or [])
+        check_text(text, entities, MAX_TEXT_UTF16, "message text")
+        return self._bot_message(chat_id, p, {"text": text, "entities": entities})
+
+    async def _m_editmessagetext(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        chat_id = self._target(p)
+        seen = self._find(chat_id, p, "edit")
+        if not seen.from_bot:
+            raise ApiError(400, "Bad Request: message can't be edited")
+        text = str(p.get("text", ""))
+        entities = list(p.get("entities") or [])
+        check_text(text, entities, MAX_TEXT_UTF16, "message text")
+        if text == seen.text and entities == seen.entities:
+            raise ApiError(
+                400,
+                "Bad Request: message is not modified: specified new message content and reply markup "
+                "are exactly the same as a current content and reply markup of the message",
+            )
+        seen.text, seen.entities = text, entities
+        seen.edits += 1
+        seen.raw = {**seen.raw, "text": text, "entities": entities, "edit_date": int(time.time())}
+        if not entities:
+            seen.raw.pop("entities")
+        return seen.raw
+
+    async def _m_sendchataction(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        self._target(p)
+        return True
+
+    async def _m_setmessagereaction(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        chat_id = self._target(p)
+        seen = self._find(chat_id, p, "react")
+        emojis = [r.get("emoji", "") for r in p.get("reaction") or []]
+        if any(e not in _REACTIONS for e in emojis):
+            raise ApiError(400, "Bad Request: REACTION_INVALID")
+        seen.reactions = emojis
+        return True
+
+    async def _m_deletemessage(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        chat_id = self._target(p)
+        self._find(chat_id, p, "delete").deleted = True
+        return True
+
+    async def _m_getfile(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        stored = self._files.get(str(p.get("file_id", "")))
+        if stored is None:
+            raise ApiError(400, "Bad Request: invalid file_id")
+        if len(stored.data) > GETFILE_LIMIT:
+            raise ApiError(400, "Bad Request: file is too big")
+        return {"file_id": stored.file_id, "file_unique_id": stored.unique_id,
+                "file_size": len(stored.data), "file_path": stored.path}  # fmt: skip
+
+    async def _m_senddocument(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        return self._send_media(p, f, "document")
+
+    async def _m_sendphoto(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        return self._send_media(p, f, "photo")
+
+    def _send_media(self, p: dict[str, Any], files: dict[str, Any], kind: str) -> Any:
+        chat_id = self._target(p)
+        caption = str(p.get("caption", ""))
+        entities = list(p.get("caption_entities") or [])
+        if caption:
+            check_text(caption, entities, MAX_CAPTION_UTF16, "caption")
+        upload = files.get(kind)
+        if upload is None:
+            stored = self._files.get(str(p.get(kind, "")))
+            if stored is None:
+                raise ApiError(400, f"Bad Request: there is no {kind} in the request")
+        else:
+            name, mime, data = upload
+            stored = self._new_file(data, name, mime, "documents" if kind == "document" else "photos")
+        body: dict[str, Any] = {}
+        if kind == "document":
+            body["document"] = {"file_id": stored.file_id, "file_unique_id": stored.unique_id,
+                                "file_name": stored.name, "mime_type": stored.mime_type,
+                                "file_size": len(stored.data)}  # fmt: skip
+        else:
+            body["photo"] = [{"file_id": stored.file_id, "file_unique_id": stored.unique_id,
+                              "width": 800, "height": 600, "file_size": len(stored.data)}]  # fmt: skip
+        if caption:
+            body["caption"] = caption
+            if entities:
+                body["caption_entities"] = entities
+        return self._bot_message(chat_id, p, body)
+
+    def _bot_message(self, chat_id: int, p: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        chat = self._chats[chat_id]
+        msg: dict[str, Any] = {"message_id": self._new_mid(chat_id), "date": int(time.time()),
+                               "chat": chat, "from": self.bot_user}  # fmt: skip
+        msg.update({k: v for k, v in body.items() if v not in (None, [], "")})
+        thread = p.get("message_thread_id")
+        if thread is not None and chat.get("is_forum"):
+            msg["message_thread_id"], msg["is_topic_message"] = int(thread), True
+        reply = p.get("reply_parameters")
+        if isinstance(reply, dict) and reply.get("message_id") is not None:
+            target = self._messages[chat_id].get(int(reply["message_id"]))
+            if target is not None and not target.deleted:
+                msg["reply_to_message"] = target.raw
+            elif not reply.get("allow_sending_without_reply"):
+                raise ApiError(400, "Bad Request: message to be replied not found")
+        return self._store(msg, from_bot=True).raw

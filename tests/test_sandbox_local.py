@@ -1,0 +1,342 @@
+"""The ``local`` provider: commands in bubblewrap must not see or reach anything of the host.
+
+Each test asserts what sandboxed code can observe. Process checks scan /proc for a unique marker in
+command lines and poll with a bounded deadline (no sleep-and-hope).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.sandbox import SandboxError, SandboxLimits, SandboxUnavailable
+from agent.sandbox.backend import TIMEOUT_EXIT_CODE, SandboxBackend
+from agent.sandbox.local import LocalProvider, LocalSandbox
+
+HAVE_BWRAP = shutil.which("bwrap") is not None
+bwrap = pytest.mark.bwrap
+needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed")
+WS = "/mnt/user-data/workspace"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="chital-sbx-test-"))
+    os.chmod(d, 0o711)  # the sandbox uid must be able to reach its dirs when we run as root
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def skills(root: Path) -> Path:
+    s = root / "skills"
+    (s / "demo").mkdir(parents=True)
+    (s / "demo" / "SKILL.md").write_text("# Demo\n")
+    os.chmod(s, 0o755)
+    return s
+
+
+@pytest.fixture
+async def provider(root: Path, skills: Path) -> AsyncIterator[LocalProvider]:
+    p = LocalProvider(root / "sbx", skills, limits=SandboxLimits(pids=64))
+    await p.reconcile()
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def sb(provider: LocalProvider) -> LocalSandbox:
+    return await provider.acquire("telegram:42")
+
+
+def procs_with(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker``."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(d))
+        except OSError:
+            continue
+    return [p for p in found if p != os.getpid()]
+
+
+async def wait_gone(marker: str, deadline: float = 10.0) -> list[int]:
+    end = time.monotonic() + deadline
+    while (left := procs_with(marker)) and time.monotonic() < end:
+        await asyncio.sleep(0.05)
+    return left
+
+
+# --- without bubblewrap: refusal unless explicitly allowed ---------------------------------------
+
+
+async def test_exec_refused_without_bwrap(root: Path) -> None:
+    p = LocalProvider(root / "sbx", None, bwrap=None)
+    sb = await p.acquire("t1")
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        await sb.exec("echo hi")
+    res = await SandboxBackend(sb).aexecute("echo hi")
+    assert "bubblewrap" in res.output and res.exit_code is None
+
+
+async def test_unsandboxed_only_when_allowed(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHITAL_TEST_SECRET", "hunter2-unsandboxed")
+    p = LocalProvider(root / "sbx", None, bwrap=None, allow_unsandboxed=True)
+    sb = await p.acquire("t1")
+    res = await sb.exec("echo hi > f.txt; cat f.txt; env")
+    assert res.exit_code == 0 and res.output.startswith("hi\n")
+    assert "hunter2" not in res.output  # even unsandboxed, the daemon's env stays out
+    assert (sb.dirs.workspace / "f.txt").read_text() == "hi\n"
+
+
+# --- bubblewrap ------------------------------------------------------------------------------------
+
+
+@bwrap
+@needs_bwrap
+async def test_echo_and_environment(sb: LocalSandbox) -> None:
+    res = await sb.exec("echo hello; pwd; echo $HOME; id -u; grep CapEff /proc/self/status; exit 3")
+    lines = res.output.splitlines()
+    assert res.exit_code == 3 and not res.timed_out and not res.truncated
+    assert lines[:3] == ["hello", WS, WS]
+    assert lines[4].split() == ["CapEff:", "0000000000000000"]
+
+
+@bwrap
+@needs_bwrap
+async def test_parent_secret_env_invisible(provider: LocalProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHITAL_TEST_SECRET", "hunter2-local")
+    sb = await provider.acquire("secret-thread")
+    res = await sb.exec("env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; cat /proc/1/cmdline")
+    assert res.exit_code == 0
+    assert "hunter2" not in res.output
+    assert "PATH=" in res.output and f"HOME={WS}" in res.output
+    assert str(provider.root) not in res.output  # bwrap's options (host paths) are not exposed
+
+
+@bwrap
+@needs_bwrap
+async def test_host_files_invisible(sb: LocalSandbox, root: Path) -> None:
+    (root / "host-secret.txt").write_text("do not leak")
+    res = await sb.exec(
+        "for p in /etc/shadow /root /work /home /var " + str(root) + "; do "
+        'if [ -e "$p" ]; then echo "VISIBLE $p"; fi; done; '
+        "cat /etc/passwd; ls /etc"
+    )
+    assert "VISIBLE" not in res.output
+    assert "do not leak" not in res.output
+    passwd_users = {line.split(":")[0] for line in res.output.splitlines() if line.count(":") >= 6}
+    assert passwd_users == {"root", "sandbox", "nobody"}  # synthetic, not the host's
+    assert "shadow" not in res.output
+
+
+@bwrap
+@needs_bwrap
+async def test_no_network(sb: LocalSandbox) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"reached the host\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        script = (
+            "import socket\n"
+            f"for host, port in (('127.0.0.1', {port}), ('1.1.1.1', 80)):\n"
+            "    s = socket.socket(); s.settimeout(3)\n"
+            "    print(host, s.connect_ex((host, port)))\n"
+        )
+        res = await sb.exec(f"python3 -c \"{script}\"; cat /proc/net/dev", timeout=20)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert "reached the host" not in res.output
+    results = dict(line.split() for line in res.output.splitlines()[:2])
+    assert results["127.0.0.1"] == "111"  # ECONNREFUSED: the sandbox's own empty loopback
+    assert results["1.1.1.1"] in {"101", "113"}  # ENETUNREACH / EHOSTUNREACH: no route at all
+    interfaces = [line.split(":")[0].strip() for line in res.output.splitlines() if ":" in line]
+    assert interfaces == ["lo"]
+
+
+@bwrap
+@needs_bwrap
+async def test_pids_limit_contains_fork_bomb(sb: LocalSandbox) -> None:
+    """Forking stops at the process limit (64 here), and a real bomb ends with the command."""
+    script = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    for _ in range(500):\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as e:\n"
+        "    print('fork failed', e.errno)\n"
+        "print('forked', n)\n"
+    )
+    res = await sb.exec(f'python3 -c "{script}"', timeout=30)
+    assert "fork failed 11" in res.output  # EAGAIN
+    forked = int(res.output.split("forked")[1].split()[0])
+    assert forked < 64
+    marker = f"bomb{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    res = await sb.exec(f"{marker}() {{ {marker} | {marker} & }}; {marker}; sleep 2; echo survived", timeout=6)
+    assert time.monotonic() - started < 15
+    assert "survived" in res.output or res.timed_out
+    assert await wait_gone(marker) == []
+    assert (await sb.exec("echo alive")).output == "alive\n"
+
+
+@bwrap
+@needs_bwrap
+async def test_timeout_kills_process_tree(sb: LocalSandbox) -> None:
+    tag = f"{uuid.uuid4().int % 1000:03d}"
+    started = time.monotonic()
+    res = await sb.exec(
+        f"sleep 100.{tag}1 & (setsid sleep 100.{tag}2 &); echo started; sleep 100.{tag}3", timeout=1.5
+    )
+    elapsed = time.monotonic() - started
+    assert res.timed_out and res.exit_code is None
+    assert res.output == "started\n"
+    assert elapsed < 10
+    assert await wait_gone(f"100.{tag}") == []
+
+
+@bwrap
+@needs_bwrap
+async def test_cancel_kills_command(sb: LocalSandbox) -> None:
+    tag = f"{uuid.uuid4().int % 1000:03d}"
+    task = asyncio.create_task(sb.exec(f"sleep 200.{tag}", timeout=60))
+    end = time.monotonic() + 10
+    while not procs_with(f"200.{tag}") and time.monotonic() < end:
+        await asyncio.sleep(0.02)
+    assert procs_with(f"200.{tag}")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await wait_gone(f"200.{tag}") == []
+
+
+@bwrap
+@needs_bwrap
+async def test_huge_output_truncated(sb: LocalSandbox) -> None:
+    res = await sb.exec("head -c 3000000 /dev/zero | tr '\\0' a; echo; echo END", max_output=10_000)
+    assert res.truncated and res.exit_code == 0
+    assert "[... output truncated: 2990005 more bytes ...]" in res.output
+    assert res.output.startswith("a" * 5000) and res.output.endswith("END\n")
+    assert len(res.output) < 10_100
+
+
+@bwrap
+@needs_bwrap
+async def test_writes_only_inside_mounts(sb: LocalSandbox) -> None:
+    res = await sb.exec(
+        "for p in /usr/x /x /etc/x /mnt/skills/x /mnt/user-data/x /proc/x; do "
+        '(echo pwned > "$p") 2>/dev/null && echo "WROTE $p"; done; '
+        "echo tmp > /tmp/t && cat /tmp/t; echo ws > ws.txt; echo out > /mnt/user-data/outputs/o.txt; "
+        "cat /mnt/skills/demo/SKILL.md"
+    )
+    assert "WROTE" not in res.output
+    assert "tmp\n" in res.output and "# Demo" in res.output
+    assert (sb.dirs.workspace / "ws.txt").read_text() == "ws\n"
+    assert (sb.dirs.outputs / "o.txt").read_text() == "out\n"
+    assert (await sb.read_file("/mnt/user-data/outputs/o.txt")).text == "out\n"
+    # /tmp is private to each command.
+    assert "No such file" in (await sb.exec("cat /tmp/t")).output
+
+
+@bwrap
+@needs_bwrap
+async def test_file_size_limit(root: Path) -> None:
+    p = LocalProvider(root / "sbx2", None, limits=SandboxLimits(file_size_mb=1))
+    sb = await p.acquire("t")
+    res = await sb.exec("head -c 2000000 /dev/zero > big.bin; echo rc=$?")
+    assert "rc=0" not in res.output
+    assert (sb.dirs.workspace / "big.bin").stat().st_size <= 1024 * 1024
+
+
+@bwrap
+@needs_bwrap
+async def test_sandboxes_are_per_thread(provider: LocalProvider) -> None:
+    a = await provider.acquire("thread-a")
+    b = await provider.acquire("thread-b")
+    assert a is await provider.acquire("thread-a")
+    await a.exec("echo a > mine.txt")
+    assert "No such file" in (await b.exec("cat mine.txt")).output
+    assert a.dirs.base != b.dirs.base
+
+
+@bwrap
+@needs_bwrap
+async def test_long_command_refused(sb: LocalSandbox) -> None:
+    with pytest.raises(SandboxError, match="longer than"):
+        await sb.exec("echo " + "x" * 200_000)
+
+
+# --- deepagents adapter: execute, and the real middleware tools end to end ------------------------
+
+
+@bwrap
+@needs_bwrap
+async def test_backend_execute(sb: LocalSandbox) -> None:
+    be = SandboxBackend(sb, max_output=2000)
+    ok = await be.aexecute("echo hi; exit 2")
+    assert (ok.output, ok.exit_code, ok.truncated) == ("hi\n", 2, False)
+    slow = await be.aexecute("sleep 30", timeout=1)
+    assert slow.exit_code == TIMEOUT_EXIT_CODE and "timed out after 1s" in slow.output
+    big = await be.aexecute("seq 1 100000")
+    assert big.truncated and "output truncated" in big.output
+    # deepagents' sync tool path runs in a worker thread; execute() hops onto our loop.
+    sync = await asyncio.to_thread(be.execute, "echo from-thread")
+    assert sync.output == "from-thread\n"
+
+
+@bwrap
+@needs_bwrap
+async def test_filesystem_middleware_tools_on_sandbox(sb: LocalSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real langchain agent + deepagents' FilesystemMiddleware, the model faked over HTTP."""
+    from deepagents.middleware.filesystem import FilesystemMiddleware
+    from langchain.agents import create_agent
+    from langchain_core.messages import ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(var, "")
+    out = "/mnt/user-data/outputs/report.md"
+    async with FakeOpenAI() as fake:
+        fake.script(
+            Reply(tool_calls=[ToolCall("write_file", {"file_path": out, "content": "# Report\nvalue: 41\n"})]),
+            Reply(tool_calls=[ToolCall("edit_file", {"file_path": out, "old_string": "41", "new_string": "42"})]),
+            Reply(tool_calls=[ToolCall("execute", {"command": f"grep -c value {out}; wc -l < {out}"})]),
+            Reply(tool_calls=[ToolCall("read_file", {"file_path": "/etc/passwd"})]),
+            Reply(tool_calls=[ToolCall("glob", {"pattern": "**/*.md", "path": "/mnt/user-data"})]),
+            Reply(tool_calls=[ToolCall("ls", {"path": "/mnt/user-data/outputs"})]),
+            Reply(text="done"),
+        )
+        model = ChatOpenAI(base_url=fake.base_url, api_key="k", model="m", max_retries=0)
+        agent = create_agent(model, middleware=[FilesystemMiddleware(backend=SandboxBackend(sb))])
+        result = await agent.ainvoke({"messages": [{"role": "user", "content": "make a report"}]})
+    tools = [m for m in result["messages"] if isinstance(m, ToolMessage)]
+    by_name = {m.name: str(m.content) for m in tools}
+    assert (sb.dirs.outputs / "report.md").read_text() == "# Report\nvalue: 42\n"
+    assert "1\n2" in by_name["execute"] and "exit code 0" in by_name["execute"]
+    assert "outside the sandbox" in by_name["read_file"] and "root:" not in by_name["read_file"]
+    assert out in by_name["glob"] and out in by_name["ls"]
+    assert result["messages"][-1].content == "done"

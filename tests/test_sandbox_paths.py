@@ -1,0 +1,326 @@
+"""Path mapping and host-side file tools of the sandbox: every escape must be refused.
+
+No bubblewrap or Docker needed: these act on the thread's host dirs only. The deepagents backend
+adapter's file half is tested here too.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.sandbox import OutputCap, PathRefused, SandboxError, ThreadDirs
+from agent.sandbox.backend import SandboxBackend
+from agent.sandbox.local import LocalProvider, LocalSandbox
+from agent.sandbox.paths import PathMapper, safe_thread_id
+
+WS = "/mnt/user-data/workspace"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="chital-sbx-test-"))
+    os.chmod(d, 0o711)  # the sandbox uid must be able to reach its dirs when we run as root
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def skills(root: Path) -> Path:
+    s = root / "skills"
+    (s / "public" / "demo").mkdir(parents=True)
+    (s / "public" / "demo" / "SKILL.md").write_text("# Demo skill\nuse it wisely\n")
+    return s
+
+
+@pytest.fixture
+async def sb(root: Path, skills: Path) -> LocalSandbox:
+    provider = LocalProvider(root / "sbx", skills, bwrap=None)
+    return await provider.acquire("slack:T1/C1:1700000000.0001")
+
+
+def test_safe_thread_id_is_safe_and_distinct() -> None:
+    a, b = safe_thread_id("a/b"), safe_thread_id("a_b")
+    assert a != b
+    for t in ("../../etc", "x" * 500, "télégram:42", "a b\x00c"):
+        s = safe_thread_id(t)
+        assert "/" not in s and ".." not in s and len(s) <= 64 and s.isascii()
+
+
+def test_thread_dirs_layout(root: Path) -> None:
+    dirs = ThreadDirs.for_thread(root, "telegram:42", None)
+    dirs.ensure((os.getuid(), os.getgid()))
+    assert dirs.base == root.resolve() / "threads" / safe_thread_id("telegram:42")
+    for d in (dirs.workspace, dirs.uploads, dirs.outputs):
+        assert d.is_dir()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../../etc/passwd",
+        "../../../../../../etc/passwd",
+        f"{WS}/../../../etc/passwd",
+        "/etc/passwd",
+        "//etc/passwd",
+        "/mnt/user-data/../../etc",
+        "/mnt/other",
+        "/proc/self/environ",
+        "bad\x00name",
+    ],
+)
+async def test_traversal_refused(sb: LocalSandbox, path: str) -> None:
+    with pytest.raises(PathRefused):
+        sb.mapper.resolve(path)
+    with pytest.raises(SandboxError):
+        await sb.read_file(path)
+    with pytest.raises(SandboxError):
+        await sb.write_file(path, "x")
+
+
+async def test_absolute_host_path_refused(sb: LocalSandbox) -> None:
+    """A host path is meaningless inside the sandbox, even the thread's own workspace."""
+    (sb.dirs.workspace / "a.txt").write_text("hi")
+    with pytest.raises(PathRefused):
+        await sb.read_file(str(sb.dirs.workspace / "a.txt"))
+    with pytest.raises(PathRefused):
+        await sb.write_file(str(sb.dirs.workspace / "b.txt"), "x")
+    assert (await sb.read_file(f"{WS}/a.txt")).text == "hi"
+    assert (await sb.read_file("a.txt")).text == "hi"  # relative means the workspace
+
+
+async def test_symlink_escape_refused(sb: LocalSandbox) -> None:
+    ws = sb.dirs.workspace
+    (ws / "etc").symlink_to("/etc")
+    (ws / "passwd").symlink_to("/etc/passwd")
+    (ws / "up").symlink_to("../..")
+    for p in ("etc/passwd", "passwd", "up/threads", "etc"):
+        with pytest.raises(PathRefused):
+            await sb.read_file(p)
+    with pytest.raises(PathRefused):
+        await sb.write_file("etc/evil.conf", "x")
+    with pytest.raises(PathRefused):
+        await sb.write_file("passwd", "x")
+    with pytest.raises(PathRefused):
+        await sb.ls("etc")
+    assert not Path("/etc/evil.conf").exists()
+    # Escaping links are not even listed, nor walked by glob/grep.
+    names = {e.path for e in await sb.ls(WS)}
+    assert names == set()
+    assert await sb.glob("**/passwd", WS) == []
+    assert await sb.grep("root:", WS) == []
+
+
+async def test_symlink_inside_sandbox_allowed(sb: LocalSandbox) -> None:
+    await sb.write_file("real/data.txt", "payload\n")
+    (sb.dirs.workspace / "alias").symlink_to("real")
+    assert (await sb.read_file("alias/data.txt")).text == "payload\n"
+    assert [e.path for e in await sb.ls(WS)] == [f"{WS}/alias", f"{WS}/real"]
+
+
+async def test_symlink_swapped_in_after_check_is_refused(sb: LocalSandbox) -> None:
+    """TOCTOU: the sandbox swaps a checked directory for a symlink before we open it."""
+    await sb.write_file("d/f.txt", "ok")
+    resolved = sb.mapper.resolve("d/f.txt", write=True)
+    shutil.rmtree(sb.dirs.workspace / "d")
+    (sb.dirs.workspace / "d").symlink_to("/etc")
+    with pytest.raises(PathRefused):
+        sb.files._open_file(resolved, os.O_RDONLY)
+    target = sb.mapper.resolve("f.txt", write=True)
+    (sb.dirs.workspace / "f.txt").symlink_to("/etc/hostname")
+    with pytest.raises(PathRefused):
+        sb.files._open_file(target, os.O_WRONLY | os.O_TRUNC)
+
+
+async def test_skills_read_only(sb: LocalSandbox) -> None:
+    assert "Demo skill" in (await sb.read_file("/mnt/skills/public/demo/SKILL.md")).text
+    assert [e.path for e in await sb.ls("/mnt/skills")] == ["/mnt/skills/public"]
+    for op in (
+        sb.write_file("/mnt/skills/public/demo/SKILL.md", "pwned"),
+        sb.write_file("/mnt/skills/new.md", "x"),
+        sb.edit("/mnt/skills/public/demo/SKILL.md", "Demo", "Evil"),
+        sb.delete("/mnt/skills/public"),
+    ):
+        with pytest.raises(PathRefused, match="read-only"):
+            await op
+    assert "Demo skill" in (await sb.read_file("/mnt/skills/public/demo/SKILL.md")).text
+
+
+async def test_mount_roots_cannot_be_deleted(sb: LocalSandbox) -> None:
+    with pytest.raises(PathRefused):
+        await sb.delete(WS)
+    await sb.write_file("x/y.txt", "1")
+    await sb.delete("x")
+    assert not (sb.dirs.workspace / "x").exists()
+
+
+async def test_synthetic_dirs(sb: LocalSandbox) -> None:
+    assert [e.path for e in await sb.ls("/")] == ["/mnt"]
+    assert [e.path for e in await sb.ls("/mnt/user-data")] == [
+        "/mnt/user-data/workspace",
+        "/mnt/user-data/uploads",
+        "/mnt/user-data/outputs",
+    ]
+    with pytest.raises(SandboxError):
+        await sb.write_file("/mnt/user-data/x.txt", "x")
+
+
+async def test_read_paging(sb: LocalSandbox) -> None:
+    await sb.write_file("lines.txt", "".join(f"line {i}\r\n" if i == 3 else f"line {i}\n" for i in range(1, 11)))
+    w = await sb.read_file("lines.txt", offset=2, limit=3)
+    assert (w.start_line, w.end_line, w.total_lines) == (3, 5, 10)
+    assert w.text == "line 3\r\nline 4\nline 5\n"
+    tail = await sb.read_file("lines.txt", offset=8, limit=100)
+    assert (tail.start_line, tail.end_line, tail.text) == (9, 10, "line 9\nline 10\n")
+    with pytest.raises(SandboxError, match="past the end"):
+        await sb.read_file("lines.txt", offset=10)
+    await sb.write_file("empty.txt", "")
+    assert (await sb.read_file("empty.txt")).total_lines == 0
+    await sb.write_file("blob.bin", b"\x00\x01\x02")
+    with pytest.raises(SandboxError, match="binary"):
+        await sb.read_file("blob.bin")
+    with pytest.raises(SandboxError, match="no such file"):
+        await sb.read_file("missing.txt")
+    with pytest.raises(SandboxError, match="is a directory"):
+        await sb.read_file(WS)
+
+
+async def test_edit_rules(sb: LocalSandbox) -> None:
+    await sb.write_file("e.txt", "alpha beta alpha\n")
+    with pytest.raises(SandboxError, match="not found"):
+        await sb.edit("e.txt", "gamma", "x")
+    with pytest.raises(SandboxError, match="2 times"):
+        await sb.edit("e.txt", "alpha", "x")
+    assert await sb.edit("e.txt", "beta", "BETA") == 1
+    assert await sb.edit("e.txt", "alpha", "A", replace_all=True) == 2
+    assert (sb.dirs.workspace / "e.txt").read_text() == "A BETA A\n"
+
+
+async def test_concurrent_edits_are_serialized(sb: LocalSandbox) -> None:
+    """Each edit reads, replaces and writes back; without the per-file lock updates get lost."""
+    await sb.write_file("c.txt", " ".join(f"<{i}>" for i in range(40)))
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            sb.files.edit("c.txt", f"<{i}>", f"[{i}]")
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert (sb.dirs.workspace / "c.txt").read_text() == " ".join(f"[{i}]" for i in range(40))
+
+
+async def test_glob_and_grep(sb: LocalSandbox) -> None:
+    await sb.write_file("src/app/main.py", "print('TODO: x')\n")
+    await sb.write_file("top.py", "x = 1  # TODO(a+b)\n")
+    await sb.write_file("notes.md", "nothing\nTODO(a+b) later\n")
+    await sb.write_file("/mnt/user-data/uploads/data.csv", "a,b\n")
+    await sb.write_file("bin.dat", b"TODO\x00\x00")
+    assert sorted(await sb.glob("*.py", WS)) == [f"{WS}/src/app/main.py", f"{WS}/top.py"]
+    assert await sb.glob("/*.py", WS) == [f"{WS}/top.py"]
+    assert await sb.glob("src/**/*.py", WS) == [f"{WS}/src/app/main.py"]
+    assert await sb.glob("**/*.csv") == ["/mnt/user-data/uploads/data.csv"]
+    with pytest.raises(PathRefused):
+        await sb.glob("../*", WS)
+    hits = await sb.grep("TODO(a+b)", WS)  # literal, not a regex
+    assert [(h.path, h.line) for h in hits] == [(f"{WS}/notes.md", 2), (f"{WS}/top.py", 1)]
+    assert [h.path for h in await sb.grep("TODO", WS, glob="*.py")] == [
+        f"{WS}/top.py",
+        f"{WS}/src/app/main.py",
+    ]
+    found, truncated = sb.files.grep("TODO", WS, max_count=1)
+    assert len(found) == 1 and truncated
+    assert [h.line for h in await sb.grep("later", f"{WS}/notes.md")] == [2]
+
+
+def test_output_cap_marks_truncation() -> None:
+    cap = OutputCap(100)
+    cap.feed(b"H" * 60)
+    cap.feed(b"m" * 1000)
+    cap.feed(b"T" * 50)
+    text = cap.text()
+    assert cap.truncated and cap.dropped == 1010
+    assert text.startswith("H" * 50)
+    assert text.endswith("T" * 50)
+    assert "[... output truncated: 1010 more bytes ...]" in text
+    small = OutputCap(100)
+    small.feed(b"ok")
+    assert small.text() == "ok" and not small.truncated
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+async def test_files_written_for_sandbox_user(root: Path) -> None:
+    provider = LocalProvider(root / "sbx", None, bwrap=None, uid=1000, gid=1000)
+    sb = await provider.acquire("t")
+    await sb.write_file("deep/dir/f.txt", "x")
+    for p in (sb.dirs.workspace, sb.dirs.workspace / "deep", sb.dirs.workspace / "deep/dir/f.txt"):
+        assert (p.stat().st_uid, p.stat().st_gid) == (1000, 1000)
+    assert (sb.dirs.base.stat().st_mode & 0o777) == 0o700
+
+
+# --- deepagents backend adapter: file half ---------------------------------------------------
+
+
+async def test_backend_file_ops(sb: LocalSandbox) -> None:
+    be = SandboxBackend(sb)
+    assert be.write(f"{WS}/a.txt", "one\ntwo\nthree\n").path == f"{WS}/a.txt"
+    r = await be.aread(f"{WS}/a.txt", offset=1, limit=1)
+    assert r.error is None and r.file_data is not None
+    assert (r.file_data["content"], r.start_line, r.end_line, r.total_lines, r.next_offset) == (
+        "two\n",
+        2,
+        2,
+        3,
+        2,
+    )
+    full = be.read(f"{WS}/a.txt")
+    assert full.next_offset is None and full.end_line == 3
+    assert be.read(f"{WS}/a.txt", limit=0).no_lines_requested
+    assert (await be.aedit(f"{WS}/a.txt", "two", "2")).occurrences == 1
+    assert "not found" in (be.edit(f"{WS}/a.txt", "zzz", "y").error or "")
+    ls = be.ls(WS)
+    assert ls.entries == [
+        {"path": f"{WS}/a.txt", "is_dir": False, "size": 12, "modified_at": ls.entries[0]["modified_at"]}
+    ]
+    be.write(f"{WS}/sub/b.py", "# TODO\n")
+    assert any(e["path"] == f"{WS}/sub/" and e["is_dir"] for e in (await be.als(WS)).entries or [])
+    assert [m["path"] for m in (await be.aglob("**/*.py")).matches or []] == [f"{WS}/sub/b.py"]
+    g = await be.agrep("TODO", path=WS, max_count=5)
+    assert g.matches == [{"path": f"{WS}/sub/b.py", "line": 1, "text": "# TODO"}]
+    assert be.delete(f"{WS}/sub").path == f"{WS}/sub"
+
+
+async def test_backend_refuses_escapes(sb: LocalSandbox) -> None:
+    be = SandboxBackend(sb)
+    assert "outside the sandbox" in (be.read("/etc/passwd").error or "")
+    assert be.write("/etc/chital-test", "x").error
+    assert not Path("/etc/chital-test").exists()
+    assert "read-only" in (be.write("/mnt/skills/x.md", "x").error or "")
+    assert be.ls("/root").error
+    up = be.upload_files([(f"{WS}/u.bin", b"\x00\x01"), ("/etc/x", b"1"), ("/mnt/skills/y", b"1")])
+    assert [u.error for u in up] == [None, "permission_denied", "permission_denied"]
+    down = be.download_files([f"{WS}/u.bin", f"{WS}/none", WS, "/etc/passwd"])
+    assert down[0].content == b"\x00\x01"
+    assert [d.error for d in down] == [None, "file_not_found", "is_directory", "permission_denied"]
+
+
+async def test_backend_reads_images_as_base64(sb: LocalSandbox) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
+    await sb.write_file("/mnt/user-data/uploads/pic.png", png)
+    r = SandboxBackend(sb).read("/mnt/user-data/uploads/pic.png")
+    assert r.file_data == {"content": base64.b64encode(png).decode(), "encoding": "base64"}
