@@ -109,7 +109,11 @@ class Capabilities:
     """Minimum seconds between two edits of one message (streaming cadence)."""
     can_edit: bool = True
     min_send_interval: float = 0.0
-    """Minimum seconds between two sends into one chat."""
+    """Sustained spacing of sends into one chat (seconds per message); 0: only 429s slow us down."""
+    send_burst: int = 1
+    """Sends allowed back to back before ``min_send_interval`` spacing applies (a token bucket)."""
+    done_reaction: str | None = None
+    """Emoji put on the user's message once the answer is delivered (Slack's habit), or None."""
     max_upload_bytes: int = 20 * 1024 * 1024
 
 

@@ -98,6 +98,7 @@ class DiscordChannel(Channel):
         max_message_len=MAX_LEN,
         edit_interval=1.2,  # Discord allows about 5 message edits per 5 s per channel
         min_send_interval=1.0,  # and about 5 new messages per 5 s per channel
+        send_burst=5,
         max_upload_bytes=10 * 1024 * 1024,  # the default upload limit of a non-boosted server
     )
 

@@ -101,7 +101,9 @@ class SlackChannel(Channel):
         edit_interval=1.2,
         can_edit=True,
         min_send_interval=1.0,
+        send_burst=3,
         max_upload_bytes=100 * 1024 * 1024,  # files_upload_v2 holds the file in memory
+        done_reaction="✅",
     )
 
     def __init__(

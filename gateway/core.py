@@ -289,6 +289,10 @@ class Gateway:
             for path, caption in files_out:
                 await reply.channel.send_file(inbound.target, path, caption)
             await self.store.journal_set(entry.key, "done")
+            done = reply.channel.capabilities.done_reaction
+            if done:
+                with contextlib.suppress(Exception):
+                    await reply.channel.react(inbound.target, done)
         except asyncio.CancelledError:
             typing.cancel()
             if not self.turns.was_stopped(entry.key):

@@ -28,7 +28,8 @@ class ChatPacer:
     def __init__(self, caps: Capabilities, on_rate_limited: Callable[[], None] | None = None) -> None:
         self._caps = caps
         self._lock = asyncio.Lock()
-        self._next_send = 0.0
+        self._tokens = float(max(1, caps.send_burst))
+        self._refilled = time.monotonic()
         self._blocked_until = 0.0
         self._on_rate_limited = on_rate_limited
         self.last_used = time.monotonic()
@@ -41,8 +42,7 @@ class ChatPacer:
         async with self._lock:
             self.last_used = time.monotonic()
             for attempt in range(1, MAX_ATTEMPTS + 1):
-                now = time.monotonic()
-                wait = max(self._blocked_until, self._next_send if is_send else 0.0) - now
+                wait = max(self._blocked_until - time.monotonic(), self._send_wait() if is_send else 0.0)
                 if wait > 0:
                     await asyncio.sleep(wait)
                 try:
@@ -63,10 +63,25 @@ class ChatPacer:
                     log.warning("send failed (%s); retrying in %.1fs", exc, delay)
                     await asyncio.sleep(delay)
                     continue
-                if is_send:
-                    self._next_send = time.monotonic() + self._caps.min_send_interval
+                if is_send and self._caps.min_send_interval > 0:
+                    self._refill()
+                    self._tokens -= 1
                 return result
             raise AssertionError("unreachable")
+
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        rate = 1.0 / self._caps.min_send_interval
+        self._tokens = min(float(max(1, self._caps.send_burst)), self._tokens + (now - self._refilled) * rate)
+        self._refilled = now
+
+    def _send_wait(self) -> float:
+        """Seconds until the send bucket holds a token (0 when sends are not spaced)."""
+        if self._caps.min_send_interval <= 0:
+            return 0.0
+        self._refill()
+        return 0.0 if self._tokens >= 1 else (1 - self._tokens) * self._caps.min_send_interval
 
 
 class PacerPool:

@@ -227,6 +227,21 @@ async def test_endpoint_error_that_ends_the_sdk_client_is_noticed(fake: FakeLark
         with pytest.raises(LarkConnectionError, match="1000040350"):
             await asyncio.wait_for(task, 15)
         assert time.monotonic() - started < 10  # noticed at once, not after the liveness timeout
+    # Restarted while the endpoint still refuses: start() itself fails, and that is noticed too.
+    with pytest.raises(LarkConnectionError, match="1000040350"):
+        await asyncio.wait_for(channel.run(sink), 15)
+
+
+async def test_retryable_endpoint_error_is_ridden_out_by_the_sdk(fake: FakeLark) -> None:
+    channel, sink = make_channel(fake, liveness_timeout=30.0), Sink()
+    async with running(channel, sink) as task:
+        fake.endpoint_error(1)  # "system busy": the SDK retries every ReconnectInterval
+        fake.drop_connection("close")
+        await fake.wait_for_async(lambda f: f.endpoint_calls >= 3)
+        fake.endpoint_error(None)
+        event = fake.inject_message("oc_dm", "ou_alice", "still here")
+        await fake.wait_for_async(lambda f: f.acks_for(event) == [200])
+        assert not task.done()
 
 
 async def test_bad_app_secret_is_fatal_and_never_logged(caplog: pytest.LogCaptureFixture) -> None:

@@ -161,7 +161,7 @@ async def test_no_network(sb: LocalSandbox) -> None:
             "    s = socket.socket(); s.settimeout(3)\n"
             "    print(host, s.connect_ex((host, port)))\n"
         )
-        res = await sb.exec(f"python3 -c \"{script}\"; cat /proc/net/dev", timeout=20)
+        res = await sb.exec(f'python3 -c "{script}"; cat /proc/net/dev', timeout=20)
     finally:
         server.close()
         await server.wait_closed()
@@ -195,7 +195,9 @@ async def test_pids_limit_contains_fork_bomb(sb: LocalSandbox) -> None:
     assert forked < 64
     marker = f"bomb{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
-    res = await sb.exec(f"{marker}() {{ {marker} | {marker} & }}; {marker}; sleep 2; echo survived", timeout=6)
+    res = await sb.exec(
+        f"{marker}() {{ {marker} | {marker} & }}; {marker}; sleep 2; echo survived", timeout=6
+    )
     assert time.monotonic() - started < 15
     assert "survived" in res.output or res.timed_out
     assert await wait_gone(marker) == []
@@ -308,7 +310,9 @@ async def test_backend_execute(sb: LocalSandbox) -> None:
 
 @bwrap
 @needs_bwrap
-async def test_filesystem_middleware_tools_on_sandbox(sb: LocalSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_filesystem_middleware_tools_on_sandbox(
+    sb: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A real langchain agent + deepagents' FilesystemMiddleware, the model faked over HTTP."""
     from deepagents.middleware.filesystem import FilesystemMiddleware
     from langchain.agents import create_agent
@@ -322,8 +326,12 @@ async def test_filesystem_middleware_tools_on_sandbox(sb: LocalSandbox, monkeypa
     out = "/mnt/user-data/outputs/report.md"
     async with FakeOpenAI() as fake:
         fake.script(
-            Reply(tool_calls=[ToolCall("write_file", {"file_path": out, "content": "# Report\nvalue: 41\n"})]),
-            Reply(tool_calls=[ToolCall("edit_file", {"file_path": out, "old_string": "41", "new_string": "42"})]),
+            Reply(
+                tool_calls=[ToolCall("write_file", {"file_path": out, "content": "# Report\nvalue: 41\n"})]
+            ),
+            Reply(
+                tool_calls=[ToolCall("edit_file", {"file_path": out, "old_string": "41", "new_string": "42"})]
+            ),
             Reply(tool_calls=[ToolCall("execute", {"command": f"grep -c value {out}; wc -l < {out}"})]),
             Reply(tool_calls=[ToolCall("read_file", {"file_path": "/etc/passwd"})]),
             Reply(tool_calls=[ToolCall("glob", {"pattern": "**/*.md", "path": "/mnt/user-data"})]),

@@ -175,7 +175,9 @@ async def test_synthetic_dirs(sb: LocalSandbox) -> None:
 
 
 async def test_read_paging(sb: LocalSandbox) -> None:
-    await sb.write_file("lines.txt", "".join(f"line {i}\r\n" if i == 3 else f"line {i}\n" for i in range(1, 11)))
+    await sb.write_file(
+        "lines.txt", "".join(f"line {i}\r\n" if i == 3 else f"line {i}\n" for i in range(1, 11))
+    )
     w = await sb.read_file("lines.txt", offset=2, limit=3)
     assert (w.start_line, w.end_line, w.total_lines) == (3, 5, 10)
     assert w.text == "line 3\r\nline 4\nline 5\n"

@@ -102,9 +102,15 @@ class DockerSandbox(Sandbox):
             return exec_id, api.exec_start(exec_id, stream=True)
 
         try:
-            exec_id, stream = await asyncio.to_thread(start)
-        except NotFound:
-            raise SandboxUnavailable("the sandbox container is gone; retry the command") from None
+            try:
+                exec_id, stream = await asyncio.to_thread(start)
+            except (NotFound, APIError) as e:
+                # The container died (killed after a runaway command, removed by hand): start a
+                # fresh one for this thread and try once more. Files live on the host.
+                if isinstance(e, APIError) and e.status_code not in (404, 409):
+                    raise
+                await self.provider.revive(self)
+                exec_id, stream = await asyncio.to_thread(start)
         except DockerException as e:
             raise SandboxUnavailable(f"docker exec failed: {_short(e)}") from None
         cap = OutputCap(max_output)
@@ -131,22 +137,29 @@ class DockerSandbox(Sandbox):
         return ExecResult(info.get("ExitCode"), cap.text(), cap.truncated, False)
 
     async def _kill(self, marker: str, reader: asyncio.Future[None], stream: Any) -> None:
-        """Kill every process of one exec; escalate to all of the sandbox user's processes."""
+        """Kill every process of one exec; if any survive, kill the whole container.
+
+        The marker sweep keeps the container (and its /tmp) but needs a process slot inside it; a
+        fork bomb can deny that, and ``env -i`` sheds the marker. Killing the container from the
+        engine needs nothing inside and takes every process with it; the next command revives it.
+        """
         api = self.provider.client.api
         user = f"{self.provider.uid}:{self.provider.gid}"
 
-        def run(cmd: list[str]) -> None:
+        def sweep() -> None:
             with contextlib.suppress(DockerException):
-                exec_id = api.exec_create(self.container_id, cmd, user=user)["Id"]
+                exec_id = api.exec_create(
+                    self.container_id, ["/bin/sh", "-c", _KILLER, "chital-kill", marker], user=user
+                )["Id"]
                 api.exec_start(exec_id)
 
-        await asyncio.to_thread(run, ["/bin/sh", "-c", _KILLER, "chital-kill", marker])
-        done, _ = await asyncio.wait({reader}, timeout=5)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(sweep), 5)
+        done, _ = await asyncio.wait({reader}, timeout=2)
         if not done:
-            # Something shed the marker (e.g. `env -i`). Kill all of the user's processes; that
-            # also ends the container's idle process, so the next acquire starts a fresh one.
-            log.warning("sandbox %s: stragglers after timeout; killing all its processes", self.id)
-            await asyncio.to_thread(run, ["/bin/sh", "-c", "kill -9 -1"])
+            log.warning("sandbox %s: processes survived the sweep; killing its container", self.id)
+            with contextlib.suppress(DockerException):
+                await asyncio.to_thread(api.kill, self.container_id)
             done, _ = await asyncio.wait({reader}, timeout=5)
         if not done:
             with contextlib.suppress(Exception):
@@ -229,17 +242,28 @@ class DockerProvider(SandboxProvider):
     async def acquire(self, thread_id: str) -> DockerSandbox:
         async with self._lock(thread_id):
             sb = self._sandboxes.get(thread_id)
-            if sb is not None and await sb.alive():
+            if sb is not None:
+                if not await sb.alive():
+                    await self._start(sb)
                 sb.touch()
                 return sb
-            dirs = ThreadDirs.for_thread(self.root, thread_id, self.skills_dir)
-            await asyncio.to_thread(dirs.ensure, (self.uid, self.gid))
-            try:
-                cid = await asyncio.to_thread(self._ensure_container, dirs)
-            except DockerException as e:
-                raise SandboxUnavailable(f"cannot start the sandbox container: {_short(e)}") from None
-            sb = self._sandboxes[thread_id] = DockerSandbox(self, dirs, cid)
+            sb = DockerSandbox(self, ThreadDirs.for_thread(self.root, thread_id, self.skills_dir), "")
+            await self._start(sb)
             return sb
+
+    async def revive(self, sb: DockerSandbox) -> None:
+        """Give ``sb`` a running container again (same object: a turn may hold it)."""
+        async with self._lock(sb.thread_id):
+            if not await sb.alive():
+                await self._start(sb)
+
+    async def _start(self, sb: DockerSandbox) -> None:
+        await asyncio.to_thread(sb.dirs.ensure, (self.uid, self.gid))
+        try:
+            sb.container_id = await asyncio.to_thread(self._ensure_container, sb.dirs)
+        except DockerException as e:
+            raise SandboxUnavailable(f"cannot start the sandbox container: {_short(e)}") from None
+        self._sandboxes[sb.thread_id] = sb
 
     def _ensure_container(self, dirs: ThreadDirs) -> str:
         name = container_name(dirs.thread_id)

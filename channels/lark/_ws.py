@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 from lark_oapi.core.enum import LogLevel
 from lark_oapi.event.dispatcher_handler import EventDispatcherHandler
 from lark_oapi.ws import client as sdk_ws
@@ -74,13 +75,17 @@ _SECRET_QUERY = re.compile(r"((?:access_key|ticket|token|secret|app_secret)=)[^&
 _BEARER = re.compile(r"(Bearer\s+)\S+")
 
 
+def redact(text: str) -> str:
+    return _BEARER.sub(r"\1***", _SECRET_QUERY.sub(r"\1***", text))
+
+
 class _RedactFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
         except Exception:
             return True
-        redacted = _BEARER.sub(r"\1***", _SECRET_QUERY.sub(r"\1***", message))
+        redacted = redact(message)
         if redacted != message:
             record.msg, record.args = redacted, ()
         return True
@@ -136,13 +141,16 @@ class WsRunner:
         app_id: str,
         app_secret: str,
         domain: str,
-        dispatcher: EventDispatcherHandler,
+        on_message: Callable[[WsRunner, P2ImMessageReceiveV1], None],
         *,
         ping_every: float,
         notify: Callable[[str], None],
     ) -> None:
         self._app_id, self._app_secret, self._domain = app_id, app_secret, domain
-        self._dispatcher = dispatcher
+        self._on_message = on_message
+        self._dispatcher = (
+            EventDispatcherHandler.builder("", "").register_p2_im_message_receive_v1(self._guard).build()
+        )
         self._ping_every = ping_every
         self._notify = notify  # "frame" | "reconnecting" | "died" | "exit"
         self.stopping = threading.Event()
@@ -171,7 +179,7 @@ class WsRunner:
     def problem(self, liveness_timeout: float) -> str | None:
         """Why this client cannot be trusted any more, or None while it looks healthy."""
         if self.error is not None:
-            return f"Lark websocket client stopped: {type(self.error).__name__}: {self.error}"
+            return redact(f"Lark websocket client stopped: {type(self.error).__name__}: {self.error}")
         if not self._thread.is_alive():
             return "Lark websocket client thread ended"
         idle = time.monotonic() - self.last_frame
@@ -246,6 +254,13 @@ class WsRunner:
         for task in others:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
+
+    def _guard(self, data: P2ImMessageReceiveV1) -> None:
+        # A client being stopped (or abandoned) must never deliver next to its successor: raising
+        # makes the SDK ack 500, so the platform redelivers to the live connection.
+        if self.stopping.is_set():
+            raise RuntimeError("this Lark client is stopping")
+        self._on_message(self, data)
 
     def _frame_seen(self) -> None:
         self.last_frame = time.monotonic()

@@ -122,14 +122,10 @@ class LarkChannel(Channel):
         self._wake = asyncio.Event()
         self.set_state(ChannelState.STARTING)
         self.bot_open_id = await self._fetch_bot_open_id()
-        dispatcher = (
-            lark.EventDispatcherHandler.builder("", "")
-            .register_p2_im_message_receive_v1(self._on_receive)
-            .build()
-        )
         runner = WsRunner(
-            self.app_id, self._app_secret, self.domain, dispatcher,
-            ping_every=max(0.5, self.liveness_timeout / 3), notify=self._from_sdk_thread,
+            self.app_id, self._app_secret, self.domain, self._on_receive,
+            ping_every=max(0.5, self.liveness_timeout / 3),
+            notify=lambda kind: self._from_sdk_thread(runner, kind),
         )
         self._runner = runner
         runner.start()
@@ -160,15 +156,17 @@ class LarkChannel(Channel):
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _from_sdk_thread(self, kind: str) -> None:
+    def _from_sdk_thread(self, runner: WsRunner, kind: str) -> None:
         """Runner news from the SDK thread, handed to the daemon's loop."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._runner_news, kind)
+            loop.call_soon_threadsafe(self._runner_news, runner, kind)
 
-    def _runner_news(self, kind: str) -> None:
+    def _runner_news(self, runner: WsRunner, kind: str) -> None:
+        if runner is not self._runner:  # a stopped client winding down: not our state any more
+            return
         if kind == "frame":
             self.touch()
             if self.state is not ChannelState.CONNECTED and self._runner and self._runner.connected:
@@ -205,12 +203,12 @@ class LarkChannel(Channel):
         return str(open_id)
 
     # -- inbound (runs on the SDK's thread) -----------------------------------------------------
-    def _on_receive(self, data: P2ImMessageReceiveV1) -> None:
+    def _on_receive(self, runner: WsRunner, data: P2ImMessageReceiveV1) -> None:
         """Deliver one message and block until the sink has journaled it, so that the SDK acks the
         frame only afterwards. Raising makes the SDK ack 500 and the platform redeliver."""
-        runner, loop, sink = self._runner, self._loop, self._sink
-        if runner is None or loop is None or sink is None or runner.stopping.is_set():
-            raise LarkConnectionError("channel is stopping")
+        loop, sink = self._loop, self._sink
+        if loop is None or sink is None or runner is not self._runner or runner.stopping.is_set():
+            raise LarkConnectionError("this Lark client is stopping")
         inbound = self._to_inbound(data)
         if inbound is None:
             return

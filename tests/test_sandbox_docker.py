@@ -1,0 +1,337 @@
+"""The ``docker`` provider against a real Docker engine: the same escape attempts as the local
+provider, plus the container lifecycle (reuse, idle reaping, start-up reconcile).
+
+Skipped only when no Docker engine answers. The image must exist (scripts/setup-sandbox.sh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.sandbox import SandboxLimits
+from agent.sandbox.backend import TIMEOUT_EXIT_CODE, SandboxBackend
+from agent.sandbox.docker_provider import LABEL_INSTANCE, DockerProvider, DockerSandbox, container_name
+
+IMAGE = os.environ.get("CHITAL_SANDBOX_IMAGE", "chital-sandbox:latest")
+WS = "/mnt/user-data/workspace"
+
+
+def _engine() -> str | None:
+    """None when a Docker engine answers, else why not."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.close()
+    except Exception as e:
+        return f"no Docker engine answers ({type(e).__name__}); run scripts/setup-sandbox.sh"
+    return None
+
+
+_WHY_NOT = _engine()
+pytestmark = [pytest.mark.docker, pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")]
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="chital-sbx-test-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def skills(root: Path) -> Path:
+    s = root / "skills"
+    (s / "demo").mkdir(parents=True)
+    (s / "demo" / "SKILL.md").write_text("# Demo\n")
+    return s
+
+
+def make(root: Path, skills: Path | None, **kw: object) -> DockerProvider:
+    kw.setdefault("limits", SandboxLimits(pids=64, memory_mb=256))
+    return DockerProvider(root / "sbx", skills, image=IMAGE, **kw)  # type: ignore[arg-type]
+
+
+def cleanup(root: Path) -> None:
+    """Remove every container of providers rooted here, whatever a test left behind."""
+    import docker
+
+    client = docker.from_env()
+    instance = DockerProvider(root / "sbx").instance
+    for c in client.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}):
+        c.remove(force=True)
+    client.close()
+
+
+@pytest.fixture
+async def provider(root: Path, skills: Path) -> AsyncIterator[DockerProvider]:
+    p = make(root, skills)
+    await p.ping()
+    await p.reconcile()
+    yield p
+    await p.close()
+    await asyncio.to_thread(cleanup, root)
+
+
+@pytest.fixture
+async def sb(provider: DockerProvider) -> DockerSandbox:
+    return await provider.acquire("slack:T1/C1")
+
+
+def inspect(cid: str) -> dict:
+    import docker
+
+    client = docker.from_env()
+    try:
+        return client.api.inspect_container(cid)
+    finally:
+        client.close()
+
+
+async def test_container_is_locked_down(sb: DockerSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = await asyncio.to_thread(inspect, sb.container_id)
+    host = info["HostConfig"]
+    assert info["Name"] == "/" + container_name("slack:T1/C1")
+    assert info["Config"]["Labels"]["chital.sandbox"] == "1"
+    assert info["Config"]["Labels"]["chital.thread"] == "slack:T1/C1"
+    assert info["Config"]["User"] == "1000:1000"
+    assert host["NetworkMode"] == "none"
+    assert host["CapDrop"] == ["ALL"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["ReadonlyRootfs"] is True
+    assert host["PidsLimit"] == 64 and host["Memory"] == 256 * 1024 * 1024
+    assert "/tmp" in host["Tmpfs"]
+    mounts = {m["Destination"]: m["RW"] for m in info["Mounts"]}
+    assert mounts == {
+        f"{WS}": True,
+        "/mnt/user-data/uploads": True,
+        "/mnt/user-data/outputs": True,
+        "/mnt/skills": False,
+    }
+    env_keys = {e.split("=", 1)[0] for e in info["Config"]["Env"]}
+    assert env_keys <= {"PATH", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE"}
+
+
+async def test_echo_user_and_secret_env(provider: DockerProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHITAL_TEST_SECRET", "hunter2-docker")
+    sb = await provider.acquire("secret-thread")
+    res = await sb.exec("echo hello; pwd; id -u; grep CapEff /proc/self/status; env; exit 3")
+    lines = res.output.splitlines()
+    assert res.exit_code == 3 and lines[:3] == ["hello", WS, "1000"]
+    assert lines[3].split() == ["CapEff:", "0000000000000000"]
+    assert "hunter2" not in res.output
+
+
+async def test_host_files_invisible(sb: DockerSandbox, root: Path) -> None:
+    (root / "host-secret.txt").write_text("do not leak")
+    res = await sb.exec(
+        "for p in /work /root/.pyenv /home/cloudsdk " + str(root) + "; do "
+        'if [ -e "$p" ]; then echo "VISIBLE $p"; fi; done; cat /etc/shadow 2>&1 | head -c 200'
+    )
+    assert "VISIBLE" not in res.output and "do not leak" not in res.output
+    assert "Permission denied" in res.output  # the image's own shadow, unreadable for uid 1000
+
+
+async def test_no_network(sb: DockerSandbox) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"reached the host\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        script = (
+            "import socket\n"
+            f"for host, port in (('127.0.0.1', {port}), ('1.1.1.1', 80)):\n"
+            "    s = socket.socket(); s.settimeout(3)\n"
+            "    print(host, s.connect_ex((host, port)))\n"
+        )
+        res = await sb.exec(f'python3 -c "{script}"; cat /proc/net/dev', timeout=20)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert "reached the host" not in res.output
+    results = dict(line.split() for line in res.output.splitlines()[:2])
+    assert results["127.0.0.1"] == "111"
+    assert results["1.1.1.1"] in {"101", "113"}
+    interfaces = [line.split(":")[0].strip() for line in res.output.splitlines() if ":" in line]
+    assert interfaces == ["lo"]
+
+
+async def test_pids_limit_contains_fork_bomb(sb: DockerSandbox) -> None:
+    script = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    for _ in range(500):\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as e:\n"
+        "    print('fork failed', e.errno)\n"
+        "print('forked', n)\n"
+    )
+    res = await sb.exec(f'python3 -c "{script}"', timeout=30)
+    assert "fork failed 11" in res.output
+    assert int(res.output.split("forked")[1].split()[0]) < 64
+    started = time.monotonic()
+    res = await sb.exec("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", timeout=6)
+    assert time.monotonic() - started < 30
+    left = await sb.exec("ps -eo args | grep -c '[b]omb' || true")
+    assert left.output.strip() == "0"
+
+
+async def test_timeout_kills_process_tree(sb: DockerSandbox) -> None:
+    started = time.monotonic()
+    res = await sb.exec("sleep 101 & (setsid sleep 102 &); echo started; sleep 103", timeout=1.5)
+    assert res.timed_out and res.exit_code is None and res.output == "started\n"
+    assert time.monotonic() - started < 15
+    ps = await sb.exec("ps -eo args")
+    assert "sleep 10" not in ps.output
+    # Background children of a command that finished normally die with it too.
+    await sb.exec("sleep 104 & setsid sleep 105 & echo bg")
+    assert "sleep 10" not in (await sb.exec("ps -eo args")).output
+
+
+async def test_straggler_without_marker_is_killed(provider: DockerProvider) -> None:
+    """A process that sheds its environment escapes the marker sweep; the timeout path still
+    kills it (and the container restarts on the next acquire)."""
+    sb = await provider.acquire("straggler")
+    res = await sb.exec("env -i /bin/sleep 106", timeout=1)
+    assert res.timed_out
+    sb2 = await provider.acquire("straggler")
+    assert "sleep 106" not in (await sb2.exec("ps -eo args")).output
+
+
+async def test_huge_output_truncated(sb: DockerSandbox) -> None:
+    res = await sb.exec("head -c 3000000 /dev/zero | tr '\\0' a; echo; echo END", max_output=10_000)
+    assert res.truncated and res.exit_code == 0
+    assert "[... output truncated: 2990005 more bytes ...]" in res.output
+    assert res.output.endswith("END\n")
+
+
+async def test_writes_only_inside_mounts(sb: DockerSandbox) -> None:
+    res = await sb.exec(
+        "for p in /usr/x /x /etc/x /mnt/skills/x /mnt/user-data/x; do "
+        '(echo pwned > "$p") 2>/dev/null && echo "WROTE $p"; done; '
+        "echo tmp > /tmp/t && cat /tmp/t; echo ws > ws.txt; echo out > /mnt/user-data/outputs/o.txt; "
+        "cat /mnt/skills/demo/SKILL.md"
+    )
+    assert "WROTE" not in res.output
+    assert "tmp\n" in res.output and "# Demo" in res.output
+    assert (sb.dirs.workspace / "ws.txt").read_text() == "ws\n"
+    assert (sb.dirs.outputs / "o.txt").read_text() == "out\n"
+    # Files the daemon writes are usable by the sandbox user, and vice versa.
+    await sb.write_file("from-host/note.txt", "n")
+    res = await sb.exec("echo more >> from-host/note.txt && cat from-host/note.txt")
+    assert res.output == "nmore\n"
+
+
+async def test_container_reused_across_acquires(provider: DockerProvider) -> None:
+    a = await provider.acquire("reuse")
+    await a.exec("echo 1 > /tmp/state")
+    await provider.release("reuse")
+    b = await provider.acquire("reuse")
+    assert b is a and b.container_id == a.container_id
+    assert (await b.exec("cat /tmp/state")).output == "1\n"  # same container, same tmpfs
+
+
+async def test_reaped_when_idle(root: Path, skills: Path) -> None:
+    p = make(root, skills, idle_timeout=0.3)
+    try:
+        sb = await p.acquire("idle")
+        await p.release("idle")
+        deadline = time.monotonic() + 10
+        reaped: list[str] = []
+        while "idle" not in reaped and time.monotonic() < deadline:
+            reaped += await p.reap_idle()
+            await asyncio.sleep(0.1)
+        assert reaped == ["idle"]
+        import docker
+
+        client = docker.from_env()
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(sb.container_id)
+        client.close()
+        again = await p.acquire("idle")  # a fresh container on demand; files survive
+        assert again.container_id != sb.container_id
+    finally:
+        await p.close()
+        await asyncio.to_thread(cleanup, root)
+
+
+async def test_busy_sandbox_not_reaped(root: Path, skills: Path) -> None:
+    p = make(root, skills, idle_timeout=0.2)
+    try:
+        sb = await p.acquire("busy")
+        task = asyncio.create_task(sb.exec("sleep 1.5; echo finished", timeout=10))
+        deadline = time.monotonic() + 5
+        while not sb.busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        sb.last_used -= 10  # looks idle by the clock, but a command is running
+        assert await p.reap_idle() == []
+        assert (await task).output == "finished\n"
+    finally:
+        await p.close()
+        await asyncio.to_thread(cleanup, root)
+
+
+async def test_reconcile_at_start(root: Path, skills: Path) -> None:
+    import docker
+
+    first = make(root, skills)
+    try:
+        keep = await first.acquire("keep")
+        stopped = await first.acquire("stopped")
+        gone = await first.acquire("gone")
+        client = docker.from_env()
+        client.containers.get(stopped.container_id).stop(timeout=0)
+        shutil.rmtree(gone.dirs.base)  # the thread was deleted while the daemon was down
+        # An older config (different limits) left running: must be replaced, not adopted.
+        old = make(root, skills, limits=SandboxLimits(pids=99))
+        stale = await old.acquire("stale")
+        # A different daemon (other root) on the same engine: must be left alone.
+        other_root = root / "other"
+        other = DockerProvider(other_root / "sbx", None, image=IMAGE)
+        foreign = await other.acquire("foreign")
+
+        # "Crash": a new provider on the same root starts without the old one's memory.
+        second = make(root, skills)
+        await second.reconcile()
+        assert set(second._sandboxes) == {"keep"}
+        adopted = await second.acquire("keep")
+        assert adopted.container_id == keep.container_id
+        for cid in (stopped.container_id, stale.container_id):
+            with pytest.raises(docker.errors.NotFound):
+                client.containers.get(cid)
+        assert client.containers.get(foreign.container_id).status == "running"
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(gone.container_id)
+        await second.close()
+        await other.close()
+        client.close()
+    finally:
+        await asyncio.to_thread(cleanup, root)
+        await asyncio.to_thread(cleanup, root / "other")
+
+
+async def test_backend_execute_on_docker(sb: DockerSandbox) -> None:
+    be = SandboxBackend(sb, max_output=2000)
+    ok = await be.aexecute("echo hi; exit 2")
+    assert (ok.output, ok.exit_code) == ("hi\n", 2)
+    slow = await be.aexecute("sleep 30", timeout=1)
+    assert slow.exit_code == TIMEOUT_EXIT_CODE
+    assert be.write(f"{WS}/x.py", "print(6*7)\n").error is None
+    assert (await be.aexecute("python3 x.py")).output == "42\n"
