@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.daemon import DaemonProcess, base_config, free_port  # noqa: E402
-from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
-from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
+from tests.daemon import DaemonProcess, base_config, free_port
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram_server import FakeTelegram
 
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -44,7 +44,7 @@ def rss_mb(pid: int) -> float:
 
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 async def one_exchange(tg: FakeTelegram, chat: int, text: str) -> float:
@@ -73,8 +73,10 @@ async def load(tg: FakeTelegram, chats: int, messages: int, first_chat: int) -> 
 
 
 def report(name: str, lat: list[float], wall: float, cpu: float, n: int) -> None:
-    print(f"{name}: {n} msgs in {wall:.2f}s = {n / wall:.1f} msg/s | latency p50 {statistics.median(lat) * 1000:.1f} ms"
-          f" p99 {pct(lat, 99) * 1000:.1f} ms max {max(lat) * 1000:.1f} ms | daemon CPU {cpu / n * 1000:.2f} ms/msg")
+    print(
+        f"{name}: {n} msgs in {wall:.2f}s = {n / wall:.1f} msg/s | latency p50 {statistics.median(lat) * 1000:.1f} ms"
+        f" p99 {pct(lat, 99) * 1000:.1f} ms max {max(lat) * 1000:.1f} ms | daemon CPU {cpu / n * 1000:.2f} ms/msg"
+    )
 
 
 async def main() -> None:
@@ -93,8 +95,13 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = base_config(Path(tmp) / "data", model.base_url, free_port())
         cfg["log_level"] = "WARNING"
-        cfg["channels"]["telegram"] = {"enabled": True, "token": tg.token, "base_url": tg.base_url,
-                                       "base_file_url": tg.base_file_url, "poll_timeout": 10}
+        cfg["channels"]["telegram"] = {
+            "enabled": True,
+            "token": tg.token,
+            "base_url": tg.base_url,
+            "base_file_url": tg.base_file_url,
+            "poll_timeout": 10,
+        }
         cfg["access"] = {"allow_users": ["*"], "pairing": False}
         cfg["concurrency"]["max_turns"] = args.max_turns
         cfg["delivery"] = {"first_edit_delay": 0.6}
@@ -122,8 +129,10 @@ async def main() -> None:
             lat, wall = await load(tg, args.conversations, 1, 100_000)
             report(f"{args.conversations} new conversations", lat, wall, cpu_seconds(pid) - c0, len(lat))
             await asyncio.sleep(1.0)
-            print(f"daemon RSS after {args.conversations} conversations: {rss_mb(pid):.1f} MB "
-                  f"(+{rss_mb(pid) - rss_warm:.1f} MB)")
+            print(
+                f"daemon RSS after {args.conversations} conversations: {rss_mb(pid):.1f} MB "
+                f"(+{rss_mb(pid) - rss_warm:.1f} MB)"
+            )
         rc = await d.terminate()
         print(f"daemon exit code {rc}")
     await model.aclose()

@@ -204,7 +204,7 @@ class Channel(abc.ABC):
         Cancellation must close connections cleanly.
         """
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, most adapters need it
         """Release HTTP sessions etc. after ``run`` has ended. Idempotent."""
 
     # -- rendering ----------------------------------------------------------------------------

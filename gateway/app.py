@@ -74,8 +74,10 @@ class Daemon:
 
     # -- status ---------------------------------------------------------------------------------
     def channel_report(self) -> dict[str, dict[str, object]]:
-        report = {s.channel.name: describe_state(s.channel.state, s.channel.reason, s.channel.state_since)
-                  for s in self.supervisors}
+        report = {
+            s.channel.name: describe_state(s.channel.state, s.channel.reason, s.channel.state_since)
+            for s in self.supervisors
+        }
         for name, why in self.off.items():
             report[name] = {"state": ChannelState.DISABLED.value, "reason": why}
         return report
@@ -107,8 +109,12 @@ class Daemon:
             log.warning("no chat channel is on; the daemon serves only /healthz and `chital chat`")
 
     def _on_channel_state(self, channel: Channel) -> None:
-        log.info("channel %s: %s%s", channel.name, channel.state.value,
-                 f" ({channel.reason})" if channel.reason else "")
+        log.info(
+            "channel %s: %s%s",
+            channel.name,
+            channel.state.value,
+            f" ({channel.reason})" if channel.reason else "",
+        )
         if channel.state is ChannelState.CONNECTED and channel.name not in self._resumed:
             # Resume unfinished work of this platform once it can deliver again.
             self._resumed.add(channel.name)

@@ -55,9 +55,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"config: {_config_path(args.config) or '(built-in defaults)'} is valid")
     spec = cfg.model_spec()
     kwargs = spec.kwargs()
-    print(f"model: {spec.name} → {spec.use} model={kwargs.get('model', '?')} "
-          f"base_url={kwargs.get('base_url') or '(default)'} "
-          f"api_key={'set' if kwargs.get('api_key') or os.environ.get('OPENAI_API_KEY') else 'MISSING'}")
+    print(
+        f"model: {spec.name} → {spec.use} model={kwargs.get('model', '?')} "
+        f"base_url={kwargs.get('base_url') or '(default)'} "
+        f"api_key={'set' if kwargs.get('api_key') or os.environ.get('OPENAI_API_KEY') else 'MISSING'}"
+    )
     print(f"storage: {cfg.storage.path}")
     print("channels:")
     ready = 0
@@ -100,8 +102,9 @@ async def _chat(cfg: Config) -> int:
                 continue
             print("chital> ", end="", flush=True)
             streamed = False
-            async for ev in harness.run(thread_id, user_id=conversation, message_id=f"cli-{time.time_ns()}",
-                                        text=text):
+            async for ev in harness.run(
+                thread_id, user_id=conversation, message_id=f"cli-{time.time_ns()}", text=text
+            ):
                 if isinstance(ev, TextDelta):
                     streamed = True
                     print(ev.text, end="", flush=True)
@@ -143,7 +146,9 @@ async def _pairing(cfg: Config, action: str, arg: str | None) -> int:
             approved = await store.approved_list()
             print("pending:" if pending else "pending: none")
             for code, user, name, created in pending:
-                print(f"  {code}  {user}  {name}  (asked {time.strftime('%Y-%m-%d %H:%M', time.localtime(created))})")
+                print(
+                    f"  {code}  {user}  {name}  (asked {time.strftime('%Y-%m-%d %H:%M', time.localtime(created))})"  # noqa: E501
+                )
             print("approved:" if approved else "approved: none")
             for user, _ in approved:
                 print(f"  {user}")
@@ -182,9 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-c", "--config", dest="config_top", help=help_)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", parents=[common], help="run the daemon").set_defaults(func=cmd_run)
-    sub.add_parser("check", parents=[common], help="validate config and report which channels are ready"
-                   ).set_defaults(func=cmd_check)
-    sub.add_parser("chat", parents=[common], help="talk to the agent in this terminal").set_defaults(func=cmd_chat)
+    sub.add_parser(
+        "check", parents=[common], help="validate config and report which channels are ready"
+    ).set_defaults(func=cmd_check)
+    sub.add_parser("chat", parents=[common], help="talk to the agent in this terminal").set_defaults(
+        func=cmd_chat
+    )
     pairing = sub.add_parser("pairing", parents=[common], help="approve users who asked for access")
     pairing.add_argument("action", choices=["list", "approve", "revoke"])
     pairing.add_argument("arg", nargs="?", help="the CODE to approve or the platform:user to revoke")

@@ -52,9 +52,7 @@ class AgentHarness(Protocol):
     @property
     def model_name(self) -> str: ...
 
-    def run(
-        self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Any = ()
-    ) -> Any: ...
+    def run(self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Any = ()) -> Any: ...
 
     async def message_count(self, thread_id: str) -> int: ...
 
@@ -104,8 +102,14 @@ class Gateway:
         rate_limited = self.metrics.rate_limited.labels(channel.name).inc
         pacer = self._pacers.get(channel.name, entry.inbound.chat_id, channel.capabilities, rate_limited)
         return Reply(
-            channel, entry.inbound.target, entry.key, self.store, pacer, self.metrics,
-            stream=self.config.delivery.stream, first_delay=self.config.delivery.first_edit_delay,
+            channel,
+            entry.inbound.target,
+            entry.key,
+            self.store,
+            pacer,
+            self.metrics,
+            stream=self.config.delivery.stream,
+            first_delay=self.config.delivery.first_edit_delay,
         )
 
     # -- intake ---------------------------------------------------------------------------------
@@ -344,7 +348,12 @@ class Gateway:
 
     @staticmethod
     def _on_event(
-        event: AgentEvent, text: str, final: str, outcome: str, reply: Reply, files_out: list[tuple[Path, str]]
+        event: AgentEvent,
+        text: str,
+        final: str,
+        outcome: str,
+        reply: Reply,
+        files_out: list[tuple[Path, str]],
     ) -> tuple[str, str, str]:
         if isinstance(event, TextDelta):
             text += event.text
@@ -388,7 +397,10 @@ class Gateway:
         notes: list[str] = []
         for att in inbound.attachments:
             if att.size is not None and att.size > limit:
-                notes.append(f"⚠️ I skipped {att.name}: it is {att.size / 1e6:.1f} MB, over my {limit / 1e6:.0f} MB limit.")
+                notes.append(
+                    f"⚠️ I skipped {att.name}: it is {att.size / 1e6:.1f} MB, "
+                    f"over my {limit / 1e6:.0f} MB limit."
+                )
                 continue
             try:
                 data = await channel.download(att, limit)

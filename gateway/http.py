@@ -35,4 +35,9 @@ def build_app(daemon: object, metrics: Metrics) -> web.Application:
 
 
 def describe_state(state: ChannelState, reason: str | None, since: float) -> dict[str, object]:
-    return {"state": state.value, "reason": reason, "since": round(since, 3), "for_s": round(time.time() - since, 1)}
+    return {
+        "state": state.value,
+        "reason": reason,
+        "since": round(since, 3),
+        "for_s": round(time.time() - since, 1),
+    }

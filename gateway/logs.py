@@ -66,6 +66,17 @@ def setup_logging(cfg: Config) -> None:
     root.handlers[:] = [handler]
     root.setLevel(cfg.log_level)
     # Libraries that log request URLs (Telegram puts the token in the URL) stay at WARNING.
-    for noisy in ("httpx", "httpcore", "telegram", "discord", "slack_sdk", "slack_bolt", "Lark", "openai",
-                  "aiosqlite", "websockets", "urllib3"):
+    for noisy in (
+        "httpx",
+        "httpcore",
+        "telegram",
+        "discord",
+        "slack_sdk",
+        "slack_bolt",
+        "Lark",
+        "openai",
+        "aiosqlite",
+        "websockets",
+        "urllib3",
+    ):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

@@ -14,8 +14,10 @@ class Metrics:
             "chital_messages_in", "Inbound messages accepted from users", ["channel"], registry=r
         )
         self.messages_ignored = Counter(
-            "chital_messages_ignored", "Inbound messages not for the bot or redelivered",
-            ["channel", "reason"], registry=r,
+            "chital_messages_ignored",
+            "Inbound messages not for the bot or redelivered",
+            ["channel", "reason"],
+            registry=r,
         )
         self.messages_out = Counter(
             "chital_messages_out", "Messages sent to a platform (edits excluded)", ["channel"], registry=r
@@ -23,8 +25,10 @@ class Metrics:
         self.edits = Counter("chital_edits", "Message edits sent to a platform", ["channel"], registry=r)
         self.turns = Counter("chital_turns", "Agent turns finished, by outcome", ["outcome"], registry=r)
         self.turn_seconds = Histogram(
-            "chital_turn_seconds", "Time from journaled message to final reply",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300), registry=r,
+            "chital_turn_seconds",
+            "Time from journaled message to final reply",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=r,
         )
         self.errors = Counter("chital_errors", "Errors by channel and kind", ["channel", "kind"], registry=r)
         self.reconnects = Counter(

@@ -69,7 +69,6 @@ class ChatPacer:
                 return result
             raise AssertionError("unreachable")
 
-
     def _refill(self) -> None:
         now = time.monotonic()
         rate = 1.0 / self._caps.min_send_interval
@@ -92,7 +91,9 @@ class PacerPool:
         self._idle_ttl = idle_ttl
         self._last_sweep = time.monotonic()
 
-    def get(self, channel: str, chat: str, caps: Capabilities, on_rate_limited: Callable[[], None]) -> ChatPacer:
+    def get(
+        self, channel: str, chat: str, caps: Capabilities, on_rate_limited: Callable[[], None]
+    ) -> ChatPacer:
         key = (channel, chat)
         pacer = self._pacers.get(key)
         if pacer is None:

@@ -33,7 +33,9 @@ class Backoff:
 
 
 class ChannelSupervisor:
-    def __init__(self, channel: Channel, sink: InboundSink, metrics: Metrics, backoff: Backoff | None = None) -> None:
+    def __init__(
+        self, channel: Channel, sink: InboundSink, metrics: Metrics, backoff: Backoff | None = None
+    ) -> None:
         self.channel = channel
         self._sink = sink
         self._metrics = metrics
@@ -50,7 +52,9 @@ class ChannelSupervisor:
     async def _loop(self) -> None:
         ch = self.channel
         while True:
-            ch.set_state(ChannelState.STARTING if self._backoff.failures == 0 else ChannelState.RECONNECTING, ch.reason)
+            ch.set_state(
+                ChannelState.STARTING if self._backoff.failures == 0 else ChannelState.RECONNECTING, ch.reason
+            )
             started = time.monotonic()
             try:
                 await ch.run(self._sink)
@@ -77,7 +81,7 @@ class ChannelSupervisor:
             self._task.cancel()
             try:
                 await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: S110 - shutting down
+            except (asyncio.CancelledError, Exception):
                 pass
         await _safe_close(self.channel)
         self.channel.set_state(ChannelState.STOPPED)

@@ -49,7 +49,9 @@ class TurnQueue:
         conv.queue.append(entry)
         self._metrics.turns_queued.inc()
         if conv.worker is None and not self._closing:
-            conv.worker = asyncio.create_task(self._work(entry.conversation, conv), name=f"conv:{entry.conversation}")
+            conv.worker = asyncio.create_task(
+                self._work(entry.conversation, conv), name=f"conv:{entry.conversation}"
+            )
         return ahead
 
     def status(self, conversation: str) -> tuple[JournalEntry | None, int]:
@@ -114,10 +116,12 @@ class TurnQueue:
         """Let running turns finish for ``grace`` seconds, then cancel them. Queued entries stay in
         the journal as pending and run at the next start. Returns how many turns were cut off."""
         self._closing = True
-        running = [c.running_task for c in self._convs.values() if c.running_task and not c.running_task.done()]
+        running = [
+            c.running_task for c in self._convs.values() if c.running_task and not c.running_task.done()
+        ]
         cut = 0
         if running:
-            done, pending = await asyncio.wait(running, timeout=grace)
+            _, pending = await asyncio.wait(running, timeout=grace)
             cut = len(pending)
             for task in pending:
                 task.cancel()

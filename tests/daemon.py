@@ -27,10 +27,15 @@ def free_port() -> int:
 def base_config(data_dir: Path, model_base_url: str, http_port: int) -> dict[str, Any]:
     """A config for tests: fake model, no channel on (tests switch theirs on), fast delivery."""
     return {
-        "models": [{
-            "name": "default", "use": "langchain_openai:ChatOpenAI", "model": "fake-model",
-            "base_url": model_base_url, "api_key": "sk-test-key-never-logged",
-        }],
+        "models": [
+            {
+                "name": "default",
+                "use": "langchain_openai:ChatOpenAI",
+                "model": "fake-model",
+                "base_url": model_base_url,
+                "api_key": "sk-test-key-never-logged",
+            }
+        ],
         "agent": {"model_timeout": 20, "model_retries": 2, "retry_backoff": 0.05},
         "channels": {name: {"enabled": False} for name in ("telegram", "slack", "discord", "lark")},
         "storage": {"path": str(data_dir)},
@@ -64,8 +69,16 @@ class DaemonProcess:
         env["PYTHONUNBUFFERED"] = "1"
         log = self.log_path.open("wb")
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "run", "-c", str(self.config_path),
-            cwd=str(REPO), env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "run",
+            "-c",
+            str(self.config_path),
+            cwd=str(REPO),
+            env=env,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
         )
         log.close()
         await self.wait_http(timeout)
@@ -143,8 +156,15 @@ class DaemonProcess:
 
     async def cli(self, *args: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", *args, "-c", str(self.config_path), cwd=str(REPO),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            *args,
+            "-c",
+            str(self.config_path),
+            cwd=str(REPO),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
         )
         out, _ = await proc.communicate()
         return int(proc.returncode or 0), out.decode()

@@ -36,8 +36,12 @@ async def model() -> AsyncIterator[FakeOpenAI]:
 @pytest.fixture
 async def daemon(tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["discord"] = {"enabled": True, "token": dc.token, "api_base_url": dc.api_base_url,
-                                  "gateway_url": dc.gateway_url}
+    cfg["channels"]["discord"] = {
+        "enabled": True,
+        "token": dc.token,
+        "api_base_url": dc.api_base_url,
+        "gateway_url": dc.gateway_url,
+    }
     cfg["access"] = {"allow_users": [f"discord:{FRIEND}"], "group_policy": "mention"}
     d = DaemonProcess(tmp_path, cfg)
     await d.start()
@@ -51,8 +55,9 @@ def replies(dc: FakeDiscord, mid: str) -> list[PostedMessage]:
     first = [m for m in dc.bot_messages() if m.reply_to == mid]
     if not first:
         return []
-    after = [m for m in dc.bot_messages(first[0].channel_id) if int(m.id) > int(first[0].id)
-             and m.reply_to is None]
+    after = [
+        m for m in dc.bot_messages(first[0].channel_id) if int(m.id) > int(first[0].id) and m.reply_to is None
+    ]
     return first + after
 
 
@@ -105,9 +110,12 @@ async def test_connection_drop_loses_nothing(daemon: DaemonProcess, dc: FakeDisc
     assert 'chital_messages_in_total{channel="discord"} 2.0' in await daemon.metrics()
 
 
-async def test_attachment_reaches_agent_uploads(daemon: DaemonProcess, dc: FakeDiscord, model: FakeOpenAI,
-                                                tmp_path: Path) -> None:
-    mid = await dc.inject_dm(FRIEND, "look at this file", attachments=[("notes.txt", b"quarterly numbers", "text/plain")])
+async def test_attachment_reaches_agent_uploads(
+    daemon: DaemonProcess, dc: FakeDiscord, model: FakeOpenAI, tmp_path: Path
+) -> None:
+    mid = await dc.inject_dm(
+        FRIEND, "look at this file", attachments=[("notes.txt", b"quarterly numbers", "text/plain")]
+    )
     await answered(dc, mid, "echo:")
     uploaded = list((tmp_path / "data" / "threads").glob("*/uploads/notes.txt"))
     assert uploaded and uploaded[0].read_bytes() == b"quarterly numbers"
@@ -120,5 +128,7 @@ async def test_stranger_refused(daemon: DaemonProcess, dc: FakeDiscord, model: F
     assert reply.content
     dm = await dc.inject_dm(STRANGER, "secret plan")
     await answered(dc, dm, "pairing code")
-    assert all("secret plan" not in last_user_text(r) and "let me in" not in last_user_text(r)
-               for r in model.requests)
+    assert all(
+        "secret plan" not in last_user_text(r) and "let me in" not in last_user_text(r)
+        for r in model.requests
+    )

@@ -38,8 +38,13 @@ async def model() -> AsyncIterator[FakeOpenAI]:
 @pytest.fixture
 async def daemon(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["slack"] = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
-                                "api_base_url": slack.api_base_url, "ping_interval": 0.5}
+    cfg["channels"]["slack"] = {
+        "enabled": True,
+        "bot_token": slack.bot_token,
+        "app_token": slack.app_token,
+        "api_base_url": slack.api_base_url,
+        "ping_interval": 0.5,
+    }
     cfg["access"] = {"allow_users": [f"slack:{FRIEND}"], "group_policy": "mention"}
     d = DaemonProcess(tmp_path, cfg)
     await d.start()
@@ -48,8 +53,9 @@ async def daemon(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> AsyncIt
     await d.close()
 
 
-async def thread_shows(slack: FakeSlack, channel: str, thread_ts: str | None, needle: str,
-                       timeout: float = 15) -> dict[str, str]:
+async def thread_shows(
+    slack: FakeSlack, channel: str, thread_ts: str | None, needle: str, timeout: float = 15
+) -> dict[str, str]:
     def check() -> dict[str, str] | None:
         msgs = slack.thread(channel, thread_ts)
         return msgs if any(needle in t for t in msgs.values()) else None
@@ -74,7 +80,9 @@ async def test_mention_answered_in_thread_once(daemon: DaemonProcess, slack: Fak
 
 async def test_dm_answered(daemon: DaemonProcess, slack: FakeSlack) -> None:
     await slack.inject_dm(DM, FRIEND, "hello privately")
-    await slack.wait_for(lambda: any("echo: hello privately" in t for t in slack.texts(DM)) or None, timeout=15)
+    await slack.wait_for(
+        lambda: any("echo: hello privately" in t for t in slack.texts(DM)) or None, timeout=15
+    )
 
 
 async def test_long_answer_split(daemon: DaemonProcess, slack: FakeSlack) -> None:
@@ -99,11 +107,14 @@ async def test_connection_drop_loses_nothing(daemon: DaemonProcess, slack: FakeS
     await slack.wait_for(lambda: any("echo: before" in t for t in slack.texts(DM)) or None, timeout=15)
     slack.abort_ws()
     await slack.inject_dm(DM, FRIEND, "during the outage")
-    await slack.wait_for(lambda: any("echo: during the outage" in t for t in slack.texts(DM)) or None, timeout=30)
+    await slack.wait_for(
+        lambda: any("echo: during the outage" in t for t in slack.texts(DM)) or None, timeout=30
+    )
 
 
-async def test_attachment_reaches_uploads(daemon: DaemonProcess, slack: FakeSlack, model: FakeOpenAI,
-                                          tmp_path: Path) -> None:
+async def test_attachment_reaches_uploads(
+    daemon: DaemonProcess, slack: FakeSlack, model: FakeOpenAI, tmp_path: Path
+) -> None:
     f = slack.add_file("data.csv", b"a,b\n1,2\n", "text/csv")
     await slack.inject_dm(DM, FRIEND, "analyse this", files=[f])
     await slack.wait_for(lambda: any("echo: analyse this" in t for t in slack.texts(DM)) or None, timeout=15)

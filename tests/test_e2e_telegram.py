@@ -43,7 +43,10 @@ async def model() -> AsyncIterator[FakeOpenAI]:
 def telegram_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["channels"]["telegram"] = {
-        "enabled": True, "token": tg.token, "base_url": tg.base_url, "base_file_url": tg.base_file_url,
+        "enabled": True,
+        "token": tg.token,
+        "base_url": tg.base_url,
+        "base_file_url": tg.base_file_url,
         "poll_timeout": 2,
     }
     cfg["access"] = {"allow_users": [str(OWNER)], "pairing": True, "group_policy": "mention"}
@@ -62,7 +65,9 @@ def replies_to(tg: FakeTelegram, chat: int, user_msg: int) -> list[Any]:
     return [m for m in tg.bot_messages(chat) if m.reply_to == user_msg]
 
 
-async def answered(tg: FakeTelegram, chat: int, update: dict[str, Any], needle: str, timeout: float = 15) -> Any:
+async def answered(
+    tg: FakeTelegram, chat: int, update: dict[str, Any], needle: str, timeout: float = 15
+) -> Any:
     """Wait until the reply to ``update`` shows ``needle``; return that reply message."""
     mid = update["message"]["message_id"]
 
@@ -75,7 +80,9 @@ async def answered(tg: FakeTelegram, chat: int, update: dict[str, Any], needle: 
     return await tg.wait_for(check, timeout=timeout, what=f"reply containing {needle!r}")
 
 
-async def test_dm_is_answered_with_streamed_edits(daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI) -> None:
+async def test_dm_is_answered_with_streamed_edits(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
     words = [f"word{i} " for i in range(12)]
     model.add_rule(lambda t: "stream please" in t, Reply(text="".join(words), chunks=12, chunk_delay=0.25))
     up = tg.inject_message(OWNER, OWNER, "stream please")
@@ -102,27 +109,38 @@ async def test_group_needs_a_mention(daemon: DaemonProcess, tg: FakeTelegram) ->
 
 
 async def test_commands_new_status_stop(daemon: DaemonProcess, tg: FakeTelegram) -> None:
-    status1 = await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None),
-                             "Thread:")
+    status1 = await answered(
+        tg, OWNER, tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None), "Thread:"
+    )
     assert "Model: fake-model" in status1.text
     await answered(tg, OWNER, tg.inject_message(OWNER, OWNER, "remember me"), "echo: remember me")
-    new = await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "new", chat_type="private", at=None),
-                         "fresh conversation")
+    new = await answered(
+        tg, OWNER, tg.inject_command(OWNER, OWNER, "new", chat_type="private", at=None), "fresh conversation"
+    )
     assert new.text
-    status2 = await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None),
-                             "Thread:")
+    status2 = await answered(
+        tg, OWNER, tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None), "Thread:"
+    )
     assert status2.text.splitlines()[0] != status1.text.splitlines()[0] or "0 messages" in status2.text
     assert "0 messages" in status2.text
 
     slow = tg.inject_message(OWNER, OWNER, "SLOW story")
-    await tg.wait_for(lambda: replies_to(tg, OWNER, slow["message"]["message_id"]), timeout=10, what="slow start")
+    await tg.wait_for(
+        lambda: replies_to(tg, OWNER, slow["message"]["message_id"]), timeout=10, what="slow start"
+    )
     stop = tg.inject_command(OWNER, OWNER, "stop", chat_type="private", at=None)
     await answered(tg, OWNER, stop, "Stopping")
     await answered(tg, OWNER, slow, "Stopped")
-    help_ = await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "help", chat_type="private", at=None), "/new")
+    help_ = await answered(
+        tg, OWNER, tg.inject_command(OWNER, OWNER, "help", chat_type="private", at=None), "/new"
+    )
     assert "/stop" in help_.text and "/status" in help_.text
-    unknown = await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "frobnicate", chat_type="private", at=None),
-                             "Unknown command /frobnicate")
+    unknown = await answered(
+        tg,
+        OWNER,
+        tg.inject_command(OWNER, OWNER, "frobnicate", chat_type="private", at=None),
+        "Unknown command /frobnicate",
+    )
     assert "/help" in unknown.text
 
 
@@ -149,14 +167,17 @@ async def test_redelivered_update_is_answered_once(daemon: DaemonProcess, tg: Fa
     assert 'reason="duplicate"' in await daemon.metrics()
 
 
-async def test_kill9_mid_turn_resumes_once(daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI) -> None:
+async def test_kill9_mid_turn_resumes_once(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
     up = tg.inject_message(OWNER, OWNER, "SLOW crash test")
     mid = up["message"]["message_id"]
     # Kill once the streamed reply has been edited: its message id is then surely in the outbox.
     # (Telegram has no idempotency key: a kill in the instant between Telegram accepting a send and
     # our outbox commit can leave one orphan partial message. See docs/durability.md.)
-    await tg.wait_for(lambda: any(m.edits for m in replies_to(tg, OWNER, mid)) or None, timeout=10,
-                      what="streaming edits")
+    await tg.wait_for(
+        lambda: any(m.edits for m in replies_to(tg, OWNER, mid)) or None, timeout=10, what="streaming edits"
+    )
     daemon.kill9()
     await daemon.wait_exit()
     model.add_rule(lambda t: True, lambda body: Reply(text=f"resumed answer to {last_user_text(body)}"))

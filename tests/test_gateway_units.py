@@ -17,10 +17,26 @@ from gateway.pacing import ChatPacer
 from gateway.store import Store
 
 
-def msg(text: str = "hi", *, direct: bool = True, addressed: bool = True, sender: str = "42",
-        mid: str = "1", chat: str = "42", thread: str | None = None) -> Inbound:
-    return Inbound(platform="telegram", chat_id=chat, message_id=mid, sender_id=sender, text=text,
-                   is_direct=direct, addressed=addressed, thread_id=thread)
+def msg(
+    text: str = "hi",
+    *,
+    direct: bool = True,
+    addressed: bool = True,
+    sender: str = "42",
+    mid: str = "1",
+    chat: str = "42",
+    thread: str | None = None,
+) -> Inbound:
+    return Inbound(
+        platform="telegram",
+        chat_id=chat,
+        message_id=mid,
+        sender_id=sender,
+        text=text,
+        is_direct=direct,
+        addressed=addressed,
+        thread_id=thread,
+    )
 
 
 # -- config ----------------------------------------------------------------------------------------
@@ -65,7 +81,9 @@ def test_shipped_config_is_valid() -> None:
 def test_redaction_masks_secrets() -> None:
     import logging
 
-    record = logging.LogRecord("x", logging.INFO, __file__, 1, "url /bot%s/getMe failed", ("123:SECRETTOKEN",), None)
+    record = logging.LogRecord(
+        "x", logging.INFO, __file__, 1, "url /bot%s/getMe failed", ("123:SECRETTOKEN",), None
+    )
     RedactingFilter(["123:SECRETTOKEN"]).filter(record)
     assert "SECRETTOKEN" not in record.getMessage() and "***" in record.getMessage()
 
@@ -121,7 +139,9 @@ async def test_access_deny_by_default(tmp_path: Path) -> None:
     free = AccessPolicy(allow_users=["1"], free_response_chats=["telegram:-5"])
     assert (await decide(group, free, store, False)).verdict is Verdict.ALLOW
     off = AccessPolicy(allow_users=["1"], group_policy="off")
-    assert (await decide(msg(sender="1", direct=False, chat="-5"), off, store, False)).verdict is Verdict.IGNORE
+    assert (
+        await decide(msg(sender="1", direct=False, chat="-5"), off, store, False)
+    ).verdict is Verdict.IGNORE
     await store.close()
 
 
@@ -154,7 +174,9 @@ def test_split_markdown_keeps_code_blocks_balanced() -> None:
 # -- pacing ----------------------------------------------------------------------------------------
 async def test_pacer_obeys_retry_after_and_retries_transient() -> None:
     hits: list[int] = []
-    pacer = ChatPacer(Capabilities(max_message_len=100, edit_interval=0.0), on_rate_limited=lambda: hits.append(1))
+    pacer = ChatPacer(
+        Capabilities(max_message_len=100, edit_interval=0.0), on_rate_limited=lambda: hits.append(1)
+    )
     calls = 0
 
     async def op() -> str:

@@ -8,7 +8,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,15 +37,15 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def fake() -> AsyncIterator[FakeLark]:
+def fake() -> Iterator[FakeLark]:
     server = FakeLark(ping_interval=30, reconnect_interval=1).start()
-    yield server  # type: ignore[misc]
+    yield server
     server.stop()
 
 
-def make_channel(fake: FakeLark, **kw: object) -> LarkChannel:
+def make_channel(fake: FakeLark, liveness_timeout: float = LIVENESS) -> LarkChannel:
     return LarkChannel(fake.app_id, fake.app_secret, domain=fake.base_url,
-                       liveness_timeout=kw.pop("liveness_timeout", LIVENESS), **kw)  # type: ignore[arg-type]
+                       liveness_timeout=liveness_timeout)
 
 
 class Sink:

@@ -52,7 +52,35 @@ _SWEEP = (
     'grep -qzx "CHITAL_EXEC=$M" "$d/environ" 2>/dev/null && kill -9 "$p" 2>/dev/null; done'
 )
 _WRAPPER = f'bash -c "$1" 2>&1; rc=$?; M=$CHITAL_EXEC; {_SWEEP}; exit $rc'
-_KILLER = f"M=$1; {_SWEEP}; exit 0"
+# The timeout path's killer: one process that never forks (a fork bomb may hold every process
+# slot), repeats until no marked process is left and says so; anything else means "kill the
+# container".
+_KILLER = """
+import os, signal, sys, time
+mark, me = ("CHITAL_EXEC=" + sys.argv[1]).encode(), os.getpid()
+def scan():
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != me:
+            try:
+                with open("/proc/%s/environ" % d, "rb") as f:
+                    if mark in f.read().split(b"\\0"):
+                        found.append(int(d))
+            except OSError:
+                pass
+    return found
+for _ in range(50):
+    pids = scan()
+    if not pids:
+        break
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.02)
+print("left=%d" % len(scan()))
+"""
 
 
 def container_name(thread_id: str) -> str:
@@ -146,21 +174,27 @@ class DockerSandbox(Sandbox):
         api = self.provider.client.api
         user = f"{self.provider.uid}:{self.provider.gid}"
 
-        def sweep() -> None:
-            with contextlib.suppress(DockerException):
-                exec_id = api.exec_create(
-                    self.container_id, ["/bin/sh", "-c", _KILLER, "chital-kill", marker], user=user
-                )["Id"]
-                api.exec_start(exec_id)
+        def sweep() -> bool:
+            try:
+                exec_id = api.exec_create(self.container_id, ["python3", "-c", _KILLER, marker], user=user)[
+                    "Id"
+                ]
+                return b"left=0" in api.exec_start(exec_id)
+            except DockerException:
+                return False
 
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.to_thread(sweep), 5)
-        done, _ = await asyncio.wait({reader}, timeout=2)
+        try:
+            clean = await asyncio.wait_for(asyncio.to_thread(sweep), 10)
+        except TimeoutError:
+            clean = False
+        done = False
+        if clean:
+            done = bool((await asyncio.wait({reader}, timeout=2))[0])
         if not done:
             log.warning("sandbox %s: processes survived the sweep; killing its container", self.id)
             with contextlib.suppress(DockerException):
                 await asyncio.to_thread(api.kill, self.container_id)
-            done, _ = await asyncio.wait({reader}, timeout=5)
+            done = bool((await asyncio.wait({reader}, timeout=5))[0])
         if not done:
             with contextlib.suppress(Exception):
                 stream.close()
