@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from typing import Any
 
@@ -49,6 +50,13 @@ async def open_harness(config: Config) -> Any:
 
     spec = config.model_spec()
     path = config.storage.path / "checkpoints.sqlite"
+    if spec.use.startswith("langchain_openai:") and not (
+        spec.kwargs().get("api_key") or os.environ.get("OPENAI_API_KEY")
+    ):
+        index = config.models.index(spec)
+        reason = f"no API key: set OPENAI_API_KEY (or models[{index}].api_key in config.yaml)"
+        log.error("the agent's model %r is not configured: %s", spec.name, reason)
+        return UnconfiguredHarness(reason)
     try:
         harness = Harness(config.agent, spec, path)
         await harness.start()

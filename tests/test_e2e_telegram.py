@@ -19,6 +19,7 @@ from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 
 OWNER = 1001  # allowed by config
+OTHER = 1002  # allowed too
 STRANGER = 6666
 GROUP = -100200300
 
@@ -49,7 +50,7 @@ def telegram_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict
         "base_file_url": tg.base_file_url,
         "poll_timeout": 2,
     }
-    cfg["access"] = {"allow_users": [str(OWNER)], "pairing": True, "group_policy": "mention"}
+    cfg["access"] = {"allow_users": [str(OWNER), f"telegram:{OTHER}"], "pairing": True, "group_policy": "mention"}
     return cfg
 
 
@@ -228,3 +229,25 @@ async def test_sigterm_exits_cleanly(daemon: DaemonProcess, tg: FakeTelegram) ->
     rc = await daemon.terminate()
     assert rc == 0, daemon.logs()
     assert "stopped cleanly" in daemon.logs()
+
+
+async def test_busy_chat_queues_visibly_and_blocks_no_one_else(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+    slow = tg.inject_message(OWNER, OWNER, "SLOW first")
+    await tg.wait_for(lambda: replies_to(tg, OWNER, slow["message"]["message_id"]), timeout=10, what="slow started")
+    second = tg.inject_message(OWNER, OWNER, "second in line")
+    queued = await answered(tg, OWNER, second, "Queued")
+    # Another chat is not held up by the busy one.
+    other = tg.inject_message(OTHER, OTHER, "meanwhile here")
+    await answered(tg, OTHER, other, "echo: meanwhile here")
+    await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "stop", chat_type="private", at=None), "Stopping")
+    final = await answered(tg, OWNER, second, "echo: second in line")
+    assert final.message_id == queued.message_id, "the queued sign became the answer"
+    assert len(replies_to(tg, OWNER, second["message"]["message_id"])) == 1
+
+
+async def test_platform_429_is_honoured(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+    tg.fail_next("sendMessage", 429, retry_after=1)
+    up = tg.inject_message(OWNER, OWNER, "despite limits")
+    await answered(tg, OWNER, up, "echo: despite limits")
+    assert len(replies_to(tg, OWNER, up["message"]["message_id"])) == 1
+    assert 'chital_platform_429_total{channel="telegram"} 1.0' in await daemon.metrics()

@@ -120,7 +120,7 @@ async def test_container_is_locked_down(sb: DockerSandbox, monkeypatch: pytest.M
         "/mnt/skills": False,
     }
     env_keys = {e.split("=", 1)[0] for e in info["Config"]["Env"]}
-    assert env_keys <= {"PATH", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE"}
+    assert env_keys <= {"PATH", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE", "CHITAL_EXEC"}
 
 
 async def test_echo_user_and_secret_env(provider: DockerProvider, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,31 +44,35 @@ LABEL_THREAD = "chital.thread"
 LABEL_INSTANCE = "chital.instance"
 LABEL_CONFIG = "chital.config"
 
-# Runs the user's command, then kills every process still carrying this exec's marker (children it
-# backgrounded, even ones that called setsid), so nothing outlives the command: the same contract as
-# the local provider, and the exec's output stream closes instead of hanging on a straggler.
+# Every process in a container carries CHITAL_EXEC: "idle" (container env) for the container's own
+# processes, a fresh marker per exec (inherited by all it starts, even after setsid). After the
+# user's command, the wrapper kills what still carries its marker, and any process that shed its
+# environment (``env -i``) to hide: nothing outlives the command, as with the local provider.
 _SWEEP = (
     'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = "$$" ] && continue; '
-    'grep -qzx "CHITAL_EXEC=$M" "$d/environ" 2>/dev/null && kill -9 "$p" 2>/dev/null; done'
+    'if grep -qzx "CHITAL_EXEC=$M" "$d/environ" 2>/dev/null; then kill -9 "$p" 2>/dev/null; '
+    'elif [ -r "$d/environ" ] && ! grep -qz "^CHITAL_EXEC=" "$d/environ" 2>/dev/null; '
+    'then kill -9 "$p" 2>/dev/null; fi; done'
 )
 _WRAPPER = f'bash -c "$1" 2>&1; rc=$?; M=$CHITAL_EXEC; {_SWEEP}; exit $rc'
-# The timeout path's killer: one process that never forks (a fork bomb may hold every process
-# slot), repeats until no marked process is left and says so; anything else means "kill the
-# container".
+# The timeout path's killer: the same rule in one process that never forks (a fork bomb may hold
+# every process slot); it repeats until nothing is left and says so. Any other outcome means
+# "kill the container".
 _KILLER = """
 import os, signal, sys, time
 mark, me = ("CHITAL_EXEC=" + sys.argv[1]).encode(), os.getpid()
+def doomed(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                return False
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = f.read().split(b"\\0")
+    except (OSError, IndexError):
+        return False
+    return mark in env or not any(e.startswith(b"CHITAL_EXEC=") for e in env)
 def scan():
-    found = []
-    for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) != me:
-            try:
-                with open("/proc/%s/environ" % d, "rb") as f:
-                    if mark in f.read().split(b"\\0"):
-                        found.append(int(d))
-            except OSError:
-                pass
-    return found
+    return [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) not in (1, me) and doomed(int(d))]
 for _ in range(50):
     pids = scan()
     if not pids:
@@ -331,7 +335,7 @@ class DockerProvider(SandboxProvider):
                     LABEL_CONFIG: self.config_hash,
                 },
                 user=f"{self.uid}:{self.gid}",
-                environment=sandbox_env(),
+                environment={**sandbox_env(), "CHITAL_EXEC": "idle"},
                 working_dir=WORKSPACE,
                 hostname="sandbox",
                 network_mode="bridge" if self.network else "none",

@@ -245,7 +245,7 @@ class WsRunner:
             conn, client._conn = client._conn, None
             if conn is not None:
                 try:
-                    await asyncio.wait_for(conn.close(), 2)
+                    await asyncio.wait_for(conn.close(), 1)  # a half-open peer never answers
                 except Exception:
                     with contextlib.suppress(Exception):
                         conn.transport.abort()

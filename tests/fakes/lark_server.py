@@ -6,6 +6,10 @@ control frames, ``im.message.receive_v1`` event data frames, the client's ``{"co
 the im.v1 REST API the adapter calls. It runs aiohttp in its **own thread with its own event loop**:
 lark-oapi makes blocking ``requests`` calls, so a fake on the caller's loop would deadlock it.
 
+Events go to the newest live connection; one injected while none is live (or while the only one is
+stalled) waits for the next connection. Like the platform, the fake does not re-send an event on its
+own after a 500 ack: a test calls ``redeliver``.
+
 Everything the user would see is recorded (bot messages per chat with their current content, the
 uploads, reactions) plus what the platform sees (acks per event). ``wait_for`` is thread-safe, so an
 end-to-end test whose daemon is a subprocess can use the fake too.
@@ -233,7 +237,7 @@ class FakeLark:
                 self._cond.wait(min(left, 0.5))
 
     async def wait_for_async(
-        self, predicate: Callable[[FakeLark], T], timeout: float = 10.0  # noqa: ASYNC109
+        self, predicate: Callable[[FakeLark], T], timeout: float = 10.0
     ) -> T:
         """``wait_for`` for coroutines: never blocks the caller's event loop."""
         return await asyncio.to_thread(self.wait_for, predicate, timeout)
