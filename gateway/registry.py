@@ -4,6 +4,8 @@ Adapters are imported lazily: a platform that is off costs neither import time n
 
 from __future__ import annotations
 
+import logging
+
 from channels.base import Channel
 
 from .config import Config
@@ -91,6 +93,10 @@ def build_channels(cfg: Config) -> tuple[list[Channel], dict[str, str]]:
             )
         elif name == "lark":
             from channels.lark import LarkChannel
+
+            # lark-oapi attaches its own stdout handler at import; it would bypass our redacting
+            # handler and print every line twice.
+            logging.getLogger("Lark").handlers.clear()
 
             channels.append(
                 LarkChannel(

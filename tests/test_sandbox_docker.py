@@ -215,6 +215,20 @@ async def test_straggler_without_marker_is_killed(provider: DockerProvider) -> N
     assert "sleep 106" not in (await sb2.exec("ps -eo args")).output
 
 
+async def test_cancel_kills_command(sb: DockerSandbox) -> None:
+    """A cancelled turn (/stop) kills its command; a concurrent command in the same sandbox lives."""
+    task = asyncio.create_task(sb.exec("sleep 107", timeout=60))
+    other = asyncio.create_task(sb.exec("sleep 1.5; echo other-done", timeout=60))
+    deadline = time.monotonic() + 10
+    while "sleep 107" not in (await sb.exec("ps -eo args")).output and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert "sleep 107" not in (await sb.exec("ps -eo args")).output
+    assert (await other).output == "other-done\n"
+
+
 async def test_huge_output_truncated(sb: DockerSandbox) -> None:
     res = await sb.exec("head -c 3000000 /dev/zero | tr '\\0' a; echo; echo END", max_output=10_000)
     assert res.truncated and res.exit_code == 0

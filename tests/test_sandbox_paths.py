@@ -19,7 +19,7 @@ import pytest
 from agent.sandbox import OutputCap, PathRefused, SandboxError, ThreadDirs
 from agent.sandbox.backend import SandboxBackend
 from agent.sandbox.local import LocalProvider, LocalSandbox
-from agent.sandbox.paths import PathMapper, safe_thread_id
+from agent.sandbox.paths import safe_thread_id
 
 WS = "/mnt/user-data/workspace"
 
@@ -326,3 +326,15 @@ async def test_backend_reads_images_as_base64(sb: LocalSandbox) -> None:
     await sb.write_file("/mnt/user-data/uploads/pic.png", png)
     r = SandboxBackend(sb).read("/mnt/user-data/uploads/pic.png")
     assert r.file_data == {"content": base64.b64encode(png).decode(), "encoding": "base64"}
+
+
+def test_create_provider_from_settings(root: Path) -> None:
+    from agent.sandbox import SandboxSettings, create_provider
+    from agent.sandbox.docker_provider import DockerProvider
+
+    local = create_provider(SandboxSettings(root=root / "a", skills_dir=None))
+    assert isinstance(local, LocalProvider) and local.root == (root / "a").resolve()
+    docker = create_provider(SandboxSettings(provider="docker", root=root / "b", idle_timeout=5))
+    assert isinstance(docker, DockerProvider) and docker.idle_timeout == 5
+    with pytest.raises(ValueError):
+        SandboxSettings(provider="kubernetes")  # type: ignore[arg-type]

@@ -45,19 +45,10 @@ LABEL_INSTANCE = "chital.instance"
 LABEL_CONFIG = "chital.config"
 
 # Every process in a container carries CHITAL_EXEC: "idle" (container env) for the container's own
-# processes, a fresh marker per exec (inherited by all it starts, even after setsid). After the
-# user's command, the wrapper kills what still carries its marker, and any process that shed its
-# environment (``env -i``) to hide: nothing outlives the command, as with the local provider.
-_SWEEP = (
-    'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = "$$" ] && continue; '
-    'if grep -qzx "CHITAL_EXEC=$M" "$d/environ" 2>/dev/null; then kill -9 "$p" 2>/dev/null; '
-    'elif [ -r "$d/environ" ] && ! grep -qz "^CHITAL_EXEC=" "$d/environ" 2>/dev/null; '
-    'then kill -9 "$p" 2>/dev/null; fi; done'
-)
-_WRAPPER = f'bash -c "$1" 2>&1; rc=$?; M=$CHITAL_EXEC; {_SWEEP}; exit $rc'
-# The timeout path's killer: the same rule in one process that never forks (a fork bomb may hold
-# every process slot); it repeats until nothing is left and says so. Any other outcome means
-# "kill the container".
+# processes, a fresh marker per exec (inherited by all it starts, even after setsid). The killer
+# SIGKILLs what carries a given marker and whatever shed its environment (``env -i``) to hide. It is
+# one process that never forks, because a fork bomb may hold every process slot; it repeats until
+# nothing is left. With an exit code it exits with it silently, else it reports "left=N".
 _KILLER = """
 import os, signal, sys, time
 mark, me = ("CHITAL_EXEC=" + sys.argv[1]).encode(), os.getpid()
@@ -83,8 +74,17 @@ for _ in range(50):
         except OSError:
             pass
     time.sleep(0.02)
+if len(sys.argv) > 2:
+    sys.exit(int(sys.argv[2]))
 print("left=%d" % len(scan()))
 """
+# Runs the user's command, then makes sure nothing it started survives, as with the local
+# provider. Fast path, no fork: only init, the idle process and this shell exist. Otherwise the
+# shell becomes the killer (exec, not fork) and exits with the command's status.
+_WRAPPER = (
+    'k=$2; bash -c "$1" 2>&1; rc=$?; set -- /proc/[0-9]*; [ $# -le 3 ] && exit $rc; '
+    'exec python3 -c "$k" "$CHITAL_EXEC" "$rc"'
+)
 
 
 def container_name(thread_id: str) -> str:
@@ -124,7 +124,7 @@ class DockerSandbox(Sandbox):
         def start() -> tuple[str, Any]:
             exec_id = api.exec_create(
                 self.container_id,
-                ["/bin/sh", "-c", _WRAPPER, "chital-exec", command],
+                ["/bin/sh", "-c", _WRAPPER, "chital-exec", command, _KILLER],
                 user=user,
                 workdir=WORKSPACE,
                 environment={"CHITAL_EXEC": marker},
@@ -133,18 +133,31 @@ class DockerSandbox(Sandbox):
             )["Id"]
             return exec_id, api.exec_start(exec_id, stream=True)
 
-        try:
+        async def start_or_revive() -> tuple[str, Any]:
             try:
-                exec_id, stream = await asyncio.to_thread(start)
+                return await asyncio.to_thread(start)
             except (NotFound, APIError) as e:
                 # The container died (killed after a runaway command, removed by hand): start a
                 # fresh one for this thread and try once more. Files live on the host.
                 if isinstance(e, APIError) and e.status_code not in (404, 409):
                     raise
                 await self.provider.revive(self)
-                exec_id, stream = await asyncio.to_thread(start)
+                return await asyncio.to_thread(start)
+
+        starting = asyncio.ensure_future(start_or_revive())
+        try:
+            exec_id, stream = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # Cancelled while the exec was being started: let it start, then kill it below.
+            try:
+                exec_id, stream = await starting
+            except Exception:
+                raise asyncio.CancelledError from None
+            cancelled_early = True
         except DockerException as e:
             raise SandboxUnavailable(f"docker exec failed: {_short(e)}") from None
+        else:
+            cancelled_early = False
         cap = OutputCap(max_output)
 
         def pump() -> None:
@@ -154,6 +167,8 @@ class DockerSandbox(Sandbox):
         reader = asyncio.ensure_future(asyncio.to_thread(pump))
         timed_out = False
         try:
+            if cancelled_early:
+                raise asyncio.CancelledError
             done, _ = await asyncio.wait({reader}, timeout=timeout)
             if not done:
                 timed_out = True
