@@ -59,26 +59,33 @@ async def sb(provider: LocalProvider) -> LocalSandbox:
     return await provider.acquire("telegram:42")
 
 
-def procs_with(marker: str) -> list[int]:
-    """Host pids whose command line contains ``marker``."""
+def procs_with(marker: str) -> list[str]:
+    """Host processes whose command line contains ``marker``, as "pid: cmdline"."""
     found = []
     for d in os.listdir("/proc"):
-        if not d.isdigit():
+        if not d.isdigit() or int(d) == os.getpid():
             continue
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(d))
+                cmdline = f.read()
         except OSError:
             continue
-    return [p for p in found if p != os.getpid()]
+        if marker.encode() in cmdline:
+            text = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{d}: {text}")
+    return found
 
 
-async def wait_gone(marker: str, deadline: float = 10.0) -> list[int]:
+async def wait_gone(marker: str, deadline: float = 10.0) -> list[str]:
     end = time.monotonic() + deadline
     while (left := procs_with(marker)) and time.monotonic() < end:
         await asyncio.sleep(0.05)
     return left
+
+
+def unique_seconds(base: int) -> str:
+    """A sleep duration no other process on the machine will have in its command line."""
+    return f"{base}.{uuid.uuid4().int % 10**9:09d}"
 
 
 # --- without bubblewrap: refusal unless explicitly allowed ---------------------------------------
@@ -207,31 +214,29 @@ async def test_pids_limit_contains_fork_bomb(sb: LocalSandbox) -> None:
 @bwrap
 @needs_bwrap
 async def test_timeout_kills_process_tree(sb: LocalSandbox) -> None:
-    tag = f"{uuid.uuid4().int % 1000:03d}"
+    tag = unique_seconds(100)
     started = time.monotonic()
-    res = await sb.exec(
-        f"sleep 100.{tag}1 & (setsid sleep 100.{tag}2 &); echo started; sleep 100.{tag}3", timeout=1.5
-    )
+    res = await sb.exec(f"sleep {tag}1 & (setsid sleep {tag}2 &); echo started; sleep {tag}3", timeout=1.5)
     elapsed = time.monotonic() - started
     assert res.timed_out and res.exit_code is None
     assert res.output == "started\n"
     assert elapsed < 10
-    assert await wait_gone(f"100.{tag}") == []
+    assert await wait_gone(tag) == []
 
 
 @bwrap
 @needs_bwrap
 async def test_cancel_kills_command(sb: LocalSandbox) -> None:
-    tag = f"{uuid.uuid4().int % 1000:03d}"
-    task = asyncio.create_task(sb.exec(f"sleep 200.{tag}", timeout=60))
+    tag = unique_seconds(200)
+    task = asyncio.create_task(sb.exec(f"sleep {tag}", timeout=60))
     end = time.monotonic() + 10
-    while not procs_with(f"200.{tag}") and time.monotonic() < end:
+    while not any("bwrap" not in p for p in procs_with(tag)) and time.monotonic() < end:
         await asyncio.sleep(0.02)
-    assert procs_with(f"200.{tag}")
+    assert procs_with(tag)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await wait_gone(f"200.{tag}") == []
+    assert await wait_gone(tag) == []
 
 
 @bwrap

@@ -151,7 +151,7 @@ class FakeOpenAI:
         return app
 
     async def start(self, port: int = 0) -> FakeOpenAI:
-        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
