@@ -601,17 +601,17 @@ def table(rows: list[Row]) -> None:
     for r in rows:
         if r.figures:
             print(f"{r.platform:9} {r.scenario:12} {r.figures}")
-        else:
-            answer = secs(r.answer) if r.answer is not None else "FAILED"
-            print(f"{r.platform:9} {r.scenario:12} {answer:>9} {secs(r.down):>7} {secs(r.up):>7} "
-                  f"{secs(r.log_down):>7} {secs(r.log_up):>7} {secs(r.reconnect):>7}  {r.note}")  # fmt: skip
+            continue
+        answer = secs(r.answer) if r.answer is not None else "FAILED"
+        print(f"{r.platform:9} {r.scenario:12} {answer:>9} {secs(r.down):>7} {secs(r.up):>7} "
+              f"{secs(r.log_down):>7} {secs(r.log_up):>7} {secs(r.reconnect):>7}  {r.note[:90]}")  # fmt: skip
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--platforms", default=",".join(PLATFORMS), help="comma-separated subset")
-    ap.add_argument("--messages", type=int, default=50, help="sequential DMs in the latency run")
-    ap.add_argument("--burst", type=int, default=10, help="back-to-back DMs after the spaced run")
+    ap.add_argument("--messages", type=int, help="spaced DMs in the latency run (default 50, --quick 20)")
+    ap.add_argument("--burst", type=int, help="back-to-back DMs after the spaced run (default 10, --quick 6)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--idle", type=float, default=3.0, help="seconds of idle CPU measured first")
     ap.add_argument("--quick", action="store_true", help="short detection timeouts (ping 1 s etc.)")
@@ -620,6 +620,10 @@ async def main() -> None:
     ap.add_argument("--keep", type=Path, help="keep configs and daemon logs under this directory")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the daemon log of every scenario")
     args = ap.parse_args()
+    if args.messages is None:
+        args.messages = 20 if args.quick else 50
+    if args.burst is None:
+        args.burst = 6 if args.quick else 10
     names = [p.strip() for p in args.platforms.split(",") if p.strip()]
     unknown = [p for p in names if p not in DRIVERS]
     if unknown:

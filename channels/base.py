@@ -112,6 +112,8 @@ class Capabilities:
     """Sustained spacing of sends into one chat (seconds per message); 0: only 429s slow us down."""
     send_burst: int = 1
     """Sends allowed back to back before ``min_send_interval`` spacing applies (a token bucket)."""
+    picked_up_reaction: str | None = None
+    """Emoji put on the user's message when its turn starts, or None."""
     done_reaction: str | None = None
     """Emoji put on the user's message once the answer is delivered (Slack's habit), or None."""
     max_upload_bytes: int = 20 * 1024 * 1024

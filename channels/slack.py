@@ -103,6 +103,7 @@ class SlackChannel(Channel):
         min_send_interval=1.0,
         send_burst=3,
         max_upload_bytes=100 * 1024 * 1024,  # files_upload_v2 holds the file in memory
+        picked_up_reaction="👀",
         done_reaction="✅",
     )
 

@@ -39,6 +39,8 @@ from .turns import TurnQueue
 log = logging.getLogger(__name__)
 
 TYPING_EVERY = 4.5
+TYPING_AFTER = 0.3
+"""An answer faster than this needs no typing indicator (saves a platform call per message)."""
 MAX_ATTEMPTS = 3
 PAIRING_REMINDER_EVERY = 60.0
 QUEUED_SIGN_AFTER = 0.4
@@ -282,6 +284,9 @@ class Gateway:
         if entry.attempts > 1 and reply.has_message:
             with contextlib.suppress(Exception):
                 await reply.status("♻️ I was restarted while answering; picking up where I left off…")
+        picked_up = reply.channel.capabilities.picked_up_reaction
+        if picked_up:
+            self._spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
         typing = asyncio.create_task(self._keep_typing(reply))
         outcome = "error"
         try:
@@ -295,8 +300,7 @@ class Gateway:
             await self.store.journal_set(entry.key, "done")
             done = reply.channel.capabilities.done_reaction
             if done:
-                with contextlib.suppress(Exception):
-                    await reply.channel.react(inbound.target, done)
+                await self._react(reply.channel, inbound, done)
         except asyncio.CancelledError:
             typing.cancel()
             if not self.turns.was_stopped(entry.key):
@@ -379,8 +383,14 @@ class Gateway:
         await self.store.journal_set(entry.key, "failed")
         self.metrics.turns.labels("abandoned").inc()
 
+    @staticmethod
+    async def _react(channel: Channel, inbound: Inbound, emoji: str) -> None:
+        with contextlib.suppress(Exception):
+            await channel.react(inbound.target, emoji)
+
     async def _keep_typing(self, reply: Reply) -> None:
         with contextlib.suppress(Exception):
+            await asyncio.sleep(TYPING_AFTER)
             while True:
                 await reply.channel.typing(reply.target)
                 await asyncio.sleep(TYPING_EVERY)
