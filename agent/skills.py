@@ -24,12 +24,16 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.sandbox.paths import SKILLS
+
+if TYPE_CHECKING:
+    from langchain.agents.middleware.types import AgentMiddleware
+    from langchain_core.tools import BaseTool
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,10 @@ MAX_DESCRIPTION = 1024
 """Agent Skills spec limits; descriptions go into every system prompt, so they are enforced."""
 MAX_VIEW_FILE_BYTES = 20 * 1024 * 1024
 """Supporting files larger than this are left out of the sandbox view (with a warning)."""
+
+VIEW_DIR = "skills-view"
+VIEW_MARKER = ".chital-skills-view"
+"""``skills_dir_for_sandbox`` only ever manages a folder that holds this marker (or is empty)."""
 
 _NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)(?:\r?\n)?^---[ \t]*(?:\r?\n|\Z)", re.DOTALL | re.MULTILINE)
@@ -142,26 +150,28 @@ def parse_skill(skill_md: Path, source: str) -> Skill:
     try:
         raw = skill_md.read_bytes()
     except OSError as exc:
-        raise SkillError(f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+        raise SkillError(f"cannot read it ({exc.strerror or type(exc).__name__})") from None
     if len(raw) > MAX_SKILL_BYTES:
-        raise SkillError(f"is {len(raw)} bytes; the limit is {MAX_SKILL_BYTES}")
+        raise SkillError(f"the file is {len(raw)} bytes; the limit is {MAX_SKILL_BYTES}")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise SkillError("is not UTF-8 text") from None
+        raise SkillError("the file is not UTF-8 text") from None
     match = _FRONT_MATTER.match(text)
     if match is None:
-        raise SkillError("has no YAML front matter (the file must start with a '---' line, then a closing '---')")
+        raise SkillError(
+            "no YAML front matter (the file must start with a '---' line and close it with another '---')"
+        )
     try:
         meta = yaml.safe_load(match.group(1))
     except yaml.YAMLError as exc:
-        raise SkillError(f"has invalid YAML front matter: {_yaml_problem(exc)}") from None
+        raise SkillError(f"invalid YAML front matter: {_yaml_problem(exc)}") from None
     if not isinstance(meta, dict):
-        raise SkillError("front matter is not a mapping of 'key: value' lines")
+        raise SkillError("the front matter is not a mapping of 'key: value' lines")
 
     name = _text_field(meta, "name")
     if not name:
-        raise SkillError("front matter has no 'name'")
+        raise SkillError("the front matter has no 'name'")
     if len(name) > MAX_NAME or not _NAME_RE.match(name):
         raise SkillError(
             f"name {name!r} is not valid: use at most {MAX_NAME} lowercase letters, digits and single hyphens"
@@ -171,7 +181,7 @@ def parse_skill(skill_md: Path, source: str) -> Skill:
         raise SkillError(f"name {name!r} does not match its folder name {folder!r}")
     description = " ".join((_text_field(meta, "description") or "").split())
     if not description:
-        raise SkillError("front matter has no 'description'")
+        raise SkillError("the front matter has no 'description'")
     if len(description) > MAX_DESCRIPTION:
         raise SkillError(f"description is {len(description)} characters; the limit is {MAX_DESCRIPTION}")
     tools = _allowed_tools(meta.get("allowed-tools", meta.get("allowed_tools")))
@@ -182,7 +192,7 @@ def parse_skill(skill_md: Path, source: str) -> Skill:
         version = str(extra["version"]).strip() or None
     body = text[match.end() :].strip()
     if not body:
-        raise SkillError("has no instructions after the front matter")
+        raise SkillError("no instructions after the front matter")
     return Skill(
         name=name,
         description=description,
@@ -217,9 +227,10 @@ def scan_skills(root: Path, source: str) -> dict[str, Skill]:
         try:
             skill = parse_skill(skill_md, source)
         except SkillError as exc:
-            log.warning("skills: skipped %s: it %s", skill_md, exc) if str(exc).startswith(
-                ("is ", "has ", "cannot ")
-            ) else log.warning("skills: skipped %s: %s", skill_md, exc)
+            log.warning("skills: skipped %s: %s", skill_md, exc)
+            continue
+        except Exception as exc:  # e.g. YAML that builds pathological objects: still never fatal
+            log.warning("skills: skipped %s: cannot parse it (%s)", skill_md, type(exc).__name__)
             continue
         found[skill.name] = skill
     return found
@@ -290,18 +301,18 @@ class SkillCatalog:
         if not target.is_relative_to(base):
             raise SkillError(f"{relative!r} is outside the skill's folder")
         if target.is_dir():
-            inside = [f for f in skill.files if f.startswith(target.relative_to(base).as_posix() + "/")]
-            if target == base:
-                inside = [SKILL_FILE, *skill.files]
-            return "Files:\n" + "\n".join(f"- {f}" for f in inside) if inside else "(empty folder)"
+            prefix = "" if target == base else target.relative_to(base).as_posix() + "/"
+            inside = [f for f in (SKILL_FILE, *skill.files) if f.startswith(prefix)]
+            return "\n".join(f"- {f}" for f in inside) if inside else "(no files)"
         if not target.is_file():
-            raise SkillError(f"skill {name!r} has no file {relative!r}; its files: {', '.join(skill.files) or 'none'}")
+            files = ", ".join(skill.files) or "none"
+            raise SkillError(f"skill {name!r} has no file {relative!r}; its files: {files}")
         with target.open("rb") as fh:
             data = fh.read(limit + 1)
         try:
             text = data[:limit].decode("utf-8")
         except UnicodeDecodeError:
-            raise SkillError(f"{relative!r} is not a text file; run or open it in the sandbox instead") from None
+            raise SkillError(f"{relative!r} is not a text file; use it from the sandbox instead") from None
         if len(data) > limit:
             text += f"\n[... truncated at {limit} bytes ...]"
         return text
@@ -318,16 +329,25 @@ class SkillCatalog:
         container's bind mount sees the refreshed content. ``root`` must be reachable by the
         sandbox's uid.
         """
-        view = Path(root) / "skills"
+        view = (Path(root) / VIEW_DIR).resolve()
+        for source in (self.settings.public_dir, self.settings.custom_dir):
+            src = Path(source).resolve()
+            if view == src or view.is_relative_to(src) or src.is_relative_to(view):
+                raise ValueError(f"the skills view {view} must not overlap the skills folder {src}")
+        marker = view / VIEW_MARKER
+        if view.is_dir() and any(view.iterdir()) and not marker.exists():
+            # We delete whatever is not an offered skill: never do that to a folder we did not make.
+            raise ValueError(f"{view} exists and was not made by Chital; choose another cache root")
         view.mkdir(parents=True, exist_ok=True)
         os.chmod(view, 0o755)
+        marker.touch()
         self._views.add(view)
         self._sync_view(view)
         return view
 
     def _sync_view(self, view: Path) -> None:
         for entry in view.iterdir():
-            if entry.name not in self._skills:
+            if entry.name not in self._skills and entry.name != VIEW_MARKER:
                 _remove(entry)
         for skill in self._skills.values():
             staging = view / f".{skill.name}.{uuid.uuid4().hex[:8]}"
@@ -377,7 +397,9 @@ def _copy_tree(src: Path, dst: Path) -> None:
 # ---- wiring --------------------------------------------------------------------------------------
 
 
-def build_skills(settings: SkillsSettings) -> tuple[list[Any], list[Any], SkillCatalog]:
+def build_skills(
+    settings: SkillsSettings,
+) -> tuple[list[BaseTool], list[AgentMiddleware[Any, Any, Any]], SkillCatalog]:
     """``(tools, middleware, catalog)`` for the harness: the ``load_skill`` tool, the listing
     middleware, and the catalog (for ``skills_dir_for_sandbox`` and ``reload``)."""
     from agent.skills_prompt import SkillsListing, make_load_skill_tool

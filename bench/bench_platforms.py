@@ -466,7 +466,8 @@ class Bench:
 
     @staticmethod
     def indent(text: str, lines: int = 40) -> str:
-        return "\n".join("      | " + line[:220] for line in text.splitlines()[-lines:])
+        shown = text.splitlines()[-lines:] or ["(nothing logged)"]
+        return "\n".join("      | " + line[:220] for line in shown)
 
     async def latency(self) -> None:
         """Spaced DMs (one per pacing interval: the per-chat send pacer never holds a reply, so this is

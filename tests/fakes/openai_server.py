@@ -151,7 +151,7 @@ class FakeOpenAI:
         return app
 
     async def start(self, port: int = 0) -> FakeOpenAI:
-        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        self._runner = web.AppRunner(self._app(), access_log=None, handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
@@ -213,6 +213,9 @@ class FakeOpenAI:
         body = await request.json(loads=json.loads)
         if self.record:
             self.requests.append(body)
+        problem = _check_tool_pairing(body.get("messages") or ())
+        if problem:
+            return self._error(Reply(status=400, error_message=problem))
         reply = self._choose(body)
         if reply.first_byte_delay:
             await asyncio.sleep(reply.first_byte_delay)
@@ -310,6 +313,31 @@ class FakeOpenAI:
         except ConnectionResetError:
             pass  # the client went away (a cancelled turn): nothing to finish
         return resp
+
+
+def _check_tool_pairing(messages: Sequence[dict[str, Any]]) -> str:
+    """The rule the real API enforces (HTTP 400): every assistant ``tool_calls`` entry must be
+    answered by a ``tool`` message right after it, and no ``tool`` message may answer nothing."""
+    open_ids: set[str] = set()
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            if message.get("tool_call_id") not in open_ids:
+                return (
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceding message with 'tool_calls'."
+                )
+            open_ids.discard(message["tool_call_id"])
+            continue
+        if open_ids:
+            return (
+                "An assistant message with 'tool_calls' must be followed by tool messages responding "
+                "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                f"{sorted(open_ids)}"
+            )
+        if role == "assistant":
+            open_ids = {call.get("id") for call in message.get("tool_calls") or ()}
+    return ""
 
 
 def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int]:

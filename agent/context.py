@@ -1,0 +1,592 @@
+"""Context engineering and safety middleware of the lead agent.
+
+``build_context_middleware`` returns the stack the harness takes as ``extra_middleware``. Almost
+everything is a ``wrap_model_call`` / ``wrap_tool_call`` hook, so the stack adds no graph node
+(each node is one more super-step and checkpoint write per model call):
+
+==========================  ==================================================================
+ClarificationMiddleware     ends the turn after ``ask_clarification`` (agent/tools/clarify.py)
+TitleMiddleware             names the thread once, in parallel with its first model call
+LoopGuard                   same tool + same args N times in a turn: warn, then force an answer
+summarization               deepagents' SummarizationMiddleware (history kept in state)
+PatchDanglingToolCalls      unanswered tool calls get "cancelled" results in the request
+GuardrailMiddleware         async vetoes of tool calls, fail-closed
+ToolErrors                  LangChain's ToolErrorMiddleware, short secret-free texts
+==========================  ==================================================================
+
+Order matters: summarization must see ``request.messages`` exactly as the state holds them
+(its cutoff is a state index), so only middleware that leaves the messages alone may sit
+outside it; PatchDanglingToolCalls sits inside it, next to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import re
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, NotRequired
+
+from langchain.agents.middleware import ToolErrorMiddleware
+from langchain.agents.middleware.types import (
+    AgentMiddleware,
+    AgentState,
+    ExtendedModelResponse,
+    ModelRequest,
+    ModelResponse,
+    ToolCallRequest,
+)
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.runnables import RunnableLambda
+from langchain_core.tools import ToolException
+from langgraph.config import get_config
+from langgraph.constants import TAG_NOSTREAM
+from langgraph.errors import GraphBubbleUp
+from langgraph.types import Command
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agent.sandbox.paths import SandboxError
+from agent.tools.clarify import ClarificationMiddleware
+
+log = logging.getLogger(__name__)
+
+
+class ContextSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    summarize_after_tokens: int | None = Field(60_000, ge=1)
+    """Summarize older history once the request (messages, system prompt, tools) is this many
+    tokens (approximate count); None turns summarization off."""
+    keep_recent_messages: int = Field(20, ge=1)
+    """Messages kept verbatim after a summary (tool calls stay with their results)."""
+    summary_input_tokens: int | None = Field(8_000, ge=1)
+    """Tokens of older history the summary call reads (its most recent part); None = all."""
+    loop_warn_after: int = Field(3, ge=2)
+    """The same tool with the same arguments this many times in a turn: warn the model."""
+    loop_stop_after: int = Field(5, ge=2)
+    """...this many times: the next model call must answer in text (no tools)."""
+    title: Literal["model", "truncate", "off"] = "model"
+    """Thread title: a short model call, the first message cut short, or none."""
+    title_max_chars: int = Field(60, ge=10)
+    title_timeout: float = Field(10.0, gt=0)
+    guardrail_timeout: float = Field(10.0, gt=0)
+    """Seconds a guardrail may take; a slow guardrail denies (fail-closed)."""
+    tool_error_max_chars: int = Field(500, ge=50)
+
+    @model_validator(mode="after")
+    def _loop_order(self) -> ContextSettings:
+        if self.loop_stop_after <= self.loop_warn_after:
+            raise ValueError("loop_stop_after must be greater than loop_warn_after")
+        return self
+
+
+# ---- redaction and tool errors ------------------------------------------------------------------
+_SECRETISH = re.compile(
+    r"(?i)(bearer\s+|(?:api[_-]?key|access[_-]?token|token|secret|password)[\"']?\s*[:=]\s*[\"']?)[^\s\"'&,;]+"
+)
+
+
+class Redactor:
+    """Removes configured secret values and obvious credential patterns from a text."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._secrets = sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return _SECRETISH.sub(r"\1***", text)
+
+
+_SAFE_ERRORS: tuple[type[BaseException], ...] = (ToolException, SandboxError)
+"""Exceptions raised on purpose with a text meant for the model; others show only their type."""
+
+
+class ToolErrors(ToolErrorMiddleware[Any, Any]):
+    """LangChain's ToolErrorMiddleware with Chital's message: which tool, what kind of failure,
+    and the text only of exceptions meant for the model (redacted, cut short).
+
+    It also scrubs error ToolMessages that tools return without raising (``handle_tool_error``
+    tools, MCP servers reporting ``isError``): their text is the tool's own and may echo the
+    secrets it was configured with.
+    """
+
+    def __init__(self, secrets: Iterable[str] = (), max_chars: int = 500) -> None:
+        self.redact = Redactor(secrets)
+        self.max_chars = max_chars
+        super().__init__(self._on_error)
+
+    def _on_error(self, exc: Exception, request: ToolCallRequest) -> str:
+        name = request.tool_call["name"]
+        if isinstance(exc, _SAFE_ERRORS):
+            detail = self.redact(str(exc)).strip() or type(exc).__name__
+            if len(detail) > self.max_chars:
+                detail = detail[: self.max_chars - 1] + "…"
+        elif isinstance(exc, TimeoutError):
+            detail = "it timed out"
+        else:
+            detail = type(exc).__name__
+        # Type only at warning level: exception texts may carry URLs with tokens.
+        log.warning("tool %s failed: %s", name, type(exc).__name__)
+        log.debug("tool %s failure", name, exc_info=exc)
+        return f"Error: {name} failed ({detail}). Fix the arguments and retry, or go on without it."
+
+    def _scrub(self, result: ToolMessage | Command[Any]) -> ToolMessage | Command[Any]:
+        if not isinstance(result, ToolMessage) or result.status != "error":
+            return result
+        if isinstance(result.content, str):
+            return result.model_copy(update={"content": self.redact(result.content)})
+        blocks = [
+            {**b, "text": self.redact(str(b["text"]))} if isinstance(b, dict) and "text" in b else b
+            for b in result.content
+        ]
+        return result.model_copy(update={"content": blocks})
+
+    def wrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]]
+    ) -> ToolMessage | Command[Any]:
+        return self._scrub(super().wrap_tool_call(request, handler))
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
+    ) -> ToolMessage | Command[Any]:
+        return self._scrub(await super().awrap_tool_call(request, handler))
+
+
+# ---- guardrails ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class Allow:
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Deny:
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GuardrailContext:
+    thread_id: str
+    user_id: str
+    message_id: str
+    tool_call_id: str
+
+
+Guardrail = Callable[[str, dict[str, Any], GuardrailContext], Awaitable[Allow | Deny]]
+
+
+class GuardrailMiddleware(AgentMiddleware[Any, Any, Any]):
+    """Every guardrail must answer ``Allow()`` for a tool call to run.
+
+    Fail-closed: a guardrail that raises, times out or answers anything but Allow/Deny denies.
+    A denied call becomes an error ToolMessage saying why, so the model can tell the user.
+    """
+
+    def __init__(self, guardrails: Sequence[Guardrail], *, timeout: float = 10.0) -> None:
+        super().__init__()
+        self.guardrails = list(guardrails)
+        self.timeout = timeout
+
+    @staticmethod
+    def _context(request: ToolCallRequest) -> GuardrailContext:
+        config = getattr(request.runtime, "config", None) or {}
+        meta = config.get("metadata") or {}
+        conf = config.get("configurable") or {}
+        return GuardrailContext(
+            thread_id=str(conf.get("thread_id", "")),
+            user_id=str(meta.get("user_id", "")),
+            message_id=str(meta.get("message_id", "")),
+            tool_call_id=str(request.tool_call.get("id") or ""),
+        )
+
+    async def _verdict(self, request: ToolCallRequest) -> Deny | None:
+        name, args = request.tool_call["name"], dict(request.tool_call.get("args") or {})
+        ctx = self._context(request)
+        for guardrail in self.guardrails:
+            try:
+                verdict = await asyncio.wait_for(guardrail(name, args, ctx), self.timeout)
+            except GraphBubbleUp:
+                raise
+            except TimeoutError:
+                log.warning("guardrail %r timed out on %s; denied", guardrail, name)
+                return Deny("the safety check did not answer in time")
+            except Exception as exc:
+                log.warning("guardrail %r failed on %s (%s); denied", guardrail, name, type(exc).__name__)
+                return Deny("the safety check failed")
+            if isinstance(verdict, Deny):
+                return verdict
+            if not isinstance(verdict, Allow):
+                return Deny("the safety check gave no verdict")
+        return None
+
+    @staticmethod
+    def _refusal(request: ToolCallRequest, deny: Deny) -> ToolMessage:
+        name = request.tool_call["name"]
+        log.info("tool call %s denied: %s", name, deny.reason)
+        return ToolMessage(
+            content=f"Refused: {name} was not run. Reason: {deny.reason}",
+            tool_call_id=request.tool_call["id"],
+            name=name,
+            status="error",
+        )
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
+    ) -> ToolMessage | Command[Any]:
+        deny = await self._verdict(request)
+        return self._refusal(request, deny) if deny is not None else await handler(request)
+
+    def wrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]]
+    ) -> ToolMessage | Command[Any]:
+        # Guardrails are async; the sync path cannot ask them, so it denies (fail-closed).
+        return self._refusal(request, Deny("tool calls need the async agent run"))
+
+
+# ---- dangling tool calls ------------------------------------------------------------------------
+def patch_dangling(messages: Sequence[AnyMessage]) -> list[AnyMessage] | None:
+    """Messages with a "cancelled" error result after every unanswered tool call, or None when
+    nothing dangles. Results go right after the call's other results, where providers want them."""
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    if not any(
+        c.get("id") and c["id"] not in answered
+        for m in messages
+        if isinstance(m, AIMessage)
+        for c in (*m.tool_calls, *m.invalid_tool_calls)
+    ):
+        return None
+    out: list[AnyMessage] = []
+    pending: list[dict[str, Any]] = []
+    for message in [*messages, None]:
+        if pending and not isinstance(message, ToolMessage):
+            out.extend(
+                ToolMessage(
+                    content=f"Tool call {c.get('name') or 'unknown'} was cancelled; it returned no result.",
+                    name=c.get("name") or "unknown",
+                    tool_call_id=c["id"],
+                    status="error",
+                )
+                for c in pending
+            )
+            pending = []
+        if message is None:
+            break
+        out.append(message)
+        if isinstance(message, AIMessage):
+            calls = (*message.tool_calls, *message.invalid_tool_calls)
+            pending = [dict(c) for c in calls if c.get("id") and c["id"] not in answered]
+    return out
+
+
+class PatchDanglingToolCalls(AgentMiddleware[Any, Any, Any]):
+    """Answer tool calls that never got a result, in the model request only.
+
+    Why not deepagents' PatchToolCallsMiddleware: it is a ``before_agent`` node that rewrites the
+    whole message history in state (``RemoveMessage(REMOVE_ALL_MESSAGES)``), which defeats the
+    DeltaChannel the harness keeps messages in, and it runs only at the start of a run. This
+    patches every model request (a scan per call, no state write, no node).
+    """
+
+    def wrap_model_call(
+        self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
+    ) -> ModelResponse[Any]:
+        patched = patch_dangling(request.messages)
+        return handler(request if patched is None else request.override(messages=patched))
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> ModelResponse[Any]:
+        patched = patch_dangling(request.messages)
+        return await handler(request if patched is None else request.override(messages=patched))
+
+
+# ---- loop detection -----------------------------------------------------------------------------
+def _is_turn_start(message: AnyMessage) -> bool:
+    return isinstance(message, HumanMessage) and message.additional_kwargs.get("lc_source") != "summarization"
+
+
+def repeated_calls(messages: Sequence[AnyMessage]) -> tuple[str, int]:
+    """(tool name, count) of the most repeated identical call (same name, same args) this turn."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for message in reversed(messages):
+        if _is_turn_start(message):
+            break
+        if isinstance(message, AIMessage):
+            for call in message.tool_calls:
+                args = json.dumps(call.get("args"), sort_keys=True, default=str)
+                counts[(call["name"], args)] += 1
+    if not counts:
+        return "", 0
+    (name, _), count = counts.most_common(1)[0]
+    return name, count
+
+
+class LoopGuard(AgentMiddleware[Any, Any, Any]):
+    """Stop a model that keeps making the same tool call.
+
+    Why our own: LangChain's ToolCallLimitMiddleware counts calls per tool name (whatever the
+    arguments) and stops with a canned message; a loop is the *same* call again, and the user is
+    better served by a real answer from what was gathered. From ``warn_after`` repeats the model
+    gets a note; from ``stop_after`` it must answer (``tool_choice="none"``), and any tool call
+    it still returns is dropped so the turn ends.
+    """
+
+    def __init__(self, warn_after: int, stop_after: int) -> None:
+        super().__init__()
+        self.warn_after = warn_after
+        self.stop_after = stop_after
+
+    def _prepare(self, request: ModelRequest[Any]) -> tuple[ModelRequest[Any], str | None]:
+        name, count = repeated_calls(request.messages)
+        if count < self.warn_after:
+            return request, None
+        forced = count >= self.stop_after
+        if forced:
+            note = (
+                f"You have called {name} with the same arguments {count} times in this turn. Stop "
+                "calling tools: answer the user now with what you have, and say what did not work."
+            )
+            log.info("loop guard: %s repeated %d times; forcing an answer", name, count)
+        else:
+            note = (
+                f"Note: you have called {name} with the same arguments {count} times in this turn. "
+                "Repeating it will not give a different result: use what you have, try something "
+                "different, or answer the user."
+            )
+        base = request.system_message.text if request.system_message is not None else ""
+        system = SystemMessage(f"{base}\n\n{note}" if base else note)
+        if forced:
+            return request.override(system_message=system, tool_choice="none"), name
+        return request.override(system_message=system), None
+
+    @staticmethod
+    def _drop_tool_calls(response: ModelResponse[Any], name: str) -> ModelResponse[Any]:
+        result = []
+        for message in response.result:
+            if isinstance(message, AIMessage) and message.tool_calls:
+                text = message.text or (
+                    f"I stopped because I kept repeating the same step ({name}) without getting "
+                    "anywhere. Could you give me more details or another way to approach it?"
+                )
+                message = AIMessage(content=text, id=message.id, response_metadata=message.response_metadata)
+            result.append(message)
+        return dataclasses.replace(response, result=result)
+
+    def wrap_model_call(
+        self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
+    ) -> ModelResponse[Any]:
+        request, forced = self._prepare(request)
+        response = handler(request)
+        return self._drop_tool_calls(response, forced) if forced else response
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> ModelResponse[Any]:
+        request, forced = self._prepare(request)
+        response = await handler(request)
+        return self._drop_tool_calls(response, forced) if forced else response
+
+
+# ---- thread title -------------------------------------------------------------------------------
+TITLE_PROMPT = (
+    "Write a title of at most six words for a chat that starts with the message below. "
+    "Answer with the title only, no quotes, no final period, in the message's language.\n\n"
+    "<message>\n{message}\n</message>"
+)
+TitleCallback = Callable[[str, str], Awaitable[None]]
+"""``on_title(thread_id, title)``, awaited once when a thread gets its title."""
+
+
+class TitleState(AgentState[Any]):
+    title: NotRequired[str]
+
+
+def thread_title(values: Mapping[str, Any]) -> str | None:
+    """The title in a thread's state values (``(await graph.aget_state(config)).values``)."""
+    title = values.get("title")
+    return title if isinstance(title, str) and title else None
+
+
+def _cut(text: str, limit: int) -> str:
+    text = " ".join(text.split()).strip(" \"'“”`#*.")
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+class TitleMiddleware(AgentMiddleware[Any, Any, Any]):
+    """Give a thread a short title (state key ``title``) on its first model call.
+
+    The title call runs concurrently with that model call and is awaited after it, so it adds
+    no latency in the usual case; it is hidden from the answer stream (``nostream``). On failure
+    or timeout the first message, cut short, is the title: every thread gets one, once.
+    """
+
+    state_schema = TitleState
+
+    def __init__(
+        self,
+        model: BaseChatModel | None,
+        *,
+        max_chars: int,
+        timeout: float,
+        on_title: TitleCallback | None = None,
+    ) -> None:
+        super().__init__()
+        self._model = model.with_config(tags=[TAG_NOSTREAM], run_name="chital_title") if model else None
+        self.max_chars = max_chars
+        self.timeout = timeout
+        self.on_title = on_title
+
+    async def make_title(self, first: str) -> str:
+        fallback = _cut(first, self.max_chars) or "New chat"
+        if self._model is None:
+            return fallback
+        try:
+            reply = await asyncio.wait_for(
+                self._model.ainvoke(TITLE_PROMPT.format(message=first[:2000])), self.timeout
+            )
+        except Exception as exc:
+            log.info("title call failed (%s); using the first message", type(exc).__name__)
+            return fallback
+        return _cut(reply.text.splitlines()[0] if reply.text.strip() else "", self.max_chars) or fallback
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
+        if thread_title(request.state):
+            return await handler(request)
+        first = next((m.text for m in request.state.get("messages", ()) if _is_turn_start(m)), "")
+        task = asyncio.ensure_future(self.make_title(first))
+        try:
+            response = await handler(request)
+        except BaseException:
+            task.cancel()
+            raise
+        title = await task
+        if self.on_title is not None:
+            try:
+                thread_id = str((get_config().get("configurable") or {}).get("thread_id", ""))
+                await self.on_title(thread_id, title)
+            except Exception as exc:
+                log.warning("on_title callback failed: %s", type(exc).__name__)
+        return ExtendedModelResponse(model_response=response, command=Command(update={"title": title}))
+
+
+# ---- summarization ------------------------------------------------------------------------------
+class _SummaryFailed(Exception):
+    pass
+
+
+def build_summarization(
+    settings: ContextSettings, model: BaseChatModel, backend: Any = None
+) -> AgentMiddleware[Any, Any, Any]:
+    """deepagents' SummarizationMiddleware, with the summary call hidden from the answer stream.
+
+    Why deepagents' and not LangChain's: LangChain's is a ``before_model`` node that rewrites
+    the whole history (``RemoveMessage(REMOVE_ALL_MESSAGES)``); deepagents' runs inside the model
+    call, keeps the raw history in state and records the cut in ``_summarization_event``, and
+    recovers from a provider's context-overflow error by summarizing.
+
+    What we add: the summary call is tagged ``nostream`` (otherwise its tokens would stream as
+    the answer, since it runs in the model node), and a failed summary call does not fail the
+    turn: the model is called with the unsummarized history instead.
+    ``backend`` receives the evicted history (``/conversation_history/<session>.md``); default:
+    deepagents' StateBackend (the thread's own checkpoint, state key ``files``).
+    """
+    from deepagents.backends import StateBackend
+    from deepagents.middleware.filesystem import FilesystemState
+    from deepagents.middleware.summarization import (
+        DEEPAGENTS_DEFAULT_SUMMARY_PROMPT,
+        SummarizationMiddleware,
+        SummarizationState,
+    )
+    from langchain_core.messages import get_buffer_string
+
+    def prompt(messages: list[AnyMessage]) -> str:
+        return DEEPAGENTS_DEFAULT_SUMMARY_PROMPT.format(
+            messages=get_buffer_string(messages, format="xml")
+        ).rstrip()
+
+    chain = (
+        RunnableLambda(prompt, name="chital_summary_prompt")
+        | model.with_config(tags=[TAG_NOSTREAM], run_name="chital_summary")
+        | StrOutputParser()
+    ).with_retry(retry_if_exception_type=(Exception,), stop_after_attempt=2)
+
+    async def summarize(messages: list[AnyMessage]) -> str:
+        try:
+            return await chain.ainvoke(messages)
+        except Exception as exc:
+            raise _SummaryFailed(type(exc).__name__) from exc
+
+    class _State(SummarizationState, FilesystemState):
+        pass
+
+    class ChitalSummarization(SummarizationMiddleware):
+        state_schema = _State
+
+        async def awrap_model_call(self, request: ModelRequest[Any], handler: Any) -> Any:
+            try:
+                return await super().awrap_model_call(request, handler)
+            except _SummaryFailed as exc:
+                log.warning("summary call failed (%s); calling the model with the full history", exc)
+                return await handler(request.override(messages=self._get_effective_messages(request)))
+
+    return ChitalSummarization(
+        model=model,
+        backend=backend if backend is not None else StateBackend(),
+        trigger=("tokens", settings.summarize_after_tokens),
+        keep=("messages", settings.keep_recent_messages),
+        trim_tokens_to_summarize=settings.summary_input_tokens,
+        summarizer=summarize,
+    )
+
+
+# ---- the stack ----------------------------------------------------------------------------------
+def build_context_middleware(
+    settings: ContextSettings,
+    model: BaseChatModel,
+    *,
+    guardrails: Sequence[Guardrail] = (),
+    secrets: Iterable[str] = (),
+    history_backend: Any = None,
+    on_title: TitleCallback | None = None,
+) -> list[AgentMiddleware[Any, Any, Any]]:
+    """The middleware list for ``Harness(extra_middleware=...)``, outermost first.
+
+    ``model``: the lead's chat model (``agent.model.build_chat_model(spec, agent_settings)``);
+    summaries and titles use it. ``secrets``: values to scrub from tool error texts (e.g.
+    ``WebSettings.api_key``, ``McpSettings.secrets()``).
+    """
+    stack: list[AgentMiddleware[Any, Any, Any]] = [ClarificationMiddleware()]
+    if settings.title != "off":
+        stack.append(
+            TitleMiddleware(
+                model if settings.title == "model" else None,
+                max_chars=settings.title_max_chars,
+                timeout=settings.title_timeout,
+                on_title=on_title,
+            )
+        )
+    stack.append(LoopGuard(settings.loop_warn_after, settings.loop_stop_after))
+    if settings.summarize_after_tokens:
+        stack.append(build_summarization(settings, model, history_backend))
+    stack.append(PatchDanglingToolCalls())
+    if guardrails:
+        stack.append(GuardrailMiddleware(guardrails, timeout=settings.guardrail_timeout))
+    stack.append(ToolErrors(secrets, settings.tool_error_max_chars))
+    return stack

@@ -1,0 +1,365 @@
+"""``web_fetch`` (URL → Markdown) and ``web_search`` (a configured provider) for the agent.
+
+``web_fetch`` runs on the daemon's host, so a URL the model picks must never reach the host's own
+network: loopback, private, link-local (cloud metadata at 169.254.169.254), shared, multicast and
+reserved addresses are refused. The check sits in two places:
+
+- IP-literal hosts are checked before the request (aiohttp skips its resolver for them);
+- host names go through :class:`GuardedResolver`, the aiohttp connector's resolver: every address
+  a name resolves to must be public, and aiohttp then connects only to those checked addresses,
+  so DNS rebinding between a check and the connect cannot slip a private address in.
+
+Redirects are followed by hand (``allow_redirects=False``) so each hop gets the same checks, and
+proxies from the environment are ignored (``trust_env=False``): a proxy would make the connect
+address invisible to the check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import re
+import socket
+from collections.abc import Collection, Sequence
+from typing import Any, Literal
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
+from bs4 import BeautifulSoup
+from langchain_core.tools import BaseTool, StructuredTool, ToolException
+from markdownify import MarkdownConverter
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+log = logging.getLogger(__name__)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+_HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+_TEXT_TYPES = frozenset(
+    {"application/json", "application/xml", "application/javascript", "application/x-yaml"}
+)
+_DROP_TAGS = ("script", "style", "noscript", "template", "svg", "iframe", "object", "embed", "head")
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+TAVILY_URL = "https://api.tavily.com"
+
+
+class WebSettings(BaseModel):
+    """Web tools. ``search_provider`` "none" keeps ``web_search`` answering that it is off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    search_provider: Literal["none", "searxng", "tavily"] = "none"
+    api_key: SecretStr | None = None
+    """Tavily key (sent as a Bearer token); SearXNG needs none. Never logged or shown."""
+    base_url: str | None = None
+    """SearXNG: the instance URL (required). Tavily: override of https://api.tavily.com."""
+    max_results: int = Field(5, ge=1, le=20)
+    search_timeout: float = Field(15.0, gt=0)
+    fetch_timeout: float = Field(20.0, gt=0)
+    """Seconds one ``web_fetch`` may take in total, redirects included."""
+    max_fetch_bytes: int = Field(2_000_000, ge=1024)
+    """Body bytes read per page; the rest is dropped (and the result says so)."""
+    max_chars: int = Field(40_000, ge=1000)
+    """Characters of Markdown handed to the model."""
+    max_redirects: int = Field(5, ge=0, le=20)
+    user_agent: str = "Mozilla/5.0 (compatible; Chital/0.1; +web_fetch)"
+
+    def secrets(self) -> list[str]:
+        """Configured secret values, for redaction of tool error texts."""
+        return [self.api_key.get_secret_value()] if self.api_key is not None else []
+
+
+class UrlRefused(ToolException):
+    """The URL is not allowed (scheme, or a host that is or resolves to a non-public address)."""
+
+
+def ip_allowed(ip: IPAddress) -> bool:
+    """True only for public unicast addresses; v4 addresses embedded in v6 are judged as v4."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour
+        if embedded is None and ip in _NAT64:
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None:
+            return ip_allowed(embedded)
+    return ip.is_global and not ip.is_multicast and not ip.is_reserved
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+class GuardedResolver(AbstractResolver):
+    """aiohttp resolver that refuses a name if *any* of its addresses is not public.
+
+    ``exempt`` lists exact IPs allowed anyway; only tests set it (see ``allow_private_for_tests``).
+    """
+
+    def __init__(self, exempt: Collection[str] = ()) -> None:
+        self._inner = DefaultResolver()
+        self._exempt = frozenset(exempt)
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        infos = await self._inner.resolve(host, port, family)
+        for info in infos:
+            check_ip(info["host"], host, self._exempt)
+        return infos
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def check_ip(address: str, shown: str, exempt: Collection[str] = ()) -> None:
+    """Raise UrlRefused unless ``address`` is public (or exempt). ``shown`` names the host."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if str(ip) in exempt or ip_allowed(ip):
+        return
+    raise UrlRefused(f"refused: {shown} is a private, loopback, link-local or reserved address ({ip})")
+
+
+def check_url(url: str, exempt: Collection[str] = ()) -> str:
+    """Validate scheme and host of ``url`` (IP literals checked here; names by the resolver)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018  # raises ValueError on a malformed port
+    except ValueError as exc:
+        raise UrlRefused(f"refused: malformed URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise UrlRefused(f"refused: only http and https URLs can be fetched, not {parts.scheme or 'none'!r}")
+    if not host:
+        raise UrlRefused("refused: the URL has no host")
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return url  # a name: GuardedResolver checks what it resolves to
+    check_ip(host, host, exempt)
+    return url
+
+
+def html_to_markdown(html: bytes | str, base_url: str = "") -> tuple[str, str]:
+    """(title, Markdown) of an HTML page, without scripts, styles and other non-content; links
+    are made absolute so the model can fetch them."""
+    soup = BeautifulSoup(html, "html.parser")
+    title = soup.title.get_text(" ", strip=True) if soup.title else ""
+    for tag in soup(_DROP_TAGS):
+        tag.decompose()
+    if base_url:
+        for tag, attr in (("a", "href"), ("img", "src")):
+            for el in soup.find_all(tag, attrs={attr: True}):
+                el[attr] = urljoin(base_url, str(el[attr]))
+    text = MarkdownConverter(heading_style="ATX", bullets="-", escape_misc=False).convert_soup(soup)
+    text = re.sub(r"[ \t]+\n", "\n", text)
+    return title, re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+class WebFetcher:
+    """Fetches one URL as Markdown within the size, time and address limits of ``WebSettings``.
+
+    ``allow_private_for_tests``: exact IPs (e.g. ``{"127.0.0.1"}``) exempt from the address
+    check, so tests can reach a server on loopback. Production code never sets it.
+    """
+
+    def __init__(self, settings: WebSettings, *, allow_private_for_tests: Collection[str] = ()) -> None:
+        self.settings = settings
+        self._exempt = frozenset(allow_private_for_tests)
+
+    async def fetch(self, url: str) -> str:
+        try:
+            async with asyncio.timeout(self.settings.fetch_timeout):
+                return await self._fetch(url)
+        except TimeoutError:
+            raise ToolException(f"timed out after {self.settings.fetch_timeout:g}s fetching {url}") from None
+        except aiohttp.ClientError as exc:
+            # The class name tells the model enough (DNS failure, refused connection, TLS...).
+            raise ToolException(f"could not fetch {url}: {type(exc).__name__}") from None
+
+    async def _fetch(self, url: str) -> str:
+        s = self.settings
+        connector = aiohttp.TCPConnector(resolver=GuardedResolver(self._exempt), use_dns_cache=False)
+        headers = {
+            "User-Agent": s.user_agent,
+            "Accept": "text/html,application/xhtml+xml,text/*;q=0.9,*/*;q=0.5",
+        }
+        async with aiohttp.ClientSession(connector=connector, trust_env=False, headers=headers) as session:
+            for _ in range(s.max_redirects + 1):
+                check_url(url, self._exempt)
+                async with session.get(url, allow_redirects=False) as resp:
+                    if resp.status in _REDIRECTS and "Location" in resp.headers:
+                        url = urljoin(str(resp.url), resp.headers["Location"])
+                        continue
+                    if resp.status >= 400:
+                        raise ToolException(f"HTTP {resp.status} from {url}")
+                    return await self._render(resp, url)
+        raise ToolException(f"too many redirects (more than {s.max_redirects}) starting from the given URL")
+
+    async def _render(self, resp: aiohttp.ClientResponse, url: str) -> str:
+        ctype = resp.content_type.lower()
+        is_html = ctype in _HTML_TYPES
+        if not (
+            is_html or ctype.startswith("text/") or ctype in _TEXT_TYPES or ctype.endswith(("+json", "+xml"))
+        ):
+            raise ToolException(f"{url} is {ctype or 'of unknown type'}, not a web page or text; not fetched")
+        body, cut = await _read_capped(resp, self.settings.max_fetch_bytes)
+        if is_html:
+            title, text = html_to_markdown(body, url)
+        else:
+            title, text = "", _decode(body, resp.charset)
+        notes = (
+            [f"[page truncated: only the first {self.settings.max_fetch_bytes} bytes were read]"]
+            if cut
+            else []
+        )
+        if len(text) > self.settings.max_chars:
+            text = text[: self.settings.max_chars]
+            notes.append(f"[text truncated at {self.settings.max_chars} characters]")
+        head = f"# {title}\n\n" if title else ""
+        return "\n\n".join([f"{head}Source: {url}", text, *notes]).strip()
+
+
+def _decode(body: bytes, charset: str | None) -> str:
+    try:
+        return body.decode(charset or "utf-8", "replace")
+    except LookupError:  # an unknown charset name
+        return body.decode("utf-8", "replace")
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """At most ``limit`` bytes of the body, and whether more was left unread."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(chunks)[:limit], True
+    return b"".join(chunks), False
+
+
+# ---- search -------------------------------------------------------------------------------------
+class WebSearch:
+    """One query against the configured provider, formatted as a Markdown list for the model."""
+
+    def __init__(self, settings: WebSettings) -> None:
+        self.settings = settings
+
+    async def search(self, query: str) -> str:
+        s = self.settings
+        if s.search_provider == "none":
+            return (
+                "Web search is not configured on this Chital instance (web.search_provider is 'none'). "
+                "Tell the user, or use web_fetch on a URL you already know."
+            )
+        try:
+            async with aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=s.search_timeout)
+            ) as session:
+                if s.search_provider == "searxng":
+                    results = await self._searxng(session, query)
+                else:
+                    results = await self._tavily(session, query)
+        except TimeoutError:
+            raise ToolException(f"the {s.search_provider} search timed out") from None
+        except aiohttp.ClientError as exc:
+            raise ToolException(f"the {s.search_provider} search failed: {type(exc).__name__}") from None
+        return format_results(query, results[: s.max_results])
+
+    async def _searxng(self, session: aiohttp.ClientSession, query: str) -> list[dict[str, Any]]:
+        if not self.settings.base_url:
+            raise ToolException("SearXNG search needs web.base_url (the instance URL); ask the admin")
+        url = self.settings.base_url.rstrip("/") + "/search"
+        params = {"q": query, "format": "json"}
+        async with session.get(url, params=params, headers={"Accept": "application/json"}) as resp:
+            data = await _json_or_error(resp, "searxng")
+        return [
+            {"title": r.get("title", ""), "url": r.get("url", ""), "snippet": r.get("content", "")}
+            for r in data.get("results") or ()
+            if isinstance(r, dict)
+        ]
+
+    async def _tavily(self, session: aiohttp.ClientSession, query: str) -> list[dict[str, Any]]:
+        key = self.settings.api_key
+        if key is None:
+            raise ToolException("Tavily search needs web.api_key; ask the admin")
+        url = (self.settings.base_url or TAVILY_URL).rstrip("/") + "/search"
+        body = {"query": query, "max_results": self.settings.max_results, "search_depth": "basic"}
+        headers = {"Authorization": f"Bearer {key.get_secret_value()}"}
+        async with session.post(url, json=body, headers=headers) as resp:
+            data = await _json_or_error(resp, "tavily")
+        return [
+            {"title": r.get("title", ""), "url": r.get("url", ""), "snippet": r.get("content", "")}
+            for r in data.get("results") or ()
+            if isinstance(r, dict)
+        ]
+
+
+async def _json_or_error(resp: aiohttp.ClientResponse, provider: str) -> dict[str, Any]:
+    # Status only: a provider's error body may echo the request, key included.
+    if resp.status == 401 or resp.status == 403:
+        raise ToolException(
+            f"the {provider} search refused our credentials (HTTP {resp.status}); ask the admin"
+        )
+    if resp.status >= 400:
+        raise ToolException(f"the {provider} search failed (HTTP {resp.status})")
+    try:
+        data = json.loads(await resp.read())
+    except ValueError:
+        raise ToolException(f"the {provider} search returned something that is not JSON") from None
+    if not isinstance(data, dict):
+        raise ToolException(f"the {provider} search returned an unexpected answer")
+    return data
+
+
+def format_results(query: str, results: Sequence[dict[str, Any]]) -> str:
+    if not results:
+        return f"No results for {query!r}."
+    lines = [f"Results for {query!r}:"]
+    for i, r in enumerate(results, 1):
+        snippet = " ".join(str(r.get("snippet") or "").split())
+        if len(snippet) > 500:
+            snippet = snippet[:499] + "…"
+        lines.append(
+            f"{i}. [{r.get('title') or r.get('url')}]({r.get('url')})"
+            + (f"\n   {snippet}" if snippet else "")
+        )
+    return "\n".join(lines)
+
+
+# ---- the tools ----------------------------------------------------------------------------------
+class _FetchArgs(BaseModel):
+    url: str = Field(description="The http(s) URL to read.")
+
+
+class _SearchArgs(BaseModel):
+    query: str = Field(description="What to search for, as you would type it into a search engine.")
+
+
+def build_web_tools(
+    settings: WebSettings, *, allow_private_for_tests: Collection[str] = ()
+) -> list[BaseTool]:
+    """``web_fetch`` and ``web_search``. Their failures come back as error ToolMessages
+    (``handle_tool_error``): the text is ours, safe to show, and the model can try another way."""
+    fetcher = WebFetcher(settings, allow_private_for_tests=allow_private_for_tests)
+    searcher = WebSearch(settings)
+    fetch = StructuredTool.from_function(
+        coroutine=fetcher.fetch,
+        name="web_fetch",
+        description=(
+            "Read a public web page and get its text as Markdown. Use it for URLs the user gives or "
+            "that a search returned. Private and local network addresses are refused."
+        ),
+        args_schema=_FetchArgs,
+        handle_tool_error=True,
+    )
+    search = StructuredTool.from_function(
+        coroutine=searcher.search,
+        name="web_search",
+        description="Search the web; returns titles, URLs and snippets. Read a result with web_fetch.",
+        args_schema=_SearchArgs,
+        handle_tool_error=True,
+    )
+    return [fetch, search]
