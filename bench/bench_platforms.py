@@ -1,7 +1,7 @@
 """Per-platform gateway latency and connection-recovery benchmark (run by hand, prints figures).
 
-    python bench/bench_platforms.py --quick                 # short timeouts, ~2-3 minutes
-    python bench/bench_platforms.py                         # production timeouts, ~6-8 minutes
+    python bench/bench_platforms.py --quick                 # short timeouts, ~3-4 minutes (Discord stall: 60 s)
+    python bench/bench_platforms.py                         # production timeouts, ~6-7 minutes
     python bench/bench_platforms.py --platforms slack,lark --messages 100 --keep /tmp/bench-logs
 
 For each platform the fake server and the fake model (instant "echo: <text>") run in this process and

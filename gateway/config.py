@@ -66,6 +66,8 @@ class DiscordConfig(ChannelBase):
     api_base_url: str = "https://discord.com/api/v10"
     gateway_url: str | None = None
     """Overrides the gateway websocket URL (``ws://host:port/``); default: Discord's."""
+    heartbeat_timeout: float = Field(60.0, gt=0)
+    """Seconds without a heartbeat ACK before a half-open gateway connection is dropped and resumed."""
 
 
 class LarkConfig(ChannelBase):
@@ -73,7 +75,8 @@ class LarkConfig(ChannelBase):
     app_secret: SecretStr | None = None
     domain: str = "feishu"
     """``feishu``, ``lark`` or a full base URL (``https://open.feishu.cn``)."""
-    liveness_timeout: float = Field(90.0, gt=0)
+    liveness_timeout: float = Field(45.0, gt=0)
+    """Seconds without any frame before the connection counts as dead (pings go every third of it)."""
 
 
 class ChannelsConfig(_Strict):

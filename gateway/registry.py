@@ -89,6 +89,7 @@ def build_channels(cfg: Config) -> tuple[list[Channel], dict[str, str]]:
                     _secret(c.discord.token) or "",
                     api_base_url=c.discord.api_base_url,
                     gateway_url=c.discord.gateway_url,
+                    heartbeat_timeout=c.discord.heartbeat_timeout,
                 )
             )
         elif name == "lark":

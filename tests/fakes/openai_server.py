@@ -306,9 +306,11 @@ class FakeOpenAI:
             if not reply.chunk_delay:
                 await resp.write(b"".join(frames))
             else:
-                for frame in frames:
-                    await resp.write(frame)
+                # The role frame goes out with the first piece; the pauses come between pieces.
+                await resp.write(frames[0] + frames[1])
+                for frame in frames[2:]:
                     await asyncio.sleep(reply.chunk_delay)
+                    await resp.write(frame)
             await resp.write_eof()
         except ConnectionResetError:
             pass  # the client went away (a cancelled turn): nothing to finish
