@@ -101,6 +101,18 @@ async def test_errors_with_retry_after(fake: FakeOpenAI) -> None:
     assert (await api.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])).choices
 
 
+async def test_a_dropped_stream_is_a_connection_error(fake: FakeOpenAI) -> None:
+    fake.script(Reply(text="abcdefgh", chunks=4, drop_after=2))
+    stream = await client(fake).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], stream=True
+    )
+    pieces: list[str] = []
+    with pytest.raises(openai.APIConnectionError):
+        async for chunk in stream:
+            pieces.append(chunk.choices[0].delta.content or "")
+    assert "".join(pieces) == "abcd"
+
+
 async def test_first_byte_delay_trips_the_client_timeout(fake: FakeOpenAI) -> None:
     fake.script(Reply(text="late", first_byte_delay=2))
     with pytest.raises(openai.APITimeoutError):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
@@ -168,6 +169,19 @@ async def test_429_then_success_is_retried_after_retry_after(
     assert len(fake.requests) == 2
 
 
+async def test_a_stream_cut_mid_answer_is_retried_without_repeating_text(
+    fake: FakeOpenAI, make: Callable[..., Any]
+) -> None:
+    harness = await make()
+    fake.script(
+        Reply(text="Hello big world", chunks=5, drop_after=2), Reply(text="Hello big world", chunks=3)
+    )
+    events = await turn(harness, "hi", "m1")
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Hello big world"
+    assert events[-1] == Final("Hello big world")
+    assert len(fake.requests) == 2
+
+
 async def test_persistent_500_fails_clearly_and_the_thread_goes_on(
     fake: FakeOpenAI, make: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -180,6 +194,33 @@ async def test_persistent_500_fails_clearly_and_the_thread_goes_on(
     assert API_KEY not in caplog.text and API_KEY not in repr(events)
     assert (await turn(harness, "again", "m2"))[-1] == Final("echo: again")
     assert user_texts(fake.requests[-1]) == ["hi", "again"]
+
+
+async def test_a_failed_message_retried_by_the_gateway_is_not_appended_twice(
+    fake: FakeOpenAI, make: Callable[..., Any]
+) -> None:
+    harness = await make()
+    fake.script(*[Reply(status=503)] * 3)
+    assert isinstance((await turn(harness, "hi", "m1"))[-1], TurnFailed)
+    assert (await turn(harness, "hi", "m1"))[-1] == Final("echo: hi")
+    assert user_texts(fake.requests[-1]) == ["hi"]
+    assert await harness.message_count("t1") == 2
+
+
+async def test_a_model_that_never_stops_calling_tools_is_cut_off(
+    fake: FakeOpenAI, make: Callable[..., Any]
+) -> None:
+    @tool
+    def look(x: str) -> str:
+        """Look something up."""
+        return "nothing"
+
+    harness = await make(settings=AgentSettings(max_steps=1), tools=[look])
+    fake.add_rule(lambda text: text == "dig", Reply(tool_calls=[ToolCall("look", {"x": "a"})]))
+    events = await turn(harness, "dig", "m1")
+    assert events[-1] == TurnFailed("This task needed too many steps and was stopped.")
+    # The last tool call got no result; the next turn must still be valid for the API.
+    assert (await turn(harness, "ok, stop", "m2"))[-1] == Final("echo: ok, stop")
 
 
 @pytest.mark.parametrize(
@@ -229,6 +270,20 @@ async def test_answered_message_is_replayed_not_re_asked(fake: FakeOpenAI, make:
     assert roles(fake.requests[-1]) == ["system", "user", "assistant", "user"]
     assert await turn(second, "more", "m2") == [Final("echo: more")]
     assert len(fake.requests) == 2
+
+
+async def test_own_message_with_nothing_scheduled_goes_back_to_the_model(
+    fake: FakeOpenAI, make: Callable[..., Any]
+) -> None:
+    """A checkpoint that holds the message but schedules nothing (written by an older version, or
+    by hand) is continued by asking the model, not by appending the message again."""
+    harness = await make()
+    config = {"configurable": {"thread_id": "t1"}}
+    graph = harness._require_graph()
+    await graph.aupdate_state(config, {"messages": [HumanMessage("stuck?", id="m1")]}, as_node="model")
+    assert not (await graph.aget_state(config)).next
+    assert (await turn(harness, "stuck?", "m1"))[-1] == Final("echo: stuck?")
+    assert user_texts(fake.requests[-1]) == ["stuck?"]
 
 
 CHILD = """
@@ -316,29 +371,29 @@ async def test_crash_while_the_model_streams_continues_without_a_second_message(
 # ---- /stop ------------------------------------------------------------------------------------
 
 
-async def stop_when(
-    harness: Harness, text: str, message_id: str, ready: Callable[[AgentEvent], bool]
-) -> None:
-    """Consume a turn in a task and cancel that task once ``ready(event)``; it must end promptly."""
-    seen = asyncio.Event()
+async def stop_when(harness: Harness, text: str, message_id: str, mid_turn: asyncio.Event) -> None:
+    """Consume a turn in a task and cancel that task (as /stop does) once ``mid_turn`` is set (the
+    first TextDelta sets it too); the task must end promptly."""
 
     async def consume() -> None:
         async with aclosing(harness.run("t1", user_id="u1", message_id=message_id, text=text)) as run:
             async for event in run:
-                if ready(event):
-                    seen.set()
+                if isinstance(event, TextDelta):
+                    mid_turn.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.wait_for(seen.wait(), 10)
+    await asyncio.wait_for(mid_turn.wait(), 10)
     task.cancel()
+    started = time.monotonic()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
+    assert time.monotonic() - started < 1
 
 
 async def test_stop_mid_stream_leaves_the_thread_usable(fake: FakeOpenAI, make: Callable[..., Any]) -> None:
     harness = await make()
     fake.script(Reply(text="one two three four five six", chunks=6, chunk_delay=5))
-    await stop_when(harness, "tell me a long story", "m1", lambda e: isinstance(e, TextDelta))
+    await stop_when(harness, "tell me a long story", "m1", asyncio.Event())
     assert (await turn(harness, "never mind", "m2"))[-1] == Final("echo: never mind")
     assert user_texts(fake.requests[-1]) == ["tell me a long story", "never mind"]
     assert roles(fake.requests[-1]) == ["system", "user", "user"]
@@ -348,17 +403,19 @@ async def test_stop_during_a_tool_closes_the_dangling_call(
     fake: FakeOpenAI, make: Callable[..., Any]
 ) -> None:
     runs: list[str] = []
+    running = asyncio.Event()
 
     @tool
     async def deploy(target: str) -> str:
         """Deploy something (slowly)."""
         runs.append(target)
+        running.set()
         await asyncio.Event().wait()
         return "deployed"
 
     harness = await make(tools=[deploy])
     fake.script(Reply(tool_calls=[ToolCall("deploy", {"target": "prod"}, id="call_d")]))
-    await stop_when(harness, "deploy prod", "m1", lambda e: isinstance(e, ToolProgress) and bool(runs))
+    await stop_when(harness, "deploy prod", "m1", running)
     # The fake rejects an unanswered tool call (HTTP 400) exactly like the real API would.
     assert (await turn(harness, "status?", "m2"))[-1] == Final("echo: status?")
     assert runs == ["prod"]  # the stopped tool is not run again

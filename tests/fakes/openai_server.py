@@ -12,7 +12,9 @@ socket write when no delays are scripted.
     ...; fake.stop()
 
 Which reply answers a request: the scripted queue first (in order), then the first matching rule
-(``add_rule``), then the default ``echo: <last user text>``.
+(``add_rule``), then the default ``echo: <last user text>``. Like the real API, a request whose
+assistant ``tool_calls`` are not all answered by ``tool`` messages gets HTTP 400.
+Standalone (benchmarks): ``python -m tests.fakes.openai_server [--demo-rules]`` prints its base URL.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class Reply:
     first_byte_delay: float = 0.0
     chunk_delay: float = 0.0
     finish_reason: str | None = None
+    drop_after: int | None = None
+    """Streaming only: cut the connection after this many content pieces (a proxy or server dying)."""
 
 
 def last_user_text(body: dict[str, Any]) -> str:
@@ -302,6 +306,12 @@ class FakeOpenAI:
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        if reply.drop_after is not None:
+            await resp.write(b"".join(frames[: 1 + reply.drop_after]))
+            await asyncio.sleep(0.05)  # let the client read what it got, then vanish
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
         try:
             if not reply.chunk_delay:
                 await resp.write(b"".join(frames))
