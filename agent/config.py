@@ -1,11 +1,20 @@
-"""Settings the harness needs. The gateway's config.yaml embeds these; the agent never reads files
-of the gateway."""
+"""Settings the harness needs. The gateway's config.yaml embeds these under ``agent:``; the agent
+never reads files of the gateway."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from agent.context import ContextSettings
+from agent.memory.facts import MemorySettings
+from agent.sandbox.config import SandboxSettings
+from agent.skills import SkillsSettings
+from agent.subagents import SubagentSettings
+from agent.tools.mcp import McpSettings
+from agent.tools.web import WebSettings
 
 
 class ModelSpec(BaseModel):
@@ -30,10 +39,23 @@ class AgentSettings(BaseModel):
         "Answer concisely in Markdown."
     )
     model_timeout: float = Field(60.0, gt=0)
-    """Seconds one model call may take before it counts as failed."""
+    """Seconds the model may stay silent (before the first byte, or between streamed chunks)
+    before the call counts as failed."""
     model_retries: int = Field(3, ge=0, le=10)
     """Retries of a failed model call (timeout, 429, 5xx) with exponential backoff."""
     retry_backoff: float = Field(1.0, ge=0)
     """First backoff delay in seconds; doubles each retry (jittered)."""
     max_steps: int = Field(25, ge=1)
     """Model calls one turn may make before it must answer."""
+
+    tools: bool = True
+    """Off: a plain chat model with no sandbox, sub-agents, skills or web tools (the lightest
+    set-up; also what the latency benchmark's "bare" mode measures)."""
+    sandbox: SandboxSettings = Field(default_factory=lambda: SandboxSettings(root=Path("sandboxes")))
+    """``root`` relative to the storage path."""
+    subagents: SubagentSettings = Field(default_factory=SubagentSettings)
+    skills: SkillsSettings = Field(default_factory=SkillsSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    context: ContextSettings = Field(default_factory=ContextSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)

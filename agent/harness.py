@@ -27,7 +27,7 @@ import json
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing, suppress
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, suppress
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,11 @@ from agent.config import AgentSettings, ModelSpec
 from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
 from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, is_retryable
 from agent.model import build_chat_model, model_display_name
+
+TurnScope = Callable[[str], AbstractAsyncContextManager[Any]]
+"""Entered around each turn of a thread (e.g. acquire and bind the thread's sandbox)."""
+CustomEventConverter = Callable[[Any], Sequence[AgentEvent]]
+"""Maps one ``custom`` stream part (tools' and middleware's own events) to agent events."""
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +89,16 @@ class Harness:
         *,
         extra_tools: Sequence[BaseTool | Callable[..., Any]] = (),
         extra_middleware: Sequence[AgentMiddleware[Any, Any, Any]] = (),
+        turn_scope: TurnScope | None = None,
+        custom_events: Sequence[CustomEventConverter] = (),
     ) -> None:
         self.settings = settings
         self.spec = model
         self.checkpoint_path = Path(checkpoint_path)
         self.tools: list[BaseTool | Callable[..., Any]] = list(extra_tools)
         self.extra_middleware = list(extra_middleware)
+        self._turn_scope = turn_scope
+        self._custom_events = list(custom_events)
         self._model = build_chat_model(model, settings)
         self._conn: aiosqlite.Connection | None = None
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
@@ -200,12 +209,15 @@ class Harness:
                     yield inp
                     return
                 final: str | None = None
-                async with aclosing(self._stream(graph, inp, config)) as events:
-                    async for event in events:
-                        if isinstance(event, Final):
-                            final = event.text
-                        else:
-                            yield event
+                async with AsyncExitStack() as scope:
+                    if self._turn_scope is not None:
+                        await scope.enter_async_context(self._turn_scope(thread_id))
+                    async with aclosing(self._stream(graph, inp, config)) as events:
+                        async for event in events:
+                            if isinstance(event, Final):
+                                final = event.text
+                            else:
+                                yield event
                 if final is None:
                     final = await self._final_from_state(graph, config)
             except Exception as exc:
@@ -314,6 +326,10 @@ class Harness:
                         replay, shown = shown, 0
                         attempt = f"{info['attempt']}/{self.settings.model_retries}"
                         yield StatusUpdate(f"The model service is busy; retrying ({attempt})…")
+                    elif mode == "custom":
+                        for convert in self._custom_events:
+                            for event in convert(part):
+                                yield event
         except asyncio.CancelledError as exc:
             # LangGraph hands over the task that finishes writing the checkpoint; wait for it so
             # the next turn reads a settled history.

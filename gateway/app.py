@@ -45,11 +45,10 @@ class UnconfiguredHarness:
 
 
 async def open_harness(config: Config) -> Any:
-    """The real harness, or an :class:`UnconfiguredHarness` explaining why not."""
-    from agent.harness import Harness
+    """The agent runtime, or an :class:`UnconfiguredHarness` explaining why not."""
+    from agent.runtime import AgentRuntime
 
     spec = config.model_spec()
-    path = config.storage.path / "checkpoints.sqlite"
     if spec.use.startswith("langchain_openai:") and not (
         spec.kwargs().get("api_key") or os.environ.get("OPENAI_API_KEY")
     ):
@@ -57,13 +56,15 @@ async def open_harness(config: Config) -> Any:
         reason = f"no API key: set OPENAI_API_KEY (or models[{index}].api_key in config.yaml)"
         log.error("the agent's model %r is not configured: %s", spec.name, reason)
         return UnconfiguredHarness(reason)
+    runtime = AgentRuntime(config.agent, spec, config.storage.path)
     try:
-        harness = Harness(config.agent, spec, path)
-        await harness.start()
-        return harness
+        await runtime.start()
+        return runtime
     except Exception as exc:  # the message of a config error, never the key itself
+        with contextlib.suppress(Exception):
+            await runtime.close()
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-        log.error("the agent's model %r could not be set up: %s", spec.name, reason)
+        log.error("the agent could not be set up: %s", reason, exc_info=True)
         return UnconfiguredHarness(reason)
 
 

@@ -59,6 +59,24 @@ class AgentHarness(Protocol):
     async def message_count(self, thread_id: str) -> int: ...
 
 
+VIRTUAL_UPLOADS = Path("/mnt/user-data/uploads")
+"""Where the agent's sandbox shows the files users sent."""
+
+
+def _unique_name(folder: Path, name: str) -> str:
+    """``name``, or ``stem-2.ext``… when a different earlier upload already took it."""
+    if not (folder / name).exists():
+        return name
+    stem, dot, ext = name.rpartition(".")
+    if not dot:
+        stem, ext = name, ""
+    for n in range(2, 1000):
+        candidate = f"{stem}-{n}.{ext}" if ext else f"{stem}-{n}"
+        if not (folder / candidate).exists():
+            return candidate
+    return name
+
+
 def _safe_name(name: str) -> str:
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "file"
     return cleaned[:120]
@@ -398,10 +416,13 @@ class Gateway:
     async def _fetch_attachments(
         self, channel: Channel, inbound: Inbound, thread_id: str
     ) -> tuple[list[Path], list[str]]:
+        """Save the message's files where the thread's sandbox sees them (its uploads dir); returns
+        the paths as the agent sees them, and notes for the user about files that were refused."""
         if not inbound.attachments:
             return [], []
         limit = self.config.limits.max_attachment_bytes
-        uploads = self.config.storage.path / "threads" / thread_id / "uploads"
+        uploads_dir = getattr(self.harness, "uploads_dir", None)
+        uploads = uploads_dir(thread_id) if uploads_dir else self.config.storage.path / "uploads" / thread_id
         uploads.mkdir(parents=True, exist_ok=True)
         files: list[Path] = []
         notes: list[str] = []
@@ -417,9 +438,9 @@ class Gateway:
             except ChannelError as exc:
                 notes.append(f"⚠️ I could not fetch {att.name}: {exc}")
                 continue
-            path = uploads / _safe_name(att.name)
-            await asyncio.to_thread(path.write_bytes, data)
-            files.append(path)
+            name = _unique_name(uploads, _safe_name(att.name))
+            await asyncio.to_thread((uploads / name).write_bytes, data)
+            files.append(VIRTUAL_UPLOADS / name if uploads_dir else uploads / name)
         return files, notes
 
     # -- shutdown -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def sandbox_root() -> Path:
+    """A sandbox root the unprivileged sandbox user can traverse (pytest's tmp dirs are 0700 and
+    the daemon, as root, runs sandboxed commands as uid 1000)."""
+    root = Path(tempfile.mkdtemp(prefix="chital-sbx-", dir="/tmp"))
+    root.chmod(0o711)
+    return root
+
+
 def base_config(data_dir: Path, model_base_url: str, http_port: int) -> dict[str, Any]:
     """A config for tests: fake model, no channel on (tests switch theirs on), fast delivery."""
     return {
@@ -36,7 +45,12 @@ def base_config(data_dir: Path, model_base_url: str, http_port: int) -> dict[str
                 "api_key": "sk-test-key-never-logged",
             }
         ],
-        "agent": {"model_timeout": 20, "model_retries": 2, "retry_backoff": 0.05},
+        "agent": {
+            "model_timeout": 20, "model_retries": 2, "retry_backoff": 0.05,
+            "sandbox": {"root": str(sandbox_root())},
+            "context": {"title": "truncate"},
+            "memory": {"debounce_seconds": 0.5},
+        },
         "channels": {name: {"enabled": False} for name in ("telegram", "slack", "discord", "lark")},
         "storage": {"path": str(data_dir)},
         "concurrency": {"max_turns": 8, "shutdown_grace": 5},
@@ -57,6 +71,10 @@ class DaemonProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.runs = 0
         self.log_path = workdir / "daemon-0.log"
+
+    @property
+    def sandbox_root(self) -> Path:
+        return Path(self.config["agent"]["sandbox"]["root"])
 
     def write_config(self) -> None:
         self.config_path.write_text(yaml.safe_dump(self.config), encoding="utf-8")

@@ -10,7 +10,7 @@ import pytest
 
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.discord_server import FakeDiscord, PostedMessage
-from tests.fakes.openai_server import FakeOpenAI, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 
 FRIEND = "424242424242424242"
 STRANGER = "666666666666666666"
@@ -68,12 +68,16 @@ async def answered(dc: FakeDiscord, mid: str, needle: str, timeout: float = 15) 
     return await dc.wait_for(check, timeout=timeout)
 
 
-async def test_mention_answered_and_chatter_ignored(daemon: DaemonProcess, dc: FakeDiscord) -> None:
+async def test_mention_answered_and_chatter_ignored(daemon: DaemonProcess, dc: FakeDiscord, model: FakeOpenAI) -> None:
     quiet = await dc.inject_message(None, FRIEND, "lunch anyone?")
     loud = await dc.inject_message(None, FRIEND, "what time is it", mention_bot=True)
     reply = await answered(dc, loud, "echo: what time is it")
     assert f"<@{dc.bot_id}>" not in reply.content
     assert replies(dc, quiet) == [] or all("lunch" not in m.content for m in dc.bot_messages())
+    assert dc.typing[dc.channel_id] == 0, "an instant answer needs no typing indicator"
+    model.add_rule(lambda t: "ponder" in t, Reply(text="pondered it", chunks=4, chunk_delay=0.3))
+    slow = await dc.inject_message(None, FRIEND, "ponder this", mention_bot=True)
+    await answered(dc, slow, "pondered it")
     assert dc.typing[dc.channel_id] >= 1, "typing indicator while working"
 
 
@@ -117,7 +121,7 @@ async def test_attachment_reaches_agent_uploads(
         FRIEND, "look at this file", attachments=[("notes.txt", b"quarterly numbers", "text/plain")]
     )
     await answered(dc, mid, "echo:")
-    uploaded = list((tmp_path / "data" / "threads").glob("*/uploads/notes.txt"))
+    uploaded = list(daemon.sandbox_root.glob("**/uploads/notes.txt"))
     assert uploaded and uploaded[0].read_bytes() == b"quarterly numbers"
     assert any("notes.txt" in last_user_text(r) for r in model.requests), "the agent was told of the file"
 

@@ -103,7 +103,7 @@ async def test_file_reaches_uploads(daemon: DaemonProcess, lark: FakeLark, model
                                     tmp_path: Path) -> None:
     inj = lark.inject_file(P2P, FRIEND, "report.pdf", b"%PDF-1.4 fake")
     await answered(lark, inj, "echo:")
-    uploaded = list((tmp_path / "data" / "threads").glob("*/uploads/report.pdf"))
+    uploaded = list(daemon.sandbox_root.glob("**/uploads/report.pdf"))
     assert uploaded and uploaded[0].read_bytes() == b"%PDF-1.4 fake"
     assert any("report.pdf" in last_user_text(r) for r in model.requests)
 

@@ -118,7 +118,7 @@ async def test_attachment_reaches_uploads(
     f = slack.add_file("data.csv", b"a,b\n1,2\n", "text/csv")
     await slack.inject_dm(DM, FRIEND, "analyse this", files=[f])
     await slack.wait_for(lambda: any("echo: analyse this" in t for t in slack.texts(DM)) or None, timeout=15)
-    uploaded = list((tmp_path / "data" / "threads").glob("*/uploads/data.csv"))
+    uploaded = list(daemon.sandbox_root.glob("**/uploads/data.csv"))
     assert uploaded and uploaded[0].read_bytes() == b"a,b\n1,2\n"
     assert any("data.csv" in last_user_text(r) for r in model.requests)
 

@@ -19,10 +19,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import docker
 from docker.errors import APIError, DockerException, NotFound
 from docker.types import Mount, Ulimit
-
-import docker
 
 from .base import (
     DEFAULT_MAX_OUTPUT,

@@ -46,6 +46,10 @@ def bind(backend: SandboxBackendProtocol | None) -> contextvars.Token[SandboxBac
     return _current.set(backend)
 
 
+def unbind(token: contextvars.Token[SandboxBackendProtocol | None]) -> None:
+    _current.reset(token)
+
+
 def current() -> SandboxBackendProtocol:
     backend = _current.get()
     if backend is None:

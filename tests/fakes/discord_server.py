@@ -186,7 +186,7 @@ class FakeDiscord:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def wait_for(self, predicate: Callable[[], T], timeout: float = 5.0) -> T:  # noqa: ASYNC109
+    async def wait_for(self, predicate: Callable[[], T], timeout: float = 5.0) -> T:
         """Wait until ``predicate()`` is truthy and return its value; re-checked on every change
         of the fake and at least every 50 ms (for predicates over state outside the fake)."""
         loop = asyncio.get_running_loop()
@@ -207,7 +207,7 @@ class FakeDiscord:
         s = self._session
         return bool(s and not s.dead and s.conn is not None and not s.conn.stalled)
 
-    async def wait_connected(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async def wait_connected(self, timeout: float = 10.0) -> None:
         await self.wait_for(lambda: self.connected, timeout)
 
     def bot_messages(self, channel_id: str | None = None) -> list[PostedMessage]:

@@ -341,7 +341,7 @@ class FakeSlack:
     def connected(self) -> bool:
         return self._live() is not None
 
-    async def wait_connected(self, count: int = 1, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async def wait_connected(self, count: int = 1, timeout: float = 10.0) -> None:
         """Wait until at least ``count`` connections were made and one is live."""
         await self.wait_for(lambda: self.connections >= count and self.connected, timeout)
 
@@ -399,7 +399,7 @@ class FakeSlack:
     def calls_to(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
 
-    async def wait_for(self, predicate: Callable[[], T], timeout: float = 5.0) -> T:  # noqa: ASYNC109
+    async def wait_for(self, predicate: Callable[[], T], timeout: float = 5.0) -> T:
         """Poll ``predicate`` until it returns something truthy; return that, or fail after
         ``timeout`` seconds."""
         deadline = time.monotonic() + timeout

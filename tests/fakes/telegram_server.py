@@ -302,7 +302,7 @@ class FakeTelegram(BotApiMethods):
     async def wait_for(
         self,
         predicate: Callable[[], T],
-        timeout: float = 10.0,  # noqa: ASYNC109 - a deadline for the condition, not for one call
+        timeout: float = 10.0,
         what: str = "",
     ) -> T:
         """Wait until ``predicate()`` is truthy (re-checked on every change) and return its value."""

@@ -1,0 +1,218 @@
+"""The super-agent, assembled: the lead harness plus sandbox, file and shell tools, sub-agents, skills,
+long-term memory, context middleware and the web / file-delivery / MCP tools.
+
+Each piece lives in its own module and is tested there; this module only wires them together from
+:class:`~agent.config.AgentSettings`, owns their lifecycle (start in order, close in reverse) and
+exposes what the gateway needs: ``run``, ``uploads_dir``, ``memory``. It knows no chat platform.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from deepagents.backends import CompositeBackend, StateBackend
+from deepagents.middleware import FilesystemMiddleware
+
+from agent.config import AgentSettings, ModelSpec
+from agent.context import build_context_middleware, thread_title
+from agent.events import AgentEvent
+from agent.harness import Harness
+from agent.memory import MemoryService
+from agent.model import build_chat_model
+from agent.sandbox import SandboxError, SandboxProvider, create_provider
+from agent.sandbox.backend import SandboxBackend
+from agent.sandbox.paths import ThreadDirs
+from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
+from agent.skills import build_skills
+from agent.subagents import build_subagents, subagent_event_to_status
+from agent.tools import (
+    build_present_files,
+    build_web_tools,
+    events_from_custom,
+    load_mcp_tools,
+    outputs_resolver,
+)
+
+log = logging.getLogger(__name__)
+
+# deepagents parks oversized tool results and summarised history here; they live in the graph state,
+# not in the sandbox (whose backend refuses paths outside /mnt/user-data and /mnt/skills).
+_STATE_ROUTES = ("/large_tool_results/", "/conversation_history/")
+
+LEAD_PROMPT = """
+
+## Your workspace
+You run tools in a sandbox of your own for this conversation:
+- /mnt/user-data/uploads: files the user sent (read them from here)
+- /mnt/user-data/workspace: your scratch space
+- /mnt/user-data/outputs: files for the user; save deliverables here, then call present_files
+- /mnt/skills: read-only skill folders
+Use `execute` for shell commands (no network unless the operator enabled it)."""
+
+
+class AgentRuntime:
+    """Owns the harness and everything around it. ``await start()`` before use, ``close()`` after."""
+
+    def __init__(self, settings: AgentSettings, model: ModelSpec, data_dir: Path) -> None:
+        self.settings = settings
+        self.spec = model
+        self.data_dir = data_dir
+        self.sandbox_root = (
+            settings.sandbox.root if settings.sandbox.root.is_absolute() else data_dir / settings.sandbox.root
+        )
+        self.provider: SandboxProvider | None = None
+        self.memory: MemoryService | None = None
+        self.harness: Harness | None = None
+        self._skills_dir: Path | None = None
+        self._sandbox_problem = ""
+
+    # -- what the gateway uses ------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self.harness.model_name if self.harness else self.spec.name
+
+    def run(
+        self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Sequence[Path] = ()
+    ) -> AsyncIterator[AgentEvent]:
+        assert self.harness is not None, "AgentRuntime.start() was not called"
+        return self.harness.run(thread_id, user_id=user_id, message_id=message_id, text=text, files=files)
+
+    async def message_count(self, thread_id: str) -> int:
+        assert self.harness is not None
+        return await self.harness.message_count(thread_id)
+
+    async def title(self, thread_id: str) -> str | None:
+        assert self.harness is not None
+        graph = self.harness._require_graph()
+        snap = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+        return thread_title(snap.values)
+
+    def uploads_dir(self, thread_id: str) -> Path:
+        """Host directory the thread's sandbox sees as /mnt/user-data/uploads."""
+        return ThreadDirs.for_thread(self.sandbox_root, thread_id, self._skills_dir).uploads
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        if not s.tools:
+            self.harness = Harness(s, self.spec, self.data_dir / "checkpoints.sqlite")
+            await self.harness.start()
+            return
+        model = build_chat_model(self.spec, s)
+        tools: list[Any] = []
+        middleware: list[Any] = []
+        sub_middleware: list[Any] = []
+
+        skill_tools, skill_mw, catalog = build_skills(s.skills)
+        self._skills_dir = catalog.skills_dir_for_sandbox(self.data_dir / "cache") if len(catalog) else None
+        sandbox_settings = s.sandbox.model_copy(
+            update={"root": self.sandbox_root, "skills_dir": self._skills_dir}
+        )
+        try:
+            self.provider = create_provider(sandbox_settings)
+            await self.provider.reconcile()
+            self.provider.start_reaper()
+        except SandboxError as exc:
+            # The agent still chats; its file and shell tools answer with this reason.
+            self._sandbox_problem = str(exc)
+            log.error("sandbox provider %s is not usable: %s", s.sandbox.provider, exc)
+
+        filesystem = FilesystemMiddleware(
+            backend=CompositeBackend(
+                default=ThreadRoutedBackend(), routes={route: StateBackend() for route in _STATE_ROUTES}
+            ),
+            max_execute_timeout=int(s.sandbox.exec_timeout),
+        )
+        sandbox_tools = list(filesystem.tools)
+
+        if s.memory.enabled:
+            db = s.memory.db_path or self.data_dir / "memory.sqlite"
+            self.memory = MemoryService(s.memory, build_chat_model(self.spec, s), db_path=db)
+            await self.memory.start()
+            middleware.append(self.memory.build_middleware())
+            sub_middleware.append(self.memory.build_middleware(for_subagent=True))
+
+        web = build_web_tools(s.web)
+        present = build_present_files(outputs_resolver(self.sandbox_root))
+        mcp = await load_mcp_tools(s.mcp)
+        tools += [*skill_tools, *web, present, *mcp]
+        middleware += [
+            *build_context_middleware(s.context, model, secrets=[*s.web.secrets(), *s.mcp.secrets()]),
+            filesystem,
+            *skill_mw,
+            *build_subagents(
+                model,
+                [*sandbox_tools, *skill_tools, *web, *mcp],
+                s.subagents,
+                extra_middleware_for_subagents=[*skill_mw, *sub_middleware],
+            ),
+        ]
+        self.harness = Harness(
+            s.model_copy(update={"system_prompt": s.system_prompt + LEAD_PROMPT}),
+            self.spec,
+            self.data_dir / "checkpoints.sqlite",
+            extra_tools=tools,
+            extra_middleware=middleware,
+            turn_scope=self._sandbox_scope,
+            custom_events=[events_from_custom, _status_events],
+        )
+        await self.harness.start()
+
+    @contextlib.asynccontextmanager
+    async def _sandbox_scope(self, thread_id: str) -> AsyncIterator[None]:
+        """Acquire the thread's sandbox and bind it for this turn's file and shell tools."""
+        backend: Any
+        try:
+            if self.provider is None:
+                raise SandboxError(self._sandbox_problem or "no sandbox provider")
+            sandbox = await self.provider.acquire(thread_id)
+            backend = SandboxBackend(
+                sandbox,
+                timeout=self.settings.sandbox.exec_timeout,
+                max_output=self.settings.sandbox.max_output,
+            )
+        except SandboxError as exc:
+            log.error("no sandbox for thread %s: %s", thread_id, exc)
+            backend = _Unavailable(str(exc))
+        token = bind(backend)
+        try:
+            yield
+        finally:
+            unbind(token)
+            if self.provider is not None:
+                with contextlib.suppress(Exception):
+                    await self.provider.release(thread_id)
+
+    async def close(self) -> None:
+        if self.harness is not None:
+            await self.harness.close()
+        if self.memory is not None:
+            await self.memory.close()
+        if self.provider is not None:
+            await self.provider.close()
+
+
+def _status_events(part: Any) -> list[AgentEvent]:
+    status = subagent_event_to_status(part)
+    return [status] if status is not None else []
+
+
+class _Unavailable(ThreadRoutedBackend):
+    """Bound when the thread's sandbox could not start: every tool call says why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("reason", "id"):
+            return object.__getattribute__(self, name)
+        reason = object.__getattribute__(self, "reason")
+
+        def refuse(*_: Any, **__: Any) -> Any:
+            raise SandboxError(f"the sandbox is not available: {reason}")
+
+        return refuse
