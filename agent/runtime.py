@@ -108,7 +108,7 @@ class AgentRuntime:
         sub_middleware: list[Any] = []
 
         skill_tools, skill_mw, catalog = build_skills(s.skills)
-        self._skills_dir = catalog.skills_dir_for_sandbox(self.data_dir / "cache") if len(catalog) else None
+        self._skills_dir = catalog.skills_dir_for_sandbox(self.sandbox_root) if len(catalog) else None
         sandbox_settings = s.sandbox.model_copy(
             update={"root": self.sandbox_root, "skills_dir": self._skills_dir}
         )

@@ -9,6 +9,8 @@ COMMANDS: dict[str, str] = {
     "new": "start a fresh conversation (the agent forgets this chat's history)",
     "stop": "cancel the answer being worked on",
     "status": "show this conversation's thread, model and queue",
+    "memory": "show what I remember about you (in a direct message)",
+    "forget": "erase everything I remember about you",
     "help": "list the commands",
 }
 

@@ -271,16 +271,39 @@ class Gateway:
             text = f"🆕 Started a fresh conversation (thread {thread_id[:8]})."
         elif cmd.name == "status":
             text = await self._status_text(conv)
+        elif cmd.name in ("memory", "forget"):
+            text = await self._memory_command(cmd.name, entry.inbound)
         else:  # pragma: no cover - parse_command only marks the names above as known
             text = commands.unknown_text(cmd.name)
         await self._deliver_fixed(entry, text)
+
+    async def _memory_command(self, name: str, inbound: Inbound) -> str:
+        memory = getattr(self.harness, "memory", None)
+        if memory is None:
+            return "Long-term memory is off."
+        if name == "forget":
+            count = await memory.forget(inbound.user)
+            return f"🧹 Done: I erased {count} thing(s) I remembered about you."
+        if not inbound.is_direct:
+            # One user's memory is never shown to others: a group would see the answer.
+            return "I only show what I remember about you in a direct message. Send me /memory there."
+        facts = await memory.list(inbound.user)
+        if not facts:
+            return "I don't remember anything about you yet."
+        lines = [f"What I remember about you ({len(facts)}):"]
+        lines += [f"- {fact.text}" for fact in facts]
+        lines.append("Send /forget to erase all of it.")
+        return "\n".join(lines)
 
     async def _status_text(self, conversation: str) -> str:
         thread_id = await self.store.thread_get(conversation)
         running, queued = self.turns.status(conversation)
         count = await self.harness.message_count(thread_id) if thread_id else 0
+        title_of = getattr(self.harness, "title", None)
+        title = await title_of(thread_id) if thread_id and title_of else None
         lines = [
-            f"Thread: {thread_id[:8] if thread_id else '(none yet)'} — {count} messages",
+            f"Thread: {thread_id[:8] if thread_id else '(none yet)'} — {count} messages"
+            + (f" — “{title}”" if title else ""),
             f"Model: {self.harness.model_name}",
             f"Now: {'answering a message' if running else 'idle'}; {queued} queued",
             f"All chats: {self.turns.running_count} running (limit {self.config.concurrency.max_turns})",

@@ -29,7 +29,7 @@ def sandbox_root() -> Path:
     """A sandbox root the unprivileged sandbox user can traverse (pytest's tmp dirs are 0700 and
     the daemon, as root, runs sandboxed commands as uid 1000)."""
     root = Path(tempfile.mkdtemp(prefix="chital-sbx-", dir="/tmp"))
-    root.chmod(0o711)
+    root.chmod(0o755)
     return root
 
 
