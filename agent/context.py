@@ -540,6 +540,12 @@ def build_summarization(
         state_schema = _State
 
         async def awrap_model_call(self, request: ModelRequest[Any], handler: Any) -> Any:
+            # deepagents counts tokens (tool schemas included) on every model call; a thread that
+            # was never summarised and is far below the trigger needs none of that work.
+            if not request.state.get("_summarization_event") and _clearly_short(
+                request.messages, settings.summarize_after_tokens or 0
+            ):
+                return await handler(request)
             try:
                 return await super().awrap_model_call(request, handler)
             except _SummaryFailed as exc:
@@ -554,6 +560,23 @@ def build_summarization(
         trim_tokens_to_summarize=settings.summary_input_tokens,
         summarizer=summarize,
     )
+
+
+_PROMPT_AND_TOOLS_ALLOWANCE = 12_000
+"""Tokens set aside for the system prompt and tool schemas when judging a thread "clearly short"."""
+
+
+def _clearly_short(messages: Sequence[AnyMessage], trigger: int) -> bool:
+    """A cheap upper bound of the history's size (one token per character: English runs about four
+    characters a token, CJK one or two) stays under the summarization trigger."""
+    chars = 0
+    for m in messages:
+        content = m.content
+        chars += len(content) if isinstance(content, str) else len(str(content))
+        calls = getattr(m, "tool_calls", None)
+        if calls:
+            chars += len(str(calls))
+    return chars + _PROMPT_AND_TOOLS_ALLOWANCE < trigger
 
 
 # ---- the stack ----------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.errors import GraphRecursionError
 from langgraph.graph.state import CompiledStateGraph
 
+from agent import tuning
 from agent.config import AgentSettings, ModelSpec
 from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
 from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, is_retryable
@@ -127,6 +128,7 @@ class Harness:
         """Open the checkpoint database and compile the agent graph (once)."""
         if self._graph is not None:
             return
+        tuning.apply()
         self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
         conn = await aiosqlite.connect(str(self.checkpoint_path))
         try:

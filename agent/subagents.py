@@ -29,8 +29,9 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from deepagents import DeepAgentState
 from deepagents.backends import StateBackend
@@ -54,6 +55,10 @@ from agent.events import StatusUpdate
 from agent.middleware import StepBudget
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_STOP_GRACE = 10.0
+"""Seconds a cancelled sub-agent run gets to unwind before we stop waiting for it."""
 
 SUBAGENT_EVENT = "chital.subagent"
 """Key of the custom stream event: ``{SUBAGENT_EVENT: {"id", "type", "phase", "detail", "task"}}``.
@@ -243,15 +248,16 @@ class ChitalSubAgents(SubAgentMiddleware[Any, Any]):
         token = _CURRENT.set(run)
         started = time.monotonic()
         run.emit("started")
+        seconds = self.settings.timeout_seconds
         try:
-            async with asyncio.timeout(self.settings.timeout_seconds) as deadline:
-                result = await handler(request)
+            async with asyncio.timeout(seconds) as deadline:
+                result = await _stoppable(handler(request))
         except TimeoutError as exc:
-            if not deadline.expired():
+            if not deadline.expired():  # a timeout inside the sub-agent, not ours
                 return self._failed(run, exc)
-            log.warning("sub-agent %s (%s) timed out after %.0fs", kind, call_id, self.settings.timeout_seconds)
-            run.emit("timed_out", _duration(self.settings.timeout_seconds))
-            return _tool_message(timeout_text(run.kind, self.settings.timeout_seconds), call_id)
+            log.warning("sub-agent %s (%s) timed out after %.0fs", kind, call_id, seconds)
+            run.emit("timed_out", _duration(seconds))
+            return _tool_message(timeout_text(run.kind, seconds), call_id)
         except GraphBubbleUp:
             raise  # interrupts and parent commands belong to LangGraph
         except Exception as exc:
@@ -282,24 +288,24 @@ def build_subagents(
     """The middleware to add to the lead (``Harness(extra_middleware=...)``); empty when disabled.
 
     ``tools`` are the thread's sandbox tools the sub-agents share (a ``task`` tool among them is
-    dropped: sub-agents do not delegate further). ``extra_middleware_for_subagents`` goes into
-    every sub-agent after our own (e.g. ``RetryModelCalls``: its retry events stay inside the
-    sub-agent's stream and never reach the chat or the lead's replay guard).
+    dropped: sub-agents do not delegate further); ``general-purpose`` gets all of them, ``bash``
+    those named in ``BASH_TOOL_NAMES``, and exists only when an ``execute`` tool is given.
+    ``extra_middleware_for_subagents`` goes into every sub-agent after our own (e.g.
+    ``RetryModelCalls``: its retry events stay inside the sub-agent's stream and never reach the
+    chat or the lead's replay guard; or the sandbox's ``FilesystemMiddleware``, whose tools then
+    count as given). The instances are shared by all sub-agents: pass stateless middleware.
     """
     if not settings.enabled:
         return []
+    extra = extra_middleware_for_subagents
     own = [t for t in tools if _tool_name(t) != TASK_TOOL]
-    specs = [
-        _compile(
-            GENERAL_PURPOSE, DEFAULT_GENERAL_PURPOSE_DESCRIPTION, DEFAULT_SUBAGENT_PROMPT,
-            model, own, settings, extra_middleware_for_subagents,
-        )
-    ]
+    gp_about = DEFAULT_GENERAL_PURPOSE_DESCRIPTION
+    specs = [_compile(GENERAL_PURPOSE, gp_about, DEFAULT_SUBAGENT_PROMPT, model, own, settings, extra)]
     shell = [t for t in own if _tool_name(t) in BASH_TOOL_NAMES]
-    if any(_tool_name(t) == "execute" for t in shell):
-        specs.append(
-            _compile(BASH, BASH_DESCRIPTION, BASH_PROMPT, model, shell, settings, extra_middleware_for_subagents)
-        )
+    # The sandbox's tools may come as a list or from a middleware (deepagents' FilesystemMiddleware).
+    given = [*shell, *(t for m in extra for t in getattr(m, "tools", ()))]
+    if any(_tool_name(t) == "execute" for t in given):
+        specs.append(_compile(BASH, BASH_DESCRIPTION, BASH_PROMPT, model, shell, settings, extra))
     return [ChitalSubAgents(specs, settings)]
 
 
@@ -336,6 +342,38 @@ def _lead_prompt(settings: SubagentSettings) -> str:
         f"{_duration(settings.timeout_seconds)}. Their reports are not shown to the user: "
         "summarise what matters in your answer. Do small tasks yourself."
     )
+
+
+async def _stoppable(work: Awaitable[T]) -> T:
+    """Await ``work`` in its own task; when cancelled (/stop, timeout), make sure it really stops.
+
+    Why: Python 3.11's ``asyncio.wait_for`` returns the result instead of raising when a
+    cancellation races a completed await (CPython gh-86296, fixed in 3.12), and langchain-openai
+    wraps every streamed chunk in it (``stream_chunk_timeout``). One cancel can thus be lost and a
+    sub-agent would stream on until its answer is complete; cancelling again until the task is
+    done stops it within a chunk or two.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await _cancel_until_done(task)
+        raise
+
+
+async def _cancel_until_done(task: asyncio.Future[Any], grace: float = _STOP_GRACE) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + grace
+    while not task.done() and loop.time() < end:
+        task.cancel()
+        # A second cancel of our own task must not leave the sub-agent running: finish, then
+        # re-raise the first one (the caller does).
+        with suppress(asyncio.CancelledError):
+            await asyncio.wait({task}, timeout=0.05)
+    if not task.done():
+        log.warning("a sub-agent run did not stop within %.0fs of being cancelled", grace)
+    elif not task.cancelled():
+        task.exception()  # retrieved: a late failure of a stopped run is not an error to report
 
 
 def _thread_of(request: ToolCallRequest) -> str:

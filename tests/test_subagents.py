@@ -8,21 +8,21 @@ The fake runs on its own event loop thread, so the leak check sees only the task
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import aclosing, suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
+from langchain.agents.middleware.types import AgentMiddleware
 from langchain_core.tools import tool
 
-import agent.harness
 from agent.config import AgentSettings, ModelSpec
-from agent.events import AgentEvent, Final, StatusUpdate, TextDelta
+from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgress
 from agent.harness import Harness
+from agent.middleware import RetryModelCalls
 from agent.model import build_chat_model
 from agent.subagents import (
     BASH,
@@ -40,7 +40,6 @@ from agent.subagents import (
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 
 DEADLINE = 10.0
-HARNESS_INTEGRATED = "subagent_event_to_status" in inspect.getsource(agent.harness)
 
 
 def is_subagent(body: dict[str, Any]) -> bool:
@@ -135,16 +134,29 @@ def fake() -> Iterator[SpyOpenAI]:
 Factory = Callable[..., Any]
 
 
+def status_events(part: Any) -> list[AgentEvent]:
+    """The converter the runtime hands to ``Harness(custom_events=...)``."""
+    status = subagent_event_to_status(part)
+    return [status] if status is not None else []
+
+
 @pytest.fixture
 async def make_harness(fake: SpyOpenAI, tmp_path: Path) -> AsyncIterator[Factory]:
     harnesses: list[Harness] = []
 
-    async def make(**limits: Any) -> tuple[Harness, ChitalSubAgents]:
+    async def make(sub_middleware: Sequence[Any] = (), **limits: Any) -> tuple[Harness, ChitalSubAgents]:
         settings = AgentSettings(model_retries=0, retry_backoff=0, model_timeout=10, max_steps=6)
         spec = ModelSpec(name="fake", base_url=fake.base_url, api_key="test-key", model="fake-model")
-        [middleware] = build_subagents(build_chat_model(spec, settings), [execute], SubagentSettings(**limits))
+        model = build_chat_model(spec, settings)
+        [middleware] = build_subagents(model, [execute], SubagentSettings(**limits), sub_middleware)
         assert isinstance(middleware, ChitalSubAgents)
-        harness = Harness(settings, spec, tmp_path / f"ck{len(harnesses)}.sqlite", extra_middleware=[middleware])
+        harness = Harness(
+            settings,
+            spec,
+            tmp_path / f"ck{len(harnesses)}.sqlite",
+            extra_middleware=[middleware],
+            custom_events=[status_events],
+        )
         await harness.start()
         harnesses.append(harness)
         return harness, middleware
@@ -258,7 +270,7 @@ async def test_failed_subagent_does_not_fail_the_turn(fake: SpyOpenAI, make_harn
     assert "secret-ish" not in result
 
 
-async def test_progress_events_reach_the_lead_stream(fake: SpyOpenAI, make_harness: Factory) -> None:
+async def test_progress_reaches_the_chat_as_status(fake: SpyOpenAI, make_harness: Factory) -> None:
     def sub(body: dict[str, Any]) -> Reply:
         if tool_results(body):
             return Reply(text="listed")
@@ -268,36 +280,36 @@ async def test_progress_events_reach_the_lead_stream(fake: SpyOpenAI, make_harne
     fake.add_rule(lambda t: True, delegating_lead(["job: list the workspace"], "Listed.", kind=BASH))
     harness, _ = await make_harness()
 
-    # The parts Harness._stream receives: the same graph, streamed in "custom" mode.
-    graph = harness._require_graph()
-    config = {"configurable": {"thread_id": "t-events"}}
-    parts = [
-        part
-        async for part in graph.astream({"messages": [("user", "List it")]}, config, stream_mode="custom")
-        if SUBAGENT_EVENT in part
+    events = await turn(harness, "List it", "m1")
+
+    assert answer(events) == "Listed."
+    shown = [e for e in events if isinstance(e, StatusUpdate | ToolProgress)]
+    assert shown[0] == ToolProgress("task", "start", '{"description": "job: list the workspace", "subagent_type": "bash"}')
+    assert [e.text for e in shown[1:3]] == [
+        "Sub-agent bash (job: list the workspace) started",
+        'Sub-agent bash (job: list the workspace): execute {"command": "ls -la"}',
     ]
-    phases = [p[SUBAGENT_EVENT]["phase"] for p in parts]
-    assert phases == ["started", "running", "done"]
-    assert {p[SUBAGENT_EVENT]["id"] for p in parts} == {"call_0"}
-    assert {p[SUBAGENT_EVENT]["type"] for p in parts} == {BASH}
-    texts = [s.text for s in map(subagent_event_to_status, parts) if s is not None]
-    assert texts[0] == "Sub-agent bash (job: list the workspace) started"
-    assert texts[1] == 'Sub-agent bash (job: list the workspace): execute {"command": "ls -la"}'
-    assert texts[2].startswith("Sub-agent bash (job: list the workspace) finished in ")
+    assert isinstance(shown[3], StatusUpdate)
+    assert shown[3].text.startswith("Sub-agent bash (job: list the workspace) finished in ")
+    assert shown[4:] == [ToolProgress("task", "end")]  # the sub-agent's own tool is not the lead's
 
 
-@pytest.mark.skipif(not HARNESS_INTEGRATED, reason="agent/harness.py does not call subagent_event_to_status yet")
-async def test_progress_reaches_the_chat_as_status(fake: SpyOpenAI, make_harness: Factory) -> None:
-    fake.add_rule(lambda t: t.startswith("job"), Reply(text="done"))
-    fake.add_rule(lambda t: True, delegating_lead(["job: one"], "Finished."))
-    harness, _ = await make_harness()
+async def test_subagent_retries_stay_out_of_the_chat(fake: SpyOpenAI, make_harness: Factory) -> None:
+    """RetryModelCalls inside a sub-agent: its retry events must not reach the lead's stream (where
+    the harness would say "retrying" and treat the lead's streamed text as repeated)."""
+    failures = iter([Reply(status=503)])
+
+    fake.add_rule(lambda t: t.startswith("job"), lambda body: next(failures, Reply(text="fine now")))
+    fake.add_rule(lambda t: True, delegating_lead(["job: flaky"], "It worked."))
+    harness, _ = await make_harness([RetryModelCalls(max_retries=2, initial_delay=0)])
 
     events = await turn(harness, "Go", "m1")
 
-    statuses = [e.text for e in events if isinstance(e, StatusUpdate)]
-    assert statuses[0] == "Sub-agent general-purpose (job: one) started"
-    assert statuses[-1].startswith("Sub-agent general-purpose (job: one) finished")
-    assert answer(events) == "Finished."
+    assert answer(events) == "It worked."
+    assert len(fake.bodies(sub=True)) == 2
+    assert tool_results(fake.bodies(sub=False)[-1]) == ["fine now"]
+    assert not [e for e in events if isinstance(e, StatusUpdate) and "retrying" in e.text]
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "It worked."
 
 
 async def test_stop_cancels_running_subagents(fake: SpyOpenAI, make_harness: Factory) -> None:
@@ -355,6 +367,12 @@ def test_settings_and_types() -> None:
     [without_shell] = build_subagents(model, [], SubagentSettings())
     assert isinstance(without_shell, ChitalSubAgents)
     assert without_shell.subagent_names == {GENERAL_PURPOSE}
+    class Sandbox(AgentMiddleware[Any, Any, Any]):
+        tools = [execute]  # noqa: RUF012  (as deepagents' FilesystemMiddleware provides them)
+
+    [via_middleware] = build_subagents(model, [], SubagentSettings(), [Sandbox()])
+    assert isinstance(via_middleware, ChitalSubAgents)
+    assert via_middleware.subagent_names == {GENERAL_PURPOSE, BASH}
     defaults = SubagentSettings()
     assert (defaults.max_concurrent, defaults.timeout_seconds, defaults.enabled) == (3, 900.0, True)
     assert "timed out after 15 min" in timeout_text(BASH, 900)

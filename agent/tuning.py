@@ -1,0 +1,85 @@
+"""Process-wide speed fixes for the LangChain stack, applied once when the harness starts.
+
+Each one removes per-call work that an instant model makes visible (a turn's own CPU cost is the
+daemon's throughput ceiling); none changes behaviour:
+
+- LangChain's agent factory wraps every middleware hook in LangSmith's ``traceable``, which hands
+  two small bookkeeping functions to a thread pool on *every* call, tracing on or off (dozens of
+  thread hops per turn). LangSmith offers ``set_runtime_overrides(aio_to_thread=...)`` for exactly
+  this; with tracing off we run those functions inline, in the context LangSmith gives us. With
+  tracing on, its default thread hop is kept.
+- ``create_agent`` binds the tools to the model on every model call, and langchain-openai converts
+  each tool to its JSON schema each time. A tool object's schema does not change, so the
+  conversion is memoised per tool object (held weakly, checked by identity).
+- ``langchain_core.messages.content._get_data_content_block_types`` re-derives a constant tuple with
+  ``typing.get_type_hints`` for every content block of every message of every model call; it is a
+  pure function of static types, so it is memoised.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import functools
+import logging
+import weakref
+from typing import Any
+
+log = logging.getLogger(__name__)
+_applied = False
+
+
+async def _inline_when_not_tracing(default: Any, ctx: contextvars.Context, func: Any, /, *args: Any,
+                                   **kwargs: Any) -> Any:
+    from langsmith.utils import tracing_is_enabled
+
+    if tracing_is_enabled():
+        return await default(ctx, func, *args, **kwargs)
+    return ctx.run(func, *args, **kwargs)
+
+
+def _memoised_tool_schema(convert: Any) -> Any:
+    from langchain_core.tools import BaseTool
+
+    cache: dict[tuple[int, Any], tuple[weakref.ref[Any], dict[str, Any]]] = {}
+
+    @functools.wraps(convert)
+    def cached(tool: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(tool, BaseTool) or args or set(kwargs) - {"strict"}:
+            return convert(tool, *args, **kwargs)
+        key = (id(tool), kwargs.get("strict"))
+        hit = cache.get(key)
+        if hit is not None and hit[0]() is tool:
+            return copy.deepcopy(hit[1])  # callers may annotate the dict they get
+        schema = convert(tool, *args, **kwargs)
+        cache[key] = (weakref.ref(tool, lambda _, k=key: cache.pop(k, None)), copy.deepcopy(schema))
+        return schema
+
+    return cached
+
+
+def apply() -> None:
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    try:
+        import langsmith
+
+        langsmith.set_runtime_overrides(aio_to_thread=_inline_when_not_tracing)
+    except (ImportError, AttributeError) as exc:  # an older langsmith: keep its default
+        log.debug("langsmith runtime override unavailable: %s", exc)
+    try:
+        from langchain_openai.chat_models import base as openai_base
+
+        openai_base.convert_to_openai_tool = _memoised_tool_schema(openai_base.convert_to_openai_tool)
+    except (ImportError, AttributeError) as exc:
+        log.debug("tool schemas not memoised: %s", exc)
+    try:
+        from langchain_core.messages import content
+
+        original = content._get_data_content_block_types
+        if not hasattr(original, "cache_info"):
+            content._get_data_content_block_types = functools.cache(original)
+    except (ImportError, AttributeError) as exc:
+        log.debug("content block types not memoised: %s", exc)
