@@ -22,6 +22,7 @@ from agent.context import build_context_middleware, thread_title
 from agent.events import AgentEvent
 from agent.harness import Harness
 from agent.memory import MemoryService
+from agent.middleware import RetryModelCalls
 from agent.model import build_chat_model
 from agent.sandbox import SandboxError, SandboxProvider, create_provider
 from agent.sandbox.backend import SandboxBackend
@@ -148,7 +149,11 @@ class AgentRuntime:
                 model,
                 [*sandbox_tools, *skill_tools, *web, *mcp],
                 s.subagents,
-                extra_middleware_for_subagents=[*skill_mw, *sub_middleware],
+                extra_middleware_for_subagents=[
+                    *skill_mw,
+                    *sub_middleware,
+                    RetryModelCalls(max_retries=s.model_retries, initial_delay=s.retry_backoff),
+                ],
             ),
         ]
         self.harness = Harness(
