@@ -31,7 +31,6 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, su
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
 from deepagents import DeepAgentState
 from langchain.agents import create_agent
 from langchain.agents.middleware.types import AgentMiddleware
@@ -45,11 +44,11 @@ from langchain_core.exceptions import (
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.errors import GraphRecursionError
 from langgraph.graph.state import CompiledStateGraph
 
 from agent import tuning
+from agent.checkpoints import InlineSqliteSaver
 from agent.config import AgentSettings, ModelSpec
 from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
 from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, is_retryable
@@ -101,7 +100,7 @@ class Harness:
         self._turn_scope = turn_scope
         self._custom_events = list(custom_events)
         self._model = build_chat_model(model, settings)
-        self._conn: aiosqlite.Connection | None = None
+        self._saver: InlineSqliteSaver | None = None
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # thread id -> message id of the last turn this process finished cleanly on that thread.
@@ -129,17 +128,8 @@ class Harness:
         if self._graph is not None:
             return
         tuning.apply()
-        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        conn = await aiosqlite.connect(str(self.checkpoint_path))
-        try:
-            await conn.execute("PRAGMA journal_mode=WAL")
-            await conn.execute("PRAGMA synchronous=NORMAL")
-            saver = AsyncSqliteSaver(conn)
-            await saver.setup()
-        except BaseException:
-            await conn.close()
-            raise
-        self._conn = conn
+        saver = InlineSqliteSaver.open(self.checkpoint_path)
+        self._saver = saver
         self._graph = create_agent(
             self._model,
             self.tools,
@@ -154,9 +144,9 @@ class Harness:
 
     async def close(self) -> None:
         self._graph = None
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            await conn.close()
+        if self._saver is not None:
+            saver, self._saver = self._saver, None
+            saver.close()
 
     async def __aenter__(self) -> Harness:
         await self.start()
