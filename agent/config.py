@@ -8,13 +8,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.context import ContextSettings
-from agent.memory.facts import MemorySettings
 from agent.sandbox.config import SandboxSettings
-from agent.skills import SkillsSettings
-from agent.subagents import SubagentSettings
-from agent.tools.mcp import McpSettings
-from agent.tools.web import WebSettings
+from agent.settings import (
+    ContextSettings,
+    McpSettings,
+    MemorySettings,
+    SkillsSettings,
+    SubagentSettings,
+    WebSettings,
+)
 
 
 class ModelSpec(BaseModel):

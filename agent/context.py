@@ -28,7 +28,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, NotRequired
+from typing import Any, NotRequired
 
 from langchain.agents.middleware import ToolErrorMiddleware
 from langchain.agents.middleware.types import (
@@ -48,41 +48,14 @@ from langgraph.config import get_config
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agent.sandbox.paths import SandboxError
+from agent.settings import ContextSettings
 from agent.tools.clarify import ClarificationMiddleware
 
 log = logging.getLogger(__name__)
 
 
-class ContextSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    summarize_after_tokens: int | None = Field(60_000, ge=1)
-    """Summarize older history once the request (messages, system prompt, tools) is this many
-    tokens (approximate count); None turns summarization off."""
-    keep_recent_messages: int = Field(20, ge=1)
-    """Messages kept verbatim after a summary (tool calls stay with their results)."""
-    summary_input_tokens: int | None = Field(8_000, ge=1)
-    """Tokens of older history the summary call reads (its most recent part); None = all."""
-    loop_warn_after: int = Field(3, ge=2)
-    """The same tool with the same arguments this many times in a turn: warn the model."""
-    loop_stop_after: int = Field(5, ge=2)
-    """...this many times: the next model call must answer in text (no tools)."""
-    title: Literal["model", "truncate", "off"] = "model"
-    """Thread title: a short model call, the first message cut short, or none."""
-    title_max_chars: int = Field(60, ge=10)
-    title_timeout: float = Field(10.0, gt=0)
-    guardrail_timeout: float = Field(10.0, gt=0)
-    """Seconds a guardrail may take; a slow guardrail denies (fail-closed)."""
-    tool_error_max_chars: int = Field(500, ge=50)
-
-    @model_validator(mode="after")
-    def _loop_order(self) -> ContextSettings:
-        if self.loop_stop_after <= self.loop_warn_after:
-            raise ValueError("loop_stop_after must be greater than loop_warn_after")
-        return self
 
 
 # ---- redaction and tool errors ------------------------------------------------------------------

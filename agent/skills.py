@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
 
 from agent.sandbox.paths import SKILLS
+from agent.settings import SkillsSettings
 
 if TYPE_CHECKING:
     from langchain.agents.middleware.types import AgentMiddleware
@@ -55,19 +55,6 @@ _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)(?:\r?\n)?^---[ \t]*(?:\r?\n|\
 _SKIPPED_NAMES = frozenset({"__pycache__", ".git", ".DS_Store", ".ipynb_checkpoints"})
 
 
-class SkillsSettings(BaseModel):
-    """Which skills the agent sees. The gateway embeds this in ``AgentSettings``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: list[str] | None = None
-    """Names of the skills to offer; ``None`` offers every skill found."""
-    disabled: list[str] = Field(default_factory=list)
-    """Names never offered (wins over ``enabled``)."""
-    public_dir: Path = Path("skills/public")
-    """Skills shipped with Chital."""
-    custom_dir: Path = Path("skills/custom")
-    """The operator's skills; one here replaces the public skill of the same name."""
 
 
 class SkillError(ValueError):

@@ -49,10 +49,10 @@ from langchain_core.tools import BaseTool
 from langgraph.errors import GraphBubbleUp, GraphRecursionError
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
-from pydantic import BaseModel, ConfigDict, Field
 
 from agent.events import StatusUpdate
 from agent.middleware import StepBudget
+from agent.settings import SubagentSettings
 
 log = logging.getLogger(__name__)
 
@@ -90,18 +90,6 @@ BASH_PROMPT = (
 )
 
 
-class SubagentSettings(BaseModel):
-    """Limits of the ``task`` tool. The lead's ``AgentSettings`` embeds this as ``subagents``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = True
-    max_concurrent: int = Field(3, ge=1, le=16)
-    """Sub-agents one turn may run at once; further ``task`` calls are refused."""
-    timeout_seconds: float = Field(900.0, gt=0)
-    """Wall-clock limit of one sub-agent run; it is then cancelled and reported as timed out."""
-    max_steps: int = Field(20, ge=1)
-    """Model calls one sub-agent run may make; the last one must answer in text."""
 
 
 def refusal_text(limit: int) -> str:

@@ -19,7 +19,6 @@ daemon's throughput ceiling); none changes behaviour:
 from __future__ import annotations
 
 import contextvars
-import copy
 import functools
 import logging
 import weakref
@@ -49,11 +48,17 @@ def _memoised_tool_schema(convert: Any) -> Any:
             return convert(tool, *args, **kwargs)
         key = (id(tool), kwargs.get("strict"))
         hit = cache.get(key)
-        if hit is not None and hit[0]() is tool:
-            return copy.deepcopy(hit[1])  # callers may annotate the dict they get
-        schema = convert(tool, *args, **kwargs)
-        cache[key] = (weakref.ref(tool, lambda _, k=key: cache.pop(k, None)), copy.deepcopy(schema))
-        return schema
+        if hit is None or hit[0]() is not tool:
+            schema = convert(tool, *args, **kwargs)
+            hit = (weakref.ref(tool, lambda _, k=key: cache.pop(k, None)), schema)
+            cache[key] = hit
+        # langchain-openai annotates the top level of the dict it gets (e.g. defer_loading):
+        # hand out fresh top-level dicts over the shared, never-mutated parameter schema.
+        schema = hit[1]
+        fresh = dict(schema)
+        if isinstance(schema.get("function"), dict):
+            fresh["function"] = dict(schema["function"])
+        return fresh
 
     return cached
 

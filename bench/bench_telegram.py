@@ -86,6 +86,7 @@ async def main() -> None:
     ap.add_argument("--single", type=int, default=100, help="messages in the one-chat latency run")
     ap.add_argument("--conversations", type=int, default=0, help="extra distinct chats for the memory figure")
     ap.add_argument("--max-turns", type=int, default=32)
+    ap.add_argument("--bare", action="store_true", help="agent.tools: false (plain chat model, no sandbox/tools)")
     args = ap.parse_args()
 
     tg = FakeTelegram()
@@ -105,6 +106,8 @@ async def main() -> None:
         cfg["access"] = {"allow_users": ["*"], "pairing": False}
         cfg["concurrency"]["max_turns"] = args.max_turns
         cfg["delivery"] = {"first_edit_delay": 0.6}
+        cfg["agent"]["tools"] = not args.bare
+        print(f"agent tools: {'off (bare)' if args.bare else 'on (sandbox, sub-agents, skills, memory, context)'}")
         d = DaemonProcess(Path(tmp), cfg)
         await d.start()
         pid = d.proc.pid  # type: ignore[union-attr]

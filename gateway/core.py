@@ -316,7 +316,6 @@ class Gateway:
         started = time.monotonic()
         reply = self._reply(entry)
         await reply.load()
-        reply.restart_clock()
         await self.store.journal_set(entry.key, "running")
         entry.attempts += 1
         if entry.attempts > MAX_ATTEMPTS:

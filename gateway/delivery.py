@@ -61,10 +61,6 @@ class Reply:
             self._parts = await self._store.outbox_get(self.key)
             self._loaded = True
 
-    def restart_clock(self) -> None:
-        """The turn starts now (it may have waited in the queue): pace the first edit from here."""
-        self._started = time.monotonic()
-
     @property
     def has_message(self) -> bool:
         return 0 in self._parts
@@ -109,6 +105,9 @@ class Reply:
         self._pending = text
         self._wake.set()
         if self._flusher is None:
+            # The first edit is timed from the first text, not from the turn's start: a turn slowed
+            # by load whose answer arrives at once still goes out as one message.
+            self._started = time.monotonic()
             self._flusher = asyncio.create_task(self._flush_loop(), name=f"stream:{self.key}")
 
     async def _flush_loop(self) -> None:

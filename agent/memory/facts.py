@@ -19,48 +19,17 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from langgraph.store.base import BaseStore, Op, PutOp
-from pydantic import BaseModel, ConfigDict, Field
+
+from agent.settings import MemorySettings  # noqa: F401 - re-exported
 
 FACTS = "memory"
 PENDING = "memory_pending"
 _PAGE = 500
 
 
-class MemorySettings(BaseModel):
-    """Long-term memory per user. The gateway embeds this in its agent settings."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = True
-    """Off: no injection and no extraction; ``list``/``forget`` still work on what is stored."""
-    debounce_seconds: float = Field(20.0, ge=0)
-    """Extraction waits this long after a user's last finished turn, so a burst is one model call."""
-    max_delay_seconds: float = Field(300.0, ge=0)
-    """A user who never pauses still gets extraction this long after the first pending turn."""
-    placement: Literal["system", "message"] = "system"
-    """Where the section goes: appended to the system prompt, or prepended to the current user
-    message of the model call only (never stored). "message" keeps the prompt prefix stable, so a
-    provider's prompt cache survives new facts and, in group chats, alternating senders."""
-    token_budget: int = Field(400, ge=0)
-    """Tokens (estimated as characters / 4) the injected section may take, header included."""
-    retention_days: int | None = Field(None, ge=1)
-    """Facts not created or updated for this long are pruned; None keeps them."""
-    max_facts_per_user: int = Field(200, ge=1)
-    """Beyond this, the least recently updated facts of the user are dropped."""
-    db_path: Path | None = None
-    """SQLite file of the memory store; None lets the gateway choose (next to the checkpoints)."""
-    extraction_timeout: float = Field(120.0, gt=0)
-    """Seconds one extraction call may take."""
-    extraction_retries: int = Field(2, ge=0, le=10)
-    """Retries of an extraction that failed on a transient model error (timeout, 429, 5xx)."""
-    max_turns_per_extraction: int = Field(20, ge=1)
-    """Pending turns one extraction call reads (oldest first); more go to the next call."""
-    max_turn_chars: int = Field(2000, ge=100)
-    """Each message of a turn is cut to this many characters before it goes to extraction."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,70 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Literal
 
 from langchain_core.tools import BaseTool
-from langchain_mcp_adapters.client import MultiServerMCPClient
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from agent.settings import McpServer, McpSettings
 
 log = logging.getLogger(__name__)
 
 
-class McpServer(BaseModel):
-    """One MCP server: ``command``/``args``/``env`` for stdio, ``url``/``headers`` for HTTP."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    transport: Literal["stdio", "streamable_http", "sse"] = "stdio"
-    command: str | None = None
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, SecretStr] | None = None
-    """Extra environment of a stdio server (values may be secrets; ``${VAR}`` is expanded)."""
-    cwd: str | None = None
-    url: str | None = None
-    headers: dict[str, SecretStr] | None = None
-    """HTTP headers (e.g. Authorization); kept as secrets, never logged."""
-    timeout: float = Field(30.0, gt=0)
-    """Seconds the server may take to start and list its tools."""
-    enabled: bool = True
-
-    @model_validator(mode="after")
-    def _check(self) -> McpServer:
-        if self.transport == "stdio" and not self.command:
-            raise ValueError("a stdio MCP server needs 'command'")
-        if self.transport != "stdio" and not self.url:
-            raise ValueError(f"a {self.transport} MCP server needs 'url'")
-        return self
-
-    def connection(self) -> dict[str, Any]:
-        """The adapter's connection dict (secrets revealed here only)."""
-        if self.transport == "stdio":
-            conn: dict[str, Any] = {"transport": "stdio", "command": self.command, "args": list(self.args)}
-            if self.env is not None:
-                conn["env"] = {k: v.get_secret_value() for k, v in self.env.items()}
-            if self.cwd:
-                conn["cwd"] = self.cwd
-            return conn
-        conn = {"transport": self.transport, "url": self.url}
-        if self.headers:
-            conn["headers"] = {k: v.get_secret_value() for k, v in self.headers.items()}
-        return conn
-
-    def secrets(self) -> list[str]:
-        values = [*(self.env or {}).values(), *(self.headers or {}).values()]
-        return [v.get_secret_value() for v in values if len(v.get_secret_value()) >= 6]
 
 
-class McpSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    servers: dict[str, McpServer] = Field(default_factory=dict)
-    tool_name_prefix: bool = False
-    """Name tools ``<server>_<tool>``: set it when two servers offer tools of the same name."""
-
-    def secrets(self) -> list[str]:
-        """Configured secret values, for redaction of tool error texts."""
-        return [s for server in self.servers.values() for s in server.secrets()]
 
 
 def _brief_error(exc: BaseException) -> str:
@@ -96,6 +42,8 @@ async def load_mcp_tools(settings: McpSettings) -> list[BaseTool]:
     servers = {name: s for name, s in settings.servers.items() if s.enabled}
     if not servers:
         return []
+    from langchain_mcp_adapters.client import MultiServerMCPClient  # only when servers are configured
+
     client = MultiServerMCPClient(
         {name: s.connection() for name, s in servers.items()},  # type: ignore[misc]
         tool_name_prefix=settings.tool_name_prefix,

@@ -23,16 +23,16 @@ import logging
 import re
 import socket
 from collections.abc import Collection, Sequence
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
-from bs4 import BeautifulSoup
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
-from markdownify import MarkdownConverter
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, Field
+
+from agent.settings import WebSettings
 
 log = logging.getLogger(__name__)
 
@@ -47,30 +47,6 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 TAVILY_URL = "https://api.tavily.com"
 
 
-class WebSettings(BaseModel):
-    """Web tools. ``search_provider`` "none" keeps ``web_search`` answering that it is off."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    search_provider: Literal["none", "searxng", "tavily"] = "none"
-    api_key: SecretStr | None = None
-    """Tavily key (sent as a Bearer token); SearXNG needs none. Never logged or shown."""
-    base_url: str | None = None
-    """SearXNG: the instance URL (required). Tavily: override of https://api.tavily.com."""
-    max_results: int = Field(5, ge=1, le=20)
-    search_timeout: float = Field(15.0, gt=0)
-    fetch_timeout: float = Field(20.0, gt=0)
-    """Seconds one ``web_fetch`` may take in total, redirects included."""
-    max_fetch_bytes: int = Field(2_000_000, ge=1024)
-    """Body bytes read per page; the rest is dropped (and the result says so)."""
-    max_chars: int = Field(40_000, ge=1000)
-    """Characters of Markdown handed to the model."""
-    max_redirects: int = Field(5, ge=0, le=20)
-    user_agent: str = "Mozilla/5.0 (compatible; Chital/0.1; +web_fetch)"
-
-    def secrets(self) -> list[str]:
-        """Configured secret values, for redaction of tool error texts."""
-        return [self.api_key.get_secret_value()] if self.api_key is not None else []
 
 
 class UrlRefused(ToolException):
@@ -144,6 +120,9 @@ def check_url(url: str, exempt: Collection[str] = ()) -> str:
 def html_to_markdown(html: bytes | str, base_url: str = "") -> tuple[str, str]:
     """(title, Markdown) of an HTML page, without scripts, styles and other non-content; links
     are made absolute so the model can fetch them."""
+    from bs4 import BeautifulSoup  # imported on first use: the daemon starts lighter without it
+    from markdownify import MarkdownConverter
+
     soup = BeautifulSoup(html, "html.parser")
     title = soup.title.get_text(" ", strip=True) if soup.title else ""
     for tag in soup(_DROP_TAGS):

@@ -1,0 +1,187 @@
+"""Settings of the agent's features, in one light module.
+
+``agent.config`` (and so ``gateway.config`` and ``chital check``) needs these models but none of the
+libraries the features themselves import (deepagents, the MCP SDK, BeautifulSoup...). Each feature
+module re-exports its own settings from here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+
+class ContextSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    summarize_after_tokens: int | None = Field(60_000, ge=1)
+    """Summarize older history once the request (messages, system prompt, tools) is this many
+    tokens (approximate count); None turns summarization off."""
+    keep_recent_messages: int = Field(20, ge=1)
+    """Messages kept verbatim after a summary (tool calls stay with their results)."""
+    summary_input_tokens: int | None = Field(8_000, ge=1)
+    """Tokens of older history the summary call reads (its most recent part); None = all."""
+    loop_warn_after: int = Field(3, ge=2)
+    """The same tool with the same arguments this many times in a turn: warn the model."""
+    loop_stop_after: int = Field(5, ge=2)
+    """...this many times: the next model call must answer in text (no tools)."""
+    title: Literal["model", "truncate", "off"] = "model"
+    """Thread title: a short model call, the first message cut short, or none."""
+    title_max_chars: int = Field(60, ge=10)
+    title_timeout: float = Field(10.0, gt=0)
+    guardrail_timeout: float = Field(10.0, gt=0)
+    """Seconds a guardrail may take; a slow guardrail denies (fail-closed)."""
+    tool_error_max_chars: int = Field(500, ge=50)
+
+    @model_validator(mode="after")
+    def _loop_order(self) -> ContextSettings:
+        if self.loop_stop_after <= self.loop_warn_after:
+            raise ValueError("loop_stop_after must be greater than loop_warn_after")
+        return self
+
+
+class MemorySettings(BaseModel):
+    """Long-term memory per user. The gateway embeds this in its agent settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    """Off: no injection and no extraction; ``list``/``forget`` still work on what is stored."""
+    debounce_seconds: float = Field(20.0, ge=0)
+    """Extraction waits this long after a user's last finished turn, so a burst is one model call."""
+    max_delay_seconds: float = Field(300.0, ge=0)
+    """A user who never pauses still gets extraction this long after the first pending turn."""
+    placement: Literal["system", "message"] = "system"
+    """Where the section goes: appended to the system prompt, or prepended to the current user
+    message of the model call only (never stored). "message" keeps the prompt prefix stable, so a
+    provider's prompt cache survives new facts and, in group chats, alternating senders."""
+    token_budget: int = Field(400, ge=0)
+    """Tokens (estimated as characters / 4) the injected section may take, header included."""
+    retention_days: int | None = Field(None, ge=1)
+    """Facts not created or updated for this long are pruned; None keeps them."""
+    max_facts_per_user: int = Field(200, ge=1)
+    """Beyond this, the least recently updated facts of the user are dropped."""
+    db_path: Path | None = None
+    """SQLite file of the memory store; None lets the gateway choose (next to the checkpoints)."""
+    extraction_timeout: float = Field(120.0, gt=0)
+    """Seconds one extraction call may take."""
+    extraction_retries: int = Field(2, ge=0, le=10)
+    """Retries of an extraction that failed on a transient model error (timeout, 429, 5xx)."""
+    max_turns_per_extraction: int = Field(20, ge=1)
+    """Pending turns one extraction call reads (oldest first); more go to the next call."""
+    max_turn_chars: int = Field(2000, ge=100)
+    """Each message of a turn is cut to this many characters before it goes to extraction."""
+
+
+class SkillsSettings(BaseModel):
+    """Which skills the agent sees. The gateway embeds this in ``AgentSettings``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: list[str] | None = None
+    """Names of the skills to offer; ``None`` offers every skill found."""
+    disabled: list[str] = Field(default_factory=list)
+    """Names never offered (wins over ``enabled``)."""
+    public_dir: Path = Path("skills/public")
+    """Skills shipped with Chital."""
+    custom_dir: Path = Path("skills/custom")
+    """The operator's skills; one here replaces the public skill of the same name."""
+
+
+class SubagentSettings(BaseModel):
+    """Limits of the ``task`` tool. The lead's ``AgentSettings`` embeds this as ``subagents``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    max_concurrent: int = Field(3, ge=1, le=16)
+    """Sub-agents one turn may run at once; further ``task`` calls are refused."""
+    timeout_seconds: float = Field(900.0, gt=0)
+    """Wall-clock limit of one sub-agent run; it is then cancelled and reported as timed out."""
+    max_steps: int = Field(20, ge=1)
+    """Model calls one sub-agent run may make; the last one must answer in text."""
+
+
+class McpServer(BaseModel):
+    """One MCP server: ``command``/``args``/``env`` for stdio, ``url``/``headers`` for HTTP."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    transport: Literal["stdio", "streamable_http", "sse"] = "stdio"
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, SecretStr] | None = None
+    """Extra environment of a stdio server (values may be secrets; ``${VAR}`` is expanded)."""
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, SecretStr] | None = None
+    """HTTP headers (e.g. Authorization); kept as secrets, never logged."""
+    timeout: float = Field(30.0, gt=0)
+    """Seconds the server may take to start and list its tools."""
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> McpServer:
+        if self.transport == "stdio" and not self.command:
+            raise ValueError("a stdio MCP server needs 'command'")
+        if self.transport != "stdio" and not self.url:
+            raise ValueError(f"a {self.transport} MCP server needs 'url'")
+        return self
+
+    def connection(self) -> dict[str, Any]:
+        """The adapter's connection dict (secrets revealed here only)."""
+        if self.transport == "stdio":
+            conn: dict[str, Any] = {"transport": "stdio", "command": self.command, "args": list(self.args)}
+            if self.env is not None:
+                conn["env"] = {k: v.get_secret_value() for k, v in self.env.items()}
+            if self.cwd:
+                conn["cwd"] = self.cwd
+            return conn
+        conn = {"transport": self.transport, "url": self.url}
+        if self.headers:
+            conn["headers"] = {k: v.get_secret_value() for k, v in self.headers.items()}
+        return conn
+
+    def secrets(self) -> list[str]:
+        values = [*(self.env or {}).values(), *(self.headers or {}).values()]
+        return [v.get_secret_value() for v in values if len(v.get_secret_value()) >= 6]
+
+
+class McpSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    servers: dict[str, McpServer] = Field(default_factory=dict)
+    tool_name_prefix: bool = False
+    """Name tools ``<server>_<tool>``: set it when two servers offer tools of the same name."""
+
+    def secrets(self) -> list[str]:
+        """Configured secret values, for redaction of tool error texts."""
+        return [s for server in self.servers.values() for s in server.secrets()]
+
+
+class WebSettings(BaseModel):
+    """Web tools. ``search_provider`` "none" keeps ``web_search`` answering that it is off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    search_provider: Literal["none", "searxng", "tavily"] = "none"
+    api_key: SecretStr | None = None
+    """Tavily key (sent as a Bearer token); SearXNG needs none. Never logged or shown."""
+    base_url: str | None = None
+    """SearXNG: the instance URL (required). Tavily: override of https://api.tavily.com."""
+    max_results: int = Field(5, ge=1, le=20)
+    search_timeout: float = Field(15.0, gt=0)
+    fetch_timeout: float = Field(20.0, gt=0)
+    """Seconds one ``web_fetch`` may take in total, redirects included."""
+    max_fetch_bytes: int = Field(2_000_000, ge=1024)
+    """Body bytes read per page; the rest is dropped (and the result says so)."""
+    max_chars: int = Field(40_000, ge=1000)
+    """Characters of Markdown handed to the model."""
+    max_redirects: int = Field(5, ge=0, le=20)
+    user_agent: str = "Mozilla/5.0 (compatible; Chital/0.1; +web_fetch)"
+
+    def secrets(self) -> list[str]:
+        """Configured secret values, for redaction of tool error texts."""
+        return [self.api_key.get_secret_value()] if self.api_key is not None else []
