@@ -5,22 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.daemon import REPO, DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI
-
-
-@pytest.fixture
-async def model() -> AsyncIterator[FakeOpenAI]:
-    fake = FakeOpenAI()
-    await fake.start()
-    yield fake
-    await fake.aclose()
 
 
 def clean_env() -> dict[str, str]:

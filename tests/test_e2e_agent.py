@@ -22,22 +22,6 @@ from tests.test_e2e_telegram import OWNER, answered, replies_to, telegram_config
 
 
 @pytest.fixture
-async def tg() -> AsyncIterator[FakeTelegram]:
-    fake = FakeTelegram()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def model() -> AsyncIterator[FakeOpenAI]:
-    fake = FakeOpenAI()
-    await fake.start()
-    yield fake
-    await fake.aclose()
-
-
-@pytest.fixture
 async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
     await d.start()

@@ -25,15 +25,6 @@ async def dc() -> AsyncIterator[FakeDiscord]:
 
 
 @pytest.fixture
-async def model() -> AsyncIterator[FakeOpenAI]:
-    fake = FakeOpenAI()
-    fake.add_demo_rules()
-    await fake.start()
-    yield fake
-    await fake.aclose()
-
-
-@pytest.fixture
 async def daemon(tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["channels"]["discord"] = {

@@ -27,15 +27,6 @@ def lark() -> Iterator[FakeLark]:
 
 
 @pytest.fixture
-async def model() -> AsyncIterator[FakeOpenAI]:
-    fake = FakeOpenAI()
-    fake.add_demo_rules()
-    await fake.start()
-    yield fake
-    await fake.aclose()
-
-
-@pytest.fixture
 async def daemon(tmp_path: Path, lark: FakeLark, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["channels"]["lark"] = {"enabled": True, "app_id": lark.app_id, "app_secret": lark.app_secret,

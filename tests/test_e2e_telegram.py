@@ -24,23 +24,6 @@ STRANGER = 6666
 GROUP = -100200300
 
 
-@pytest.fixture
-async def tg() -> AsyncIterator[FakeTelegram]:
-    fake = FakeTelegram()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def model() -> AsyncIterator[FakeOpenAI]:
-    fake = FakeOpenAI()
-    fake.add_demo_rules()
-    await fake.start()
-    yield fake
-    await fake.aclose()
-
-
 def telegram_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["channels"]["telegram"] = {
