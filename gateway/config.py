@@ -219,6 +219,13 @@ def load_config(path: str | Path | None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: cannot read: {exc}") from None
     cfg = parse_config(data, str(p))
+    # Relative paths in the file mean "beside this file", wherever the daemon is started from.
+    base = p.parent
     if not cfg.storage.path.is_absolute():
-        cfg.storage.path = (p.parent / cfg.storage.path).resolve()
+        cfg.storage.path = (base / cfg.storage.path).resolve()
+    skills = cfg.agent.skills
+    for field in ("public_dir", "custom_dir"):
+        value = getattr(skills, field)
+        if not value.is_absolute():
+            setattr(skills, field, (base / value).resolve())
     return cfg

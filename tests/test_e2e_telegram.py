@@ -234,3 +234,27 @@ async def test_platform_429_is_honoured(daemon: DaemonProcess, tg: FakeTelegram)
     await answered(tg, OWNER, up, "echo: despite limits")
     assert len(replies_to(tg, OWNER, up["message"]["message_id"])) == 1
     assert 'chital_platform_429_total{channel="telegram"} 1.0' in await daemon.metrics()
+
+
+async def test_sigterm_lets_a_running_turn_finish(daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI) -> None:
+    model.add_rule(lambda t: "take your time" in t, Reply(text="finished calmly", chunks=4, chunk_delay=0.5))
+    up = tg.inject_message(OWNER, OWNER, "take your time")
+    await tg.wait_for(lambda: tg.calls_to("sendChatAction") or None, timeout=10, what="turn started")
+    rc = await daemon.terminate()  # grace is 5 s; the answer needs about 2 s
+    assert rc == 0, daemon.logs()
+    assert replies_to(tg, OWNER, up["message"]["message_id"])[-1].text == "finished calmly"
+
+
+async def test_telegram_unreachable_at_start_is_retried(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> None:
+    await tg.stop()  # the daemon starts while Telegram cannot be reached
+    d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
+    try:
+        await d.start(wait_ready=False)
+        info = await d.wait_channel_state("telegram", "reconnecting", timeout=15)
+        assert "retrying in" in (info.get("reason") or "")
+        await tg.start()  # same port, same state
+        await d.wait_ready(timeout=30)
+        await answered(tg, OWNER, tg.inject_message(OWNER, OWNER, "back online"), "echo: back online")
+        assert "chital_reconnects_total" in await d.metrics()
+    finally:
+        await d.close()

@@ -192,3 +192,31 @@ async def test_pacer_obeys_retry_after_and_retries_transient() -> None:
     t0 = loop.time()
     assert await pacer.call(op, is_send=True) == "ok"
     assert loop.time() - t0 >= 0.2 and calls == 3 and hits == [1]
+
+
+def test_backoff_is_capped_jittered_and_resets() -> None:
+    from gateway.supervisor import Backoff
+
+    b = Backoff(base=1.0, cap=8.0, stable_after=60.0)
+    delays = [b.next_delay(ran_for=0.1) for _ in range(8)]
+    assert 0.5 <= delays[0] <= 1.0 and 1.0 <= delays[1] <= 2.0
+    assert all(d <= 8.0 for d in delays) and delays[-1] >= 4.0, "capped at 8 s, equal jitter"
+    assert b.next_delay(ran_for=120.0) <= 1.0, "a stable run starts the backoff over"
+
+
+def test_per_channel_access_overrides_the_default(tmp_path: Path) -> None:
+    cfg = parse_config({
+        "access": {"allow_users": ["1"]},
+        "channels": {"slack": {"access": {"allow_users": ["U9"], "group_policy": "free"}}},
+    })
+    assert cfg.access_for("telegram").allow_users == ["1"]
+    assert cfg.access_for("slack").allow_users == ["U9"] and cfg.access_for("slack").group_policy == "free"
+
+
+def test_relative_paths_are_beside_the_config_file(tmp_path: Path) -> None:
+    p = tmp_path / "conf" / "config.yaml"
+    p.parent.mkdir()
+    p.write_text("storage:\n  path: state\nagent:\n  skills:\n    custom_dir: my-skills\n")
+    cfg = load_config(p)
+    assert cfg.storage.path == (p.parent / "state").resolve()
+    assert cfg.agent.skills.custom_dir == (p.parent / "my-skills").resolve()
