@@ -221,7 +221,8 @@ class Gateway:
             return  # it started (or finished) meanwhile
         what = "the current answer" if ahead == 1 else f"{ahead} messages"
         reply = self._reply(entry)
-        await reply.load()
+        if entry.from_journal:
+            await reply.load()
         if not reply.has_message:
             with contextlib.suppress(Exception):
                 await reply.status(f"⏳ Queued behind {what}; I'll answer here.")
@@ -315,7 +316,8 @@ class Gateway:
         inbound = entry.inbound
         started = time.monotonic()
         reply = self._reply(entry)
-        await reply.load()
+        if entry.from_journal:
+            await reply.load()
         await self.store.journal_set(entry.key, "running")
         entry.attempts += 1
         if entry.attempts > MAX_ATTEMPTS:

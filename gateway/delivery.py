@@ -58,8 +58,10 @@ class Reply:
     async def load(self) -> None:
         """Pick up message ids sent for this key before a restart (once per reply)."""
         if not self._loaded:
-            self._parts = await self._store.outbox_get(self.key)
             self._loaded = True
+            stored = await self._store.outbox_get(self.key)
+            # Parts sent by this process while the read was in flight win over the older rows.
+            self._parts = {**stored, **self._parts}
 
     @property
     def has_message(self) -> bool:

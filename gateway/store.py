@@ -73,6 +73,8 @@ class JournalEntry:
     attempts: int = 0
     note: str = ""
     """For ``notice`` entries: the text to send."""
+    from_journal: bool = False
+    """Read back from the journal at start-up (a previous run may have sent part of its reply)."""
 
 
 def inbound_to_json(inbound: Inbound, note: str = "") -> str:
@@ -96,6 +98,8 @@ class Store:
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
         self._db = db
         self.path = path
+        self._threads: dict[str, str] = {}
+        """conversation → thread id, read through: one daemon owns its SQLite file."""
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -144,7 +148,7 @@ class Store:
         out = []
         for key, conv, kind, payload, state, attempts in rows:
             inbound, note = inbound_from_json(payload)
-            out.append(JournalEntry(key, conv, kind, inbound, state, attempts, note))
+            out.append(JournalEntry(key, conv, kind, inbound, state, attempts, note, from_journal=True))
         return out
 
     async def journal_counts(self) -> dict[str, int]:
@@ -178,15 +182,22 @@ class Store:
 
     # -- conversations → agent threads ------------------------------------------------------------
     async def thread_for(self, conversation: str) -> str:
+        cached = self._threads.get(conversation)
+        if cached is not None:
+            return cached
         async with self._db.execute(
             "SELECT thread_id FROM threads WHERE conversation = ?", (conversation,)
         ) as cur:
             row = await cur.fetchone()
         if row:
+            self._threads[conversation] = str(row[0])
             return str(row[0])
         return await self.new_thread(conversation)
 
     async def thread_get(self, conversation: str) -> str | None:
+        cached = self._threads.get(conversation)
+        if cached is not None:
+            return cached
         async with self._db.execute(
             "SELECT thread_id FROM threads WHERE conversation = ?", (conversation,)
         ) as cur:
@@ -200,6 +211,7 @@ class Store:
             (conversation, thread_id, time.time()),
         )
         await self._db.commit()
+        self._threads[conversation] = thread_id
         return thread_id
 
     # -- access: pairing and approvals ------------------------------------------------------------
