@@ -72,6 +72,20 @@ async def load(tg: FakeTelegram, chats: int, messages: int, first_chat: int) -> 
     return latencies, time.monotonic() - t0
 
 
+async def distinct_chats(tg: FakeTelegram, total: int, concurrency: int, first_chat: int) -> tuple[list[float], float]:
+    """``total`` new conversations, one message each, ``concurrency`` users at a time."""
+    latencies: list[float] = []
+    chats = iter(range(first_chat, first_chat + total))
+
+    async def user() -> None:
+        for chat in chats:
+            latencies.append(await one_exchange(tg, chat, f"hello from {chat}"))
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(user() for _ in range(concurrency)))
+    return latencies, time.monotonic() - t0
+
+
 def report(name: str, lat: list[float], wall: float, cpu: float, n: int) -> None:
     print(
         f"{name}: {n} msgs in {wall:.2f}s = {n / wall:.1f} msg/s | latency p50 {statistics.median(lat) * 1000:.1f} ms"
@@ -129,7 +143,7 @@ async def main() -> None:
 
         if args.conversations:
             c0 = cpu_seconds(pid)
-            lat, wall = await load(tg, args.conversations, 1, 100_000)
+            lat, wall = await distinct_chats(tg, args.conversations, args.chats, 100_000)
             report(f"{args.conversations} new conversations", lat, wall, cpu_seconds(pid) - c0, len(lat))
             await asyncio.sleep(1.0)
             print(
