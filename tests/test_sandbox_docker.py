@@ -19,6 +19,7 @@ import pytest
 from agent.sandbox import SandboxLimits
 from agent.sandbox.backend import TIMEOUT_EXIT_CODE, SandboxBackend
 from agent.sandbox.docker_provider import LABEL_INSTANCE, DockerProvider, DockerSandbox, container_name
+from tests.sandbox_checks import assert_no_network
 
 IMAGE = os.environ.get("CHITAL_SANDBOX_IMAGE", "chital-sandbox:latest")
 WS = "/mnt/user-data/workspace"
@@ -144,30 +145,7 @@ async def test_host_files_invisible(sb: DockerSandbox, root: Path) -> None:
 
 
 async def test_no_network(sb: DockerSandbox) -> None:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"reached the host\n")
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        script = (
-            "import socket\n"
-            f"for host, port in (('127.0.0.1', {port}), ('1.1.1.1', 80)):\n"
-            "    s = socket.socket(); s.settimeout(3)\n"
-            "    print(host, s.connect_ex((host, port)))\n"
-        )
-        res = await sb.exec(f'python3 -c "{script}"; cat /proc/net/dev', timeout=20)
-    finally:
-        server.close()
-        await server.wait_closed()
-    assert "reached the host" not in res.output
-    results = dict(line.split() for line in res.output.splitlines()[:2])
-    assert results["127.0.0.1"] == "111"
-    assert results["1.1.1.1"] in {"101", "113"}
-    interfaces = [line.split(":")[0].strip() for line in res.output.splitlines() if ":" in line]
-    assert interfaces == ["lo"]
+    await assert_no_network(sb)
 
 
 async def test_pids_limit_contains_fork_bomb(sb: DockerSandbox) -> None:

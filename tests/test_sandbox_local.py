@@ -20,6 +20,7 @@ import pytest
 from agent.sandbox import SandboxError, SandboxLimits, SandboxUnavailable
 from agent.sandbox.backend import TIMEOUT_EXIT_CODE, SandboxBackend
 from agent.sandbox.local import LocalProvider, LocalSandbox
+from tests.sandbox_checks import assert_no_network
 
 HAVE_BWRAP = shutil.which("bwrap") is not None
 bwrap = pytest.mark.bwrap
@@ -154,30 +155,7 @@ async def test_host_files_invisible(sb: LocalSandbox, root: Path) -> None:
 @bwrap
 @needs_bwrap
 async def test_no_network(sb: LocalSandbox) -> None:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"reached the host\n")
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        script = (
-            "import socket\n"
-            f"for host, port in (('127.0.0.1', {port}), ('1.1.1.1', 80)):\n"
-            "    s = socket.socket(); s.settimeout(3)\n"
-            "    print(host, s.connect_ex((host, port)))\n"
-        )
-        res = await sb.exec(f'python3 -c "{script}"; cat /proc/net/dev', timeout=20)
-    finally:
-        server.close()
-        await server.wait_closed()
-    assert "reached the host" not in res.output
-    results = dict(line.split() for line in res.output.splitlines()[:2])
-    assert results["127.0.0.1"] == "111"  # ECONNREFUSED: the sandbox's own empty loopback
-    assert results["1.1.1.1"] in {"101", "113"}  # ENETUNREACH / EHOSTUNREACH: no route at all
-    interfaces = [line.split(":")[0].strip() for line in res.output.splitlines() if ":" in line]
-    assert interfaces == ["lo"]
+    await assert_no_network(sb)
 
 
 @bwrap
