@@ -10,8 +10,8 @@ TitleMiddleware             names the thread once, in parallel with its first mo
 LoopGuard                   same tool + same args N times in a turn: warn, then force an answer
 summarization               deepagents' SummarizationMiddleware (history kept in state)
 PatchDanglingToolCalls      unanswered tool calls get "cancelled" results in the request
-GuardrailMiddleware         async vetoes of tool calls, fail-closed
-ToolErrors                  LangChain's ToolErrorMiddleware, short secret-free texts
+GuardrailMiddleware         async vetoes of tool calls, fail-closed (agent/safety.py)
+ToolErrors                  LangChain's ToolErrorMiddleware, short secret-free texts (safety.py)
 ==========================  ==================================================================
 
 Order matters: summarization must see ``request.messages`` exactly as the state holds them
