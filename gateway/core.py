@@ -202,6 +202,8 @@ class Gateway:
         if not new and now - self._reminded.get(inbound.user, -1e9) < PAIRING_REMINDER_EVERY:
             self.metrics.messages_ignored.labels(inbound.platform, "pairing_pending").inc()
             return
+        if len(self._reminded) > 10_000:  # a flood of strangers must not grow memory without bound
+            self._reminded.clear()
         self._reminded[inbound.user] = now
         await self._journal_notice(
             inbound,
