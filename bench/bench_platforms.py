@@ -268,7 +268,11 @@ class DiscordDriver(Driver):
             "token": d.token,
             "api_base_url": d.api_base_url,
             "gateway_url": d.gateway_url,
+            "heartbeat_timeout": self.heartbeat_timeout(),
         }
+
+    def heartbeat_timeout(self) -> float:
+        return 3.0 if self.quick else 60.0
 
     async def after_daemon_start(self) -> None:
         await self.dc.wait_connected(timeout=30)
@@ -294,7 +298,7 @@ class DiscordDriver(Driver):
         return cls.capabilities.min_send_interval
 
     def detection(self) -> str:
-        return f"heartbeat_interval {self.heartbeat():g} s, discord.py heartbeat_timeout 60 s"
+        return f"heartbeat_interval {self.heartbeat():g} s, heartbeat_timeout {self.heartbeat_timeout():g} s"
 
 
 class LarkDriver(Driver):
