@@ -63,9 +63,10 @@ def build_chat_model(spec: ModelSpec, settings: AgentSettings) -> BaseChatModel:
 
     Defaults we add unless the spec sets them (so one spec format fits ChatOpenAI, ChatAnthropic...):
     - ``streaming=True``: the chat shows tokens as they come.
-    - ``timeout=settings.model_timeout`` (and langchain-openai's ``stream_chunk_timeout``): bounds
-      the wait for the first byte and every gap between streamed chunks, not the whole answer, so
-      a long answer that keeps streaming is never cut off.
+    - ``timeout=settings.model_timeout``: httpx's read timeout, which bounds the wait for the first
+      byte and every silent gap in the stream, not the whole answer, so a long answer that keeps
+      streaming is never cut off. (langchain-openai's ``stream_chunk_timeout`` is off by default,
+      see below.)
     - ``max_retries=0``: retries belong to ``agent.middleware.RetryModelCalls``, which honours
       ``model_retries``/``retry_backoff`` and Retry-After; the SDK's own retries (openai: 2, with a
       fixed 0.5-8 s schedule) would multiply with ours and ignore the settings.
@@ -91,8 +92,12 @@ def build_chat_model(spec: ModelSpec, settings: AgentSettings) -> BaseChatModel:
     if "timeout" in fields and "timeout" not in kwargs and "request_timeout" not in kwargs:
         kwargs["timeout"] = settings.model_timeout
     if "stream_chunk_timeout" in fields:
-        # httpx's read timeout restarts on SSE keep-alive comments; this one fires on silence.
-        kwargs.setdefault("stream_chunk_timeout", settings.model_timeout)
+        # Off unless the spec sets it: langchain-openai implements it with one ``asyncio.wait_for``
+        # (a task) per streamed chunk, measured at ~2.7 ms CPU per turn, a quarter of a bare turn.
+        # httpx's read timeout (``timeout`` above) already fires when the server goes silent; only
+        # a provider that sends SSE keep-alive comments forever without tokens slips past it, and
+        # the gateway's ``concurrency.turn_timeout`` bounds that case.
+        kwargs.setdefault("stream_chunk_timeout", None)
     try:
         model = cls(**kwargs)
     except Exception as exc:
