@@ -34,3 +34,24 @@ async def assert_no_network(sb: Any) -> None:
     assert results["1.1.1.1"] in {"101", "113"}  # ENETUNREACH / EHOSTUNREACH: no route at all
     interfaces = [line.split(":")[0].strip() for line in res.output.splitlines() if ":" in line]
     assert interfaces == ["lo"]
+
+
+_FORK_500 = (
+    "import os, time\n"
+    "n = 0\n"
+    "try:\n"
+    "    for _ in range(500):\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(30); os._exit(0)\n"
+    "        n += 1\n"
+    "except OSError as e:\n"
+    "    print('fork failed', e.errno)\n"
+    "print('forked', n)\n"
+)
+
+
+async def assert_fork_limited(sb: Any, below: int = 64) -> None:
+    """Forking 500 children stops with EAGAIN before ``below`` processes."""
+    res = await sb.exec(f'python3 -c "{_FORK_500}"', timeout=30)
+    assert "fork failed 11" in res.output  # EAGAIN
+    assert int(res.output.split("forked")[1].split()[0]) < below

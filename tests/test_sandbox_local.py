@@ -20,7 +20,7 @@ import pytest
 from agent.sandbox import SandboxError, SandboxLimits, SandboxUnavailable
 from agent.sandbox.backend import TIMEOUT_EXIT_CODE, SandboxBackend
 from agent.sandbox.local import LocalProvider, LocalSandbox
-from tests.sandbox_checks import assert_no_network
+from tests.sandbox_checks import assert_fork_limited, assert_no_network
 
 HAVE_BWRAP = shutil.which("bwrap") is not None
 bwrap = pytest.mark.bwrap
@@ -162,22 +162,7 @@ async def test_no_network(sb: LocalSandbox) -> None:
 @needs_bwrap
 async def test_pids_limit_contains_fork_bomb(sb: LocalSandbox) -> None:
     """Forking stops at the process limit (64 here), and a real bomb ends with the command."""
-    script = (
-        "import os, time\n"
-        "n = 0\n"
-        "try:\n"
-        "    for _ in range(500):\n"
-        "        if os.fork() == 0:\n"
-        "            time.sleep(30); os._exit(0)\n"
-        "        n += 1\n"
-        "except OSError as e:\n"
-        "    print('fork failed', e.errno)\n"
-        "print('forked', n)\n"
-    )
-    res = await sb.exec(f'python3 -c "{script}"', timeout=30)
-    assert "fork failed 11" in res.output  # EAGAIN
-    forked = int(res.output.split("forked")[1].split()[0])
-    assert forked < 64
+    await assert_fork_limited(sb)
     marker = f"bomb{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
     res = await sb.exec(
