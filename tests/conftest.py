@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +30,15 @@ async def tg() -> AsyncIterator[FakeTelegram]:
     await fake.start()
     yield fake
     await fake.stop()
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    """A sandbox root for the sandbox tests, in /tmp so the sandbox uid can reach it when the tests
+    run as root (pytest's own tmp dirs are 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="chital-sbx-test-"))
+    os.chmod(d, 0o711)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

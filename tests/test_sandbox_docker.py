@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -40,15 +39,6 @@ def _engine() -> str | None:
 
 _WHY_NOT = _engine()
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")]
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="chital-sbx-test-"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -9,10 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,16 +25,6 @@ HAVE_BWRAP = shutil.which("bwrap") is not None
 bwrap = pytest.mark.bwrap
 needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed")
 WS = "/mnt/user-data/workspace"
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="chital-sbx-test-"))
-    os.chmod(d, 0o711)  # the sandbox uid must be able to reach its dirs when we run as root
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

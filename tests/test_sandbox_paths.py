@@ -9,9 +9,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,16 +20,6 @@ from agent.sandbox.local import LocalProvider, LocalSandbox
 from agent.sandbox.paths import safe_thread_id
 
 WS = "/mnt/user-data/workspace"
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="chital-sbx-test-"))
-    os.chmod(d, 0o711)  # the sandbox uid must be able to reach its dirs when we run as root
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
