@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +37,22 @@ class Clarification:
 
 @dataclass(frozen=True, slots=True)
 class FileOut:
-    """A file the agent wants delivered to the chat (a host path inside the thread's outputs)."""
+    """A file the agent wants delivered to the chat.
 
-    path: Path
+    ``path`` is the *virtual* path (``/mnt/user-data/outputs/report.pdf``), never a host path:
+    sandboxed code can swap the file for a link at any moment, so whoever sends it opens it at
+    delivery time through the agent's symlink-safe reader (``AgentRuntime.read_output``)."""
+
+    path: str
     caption: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFile:
+    """The bytes of a file read out of a thread's sandbox for delivery."""
+
+    name: str
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)

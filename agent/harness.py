@@ -180,7 +180,7 @@ class Harness:
         user_id: str,
         message_id: str,
         text: str,
-        files: Sequence[Path] = (),
+        files: Sequence[str] = (),
     ) -> AsyncIterator[AgentEvent]:
         """Answer one chat message: TextDelta/ToolProgress/StatusUpdate events, then exactly one
         ``Final`` or ``TurnFailed``.
@@ -230,7 +230,7 @@ class Harness:
         thread_id: str,
         message_id: str,
         text: str,
-        files: Sequence[Path],
+        files: Sequence[str],
         user_id: str,
     ) -> dict[str, Any] | Final | None:
         """Decide between replaying the answer (Final), continuing (None) and a new turn (input)."""
@@ -351,7 +351,7 @@ def _is_lead(meta: dict[str, Any]) -> bool:
     return meta.get("langgraph_node") == _LEAD_NODE and "|" not in meta.get("langgraph_checkpoint_ns", "")
 
 
-def _with_files(text: str, files: Sequence[Path]) -> str:
+def _with_files(text: str, files: Sequence[str]) -> str:
     if not files:
         return text
     listing = "\n".join(f"- {path}" for path in files)

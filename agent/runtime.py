@@ -3,13 +3,16 @@ long-term memory, context middleware and the web / file-delivery / MCP tools.
 
 Each piece lives in its own module and is tested there; this module only wires them together from
 :class:`~agent.config.AgentSettings`, owns their lifecycle (start in order, close in reverse) and
-exposes what the gateway needs: ``run``, ``uploads_dir``, ``memory``. It knows no chat platform.
+exposes what the gateway needs: ``run``, ``save_upload``, ``read_output``, ``memory``. It knows no
+chat platform.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import posixpath
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,14 +22,15 @@ from deepagents.middleware import FilesystemMiddleware
 
 from agent.config import AgentSettings, ModelSpec
 from agent.context import build_context_middleware, thread_title
-from agent.events import AgentEvent
+from agent.events import AgentEvent, OutputFile
 from agent.harness import Harness
 from agent.memory import MemoryService
 from agent.middleware import RetryModelCalls
 from agent.model import build_chat_model
 from agent.sandbox import SandboxError, SandboxProvider, create_provider
 from agent.sandbox.backend import SandboxBackend
-from agent.sandbox.paths import ThreadDirs
+from agent.sandbox.files import HostFiles
+from agent.sandbox.paths import OUTPUTS, UPLOADS, PathMapper, PathRefused, ThreadDirs
 from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
 from agent.skills import build_skills
 from agent.subagents import build_subagents, subagent_event_to_status
@@ -77,7 +81,7 @@ class AgentRuntime:
         return self.harness.model_name if self.harness else self.spec.name
 
     def run(
-        self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Sequence[Path] = ()
+        self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Sequence[str] = ()
     ) -> AsyncIterator[AgentEvent]:
         assert self.harness is not None, "AgentRuntime.start() was not called"
         return self.harness.run(thread_id, user_id=user_id, message_id=message_id, text=text, files=files)
@@ -92,9 +96,35 @@ class AgentRuntime:
         snap = await graph.aget_state({"configurable": {"thread_id": thread_id}})
         return thread_title(snap.values)
 
-    def uploads_dir(self, thread_id: str) -> Path:
-        """Host directory the thread's sandbox sees as /mnt/user-data/uploads."""
-        return ThreadDirs.for_thread(self.sandbox_root, thread_id, self._skills_dir).uploads
+    def thread_files(self, thread_id: str) -> HostFiles:
+        """The thread's files as its sandbox sees them, opened only through the symlink-safe
+        :class:`HostFiles` with the sandbox user's rights (never a plain host path)."""
+        dirs = ThreadDirs.for_thread(self.sandbox_root, thread_id, self._skills_dir)
+        owner = self.provider.owner_for(thread_id) if self.provider is not None else None
+        if not dirs.uploads.is_dir():
+            dirs.ensure(owner)
+        return HostFiles(PathMapper(dirs), owner)
+
+    async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
+        """Store a file a user sent in the thread's uploads; returns the path the agent sees.
+
+        The name is never reused: an existing entry (or a link sandboxed code planted under the
+        name the user's file will have) makes it ``name-2.ext``, and no link is followed."""
+        files = await asyncio.to_thread(self.thread_files, thread_id)
+        return await asyncio.to_thread(files.create_unique, UPLOADS, name, data)
+
+    async def read_output(self, thread_id: str, path: str, max_bytes: int) -> OutputFile:
+        """The bytes of a file the agent presented, for sending to the chat.
+
+        Opened now, at delivery, through the same checks as the agent's own file tools: inside
+        the thread's outputs, no link followed at any component, a regular file (checked on the
+        open descriptor), at most ``max_bytes``. What was opened is what is sent."""
+        virtual = PathMapper.normalize(path)
+        if not virtual.startswith(OUTPUTS + "/"):
+            raise PathRefused(f"{path!r} is not inside {OUTPUTS}/")
+        files = await asyncio.to_thread(self.thread_files, thread_id)
+        data = await asyncio.to_thread(files.read_bytes, virtual, max_bytes)
+        return OutputFile(posixpath.basename(virtual), data)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -138,7 +168,7 @@ class AgentRuntime:
             sub_middleware.append(self.memory.build_middleware(for_subagent=True))
 
         web = build_web_tools(s.web)
-        present = build_present_files(outputs_resolver(self.sandbox_root))
+        present = build_present_files(outputs_resolver(self.thread_files))
         mcp = await load_mcp_tools(s.mcp)
         tools += [*skill_tools, *web, present, *mcp]
         middleware += [

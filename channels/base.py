@@ -12,7 +12,6 @@ import enum
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 
@@ -89,6 +88,26 @@ class ReplyTarget:
     thread_id: str | None = None
     reply_to: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OutFile:
+    """A file to upload into a conversation: its name and bytes, already read and checked.
+
+    Adapters get bytes, never a path: the gateway reads files the agent made through the agent's
+    symlink-safe reader, so no adapter ever opens a path that sandboxed code could redirect."""
+
+    name: str
+    data: bytes
+
+    @property
+    def suffix(self) -> str:
+        dot = self.name.rfind(".")
+        return self.name[dot:].lower() if dot > 0 else ""
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +262,11 @@ class Channel(abc.ABC):
         """Fetch an inbound attachment; raise :class:`PermanentSendError` if it exceeds ``limit``."""
         raise PermanentSendError(f"{self.name} does not support attachments")
 
-    async def send_file(self, target: ReplyTarget, path: Path, caption: str = "") -> str:
-        """Upload a file produced by the agent into the conversation."""
+    async def send_file(
+        self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
+    ) -> str:
+        """Upload a file produced by the agent into the conversation; return the message id.
+
+        ``idempotency_key`` is stable across restarts for this file of this reply (see ``send``).
+        The gateway has already checked ``file.size`` against ``capabilities.max_upload_bytes``."""
         raise PermanentSendError(f"{self.name} does not support sending files")

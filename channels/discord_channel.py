@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import logging
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 import aiohttp
@@ -38,6 +38,7 @@ from channels.base import (
     FatalChannelError,
     Inbound,
     InboundSink,
+    OutFile,
     PermanentSendError,
     Rendered,
     ReplyTarget,
@@ -323,13 +324,15 @@ class DiscordChannel(Channel):
             raise PermanentSendError(f"attachment {attachment.name!r} is larger than {limit} bytes")
         return data
 
-    async def send_file(self, target: ReplyTarget, path: Path, caption: str = "") -> str:
-        size = (await asyncio.to_thread(path.stat)).st_size
-        if size > self.capabilities.max_upload_bytes:
-            raise PermanentSendError(f"{path.name} is too large for Discord ({size} bytes)")
+    async def send_file(
+        self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
+    ) -> str:
+        if file.size > self.capabilities.max_upload_bytes:
+            raise PermanentSendError(f"{file.name} is too large for Discord ({file.size} bytes)")
         channel = self._channel(target)
         try:
-            msg = await channel.send(caption[:MAX_LEN] or None, file=discord.File(path, filename=path.name),
+            msg = await channel.send(caption[:MAX_LEN] or None, nonce=_nonce(idempotency_key),
+                                     file=discord.File(io.BytesIO(file.data), filename=file.name),
                                      reference=self._reference(target, channel.id))
         except Exception as exc:
             _raise_mapped(exc, "file upload")

@@ -34,7 +34,6 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -55,6 +54,7 @@ from .base import (
     FatalChannelError,
     Inbound,
     InboundSink,
+    OutFile,
     PermanentSendError,
     Rendered,
     ReplyTarget,
@@ -359,17 +359,18 @@ class SlackChannel(Channel):
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise TransientSendError(f"slack file download failed ({type(exc).__name__})") from None
 
-    async def send_file(self, target: ReplyTarget, path: Path, caption: str = "") -> str:
-        size = (await asyncio.to_thread(path.stat)).st_size
-        if size > self.capabilities.max_upload_bytes:
-            raise PermanentSendError(f"{path.name} is too large to upload ({size} bytes)")
+    async def send_file(
+        self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
+    ) -> str:
+        if file.size > self.capabilities.max_upload_bytes:
+            raise PermanentSendError(f"{file.name} is too large to upload ({file.size} bytes)")
         resp = await self._call(
             self._client.files_upload_v2(
                 channel=target.chat_id,
                 thread_ts=_thread_ts(target),
-                file=str(path),
-                filename=path.name,
-                title=path.name,
+                file=file.data,  # bytes, never a path: slack_sdk would open a str as one
+                filename=file.name,
+                title=file.name,
                 initial_comment=caption or None,
             ),
             "files.upload",

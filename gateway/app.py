@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.events import TurnFailed
+from agent.events import OutputFile, TurnFailed
 from channels.base import Channel, ChannelState
 
 from .config import Config
@@ -40,6 +40,12 @@ class UnconfiguredHarness:
 
     async def message_count(self, thread_id: str) -> int:
         return 0
+
+    async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
+        raise RuntimeError(f"the agent is not configured ({self.reason})")
+
+    async def read_output(self, thread_id: str, path: str, max_bytes: int) -> OutputFile:
+        raise RuntimeError(f"the agent is not configured ({self.reason})")
 
     async def close(self) -> None:
         return None
@@ -101,7 +107,7 @@ class Daemon:
     async def start(self) -> None:
         cfg = self.config
         cfg.storage.path.mkdir(parents=True, exist_ok=True)
-        self.store = await Store.open(cfg.storage.path / "gateway.sqlite")
+        self.store = await Store.open(cfg.storage.path / "gateway.sqlite", cfg.storage.reserve_mb << 20)
         self.harness = await open_harness(cfg)
         self.gateway = Gateway(cfg, self.store, self.harness, self.metrics)
         channels, self.off = build_channels(cfg)

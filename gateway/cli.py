@@ -78,7 +78,7 @@ async def _chat(cfg: Config) -> int:
     from .app import open_harness
     from .store import Store
 
-    store = await Store.open(cfg.storage.path / "gateway.sqlite")
+    store = await Store.open(cfg.storage.path / "gateway.sqlite", cfg.storage.reserve_mb << 20)
     harness = await open_harness(cfg)
     conversation = f"cli:{getpass.getuser()}"
     thread_id = await store.thread_for(conversation)
@@ -139,7 +139,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 async def _pairing(cfg: Config, action: str, arg: str | None) -> int:
     from .store import Store
 
-    store = await Store.open(cfg.storage.path / "gateway.sqlite")
+    store = await Store.open(cfg.storage.path / "gateway.sqlite", cfg.storage.reserve_mb << 20)
     try:
         if action == "list":
             pending = await store.pairing_list()

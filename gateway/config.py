@@ -89,6 +89,9 @@ class ChannelsConfig(_Strict):
 class StorageConfig(_Strict):
     path: Path = Path("./data")
     """Directory for the SQLite databases and per-thread files."""
+    reserve_mb: int = Field(64, ge=0)
+    """Disk space held back beside the database and given up only when the disk fills, so the
+    journal keeps recording (failures, new messages) while an operator frees space. 0: none."""
 
 
 class ConcurrencyConfig(_Strict):

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import re
 import time
-from pathlib import Path
 from typing import Any, Protocol
 
 from agent.events import (
@@ -20,12 +19,13 @@ from agent.events import (
     Clarification,
     FileOut,
     Final,
+    OutputFile,
     StatusUpdate,
     TextDelta,
     ToolProgress,
     TurnFailed,
 )
-from channels.base import Channel, ChannelError, Inbound, InboundSink
+from channels.base import Channel, ChannelError, Inbound, InboundSink, OutFile
 
 from . import commands
 from .access import Verdict, decide
@@ -33,7 +33,7 @@ from .config import Config
 from .delivery import Reply
 from .metrics import Metrics
 from .pacing import PacerPool
-from .store import JournalEntry, Store
+from .store import JournalEntry, StorageFull, Store
 from .turns import TurnQueue
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,8 @@ QUEUED_SIGN_AFTER = 0.4
 
 
 class AgentHarness(Protocol):
-    """What the gateway needs of ``agent.harness.Harness`` (kept as a protocol for the terminal chat
-    and for a harness that failed to configure)."""
+    """What the gateway needs of ``agent.runtime.AgentRuntime`` (kept as a protocol for a harness
+    that failed to configure)."""
 
     @property
     def model_name(self) -> str: ...
@@ -58,23 +58,19 @@ class AgentHarness(Protocol):
 
     async def message_count(self, thread_id: str) -> int: ...
 
+    async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
+        """Store a user's file where the thread's agent sees it; returns the path it sees."""
+        ...
 
-VIRTUAL_UPLOADS = Path("/mnt/user-data/uploads")
-"""Where the agent's sandbox shows the files users sent."""
+    async def read_output(self, thread_id: str, path: str, max_bytes: int) -> OutputFile:
+        """Read a file the agent presented, safely (no links followed, regular, within size)."""
+        ...
 
 
-def _unique_name(folder: Path, name: str) -> str:
-    """``name``, or ``stem-2.ext``… when a different earlier upload already took it."""
-    if not (folder / name).exists():
-        return name
-    stem, dot, ext = name.rpartition(".")
-    if not dot:
-        stem, ext = name, ""
-    for n in range(2, 1000):
-        candidate = f"{stem}-{n}.{ext}" if ext else f"{stem}-{n}"
-        if not (folder / candidate).exists():
-            return candidate
-    return name
+FILE_PART = 10_000
+"""Outbox part numbers of files a reply carries start here (text parts count from 0)."""
+FILE_NOTE_PART = 20_000
+"""Outbox part of the note saying which presented files could not be sent."""
 
 
 def _safe_name(name: str) -> str:
@@ -318,35 +314,37 @@ class Gateway:
         inbound = entry.inbound
         started = time.monotonic()
         reply = self._reply(entry)
-        if entry.from_journal:
-            await reply.load()
-        await self.store.journal_set(entry.key, "running")
-        entry.attempts += 1
-        if entry.attempts > MAX_ATTEMPTS:
-            await self._give_up(entry, reply)
-            return
-        if entry.attempts > 1 and reply.has_message:
-            with contextlib.suppress(Exception):
-                await reply.status("♻️ I was restarted while answering; picking up where I left off…")
-        picked_up = reply.channel.capabilities.picked_up_reaction
-        if picked_up:
-            self._spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
-        typing = asyncio.create_task(self._keep_typing(reply))
+        typing: asyncio.Task[None] | None = None
         outcome = "error"
         try:
+            if entry.from_journal:
+                await reply.load()
+            await self.store.journal_set(entry.key, "running")
+            entry.attempts += 1
+            if entry.attempts > MAX_ATTEMPTS:
+                await self._give_up(entry, reply)
+                outcome = "abandoned"
+                return
+            if entry.attempts > 1 and reply.has_message:
+                with contextlib.suppress(Exception):
+                    await reply.status("♻️ I was restarted while answering; picking up where I left off…")
+            picked_up = reply.channel.capabilities.picked_up_reaction
+            if picked_up:
+                self._spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
+            typing = asyncio.create_task(self._keep_typing(reply))
             thread_id = await self.store.thread_for(inbound.conversation)
             files, notes = await self._fetch_attachments(reply.channel, inbound, thread_id)
-            final, outcome, files_out = await self._agent_turn(entry, thread_id, files, reply, notes)
+            final, outcome = await self._agent_turn(entry, thread_id, files, reply, notes)
             typing.cancel()
             await reply.finish(final)
-            for path, caption in files_out:
-                await reply.channel.send_file(inbound.target, path, caption)
+            await self._deliver_files(entry, reply, thread_id)
             await self.store.journal_set(entry.key, "done")
             done = reply.channel.capabilities.done_reaction
             if done:
                 await self._react(reply.channel, inbound, done)
         except asyncio.CancelledError:
-            typing.cancel()
+            if typing is not None:
+                typing.cancel()
             if not self.turns.was_stopped(entry.key):
                 raise  # shutdown: stays 'running' in the journal, resumed at next start
             task = asyncio.current_task()
@@ -355,28 +353,38 @@ class Gateway:
             outcome = "stopped"
             with contextlib.suppress(Exception):
                 await reply.finish("⏹ Stopped.")
-            await self.store.journal_set(entry.key, "done")
+            with contextlib.suppress(Exception):
+                await self.store.journal_set(entry.key, "done")
         except Exception as exc:
-            typing.cancel()
+            if typing is not None:
+                typing.cancel()
             self.metrics.errors.labels(inbound.platform, type(exc).__name__).inc()
-            log.error("turn %s failed: %s", entry.key, exc, exc_info=not isinstance(exc, ChannelError))
+            expected = isinstance(exc, ChannelError | StorageFull)
+            log.error("turn %s failed: %s", entry.key, exc, exc_info=not expected)
             if isinstance(exc, ChannelError) and entry.attempts < MAX_ATTEMPTS:
-                await self.store.journal_set(entry.key, "pending")  # retried at the next start
-            else:
                 with contextlib.suppress(Exception):
-                    await reply.finish("⚠️ Something went wrong on my side while answering. Please try again.")
-                await self.store.journal_set(entry.key, "failed")
+                    await self.store.journal_set(entry.key, "pending")  # retried at the next start
+            else:
+                text = (
+                    "⚠️ My server's disk is full, so I could not finish this answer. "
+                    "I told the admin; please try again later."
+                    if isinstance(exc, StorageFull)
+                    else "⚠️ Something went wrong on my side while answering. Please try again."
+                )
+                with contextlib.suppress(Exception):
+                    await reply.finish(text)
+                with contextlib.suppress(Exception):
+                    await self.store.journal_set(entry.key, "failed")
         finally:
             self._replies.pop(entry.key, None)
             self.metrics.turns.labels(outcome).inc()
             self.metrics.turn_seconds.observe(time.monotonic() - started)
 
     async def _agent_turn(
-        self, entry: JournalEntry, thread_id: str, files: list[Path], reply: Reply, notes: list[str]
-    ) -> tuple[str, str, list[tuple[Path, str]]]:
+        self, entry: JournalEntry, thread_id: str, files: list[str], reply: Reply, notes: list[str]
+    ) -> tuple[str, str]:
         inbound = entry.inbound
         text, final, outcome = "", "", "ok"
-        files_out: list[tuple[Path, str]] = []
         message = inbound.text.strip() or "(the user sent files without a message)"
         try:
             async with asyncio.timeout(self.config.concurrency.turn_timeout):
@@ -384,7 +392,11 @@ class Gateway:
                     thread_id, user_id=inbound.user, message_id=inbound.key, text=message, files=files
                 )
                 async for event in stream:
-                    text, final, outcome = self._on_event(event, text, final, outcome, reply, files_out)
+                    if isinstance(event, FileOut):
+                        # Recorded before anything is sent: a replay after a crash still sends it.
+                        await self.store.files_add(entry.key, event.path, event.caption)
+                        continue
+                    text, final, outcome = self._on_event(event, text, final, outcome, reply)
         except TimeoutError:
             minutes = self.config.concurrency.turn_timeout / 60
             final, outcome = f"⚠️ This took longer than {minutes:g} minutes, so I stopped.", "timeout"
@@ -392,7 +404,31 @@ class Gateway:
             final, outcome = text or "⚠️ The agent ended without an answer.", outcome
         if notes:
             final = "\n".join(notes) + "\n\n" + final
-        return final, outcome, files_out
+        return final, outcome
+
+    async def _deliver_files(self, entry: JournalEntry, reply: Reply, thread_id: str) -> None:
+        """Send the files the agent presented for this entry, each once (the outbox remembers
+        which went out), opened at this moment through the agent's safe reader. A file that
+        cannot be sent (gone, a link, too big) is named in one note instead of failing the turn."""
+        presented = await self.store.files_get(entry.key)
+        if not presented:
+            return
+        limit = reply.channel.capabilities.max_upload_bytes
+        problems: list[str] = []
+        for i, (path, caption) in enumerate(presented):
+            if reply.sent(FILE_PART + i):
+                continue
+            name = path.rsplit("/", 1)[-1]
+            try:
+                out = await self.harness.read_output(thread_id, path, limit)
+            except Exception as exc:  # the agent's file errors name the virtual path only
+                log.warning("presented file %s of %s not sent: %s", path, entry.key, exc)
+                problems.append(f"{name}: {exc}")
+                continue
+            await reply.send_file(FILE_PART + i, OutFile(out.name, out.data), caption)
+        if problems and not reply.sent(FILE_NOTE_PART):
+            note = "⚠️ I could not send " + "; ".join(problems)
+            await reply.note(FILE_NOTE_PART, note)
 
     @staticmethod
     def _on_event(
@@ -401,7 +437,6 @@ class Gateway:
         final: str,
         outcome: str,
         reply: Reply,
-        files_out: list[tuple[Path, str]],
     ) -> tuple[str, str, str]:
         if isinstance(event, TextDelta):
             text += event.text
@@ -413,8 +448,6 @@ class Gateway:
             reply.stream((text + "\n\n" if text else "") + event.text)
         elif isinstance(event, Clarification):
             final = f"❓ {event.question}"
-        elif isinstance(event, FileOut):
-            files_out.append((event.path, event.caption))
         elif isinstance(event, Final):
             final = final or event.text
         elif isinstance(event, TurnFailed):
@@ -425,7 +458,6 @@ class Gateway:
         with contextlib.suppress(Exception):
             await reply.finish("⚠️ I could not finish this answer after several tries. Please ask again.")
         await self.store.journal_set(entry.key, "failed")
-        self.metrics.turns.labels("abandoned").inc()
 
     @staticmethod
     async def _react(channel: Channel, inbound: Inbound, emoji: str) -> None:
@@ -441,16 +473,13 @@ class Gateway:
 
     async def _fetch_attachments(
         self, channel: Channel, inbound: Inbound, thread_id: str
-    ) -> tuple[list[Path], list[str]]:
+    ) -> tuple[list[str], list[str]]:
         """Save the message's files where the thread's sandbox sees them (its uploads dir); returns
         the paths as the agent sees them, and notes for the user about files that were refused."""
         if not inbound.attachments:
             return [], []
         limit = self.config.limits.max_attachment_bytes
-        uploads_dir = getattr(self.harness, "uploads_dir", None)
-        uploads = uploads_dir(thread_id) if uploads_dir else self.config.storage.path / "uploads" / thread_id
-        uploads.mkdir(parents=True, exist_ok=True)
-        files: list[Path] = []
+        files: list[str] = []
         notes: list[str] = []
         for att in inbound.attachments:
             if att.size is not None and att.size > limit:
@@ -464,9 +493,11 @@ class Gateway:
             except ChannelError as exc:
                 notes.append(f"⚠️ I could not fetch {att.name}: {exc}")
                 continue
-            name = _unique_name(uploads, _safe_name(att.name))
-            await asyncio.to_thread((uploads / name).write_bytes, data)
-            files.append(VIRTUAL_UPLOADS / name if uploads_dir else uploads / name)
+            try:
+                files.append(await self.harness.save_upload(thread_id, _safe_name(att.name), data))
+            except Exception as exc:  # quota, disk full, a refused name: the text is safe to show
+                log.warning("could not store upload %s for %s: %s", att.name, inbound.key, exc)
+                notes.append(f"⚠️ I could not store {att.name}: {exc}")
         return files, notes
 
     # -- shutdown -------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 
-from channels.base import Channel, NotModified, PermanentSendError, Rendered, ReplyTarget
+from channels.base import Channel, NotModified, OutFile, PermanentSendError, Rendered, ReplyTarget
 
 from .metrics import Metrics
 from .pacing import ChatPacer
@@ -93,6 +93,30 @@ class Reply:
         self._parts[part_no] = message_id
         await self._store.outbox_put(self.key, part_no, message_id)
         self._metrics.messages_out.labels(channel.name).inc()
+
+    def sent(self, part_no: int) -> bool:
+        """Whether part ``part_no`` already went out (in this process or before a restart)."""
+        return part_no in self._parts
+
+    async def send_file(self, part_no: int, file: OutFile, caption: str) -> None:
+        """Upload a file as part ``part_no`` unless the outbox says it went out already; paced
+        like every other send into the chat, recorded like every other part."""
+        async with self._put_lock:
+            if part_no in self._parts:
+                return
+            channel, idem = self.channel, f"{self.key}#{part_no}"
+            message_id = await self._pacer.call(
+                lambda: channel.send_file(self.target, file, caption, idempotency_key=idem), is_send=True
+            )
+            self._parts[part_no] = message_id
+            await self._store.outbox_put(self.key, part_no, message_id)
+            self._metrics.messages_out.labels(channel.name).inc()
+
+    async def note(self, part_no: int, text: str) -> None:
+        """A separate message after the answer (e.g. files that could not be sent), sent once."""
+        for i, part in enumerate(self.channel.render(text)):
+            if not self.sent(part_no + i):
+                await self._put(part_no + i, part)
 
     # -- streaming ------------------------------------------------------------------------------
     async def status(self, text: str) -> None:

@@ -9,8 +9,14 @@ The class is the seam for a later Postgres store: the gateway only calls the met
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
 import json
+import logging
+import os
 import secrets
+import sqlite3
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -20,6 +26,63 @@ from typing import Any
 import aiosqlite
 
 from channels.base import Attachment, Inbound
+
+log = logging.getLogger(__name__)
+
+RESERVE_NAME = ".chital-reserve"
+DEFAULT_RESERVE = 64 * 1024 * 1024
+"""Disk space kept aside in the data dir for the journal itself (see :class:`DiskReserve`)."""
+
+
+class StorageFull(Exception):
+    """The disk under the data dir is full, even after giving up the reserve."""
+
+
+class DiskReserve:
+    """A file of pre-allocated blocks beside the database, given back when SQLite finds the disk
+    full, so the journal can still record what is going on (a turn's failure, new messages) while
+    an operator frees space. Re-taken once there is room again.
+
+    Why a file and not a free-space check: anything on the same filesystem (a sandbox, logs,
+    another program) can fill it between two checks; blocks we already own cannot be taken."""
+
+    def __init__(self, folder: Path, size: int) -> None:
+        self.path = folder / RESERVE_NAME
+        self.size = size
+
+    def take(self) -> bool:
+        """Allocate the reserve if it is missing; False when the disk has no room for it."""
+        if self.size <= 0:
+            return True
+        with contextlib.suppress(FileNotFoundError):
+            if self.path.stat().st_size >= self.size:
+                return True
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.size)
+            finally:
+                os.close(fd)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            return False
+
+    def release(self) -> bool:
+        """Give the reserved blocks back; True when there was something to give."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return False
+        return True
+
+
+def _is_full(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc).lower()
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS journal (
@@ -39,6 +102,12 @@ CREATE TABLE IF NOT EXISTS outbox (
     message_id TEXT NOT NULL,
     text_hash TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (key, part)
+);
+CREATE TABLE IF NOT EXISTS files_out (
+    key TEXT NOT NULL,
+    path TEXT NOT NULL,
+    caption TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (key, path)
 );
 CREATE TABLE IF NOT EXISTS threads (
     conversation TEXT PRIMARY KEY,
@@ -95,37 +164,78 @@ def inbound_from_json(raw: str) -> tuple[Inbound, str]:
 class Store:
     """SQLite-backed gateway state. Create with :meth:`open`."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: Path, reserve: DiskReserve | None = None) -> None:
         self._db = db
         self.path = path
+        self.reserve = reserve or DiskReserve(path.parent, 0)
+        self.disk_full = False
+        """True while the reserve is spent (health shows it)."""
         self._threads: dict[str, str] = {}
         """conversation → thread id, read through: one daemon owns its SQLite file."""
 
     @classmethod
-    async def open(cls, path: Path) -> Store:
+    async def open(cls, path: Path, reserve_bytes: int = DEFAULT_RESERVE) -> Store:
         path.parent.mkdir(parents=True, exist_ok=True)
+        reserve = DiskReserve(path.parent, reserve_bytes)
+        if not reserve.take():
+            log.critical("the disk under %s is full: no room for the database's reserve", path.parent)
         db = await aiosqlite.connect(path)
         await db.execute("PRAGMA journal_mode=WAL")
         await db.execute("PRAGMA synchronous=NORMAL")
         await db.execute("PRAGMA busy_timeout=5000")
         await db.executescript(_SCHEMA)
         await db.commit()
-        return cls(db, path)
+        return cls(db, path, reserve)
 
     async def close(self) -> None:
         await self._db.close()
+
+    async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+        """Execute one statement and commit it; returns the row count.
+
+        On "database or disk is full" the reserve is given back once and the write retried, so
+        the journal keeps working while the disk is full; only when that is not enough does the
+        caller get :class:`StorageFull`."""
+        for attempt in (1, 2):
+            try:
+                cur = await self._db.execute(sql, params)
+                await self._db.commit()
+                return cur.rowcount
+            except sqlite3.OperationalError as exc:
+                with contextlib.suppress(Exception):
+                    await self._db.rollback()
+                if not _is_full(exc):
+                    raise
+                if attempt == 1 and self.reserve.release():
+                    self.disk_full = True
+                    log.critical(
+                        "the disk under %s is full: released the database's reserve to keep the "
+                        "journal going; free some space (sandboxes, logs) soon",
+                        self.path.parent,
+                    )
+                    continue
+                raise StorageFull("the disk under the data directory is full") from exc
+        raise AssertionError("unreachable")
+
+    async def retake_reserve(self) -> bool:
+        """Called on a timer: once there is room again, hold the reserve again."""
+        if not self.disk_full:
+            return True
+        if await asyncio.to_thread(self.reserve.take):
+            self.disk_full = False
+            log.warning("disk space is back: the database's reserve is held again")
+        return not self.disk_full
 
     # -- journal --------------------------------------------------------------------------------
     async def journal_add(self, inbound: Inbound, kind: str, note: str = "") -> bool:
         """Record a message durably. Returns False when the key is already journaled (redelivery)."""
         now = time.time()
-        cur = await self._db.execute(
+        count = await self._write(
             "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, state, created, updated)"
             " VALUES (?, ?, ?, ?, 'pending', ?, ?)",
             (inbound.key, inbound.conversation, kind, inbound_to_json(inbound, note), now, now),
         )
-        await self._db.commit()
-        return cur.rowcount == 1
+        return count == 1
 
     async def journal_seen(self, key: str) -> bool:
         async with self._db.execute("SELECT 1 FROM journal WHERE key = ?", (key,)) as cur:
@@ -133,10 +243,9 @@ class Store:
 
     async def journal_set(self, key: str, state: str) -> None:
         extra = ", attempts = attempts + 1" if state == "running" else ""
-        await self._db.execute(
+        await self._write(
             f"UPDATE journal SET state = ?, updated = ?{extra} WHERE key = ?", (state, time.time(), key)
         )
-        await self._db.commit()
 
     async def journal_open(self) -> list[JournalEntry]:
         """Entries not finished, oldest first: what a restart must resume."""
@@ -158,11 +267,12 @@ class Store:
     async def journal_prune(self, older_than: float) -> int:
         """Drop finished entries (and their outbox rows) older than ``older_than`` seconds."""
         cutoff = time.time() - older_than
-        await self._db.execute(
-            "DELETE FROM outbox WHERE key IN (SELECT key FROM journal WHERE updated < ?"
-            " AND state NOT IN ('pending', 'running'))",
-            (cutoff,),
-        )
+        for table in ("outbox", "files_out"):
+            await self._db.execute(
+                f"DELETE FROM {table} WHERE key IN (SELECT key FROM journal WHERE updated < ?"
+                " AND state NOT IN ('pending', 'running'))",
+                (cutoff,),
+            )
         cur = await self._db.execute(
             "DELETE FROM journal WHERE updated < ? AND state NOT IN ('pending', 'running')", (cutoff,)
         )
@@ -175,10 +285,24 @@ class Store:
             return {part: mid for part, mid in await cur.fetchall()}
 
     async def outbox_put(self, key: str, part: int, message_id: str) -> None:
-        await self._db.execute(
+        await self._write(
             "INSERT OR REPLACE INTO outbox(key, part, message_id) VALUES (?, ?, ?)", (key, part, message_id)
         )
-        await self._db.commit()
+
+    # -- files a turn presented ----------------------------------------------------------------
+    async def files_add(self, key: str, path: str, caption: str) -> None:
+        """Record a file the agent presented for ``key``'s reply (once per path), before it is
+        sent: a turn replayed after a crash then still delivers it."""
+        await self._write(
+            "INSERT OR IGNORE INTO files_out(key, path, caption) VALUES (?, ?, ?)", (key, path, caption)
+        )
+
+    async def files_get(self, key: str) -> list[tuple[str, str]]:
+        """(path, caption) of the files presented for ``key``, in the order they were presented."""
+        async with self._db.execute(
+            "SELECT path, caption FROM files_out WHERE key = ? ORDER BY rowid", (key,)
+        ) as cur:
+            return [(str(p), str(c)) for p, c in await cur.fetchall()]
 
     # -- conversations → agent threads ------------------------------------------------------------
     async def thread_for(self, conversation: str) -> str:
@@ -206,11 +330,10 @@ class Store:
 
     async def new_thread(self, conversation: str) -> str:
         thread_id = uuid.uuid4().hex
-        await self._db.execute(
+        await self._write(
             "INSERT OR REPLACE INTO threads(conversation, thread_id, created) VALUES (?, ?, ?)",
             (conversation, thread_id, time.time()),
         )
-        await self._db.commit()
         self._threads[conversation] = thread_id
         return thread_id
 

@@ -36,7 +36,8 @@ from agent.context import (
 from agent.events import AgentEvent, Clarification, FileOut, Final, TextDelta, ToolProgress
 from agent.harness import Harness
 from agent.model import build_chat_model
-from agent.sandbox.paths import ThreadDirs
+from agent.sandbox.files import HostFiles
+from agent.sandbox.paths import PathMapper, ThreadDirs
 from agent.tools import (
     McpServer,
     McpSettings,
@@ -397,14 +398,18 @@ async def test_title_falls_back_to_the_first_message(fake: FakeOpenAI, tmp_path:
 
 
 # ---- present_files ------------------------------------------------------------------------------
-async def test_present_files_emits_host_paths_inside_outputs_only(fake: FakeOpenAI, tmp_path: Path) -> None:
+async def test_present_files_emits_virtual_paths_inside_outputs_only(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
     root = tmp_path / "sandboxes"
     dirs = ThreadDirs.for_thread(root, "files", None)
     dirs.ensure()
     (dirs.outputs / "report.md").write_text("# Report\n")
     (dirs.workspace / "draft.md").write_text("draft")
     (dirs.outputs / "escape.txt").symlink_to("/etc/hostname")
-    tool = build_present_files(outputs_resolver(root))
+    tool = build_present_files(
+        outputs_resolver(lambda tid: HostFiles(PathMapper(ThreadDirs.for_thread(root, tid, None))))
+    )
     graph = _graph(fake, tools=[tool])
     fake.script(
         Reply(
@@ -438,7 +443,7 @@ async def test_present_files_emits_host_paths_inside_outputs_only(fake: FakeOpen
         {"messages": [HumanMessage("send me the report")]}, config, stream_mode="custom"
     ):
         events.extend(events_from_custom(part))
-    assert events == [FileOut(dirs.outputs / "report.md", "Your report")]
+    assert events == [FileOut("/mnt/user-data/outputs/report.md", "Your report")]
     results = _tool_messages(fake.requests[-1])
     assert "nothing was sent" in results["p1"] and "not inside /mnt/user-data/outputs/" in results["p1"]
     assert "nothing was sent" in results["p2"] and "symlink escape" in results["p2"]

@@ -16,6 +16,7 @@ from channels.base import (
     ChannelState,
     FatalChannelError,
     Inbound,
+    OutFile,
     PermanentSendError,
     Rendered,
     ReplyTarget,
@@ -56,8 +57,9 @@ class Bot:
 
 
 async def _start(fake: FakeDiscord, **kwargs: float) -> Bot:
-    channel = DiscordChannel(fake.token, api_base_url=fake.api_base_url, gateway_url=fake.gateway_url,
-                             **kwargs)
+    channel = DiscordChannel(
+        fake.token, api_base_url=fake.api_base_url, gateway_url=fake.gateway_url, **kwargs
+    )
     inbox: list[Inbound] = []
 
     async def sink(message: Inbound) -> None:
@@ -260,8 +262,9 @@ async def test_error_mapping(fake: FakeDiscord, bot: Bot) -> None:
 
 async def test_attachment_download_and_send_file(fake: FakeDiscord, bot: Bot, tmp_path: Path) -> None:
     payload = b"col1,col2\n1,2\n"
-    await fake.inject_message(None, USER, "see file", mention_bot=True,
-                              attachments=[("data.csv", payload, "text/csv")])
+    await fake.inject_message(
+        None, USER, "see file", mention_bot=True, attachments=[("data.csv", payload, "text/csv")]
+    )
     m = await _next(fake, bot, 1)
     (att,) = m.attachments
     assert (att.name, att.mime_type, att.size) == ("data.csv", "text/csv", len(payload))
@@ -270,7 +273,9 @@ async def test_attachment_download_and_send_file(fake: FakeDiscord, bot: Bot, tm
         await bot.channel.download(att, limit=4)
     report = tmp_path / "report.txt"
     report.write_bytes(b"the report")
-    mid = await bot.channel.send_file(m.target, report, caption="here you go")
+    mid = await bot.channel.send_file(
+        m.target, OutFile(report.name, report.read_bytes()), caption="here you go", idempotency_key="k#1"
+    )
     posted = fake.bot_messages()[-1]
     assert posted.id == mid and posted.content == "here you go"
     assert posted.files == [("report.txt", b"the report")] and posted.reply_to == m.message_id

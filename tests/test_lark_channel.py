@@ -18,6 +18,7 @@ from channels.base import (
     ChannelState,
     FatalChannelError,
     Inbound,
+    OutFile,
     PermanentSendError,
     Rendered,
     ReplyTarget,
@@ -44,8 +45,7 @@ def fake() -> Iterator[FakeLark]:
 
 
 def make_channel(fake: FakeLark, liveness_timeout: float = LIVENESS) -> LarkChannel:
-    return LarkChannel(fake.app_id, fake.app_secret, domain=fake.base_url,
-                       liveness_timeout=liveness_timeout)
+    return LarkChannel(fake.app_id, fake.app_secret, domain=fake.base_url, liveness_timeout=liveness_timeout)
 
 
 class Sink:
@@ -76,8 +76,9 @@ async def until(predicate: Callable[[], object], within: float = 10.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running(channel: LarkChannel, sink: Callable[[Inbound], Awaitable[None]]
-                  ) -> AsyncIterator[asyncio.Task[None]]:
+async def running(
+    channel: LarkChannel, sink: Callable[[Inbound], Awaitable[None]]
+) -> AsyncIterator[asyncio.Task[None]]:
     task = asyncio.create_task(channel.run(sink))
     try:
         await until(lambda: channel.state is ChannelState.CONNECTED or task.done())
@@ -118,10 +119,17 @@ async def test_group_messages_are_addressed_only_by_mention(fake: FakeLark) -> N
     channel, sink = make_channel(fake), Sink()
     async with running(channel, sink):
         plain = fake.inject_message("oc_group", "ou_bob", "just chatting", chat_type="group")
-        mentioned = fake.inject_message("oc_group", "ou_bob", "what is up", chat_type="group",
-                                        mention_bot=True, mentions=[("ou_carol", "Carol")])
-        other = fake.inject_message("oc_group", "ou_bob", "ping", chat_type="group",
-                                    mentions=[("ou_carol", "Carol")])
+        mentioned = fake.inject_message(
+            "oc_group",
+            "ou_bob",
+            "what is up",
+            chat_type="group",
+            mention_bot=True,
+            mentions=[("ou_carol", "Carol")],
+        )
+        other = fake.inject_message(
+            "oc_group", "ou_bob", "ping", chat_type="group", mentions=[("ou_carol", "Carol")]
+        )
         await fake.wait_for_async(lambda f: all(f.acks_for(e) for e in (plain, mentioned, other)))
     by_id = {m.message_id: m for m in sink.got}
     assert by_id[plain.message_id].addressed is False
@@ -152,8 +160,9 @@ async def test_failing_sink_acks_500_and_redelivery_keeps_the_key(fake: FakeLark
 async def test_topic_messages_form_their_own_conversation(fake: FakeLark) -> None:
     channel, sink = make_channel(fake), Sink()
     async with running(channel, sink):
-        event = fake.inject_message("oc_topics", "ou_bob", "in a topic", chat_type="group",
-                                    mention_bot=True, thread_id="omt_1")
+        event = fake.inject_message(
+            "oc_topics", "ou_bob", "in a topic", chat_type="group", mention_bot=True, thread_id="omt_1"
+        )
         await until(lambda: sink.got)
         msg = sink.got[0]
         assert msg.thread_id == "omt_1" and msg.conversation == "lark:oc_topics:omt_1"
@@ -164,10 +173,17 @@ async def test_topic_messages_form_their_own_conversation(fake: FakeLark) -> Non
 
 async def test_post_and_file_messages(fake: FakeLark) -> None:
     channel, sink = make_channel(fake), Sink()
-    post = {"title": "Report", "content": [
-        [{"tag": "at", "user_id": "@_user_1", "user_name": "Chital"}, {"tag": "text", "text": " see "},
-         {"tag": "a", "text": "docs", "href": "https://example.com"}],
-        [{"tag": "img", "image_key": "img_in_post"}]]}
+    post = {
+        "title": "Report",
+        "content": [
+            [
+                {"tag": "at", "user_id": "@_user_1", "user_name": "Chital"},
+                {"tag": "text", "text": " see "},
+                {"tag": "a", "text": "docs", "href": "https://example.com"},
+            ],
+            [{"tag": "img", "image_key": "img_in_post"}],
+        ],
+    }
     mention = {"key": "@_user_1", "id": {"open_id": fake.bot_open_id}, "name": "Chital"}
     async with running(channel, sink):
         fake.inject_event("oc_g", "ou_bob", "post", post, chat_type="group", mentions=[mention])
@@ -312,8 +328,9 @@ async def test_send_edit_split_and_uuid_dedupe(fake: FakeLark) -> None:
 
 async def test_send_without_a_message_to_reply_to_posts_into_the_chat(fake: FakeLark) -> None:
     channel = make_channel(fake)
-    mid = await channel.send(ReplyTarget("lark", "oc_notice"), Rendered("Restarted, **back** now"),
-                             idempotency_key="notice-1")
+    mid = await channel.send(
+        ReplyTarget("lark", "oc_notice"), Rendered("Restarted, **back** now"), idempotency_key="notice-1"
+    )
     [msg] = fake.bot_messages("oc_notice")
     assert msg.message_id == mid and msg.msg_type == "interactive" and "**back**" in msg.text
     await channel.close()
@@ -351,8 +368,15 @@ async def test_send_file_and_react(fake: FakeLark, tmp_path: Path) -> None:
         await until(lambda: sink.got)
         target = sink.got[0].target
         await channel.react(target, "👍")
-        file_mid = await channel.send_file(target, report, caption="Here is the report")
-        image_mid = await channel.send_file(target, chart)
+        file_mid = await channel.send_file(
+            target,
+            OutFile(report.name, report.read_bytes()),
+            caption="Here is the report",
+            idempotency_key="k#1",
+        )
+        image_mid = await channel.send_file(
+            target, OutFile(chart.name, chart.read_bytes()), idempotency_key="k#2"
+        )
     kinds = {m.message_id: m for m in fake.bot_messages("oc_dm")}
     assert kinds[file_mid].msg_type == "file" and kinds[image_mid].msg_type == "image"
     file_key = json.loads(kinds[file_mid].content)["file_key"]

@@ -15,6 +15,7 @@ from channels.base import (
     ChannelState,
     FatalChannelError,
     Inbound,
+    OutFile,
     PermanentSendError,
     ReplyTarget,
     RetryAfter,
@@ -264,7 +265,9 @@ async def test_invalid_tokens_are_fatal(slack: FakeSlack) -> None:
 def test_render_long_answer_with_code_block() -> None:
     channel = SlackChannel("xoxb-x", "xapp-x", api_base_url="http://127.0.0.1:9/api/")
     code = "\n".join(f"    value_{i} = compute({i}) < limit & ok" for i in range(250))
-    markdown = f"# Report\n\nSome **bold** and [a link](https://example.com).\n\n```python\n{code}\n```\n\nDone."
+    markdown = (
+        f"# Report\n\nSome **bold** and [a link](https://example.com).\n\n```python\n{code}\n```\n\nDone."
+    )
     parts = channel.render(markdown)
     assert len(parts) >= 2
     assert all(len(p.text) <= 3900 for p in parts)
@@ -284,9 +287,14 @@ async def test_send_edit_react_file_download(slack: FakeSlack, tmp_path: Path) -
     try:
         sink = Sink()
         async with running(slack, sink):
-            post = await slack.inject_mention("C1", "U_ALICE", "make a file", files=[
-                slack.add_file("notes.txt", b"hello file", "text/plain"),
-            ])
+            post = await slack.inject_mention(
+                "C1",
+                "U_ALICE",
+                "make a file",
+                files=[
+                    slack.add_file("notes.txt", b"hello file", "text/plain"),
+                ],
+            )
             await acked(slack, *post.envelopes)
         inbound = sink.items[0]
         assert inbound.attachments == (
@@ -308,7 +316,9 @@ async def test_send_edit_react_file_download(slack: FakeSlack, tmp_path: Path) -
 
         report = tmp_path / "report.csv"
         report.write_bytes(b"a,b\n1,2\n")
-        file_id = await channel.send_file(target, report, caption="here you go")
+        file_id = await channel.send_file(
+            target, OutFile(report.name, report.read_bytes()), caption="here you go", idempotency_key="k#1"
+        )
         [upload] = slack.uploads
         assert (upload.file_id, upload.name, upload.content) == (file_id, "report.csv", b"a,b\n1,2\n")
         assert (upload.channel, upload.thread_ts, upload.initial_comment) == ("C1", post.ts, "here you go")

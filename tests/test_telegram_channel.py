@@ -16,6 +16,7 @@ from channels.base import (
     FatalChannelError,
     Inbound,
     NotModified,
+    OutFile,
     PermanentSendError,
     Rendered,
     ReplyTarget,
@@ -399,12 +400,14 @@ async def test_send_file_as_document_and_photo(
     target = ReplyTarget("telegram", str(USER), reply_to="1")
     report = tmp_path / "report.csv"
     report.write_bytes(b"a,b\n1,2\n")
-    mid = await channel.send_file(target, report, caption="Your report")
+    mid = await channel.send_file(
+        target, OutFile(report.name, report.read_bytes()), caption="Your report", idempotency_key="k#1"
+    )
     seen = fake.message(USER, int(mid))
     assert seen.document is not None and seen.document["file_name"] == "report.csv"
     assert fake.file_bytes(seen.document["file_id"]) == b"a,b\n1,2\n" and seen.text == "Your report"
     chart = tmp_path / "chart.png"
     chart.write_bytes(b"\x89PNG fake image")
-    pid = await channel.send_file(target, chart)
+    pid = await channel.send_file(target, OutFile(chart.name, chart.read_bytes()), idempotency_key="k#2")
     assert fake.message(USER, int(pid)).photo is not None
     assert [c.method for c in fake.calls[-2:]] == ["sendDocument", "sendPhoto"]

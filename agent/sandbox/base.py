@@ -163,6 +163,11 @@ class SandboxProvider(abc.ABC):
         self.idle_timeout = idle_timeout
         self._reaper: asyncio.Task[None] | None = None
 
+    def owner_for(self, thread_id: str) -> tuple[int, int] | None:
+        """(uid, gid) that sandboxed code of ``thread_id`` runs as on the host, when it is not the
+        daemon's own; host-side file work for that thread runs with these rights (creds.py)."""
+        return None
+
     @abc.abstractmethod
     async def acquire(self, thread_id: str) -> Sandbox:
         """The thread's sandbox, created or woken as needed; reused across turns."""

@@ -375,6 +375,9 @@ class DockerProvider(SandboxProvider):
             c = self.client.containers.get(name)
         return str(c.id)
 
+    def owner_for(self, thread_id: str) -> tuple[int, int] | None:
+        return (self.uid, self.gid)
+
     async def release(self, thread_id: str) -> None:
         sb = self._sandboxes.get(thread_id)
         if sb is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import io
 import os
 import re
@@ -21,12 +22,32 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any, TypeVar
 
 from wcmatch import glob as wcglob
 
+from .creds import can_switch, fs_identity
 from .paths import Mount, PathMapper, PathRefused, Resolved, SandboxError
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _as_owner(method: _F) -> _F:
+    """Run a :class:`HostFiles` operation with the sandbox user's filesystem rights (creds.py)."""
+
+    @functools.wraps(method)
+    def wrapper(self: HostFiles, *args: Any, **kwargs: Any) -> Any:
+        with fs_identity(self.owner if self.switch else None):
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+"""Added to every file open: no link followed at the last component, and a FIFO or device the
+sandbox planted fails or returns at once instead of blocking a daemon thread (O_NONBLOCK has no
+effect on regular files)."""
 _MAX_GREP_FILE = 8 * 1024 * 1024  # skip bigger files: grep is for source/text, not data dumps
 _MAX_LINE_TEXT = 1000
 _WALK_LIMIT = 50_000  # files visited per glob/grep call, so a huge tree cannot hang a tool call
@@ -75,13 +96,16 @@ class HostFiles:
     def __init__(self, mapper: PathMapper, owner: tuple[int, int] | None = None) -> None:
         self.mapper = mapper
         self.owner = owner
+        self.switch = owner is not None and owner[0] not in (0, os.geteuid()) and can_switch()
+        """Root working for an unprivileged sandbox user: act with that user's rights (creds.py),
+        so new files are its own and nothing root alone may read is reachable."""
 
     # --- low-level, symlink-safe opening ---------------------------------------------------------
 
     def _give(self, name: str, dir_fd: int, is_dir: bool) -> None:
         """Make a file we created usable by the sandbox user (see ThreadDirs.ensure)."""
-        if self.owner is None or self.owner[0] == os.geteuid():
-            return
+        if self.owner is None or self.owner[0] == os.geteuid() or self.switch:
+            return  # ours already, or created under the owner's fs identity
         if os.geteuid() == 0:
             os.chown(name, *self.owner, dir_fd=dir_fd, follow_symlinks=False)
         else:
@@ -118,7 +142,7 @@ class HostFiles:
             name = r.parts[-1]
             existed = flags & os.O_CREAT and _exists(name, dfd)
             try:
-                fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+                fd = os.open(name, flags | _FILE_FLAGS, 0o644, dir_fd=dfd)
             except OSError as e:
                 if e.errno == errno.ELOOP:
                     raise PathRefused(f"{r.virtual}: a symlink appeared in the path; refused") from e
@@ -149,6 +173,7 @@ class HostFiles:
 
     # --- operations ---------------------------------------------------------------------------
 
+    @_as_owner
     def ls(self, path: str) -> list[Entry]:
         synthetic = self.mapper.synthetic_children(path)
         if synthetic is not None:
@@ -174,6 +199,7 @@ class HostFiles:
                 os.close(fd)
         return sorted(out, key=lambda e: e.path)
 
+    @_as_owner
     def stat(self, path: str) -> Entry | None:
         """The entry at ``path``, or None when nothing is there."""
         if self.mapper.synthetic_children(path) is not None:
@@ -186,6 +212,7 @@ class HostFiles:
         is_dir = stat.S_ISDIR(st.st_mode)
         return Entry(r.virtual, is_dir, 0 if is_dir else st.st_size, st.st_mtime)
 
+    @_as_owner
     def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         r = self.mapper.resolve(path)
         with self._errors(r.virtual):
@@ -198,6 +225,56 @@ class HostFiles:
             raise SandboxError(f"{r.virtual}: larger than {max_bytes} bytes")
         return data
 
+    @_as_owner
+    def regular_size(self, path: str) -> int:
+        """Size of the regular file at ``path``, checked on the opened descriptor (a link, FIFO,
+        device or directory is refused, whatever the path looked like a moment ago)."""
+        r = self.mapper.resolve(path)
+        with self._errors(r.virtual):
+            fd = self._open_file(r, os.O_RDONLY)
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise SandboxError(f"{r.virtual}: not a regular file")
+            return st.st_size
+
+    @_as_owner
+    def create_unique(self, folder: str, name: str, data: bytes) -> str:
+        """Write ``data`` as a NEW file in ``folder`` named ``name`` (or ``stem-2.ext``...) and
+        return its virtual path.
+
+        ``O_CREAT | O_EXCL | O_NOFOLLOW`` relative to the folder's fd: an existing entry of that
+        name (a file, or a link planted by sandboxed code, dangling or not) is never opened or
+        followed; the next free name is taken instead. A failed write leaves no partial file.
+        """
+        if not name or "/" in name or name in (".", ".."):
+            raise PathRefused(f"invalid file name {name!r}")
+        r = self.mapper.resolve(folder, write=True)
+        with self._errors(r.virtual):
+            dfd = self._open_dir(r, r.parts, create=True)
+            try:
+                for candidate in _numbered(name):
+                    try:
+                        fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o644,
+                                     dir_fd=dfd)  # fmt: skip
+                    except FileExistsError:
+                        continue
+                    try:
+                        with os.fdopen(fd, "wb") as f:
+                            f.write(data)
+                    except BaseException:
+                        with contextlib.suppress(OSError):
+                            os.unlink(candidate, dir_fd=dfd)
+                        raise
+                    self._give(candidate, dfd, False)
+                    return self.mapper.to_virtual(r.mount, (*r.parts, candidate))
+            finally:
+                os.close(dfd)
+        raise SandboxError(f"{r.virtual}: too many files named like {name}")
+
+    @_as_owner
     def read_text(self, path: str, offset: int = 0, limit: int = 2000) -> TextWindow:
         """Lines ``offset`` (0-based) .. ``offset+limit`` of a UTF-8 file, keeping line endings."""
         offset, limit = max(int(offset), 0), max(int(limit), 0)
@@ -223,6 +300,7 @@ class HostFiles:
             return TextWindow("", 0, 0, total)
         return TextWindow("".join(picked), offset + 1, offset + len(picked), total)
 
+    @_as_owner
     def write(self, path: str, content: str | bytes) -> str:
         r = self.mapper.resolve(path, write=True)
         data = content.encode() if isinstance(content, str) else content
@@ -232,6 +310,7 @@ class HostFiles:
                 f.write(data)
         return r.virtual
 
+    @_as_owner
     def edit(self, path: str, old: str, new: str, replace_all: bool = False) -> int:
         """Replace the exact string ``old``; it must occur exactly once unless ``replace_all``."""
         if not old:
@@ -258,6 +337,7 @@ class HostFiles:
                 f.truncate()
         return count if replace_all else 1
 
+    @_as_owner
     def delete(self, path: str) -> str:
         r = self.mapper.resolve(path, write=True)
         if not r.parts:
@@ -323,6 +403,7 @@ class HostFiles:
             finally:
                 os.close(top)
 
+    @_as_owner
     def glob(
         self, pattern: str, path: str = "/mnt/user-data", max_results: int = 1000
     ) -> tuple[list[str], bool]:
@@ -337,6 +418,7 @@ class HostFiles:
                     out.append(self.mapper.to_virtual(mount, parts))
         return out, False
 
+    @_as_owner
     def grep(
         self,
         pattern: str,
@@ -367,7 +449,7 @@ class HostFiles:
 
 def _grep_file(name: str, dfd: int, rx: re.Pattern[str]) -> Iterator[tuple[int, str]]:
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
     except OSError:
         return
     with os.fdopen(fd, "rb") as f:
@@ -395,3 +477,13 @@ def _exists(name: str, dir_fd: int) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def _numbered(name: str, tries: int = 1000) -> Iterator[str]:
+    """``name``, then ``stem-2.ext``, ``stem-3.ext``... (``tries`` names in all)."""
+    yield name
+    stem, dot, ext = name.rpartition(".")
+    if not dot or not stem:
+        stem, ext = name, ""
+    for n in range(2, tries + 1):
+        yield f"{stem}-{n}.{ext}" if ext else f"{stem}-{n}"

@@ -261,6 +261,9 @@ class LocalProvider(SandboxProvider):
             opts += ["--setenv", key, value]
         return opts
 
+    def owner_for(self, thread_id: str) -> tuple[int, int] | None:
+        return self.run_as
+
     async def acquire(self, thread_id: str) -> LocalSandbox:
         sb = self._sandboxes.get(thread_id)
         if sb is None:

@@ -1,15 +1,15 @@
 """``present_files``: hand files the agent made in ``/mnt/user-data/outputs`` to the chat.
 
 The tool only checks the paths and announces them; it sends nothing itself (the agent knows no
-chat platform). It writes the custom stream event ``{"chital.files": [host paths], "caption": str}``,
+chat platform). It writes the custom stream event ``{"chital.files": [virtual paths], "caption": str}``,
 which the harness turns into ``FileOut`` events with :func:`files_from_custom`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from langchain.tools import ToolRuntime
@@ -18,36 +18,37 @@ from langgraph.config import get_stream_writer
 from pydantic import BaseModel, Field
 
 from agent.events import FileOut
-from agent.sandbox.paths import OUTPUTS, PathMapper, PathRefused, ThreadDirs
+from agent.sandbox.files import HostFiles
+from agent.sandbox.paths import OUTPUTS, PathMapper, PathRefused, SandboxError
 
 FILES_EVENT = "chital.files"
 """Key of the custom stream event carrying host paths of files to deliver."""
 
 MAX_FILES = 20
 
-OutputsResolver = Callable[[str, str], Path]
-"""(thread id, path the model gave) -> host path of an existing regular file inside the thread's
-outputs dir; raises ``PathRefused`` (text safe to show the model) otherwise."""
+OutputsResolver = Callable[[str, str], tuple[str, int]]
+"""(thread id, path the model gave) -> (virtual path, size) of a regular file inside the thread's
+outputs dir; raises ``PathRefused`` or ``SandboxError`` (text safe to show the model) otherwise."""
 
 
-def outputs_resolver(sandbox_root: Path | str) -> OutputsResolver:
-    """The resolver for the sandbox layout under ``sandbox_root`` (``SandboxSettings.root``).
+def outputs_resolver(files_for: Callable[[str], HostFiles]) -> OutputsResolver:
+    """The resolver over ``files_for(thread_id)``, the thread's symlink-safe file operations.
 
     A bare or relative name means a file in the outputs dir (``report.pdf`` ->
     ``/mnt/user-data/outputs/report.pdf``): that is where the model was told to put deliverables.
+    The check here only helps the model fix its call; the file is opened again, just as safely,
+    when it is sent (it may have changed in between).
     """
 
-    def resolve(thread_id: str, path: str) -> Path:
-        mapper = PathMapper(ThreadDirs.for_thread(sandbox_root, thread_id, None))
+    def resolve(thread_id: str, path: str) -> tuple[str, int]:
         if isinstance(path, str) and path and not path.startswith("/"):
             path = posixpath.join(OUTPUTS, path)
-        virtual = mapper.normalize(path)
+        virtual = PathMapper.normalize(path)
         if not virtual.startswith(OUTPUTS + "/"):
             raise PathRefused(f"{path!r} is not inside {OUTPUTS}/; save the file there first")
-        host = mapper.resolve(virtual).host
-        if not host.is_file():
-            raise PathRefused(f"{virtual} does not exist or is not a regular file")
-        return host
+        files = files_for(thread_id)
+        files.mapper.resolve(virtual)  # refuses links that lead out, with a clear message
+        return virtual, files.regular_size(virtual)
 
     return resolve
 
@@ -81,17 +82,17 @@ def build_present_files(resolve: OutputsResolver) -> BaseTool:
             raise ToolException("present_files needs a conversation thread")
         if len(paths) > MAX_FILES:
             raise ToolException(f"at most {MAX_FILES} files per call")
-        hosts: list[Path] = []
+        found: list[tuple[str, int]] = []
         problems: list[str] = []
         for path in dict.fromkeys(paths):
             try:
-                hosts.append(resolve(thread_id, path))
-            except PathRefused as exc:
+                found.append(await asyncio.to_thread(resolve, thread_id, path))
+            except SandboxError as exc:
                 problems.append(str(exc))
         if problems:
             raise ToolException("nothing was sent: " + "; ".join(problems))
-        get_stream_writer()({FILES_EVENT: [str(h) for h in hosts], "caption": caption})
-        listing = ", ".join(f"{h.name} ({_size(h.stat().st_size)})" for h in hosts)
+        get_stream_writer()({FILES_EVENT: [v for v, _ in found], "caption": caption})
+        listing = ", ".join(f"{posixpath.basename(v)} ({_size(n)})" for v, n in found)
         return f"Sent to the chat: {listing}."
 
     return StructuredTool.from_function(
@@ -111,4 +112,4 @@ def files_from_custom(part: Any) -> list[FileOut]:
     if not isinstance(part, dict) or FILES_EVENT not in part:
         return []
     caption = str(part.get("caption") or "")
-    return [FileOut(Path(p), caption if i == 0 else "") for i, p in enumerate(part[FILES_EVENT] or ())]
+    return [FileOut(str(p), caption if i == 0 else "") for i, p in enumerate(part[FILES_EVENT] or ())]

@@ -11,7 +11,6 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import lark_oapi as lark
@@ -46,6 +45,7 @@ from channels.base import (
     FatalChannelError,
     Inbound,
     InboundSink,
+    OutFile,
     PermanentSendError,
     Rendered,
     ReplyTarget,
@@ -334,29 +334,30 @@ class LarkChannel(Channel):
             raise PermanentSendError(f"{attachment.name} is larger than {limit} bytes")
         return data
 
-    async def send_file(self, target: ReplyTarget, path: Path, caption: str = "") -> str:
-        size = (await asyncio.to_thread(path.stat)).st_size
+    async def send_file(
+        self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
+    ) -> str:
+        size = file.size
         if size > self.capabilities.max_upload_bytes:
-            raise PermanentSendError(f"{path.name} exceeds Lark's 30 MB upload limit")
-        raw = await asyncio.to_thread(path.read_bytes)
-        # Same file into the same conversation again within the platform's dedupe hour: one message.
-        key = f"{target.chat_id}:{target.reply_to}:{path.name}:{hashlib.sha256(raw).hexdigest()[:16]}"
-        data = io.BytesIO(raw)
+            raise PermanentSendError(f"{file.name} exceeds Lark's 30 MB upload limit")
+        # The same file of the same reply again within the platform's dedupe hour: one message.
+        key = idempotency_key
+        data = io.BytesIO(file.data)
         if caption:
             await self.send(target, _format.rendered_card(caption), idempotency_key=f"caption:{key}")
-        if path.suffix.lower() in _IMAGE_SUFFIXES and size <= _MAX_IMAGE_BYTES:
+        if file.suffix in _IMAGE_SUFFIXES and size <= _MAX_IMAGE_BYTES:
             req: Any = CreateImageRequest.builder().request_body(
                 CreateImageRequestBody.builder().image_type("message").image(data).build()).build()
             resp = await self._call("upload", self._api.im.v1.image.create, req)
             msg_type, content = "image", {"image_key": resp.data.image_key}
         else:
-            file_type = _FILE_TYPES.get(path.suffix.lower(), "stream")
+            file_type = _FILE_TYPES.get(file.suffix, "stream")
             req = CreateFileRequest.builder().request_body(
-                CreateFileRequestBody.builder().file_type(file_type).file_name(path.name).file(data)
+                CreateFileRequestBody.builder().file_type(file_type).file_name(file.name).file(data)
                 .build()).build()
             resp = await self._call("upload", self._api.im.v1.file.create, req)
             msg_type, content = "file", {"file_key": resp.data.file_key}
-        part = Rendered(text=path.name, payload={"msg_type": msg_type, "content": json.dumps(content)})
+        part = Rendered(text=file.name, payload={"msg_type": msg_type, "content": json.dumps(content)})
         return await self.send(target, part, idempotency_key=f"file:{key}")
 
     # -- plumbing ------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import datetime as dtm
 import logging
 import warnings
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import telegram
@@ -35,6 +34,7 @@ from channels.base import (
     FatalChannelError,
     InboundSink,
     NotModified,
+    OutFile,
     PermanentSendError,
     Rendered,
     ReplyTarget,
@@ -275,14 +275,15 @@ class TelegramChannel(Channel):
         self._check_size(attachment.name, len(data), limit)
         return data
 
-    async def send_file(self, target: ReplyTarget, path: Path, caption: str = "") -> str:
+    async def send_file(
+        self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
+    ) -> str:
         """Images up to 10 MB go as photos (shown inline), anything else, or a photo Telegram
-        refuses, as a document."""
+        refuses, as a document. (Telegram has no idempotency key; the gateway's outbox is all.)"""
         bot = self._require_bot()
-        data = await asyncio.to_thread(path.read_bytes)
-        size = len(data)
+        data, size = file.data, file.size
         if size > UPLOAD_LIMIT:
-            raise PermanentSendError(f"{path.name} is {size} bytes; Telegram bots can upload at most 50 MB")
+            raise PermanentSendError(f"{file.name} is {size} bytes; Telegram bots can upload at most 50 MB")
         kwargs: dict[str, Any] = {**self._where(target)}
         if caption:
             kwargs["caption"] = truncate(caption, MAX_CAPTION_UTF16)
@@ -290,13 +291,13 @@ class TelegramChannel(Channel):
             kwargs["reply_parameters"] = ReplyParameters(
                 message_id=int(target.reply_to), allow_sending_without_reply=True
             )
-        if path.suffix.lower() in _PHOTO_SUFFIXES and size <= PHOTO_LIMIT:
+        if file.suffix in _PHOTO_SUFFIXES and size <= PHOTO_LIMIT:
             try:
-                msg = await self._api(bot.send_photo(photo=InputFile(data, filename=path.name), **kwargs))
+                msg = await self._api(bot.send_photo(photo=InputFile(data, filename=file.name), **kwargs))
                 return str(msg.message_id)
             except PermanentSendError as exc:
                 log.info("telegram: photo refused (%s); sending as a document", exc)
-        msg = await self._api(bot.send_document(document=InputFile(data, filename=path.name), **kwargs))
+        msg = await self._api(bot.send_document(document=InputFile(data, filename=file.name), **kwargs))
         return str(msg.message_id)
 
     # -- helpers --------------------------------------------------------------------------------
