@@ -205,10 +205,11 @@ class HostFiles:
         if self.mapper.synthetic_children(path) is not None:
             return Entry(self.mapper.normalize(path), True, 0, 0.0)
         r = self.mapper.resolve(path)
-        try:
-            st = os.stat(r.host, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
+        with self._errors(r.virtual):
+            try:
+                st = os.stat(r.host, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
         is_dir = stat.S_ISDIR(st.st_mode)
         return Entry(r.virtual, is_dir, 0 if is_dir else st.st_size, st.st_mtime)
 
