@@ -7,10 +7,11 @@ module re-exports its own settings from here.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
 class ContextSettings(BaseModel):
@@ -181,6 +182,27 @@ class WebSettings(BaseModel):
     """Characters of Markdown handed to the model."""
     max_redirects: int = Field(5, ge=0, le=20)
     user_agent: str = "Mozilla/5.0 (compatible; Chital/0.1; +web_fetch)"
+    allow_hosts: list[str] = Field(default_factory=list)
+    """Internal hosts ``web_fetch`` may reach although they are not public: exact names
+    (``wiki.internal``, only for URLs naming that host), ``*.corp.example`` (any name under it),
+    IP addresses (``10.1.2.3``) and networks (``10.0.0.0/8``, ``fd00::/8``). Empty: public only."""
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _check_allow_hosts(cls, value: list[str]) -> list[str]:
+        out = []
+        for raw in value:
+            entry = raw.strip()
+            try:
+                ipaddress.ip_network(entry.strip("[]"), strict=False)
+            except ValueError:
+                name = entry.removeprefix("*.")
+                if not name or any(c in name for c in "/:@*?#[]% \t"):
+                    raise ValueError(
+                        f"allow_hosts entry {raw!r} is neither a host name, '*.suffix', an IP nor a network"
+                    ) from None
+            out.append(entry)
+        return out
 
     def secrets(self) -> list[str]:
         """Configured secret values, for redaction of tool error texts."""

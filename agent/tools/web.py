@@ -1,42 +1,70 @@
 """``web_fetch`` (URL → Markdown) and ``web_search`` (a configured provider) for the agent.
 
 ``web_fetch`` runs on the daemon's host, so a URL the model picks must never reach the host's own
-network: loopback, private, link-local (cloud metadata at 169.254.169.254), shared, multicast and
-reserved addresses are refused. The check sits in two places:
+network: loopback, private, link-local (cloud metadata at 169.254.169.254), shared, multicast,
+reserved and unspecified addresses are refused, in every spelling, unless the operator lists the
+host in ``web.allow_hosts``. The guard lives in :mod:`agent.tools.web_guard`:
 
-- IP-literal hosts are checked before the request (aiohttp skips its resolver for them);
-- host names go through :class:`GuardedResolver`, the aiohttp connector's resolver: every address
-  a name resolves to must be public, and aiohttp then connects only to those checked addresses,
-  so DNS rebinding between a check and the connect cannot slip a private address in.
+- :func:`~agent.tools.web_guard.check_target` parses the URL into the very ``yarl.URL`` object
+  handed to aiohttp and refuses a host that reads as a non-public address (fullwidth or circled
+  digits, ideographic dots, legacy IPv4 forms, IPv4-in-IPv6...), with a clear message for the model;
+- :class:`~agent.tools.web_guard.GuardedConnector` checks the address of *every* socket before it
+  connects (and the peer address after), whether the host was a name or an IP literal; names go
+  through a resolver that refuses them if any address is not public, and the socket connects only
+  to the addresses that resolver returned (no second resolution).
 
 Redirects are followed by hand (``allow_redirects=False``) so each hop gets the same checks, and
 proxies from the environment are ignored (``trust_env=False``): a proxy would make the connect
 address invisible to the check.
+
+``web_search`` talks only to the provider URL the operator configured (``web.base_url`` or
+Tavily's); the result URLs it returns are not fetched unless the model calls ``web_fetch``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import re
-import socket
 from collections.abc import Collection, Sequence
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, Field
+from yarl import URL
 
 from agent.settings import WebSettings
+from agent.tools.web_guard import (
+    AddressPolicy,
+    GuardedConnector,
+    GuardedResolver,
+    UrlRefused,
+    check_ip,
+    check_target,
+    check_url,
+    ip_allowed,
+    parse_ip,
+)
+
+__all__ = [
+    "GuardedResolver",
+    "UrlRefused",
+    "WebFetcher",
+    "WebSearch",
+    "WebSettings",
+    "build_web_tools",
+    "check_ip",
+    "check_target",
+    "check_url",
+    "html_to_markdown",
+    "ip_allowed",
+    "parse_ip",
+]
 
 log = logging.getLogger(__name__)
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _TEXT_TYPES = frozenset(
@@ -45,76 +73,6 @@ _TEXT_TYPES = frozenset(
 _DROP_TAGS = ("script", "style", "noscript", "template", "svg", "iframe", "object", "embed", "head")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 TAVILY_URL = "https://api.tavily.com"
-
-
-
-
-class UrlRefused(ToolException):
-    """The URL is not allowed (scheme, or a host that is or resolves to a non-public address)."""
-
-
-def ip_allowed(ip: IPAddress) -> bool:
-    """True only for public unicast addresses; v4 addresses embedded in v6 are judged as v4."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = ip.ipv4_mapped or ip.sixtofour
-        if embedded is None and ip in _NAT64:
-            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if embedded is not None:
-            return ip_allowed(embedded)
-    return ip.is_global and not ip.is_multicast and not ip.is_reserved
-
-
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-
-
-class GuardedResolver(AbstractResolver):
-    """aiohttp resolver that refuses a name if *any* of its addresses is not public.
-
-    ``exempt`` lists exact IPs allowed anyway; only tests set it (see ``allow_private_for_tests``).
-    """
-
-    def __init__(self, exempt: Collection[str] = ()) -> None:
-        self._inner = DefaultResolver()
-        self._exempt = frozenset(exempt)
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        infos = await self._inner.resolve(host, port, family)
-        for info in infos:
-            check_ip(info["host"], host, self._exempt)
-        return infos
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-
-def check_ip(address: str, shown: str, exempt: Collection[str] = ()) -> None:
-    """Raise UrlRefused unless ``address`` is public (or exempt). ``shown`` names the host."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if str(ip) in exempt or ip_allowed(ip):
-        return
-    raise UrlRefused(f"refused: {shown} is a private, loopback, link-local or reserved address ({ip})")
-
-
-def check_url(url: str, exempt: Collection[str] = ()) -> str:
-    """Validate scheme and host of ``url`` (IP literals checked here; names by the resolver)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-        parts.port  # noqa: B018  # raises ValueError on a malformed port
-    except ValueError as exc:
-        raise UrlRefused(f"refused: malformed URL ({exc})") from None
-    if parts.scheme not in ("http", "https"):
-        raise UrlRefused(f"refused: only http and https URLs can be fetched, not {parts.scheme or 'none'!r}")
-    if not host:
-        raise UrlRefused("refused: the URL has no host")
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return url  # a name: GuardedResolver checks what it resolves to
-    check_ip(host, host, exempt)
-    return url
 
 
 def html_to_markdown(html: bytes | str, base_url: str = "") -> tuple[str, str]:
@@ -139,41 +97,54 @@ def html_to_markdown(html: bytes | str, base_url: str = "") -> tuple[str, str]:
 class WebFetcher:
     """Fetches one URL as Markdown within the size, time and address limits of ``WebSettings``.
 
-    ``allow_private_for_tests``: exact IPs (e.g. ``{"127.0.0.1"}``) exempt from the address
-    check, so tests can reach a server on loopback. Production code never sets it.
+    ``settings.allow_hosts`` opens internal hosts (names, IPs, networks) to the fetch.
+    ``allow_private_for_tests`` is the older, test-only spelling of the same thing: its entries
+    are added to ``allow_hosts``.
     """
 
     def __init__(self, settings: WebSettings, *, allow_private_for_tests: Collection[str] = ()) -> None:
         self.settings = settings
-        self._exempt = frozenset(allow_private_for_tests)
+        self.policy = AddressPolicy([*settings.allow_hosts, *allow_private_for_tests])
 
     async def fetch(self, url: str) -> str:
+        connector = GuardedConnector(self.policy)
         try:
             async with asyncio.timeout(self.settings.fetch_timeout):
-                return await self._fetch(url)
+                return await self._fetch(url, connector)
         except TimeoutError:
             raise ToolException(f"timed out after {self.settings.fetch_timeout:g}s fetching {url}") from None
         except aiohttp.ClientError as exc:
+            if connector.refusals:  # the socket guard said no: say so, not "could not connect"
+                raise UrlRefused(connector.refusals[0]) from None
             # The class name tells the model enough (DNS failure, refused connection, TLS...).
             raise ToolException(f"could not fetch {url}: {type(exc).__name__}") from None
+        finally:
+            await connector.close()
 
-    async def _fetch(self, url: str) -> str:
+    async def _fetch(self, url: str, connector: GuardedConnector) -> str:
         s = self.settings
-        connector = aiohttp.TCPConnector(resolver=GuardedResolver(self._exempt), use_dns_cache=False)
         headers = {
             "User-Agent": s.user_agent,
             "Accept": "text/html,application/xhtml+xml,text/*;q=0.9,*/*;q=0.5",
         }
-        async with aiohttp.ClientSession(connector=connector, trust_env=False, headers=headers) as session:
+        current: str | URL = url
+        async with aiohttp.ClientSession(
+            connector=connector, connector_owner=False, trust_env=False, headers=headers
+        ) as session:
             for _ in range(s.max_redirects + 1):
-                check_url(url, self._exempt)
-                async with session.get(url, allow_redirects=False) as resp:
+                # The checked URL object itself goes to aiohttp: what was judged is what it connects.
+                target = check_target(current, self.policy)
+                async with session.get(target, allow_redirects=False) as resp:
                     if resp.status in _REDIRECTS and "Location" in resp.headers:
-                        url = urljoin(str(resp.url), resp.headers["Location"])
+                        location = resp.headers["Location"]
+                        try:
+                            current = resp.url.join(URL(location))
+                        except (ValueError, UnicodeError):
+                            raise UrlRefused(f"refused: malformed redirect target {location!r}") from None
                         continue
                     if resp.status >= 400:
-                        raise ToolException(f"HTTP {resp.status} from {url}")
-                    return await self._render(resp, url)
+                        raise ToolException(f"HTTP {resp.status} from {resp.url}")
+                    return await self._render(resp, str(resp.url))
         raise ToolException(f"too many redirects (more than {s.max_redirects}) starting from the given URL")
 
     async def _render(self, resp: aiohttp.ClientResponse, url: str) -> str:
