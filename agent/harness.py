@@ -106,6 +106,9 @@ class Harness:
         # thread id -> message id of the last turn this process finished cleanly on that thread.
         # A different message id on such a thread needs no checkpoint read to know it is new.
         self._settled: dict[str, str] = {}
+        self._answered: dict[str, None] = {}
+        """Message ids this process answered (bounded, oldest dropped): a second run of one of them
+        (a delivery retry) must take the slow path that finds and replays its answer."""
 
     @property
     def model_name(self) -> str:
@@ -238,10 +241,14 @@ class Harness:
             content=_with_files(text, files), id=message_id, additional_kwargs={"user_id": user_id}
         )
         settled = self._settled.get(thread_id)
-        if settled is not None and settled != message_id:
+        if settled is not None and settled != message_id and message_id not in self._answered:
             return {"messages": [human]}
         snap = await graph.aget_state(config)
         messages: list[AnyMessage] = list(snap.values.get("messages", ()))
+        earlier = _earlier_answer(messages, message_id)
+        if earlier is not None:
+            log.info("thread %s: message %s was answered before later ones; replaying", thread_id, message_id)
+            return earlier
         last_human = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
         if last_human is not None and last_human.id == message_id:
             last = messages[-1]
@@ -270,6 +277,9 @@ class Harness:
         if len(self._settled) >= _SETTLED_CACHE:
             self._settled.pop(next(iter(self._settled)))
         self._settled[thread_id] = message_id
+        if len(self._answered) >= _SETTLED_CACHE * 4:
+            self._answered.pop(next(iter(self._answered)))
+        self._answered[message_id] = None
 
     # ---- the run -------------------------------------------------------------------------------
     async def _stream(
@@ -344,6 +354,28 @@ class Harness:
             if isinstance(message, AIMessage) and not message.tool_calls:
                 return message.text
         raise RuntimeError("the agent finished without an answer")
+
+
+def _earlier_answer(messages: Sequence[AnyMessage], message_id: str) -> Final | None:
+    """The answer to ``message_id`` when later messages followed it in the thread (its reply was
+    retried after the conversation moved on): the last model text before the next user message.
+    None when the message is the thread's latest or not in it."""
+    start = next(
+        (i for i, m in enumerate(messages) if isinstance(m, HumanMessage) and m.id == message_id), None
+    )
+    if start is None:
+        return None
+    segment: list[AnyMessage] = []
+    for m in messages[start + 1 :]:
+        if isinstance(m, HumanMessage):
+            break
+        segment.append(m)
+    else:
+        return None  # the latest message: the usual replay / continue logic applies
+    answer = next((m for m in reversed(segment) if isinstance(m, AIMessage) and not m.tool_calls), None)
+    if answer is None:
+        return Final("⚠️ I lost the answer to this message while the conversation went on; please ask again.")
+    return Final(answer.text)
 
 
 def _is_lead(meta: dict[str, Any]) -> bool:

@@ -9,10 +9,42 @@ from __future__ import annotations
 
 import abc
 import enum
+import json
+import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+UNREADABLE = "unreadable"
+""":attr:`Inbound.unsupported` of an event the adapter could not parse or journal (see
+:meth:`Channel.skip_unreadable`)."""
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone UTF-16 surrogate replaced by U+FFFD.
+
+    JSON may carry ``"\\ud800"``; Python decodes it into a str that SQLite (the journal), logging
+    streams and every HTTP client refuse to encode. Replacing it keeps the message answerable (the
+    user sees one odd character, not silence); a split pair is joined back into its character."""
+    if not _SURROGATE.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_clean(v) for v in value)
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +56,9 @@ class Attachment:
     mime_type: str | None = None
     size: int | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", clean_text(self.name))
+
 
 @dataclass(frozen=True, slots=True)
 class Inbound:
@@ -32,6 +67,9 @@ class Inbound:
     ``message_id`` must be stable across redelivery and reconnect replay: the gateway journals on
     ``(platform, chat_id, message_id)`` so a second delivery of the same post is a no-op (Slack: the
     message ``ts``, not the event id).
+
+    Every string is cleaned of lone surrogates when the value is built (see :func:`clean_text`):
+    that is parse time for every adapter, so no platform can hand the journal a string it refuses.
     """
 
     platform: str
@@ -51,6 +89,24 @@ class Inbound:
     received_at: float = field(default_factory=time.time)
     extra: dict[str, Any] = field(default_factory=dict)
     """Adapter-private data the adapter needs again to reply (e.g. Slack's thread ts). JSON-safe."""
+    unsupported: str = ""
+    """Names what the user sent that the agent cannot use (plural noun: "stickers", "games"), or
+    :data:`UNREADABLE` for an event that could not be parsed. The gateway answers such a message
+    with a journaled note instead of running a turn; ``text`` is then empty."""
+
+    def __post_init__(self) -> None:
+        for name in ("chat_id", "message_id", "sender_id", "text", "thread_id", "sender_name",
+                     "chat_title", "unsupported"):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, str) and _SURROGATE.search(value):
+                object.__setattr__(self, name, clean_text(value))
+        if self.extra:
+            object.__setattr__(self, "extra", _clean(self.extra))
+
+    @property
+    def unreadable(self) -> bool:
+        """The adapter could not parse this event; only the ids it recovered are set."""
+        return self.unsupported == UNREADABLE
 
     @property
     def conversation(self) -> str:
@@ -180,6 +236,19 @@ class NotModified(ChannelError):
     """An edit carried the text the message already had (harmless)."""
 
 
+_CONTENT_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,
+                   RecursionError)  # fmt: skip
+"""What a message's own content can make the gateway raise (UnicodeError is a ValueError)."""
+
+
+def _json_safe(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 InboundSink = Callable[[Inbound], Awaitable[None]]
 """Called by an adapter for each inbound message. It returns once the message is durably journaled
 (or deliberately dropped); only then may the adapter acknowledge the event to the platform."""
@@ -198,6 +267,9 @@ class Channel(abc.ABC):
         self.reason: str | None = None
         self.state_since: float = time.time()
         self.last_activity: float = time.monotonic()
+        self.unreadable_events: int = 0
+        """Events skipped because they could not be parsed or journaled (the gateway's
+        ``chital_messages_ignored{reason="malformed"}`` counts the same through the sink)."""
         self._listeners: list[StatusListener] = []
 
     # -- status -------------------------------------------------------------------------------
@@ -215,6 +287,81 @@ class Channel(abc.ABC):
         """Record that the connection showed life (an event, a poll answer, a pong)."""
         self.last_activity = time.monotonic()
 
+    # -- events that cannot be read ----------------------------------------------------------
+    async def skip_unreadable(
+        self,
+        sink: InboundSink,
+        error: BaseException,
+        *,
+        ref: str,
+        chat_id: str = "",
+        sender_id: str = "",
+        message_id: str = "",
+        is_direct: bool = False,
+        addressed: bool = False,
+        thread_id: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Skip one event that could not be parsed, so that it never wedges the channel.
+
+        Why: a platform redelivers what we do not acknowledge, so raising on a malformed event
+        blocks every chat behind it, across restarts. Instead it is counted, logged at CRITICAL with
+        ids and the exception type only (never the payload: it is someone's message), and handed to
+        ``sink`` as a marker :class:`Inbound` (``unsupported=UNREADABLE``, empty text) carrying the
+        ids the adapter recovered from the raw event. The gateway counts it in its metrics and, when
+        chat, sender and message id are known and the sender may talk to the bot, answers through
+        its journaled notice path. The caller then acknowledges the event. A :class:`ChannelError`
+        from the sink (the gateway is shutting down) propagates so the event comes again."""
+        self.unreadable_events += 1
+        log.critical(
+            "%s: skipped unreadable event %s (chat %s): %s",
+            self.name, ref or "?", chat_id or "?", type(error).__name__,
+        )  # fmt: skip
+        marker = Inbound(
+            platform=self.name,
+            chat_id=chat_id,
+            message_id=message_id,
+            sender_id=sender_id,
+            text="",
+            is_direct=is_direct,
+            addressed=addressed or is_direct,
+            thread_id=thread_id,
+            extra=extra if extra and _json_safe(extra) else {},
+            unsupported=UNREADABLE,
+        )
+        try:
+            await sink(marker)
+        except ChannelError:
+            raise
+        except Exception as exc:  # the event is unreadable whatever happens: never let it wedge us
+            log.critical("%s: could not report unreadable event %s: %s", self.name, ref, type(exc).__name__)
+
+    async def hand_over(self, sink: InboundSink, inbound: Inbound, *, ref: str) -> None:
+        """``sink(inbound)``, except that a message the gateway refuses for its content is skipped.
+
+        A data error (``ValueError``, ``TypeError``, ``KeyError`` ...: e.g. a string the journal
+        cannot encode) would fail again on every redelivery. It counts as this message's fault only
+        if the gateway then accepts a bare marker for the same message (same key, no text); if even
+        that fails the store itself is down, and the original error propagates so the platform
+        redelivers later. Infrastructure errors (``ChannelError``, SQLite's OperationalError, disk
+        full) always propagate."""
+        try:
+            await sink(inbound)
+        except _CONTENT_ERRORS as exc:
+            marker = replace(
+                inbound, text="", sender_name="", chat_title="", attachments=(), unsupported=UNREADABLE,
+                extra=inbound.extra if _json_safe(inbound.extra) else {},
+            )  # fmt: skip
+            try:
+                await sink(marker)
+            except Exception:
+                raise exc from None
+            self.unreadable_events += 1
+            log.critical(
+                "%s: skipped event %s (chat %s) that could not be journaled: %s",
+                self.name, ref, inbound.chat_id, type(exc).__name__,
+            )  # fmt: skip
+
     # -- lifecycle ----------------------------------------------------------------------------
     @abc.abstractmethod
     async def run(self, sink: InboundSink) -> None:
@@ -226,7 +373,15 @@ class Channel(abc.ABC):
         """
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most adapters need it
-        """Release HTTP sessions etc. after ``run`` has ended. Idempotent."""
+        """Release HTTP sessions etc. after ``run`` has ended for good (shutdown). Idempotent."""
+
+    async def disconnect(self) -> None:
+        """Drop the inbound connection before ``run`` is started again (the supervisor's restart).
+
+        Replies may still be on their way through the adapter's HTTP pool: adapters whose sends
+        do not depend on the inbound connection override this to keep that pool open, so a
+        restart never cuts a reply mid-delivery. The default closes everything."""
+        await self.close()
 
     # -- rendering ----------------------------------------------------------------------------
     @abc.abstractmethod

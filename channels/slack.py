@@ -7,6 +7,11 @@ Slack redelivers the event (``retry_attempt`` > 0). Redeliveries and the double 
 (``message`` + ``app_mention`` with the same ``ts``) reach the sink with the same :attr:`Inbound.key`
 (the message ``ts``); the journal makes them no-ops.
 
+Malformed events. A post the adapter cannot read (no user or ts, a string where an object belongs)
+and an envelope bolt cannot route (no event object) are skipped through
+:meth:`Channel.skip_unreadable` and acknowledged: Slack would otherwise retry them, and after enough
+failures turn event delivery off for the app. Parsing lives in :mod:`channels.slack_inbound`.
+
 Authorization. We call ``auth.test`` ourselves before connecting (a revoked token becomes a
 :class:`FatalChannelError` at once) and hand bolt the result through its ``authorize`` hook. Bolt's
 default single-team authorization would call ``auth.test`` lazily on the first event and, should that
@@ -33,7 +38,7 @@ import html
 import logging
 import re
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -42,6 +47,9 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_sdk.errors import SlackApiError, SlackRequestError
+from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 from slackify_markdown import slackify_markdown
 
@@ -61,29 +69,47 @@ from .base import (
     RetryAfter,
     TransientSendError,
 )
+from .slack_inbound import ACCEPTED_SUBTYPES, plain_text, recover_ids
+from .slack_inbound import to_inbound as event_to_inbound
 from .textsplit import split_markdown
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 AUTH_ERRORS = frozenset(
-    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
-     "not_allowed_token_type"}
+    {
+        "invalid_auth",
+        "not_authed",
+        "account_inactive",
+        "token_revoked",
+        "token_expired",
+        "not_allowed_token_type",
+    }
 )
 TRANSIENT_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
-ACCEPTED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
-"""Message subtypes that are a person saying something; edits, deletions, joins, bot posts are not."""
 
 # Reactions are named on Slack; the gateway may speak in Unicode.
 EMOJI_NAMES = {
-    "👀": "eyes", "👍": "+1", "👎": "-1", "✅": "white_check_mark", "❌": "x", "⏳": "hourglass_flowing_sand",
-    "🤔": "thinking_face", "🔥": "fire", "🎉": "tada", "⚠️": "warning", "⚠": "warning", "🛑": "octagonal_sign",
-    "❤️": "heart", "🙏": "pray", "💬": "speech_balloon", "🔄": "arrows_counterclockwise",
+    "👀": "eyes",
+    "👍": "+1",
+    "👎": "-1",
+    "✅": "white_check_mark",
+    "❌": "x",
+    "⏳": "hourglass_flowing_sand",
+    "🤔": "thinking_face",
+    "🔥": "fire",
+    "🎉": "tada",
+    "⚠️": "warning",
+    "⚠": "warning",
+    "🛑": "octagonal_sign",
+    "❤️": "heart",
+    "🙏": "pray",
+    "💬": "speech_balloon",
+    "🔄": "arrows_counterclockwise",
     "⏹️": "black_square_for_stop",
 }
 WORKING_REACTION = "eyes"
-
-_LINK = re.compile(r"<([^<>|]+)(?:\|([^<>]*))?>")
+__all__ = ["ACCEPTED_SUBTYPES", "SlackChannel", "map_api_error", "plain_text", "to_mrkdwn"]
 
 
 def to_mrkdwn(markdown: str) -> str:
@@ -142,7 +168,7 @@ class SlackChannel(Channel):
             return self._authorized()
 
         async def on_event(body: dict[str, Any], event: dict[str, Any]) -> None:
-            await self._on_event(event)
+            await self._on_event(event, f"event {body.get('event_id', '?')}")
 
         app = AsyncApp(
             name="chital-slack",
@@ -160,6 +186,13 @@ class SlackChannel(Channel):
         self._handler = handler
         sm = handler.client
         sm.on_message_listeners.append(self._on_frame)
+        sm.message_listeners.append(self._on_envelope)
+        bolt_handle = handler.handle
+
+        async def route(client: AsyncBaseSocketModeClient, req: SocketModeRequest) -> None:
+            await self._route(client, req, bolt_handle)
+
+        sm.socket_mode_request_listeners[:] = [route]
         try:
             # Fetch the first URL ourselves: the SDK's connect() retries every error forever,
             # which would hide a revoked app token.
@@ -177,10 +210,14 @@ class SlackChannel(Channel):
             except Exception as exc:  # closing a broken socket may fail; nothing to save
                 log.debug("slack socket close: %s", type(exc).__name__)
 
-    async def close(self) -> None:
+    async def disconnect(self) -> None:
+        """Only the socket: Web API calls in flight keep their HTTP session across a restart."""
         if self._handler is not None:
             handler, self._handler = self._handler, None
             await handler.close_async()
+
+    async def close(self) -> None:
+        await self.disconnect()
         if self._session is not None:
             session, self._session = self._session, None
             self._client.session = None
@@ -224,56 +261,57 @@ class SlackChannel(Channel):
         return self._auth
 
     # -- inbound --------------------------------------------------------------------------------
-    async def _on_event(self, event: dict[str, Any]) -> None:
-        """Bolt listener. Returning acks the envelope; raising leaves it unacked (Slack retries)."""
+    async def _on_event(self, event: dict[str, Any], ref: str) -> None:
+        """Bolt listener. Returning acks the envelope; raising leaves it unacked (Slack retries),
+        which only a sink failure may do: an event we cannot read is skipped, not retried."""
         self.touch()
-        inbound = self.to_inbound(event)
-        if inbound is None or self._sink is None:
+        if self._sink is None:
             return
         async with self._sink_lock:  # journal in arrival order
-            await self._sink(inbound)
+            try:
+                inbound = self.to_inbound(event)
+            except Exception as exc:
+                await self.skip_unreadable(self._sink, exc, **recover_ids(ref, event, self.bot_user_id))
+                return
+            if inbound is not None:
+                await self.hand_over(self._sink, inbound, ref=ref)
+
+    async def _route(
+        self,
+        client: AsyncBaseSocketModeClient,
+        req: SocketModeRequest,
+        bolt: Callable[[AsyncBaseSocketModeClient, SocketModeRequest], Awaitable[None]],
+    ) -> None:
+        """Hand a Socket Mode request to bolt, unless it is an Events API envelope bolt cannot
+        route (no event object, no event type): bolt would answer 404 or 500, nothing would ack
+        it, and Slack would keep retrying it. That one is skipped as unreadable and acked here."""
+        event = req.payload.get("event") if isinstance(req.payload, dict) else None
+        if req.type != "events_api" or (isinstance(event, dict) and isinstance(event.get("type"), str)):
+            await bolt(client, req)
+            return
+        await self._skip_envelope(client, req.envelope_id, event)
+
+    async def _on_envelope(
+        self, client: AsyncBaseSocketModeClient, message: dict[str, Any], raw: str
+    ) -> None:
+        """An Events API envelope without a payload never reaches :meth:`_route` (the SDK builds no
+        request from it) and would be retried forever: skip and ack it."""
+        envelope_id = message.get("envelope_id")
+        if message.get("type") == "events_api" and isinstance(envelope_id, str) and "payload" not in message:
+            await self._skip_envelope(client, envelope_id, None)
+
+    async def _skip_envelope(self, client: AsyncBaseSocketModeClient, envelope_id: str, event: Any) -> None:
+        self.touch()
+        if self._sink is not None:
+            async with self._sink_lock:
+                ids = recover_ids(f"envelope {envelope_id}", event, self.bot_user_id)
+                await self.skip_unreadable(self._sink, ValueError("envelope without an event"), **ids)
+        await client.send_socket_mode_response(SocketModeResponse(envelope_id=envelope_id))
 
     def to_inbound(self, event: dict[str, Any]) -> Inbound | None:
-        """An ``app_mention`` or ``message`` event as an :class:`Inbound`, or None to drop it."""
-        etype = event.get("type")
-        if etype not in ("message", "app_mention") or event.get("subtype") not in ACCEPTED_SUBTYPES:
-            return None
-        user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
-        if not user or not channel or not ts:
-            return None
-        if event.get("bot_id") or user == self.bot_user_id:
-            return None  # our own posts come back as events; other bots could loop with us
-        is_direct = event.get("channel_type") == "im"
-        raw = event.get("text") or ""
-        mention = re.compile(rf"<@{re.escape(self.bot_user_id or '-')}(?:\|[^>]*)?> ?")
-        addressed = is_direct or etype == "app_mention" or bool(mention.search(raw))
-        thread_ts = event.get("thread_ts")
-        # A channel post starts a thread: the reply goes there and the thread is one conversation.
-        thread_id = thread_ts if is_direct else (thread_ts or ts)
-        profile = event.get("user_profile") or {}
-        attachments = tuple(
-            Attachment(
-                file_id=f.get("url_private_download") or f.get("url_private"),
-                name=f.get("name") or f.get("title") or f.get("id", "file"),
-                mime_type=f.get("mimetype"),
-                size=f.get("size"),
-            )
-            for f in event.get("files") or []
-            if f.get("url_private_download") or f.get("url_private")
-        )
-        return Inbound(
-            platform=self.name,
-            chat_id=channel,
-            message_id=ts,
-            sender_id=user,
-            text=plain_text(mention.sub("", raw)),
-            is_direct=is_direct,
-            addressed=addressed,
-            thread_id=thread_id,
-            sender_name=profile.get("display_name") or profile.get("real_name") or profile.get("name") or "",
-            attachments=attachments,
-            extra={"thread_ts": thread_id},
-        )
+        """An ``app_mention`` or ``message`` event as an :class:`Inbound`, or None to drop it
+        (see :func:`channels.slack_inbound.to_inbound`; raises for a malformed post)."""
+        return event_to_inbound(event, self.bot_user_id)
 
     # -- rendering ------------------------------------------------------------------------------
     def render(self, markdown: str) -> Sequence[Rendered]:
@@ -421,23 +459,6 @@ def map_api_error(exc: SlackApiError, what: str) -> ChannelError:
         return TransientSendError(f"slack {what}: {error or 'HTTP ' + str(status)}")
     needed = f" (needs scope {data.get('needed')})" if isinstance(data, dict) and data.get("needed") else ""
     return PermanentSendError(f"slack {what}: {error or 'HTTP ' + str(status)}{needed}")
-
-
-def plain_text(text: str) -> str:
-    """Slack's markup in a user's text made readable: links, channel refs and specials decoded;
-    user mentions (``<@U…>``) kept so the agent can mention people back."""
-
-    def link(m: re.Match[str]) -> str:
-        target, label = m.group(1), m.group(2)
-        if target.startswith("@"):
-            return m.group(0)
-        if target.startswith("#"):
-            return "#" + (label or target[1:])
-        if target.startswith("!"):
-            return label if label and label.startswith("@") else "@" + (label or target[1:].split("^")[0])
-        return f"{label} ({target})" if label and label != target else target
-
-    return html.unescape(_LINK.sub(link, text)).strip()
 
 
 def _thread_ts(target: ReplyTarget) -> str | None:

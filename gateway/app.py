@@ -1,5 +1,13 @@
 """The daemon's lifecycle: start the store, the harness, the channels and the HTTP endpoint; on SIGTERM
-drain running turns within the grace period, then close everything in reverse order."""
+drain running turns within the grace period, then close everything in reverse order.
+
+Start-up acquires in this order: the data directory (checked writable, the disk reserve held), the
+HTTP endpoint (so a taken port fails in a second, before the agent stack is imported, and /healthz
+answers while the rest starts), the database, the agent, the gateway, the channels, then the
+background tasks. Each release is registered as its resource is acquired (:mod:`gateway.lifecycle`):
+a failure at any step releases what was opened, newest first, and ends in one :class:`StartupError`
+line instead of a traceback and a half-started process.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +27,10 @@ from channels.base import Channel, ChannelState
 from .config import Config
 from .core import Gateway
 from .http import build_app, describe_state
+from .lifecycle import Resources, StartupError, database_error, listen_error, one_line, prepare_data_dir
 from .metrics import Metrics
 from .registry import build_channels
+from .retention import Retention
 from .store import Store
 from .supervisor import ChannelSupervisor
 
@@ -67,9 +77,11 @@ async def open_harness(config: Config) -> Any:
     try:
         await runtime.start()
         return runtime
-    except Exception as exc:  # the message of a config error, never the key itself
+    except BaseException as exc:  # the message of a config error, never the key itself
         with contextlib.suppress(Exception):
-            await runtime.close()
+            await runtime.close()  # also when start-up is cancelled: nothing half-open stays behind
+        if not isinstance(exc, Exception):
+            raise
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         log.error("the agent could not be set up: %s", reason, exc_info=True)
         return UnconfiguredHarness(reason)
@@ -85,8 +97,13 @@ class Daemon:
         self.supervisors: list[ChannelSupervisor] = []
         self.off: dict[str, str] = {}
         self._runner: web.AppRunner | None = None
-        self._resumed: set[str] = set()
         self.http_port: int | None = None
+        self.retention: Retention | None = None
+        self.state = "new"
+        """new → starting → running → stopping → stopped (a failed start goes to stopped at once)."""
+        self._resources = Resources()
+        self._drained = False
+        self.metrics.ready.set_function(lambda: 1.0 if self.ready() else 0.0)
 
     # -- status ---------------------------------------------------------------------------------
     def channel_report(self) -> dict[str, dict[str, object]]:
@@ -98,37 +115,127 @@ class Daemon:
             report[name] = {"state": ChannelState.DISABLED.value, "reason": why}
         return report
 
+    def agent_report(self) -> dict[str, object]:
+        harness = self.harness
+        if harness is None:
+            return {"state": "starting", "reason": "the agent is being set up"}
+        if isinstance(harness, UnconfiguredHarness):
+            return {"state": "failed", "model": harness.model_name, "reason": harness.reason}
+        return {"state": "ready", "model": str(getattr(harness, "model_name", "?"))}
+
+    def not_ready_reasons(self) -> list[str]:
+        """Why ``/readyz`` says not ready, one short line per cause; empty when ready."""
+        reasons: list[str] = []
+        if self.state != "running":
+            reasons.append(f"the daemon is {self.state}")
+        agent = self.agent_report()
+        if agent["state"] != "ready":
+            reasons.append(f"agent: {agent['reason']}")
+        if self.store is not None and self.store.disk_full:
+            reasons.append(f"storage: the disk under {self.config.storage.path} is full (reserve in use)")
+        for sup in self.supervisors:
+            ch = sup.channel
+            if ch.state is not ChannelState.CONNECTED:
+                reasons.append(
+                    f"channel {ch.name}: {ch.state.value}" + (f" ({ch.reason})" if ch.reason else "")
+                )
+        return reasons
+
     def ready(self) -> bool:
-        return self.store is not None and all(
-            s.channel.state is ChannelState.CONNECTED for s in self.supervisors
-        )
+        return not self.not_ready_reasons()
+
+    def readiness(self) -> dict[str, object]:
+        """The body of ``/readyz``: the verdict, why, and the state of each part."""
+        reasons = self.not_ready_reasons()
+        storage: dict[str, object] = {"path": str(self.config.storage.path), "open": self.store is not None}
+        if self.store is not None:
+            storage["disk_full"] = self.store.disk_full
+        if self.retention is not None and self.retention.last is not None:
+            storage["last_prune_rows"] = self.retention.last.journal
+        return {
+            "ready": not reasons,
+            "state": self.state,
+            "why": reasons,
+            "agent": self.agent_report(),
+            "storage": storage,
+            "channels": self.channel_report(),
+        }
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
-        cfg = self.config
-        cfg.storage.path.mkdir(parents=True, exist_ok=True)
-        self.store = await Store.open(cfg.storage.path / "gateway.sqlite", cfg.storage.reserve_mb << 20)
-        self.harness = await open_harness(cfg)
-        self.gateway = Gateway(cfg, self.store, self.harness, self.metrics)
-        channels, self.off = build_channels(cfg)
-        for name, why in self.off.items():
-            log.info("channel %s is off: %s", name, why)
-        for channel in channels:
-            sink = self.gateway.attach(channel)
-            channel.add_status_listener(self._on_channel_state)
-            self.supervisors.append(ChannelSupervisor(channel, sink, self.metrics))
-        if cfg.http.enabled:
-            await self._start_http()
-        for sup in self.supervisors:
-            sup.start()
-        if not self.supervisors:
-            log.warning("no chat channel is on; the daemon serves only /healthz and `chital chat`")
+        """Acquire everything in order. On any failure, or when cancelled (SIGTERM during start-up),
+        release what was acquired, newest first; a failure ends in :class:`StartupError`."""
+        if self.state != "new":
+            raise RuntimeError(f"Daemon.start() called while the daemon is {self.state}")
+        self.state = "starting"
+        try:
+            await self._acquire()
+        except BaseException as exc:
+            self.state = "stopping"
+            await self._resources.release_all()
+            self.state = "stopped"
+            if isinstance(exc, StartupError) or not isinstance(exc, Exception):
+                raise
+            log.debug("start-up failed", exc_info=True)
+            raise StartupError(f"start-up failed: {one_line(exc)}") from exc
+        self.state = "running"
         # The start-up heap (a couple of thousand modules) never becomes garbage: move it out of the
         # collector's sight, and collect less often (turns allocate many short-lived objects; the
         # default threshold runs a collection every few hundred allocations).
         gc.collect()
         gc.freeze()
         gc.set_threshold(20_000, 20, 50)
+
+    async def _acquire(self) -> None:
+        cfg, res = self.config, self._resources
+        await asyncio.to_thread(prepare_data_dir, cfg.storage.path, cfg.storage.reserve_mb << 20)
+        if cfg.http.enabled:
+            await self._start_http()
+        db_path = cfg.storage.path / "gateway.sqlite"
+        try:
+            self.store = await Store.open(db_path, cfg.storage.reserve_mb << 20)
+        except Exception as exc:
+            raise database_error(db_path, exc) from exc
+        res.push("the database", self._close_store)
+        ttls = [
+            getattr(cfg.access_for(name), "pairing_code_ttl", 0.0) for name in type(cfg.channels).model_fields
+        ]
+        self.retention = Retention(self.store, cfg.storage, self.metrics, ttls)
+        try:
+            await self.retention.start()
+        except Exception as exc:
+            raise database_error(db_path, exc) from exc
+
+        self.harness = await open_harness(cfg)
+        res.push("the agent", self.harness.close)
+        self.gateway = Gateway(cfg, self.store, self.harness, self.metrics)
+        res.push("the gateway", self._close_gateway)
+
+        channels, self.off = build_channels(cfg)
+        for name, why in self.off.items():
+            log.info("channel %s is off: %s", name, why)
+        for channel in channels:
+            sink = self.gateway.attach(channel)
+            channel.add_status_listener(self._on_channel_state)
+            sup = ChannelSupervisor(channel, sink, self.metrics)
+            self.supervisors.append(sup)
+            res.push(f"channel {channel.name}", sup.stop)
+        for sup in self.supervisors:
+            sup.start()
+        if not self.supervisors:
+            log.warning("no chat channel is on; the daemon serves only /healthz and `chital chat`")
+        res.spawn(self.retention.run(), "retention")
+
+    async def _close_store(self) -> None:
+        store, self.store = self.store, None
+        if store is not None:
+            await store.close()
+
+    async def _close_gateway(self) -> None:
+        """Released on a failed start-up, or after :meth:`stop` drained it (then nothing is left)."""
+        if self.gateway is not None and not self._drained:
+            self._drained = True
+            await self.gateway.close(0)
 
     def _on_channel_state(self, channel: Channel) -> None:
         log.info(
@@ -137,48 +244,69 @@ class Daemon:
             channel.state.value,
             f" ({channel.reason})" if channel.reason else "",
         )
-        if channel.state is ChannelState.CONNECTED and channel.name not in self._resumed:
-            # Resume unfinished work of this platform once it can deliver again.
-            self._resumed.add(channel.name)
-            assert self.gateway is not None
-            asyncio.get_running_loop().create_task(self.gateway.resume(channel.name))
+        # Resuming unfinished work on every (re)connect is the gateway's own (Gateway.attach).
 
     async def _start_http(self) -> None:
+        host, port = self.config.http.host, self.config.http.port
         app = build_app(self, self.metrics)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.http.host, self.config.http.port)
-        await site.start()
+        runner = self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._resources.push("the HTTP endpoint", runner.cleanup)
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise listen_error(host, port, exc) from None
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         self.http_port = sockets[0].getsockname()[1] if sockets else self.config.http.port
         log.info("health and metrics on http://%s:%s/", self.config.http.host, self.http_port)
 
-    async def stop(self) -> None:
+    async def stop(self) -> list[tuple[str, BaseException]]:
+        """Drain running turns for ``shutdown_grace`` while the channels can still deliver, then
+        release everything newest first. Returns the releases that failed (each is logged)."""
+        if self.state in ("stopping", "stopped"):
+            return []
+        if self.state != "running":
+            raise RuntimeError(f"Daemon.stop() called while the daemon is {self.state}")
+        self.state = "stopping"
         grace = self.config.concurrency.shutdown_grace
-        if self.gateway is not None:
-            cut = await self.gateway.close(grace)
-            if cut:
-                log.warning("%d turn(s) cut off by shutdown; they resume at the next start", cut)
-        for sup in self.supervisors:
-            await sup.stop()
-        if self.harness is not None:
-            with contextlib.suppress(Exception):
-                await self.harness.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self.store is not None:
-            await self.store.close()
-            self.store = None
+        if self.gateway is not None and not self._drained:
+            self._drained = True
+            try:
+                cut = await self.gateway.close(grace)
+                if cut:
+                    log.warning("%d turn(s) cut off by shutdown; they resume at the next start", cut)
+            except Exception as exc:
+                log.error("draining the gateway failed: %s", one_line(exc))
+        errors = await self._resources.release_all()
+        self.state = "stopped"
+        return errors
 
     async def run_forever(self) -> None:
+        """Start, run until SIGTERM/SIGINT, stop. A signal during start-up aborts the start (what
+        was opened is released). Raises :class:`StartupError` when the daemon cannot start."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await self.start()
+        starting = asyncio.create_task(self.start(), name="start")
+        signalled = asyncio.create_task(stop.wait(), name="wait-for-signal")
+        await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            log.info("stop requested during start-up: releasing what was opened")
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            return
+        if starting.exception() is not None:
+            signalled.cancel()
+            starting.result()  # raises the StartupError
         log.info("chital is running; SIGTERM or Ctrl-C stops it")
-        await stop.wait()
+        await signalled
         log.info("stopping: draining running turns (up to %.0fs)", self.config.concurrency.shutdown_grace)
-        await self.stop()
-        log.info("stopped cleanly")
+        errors = await self.stop()
+        if errors:
+            log.error("stopped with %d error(s) while closing", len(errors))
+        else:
+            log.info("stopped cleanly")

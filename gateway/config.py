@@ -39,6 +39,15 @@ class AccessPolicy(_Strict):
     """In groups: answer when addressed (mention), every message (free) or never (off)."""
     free_response_chats: list[str] = Field(default_factory=list)
     """Group chats answered without a mention even when group_policy is ``mention``."""
+    pairing_code_ttl: float = Field(3600.0, gt=0)
+    """Seconds a pairing code stays valid; a stranger who writes after that gets a new code."""
+    pairing_max_pending: int = Field(20, ge=1, le=1000)
+    """Pending codes kept at once (over all channels); a new request beyond it drops the oldest.
+    Bounds what strangers can make us store, and the odds of a guessed code (docs/access.md)."""
+    admin_chats: list[str] = Field(default_factory=list)
+    """Chats (``platform:chat_id`` or bare ids) where pairing requests are announced, besides
+    each admin's DM. Needed on Discord and Lark until an admin has written to the bot once,
+    because there the DM chat id is not the user id (docs/access.md)."""
 
 
 class ChannelBase(_Strict):
@@ -92,6 +101,17 @@ class StorageConfig(_Strict):
     reserve_mb: int = Field(64, ge=0)
     """Disk space held back beside the database and given up only when the disk fills, so the
     journal keeps recording (failures, new messages) while an operator frees space. 0: none."""
+    retention_days: float = Field(7.0, gt=0)
+    """Finished journal entries (with their outbox and file rows) older than this are deleted. It
+    must outlast every platform's redelivery window (Telegram keeps updates 24 h), or a late
+    redelivery would be answered twice: see docs/durability.md for the default."""
+    prune_interval: float = Field(3600.0, gt=0)
+    """Seconds between two prunes of the journal; one also runs at start-up."""
+    pairing_retention_hours: float = Field(24.0, gt=0)
+    """Pairing requests (pending, lapsed or denied) made longer ago than this, and than twice the
+    longest ``access.pairing_code_ttl`` (a denial lasts one TTL after the code's own), are deleted
+    by the periodic prune, so strangers cannot grow the database; whoever writes again gets a new
+    code."""
 
 
 class ConcurrencyConfig(_Strict):
@@ -108,6 +128,9 @@ class LimitsConfig(_Strict):
     max_message_chars: int = Field(32_000, ge=1)
     """Longer inbound messages are refused with a clear note instead of being sent to the model."""
     max_attachment_bytes: int = Field(20 * 1024 * 1024, ge=0)
+    user_messages_per_minute: int = Field(0, ge=0)
+    """Messages one user may send to the agent per minute (sliding window); more are refused
+    with a note. 0: no limit. Admins are exempt; commands are not counted."""
 
 
 class HttpConfig(_Strict):
@@ -122,6 +145,10 @@ class DeliveryConfig(_Strict):
     first_edit_delay: float = Field(0.6, ge=0)
     """How long streamed text gathers before the first message appears; a faster answer goes out
     whole in one message."""
+    retry_window: float = Field(6 * 3600, gt=0)
+    """Seconds a reply that failed for a transient reason (5xx, network, a channel restart) keeps
+    being retried in-process (backoff 1 s doubling to 15 s, and at once on every reconnect) before
+    it is marked failed."""
 
 
 class Config(_Strict):

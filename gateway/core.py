@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import random
 import re
 import time
 from typing import Any, Protocol
@@ -25,12 +27,21 @@ from agent.events import (
     ToolProgress,
     TurnFailed,
 )
-from channels.base import Channel, ChannelError, Inbound, InboundSink, OutFile
+from channels.base import (
+    Channel,
+    ChannelError,
+    ChannelState,
+    Inbound,
+    InboundSink,
+    OutFile,
+    PermanentSendError,
+)
 
-from . import commands
-from .access import Verdict, decide
+from . import access, commands
+from .access import Verdict, decide, is_admin
 from .config import Config
 from .delivery import Reply
+from .limits import Throttles
 from .metrics import Metrics
 from .pacing import PacerPool
 from .store import JournalEntry, StorageFull, Store
@@ -42,7 +53,6 @@ TYPING_EVERY = 4.5
 TYPING_AFTER = 0.3
 """An answer faster than this needs no typing indicator (saves a platform call per message)."""
 MAX_ATTEMPTS = 3
-PAIRING_REMINDER_EVERY = 60.0
 QUEUED_SIGN_AFTER = 0.4
 """A message still waiting this long gets a visible "queued" sign (a turn about to start needs none)."""
 
@@ -71,6 +81,10 @@ FILE_PART = 10_000
 """Outbox part numbers of files a reply carries start here (text parts count from 0)."""
 FILE_NOTE_PART = 20_000
 """Outbox part of the note saying which presented files could not be sent."""
+RETRY_FIRST = 1.0
+RETRY_CAP = 15.0
+"""Delivery retries back off 1, 2, 4, 8, 15, 15... seconds: a platform back after minutes of 5xx
+gets every waiting answer within seconds, and a reconnect retries at once anyway."""
 
 
 def _safe_name(name: str) -> str:
@@ -88,19 +102,36 @@ class Gateway:
         self.turns = TurnQueue(config.concurrency.max_turns, self._run_entry, metrics)
         self._pacers = PacerPool()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._reminded: dict[str, float] = {}
+        self.throttles = Throttles(config)
+        """Pairing reminders and announcements, wrong codes, the per-user rate (gateway/limits.py)."""
         self._replies: dict[str, Reply] = {}
         """Live replies by journal key, shared by the queued sign and the turn."""
+        self._inflight: set[str] = set()
+        """Journal keys handled by this process right now (queued, running or sending)."""
+        self._retries: dict[str, tuple[int, float]] = {}
+        """Key -> (delivery failures so far, monotonic time of the first) while a retry is due."""
+        self._retry_timers: dict[str, asyncio.TimerHandle] = {}
+        self._connected: set[str] = set()
         self._closing = False
 
     # -- wiring ---------------------------------------------------------------------------------
     def attach(self, channel: Channel) -> InboundSink:
         self.channels[channel.name] = channel
+        channel.add_status_listener(self._on_channel_state)
 
         async def sink(inbound: Inbound) -> None:
             await self.accept(inbound)
 
         return sink
+
+    def _on_channel_state(self, channel: Channel) -> None:
+        """Every time a channel (re)connects, whatever waits for it goes out now: the previous
+        run's unfinished entries at start-up, and replies parked by an outage since."""
+        if channel.state is not ChannelState.CONNECTED:
+            self._connected.discard(channel.name)
+        elif channel.name not in self._connected and not self._closing:
+            self._connected.add(channel.name)
+            self._spawn(self.resume(channel.name), f"resume:{channel.name}")
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -117,9 +148,12 @@ class Gateway:
         channel = self.channels[entry.inbound.platform]
         rate_limited = self.metrics.rate_limited.labels(channel.name).inc
         pacer = self._pacers.get(channel.name, entry.inbound.chat_id, channel.capabilities, rate_limited)
+        target = entry.inbound.target
+        if entry.inbound.extra.get(access.STARTED_BY_BOT):
+            target = dataclasses.replace(target, reply_to=None)  # nothing to reply to
         return Reply(
             channel,
-            entry.inbound.target,
+            target,
             entry.key,
             self.store,
             pacer,
@@ -135,6 +169,12 @@ class Gateway:
         if self._closing:
             # Not journaled and not acknowledged: the platform redelivers it after the restart.
             raise ChannelError("gateway is shutting down")
+        if inbound.unreadable:
+            # An event the adapter could not parse or journal (and has skipped): counted here; the
+            # sender is told below, when the adapter recovered who and where it came from.
+            self.metrics.messages_ignored.labels(name, "malformed").inc()
+            if not (inbound.chat_id and inbound.sender_id and inbound.message_id):
+                return
         policy = self.config.access_for(name)
         engaged = False
         if not inbound.is_direct and not inbound.addressed and inbound.thread_id:
@@ -152,6 +192,21 @@ class Gateway:
                 inbound, "Sorry, I only answer people I know. Send me a direct message to ask for access."
             )
             return
+        admin = is_admin(policy, inbound)
+        if admin and inbound.is_direct:  # where to tell them of pairing requests (Discord, Lark)
+            await self.store.dm_chat_remember(inbound.user, inbound.chat_id)
+        if inbound.unsupported:
+            # Something the agent cannot use (a sticker, a game) or could not read: a journaled note
+            # says so, instead of the empty-message note or an agent turn on nothing.
+            kind = inbound.unsupported
+            if inbound.unreadable:
+                note = ("⚠️ I couldn't read that message (it arrived in a form I can't parse); "
+                        "please send it again in another form.")  # fmt: skip
+            else:
+                what = kind if kind.endswith("s") or " " in kind else f"{kind}s"  # "sticker" too
+                note = f"I can't use {what} yet; please describe what you need in words."
+            await self._journal_notice(inbound, note)
+            return
 
         text = inbound.text.strip()
         command = commands.parse_command(text)
@@ -159,7 +214,7 @@ class Gateway:
             if command.known:
                 if await self._journal(inbound, "command"):
                     entry = JournalEntry(inbound.key, inbound.conversation, "command", inbound, "pending")
-                    self._spawn(self._run_command(entry, command), f"cmd:{inbound.key}")
+                    self._dispatch(entry)
             else:
                 await self._journal_notice(inbound, commands.unknown_text(command.name))
             return
@@ -174,9 +229,14 @@ class Gateway:
         if not text and not inbound.attachments:
             await self._journal_notice(inbound, "I received an empty message. What can I do for you?")
             return
+        _, waiting = self.turns.status(inbound.conversation)
+        refusal = self.throttles.refusal(inbound.user, waiting, admin)
+        if refusal is not None:  # queue full or sending too fast: a note, journaled, sent once
+            await self._journal_notice(inbound, refusal)
+            return
         if await self._journal(inbound, "turn"):
             entry = JournalEntry(inbound.key, inbound.conversation, "turn", inbound, "pending")
-            self._submit(entry)
+            self._dispatch(entry)
 
     async def _journal(self, inbound: Inbound, kind: str, note: str = "") -> bool:
         fresh = await self.store.journal_add(inbound, kind, note)
@@ -190,23 +250,61 @@ class Gateway:
     async def _journal_notice(self, inbound: Inbound, note: str) -> None:
         if await self._journal(inbound, "notice", note):
             entry = JournalEntry(inbound.key, inbound.conversation, "notice", inbound, "pending", note=note)
-            self._spawn(self._send_notice(entry), f"notice:{inbound.key}")
+            self._dispatch(entry)
 
     async def _pairing(self, inbound: Inbound) -> None:
-        code, new = await self.store.pairing_code_for(inbound.user, inbound.sender_name)
-        now = time.monotonic()
-        if not new and now - self._reminded.get(inbound.user, -1e9) < PAIRING_REMINDER_EVERY:
+        """A stranger in a DM gets their one pending code (a new one once it lapsed), again at most
+        once a minute; each new code is logged and announced to the channel's admins."""
+        policy = self.config.access_for(inbound.platform)
+        request, new = await self.store.pairing_request(
+            inbound.user,
+            inbound.sender_name,
+            inbound.chat_id,
+            ttl=policy.pairing_code_ttl,
+            max_pending=policy.pairing_max_pending,
+        )
+        reminders = self.throttles.reminders
+        if new:
+            reminders.reset(inbound.user)
+        if reminders.hit(inbound.user):
             self.metrics.messages_ignored.labels(inbound.platform, "pairing_pending").inc()
             return
-        if len(self._reminded) > 10_000:  # a flood of strangers must not grow memory without bound
-            self._reminded.clear()
-        self._reminded[inbound.user] = now
-        await self._journal_notice(
-            inbound,
-            "👋 I don't know you yet, so I can't help here. Your pairing code is "
-            f"{code}. Ask the bot's admin to run:\n\nchital pairing approve {code}\n\n"
-            "Once approved, send your message again.",
+        await self._journal_notice(inbound, access.pairing_text(request))
+        if not new:
+            return
+        log.info("pairing: %s asks for access; code %s", request.label(), request.code)
+        if self.throttles.announcements.hit(inbound.platform):
+            log.warning(
+                "pairing: too many requests on %s to announce; see `chital pairing list`", inbound.platform
+            )
+            return
+        chats = await access.admin_chats(policy, inbound.platform, self.store)
+        if not chats:
+            log.warning("pairing: no admin of %s can be told in chat (set access.admins)", inbound.platform)
+        for chat_id in chats:
+            await self.tell(
+                inbound.platform, chat_id, f"pairing-{request.code}", access.announcement_text(request)
+            )
+
+    async def tell(self, platform: str, chat_id: str, tag: str, text: str) -> None:
+        """Send ``text`` into ``chat_id`` unprompted (an admin's DM, a stranger's), once per
+        ``tag``: journaled as a notice keyed by chat and tag, so a re-run or restart sends it once."""
+        if not chat_id or platform not in self.channels:
+            return
+        inbound = Inbound(
+            platform=platform,
+            chat_id=chat_id,
+            message_id=tag,
+            sender_id="",
+            text="",
+            is_direct=True,
+            addressed=True,
+            extra={access.STARTED_BY_BOT: True},
         )
+        if await self.store.journal_add(inbound, "notice", text):
+            self._dispatch(
+                JournalEntry(inbound.key, inbound.conversation, "notice", inbound, "pending", note=text)
+            )
 
     def _submit(self, entry: JournalEntry) -> None:
         ahead = self.turns.submit(entry)
@@ -225,22 +323,69 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await reply.status(f"⏳ Queued behind {what}; I'll answer here.")
 
-    # -- resume after restart -------------------------------------------------------------------
+    # -- dispatch, retry and resume -------------------------------------------------------------
+    def _dispatch(self, entry: JournalEntry) -> bool:
+        """Start handling ``entry`` unless this process already is; False when it was."""
+        if entry.key in self._inflight or self._closing:
+            return False
+        timer = self._retry_timers.pop(entry.key, None)
+        if timer is not None:
+            timer.cancel()
+        self._inflight.add(entry.key)
+        if entry.kind == "turn":
+            self._submit(entry)
+        elif entry.kind == "notice":
+            self._spawn(self._release_after(entry, self._send_notice(entry)), f"notice:{entry.key}")
+        else:
+            cmd = commands.parse_command(entry.inbound.text)
+            if cmd is None:
+                self._inflight.discard(entry.key)
+                return False
+            self._spawn(self._release_after(entry, self._run_command(entry, cmd)), f"cmd:{entry.key}")
+        return True
+
+    async def _release_after(self, entry: JournalEntry, work: Any) -> None:
+        try:
+            await work
+        finally:
+            self._inflight.discard(entry.key)
+
+    async def _park(self, entry: JournalEntry, exc: ChannelError) -> bool:
+        """A delivery failed for a reason worth retrying: keep the entry pending and try again
+        in-process with capped backoff (and at once when its channel reconnects). Returns False
+        when retrying cannot help or the retry window is spent (the caller marks it failed)."""
+        if isinstance(exc, PermanentSendError) or self._closing:
+            return False
+        count, first = self._retries.get(entry.key, (0, time.monotonic()))
+        if time.monotonic() - first > self.config.delivery.retry_window:
+            self._retries.pop(entry.key, None)
+            return False
+        await self.store.journal_retry(entry.key)
+        entry.attempts = max(entry.attempts - 1, 0)  # a delivery failure is not a run of the agent
+        entry.from_journal = True  # the next try reads what already went out from the outbox
+        delay = min(RETRY_CAP, RETRY_FIRST * 2**count) * random.uniform(0.8, 1.0)
+        self._retries[entry.key] = (count + 1, first)
+        self.metrics.delivery_retries.labels(entry.inbound.platform).inc()
+        log.warning("delivery of %s failed (%s); retrying in %.1fs", entry.key, exc, delay)
+        loop = asyncio.get_running_loop()
+        self._retry_timers[entry.key] = loop.call_later(delay, self._retry_now, entry)
+        return True
+
+    def _retry_now(self, entry: JournalEntry) -> None:
+        self._retry_timers.pop(entry.key, None)
+        self._dispatch(entry)
+
+    def _delivered(self, key: str) -> None:
+        self._retries.pop(key, None)
+
     async def resume(self, platform: str) -> int:
-        """Re-dispatch the entries of ``platform`` a previous run left unfinished. Returns how many."""
+        """Dispatch the open entries of ``platform`` this process is not handling: what a previous
+        run left unfinished, and what an outage parked. Runs at every (re)connect. Returns how many."""
         entries = [e for e in await self.store.journal_open() if e.inbound.platform == platform]
-        for entry in entries:
-            if entry.kind == "turn":
-                self.turns.submit(entry)
-            elif entry.kind == "notice":
-                self._spawn(self._send_notice(entry), f"notice:{entry.key}")
-            else:
-                cmd = commands.parse_command(entry.inbound.text)
-                if cmd is not None:
-                    self._spawn(self._run_command(entry, cmd), f"cmd:{entry.key}")
-        if entries:
-            log.info("resuming %d unfinished %s message(s) from the journal", len(entries), platform)
-        return len(entries)
+        started = sum(self._dispatch(e) for e in entries)
+        if started:
+            log.info("resuming %d unfinished %s message(s) from the journal", started, platform)
+        return started
 
     # -- commands and notices -------------------------------------------------------------------
     async def _send_notice(self, entry: JournalEntry) -> None:
@@ -252,62 +397,27 @@ class Gateway:
             await reply.load()
             await reply.finish(text)
             await self.store.journal_set(entry.key, "done")
+            self._delivered(entry.key)
         except Exception as exc:
             self.metrics.errors.labels(entry.inbound.platform, "delivery").inc()
+            if isinstance(exc, ChannelError) and await self._park(entry, exc):
+                return
             log.error("could not deliver a notice for %s: %s", entry.key, exc)
-            await self.store.journal_set(entry.key, "failed")
+            with contextlib.suppress(Exception):
+                await self.store.journal_set(entry.key, "failed")
         finally:
             self._replies.pop(entry.key, None)
 
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:
-        conv = entry.conversation
-        if cmd.name == "help":
-            text = commands.help_text()
-        elif cmd.name == "stop":
-            text = "⏹ Stopping the current answer." if self.turns.stop(conv) else "Nothing is running."
-        elif cmd.name == "new":
-            thread_id = await self.store.new_thread(conv)
-            text = f"🆕 Started a fresh conversation (thread {thread_id[:8]})."
-        elif cmd.name == "status":
-            text = await self._status_text(conv)
-        elif cmd.name in ("memory", "forget"):
-            text = await self._memory_command(cmd.name, entry.inbound)
-        else:  # pragma: no cover - parse_command only marks the names above as known
-            text = commands.unknown_text(cmd.name)
+        """Run a command (gateway/commands.py: once per journal key) and deliver its reply."""
+        try:
+            text = await commands.execute(self, entry, cmd)
+        except Exception as exc:
+            log.error("command /%s of %s failed: %s", cmd.name, entry.key, exc, exc_info=True)
+            text = f"⚠️ Something went wrong on my side running /{cmd.name}. Please try again."
         await self._deliver_fixed(entry, text)
-
-    async def _memory_command(self, name: str, inbound: Inbound) -> str:
-        memory = getattr(self.harness, "memory", None)
-        if memory is None:
-            return "Long-term memory is off."
-        if name == "forget":
-            count = await memory.forget(inbound.user)
-            return f"🧹 Done: I erased {count} thing(s) I remembered about you."
-        if not inbound.is_direct:
-            # One user's memory is never shown to others: a group would see the answer.
-            return "I only show what I remember about you in a direct message. Send me /memory there."
-        facts = await memory.list(inbound.user)
-        if not facts:
-            return "I don't remember anything about you yet."
-        lines = [f"What I remember about you ({len(facts)}):"]
-        lines += [f"- {fact.text}" for fact in facts]
-        lines.append("Send /forget to erase all of it.")
-        return "\n".join(lines)
-
-    async def _status_text(self, conversation: str) -> str:
-        thread_id = await self.store.thread_get(conversation)
-        running, queued = self.turns.status(conversation)
-        count = await self.harness.message_count(thread_id) if thread_id else 0
-        title_of = getattr(self.harness, "title", None)
-        title = await title_of(thread_id) if thread_id and title_of else None
-        lines = [
-            f"Thread: {thread_id[:8] if thread_id else '(none yet)'} — {count} messages"
-            + (f" — “{title}”" if title else ""),
-            f"Model: {self.harness.model_name}",
-            f"Now: {'answering a message' if running else 'idle'}; {queued} queued",
-            f"All chats: {self.turns.running_count} running (limit {self.config.concurrency.max_turns})",
-        ]
-        return "\n".join(lines)
+        with contextlib.suppress(Exception):
+            await self.store.command_result_drop(entry.key)  # kept while the entry may run again
 
     # -- turns ----------------------------------------------------------------------------------
     async def _run_entry(self, entry: JournalEntry) -> None:
@@ -339,6 +449,7 @@ class Gateway:
             await reply.finish(final)
             await self._deliver_files(entry, reply, thread_id)
             await self.store.journal_set(entry.key, "done")
+            self._delivered(entry.key)
             done = reply.channel.capabilities.done_reaction
             if done:
                 await self._react(reply.channel, inbound, done)
@@ -361,10 +472,11 @@ class Gateway:
             self.metrics.errors.labels(inbound.platform, type(exc).__name__).inc()
             expected = isinstance(exc, ChannelError | StorageFull)
             log.error("turn %s failed: %s", entry.key, exc, exc_info=not expected)
-            if isinstance(exc, ChannelError) and entry.attempts < MAX_ATTEMPTS:
+            parked = False
+            if isinstance(exc, ChannelError):
                 with contextlib.suppress(Exception):
-                    await self.store.journal_set(entry.key, "pending")  # retried at the next start
-            else:
+                    parked = await self._park(entry, exc)
+            if not parked:
                 text = (
                     "⚠️ My server's disk is full, so I could not finish this answer. "
                     "I told the admin; please try again later."
@@ -376,6 +488,7 @@ class Gateway:
                 with contextlib.suppress(Exception):
                     await self.store.journal_set(entry.key, "failed")
         finally:
+            self._inflight.discard(entry.key)
             self._replies.pop(entry.key, None)
             self.metrics.turns.labels(outcome).inc()
             self.metrics.turn_seconds.observe(time.monotonic() - started)
@@ -503,6 +616,9 @@ class Gateway:
     # -- shutdown -------------------------------------------------------------------------------
     async def close(self, grace: float) -> int:
         self._closing = True
+        for timer in self._retry_timers.values():
+            timer.cancel()  # parked entries stay pending in the journal: the next start resumes them
+        self._retry_timers.clear()
         cut = await self.turns.drain(grace)
         for task in list(self._tasks):
             task.cancel()

@@ -31,6 +31,9 @@ class Metrics:
             registry=r,
         )
         self.errors = Counter("chital_errors", "Errors by channel and kind", ["channel", "kind"], registry=r)
+        self.delivery_retries = Counter(
+            "chital_delivery_retries", "Replies retried after a transient failure", ["channel"], registry=r
+        )
         self.reconnects = Counter(
             "chital_reconnects", "Channel restarts after a failure", ["channel"], registry=r
         )
@@ -42,3 +45,8 @@ class Metrics:
         )
         self.turns_running = Gauge("chital_turns_running", "Agent turns running now", registry=r)
         self.turns_queued = Gauge("chital_turns_queued", "Messages waiting for their turn", registry=r)
+        self.pruned = Counter(
+            "chital_pruned_rows", "Rows deleted by retention (storage.retention_days)", ["table"], registry=r
+        )
+        self.db_bytes = Gauge("chital_db_bytes", "Size of the gateway database and its WAL", registry=r)
+        self.ready = Gauge("chital_ready", "1 when /readyz answers ready", registry=r)

@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_ATTEMPTS = 5
+TRANSIENT_ATTEMPTS = 2
+"""A 5xx or network failure gets one quick retry here; after that the gateway parks the reply and
+retries it with backoff (core.Gateway._park) without holding this chat's lock all the while."""
 MAX_RETRY_AFTER = 120.0
 
 
@@ -57,7 +60,7 @@ class ChatPacer:
                         raise
                     continue
                 except TransientSendError as exc:
-                    if attempt == MAX_ATTEMPTS:
+                    if attempt >= TRANSIENT_ATTEMPTS:
                         raise
                     delay = min(0.5 * 2 ** (attempt - 1), 8.0) * (0.5 + random.random())
                     log.warning("send failed (%s); retrying in %.1fs", exc, delay)
@@ -83,13 +86,23 @@ class ChatPacer:
         return 0.0 if self._tokens >= 1 else (1 - self._tokens) * self._caps.min_send_interval
 
 
-class PacerPool:
-    """Pacers by (channel, chat), dropped when idle so memory stays flat across many chats."""
+MAX_PACERS = 10_000
+"""Pacers held at once (~0.6 KB each). The idle sweep alone bounds them by the chats seen within
+``idle_ttl``, which a flood of strangers writing from distinct chats can make any size."""
 
-    def __init__(self, idle_ttl: float = 600.0) -> None:
+
+class PacerPool:
+    """Pacers by (channel, chat), dropped when idle so memory stays flat across many chats, and
+    never more than ``max_pacers`` of them."""
+
+    def __init__(self, idle_ttl: float = 600.0, max_pacers: int = MAX_PACERS) -> None:
         self._pacers: dict[tuple[str, str], ChatPacer] = {}
         self._idle_ttl = idle_ttl
+        self._max = max(1, max_pacers)
         self._last_sweep = time.monotonic()
+
+    def __len__(self) -> int:
+        return len(self._pacers)
 
     def get(
         self, channel: str, chat: str, caps: Capabilities, on_rate_limited: Callable[[], None]
@@ -97,9 +110,20 @@ class PacerPool:
         key = (channel, chat)
         pacer = self._pacers.get(key)
         if pacer is None:
+            if len(self._pacers) >= self._max:
+                self._evict()
             pacer = self._pacers[key] = ChatPacer(caps, on_rate_limited)
         self._sweep()
         return pacer
+
+    def _evict(self) -> None:
+        """Drop the least recently used idle pacers down to 90% of the cap (one sort per tenth of
+        the cap of new chats). A dropped pacer only forgets its chat's send budget and retry-after;
+        the platform's next 429 teaches them again. Busy pacers are never dropped."""
+        idle = sorted((p.last_used, key) for key, p in self._pacers.items() if not p.busy)
+        excess = len(self._pacers) - int(self._max * 0.9) + 1
+        for _, key in idle[: max(excess, 0)]:
+            del self._pacers[key]
 
     def _sweep(self) -> None:
         now = time.monotonic()

@@ -69,7 +69,7 @@ class ChannelSupervisor:
                 return
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            await _safe_close(ch)
+            await _safe_close(ch, restart=True)
             delay = self._backoff.next_delay(time.monotonic() - started)
             self._metrics.reconnects.labels(ch.name).inc()
             ch.set_state(ChannelState.RECONNECTING, f"{reason}; retrying in {delay:.1f}s")
@@ -87,8 +87,9 @@ class ChannelSupervisor:
         self.channel.set_state(ChannelState.STOPPED)
 
 
-async def _safe_close(ch: Channel) -> None:
+async def _safe_close(ch: Channel, *, restart: bool = False) -> None:
+    """Release the channel; on a restart only its inbound connection (replies keep flowing)."""
     try:
-        await ch.close()
+        await (ch.disconnect() if restart else ch.close())
     except Exception as exc:
         log.debug("closing %s: %s", ch.name, exc)

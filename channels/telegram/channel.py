@@ -5,6 +5,15 @@ handler ran, so a crash loses those messages. Here an update is handed to ``sink
 it) before the offset moves past it; after a crash Telegram serves it again and the journal drops the
 duplicate.
 
+Malformed updates: PTB's ``get_updates`` parses the whole batch at once, so one update it cannot
+parse (an old-shape poll, a missing ``date``, a string where an object belongs) fails the batch, and
+the offset never moves past it: polling wedged for every chat, across restarts. We fetch the batch
+raw and parse each update alone; one that cannot be parsed or journaled is skipped through
+:meth:`Channel.skip_unreadable` (counted, logged without its text, the sender told when the raw
+JSON names them) and the offset moves past it.
+
+Token errors: a 401/404 is confirmed before it is believed (see :meth:`TelegramChannel._get_me`).
+
 Logging: PTB and httpx put the request URL, which contains the token, into DEBUG/INFO records. This
 module raises the ``httpx`` logger to WARNING (httpx logs every request URL at INFO) and scrubs the
 token from every error text it builds; PTB's own URL logging is DEBUG only.
@@ -41,7 +50,7 @@ from channels.base import (
     RetryAfter,
     TransientSendError,
 )
-from channels.telegram.inbound import to_inbound
+from channels.telegram.inbound import recover_ids, to_inbound
 from channels.telegram.render import (
     MAX_CAPTION_UTF16,
     MAX_MESSAGE_UTF16,
@@ -55,6 +64,8 @@ logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("http
 T = TypeVar("T")
 
 TOKEN_REJECTED = "Telegram rejected the bot token (401)"
+START_RETRIES = 3
+"""getMe answers that are errors (5xx, 429) retried inside one start before the supervisor's turn."""
 # Only new messages: an edit would re-run a turn the agent already answered (one inbound message, at
 # most one reply thread), so edited_message is deliberately not requested.
 ALLOWED_UPDATES = ("message",)
@@ -95,10 +106,14 @@ class TelegramChannel(Channel):
         base_url: str = "https://api.telegram.org/bot",
         base_file_url: str = "https://api.telegram.org/file/bot",
         poll_timeout: int = 25,
+        auth_recheck_delay: float = 1.0,
+        auth_rechecks: int = 2,
     ) -> None:
         super().__init__()
         self._token = token
         self._poll_timeout = poll_timeout
+        self._auth_recheck_delay = auth_recheck_delay
+        self._auth_rechecks = auth_rechecks
         # Sends, edits, typing and downloads share one pool, big enough for many chats at once.
         self._request = HTTPXRequest(
             connection_pool_size=32, read_timeout=20.0, write_timeout=20.0, connect_timeout=10.0,
@@ -145,21 +160,73 @@ class TelegramChannel(Channel):
         await self._poll_request.shutdown()
         await self._request.shutdown()
 
+    async def disconnect(self) -> None:
+        """Only the long poll's connection: sends in flight keep their pool across a restart."""
+        await self._poll_request.shutdown()
+
     async def _start(self, bot: Bot) -> None:
-        """getMe + deleteWebhook. Neither is retried by PTB: a network failure propagates as an
-        ordinary exception so the supervisor retries the channel with backoff."""
-        try:
-            me = await bot.get_me()
-            await bot.delete_webhook(drop_pending_updates=False)
-        except tg.InvalidToken:
-            raise FatalChannelError(TOKEN_REJECTED) from None
-        except tg.TelegramError as exc:
-            reason = f"Telegram start-up failed: {self._scrub(exc)}"
+        """getMe + deleteWebhook. Neither is retried by PTB. An error *answer* (5xx, 429) is
+        retried here a few times with backoff: the server is reachable and such blips clear in
+        seconds. A network failure, or errors that persist, propagate as an ordinary exception so
+        the supervisor restarts the channel with its longer backoff."""
+        delay = 0.5
+        for attempt in range(START_RETRIES + 1):
+            try:
+                me = await self._get_me(bot)
+                await bot.delete_webhook(drop_pending_updates=False)
+                break
+            except tg.InvalidToken:  # deleteWebhook after a good getMe: the token is fine
+                reason = "Telegram start-up failed: deleteWebhook answered 401/404"
+            except tg.RetryAfter as exc:
+                reason, delay = "Telegram start-up rate limited", max(delay, _retry_seconds(exc))
+            except tg.TelegramError as exc:
+                reason = f"Telegram start-up failed: {self._scrub(exc)}"
+                if isinstance(exc, tg.TimedOut) or str(exc).startswith("httpx."):
+                    attempt = START_RETRIES  # no answer at all: the supervisor's backoff
             self.set_state(ChannelState.RECONNECTING, reason)
-            raise ConnectionError(reason) from None
+            if attempt >= START_RETRIES:
+                raise ConnectionError(reason) from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
         self.bot_id, self.bot_username = me.id, me.username or ""
         self.set_state(ChannelState.CONNECTED)
         log.info("telegram: connected as @%s", self.bot_username)
+
+    async def _get_me(self, bot: Bot) -> telegram.User:
+        """getMe, believing a 401/404 only when it is confirmed.
+
+        Why: a proxy or a self-hosted Bot API server being redeployed can answer 401 for a moment,
+        and a FatalChannelError keeps the channel down until a human acts. A revoked token answers
+        401 every time, so getMe is asked ``auth_rechecks`` more times, ``auth_recheck_delay`` s
+        apart (doubling); only when every answer is 401/404 is the token declared rejected. Any
+        other error propagates (transient, the caller retries)."""
+        try:
+            return await bot.get_me()
+        except tg.InvalidToken:
+            pass
+        delay = self._auth_recheck_delay
+        for _ in range(self._auth_rechecks):
+            self.set_state(ChannelState.RECONNECTING, "Telegram answered 401; checking the token again")
+            await asyncio.sleep(delay)
+            delay *= 2
+            try:
+                return await bot.get_me()
+            except tg.InvalidToken:
+                continue
+        raise FatalChannelError(
+            f"{TOKEN_REJECTED}: getMe answered 401 on {self._auth_rechecks + 1} checks in a row; "
+            "the token is revoked or wrong, set a valid one"
+        )
+
+    async def _fetch(self, bot: Bot) -> list[Any]:
+        """One getUpdates long poll, unparsed (see the module docstring for why). ``Bot._post`` is
+        what ``get_updates`` itself calls: private, but stable across PTB 22.x (pinned < 23)."""
+        read_timeout = (self._poll_request.read_timeout or 0) + self._poll_timeout
+        params = {"offset": self._offset, "timeout": self._poll_timeout, "allowed_updates": ALLOWED_UPDATES}
+        result = await bot._post("getUpdates", params, read_timeout=read_timeout)
+        if not isinstance(result, list):
+            raise tg.NetworkError("getUpdates answered something other than a list")
+        return result
 
     async def _poll(self, bot: Bot, sink: InboundSink) -> None:
         """Long-poll forever. Backoff mirrors PTB's network loop: a timed-out poll is retried at once,
@@ -167,11 +234,17 @@ class TelegramChannel(Channel):
         delay = 0.0
         while True:
             try:
-                updates = await bot.get_updates(
-                    offset=self._offset, timeout=self._poll_timeout, allowed_updates=ALLOWED_UPDATES
-                )
+                updates = await self._fetch(bot)
             except tg.InvalidToken:
-                raise FatalChannelError(TOKEN_REJECTED) from None
+                # Fatal only when getMe confirms it; otherwise poll again after a pause.
+                delay = 1.0 if delay == 0 else min(30.0, delay * 1.5)
+                try:
+                    await self._get_me(bot)
+                except tg.TelegramError as exc:
+                    reason = f"Telegram poll answered 401, then: {self._scrub(exc)}"
+                else:
+                    reason = "Telegram poll answered 401 once; the token checks out"
+                self.set_state(ChannelState.RECONNECTING, reason)
             except tg.RetryAfter as exc:
                 delay = _retry_seconds(exc)
                 self.set_state(ChannelState.RECONNECTING, f"Telegram rate limit; retrying in {delay:.0f}s")
@@ -196,18 +269,23 @@ class TelegramChannel(Channel):
             if delay:
                 await asyncio.sleep(delay)
 
-    async def _deliver(self, updates: tuple[Update, ...], sink: InboundSink) -> None:
-        """Hand each update to ``sink`` in order, moving the offset only past the ones it accepted.
-        If the sink raises, the exception ends ``run``; the offset stays so the update comes again."""
-        for update in updates:
+    async def _deliver(self, updates: list[Any], sink: InboundSink) -> None:
+        """Hand each update to ``sink`` in order, moving the offset only past the ones it accepted
+        or skipped as unreadable. If the sink raises otherwise, the exception ends ``run``; the
+        offset stays so the update comes again."""
+        bot = self._require_bot()
+        for raw in updates:
+            uid = raw.get("update_id") if isinstance(raw, dict) else None
             try:
+                update = Update.de_json(raw, bot)
                 inbound = to_inbound(update, self.bot_id, self.bot_username)
-            except Exception:  # one malformed update must not wedge the chat in a restart loop
-                log.exception("telegram: skipping update %s that could not be read", update.update_id)
-                inbound = None
-            if inbound is not None:
-                await sink(inbound)
-            self._offset = max(self._offset or 0, update.update_id + 1)
+            except Exception as exc:  # anything PTB or we cannot read: skip, never wedge
+                await self.skip_unreadable(sink, exc, **recover_ids(raw, self.bot_id, self.bot_username))
+            else:
+                if inbound is not None:
+                    await self.hand_over(sink, inbound, ref=f"update {uid}")
+            if isinstance(uid, int) and not isinstance(uid, bool):
+                self._offset = max(self._offset or 0, uid + 1)
 
     # -- rendering ------------------------------------------------------------------------------
     def render(self, markdown: str) -> list[Rendered]:
@@ -222,23 +300,23 @@ class TelegramChannel(Channel):
         """Telegram has no idempotency key: exactly-once relies on the gateway's outbox."""
         bot = self._require_bot()
         kwargs: dict[str, Any] = {**self._where(target), "link_preview_options": _NO_PREVIEW}
-        if target.reply_to:
+        if target.reply_to and target.reply_to.isdigit():  # unreadable messages may have none
             kwargs["reply_parameters"] = ReplyParameters(
                 message_id=int(target.reply_to), allow_sending_without_reply=True
             )
-        msg = await self._with_entity_fallback(
-            part, lambda text, ents: bot.send_message(text=text, entities=ents, **kwargs)
+        result = await self._with_entity_fallback(
+            part, lambda text, ents: _post(bot, "sendMessage", {**kwargs, "text": text, "entities": ents})
         )
-        return str(msg.message_id)
+        return str(result.get("message_id", "")) if isinstance(result, dict) else ""
 
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         bot = self._require_bot()
         await self._with_entity_fallback(
             part,
-            lambda text, ents: bot.edit_message_text(
-                text=text, entities=ents, chat_id=_chat(target.chat_id), message_id=int(message_id),
-                link_preview_options=_NO_PREVIEW,
-            ),
+            lambda text, ents: _post(bot, "editMessageText", {
+                "text": text, "entities": ents, "chat_id": _chat(target.chat_id),
+                "message_id": int(message_id), "link_preview_options": _NO_PREVIEW,
+            }),
         )  # fmt: skip
 
     async def typing(self, target: ReplyTarget) -> None:
@@ -252,7 +330,7 @@ class TelegramChannel(Channel):
         """Best effort, and only with the reactions Telegram allows (others map or are skipped)."""
         key = emoji.replace("\ufe0f", "")
         allowed = _REACTIONS.get(key) or _REACTIONS.get(_REACTION_ALIASES.get(key, ""))
-        if not target.reply_to or allowed is None:
+        if not target.reply_to or not target.reply_to.isdigit() or allowed is None:
             return
         try:
             await self._require_bot().set_message_reaction(
@@ -313,22 +391,20 @@ class TelegramChannel(Channel):
             where["message_thread_id"] = int(target.thread_id)
         return where
 
-    async def _with_entity_fallback(self, part: Rendered, call: Any) -> telegram.Message:
+    async def _with_entity_fallback(self, part: Rendered, call: Any) -> Any:
         """Send with entities; if Telegram refuses them (a bad link, an entity it cannot parse),
         send the same text once more without formatting rather than lose the message."""
         raw = part.payload.get("entities") or []
         entities = [MessageEntity.de_json(e, None) for e in raw] or None
         text = part.text if part.text.strip() else "…"
         try:
-            result: telegram.Message = await self._api(call(text, entities))
-            return result
+            return await self._api(call(text, entities))
         except PermanentSendError as exc:
             msg = str(exc).lower()
             if not entities or not ("entit" in msg or "url" in msg):
                 raise
             log.warning("telegram: formatting refused (%s); resending as plain text", exc)
-        result = await self._api(call(text, None))
-        return result
+        return await self._api(call(text, None))
 
     async def _api(self, call: Awaitable[T]) -> T:
         """Await a PTB call, turning its errors into the contract's (without the token)."""
@@ -361,6 +437,14 @@ class TelegramChannel(Channel):
             raise PermanentSendError(f"{name} is {size} bytes, over the {limit}-byte limit for attachments")
         if size is not None and size > GETFILE_LIMIT:
             raise PermanentSendError(f"{name} is {size} bytes; Telegram lets bots download at most 20 MB")
+
+
+async def _post(bot: Bot, endpoint: str, params: dict[str, Any]) -> Any:
+    """A Bot API call whose answer stays raw JSON. A sent or edited message comes back with the
+    message it replies to, in whatever shape the server uses; parsing it (as ``send_message``
+    does) would fail a delivered reply to a message PTB cannot read, and the retry would post it
+    twice. We only need the new ``message_id``. (``Bot._post``: see ``TelegramChannel._fetch``.)"""
+    return await bot._post(endpoint, dict(params))
 
 
 def _chat(chat_id: str) -> int | str:

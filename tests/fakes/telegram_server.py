@@ -69,6 +69,8 @@ class FakeTelegram(BotApiMethods):
         self._messages: dict[int, dict[int, Seen]] = {}
         self._files: dict[str, StoredFile] = {}
         self._failures: dict[str, list[Failure]] = {}
+        self.down_methods: set[str] = set()
+        """Methods answering 502 Bad Gateway until removed (an outage of part of the Bot API)."""
         self._blocked: set[int] = set()
         self._revoked = False
         self._stalled = False
@@ -200,6 +202,44 @@ class FakeTelegram(BotApiMethods):
         suffix = "" if at is None else f"@{at or self.username}"
         text = f"/{command.lstrip('/')}{suffix}" + (f" {args}" if args else "")
         return self.inject_message(chat_id, user_id, text, **kw)
+
+    def inject_content(
+        self,
+        chat_id: int,
+        user_id: int,
+        content: dict[str, Any],
+        *,
+        chat_type: str = "private",
+        first_name: str = "U",
+    ) -> dict[str, Any]:
+        """A message without text whose content is ``content`` (``{"sticker": {...}}``, see
+        :mod:`tests.fakes.telegram_kinds`)."""
+        chat = self._chat(chat_id, chat_type, first_name, "Test group", forum=False)
+        msg: dict[str, Any] = {"message_id": self._new_mid(chat_id), "date": int(time.time()), "chat": chat,
+                               "from": {"id": user_id, "is_bot": False, "first_name": first_name}, **content}  # fmt: skip
+        self._store(msg, from_bot=False)
+        return self.push_update({"message": msg})
+
+    def inject_malformed(
+        self,
+        chat_id: int,
+        user_id: int,
+        text: str = "secret words",
+        *,
+        drop: tuple[str, ...] = (),
+        override: dict[str, Any] | None = None,
+        chat_type: str = "private",
+    ) -> dict[str, Any]:
+        """An update PTB cannot parse: a normal message with the keys in ``drop`` removed and
+        ``override`` merged in (``{"chat": "oops"}``, an old-shape ``poll`` ...). The chat is
+        registered so the bot can answer into it; the message is not kept in its history."""
+        chat = self._chat(chat_id, chat_type, "U", "Test group", forum=False)
+        msg: dict[str, Any] = {"message_id": self._new_mid(chat_id), "date": int(time.time()), "chat": chat,
+                               "from": {"id": user_id, "is_bot": False, "first_name": "U"}, "text": text}  # fmt: skip
+        for key in drop:
+            msg.pop(key, None)
+        msg.update(override or {})
+        return self.push_update({"message": msg})
 
     def push_update(self, body: dict[str, Any]) -> dict[str, Any]:
         """Queue an arbitrary update (``{"edited_message": ...}`` etc.); the update_id is assigned."""
@@ -406,6 +446,8 @@ class FakeTelegram(BotApiMethods):
         try:
             if request.match_info["token"] != self.token or self._revoked:
                 raise ApiError(401, "Unauthorized")
+            if method in self.down_methods:
+                raise ApiError(502, "Bad Gateway")
             failure = self._take_failure(method)
             if failure is not None:
                 if failure.status == 0:
