@@ -3,7 +3,6 @@ never reads files of the gateway."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,8 +52,9 @@ class AgentSettings(BaseModel):
     tools: bool = True
     """Off: a plain chat model with no sandbox, sub-agents, skills or web tools (the lightest
     set-up; also what the latency benchmark's "bare" mode measures)."""
-    sandbox: SandboxSettings = Field(default_factory=lambda: SandboxSettings(root=Path("sandboxes")))
-    """``root`` relative to the storage path."""
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    """Its ``root`` (default ``sandboxes``, one default in ``SandboxSettings``) is taken relative to
+    the storage path, whether or not any other sandbox key is set."""
     subagents: SubagentSettings = Field(default_factory=SubagentSettings)
     skills: SkillsSettings = Field(default_factory=SkillsSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)

@@ -12,13 +12,22 @@ import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.sandbox import SandboxLimits
 from agent.sandbox.backend import TIMEOUT_EXIT_CODE, SandboxBackend
 from agent.sandbox.docker_provider import LABEL_INSTANCE, DockerProvider, DockerSandbox, container_name
-from tests.sandbox_checks import assert_fork_limited, assert_no_network
+from agent.sandbox.quota import free_bytes
+from tests.sandbox_checks import (
+    assert_daemon_restart_keeps_sandbox,
+    assert_disk_quota,
+    assert_fork_bomb_isolated,
+    assert_fork_limited,
+    assert_free_space_floor,
+    assert_no_network,
+)
 
 IMAGE = os.environ.get("CHITAL_SANDBOX_IMAGE", "chital-sandbox:latest")
 WS = "/mnt/user-data/workspace"
@@ -54,12 +63,12 @@ def make(root: Path, skills: Path | None, **kw: object) -> DockerProvider:
     return DockerProvider(root / "sbx", skills, image=IMAGE, **kw)  # type: ignore[arg-type]
 
 
-def cleanup(root: Path) -> None:
+def cleanup(root: Path, name: str = "sbx") -> None:
     """Remove every container of providers rooted here, whatever a test left behind."""
     import docker
 
     client = docker.from_env()
-    instance = DockerProvider(root / "sbx").instance
+    instance = DockerProvider(root / name).instance
     for c in client.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}):
         c.remove(force=True)
     client.close()
@@ -303,3 +312,111 @@ async def test_backend_execute_on_docker(sb: DockerSandbox) -> None:
     assert slow.exit_code == TIMEOUT_EXIT_CODE
     assert be.write(f"{WS}/x.py", "print(6*7)\n").error is None
     assert (await be.aexecute("python3 x.py")).output == "42\n"
+
+
+# --- process limits are per container ------------------------------------------------------------
+
+
+async def test_fork_bomb_does_not_starve_other_sandboxes(provider: DockerProvider) -> None:
+    """Every container runs as host uid 1000; the pids cgroup (per container) is the limit, never
+    an nproc ulimit (per host uid, shared by all containers)."""
+    a = await provider.acquire("bomber")
+    b = await provider.acquire("bystander")
+    info = await asyncio.to_thread(inspect, a.container_id)
+    assert info["HostConfig"]["PidsLimit"] == 64
+    assert "nproc" not in {u["Name"] for u in info["HostConfig"]["Ulimits"] or []}
+    limits = (await a.exec("grep 'Max processes' /proc/self/limits")).output.split()
+    assert limits[2] == "unlimited" or int(limits[2]) >= 10_000  # the engine's own, not a tight one
+    await assert_fork_bomb_isolated(a, b, pids=64)
+
+
+# --- disk quota and free-space floor (measured on the bound host dirs) ----------------------------
+
+
+async def test_disk_quota(root: Path) -> None:
+    p = make(root, None, limits=SandboxLimits(pids=64, memory_mb=256, disk_mb=5))
+    try:
+        sb = await p.acquire("filler")
+        info = await asyncio.to_thread(inspect, sb.container_id)
+        fsize = {u["Name"]: u["Hard"] for u in info["HostConfig"]["Ulimits"]}["fsize"]
+        assert fsize == 5 * 1024 * 1024  # no single file beyond the quota
+        await assert_disk_quota(sb, quota_mb=5)
+    finally:
+        await p.close()
+        await asyncio.to_thread(cleanup, root)
+
+
+async def test_free_space_floor(root: Path) -> None:
+    providers: list[DockerProvider] = []
+
+    async def make_sb(name: str, floor: Any) -> DockerSandbox:
+        p = DockerProvider(root / name, None, image=IMAGE, min_free_mb=floor(free_bytes(root)))
+        providers.append(p)
+        return await p.acquire(name)
+
+    try:
+        await assert_free_space_floor(make_sb)
+    finally:
+        for p in providers:
+            await p.close()
+        for p in providers:
+            await asyncio.to_thread(cleanup, p.root.parent, p.root.name)
+
+
+# --- restarts: a new provider on the same root -----------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the sandbox uid differs from the daemon's)")
+async def test_second_start_on_same_root(root: Path, skills: Path) -> None:
+    """Clean stop then start, and crash then start (containers left running are adopted by
+    reconcile): both times commands work, and the root keeps the mode the first start gave it."""
+    try:
+        first = make(root, skills)
+        await first.reconcile()
+        sb = await first.acquire("t")
+        assert (await sb.exec("echo one > f; cat f")).output == "one\n"
+        await first.close()
+        assert (root / "sbx").stat().st_mode & 0o777 == 0o711
+
+        second = make(root, skills)
+        await second.reconcile()
+        sb = await second.acquire("t")
+        assert (await sb.exec("cat f; echo two")).output == "one\ntwo\n"
+        left_running = sb.container_id  # "crash": no close(), the container stays
+
+        third = make(root, skills)
+        await third.reconcile()
+        assert set(third._sandboxes) == {"t"}
+        sb = await third.acquire("t")
+        assert sb.container_id == left_running
+        res = await sb.exec("cat f; echo three; cat /mnt/skills/demo/SKILL.md")
+        assert res.output == "one\nthree\n# Demo\n"
+        await third.close()
+    finally:
+        await asyncio.to_thread(cleanup, root)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown to the per-thread uids)")
+async def test_uid_per_thread(root: Path) -> None:
+    first = 1_900_000_000
+    p = make(root, None, uid_range=(first, 8))
+    try:
+        a, b = await p.acquire("a"), await p.acquire("b")
+        assert {a.owner, b.owner} == {(first, first), (first + 1, first + 1)}
+        res = await a.exec("id -u; echo x > made.txt")
+        assert res.output == f"{a.owner[0]}\n"  # Docker has no uid mapping: inside is the host uid
+        assert (a.dirs.workspace / "made.txt").stat().st_uid == a.owner[0]
+        await assert_fork_bomb_isolated(a, b, pids=64)
+        again = make(root, None, uid_range=(first, 8))
+        await again.reconcile()  # adopts both: same users as their dirs' owners
+        assert set(again._sandboxes) == {"a", "b"}
+        assert again._sandboxes["b"].owner == b.owner
+        await again.close()
+    finally:
+        await p.close()
+        await asyncio.to_thread(cleanup, root)
+
+
+async def test_daemon_restart_after_crash_keeps_sandbox(tg: Any, model: Any) -> None:
+    """kill -9 leaves the thread's container running; the next start reconciles (adopts) it."""
+    await assert_daemon_restart_keeps_sandbox(tg, model, "docker", crash=True)

@@ -13,17 +13,28 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agent.sandbox import SandboxError, SandboxLimits, SandboxUnavailable
+from agent.sandbox import QuotaExceeded, SandboxError, SandboxLimits, SandboxUnavailable, check_room
 from agent.sandbox.backend import TIMEOUT_EXIT_CODE, SandboxBackend
 from agent.sandbox.local import LocalProvider, LocalSandbox
-from tests.sandbox_checks import assert_fork_limited, assert_no_network
+from agent.sandbox.quota import free_bytes, measure
+from tests.sandbox_checks import (
+    assert_daemon_restart_keeps_sandbox,
+    assert_disk_quota,
+    assert_fork_bomb_isolated,
+    assert_fork_limited,
+    assert_free_space_floor,
+    assert_no_network,
+)
 
 HAVE_BWRAP = shutil.which("bwrap") is not None
 bwrap = pytest.mark.bwrap
 needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (uid drop, chown)")
+MB = 1024 * 1024
 WS = "/mnt/user-data/workspace"
 
 
@@ -305,3 +316,218 @@ async def test_filesystem_middleware_tools_on_sandbox(
     assert "outside the sandbox" in by_name["read_file"] and "root:" not in by_name["read_file"]
     assert out in by_name["glob"] and out in by_name["ls"]
     assert result["messages"][-1].content == "done"
+
+
+@bwrap
+@needs_bwrap
+async def test_dev_is_read_only_and_shm_capped(sb: LocalSandbox) -> None:
+    """bwrap's /dev is a tmpfs of half the RAM owned by the sandbox user: it must not be a place
+    to park data. Device nodes still work."""
+    res = await sb.exec(
+        "echo x > /dev/null && echo null-ok; (echo x > /dev/parked) 2>&1; "
+        "df -k --output=size /dev/shm | tail -1; head -c 300M /dev/zero > /dev/shm/big; echo rc=$?"
+    )
+    lines = res.output.splitlines()
+    assert lines[0] == "null-ok" and "Read-only file system" in lines[1]
+    assert int(lines[2]) == 256 * 1024  # tmp_size_mb
+    assert "rc=0" not in res.output
+
+
+# --- process limits are per sandbox --------------------------------------------------------------
+
+
+@bwrap
+@needs_bwrap
+async def test_fork_bomb_does_not_starve_other_sandboxes(provider: LocalProvider) -> None:
+    """All local sandboxes run as one host uid; RLIMIT_NPROC is set inside each one's own user
+    namespace, so a full sandbox cannot make another one's bwrap fail to start or fork."""
+    a = await provider.acquire("bomber")
+    b = await provider.acquire("bystander")
+    await assert_fork_bomb_isolated(a, b, pids=64)
+
+
+@bwrap
+@needs_bwrap
+async def test_process_limit_set_inside_the_sandbox(sb: LocalSandbox) -> None:
+    res = await sb.exec("grep -E 'Max processes|Max pending signals' /proc/self/limits")
+    limits = {" ".join(line.split()[:-3]): line.split()[-3:-1] for line in res.output.splitlines()}
+    assert limits["Max processes"] == ["64", "64"]
+    assert limits["Max pending signals"] == ["4096", "4096"]
+    # Raising it back is refused (no CAP_SYS_RESOURCE in the host's user namespace).
+    res = await sb.exec("prlimit --pid $$ --nproc=100000:100000 2>&1; echo rc=$?")
+    assert "rc=0" not in res.output
+
+
+# --- disk quota and free-space floor -------------------------------------------------------------
+
+
+@pytest.fixture
+async def small(root: Path) -> AsyncIterator[LocalProvider]:
+    p = LocalProvider(root / "small", None, limits=SandboxLimits(disk_mb=5))
+    yield p
+    await p.close()
+
+
+@bwrap
+@needs_bwrap
+async def test_disk_quota(small: LocalProvider) -> None:
+    await assert_disk_quota(await small.acquire("filler"), quota_mb=5)
+
+
+@bwrap
+@needs_bwrap
+async def test_free_space_floor(root: Path) -> None:
+    providers: list[LocalProvider] = []
+
+    async def make(name: str, floor: Any) -> LocalSandbox:
+        p = LocalProvider(root / name, None, min_free_mb=floor(free_bytes(root)))
+        providers.append(p)
+        return await p.acquire(name)
+
+    try:
+        await assert_free_space_floor(make)
+    finally:
+        for p in providers:
+            await p.close()
+
+
+@bwrap
+@needs_bwrap
+async def test_quota_counts_what_hides_and_not_what_is_elsewhere(small: LocalProvider) -> None:
+    """Data in a dir its owner made unreadable still counts (the daemon measures as root); a
+    symlink to a big host dir counts as a link, not as the dir; a sparse file counts its blocks;
+    a tree too deep to measure is refused rather than ignored."""
+    sb = await small.acquire("hider")
+    await sb.exec("ln -s /usr usr-link; truncate -s 10G sparse.bin; mkdir hide")
+    assert measure(sb.dirs).bytes < MB
+    res = await sb.exec("head -c 6M /dev/urandom > hide/a; head -c 1M /dev/zero > hide/b; chmod 000 hide")
+    assert "disk quota exceeded" in res.output
+    with pytest.raises(QuotaExceeded):
+        await sb.exec("true")
+    # Its owner locked even the file tools out (they act with its rights): the operator cleans up.
+    shutil.rmtree(sb.dirs.workspace / "hide")
+    await sb.exec("true")
+    res = await sb.exec("d=.; for i in $(seq 140); do d=$d/d; done; mkdir -p $d; echo made")
+    assert "nested more than 128 levels" in res.output
+    with pytest.raises(QuotaExceeded, match="nested more than 128 levels"):
+        await sb.exec("true")
+    await sb.delete("d")
+    assert (await sb.exec("echo fine")).output == "fine\n"
+
+
+async def test_check_room_for_uploads(root: Path) -> None:
+    """What the gateway calls before saving a user's upload: a path inside the thread's dir is
+    enough; the message is safe to show (virtual paths only)."""
+    p = LocalProvider(root / "up", None, limits=SandboxLimits(disk_mb=5), bwrap=None)
+    sb = await p.acquire("uploader")
+    check_room(sb.dirs.uploads, 4 * MB)
+    (sb.dirs.uploads / "a.bin").write_bytes(b"x" * 4 * MB)
+    with pytest.raises(QuotaExceeded) as err:
+        check_room(sb.dirs.uploads, 2 * MB)
+    assert isinstance(err.value, SandboxError)
+    text = str(err.value)
+    assert "disk quota exceeded: 4 MB used of 5 MB, and 2 MB more do not fit" in text
+    assert "/mnt/user-data/uploads" in text and str(root) not in text
+    check_room(sb.dirs, 512 * 1024)  # still fits
+    check_room(sb.dirs, -MB)  # shrinking is never refused
+    # A thread the gateway saves a first upload for, before any sandbox exists (nor the root).
+    check_room(root / "not-yet" / "threads" / "t-0123" / "uploads", MB)
+
+
+# --- restarts: the same root, a new provider -----------------------------------------------------
+
+
+@bwrap
+@needs_bwrap
+@needs_root
+async def test_second_start_on_same_root(root: Path) -> None:
+    """The field bug: the first start left the root at 0711 and every later start refused it."""
+    data = root / "data"
+    first = LocalProvider(data / "sandboxes", None)
+    assert (await (await first.acquire("t")).exec("echo one > f; cat f")).output == "one\n"
+    await first.close()
+    assert (data / "sandboxes").stat().st_mode & 0o777 == 0o711
+    assert (data / "sandboxes" / "threads").stat().st_mode & 0o777 == 0o711
+    second = LocalProvider(data / "sandboxes", None)
+    await second.reconcile()
+    assert (await (await second.acquire("t")).exec("cat f; echo two")).output == "one\ntwo\n"
+    await second.close()
+
+
+@needs_root
+async def test_unreachable_root_names_the_blocking_dir(root: Path) -> None:
+    private = root / "private"
+    private.mkdir(mode=0o700)
+    os.chmod(private, 0o700)
+    with pytest.raises(SandboxUnavailable) as err:
+        LocalProvider(private / "data" / "sandboxes", None)
+    text = str(err.value)
+    assert f"{private} (mode 0700, owner 0:0) does not grant it search (x)" in text
+    assert f"chmod o+x {private}" in text
+    os.chmod(private, 0o711)  # doing what the message says is enough
+    LocalProvider(private / "data" / "sandboxes", None)
+
+
+def test_one_default_sandbox_root(tmp_path: Path) -> None:
+    """Setting any sandbox key must not move the root: it is ``sandboxes`` under the storage path."""
+    from agent.config import AgentSettings, ModelSpec
+    from agent.runtime import AgentRuntime
+    from gateway.config import parse_config
+
+    data = tmp_path / "data"
+    plain = parse_config({}).agent
+    tuned = parse_config({"agent": {"sandbox": {"exec_timeout": 30, "provider": "docker"}}}).agent
+    for settings in (plain, tuned, AgentSettings()):
+        assert AgentRuntime(settings, ModelSpec(), data).sandbox_root == data / "sandboxes"
+
+
+# --- a host uid per thread (uid_range) -----------------------------------------------------------
+
+RANGE = (1_900_000_000, 3)
+
+
+@bwrap
+@needs_bwrap
+@needs_root
+async def test_uid_per_thread(root: Path) -> None:
+    p = LocalProvider(root / "uids", None, limits=SandboxLimits(pids=64), uid_range=RANGE)
+    a, b = await p.acquire("a"), await p.acquire("b")
+    assert a.owner == (RANGE[0], RANGE[0]) and b.owner == (RANGE[0] + 1, RANGE[0] + 1)
+    res = await a.exec("id -u; echo x > made.txt")
+    assert res.output == "1000\n"  # inside, always the sandbox user
+    assert (a.dirs.workspace / "made.txt").stat().st_uid == RANGE[0]
+    assert a.dirs.base.stat().st_uid == RANGE[0]
+    await a.write_file("tool.txt", "t")
+    assert (a.dirs.workspace / "tool.txt").stat().st_uid == RANGE[0]
+    await assert_fork_bomb_isolated(a, b, pids=64)
+    # Persistent: a new provider finds each thread's uid as the owner of its dir.
+    again = LocalProvider(root / "uids", None, uid_range=RANGE)
+    assert (await again.acquire("b")).owner == b.owner
+    assert (await again.acquire("c")).owner == (RANGE[0] + 2, RANGE[0] + 2)
+    with pytest.raises(SandboxError, match="uid_range are in use"):
+        await again.acquire("d")
+
+
+@bwrap
+@needs_bwrap
+@needs_root
+async def test_uid_range_takes_over_existing_thread(root: Path) -> None:
+    old = LocalProvider(root / "mig", None)
+    sb = await old.acquire("t")
+    await sb.exec("mkdir -p deep/er && echo old > deep/er/f && ln -s /etc/shadow link")
+    new = LocalProvider(root / "mig", None, uid_range=RANGE)
+    sb = await new.acquire("t")
+    uid = RANGE[0]
+    for path in (sb.dirs.base, sb.dirs.workspace / "deep", sb.dirs.workspace / "deep/er/f"):
+        assert path.lstat().st_uid == uid
+    assert os.stat("/etc/shadow").st_uid == 0  # the link was not followed
+    assert (await sb.exec("echo more >> deep/er/f && cat deep/er/f")).output == "old\nmore\n"
+
+
+# --- through the daemon ----------------------------------------------------------------------------
+
+
+@bwrap
+@needs_bwrap
+async def test_daemon_restart_keeps_sandbox(tg: Any, model: Any) -> None:
+    await assert_daemon_restart_keeps_sandbox(tg, model, "local", crash=False)

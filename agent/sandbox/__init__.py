@@ -27,6 +27,7 @@ from .paths import (
     SandboxError,
     ThreadDirs,
 )
+from .quota import QuotaExceeded, check_room
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT",
@@ -42,6 +43,7 @@ __all__ = [
     "OutputCap",
     "PathMapper",
     "PathRefused",
+    "QuotaExceeded",
     "Sandbox",
     "SandboxError",
     "SandboxLimits",
@@ -50,6 +52,7 @@ __all__ = [
     "SandboxUnavailable",
     "TextWindow",
     "ThreadDirs",
+    "check_room",
     "create_provider",
 ]
 
@@ -68,6 +71,8 @@ def create_provider(settings: SandboxSettings) -> SandboxProvider:
             gid=settings.gid,
             idle_timeout=settings.idle_timeout,
             network=settings.network,
+            min_free_mb=settings.min_free_mb,
+            uid_range=settings.uid_range,
         )
     from .local import LocalProvider
 
@@ -79,4 +84,6 @@ def create_provider(settings: SandboxSettings) -> SandboxProvider:
         gid=settings.gid,
         idle_timeout=settings.idle_timeout,
         allow_unsandboxed=settings.allow_unsandboxed,
+        min_free_mb=settings.min_free_mb,
+        uid_range=settings.uid_range,
     )

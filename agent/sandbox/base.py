@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .files import Entry, GrepMatch, HostFiles, TextWindow
 from .paths import PathMapper, SandboxError, ThreadDirs
+from .quota import DiskQuota, quota_for
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ class ExecResult:
     """stdout and stderr interleaved, capped (see ``truncated``)."""
     truncated: bool = False
     timed_out: bool = False
+    stopped: str | None = None
+    """Why the sandbox killed the command before it ended (e.g. the disk quota); the output
+    already ends with that reason, so the model reads it wherever the result goes."""
 
     def for_model(self) -> str:
         """One text block for a tool result: the output plus a status line when it matters."""
@@ -90,11 +94,17 @@ class OutputCap:
 class Sandbox(abc.ABC):
     """One thread's sandbox. File operations take virtual paths; relative ones mean the workspace."""
 
-    def __init__(self, dirs: ThreadDirs, owner: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self, dirs: ThreadDirs, owner: tuple[int, int] | None = None, quota: DiskQuota | None = None
+    ) -> None:
         self.dirs = dirs
         self.thread_id = dirs.thread_id
+        self.owner = owner
+        """Host (uid, gid) the thread's files belong to; None: the daemon's own."""
         self.mapper = PathMapper(dirs)
         self.files = HostFiles(self.mapper, owner)
+        self.quota = quota or quota_for(dirs.base.parent.parent)
+        """Disk quota of this thread (quota.py); every provider checks it around ``exec``."""
         self.last_used = time.monotonic()
 
     @property

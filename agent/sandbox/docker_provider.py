@@ -3,8 +3,15 @@
 Containers are named ``chital-sbx-<hash>``, labelled with the thread and this provider's root (so
 two daemons on one engine never touch each other's), reused across turns, removed after
 ``idle_timeout`` and reconciled at start-up. Each command is a ``docker exec`` whose processes are
-all killed when it ends or times out (see ``_WRAPPER``). The Docker SDK is blocking, so every call
-runs in a worker thread.
+all killed when it ends or times out (docker_scripts.py). The Docker SDK is blocking, so every
+call runs in a worker thread.
+
+Process limits come from the container's pids cgroup (``pids_limit``), a counter per container.
+Never from an ``nproc`` ulimit: RLIMIT_NPROC counts every process of the host uid, across all
+containers (and local sandboxes) running as it, so one fork bomb would starve every sandbox. None
+is set here (containers keep the engine's own, high, limit; the engine cannot raise it further),
+and an engine-wide ``--default-ulimit nproc`` must not be configured. The disk quota is measured
+on the host dirs the container binds (quota.py), exactly as for the local provider.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +31,7 @@ import docker
 from docker.errors import APIError, DockerException, NotFound
 from docker.types import Mount, Ulimit
 
+from . import quota as disk
 from .base import (
     DEFAULT_MAX_OUTPUT,
     DEFAULT_TIMEOUT,
@@ -33,7 +42,9 @@ from .base import (
     SandboxUnavailable,
 )
 from .config import SandboxLimits
+from .docker_scripts import KILLER, WRAPPER
 from .local import MAX_COMMAND_BYTES, sandbox_env
+from .owners import UidPool, make_root, traversal_problem
 from .paths import OUTPUTS, SKILLS, UPLOADS, WORKSPACE, SandboxError, ThreadDirs, safe_thread_id
 
 log = logging.getLogger(__name__)
@@ -43,59 +54,29 @@ LABEL_THREAD = "chital.thread"
 LABEL_INSTANCE = "chital.instance"
 LABEL_CONFIG = "chital.config"
 
-# Every process in a container carries CHITAL_EXEC: "idle" (container env) for the container's own
-# processes, a fresh marker per exec (inherited by all it starts, even after setsid). The killer
-# SIGKILLs what carries a given marker and whatever shed its environment (``env -i``) to hide. It is
-# one process that never forks, because a fork bomb may hold every process slot; it repeats until
-# nothing is left. With an exit code it exits with it silently, else it reports "left=N".
-_KILLER = """
-import os, signal, sys, time
-mark, me = ("CHITAL_EXEC=" + sys.argv[1]).encode(), os.getpid()
-def doomed(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                return False
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            env = f.read().split(b"\\0")
-    except (OSError, IndexError):
-        return False
-    return mark in env or not any(e.startswith(b"CHITAL_EXEC=") for e in env)
-def scan():
-    return [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) not in (1, me) and doomed(int(d))]
-for _ in range(50):
-    pids = scan()
-    if not pids:
-        break
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
-    time.sleep(0.02)
-if len(sys.argv) > 2:
-    sys.exit(int(sys.argv[2]))
-print("left=%d" % len(scan()))
-"""
-# Runs the user's command, then makes sure nothing it started survives, as with the local
-# provider. Fast path, no fork: only init, the idle process and this shell exist. Otherwise the
-# shell becomes the killer (exec, not fork) and exits with the command's status.
-_WRAPPER = (
-    'k=$2; bash -c "$1" 2>&1; rc=$?; set -- /proc/[0-9]*; [ $# -le 3 ] && exit $rc; '
-    'exec python3 -c "$k" "$CHITAL_EXEC" "$rc"'
-)
-
 
 def container_name(thread_id: str) -> str:
     return "chital-sbx-" + hashlib.sha256(thread_id.encode()).hexdigest()[:16]
 
 
 class DockerSandbox(Sandbox):
-    def __init__(self, provider: DockerProvider, dirs: ThreadDirs, container_id: str) -> None:
-        super().__init__(dirs, (provider.uid, provider.gid))
+    def __init__(
+        self,
+        provider: DockerProvider,
+        dirs: ThreadDirs,
+        container_id: str,
+        owner: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__(dirs, owner or (provider.uid, provider.gid), provider.quota)
         self.provider = provider
         self.container_id = container_id
         self.busy = 0
+
+    @property
+    def user(self) -> str:
+        """The container user: the thread's host uid:gid (bind mounts keep host ownership)."""
+        assert self.owner is not None
+        return f"{self.owner[0]}:{self.owner[1]}"
 
     async def exec(
         self,
@@ -110,7 +91,11 @@ class DockerSandbox(Sandbox):
         self.touch()
         self.busy += 1
         try:
-            return await self._exec(command, timeout, max_output)
+            await disk.before_command(self.dirs, self.quota)
+            res = await self._exec(command, timeout, max_output)
+            if res.stopped is None and (note := await disk.after_command(self.dirs, self.quota)):
+                res = ExecResult(res.exit_code, f"{res.output}\n{note}", res.truncated, res.timed_out)
+            return res
         finally:
             self.busy -= 1
             self.touch()
@@ -118,12 +103,12 @@ class DockerSandbox(Sandbox):
     async def _exec(self, command: str, timeout: float, max_output: int) -> ExecResult:  # noqa: ASYNC109
         api = self.provider.client.api
         marker = uuid.uuid4().hex
-        user = f"{self.provider.uid}:{self.provider.gid}"
+        user = self.user
 
         def start() -> tuple[str, Any]:
             exec_id = api.exec_create(
                 self.container_id,
-                ["/bin/sh", "-c", _WRAPPER, "chital-exec", command, _KILLER],
+                ["/bin/sh", "-c", WRAPPER, "chital-exec", command, KILLER],
                 user=user,
                 workdir=WORKSPACE,
                 environment={"CHITAL_EXEC": marker},
@@ -164,19 +149,27 @@ class DockerSandbox(Sandbox):
                 cap.feed(chunk)
 
         reader = asyncio.ensure_future(asyncio.to_thread(pump))
-        timed_out = False
+        dog = asyncio.ensure_future(disk.watch(self.dirs, self.quota))
+        timed_out, stopped = False, None
         try:
             if cancelled_early:
                 raise asyncio.CancelledError
-            done, _ = await asyncio.wait({reader}, timeout=timeout)
-            if not done:
-                timed_out = True
-                await self._kill(marker, reader, stream)
-            else:
+            done, _ = await asyncio.wait({reader, dog}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if reader in done:
                 reader.result()
+            else:
+                if dog in done:
+                    stopped = dog.result()
+                else:
+                    timed_out = True
+                await self._kill(marker, reader, stream)
         except BaseException:  # cancelled (/stop) or failed: nothing may keep running
             await asyncio.shield(self._kill(marker, reader, stream))
             raise
+        finally:
+            dog.cancel()
+        if stopped is not None:
+            return ExecResult(None, cap.text() + disk.stopped_note(stopped), cap.truncated, False, stopped)
         if timed_out:
             return ExecResult(None, cap.text(), cap.truncated, True)
         info = await asyncio.to_thread(api.exec_inspect, exec_id)
@@ -190,11 +183,11 @@ class DockerSandbox(Sandbox):
         engine needs nothing inside and takes every process with it; the next command revives it.
         """
         api = self.provider.client.api
-        user = f"{self.provider.uid}:{self.provider.gid}"
+        user = self.user
 
         def sweep() -> bool:
             try:
-                exec_id = api.exec_create(self.container_id, ["python3", "-c", _KILLER, marker], user=user)[
+                exec_id = api.exec_create(self.container_id, ["python3", "-c", KILLER, marker], user=user)[
                     "Id"
                 ]
                 return b"left=0" in api.exec_start(exec_id)
@@ -248,6 +241,8 @@ class DockerProvider(SandboxProvider):
         idle_timeout: float = 1800.0,
         network: bool = False,
         client: docker.DockerClient | None = None,
+        min_free_mb: int = disk.DEFAULT_MIN_FREE_MB,
+        uid_range: tuple[int, int] | None = None,
     ) -> None:
         super().__init__(idle_timeout)
         self.root = Path(root).resolve()
@@ -257,10 +252,13 @@ class DockerProvider(SandboxProvider):
         self.uid, self.gid = uid, gid
         self.network = network
         self._client = client
+        self.quota = disk.DiskQuota.from_limits(self.limits, min_free_mb)
+        disk.register(self.root, self.quota)
+        self.uids = UidPool(self.root, *uid_range) if uid_range and os.geteuid() == 0 else None
         self._sandboxes: dict[str, DockerSandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.instance = hashlib.sha256(str(self.root).encode()).hexdigest()[:16]
-        settings = [image, self.limits.model_dump(), uid, gid, network, str(self.skills_dir)]
+        settings = [image, self.limits.model_dump(), uid, gid, network, str(self.skills_dir), uid_range]
         self.config_hash = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -299,7 +297,9 @@ class DockerProvider(SandboxProvider):
                     await self._start(sb)
                 sb.touch()
                 return sb
-            sb = DockerSandbox(self, ThreadDirs.for_thread(self.root, thread_id, self.skills_dir), "")
+            dirs = ThreadDirs.for_thread(self.root, thread_id, self.skills_dir)
+            owner = await asyncio.to_thread(self.uids.owner, dirs) if self.uids else None
+            sb = DockerSandbox(self, dirs, "", owner)
             await self._start(sb)
             return sb
 
@@ -310,24 +310,25 @@ class DockerProvider(SandboxProvider):
                 await self._start(sb)
 
     async def _start(self, sb: DockerSandbox) -> None:
-        await asyncio.to_thread(sb.dirs.ensure, (self.uid, self.gid))
+        await asyncio.to_thread(sb.dirs.ensure, sb.owner)
         try:
-            sb.container_id = await asyncio.to_thread(self._ensure_container, sb.dirs)
+            sb.container_id = await asyncio.to_thread(self._ensure_container, sb.dirs, sb.user)
         except DockerException as e:
             raise SandboxUnavailable(f"cannot start the sandbox container: {_short(e)}") from None
         self._sandboxes[sb.thread_id] = sb
 
-    def _ensure_container(self, dirs: ThreadDirs) -> str:
+    def _ensure_container(self, dirs: ThreadDirs, user: str) -> str:
         name = container_name(dirs.thread_id)
         try:
             c = self.client.containers.get(name)
-            if c.status == "running" and c.labels.get(LABEL_CONFIG) == self.config_hash:
+            if self._current(c, user):
                 return str(c.id)
             c.remove(force=True)  # stopped or built from older settings: start afresh
         except NotFound:
             pass
         lim = self.limits
         mb = 1024 * 1024
+        fsize = min(lim.file_size_mb, lim.disk_mb) * mb  # no single file beyond the disk quota
         mounts = [
             Mount(WORKSPACE, str(dirs.workspace), type="bind"),
             Mount(UPLOADS, str(dirs.uploads), type="bind"),
@@ -348,7 +349,7 @@ class DockerProvider(SandboxProvider):
                     LABEL_INSTANCE: self.instance,
                     LABEL_CONFIG: self.config_hash,
                 },
-                user=f"{self.uid}:{self.gid}",
+                user=user,
                 environment={**sandbox_env(), "CHITAL_EXEC": "idle"},
                 working_dir=WORKSPACE,
                 hostname="sandbox",
@@ -358,7 +359,7 @@ class DockerProvider(SandboxProvider):
                 nano_cpus=int(lim.cpus * 1e9),
                 pids_limit=lim.pids,
                 ulimits=[
-                    Ulimit(name="fsize", soft=lim.file_size_mb * mb, hard=lim.file_size_mb * mb),
+                    Ulimit(name="fsize", soft=fsize, hard=fsize),
                     Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
                     Ulimit(name="core", soft=0, hard=0),
                 ],
@@ -377,6 +378,14 @@ class DockerProvider(SandboxProvider):
 
     def owner_for(self, thread_id: str) -> tuple[int, int] | None:
         return (self.uid, self.gid)
+
+    def _current(self, c: Any, user: str) -> bool:
+        """Is container ``c`` running, made from the current settings, as the thread's user?"""
+        return bool(
+            c.status == "running"
+            and c.labels.get(LABEL_CONFIG) == self.config_hash
+            and c.attrs.get("Config", {}).get("User") == user
+        )
 
     async def release(self, thread_id: str) -> None:
         sb = self._sandboxes.get(thread_id)
@@ -408,8 +417,23 @@ class DockerProvider(SandboxProvider):
             log.info("reaped %d idle sandbox container(s)", len(gone))
         return gone
 
+    def _check_host(self) -> None:
+        """As root: create the root as ``ThreadDirs.ensure`` keeps it, and make sure the sandbox
+        uid can search down to it (the daemon's file tools act with that uid's rights)."""
+        if os.geteuid() != 0:
+            return
+        owner = (self.uid, self.gid)
+        make_root(self.root, owner)
+        probe = (self.uids.first, self.uids.first) if self.uids else owner
+        problem = traversal_problem(self.root, *probe)
+        if problem is None and self.skills_dir is not None:
+            problem = traversal_problem(self.skills_dir, *probe, read=True)
+        if problem is not None:
+            raise SandboxUnavailable(problem)
+
     async def reconcile(self) -> None:
         """Adopt running containers of this provider with current settings; remove the rest."""
+        await asyncio.to_thread(self._check_host)
 
         def listing() -> list[Any]:
             return list(
@@ -426,17 +450,20 @@ class DockerProvider(SandboxProvider):
         for c in containers:
             tid = c.labels.get(LABEL_THREAD, "")
             dirs = ThreadDirs.for_thread(self.root, tid, self.skills_dir) if tid else None
+            owner = None
+            if dirs is not None and self.uids is not None and dirs.workspace.is_dir():
+                owner = await asyncio.to_thread(self.uids.owner, dirs)
+            sb = DockerSandbox(self, dirs, str(c.id), owner) if dirs is not None else None
             keep = (
-                dirs is not None
-                and c.status == "running"
-                and c.labels.get(LABEL_CONFIG) == self.config_hash
+                sb is not None
+                and self._current(c, sb.user)
                 and c.name == container_name(tid)
-                and dirs.workspace.is_dir()
+                and sb.dirs.workspace.is_dir()
                 and tid not in self._sandboxes
             )
             if keep:
-                assert dirs is not None
-                self._sandboxes[tid] = DockerSandbox(self, dirs, str(c.id))
+                assert sb is not None
+                self._sandboxes[tid] = sb
                 adopted += 1
             else:
                 await self._remove(str(c.id))

@@ -1,10 +1,14 @@
 """The ``local`` provider: each command runs in a fresh bubblewrap sandbox on this host.
 
-Per command: ``prlimit`` sets rlimits, then ``bwrap`` unshares every namespace (no network, own
-pid namespace), shows a read-only minimum of the system (/usr and its symlinks, a few /etc files,
-a synthetic passwd), binds the thread's dirs at their virtual paths, mounts /tmp as tmpfs and runs
-``bash -c`` with a clean environment. When the daemon runs as root, the whole chain first drops to
-an unprivileged uid, so even a namespace escape lands as a nobody and the process limit counts.
+Per command: ``prlimit`` sets the per-process rlimits, then ``bwrap`` unshares every namespace (no
+network, own pid and user namespace), shows a read-only minimum of the system (/usr and its
+symlinks, a few /etc files, a synthetic passwd), binds the thread's dirs at their virtual paths,
+mounts /tmp as tmpfs and runs ``prlimit`` again *inside* the new user namespace for the limits the
+kernel counts per user (processes, pending signals, message queues) before ``bash -c`` with a clean
+environment. Since Linux counts those per (user namespace, uid), each sandbox gets its own
+counter: a fork bomb in one cannot starve the others, although all run as one host uid. When the
+daemon runs as root, the whole chain first drops to an unprivileged uid (one per thread with
+``uid_range``), so even a namespace escape lands as a nobody.
 
 Nothing outlives a command: bwrap is the pid namespace's init, so when the command ends (or we kill
 bwrap on timeout) the kernel kills every process left inside.
@@ -14,14 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from . import quota as disk
 from .base import (
     DEFAULT_MAX_OUTPUT,
     DEFAULT_TIMEOUT,
@@ -32,6 +39,7 @@ from .base import (
     SandboxUnavailable,
 )
 from .config import SandboxLimits
+from .owners import UidPool, make_root, traversal_problem
 from .paths import OUTPUTS, SKILLS, UPLOADS, WORKSPACE, SandboxError, ThreadDirs
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,10 @@ _ETC_FILES = (
     "inputrc",
 )
 _SYS_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Run both outside and inside the sandbox, which shows the host's /usr, /bin and /sbin read-only.
+_PRLIMIT = shutil.which("prlimit", path="/usr/bin:/bin:/usr/sbin:/sbin") or "/usr/bin/prlimit"
+_SIGPENDING = 4096
+_MSGQUEUE = 819200  # bytes, the kernel's default
 
 
 def sandbox_env(home: str = WORKSPACE) -> dict[str, str]:
@@ -67,10 +79,13 @@ async def run_capped(
     timeout: float,  # noqa: ASYNC109 - the command's limit, not ours
     max_output: int,
     kwargs: dict[str, Any],
+    watchdog: Callable[[], Awaitable[str]] | None = None,
 ) -> ExecResult:
     """Run ``argv`` in a new session, capture stdout+stderr capped, kill the group on timeout.
 
-    Cancellation (a user's /stop) kills the process group too before re-raising.
+    ``watchdog`` (the disk quota's) races the command: when it returns a reason first, the group
+    is killed and the reason closes the output (``ExecResult.stopped``). Cancellation (a user's
+    /stop) kills the process group too before re-raising.
     """
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -88,22 +103,36 @@ async def run_capped(
         while chunk := await stdout.read(65536):
             cap.feed(chunk)
 
-    timed_out = False
+    reader = asyncio.ensure_future(pump())
+    dog = asyncio.ensure_future(watchdog()) if watchdog is not None else None
+    timed_out, stopped = False, None
     try:
-        try:
-            await asyncio.wait_for(pump(), timeout)
-        except TimeoutError:
-            timed_out = True
+        done, _ = await asyncio.wait(
+            {reader} if dog is None else {reader, dog}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if reader in done:
+            reader.result()
+        else:
+            if dog is not None and dog in done:
+                stopped = dog.result()
+            else:
+                timed_out = True
             _killpg(proc.pid)
             # The namespace dies with bwrap; drain what is left, bounded.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(pump(), 5)
+                await asyncio.wait_for(reader, 5)
         rc = await asyncio.wait_for(proc.wait(), 10)
     except BaseException:
         _killpg(proc.pid)
+        reader.cancel()
         with contextlib.suppress(Exception):
             await asyncio.shield(proc.wait())
         raise
+    finally:
+        if dog is not None:
+            dog.cancel()
+    if stopped is not None:
+        return ExecResult(None, cap.text() + disk.stopped_note(stopped), cap.truncated, False, stopped)
     return ExecResult(None if timed_out else rc, cap.text(), cap.truncated, timed_out)
 
 
@@ -113,8 +142,8 @@ def _killpg(pid: int) -> None:
 
 
 class LocalSandbox(Sandbox):
-    def __init__(self, provider: LocalProvider, dirs: ThreadDirs) -> None:
-        super().__init__(dirs, provider.run_as)
+    def __init__(self, provider: LocalProvider, dirs: ThreadDirs, owner: tuple[int, int] | None) -> None:
+        super().__init__(dirs, owner, provider.quota)
         self.provider = provider
 
     async def exec(
@@ -130,17 +159,23 @@ class LocalSandbox(Sandbox):
             )
         p = self.provider
         kwargs: dict[str, Any] = {"env": dict(_HOST_ENV), "cwd": "/"}
-        if p.run_as is not None:
-            kwargs.update(user=p.run_as[0], group=p.run_as[1], extra_groups=[])
+        if self.owner is not None:
+            kwargs.update(user=self.owner[0], group=self.owner[1], extra_groups=[])
+        if p.bwrap is None and not p.allow_unsandboxed:
+            raise SandboxUnavailable(
+                "command execution is disabled: bubblewrap (bwrap) is not installed on this host. "
+                "Install it (apt-get install bubblewrap) or use the docker sandbox provider."
+            )
+        await disk.before_command(self.dirs, self.quota)
+        watchdog = functools.partial(disk.watch, self.dirs, self.quota)
         if p.bwrap is None:
-            if not p.allow_unsandboxed:
-                raise SandboxUnavailable(
-                    "command execution is disabled: bubblewrap (bwrap) is not installed on this host. "
-                    "Install it (apt-get install bubblewrap) or use the docker sandbox provider."
-                )
             kwargs.update(env=sandbox_env(str(self.dirs.workspace)), cwd=str(self.dirs.workspace))
-            argv = [*p.prlimit_args(), "/bin/bash", "-c", command]
-            return await run_capped(argv, timeout=timeout, max_output=max_output, kwargs=kwargs)
+            # No user namespace here: the process limit is the host uid's, shared (development only).
+            argv = [*p.prlimit_args(), *p.counted_limits(), "--", "/bin/bash", "-c", command]
+            res = await run_capped(
+                argv, timeout=timeout, max_output=max_output, kwargs=kwargs, watchdog=watchdog
+            )
+            return await self._noted(res)
         # bwrap options go through a pipe (--args) so the sandbox's /proc/1/cmdline does not
         # reveal host paths; only the user's own command stays visible to it.
         options = "\0".join(p.bwrap_options(self.dirs)) + "\0"
@@ -149,13 +184,28 @@ class LocalSandbox(Sandbox):
             os.write(wfd, options.encode())  # a few KiB: fits the pipe buffer without a reader
         finally:
             os.close(wfd)
-        argv = [*p.prlimit_args(), p.bwrap, "--args", str(rfd), "/bin/bash", "-c", command]
+        inner = [_PRLIMIT, *p.counted_limits(), "--", "/bin/bash", "-c", command]
+        argv = [*p.prlimit_args(), "--", p.bwrap, "--args", str(rfd), *inner]
         try:
-            return await run_capped(
-                argv, timeout=timeout, max_output=max_output, kwargs={**kwargs, "pass_fds": (rfd,)}
+            res = await run_capped(
+                argv,
+                timeout=timeout,
+                max_output=max_output,
+                kwargs={**kwargs, "pass_fds": (rfd,)},
+                watchdog=watchdog,
             )
         finally:
             os.close(rfd)
+        return await self._noted(res)
+
+    async def _noted(self, res: ExecResult) -> ExecResult:
+        """Tell the model at once when this command left the thread without room."""
+        if res.stopped is not None:
+            return res
+        note = await disk.after_command(self.dirs, self.quota)
+        if note is None:
+            return res
+        return ExecResult(res.exit_code, f"{res.output}\n{note}", res.truncated, res.timed_out)
 
 
 class LocalProvider(SandboxProvider):
@@ -172,6 +222,8 @@ class LocalProvider(SandboxProvider):
         idle_timeout: float = 1800.0,
         allow_unsandboxed: bool = False,
         bwrap: str | None = "auto",
+        min_free_mb: int = disk.DEFAULT_MIN_FREE_MB,
+        uid_range: tuple[int, int] | None = None,
     ) -> None:
         super().__init__(idle_timeout)
         self.root = Path(root).resolve()
@@ -180,18 +232,24 @@ class LocalProvider(SandboxProvider):
         self.bwrap = shutil.which("bwrap") if bwrap == "auto" else bwrap
         self.allow_unsandboxed = allow_unsandboxed
         self.uid, self.gid = uid, gid
+        as_root = os.geteuid() == 0
         # Drop privileges only when we have them; otherwise commands run as the daemon's own uid.
-        self.run_as: tuple[int, int] | None = (uid, gid) if os.geteuid() == 0 else None
+        self.run_as: tuple[int, int] | None = (uid, gid) if as_root else None
+        self.uids = UidPool(self.root, *uid_range) if uid_range and as_root else None
+        self.quota = disk.DiskQuota.from_limits(self.limits, min_free_mb)
+        disk.register(self.root, self.quota)
         self._sandboxes: dict[str, LocalSandbox] = {}
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._locks: dict[str, asyncio.Lock] = {}
+        make_root(self.root, self.run_as)
         self._etc = self._write_etc()
-        if self.run_as is not None and self.bwrap is not None:
-            for p in (self.root, self.skills_dir):
-                if p is not None and not _reachable(p, *self.run_as):
-                    raise SandboxUnavailable(
-                        f"sandbox uid {uid} cannot reach {p}: make its parent dirs traversable (o+x) "
-                        "or choose another sandbox root"
-                    )
+        if self.run_as is not None:
+            # What ThreadDirs.ensure creates (0711 root and threads/) must pass this, restart or not.
+            probe = (self.uids.first, self.uids.first) if self.uids else self.run_as
+            problem = traversal_problem(self.root, *probe)
+            if problem is None and self.skills_dir is not None:
+                problem = traversal_problem(self.skills_dir, *probe, read=True)
+            if problem is not None:
+                raise SandboxUnavailable(problem)
 
     def _write_etc(self) -> Path:
         """Synthetic passwd/group/hosts: programs need them, the host's must stay hidden."""
@@ -215,19 +273,32 @@ class LocalProvider(SandboxProvider):
         return etc
 
     def prlimit_args(self) -> list[str]:
+        """Per-process rlimits, set before bwrap (and inherited by everything in the sandbox).
+
+        Not the process count: RLIMIT_NPROC is counted per user, so set out here it would be one
+        budget for every sandbox of the host uid (see ``counted_limits``). The file size limit
+        never exceeds the disk quota, so no single file overshoots it.
+        """
         lim = self.limits
         mb = 1024 * 1024
-        prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
         return [
-            prlimit,
-            f"--nproc={lim.pids}",
-            f"--fsize={lim.file_size_mb * mb}",
+            _PRLIMIT,
+            f"--fsize={min(lim.file_size_mb, lim.disk_mb) * mb}",
             f"--cpu={lim.cpu_seconds}",
             f"--as={lim.memory_mb * mb}",
             f"--nofile={lim.open_files}",
             "--core=0",
-            "--",
         ]
+
+    def counted_limits(self) -> list[str]:
+        """The rlimits the kernel counts per user, for a ``prlimit`` run inside the sandbox.
+
+        Linux counts processes, pending signals and message-queue bytes per (user namespace,
+        uid) and checks each namespace level against its own limit: set inside bwrap's fresh user
+        namespace, they give every sandbox a counter of its own, while bwrap itself runs with the
+        daemon's (high) limits, which then bound only the host uid's total.
+        """
+        return [f"--nproc={self.limits.pids}", f"--sigpending={_SIGPENDING}", f"--msgqueue={_MSGQUEUE}"]
 
     def bwrap_options(self, dirs: ThreadDirs) -> list[str]:
         opts = [
@@ -248,7 +319,11 @@ class LocalProvider(SandboxProvider):
             opts += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         mb = 1024 * 1024
         opts += [
+            # bwrap's /dev is a tmpfs the sandbox user owns, as big as half the RAM: capped
+            # /dev/shm inside it, then made read-only (device nodes stay usable).
             "--proc", "/proc", "--dev", "/dev",
+            "--size", str(self.limits.tmp_size_mb * mb), "--tmpfs", "/dev/shm",
+            "--remount-ro", "/dev",
             "--size", str(self.limits.tmp_size_mb * mb), "--tmpfs", "/tmp",
             "--bind", str(dirs.workspace), WORKSPACE,
             "--bind", str(dirs.uploads), UPLOADS,
@@ -265,13 +340,17 @@ class LocalProvider(SandboxProvider):
         return self.run_as
 
     async def acquire(self, thread_id: str) -> LocalSandbox:
-        sb = self._sandboxes.get(thread_id)
-        if sb is None:
-            dirs = ThreadDirs.for_thread(self.root, thread_id, self.skills_dir)
-            await asyncio.to_thread(dirs.ensure, self.run_as)
-            sb = self._sandboxes[thread_id] = LocalSandbox(self, dirs)
-        sb.touch()
-        return sb
+        async with self._locks.setdefault(thread_id, asyncio.Lock()):
+            sb = self._sandboxes.get(thread_id)
+            if sb is None:
+                dirs = ThreadDirs.for_thread(self.root, thread_id, self.skills_dir)
+                owner = self.run_as
+                if self.uids is not None:
+                    owner = await asyncio.to_thread(self.uids.owner, dirs)
+                await asyncio.to_thread(dirs.ensure, owner)
+                sb = self._sandboxes[thread_id] = LocalSandbox(self, dirs, owner)
+            sb.touch()
+            return sb
 
     async def release(self, thread_id: str) -> None:
         sb = self._sandboxes.get(thread_id)
@@ -297,23 +376,3 @@ class LocalProvider(SandboxProvider):
     async def close(self) -> None:
         await super().close()
         self._sandboxes.clear()
-
-
-def _reachable(path: Path, uid: int, gid: int) -> bool:
-    """Can ``uid:gid`` traverse every directory down to ``path`` (and list ``path``)?"""
-    chain = [*reversed(path.parents), path]
-    for i, d in enumerate(chain):
-        try:
-            st = os.stat(d)
-        except OSError:
-            return False
-        need = 0o5 if i == len(chain) - 1 else 0o1
-        if st.st_uid == uid:
-            bits = (st.st_mode >> 6) & 0o7
-        elif st.st_gid == gid:
-            bits = (st.st_mode >> 3) & 0o7
-        else:
-            bits = st.st_mode & 0o7
-        if bits & need != need:
-            return False
-    return True

@@ -97,28 +97,66 @@ class ThreadDirs:
         """Create the thread's dirs and hand them to the sandbox user so it can write them.
 
         ``owner`` is the (uid, gid) sandboxed code runs as. As root we chown the thread dir to it
-        and keep it private (0700); the root and ``threads/`` dirs are 0711 so that user can
-        reach its own dir by name but list nobody else's. A non-root daemon cannot chown, so the
-        three dirs become world-writable instead (their parents stay private to the daemon).
+        and keep it private (0700); the root and ``threads/`` get ``shared_dir_mode`` (0711), so
+        that user can reach its own dir by name but list nobody else's. Providers check the same
+        thing at start-up (search permission, never read, on the root): what this creates is
+        what they accept, on every later start too. When the thread dir belongs to someone else
+        (another uid setting, another provider, an older layout), its whole tree is handed over
+        once. A non-root daemon cannot chown, so the three dirs become world-writable instead
+        (their parents stay private to the daemon).
         """
         threads = self.base.parent
         threads.mkdir(parents=True, exist_ok=True)
-        self.base.mkdir(exist_ok=True)
         as_root = os.geteuid() == 0
         foreign = owner is not None and owner[0] != os.geteuid()
+        mode = shared_dir_mode(owner)
         for d in (threads.parent, threads):
-            os.chmod(d, 0o711 if foreign and as_root else 0o700)
+            os.chmod(d, mode)
+        self.base.mkdir(mode=0o700, exist_ok=True)
         if foreign and as_root:
             assert owner is not None
-            os.chown(self.base, *owner)
+            st = os.lstat(self.base)
+            if (st.st_uid, st.st_gid) != owner:
+                _chown_tree(self.base, owner, previous=st.st_uid)
         os.chmod(self.base, 0o700)
         for d in (self.workspace, self.uploads, self.outputs):
             d.mkdir(exist_ok=True)
             if foreign and as_root:
                 assert owner is not None
-                os.chown(d, *owner)
+                os.chown(d, *owner, follow_symlinks=False)
             elif foreign:
                 os.chmod(d, 0o777)
+
+
+def shared_dir_mode(owner: tuple[int, int] | None) -> int:
+    """Mode of the sandbox root and ``threads/``: searchable (not listable) by a sandbox user of
+    another uid when we are root and can give each thread dir to it; else private."""
+    foreign = owner is not None and owner[0] != os.geteuid()
+    return 0o711 if foreign and os.geteuid() == 0 else 0o700
+
+
+def _chown_tree(base: Path, owner: tuple[int, int], previous: int) -> None:
+    """Give ``base`` and everything below it to ``owner``, never following a symlink.
+
+    The tree is the sandbox's own, so it may hold anything sandboxed code made; a regular file
+    with several links is only taken over when it belonged to the previous owner (a link to a
+    file of someone else must not change hands). Other filesystems below ``base`` are skipped.
+    """
+    import stat
+
+    dev = os.lstat(base).st_dev
+    os.chown(base, *owner, follow_symlinks=False)
+    for _, dirnames, filenames, dfd in os.fwalk(base, follow_symlinks=False):
+        for name in dirnames + filenames:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if st.st_dev != dev:
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and st.st_uid != previous:
+                    continue
+                os.chown(name, *owner, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
 
 
 @dataclass(frozen=True)
