@@ -305,6 +305,9 @@ class HostFiles:
     def write(self, path: str, content: str | bytes) -> str:
         r = self.mapper.resolve(path, write=True)
         data = content.encode() if isinstance(content, str) else content
+        from .quota import check_room  # the thread's disk quota and the host's free-space floor
+
+        check_room(self.mapper.dirs, len(data))
         with self._errors(r.virtual):
             fd = self._open_file(r, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, create_parents=True)
             with os.fdopen(fd, "wb") as f:
@@ -333,6 +336,9 @@ class HostFiles:
                         "or set replace_all"
                     )
                 updated = content.replace(old, new) if replace_all else content.replace(old, new, 1)
+                from .quota import check_room  # only growth is checked: shrinking always works
+
+                check_room(self.mapper.dirs, len(updated.encode()) - len(content.encode()))
                 f.seek(0)
                 f.write(updated.encode())
                 f.truncate()
