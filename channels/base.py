@@ -308,14 +308,16 @@ class Channel(abc.ABC):
         blocks every chat behind it, across restarts. Instead it is counted, logged at CRITICAL with
         ids and the exception type only (never the payload: it is someone's message), and handed to
         ``sink`` as a marker :class:`Inbound` (``unsupported=UNREADABLE``, empty text) carrying the
-        ids the adapter recovered from the raw event. The gateway counts it in its metrics and, when
+        ids the adapter recovered from the raw event; its ``extra`` (and so the reply target's)
+        holds ``{"unreadable": True}``, so an adapter whose SDK parses the quoted original in a
+        reply's answer can reply without quoting it. The gateway counts it in its metrics and, when
         chat, sender and message id are known and the sender may talk to the bot, answers through
         its journaled notice path. The caller then acknowledges the event. A :class:`ChannelError`
         from the sink (the gateway is shutting down) propagates so the event comes again."""
         self.unreadable_events += 1
         log.critical(
-            "%s: skipped unreadable event %s (chat %s): %s",
-            self.name, ref or "?", chat_id or "?", type(error).__name__,
+            "%s: skipped unreadable %s (chat %s, message %s): %s",
+            self.name, ref or "event ?", chat_id or "?", message_id or "?", type(error).__name__,
         )  # fmt: skip
         marker = Inbound(
             platform=self.name,
@@ -326,7 +328,7 @@ class Channel(abc.ABC):
             is_direct=is_direct,
             addressed=addressed or is_direct,
             thread_id=thread_id,
-            extra=extra if extra and _json_safe(extra) else {},
+            extra={**(extra if extra and _json_safe(extra) else {}), UNREADABLE: True},
             unsupported=UNREADABLE,
         )
         try:
@@ -350,7 +352,7 @@ class Channel(abc.ABC):
         except _CONTENT_ERRORS as exc:
             marker = replace(
                 inbound, text="", sender_name="", chat_title="", attachments=(), unsupported=UNREADABLE,
-                extra=inbound.extra if _json_safe(inbound.extra) else {},
+                extra={**(inbound.extra if _json_safe(inbound.extra) else {}), UNREADABLE: True},
             )  # fmt: skip
             try:
                 await sink(marker)
@@ -358,8 +360,8 @@ class Channel(abc.ABC):
                 raise exc from None
             self.unreadable_events += 1
             log.critical(
-                "%s: skipped event %s (chat %s) that could not be journaled: %s",
-                self.name, ref, inbound.chat_id, type(exc).__name__,
+                "%s: skipped %s (chat %s, message %s) that could not be journaled: %s",
+                self.name, ref, inbound.chat_id, inbound.message_id, type(exc).__name__,
             )  # fmt: skip
 
     # -- lifecycle ----------------------------------------------------------------------------

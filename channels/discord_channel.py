@@ -9,6 +9,13 @@ Durability: Discord has no acknowledgement; a RESUME replays what a dropped conn
 message ids, so the gateway journal drops the duplicates), and nothing replays after a fresh IDENTIFY.
 The journal is all there is, so the sink is awaited in arrival order all the same.
 
+Malformed events: discord.py parses each dispatch inside its websocket's receive loop, so a payload
+it cannot parse (a MESSAGE_CREATE without an author or content) would tear the connection down, and
+with it whatever else was in flight. Every parser but READY/RESUMED is guarded: a failure is skipped
+through :meth:`Channel.skip_unreadable` (counted, logged without content, the sender told when the
+raw payload names them), in order with the messages around it. Parsing of a person's post lives in
+:mod:`channels.discord_inbound`.
+
 The module is named ``discord_channel`` so that ``import discord`` always means discord.py.
 """
 
@@ -19,7 +26,7 @@ import hashlib
 import io
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 
 import aiohttp
@@ -30,13 +37,13 @@ import yarl
 from markdown_it import MarkdownIt
 
 from channels.base import (
+    UNREADABLE,
     Attachment,
     Capabilities,
     Channel,
     ChannelError,
     ChannelState,
     FatalChannelError,
-    Inbound,
     InboundSink,
     OutFile,
     PermanentSendError,
@@ -45,6 +52,7 @@ from channels.base import (
     RetryAfter,
     TransientSendError,
 )
+from channels.discord_inbound import recover_ids, to_inbound
 from channels.textsplit import split_markdown
 
 log = logging.getLogger(__name__)
@@ -55,9 +63,11 @@ MAX_LEN = 2000
 NONCE_LEN = 25  # Discord's limit for a string nonce
 
 # Auth failed / invalid intents / privileged intents not enabled: a human must act.
-_FATAL_CLOSE_CODES = {4004: "Discord rejected the bot token (gateway close 4004)",
-                      4013: "Discord refused the requested gateway intents (close 4013)",
-                      4014: "enable the Message Content intent for this bot in the Discord developer portal"}
+_FATAL_CLOSE_CODES = {
+    4004: "Discord rejected the bot token (gateway close 4004)",
+    4013: "Discord refused the requested gateway intents (close 4013)",
+    4014: "enable the Message Content intent for this bot in the Discord developer portal",
+}
 _USER_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 
 
@@ -120,6 +130,7 @@ class DiscordChannel(Channel):
         self._sink: InboundSink | None = None
         self._sink_lock = asyncio.Lock()
         self._stopping = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:  # never show the token
         return f"DiscordChannel(api_base_url={self._api_base_url!r}, state={self.state.value})"
@@ -132,6 +143,36 @@ class DiscordChannel(Channel):
         discord.http.Route.BASE = self._api_base_url
         discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self._gateway_url)
 
+    def _guard_parsers(self, client: _Client) -> None:
+        """Wrap discord.py's dispatch parsers (see the module docstring). ``parsers`` is the one
+        dict every websocket of this client reads (``ws._discord_parsers``): private, pinned 2.7."""
+        parsers: dict[str, Callable[[Any], None]] = client._connection.parsers
+        for event, parse in list(parsers.items()):
+            if event not in ("READY", "RESUMED"):
+                parsers[event] = self._guarded(event, parse)
+
+    def _guarded(self, event: str, parse: Callable[[Any], None]) -> Callable[[Any], None]:
+        def guarded(data: Any) -> None:
+            try:
+                parse(data)
+            except Exception as exc:
+                self._spawn(self._skip(event, data, exc))
+
+        return guarded
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _skip(self, event: str, data: Any, exc: Exception) -> None:
+        """Report one dispatch that could not be parsed; queued on the sink lock like a message."""
+        if self._sink is None:
+            return
+        async with self._sink_lock:
+            me = self._client.user.id if self._client and self._client.user else 0
+            await self._report(exc, recover_ids(data, me) if event == "MESSAGE_CREATE" else {"ref": event})
+
     def _make_client(self) -> _Client:
         # We never use voice: silence discord.py's one-time "voice will NOT be supported" warnings.
         discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
@@ -140,7 +181,7 @@ class DiscordChannel(Channel):
         intents.guild_messages = True
         intents.dm_messages = True
         intents.message_content = True  # privileged: must be enabled in the developer portal
-        return _Client(
+        client = _Client(
             self,
             intents=intents,
             enable_debug_events=True,  # gives on_socket_raw_receive, our liveness signal
@@ -148,9 +189,12 @@ class DiscordChannel(Channel):
             heartbeat_timeout=self._heartbeat_timeout,
             chunk_guilds_at_startup=False,
             member_cache_flags=discord.MemberCacheFlags.none(),
-            allowed_mentions=discord.AllowedMentions(everyone=False, users=False, roles=False,
-                                                     replied_user=True),
+            allowed_mentions=discord.AllowedMentions(
+                everyone=False, users=False, roles=False, replied_user=True
+            ),
         )
+        self._guard_parsers(client)
+        return client
 
     async def run(self, sink: InboundSink) -> None:
         self._sink, self._stopping = sink, False
@@ -163,6 +207,8 @@ class DiscordChannel(Channel):
             self._fail("Discord rejected the bot token (401 Unauthorized)")
         except discord.PrivilegedIntentsRequired:
             self._fail(_FATAL_CLOSE_CODES[4014])
+        except discord.HTTPException as exc:  # login's 5xx after discord.py's own retries: transient
+            raise ChannelError(f"Discord login failed: HTTP {exc.status}") from None
         except discord.ConnectionClosed as exc:
             if exc.code in _FATAL_CLOSE_CODES:
                 self._fail(_FATAL_CLOSE_CODES[exc.code])
@@ -195,55 +241,35 @@ class DiscordChannel(Channel):
         self.touch()
         client = self._client
         me = client.user if client else None
-        if me is None or message.author.id == me.id or message.author.bot:
-            return
-        if message.type not in _USER_MESSAGE_TYPES:
-            return  # joins, pins, thread-created notices ...
-        inbound = self._inbound(message, me.id)
-        if inbound is None or self._sink is None:
+        if me is None or self._sink is None:
             return
         # Tasks start in dispatch order and reach this FIFO lock before their first await, so the
         # sink sees messages in arrival order.
         async with self._sink_lock:
             try:
-                await self._sink(inbound)
-            except Exception:
-                log.exception("discord: sink failed for message %s", inbound.key)
+                if message.author.id == me.id or message.author.bot:
+                    return
+                if message.type not in _USER_MESSAGE_TYPES:
+                    return  # joins, pins, thread-created notices ...
+                inbound = to_inbound(message, me.id)
+            except Exception as exc:  # a field discord.py let through missing or mistyped
+                await self._report(exc, _ids_of(message))
+                return
+            if inbound is None:
+                return
+            try:
+                await self.hand_over(self._sink, inbound, ref=f"message {message.id}")
+            except Exception as exc:  # no redelivery on Discord: the journal is all there is
+                log.error("discord: sink failed for message %s: %s", inbound.key, type(exc).__name__)
 
-    def _inbound(self, message: discord.Message, me: int) -> Inbound | None:
-        channel = message.channel
-        is_dm = message.guild is None
-        if isinstance(channel, discord.Thread):
-            chat_id, thread_id = str(channel.parent_id), str(channel.id)
-        else:
-            chat_id, thread_id = str(channel.id), None
-        bot_roles = [r.id for r in message.role_mentions if r.tags is not None and r.tags.bot_id == me]
-        mentioned = (any(u.id == me for u in message.mentions) or bool(bot_roles)
-                     or re.search(rf"<@!?{me}>", message.content) is not None)
-        text = _strip_mentions(message, me, bot_roles)
-        attachments = tuple(
-            Attachment(file_id=a.url, name=a.filename, mime_type=a.content_type, size=a.size)
-            for a in message.attachments
-        )
-        addressed = is_dm or mentioned or _replies_to(message, me)
-        if not text and not attachments and not addressed:
-            return None  # sticker- or embed-only chatter
-        extra: dict[str, Any] = {"guild_id": str(message.guild.id)} if message.guild else {}
-        return Inbound(
-            platform=self.name,
-            chat_id=chat_id,
-            message_id=str(message.id),
-            sender_id=str(message.author.id),
-            text=text,
-            is_direct=is_dm,
-            addressed=addressed,
-            thread_id=thread_id,
-            sender_name=message.author.display_name,
-            chat_title=_chat_title(message),
-            attachments=attachments,
-            received_at=message.created_at.timestamp(),
-            extra=extra,
-        )
+    async def _report(self, exc: Exception, ids: dict[str, Any]) -> None:
+        """Skip one unreadable event; call with the sink lock held."""
+        if self._sink is None:
+            return
+        try:
+            await self.skip_unreadable(self._sink, exc, **ids)
+        except ChannelError as err:  # shutting down: Discord has no redelivery to wait for
+            log.warning("discord: unreadable %s not reported: %s", ids["ref"], err)
 
     # -- rendering ----------------------------------------------------------------------------
     def render(self, markdown: str) -> Sequence[Rendered]:
@@ -269,10 +295,13 @@ class DiscordChannel(Channel):
 
     @staticmethod
     def _reference(target: ReplyTarget, channel_id: int) -> discord.MessageReference | None:
-        if not target.reply_to:
+        # Discord echoes the referenced message in the answer and discord.py parses it: a reply
+        # quoting a message discord.py could not read would fail after it was posted.
+        if not target.reply_to or target.extra.get(UNREADABLE):
             return None
-        return discord.MessageReference(message_id=int(target.reply_to), channel_id=channel_id,
-                                        fail_if_not_exists=False)
+        return discord.MessageReference(
+            message_id=int(target.reply_to), channel_id=channel_id, fail_if_not_exists=False
+        )
 
     async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
         channel = self._channel(target)
@@ -342,6 +371,20 @@ class DiscordChannel(Channel):
 # -- helpers ----------------------------------------------------------------------------------
 
 
+def _ids_of(message: discord.Message) -> dict[str, Any]:
+    """What a parsed but unusable message still tells (attributes may be missing)."""
+    author = getattr(message, "author", None)
+    channel = getattr(message, "channel", None)
+    person = author is not None and not getattr(author, "bot", True)
+    return {
+        "ref": f"message {getattr(message, 'id', '?')}",
+        "chat_id": str(channel.id) if channel is not None else "",
+        "sender_id": str(author.id) if person else "",
+        "message_id": str(getattr(message, "id", "")),
+        "is_direct": getattr(message, "guild", True) is None,
+    }
+
+
 def _raise_mapped(exc: BaseException, what: str) -> NoReturn:
     """Translate discord.py / transport errors into the channel contract's errors.
 
@@ -365,35 +408,6 @@ def _raise_mapped(exc: BaseException, what: str) -> NoReturn:
     if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
         raise TransientSendError(f"Discord {what} failed: {type(exc).__name__}") from exc
     raise exc
-
-
-def _replies_to(message: discord.Message, me: int) -> bool:
-    ref = message.reference
-    if ref is None or ref.message_id is None:
-        return False
-    resolved = ref.resolved if isinstance(ref.resolved, discord.Message) else ref.cached_message
-    return resolved is not None and resolved.author.id == me
-
-
-def _strip_mentions(message: discord.Message, me: int, bot_roles: list[int]) -> str:
-    """Remove the bot's own mention (user or managed role); show other mentions as @name."""
-    text = re.sub(rf"<@!?{me}>", "", message.content)
-    for rid in bot_roles:
-        text = text.replace(f"<@&{rid}>", "")
-    for user in message.mentions:
-        if user.id != me:
-            text = re.sub(rf"<@!?{user.id}>", f"@{user.display_name}", text)
-    return re.sub(r"[ \t]{2,}", " ", text).strip()
-
-
-def _chat_title(message: discord.Message) -> str:
-    channel = message.channel
-    if message.guild is None:
-        return f"DM with {message.author.display_name}"
-    name = getattr(channel, "name", None) or str(channel.id)
-    if isinstance(channel, discord.Thread) and channel.parent is not None:
-        return f"{message.guild.name} #{channel.parent.name} › {name}"
-    return f"{message.guild.name} #{name}"
 
 
 # -- Markdown → Discord markdown ----------------------------------------------------------------

@@ -67,7 +67,10 @@ async def fake() -> AsyncIterator[FakeTelegram]:
 
 @pytest.fixture
 async def channel(fake: FakeTelegram) -> AsyncIterator[TelegramChannel]:
-    ch = TelegramChannel(fake.token, base_url=fake.base_url, base_file_url=fake.base_file_url, poll_timeout=2)
+    ch = TelegramChannel(
+        fake.token, base_url=fake.base_url, base_file_url=fake.base_file_url, poll_timeout=2,
+        auth_recheck_delay=0.05,
+    )  # fmt: skip
     yield ch
     await ch.close()
 
@@ -215,6 +218,24 @@ async def test_offset_not_advanced_when_sink_raises(fake: FakeTelegram, channel:
     assert polls[0].params["allowed_updates"] == ["message"] and polls[0].params["timeout"] == 2
 
 
+async def test_unparseable_update_reaches_the_sink_as_a_marker(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    fake.inject_message(USER, USER, "one")
+    bad = fake.inject_malformed(GROUP, USER, "@chital_bot hi", drop=("date",), chat_type="supergroup")
+    fake.inject_message(USER, USER, "two")
+    sink = Sink()
+    async with running(channel, sink):
+        one_, marker, two = await sink.wait(3)
+        await fake.wait_for(lambda: not fake.pending_updates, what="all confirmed")
+        assert channel.state is ChannelState.CONNECTED
+    assert (one_.text, two.text) == ("one", "two")
+    assert marker.unreadable and marker.text == "" and not marker.is_direct and marker.addressed
+    assert (marker.chat_id, marker.sender_id) == (str(GROUP), str(USER))
+    assert marker.message_id == str(bad["message"]["message_id"])
+    assert fake.calls_to("getUpdates")[-1].params["offset"] > bad["update_id"]
+
+
 async def test_redelivered_update_gives_the_same_key(fake: FakeTelegram, channel: TelegramChannel) -> None:
     update = fake.inject_message(GROUP, USER, "once", chat_type="supergroup")
     sink = Sink()
@@ -244,7 +265,9 @@ async def test_revoked_token_during_polling_is_fatal(fake: FakeTelegram, channel
 
 
 async def test_rejected_token_at_start_is_fatal(fake: FakeTelegram) -> None:
-    ch = TelegramChannel("999:wrong", base_url=fake.base_url, base_file_url=fake.base_file_url)
+    ch = TelegramChannel(
+        "999:wrong", base_url=fake.base_url, base_file_url=fake.base_file_url, auth_recheck_delay=0.05
+    )
     try:
         with pytest.raises(FatalChannelError, match="rejected the bot token"):
             await asyncio.wait_for(ch.run(Sink()), 5)

@@ -1,4 +1,4 @@
-"""Lark message formats: answers out as interactive cards, user messages in as plain text.
+"""Lark message formats: answers out as interactive cards (user messages in: :mod:`.inbound`).
 
 Answers go out as JSON 2.0 cards with one ``markdown`` element (the form the SDK's own channel layer
 uses; Feishu/Lark clients >= 7.20 render it). Its Markdown covers what models write: headings, lists,
@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from channels.base import Attachment, Rendered
+from channels.base import Rendered
 from channels.textsplit import split_markdown
 
 MAX_PART_CHARS = 8000
@@ -93,7 +93,7 @@ def render_stream(markdown: str, limit: int = MAX_PART_CHARS) -> Rendered:
     return rendered_card(text or "…")
 
 
-# -- inbound -------------------------------------------------------------------------------------
+# -- inbound: the attachment handle download() takes apart ---------------------------------------
 
 
 def attachment_id(message_id: str, kind: str, key: str) -> str:
@@ -104,74 +104,3 @@ def attachment_id(message_id: str, kind: str, key: str) -> str:
 def parse_attachment_id(file_id: str) -> tuple[str, str, str]:
     message_id, kind, key = file_id.split("|", 2)
     return message_id, kind, key
-
-
-def message_text(msg_type: str, content: str, message_id: str) -> tuple[str, list[Attachment]]:
-    """Plain text and attachments of a received message (``content`` is the event's JSON string)."""
-    try:
-        data = json.loads(content or "{}")
-    except ValueError:
-        return content or "", []
-    if not isinstance(data, dict):
-        return str(data), []
-    if msg_type == "text":
-        return str(data.get("text", "")), []
-    if msg_type == "post":
-        return _post_text(data, message_id)
-    if msg_type == "image" and data.get("image_key"):
-        key = str(data["image_key"])
-        return "", [Attachment(attachment_id(message_id, "image", key), "image.png", "image/png")]
-    if msg_type in ("file", "audio", "media") and data.get("file_key"):
-        key = str(data["file_key"])
-        default = {"audio": "audio.opus", "media": "video.mp4"}.get(msg_type, "file")
-        name = str(data.get("file_name") or default)
-        return "", [Attachment(attachment_id(message_id, "file", key), name)]
-    return f"[{msg_type} message]", []
-
-
-def _post_text(data: dict[str, Any], message_id: str) -> tuple[str, list[Attachment]]:
-    # A received post is {"title", "content": [[element, ...], ...]}; a sent one nests it per locale.
-    if "content" not in data:
-        data = next((v for v in data.values() if isinstance(v, dict) and "content" in v), {})
-    lines: list[str] = [str(data["title"])] if data.get("title") else []
-    attachments: list[Attachment] = []
-    for paragraph in data.get("content") or []:
-        chunks: list[str] = []
-        for el in paragraph or []:
-            if not isinstance(el, dict):
-                continue
-            tag = el.get("tag")
-            if tag in ("text", "md"):
-                chunks.append(str(el.get("text", "")))
-            elif tag == "a":
-                label, href = str(el.get("text") or ""), str(el.get("href") or "")
-                chunks.append(f"{label} ({href})" if label and label != href else href)
-            elif tag == "at":
-                chunks.append(str(el.get("user_id") or el.get("user_name") or ""))
-            elif tag == "code_block":
-                lang = str(el.get("language") or "").lower()
-                chunks.append(f"```{lang}\n{el.get('text', '')}\n```")
-            elif tag == "img" and el.get("image_key"):
-                key = str(el["image_key"])
-                attachments.append(
-                    Attachment(attachment_id(message_id, "image", key), "image.png", "image/png"))
-            elif tag == "media" and el.get("file_key"):
-                key = str(el["file_key"])
-                attachments.append(Attachment(attachment_id(message_id, "file", key), "video.mp4"))
-        line = "".join(chunks).strip()
-        if line:
-            lines.append(line)
-    return "\n".join(lines), attachments
-
-
-def resolve_mentions(text: str, mentions: list[tuple[str, str, str]], bot_open_id: str) -> str:
-    """Replace ``@_user_N`` placeholders: the bot's are removed (with one adjacent space), others
-    become ``@Name``. Other whitespace is left alone (users paste indented code)."""
-    for key, name, open_id in sorted(mentions, key=lambda m: -len(m[0])):  # @_user_10 before @_user_1
-        if not key:
-            continue
-        if open_id == bot_open_id:
-            text = re.sub(re.escape(key) + r"(?![0-9])[ \t]?", "", text)
-        else:
-            text = re.sub(re.escape(key) + r"(?![0-9])", lambda _m, n=name or open_id: f"@{n}", text)
-    return text.strip()

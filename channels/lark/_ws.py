@@ -16,6 +16,10 @@ code during a reconnect ends the task and nothing else notices), and it only pin
 * a small subclass (:class:`_WatchedClient`) that reports every received frame, a lost connection
   and a reconnect that gave up, and pings at our cadence so a half-open socket shows within the
   liveness timeout (the frames the server answers are what prove the connection alive);
+* a guard around the event dispatcher (:class:`_GuardedDispatcher`): the SDK answers 500 to an event
+  it cannot parse (not JSON, no header) or has no handler for, and the platform then redelivers it
+  again and again. An unparseable one goes to ``on_unreadable`` (skipped, acked 200); other event
+  types are acked 200 and ignored; only our handler's own refusal (stopping, sink failed) stays 500;
 * :meth:`WsRunner.stop`: refuse further events, switch auto-reconnect off and cancel every task on
   the client's loop from that loop (``call_soon_threadsafe``), close the websocket, close the loop.
   A thread stuck in the SDK's blocking endpoint request (it has no timeout) cannot be interrupted; it
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import threading
@@ -133,6 +138,45 @@ class _WatchedClient(sdk_ws.Client):
             raise
 
 
+MESSAGE_EVENT = "im.message.receive_v1"
+
+
+class _Redeliver(Exception):
+    """Our handler refused an event on purpose (client stopping, sink failed): answer 500."""
+
+
+class _GuardedDispatcher:
+    """Stands in for the SDK's ``EventDispatcherHandler``: the websocket client only ever calls
+    its ``_do_without_validation(payload)`` (lark_oapi/ws/client.py, pinned 1.7.x)."""
+
+    def __init__(
+        self, inner: EventDispatcherHandler, on_unreadable: Callable[[bytes, Exception], None]
+    ) -> None:
+        self._inner, self._on_unreadable = inner, on_unreadable
+
+    def _do_without_validation(self, payload: bytes) -> Any:
+        try:
+            body = json.loads(payload)
+            header = body.get("header") if isinstance(body, dict) else None
+            event_type = header.get("event_type") if isinstance(header, dict) else None
+            if event_type is None and isinstance(body, dict) and "uuid" in body:
+                return None  # a v1 (legacy) event: not one we subscribe to
+            if not isinstance(event_type, str):
+                raise ValueError("event without a header.event_type")
+        except Exception as exc:
+            self._on_unreadable(payload, exc)
+            return None
+        if event_type != MESSAGE_EVENT:
+            return None  # not ours: acked, or the platform would redeliver it forever
+        try:
+            return self._inner._do_without_validation(payload)
+        except _Redeliver as refused:
+            raise (refused.__cause__ or refused) from None
+        except Exception as exc:  # the SDK's own parsing of a message event failed
+            self._on_unreadable(payload, exc)
+            return None
+
+
 class WsRunner:
     """One lark-oapi websocket client in its own thread. Callbacks run on that thread."""
 
@@ -143,13 +187,16 @@ class WsRunner:
         domain: str,
         on_message: Callable[[WsRunner, P2ImMessageReceiveV1], None],
         *,
+        on_unreadable: Callable[[WsRunner, bytes, Exception], None] | None = None,
         ping_every: float,
         notify: Callable[[str], None],
     ) -> None:
         self._app_id, self._app_secret, self._domain = app_id, app_secret, domain
         self._on_message = on_message
-        self._dispatcher = (
-            EventDispatcherHandler.builder("", "").register_p2_im_message_receive_v1(self._guard).build()
+        self._on_unreadable = on_unreadable
+        self._dispatcher = _GuardedDispatcher(
+            EventDispatcherHandler.builder("", "").register_p2_im_message_receive_v1(self._guard).build(),
+            self._unreadable,
         )
         self._ping_every = ping_every
         self._notify = notify  # "frame" | "reconnecting" | "died" | "exit"
@@ -211,9 +258,14 @@ class WsRunner:
         self._loop = loop
         try:
             self._client = _WatchedClient(
-                self._app_id, self._app_secret, log_level=LogLevel.WARNING,
-                event_handler=self._dispatcher, domain=self._domain, auto_reconnect=True,
-                runner=self, ping_every=self._ping_every,
+                self._app_id,
+                self._app_secret,
+                log_level=LogLevel.WARNING,
+                event_handler=self._dispatcher,
+                domain=self._domain,
+                auto_reconnect=True,
+                runner=self,
+                ping_every=self._ping_every,
             )
             self._client.on_reconnecting = lambda: self._notify("reconnecting")
             if not self.stopping.is_set():
@@ -259,8 +311,17 @@ class WsRunner:
         # A client being stopped (or abandoned) must never deliver next to its successor: raising
         # makes the SDK ack 500, so the platform redelivers to the live connection.
         if self.stopping.is_set():
+            raise _Redeliver() from RuntimeError("this Lark client is stopping")
+        try:
+            self._on_message(self, data)
+        except Exception as exc:
+            raise _Redeliver() from exc
+
+    def _unreadable(self, payload: bytes, exc: Exception) -> None:
+        if self.stopping.is_set():
             raise RuntimeError("this Lark client is stopping")
-        self._on_message(self, data)
+        if self._on_unreadable is not None:
+            self._on_unreadable(self, payload, exc)
 
     def _frame_seen(self) -> None:
         self.last_frame = time.monotonic()

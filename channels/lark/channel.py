@@ -10,7 +10,7 @@ import io
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import lark_oapi as lark
@@ -34,6 +34,7 @@ from lark_oapi.api.im.v1 import (
 )
 from lark_oapi.core.enum import AccessTokenType, HttpMethod, LogLevel
 from lark_oapi.core.exception import ObtainAccessTokenException
+from lark_oapi.core.json import JSON
 from lark_oapi.core.model import BaseRequest
 
 from channels.base import (
@@ -43,7 +44,6 @@ from channels.base import (
     ChannelError,
     ChannelState,
     FatalChannelError,
-    Inbound,
     InboundSink,
     OutFile,
     PermanentSendError,
@@ -55,6 +55,7 @@ from channels.base import (
 
 from . import _format
 from ._ws import WsRunner, install_log_redaction
+from .inbound import recover_ids, to_inbound
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -65,11 +66,29 @@ _BAD_CREDENTIAL_CODES = {10003, 10012, 10014, 1000040344}
 _RATE_LIMIT_CODES = {99991400, 230020}  # app frequency limit; per-chat/message frequency limit
 _WITHDRAWN_CODES = {230011}  # replying to a message the user withdrew: post into the chat instead
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tiff", ".ico", ".heic"}
-_FILE_TYPES = {".pdf": "pdf", ".doc": "doc", ".docx": "doc", ".xls": "xls", ".xlsx": "xls",
-               ".ppt": "ppt", ".pptx": "ppt", ".mp4": "mp4", ".opus": "opus"}
+_FILE_TYPES = {
+    ".pdf": "pdf",
+    ".doc": "doc",
+    ".docx": "doc",
+    ".xls": "xls",
+    ".xlsx": "xls",
+    ".ppt": "ppt",
+    ".pptx": "ppt",
+    ".mp4": "mp4",
+    ".opus": "opus",
+}
 _MAX_IMAGE_BYTES = 10 * 1024 * 1024
-_EMOJI = {"👍": "THUMBSUP", "👌": "OK", "✅": "DONE", "🙏": "THANKS", "👏": "APPLAUSE",
-          "💪": "MUSCLE", "😄": "SMILE", "🙂": "SMILE", "➕": "JIAYI"}
+_EMOJI = {
+    "👍": "THUMBSUP",
+    "👌": "OK",
+    "✅": "DONE",
+    "🙏": "THANKS",
+    "👏": "APPLAUSE",
+    "💪": "MUSCLE",
+    "😄": "SMILE",
+    "🙂": "SMILE",
+    "➕": "JIAYI",
+}
 
 
 class LarkConnectionError(ChannelError):
@@ -105,8 +124,13 @@ class LarkChannel(Channel):
         self.bot_open_id: str | None = None
         install_log_redaction()
         self._api = (
-            lark.Client.builder().app_id(app_id).app_secret(app_secret).domain(self.domain)
-            .timeout(30).log_level(LogLevel.WARNING).build()
+            lark.Client.builder()
+            .app_id(app_id)
+            .app_secret(app_secret)
+            .domain(self.domain)
+            .timeout(30)
+            .log_level(LogLevel.WARNING)
+            .build()
         )
         # Blocking SDK calls (requests, and the token fetch even in its a* methods) run here.
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -125,7 +149,11 @@ class LarkChannel(Channel):
         self.set_state(ChannelState.STARTING)
         self.bot_open_id = await self._fetch_bot_open_id()
         runner = WsRunner(
-            self.app_id, self._app_secret, self.domain, self._on_receive,
+            self.app_id,
+            self._app_secret,
+            self.domain,
+            self._on_receive,
+            on_unreadable=self._on_unreadable,
             ping_every=max(0.5, self.liveness_timeout / 3),
             notify=lambda kind: self._from_sdk_thread(runner, kind),
         )
@@ -180,14 +208,20 @@ class LarkChannel(Channel):
 
     async def _fetch_bot_open_id(self) -> str:
         """The bot's open_id (group messages address it by mention). Also proves the credentials."""
-        req = (BaseRequest.builder().http_method(HttpMethod.GET).uri("/open-apis/bot/v3/info")
-               .token_types({AccessTokenType.TENANT}).build())
+        req = (
+            BaseRequest.builder()
+            .http_method(HttpMethod.GET)
+            .uri("/open-apis/bot/v3/info")
+            .token_types({AccessTokenType.TENANT})
+            .build()
+        )
         try:
             resp = await self._blocking(self._api.request, req)
         except ObtainAccessTokenException as e:
             if e.code in _BAD_CREDENTIAL_CODES:
                 raise FatalChannelError(
-                    f"Lark rejected the app credentials: code {e.code}: {e.msg}") from None
+                    f"Lark rejected the app credentials: code {e.code}: {e.msg}"
+                ) from None
             raise LarkConnectionError(f"Lark token request failed: code {e.code}: {e.msg}") from None
         except (requests.RequestException, OSError, ValueError) as e:
             raise LarkConnectionError(f"Lark bot info request failed: {type(e).__name__}") from None
@@ -201,61 +235,54 @@ class LarkChannel(Channel):
             if status >= 500 or resp.code in _RATE_LIMIT_CODES:
                 raise LarkConnectionError(f"Lark bot info failed: HTTP {status}, code {resp.code}")
             raise FatalChannelError(
-                f"Lark bot info failed (is the bot capability enabled?): code {resp.code}: {resp.msg}")
+                f"Lark bot info failed (is the bot capability enabled?): code {resp.code}: {resp.msg}"
+            )
         return str(open_id)
 
     # -- inbound (runs on the SDK's thread) -----------------------------------------------------
     def _on_receive(self, runner: WsRunner, data: P2ImMessageReceiveV1) -> None:
         """Deliver one message and block until the sink has journaled it, so that the SDK acks the
-        frame only afterwards. Raising makes the SDK ack 500 and the platform redeliver."""
-        loop, sink = self._loop, self._sink
-        if loop is None or sink is None or runner is not self._runner or runner.stopping.is_set():
-            raise LarkConnectionError("this Lark client is stopping")
-        inbound = self._to_inbound(data)
-        if inbound is None:
+        frame only afterwards. Raising makes the SDK ack 500 and the platform redeliver: only for a
+        client that is stopping or a sink that failed. A message we cannot read is skipped (and
+        acked) instead, or it would come back again and again."""
+        sink = self._live_sink(runner)
+        try:
+            inbound = to_inbound(data, self.bot_open_id)
+        except Exception as exc:
+            try:
+                ids = recover_ids(JSON.marshal(data), self.bot_open_id)
+            except Exception:
+                ids = {"ref": "event ?"}
+            self._block_on(runner, self.skip_unreadable(sink, exc, **ids))
             return
-        future = asyncio.run_coroutine_threadsafe(sink(inbound), loop)
+        if inbound is not None:
+            self._block_on(runner, self.hand_over(sink, inbound, ref=f"message {inbound.message_id}"))
+
+    def _on_unreadable(self, runner: WsRunner, payload: bytes, exc: Exception) -> None:
+        """An event frame the SDK itself could not parse (not JSON, no header): skip and ack it."""
+        sink = self._live_sink(runner)
+        self._block_on(runner, self.skip_unreadable(sink, exc, **recover_ids(payload, self.bot_open_id)))
+
+    def _live_sink(self, runner: WsRunner) -> InboundSink:
+        if self._loop is None or self._sink is None or runner is not self._runner or runner.stopping.is_set():
+            raise LarkConnectionError("this Lark client is stopping")
+        return self._sink
+
+    def _block_on(self, runner: WsRunner, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` on the daemon's loop and wait for it on this SDK thread; its exception,
+        if any, becomes the SDK's 500 ack."""
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         runner.busy += 1
         try:
             while not concurrent.futures.wait([future], timeout=0.25).done:
                 if runner.stopping.is_set():
                     future.cancel()
                     raise LarkConnectionError("stopped before the message was journaled")
-            future.result()  # the sink's exception, if any, becomes the SDK's 500 ack
+            future.result()
         finally:
             runner.busy -= 1
             runner.last_frame = time.monotonic()
-
-    def _to_inbound(self, data: P2ImMessageReceiveV1) -> Inbound | None:
-        event = data.event
-        msg = event.message if event else None
-        sender = event.sender if event else None
-        if msg is None or sender is None or not msg.message_id or not msg.chat_id:
-            return None
-        sender_id = sender.sender_id.open_id if sender.sender_id else None
-        # Only people: other bots (and our own echoes) must not start conversations or loops.
-        if sender.sender_type not in (None, "user") or not sender_id or sender_id == self.bot_open_id:
-            return None
-        text, attachments = _format.message_text(msg.message_type or "", msg.content or "", msg.message_id)
-        mentions = [
-            (m.key or "", m.name or "", (m.id.open_id if m.id else "") or "") for m in msg.mentions or []
-        ]
-        is_direct = msg.chat_type == "p2p"
-        mentioned = any(open_id == self.bot_open_id for _, _, open_id in mentions)
-        return Inbound(
-            platform=self.name,
-            chat_id=msg.chat_id,
-            message_id=msg.message_id,
-            sender_id=sender_id,
-            text=_format.resolve_mentions(text, mentions, self.bot_open_id or ""),
-            is_direct=is_direct,
-            addressed=is_direct or mentioned,
-            # Topics (topic groups, "reply in thread") carry a thread_id and are their own
-            # conversation; a plain quote-reply (root_id only) stays in the chat's conversation.
-            thread_id=msg.thread_id or None,
-            attachments=tuple(attachments),
-            extra={"chat_type": msg.chat_type or ""},
-        )
 
     # -- rendering -----------------------------------------------------------------------------
     def render(self, markdown: str) -> Sequence[Rendered]:
@@ -302,18 +329,28 @@ class LarkChannel(Channel):
         msg_type, content = _payload(part)
         if msg_type != "interactive":
             raise PermanentSendError("only cards can be edited on Lark by this adapter")
-        req = (PatchMessageRequest.builder().message_id(message_id)
-               .request_body(PatchMessageRequestBody.builder().content(content).build()).build())
+        req = (
+            PatchMessageRequest.builder()
+            .message_id(message_id)
+            .request_body(PatchMessageRequestBody.builder().content(content).build())
+            .build()
+        )
         await self._call("edit", self._api.im.v1.message.patch, req)
 
     async def react(self, target: ReplyTarget, emoji: str) -> None:
         if not target.reply_to:
             return
         emoji_type = _EMOJI.get(emoji) or (emoji if emoji.isascii() and emoji.isalpha() else "OK")
-        req = (CreateMessageReactionRequest.builder().message_id(target.reply_to)
-               .request_body(CreateMessageReactionRequestBody.builder()
-                             .reaction_type(Emoji.builder().emoji_type(emoji_type).build()).build())
-               .build())
+        req = (
+            CreateMessageReactionRequest.builder()
+            .message_id(target.reply_to)
+            .request_body(
+                CreateMessageReactionRequestBody.builder()
+                .reaction_type(Emoji.builder().emoji_type(emoji_type).build())
+                .build()
+            )
+            .build()
+        )
         try:
             await self._call("react", self._api.im.v1.message_reaction.create, req)
         except (ChannelError, _LarkApiError) as e:  # a missing reaction is cosmetic

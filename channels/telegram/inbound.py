@@ -2,14 +2,21 @@
 
 Entity offsets are UTF-16 code units, so text surgery (stripping ``@bot``, ``/cmd@bot`` → ``/cmd``)
 works on the UTF-16 encoding rather than on Python string indices.
+
+What is not text becomes text where the agent can use it (a location, a contact, a poll, a die),
+an attachment where it can be downloaded (voice, audio, video, video notes, GIFs), and otherwise an
+``unsupported`` kind the gateway answers with a plain note (stickers, games, stories ...).
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from telegram import Message, MessageEntity, Update
 from telegram.constants import ChatType
 
-from channels.base import Attachment, Inbound
+from channels.base import Attachment, Inbound, clean_text
 
 PLATFORM = "telegram"
 
@@ -17,17 +24,25 @@ PLATFORM = "telegram"
 def to_inbound(update: Update, bot_id: int, bot_username: str) -> Inbound | None:
     """The :class:`Inbound` for ``update``, or ``None`` for what the agent never sees: updates
     without a new message (edits included), messages from bots, and service messages (joins,
-    pins, topic changes) that carry neither text nor a file."""
+    pins, topic changes). Raises ``ValueError`` when the ids or the text have the wrong type (PTB
+    does not check types), so the caller skips the update as unreadable instead of keying the
+    journal on ``"None"``."""
     msg = update.message
     if msg is None or msg.from_user is None or msg.from_user.is_bot:
         return None
+    _check_types(msg)
     if msg.text is not None:
         text, entities = msg.text, msg.entities
     else:  # a caption under a file or photo is the message's text
         text, entities = msg.caption or "", msg.caption_entities
+    text = clean_text(text)  # before the UTF-16 surgery below, which a lone surrogate would break
     attachments = _attachments(msg)
+    unsupported = ""
     if not text.strip() and not attachments:
-        return None
+        text, unsupported = _not_text(msg)
+        entities = ()
+        if not text and not unsupported:
+            return None  # a service message
 
     me = bot_username.lower()
     is_direct = msg.chat.type == ChatType.PRIVATE
@@ -74,7 +89,94 @@ def to_inbound(update: Update, bot_id: int, bot_username: str) -> Inbound | None
         sender_name=msg.from_user.full_name,
         chat_title=chat.effective_name or "",
         attachments=attachments,
+        unsupported=unsupported,
     )
+
+
+def _check_types(msg: Message) -> None:
+    ints = (msg.message_id, msg.chat.id, msg.from_user.id if msg.from_user else 0)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+        raise ValueError("message, chat or sender id is not an integer")
+    if not all(v is None or isinstance(v, str) for v in (msg.text, msg.caption)):
+        raise ValueError("text or caption is not a string")
+
+
+# Content the agent cannot use yet, by the Message attribute that carries it (checked in order).
+_UNSUPPORTED = (
+    ("sticker", "stickers"), ("game", "games"), ("story", "stories"), ("paid_media", "paid media"),
+    ("giveaway", "giveaways"), ("giveaway_winners", "giveaways"), ("invoice", "invoices"),
+    ("checklist", "checklists"),
+)  # fmt: skip
+
+
+def _not_text(msg: Message) -> tuple[str, str]:
+    """(text, unsupported kind) of a message with neither text, caption nor a file."""
+    if msg.venue is not None:  # a venue carries its location too: say both
+        v = msg.venue
+        return f"📍 location: {v.location.latitude}, {v.location.longitude} ({v.title}, {v.address})", ""
+    if msg.location is not None:
+        loc = msg.location
+        live = " (live)" if loc.live_period else ""
+        return f"📍 location: {loc.latitude}, {loc.longitude}{live}", ""
+    if msg.contact is not None:
+        c = msg.contact
+        name = " ".join(p for p in (c.first_name, c.last_name) if p)
+        return f"👤 contact: {name}, phone {c.phone_number}", ""
+    if msg.poll is not None:
+        p = msg.poll
+        kind = "quiz" if p.type == "quiz" else "poll"
+        return "\n".join([f"📊 {kind}: {p.question}", *(f"- {o.text}" for o in p.options)]), ""
+    if msg.dice is not None:
+        return f"{msg.dice.emoji} rolled {msg.dice.value}", ""
+    for attr, kind in _UNSUPPORTED:
+        if getattr(msg, attr, None):
+            return "", kind
+    # A field newer than this PTB knows lands in api_kwargs: in a DM that is most likely content
+    # a newer Bot API added, and the user deserves a word rather than silence.
+    if msg.api_kwargs and msg.chat.type == ChatType.PRIVATE:
+        return "", "messages of this kind"
+    return "", ""
+
+
+def recover_ids(raw: Any, bot_id: int, bot_username: str) -> dict[str, Any]:
+    """What :meth:`Channel.skip_unreadable` needs, read defensively from an update PTB could not
+    parse: every field may be missing or of the wrong type. A sender is only named when it is a
+    person (in a private chat the chat id is the user id); a message without an id gets one made
+    from the update id, so the note is still journaled once per update."""
+    out: dict[str, Any] = {"ref": "?"}
+    if not isinstance(raw, dict):
+        return out
+    uid = raw.get("update_id")
+    out["ref"] = f"update {uid}" if _is_int(uid) else "update ?"
+    msg = raw.get("message")
+    if not isinstance(msg, dict):
+        return out
+    chat = msg.get("chat") if isinstance(msg.get("chat"), dict) else {}
+    sender = msg.get("from") if isinstance(msg.get("from"), dict) else {}
+    chat_id, sender_id, mid = chat.get("id"), sender.get("id"), msg.get("message_id")
+    is_direct = chat.get("type") == "private"
+    if not _is_int(chat_id) or sender.get("is_bot") is True:
+        return out
+    if not _is_int(sender_id):
+        sender_id = chat_id if is_direct else None
+    out.update(chat_id=str(chat_id), sender_id=str(sender_id) if sender_id is not None else "",
+               is_direct=is_direct)  # fmt: skip
+    out["message_id"] = str(mid) if _is_int(mid) else (f"u{uid}" if _is_int(uid) else "")
+    thread = msg.get("message_thread_id")
+    if msg.get("is_topic_message") is True and _is_int(thread):
+        out["thread_id"] = str(thread)
+    reply = msg.get("reply_to_message") if isinstance(msg.get("reply_to_message"), dict) else {}
+    replier = reply.get("from") if isinstance(reply.get("from"), dict) else {}
+    said = json.dumps([msg.get("text"), msg.get("caption")], ensure_ascii=False).lower()
+    out["addressed"] = (
+        is_direct or f"@{bot_username.lower()}" in said or replier.get("id") == bot_id
+        or (isinstance(msg.get("text"), str) and msg["text"].startswith("/"))
+    )  # fmt: skip
+    return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _attachments(msg: Message) -> tuple[Attachment, ...]:
@@ -96,6 +198,14 @@ def _attachments(msg: Message) -> tuple[Attachment, ...]:
     if msg.video:
         v = msg.video
         out.append(Attachment(v.file_id, v.file_name or "video.mp4", v.mime_type or "video/mp4", v.file_size))
+    if msg.video_note:
+        n = msg.video_note
+        out.append(Attachment(n.file_id, f"video_note_{n.file_unique_id}.mp4", "video/mp4", n.file_size))
+    # A GIF arrives as an animation and as a document of the same file: take it once.
+    if msg.animation and not (msg.document and msg.document.file_id == msg.animation.file_id):
+        a = msg.animation
+        out.append(Attachment(a.file_id, a.file_name or "animation.mp4", a.mime_type or "video/mp4",
+                              a.file_size))  # fmt: skip
     return tuple(out)
 
 

@@ -269,8 +269,16 @@ class FakeDiscord:
     # -- model helpers ------------------------------------------------------------------------
     def _user(self, user_id: str, *, bot: bool = False) -> dict[str, Any]:
         name = "chital" if user_id == self.bot_id else f"user{user_id[-4:]}"
-        return {"id": user_id, "username": name, "global_name": name.title(), "discriminator": "0",
-                "avatar": None, "bot": bot, "flags": 0, "public_flags": 0}
+        return {
+            "id": user_id,
+            "username": name,
+            "global_name": name.title(),
+            "discriminator": "0",
+            "avatar": None,
+            "bot": bot,
+            "flags": 0,
+            "public_flags": 0,
+        }
 
     def _bot_user(self) -> dict[str, Any]:
         return {**self._user(self.bot_id, bot=True), "verified": True, "mfa_enabled": False}
@@ -282,32 +290,90 @@ class FakeDiscord:
         return self._is_guild_channel(cid) or cid in self._dms.values()
 
     def _thread_data(self, tid: str) -> dict[str, Any]:
-        return {"id": tid, "type": 11, "guild_id": self.guild_id, "parent_id": self._threads[tid],
-                "owner_id": self.owner_id, "name": f"thread-{tid[-4:]}", "message_count": 0,
-                "member_count": 1, "rate_limit_per_user": 0, "flags": 0,
-                "thread_metadata": {"archived": False, "auto_archive_duration": 1440,
-                                    "archive_timestamp": _now_iso(), "locked": False}}
+        return {
+            "id": tid,
+            "type": 11,
+            "guild_id": self.guild_id,
+            "parent_id": self._threads[tid],
+            "owner_id": self.owner_id,
+            "name": f"thread-{tid[-4:]}",
+            "message_count": 0,
+            "member_count": 1,
+            "rate_limit_per_user": 0,
+            "flags": 0,
+            "thread_metadata": {
+                "archived": False,
+                "auto_archive_duration": 1440,
+                "archive_timestamp": _now_iso(),
+                "locked": False,
+            },
+        }
 
     def _guild_data(self) -> dict[str, Any]:
-        everyone = {"id": self.guild_id, "name": "@everyone", "permissions": "1071698660929", "position": 0,
-                    "color": 0, "hoist": False, "managed": False, "mentionable": False, "flags": 0}
-        text = {"id": self.channel_id, "type": 0, "guild_id": self.guild_id, "name": "general",
-                "position": 0, "permission_overwrites": [], "nsfw": False, "parent_id": None}
-        return {"id": self.guild_id, "name": "Fake Guild", "owner_id": self.owner_id, "unavailable": False,
-                "member_count": 2, "large": False, "roles": [everyone], "emojis": [], "stickers": [],
-                "features": [], "channels": [text], "members": [], "voice_states": [], "presences": [],
-                "threads": [self._thread_data(t) for t in self._threads], "joined_at": _now_iso(),
-                "preferred_locale": "en-US", "mfa_level": 0, "verification_level": 0,
-                "premium_tier": 0, "system_channel_flags": 0}
+        everyone = {
+            "id": self.guild_id,
+            "name": "@everyone",
+            "permissions": "1071698660929",
+            "position": 0,
+            "color": 0,
+            "hoist": False,
+            "managed": False,
+            "mentionable": False,
+            "flags": 0,
+        }
+        text = {
+            "id": self.channel_id,
+            "type": 0,
+            "guild_id": self.guild_id,
+            "name": "general",
+            "position": 0,
+            "permission_overwrites": [],
+            "nsfw": False,
+            "parent_id": None,
+        }
+        return {
+            "id": self.guild_id,
+            "name": "Fake Guild",
+            "owner_id": self.owner_id,
+            "unavailable": False,
+            "member_count": 2,
+            "large": False,
+            "roles": [everyone],
+            "emojis": [],
+            "stickers": [],
+            "features": [],
+            "channels": [text],
+            "members": [],
+            "voice_states": [],
+            "presences": [],
+            "threads": [self._thread_data(t) for t in self._threads],
+            "joined_at": _now_iso(),
+            "preferred_locale": "en-US",
+            "mfa_level": 0,
+            "verification_level": 0,
+            "premium_tier": 0,
+            "system_channel_flags": 0,
+        }
 
     def _message_data(self, cid: str, author_id: str, content: str, **extra: Any) -> dict[str, Any]:
         mid = self.new_id()
         data: dict[str, Any] = {
-            "id": mid, "channel_id": cid, "type": 0, "content": content,
+            "id": mid,
+            "channel_id": cid,
+            "type": 0,
+            "content": content,
             "author": self._bot_user() if author_id == self.bot_id else self._user(author_id),
-            "timestamp": _now_iso(), "edited_timestamp": None, "tts": False, "mention_everyone": False,
-            "mentions": [], "mention_roles": [], "attachments": [], "embeds": [], "pinned": False,
-            "flags": 0, "components": [],
+            "timestamp": _now_iso(),
+            "edited_timestamp": None,
+            "tts": False,
+            "mention_everyone": False,
+            "mentions": [],
+            "mention_roles": [],
+            "attachments": [],
+            "embeds": [],
+            "pinned": False,
+            "flags": 0,
+            "components": [],
         }
         if self._is_guild_channel(cid):
             data["guild_id"] = self.guild_id
@@ -320,8 +386,14 @@ class FakeDiscord:
         aid = self.new_id()
         self._cdn[aid] = (body, content_type)
         url = f"{self.url}/attachments/{cid}/{aid}/{name}"
-        return {"id": aid, "filename": name, "size": len(body), "url": url, "proxy_url": url,
-                "content_type": content_type}
+        return {
+            "id": aid,
+            "filename": name,
+            "size": len(body),
+            "url": url,
+            "proxy_url": url,
+            "content_type": content_type,
+        }
 
     # -- user side ----------------------------------------------------------------------------
     async def inject_message(
@@ -335,10 +407,12 @@ class FakeDiscord:
         reply_to_message_id: str | None = None,
         thread: bool = False,
         attachments: Iterable[tuple[str, bytes, str]] | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> str:
         """A user posts a message; returns its id. ``channel_id=None`` means the guild text channel;
         ``thread=True`` posts into the thread under it; ``guild=False`` means a DM (see inject_dm).
-        ``attachments`` are ``(filename, bytes, content_type)`` served from the fake CDN."""
+        ``attachments`` are ``(filename, bytes, content_type)`` served from the fake CDN; ``fields``
+        are merged into the payload last (``sticker_items``, ``embeds``, ``poll`` ...)."""
         if not guild:
             cid = self._dms.setdefault(author_id, self.new_id())
         else:
@@ -353,13 +427,37 @@ class FakeDiscord:
         if reply_to_message_id is not None:
             ref = self._messages.get(reply_to_message_id)
             extra["type"] = 19
-            extra["message_reference"] = {"type": 0, "message_id": reply_to_message_id, "channel_id": cid,
-                                          **({"guild_id": self.guild_id} if guild else {})}
+            extra["message_reference"] = {
+                "type": 0,
+                "message_id": reply_to_message_id,
+                "channel_id": cid,
+                **({"guild_id": self.guild_id} if guild else {}),
+            }
             extra["referenced_message"] = ref
         extra["attachments"] = [self._add_cdn(cid, n, b, t) for n, b, t in attachments or ()]
+        extra.update(fields or {})
         data = self._message_data(cid, author_id, content, **extra)
         await self._dispatch("MESSAGE_CREATE", data)
         return data["id"]
+
+    async def inject_malformed(
+        self,
+        author_id: str,
+        content: str = "secret words",
+        *,
+        guild: bool = False,
+        drop: tuple[str, ...] = (),
+        override: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Dispatch a MESSAGE_CREATE discord.py cannot parse: a normal payload with the keys in
+        ``drop`` removed and ``override`` merged in. Returns the payload sent."""
+        cid = self.channel_id if guild else self._dms.setdefault(author_id, self.new_id())
+        data = self._message_data(cid, author_id, content)
+        for key in drop:
+            data.pop(key, None)
+        data.update(override or {})
+        await self._dispatch("MESSAGE_CREATE", data)
+        return data
 
     async def inject_dm(self, author_id: str, content: str, **kwargs: Any) -> str:
         return await self.inject_message(None, author_id, content, guild=False, **kwargs)
@@ -403,8 +501,15 @@ class FakeDiscord:
         await ws.prepare(request)
         conn = _Conn(ws=ws, request=request)
         self._conns.add(conn)
-        await self._send(conn, {"op": 10, "s": None, "t": None,
-                                "d": {"heartbeat_interval": int(self.heartbeat_interval * 1000)}})
+        await self._send(
+            conn,
+            {
+                "op": 10,
+                "s": None,
+                "t": None,
+                "d": {"heartbeat_interval": int(self.heartbeat_interval * 1000)},
+            },
+        )
         try:
             async for msg in ws:
                 if msg.type is not WSMsgType.TEXT:
@@ -437,10 +542,17 @@ class FakeDiscord:
         session = _Session(id=uuid.uuid4().hex)
         self._sessions[session.id] = session
         self._session, conn.session, session.conn = session, session, conn
-        ready = {"v": 10, "user": self._bot_user(), "guilds": [{"id": self.guild_id, "unavailable": True}],
-                 "session_id": session.id, "session_type": "normal", "resume_gateway_url": self.gateway_url,
-                 "application": {"id": self.application_id, "flags": 0}, "private_channels": [],
-                 "relationships": []}
+        ready = {
+            "v": 10,
+            "user": self._bot_user(),
+            "guilds": [{"id": self.guild_id, "unavailable": True}],
+            "session_id": session.id,
+            "session_type": "normal",
+            "resume_gateway_url": self.gateway_url,
+            "application": {"id": self.application_id, "flags": 0},
+            "private_channels": [],
+            "relationships": [],
+        }
         await self._dispatch("READY", ready, session)
         await self._dispatch("GUILD_CREATE", self._guild_data(), session)
 
@@ -499,14 +611,37 @@ class FakeDiscord:
         return _json(self._bot_user())
 
     async def _application(self, request: web.Request) -> web.Response:
-        return _json({"id": self.application_id, "name": "Chital", "description": "", "icon": None,
-                      "bot_public": False, "bot_require_code_grant": False, "verify_key": "00" * 32,
-                      "owner": self._user(self.owner_id), "flags": 0, "rpc_origins": [],
-                      "summary": "", "team": None, "bot": self._bot_user()})
+        return _json(
+            {
+                "id": self.application_id,
+                "name": "Chital",
+                "description": "",
+                "icon": None,
+                "bot_public": False,
+                "bot_require_code_grant": False,
+                "verify_key": "00" * 32,
+                "owner": self._user(self.owner_id),
+                "flags": 0,
+                "rpc_origins": [],
+                "summary": "",
+                "team": None,
+                "bot": self._bot_user(),
+            }
+        )
 
     async def _gateway_bot(self, request: web.Request) -> web.Response:
-        return _json({"url": self.gateway_url.rstrip("/"), "shards": 1, "session_start_limit": {
-            "total": 1000, "remaining": 999, "reset_after": 0, "max_concurrency": 1}})
+        return _json(
+            {
+                "url": self.gateway_url.rstrip("/"),
+                "shards": 1,
+                "session_start_limit": {
+                    "total": 1000,
+                    "remaining": 999,
+                    "reset_after": 0,
+                    "max_concurrency": 1,
+                },
+            }
+        )
 
     def _check_channel(self, cid: str) -> web.Response | None:
         if not self._known_channel(cid):
@@ -517,8 +652,11 @@ class FakeDiscord:
 
     @staticmethod
     def _too_long() -> web.Response:
-        errors = {"content": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH",
-                                           "message": "Must be 2000 or fewer in length."}]}}
+        errors = {
+            "content": {
+                "_errors": [{"code": "BASE_TYPE_MAX_LENGTH", "message": "Must be 2000 or fewer in length."}]
+            }
+        }
         return _error(400, 50035, "Invalid Form Body", errors)
 
     async def _post_message(self, request: web.Request) -> web.Response:
@@ -551,18 +689,32 @@ class FakeDiscord:
         if ref := payload.get("message_reference"):
             reply_to = str(ref.get("message_id"))
             if reply_to in self._messages:
-                extra.update(type=19, referenced_message=self._messages[reply_to],
-                             message_reference={"type": 0, "message_id": reply_to, "channel_id": cid})
+                extra.update(
+                    type=19,
+                    referenced_message=self._messages[reply_to],
+                    message_reference={"type": 0, "message_id": reply_to, "channel_id": cid},
+                )
             elif ref.get("fail_if_not_exists", True):
-                return _error(400, 50035, "Invalid Form Body",
-                              {"message_reference": {"_errors": [{"code": "REPLIES_UNKNOWN_MESSAGE"}]}})
+                return _error(
+                    400,
+                    50035,
+                    "Invalid Form Body",
+                    {"message_reference": {"_errors": [{"code": "REPLIES_UNKNOWN_MESSAGE"}]}},
+                )
         extra["attachments"] = [self._add_cdn(cid, n, b, t) for n, b, t in files]
         data = self._message_data(cid, self.bot_id, content, **extra)
         if nonce is not None:
             self._nonces[str(nonce)] = data["id"]
-        self.posted.append(PostedMessage(id=data["id"], channel_id=cid, content=content, reply_to=reply_to,
-                                         nonce=None if nonce is None else str(nonce),
-                                         files=[(n, b) for n, b, _ in files]))
+        self.posted.append(
+            PostedMessage(
+                id=data["id"],
+                channel_id=cid,
+                content=content,
+                reply_to=reply_to,
+                nonce=None if nonce is None else str(nonce),
+                files=[(n, b) for n, b, _ in files],
+            )
+        )
         if self._session is not None and not self._session.dead:
             await self._dispatch("MESSAGE_CREATE", data)  # Discord echoes the bot's own posts
         self._notify()

@@ -236,9 +236,7 @@ class FakeLark:
                     raise TimeoutError("condition not met in time")
                 self._cond.wait(min(left, 0.5))
 
-    async def wait_for_async(
-        self, predicate: Callable[[FakeLark], T], timeout: float = 10.0
-    ) -> T:
+    async def wait_for_async(self, predicate: Callable[[FakeLark], T], timeout: float = 10.0) -> T:
         """``wait_for`` for coroutines: never blocks the caller's event loop."""
         return await asyncio.to_thread(self.wait_for, predicate, timeout)
 
@@ -250,7 +248,8 @@ class FakeLark:
     def bot_messages(self, chat_id: str | None = None) -> list[FakeMessage]:
         with self._cond:
             return [
-                m for m in self.messages.values()
+                m
+                for m in self.messages.values()
                 if m.sender == _BOT_APP_ID_SENDER and (chat_id is None or m.chat_id == chat_id)
             ]
 
@@ -288,12 +287,24 @@ class FakeLark:
             ments.append(self._mention(len(ments) + 1, open_id, name))
             text = f"{text} @_user_{len(ments)}"
         return self.inject_event(
-            chat_id, sender_open_id, "text", {"text": text}, chat_type=chat_type,
-            message_id=message_id, thread_id=thread_id, mentions=ments,
+            chat_id,
+            sender_open_id,
+            "text",
+            {"text": text},
+            chat_type=chat_type,
+            message_id=message_id,
+            thread_id=thread_id,
+            mentions=ments,
         )
 
     def inject_file(
-        self, chat_id: str, sender_open_id: str, name: str, data: bytes, *, image: bool = False,
+        self,
+        chat_id: str,
+        sender_open_id: str,
+        name: str,
+        data: bytes,
+        *,
+        image: bool = False,
         chat_type: str = "p2p",
     ) -> Injected:
         """A user sends a file (or an image); its bytes become downloadable as a message resource."""
@@ -303,8 +314,12 @@ class FakeLark:
             self.resources[(message_id, key)] = (name, data)
         content = {"image_key": key} if image else {"file_key": key, "file_name": name}
         return self.inject_event(
-            chat_id, sender_open_id, "image" if image else "file", content,
-            chat_type=chat_type, message_id=message_id,
+            chat_id,
+            sender_open_id,
+            "image" if image else "file",
+            content,
+            chat_type=chat_type,
+            message_id=message_id,
         )
 
     def inject_event(
@@ -312,43 +327,76 @@ class FakeLark:
         chat_id: str,
         sender_open_id: str,
         msg_type: str,
-        content: dict[str, Any],
+        content: dict[str, Any] | str,
         *,
         chat_type: str = "p2p",
         message_id: str | None = None,
         thread_id: str | None = None,
         mentions: list[dict[str, Any]] | None = None,
+        mutate: Callable[[dict[str, Any]], None] | None = None,
     ) -> Injected:
+        """A user's message event. ``content`` as a str is sent as it is (not even valid JSON, if
+        so given); ``mutate`` may break the event body before it is sent (drop the sender ...)."""
         message_id = message_id or f"om_{next(self._ids):08d}"
         event_id = f"ev_{next(self._ids):08d}"
         now_ms = str(int(time.time() * 1000))
         body = {
             "schema": "2.0",
             "header": {
-                "event_id": event_id, "event_type": "im.message.receive_v1", "create_time": now_ms,
-                "token": "", "app_id": self.app_id, "tenant_key": "tenant_fake",
+                "event_id": event_id,
+                "event_type": "im.message.receive_v1",
+                "create_time": now_ms,
+                "token": "",
+                "app_id": self.app_id,
+                "tenant_key": "tenant_fake",
             },
             "event": {
                 "sender": {
-                    "sender_id": {"open_id": sender_open_id, "union_id": "on_" + sender_open_id,
-                                  "user_id": None},
-                    "sender_type": "user", "tenant_key": "tenant_fake",
+                    "sender_id": {
+                        "open_id": sender_open_id,
+                        "union_id": "on_" + sender_open_id,
+                        "user_id": None,
+                    },
+                    "sender_type": "user",
+                    "tenant_key": "tenant_fake",
                 },
                 "message": {
-                    "message_id": message_id, "root_id": thread_id and f"om_root_{thread_id}",
-                    "parent_id": None, "create_time": now_ms, "update_time": now_ms,
-                    "chat_id": chat_id, "thread_id": thread_id, "chat_type": chat_type,
-                    "message_type": msg_type, "content": json.dumps(content, ensure_ascii=False),
+                    "message_id": message_id,
+                    "root_id": thread_id and f"om_root_{thread_id}",
+                    "parent_id": None,
+                    "create_time": now_ms,
+                    "update_time": now_ms,
+                    "chat_id": chat_id,
+                    "thread_id": thread_id,
+                    "chat_type": chat_type,
+                    "message_type": msg_type,
+                    "content": content
+                    if isinstance(content, str)
+                    else json.dumps(content, ensure_ascii=False),
                     "mentions": mentions or None,
                 },
             },
         }
         with self._cond:
             self.messages[message_id] = FakeMessage(
-                message_id, chat_id, msg_type, body["event"]["message"]["content"], sender_open_id,
+                message_id,
+                chat_id,
+                msg_type,
+                body["event"]["message"]["content"],
+                sender_open_id,
                 thread_id=thread_id,
             )
-            self._events[event_id] = _Event(event_id, json.dumps(body).encode(), message_id)
+        if mutate is not None:
+            mutate(body)
+        return self.inject_payload(json.dumps(body).encode(), event_id=event_id, message_id=message_id)
+
+    def inject_payload(
+        self, payload: bytes, *, event_id: str | None = None, message_id: str = ""
+    ) -> Injected:
+        """Deliver an event frame whose payload is exactly ``payload`` (malformed ones included)."""
+        event_id = event_id or f"ev_{next(self._ids):08d}"
+        with self._cond:
+            self._events[event_id] = _Event(event_id, payload, message_id)
         self._call(lambda: self._deliver(event_id))
         return Injected(event_id, message_id)
 
@@ -358,8 +406,12 @@ class FakeLark:
         self._call(lambda: self._deliver(event_id))
 
     def _mention(self, n: int, open_id: str, name: str) -> dict[str, Any]:
-        return {"key": f"@_user_{n}", "id": {"open_id": open_id, "union_id": "on_" + open_id,
-                                              "user_id": None}, "name": name, "tenant_key": "tenant_fake"}
+        return {
+            "key": f"@_user_{n}",
+            "id": {"open_id": open_id, "union_id": "on_" + open_id, "user_id": None},
+            "name": name,
+            "tenant_key": "tenant_fake",
+        }
 
     async def _deliver(self, event_id: str) -> None:
         conn = next((c for c in reversed(self._conns) if not c.stalled and not c.ws.closed), None)
@@ -369,8 +421,13 @@ class FakeLark:
         ev = self._events[event_id]
         frame = Frame()
         frame.SeqID, frame.LogID, frame.service, frame.method = 0, 0, conn.service_id, 1
-        for k, v in (("type", "event"), ("message_id", event_id), ("trace_id", "trace-" + event_id),
-                     ("sum", "1"), ("seq", "0")):
+        for k, v in (
+            ("type", "event"),
+            ("message_id", event_id),
+            ("trace_id", "trace-" + event_id),
+            ("sum", "1"),
+            ("seq", "0"),
+        ):
             h = frame.headers.add()
             h.key, h.value = k, v
         frame.payload = ev.payload
@@ -407,18 +464,33 @@ class FakeLark:
             self._endpoint_error = code
 
     def fail_next(
-        self, method: str, path: str, *, status: int = 500, code: int = 1, msg: str = "injected",
-        times: int = 1, headers: dict[str, str] | None = None,
+        self,
+        method: str,
+        path: str,
+        *,
+        status: int = 500,
+        code: int = 1,
+        msg: str = "injected",
+        times: int = 1,
+        headers: dict[str, str] | None = None,
     ) -> None:
         """The next ``times`` REST calls matching ``method`` and the ``path`` regex fail."""
         with self._cond:
             self._failures.append(
-                _Failure(method.upper(), re.compile(path), status, code, msg, headers or {}, times))
+                _Failure(method.upper(), re.compile(path), status, code, msg, headers or {}, times)
+            )
 
     def rate_limit_next(self, method: str, path: str, *, reset: int = 2, times: int = 1) -> None:
         """The platform's frequency limit: HTTP 429, code 99991400, x-ogw-ratelimit-reset."""
-        self.fail_next(method, path, status=429, code=99991400, msg="request trigger frequency limit",
-                       times=times, headers={"x-ogw-ratelimit-reset": str(reset)})
+        self.fail_next(
+            method,
+            path,
+            status=429,
+            code=99991400,
+            msg="request trigger frequency limit",
+            times=times,
+            headers={"x-ogw-ratelimit-reset": str(reset)},
+        )
 
     # -- long connection ---------------------------------------------------------------------
     async def _endpoint(self, request: web.Request) -> web.Response:
@@ -433,9 +505,21 @@ class FakeLark:
             return web.json_response({"code": err, "msg": "injected endpoint error"})
         service_id = next(self._ids)
         url = f"ws://127.0.0.1:{self.port}/ws?device_id=dev{service_id}&service_id={service_id}"
-        return web.json_response({"code": 0, "msg": "ok", "data": {"URL": url, "ClientConfig": {
-            "ReconnectCount": -1, "ReconnectInterval": self.reconnect_interval,
-            "ReconnectNonce": 0, "PingInterval": self.ping_interval}}})
+        return web.json_response(
+            {
+                "code": 0,
+                "msg": "ok",
+                "data": {
+                    "URL": url,
+                    "ClientConfig": {
+                        "ReconnectCount": -1,
+                        "ReconnectInterval": self.reconnect_interval,
+                        "ReconnectNonce": 0,
+                        "PingInterval": self.ping_interval,
+                    },
+                },
+            }
+        )
 
     async def _ws(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(autoping=True)
@@ -480,18 +564,29 @@ class FakeLark:
         body = await request.json()
         with self._cond:
             self.requests.append((request.method, request.path))
+        failure = self._injected_failure(request)  # fail_next("POST", "tenant_access_token") ...
+        if failure is not None:
+            return failure
         if body.get("app_id") != self.app_id or body.get("app_secret") != self.app_secret:
             return web.json_response({"code": 10014, "msg": "app secret invalid"})
-        return web.json_response({"code": 0, "msg": "ok", "tenant_access_token": self._token,
-                                  "app_access_token": self._token, "expire": 7200})
+        return web.json_response(
+            {
+                "code": 0,
+                "msg": "ok",
+                "tenant_access_token": self._token,
+                "app_access_token": self._token,
+                "expire": 7200,
+            }
+        )
 
     def _injected_failure(self, request: web.Request) -> web.Response | None:
         with self._cond:
             for f in self._failures:
                 if f.method == request.method and f.path.search(request.path) and f.times > 0:
                     f.times -= 1
-                    return web.json_response({"code": f.code, "msg": f.msg}, status=f.status,
-                                             headers=f.headers)
+                    return web.json_response(
+                        {"code": f.code, "msg": f.msg}, status=f.status, headers=f.headers
+                    )
         return None
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
@@ -504,8 +599,16 @@ class FakeLark:
             return web.json_response({"code": 99991663, "msg": "Invalid access token"}, status=400)
         path, method = request.path, request.method
         if path == "/open-apis/bot/v3/info" and method == "GET":
-            return _ok(extra={"bot": {"activate_status": 2, "app_name": self.bot_name,
-                                      "open_id": self.bot_open_id, "ip_white_list": []}})
+            return _ok(
+                extra={
+                    "bot": {
+                        "activate_status": 2,
+                        "app_name": self.bot_name,
+                        "open_id": self.bot_open_id,
+                        "ip_white_list": [],
+                    }
+                }
+            )
         if path == "/open-apis/im/v1/messages" and method == "POST":
             body = await request.json()
             if request.query.get("receive_id_type") != "chat_id":
@@ -529,8 +632,11 @@ class FakeLark:
             res = self.resources.get((m.group(1), m.group(2)))
             if res is None:
                 return _err(400, 234003, "resource not found")
-            return web.Response(body=res[1], content_type="application/octet-stream",
-                                headers={"Content-Disposition": f'attachment; filename="{res[0]}"'})
+            return web.Response(
+                body=res[1],
+                content_type="application/octet-stream",
+                headers={"Content-Disposition": f'attachment; filename="{res[0]}"'},
+            )
         if m := re.fullmatch(r"/open-apis/im/v1/messages/([^/]+)", path):
             return await self._edit(request, m.group(1))
         if path in ("/open-apis/im/v1/images", "/open-apis/im/v1/files") and method == "POST":
@@ -562,10 +668,15 @@ class FakeLark:
             if parent and body.get("reply_in_thread") and not thread_id:
                 thread_id = f"omt_{parent.message_id}"
             msg = FakeMessage(
-                f"om_{next(self._ids):08d}", chat_id, body["msg_type"], body["content"], _BOT_APP_ID_SENDER,
+                f"om_{next(self._ids):08d}",
+                chat_id,
+                body["msg_type"],
+                body["content"],
+                _BOT_APP_ID_SENDER,
                 parent_id=parent.message_id if parent else None,
                 root_id=(parent.root_id or parent.message_id) if parent else None,
-                thread_id=thread_id, uuid=uuid,
+                thread_id=thread_id,
+                uuid=uuid,
             )
             self.messages[msg.message_id] = msg
             if uuid:
@@ -603,11 +714,22 @@ class FakeLark:
     def _message_json(self, msg: FakeMessage) -> dict[str, Any]:
         now = str(int(time.time() * 1000))
         return {
-            "message_id": msg.message_id, "root_id": msg.root_id, "parent_id": msg.parent_id,
-            "thread_id": msg.thread_id, "msg_type": msg.msg_type, "create_time": now, "update_time": now,
-            "deleted": False, "updated": bool(msg.history), "chat_id": msg.chat_id,
-            "sender": {"id": self.app_id, "id_type": "app_id", "sender_type": "app",
-                       "tenant_key": "tenant_fake"},
+            "message_id": msg.message_id,
+            "root_id": msg.root_id,
+            "parent_id": msg.parent_id,
+            "thread_id": msg.thread_id,
+            "msg_type": msg.msg_type,
+            "create_time": now,
+            "update_time": now,
+            "deleted": False,
+            "updated": bool(msg.history),
+            "chat_id": msg.chat_id,
+            "sender": {
+                "id": self.app_id,
+                "id_type": "app_id",
+                "sender_type": "app",
+                "tenant_key": "tenant_fake",
+            },
             "body": {"content": msg.content},
         }
 

@@ -327,6 +327,12 @@ class FakeSlack:
         await self._deliver(envelope)
         return envelope
 
+    async def send_envelope(self, envelope: dict[str, Any]) -> dict[str, Any]:
+        """Deliver ``envelope`` exactly as given: malformed ones (no payload, a string for the event)
+        included. Use :meth:`send_event` for a well-formed envelope around a malformed event."""
+        await self._deliver(envelope)
+        return envelope
+
     async def redeliver(self, envelope: dict[str, Any], retry_attempt: int = 1) -> dict[str, Any]:
         """Send the same event again as Slack's retry does: same event_id, new envelope id."""
         again = json.loads(json.dumps(envelope))
@@ -639,8 +645,13 @@ class FakeSlack:
                 "channel_type": _channel_type(channel),
                 "ts": self.next_ts(),
                 "hidden": True,
-                "message": {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "text": text,
-                            "ts": ts},
+                "message": {
+                    "type": "message",
+                    "user": self.bot_user_id,
+                    "bot_id": self.bot_id,
+                    "text": text,
+                    "ts": ts,
+                },
             }
         )
         return {"channel": channel, "ts": ts, "text": text}
@@ -688,8 +699,13 @@ class FakeSlack:
             if content is None:
                 return {"ok": False, "error": "file_not_found"}
             upload = Upload(
-                f["id"], name, f.get("title") or name, content,
-                p.get("channel_id"), p.get("thread_ts"), p.get("initial_comment"),
+                f["id"],
+                name,
+                f.get("title") or name,
+                content,
+                p.get("channel_id"),
+                p.get("thread_ts"),
+                p.get("initial_comment"),
             )
             self.uploads.append(upload)
             done.append({"id": upload.file_id, "name": name, "title": upload.title, "size": len(content)})

@@ -1,0 +1,210 @@
+"""Lark ``im.message.receive_v1`` → :class:`Inbound`, and ids recovered from an event that did not parse.
+
+A message's ``content`` is a JSON *string* whose shape depends on ``message_type``. What the agent can
+use becomes text (text, rich posts, a location, a poll, a calendar event, a meeting, a task) or files
+(images, files, audio, video); what it cannot use gets a plain note through ``unsupported`` (stickers,
+shared chats and contacts, forwarded chat histories, red packets ...). Content that is not valid JSON,
+or not the shape its type promises, raises ``ValueError``: the adapter skips the event as unreadable
+(and acks it) instead of answering its raw JSON back to the user.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from typing import Any
+
+from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
+
+from channels.base import Attachment, Inbound
+
+from ._format import attachment_id
+
+PLATFORM = "lark"
+
+# msg_type -> what the note calls it (plural noun phrase, see Inbound.unsupported)
+_UNSUPPORTED = {
+    "sticker": "stickers", "share_chat": "shared group chats", "share_user": "shared contacts",
+    "merge_forward": "forwarded chat histories", "hongbao": "red packets", "interactive": "cards",
+    "folder": "shared folders",
+}  # fmt: skip
+_SERVICE = frozenset({"system"})  # group notices (joins, renames): not a person speaking
+
+
+def to_inbound(data: P2ImMessageReceiveV1, bot_open_id: str | None) -> Inbound | None:
+    """The :class:`Inbound` of a person's message, or None for bots, our own echoes and service
+    notices. Raises ``ValueError`` for an event without its ids or with unreadable content."""
+    event = data.event
+    msg = event.message if event else None
+    sender = event.sender if event else None
+    if msg is None or sender is None or not msg.message_id or not msg.chat_id:
+        raise ValueError("an event without a message, sender, message id or chat id")
+    sender_id = sender.sender_id.open_id if sender.sender_id else None
+    # Only people: other bots (and our own echoes) must not start conversations or loops.
+    if sender.sender_type not in (None, "user") or sender_id == bot_open_id:
+        return None
+    if not sender_id:
+        raise ValueError("a user's message without a sender id")
+    msg_type = msg.message_type or ""
+    if msg_type in _SERVICE:
+        return None
+    text, attachments, unsupported = message_content(msg_type, msg.content or "", msg.message_id)
+    mentions = [(m.key or "", m.name or "", (m.id.open_id if m.id else "") or "") for m in msg.mentions or []]
+    is_direct = msg.chat_type == "p2p"
+    mentioned = any(open_id == bot_open_id for _, _, open_id in mentions)
+    return Inbound(
+        platform=PLATFORM,
+        chat_id=msg.chat_id,
+        message_id=msg.message_id,
+        sender_id=sender_id,
+        text=resolve_mentions(text, mentions, bot_open_id or ""),
+        is_direct=is_direct,
+        addressed=is_direct or mentioned,
+        # Topics (topic groups, "reply in thread") carry a thread_id and are their own
+        # conversation; a plain quote-reply (root_id only) stays in the chat's conversation.
+        thread_id=msg.thread_id or None,
+        attachments=tuple(attachments),
+        extra={"chat_type": msg.chat_type or ""},
+        unsupported=unsupported,
+    )
+
+
+def message_content(msg_type: str, content: str, message_id: str) -> tuple[str, list[Attachment], str]:
+    """(text, attachments, unsupported kind) of a received message's ``content`` JSON string."""
+    data = json.loads(content or "{}")  # ValueError: the caller skips the event as unreadable
+    if not isinstance(data, dict):
+        raise ValueError("message content is not a JSON object")
+    if msg_type == "text":
+        if not isinstance(data.get("text", ""), str):
+            raise ValueError("text content is not a string")
+        return data.get("text", ""), [], ""
+    if msg_type == "post":
+        text, files = _post_text(data, message_id)
+        return text, files, ""
+    if msg_type == "image" and data.get("image_key"):
+        key = str(data["image_key"])
+        return "", [Attachment(attachment_id(message_id, "image", key), "image.png", "image/png")], ""
+    if msg_type in ("file", "audio", "media") and data.get("file_key"):
+        key = str(data["file_key"])
+        default = {"audio": "audio.opus", "media": "video.mp4"}.get(msg_type, "file")
+        name = str(data.get("file_name") or default)
+        return "", [Attachment(attachment_id(message_id, "file", key), name)], ""
+    text = _as_text(msg_type, data)
+    if text:
+        return text, [], ""
+    return "", [], _UNSUPPORTED.get(msg_type) or "messages of this kind"
+
+
+def _as_text(msg_type: str, data: dict[str, Any]) -> str:
+    """The message kinds that are not text but say something the agent can use."""
+    if msg_type == "location":
+        name = f" ({data['name']})" if data.get("name") else ""
+        return f"📍 location: {data.get('latitude')}, {data.get('longitude')}{name}"
+    if msg_type == "vote":
+        options = data.get("options") if isinstance(data.get("options"), list) else []
+        return "\n".join([f"📊 poll: {data.get('topic', '')}", *(f"- {o}" for o in options)])
+    if msg_type in ("share_calendar_event", "calendar", "general_calendar") and data.get("summary"):
+        when = " – ".join(t for t in (_ms(data.get("start_time")), _ms(data.get("end_time"))) if t)
+        return f"📅 event: {data['summary']}" + (f" ({when})" if when else "")
+    if msg_type == "video_chat" and data.get("topic"):
+        when = _ms(data.get("start_time"))
+        return f"📹 meeting: {data['topic']}" + (f" ({when})" if when else "")
+    if msg_type == "todo":
+        summary = data.get("summary")
+        text = _post_text(summary, "")[0] if isinstance(summary, dict) else str(summary or "")
+        return f"☑️ task: {text}" if text else ""
+    return ""
+
+
+def _ms(value: Any) -> str:
+    """A Lark millisecond timestamp (often a string) as UTC ISO time, or ''."""
+    try:
+        return dt.datetime.fromtimestamp(int(value) / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return ""
+
+
+def recover_ids(payload: Any, bot_open_id: str | None) -> dict[str, Any]:
+    """What :meth:`Channel.skip_unreadable` needs, read defensively from the raw event payload
+    (bytes of JSON, maybe not even that)."""
+    try:
+        body = json.loads(payload) if isinstance(payload, bytes | str) else payload
+    except ValueError:
+        return {"ref": "event ?"}
+    body = body if isinstance(body, dict) else {}
+    header = body.get("header") if isinstance(body.get("header"), dict) else {}
+    event = body.get("event") if isinstance(body.get("event"), dict) else {}
+    msg = event.get("message") if isinstance(event.get("message"), dict) else {}
+    sender = event.get("sender") if isinstance(event.get("sender"), dict) else {}
+    sender_ids = sender.get("sender_id") if isinstance(sender.get("sender_id"), dict) else {}
+    out: dict[str, Any] = {"ref": f"event {header.get('event_id', '?')}"}
+    chat_id, message_id, open_id = msg.get("chat_id"), msg.get("message_id"), sender_ids.get("open_id")
+    if not (isinstance(chat_id, str) and chat_id):
+        return out
+    person = (
+        sender.get("sender_type") in (None, "user") and isinstance(open_id, str) and open_id != bot_open_id
+    )
+    is_direct = msg.get("chat_type") == "p2p"
+    mentions = json.dumps(msg.get("mentions"), ensure_ascii=False)
+    out.update(
+        chat_id=chat_id,
+        sender_id=open_id if person else "",
+        message_id=message_id if isinstance(message_id, str) else "",
+        is_direct=is_direct,
+        addressed=is_direct or bool(bot_open_id and bot_open_id in mentions),
+        thread_id=msg.get("thread_id")
+        if isinstance(msg.get("thread_id"), str) and msg.get("thread_id")
+        else None,
+        extra={"chat_type": msg.get("chat_type") if isinstance(msg.get("chat_type"), str) else ""},
+    )
+    return out
+
+
+def _post_text(data: dict[str, Any], message_id: str) -> tuple[str, list[Attachment]]:
+    # A received post is {"title", "content": [[element, ...], ...]}; a sent one nests it per locale.
+    if "content" not in data:
+        data = next((v for v in data.values() if isinstance(v, dict) and "content" in v), {})
+    lines: list[str] = [str(data["title"])] if data.get("title") else []
+    attachments: list[Attachment] = []
+    for paragraph in data.get("content") or []:
+        chunks: list[str] = []
+        for el in paragraph or []:
+            if not isinstance(el, dict):
+                continue
+            tag = el.get("tag")
+            if tag in ("text", "md"):
+                chunks.append(str(el.get("text", "")))
+            elif tag == "a":
+                label, href = str(el.get("text") or ""), str(el.get("href") or "")
+                chunks.append(f"{label} ({href})" if label and label != href else href)
+            elif tag == "at":
+                chunks.append(str(el.get("user_id") or el.get("user_name") or ""))
+            elif tag == "code_block":
+                lang = str(el.get("language") or "").lower()
+                chunks.append(f"```{lang}\n{el.get('text', '')}\n```")
+            elif tag == "img" and el.get("image_key"):
+                key = str(el["image_key"])
+                attachments.append(
+                    Attachment(attachment_id(message_id, "image", key), "image.png", "image/png")
+                )
+            elif tag == "media" and el.get("file_key"):
+                key = str(el["file_key"])
+                attachments.append(Attachment(attachment_id(message_id, "file", key), "video.mp4"))
+        line = "".join(chunks).strip()
+        if line:
+            lines.append(line)
+    return "\n".join(lines), attachments
+
+
+def resolve_mentions(text: str, mentions: list[tuple[str, str, str]], bot_open_id: str) -> str:
+    """Replace ``@_user_N`` placeholders: the bot's are removed (with one adjacent space), others
+    become ``@Name``. Other whitespace is left alone (users paste indented code)."""
+    for key, name, open_id in sorted(mentions, key=lambda m: -len(m[0])):  # @_user_10 before @_user_1
+        if not key:
+            continue
+        if open_id == bot_open_id:
+            text = re.sub(re.escape(key) + r"(?![0-9])[ \t]?", "", text)
+        else:
+            text = re.sub(re.escape(key) + r"(?![0-9])", lambda _m, n=name or open_id: f"@{n}", text)
+    return text.strip()

@@ -1,0 +1,199 @@
+"""Discord field reliability, through discord.py against FakeDiscord: a MESSAGE_CREATE discord.py
+cannot parse never drops the connection, non-text posts get a visible outcome, 5xx is not fatal.
+
+Outcomes are asserted as the user sees them, with the real gateway and an echo harness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import discord.gateway
+import discord.http
+import pytest
+
+from channels.base import ChannelState
+from channels.discord_channel import DiscordChannel
+from gateway.metrics import Metrics
+from gateway.supervisor import Backoff, ChannelSupervisor
+from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.gateway_rig import Rig, gateway_rig, running
+
+USER = "900000000000000042"
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _restore_discord_endpoints() -> Iterator[None]:
+    base, gateway = discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
+    yield
+    discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = base, gateway
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeDiscord]:
+    async with FakeDiscord(heartbeat_interval=0.5) as server:
+        yield server
+
+
+@pytest.fixture
+def channel(fake: FakeDiscord) -> DiscordChannel:
+    return DiscordChannel(fake.token, api_base_url=fake.api_base_url, gateway_url=fake.gateway_url)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async with gateway_rig(tmp_path, [USER]) as r:
+        yield r
+
+
+def says(fake: FakeDiscord, needle: str) -> list[str]:
+    return [m.content for m in fake.bot_messages() if needle in (m.content or "")]
+
+
+# -- malformed MESSAGE_CREATE --------------------------------------------------------------------
+MALFORMED: dict[str, dict[str, Any]] = {
+    "no content": {"drop": ("content",)},
+    "attachments is a string": {"override": {"attachments": "secret words"}},
+    "content is an object": {"override": {"content": {"secret": "words"}}},
+    "mentions is a string": {"override": {"mentions": "secret words"}},
+}
+
+
+@pytest.mark.parametrize("shape", list(MALFORMED))
+async def test_malformed_message_is_skipped_and_its_sender_told(
+    shape: str, fake: FakeDiscord, channel: DiscordChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with running(channel, rig):
+        connections = (fake.identifies, fake.resumes)
+        await fake.inject_dm(USER, "first good one")
+        bad = await fake.inject_malformed(USER, **MALFORMED[shape])
+        await fake.inject_dm(USER, "second good one")
+        await fake.wait_for(lambda: says(fake, "echo: second good one"), 10)
+        notes = await fake.wait_for(lambda: says(fake, "couldn't read that message"), 10)
+        assert says(fake, "echo: first good one")
+        assert channel.state is ChannelState.CONNECTED and (fake.identifies, fake.resumes) == connections, (
+            "no reconnect"
+        )
+    assert len(notes) == 1
+    (note,) = [m for m in fake.bot_messages() if "couldn't read" in (m.content or "")]
+    assert note.channel_id == bad["channel_id"]
+    assert note.reply_to is None, "no quote: Discord would echo the unreadable original back"
+    assert rig.metric("chital_messages_ignored_total", channel="discord", reason="malformed") == 1
+    critical = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert critical and bad["id"] in critical[0] and bad["channel_id"] in critical[0]
+    for record in caplog.records:
+        assert "secret" not in record.getMessage() + (record.exc_text or ""), record.getMessage()
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [{"drop": ("author",)}, {"drop": ("id",)}, {"drop": ("channel_id",)}, {"override": {"author": "x"}}],
+)
+async def test_message_without_recoverable_sender_is_only_counted(
+    broken: dict[str, Any], fake: FakeDiscord, channel: DiscordChannel, rig: Rig
+) -> None:
+    async with running(channel, rig):
+        connections = (fake.identifies, fake.resumes)
+        await fake.inject_malformed(USER, **broken)
+        await fake.inject_dm(USER, "after it")
+        await fake.wait_for(lambda: says(fake, "echo: after it"), 10)
+        assert channel.state is ChannelState.CONNECTED and (fake.identifies, fake.resumes) == connections
+    assert not says(fake, "couldn't read")
+    assert rig.metric("chital_messages_ignored_total", channel="discord", reason="malformed") == 1
+
+
+# -- non-text posts ------------------------------------------------------------------------------
+NOW = dt.datetime.now(dt.UTC).isoformat()
+POLL = {"question": {"text": "Lunch?"}, "expiry": NOW, "allow_multiselect": False, "layout_type": 1,
+        "answers": [{"answer_id": 1, "poll_media": {"text": "pizza"}},
+                    {"answer_id": 2, "poll_media": {"text": "sushi"}}]}  # fmt: skip
+SNAPSHOT = {"message": {"content": "the deploy is done", "embeds": [], "attachments": [], "type": 0, "timestamp": NOW,
+                        "edited_timestamp": None, "flags": 0, "mentions": [], "mention_roles": [], "components": []}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fields", "agent_reads"),
+    [
+        ({"poll": POLL}, "📊 poll: Lunch?\n- pizza\n- sushi"),
+        ({"embeds": [{"type": "rich", "title": "Status", "description": "all green", "url": "https://s.example"}]},
+         "(embed) Status — all green (https://s.example)"),
+        ({"message_snapshots": [SNAPSHOT],
+          "message_reference": {"type": 1, "message_id": "1", "channel_id": "2"}},
+         "(forwarded message) the deploy is done"),
+    ],
+    ids=["poll", "embed", "forward"],
+)  # fmt: skip
+async def test_usable_non_text_posts_become_text(
+    fields: dict[str, Any], agent_reads: str, fake: FakeDiscord, channel: DiscordChannel, rig: Rig
+) -> None:
+    async with running(channel, rig):
+        await fake.inject_dm(USER, "", fields=fields)
+        await fake.wait_for(lambda: says(fake, "echo: "), 10)
+    assert rig.harness.seen == [(agent_reads, [])]
+
+
+async def test_sticker_gets_a_plain_note(fake: FakeDiscord, channel: DiscordChannel, rig: Rig) -> None:
+    async with running(channel, rig):
+        mid = await fake.inject_dm(
+            USER, "", fields={"sticker_items": [{"id": "5", "name": "wave", "format_type": 1}]}
+        )
+        (note,) = await fake.wait_for(lambda: fake.bot_messages(), 10)
+    assert note.content == "I can't use stickers yet; please describe what you need in words."
+    assert note.reply_to == mid and rig.harness.seen == []
+
+
+async def test_voice_message_reaches_the_agent_as_a_file(
+    fake: FakeDiscord, channel: DiscordChannel, rig: Rig
+) -> None:
+    async with running(channel, rig):
+        await fake.inject_dm(USER, "", attachments=[("voice-message.ogg", b"OggS" + b"\0" * 60, "audio/ogg")],
+                             fields={"flags": 1 << 13})  # fmt: skip
+        (reply,) = await fake.wait_for(lambda: says(fake, "echo: "), 10)
+    assert reply.endswith("[files: voice-message.ogg]")
+
+
+async def test_sticker_chatter_in_a_guild_is_not_answered(
+    fake: FakeDiscord, channel: DiscordChannel, rig: Rig
+) -> None:
+    async with running(channel, rig):
+        await fake.inject_message(
+            None, USER, "", fields={"sticker_items": [{"id": "5", "name": "w", "format_type": 1}]}
+        )
+        await fake.inject_message(None, USER, "hello", mention_bot=True)
+        await fake.wait_for(lambda: says(fake, "echo: hello"), 10)
+    assert [m.content for m in fake.bot_messages()] == ["echo: hello"]
+
+
+# -- fatal vs transient ---------------------------------------------------------------------------
+async def test_login_5xx_is_retried_and_401_is_fatal(fake: FakeDiscord, channel: DiscordChannel) -> None:
+    # discord.py itself retries a 502 after 1 s; a 503 it raises at once: the supervisor retries.
+    fake.fail_next(503, method="GET", path_contains="/users/@me", times=2)
+    fake.fail_next(502, method="GET", path_contains="/users/@me", times=1)
+    sup = ChannelSupervisor(channel, lambda _i: asyncio.sleep(0), Metrics(), Backoff(base=0.05, cap=0.1))
+    sup.start()
+    try:
+        await fake.wait_for(lambda: channel.state is ChannelState.CONNECTED, 20)
+        assert len([p for _m, p in fake.rest_calls if p.endswith("/users/@me")]) == 4
+    finally:
+        await sup.stop()
+
+    revoked = DiscordChannel("revoked-token", api_base_url=fake.api_base_url, gateway_url=fake.gateway_url)
+    sup = ChannelSupervisor(revoked, lambda _i: asyncio.sleep(0), Metrics(), Backoff(base=0.05, cap=0.1))
+    sup.start()
+    try:
+        await fake.wait_for(lambda: revoked.state is ChannelState.FAILED, 10)
+        assert "rejected the bot token" in (revoked.reason or "")
+    finally:
+        await sup.stop()

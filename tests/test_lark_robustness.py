@@ -1,0 +1,191 @@
+"""Lark field reliability, through lark-oapi against FakeLark: an event that cannot be read is acked
+and skipped, non-text messages get a visible outcome, a token endpoint blip is not fatal.
+
+Outcomes are asserted as the user sees them, with the real gateway and an echo harness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from channels.base import ChannelState
+from channels.lark import LarkChannel
+from gateway.metrics import Metrics
+from gateway.supervisor import Backoff, ChannelSupervisor
+from tests.fakes.gateway_rig import Rig, gateway_rig, running
+from tests.fakes.lark_server import FakeLark, Injected
+
+ALICE = "ou_alice"
+CHAT = "oc_alice"
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLark]:
+    server = FakeLark(ping_interval=30, reconnect_interval=1).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def channel(fake: FakeLark) -> LarkChannel:
+    return LarkChannel(fake.app_id, fake.app_secret, domain=fake.base_url, liveness_timeout=5.0)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async with gateway_rig(tmp_path, [ALICE]) as r:
+        yield r
+
+
+def says(needle: str) -> Callable[[FakeLark], list[Any]]:
+    return lambda f: [m for m in f.bot_messages(CHAT) if needle in m.text]
+
+
+async def acked(fake: FakeLark, *events: Injected) -> None:
+    await fake.wait_for_async(lambda f: all(f.acks_for(e) for e in events))
+
+
+def drop_sender(body: dict[str, Any]) -> None:
+    del body["event"]["sender"]
+
+
+# -- unreadable events ---------------------------------------------------------------------------
+BAD_CONTENT: dict[str, tuple[str, str]] = {
+    "content is not JSON": ("text", '{"text": "secret words'),
+    "content is a list": ("text", '["secret words"]'),
+    "text is an object": ("text", '{"text": {"secret": "words"}}'),
+}
+
+
+@pytest.mark.parametrize("shape", list(BAD_CONTENT))
+async def test_bad_content_is_skipped_acked_and_its_sender_told(
+    shape: str, fake: FakeLark, channel: LarkChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    msg_type, content = BAD_CONTENT[shape]
+    async with running(channel, rig):
+        first = fake.inject_message(CHAT, ALICE, "first good one")
+        bad = fake.inject_event(CHAT, ALICE, msg_type, content)
+        second = fake.inject_message(CHAT, ALICE, "second good one")
+        await fake.wait_for_async(says("echo: second good one"))
+        (note,) = await fake.wait_for_async(says("couldn't read that message"))
+        assert await fake.wait_for_async(says("echo: first good one"))
+        await acked(fake, first, bad, second)
+        assert channel.state is ChannelState.CONNECTED
+    assert fake.acks_for(bad) == [200], "acked as handled: never redelivered"
+    assert note.parent_id == bad.message_id
+    assert rig.metric("chital_messages_ignored_total", channel="lark", reason="malformed") == 1
+    critical = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert critical and bad.message_id in critical[0] and CHAT in critical[0]
+    for record in caplog.records:
+        assert "secret" not in record.getMessage() + (record.exc_text or ""), record.getMessage()
+
+
+async def test_unparseable_frames_are_acked_and_counted(
+    fake: FakeLark, channel: LarkChannel, rig: Rig
+) -> None:
+    other_type = {"schema": "2.0", "header": {"event_id": "ev_read", "event_type": "im.message.message_read_v1"},
+                  "event": {}}  # fmt: skip
+    async with running(channel, rig):
+        not_json = fake.inject_payload(b"secret words, not JSON")
+        no_header = fake.inject_payload(json.dumps({"schema": "2.0", "event": {}}).encode())
+        no_sender = fake.inject_event(CHAT, ALICE, "text", {"text": "who am I"}, mutate=drop_sender)
+        read_receipt = fake.inject_payload(json.dumps(other_type).encode())
+        after = fake.inject_message(CHAT, ALICE, "after them")
+        await fake.wait_for_async(says("echo: after them"))
+        await acked(fake, not_json, no_header, no_sender, read_receipt, after)
+        assert channel.state is ChannelState.CONNECTED
+    for event in (not_json, no_header, no_sender, read_receipt):
+        assert fake.acks_for(event) == [200]
+    assert not says("couldn't read")(fake), "no sender could be recovered: nobody to tell"
+    # the read receipt is another event type: acked and ignored, not counted as malformed
+    assert rig.metric("chital_messages_ignored_total", channel="lark", reason="malformed") == 3
+
+
+async def test_lone_surrogate_is_replaced_and_answered(
+    fake: FakeLark, channel: LarkChannel, rig: Rig
+) -> None:
+    async with running(channel, rig):
+        fake.inject_event(CHAT, ALICE, "text", '{"text": "bad \\ud800 char"}')
+        (reply,) = await fake.wait_for_async(says("echo: "))
+    assert reply.text == "echo: bad \ufffd char"
+
+
+# -- non-text messages ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("msg_type", "content", "agent_reads"),
+    [
+        ("location", {"name": "Tower", "latitude": "39.9", "longitude": "116.4"}, "📍 location: 39.9, 116.4 (Tower)"),
+        ("vote", {"topic": "Lunch?", "options": ["noodles", "rice"]}, "📊 poll: Lunch?\n- noodles\n- rice"),
+        ("share_calendar_event", {"summary": "Standup", "start_time": "1700000000000", "end_time": "1700000900000"},
+         "📅 event: Standup (2023-11-14 22:13 UTC – 2023-11-14 22:28 UTC)"),
+        ("video_chat", {"topic": "Retro", "start_time": "1700000000000"}, "📹 meeting: Retro (2023-11-14 22:13 UTC)"),
+    ],
+    ids=["location", "vote", "calendar", "video_chat"],
+)  # fmt: skip
+async def test_usable_kinds_become_text(
+    msg_type: str, content: dict[str, Any], agent_reads: str, fake: FakeLark, channel: LarkChannel, rig: Rig
+) -> None:
+    async with running(channel, rig):
+        fake.inject_event(CHAT, ALICE, msg_type, content)
+        await fake.wait_for_async(says("echo: "))
+    assert rig.harness.seen == [(agent_reads, [])]
+
+
+@pytest.mark.parametrize(
+    ("msg_type", "content", "kind"),
+    [
+        ("sticker", {"file_key": "sticker_v2_1"}, "stickers"),
+        ("share_chat", {"chat_id": "oc_other"}, "shared group chats"),
+        ("merge_forward", {"content": "Merged and Forwarded Message"}, "forwarded chat histories"),
+        ("brand_new_kind", {"x": 1}, "messages of this kind"),
+    ],
+    ids=["sticker", "share_chat", "merge_forward", "unknown"],
+)
+async def test_unusable_kinds_get_a_plain_note(
+    msg_type: str, content: dict[str, Any], kind: str, fake: FakeLark, channel: LarkChannel, rig: Rig
+) -> None:
+    async with running(channel, rig):
+        sent = fake.inject_event(CHAT, ALICE, msg_type, content)
+        (note,) = await fake.wait_for_async(says("I can't use"))
+    assert note.text == f"I can't use {kind} yet; please describe what you need in words."
+    assert note.parent_id == sent.message_id and rig.harness.seen == []
+
+
+# -- fatal vs transient ---------------------------------------------------------------------------
+async def test_token_endpoint_blip_is_retried_and_bad_secret_is_fatal() -> None:
+    # Own app ids: lark-oapi caches tenant tokens per app id across clients in the process.
+    token_path = "/open-apis/auth/v3/tenant_access_token/internal"
+    with FakeLark(app_id="cli_blip_once") as server:
+        server.fail_next("POST", "tenant_access_token", status=500, code=1, msg="busy")
+        channel = LarkChannel(server.app_id, server.app_secret, domain=server.base_url, liveness_timeout=5.0)
+        sup = ChannelSupervisor(channel, lambda _i: asyncio.sleep(0), Metrics(), Backoff(base=0.05, cap=0.1))
+        sup.start()
+        try:
+            await server.wait_for_async(lambda _f: channel.state is ChannelState.CONNECTED, 15)
+            assert [p for _m, p in server.requests].count(token_path) >= 2, "the failed fetch was retried"
+        finally:
+            await sup.stop()
+
+    with FakeLark(app_id="cli_secret_revoked") as server:
+        channel = LarkChannel(server.app_id, "revoked-secret", domain=server.base_url, liveness_timeout=5.0)
+        sup = ChannelSupervisor(channel, lambda _i: asyncio.sleep(0), Metrics(), Backoff(base=0.05, cap=0.1))
+        sup.start()
+        try:
+            await server.wait_for_async(lambda _f: channel.state is ChannelState.FAILED, 15)
+            assert "10014" in (channel.reason or "") and "revoked-secret" not in (channel.reason or "")
+        finally:
+            await sup.stop()

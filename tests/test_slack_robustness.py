@@ -1,0 +1,207 @@
+"""Slack field reliability, through slack-bolt / slack_sdk against FakeSlack: malformed envelopes and
+events are skipped and acked, non-text posts get a visible outcome, transient errors are not fatal.
+
+Outcomes are asserted as the user sees them, with the real gateway and an echo harness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from channels.base import ChannelState, FatalChannelError
+from channels.slack import SlackChannel
+from gateway.metrics import Metrics
+from gateway.supervisor import Backoff, ChannelSupervisor
+from tests.fakes.gateway_rig import Rig, gateway_rig, running
+from tests.fakes.slack_server import FakeSlack
+
+ALICE = "U_ALICE"
+DM = "D_ALICE"
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as fake:
+        yield fake
+
+
+@pytest.fixture
+def channel(slack: FakeSlack) -> SlackChannel:
+    return SlackChannel(slack.bot_token, slack.app_token, api_base_url=slack.api_base_url, ping_interval=0.5)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async with gateway_rig(tmp_path, [ALICE]) as r:
+        yield r
+
+
+def dm_event(slack: FakeSlack, **fields: Any) -> dict[str, Any]:
+    event = {"type": "message", "user": ALICE, "text": "secret words", "ts": slack.next_ts(), "channel": DM,
+             "channel_type": "im"}  # fmt: skip
+    event.update(fields)
+    return {k: v for k, v in event.items() if v is not None}
+
+
+def says(slack: FakeSlack, needle: str, channel: str = DM) -> list[str]:
+    return [t for t in slack.texts(channel) if needle in t]
+
+
+# -- malformed events and envelopes --------------------------------------------------------------
+MALFORMED_EVENTS: dict[str, dict[str, Any]] = {
+    "text is an object": {"text": {"secret": "words"}},
+    "files is a string": {"files": "secret words", "subtype": "file_share"},
+    "thread_ts is a number": {"thread_ts": 12.5},
+}
+
+
+@pytest.mark.parametrize("shape", list(MALFORMED_EVENTS))
+async def test_malformed_event_is_skipped_acked_and_its_sender_told(
+    shape: str, slack: FakeSlack, channel: SlackChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with running(channel, rig):
+        first = await slack.inject_dm(DM, ALICE, "first good one")
+        bad = await slack.send_event(dm_event(slack, **MALFORMED_EVENTS[shape]))
+        second = await slack.inject_dm(DM, ALICE, "second good one")
+        await slack.wait_for(lambda: says(slack, "echo: first good one"))
+        await slack.wait_for(lambda: says(slack, "echo: second good one"))
+        notes = await slack.wait_for(lambda: says(slack, "couldn't read that message"))
+        await slack.wait_for(lambda: all(slack.is_acked(e) for e in (first.envelope, bad, second.envelope)))
+        assert channel.state is ChannelState.CONNECTED
+    assert len(notes) == 1
+    assert rig.metric("chital_messages_ignored_total", channel="slack", reason="malformed") == 1
+    critical = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert critical and DM in critical[0] and bad["payload"]["event_id"] in critical[0]
+    for record in caplog.records:
+        assert "secret" not in record.getMessage() + (record.exc_text or ""), record.getMessage()
+
+
+async def test_malformed_envelopes_are_acked_and_counted(
+    slack: FakeSlack, channel: SlackChannel, rig: Rig
+) -> None:
+    async with running(channel, rig):
+        good = await slack.send_event(dm_event(slack, text="good one"))
+        template = await slack.send_event(dm_event(slack, text="template"))
+        no_event = {
+            **template,
+            "envelope_id": "env-no-event",
+            "payload": {**template["payload"], "event": None},
+        }
+        string_event = {
+            **template,
+            "envelope_id": "env-str",
+            "payload": {**template["payload"], "event": "x"},
+        }
+        no_type = {**template, "envelope_id": "env-no-type",
+                   "payload": {**template["payload"], "event": {"user": ALICE, "channel": DM}}}  # fmt: skip
+        string_payload = {**template, "envelope_id": "env-str-payload", "payload": "secret words"}
+        no_payload = {k: v for k, v in template.items() if k != "payload"} | {"envelope_id": "env-no-payload"}
+        user_missing = await slack.send_event(dm_event(slack, user=None))
+        for envelope in (no_event, string_event, no_type, string_payload, no_payload):
+            await slack.send_envelope(envelope)
+        after = await slack.send_event(dm_event(slack, text="after them"))
+        every = (
+            good,
+            template,
+            no_event,
+            string_event,
+            no_type,
+            string_payload,
+            no_payload,
+            user_missing,
+            after,
+        )
+        await slack.wait_for(lambda: all(slack.is_acked(e) for e in every))
+        await slack.wait_for(lambda: says(slack, "echo: after them"))
+    assert says(slack, "echo: good one") and says(slack, "echo: template")
+    assert not says(slack, "couldn't read"), "no sender could be recovered: nobody to tell"
+    # the envelope with no payload never reaches bolt; the other five are counted by the gateway
+    assert rig.metric("chital_messages_ignored_total", channel="slack", reason="malformed") == 6
+    assert channel.unreadable_events == 6
+
+
+# -- non-text posts ------------------------------------------------------------------------------
+async def test_file_share_without_text_reaches_the_agent(
+    slack: FakeSlack, channel: SlackChannel, rig: Rig
+) -> None:
+    shared = slack.add_file("notes.txt", b"hello", "text/plain")
+    async with running(channel, rig):
+        await slack.inject_dm(DM, ALICE, "", files=[shared])
+        (reply,) = await slack.wait_for(lambda: slack.texts(DM))
+    assert reply.startswith("echo: ") and reply.endswith("[files: notes.txt]")
+    assert rig.harness.seen[0][1] == ["/mnt/user-data/uploads/notes.txt"]
+
+
+async def test_file_slack_will_not_serve_gets_a_note(
+    slack: FakeSlack, channel: SlackChannel, rig: Rig
+) -> None:
+    hidden = {"id": "F_HIDDEN", "mode": "hidden_by_limit"}
+    async with running(channel, rig):
+        await slack.send_event(dm_event(slack, text="", files=[hidden], subtype="file_share"))
+        (reply,) = await slack.wait_for(lambda: slack.texts(DM))
+    assert reply == "I can't use files shared this way yet; please describe what you need in words."
+    assert rig.harness.seen == []
+
+
+async def test_shared_message_becomes_text(slack: FakeSlack, channel: SlackChannel, rig: Rig) -> None:
+    share = {"is_share": True, "author_name": "Bob", "text": "the build is red", "fallback": "[x] the build"}
+    async with running(channel, rig):
+        await slack.send_event(dm_event(slack, text="", attachments=[share]))
+        await slack.wait_for(lambda: slack.texts(DM))
+    assert rig.harness.seen == [("(shared message from Bob) the build is red", [])]
+
+
+async def test_lone_surrogate_is_replaced_and_answered(
+    slack: FakeSlack, channel: SlackChannel, rig: Rig
+) -> None:
+    async with running(channel, rig):
+        await slack.send_event(dm_event(slack, text="bad \ud800 char"))
+        (reply,) = await slack.wait_for(lambda: slack.texts(DM))
+    assert reply == "echo: bad \ufffd char"
+
+
+# -- fatal vs transient ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("method", "status", "error"),
+    [("auth.test", 500, "internal_error"), ("auth.test", 200, "ratelimited"),
+     ("apps.connections.open", 503, "service_unavailable")],
+)  # fmt: skip
+async def test_transient_errors_at_start_are_retried(
+    method: str, status: int, error: str, slack: FakeSlack, channel: SlackChannel
+) -> None:
+    slack.fail(method, error, status=status, times=1)
+    sup = ChannelSupervisor(channel, lambda _i: asyncio.sleep(0), Metrics(), Backoff(base=0.05, cap=0.1))
+    sup.start()
+    try:
+        await slack.wait_for(lambda: channel.state is ChannelState.CONNECTED, 10)
+        assert len(slack.calls_to(method)) >= 2
+    finally:
+        await sup.stop()
+
+
+@pytest.mark.parametrize("error", ["invalid_auth", "account_inactive", "token_revoked"])
+async def test_revoked_tokens_are_fatal(error: str, slack: FakeSlack, channel: SlackChannel) -> None:
+    slack.fail("auth.test", error, times=None)
+    sup = ChannelSupervisor(channel, lambda _i: asyncio.sleep(0), Metrics(), Backoff(base=0.05, cap=0.1))
+    sup.start()
+    try:
+        await slack.wait_for(lambda: channel.state is ChannelState.FAILED, 10)
+        assert error in (channel.reason or "") and slack.bot_token not in (channel.reason or "")
+        assert len(slack.calls_to("auth.test")) == 1
+    finally:
+        await sup.stop()
+    with pytest.raises(FatalChannelError):
+        await asyncio.wait_for(channel.run(lambda _i: asyncio.sleep(0)), 5)

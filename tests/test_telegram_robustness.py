@@ -1,0 +1,278 @@
+"""Telegram field reliability, through python-telegram-bot against FakeTelegram: malformed updates
+never stop polling, every non-text kind gets a visible outcome, a passing 401/5xx is not fatal.
+
+Outcomes are asserted as the user sees them (the fake's record of what the bot sent), with the real
+gateway (journal, notices, metrics) and an echo harness in place of the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from channels.base import ChannelState, FatalChannelError
+from channels.telegram import TelegramChannel
+from gateway.metrics import Metrics
+from gateway.supervisor import Backoff, ChannelSupervisor
+from tests.fakes import telegram_kinds as kinds
+from tests.fakes.gateway_rig import Rig, gateway_rig, running
+from tests.fakes.telegram_server import FakeTelegram
+
+USER = 4242
+OTHER = 5151
+GROUP = -1009876
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+@pytest.fixture
+def channel(fake: FakeTelegram) -> TelegramChannel:
+    return TelegramChannel(
+        fake.token, base_url=fake.base_url, base_file_url=fake.base_file_url, poll_timeout=1,
+        auth_recheck_delay=0.05,
+    )  # fmt: skip
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async with gateway_rig(tmp_path, [str(USER), str(OTHER)]) as r:
+        yield r
+
+
+def bot_says(fake: FakeTelegram, chat: int, needle: str) -> Callable[[], list[str]]:
+    return lambda: [t for t in fake.bot_texts(chat) if needle in t]
+
+
+# -- malformed updates ---------------------------------------------------------------------------
+MALFORMED: dict[str, dict[str, Any]] = {
+    "missing date": {"drop": ("date",)},
+    "missing message_id": {"drop": ("message_id",)},
+    "old-shape poll": {"drop": ("text",), "override": kinds.old_poll()},
+    "string for the sender": {"override": {"from": "someone"}},
+    "object for the text": {"override": {"text": {"secret": "words"}}},
+    "string for the entities": {"override": {"entities": "secret words"}},
+    "date that is words": {"override": {"date": "secret words yesterday"}},
+}
+
+
+@pytest.mark.parametrize("shape", list(MALFORMED))
+async def test_malformed_update_is_skipped_and_its_sender_told(
+    shape: str, fake: FakeTelegram, channel: TelegramChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)  # PTB logs whole API answers at DEBUG, by design
+    first = fake.inject_message(USER, USER, "first good one")
+    bad = fake.inject_malformed(USER, USER, "secret words", **MALFORMED[shape])
+    fake.inject_message(OTHER, OTHER, "second good one")
+    async with running(channel, rig):
+        await fake.wait_for(bot_says(fake, USER, "echo: first good one"), what="first answered")
+        await fake.wait_for(bot_says(fake, OTHER, "echo: second good one"), what="second answered")
+        notes = await fake.wait_for(bot_says(fake, USER, "couldn't read that message"), what="note")
+        await fake.wait_for(lambda: not fake.pending_updates, what="all updates confirmed")
+        assert channel.state is ChannelState.CONNECTED
+    assert len(notes) == 1 and "another form" in notes[0]
+    offsets = [c.params.get("offset") for c in fake.calls_to("getUpdates")]
+    assert max(o or 0 for o in offsets) > bad["update_id"] > first["update_id"]
+    assert channel.unreadable_events == 1
+    assert rig.metric("chital_messages_ignored_total", channel="telegram", reason="malformed") == 1
+    critical = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert critical and f"update {bad['update_id']}" in critical[0].getMessage()
+    assert str(USER) in critical[0].getMessage()
+    for record in caplog.records:  # neither the text nor the raw payload reaches any log line
+        text = record.getMessage() + (record.exc_text or "")
+        assert "secret" not in text, record.getMessage()
+
+
+async def test_unrecoverable_update_is_counted_and_skipped(
+    fake: FakeTelegram, channel: TelegramChannel, rig: Rig
+) -> None:
+    fake.inject_message(USER, USER, "before")
+    fake.push_update({"message": "not even an object"})
+    fake.inject_malformed(USER, USER, override={"chat": "oops"})  # no chat id to answer into
+    fake.inject_message(USER, USER, "after")
+    async with running(channel, rig):
+        await fake.wait_for(bot_says(fake, USER, "echo: after"), what="the last one answered")
+        await fake.wait_for(lambda: not fake.pending_updates, what="all updates confirmed")
+    assert bot_says(fake, USER, "echo: before")()
+    assert not bot_says(fake, USER, "couldn't read")(), "no chat id: nobody to tell"
+    assert rig.metric("chital_messages_ignored_total", channel="telegram", reason="malformed") == 2
+    assert "chital_messages_ignored_total" in rig.metrics_text()
+
+
+async def test_group_chatter_that_cannot_be_read_is_not_answered(
+    fake: FakeTelegram, channel: TelegramChannel, rig: Rig
+) -> None:
+    fake.inject_malformed(GROUP, USER, "just chatting", drop=("date",), chat_type="supergroup")
+    fake.inject_malformed(GROUP, USER, f"@{fake.username} help", drop=("date",), chat_type="supergroup")
+    fake.inject_mention(GROUP, USER, "are you there")
+    async with running(channel, rig):
+        await fake.wait_for(bot_says(fake, GROUP, "echo: are you there"), what="mention answered")
+        await fake.wait_for(bot_says(fake, GROUP, "couldn't read"), what="note for the mention")
+    assert len(bot_says(fake, GROUP, "couldn't read")()) == 1, "only the one addressed to the bot"
+
+
+async def test_lone_surrogate_is_replaced_and_answered(
+    fake: FakeTelegram, channel: TelegramChannel, rig: Rig
+) -> None:
+    fake.inject_message(USER, USER, "bad \ud800 char", entities=[{"type": "bold", "offset": 0, "length": 3}])
+    fake.inject_message(USER, USER, "next one")
+    async with running(channel, rig):
+        await fake.wait_for(bot_says(fake, USER, "echo: next one"), what="next answered")
+        (answer,) = await fake.wait_for(bot_says(fake, USER, "echo: bad"), what="surrogate answered")
+    assert answer == "echo: bad \ufffd char"
+    assert rig.harness.seen[0][0] == "bad \ufffd char"
+
+
+async def test_a_message_the_journal_refuses_is_skipped_not_retried(
+    fake: FakeTelegram, channel: TelegramChannel, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data error from the journal for one message's content is that message's fault: it gets the
+    note and polling moves on. (Lone surrogates never get this far: they are replaced at parse.)"""
+    real = rig.gateway.store.journal_add
+
+    async def picky(inbound: Any, kind: str, note: str = "") -> bool:
+        if "poison" in inbound.text:
+            raise UnicodeEncodeError("utf-8", inbound.text, 0, 1, "surrogates not allowed")
+        return await real(inbound, kind, note)
+
+    monkeypatch.setattr(rig.gateway.store, "journal_add", picky)
+    fake.inject_message(USER, USER, "poison pill")
+    fake.inject_message(USER, USER, "fine")
+    async with running(channel, rig):
+        await fake.wait_for(bot_says(fake, USER, "echo: fine"), what="next answered")
+        await fake.wait_for(bot_says(fake, USER, "couldn't read"), what="note for the refused one")
+        await fake.wait_for(lambda: not fake.pending_updates, what="both confirmed")
+
+
+# -- non-text kinds ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("content", "agent_reads"),
+    [
+        (kinds.location(52.52, 13.405), "📍 location: 52.52, 13.405"),
+        (kinds.venue("Cafe Einstein", "Kurfürstenstraße 58"),
+         "📍 location: 52.5, 13.35 (Cafe Einstein, Kurfürstenstraße 58)"),
+        (kinds.contact("Ada", "Lovelace", "+441234567"), "👤 contact: Ada Lovelace, phone +441234567"),
+        (kinds.poll("Lunch?", ("pizza", "sushi")), "📊 poll: Lunch?\n- pizza\n- sushi"),
+        (kinds.dice(4), "🎲 rolled 4"),
+        (kinds.dice(6, "🎯"), "🎯 rolled 6"),
+    ],
+    ids=["location", "venue", "contact", "poll", "dice", "darts"],
+)  # fmt: skip
+async def test_usable_kinds_become_text_the_agent_answers(
+    content: dict[str, Any], agent_reads: str, fake: FakeTelegram, channel: TelegramChannel, rig: Rig
+) -> None:
+    up = fake.inject_content(USER, USER, content)
+    async with running(channel, rig):
+        (reply,) = await fake.wait_for(lambda: fake.bot_messages(USER), what="a reply")
+    assert rig.harness.seen == [(agent_reads, [])]
+    first_line = agent_reads.splitlines()[0]
+    assert reply.text.startswith(f"echo: {first_line}")  # what the user sees (Markdown rendered)
+    assert reply.reply_to == up["message"]["message_id"]
+
+
+@pytest.mark.parametrize(
+    ("content", "kind"), [(kinds.sticker(), "stickers"), (kinds.game(), "games")], ids=["sticker", "game"]
+)
+async def test_unusable_kinds_get_a_plain_note(
+    content: dict[str, Any], kind: str, fake: FakeTelegram, channel: TelegramChannel, rig: Rig
+) -> None:
+    up = fake.inject_content(USER, USER, content)
+    async with running(channel, rig):
+        (reply,) = await fake.wait_for(lambda: fake.bot_messages(USER), what="a reply")
+    assert reply.text == f"I can't use {kind} yet; please describe what you need in words."
+    assert reply.reply_to == up["message"]["message_id"]
+    assert rig.harness.seen == [], "the agent is not asked about what it cannot use"
+
+
+@pytest.mark.parametrize("maker", [kinds.video_note, kinds.voice], ids=["video_note", "voice"])
+async def test_video_notes_and_voice_reach_the_agent_as_files(
+    maker: Callable[..., dict[str, Any]], fake: FakeTelegram, channel: TelegramChannel, rig: Rig
+) -> None:
+    stored = fake.add_file(b"\x00" * 64, file_name="clip.bin")
+    fake.inject_content(USER, USER, maker(stored["file_id"], size=64))
+    async with running(channel, rig):
+        (reply,) = await fake.wait_for(lambda: fake.bot_texts(USER), what="a reply")
+    kind = "video_note" if maker is kinds.video_note else "voice"
+    assert reply.startswith("echo: ") and f"[files: {kind}_" in reply
+    assert fake.calls_to("getFile"), "the file was fetched for the agent"
+
+
+async def test_service_messages_still_get_no_reply(
+    fake: FakeTelegram, channel: TelegramChannel, rig: Rig
+) -> None:
+    fake.inject_content(GROUP, USER, {"new_chat_members": [{"id": 5, "is_bot": False, "first_name": "N"}]},
+                        chat_type="supergroup")  # fmt: skip
+    fake.inject_mention(GROUP, USER, "hello")
+    async with running(channel, rig):
+        await fake.wait_for(bot_says(fake, GROUP, "echo: hello"), what="mention answered")
+        await fake.wait_for(lambda: not fake.pending_updates, what="confirmed")
+    assert fake.bot_texts(GROUP) == ["echo: hello"]
+
+
+# -- transient vs fatal token errors -------------------------------------------------------------
+@pytest.mark.parametrize(("method", "status"), [("getMe", 401), ("getMe", 502), ("getUpdates", 401),
+                                                ("getUpdates", 502)])  # fmt: skip
+async def test_a_single_401_or_502_is_retried(
+    method: str, status: int, fake: FakeTelegram, channel: TelegramChannel, rig: Rig
+) -> None:
+    fake.fail_next(method, status)
+    async with running(channel, rig):
+        await fake.wait_for(lambda: any(c.status == status for c in fake.calls_to(method)), what="the error")
+        fake.inject_message(USER, USER, "still there?")
+        await fake.wait_for(bot_says(fake, USER, "echo: still there?"), what="answered after the blip")
+        assert channel.state is ChannelState.CONNECTED
+
+
+async def test_persistent_401_ends_failed_with_a_clear_reason(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    fake.fail_next("getMe", 401, times=10)
+    with pytest.raises(FatalChannelError) as info:
+        await asyncio.wait_for(channel.run(lambda _i: asyncio.sleep(0)), 5)
+    assert channel.state is ChannelState.FAILED
+    assert "401" in str(info.value) and "3 checks in a row" in str(info.value)
+    assert fake.token not in str(info.value)
+    assert len(fake.calls_to("getMe")) == 3
+
+
+async def test_revoked_while_polling_ends_failed_under_the_supervisor(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    metrics = Metrics()
+    sup = ChannelSupervisor(channel, lambda _i: asyncio.sleep(0), metrics, Backoff(base=0.05, cap=0.1))
+    sup.start()
+    try:
+        await fake.wait_for(lambda: channel.state is ChannelState.CONNECTED, what="connected")
+        fake.revoke_token()
+        await fake.wait_for(lambda: channel.state is ChannelState.FAILED, what="failed")
+        assert "rejected the bot token" in (channel.reason or "")
+    finally:
+        await sup.stop()
+
+
+async def test_getme_5xx_that_persists_is_left_to_the_supervisor(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    """Four 502s exhaust one start's retries; the supervisor's restart then connects."""
+    fake.fail_next("getMe", 502, times=4)
+    sup = ChannelSupervisor(channel, lambda _i: asyncio.sleep(0), Metrics(), Backoff(base=0.05, cap=0.1))
+    sup.start()
+    try:
+        await fake.wait_for(lambda: channel.state is ChannelState.CONNECTED, timeout=15, what="connected")
+        assert len([c for c in fake.calls_to("getMe") if c.status == 502]) == 4
+    finally:
+        await sup.stop()
