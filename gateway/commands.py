@@ -1,9 +1,28 @@
-"""Chat commands: parsing and the help text. Their effects live in :mod:`gateway.core`."""
+"""Chat commands: parsing, the help text, and what each one does.
+
+A command is journaled like any message and may run more than once: after a crash (resume at the
+next start) or when its reply could not be delivered (a retry). So every command with an effect is
+keyed by its journal key: ``/new`` records its thread id before the thread exists, the others record
+their reply before it is sent, and a re-run repeats that reply instead of the effect.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import re
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from . import access
+from .store import JournalEntry
+from .store_access import PAIRING_ALPHABET, PAIRING_CODE_LEN, normalize_code
+
+if TYPE_CHECKING:
+    from .core import Gateway
+
+log = logging.getLogger(__name__)
 
 COMMANDS: dict[str, str] = {
     "new": "start a fresh conversation (the agent forgets this chat's history)",
@@ -13,6 +32,15 @@ COMMANDS: dict[str, str] = {
     "forget": "erase everything I remember about you",
     "help": "list the commands",
 }
+ADMIN_COMMANDS: dict[str, str] = {
+    "approve": "approve a pairing code (alone: list the pending requests)",
+    "deny": "refuse a pairing code",
+    "revoke": "take back a user's access granted by code (alone: list them)",
+}
+RECORDED = frozenset({"stop", "forget", "approve", "deny", "revoke"})
+"""Commands whose reply is recorded before it is sent (``/new`` records its thread id instead)."""
+LIST_MAX = 30
+_CODE = re.compile(f"[{PAIRING_ALPHABET}]{{{PAIRING_CODE_LEN}}}")
 
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]{0,31})(?:@\S+)?(?:\s+(.*))?$", re.DOTALL)
 
@@ -30,15 +58,187 @@ def parse_command(text: str) -> Command | None:
     if not m:
         return None
     name = m.group(1).lower()
-    return Command(name=name, args=(m.group(2) or "").strip(), known=name in COMMANDS)
+    known = name in COMMANDS or name in ADMIN_COMMANDS
+    return Command(name=name, args=(m.group(2) or "").strip(), known=known)
 
 
-def help_text() -> str:
+def help_text(admin: bool = False) -> str:
     lines = ["Commands:"]
     lines += [f"/{name} — {what}" for name, what in COMMANDS.items()]
+    if admin:
+        lines.append("Admin:")
+        lines += [f"/{name} — {what}" for name, what in ADMIN_COMMANDS.items()]
     lines.append("Anything else you write goes to the agent.")
     return "\n".join(lines)
 
 
 def unknown_text(name: str) -> str:
     return f"Unknown command /{name}. " + help_text()
+
+
+# -- running them ------------------------------------------------------------------------------------
+async def execute(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
+    """Run ``cmd`` for ``entry`` and return the reply, once per journal key (see the module doc)."""
+    recorded = cmd.name in RECORDED
+    if recorded:
+        done = await gw.store.command_result(entry.key)
+        if done is not None:
+            return done
+    text = await _run(gw, entry, cmd)
+    if recorded:
+        text, _ = await gw.store.command_result_put(entry.key, text)
+    return text
+
+
+async def _run(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
+    conv, inbound = entry.conversation, entry.inbound
+    if cmd.name in ADMIN_COMMANDS:
+        if not access.is_admin(gw.config.access_for(inbound.platform), inbound):
+            return f"Sorry, only an admin of this bot can use /{cmd.name}."
+        if cmd.name == "revoke":
+            return await _revoke(gw, entry, cmd.args)
+        return await _decide(gw, entry, cmd.name, cmd.args)
+    if cmd.name == "help":
+        return help_text(access.is_admin(gw.config.access_for(inbound.platform), inbound))
+    if cmd.name == "stop":
+        return "⏹ Stopping the current answer." if gw.turns.stop(conv) else "Nothing is running."
+    if cmd.name == "new":
+        thread_id = await gw.store.new_thread(conv, key=entry.key)
+        return f"🆕 Started a fresh conversation (thread {thread_id[:8]})."
+    if cmd.name == "status":
+        return await _status(gw, conv)
+    if cmd.name in ("memory", "forget"):
+        return await _memory(gw, entry, cmd.name)
+    return unknown_text(cmd.name)  # pragma: no cover - parse_command marks only the names above known
+
+
+async def _status(gw: Gateway, conversation: str) -> str:
+    thread_id = await gw.store.thread_get(conversation)
+    running, queued = gw.turns.status(conversation)
+    count = await gw.harness.message_count(thread_id) if thread_id else 0
+    title_of = getattr(gw.harness, "title", None)
+    title = await title_of(thread_id) if thread_id and title_of else None
+    lines = [
+        f"Thread: {thread_id[:8] if thread_id else '(none yet)'} — {count} messages"
+        + (f" — “{title}”" if title else ""),
+        f"Model: {gw.harness.model_name}",
+        f"Now: {'answering a message' if running else 'idle'}; {queued} queued",
+        f"All chats: {gw.turns.running_count} running (limit {gw.config.concurrency.max_turns})",
+    ]
+    return "\n".join(lines)
+
+
+async def _memory(gw: Gateway, entry: JournalEntry, name: str) -> str:
+    inbound = entry.inbound
+    memory = getattr(gw.harness, "memory", None)
+    if memory is None:
+        return "Long-term memory is off."
+    if name == "forget":
+        count = await memory.forget(inbound.user)
+        return f"🧹 Done: I erased {count} thing(s) I remembered about you."
+    if not inbound.is_direct:
+        # One user's memory is never shown to others: a group would see the answer.
+        return "I only show what I remember about you in a direct message. Send me /memory there."
+    facts = await memory.list(inbound.user)
+    if not facts:
+        return "I don't remember anything about you yet."
+    lines = [f"What I remember about you ({len(facts)}):"]
+    lines += [f"- {fact.text}" for fact in facts]
+    lines.append("Send /forget to erase all of it.")
+    return "\n".join(lines)
+
+
+# -- admin commands ----------------------------------------------------------------------------------
+async def _decide(gw: Gateway, entry: JournalEntry, name: str, args: str) -> str:
+    """``/approve CODE`` and ``/deny CODE``. Unknown codes count against the admin (a window of
+    :data:`gateway.limits.BAD_CODES`), codes of channels they do not administer look unknown."""
+    inbound, store = entry.inbound, gw.store
+    if not args:
+        return await _pending_list(gw, entry) if name == "approve" else "Usage: /deny CODE"
+    wait = gw.throttles.bad_codes.wait(inbound.user)
+    if wait:
+        return f"Too many unknown codes. Try again in {math.ceil(wait / 60)} minute(s)."
+    code = normalize_code(args)
+    request = await store.pairing_get(code) if _CODE.fullmatch(code) else None
+    if request is None or not access.may_administer(gw.config, inbound, request.platform):
+        user = await store.approved_by_code(code) if name == "approve" else None
+        if user and access.may_administer(gw.config, inbound, user.partition(":")[0]):
+            return f"✅ {user} is approved (code {code})."
+        gw.throttles.bad_codes.add(inbound.user)
+        return f"No pending pairing code {code}. Send /approve alone to list the pending requests."
+    if name == "deny":
+        ttl = gw.config.access_for(request.platform).pairing_code_ttl
+        await store.pairing_deny(code, ttl)
+        log.info("pairing: %s denied %s (code %s)", inbound.user, request.user, code)
+        await gw.tell(request.platform, request.chat_id, f"denied-{code}", access.denied_text())
+        return f"🚫 Denied {request.label()}. They get no new code for {_hours(ttl)}."
+    if request.expired():
+        return f"Code {code} has expired. Ask {request.label()} to message me again for a new one."
+    user = await store.pairing_approve(code)
+    if user is None:  # lapsed between the two reads
+        return f"Code {code} has expired. Ask {request.label()} to message me again for a new one."
+    log.info("pairing: %s approved %s (code %s)", inbound.user, user, code)
+    await gw.tell(request.platform, request.chat_id, f"approved-{code}", access.approved_text())
+    return f"✅ Approved {request.label()}. They can talk to me now."
+
+
+async def _revoke(gw: Gateway, entry: JournalEntry, args: str) -> str:
+    inbound = entry.inbound
+    if not args:
+        return await _approved_list(gw, entry)
+    user = access.qualify_user(args, inbound.platform)
+    if user is None:
+        return "Usage: /revoke USER — the user's id, e.g. /revoke telegram:12345"
+    if not access.may_administer(gw.config, inbound, user.partition(":")[0]):
+        return f"You are not an admin of {user.partition(':')[0]}; use `chital pairing revoke {user}`."
+    removed = await gw.store.revoke(user)
+    if removed:
+        log.info("pairing: %s revoked %s", inbound.user, user)
+    text = (
+        f"🚫 Revoked {user}: they get a pairing code again if they write."
+        if removed
+        else (f"{user} was not approved by code.")
+    )
+    if access.config_allowed(gw.config, user):
+        text += " They are also let in by config.yaml (access.allow_users / admins): remove them there."
+    return text
+
+
+async def _pending_list(gw: Gateway, entry: JournalEntry) -> str:
+    if not entry.inbound.is_direct:
+        return "I list pending requests only in a direct message."
+    now = time.time()
+    mine = [
+        r
+        for r in await gw.store.pairing_list()
+        if not r.expired(now) and access.may_administer(gw.config, entry.inbound, r.platform)
+    ]
+    if not mine:
+        return "No pending pairing requests."
+    lines = [f"Pending requests ({len(mine)}):"]
+    for r in mine[:LIST_MAX]:
+        state = "denied" if r.denied else f"expires in {math.ceil((r.expires - now) / 60)} min"
+        lines.append(f"{r.code} — {r.label()} — {state}")
+    lines.append("Approve one with /approve CODE, refuse it with /deny CODE.")
+    return "\n".join(lines)
+
+
+async def _approved_list(gw: Gateway, entry: JournalEntry) -> str:
+    if not entry.inbound.is_direct:
+        return "I list approved users only in a direct message."
+    users = [
+        u
+        for u, _ in await gw.store.approved_list()
+        if access.may_administer(gw.config, entry.inbound, u.partition(":")[0])
+    ]
+    if not users:
+        return "Nobody is approved by code."
+    more = f" (first {LIST_MAX})" if len(users) > LIST_MAX else ""
+    return f"Approved by code{more}:\n" + "\n".join(users[:LIST_MAX]) + "\nRevoke with /revoke USER."
+
+
+def _hours(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{max(1, round(seconds / 60))} minutes"
+    hours = seconds / 3600
+    return "1 hour" if round(hours, 1) == 1 else f"{hours:g} hours"

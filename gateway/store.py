@@ -15,7 +15,6 @@ import errno
 import json
 import logging
 import os
-import secrets
 import sqlite3
 import time
 import uuid
@@ -26,6 +25,8 @@ from typing import Any
 import aiosqlite
 
 from channels.base import Attachment, Inbound
+
+from .store_access import AccessTables, migrate_access
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,6 @@ CREATE TABLE IF NOT EXISTS approved_users (
 """
 
 OPEN_STATES = ("pending", "running")
-_PAIRING_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
 
 
 @dataclass(slots=True)
@@ -161,7 +161,7 @@ def inbound_from_json(raw: str) -> tuple[Inbound, str]:
     return Inbound(**data), note
 
 
-class Store:
+class Store(AccessTables):
     """SQLite-backed gateway state. Create with :meth:`open`."""
 
     def __init__(self, db: aiosqlite.Connection, path: Path, reserve: DiskReserve | None = None) -> None:
@@ -172,6 +172,7 @@ class Store:
         """True while the reserve is spent (health shows it)."""
         self._threads: dict[str, str] = {}
         """conversation → thread id, read through: one daemon owns its SQLite file."""
+        self._dm_chats: dict[str, str] = {}
 
     @classmethod
     async def open(cls, path: Path, reserve_bytes: int = DEFAULT_RESERVE) -> Store:
@@ -184,6 +185,7 @@ class Store:
         await db.execute("PRAGMA synchronous=NORMAL")
         await db.execute("PRAGMA busy_timeout=5000")
         await db.executescript(_SCHEMA)
+        await migrate_access(db)
         await db.commit()
         return cls(db, path, reserve)
 
@@ -328,59 +330,22 @@ class Store:
             row = await cur.fetchone()
         return str(row[0]) if row else None
 
-    async def new_thread(self, conversation: str) -> str:
-        thread_id = uuid.uuid4().hex
+    async def new_thread(self, conversation: str, key: str | None = None) -> str:
+        """Give ``conversation`` a fresh agent thread.
+
+        With ``key`` (the journal key of the ``/new`` asking for it) it happens once per key: the
+        new id is recorded under the key first, in one statement, and a re-run (resume after a
+        crash, a delivery retry) finds and reuses it. The thread row is then set only if it is
+        older than that record, so a re-run never takes the chat back from a later ``/new``."""
+        if key is None:
+            thread_id, created = uuid.uuid4().hex, time.time()
+        else:
+            thread_id, created = await self.command_result_put(key, uuid.uuid4().hex)
         await self._write(
-            "INSERT OR REPLACE INTO threads(conversation, thread_id, created) VALUES (?, ?, ?)",
-            (conversation, thread_id, time.time()),
+            "INSERT INTO threads(conversation, thread_id, created) VALUES (?, ?, ?)"
+            " ON CONFLICT(conversation) DO UPDATE SET thread_id = excluded.thread_id,"
+            " created = excluded.created WHERE threads.created < excluded.created",
+            (conversation, thread_id, created),
         )
-        self._threads[conversation] = thread_id
+        self._threads.pop(conversation, None)  # read back: the row may belong to a later /new
         return thread_id
-
-    # -- access: pairing and approvals ------------------------------------------------------------
-    async def is_approved(self, user: str) -> bool:
-        async with self._db.execute("SELECT 1 FROM approved_users WHERE user = ?", (user,)) as cur:
-            return await cur.fetchone() is not None
-
-    async def pairing_code_for(self, user: str, name: str) -> tuple[str, bool]:
-        """The user's pending pairing code, creating one if needed. Returns (code, newly_created)."""
-        async with self._db.execute("SELECT code FROM pairing WHERE user = ?", (user,)) as cur:
-            row = await cur.fetchone()
-        if row:
-            return str(row[0]), False
-        code = "".join(secrets.choice(_PAIRING_ALPHABET) for _ in range(8))
-        await self._db.execute(
-            "INSERT INTO pairing(code, user, name, created) VALUES (?, ?, ?, ?)",
-            (code, user, name[:100], time.time()),
-        )
-        await self._db.commit()
-        return code, True
-
-    async def pairing_list(self) -> list[tuple[str, str, str, float]]:
-        async with self._db.execute("SELECT code, user, name, created FROM pairing ORDER BY created") as cur:
-            return [(str(c), str(u), str(n), float(t)) for c, u, n, t in await cur.fetchall()]
-
-    async def pairing_approve(self, code: str) -> str | None:
-        """Approve a pending code; returns the user it belonged to, or None for an unknown code."""
-        code = code.strip().upper()
-        async with self._db.execute("SELECT user FROM pairing WHERE code = ?", (code,)) as cur:
-            row = await cur.fetchone()
-        if not row:
-            return None
-        user = str(row[0])
-        await self._db.execute(
-            "INSERT OR REPLACE INTO approved_users(user, approved, code) VALUES (?, ?, ?)",
-            (user, time.time(), code),
-        )
-        await self._db.execute("DELETE FROM pairing WHERE code = ?", (code,))
-        await self._db.commit()
-        return user
-
-    async def revoke(self, user: str) -> bool:
-        cur = await self._db.execute("DELETE FROM approved_users WHERE user = ?", (user,))
-        await self._db.commit()
-        return cur.rowcount > 0
-
-    async def approved_list(self) -> list[tuple[str, float]]:
-        async with self._db.execute("SELECT user, approved FROM approved_users ORDER BY approved") as cur:
-            return [(str(u), float(t)) for u, t in await cur.fetchall()]
