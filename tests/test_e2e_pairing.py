@@ -111,11 +111,11 @@ async def test_admin_decides_pairing_in_chat(
     assert rc == 1 and "not pending" in out, out
 
 
-async def test_queue_and_rate_limit_notes(daemon: DaemonProcess, tg: FakeTelegram) -> None:
-    slow = say(tg, MEMBER, "SLOW one")
+async def test_queue_and_rate_limit_notes(daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI) -> None:
+    say(tg, MEMBER, "SLOW one")
+    # Its turn has started once the model is asked (in a DM the stream may be a draft, not a message).
     await tg.wait_for(
-        lambda: [m for m in tg.bot_messages(MEMBER) if m.reply_to == slow["message"]["message_id"]],
-        what="slow answer started",
+        lambda: any("SLOW one" in last_user_text(r) for r in model.requests), what="slow answer started"
     )
     two = say(tg, MEMBER, "two")
     await reply(tg, MEMBER, two, "Queued")
