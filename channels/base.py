@@ -192,6 +192,12 @@ class Capabilities:
     done_reaction: str | None = None
     """Emoji put on the user's message once the answer is delivered (Slack's habit), or None."""
     max_upload_bytes: int = 20 * 1024 * 1024
+    dedupes_sends: bool = False
+    """The platform returns the earlier message for a repeated ``idempotency_key`` (Discord's nonce,
+    Lark's uuid): a send whose result a crash lost can simply be repeated."""
+    finds_orphans: bool = False
+    """:meth:`Channel.recover` can tell whether a message was sent for a key (Slack's metadata):
+    when it finds none, none was sent."""
 
 
 class ChannelState(enum.StrEnum):
@@ -408,6 +414,21 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         """Replace the content of a message the bot sent earlier."""
+
+    def can_preview(self, target: ReplyTarget) -> bool:
+        """Whether :meth:`preview` works for ``target`` (an ephemeral streamed draft)."""
+        return False
+
+    async def preview(self, target: ReplyTarget, key: str, part: Rendered) -> None:
+        """Show the answer so far as an ephemeral draft that leaves nothing behind if we crash
+        (Telegram's sendMessageDraft in private chats); only the final text becomes a message."""
+        raise PermanentSendError(f"{self.name} has no draft previews")
+
+    async def recover(self, target: ReplyTarget, idempotency_key: str) -> str | None:
+        """Find a message an earlier process sent for ``idempotency_key`` but did not live to record
+        (it crashed between the send and the outbox write); its id, or None when the platform
+        offers no way to find it (Slack: message metadata carrying the key)."""
+        return None
 
     async def typing(self, target: ReplyTarget) -> None:  # noqa: B027 - optional capability
         """Show a typing / working indicator, where the platform has one."""

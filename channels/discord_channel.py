@@ -111,6 +111,7 @@ class DiscordChannel(Channel):
         min_send_interval=1.0,  # and about 5 new messages per 5 s per channel
         send_burst=5,
         max_upload_bytes=10 * 1024 * 1024,  # the default upload limit of a non-boosted server
+        dedupes_sends=True,  # enforce_nonce: a repeated nonce returns the earlier message
     )
 
     def __init__(

@@ -74,6 +74,9 @@ from .slack_inbound import to_inbound as event_to_inbound
 from .textsplit import split_markdown
 
 log = logging.getLogger(__name__)
+
+REPLY_EVENT = "chital_reply"
+"""Metadata event type of the bot's replies; the payload's ``key`` is the part's idempotency key."""
 T = TypeVar("T")
 
 AUTH_ERRORS = frozenset(
@@ -131,6 +134,7 @@ class SlackChannel(Channel):
         max_upload_bytes=100 * 1024 * 1024,  # files_upload_v2 holds the file in memory
         picked_up_reaction="👀",
         done_reaction="✅",
+        finds_orphans=True,  # reply metadata carries the key; see recover()
     )
 
     def __init__(
@@ -333,14 +337,41 @@ class SlackChannel(Channel):
 
     # -- outbound -------------------------------------------------------------------------------
     async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
-        # Slack has no idempotency key for posts: the gateway's outbox is what prevents doubles.
+        # Slack has no idempotency key for posts; the key rides along as message metadata so a
+        # restarted daemon can find a message whose ts a crash kept out of the outbox (recover).
         resp = await self._call(
             self._client.chat_postMessage(
-                channel=target.chat_id, text=part.text, thread_ts=_thread_ts(target), mrkdwn=True
+                channel=target.chat_id,
+                text=part.text,
+                thread_ts=_thread_ts(target),
+                mrkdwn=True,
+                metadata={"event_type": REPLY_EVENT, "event_payload": {"key": idempotency_key}},
             ),
             "chat.postMessage",
         )
         return str(resp["ts"])
+
+    async def recover(self, target: ReplyTarget, idempotency_key: str) -> str | None:
+        """The bot's recent message carrying ``idempotency_key`` in its metadata, if any: read
+        from the thread (conversations.replies) or the channel (conversations.history)."""
+        thread_ts = _thread_ts(target)
+        since = target.reply_to or thread_ts
+        if thread_ts:
+            call = self._client.conversations_replies(
+                channel=target.chat_id, ts=thread_ts, limit=200, include_all_metadata=True
+            )
+            resp = await self._call(call, "conversations.replies")
+        else:
+            call = self._client.conversations_history(
+                channel=target.chat_id, oldest=since or None, limit=200, include_all_metadata=True
+            )
+            resp = await self._call(call, "conversations.history")
+        for msg in resp.get("messages") or []:
+            meta = msg.get("metadata") or {}
+            payload = meta.get("event_payload") or {}
+            if meta.get("event_type") == REPLY_EVENT and payload.get("key") == idempotency_key:
+                return str(msg.get("ts"))
+        return None
 
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         await self._call(

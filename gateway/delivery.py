@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+from collections.abc import Awaitable
 
 from channels.base import Channel, NotModified, OutFile, PermanentSendError, Rendered, ReplyTarget
 
@@ -19,6 +21,11 @@ from .pacing import ChatPacer
 from .store import Store
 
 log = logging.getLogger(__name__)
+
+SENDING = ""
+"""Outbox marker written just before a new message is sent: if the process dies before the real id
+is recorded, the next run knows the send may have happened (see :meth:`Reply.load`)."""
+SUPERSEDES = "↪️ _My earlier reply to this message was cut off; this one replaces it._\n\n"
 
 
 class Reply:
@@ -54,14 +61,35 @@ class Reply:
         self._last_edit = 0.0
         self._put_lock = asyncio.Lock()  # one creator of each part, however many tasks share the reply
         self._loaded = False
+        self._mark_sends = not channel.capabilities.dedupes_sends
+        self.supersedes = False
+        """A previous run may have left a partial message we could not find: the final says it
+        replaces it."""
 
     async def load(self) -> None:
-        """Pick up message ids sent for this key before a restart (once per reply)."""
+        """Pick up message ids sent for this key before a restart (once per reply).
+
+        A part marked :data:`SENDING` was being sent when the last run died: the channel is asked
+        to find it (Slack searches its metadata); found, it is edited like any other part; not
+        found on a platform that cannot dedupe a repeated send, the final answer says it
+        supersedes whatever partial message may be in the chat."""
         if not self._loaded:
             self._loaded = True
             stored = await self._store.outbox_get(self.key)
+            known = {p: mid for p, mid in stored.items() if mid != SENDING}
+            for part_no in sorted(set(stored) - set(known)):
+                found = None
+                try:
+                    found = await self.channel.recover(self.target, f"{self.key}#{part_no}")
+                except Exception as exc:  # finding the orphan is best effort
+                    log.info("could not look for the orphan of %s part %d: %s", self.key, part_no, exc)
+                if found:
+                    known[part_no] = found
+                    await self._store.outbox_put(self.key, part_no, found)
+                elif part_no == 0 and self._mark_sends and not self.channel.capabilities.finds_orphans:
+                    self.supersedes = True
             # Parts sent by this process while the read was in flight win over the older rows.
-            self._parts = {**stored, **self._parts}
+            self._parts = {**known, **self._parts}
 
     @property
     def has_message(self) -> bool:
@@ -87,6 +115,8 @@ class Reply:
                 # The message is gone (deleted by a user, too old to edit): post a new one.
                 log.info("edit of %s part %d failed (%s); sending anew", self.key, part_no, exc)
         idem = f"{self.key}#{part_no}" if existing is None else f"{self.key}#{part_no}r"
+        if self._mark_sends:
+            await self._store.outbox_put(self.key, part_no, SENDING)
         message_id = await self._pacer.call(
             lambda: channel.send(self.target, part, idempotency_key=idem), is_send=True
         )
@@ -153,11 +183,19 @@ class Reply:
                 await self._wake.wait()
                 continue
             try:
-                await self._put(0, self.channel.render_stream(text))
+                rendered = self.channel.render_stream(text)
+                if 0 not in self._parts and self.channel.can_preview(self.target):
+                    # An ephemeral draft: a crash now leaves nothing half-written in the chat.
+                    await self._pacer.call(functools.partial(self._preview, rendered), is_send=False)
+                else:
+                    await self._put(0, rendered)
                 self._shown = text
             except Exception as exc:  # streaming is best effort; the final answer is not
                 log.warning("streaming edit failed for %s: %s", self.key, exc)
             self._last_edit = time.monotonic()
+
+    def _preview(self, rendered: Rendered) -> Awaitable[None]:
+        return self.channel.preview(self.target, self.key, rendered)
 
     async def _stop_stream(self) -> None:
         self._closing = True
@@ -171,6 +209,8 @@ class Reply:
     async def finish(self, markdown: str) -> None:
         """Deliver the final answer: part 0 edited in place, further parts sent after it."""
         await self._stop_stream()
+        if self.supersedes and 0 not in self._parts:
+            markdown = SUPERSEDES + markdown
         parts = list(self.channel.render(markdown)) if markdown.strip() else []
         if not parts:
             parts = [Rendered(text="(empty answer)")]

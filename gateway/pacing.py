@@ -44,6 +44,7 @@ class ChatPacer:
     async def call(self, op: Callable[[], Awaitable[T]], *, is_send: bool) -> T:
         async with self._lock:
             self.last_used = time.monotonic()
+            transient = 0
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 wait = max(self._blocked_until - time.monotonic(), self._send_wait() if is_send else 0.0)
                 if wait > 0:
@@ -60,7 +61,8 @@ class ChatPacer:
                         raise
                     continue
                 except TransientSendError as exc:
-                    if attempt >= TRANSIENT_ATTEMPTS:
+                    transient += 1
+                    if transient >= TRANSIENT_ATTEMPTS or attempt == MAX_ATTEMPTS:
                         raise
                     delay = min(0.5 * 2 ** (attempt - 1), 8.0) * (0.5 + random.random())
                     log.warning("send failed (%s); retrying in %.1fs", exc, delay)

@@ -106,6 +106,7 @@ class LarkChannel(Channel):
         min_send_interval=0.25,
         send_burst=3,
         max_upload_bytes=30 * 1024 * 1024,
+        dedupes_sends=True,  # the uuid of a create/reply is deduplicated for about an hour
     )
 
     def __init__(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dtm
+import hashlib
 import logging
 import warnings
 from collections.abc import Awaitable
@@ -308,6 +309,22 @@ class TelegramChannel(Channel):
             part, lambda text, ents: _post(bot, "sendMessage", {**kwargs, "text": text, "entities": ents})
         )
         return str(result.get("message_id", "")) if isinstance(result, dict) else ""
+
+    def can_preview(self, target: ReplyTarget) -> bool:
+        """Drafts exist in private chats only (a user's id is its DM chat's id, always > 0)."""
+        return target.chat_id.isdigit()
+
+    async def preview(self, target: ReplyTarget, key: str, part: Rendered) -> None:
+        """sendMessageDraft: an ephemeral, animated preview of the answer so far. Nothing of it
+        stays in the chat, so a crash mid-stream leaves no half answer behind; the final answer
+        is then sent as the one real message."""
+        bot = self._require_bot()
+        draft_id = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest()) % (2**31 - 1) + 1
+        params = {**self._where(target), "draft_id": draft_id}
+        await self._with_entity_fallback(
+            part,
+            lambda text, ents: _post(bot, "sendMessageDraft", {**params, "text": text, "entities": ents}),
+        )
 
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         bot = self._require_bot()

@@ -44,6 +44,8 @@ class Post:
     text: str
     history: list[str] = field(default_factory=list)
     """Every text the message had, first to last (the post, then each chat.update)."""
+    metadata: dict[str, Any] | None = None
+    """Message metadata as posted ({"event_type", "event_payload"}); read back by conversations.*."""
 
 
 @dataclass
@@ -617,12 +619,43 @@ class FakeSlack:
         thread_ts = p.get("thread_ts") or None
         ts = self.next_ts()
         post = self._remember(channel, ts, thread_ts, text)
+        meta = p.get("metadata")
+        post.metadata = json.loads(meta) if isinstance(meta, str) else meta
         self.posts.append(post)
         message = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "text": text, "ts": ts}
         if thread_ts:
             message["thread_ts"] = thread_ts
         await self._echo({**message, "channel": channel, "channel_type": _channel_type(channel)})
         return {"channel": channel, "ts": ts, "message": message}
+
+    def _history_item(self, post: Post, with_meta: bool) -> dict[str, Any]:
+        item: dict[str, Any] = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id,
+                                "text": post.text, "ts": post.ts}  # fmt: skip
+        if post.thread_ts:
+            item["thread_ts"] = post.thread_ts
+        if with_meta and post.metadata:
+            item["metadata"] = post.metadata
+        return item
+
+    async def _m_conversations_history(self, p: dict[str, Any]) -> dict[str, Any]:
+        """The bot's posts in the channel (top level), newest first; metadata only when asked."""
+        channel = p.get("channel", "")
+        oldest = float(p.get("oldest") or 0)
+        with_meta = str(p.get("include_all_metadata", "")).lower() in ("1", "true")
+        posts = [m for (c, _), m in self._messages.items() if c == channel and not m.thread_ts]
+        posts = [m for m in posts if float(m.ts) > oldest]
+        items = [
+            self._history_item(m, with_meta) for m in sorted(posts, key=lambda m: float(m.ts), reverse=True)
+        ]
+        return {"messages": items[: int(p.get("limit") or 100)], "has_more": False}
+
+    async def _m_conversations_replies(self, p: dict[str, Any]) -> dict[str, Any]:
+        """The bot's posts in one thread, oldest first; metadata only when asked."""
+        channel, ts = p.get("channel", ""), p.get("ts", "")
+        with_meta = str(p.get("include_all_metadata", "")).lower() in ("1", "true")
+        posts = [m for (c, _), m in self._messages.items() if c == channel and m.thread_ts == ts]
+        items = [self._history_item(m, with_meta) for m in sorted(posts, key=lambda m: float(m.ts))]
+        return {"messages": items[: int(p.get("limit") or 100)], "has_more": False}
 
     async def _m_chat_update(self, p: dict[str, Any]) -> dict[str, Any]:
         channel, ts, text = p.get("channel", ""), p.get("ts", ""), p.get("text") or ""

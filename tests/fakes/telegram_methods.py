@@ -39,6 +39,7 @@ class BotApiMethods:
         _forced: list[dict[str, Any]]
         _allowed: list[str] | None
         _chats: dict[int, dict[str, Any]]
+        drafts: list[tuple[int, int, str]]
         _messages: dict[int, dict[int, Seen]]
         _files: dict[str, StoredFile]
         _blocked: set[int]
@@ -131,6 +132,19 @@ class BotApiMethods:
         entities = list(p.get("entities") or [])
         check_text(text, entities, MAX_TEXT_UTF16, "message text")
         return self._bot_message(chat_id, p, {"text": text, "entities": entities})
+
+    async def _m_sendmessagedraft(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        """An ephemeral preview: shown to the user for ~30 s, never stored as a message."""
+        chat_id = self._target(p)
+        if chat_id <= 0:
+            raise ApiError(400, "Bad Request: message drafts can be sent only to private chats")
+        draft_id = int(p.get("draft_id") or 0)
+        if draft_id == 0:
+            raise ApiError(400, "Bad Request: draft_id must be non-zero")
+        text = str(p.get("text", ""))
+        check_text(text, list(p.get("entities") or []), MAX_TEXT_UTF16, "message text")
+        self.drafts.append((chat_id, draft_id, text))
+        return True
 
     async def _m_editmessagetext(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
         chat_id = self._target(p)

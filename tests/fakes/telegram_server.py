@@ -69,6 +69,8 @@ class FakeTelegram(BotApiMethods):
         self._messages: dict[int, dict[int, Seen]] = {}
         self._files: dict[str, StoredFile] = {}
         self._failures: dict[str, list[Failure]] = {}
+        self.drafts: list[tuple[int, int, str]] = []
+        """(chat id, draft id, text) of every sendMessageDraft: previews that leave no message."""
         self.down_methods: set[str] = set()
         """Methods answering 502 Bad Gateway until removed (an outage of part of the Bot API)."""
         self._blocked: set[int] = set()
