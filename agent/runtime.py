@@ -31,6 +31,7 @@ from agent.sandbox import SandboxError, SandboxProvider, create_provider
 from agent.sandbox.backend import SandboxBackend
 from agent.sandbox.files import HostFiles
 from agent.sandbox.paths import OUTPUTS, UPLOADS, PathMapper, PathRefused, ThreadDirs
+from agent.sandbox.quota import check_room
 from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
 from agent.skills import build_skills
 from agent.subagents import build_subagents, subagent_event_to_status
@@ -111,6 +112,8 @@ class AgentRuntime:
         The name is never reused: an existing entry (or a link sandboxed code planted under the
         name the user's file will have) makes it ``name-2.ext``, and no link is followed."""
         files = await asyncio.to_thread(self.thread_files, thread_id)
+        # The thread's disk quota and the host's free-space floor hold for users' files too.
+        await asyncio.to_thread(check_room, files.mapper.dirs, len(data))
         return await asyncio.to_thread(files.create_unique, UPLOADS, name, data)
 
     async def read_output(self, thread_id: str, path: str, max_bytes: int) -> OutputFile:

@@ -155,3 +155,22 @@ async def test_upload_onto_planted_links_never_writes_through_them(
     assert not (target_dir / "created.txt").exists()
     assert existing.read_text() == "ORIGINAL"
     assert sorted(p.name for p in target_dir.iterdir()) == ["existing.txt"]
+
+
+async def test_upload_over_the_thread_quota_is_refused_with_a_clear_note(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    cfg = telegram_config(tmp_path, tg, model)
+    cfg["agent"]["sandbox"]["limits"] = {"disk_mb": 1}
+    d = DaemonProcess(tmp_path, cfg)
+    await d.start()
+    try:
+        model.script(Reply(text="I see no file"))
+        doc = tg.add_file(b"x" * (2 * 1024 * 1024), file_name="big.bin", mime_type="application/octet-stream")
+        up = tg.inject_message(OWNER, OWNER, "store this", document=doc)
+        msg = await answered(tg, OWNER, up, "I see no file", timeout=30)
+        assert "could not store big.bin" in msg.text and "quota" in msg.text
+        [thread] = list((d.sandbox_root / "threads").iterdir())
+        assert not list((thread / "uploads").iterdir())
+    finally:
+        await d.close()

@@ -377,7 +377,10 @@ class DockerProvider(SandboxProvider):
         return str(c.id)
 
     def owner_for(self, thread_id: str) -> tuple[int, int] | None:
-        return (self.uid, self.gid)
+        """Blocking when ``uid_range`` is on (it may scan the threads dir): call from a worker."""
+        if self.uids is None:
+            return (self.uid, self.gid)
+        return self.uids.owner(ThreadDirs.for_thread(self.root, thread_id, self.skills_dir))
 
     def _current(self, c: Any, user: str) -> bool:
         """Is container ``c`` running, made from the current settings, as the thread's user?"""

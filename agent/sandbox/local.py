@@ -337,7 +337,10 @@ class LocalProvider(SandboxProvider):
         return opts
 
     def owner_for(self, thread_id: str) -> tuple[int, int] | None:
-        return self.run_as
+        """Blocking when ``uid_range`` is on (it may scan the threads dir): call from a worker."""
+        if self.uids is None:
+            return self.run_as
+        return self.uids.owner(ThreadDirs.for_thread(self.root, thread_id, self.skills_dir))
 
     async def acquire(self, thread_id: str) -> LocalSandbox:
         async with self._locks.setdefault(thread_id, asyncio.Lock()):
