@@ -79,6 +79,7 @@ _REACTIONS = {e.value.replace("\ufe0f", ""): e.value for e in ReactionEmoji}
 _REACTION_ALIASES = {"✅": "👌", "✔": "👌", "☑": "👌", "⏳": "👀", "⌛": "👀", "🔄": "👀", "❌": "👎",
                      "🚫": "👎", "💭": "🤔"}  # fmt: skip
 _NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
+POLL_RETRY_CAP = 5.0
 
 
 class TelegramChannel(Channel):
@@ -230,8 +231,9 @@ class TelegramChannel(Channel):
         return result
 
     async def _poll(self, bot: Bot, sink: InboundSink) -> None:
-        """Long-poll forever. Backoff mirrors PTB's network loop: a timed-out poll is retried at once,
-        other failures after 1 s growing ×1.5 up to 30 s, a 429 after its retry_after."""
+        """Long-poll forever. Backoff like PTB's network loop: a timed-out poll is retried at once,
+        other failures after 1 s growing ×1.5 (up to 5 s for 5xx/network, 30 s otherwise), a 429
+        after its retry_after."""
         delay = 0.0
         while True:
             try:
@@ -256,7 +258,9 @@ class TelegramChannel(Channel):
                 delay = 1.0 if delay == 0 else min(30.0, delay * 1.5)
                 self.set_state(ChannelState.RECONNECTING, "another poller is using this token")
             except tg.TelegramError as exc:
-                delay = 1.0 if delay == 0 else min(30.0, delay * 1.5)
+                # 5xx and network failures: capped at 5 s (not PTB's 30 s) so that after an outage
+                # the waiting messages arrive, and the parked answers go out, within seconds.
+                delay = 1.0 if delay == 0 else min(POLL_RETRY_CAP, delay * 1.5)
                 self.set_state(ChannelState.RECONNECTING, f"Telegram poll failed: {self._scrub(exc)}")
             else:
                 delay = 0.0
