@@ -30,6 +30,11 @@ from .store_access import AccessTables, migrate_access
 
 log = logging.getLogger(__name__)
 
+WAL_SIZE_LIMIT = 8 * 1024 * 1024
+"""What the WAL file may keep after a checkpoint (SQLite's default keeps its largest size forever);
+about two auto-checkpoints' worth (1,000 pages each)."""
+THREAD_CACHE_MAX = 50_000
+"""Conversations whose thread id is cached in memory before the cache is emptied."""
 RESERVE_NAME = ".chital-reserve"
 DEFAULT_RESERVE = 64 * 1024 * 1024
 """Disk space kept aside in the data dir for the journal itself (see :class:`DiskReserve`)."""
@@ -249,6 +254,14 @@ class Store(AccessTables):
             f"UPDATE journal SET state = ?, updated = ?{extra} WHERE key = ?", (state, time.time(), key)
         )
 
+    async def journal_retry(self, key: str) -> None:
+        """Back to pending after a delivery failure, which does not count as a run of the agent."""
+        await self._write(
+            "UPDATE journal SET state = 'pending', updated = ?, attempts = MAX(attempts - 1, 0)"
+            " WHERE key = ?",
+            (time.time(), key),
+        )
+
     async def journal_open(self) -> list[JournalEntry]:
         """Entries not finished, oldest first: what a restart must resume."""
         async with self._db.execute(
@@ -266,20 +279,51 @@ class Store(AccessTables):
         async with self._db.execute("SELECT state, COUNT(*) FROM journal GROUP BY state") as cur:
             return {state: n for state, n in await cur.fetchall()}
 
-    async def journal_prune(self, older_than: float) -> int:
-        """Drop finished entries (and their outbox rows) older than ``older_than`` seconds."""
+    async def journal_prune(self, older_than: float, batch: int = 2000) -> int:
+        """Drop finished entries (with their outbox, file and command-result rows) untouched for
+        ``older_than`` seconds; open ones (pending, running) are never dropped, however old.
+        Returns how many entries went.
+
+        In batches of ``batch`` keys, each committed on its own: intake shares this connection, and
+        one DELETE of a month of messages would hold it (and SQLite's write lock) for seconds. The
+        outbox and file rows go first, so a crash between two statements leaves at worst a journal
+        row without its outbox rows, which the next prune removes."""
         cutoff = time.time() - older_than
-        for table in ("outbox", "files_out"):
-            await self._db.execute(
-                f"DELETE FROM {table} WHERE key IN (SELECT key FROM journal WHERE updated < ?"
-                " AND state NOT IN ('pending', 'running'))",
-                (cutoff,),
-            )
-        cur = await self._db.execute(
-            "DELETE FROM journal WHERE updated < ? AND state NOT IN ('pending', 'running')", (cutoff,)
+        done = "updated < ? AND state NOT IN ('pending', 'running')"
+        total = 0
+        while True:
+            select = f"SELECT key FROM journal WHERE {done} LIMIT ?"
+            async with self._db.execute(select, (cutoff, batch)) as cur:
+                keys = [str(k) for (k,) in await cur.fetchall()]
+            if keys:
+                marks = ",".join("?" * len(keys))
+                for table in ("outbox", "files_out"):
+                    await self._db.execute(f"DELETE FROM {table} WHERE key IN ({marks})", keys)
+                cur = await self._db.execute(
+                    f"DELETE FROM journal WHERE key IN ({marks}) AND {done}", (*keys, cutoff)
+                )
+                await self._db.commit()
+                total += cur.rowcount
+            if len(keys) < batch:
+                break
+            await asyncio.sleep(0)  # let intake in between batches
+        await self._prune_command_results(cutoff)
+        return total
+
+    async def _prune_command_results(self, cutoff: float) -> None:
+        """Results of commands left behind (a crash between the reply and their drop), older than
+        the cutoff and not of an open entry. The table belongs to :mod:`gateway.store_access`."""
+        async with self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'command_results'"
+        ) as cur:
+            if await cur.fetchone() is None:
+                return
+        await self._db.execute(
+            "DELETE FROM command_results WHERE created < ? AND key NOT IN"
+            " (SELECT key FROM journal WHERE state IN ('pending', 'running'))",
+            (cutoff,),
         )
         await self._db.commit()
-        return cur.rowcount
 
     # -- outbox ---------------------------------------------------------------------------------
     async def outbox_get(self, key: str) -> dict[int, str]:
@@ -290,6 +334,10 @@ class Store(AccessTables):
         await self._write(
             "INSERT OR REPLACE INTO outbox(key, part, message_id) VALUES (?, ?, ?)", (key, part, message_id)
         )
+
+    async def outbox_drop(self, key: str, part: int) -> None:
+        """Forget a part's row (a send marked in advance that the platform refused)."""
+        await self._write("DELETE FROM outbox WHERE key = ? AND part = ?", (key, part))
 
     # -- files a turn presented ----------------------------------------------------------------
     async def files_add(self, key: str, path: str, caption: str) -> None:
@@ -349,3 +397,109 @@ class Store(AccessTables):
         )
         self._threads.pop(conversation, None)  # read back: the row may belong to a later /new
         return thread_id
+
+    # -- retention and size (docs/durability.md) -------------------------------------------------
+    async def pairing_prune(self, older_than: float) -> int:
+        """Delete pairing requests older than ``older_than`` seconds, answered or not: a flood of
+        strangers must not grow the table without bound. A code's own validity (checked when it
+        is approved) is shorter; whoever writes again simply gets a new code."""
+        cur = await self._db.execute("DELETE FROM pairing WHERE created < ?", (time.time() - older_than,))
+        await self._db.commit()
+        return cur.rowcount
+
+    async def vacuum_mode(self) -> str:
+        """SQLite's ``auto_vacuum`` setting: ``none``, ``full`` or ``incremental``."""
+        async with self._db.execute("PRAGMA auto_vacuum") as cur:
+            row = await cur.fetchone()
+        return {0: "none", 1: "full", 2: "incremental"}.get(int(row[0]) if row else 0, "none")
+
+    async def use_incremental_vacuum(self, wal_limit: int = WAL_SIZE_LIMIT) -> bool:
+        """Switch the database to ``auto_vacuum=INCREMENTAL`` so :meth:`shrink` can give freed pages
+        back to the file system; returns True when it had to convert the file.
+
+        ``auto_vacuum`` only takes effect on an empty database or through a ``VACUUM``, and
+        :meth:`open` creates the tables first, so this rewrites the file once (for a new database
+        a few pages; for an old one, call it after a prune so it copies only what is kept). A
+        ``VACUUM`` needs free space about the size of the database: when it fails the mode stays as
+        it was and the next start tries again. Also caps what the WAL file keeps after a
+        checkpoint (``journal_size_limit``), or one burst would leave a large WAL for good."""
+        await self._db.execute(f"PRAGMA journal_size_limit={int(wal_limit)}")
+        if await self.vacuum_mode() == "incremental":
+            return False
+        await self._db.commit()
+        await self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        try:
+            await self._db.execute("VACUUM")
+        except sqlite3.OperationalError:
+            with contextlib.suppress(Exception):
+                await self._db.execute("PRAGMA auto_vacuum=NONE")
+            raise
+        return await self.vacuum_mode() == "incremental"
+
+    async def shrink(self) -> int:
+        """Return the free pages to the file system (``incremental_vacuum``, only with
+        :meth:`use_incremental_vacuum` on) and checkpoint the WAL down to nothing when no one reads
+        it. Returns the pages released (0 when it had to wait for a better moment).
+
+        Why one function on the connection's own thread: the connection is shared by every task,
+        and any of them may hold a transaction open across an ``await``. Run as separate
+        statements, a checkpoint inside such a transaction fails ("database table is locked") and
+        can leave its statement behind to fail that task's commit; a second connection writing
+        instead makes the shared one's read snapshots stale, and its next write fails at once
+        ("database is locked"). On the worker thread, between two statements of other tasks,
+        nothing interleaves: the pass is skipped while a transaction is open, and the TRUNCATE
+        checkpoint does not wait for readers (which could only be this connection's own)."""
+        return int(await self._db._execute(self._shrink_now))  # aiosqlite: run fn on its thread
+
+    def _shrink_now(self) -> int:
+        conn: sqlite3.Connection = self._db._conn
+        if conn.in_transaction:
+            return 0
+        free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+        incremental = int(conn.execute("PRAGMA auto_vacuum").fetchone()[0]) == 2
+        released = 0
+        if free and incremental:
+            try:
+                # sqlite3_exec (executescript) steps the pragma to the end; a cursor steps it
+                # once and frees a single page.
+                conn.executescript("PRAGMA incremental_vacuum;")
+                released = free
+            except sqlite3.OperationalError as exc:  # another task's statement is active
+                log.debug("incremental vacuum postponed: %s", exc)
+        timeout = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+        conn.execute("PRAGMA busy_timeout=0")
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.OperationalError as exc:  # "table is locked": a read of another task is open
+            log.debug("WAL checkpoint postponed: %s", exc)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(timeout)}")
+        return released
+
+    async def size_info(self) -> dict[str, int]:
+        """Bytes on disk (database, WAL), pages (total, free) and rows per table."""
+        info: dict[str, int] = {}
+        for name in ("page_size", "page_count", "freelist_count"):
+            async with self._db.execute(f"PRAGMA {name}") as cur:
+                row = await cur.fetchone()
+            info[name] = int(row[0]) if row else 0
+        for table in ("journal", "outbox", "files_out", "threads", "pairing"):
+            async with self._db.execute(f"SELECT COUNT(*) FROM {table}") as cur:
+                row = await cur.fetchone()
+            info[f"rows_{table}"] = int(row[0]) if row else 0
+        for suffix, key in (("", "file_bytes"), ("-wal", "wal_bytes")):
+            try:
+                info[key] = os.stat(f"{self.path}{suffix}").st_size
+            except FileNotFoundError:
+                info[key] = 0
+        return info
+
+    def trim_caches(self, max_threads: int = THREAD_CACHE_MAX) -> int:
+        """Empty the conversation → thread cache once it holds more than ``max_threads`` entries
+        (it is read-through, so the cost is one query per conversation afterwards); without this
+        it would hold every conversation the daemon ever saw. Returns how many were dropped."""
+        count = len(self._threads)
+        if count <= max_threads:
+            return 0
+        self._threads.clear()
+        return count

@@ -152,6 +152,8 @@ class FakeSlack:
         self._pending_uploads: dict[str, tuple[str, bytes | None]] = {}
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self.after_call: Callable[[str, dict[str, Any]], None] | None = None
+        """Called once a Web API call took effect, before its answer is sent (crash windows)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> FakeSlack:
@@ -588,6 +590,8 @@ class FakeSlack:
         if handler is None:
             return web.json_response({"ok": False, "error": "unknown_method"})
         result: dict[str, Any] = await handler(params)
+        if self.after_call is not None:
+            self.after_call(method, params)  # e.g. kill the bot before it reads the answer
         if "ok" not in result:
             result = {"ok": True, **result}
         return web.json_response(result)

@@ -72,6 +72,8 @@ class FakeTelegram(BotApiMethods):
         self.drafts: list[tuple[int, int, str]] = []
         """(chat id, draft id, text) of every sendMessageDraft: previews that leave no message."""
         self.down_methods: set[str] = set()
+        self.after_call: Callable[[str, dict[str, Any]], None] | None = None
+        """Called once a call took effect, before its answer is sent (crash-window benchmarks)."""
         """Methods answering 502 Bad Gateway until removed (an outage of part of the Bot API)."""
         self._blocked: set[int] = set()
         self._revoked = False
@@ -464,6 +466,8 @@ class FakeTelegram(BotApiMethods):
             if handler is None:
                 raise ApiError(404, "Not Found")
             result = await handler(params, files)
+            if self.after_call is not None:
+                self.after_call(method, params)  # e.g. kill the bot before it reads the answer
         except ApiError as err:
             call.status = err.status
             body: dict[str, Any] = {"ok": False, "error_code": err.status, "description": err.description}
