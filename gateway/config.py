@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import types
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 
 from agent.config import AgentSettings, ModelSpec
 
 _ENV_REF = re.compile(r"\$(\{)?([A-Za-z_][A-Za-z0-9_]*)(?(1)\})")
+
+HTTP_HOST_ENV = "CHITAL_HTTP_HOST"
+"""When set, replaces ``http.host`` (from the file or the default). The container image sets it to
+``0.0.0.0`` so a published port answers; a daemon on a host keeps listening on 127.0.0.1 only."""
 
 
 class ConfigError(Exception):
@@ -23,28 +37,40 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _id_as_str(value: Any) -> Any:
+    """Platform ids are strings, but YAML reads ``allow_users: [123456]`` as a number: take it as the
+    id the operator meant instead of refusing the file (bools are not ids and stay refused)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+PlatformId = Annotated[str, BeforeValidator(_id_as_str)]
+"""A user or chat id: a bare platform id or ``platform:id``; YAML integers are accepted."""
+
+
 class AccessPolicy(_Strict):
     """Who may talk to the bot. Deny by default: unknown DM senders get the pairing path."""
 
-    allow_users: list[str] = Field(default_factory=list)
+    allow_users: list[PlatformId] = Field(default_factory=list)
     """User ids (bare platform id, or ``platform:id``) that bypass pairing. ``"*"`` (or
     ``"telegram:*"``) opens the bot to everyone: an explicit choice, never a default."""
-    allow_chats: list[str] = Field(default_factory=list)
+    allow_chats: list[PlatformId] = Field(default_factory=list)
     """Group chats where anyone may address the bot. Empty: any group, but only allowed users."""
-    admins: list[str] = Field(default_factory=list)
+    admins: list[PlatformId] = Field(default_factory=list)
     """Users who may run admin commands in chat (implies allowed)."""
     pairing: bool = True
     """Unknown DM senders receive a one-time code an admin approves with ``chital pairing approve``."""
     group_policy: Literal["mention", "free", "off"] = "mention"
     """In groups: answer when addressed (mention), every message (free) or never (off)."""
-    free_response_chats: list[str] = Field(default_factory=list)
+    free_response_chats: list[PlatformId] = Field(default_factory=list)
     """Group chats answered without a mention even when group_policy is ``mention``."""
     pairing_code_ttl: float = Field(3600.0, gt=0)
     """Seconds a pairing code stays valid; a stranger who writes after that gets a new code."""
     pairing_max_pending: int = Field(20, ge=1, le=1000)
     """Pending codes kept at once (over all channels); a new request beyond it drops the oldest.
     Bounds what strangers can make us store, and the odds of a guessed code (docs/access.md)."""
-    admin_chats: list[str] = Field(default_factory=list)
+    admin_chats: list[PlatformId] = Field(default_factory=list)
     """Chats (``platform:chat_id`` or bare ids) where pairing requests are announced, besides
     each admin's DM. Needed on Discord and Lark until an admin has written to the bot once,
     because there the DM chat id is not the user id (docs/access.md)."""
@@ -135,8 +161,12 @@ class LimitsConfig(_Strict):
 
 class HttpConfig(_Strict):
     enabled: bool = True
+    """Serve ``/healthz``, ``/readyz`` and ``/metrics``."""
     host: str = "127.0.0.1"
+    """Address to listen on. Loopback by default: metrics are not for the network. The environment
+    variable ``CHITAL_HTTP_HOST`` overrides it (the container image sets ``0.0.0.0``)."""
     port: int = Field(8787, ge=0, le=65535)
+    """TCP port; 0 picks a free one (tests)."""
 
 
 class DeliveryConfig(_Strict):
@@ -214,7 +244,80 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def parse_config(data: Any, source: str = "config.yaml") -> Config:
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold: itself, a union's members, ``Annotated``'s base."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _models_in(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return [m for arg in get_args(annotation) for m in _models_in(arg)]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return []
+
+
+def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """Keys the schema accepts in the mapping at ``loc`` (empty when it cannot tell), to suggest the
+    one a typo meant. Follows fields, list items and dict values through ``Config``'s annotations."""
+    annotation: Any = Config
+    for part in loc:
+        models = _models_in(annotation)
+        named = [m for m in models if m.__name__ == part]
+        if named:  # pydantic names the union member in the location
+            annotation = named[0]
+            continue
+        if models:
+            fields = [m.model_fields[str(part)] for m in models if str(part) in m.model_fields]
+            if not fields:
+                return []
+            annotation = fields[0].annotation
+            continue
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if get_origin(annotation) in (list, tuple, dict) and args:
+            annotation = args[-1]  # list[X] / tuple[X, ...] item, dict[str, X] value
+        elif args:
+            annotation = args[0]  # X | None
+        else:
+            return []
+    return sorted({name for m in _models_in(annotation) for name in m.model_fields})
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
+    """1-based line in the YAML source of the key (or item) at ``loc``, if the file has it."""
+    line: int | None = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            pair = next((kv for kv in node.value if str(kv[0].value) == str(part)), None)
+            if pair is None:
+                return line
+            line, node = pair[0].start_mark.line + 1, pair[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _describe(err: Any, node: yaml.Node | None) -> str:
+    """One error line: the field path, its line in the file, and for an unknown key the closest
+    known key. Never the offending value: it may be a secret."""
+    loc = tuple(err["loc"])
+    line = _line_of(node, loc)
+    where = _field_path(loc) + (f" (line {line})" if line else "")
+    if err["type"] != "extra_forbidden":
+        return f"  {where}: {err['msg']}"
+    known = _known_keys(loc[:-1])
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    hint = f"; known keys: {', '.join(known)}" if known else ""
+    if close:
+        hint = f"; did you mean {close[0]!r}?"
+    return f"  {where}: unknown key{hint}"
+
+
+def parse_config(data: Any, source: str = "config.yaml", node: yaml.Node | None = None) -> Config:
+    """Validate ``data`` (the parsed YAML). ``node``, the composed YAML document, lets errors give
+    line numbers."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -224,13 +327,14 @@ def parse_config(data: Any, source: str = "config.yaml") -> Config:
     if missing:
         raise ConfigError(f"{source}: " + "; ".join(missing))
     try:
-        return Config.model_validate(resolved)
+        cfg = Config.model_validate(resolved)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            # Never echo the offending value: it may be a secret.
-            lines.append(f"  {_field_path(tuple(err['loc']))}: {err['msg']}")
+        lines = [_describe(err, node) for err in exc.errors()]
         raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines)) from None
+    host = os.environ.get(HTTP_HOST_ENV, "").strip()
+    if host:
+        cfg.http.host = host
+    return cfg
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -241,14 +345,20 @@ def load_config(path: str | Path | None) -> Config:
     if not p.exists():
         raise ConfigError(f"{p}: no such file")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        # Composed first, then constructed: the node tree keeps line numbers for error messages.
+        loader = yaml.SafeLoader(p.read_text(encoding="utf-8"))
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{p}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: cannot read: {exc}") from None
-    cfg = parse_config(data, str(p))
+    cfg = parse_config(data, str(p), node)
     # Relative paths in the file mean "beside this file", wherever the daemon is started from.
     base = p.parent
     if not cfg.storage.path.is_absolute():
