@@ -1,8 +1,14 @@
-"""Local HTTP endpoint: /healthz (the process lives), /readyz (each channel's state), /metrics."""
+"""Local HTTP endpoint: /healthz (the process lives), /readyz (whether it can answer users, and why
+not: the agent, the storage, each channel), /metrics.
+
+/healthz stays 200 while the process runs (a container HEALTHCHECK restarts only a dead or hung
+process); /readyz is what an operator or an alert looks at: 503 with the reasons in ``why``.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -12,16 +18,21 @@ from channels.base import ChannelState
 from .metrics import Metrics
 
 
-def build_app(daemon: object, metrics: Metrics) -> web.Application:
-    """``daemon`` provides ``channel_report()`` → dict and ``ready()`` → bool."""
+class Observable(Protocol):
+    """What the endpoint asks of the daemon."""
 
+    def readiness(self) -> dict[str, object]:
+        """``{"ready": bool, "why": [str], "agent": ..., "storage": ..., "channels": ...}``."""
+        ...
+
+
+def build_app(daemon: Observable, metrics: Metrics) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
-        report = daemon.channel_report()  # type: ignore[attr-defined]
-        ready = daemon.ready()  # type: ignore[attr-defined]
-        return web.json_response({"ready": ready, "channels": report}, status=200 if ready else 503)
+        body = daemon.readiness()
+        return web.json_response(body, status=200 if body.get("ready") else 503)
 
     async def metrics_view(_: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)

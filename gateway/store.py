@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 WAL_SIZE_LIMIT = 8 * 1024 * 1024
 """What the WAL file may keep after a checkpoint (SQLite's default keeps its largest size forever);
 about two auto-checkpoints' worth (1,000 pages each)."""
-THREAD_CACHE_MAX = 50_000
+THREAD_CACHE_MAX = 10_000
 """Conversations whose thread id is cached in memory before the cache is emptied."""
 RESERVE_NAME = ".chital-reserve"
 DEFAULT_RESERVE = 64 * 1024 * 1024
