@@ -362,7 +362,7 @@ def build_summarization(
     return ChitalSummarization(
         model=model,
         backend=backend if backend is not None else StateBackend(),
-        trigger=("tokens", settings.summarize_after_tokens),
+        trigger=("tokens", settings.summarize_after_tokens or 0),  # only built when set (see below)
         keep=("messages", settings.keep_recent_messages),
         trim_tokens_to_summarize=settings.summary_input_tokens,
         summarizer=summarize,

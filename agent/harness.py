@@ -26,10 +26,10 @@ import asyncio
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from deepagents import DeepAgentState
 from langchain.agents import create_agent
@@ -46,6 +46,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph.errors import GraphRecursionError
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import StreamMode
 
 from agent import tuning
 from agent.checkpoints import InlineSqliteSaver
@@ -61,11 +62,11 @@ CustomEventConverter = Callable[[Any], Sequence[AgentEvent]]
 
 log = logging.getLogger(__name__)
 
-DURABILITY = "sync"
+DURABILITY: Literal["sync"] = "sync"
 """Checkpoint durability of every run; see the module docstring for why."""
 
 _LEAD_NODE = "model"
-_STREAM_MODES = ["messages", "updates", "custom"]
+_STREAM_MODES: list[StreamMode] = ["messages", "updates", "custom"]
 _SETTLED_CACHE = 4096
 
 
@@ -287,14 +288,15 @@ class Harness:
         graph: CompiledStateGraph[Any, Any, Any, Any],
         inp: dict[str, Any] | None,
         config: RunnableConfig,
-    ) -> AsyncIterator[AgentEvent]:
+    ) -> AsyncGenerator[AgentEvent, None]:
         """Map LangGraph stream parts to events; yields a Final (no tool calls) when the lead's
         last model step is known from the stream."""
         final: AIMessage | None = None
         shown = 0  # characters of the current model call already sent as TextDelta
         replay = 0  # characters a retried model call repeats before it says anything new
         try:
-            stream = graph.astream(inp, config, stream_mode=_STREAM_MODES, durability=DURABILITY)
+            # (mode, part) pairs: LangGraph's overloads type this call's items too loosely to help.
+            stream: Any = graph.astream(inp, config, stream_mode=_STREAM_MODES, durability=DURABILITY)
             async with aclosing(stream):
                 async for mode, part in stream:
                     if mode == "messages":

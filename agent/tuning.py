@@ -50,7 +50,7 @@ def _memoised_tool_schema(convert: Any) -> Any:
         hit = cache.get(key)
         if hit is None or hit[0]() is not tool:
             schema = convert(tool, *args, **kwargs)
-            hit = (weakref.ref(tool, lambda _, k=key: cache.pop(k, None)), schema)
+            hit = (weakref.ref(tool, functools.partial(_forget, cache, key)), schema)
             cache[key] = hit
         # langchain-openai annotates the top level of the dict it gets (e.g. defer_loading):
         # hand out fresh top-level dicts over the shared, never-mutated parameter schema.
@@ -88,3 +88,8 @@ def apply() -> None:
             content._get_data_content_block_types = functools.cache(original)
     except (ImportError, AttributeError) as exc:
         log.debug("content block types not memoised: %s", exc)
+
+
+def _forget(cache: dict[Any, Any], key: Any, _ref: object) -> None:
+    """weakref callback: the tool is gone, so is its cached schema."""
+    cache.pop(key, None)

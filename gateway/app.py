@@ -17,13 +17,14 @@ import gc
 import logging
 import os
 import signal
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
 
-from agent.events import OutputFile, TurnFailed
+from agent.events import AgentEvent, OutputFile, TurnFailed
 from channels.base import Channel, ChannelState
 
+from .agent_api import AgentHarness, MemoryAccess
 from .config import Config
 from .core import Gateway
 from .http import build_app, describe_state
@@ -41,15 +42,22 @@ class UnconfiguredHarness:
     """Stands in when the model cannot be set up (no API key...), so the daemon still starts and every
     message gets a clear answer instead of silence."""
 
+    memory: MemoryAccess | None = None
+
     def __init__(self, reason: str, model_name: str = "(not configured)") -> None:
         self.reason = reason
         self.model_name = model_name
 
-    async def run(self, thread_id: str, **_: Any) -> Any:
+    async def run(
+        self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Sequence[str] = ()
+    ) -> AsyncIterator[AgentEvent]:
         yield TurnFailed(f"The model is not configured: {self.reason}")
 
     async def message_count(self, thread_id: str) -> int:
         return 0
+
+    async def title(self, thread_id: str) -> str | None:
+        return None
 
     async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
         raise RuntimeError(f"the agent is not configured ({self.reason})")
@@ -61,7 +69,7 @@ class UnconfiguredHarness:
         return None
 
 
-async def open_harness(config: Config) -> Any:
+async def open_harness(config: Config) -> AgentHarness:
     """The agent runtime, or an :class:`UnconfiguredHarness` explaining why not."""
     from agent.runtime import AgentRuntime
 
@@ -92,7 +100,7 @@ class Daemon:
         self.config = config
         self.metrics = Metrics()
         self.store: Store | None = None
-        self.harness: Any = None
+        self.harness: AgentHarness | None = None
         self.gateway: Gateway | None = None
         self.supervisors: list[ChannelSupervisor] = []
         self.off: dict[str, str] = {}
@@ -121,7 +129,7 @@ class Daemon:
             return {"state": "starting", "reason": "the agent is being set up"}
         if isinstance(harness, UnconfiguredHarness):
             return {"state": "failed", "model": harness.model_name, "reason": harness.reason}
-        return {"state": "ready", "model": str(getattr(harness, "model_name", "?"))}
+        return {"state": "ready", "model": harness.model_name}
 
     def not_ready_reasons(self) -> list[str]:
         """Why ``/readyz`` says not ready, one short line per cause; empty when ready."""

@@ -169,9 +169,7 @@ async def _chat(cfg: Config) -> int:
                     print(f"⚠ {ev.message}", end="")
             print()
     finally:
-        close = getattr(harness, "close", None)
-        if close:
-            await close()
+        await harness.close()
         await store.close()
     return 0
 
@@ -226,11 +224,11 @@ async def _pairing(cfg: Config, action: str, arg: str | None) -> int:
                 await store.pairing_deny(request.code, ttl)
                 print(f"denied {request.user}; no new code for them until {_when(time.time() + ttl)}")
                 return 0
-            user = await store.pairing_approve(request.code)
-            if user is None:
+            approved_user = await store.pairing_approve(request.code)
+            if approved_user is None:
                 print(f"chital: pairing code {arg!r} has expired", file=sys.stderr)
                 return 1
-            print(f"approved {user}")
+            print(f"approved {approved_user}")
             return 0
         if action == "revoke":
             user = (arg or "").strip()

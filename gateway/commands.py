@@ -116,8 +116,7 @@ async def _status(gw: Gateway, conversation: str) -> str:
     thread_id = await gw.store.thread_get(conversation)
     running, queued = gw.turns.status(conversation)
     count = await gw.harness.message_count(thread_id) if thread_id else 0
-    title_of = getattr(gw.harness, "title", None)
-    title = await title_of(thread_id) if thread_id and title_of else None
+    title = await gw.harness.title(thread_id) if thread_id else None
     lines = [
         f"Thread: {thread_id[:8] if thread_id else '(none yet)'} — {count} messages"
         + (f" — “{title}”" if title else ""),
@@ -130,7 +129,7 @@ async def _status(gw: Gateway, conversation: str) -> str:
 
 async def _memory(gw: Gateway, entry: JournalEntry, name: str) -> str:
     inbound = entry.inbound
-    memory = getattr(gw.harness, "memory", None)
+    memory = gw.harness.memory
     if memory is None:
         return "Long-term memory is off."
     if name == "forget":

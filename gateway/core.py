@@ -14,14 +14,13 @@ import logging
 import random
 import re
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from agent.events import (
     AgentEvent,
     Clarification,
     FileOut,
     Final,
-    OutputFile,
     StatusUpdate,
     TextDelta,
     ToolProgress,
@@ -39,6 +38,7 @@ from channels.base import (
 
 from . import access, commands
 from .access import Verdict, decide, is_admin
+from .agent_api import AgentHarness
 from .config import Config
 from .delivery import Reply
 from .limits import Throttles
@@ -55,26 +55,6 @@ TYPING_AFTER = 0.3
 MAX_ATTEMPTS = 3
 QUEUED_SIGN_AFTER = 0.4
 """A message still waiting this long gets a visible "queued" sign (a turn about to start needs none)."""
-
-
-class AgentHarness(Protocol):
-    """What the gateway needs of ``agent.runtime.AgentRuntime`` (kept as a protocol for a harness
-    that failed to configure)."""
-
-    @property
-    def model_name(self) -> str: ...
-
-    def run(self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Any = ()) -> Any: ...
-
-    async def message_count(self, thread_id: str) -> int: ...
-
-    async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
-        """Store a user's file where the thread's agent sees it; returns the path it sees."""
-        ...
-
-    async def read_output(self, thread_id: str, path: str, max_bytes: int) -> OutputFile:
-        """Read a file the agent presented, safely (no links followed, regular, within size)."""
-        ...
 
 
 FILE_PART = 10_000

@@ -90,13 +90,13 @@ class Resources:
             name, release = self._stack.pop()
             try:
                 await release()
-            except asyncio.CancelledError as exc:
+            except asyncio.CancelledError as cancelled:
                 # A release cancelled from outside must not leave older resources open.
-                errors.append((name, exc))
-            except Exception as exc:
-                errors.append((name, exc))
-        for name, exc in errors:
-            log.error("closing %s failed: %s", name, one_line(exc))
+                errors.append((name, cancelled))
+            except Exception as failed:
+                errors.append((name, failed))
+        for name, err in errors:
+            log.error("closing %s failed: %s", name, one_line(err))
         return errors
 
 

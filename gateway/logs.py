@@ -13,11 +13,11 @@ def secrets_of(cfg: Config) -> list[str]:
 
     def walk(node: object) -> None:
         if hasattr(node, "get_secret_value"):
-            value = node.get_secret_value()  # type: ignore[attr-defined]
+            value = node.get_secret_value()
             if value:
                 found.append(value)
         elif hasattr(node, "model_fields"):
-            for name in type(node).model_fields:  # type: ignore[attr-defined]
+            for name in type(node).model_fields:
                 walk(getattr(node, name))
             for value in (getattr(node, "model_extra", None) or {}).values():
                 walk(value)

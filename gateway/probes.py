@@ -14,6 +14,7 @@ secret is masked in them, and URLs (Telegram puts the token in the path) are nev
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import os
 from collections.abc import Awaitable, Callable
@@ -223,13 +224,13 @@ async def run_probes(cfg: Config) -> list[Outcome]:
     for name, (ready, why) in channel_readiness(cfg).items():
         enabled = getattr(cfg.channels, name).enabled
         if ready:
-            jobs.append((name, lambda s, f=channels[name]: f(s, cfg), ""))
+            jobs.append((name, functools.partial(_call_probe, channels[name], cfg), ""))
         elif enabled:
             jobs.append((name, None, why))
     for i, spec in enumerate(cfg.models):
         name = f"model {spec.name}"
         if openai_compatible(spec.use):
-            jobs.append((name, lambda s, i=i: probe_model(s, cfg, i), ""))
+            jobs.append((name, functools.partial(_probe_model_at, cfg, i), ""))
         else:
             jobs.append((name, None, f"only OpenAI-compatible endpoints are probed ({spec.use})"))
 
@@ -247,3 +248,11 @@ async def run_probes(cfg: Config) -> list[Outcome]:
                 return Outcome(name, False, mask(_reason(exc)))
 
         return list(await asyncio.gather(*(one(*job) for job in jobs)))
+
+
+async def _call_probe(probe: Any, cfg: Config, session: aiohttp.ClientSession) -> str:
+    return str(await probe(session, cfg))
+
+
+async def _probe_model_at(cfg: Config, index: int, session: aiohttp.ClientSession) -> str:
+    return await probe_model(session, cfg, index)

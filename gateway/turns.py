@@ -10,15 +10,16 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from .metrics import Metrics
 from .store import JournalEntry
 
 log = logging.getLogger(__name__)
 
-TurnHandler = Callable[[JournalEntry], Awaitable[None]]
+TurnHandler = Callable[[JournalEntry], Coroutine[Any, Any, None]]
 
 
 @dataclass

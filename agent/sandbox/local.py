@@ -366,6 +366,9 @@ class LocalProvider(SandboxProvider):
         gone = [t for t, sb in self._sandboxes.items() if sb.last_used < cutoff]
         for t in gone:
             del self._sandboxes[t]
+            lock = self._locks.get(t)
+            if lock is not None and not lock.locked():
+                del self._locks[t]  # the lock map must not grow with every thread ever seen
         return gone
 
     async def reconcile(self) -> None:

@@ -86,8 +86,8 @@ def html_to_markdown(html: bytes | str, base_url: str = "") -> tuple[str, str]:
     for tag in soup(_DROP_TAGS):
         tag.decompose()
     if base_url:
-        for tag, attr in (("a", "href"), ("img", "src")):
-            for el in soup.find_all(tag, attrs={attr: True}):
+        for name, attr in (("a", "href"), ("img", "src")):
+            for el in soup.find_all(name, attrs={attr: True}):
                 el[attr] = urljoin(base_url, str(el[attr]))
     text = MarkdownConverter(heading_style="ATX", bullets="-", escape_misc=False).convert_soup(soup)
     text = re.sub(r"[ \t]+\n", "\n", text)
