@@ -11,8 +11,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import random
-import re
 import time
 from typing import Any
 
@@ -32,18 +30,18 @@ from channels.base import (
     ChannelState,
     Inbound,
     InboundSink,
-    OutFile,
-    PermanentSendError,
 )
 
 from . import access, commands
 from .access import Verdict, decide, is_admin
 from .agent_api import AgentHarness
+from .attachments import deliver_files, fetch_attachments
 from .config import Config
 from .delivery import Reply
 from .limits import Throttles
 from .metrics import Metrics
 from .pacing import PacerPool
+from .parking import Parking
 from .store import JournalEntry, StorageFull, Store
 from .turns import TurnQueue
 
@@ -55,21 +53,6 @@ TYPING_AFTER = 0.3
 MAX_ATTEMPTS = 3
 QUEUED_SIGN_AFTER = 0.4
 """A message still waiting this long gets a visible "queued" sign (a turn about to start needs none)."""
-
-
-FILE_PART = 10_000
-"""Outbox part numbers of files a reply carries start here (text parts count from 0)."""
-FILE_NOTE_PART = 20_000
-"""Outbox part of the note saying which presented files could not be sent."""
-RETRY_FIRST = 1.0
-RETRY_CAP = 15.0
-"""Delivery retries back off 1, 2, 4, 8, 15, 15... seconds: a platform back after minutes of 5xx
-gets every waiting answer within seconds, and a reconnect retries at once anyway."""
-
-
-def _safe_name(name: str) -> str:
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "file"
-    return cleaned[:120]
 
 
 class Gateway:
@@ -88,9 +71,7 @@ class Gateway:
         """Live replies by journal key, shared by the queued sign and the turn."""
         self._inflight: set[str] = set()
         """Journal keys handled by this process right now (queued, running or sending)."""
-        self._retries: dict[str, tuple[int, float]] = {}
-        """Key -> (delivery failures so far, monotonic time of the first) while a retry is due."""
-        self._retry_timers: dict[str, asyncio.TimerHandle] = {}
+        self.parking = Parking(store, metrics, config.delivery.retry_window, self._dispatch)
         self._connected: set[str] = set()
         self._closing = False
 
@@ -308,9 +289,7 @@ class Gateway:
         """Start handling ``entry`` unless this process already is; False when it was."""
         if entry.key in self._inflight or self._closing:
             return False
-        timer = self._retry_timers.pop(entry.key, None)
-        if timer is not None:
-            timer.cancel()
+        self.parking.unpark(entry.key)
         self._inflight.add(entry.key)
         if entry.kind == "turn":
             self._submit(entry)
@@ -329,34 +308,6 @@ class Gateway:
             await work
         finally:
             self._inflight.discard(entry.key)
-
-    async def _park(self, entry: JournalEntry, exc: ChannelError) -> bool:
-        """A delivery failed for a reason worth retrying: keep the entry pending and try again
-        in-process with capped backoff (and at once when its channel reconnects). Returns False
-        when retrying cannot help or the retry window is spent (the caller marks it failed)."""
-        if isinstance(exc, PermanentSendError) or self._closing:
-            return False
-        count, first = self._retries.get(entry.key, (0, time.monotonic()))
-        if time.monotonic() - first > self.config.delivery.retry_window:
-            self._retries.pop(entry.key, None)
-            return False
-        await self.store.journal_retry(entry.key)
-        entry.attempts = max(entry.attempts - 1, 0)  # a delivery failure is not a run of the agent
-        entry.from_journal = True  # the next try reads what already went out from the outbox
-        delay = min(RETRY_CAP, RETRY_FIRST * 2**count) * random.uniform(0.8, 1.0)
-        self._retries[entry.key] = (count + 1, first)
-        self.metrics.delivery_retries.labels(entry.inbound.platform).inc()
-        log.warning("delivery of %s failed (%s); retrying in %.1fs", entry.key, exc, delay)
-        loop = asyncio.get_running_loop()
-        self._retry_timers[entry.key] = loop.call_later(delay, self._retry_now, entry)
-        return True
-
-    def _retry_now(self, entry: JournalEntry) -> None:
-        self._retry_timers.pop(entry.key, None)
-        self._dispatch(entry)
-
-    def _delivered(self, key: str) -> None:
-        self._retries.pop(key, None)
 
     async def resume(self, platform: str) -> int:
         """Dispatch the open entries of ``platform`` this process is not handling: what a previous
@@ -377,16 +328,16 @@ class Gateway:
             await reply.load()
             await reply.finish(text)
             await self.store.journal_set(entry.key, "done")
-            self._delivered(entry.key)
         except Exception as exc:
             self.metrics.errors.labels(entry.inbound.platform, "delivery").inc()
-            if isinstance(exc, ChannelError) and await self._park(entry, exc):
+            if isinstance(exc, ChannelError) and await self.parking.park(entry, exc):
                 return
             log.error("could not deliver a notice for %s: %s", entry.key, exc)
             with contextlib.suppress(Exception):
                 await self.store.journal_set(entry.key, "failed")
         finally:
             self._replies.pop(entry.key, None)
+            self.parking.settled(entry.key)
 
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:
         """Run a command (gateway/commands.py: once per journal key) and deliver its reply."""
@@ -423,13 +374,14 @@ class Gateway:
                 self._spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
             typing = asyncio.create_task(self._keep_typing(reply))
             thread_id = await self.store.thread_for(inbound.conversation)
-            files, notes = await self._fetch_attachments(reply.channel, inbound, thread_id)
+            files, notes = await fetch_attachments(
+                self.harness, reply.channel, inbound, thread_id, self.config.limits.max_attachment_bytes
+            )
             final, outcome = await self._agent_turn(entry, thread_id, files, reply, notes)
             typing.cancel()
             await reply.finish(final)
-            await self._deliver_files(entry, reply, thread_id)
+            await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
             await self.store.journal_set(entry.key, "done")
-            self._delivered(entry.key)
             done = reply.channel.capabilities.done_reaction
             if done:
                 await self._react(reply.channel, inbound, done)
@@ -455,7 +407,7 @@ class Gateway:
             parked = False
             if isinstance(exc, ChannelError):
                 with contextlib.suppress(Exception):
-                    parked = await self._park(entry, exc)
+                    parked = await self.parking.park(entry, exc)
             if not parked:
                 text = (
                     "⚠️ My server's disk is full, so I could not finish this answer. "
@@ -470,6 +422,7 @@ class Gateway:
         finally:
             self._inflight.discard(entry.key)
             self._replies.pop(entry.key, None)
+            self.parking.settled(entry.key)
             self.metrics.turns.labels(outcome).inc()
             self.metrics.turn_seconds.observe(time.monotonic() - started)
 
@@ -498,30 +451,6 @@ class Gateway:
         if notes:
             final = "\n".join(notes) + "\n\n" + final
         return final, outcome
-
-    async def _deliver_files(self, entry: JournalEntry, reply: Reply, thread_id: str) -> None:
-        """Send the files the agent presented for this entry, each once (the outbox remembers
-        which went out), opened at this moment through the agent's safe reader. A file that
-        cannot be sent (gone, a link, too big) is named in one note instead of failing the turn."""
-        presented = await self.store.files_get(entry.key)
-        if not presented:
-            return
-        limit = reply.channel.capabilities.max_upload_bytes
-        problems: list[str] = []
-        for i, (path, caption) in enumerate(presented):
-            if reply.sent(FILE_PART + i):
-                continue
-            name = path.rsplit("/", 1)[-1]
-            try:
-                out = await self.harness.read_output(thread_id, path, limit)
-            except Exception as exc:  # the agent's file errors name the virtual path only
-                log.warning("presented file %s of %s not sent: %s", path, entry.key, exc)
-                problems.append(f"{name}: {exc}")
-                continue
-            await reply.send_file(FILE_PART + i, OutFile(out.name, out.data), caption)
-        if problems and not reply.sent(FILE_NOTE_PART):
-            note = "⚠️ I could not send " + "; ".join(problems)
-            await reply.note(FILE_NOTE_PART, note)
 
     @staticmethod
     def _on_event(
@@ -564,41 +493,10 @@ class Gateway:
                 await reply.channel.typing(reply.target)
                 await asyncio.sleep(TYPING_EVERY)
 
-    async def _fetch_attachments(
-        self, channel: Channel, inbound: Inbound, thread_id: str
-    ) -> tuple[list[str], list[str]]:
-        """Save the message's files where the thread's sandbox sees them (its uploads dir); returns
-        the paths as the agent sees them, and notes for the user about files that were refused."""
-        if not inbound.attachments:
-            return [], []
-        limit = self.config.limits.max_attachment_bytes
-        files: list[str] = []
-        notes: list[str] = []
-        for att in inbound.attachments:
-            if att.size is not None and att.size > limit:
-                notes.append(
-                    f"⚠️ I skipped {att.name}: it is {att.size / 1e6:.1f} MB, "
-                    f"over my {limit / 1e6:.0f} MB limit."
-                )
-                continue
-            try:
-                data = await channel.download(att, limit)
-            except ChannelError as exc:
-                notes.append(f"⚠️ I could not fetch {att.name}: {exc}")
-                continue
-            try:
-                files.append(await self.harness.save_upload(thread_id, _safe_name(att.name), data))
-            except Exception as exc:  # quota, disk full, a refused name: the text is safe to show
-                log.warning("could not store upload %s for %s: %s", att.name, inbound.key, exc)
-                notes.append(f"⚠️ I could not store {att.name}: {exc}")
-        return files, notes
-
     # -- shutdown -------------------------------------------------------------------------------
     async def close(self, grace: float) -> int:
         self._closing = True
-        for timer in self._retry_timers.values():
-            timer.cancel()  # parked entries stay pending in the journal: the next start resumes them
-        self._retry_timers.clear()
+        self.parking.close()  # parked entries stay pending in the journal: the next start resumes them
         cut = await self.turns.drain(grace)
         for task in list(self._tasks):
             task.cancel()
