@@ -293,7 +293,7 @@ class DiscordDriver(Driver):
         return self.dc.identifies + self.dc.resumes
 
     def pacing(self) -> float:
-        from channels.discord_channel import DiscordChannel as cls
+        from channels.discord import DiscordChannel as cls
 
         return cls.capabilities.min_send_interval
 

@@ -82,7 +82,7 @@ def build_channels(cfg: Config) -> tuple[list[Channel], dict[str, str]]:
                 )
             )
         elif name == "discord":
-            from channels.discord_channel import DiscordChannel
+            from channels.discord import DiscordChannel
 
             channels.append(
                 DiscordChannel(

@@ -23,7 +23,8 @@ from channels.base import (
     RetryAfter,
     TransientSendError,
 )
-from channels.discord_channel import DiscordChannel, to_discord_markdown
+from channels.discord import DiscordChannel
+from channels.discord.channel import to_discord_markdown
 from tests.fakes.discord_server import FakeDiscord
 
 USER = "900000000000000042"

@@ -18,7 +18,7 @@ import discord.http
 import pytest
 
 from channels.base import ChannelState
-from channels.discord_channel import DiscordChannel
+from channels.discord import DiscordChannel
 from gateway.metrics import Metrics
 from gateway.supervisor import Backoff, ChannelSupervisor
 from tests.fakes.discord_server import FakeDiscord

@@ -25,7 +25,8 @@ from channels.base import (
     RetryAfter,
     TransientSendError,
 )
-from channels.lark import LarkChannel, LarkConnectionError, _format
+from channels.lark import LarkChannel, LarkConnectionError
+from channels.lark import render as _format
 from tests.fakes.lark_server import FakeLark
 
 LIVENESS = 2.0

@@ -24,7 +24,7 @@ placeholders become ``@Name``, the bot's own are removed. A message in a topic /
 rich-text posts become plain text; images and files become attachments whose ``file_id`` holds the
 message id and resource key needed to download them.
 
-Outbound. All answers are JSON 2.0 interactive cards (see :mod:`channels.lark._format`) sent with the
+Outbound. All answers are JSON 2.0 interactive cards (see :mod:`channels.lark.render`) sent with the
 reply API and a ``uuid`` derived from the idempotency key; streaming PATCHes one card in place.
 Blocking SDK calls run in a small thread pool.
 """

@@ -53,7 +53,7 @@ from channels.base import (
     TransientSendError,
 )
 
-from . import _format
+from . import render as _format
 from ._ws import WsRunner, install_log_redaction
 from .inbound import recover_ids, to_inbound
 

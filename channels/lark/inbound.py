@@ -19,7 +19,7 @@ from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 
 from channels.base import Attachment, Inbound
 
-from ._format import attachment_id
+from .render import attachment_id
 
 PLATFORM = "lark"
 

@@ -1,6 +1,6 @@
 """Slack event → :class:`Inbound`: a pure function, testable without a socket.
 
-Kept apart from :mod:`channels.slack` (the connection and the Web API) so that what a user's post
+Kept apart from :mod:`channels.slack.channel` (the connection and the Web API) so that what a user's post
 means can be read in one place. An event that is a person's post but lacks what every post has
 (user, channel, ts as strings) raises ``ValueError``: the adapter skips it as unreadable instead of
 dropping it silently. What is not text becomes text where it can (a shared or forwarded message's
@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from .base import Attachment, Inbound
+from channels.base import Attachment, Inbound
 
 PLATFORM = "slack"
 ACCEPTED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast", "me_message"})

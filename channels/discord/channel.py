@@ -14,9 +14,9 @@ it cannot parse (a MESSAGE_CREATE without an author or content) would tear the c
 with it whatever else was in flight. Every parser but READY/RESUMED is guarded: a failure is skipped
 through :meth:`Channel.skip_unreadable` (counted, logged without content, the sender told when the
 raw payload names them), in order with the messages around it. Parsing of a person's post lives in
-:mod:`channels.discord_inbound`.
+:mod:`channels.discord.inbound`.
 
-The module is named ``discord_channel`` so that ``import discord`` always means discord.py.
+Imports are absolute, so ``import discord`` here always means discord.py, never this package.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ from channels.base import (
     RetryAfter,
     TransientSendError,
 )
-from channels.discord_inbound import recover_ids, to_inbound
 from channels.textsplit import split_markdown
+
+from .inbound import recover_ids, to_inbound
 
 log = logging.getLogger(__name__)
 

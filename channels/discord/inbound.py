@@ -1,6 +1,6 @@
 """discord.py ``Message`` → :class:`Inbound`, and ids recovered from a MESSAGE_CREATE that did not parse.
 
-Kept apart from :mod:`channels.discord_channel` (the gateway connection and REST) so that what a
+Kept apart from :mod:`channels.discord.channel` (the gateway connection and REST) so that what a
 user's post means reads in one place. What is not text becomes text where the agent can use it (a
 poll, an embed, a forwarded message), attachments stay files (voice messages included), and stickers
 get a plain note.

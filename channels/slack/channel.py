@@ -10,7 +10,7 @@ Slack redelivers the event (``retry_attempt`` > 0). Redeliveries and the double 
 Malformed events. A post the adapter cannot read (no user or ts, a string where an object belongs)
 and an envelope bolt cannot route (no event object) are skipped through
 :meth:`Channel.skip_unreadable` and acknowledged: Slack would otherwise retry them, and after enough
-failures turn event delivery off for the app. Parsing lives in :mod:`channels.slack_inbound`.
+failures turn event delivery off for the app. Parsing lives in :mod:`channels.slack.inbound`.
 
 Authorization. We call ``auth.test`` ourselves before connecting (a revoked token becomes a
 :class:`FatalChannelError` at once) and hand bolt the result through its ``authorize`` hook. Bolt's
@@ -53,7 +53,7 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 from slackify_markdown import slackify_markdown
 
-from .base import (
+from channels.base import (
     Attachment,
     Capabilities,
     Channel,
@@ -69,9 +69,10 @@ from .base import (
     RetryAfter,
     TransientSendError,
 )
-from .slack_inbound import ACCEPTED_SUBTYPES, plain_text, recover_ids
-from .slack_inbound import to_inbound as event_to_inbound
-from .textsplit import split_markdown
+from channels.textsplit import split_markdown
+
+from .inbound import ACCEPTED_SUBTYPES, plain_text, recover_ids
+from .inbound import to_inbound as event_to_inbound
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +315,7 @@ class SlackChannel(Channel):
 
     def to_inbound(self, event: dict[str, Any]) -> Inbound | None:
         """An ``app_mention`` or ``message`` event as an :class:`Inbound`, or None to drop it
-        (see :func:`channels.slack_inbound.to_inbound`; raises for a malformed post)."""
+        (see :func:`channels.slack.inbound.to_inbound`; raises for a malformed post)."""
         return event_to_inbound(event, self.bot_user_id)
 
     # -- rendering ------------------------------------------------------------------------------
