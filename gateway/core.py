@@ -42,7 +42,7 @@ from .limits import Throttles
 from .metrics import Metrics
 from .pacing import PacerPool
 from .parking import Parking
-from .store import JournalEntry, StorageFull, Store
+from .store import JournalEntry, JournalKind, JournalState, StorageFull, Store
 from .turns import TurnQueue
 
 log = logging.getLogger(__name__)
@@ -173,8 +173,8 @@ class Gateway:
         command = commands.parse_command(text)
         if command is not None:
             if command.known:
-                if await self._journal(inbound, "command"):
-                    entry = JournalEntry(inbound.key, inbound.conversation, "command", inbound, "pending")
+                if await self._journal(inbound, JournalKind.COMMAND):
+                    entry = JournalEntry.new(inbound, JournalKind.COMMAND)
                     self._dispatch(entry)
             else:
                 await self._journal_notice(inbound, commands.unknown_text(command.name))
@@ -195,11 +195,11 @@ class Gateway:
         if refusal is not None:  # queue full or sending too fast: a note, journaled, sent once
             await self._journal_notice(inbound, refusal)
             return
-        if await self._journal(inbound, "turn"):
-            entry = JournalEntry(inbound.key, inbound.conversation, "turn", inbound, "pending")
+        if await self._journal(inbound, JournalKind.TURN):
+            entry = JournalEntry.new(inbound, JournalKind.TURN)
             self._dispatch(entry)
 
-    async def _journal(self, inbound: Inbound, kind: str, note: str = "") -> bool:
+    async def _journal(self, inbound: Inbound, kind: JournalKind, note: str = "") -> bool:
         fresh = await self.store.journal_add(inbound, kind, note)
         if fresh:
             self.metrics.messages_in.labels(inbound.platform).inc()
@@ -209,8 +209,8 @@ class Gateway:
         return fresh
 
     async def _journal_notice(self, inbound: Inbound, note: str) -> None:
-        if await self._journal(inbound, "notice", note):
-            entry = JournalEntry(inbound.key, inbound.conversation, "notice", inbound, "pending", note=note)
+        if await self._journal(inbound, JournalKind.NOTICE, note):
+            entry = JournalEntry.new(inbound, JournalKind.NOTICE, note)
             self._dispatch(entry)
 
     async def _pairing(self, inbound: Inbound) -> None:
@@ -262,10 +262,8 @@ class Gateway:
             addressed=True,
             extra={access.STARTED_BY_BOT: True},
         )
-        if await self.store.journal_add(inbound, "notice", text):
-            self._dispatch(
-                JournalEntry(inbound.key, inbound.conversation, "notice", inbound, "pending", note=text)
-            )
+        if await self.store.journal_add(inbound, JournalKind.NOTICE, text):
+            self._dispatch(JournalEntry.new(inbound, JournalKind.NOTICE, text))
 
     def _submit(self, entry: JournalEntry) -> None:
         ahead = self.turns.submit(entry)
@@ -291,9 +289,9 @@ class Gateway:
             return False
         self.parking.unpark(entry.key)
         self._inflight.add(entry.key)
-        if entry.kind == "turn":
+        if entry.kind == JournalKind.TURN:
             self._submit(entry)
-        elif entry.kind == "notice":
+        elif entry.kind == JournalKind.NOTICE:
             self._spawn(self._release_after(entry, self._send_notice(entry)), f"notice:{entry.key}")
         else:
             cmd = commands.parse_command(entry.inbound.text)
@@ -327,14 +325,14 @@ class Gateway:
             reply = self._reply(entry)
             await reply.load()
             await reply.finish(text)
-            await self.store.journal_set(entry.key, "done")
+            await self.store.journal_set(entry.key, JournalState.DONE)
         except Exception as exc:
             self.metrics.errors.labels(entry.inbound.platform, "delivery").inc()
             if isinstance(exc, ChannelError) and await self.parking.park(entry, exc):
                 return
             log.error("could not deliver a notice for %s: %s", entry.key, exc)
             with contextlib.suppress(Exception):
-                await self.store.journal_set(entry.key, "failed")
+                await self.store.journal_set(entry.key, JournalState.FAILED)
         finally:
             self._replies.pop(entry.key, None)
             self.parking.settled(entry.key)
@@ -360,7 +358,7 @@ class Gateway:
         try:
             if entry.from_journal:
                 await reply.load()
-            await self.store.journal_set(entry.key, "running")
+            await self.store.journal_set(entry.key, JournalState.RUNNING)
             entry.attempts += 1
             if entry.attempts > MAX_ATTEMPTS:
                 await self._give_up(entry, reply)
@@ -381,7 +379,7 @@ class Gateway:
             typing.cancel()
             await reply.finish(final)
             await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
-            await self.store.journal_set(entry.key, "done")
+            await self.store.journal_set(entry.key, JournalState.DONE)
             done = reply.channel.capabilities.done_reaction
             if done:
                 await self._react(reply.channel, inbound, done)
@@ -397,7 +395,7 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await reply.finish("⏹ Stopped.")
             with contextlib.suppress(Exception):
-                await self.store.journal_set(entry.key, "done")
+                await self.store.journal_set(entry.key, JournalState.DONE)
         except Exception as exc:
             if typing is not None:
                 typing.cancel()
@@ -418,7 +416,7 @@ class Gateway:
                 with contextlib.suppress(Exception):
                     await reply.finish(text)
                 with contextlib.suppress(Exception):
-                    await self.store.journal_set(entry.key, "failed")
+                    await self.store.journal_set(entry.key, JournalState.FAILED)
         finally:
             self._inflight.discard(entry.key)
             self._replies.pop(entry.key, None)
@@ -479,7 +477,7 @@ class Gateway:
     async def _give_up(self, entry: JournalEntry, reply: Reply) -> None:
         with contextlib.suppress(Exception):
             await reply.finish("⚠️ I could not finish this answer after several tries. Please ask again.")
-        await self.store.journal_set(entry.key, "failed")
+        await self.store.journal_set(entry.key, JournalState.FAILED)
 
     @staticmethod
     async def _react(channel: Channel, inbound: Inbound, emoji: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import errno
 import json
 import logging
@@ -26,7 +27,8 @@ import aiosqlite
 
 from channels.base import Attachment, Inbound
 
-from .store_access import AccessTables, migrate_access
+from .store_access import AccessTables
+from .store_schema import migrate
 
 log = logging.getLogger(__name__)
 
@@ -90,65 +92,49 @@ def _is_full(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc).lower()
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS journal (
-    key TEXT PRIMARY KEY,
-    conversation TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    state TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    created REAL NOT NULL,
-    updated REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS journal_open ON journal(state) WHERE state IN ('pending', 'running');
-CREATE TABLE IF NOT EXISTS outbox (
-    key TEXT NOT NULL,
-    part INTEGER NOT NULL,
-    message_id TEXT NOT NULL,
-    text_hash TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (key, part)
-);
-CREATE TABLE IF NOT EXISTS files_out (
-    key TEXT NOT NULL,
-    path TEXT NOT NULL,
-    caption TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (key, path)
-);
-CREATE TABLE IF NOT EXISTS threads (
-    conversation TEXT PRIMARY KEY,
-    thread_id TEXT NOT NULL,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS pairing (
-    code TEXT PRIMARY KEY,
-    user TEXT NOT NULL UNIQUE,
-    name TEXT NOT NULL,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS approved_users (
-    user TEXT PRIMARY KEY,
-    approved REAL NOT NULL,
-    code TEXT
-);
-"""
+class JournalKind(enum.StrEnum):
+    """What a journal entry asks of the gateway (stored as its value: the strings never change)."""
 
-OPEN_STATES = ("pending", "running")
+    TURN = "turn"
+    """A message for the agent."""
+    COMMAND = "command"
+    """A chat command (gateway/commands.py)."""
+    NOTICE = "notice"
+    """A fixed reply: pairing, refusals, notes about what could not be used."""
+
+
+class JournalState(enum.StrEnum):
+    """Where an entry is: ``pending`` → ``running`` → ``done`` or ``failed``; a delivery retry
+    puts it back to ``pending``. Stored as its value (older rows read unchanged)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+OPEN_STATES = (JournalState.PENDING, JournalState.RUNNING)
+"""States a restart resumes and retention never prunes."""
+_OPEN_SQL = ", ".join(f"'{state.value}'" for state in OPEN_STATES)
 
 
 @dataclass(slots=True)
 class JournalEntry:
     key: str
     conversation: str
-    kind: str
-    """``turn`` (goes to the agent), ``command`` or ``notice`` (a fixed reply, e.g. pairing)."""
+    kind: JournalKind
     inbound: Inbound
-    state: str
+    state: JournalState
     attempts: int = 0
     note: str = ""
     """For ``notice`` entries: the text to send."""
     from_journal: bool = False
     """Read back from the journal at start-up (a previous run may have sent part of its reply)."""
+
+    @classmethod
+    def new(cls, inbound: Inbound, kind: JournalKind, note: str = "") -> JournalEntry:
+        """The entry :meth:`Store.journal_add` just recorded for ``inbound`` (pending)."""
+        return cls(inbound.key, inbound.conversation, kind, inbound, JournalState.PENDING, note=note)
 
 
 def inbound_to_json(inbound: Inbound, note: str = "") -> str:
@@ -189,9 +175,11 @@ class Store(AccessTables):
         await db.execute("PRAGMA journal_mode=WAL")
         await db.execute("PRAGMA synchronous=NORMAL")
         await db.execute("PRAGMA busy_timeout=5000")
-        await db.executescript(_SCHEMA)
-        await migrate_access(db)
-        await db.commit()
+        try:
+            await migrate(db)
+        except BaseException:
+            await db.close()  # else its thread keeps the process alive
+            raise
         return cls(db, path, reserve)
 
     async def close(self) -> None:
@@ -234,45 +222,50 @@ class Store(AccessTables):
         return not self.disk_full
 
     # -- journal --------------------------------------------------------------------------------
-    async def journal_add(self, inbound: Inbound, kind: str, note: str = "") -> bool:
+    async def journal_add(self, inbound: Inbound, kind: JournalKind | str, note: str = "") -> bool:
         """Record a message durably. Returns False when the key is already journaled (redelivery)."""
         now = time.time()
+        payload = inbound_to_json(inbound, note)
         count = await self._write(
             "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, state, created, updated)"
-            " VALUES (?, ?, ?, ?, 'pending', ?, ?)",
-            (inbound.key, inbound.conversation, kind, inbound_to_json(inbound, note), now, now),
-        )
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (inbound.key, inbound.conversation, JournalKind(kind).value, payload, JournalState.PENDING.value,
+             now, now),
+        )  # fmt: skip
         return count == 1
 
     async def journal_seen(self, key: str) -> bool:
         async with self._db.execute("SELECT 1 FROM journal WHERE key = ?", (key,)) as cur:
             return await cur.fetchone() is not None
 
-    async def journal_set(self, key: str, state: str) -> None:
-        extra = ", attempts = attempts + 1" if state == "running" else ""
+    async def journal_set(self, key: str, state: JournalState | str) -> None:
+        state = JournalState(state)  # a misspelt state fails here, not as an entry never resumed
+        extra = ", attempts = attempts + 1" if state is JournalState.RUNNING else ""
         await self._write(
-            f"UPDATE journal SET state = ?, updated = ?{extra} WHERE key = ?", (state, time.time(), key)
+            f"UPDATE journal SET state = ?, updated = ?{extra} WHERE key = ?", (state.value, time.time(), key)
         )
 
     async def journal_retry(self, key: str) -> None:
         """Back to pending after a delivery failure, which does not count as a run of the agent."""
         await self._write(
-            "UPDATE journal SET state = 'pending', updated = ?, attempts = MAX(attempts - 1, 0)"
-            " WHERE key = ?",
-            (time.time(), key),
+            "UPDATE journal SET state = ?, updated = ?, attempts = MAX(attempts - 1, 0) WHERE key = ?",
+            (JournalState.PENDING.value, time.time(), key),
         )
 
     async def journal_open(self) -> list[JournalEntry]:
         """Entries not finished, oldest first: what a restart must resume."""
         async with self._db.execute(
             "SELECT key, conversation, kind, payload, state, attempts FROM journal"
-            " WHERE state IN ('pending', 'running') ORDER BY created, rowid"
+            f" WHERE state IN ({_OPEN_SQL}) ORDER BY created, rowid"
         ) as cur:
             rows = await cur.fetchall()
         out = []
         for key, conv, kind, payload, state, attempts in rows:
             inbound, note = inbound_from_json(payload)
-            out.append(JournalEntry(key, conv, kind, inbound, state, attempts, note, from_journal=True))
+            entry = JournalEntry(
+                key, conv, JournalKind(kind), inbound, JournalState(state), attempts, note, from_journal=True
+            )
+            out.append(entry)
         return out
 
     async def journal_counts(self) -> dict[str, int]:
@@ -289,7 +282,7 @@ class Store(AccessTables):
         outbox and file rows go first, so a crash between two statements leaves at worst a journal
         row without its outbox rows, which the next prune removes."""
         cutoff = time.time() - older_than
-        done = "updated < ? AND state NOT IN ('pending', 'running')"
+        done = f"updated < ? AND state NOT IN ({_OPEN_SQL})"
         total = 0
         while True:
             select = f"SELECT key FROM journal WHERE {done} LIMIT ?"
@@ -313,14 +306,9 @@ class Store(AccessTables):
     async def _prune_command_results(self, cutoff: float) -> None:
         """Results of commands left behind (a crash between the reply and their drop), older than
         the cutoff and not of an open entry. The table belongs to :mod:`gateway.store_access`."""
-        async with self._db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'command_results'"
-        ) as cur:
-            if await cur.fetchone() is None:
-                return
         await self._db.execute(
             "DELETE FROM command_results WHERE created < ? AND key NOT IN"
-            " (SELECT key FROM journal WHERE state IN ('pending', 'running'))",
+            f" (SELECT key FROM journal WHERE state IN ({_OPEN_SQL}))",
             (cutoff,),
         )
         await self._db.commit()

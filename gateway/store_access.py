@@ -18,41 +18,29 @@ import aiosqlite
 
 log = logging.getLogger(__name__)
 
-ACCESS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS command_results (
+ACCESS_TABLES = (
+    """CREATE TABLE IF NOT EXISTS command_results (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL,
     created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS dm_chats (
+)""",
+    """CREATE TABLE IF NOT EXISTS dm_chats (
     user TEXT PRIMARY KEY,
     chat_id TEXT NOT NULL,
     updated REAL NOT NULL
-);
-"""
+)""",
+)
+"""This module's tables; created by the schema's baseline step (:mod:`gateway.store_schema`)."""
 PAIRING_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
 PAIRING_CODE_LEN = 8
 """32 symbols × 8 = 2^40 codes, drawn with :mod:`secrets` (docs/access.md)."""
-_PAIRING_COLUMNS = {
+PAIRING_COLUMNS = {
     "expires": "REAL NOT NULL DEFAULT 0",
     "chat_id": "TEXT NOT NULL DEFAULT ''",
     "denied": "INTEGER NOT NULL DEFAULT 0",
 }
 """Added to ``pairing`` after its first version: when the code lapses, the DM it was asked from
 (to tell the stranger the outcome), and whether an admin refused it."""
-
-
-async def migrate_access(db: aiosqlite.Connection) -> None:
-    """Create this module's tables and add the later ``pairing`` columns to a database made by
-    an older version. Codes from before expiry existed get the default hour from when they were
-    made."""
-    await db.executescript(ACCESS_SCHEMA)
-    async with db.execute("PRAGMA table_info(pairing)") as cur:
-        have = {str(row[1]) for row in await cur.fetchall()}
-    for name, decl in _PAIRING_COLUMNS.items():
-        if name not in have:
-            await db.execute(f"ALTER TABLE pairing ADD COLUMN {name} {decl}")
-    await db.execute("UPDATE pairing SET expires = created + 3600 WHERE expires = 0")
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,5 +96,5 @@ fi
 log "building $SANDBOX_IMAGE"
 DOCKER_BUILDKIT=0 docker build -q --network none \
     --build-arg "BASE=$BASE_IMAGE" \
-    -t "$SANDBOX_IMAGE" -f "$REPO_ROOT/docker/sandbox.Dockerfile" "$REPO_ROOT/docker" >/dev/null
+    -t "$SANDBOX_IMAGE" -f "$REPO_ROOT/sandbox-image/Dockerfile" "$REPO_ROOT/sandbox-image" >/dev/null
 log "ready: bwrap $(command -v bwrap), image $SANDBOX_IMAGE"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.limits import SlidingWindow
-from tests.gateway_doubles import close_gateway, dm, make_config, make_gateway, quiet, until
+from tests.fakes.gateway_rig import close_gateway, dm, make_config, make_gateway, quiet, until
 
 ADMIN = 100
 USER = 200
@@ -20,7 +20,7 @@ async def test_full_queue_is_refused_with_a_note(tmp_path: Path) -> None:
         msgs = [dm(USER, f"m{i}") for i in range(4)]
         for m in msgs[:3]:
             await gw.accept(m)
-        await until(lambda: len(harness.seen) == 1, what="first turn running")
+        await until(lambda: len(harness.turns) == 1, what="first turn running")
         assert gw.turns.status(f"telegram:{USER}")[1] == 2
         await gw.accept(msgs[3])
         note = (await until(lambda: ch.replies_to(msgs[3].message_id), what="note"))[0]
@@ -34,7 +34,7 @@ async def test_full_queue_is_refused_with_a_note(tmp_path: Path) -> None:
         for m in msgs[:3]:
             await until(lambda m=m: ch.replies_to(m.message_id) == [f"echo: {m.text}"], what=m.text)
         await quiet(0.1)
-        assert [t for _, t in harness.seen] == ["m0", "m1", "m2"], "the refused one never ran"
+        assert [t for _, t in harness.turns] == ["m0", "m1", "m2"], "the refused one never ran"
         assert ch.replies_to(msgs[3].message_id) == [note], "answered exactly once"
         open_keys = [e.key for e in await gw.store.journal_open()]
         assert msgs[3].key not in open_keys, "the refusal is finished, not left for a resume"
@@ -68,7 +68,7 @@ async def test_user_rate_limit_with_admins_exempt(tmp_path: Path) -> None:
             await until(lambda m=m: ch.replies_to(m.message_id) == [f"echo: {m.text}"], what=m.text)
         await quiet(0.1)
         assert ch.replies_to(msgs[2].message_id) == [note]
-        assert [t for _, t in harness.seen if t.startswith("u")] == ["u0", "u1"]
+        assert [t for _, t in harness.turns if t.startswith("u")] == ["u0", "u1"]
     finally:
         await close_gateway(gw)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from gateway import access, commands
 from gateway.access import GUESS_SPACE
-from gateway.store import JournalEntry, Store
+from gateway.store import JournalEntry, JournalKind, Store
 from gateway.store_access import PAIRING_ALPHABET, PAIRING_CODE_LEN
-from tests.gateway_doubles import (
+from tests.fakes.gateway_rig import (
     FakeHarness,
     close_gateway,
     dm,
@@ -69,7 +69,7 @@ async def test_code_expires_and_a_new_request_gets_a_new_code(tmp_path: Path) ->
         code2 = code_in((await until(lambda: ch.replies_to(late.message_id), what="new code"))[0])
         assert code2 != code1
         assert [r.code for r in await gw.store.pairing_list()] == [code2], "one code per stranger"
-        assert harness.seen == [], "a stranger never reaches the agent"
+        assert harness.turns == [], "a stranger never reaches the agent"
     finally:
         await close_gateway(gw)
 
@@ -111,7 +111,7 @@ async def test_admin_is_told_and_approves_from_chat(tmp_path: Path) -> None:
         talk = dm(STRANGER, "now may I")
         await gw.accept(talk)
         await until(lambda: ch.replies_to(talk.message_id) == ["echo: now may I"], what="answer")
-        assert [t for _, t in harness.seen] == ["now may I"]
+        assert [t for _, t in harness.turns] == ["now may I"]
 
         # The approval from chat is idempotent: the same code again reports, changes nothing.
         twice = dm(ADMIN, f"/approve {code}")
@@ -156,7 +156,7 @@ async def test_revoke_from_chat(tmp_path: Path) -> None:
         back = dm(STRANGER, "still here?")
         await gw.accept(back)
         assert "pairing code" in (await until(lambda: ch.replies_to(back.message_id)))[0]
-        assert harness.seen == []
+        assert harness.turns == []
         # Someone let in by config.yaml is named as such.
         member = dm(ADMIN, f"/revoke telegram:{MEMBER}")
         await gw.accept(member)
@@ -238,7 +238,7 @@ async def test_new_cut_off_by_a_crash_opens_one_thread(tmp_path: Path) -> None:
     old_thread = await gw.store.thread_get(f"telegram:{ADMIN}")
     new = dm(ADMIN, "/new", mid="777")
     assert await gw.store.journal_add(new, "command")
-    entry = JournalEntry(new.key, new.conversation, "command", new, "pending")
+    entry = JournalEntry.new(new, JournalKind.COMMAND)
     cmd = commands.parse_command(new.text)
     assert cmd is not None
     await commands.execute(gw, entry, cmd)  # the effect happens ...
@@ -264,6 +264,6 @@ async def test_new_cut_off_by_a_crash_opens_one_thread(tmp_path: Path) -> None:
         after = dm(ADMIN, "on the new thread?")
         await gw2.accept(after)
         await until(lambda: ch2.replies_to(after.message_id), what="answer on the new thread")
-        assert harness2.seen == [(made, "on the new thread?")]
+        assert harness2.turns == [(made, "on the new thread?")]
     finally:
         await close_gateway(gw2)

@@ -1,57 +1,69 @@
-"""An in-process gateway for adapter tests that assert what the user sees.
+"""The real :class:`gateway.core.Gateway` in the test's own process, for tests that assert what users see.
 
-The real :class:`gateway.core.Gateway` with a real SQLite store and an echo harness instead of the
-agent: every turn answers ``echo: <text>`` (plus the names of the files it received). A channel under
-test is attached to it and run against its fake platform server, so journaled notes, answers and
-metrics are the production ones, without a model or a subprocess.
+A real SQLite store on the test's tmp_path and the production intake, queue, delivery and metrics;
+instead of the agent a :class:`~tests.fakes.fake_harness.FakeHarness` (answers ``echo: <text>``
+unless scripted), and on the platform side either a real adapter against its fake server
+(:func:`gateway_rig` + :func:`running`) or the in-memory :class:`~tests.fakes.fake_channel.FakeChannel`
+(:func:`make_gateway`). No model and no subprocess: the end-to-end tests keep those.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import generate_latest
 
-from agent.events import Final
-from channels.base import Channel, ChannelState
-from gateway.config import parse_config
+from channels.base import Channel, ChannelState, Inbound
+from gateway.config import Config, parse_config
 from gateway.core import Gateway
 from gateway.metrics import Metrics
 from gateway.store import Store
+from tests.fakes.fake_channel import FakeChannel
+from tests.fakes.fake_harness import FakeHarness
 
-
-class EchoHarness:
-    """Answers each message with ``echo: <text>``; records what it was asked."""
-
-    model_name = "echo"
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, list[str]]] = []
-
-    async def run(self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Any = ()) -> Any:
-        self.seen.append((text, list(files)))
-        names = [str(f).rsplit("/", 1)[-1] for f in files]
-        yield Final(f"echo: {text}" + (f" [files: {', '.join(names)}]" if names else ""))
-
-    async def message_count(self, thread_id: str) -> int:
-        return 0
-
-    async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
-        return f"/mnt/user-data/uploads/{name}"
-
-    async def read_output(self, thread_id: str, path: str, max_bytes: int) -> Any:
-        raise FileNotFoundError(path)
+__all__ = [
+    "FakeChannel",
+    "FakeHarness",
+    "Rig",
+    "close_gateway",
+    "crash",
+    "dm",
+    "fake_rig",
+    "gateway_rig",
+    "make_config",
+    "make_gateway",
+    "quiet",
+    "replied",
+    "replies",
+    "running",
+    "settled",
+    "until",
+]
 
 
 class Rig:
-    """One gateway with its store, metrics and echo harness."""
+    """One gateway with its store, metrics and fake agent (and its :class:`FakeChannel`, if any)."""
 
-    def __init__(self, gateway: Gateway, harness: EchoHarness, metrics: Metrics) -> None:
+    def __init__(
+        self, gateway: Gateway, harness: FakeHarness, metrics: Metrics, channel: FakeChannel | None = None
+    ) -> None:
         self.gateway, self.harness, self.metrics = gateway, harness, metrics
+        self._channel = channel
+
+    @property
+    def channel(self) -> FakeChannel:
+        assert self._channel is not None, "this rig runs a real adapter"
+        return self._channel
+
+    @property
+    def store(self) -> Store:
+        return self.gateway.store
 
     def metric(self, name: str, **labels: str) -> float:
         value = self.metrics.registry.get_sample_value(name, labels)
@@ -61,8 +73,37 @@ class Rig:
         return generate_latest(self.metrics.registry).decode()
 
 
+def make_config(**sections: Any) -> Config:
+    """Defaults plus ``sections`` (e.g. ``access={...}``, ``limits={...}``); Telegram on."""
+    data: dict[str, Any] = {"channels": {"telegram": {"enabled": True, "token": "1:x"}}}
+    data.update(sections)
+    return parse_config(data, "test")
+
+
+async def make_gateway(
+    tmp_path: Path,
+    config: Config,
+    harness: FakeHarness | None = None,
+    channel: FakeChannel | None = None,
+) -> tuple[Gateway, FakeChannel, FakeHarness]:
+    """A gateway on ``tmp_path/gateway.sqlite`` with ``channel`` attached (not yet connected:
+    set it CONNECTED, or run it, to resume what the journal holds)."""
+    store = await Store.open(tmp_path / "gateway.sqlite", reserve_bytes=0)
+    harness = harness or FakeHarness()
+    gw = Gateway(config, store, harness, Metrics())
+    channel = channel or FakeChannel()
+    gw.attach(channel)
+    return gw, channel, harness
+
+
+async def close_gateway(gw: Gateway) -> None:
+    await gw.close(0.5)
+    await gw.store.close()
+
+
 @contextlib.asynccontextmanager
 async def gateway_rig(tmp_path: Path, allow_users: list[str]) -> AsyncIterator[Rig]:
+    """A gateway for a real adapter under test (attach it with :func:`running`)."""
     config = parse_config(
         {
             "access": {"allow_users": allow_users, "pairing": True, "group_policy": "mention"},
@@ -71,7 +112,7 @@ async def gateway_rig(tmp_path: Path, allow_users: list[str]) -> AsyncIterator[R
         }
     )
     store = await Store.open(tmp_path / "data" / "gateway.sqlite", reserve_bytes=0)
-    metrics, harness = Metrics(), EchoHarness()
+    metrics, harness = Metrics(), FakeHarness()
     gateway = Gateway(config, store, harness, metrics)
     try:
         yield Rig(gateway, harness, metrics)
@@ -80,12 +121,54 @@ async def gateway_rig(tmp_path: Path, allow_users: list[str]) -> AsyncIterator[R
         await store.close()
 
 
+ADMIN, USER = 100, 200
+"""Who :func:`fake_rig`'s default config lets in (anyone else is a stranger)."""
+
+
+@contextlib.asynccontextmanager
+async def fake_rig(
+    tmp_path: Path,
+    config: Config | None = None,
+    *,
+    channel: FakeChannel | None = None,
+    harness: FakeHarness | None = None,
+    store: Store | None = None,
+) -> AsyncIterator[Rig]:
+    """A gateway with a :class:`FakeChannel` connected through its sink, so that
+    ``rig.channel.deliver(...)`` takes an adapter's path. Pass the ``store`` (and
+    ``channel.restarted()``) of an earlier rig to play the next process after a crash."""
+    config = config or make_config(
+        access={"admins": [str(ADMIN)], "allow_users": [str(USER)]}, delivery={"first_edit_delay": 0.05}
+    )
+    own_store = store is None
+    store = store or await Store.open(tmp_path / "gateway.sqlite", reserve_bytes=0)
+    metrics, harness, channel = Metrics(), harness or FakeHarness(), channel or FakeChannel()
+    gateway = Gateway(config, store, harness, metrics)
+    try:
+        async with running(channel, gateway):
+            yield Rig(gateway, harness, metrics, channel)
+    finally:
+        await gateway.close(0.5)
+        if own_store:
+            await store.close()
+
+
+async def crash(rig: Rig) -> None:
+    """Stop ``rig``'s gateway the way a killed process does: running turns cut where they are
+    (their journal entries stay open), nothing more sent. The store stays open for the next rig."""
+    await rig.gateway.close(0)
+    for task in asyncio.all_tasks():
+        if task.get_name().startswith("stream:"):  # a reply's streaming loop (gateway/delivery.py)
+            task.cancel()
+
+
 @contextlib.asynccontextmanager
 async def running(
-    channel: Channel, rig: Rig, *, connect_within: float = 10.0
+    channel: Channel, rig: Rig | Gateway, *, connect_within: float = 10.0
 ) -> AsyncIterator[asyncio.Task[None]]:
-    """Attach ``channel`` to the rig's gateway, run it until CONNECTED, cancel it on exit."""
-    sink = rig.gateway.attach(channel)
+    """Attach ``channel`` to the gateway, run it until CONNECTED, cancel it on exit."""
+    gateway = rig.gateway if isinstance(rig, Rig) else rig
+    sink = gateway.attach(channel)
     task = asyncio.create_task(channel.run(sink))
     try:
         async with asyncio.timeout(connect_within):
@@ -100,3 +183,57 @@ async def running(
             await task
         with contextlib.suppress(Exception):
             await channel.close()
+
+
+_mids = itertools.count(1000)
+
+
+def dm(user: int | str, text: str, *, mid: str | None = None, name: str = "") -> Inbound:
+    """A Telegram direct message from ``user`` (its private chat id is the user id)."""
+    return Inbound(
+        platform="telegram",
+        chat_id=str(user),
+        message_id=mid or str(next(_mids)),
+        sender_id=str(user),
+        text=text,
+        is_direct=True,
+        addressed=True,
+        sender_name=name,
+    )
+
+
+def replied(channel: FakeChannel, inbound: Inbound, *texts: str) -> Callable[[], bool]:
+    """A predicate for :func:`until`: the replies to ``inbound`` show exactly ``texts``."""
+    return lambda: channel.replies_to(inbound.message_id) == list(texts)
+
+
+def replies(channel: FakeChannel, inbound: Inbound) -> Callable[[], list[str]]:
+    """A predicate for :func:`until`: the replies to ``inbound``, once there are any."""
+    return lambda: channel.replies_to(inbound.message_id)
+
+
+async def until(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "") -> Any:
+    """Poll ``predicate`` until it is truthy; return its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        await asyncio.sleep(0.01)
+
+
+async def settled(store: Store, timeout: float = 5.0) -> dict[str, int]:
+    """Wait until no journal entry is open; returns the entries per state."""
+    deadline = time.monotonic() + timeout
+    while await store.journal_open():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"journal entries still open: {await store.journal_open()}")
+        await asyncio.sleep(0.01)
+    return await store.journal_counts()
+
+
+async def quiet(seconds: float = 0.3) -> None:
+    """Let spawned tasks run (used before asserting that nothing more happened)."""
+    await asyncio.sleep(seconds)

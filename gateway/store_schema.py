@@ -1,0 +1,153 @@
+"""The gateway database's schema version and the steps that bring any older file up to it.
+
+Why a version: the schema grew by ``CREATE TABLE IF NOT EXISTS`` and probing ``table_info`` at every
+start, which only works for additions. A change that must rewrite data (a renamed column, a new
+index over old rows, a changed state value) needs to know what the file already went through.
+
+The version lives in SQLite's own header field, ``PRAGMA user_version`` (0 in any file that never
+set it). :data:`MIGRATIONS` is an ordered list; step ``n`` takes a file from version ``n - 1`` to
+``n``. At every start :func:`migrate` runs the steps above the file's version, each in its own
+transaction together with the new ``user_version``: a crash (or a full disk) in the middle of a step
+leaves the file at the previous version, and the next start runs that step again. So every step must
+be idempotent against the state its transaction left behind (SQLite DDL is transactional, so that
+state is simply the previous version).
+
+Version 1 is the schema as it stood when versioning began. A file made before (``user_version`` 0)
+may be of any earlier shape: tables missing (``files_out``, ``command_results``, ``dm_chats``),
+``pairing`` without its later columns, or already complete. Step 1 creates what is missing and adds
+what is absent, so it brings each of those shapes, and a fresh file, to the same version 1.
+
+Adding a change: append a step, never edit a released one.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import aiosqlite
+
+from .store_access import ACCESS_TABLES, PAIRING_COLUMNS
+
+log = logging.getLogger(__name__)
+
+GATEWAY_TABLES = (
+    """CREATE TABLE IF NOT EXISTS journal (
+    key TEXT PRIMARY KEY,
+    conversation TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS journal_open ON journal(state) WHERE state IN ('pending', 'running')",
+    """CREATE TABLE IF NOT EXISTS outbox (
+    key TEXT NOT NULL,
+    part INTEGER NOT NULL,
+    message_id TEXT NOT NULL,
+    text_hash TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (key, part)
+)""",
+    """CREATE TABLE IF NOT EXISTS files_out (
+    key TEXT NOT NULL,
+    path TEXT NOT NULL,
+    caption TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (key, path)
+)""",
+    """CREATE TABLE IF NOT EXISTS threads (
+    conversation TEXT PRIMARY KEY,
+    thread_id TEXT NOT NULL,
+    created REAL NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS pairing (
+    code TEXT PRIMARY KEY,
+    user TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL,
+    created REAL NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS approved_users (
+    user TEXT PRIMARY KEY,
+    approved REAL NOT NULL,
+    code TEXT
+)""",
+)
+"""One statement each: a step runs statement by statement inside its transaction
+(``executescript`` would commit half-way)."""
+
+
+class SchemaTooNew(sqlite3.DatabaseError):
+    """The file was written by a newer Chital (a downgrade). Starting anyway could misread rows, so
+    the daemon refuses; as a ``DatabaseError`` it ends in the usual one-line start-up error."""
+
+
+Step = Callable[[aiosqlite.Connection], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    """The ``user_version`` the file has once this step is done."""
+    what: str
+    run: Step
+
+
+async def _columns(db: aiosqlite.Connection, table: str) -> set[str]:
+    async with db.execute(f"PRAGMA table_info({table})") as cur:
+        return {str(row[1]) for row in await cur.fetchall()}
+
+
+async def _v1_baseline(db: aiosqlite.Connection) -> None:
+    """Any pre-versioning file (or a new one) → the schema of version 1."""
+    for statement in (*GATEWAY_TABLES, *ACCESS_TABLES):
+        await db.execute(statement)
+    have = await _columns(db, "pairing")
+    for name, decl in PAIRING_COLUMNS.items():
+        if name not in have:
+            await db.execute(f"ALTER TABLE pairing ADD COLUMN {name} {decl}")
+    # Codes from before expiry existed get the default hour from when they were made.
+    await db.execute("UPDATE pairing SET expires = created + 3600 WHERE expires = 0")
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
+)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+async def user_version(db: aiosqlite.Connection) -> int:
+    async with db.execute("PRAGMA user_version") as cur:
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def migrate(db: aiosqlite.Connection, steps: Sequence[Migration] = MIGRATIONS) -> int:
+    """Bring the file up to the last of ``steps``; returns the version it had before.
+
+    Each step and its ``user_version`` commit together (``BEGIN IMMEDIATE``: no other writer can
+    slip in between reading the version and writing the next one)."""
+    for i, step in enumerate(steps, start=1):
+        if step.version != i:
+            raise ValueError(f"migration steps must be numbered 1, 2, ...; step {i} says {step.version}")
+    target = steps[-1].version if steps else 0
+    start = await user_version(db)
+    if start > target:
+        raise SchemaTooNew(
+            f"database schema version {start} is newer than this Chital understands ({target}); "
+            "run the newer version, or restore a backup"
+        )
+    await db.commit()  # a step's BEGIN must not nest in an implicit transaction
+    for step in steps[start:]:
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            await step.run(db)
+            await db.execute(f"PRAGMA user_version = {int(step.version)}")
+            await db.commit()
+        except BaseException:
+            await db.rollback()
+            raise
+        log.info("database schema migrated to version %d (%s)", step.version, step.what)
+    return start
