@@ -253,7 +253,12 @@ async def test_readyz_says_the_agent_failed_to_build(tmp_path: Path) -> None:
     d = DaemonProcess(tmp_path, cfg)
     try:
         await d.start(wait_ready=False)
-        status, body = await d.get("/readyz")
+        # /healthz answers before the agent is built (the port is taken first): wait for its verdict.
+        for _ in range(200):
+            status, body = await d.get("/readyz")
+            if body["agent"]["state"] != "starting":
+                break
+            await asyncio.sleep(0.05)
         assert status == 503
         assert body["ready"] is False and body["agent"]["state"] == "failed"
         assert "cannot import" in body["agent"]["reason"]
