@@ -4,12 +4,14 @@ and the key it meant, ids written as YAML numbers work, and CHITAL_HTTP_HOST mov
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
 from gateway.config import HTTP_HOST_ENV, ConfigError, load_config, parse_config
 
@@ -156,3 +158,71 @@ def test_http_host_env_overrides_file_and_default(tmp_path: Path, monkeypatch: p
     assert parse_config({}).http.host == "0.0.0.0"
     monkeypatch.setenv(HTTP_HOST_ENV, "  ")
     assert parse_config({}).http.host == "127.0.0.1", "a blank variable is no override"
+
+
+# -- the setup guides stay true to the adapters -----------------------------------------------------
+SLACK_SCOPES_BY_CALL: dict[str, set[str]] = {
+    "auth_test": set(),
+    "chat_postMessage": {"chat:write"},
+    "chat_update": {"chat:write"},
+    "reactions_add": {"reactions:write"},
+    "files_upload_v2": {"files:write"},
+    "conversations_history": {"channels:history", "groups:history", "im:history", "mpim:history"},
+    "conversations_replies": {"channels:history", "groups:history", "im:history", "mpim:history"},
+}
+"""Web API method (slack_sdk name) → the bot scopes docs/setup/slack.md gives for it."""
+SLACK_EVENTS = {"app_mention", "message.channels", "message.groups", "message.im", "message.mpim"}
+SLACK_EVENT_SCOPES = {"app_mentions:read", "channels:history", "groups:history", "im:history", "mpim:history"}
+
+
+def test_slack_manifest_asks_for_what_the_adapter_calls() -> None:
+    """A new Web API call in channels/slack must come with its scope in the manifest (and the
+    guide); a scope nothing uses must not be asked for."""
+    manifest = yaml.safe_load((REPO / "slack-app-manifest.yaml").read_text(encoding="utf-8"))
+    assert manifest["settings"]["socket_mode_enabled"] is True
+    assert manifest["features"]["app_home"]["messages_tab_enabled"] is True
+    source = "".join(
+        p.read_text(encoding="utf-8")
+        for p in sorted((REPO / "channels").rglob("*.py"))
+        if "slack" in p.as_posix()
+    )
+    calls = set(re.findall(r"_client\.([a-z][A-Za-z0-9_]*)\(", source))
+    assert "chat_postMessage" in calls, "the adapter moved: update this test's search"
+    unknown = calls - SLACK_SCOPES_BY_CALL.keys()
+    assert not unknown, (
+        f"channels/slack calls {sorted(unknown)}: add their scopes to slack-app-manifest.yaml and docs/setup/slack.md"
+    )
+    needed = set().union(*(SLACK_SCOPES_BY_CALL[c] for c in calls)) | SLACK_EVENT_SCOPES
+    if "url_private" in source:
+        needed.add("files:read")  # downloads of files users share
+    assert set(manifest["oauth_config"]["scopes"]["bot"]) == needed
+    assert set(manifest["settings"]["event_subscriptions"]["bot_events"]) == SLACK_EVENTS
+    guide = (REPO / "docs" / "setup" / "slack.md").read_text(encoding="utf-8")
+    for scope in needed | {"connections:write"}:
+        assert f"`{scope}`" in guide, f"docs/setup/slack.md does not explain {scope}"
+
+
+def test_discord_invite_permissions_add_up() -> None:
+    import discord
+
+    perms = discord.Permissions(
+        view_channel=True, send_messages=True, send_messages_in_threads=True,
+        read_message_history=True, attach_files=True, add_reactions=True,
+    )  # fmt: skip
+    guide = (REPO / "docs" / "setup" / "discord.md").read_text(encoding="utf-8")
+    assert perms.value == 274878008384
+    assert f"permissions={perms.value}" in guide and "274 878 008 384" in guide
+    intents = re.search(r"intents = discord\.Intents\.none\(\)(.*?)\n\s*\n", _discord_source(), re.DOTALL)
+    assert intents is not None, "the adapter moved: update this test's search"
+    asked = set(re.findall(r"intents\.(\w+) = True", intents.group(1)))
+    assert asked == {"guilds", "guild_messages", "dm_messages", "message_content"}, (
+        f"the adapter asks for intents {sorted(asked)}: update docs/setup/discord.md"
+    )
+
+
+def _discord_source() -> str:
+    return "".join(
+        p.read_text(encoding="utf-8")
+        for p in sorted((REPO / "channels").rglob("*.py"))
+        if "discord" in p.as_posix()
+    )
