@@ -258,8 +258,8 @@ async def test_a_parked_reply_goes_out_at_once_when_its_channel_reconnects(
             lambda: rig.metric("chital_delivery_retries_total", channel="telegram") == 1, what="parked"
         )
         assert [e.state for e in await rig.store.journal_open()] == [JournalState.PENDING]
-        ch.set_state(ChannelState.RECONNECTING)  # what the supervisor shows while it restarts
-        ch.set_state(ChannelState.CONNECTED)
+        ch.force_state(ChannelState.RECONNECTING)  # what the supervisor shows while it restarts
+        ch.force_state(ChannelState.CONNECTED)
         await until(lambda: ch.replies_to(msg.message_id), timeout=3, what="answer at reconnect")
         assert ch.replies_to(msg.message_id) == ["echo: hello"]
 
