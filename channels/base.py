@@ -8,14 +8,17 @@ pacing); the adapter owns the platform's facts (its limits, its formatting, its 
 from __future__ import annotations
 
 import abc
-import enum
 import json
 import logging
 import re
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from channels.status import ChannelState, ChannelStatus, Report, StatusListener
+from channels.textsplit import stream_text
 
 log = logging.getLogger(__name__)
 
@@ -200,20 +203,26 @@ class Capabilities:
     when it finds none, none was sent."""
 
 
-class ChannelState(enum.StrEnum):
-    DISABLED = "disabled"
-    STARTING = "starting"
-    CONNECTED = "connected"
-    RECONNECTING = "reconnecting"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
 # -- errors adapters raise; delivery and the supervisor act on them --------------------------------
 
 
+_CREDENTIAL = re.compile(
+    r"((?:access_key|ticket|token|secret)=)[^&\s'\"]+|(Bearer\s+)[^\s'\"]+", re.IGNORECASE
+)
+
+
+def scrub(text: str, *secrets: str) -> str:
+    """``text`` with ``secrets`` and whatever looks like a credential (``token=…``, ``ticket=…``,
+    ``Bearer …``) replaced by ``***``. SDKs put request URLs, and so tokens, into their exception
+    texts and log lines: adapters scrub the texts they raise, gateway/logs.py every log record."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return _CREDENTIAL.sub(lambda m: (m.group(1) or m.group(2)) + "***", text)
+
+
 class ChannelError(Exception):
-    """Base of adapter errors. Messages must never contain a token."""
+    """Base of adapter errors. Messages must never contain a token (see :func:`scrub`)."""
 
 
 class FatalChannelError(ChannelError):
@@ -232,6 +241,12 @@ class RetryAfter(ChannelError):
 
 class TransientSendError(ChannelError):
     """A send/edit failed for a reason worth retrying (5xx, network)."""
+
+    def __init__(self, message: str = "", *, retried: bool = False) -> None:
+        super().__init__(message)
+        self.retried = retried
+        """The SDK already retried this failure itself (discord.py: five tries on a 500), so the
+        pacer does not retry it again: one retry layer per call (docs/channels.md)."""
 
 
 class PermanentSendError(ChannelError):
@@ -259,8 +274,6 @@ InboundSink = Callable[[Inbound], Awaitable[None]]
 """Called by an adapter for each inbound message. It returns once the message is durably journaled
 (or deliberately dropped); only then may the adapter acknowledge the event to the platform."""
 
-StatusListener = Callable[["Channel"], None]
-
 
 class Channel(abc.ABC):
     """A platform adapter. Subclasses implement the abstract methods; shared bookkeeping lives here."""
@@ -269,29 +282,59 @@ class Channel(abc.ABC):
     capabilities: Capabilities
 
     def __init__(self) -> None:
-        self.state: ChannelState = ChannelState.STOPPED
-        self.reason: str | None = None
-        self.state_since: float = time.time()
-        self.last_activity: float = time.monotonic()
+        self.status = ChannelStatus(self)
         self.unreadable_events: int = 0
         """Events skipped because they could not be parsed or journaled (the gateway's
         ``chital_messages_ignored{reason="malformed"}`` counts the same through the sink)."""
-        self._listeners: list[StatusListener] = []
+        self._reporter: Report = self._unsupervised
 
-    # -- status -------------------------------------------------------------------------------
+    # -- status (read here, written by the supervisor) ------------------------------------------
+    @property
+    def state(self) -> ChannelState:
+        return self.status.state
+
+    @property
+    def reason(self) -> str | None:
+        return self.status.reason
+
+    @property
+    def state_since(self) -> float:
+        return self.status.since
+
     def add_status_listener(self, listener: StatusListener) -> None:
-        self._listeners.append(listener)
+        self.status.add_listener(listener)
+
+    def supervise(self, report: Report) -> None:
+        """Route this adapter's reports to ``report`` (the supervisor's, installed once)."""
+        self._reporter = report
+
+    def report_connected(self) -> None:
+        """The connection is live (again). Cheap: repeating it changes nothing."""
+        self._reporter(None)
+
+    def report_trouble(self, reason: str) -> None:
+        """The connection is down and the adapter is getting it back by itself (``reason`` says
+        why, without a token). To give up instead, raise from :meth:`run`."""
+        self._reporter(reason)
 
     def set_state(self, state: ChannelState, reason: str | None = None) -> None:
-        if state is self.state and reason == self.reason:
-            return
-        self.state, self.reason, self.state_since = state, reason, time.time()
-        for listener in self._listeners:
-            listener(self)
+        """Transitional, for code written before the supervisor owned state (test fakes): writes
+        ``status`` directly and warns. Adapters report instead; a test playing the supervisor
+        writes ``channel.status.set(...)``. To be removed once nothing calls it."""
+        warnings.warn(
+            "Channel.set_state is going: adapters call report_connected()/report_trouble(), "
+            "supervisors write channel.status.set()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.status.set(state, reason)
 
-    def touch(self) -> None:
-        """Record that the connection showed life (an event, a poll answer, a pong)."""
-        self.last_activity = time.monotonic()
+    def _unsupervised(self, trouble: str | None) -> None:
+        """Reports of an adapter run alone (a test, a benchmark) apply as they come."""
+        if trouble is None:
+            self.status.set(ChannelState.CONNECTED)
+        else:
+            self.status.set(ChannelState.RECONNECTING, trouble)
 
     # -- events that cannot be read ----------------------------------------------------------
     async def skip_unreadable(
@@ -375,9 +418,10 @@ class Channel(abc.ABC):
     async def run(self, sink: InboundSink) -> None:
         """Connect and deliver inbound messages to ``sink`` until cancelled.
 
-        Must call ``set_state(CONNECTED)`` once live. Raises :class:`FatalChannelError` when retrying
-        cannot help; any other exception makes the supervisor restart the channel with backoff.
-        Cancellation must close connections cleanly.
+        Calls :meth:`report_connected` once live (and :meth:`report_trouble` while it reconnects
+        by itself). Raises :class:`FatalChannelError` when retrying cannot help; any other exception
+        (or returning) makes the supervisor restart the channel with backoff. Cancellation must
+        close connections cleanly.
         """
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most adapters need it
@@ -398,10 +442,9 @@ class Channel(abc.ABC):
         breaking code blocks. Never returns an empty sequence for non-empty input."""
 
     def render_stream(self, markdown: str) -> Rendered:
-        """An in-progress snapshot for streaming edits; plain text cut to the limit by default."""
-        limit = self.capabilities.max_message_len
-        text = markdown if len(markdown) <= limit else markdown[: limit - 1] + "…"
-        return Rendered(text=text)
+        """An in-progress snapshot for streaming edits: the text cut to the limit, an unfinished
+        code block closed (:func:`channels.textsplit.stream_text`)."""
+        return Rendered(text=stream_text(markdown, self.capabilities.max_message_len))
 
     # -- outbound -----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -1,4 +1,5 @@
-"""Split Markdown-ish text at a length limit without breaking code blocks.
+"""Cut Markdown-ish text at a length limit without breaking code blocks: whole answers into parts
+(:func:`split_markdown`), streamed snapshots into one message (:func:`stream_text`).
 
 Shared by the adapters whose platforms take Markdown-like text (Discord, Slack mrkdwn, Lark cards).
 Telegram uses telegramify-markdown's entity-aware splitter instead. No maintained library splits
@@ -61,6 +62,34 @@ def split_markdown(text: str, limit: int) -> list[str]:
         fence = None  # an unterminated block is left as the author wrote it
     flush()
     return parts
+
+
+def stream_text(text: str, limit: int) -> str:
+    """An answer still being written, as one message of at most ``limit`` characters: cut with "…"
+    when longer, and a code block it leaves open closed, so that the rest of the message does not
+    render as code until the closing fence arrives."""
+    room = limit
+    while True:
+        snapshot = text if len(text) <= room else text[: max(room - 1, 0)] + "…"
+        fence = open_fence(snapshot)
+        closing = f"\n{fence}" if fence else ""
+        if len(snapshot) + len(closing) <= limit or room <= 1:
+            return snapshot + closing
+        room = limit - len(closing)
+
+
+def open_fence(text: str) -> str | None:
+    """The fence (```` ``` ````, ``~~~`` ...) of the code block ``text`` leaves open, or None."""
+    fence: str | None = None
+    for line in text.splitlines():
+        m = _FENCE.match(line)
+        if m is None:
+            continue
+        if fence is None:
+            fence = m.group(1)
+        elif m.group(1).startswith(fence) and not m.group(2).strip():
+            fence = None
+    return fence
 
 
 def _fence_marker(fence: str | None) -> str:

@@ -6,8 +6,9 @@ import difflib
 import os
 import re
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, cast, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -15,12 +16,15 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
+    create_model,
     model_validator,
 )
 
 from agent.config import AgentSettings, ModelSpec
+from channels.settings import ChannelSettings
+
+from .registry import PLATFORMS
 
 _ENV_REF = re.compile(r"\$(\{)?([A-Za-z_][A-Za-z0-9_]*)(?(1)\})")
 
@@ -82,43 +86,37 @@ class ChannelBase(_Strict):
     """Overrides the top-level ``access`` for this channel."""
 
 
-class TelegramConfig(ChannelBase):
-    token: SecretStr | None = None
-    base_url: str = "https://api.telegram.org/bot"
-    base_file_url: str = "https://api.telegram.org/file/bot"
-    poll_timeout: int = Field(25, ge=0, le=60)
+def _channel_section(settings: type[ChannelSettings]) -> type[ChannelBase]:
+    """``channels.<platform>``: the platform's own settings (channels/<platform>/settings.py) plus
+    ``enabled`` and ``access``, documented by the settings model's docstrings."""
+    bases: tuple[type[BaseModel], ...] = (settings, ChannelBase)
+    section = create_model(
+        settings.__name__.removesuffix("Settings") + "Config",
+        __base__=bases,
+        __doc__=settings.__dict__.get("__doc__"),
+        __module__=__name__,
+    )
+    return cast(type[ChannelBase], section)
 
 
-class SlackConfig(ChannelBase):
-    bot_token: SecretStr | None = None
-    app_token: SecretStr | None = None
-    api_base_url: str = "https://slack.com/api/"
-    ping_interval: float = Field(10.0, gt=0)
+def _off(section: type[ChannelBase]) -> Callable[[], ChannelBase]:
+    return lambda: section(enabled=False)
 
 
-class DiscordConfig(ChannelBase):
-    token: SecretStr | None = None
-    api_base_url: str = "https://discord.com/api/v10"
-    gateway_url: str | None = None
-    """Overrides the gateway websocket URL (``ws://host:port/``); default: Discord's."""
-    heartbeat_timeout: float = Field(60.0, gt=0)
-    """Seconds without a heartbeat ACK before a half-open gateway connection is dropped and resumed."""
+def _channels_config() -> type[_Strict]:
+    """The ``channels`` section: one key per platform of gateway/registry.py, off when absent."""
+    sections = {p.name: _channel_section(p.settings) for p in PLATFORMS}
+    fields: dict[str, Any] = {name: (s, Field(default_factory=_off(s))) for name, s in sections.items()}
+    return create_model("ChannelsConfig", __base__=_Strict, __module__=__name__, **fields)
 
 
-class LarkConfig(ChannelBase):
-    app_id: str | None = None
-    app_secret: SecretStr | None = None
-    domain: str = "feishu"
-    """``feishu``, ``lark`` or a full base URL (``https://open.feishu.cn``)."""
-    liveness_timeout: float = Field(45.0, gt=0)
-    """Seconds without any frame before the connection counts as dead (pings go every third of it)."""
+if TYPE_CHECKING:
 
+    class ChannelsConfig(_Strict):
+        def __getattr__(self, name: str) -> Any: ...
 
-class ChannelsConfig(_Strict):
-    telegram: TelegramConfig = Field(default_factory=lambda: TelegramConfig(enabled=False))
-    slack: SlackConfig = Field(default_factory=lambda: SlackConfig(enabled=False))
-    discord: DiscordConfig = Field(default_factory=lambda: DiscordConfig(enabled=False))
-    lark: LarkConfig = Field(default_factory=lambda: LarkConfig(enabled=False))
+else:
+    ChannelsConfig = _channels_config()
 
 
 class StorageConfig(_Strict):

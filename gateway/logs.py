@@ -1,11 +1,25 @@
-"""Logging set-up with secret redaction: every configured token is masked in every log line."""
+"""Logging set-up with secret redaction: every configured token, and whatever looks like a credential
+(``token=…``, ``ticket=…``, ``Bearer …``), is masked in every log line.
+
+One filter does it (:class:`RedactingFilter`), installed on the daemon's handler, which every record
+reaches, and on each SDK logger the platforms declare (``sdk_loggers`` in their settings), which
+covers records an SDK prints through a handler of its own.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterable
+
+from channels.base import scrub
 
 from .config import Config
+from .registry import sdk_loggers
+
+QUIET = ("httpx", "httpcore", "openai", "aiosqlite", "websockets", "urllib3")
+"""Libraries held at WARNING besides the platforms' SDK loggers: they log request URLs (httpx: every
+one at INFO, and Telegram's carry the token) or chatter."""
 
 
 def secrets_of(cfg: Config) -> list[str]:
@@ -36,47 +50,46 @@ def secrets_of(cfg: Config) -> list[str]:
 
 
 class RedactingFilter(logging.Filter):
-    def __init__(self, secrets: list[str]) -> None:
+    """Masks ``secrets`` and credential-shaped text (:func:`channels.base.scrub`) in a record's
+    message and traceback. Never drops a record."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__()
-        self._secrets = secrets
+        self._secrets = tuple(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self._secrets:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record is logging's to report, not ours
             return True
-        message = record.getMessage()
-        masked = message
-        for secret in self._secrets:
-            if secret in masked:
-                masked = masked.replace(secret, "***")
+        masked = scrub(message, *self._secrets)
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
-            for secret in self._secrets:
-                record.exc_text = record.exc_text.replace(secret, "***")
+            record.exc_text = scrub(record.exc_text, *self._secrets)
         if masked != message:
             record.msg, record.args = masked, None
         return True
 
 
+def redact_loggers(names: Iterable[str], redactor: RedactingFilter) -> None:
+    """Put ``redactor`` on each named logger, replacing one an earlier set-up installed."""
+    for name in names:
+        target = logging.getLogger(name)
+        for old in [f for f in target.filters if isinstance(f, RedactingFilter)]:
+            target.removeFilter(old)
+        target.addFilter(redactor)
+
+
 def setup_logging(cfg: Config) -> None:
+    redactor = RedactingFilter(secrets_of(cfg))
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(RedactingFilter(secrets_of(cfg)))
+    handler.addFilter(redactor)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(cfg.log_level)
-    # Libraries that log request URLs (Telegram puts the token in the URL) stay at WARNING.
-    for noisy in (
-        "httpx",
-        "httpcore",
-        "telegram",
-        "discord",
-        "slack_sdk",
-        "slack_bolt",
-        "Lark",
-        "openai",
-        "aiosqlite",
-        "websockets",
-        "urllib3",
-    ):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    sdks = sdk_loggers()
+    redact_loggers(sdks, redactor)
+    for name in (*QUIET, *sdks):
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))

@@ -1,7 +1,9 @@
 """One rate limiter per chat that serves sends and edits alike and obeys the platform's retry-after.
 
 The SDKs each have some retry logic, but none paces edits of a message we stream, and each treats
-429 differently; one small limiter here keeps the behaviour the same on every platform.
+429 differently; one small limiter here keeps the behaviour the same on every platform. It is the
+one retry layer of a call: a failure the SDK already retried (``TransientSendError.retried``) is not
+retried here again (docs/channels.md has the table of who retries what).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class ChatPacer:
                     continue
                 except TransientSendError as exc:
                     transient += 1
-                    if transient >= TRANSIENT_ATTEMPTS or attempt == MAX_ATTEMPTS:
+                    if exc.retried or transient >= TRANSIENT_ATTEMPTS or attempt == MAX_ATTEMPTS:
                         raise
                     delay = min(0.5 * 2 ** (attempt - 1), 8.0) * (0.5 + random.random())
                     log.warning("send failed (%s); retrying in %.1fs", exc, delay)

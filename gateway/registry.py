@@ -1,110 +1,88 @@
-"""Builds the enabled channel adapters from config and says why the others are off.
+"""The one table of chat platforms, and the channels the gateway builds from it.
+
+A platform is a package under channels/ (docs/channels.md) and one row of :data:`PLATFORMS`: its key
+under ``channels:`` in config.yaml, its settings model (gateway/config.py composes the ``channels``
+section from this table) and its adapter class. Readiness, secrets and SDK loggers come from the
+settings model, so adding a platform touches its own folder and this table only.
 
 Adapters are imported lazily: a platform that is off costs neither import time nor memory."""
 
 from __future__ import annotations
 
-import logging
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydantic import SecretStr
 
 from channels.base import Channel
+from channels.discord import DiscordSettings
+from channels.lark import LarkSettings
+from channels.settings import ChannelSettings
+from channels.slack import SlackSettings
+from channels.telegram import TelegramSettings
 
-from .config import Config
+if TYPE_CHECKING:
+    from .config import Config
 
 
-def _secret(value: object) -> str | None:
-    if value is None:
-        return None
-    getter = getattr(value, "get_secret_value", None)
-    raw = getter() if getter else str(value)
-    return raw or None
+@dataclass(frozen=True, slots=True)
+class Platform:
+    name: str
+    """The key under ``channels:`` in config.yaml, and the adapter's :attr:`Channel.name`."""
+    settings: type[ChannelSettings]
+    adapter: str
+    """``module:Class`` of the :class:`Channel`, imported only when the channel is built."""
+
+    def build(self, settings: ChannelSettings) -> Channel:
+        """The adapter, each field of the settings model passed to the constructor parameter of the
+        same name (secrets unwrapped, a missing credential as ``""``)."""
+        module, _, name = self.adapter.partition(":")
+        cls: type[Channel] = getattr(importlib.import_module(module), name)
+        values = {field: getattr(settings, field) for field in self.settings.model_fields}
+        for field, value in values.items():
+            if field in self.settings.required or isinstance(value, SecretStr):
+                values[field] = settings.plain(field)
+        return cls(**values)
+
+
+PLATFORMS: tuple[Platform, ...] = (
+    Platform("telegram", TelegramSettings, "channels.telegram.channel:TelegramChannel"),
+    Platform("slack", SlackSettings, "channels.slack.channel:SlackChannel"),
+    Platform("discord", DiscordSettings, "channels.discord.channel:DiscordChannel"),
+    Platform("lark", LarkSettings, "channels.lark.channel:LarkChannel"),
+)
+
+
+def sdk_loggers() -> list[str]:
+    """Every registered platform's SDK loggers (gateway/logs.py quiets and redacts them)."""
+    return [name for p in PLATFORMS for name in p.settings.sdk_loggers]
 
 
 def channel_readiness(cfg: Config) -> dict[str, tuple[bool, str]]:
     """Per channel: (will start, why / why not). Used by ``chital check`` and start-up logs."""
-    c = cfg.channels
     out: dict[str, tuple[bool, str]] = {}
-
-    def judge(name: str, enabled: bool, needs: dict[str, object], env_hint: str) -> None:
-        if not enabled:
-            out[name] = (False, f"disabled in config (channels.{name}.enabled: false)")
-            return
-        missing = [k for k, v in needs.items() if not _secret(v)]
-        if missing:
-            out[name] = (False, f"missing {', '.join(missing)} (set {env_hint})")
+    for p in PLATFORMS:
+        section = getattr(cfg.channels, p.name)
+        missing = section.missing()
+        if not section.enabled:
+            out[p.name] = (False, f"disabled in config (channels.{p.name}.enabled: false)")
+        elif missing:
+            out[p.name] = (False, missing)
         else:
-            out[name] = (True, "credentials present")
-
-    judge("telegram", c.telegram.enabled, {"token": c.telegram.token}, "TELEGRAM_BOT_TOKEN")
-    judge(
-        "slack",
-        c.slack.enabled,
-        {"bot_token": c.slack.bot_token, "app_token": c.slack.app_token},
-        "SLACK_BOT_TOKEN and SLACK_APP_TOKEN",
-    )
-    judge("discord", c.discord.enabled, {"token": c.discord.token}, "DISCORD_BOT_TOKEN")
-    judge(
-        "lark",
-        c.lark.enabled,
-        {"app_id": c.lark.app_id, "app_secret": c.lark.app_secret},
-        "LARK_APP_ID and LARK_APP_SECRET",
-    )
+            out[p.name] = (True, "credentials present")
     return out
 
 
 def build_channels(cfg: Config) -> tuple[list[Channel], dict[str, str]]:
+    """The adapters of the ready channels, and why each other channel is off."""
     channels: list[Channel] = []
     off: dict[str, str] = {}
-    c = cfg.channels
-    for name, (ok, why) in channel_readiness(cfg).items():
-        if not ok:
-            off[name] = why
-            continue
-        if name == "telegram":
-            from channels.telegram import TelegramChannel
-
-            channels.append(
-                TelegramChannel(
-                    _secret(c.telegram.token) or "",
-                    base_url=c.telegram.base_url,
-                    base_file_url=c.telegram.base_file_url,
-                    poll_timeout=c.telegram.poll_timeout,
-                )
-            )
-        elif name == "slack":
-            from channels.slack import SlackChannel
-
-            channels.append(
-                SlackChannel(
-                    _secret(c.slack.bot_token) or "",
-                    _secret(c.slack.app_token) or "",
-                    api_base_url=c.slack.api_base_url,
-                    ping_interval=c.slack.ping_interval,
-                )
-            )
-        elif name == "discord":
-            from channels.discord import DiscordChannel
-
-            channels.append(
-                DiscordChannel(
-                    _secret(c.discord.token) or "",
-                    api_base_url=c.discord.api_base_url,
-                    gateway_url=c.discord.gateway_url,
-                    heartbeat_timeout=c.discord.heartbeat_timeout,
-                )
-            )
-        elif name == "lark":
-            from channels.lark import LarkChannel
-
-            # lark-oapi attaches its own stdout handler at import; it would bypass our redacting
-            # handler and print every line twice.
-            logging.getLogger("Lark").handlers.clear()
-
-            channels.append(
-                LarkChannel(
-                    c.lark.app_id or "",
-                    _secret(c.lark.app_secret) or "",
-                    domain=c.lark.domain,
-                    liveness_timeout=c.lark.liveness_timeout,
-                )
-            )
+    ready = channel_readiness(cfg)
+    for p in PLATFORMS:
+        ok, why = ready[p.name]
+        if ok:
+            channels.append(p.build(getattr(cfg.channels, p.name)))
+        else:
+            off[p.name] = why
     return channels, off

@@ -1,8 +1,11 @@
 """Runs each channel, restarts it with capped exponential backoff and jitter, keeps its state visible.
 
-A channel whose token is refused (FatalChannelError) stays down with its reason; the others go on.
-A channel that returns or raises anything else is restarted; a channel that stayed connected for a
-while starts its backoff again from the bottom.
+The supervisor is the only writer of a channel's :class:`~channels.base.ChannelStatus`. An adapter
+says two things while it runs, through the one callback installed here (``report_connected`` and
+``report_trouble``); everything else the supervisor reads from how ``run`` ended: a
+:class:`FatalChannelError` keeps the channel FAILED with its reason (the others go on), any other
+exception or a return restarts it (RECONNECTING, with the reason and the delay), cancellation stops
+it. A channel that stayed connected for a while starts its backoff again from the bottom.
 """
 
 from __future__ import annotations
@@ -32,6 +35,51 @@ class Backoff:
         return random.uniform(ceiling / 2, ceiling)  # "equal jitter"
 
 
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def run_once(channel: Channel, sink: InboundSink, *, restart: bool = False) -> None:
+    """One run of ``channel``, its state kept from start to end; re-raises how the run ended.
+
+    STARTING (RECONNECTING, keeping the last reason, on a ``restart``), then the adapter's reports
+    (CONNECTED, or RECONNECTING with its reason) while this run is current, then FAILED on a
+    :class:`FatalChannelError`, STOPPED on cancellation, RECONNECTING on anything else. Reports that
+    arrive after the run ended (an SDK winding down) are ignored. Tests run an adapter once this way."""
+    status = channel.status
+    if restart:
+        status.set(ChannelState.RECONNECTING, status.reason)
+    else:
+        status.set(ChannelState.STARTING)
+    current = True
+
+    def report(trouble: str | None) -> None:
+        if not current:
+            return
+        if trouble is None:
+            status.set(ChannelState.CONNECTED)
+        else:
+            status.set(ChannelState.RECONNECTING, trouble)
+
+    channel.supervise(report)
+    try:
+        await channel.run(sink)
+    except asyncio.CancelledError:
+        current = False
+        status.set(ChannelState.STOPPED)
+        raise
+    except FatalChannelError as exc:
+        current = False
+        status.set(ChannelState.FAILED, str(exc))
+        raise
+    except Exception as exc:
+        current = False
+        status.set(ChannelState.RECONNECTING, _describe(exc))
+        raise
+    current = False
+    status.set(ChannelState.RECONNECTING, "the connection ended")
+
+
 class ChannelSupervisor:
     def __init__(
         self, channel: Channel, sink: InboundSink, metrics: Metrics, backoff: Backoff | None = None
@@ -52,27 +100,23 @@ class ChannelSupervisor:
     async def _loop(self) -> None:
         ch = self.channel
         while True:
-            ch.set_state(
-                ChannelState.STARTING if self._backoff.failures == 0 else ChannelState.RECONNECTING, ch.reason
-            )
             started = time.monotonic()
             try:
-                await ch.run(self._sink)
+                await run_once(ch, self._sink, restart=self._backoff.failures > 0)
                 reason = "the connection ended"
             except asyncio.CancelledError:
                 raise
             except FatalChannelError as exc:
-                ch.set_state(ChannelState.FAILED, str(exc))
                 self._metrics.errors.labels(ch.name, "fatal").inc()
                 log.error("channel %s is down until fixed: %s", ch.name, exc)
                 await _safe_close(ch)
                 return
             except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                reason = _describe(exc)
             await _safe_close(ch, restart=True)
             delay = self._backoff.next_delay(time.monotonic() - started)
             self._metrics.reconnects.labels(ch.name).inc()
-            ch.set_state(ChannelState.RECONNECTING, f"{reason}; retrying in {delay:.1f}s")
+            ch.status.set(ChannelState.RECONNECTING, f"{reason}; retrying in {delay:.1f}s")
             log.warning("channel %s: %s; restarting in %.1fs", ch.name, reason, delay)
             await asyncio.sleep(delay)
 
@@ -84,7 +128,7 @@ class ChannelSupervisor:
             except (asyncio.CancelledError, Exception):
                 pass
         await _safe_close(self.channel)
-        self.channel.set_state(ChannelState.STOPPED)
+        self.channel.status.set(ChannelState.STOPPED)
 
 
 async def _safe_close(ch: Channel, *, restart: bool = False) -> None:

@@ -24,7 +24,8 @@ from channels.base import (
     TransientSendError,
 )
 from channels.discord import DiscordChannel
-from channels.discord.channel import to_discord_markdown
+from channels.discord.render import to_discord_markdown
+from gateway.supervisor import run_once
 from tests.fakes.discord_server import FakeDiscord
 
 USER = "900000000000000042"
@@ -66,7 +67,7 @@ async def _start(fake: FakeDiscord, **kwargs: float) -> Bot:
     async def sink(message: Inbound) -> None:
         inbox.append(message)
 
-    bot = Bot(channel, asyncio.create_task(channel.run(sink)), inbox)
+    bot = Bot(channel, asyncio.create_task(run_once(channel, sink)), inbox)
     await fake.wait_for(lambda: channel.state is ChannelState.CONNECTED and fake.connected, 10)
     return bot
 
@@ -185,7 +186,7 @@ async def test_bad_token_is_fatal_and_not_leaked(fake: FakeDiscord) -> None:
         raise AssertionError("no message expected")
 
     with pytest.raises(FatalChannelError) as info:
-        await asyncio.wait_for(channel.run(sink), 10)
+        await asyncio.wait_for(run_once(channel, sink), 10)
     assert channel.state is ChannelState.FAILED
     assert secret not in str(info.value) and secret not in repr(channel)
 

@@ -25,8 +25,10 @@ from channels.base import (
     RetryAfter,
     TransientSendError,
 )
-from channels.lark import LarkChannel, LarkConnectionError
+from channels.lark import LarkChannel, LarkConnectionError, LarkSettings
 from channels.lark import render as _format
+from gateway.logs import RedactingFilter, redact_loggers
+from gateway.supervisor import run_once
 from tests.fakes.lark_server import FakeLark
 
 LIVENESS = 2.0
@@ -80,7 +82,7 @@ async def until(predicate: Callable[[], object], within: float = 10.0) -> None:
 async def running(
     channel: LarkChannel, sink: Callable[[Inbound], Awaitable[None]]
 ) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(channel.run(sink))
+    task = asyncio.create_task(run_once(channel, sink))
     try:
         await until(lambda: channel.state is ChannelState.CONNECTED or task.done())
         if task.done():
@@ -246,7 +248,7 @@ async def test_endpoint_error_that_ends_the_sdk_client_is_noticed(fake: FakeLark
         assert time.monotonic() - started < 10  # noticed at once, not after the liveness timeout
     # Restarted while the endpoint still refuses: start() itself fails, and that is noticed too.
     with pytest.raises(LarkConnectionError, match="1000040350"):
-        await asyncio.wait_for(channel.run(sink), 15)
+        await asyncio.wait_for(run_once(channel, sink), 15)
 
 
 async def test_retryable_endpoint_error_is_ridden_out_by_the_sdk(fake: FakeLark) -> None:
@@ -267,14 +269,14 @@ async def test_bad_app_secret_is_fatal_and_never_logged(caplog: pytest.LogCaptur
     with FakeLark(app_id="cli_wrong_secret") as server:
         channel = LarkChannel(server.app_id, secret, domain=server.base_url, liveness_timeout=LIVENESS)
         with pytest.raises(FatalChannelError) as info:
-            await asyncio.wait_for(channel.run(Sink()), 15)
+            await asyncio.wait_for(run_once(channel, Sink()), 15)
         await channel.close()
     assert "10014" in str(info.value)
     assert secret not in str(info.value) and secret not in caplog.text and secret not in repr(channel)
 
 
 async def test_sdk_log_lines_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
-    await LarkChannel("cli_x", "y", domain="http://127.0.0.1:9").close()  # installs the filters
+    redact_loggers(LarkSettings.sdk_loggers, RedactingFilter())  # as gateway/logs.py's set-up does
     caplog.set_level(logging.DEBUG)
     logging.getLogger("Lark").warning("connected to wss://x/ws?device_id=1&access_key=AK123&ticket=TK456")
     logging.getLogger("websockets.client").debug("> GET %s HTTP/1.1", "/ws?service_id=2&ticket=TK789")

@@ -22,6 +22,7 @@ from channels.base import (
     TransientSendError,
 )
 from channels.slack import SlackChannel
+from gateway.supervisor import run_once
 from tests.fakes.slack_server import FakeSlack
 
 PING = 0.4  # small ping interval keeps reconnect tests fast
@@ -70,7 +71,7 @@ def make_channel(fake: FakeSlack, *, app_token: str | None = None) -> SlackChann
 @contextlib.asynccontextmanager
 async def running(fake: FakeSlack, sink: Sink) -> AsyncIterator[SlackChannel]:
     channel = make_channel(fake)
-    task = asyncio.create_task(channel.run(sink))
+    task = asyncio.create_task(run_once(channel, sink))
     try:
         await fake.wait_for(lambda: channel.state is ChannelState.CONNECTED or task.done(), 10)
         if task.done():
@@ -221,7 +222,7 @@ async def test_state_follows_the_socket_and_long_outage_fails_run(slack: FakeSla
     sink = Sink()
     channel = make_channel(slack)
     channel.give_up_after = 1.5
-    task = asyncio.create_task(channel.run(sink))
+    task = asyncio.create_task(run_once(channel, sink))
     try:
         await slack.wait_for(lambda: channel.state is ChannelState.CONNECTED, 10)
         slack.fail("apps.connections.open", status=500, times=None)  # Slack is down for a while
@@ -249,14 +250,14 @@ async def test_invalid_tokens_are_fatal(slack: FakeSlack) -> None:
     slack.fail("auth.test", "invalid_auth", times=None)
     channel = make_channel(slack)
     with pytest.raises(FatalChannelError) as err:
-        await asyncio.wait_for(channel.run(Sink()), 10)
+        await asyncio.wait_for(run_once(channel, Sink()), 10)
     assert slack.bot_token not in str(err.value) and "invalid_auth" in str(err.value)
     await channel.close()
 
     slack.clear_failures()
     channel = make_channel(slack, app_token="xapp-revoked")
     with pytest.raises(FatalChannelError):
-        await asyncio.wait_for(channel.run(Sink()), 10)
+        await asyncio.wait_for(run_once(channel, Sink()), 10)
     await channel.close()
     assert slack.connections == 0
 

@@ -17,7 +17,7 @@ import pytest
 from channels.base import ChannelState, FatalChannelError
 from channels.slack import SlackChannel
 from gateway.metrics import Metrics
-from gateway.supervisor import Backoff, ChannelSupervisor
+from gateway.supervisor import Backoff, ChannelSupervisor, run_once
 from tests.fakes.gateway_rig import Rig, gateway_rig, running
 from tests.fakes.slack_server import FakeSlack
 
@@ -204,4 +204,4 @@ async def test_revoked_tokens_are_fatal(error: str, slack: FakeSlack, channel: S
     finally:
         await sup.stop()
     with pytest.raises(FatalChannelError):
-        await asyncio.wait_for(channel.run(lambda _i: asyncio.sleep(0)), 5)
+        await asyncio.wait_for(run_once(channel, lambda _i: asyncio.sleep(0)), 5)

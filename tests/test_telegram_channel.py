@@ -24,6 +24,7 @@ from channels.base import (
     TransientSendError,
 )
 from channels.telegram import TelegramChannel
+from gateway.supervisor import run_once
 from tests.fakes.telegram_server import FakeTelegram, entity_text, utf16_len
 
 GROUP = -1001234567890
@@ -77,7 +78,7 @@ async def channel(fake: FakeTelegram) -> AsyncIterator[TelegramChannel]:
 
 @contextlib.asynccontextmanager
 async def running(channel: TelegramChannel, sink: Sink) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(channel.run(sink))
+    task = asyncio.create_task(run_once(channel, sink))
     try:
         async with asyncio.timeout(5):
             while channel.state is not ChannelState.CONNECTED:
@@ -207,7 +208,7 @@ async def test_offset_not_advanced_when_sink_raises(fake: FakeTelegram, channel:
     sink = Sink()
     sink.fail_times = 1
     with pytest.raises(RuntimeError, match="journal unavailable"):
-        await asyncio.wait_for(channel.run(sink), 5)
+        await asyncio.wait_for(run_once(channel, sink), 5)
     assert fake.pending_updates == [update]  # never confirmed
     async with running(channel, sink):
         (msg,) = await sink.wait(1)
@@ -255,7 +256,7 @@ async def test_cancelled_run_stops_cleanly(fake: FakeTelegram, channel: Telegram
 
 # -- connection failures -------------------------------------------------------------------------
 async def test_revoked_token_during_polling_is_fatal(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    task = asyncio.create_task(channel.run(Sink()))
+    task = asyncio.create_task(run_once(channel, Sink()))
     await fake.wait_for(lambda: fake.calls_to("getUpdates"))
     fake.revoke_token()
     with pytest.raises(FatalChannelError) as info:
@@ -270,7 +271,7 @@ async def test_rejected_token_at_start_is_fatal(fake: FakeTelegram) -> None:
     )
     try:
         with pytest.raises(FatalChannelError, match="rejected the bot token"):
-            await asyncio.wait_for(ch.run(Sink()), 5)
+            await asyncio.wait_for(run_once(ch, Sink()), 5)
         assert ch.state is ChannelState.FAILED
     finally:
         await ch.close()
@@ -279,7 +280,7 @@ async def test_rejected_token_at_start_is_fatal(fake: FakeTelegram) -> None:
 async def test_getme_network_failure_is_not_fatal(fake: FakeTelegram, channel: TelegramChannel) -> None:
     fake.fail_next("getMe", 0)  # connection dropped without an answer
     with pytest.raises(ConnectionError) as info:
-        await asyncio.wait_for(channel.run(Sink()), 5)
+        await asyncio.wait_for(run_once(channel, Sink()), 5)
     assert not isinstance(info.value, FatalChannelError) and fake.token not in str(info.value)
     assert channel.state is ChannelState.RECONNECTING
     # Nothing listening at all: still an ordinary, retryable error.
@@ -289,7 +290,7 @@ async def test_getme_network_failure_is_not_fatal(fake: FakeTelegram, channel: T
     dead = TelegramChannel(fake.token, base_url=f"http://127.0.0.1:{port}/bot", base_file_url="x")
     try:
         with pytest.raises(ConnectionError):
-            await asyncio.wait_for(dead.run(Sink()), 5)
+            await asyncio.wait_for(run_once(dead, Sink()), 5)
     finally:
         await dead.close()
 

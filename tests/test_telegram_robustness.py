@@ -18,7 +18,7 @@ import pytest
 from channels.base import ChannelState, FatalChannelError
 from channels.telegram import TelegramChannel
 from gateway.metrics import Metrics
-from gateway.supervisor import Backoff, ChannelSupervisor
+from gateway.supervisor import Backoff, ChannelSupervisor, run_once
 from tests.fakes import telegram_kinds as kinds
 from tests.fakes.gateway_rig import Rig, gateway_rig, running
 from tests.fakes.telegram_server import FakeTelegram
@@ -242,7 +242,7 @@ async def test_persistent_401_ends_failed_with_a_clear_reason(
 ) -> None:
     fake.fail_next("getMe", 401, times=10)
     with pytest.raises(FatalChannelError) as info:
-        await asyncio.wait_for(channel.run(lambda _i: asyncio.sleep(0)), 5)
+        await asyncio.wait_for(run_once(channel, lambda _i: asyncio.sleep(0)), 5)
     assert channel.state is ChannelState.FAILED
     assert "401" in str(info.value) and "3 checks in a row" in str(info.value)
     assert fake.token not in str(info.value)

@@ -14,7 +14,11 @@ it cannot parse (a MESSAGE_CREATE without an author or content) would tear the c
 with it whatever else was in flight. Every parser but READY/RESUMED is guarded: a failure is skipped
 through :meth:`Channel.skip_unreadable` (counted, logged without content, the sender told when the
 raw payload names them), in order with the messages around it. Parsing of a person's post lives in
-:mod:`channels.discord.inbound`.
+:mod:`channels.discord.inbound`, formatting in :mod:`channels.discord.render`.
+
+Retries: discord.py's HTTP client retries a call itself (429s up to ``max_ratelimit_timeout``, 500,
+502, 504 and 524 five times); what it gave up on reaches delivery marked ``retried``, so the pacer
+does not retry it once more (docs/channels.md).
 
 Imports are absolute, so ``import discord`` here always means discord.py, never this package.
 """
@@ -25,7 +29,6 @@ import asyncio
 import hashlib
 import io
 import logging
-import re
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 
@@ -34,7 +37,6 @@ import discord
 import discord.gateway
 import discord.http
 import yarl
-from markdown_it import MarkdownIt
 
 from channels.base import (
     UNREADABLE,
@@ -42,7 +44,6 @@ from channels.base import (
     Capabilities,
     Channel,
     ChannelError,
-    ChannelState,
     FatalChannelError,
     InboundSink,
     OutFile,
@@ -52,16 +53,21 @@ from channels.base import (
     RetryAfter,
     TransientSendError,
 )
-from channels.textsplit import split_markdown
+from channels.limits import check_size, header, retry_after
 
+from . import render
 from .inbound import recover_ids, to_inbound
+from .render import MAX_LEN
+from .settings import DiscordSettings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_API_BASE_URL = "https://discord.com/api/v10"
+DEFAULTS = DiscordSettings()
 DEFAULT_GATEWAY_URL = "wss://gateway.discord.gg/"
-MAX_LEN = 2000
 NONCE_LEN = 25  # Discord's limit for a string nonce
+SDK_RETRIED = frozenset({500, 502, 504, 524})
+"""Statuses discord.py's HTTPClient.request already retried five times (1, 3, 5, 7 s apart)."""
+_CONNECTION_RESET = (54, 10054)  # errnos it retries likewise
 
 # Auth failed / invalid intents / privileged intents not enabled: a human must act.
 _FATAL_CLOSE_CODES = {
@@ -93,10 +99,7 @@ class _Client(discord.Client):
 
     async def on_disconnect(self) -> None:
         if not self._adapter._stopping:
-            self._adapter.set_state(ChannelState.RECONNECTING, "gateway connection lost")
-
-    async def on_socket_raw_receive(self, _msg: str) -> None:  # every frame, heartbeat ACKs included
-        self._adapter.touch()
+            self._adapter.report_trouble("gateway connection lost")
 
     async def on_message(self, message: discord.Message) -> None:
         await self._adapter._on_message(message)
@@ -119,9 +122,9 @@ class DiscordChannel(Channel):
         self,
         token: str,
         *,
-        api_base_url: str = DEFAULT_API_BASE_URL,
-        gateway_url: str | None = None,
-        heartbeat_timeout: float = 60.0,
+        api_base_url: str = DEFAULTS.api_base_url,
+        gateway_url: str | None = DEFAULTS.gateway_url,
+        heartbeat_timeout: float = DEFAULTS.heartbeat_timeout,
     ) -> None:
         super().__init__()
         self._token = token
@@ -173,7 +176,8 @@ class DiscordChannel(Channel):
             return
         async with self._sink_lock:
             me = self._client.user.id if self._client and self._client.user else 0
-            await self._report(exc, recover_ids(data, me) if event == "MESSAGE_CREATE" else {"ref": event})
+            ids = recover_ids(data, me) if event == "MESSAGE_CREATE" else {"ref": event}
+            await self._report_unreadable(exc, ids)
 
     def _make_client(self) -> _Client:
         # We never use voice: silence discord.py's one-time "voice will NOT be supported" warnings.
@@ -186,8 +190,7 @@ class DiscordChannel(Channel):
         client = _Client(
             self,
             intents=intents,
-            enable_debug_events=True,  # gives on_socket_raw_receive, our liveness signal
-            max_ratelimit_timeout=30.0,  # longer waits surface as RetryAfter for delivery to pace
+            max_ratelimit_timeout=30.0,  # discord.py's minimum; longer waits surface as RetryAfter
             heartbeat_timeout=self._heartbeat_timeout,
             chunk_guilds_at_startup=False,
             member_cache_flags=discord.MemberCacheFlags.none(),
@@ -200,38 +203,31 @@ class DiscordChannel(Channel):
 
     async def run(self, sink: InboundSink) -> None:
         self._sink, self._stopping = sink, False
-        self.set_state(ChannelState.STARTING)
         self._apply_endpoints()
         client = self._client = self._make_client()
         try:
             await client.start(self._token, reconnect=True)
         except discord.LoginFailure:
-            self._fail("Discord rejected the bot token (401 Unauthorized)")
+            raise FatalChannelError("Discord rejected the bot token (401 Unauthorized)") from None
         except discord.PrivilegedIntentsRequired:
-            self._fail(_FATAL_CLOSE_CODES[4014])
+            raise FatalChannelError(_FATAL_CLOSE_CODES[4014]) from None
         except discord.HTTPException as exc:  # login's 5xx after discord.py's own retries: transient
             raise ChannelError(f"Discord login failed: HTTP {exc.status}") from None
         except discord.ConnectionClosed as exc:
             if exc.code in _FATAL_CLOSE_CODES:
-                self._fail(_FATAL_CLOSE_CODES[exc.code])
+                raise FatalChannelError(_FATAL_CLOSE_CODES[exc.code]) from None
             raise ChannelError(f"Discord gateway closed (code {exc.code})") from None
         except asyncio.CancelledError:
             self._stopping = True
-            self.set_state(ChannelState.STOPPED)
             raise
         finally:
             if not client.is_closed():
                 await client.close()
         raise ChannelError("Discord client stopped unexpectedly")
 
-    def _fail(self, reason: str) -> NoReturn:
-        self.set_state(ChannelState.FAILED, reason)
-        raise FatalChannelError(reason) from None
-
     def _live(self) -> None:
-        self.touch()
         if not self._stopping:
-            self.set_state(ChannelState.CONNECTED)
+            self.report_connected()
 
     async def close(self) -> None:
         self._stopping = True
@@ -240,7 +236,6 @@ class DiscordChannel(Channel):
 
     # -- inbound ------------------------------------------------------------------------------
     async def _on_message(self, message: discord.Message) -> None:
-        self.touch()
         client = self._client
         me = client.user if client else None
         if me is None or self._sink is None:
@@ -255,7 +250,7 @@ class DiscordChannel(Channel):
                     return  # joins, pins, thread-created notices ...
                 inbound = to_inbound(message, me.id)
             except Exception as exc:  # a field discord.py let through missing or mistyped
-                await self._report(exc, _ids_of(message))
+                await self._report_unreadable(exc, _ids_of(message))
                 return
             if inbound is None:
                 return
@@ -264,7 +259,7 @@ class DiscordChannel(Channel):
             except Exception as exc:  # no redelivery on Discord: the journal is all there is
                 log.error("discord: sink failed for message %s: %s", inbound.key, type(exc).__name__)
 
-    async def _report(self, exc: Exception, ids: dict[str, Any]) -> None:
+    async def _report_unreadable(self, exc: Exception, ids: dict[str, Any]) -> None:
         """Skip one unreadable event; call with the sink lock held."""
         if self._sink is None:
             return
@@ -275,18 +270,10 @@ class DiscordChannel(Channel):
 
     # -- rendering ----------------------------------------------------------------------------
     def render(self, markdown: str) -> Sequence[Rendered]:
-        parts = split_markdown(to_discord_markdown(markdown), MAX_LEN)
-        if not parts:
-            return [Rendered(text="…")]
-        # Only the first part is a visible reply; the rest follow it without repeating the quote.
-        return [Rendered(text=p, payload={"part": i}) for i, p in enumerate(parts)]
+        return render.render(markdown)
 
     def render_stream(self, markdown: str) -> Rendered:
-        text = to_discord_markdown(markdown)
-        text = text if len(text) <= MAX_LEN else text[: MAX_LEN - 5] + "…"
-        if text.count("```") % 2:
-            text += "\n```"  # keep a half-streamed code block from swallowing the message
-        return Rendered(text=text)
+        return render.render_stream(markdown)
 
     # -- outbound -----------------------------------------------------------------------------
     def _channel(self, target: ReplyTarget) -> discord.PartialMessageable:
@@ -339,8 +326,7 @@ class DiscordChannel(Channel):
             _raise_mapped(exc, "reaction")
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
-        if attachment.size is not None and attachment.size > limit:
-            raise PermanentSendError(f"attachment {attachment.name!r} is larger than {limit} bytes")
+        check_size(attachment.name, attachment.size, limit)
         if not attachment.file_id.startswith(("https://", "http://")):
             raise PermanentSendError("not a Discord attachment URL")
         client = self._client
@@ -351,20 +337,21 @@ class DiscordChannel(Channel):
             data = await client.http.get_from_cdn(attachment.file_id)
         except Exception as exc:
             _raise_mapped(exc, "download")
-        if len(data) > limit:
-            raise PermanentSendError(f"attachment {attachment.name!r} is larger than {limit} bytes")
+        check_size(attachment.name, len(data), limit)
         return data
 
     async def send_file(
         self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
     ) -> str:
-        if file.size > self.capabilities.max_upload_bytes:
-            raise PermanentSendError(f"{file.name} is too large for Discord ({file.size} bytes)")
+        check_size(file.name, file.size, self.capabilities.max_upload_bytes)
         channel = self._channel(target)
         try:
-            msg = await channel.send(caption[:MAX_LEN] or None, nonce=_nonce(idempotency_key),
-                                     file=discord.File(io.BytesIO(file.data), filename=file.name),
-                                     reference=self._reference(target, channel.id))
+            msg = await channel.send(
+                caption[:MAX_LEN] or None,
+                nonce=_nonce(idempotency_key),
+                file=discord.File(io.BytesIO(file.data), filename=file.name),
+                reference=self._reference(target, channel.id),
+            )
         except Exception as exc:
             _raise_mapped(exc, "file upload")
         return str(msg.id)
@@ -390,8 +377,9 @@ def _ids_of(message: discord.Message) -> dict[str, Any]:
 def _raise_mapped(exc: BaseException, what: str) -> NoReturn:
     """Translate discord.py / transport errors into the channel contract's errors.
 
-    discord.py already retries short 429s (sleeping retry_after) and 500/502/504; what reaches us is a
-    429 longer than ``max_ratelimit_timeout`` (RateLimited), or what its retries could not fix."""
+    discord.py already retries short 429s (sleeping retry_after) and 500/502/504/524; what reaches us
+    is a 429 longer than ``max_ratelimit_timeout`` (RateLimited), or what its retries could not fix
+    (marked ``retried`` so the pacer does not retry it again)."""
     if isinstance(exc, ChannelError):
         raise exc
     if isinstance(exc, discord.RateLimited):
@@ -399,96 +387,12 @@ def _raise_mapped(exc: BaseException, what: str) -> NoReturn:
     if isinstance(exc, discord.HTTPException):
         detail = f"Discord {what} failed: {exc.status} (code {exc.code}) {exc.text}".strip()
         if exc.status == 429:
-            try:
-                seconds = float(exc.response.headers.get("Retry-After", "1"))
-            except (AttributeError, ValueError):
-                seconds = 1.0
+            seconds = retry_after(header(getattr(exc.response, "headers", None), "Retry-After"))
             raise RetryAfter(seconds, f"Discord {what} rate limited") from exc
         if exc.status >= 500:
-            raise TransientSendError(detail) from exc
+            raise TransientSendError(detail, retried=exc.status in SDK_RETRIED) from exc
         raise PermanentSendError(detail) from exc  # 400 (50035 ...), 403 Forbidden, 404 NotFound
     if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
-        raise TransientSendError(f"Discord {what} failed: {type(exc).__name__}") from exc
+        reset = isinstance(exc, OSError) and exc.errno in _CONNECTION_RESET
+        raise TransientSendError(f"Discord {what} failed: {type(exc).__name__}", retried=reset) from exc
     raise exc
-
-
-# -- Markdown → Discord markdown ----------------------------------------------------------------
-# Discord renders most Markdown natively (bold, italics, code, fences, lists, quotes, links, # to ###).
-# It lacks tables, setext and level 4-6 headings, rules and inline images: those are rewritten here,
-# located with markdown-it's block map so that code blocks are never touched.
-
-_MD = MarkdownIt("commonmark").enable("table")
-_IMAGE = re.compile(r"!\[([^\]]*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-_CELL_MARKUP = re.compile(r"\*\*|__|`")
-_CODE_SPAN = re.compile(r"(`+[^`]*`+)")
-
-
-def to_discord_markdown(markdown: str) -> str:
-    """Rewrite what Discord cannot show: tables → aligned code blocks, h4-h6 and setext headings →
-    bold or ``#`` headings, ``---`` rules → a line, images → links."""
-    text = markdown.replace("\r\n", "\n")
-    lines = text.split("\n")
-    tokens = _MD.parse(text)
-    replace: dict[int, tuple[int, list[str]]] = {}  # start line -> (end line, new lines)
-    code: set[int] = set()
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok.map is None:
-            i += 1
-            continue
-        start, end = tok.map
-        if tok.type in ("fence", "code_block"):
-            code.update(range(start, end))
-        elif tok.level > 0:
-            pass  # inside a list or quote: rewriting would lose the prefix; Discord shows it as text
-        elif tok.type == "table_open":
-            rows: list[list[str]] = []
-            while tokens[i].type != "table_close":
-                t = tokens[i]
-                if t.type == "tr_open":
-                    rows.append([])
-                elif t.type == "inline" and rows:
-                    rows[-1].append(_CELL_MARKUP.sub("", t.content).strip())
-                i += 1
-            replace[start] = (end, _table_block(rows))
-        elif tok.type == "heading_open":
-            title, level = tokens[i + 1].content, int(tok.tag[1])
-            if level > 3 or not tok.markup.startswith("#"):  # Discord knows only ATX # to ###
-                replace[start] = (end, [f"{'#' * level} {title}" if level <= 3 else f"**{title}**"])
-        elif tok.type == "hr":
-            replace[start] = (end, ["──────────"])
-        i += 1
-    out: list[str] = []
-    n = 0
-    while n < len(lines):
-        if n in replace:
-            end, new = replace[n]
-            out.extend(new)
-            n = max(end, n + 1)
-            continue
-        out.append(lines[n] if n in code else _images_to_links(lines[n]))
-        n += 1
-    return "\n".join(out)
-
-
-def _images_to_links(line: str) -> str:
-    """Discord shows no inline images: keep them as links (outside inline code spans)."""
-    pieces = _CODE_SPAN.split(line)
-    for k in range(0, len(pieces), 2):
-        pieces[k] = _IMAGE.sub(lambda m: f"[{m[1].strip()}]({m[2]})" if m[1].strip() else m[2], pieces[k])
-    return "".join(pieces)
-
-
-def _table_block(rows: list[list[str]]) -> list[str]:
-    if not rows:
-        return []
-    cols = max(len(r) for r in rows)
-    rows = [r + [""] * (cols - len(r)) for r in rows]
-    widths = [max(len(r[c]) for r in rows) for c in range(cols)]
-
-    def fmt(row: list[str]) -> str:
-        return " | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-
-    body = [fmt(rows[0]), "-+-".join("-" * w for w in widths)] + [fmt(r) for r in rows[1:]]
-    return ["```", *body, "```"]

@@ -29,6 +29,14 @@ reply API and a ``uuid`` derived from the idempotency key; streaming PATCHes one
 Blocking SDK calls run in a small thread pool.
 """
 
-from .channel import LarkChannel, LarkConnectionError
+from typing import TYPE_CHECKING
 
-__all__ = ["LarkChannel", "LarkConnectionError"]
+from channels import lazy_exports
+
+from .settings import LarkSettings
+
+if TYPE_CHECKING:
+    from .channel import LarkChannel, LarkConnectionError
+
+__all__ = ["LarkChannel", "LarkConnectionError", "LarkSettings"]
+__getattr__ = lazy_exports(__name__, {"LarkChannel": ".channel", "LarkConnectionError": ".channel"})

@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +42,8 @@ from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 from lark_oapi.core.enum import LogLevel
 from lark_oapi.event.dispatcher_handler import EventDispatcherHandler
 from lark_oapi.ws import client as sdk_ws
+
+from channels.base import scrub
 
 log = logging.getLogger(__name__)
 
@@ -72,36 +73,6 @@ def _loop_proxy() -> _PerThreadLoop:
             current = _PerThreadLoop(current)
             sdk_ws.loop = current  # type: ignore[assignment]
         return current
-
-
-# The SDK logs the websocket URL (its query carries a connection ticket / access key) at INFO and
-# exception texts at ERROR; mask credential-looking values wherever they appear.
-_SECRET_QUERY = re.compile(r"((?:access_key|ticket|token|secret|app_secret)=)[^&\s'\"]+", re.IGNORECASE)
-_BEARER = re.compile(r"(Bearer\s+)\S+")
-
-
-def redact(text: str) -> str:
-    return _BEARER.sub(r"\1***", _SECRET_QUERY.sub(r"\1***", text))
-
-
-class _RedactFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:
-            return True
-        redacted = redact(message)
-        if redacted != message:
-            record.msg, record.args = redacted, ()
-        return True
-
-
-def install_log_redaction() -> None:
-    # "Lark" is the SDK's logger; websockets logs the handshake request line at DEBUG.
-    for name in ("Lark", "websockets.client"):
-        target = logging.getLogger(name)
-        if not any(isinstance(f, _RedactFilter) for f in target.filters):
-            target.addFilter(_RedactFilter())
 
 
 class _WatchedClient(sdk_ws.Client):
@@ -226,7 +197,8 @@ class WsRunner:
     def problem(self, liveness_timeout: float) -> str | None:
         """Why this client cannot be trusted any more, or None while it looks healthy."""
         if self.error is not None:
-            return redact(f"Lark websocket client stopped: {type(self.error).__name__}: {self.error}")
+            # The SDK's texts can carry the websocket URL, its connection ticket in the query.
+            return scrub(f"Lark websocket client stopped: {type(self.error).__name__}: {self.error}")
         if not self._thread.is_alive():
             return "Lark websocket client thread ended"
         idle = time.monotonic() - self.last_frame

@@ -42,7 +42,6 @@ from channels.base import (
     Capabilities,
     Channel,
     ChannelError,
-    ChannelState,
     FatalChannelError,
     InboundSink,
     OutFile,
@@ -52,13 +51,19 @@ from channels.base import (
     RetryAfter,
     TransientSendError,
 )
+from channels.limits import check_size, header, retry_after
 
-from . import render as _format
-from ._ws import WsRunner, install_log_redaction
-from .inbound import recover_ids, to_inbound
+from . import render
+from ._ws import WsRunner
+from .inbound import parse_attachment_id, recover_ids, to_inbound
+from .settings import LarkSettings
 
 log = logging.getLogger(__name__)
+# lark-oapi attaches a stdout handler of its own at import: its lines would bypass the daemon's
+# handler (gateway/logs.py) and print twice.
+logging.getLogger("Lark").handlers.clear()
 R = TypeVar("R")
+DEFAULTS = LarkSettings()
 
 DOMAINS = {"feishu": lark.FEISHU_DOMAIN, "lark": lark.LARK_DOMAIN}
 # Token endpoint answers for a wrong app id / secret: nothing but a human can fix those.
@@ -98,7 +103,7 @@ class LarkConnectionError(ChannelError):
 class LarkChannel(Channel):
     name = "lark"
     capabilities = Capabilities(
-        max_message_len=_format.MAX_PART_CHARS,
+        max_message_len=render.MAX_PART_CHARS,
         # A card accepts 5 updates/s, the app 50/s and 1000/min: 1 s per streamed card leaves room
         # for ~15 conversations streaming at once.
         edit_interval=1.0,
@@ -114,8 +119,8 @@ class LarkChannel(Channel):
         app_id: str,
         app_secret: str,
         *,
-        domain: str = "feishu",
-        liveness_timeout: float = 90.0,
+        domain: str = DEFAULTS.domain,
+        liveness_timeout: float = DEFAULTS.liveness_timeout,
     ) -> None:
         super().__init__()
         self.app_id = app_id
@@ -123,7 +128,6 @@ class LarkChannel(Channel):
         self.domain = DOMAINS.get(domain, domain).rstrip("/")
         self.liveness_timeout = liveness_timeout
         self.bot_open_id: str | None = None
-        install_log_redaction()
         self._api = (
             lark.Client.builder()
             .app_id(app_id)
@@ -147,7 +151,6 @@ class LarkChannel(Channel):
     async def run(self, sink: InboundSink) -> None:
         self._loop, self._sink = asyncio.get_running_loop(), sink
         self._wake = asyncio.Event()
-        self.set_state(ChannelState.STARTING)
         self.bot_open_id = await self._fetch_bot_open_id()
         runner = WsRunner(
             self.app_id,
@@ -161,7 +164,6 @@ class LarkChannel(Channel):
         self._runner = runner
         runner.start()
         check_every = min(1.0, self.liveness_timeout / 4)
-        cancelled = False
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
@@ -170,15 +172,9 @@ class LarkChannel(Channel):
                 problem = runner.problem(self.liveness_timeout)
                 if problem:
                     log.warning("lark channel restarting: %s", problem)
-                    self.set_state(ChannelState.RECONNECTING, problem)
                     raise LarkConnectionError(problem)
-        except asyncio.CancelledError:
-            cancelled = True
-            raise
         finally:
             await asyncio.to_thread(runner.stop, 5.0)
-            if cancelled:
-                self.set_state(ChannelState.STOPPED)
 
     async def close(self) -> None:
         if self._runner is not None:
@@ -198,12 +194,10 @@ class LarkChannel(Channel):
     def _runner_news(self, runner: WsRunner, kind: str) -> None:
         if runner is not self._runner:  # a stopped client winding down: not our state any more
             return
-        if kind == "frame":
-            self.touch()
-            if self.state is not ChannelState.CONNECTED and self._runner and self._runner.connected:
-                self.set_state(ChannelState.CONNECTED)
+        if kind == "frame" and runner.connected:
+            self.report_connected()
         elif kind == "reconnecting":
-            self.set_state(ChannelState.RECONNECTING, "connection lost; lark-oapi reconnecting")
+            self.report_trouble("connection lost; lark-oapi reconnecting")
         if kind != "frame" and self._wake is not None:
             self._wake.set()
 
@@ -287,10 +281,10 @@ class LarkChannel(Channel):
 
     # -- rendering -----------------------------------------------------------------------------
     def render(self, markdown: str) -> Sequence[Rendered]:
-        return _format.render(markdown)
+        return render.render(markdown)
 
     def render_stream(self, markdown: str) -> Rendered:
-        return _format.render_stream(markdown)
+        return render.render_stream(markdown)
 
     # -- outbound ------------------------------------------------------------------------------
     async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
@@ -358,41 +352,49 @@ class LarkChannel(Channel):
             log.debug("lark reaction failed: %s", e)
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
-        if attachment.size is not None and attachment.size > limit:
-            raise PermanentSendError(f"{attachment.name} is larger than {limit} bytes")
+        check_size(attachment.name, attachment.size, limit)
         try:
-            message_id, kind, key = _format.parse_attachment_id(attachment.file_id)
+            message_id, kind, key = parse_attachment_id(attachment.file_id)
         except ValueError:
             raise PermanentSendError("not a Lark attachment") from None
         req = GetMessageResourceRequest.builder().message_id(message_id).file_key(key).type(kind).build()
         # The SDK reads the whole body; Lark caps a message's file at 100 MB.
         resp = await self._call("download", self._api.im.v1.message_resource.get, req)
         data = resp.file.read() if resp.file is not None else b""
-        if len(data) > limit:
-            raise PermanentSendError(f"{attachment.name} is larger than {limit} bytes")
+        check_size(attachment.name, len(data), limit)
         return data
 
     async def send_file(
         self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
     ) -> str:
         size = file.size
-        if size > self.capabilities.max_upload_bytes:
-            raise PermanentSendError(f"{file.name} exceeds Lark's 30 MB upload limit")
+        check_size(file.name, size, self.capabilities.max_upload_bytes, "Lark's upload limit is 30 MB")
         # The same file of the same reply again within the platform's dedupe hour: one message.
         key = idempotency_key
         data = io.BytesIO(file.data)
         if caption:
-            await self.send(target, _format.rendered_card(caption), idempotency_key=f"caption:{key}")
+            await self.send(target, render.rendered_card(caption), idempotency_key=f"caption:{key}")
         if file.suffix in _IMAGE_SUFFIXES and size <= _MAX_IMAGE_BYTES:
-            req: Any = CreateImageRequest.builder().request_body(
-                CreateImageRequestBody.builder().image_type("message").image(data).build()).build()
+            req: Any = (
+                CreateImageRequest.builder()
+                .request_body(CreateImageRequestBody.builder().image_type("message").image(data).build())
+                .build()
+            )
             resp = await self._call("upload", self._api.im.v1.image.create, req)
             msg_type, content = "image", {"image_key": resp.data.image_key}
         else:
             file_type = _FILE_TYPES.get(file.suffix, "stream")
-            req = CreateFileRequest.builder().request_body(
-                CreateFileRequestBody.builder().file_type(file_type).file_name(file.name).file(data)
-                .build()).build()
+            req = (
+                CreateFileRequest.builder()
+                .request_body(
+                    CreateFileRequestBody.builder()
+                    .file_type(file_type)
+                    .file_name(file.name)
+                    .file(data)
+                    .build()
+                )
+                .build()
+            )
             resp = await self._call("upload", self._api.im.v1.file.create, req)
             msg_type, content = "file", {"file_key": resp.data.file_key}
         part = Rendered(text=file.name, payload={"msg_type": msg_type, "content": json.dumps(content)})
@@ -434,11 +436,7 @@ class _LarkApiError(Exception):
 
     def mapped(self) -> ChannelError:
         if self.status == 429 or self.code in _RATE_LIMIT_CODES:
-            reset = {k.lower(): v for k, v in self.headers.items()}.get("x-ogw-ratelimit-reset")
-            try:
-                seconds = max(float(reset), 0.5) if reset else 1.0
-            except ValueError:
-                seconds = 1.0
+            seconds = retry_after(header(self.headers, "x-ogw-ratelimit-reset"), minimum=0.5)
             return RetryAfter(seconds, str(self))
         if self.status >= 500 or self.code in (1, 99991663, 99991661):  # busy; token expired early
             return TransientSendError(str(self))
@@ -449,4 +447,4 @@ def _payload(part: Rendered) -> tuple[str, str]:
     """(msg_type, content) of a part; plain parts (notices) become cards so they stay editable."""
     if part.payload.get("msg_type") and part.payload.get("content"):
         return str(part.payload["msg_type"]), str(part.payload["content"])
-    return "interactive", _format.card_content(part.text)
+    return "interactive", render.card_content(part.text)

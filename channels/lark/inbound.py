@@ -19,8 +19,6 @@ from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 
 from channels.base import Attachment, Inbound
 
-from .render import attachment_id
-
 PLATFORM = "lark"
 
 # msg_type -> what the note calls it (plural noun phrase, see Inbound.unsupported)
@@ -30,6 +28,16 @@ _UNSUPPORTED = {
     "folder": "shared folders",
 }  # fmt: skip
 _SERVICE = frozenset({"system"})  # group notices (joins, renames): not a person speaking
+
+
+def attachment_id(message_id: str, kind: str, key: str) -> str:
+    """The handle :meth:`LarkChannel.download` needs: resources are fetched per (message, key)."""
+    return f"{message_id}|{kind}|{key}"
+
+
+def parse_attachment_id(file_id: str) -> tuple[str, str, str]:
+    message_id, kind, key = file_id.split("|", 2)
+    return message_id, kind, key
 
 
 def to_inbound(data: P2ImMessageReceiveV1, bot_open_id: str | None) -> Inbound | None:

@@ -1,4 +1,4 @@
-"""Lark message formats: answers out as interactive cards (user messages in: :mod:`.inbound`).
+"""Markdown → Lark interactive cards (user messages in: :mod:`.inbound`).
 
 Answers go out as JSON 2.0 cards with one ``markdown`` element (the form the SDK's own channel layer
 uses; Feishu/Lark clients >= 7.20 render it). Its Markdown covers what models write: headings, lists,
@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from channels.base import Rendered
-from channels.textsplit import split_markdown
+from channels.textsplit import split_markdown, stream_text
 
 MAX_PART_CHARS = 8000
 MAX_CARD_BYTES = 28 * 1024
@@ -82,25 +82,4 @@ def render(markdown: str, limit: int = MAX_PART_CHARS) -> list[Rendered]:
 def render_stream(markdown: str, limit: int = MAX_PART_CHARS) -> Rendered:
     """An in-progress snapshot: cut to the limit, an unfinished code block closed so the rest of the
     card does not render as code."""
-    text = markdown if len(markdown) <= limit else markdown[: limit - 1] + "…"
-    fence: str | None = None
-    for line in text.splitlines():
-        m = _FENCE.match(line)
-        if m and (fence is None or m.group(1).startswith(fence)):
-            fence = None if fence is not None else m.group(1)
-    if fence is not None:
-        text += "\n" + fence
-    return rendered_card(text or "…")
-
-
-# -- inbound: the attachment handle download() takes apart ---------------------------------------
-
-
-def attachment_id(message_id: str, kind: str, key: str) -> str:
-    """The handle :meth:`LarkChannel.download` needs: resources are fetched per (message, key)."""
-    return f"{message_id}|{kind}|{key}"
-
-
-def parse_attachment_id(file_id: str) -> tuple[str, str, str]:
-    message_id, kind, key = file_id.split("|", 2)
-    return message_id, kind, key
+    return rendered_card(stream_text(markdown, limit) or "…")

@@ -10,7 +10,8 @@ Slack redelivers the event (``retry_attempt`` > 0). Redeliveries and the double 
 Malformed events. A post the adapter cannot read (no user or ts, a string where an object belongs)
 and an envelope bolt cannot route (no event object) are skipped through
 :meth:`Channel.skip_unreadable` and acknowledged: Slack would otherwise retry them, and after enough
-failures turn event delivery off for the app. Parsing lives in :mod:`channels.slack.inbound`.
+failures turn event delivery off for the app. Parsing lives in :mod:`channels.slack.inbound`,
+formatting in :mod:`channels.slack.render`.
 
 Authorization. We call ``auth.test`` ourselves before connecting (a revoked token becomes a
 :class:`FatalChannelError` at once) and hand bolt the result through its ``authorize`` hook. Bolt's
@@ -19,8 +20,8 @@ call fail, *ack the event* with an error text: a lost message.
 
 Connection. The Socket Mode client reconnects by itself (close frame or ``disconnect``: at once; TCP
 abort: ~``ping_interval``; half-open: ~1.5-2 × ``ping_interval``). ``run`` polls its public
-``is_connected()`` to publish CONNECTED/RECONNECTING and raises after a long outage so the supervisor
-restarts the channel (that restart re-checks both tokens).
+``is_connected()`` to report the connection up or in trouble, and raises after a long outage so the
+supervisor restarts the channel (that restart re-checks both tokens).
 
 Limits. Slack accepts up to 40,000 characters but advises under 4,000 and truncates long ``text``
 in places: parts are cut at 3,900. ``chat.update`` is Tier 3 (~50/min per workspace) and
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import html
 import logging
 import re
 import time
@@ -51,14 +51,12 @@ from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
-from slackify_markdown import slackify_markdown
 
 from channels.base import (
     Attachment,
     Capabilities,
     Channel,
     ChannelError,
-    ChannelState,
     FatalChannelError,
     Inbound,
     InboundSink,
@@ -69,10 +67,12 @@ from channels.base import (
     RetryAfter,
     TransientSendError,
 )
-from channels.textsplit import split_markdown
+from channels.limits import check_size, header, retry_after
 
-from .inbound import ACCEPTED_SUBTYPES, plain_text, recover_ids
+from . import render
+from .inbound import recover_ids
 from .inbound import to_inbound as event_to_inbound
+from .settings import SlackSettings
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,9 @@ AUTH_ERRORS = frozenset(
     }
 )
 TRANSIENT_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+SDK_RETRIED = (aiohttp.ServerConnectionError, aiohttp.ClientOSError)
+"""Failures slack_sdk's default AsyncConnectionErrorRetryHandler already retried once (a pooled
+connection the server dropped); the pacer does not retry them again (docs/channels.md)."""
 
 # Reactions are named on Slack; the gateway may speak in Unicode.
 EMOJI_NAMES = {
@@ -113,13 +116,8 @@ EMOJI_NAMES = {
     "⏹️": "black_square_for_stop",
 }
 WORKING_REACTION = "eyes"
-__all__ = ["ACCEPTED_SUBTYPES", "SlackChannel", "map_api_error", "plain_text", "to_mrkdwn"]
-
-
-def to_mrkdwn(markdown: str) -> str:
-    """Markdown → Slack mrkdwn (slackify-markdown: a markdown-it renderer that also escapes &, <, >
-    and keeps Slack's own ``<@U…>`` mentions)."""
-    return slackify_markdown(markdown).strip("\n")
+DEFAULTS = SlackSettings()
+__all__ = ["SlackChannel", "map_api_error"]
 
 
 class SlackChannel(Channel):
@@ -127,7 +125,7 @@ class SlackChannel(Channel):
 
     name = "slack"
     capabilities = Capabilities(
-        max_message_len=3900,
+        max_message_len=render.MAX_LEN,
         edit_interval=1.2,
         can_edit=True,
         min_send_interval=1.0,
@@ -139,7 +137,12 @@ class SlackChannel(Channel):
     )
 
     def __init__(
-        self, bot_token: str, app_token: str, *, api_base_url: str, ping_interval: float = 10.0
+        self,
+        bot_token: str,
+        app_token: str,
+        *,
+        api_base_url: str = DEFAULTS.api_base_url,
+        ping_interval: float = DEFAULTS.ping_interval,
     ) -> None:
         super().__init__()
         self._bot_token = bot_token
@@ -159,7 +162,6 @@ class SlackChannel(Channel):
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, sink: InboundSink) -> None:
-        self.set_state(ChannelState.STARTING)
         self._sink = sink
         self._http()
         auth = await self._call(self._client.auth_test(), "auth.test")
@@ -190,7 +192,6 @@ class SlackChannel(Channel):
         )
         self._handler = handler
         sm = handler.client
-        sm.on_message_listeners.append(self._on_frame)
         sm.message_listeners.append(self._on_envelope)
         bolt_handle = handler.handle
 
@@ -206,7 +207,7 @@ class SlackChannel(Channel):
                 await asyncio.wait_for(handler.connect_async(), self.give_up_after)
             except TimeoutError:
                 raise ChannelError("slack socket mode did not connect") from None
-            self.set_state(ChannelState.CONNECTED)
+            self.report_connected()
             await self._watch()
         finally:
             self._handler = None
@@ -236,29 +237,22 @@ class SlackChannel(Channel):
         return self._session
 
     async def _watch(self) -> None:
-        """Publish the socket's health; give up (→ supervisor restart) after a long outage."""
+        """Report the socket's health; give up (→ supervisor restart) after a long outage."""
         assert self._handler is not None
         sm = self._handler.client
         step = min(1.0, self._ping_interval / 2)
         down_since: float | None = None
-        last_pong = sm.last_ping_pong_time
         while True:
             await asyncio.sleep(step)
-            if sm.last_ping_pong_time != last_pong:
-                last_pong = sm.last_ping_pong_time
-                self.touch()
             if await sm.is_connected():
                 down_since = None
-                self.set_state(ChannelState.CONNECTED)
+                self.report_connected()
                 continue
             now = time.monotonic()
             down_since = down_since or now
-            self.set_state(ChannelState.RECONNECTING, "socket mode connection lost")
+            self.report_trouble("socket mode connection lost")
             if now - down_since > self.give_up_after:
                 raise ChannelError(f"slack socket mode not reconnected for {self.give_up_after:.0f}s")
-
-    async def _on_frame(self, message: aiohttp.WSMessage) -> None:
-        self.touch()
 
     def _authorized(self) -> AuthorizeResult:
         if self._auth is None:  # cannot happen after run() started; never ack without it
@@ -269,7 +263,6 @@ class SlackChannel(Channel):
     async def _on_event(self, event: dict[str, Any], ref: str) -> None:
         """Bolt listener. Returning acks the envelope; raising leaves it unacked (Slack retries),
         which only a sink failure may do: an event we cannot read is skipped, not retried."""
-        self.touch()
         if self._sink is None:
             return
         async with self._sink_lock:  # journal in arrival order
@@ -306,7 +299,6 @@ class SlackChannel(Channel):
             await self._skip_envelope(client, envelope_id, None)
 
     async def _skip_envelope(self, client: AsyncBaseSocketModeClient, envelope_id: str, event: Any) -> None:
-        self.touch()
         if self._sink is not None:
             async with self._sink_lock:
                 ids = recover_ids(f"envelope {envelope_id}", event, self.bot_user_id)
@@ -320,21 +312,10 @@ class SlackChannel(Channel):
 
     # -- rendering ------------------------------------------------------------------------------
     def render(self, markdown: str) -> Sequence[Rendered]:
-        limit = self.capabilities.max_message_len
-        parts = split_markdown(to_mrkdwn(markdown), limit)
-        if not parts and markdown.strip():
-            parts = [html.escape(markdown.strip(), quote=False)[:limit]]
-        return [Rendered(text=p, payload={"mrkdwn": True}) for p in parts]
+        return render.render(markdown)
 
     def render_stream(self, markdown: str) -> Rendered:
-        limit = self.capabilities.max_message_len
-        text = to_mrkdwn(markdown)
-        if len(text) > limit:
-            text = text[: limit - 6]
-            if text.count("```") % 2:
-                text += "\n```"
-            text += "…"
-        return Rendered(text=text or "…", payload={"mrkdwn": True})
+        return render.render_stream(markdown)
 
     # -- outbound -------------------------------------------------------------------------------
     async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
@@ -405,8 +386,7 @@ class SlackChannel(Channel):
                 raise
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
-        if attachment.size is not None and attachment.size > limit:
-            raise PermanentSendError(f"file {attachment.name!r} is larger than {limit} bytes")
+        check_size(attachment.name, attachment.size, limit)
         url = attachment.file_id
         if not self._trusted(url):
             raise PermanentSendError(f"refusing to send the bot token to {urlsplit(url).hostname}")
@@ -423,8 +403,7 @@ class SlackChannel(Channel):
                 data = bytearray()
                 async for chunk in resp.content.iter_chunked(64 * 1024):
                     data += chunk
-                    if len(data) > limit:
-                        raise PermanentSendError(f"file {attachment.name!r} is larger than {limit} bytes")
+                    check_size(attachment.name, len(data), limit)
                 return bytes(data)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise TransientSendError(f"slack file download failed ({type(exc).__name__})") from None
@@ -432,8 +411,7 @@ class SlackChannel(Channel):
     async def send_file(
         self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
     ) -> str:
-        if file.size > self.capabilities.max_upload_bytes:
-            raise PermanentSendError(f"{file.name} is too large to upload ({file.size} bytes)")
+        check_size(file.name, file.size, self.capabilities.max_upload_bytes)
         resp = await self._call(
             self._client.files_upload_v2(
                 channel=target.chat_id,
@@ -468,7 +446,9 @@ class SlackChannel(Channel):
             # files_upload_v2 raises this when the upload step (not a Web API method) fails.
             raise TransientSendError(f"slack {what}: upload failed") from exc
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            raise TransientSendError(f"slack {what}: network error ({type(exc).__name__})") from None
+            raise TransientSendError(
+                f"slack {what}: network error ({type(exc).__name__})", retried=isinstance(exc, SDK_RETRIED)
+            ) from None
 
 
 def map_api_error(exc: SlackApiError, what: str) -> ChannelError:
@@ -479,12 +459,7 @@ def map_api_error(exc: SlackApiError, what: str) -> ChannelError:
     error = data.get("error") if isinstance(data, dict) else None
     headers = getattr(resp, "headers", None) or {}
     if status == 429 or error == "ratelimited":
-        retry = next((v for k, v in headers.items() if k.lower() == "retry-after"), "1")
-        try:
-            seconds = float(retry)
-        except ValueError:
-            seconds = 1.0
-        return RetryAfter(seconds, f"slack {what} rate limited")
+        return RetryAfter(retry_after(header(headers, "Retry-After")), f"slack {what} rate limited")
     if error in AUTH_ERRORS:
         return FatalChannelError(f"slack rejected the token ({error}); update it in the config")
     if status >= 500 or error in TRANSIENT_ERRORS:

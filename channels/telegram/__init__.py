@@ -1,6 +1,13 @@
 """Telegram channel adapter (python-telegram-bot 22.8, long polling)."""
 
-from channels.telegram.channel import TelegramChannel
-from channels.telegram.render import render_markdown
+from typing import TYPE_CHECKING
 
-__all__ = ["TelegramChannel", "render_markdown"]
+from channels import lazy_exports
+
+from .settings import TelegramSettings
+
+if TYPE_CHECKING:
+    from .channel import TelegramChannel
+
+__all__ = ["TelegramChannel", "TelegramSettings"]
+__getattr__ = lazy_exports(__name__, {"TelegramChannel": ".channel"})

@@ -14,15 +14,14 @@ JSON names them) and the offset moves past it.
 
 Token errors: a 401/404 is confirmed before it is believed (see :meth:`TelegramChannel._get_me`).
 
-Logging: PTB and httpx put the request URL, which contains the token, into DEBUG/INFO records. This
-module raises the ``httpx`` logger to WARNING (httpx logs every request URL at INFO) and scrubs the
-token from every error text it builds; PTB's own URL logging is DEBUG only.
+Logging: PTB and httpx put the request URL, which contains the token, into DEBUG/INFO records:
+gateway/logs.py keeps both loggers at WARNING and redacts every record; the error texts this module
+builds are scrubbed of the token (:func:`channels.base.scrub`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dtm
 import hashlib
 import logging
 import warnings
@@ -40,7 +39,6 @@ from channels.base import (
     Capabilities,
     Channel,
     ChannelError,
-    ChannelState,
     FatalChannelError,
     InboundSink,
     NotModified,
@@ -50,17 +48,16 @@ from channels.base import (
     ReplyTarget,
     RetryAfter,
     TransientSendError,
+    scrub,
 )
-from channels.telegram.inbound import recover_ids, to_inbound
-from channels.telegram.render import (
-    MAX_CAPTION_UTF16,
-    MAX_MESSAGE_UTF16,
-    render_markdown,
-    truncate,
-)
+from channels.limits import check_size, retry_after
+
+from .inbound import recover_ids, to_inbound
+from .render import MAX_CAPTION_UTF16, MAX_MESSAGE_UTF16, render_markdown, truncate
+from .settings import TelegramSettings
 
 log = logging.getLogger(__name__)
-logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
+DEFAULTS = TelegramSettings()
 
 T = TypeVar("T")
 
@@ -105,9 +102,9 @@ class TelegramChannel(Channel):
         self,
         token: str,
         *,
-        base_url: str = "https://api.telegram.org/bot",
-        base_file_url: str = "https://api.telegram.org/file/bot",
-        poll_timeout: int = 25,
+        base_url: str = DEFAULTS.base_url,
+        base_file_url: str = DEFAULTS.base_file_url,
+        poll_timeout: int = DEFAULTS.poll_timeout,
         auth_recheck_delay: float = 1.0,
         auth_rechecks: int = 2,
     ) -> None:
@@ -138,23 +135,12 @@ class TelegramChannel(Channel):
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, sink: InboundSink) -> None:
-        self.set_state(ChannelState.STARTING)
         await self._request.initialize()
         await self._poll_request.initialize()
         try:
             bot = self._require_bot()
             await self._start(bot)
             await self._poll(bot, sink)
-        except FatalChannelError as exc:
-            self.set_state(ChannelState.FAILED, str(exc))
-            raise
-        except asyncio.CancelledError:
-            self.set_state(ChannelState.STOPPED)
-            raise
-        except Exception as exc:
-            if self.state is not ChannelState.RECONNECTING:
-                self.set_state(ChannelState.RECONNECTING, f"telegram loop ended: {self._scrub(exc)}")
-            raise
         finally:
             await self._poll_request.shutdown()
 
@@ -185,13 +171,13 @@ class TelegramChannel(Channel):
                 reason = f"Telegram start-up failed: {self._scrub(exc)}"
                 if isinstance(exc, tg.TimedOut) or str(exc).startswith("httpx."):
                     attempt = START_RETRIES  # no answer at all: the supervisor's backoff
-            self.set_state(ChannelState.RECONNECTING, reason)
+            self.report_trouble(reason)
             if attempt >= START_RETRIES:
                 raise ConnectionError(reason) from None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
         self.bot_id, self.bot_username = me.id, me.username or ""
-        self.set_state(ChannelState.CONNECTED)
+        self.report_connected()
         log.info("telegram: connected as @%s", self.bot_username)
 
     async def _get_me(self, bot: Bot) -> telegram.User:
@@ -208,7 +194,7 @@ class TelegramChannel(Channel):
             pass
         delay = self._auth_recheck_delay
         for _ in range(self._auth_rechecks):
-            self.set_state(ChannelState.RECONNECTING, "Telegram answered 401; checking the token again")
+            self.report_trouble("Telegram answered 401; checking the token again")
             await asyncio.sleep(delay)
             delay *= 2
             try:
@@ -247,25 +233,24 @@ class TelegramChannel(Channel):
                     reason = f"Telegram poll answered 401, then: {self._scrub(exc)}"
                 else:
                     reason = "Telegram poll answered 401 once; the token checks out"
-                self.set_state(ChannelState.RECONNECTING, reason)
+                self.report_trouble(reason)
             except tg.RetryAfter as exc:
                 delay = _retry_seconds(exc)
-                self.set_state(ChannelState.RECONNECTING, f"Telegram rate limit; retrying in {delay:.0f}s")
+                self.report_trouble(f"Telegram rate limit; retrying in {delay:.0f}s")
             except tg.TimedOut:
                 delay = 0.0
-                self.set_state(ChannelState.RECONNECTING, "Telegram poll timed out")
+                self.report_trouble("Telegram poll timed out")
             except tg.Conflict:
                 delay = 1.0 if delay == 0 else min(30.0, delay * 1.5)
-                self.set_state(ChannelState.RECONNECTING, "another poller is using this token")
+                self.report_trouble("another poller is using this token")
             except tg.TelegramError as exc:
                 # 5xx and network failures: capped at 5 s (not PTB's 30 s) so that after an outage
                 # the waiting messages arrive, and the parked answers go out, within seconds.
                 delay = 1.0 if delay == 0 else min(POLL_RETRY_CAP, delay * 1.5)
-                self.set_state(ChannelState.RECONNECTING, f"Telegram poll failed: {self._scrub(exc)}")
+                self.report_trouble(f"Telegram poll failed: {self._scrub(exc)}")
             else:
                 delay = 0.0
-                self.touch()
-                self.set_state(ChannelState.CONNECTED)
+                self.report_connected()
                 await self._deliver(updates, sink)
                 if updates or self._poll_timeout > 0:
                     continue
@@ -362,16 +347,16 @@ class TelegramChannel(Channel):
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """Refuses before downloading when the announced size is over ``limit`` (or Telegram's 20 MB)."""
-        self._check_size(attachment.name, attachment.size, limit)
+        _check_download(attachment.name, attachment.size, limit)
         file = await self._api(self._require_bot().get_file(attachment.file_id))
-        self._check_size(attachment.name, file.file_size, limit)
+        _check_download(attachment.name, file.file_size, limit)
         try:
             data = bytes(await self._api(file.download_as_bytearray()))
         except FatalChannelError:
             # PTB maps any 404 to InvalidToken, but on the file server a 404 means the file path
             # expired (they live an hour) or the file is gone, not that the token was revoked.
             raise PermanentSendError(f"{attachment.name} could not be downloaded (not found)") from None
-        self._check_size(attachment.name, len(data), limit)
+        _check_download(attachment.name, len(data), limit)
         return data
 
     async def send_file(
@@ -381,8 +366,7 @@ class TelegramChannel(Channel):
         refuses, as a document. (Telegram has no idempotency key; the gateway's outbox is all.)"""
         bot = self._require_bot()
         data, size = file.data, file.size
-        if size > UPLOAD_LIMIT:
-            raise PermanentSendError(f"{file.name} is {size} bytes; Telegram bots can upload at most 50 MB")
+        check_size(file.name, size, UPLOAD_LIMIT, "Telegram bots upload at most 50 MB")
         kwargs: dict[str, Any] = {**self._where(target)}
         if caption:
             kwargs["caption"] = truncate(caption, MAX_CAPTION_UTF16)
@@ -449,15 +433,12 @@ class TelegramChannel(Channel):
         return TransientSendError(text)
 
     def _scrub(self, exc: BaseException | str) -> str:
-        text = str(exc) or type(exc).__name__
-        return text.replace(self._token, "***") if self._token else text
+        return scrub(str(exc) or type(exc).__name__, self._token)
 
-    @staticmethod
-    def _check_size(name: str, size: int | None, limit: int) -> None:
-        if size is not None and size > limit:
-            raise PermanentSendError(f"{name} is {size} bytes, over the {limit}-byte limit for attachments")
-        if size is not None and size > GETFILE_LIMIT:
-            raise PermanentSendError(f"{name} is {size} bytes; Telegram lets bots download at most 20 MB")
+
+def _check_download(name: str, size: int | None, limit: int) -> None:
+    check_size(name, size, limit)
+    check_size(name, size, GETFILE_LIMIT, "Telegram lets bots download at most 20 MB")
 
 
 async def _post(bot: Bot, endpoint: str, params: dict[str, Any]) -> Any:
@@ -475,12 +456,11 @@ def _chat(chat_id: str) -> int | str:
 
 def _retry_seconds(exc: tg.RetryAfter) -> float:
     value = getattr(exc, "_retry_after", None)  # PTB ≥22.2 keeps a timedelta here
-    if isinstance(value, dtm.timedelta):
-        return value.total_seconds()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ra = exc.retry_after
-    return ra.total_seconds() if isinstance(ra, dtm.timedelta) else float(ra)
+    if value is None:
+        with warnings.catch_warnings():  # the public property warns about its type changing
+            warnings.simplefilter("ignore")
+            value = exc.retry_after
+    return retry_after(value)
 
 
 __all__ = ["TelegramChannel"]
