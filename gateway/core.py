@@ -406,6 +406,7 @@ class Gateway:
             if isinstance(exc, ChannelError):
                 with contextlib.suppress(Exception):
                     parked = await self.parking.park(entry, exc)
+            outcome = "parked" if parked else "error"  # the answer did not reach the user (yet)
             if not parked:
                 text = (
                     "⚠️ My server's disk is full, so I could not finish this answer. "

@@ -218,7 +218,7 @@ async def test_sigterm_exits_cleanly(daemon: DaemonProcess, tg: FakeTelegram) ->
 
 
 async def test_busy_chat_queues_visibly_and_blocks_no_one_else(daemon: DaemonProcess, tg: FakeTelegram) -> None:
-    slow = tg.inject_message(OWNER, OWNER, "SLOW first")
+    tg.inject_message(OWNER, OWNER, "SLOW first")
     await tg.wait_for(lambda: drafted(tg, OWNER), timeout=10, what="slow started (a draft preview)")
     second = tg.inject_message(OWNER, OWNER, "second in line")
     queued = await answered(tg, OWNER, second, "Queued")
