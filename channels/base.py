@@ -12,7 +12,6 @@ import json
 import logging
 import re
 import time
-import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -316,18 +315,6 @@ class Channel(abc.ABC):
         """The connection is down and the adapter is getting it back by itself (``reason`` says
         why, without a token). To give up instead, raise from :meth:`run`."""
         self._reporter(reason)
-
-    def set_state(self, state: ChannelState, reason: str | None = None) -> None:
-        """Transitional, for code written before the supervisor owned state (test fakes): writes
-        ``status`` directly and warns. Adapters report instead; a test playing the supervisor
-        writes ``channel.status.set(...)``. To be removed once nothing calls it."""
-        warnings.warn(
-            "Channel.set_state is going: adapters call report_connected()/report_trouble(), "
-            "supervisors write channel.status.set()",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self.status.set(state, reason)
 
     def _unsupervised(self, trouble: str | None) -> None:
         """Reports of an adapter run alone (a test, a benchmark) apply as they come."""
