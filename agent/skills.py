@@ -55,8 +55,6 @@ _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)(?:\r?\n)?^---[ \t]*(?:\r?\n|\
 _SKIPPED_NAMES = frozenset({"__pycache__", ".git", ".DS_Store", ".ipynb_checkpoints"})
 
 
-
-
 class SkillError(ValueError):
     """A SKILL.md that cannot be used; the message says what is wrong (never raised by loading)."""
 

@@ -90,8 +90,6 @@ BASH_PROMPT = (
 )
 
 
-
-
 def refusal_text(limit: int) -> str:
     return (
         f"Refused: {limit} sub-agents are already running in this turn; "

@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 _applied = False
 
 
-async def _inline_when_not_tracing(default: Any, ctx: contextvars.Context, func: Any, /, *args: Any,
-                                   **kwargs: Any) -> Any:
+async def _inline_when_not_tracing(
+    default: Any, ctx: contextvars.Context, func: Any, /, *args: Any, **kwargs: Any
+) -> Any:
     from langsmith.utils import tracing_is_enabled
 
     if tracing_is_enabled():

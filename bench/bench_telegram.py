@@ -72,7 +72,9 @@ async def load(tg: FakeTelegram, chats: int, messages: int, first_chat: int) -> 
     return latencies, time.monotonic() - t0
 
 
-async def distinct_chats(tg: FakeTelegram, total: int, concurrency: int, first_chat: int) -> tuple[list[float], float]:
+async def distinct_chats(
+    tg: FakeTelegram, total: int, concurrency: int, first_chat: int
+) -> tuple[list[float], float]:
     """``total`` new conversations, one message each, ``concurrency`` users at a time."""
     latencies: list[float] = []
     chats = iter(range(first_chat, first_chat + total))
@@ -100,7 +102,9 @@ async def main() -> None:
     ap.add_argument("--single", type=int, default=100, help="messages in the one-chat latency run")
     ap.add_argument("--conversations", type=int, default=0, help="extra distinct chats for the memory figure")
     ap.add_argument("--max-turns", type=int, default=32)
-    ap.add_argument("--bare", action="store_true", help="agent.tools: false (plain chat model, no sandbox/tools)")
+    ap.add_argument(
+        "--bare", action="store_true", help="agent.tools: false (plain chat model, no sandbox/tools)"
+    )
     args = ap.parse_args()
 
     tg = FakeTelegram()
@@ -121,7 +125,9 @@ async def main() -> None:
         cfg["concurrency"]["max_turns"] = args.max_turns
         cfg["delivery"] = {"first_edit_delay": 0.6}
         cfg["agent"]["tools"] = not args.bare
-        print(f"agent tools: {'off (bare)' if args.bare else 'on (sandbox, sub-agents, skills, memory, context)'}")
+        print(
+            f"agent tools: {'off (bare)' if args.bare else 'on (sandbox, sub-agents, skills, memory, context)'}"
+        )
         d = DaemonProcess(Path(tmp), cfg)
         await d.start()
         pid = d.proc.pid  # type: ignore[union-attr]

@@ -46,7 +46,9 @@ def base_config(data_dir: Path, model_base_url: str, http_port: int) -> dict[str
             }
         ],
         "agent": {
-            "model_timeout": 20, "model_retries": 2, "retry_backoff": 0.05,
+            "model_timeout": 20,
+            "model_retries": 2,
+            "retry_backoff": 0.05,
             "sandbox": {"root": str(sandbox_root())},
             "context": {"title": "truncate"},
             "memory": {"debounce_seconds": 0.5},

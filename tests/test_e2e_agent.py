@@ -39,9 +39,17 @@ async def test_uploaded_file_is_read_and_a_produced_file_delivered(
     daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     model.script(
-        Reply(tool_calls=[ToolCall("execute", {
-            "command": "wc -l < /mnt/user-data/uploads/sales.csv > /mnt/user-data/outputs/rows.txt"
-                       " && cat /mnt/user-data/outputs/rows.txt"})]),
+        Reply(
+            tool_calls=[
+                ToolCall(
+                    "execute",
+                    {
+                        "command": "wc -l < /mnt/user-data/uploads/sales.csv > /mnt/user-data/outputs/rows.txt"
+                        " && cat /mnt/user-data/outputs/rows.txt"
+                    },
+                )
+            ]
+        ),
         Reply(tool_calls=[ToolCall("present_files", {"paths": ["/mnt/user-data/outputs/rows.txt"]})]),
         Reply(text="Your file has 3 lines; I sent you rows.txt."),
     )
@@ -68,7 +76,8 @@ async def test_memory_learned_used_in_new_conversation_and_forgotten(
     await answered(tg, OWNER, tg.inject_message(OWNER, OWNER, "I am Bob and I love Rust"), "echo: I am Bob")
     await tg.wait_for(
         lambda: any(EXTRACTION_MARKER in last_user_text(r) for r in model.requests) or None,
-        timeout=15, what="memory extraction",
+        timeout=15,
+        what="memory extraction",
     )
     await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "new", chat_type="private", at=None), "fresh")
 
@@ -79,10 +88,13 @@ async def test_memory_learned_used_in_new_conversation_and_forgotten(
 
     body = await ask("what language do I like?")
     assert "loves Rust" in json.dumps(body["messages"]), "the fact reached the new conversation"
-    shown = await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "memory", chat_type="private", at=None),
-                           "What I remember")
+    shown = await answered(
+        tg, OWNER, tg.inject_command(OWNER, OWNER, "memory", chat_type="private", at=None), "What I remember"
+    )
     assert "loves Rust" in shown.text
-    await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "forget", chat_type="private", at=None), "erased 1")
+    await answered(
+        tg, OWNER, tg.inject_command(OWNER, OWNER, "forget", chat_type="private", at=None), "erased 1"
+    )
     body = await ask("and now?")
     assert "loves Rust" not in json.dumps(body["messages"])
     assert replies_to(tg, OWNER, 0) == []

@@ -59,7 +59,9 @@ async def answered(dc: FakeDiscord, mid: str, needle: str, timeout: float = 15) 
     return await dc.wait_for(check, timeout=timeout)
 
 
-async def test_mention_answered_and_chatter_ignored(daemon: DaemonProcess, dc: FakeDiscord, model: FakeOpenAI) -> None:
+async def test_mention_answered_and_chatter_ignored(
+    daemon: DaemonProcess, dc: FakeDiscord, model: FakeOpenAI
+) -> None:
     quiet = await dc.inject_message(None, FRIEND, "lunch anyone?")
     loud = await dc.inject_message(None, FRIEND, "what time is it", mention_bot=True)
     reply = await answered(dc, loud, "echo: what time is it")

@@ -29,8 +29,13 @@ def lark() -> Iterator[FakeLark]:
 @pytest.fixture
 async def daemon(tmp_path: Path, lark: FakeLark, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["lark"] = {"enabled": True, "app_id": lark.app_id, "app_secret": lark.app_secret,
-                               "domain": lark.base_url, "liveness_timeout": 6}
+    cfg["channels"]["lark"] = {
+        "enabled": True,
+        "app_id": lark.app_id,
+        "app_secret": lark.app_secret,
+        "domain": lark.base_url,
+        "liveness_timeout": 6,
+    }
     cfg["access"] = {"allow_users": [f"lark:{FRIEND}"], "group_policy": "mention"}
     d = DaemonProcess(tmp_path, cfg)
     await d.start()
@@ -90,8 +95,9 @@ async def test_dropped_and_half_open_connections_lose_nothing(daemon: DaemonProc
     assert "chital_reconnects_total" in await daemon.metrics()
 
 
-async def test_file_reaches_uploads(daemon: DaemonProcess, lark: FakeLark, model: FakeOpenAI,
-                                    tmp_path: Path) -> None:
+async def test_file_reaches_uploads(
+    daemon: DaemonProcess, lark: FakeLark, model: FakeOpenAI, tmp_path: Path
+) -> None:
     inj = lark.inject_file(P2P, FRIEND, "report.pdf", b"%PDF-1.4 fake")
     await answered(lark, inj, "echo:")
     uploaded = list(daemon.sandbox_root.glob("**/uploads/report.pdf"))

@@ -120,16 +120,27 @@ async def test_stranger_refused(daemon: DaemonProcess, slack: FakeSlack, model: 
     assert all("private data" not in last_user_text(r) for r in model.requests)
 
 
-async def test_bad_token_channel_stays_down_others_serve(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> None:
+async def test_bad_token_channel_stays_down_others_serve(
+    tmp_path: Path, slack: FakeSlack, model: FakeOpenAI
+) -> None:
     from tests.fakes.telegram_server import FakeTelegram
 
     tg = FakeTelegram()
     await tg.start()
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["slack"] = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
-                                "api_base_url": slack.api_base_url, "ping_interval": 0.5}
-    cfg["channels"]["telegram"] = {"enabled": True, "token": "999:wrong-token-for-this-bot",
-                                   "base_url": tg.base_url, "base_file_url": tg.base_file_url}
+    cfg["channels"]["slack"] = {
+        "enabled": True,
+        "bot_token": slack.bot_token,
+        "app_token": slack.app_token,
+        "api_base_url": slack.api_base_url,
+        "ping_interval": 0.5,
+    }
+    cfg["channels"]["telegram"] = {
+        "enabled": True,
+        "token": "999:wrong-token-for-this-bot",
+        "base_url": tg.base_url,
+        "base_file_url": tg.base_file_url,
+    }
     cfg["access"] = {"allow_users": [f"slack:{FRIEND}"]}
     d = DaemonProcess(tmp_path, cfg)
     try:
@@ -138,7 +149,9 @@ async def test_bad_token_channel_stays_down_others_serve(tmp_path: Path, slack: 
         assert "401" in info["reason"] and "wrong-token" not in info["reason"]
         await d.wait_channel_state("slack", "connected")
         await slack.inject_dm(DM, FRIEND, "still here?")
-        await slack.wait_for(lambda: any("echo: still here?" in t for t in slack.texts(DM)) or None, timeout=15)
+        await slack.wait_for(
+            lambda: any("echo: still here?" in t for t in slack.texts(DM)) or None, timeout=15
+        )
         status, body = await d.get("/readyz")
         assert status == 503 and body["channels"]["slack"]["state"] == "connected"
         assert 'chital_channel_up{channel="slack"} 1.0' in await d.metrics()

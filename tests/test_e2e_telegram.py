@@ -33,7 +33,11 @@ def telegram_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict
         "base_file_url": tg.base_file_url,
         "poll_timeout": 2,
     }
-    cfg["access"] = {"allow_users": [str(OWNER), f"telegram:{OTHER}"], "pairing": True, "group_policy": "mention"}
+    cfg["access"] = {
+        "allow_users": [str(OWNER), f"telegram:{OTHER}"],
+        "pairing": True,
+        "group_policy": "mention",
+    }
     return cfg
 
 
@@ -217,7 +221,9 @@ async def test_sigterm_exits_cleanly(daemon: DaemonProcess, tg: FakeTelegram) ->
     assert "stopped cleanly" in daemon.logs()
 
 
-async def test_busy_chat_queues_visibly_and_blocks_no_one_else(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+async def test_busy_chat_queues_visibly_and_blocks_no_one_else(
+    daemon: DaemonProcess, tg: FakeTelegram
+) -> None:
     tg.inject_message(OWNER, OWNER, "SLOW first")
     await tg.wait_for(lambda: drafted(tg, OWNER), timeout=10, what="slow started (a draft preview)")
     second = tg.inject_message(OWNER, OWNER, "second in line")
@@ -225,7 +231,9 @@ async def test_busy_chat_queues_visibly_and_blocks_no_one_else(daemon: DaemonPro
     # Another chat is not held up by the busy one.
     other = tg.inject_message(OTHER, OTHER, "meanwhile here")
     await answered(tg, OTHER, other, "echo: meanwhile here")
-    await answered(tg, OWNER, tg.inject_command(OWNER, OWNER, "stop", chat_type="private", at=None), "Stopping")
+    await answered(
+        tg, OWNER, tg.inject_command(OWNER, OWNER, "stop", chat_type="private", at=None), "Stopping"
+    )
     final = await answered(tg, OWNER, second, "echo: second in line")
     assert final.message_id == queued.message_id, "the queued sign became the answer"
     assert len(replies_to(tg, OWNER, second["message"]["message_id"])) == 1
@@ -239,7 +247,9 @@ async def test_platform_429_is_honoured(daemon: DaemonProcess, tg: FakeTelegram)
     assert 'chital_platform_429_total{channel="telegram"} 1.0' in await daemon.metrics()
 
 
-async def test_sigterm_lets_a_running_turn_finish(daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI) -> None:
+async def test_sigterm_lets_a_running_turn_finish(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
     model.add_rule(lambda t: "take your time" in t, Reply(text="finished calmly", chunks=4, chunk_delay=0.5))
     up = tg.inject_message(OWNER, OWNER, "take your time")
     await tg.wait_for(lambda: tg.calls_to("sendChatAction") or None, timeout=10, what="turn started")
@@ -248,7 +258,9 @@ async def test_sigterm_lets_a_running_turn_finish(daemon: DaemonProcess, tg: Fak
     assert replies_to(tg, OWNER, up["message"]["message_id"])[-1].text == "finished calmly"
 
 
-async def test_telegram_unreachable_at_start_is_retried(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> None:
+async def test_telegram_unreachable_at_start_is_retried(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
     await tg.stop()  # the daemon starts while Telegram cannot be reached
     d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
     try:

@@ -205,10 +205,12 @@ def test_backoff_is_capped_jittered_and_resets() -> None:
 
 
 def test_per_channel_access_overrides_the_default(tmp_path: Path) -> None:
-    cfg = parse_config({
-        "access": {"allow_users": ["1"]},
-        "channels": {"slack": {"access": {"allow_users": ["U9"], "group_policy": "free"}}},
-    })
+    cfg = parse_config(
+        {
+            "access": {"allow_users": ["1"]},
+            "channels": {"slack": {"access": {"allow_users": ["U9"], "group_policy": "free"}}},
+        }
+    )
     assert cfg.access_for("telegram").allow_users == ["1"]
     assert cfg.access_for("slack").allow_users == ["U9"] and cfg.access_for("slack").group_policy == "free"
 

@@ -95,7 +95,9 @@ def slow_reply(body: dict[str, Any]) -> Reply:
     return Reply(text="z" * 400, chunks=400, chunk_delay=0.05)
 
 
-def delegating_lead(tasks: list[str], answer: str, kind: str = GENERAL_PURPOSE) -> Callable[[dict[str, Any]], Reply]:
+def delegating_lead(
+    tasks: list[str], answer: str, kind: str = GENERAL_PURPOSE
+) -> Callable[[dict[str, Any]], Reply]:
     """The lead's script: one message with a task call per task, then ``answer``."""
 
     def reply(body: dict[str, Any]) -> Reply:
@@ -239,7 +241,9 @@ async def test_timeout_is_reported_to_the_lead(fake: SpyOpenAI, make_harness: Fa
     assert tool_results(fake.bodies(sub=False)[-1]) == [timeout_text(GENERAL_PURPOSE, 0.5)]
     assert "timed out after 0.5 s" in timeout_text(GENERAL_PURPOSE, 0.5)
     # The sub-agent's model call was cancelled: its connection is closed.
-    await until(lambda: all(r.transport is None for r in fake.sub_requests), "the sub-agent's connection to close")
+    await until(
+        lambda: all(r.transport is None for r in fake.sub_requests), "the sub-agent's connection to close"
+    )
     assert middleware.running("t1") == 0
 
 
@@ -284,7 +288,9 @@ async def test_progress_reaches_the_chat_as_status(fake: SpyOpenAI, make_harness
 
     assert answer(events) == "Listed."
     shown = [e for e in events if isinstance(e, StatusUpdate | ToolProgress)]
-    assert shown[0] == ToolProgress("task", "start", '{"description": "job: list the workspace", "subagent_type": "bash"}')
+    assert shown[0] == ToolProgress(
+        "task", "start", '{"description": "job: list the workspace", "subagent_type": "bash"}'
+    )
     assert [e.text for e in shown[1:3]] == [
         "Sub-agent bash (job: list the workspace) started",
         'Sub-agent bash (job: list the workspace): execute {"command": "ls -la"}',
@@ -330,7 +336,9 @@ async def test_stop_cancels_running_subagents(fake: SpyOpenAI, make_harness: Fac
     with pytest.raises(asyncio.CancelledError):
         await consumer
 
-    await until(lambda: all(r.transport is None for r in fake.sub_requests), "the sub-agents' connections to close")
+    await until(
+        lambda: all(r.transport is None for r in fake.sub_requests), "the sub-agents' connections to close"
+    )
     assert time.monotonic() - stopped < 5
     await until(lambda: not (asyncio.all_tasks() - before - {asyncio.current_task()}), "no leaked tasks")
     assert middleware.running("t1") == 0
@@ -352,7 +360,9 @@ def test_status_text_for_every_phase() -> None:
     assert status("done", "12 s") == "Sub-agent bash (run tests) finished in 12 s"
     assert status("failed", "out of steps") == "Sub-agent bash (run tests) failed: out of steps"
     assert status("timed_out", "15 min") == "Sub-agent bash (run tests) timed out after 15 min"
-    assert status("refused", "3 already running") == "Sub-agent bash (run tests) not started: 3 already running"
+    assert (
+        status("refused", "3 already running") == "Sub-agent bash (run tests) not started: 3 already running"
+    )
     assert status("bogus") is None
     assert subagent_event_to_status({"chital.model_retry": {"attempt": 1}}) is None
     assert subagent_event_to_status("text") is None
@@ -367,6 +377,7 @@ def test_settings_and_types() -> None:
     [without_shell] = build_subagents(model, [], SubagentSettings())
     assert isinstance(without_shell, ChitalSubAgents)
     assert without_shell.subagent_names == {GENERAL_PURPOSE}
+
     class Sandbox(AgentMiddleware[Any, Any, Any]):
         tools = [execute]  # noqa: RUF012  (as deepagents' FilesystemMiddleware provides them)
 

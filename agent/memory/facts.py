@@ -30,8 +30,6 @@ PENDING = "memory_pending"
 _PAGE = 500
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class Fact:
     """One small, atomic thing known about a user."""

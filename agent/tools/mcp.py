@@ -22,10 +22,6 @@ from agent.settings import McpServer, McpSettings
 log = logging.getLogger(__name__)
 
 
-
-
-
-
 def _brief_error(exc: BaseException) -> str:
     """Exception type names only (nested groups flattened): the text may carry URLs or tokens."""
     if isinstance(exc, BaseExceptionGroup):

@@ -296,7 +296,7 @@ class DiscordChannel(Channel):
         channel = self._channel(target)
         ref = self._reference(target, channel.id) if part.payload.get("part", 0) == 0 else None
         try:
-            msg = await channel.send(part.text, nonce=_nonce(idempotency_key), reference=ref)
+            msg = await channel.send(part.text, nonce=_nonce(idempotency_key), reference=ref)  # type: ignore[arg-type]  # None is accepted at run time (discord.py's stub is narrower)
         except Exception as exc:
             _raise_mapped(exc, "send")
         return str(msg.id)
@@ -350,7 +350,7 @@ class DiscordChannel(Channel):
                 caption[:MAX_LEN] or None,
                 nonce=_nonce(idempotency_key),
                 file=discord.File(io.BytesIO(file.data), filename=file.name),
-                reference=self._reference(target, channel.id),
+                reference=self._reference(target, channel.id),  # type: ignore[arg-type]  # None is fine at run time
             )
         except Exception as exc:
             _raise_mapped(exc, "file upload")
@@ -368,7 +368,7 @@ def _ids_of(message: discord.Message) -> dict[str, Any]:
     return {
         "ref": f"message {getattr(message, 'id', '?')}",
         "chat_id": str(channel.id) if channel is not None else "",
-        "sender_id": str(author.id) if person else "",
+        "sender_id": str(getattr(author, "id", "")) if person else "",
         "message_id": str(getattr(message, "id", "")),
         "is_direct": getattr(message, "guild", True) is None,
     }

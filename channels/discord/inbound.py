@@ -101,7 +101,7 @@ def recover_ids(data: Any, me: int) -> dict[str, Any]:
         return out
     author = author if isinstance(author, dict) else {}
     is_dm = not _is_id(data.get("guild_id"))
-    mentions = data.get("mentions") if isinstance(data.get("mentions"), list) else []
+    mentions = _list(data.get("mentions"))
     said = json.dumps(data.get("content"), ensure_ascii=False)
     out.update(
         chat_id=str(cid),
@@ -150,3 +150,8 @@ def _chat_title(message: discord.Message) -> str:
     if isinstance(channel, discord.Thread) and channel.parent is not None:
         return f"{message.guild.name} #{channel.parent.name} › {name}"
     return f"{message.guild.name} #{name}"
+
+
+def _list(value: Any) -> list[Any]:
+    """``value`` when the payload has an array there, else an empty one (malformed events)."""
+    return value if isinstance(value, list) else []

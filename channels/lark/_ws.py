@@ -71,7 +71,7 @@ def _loop_proxy() -> _PerThreadLoop:
         current = sdk_ws.loop
         if not isinstance(current, _PerThreadLoop):
             current = _PerThreadLoop(current)
-            sdk_ws.loop = current  # type: ignore[assignment]
+            sdk_ws.loop = current
         return current
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
@@ -110,7 +111,7 @@ def _as_text(msg_type: str, data: dict[str, Any]) -> str:
         name = f" ({data['name']})" if data.get("name") else ""
         return f"📍 location: {data.get('latitude')}, {data.get('longitude')}{name}"
     if msg_type == "vote":
-        options = data.get("options") if isinstance(data.get("options"), list) else []
+        options = _list(data.get("options"))
         return "\n".join([f"📊 poll: {data.get('topic', '')}", *(f"- {o}" for o in options)])
     if msg_type in ("share_calendar_event", "calendar", "general_calendar") and data.get("summary"):
         when = " – ".join(t for t in (_ms(data.get("start_time")), _ms(data.get("end_time"))) if t)
@@ -141,11 +142,11 @@ def recover_ids(payload: Any, bot_open_id: str | None) -> dict[str, Any]:
     except ValueError:
         return {"ref": "event ?"}
     body = body if isinstance(body, dict) else {}
-    header = body.get("header") if isinstance(body.get("header"), dict) else {}
-    event = body.get("event") if isinstance(body.get("event"), dict) else {}
-    msg = event.get("message") if isinstance(event.get("message"), dict) else {}
-    sender = event.get("sender") if isinstance(event.get("sender"), dict) else {}
-    sender_ids = sender.get("sender_id") if isinstance(sender.get("sender_id"), dict) else {}
+    header = _dict(body.get("header"))
+    event = _dict(body.get("event"))
+    msg = _dict(event.get("message"))
+    sender = _dict(event.get("sender"))
+    sender_ids = _dict(sender.get("sender_id"))
     out: dict[str, Any] = {"ref": f"event {header.get('event_id', '?')}"}
     chat_id, message_id, open_id = msg.get("chat_id"), msg.get("message_id"), sender_ids.get("open_id")
     if not (isinstance(chat_id, str) and chat_id):
@@ -214,5 +215,20 @@ def resolve_mentions(text: str, mentions: list[tuple[str, str, str]], bot_open_i
         if open_id == bot_open_id:
             text = re.sub(re.escape(key) + r"(?![0-9])[ \t]?", "", text)
         else:
-            text = re.sub(re.escape(key) + r"(?![0-9])", lambda _m, n=name or open_id: f"@{n}", text)
+            text = re.sub(re.escape(key) + r"(?![0-9])", _literal(f"@{name or open_id}"), text)
     return text.strip()
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """``value`` when the payload has an object there, else an empty one (malformed events)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    """``value`` when the payload has an array there, else an empty one (malformed events)."""
+    return value if isinstance(value, list) else []
+
+
+def _literal(text: str) -> Callable[[re.Match[str]], str]:
+    """A re.sub replacement that inserts ``text`` as it is (no backslash or group expansion)."""
+    return lambda _m: text

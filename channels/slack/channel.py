@@ -192,11 +192,11 @@ class SlackChannel(Channel):
         )
         self._handler = handler
         sm = handler.client
-        sm.message_listeners.append(self._on_envelope)
+        sm.message_listeners.append(self._on_envelope)  # type: ignore[arg-type]  # the SDK's alias is narrower than what it calls
         bolt_handle = handler.handle
 
         async def route(client: AsyncBaseSocketModeClient, req: SocketModeRequest) -> None:
-            await self._route(client, req, bolt_handle)
+            await self._route(client, req, bolt_handle)  # type: ignore[arg-type]  # bolt's own handler
 
         sm.socket_mode_request_listeners[:] = [route]
         try:

@@ -33,7 +33,9 @@ def to_inbound(event: dict[str, Any], bot_user_id: str | None) -> Inbound | None
     user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
     if event.get("bot_id") or (user is not None and user == bot_user_id):
         return None  # our own posts come back as events; other bots could loop with us
-    if not all(isinstance(v, str) and v for v in (user, channel, ts)):
+    if not (isinstance(user, str) and isinstance(channel, str) and isinstance(ts, str)) or not (
+        user and channel and ts
+    ):
         raise ValueError("a post without a user, channel or ts")
     raw = event.get("text") or ""
     if not isinstance(raw, str):

@@ -151,8 +151,8 @@ def recover_ids(raw: Any, bot_id: int, bot_username: str) -> dict[str, Any]:
     msg = raw.get("message")
     if not isinstance(msg, dict):
         return out
-    chat = msg.get("chat") if isinstance(msg.get("chat"), dict) else {}
-    sender = msg.get("from") if isinstance(msg.get("from"), dict) else {}
+    chat = _dict(msg.get("chat"))
+    sender = _dict(msg.get("from"))
     chat_id, sender_id, mid = chat.get("id"), sender.get("id"), msg.get("message_id")
     is_direct = chat.get("type") == "private"
     if not _is_int(chat_id) or sender.get("is_bot") is True:
@@ -165,8 +165,8 @@ def recover_ids(raw: Any, bot_id: int, bot_username: str) -> dict[str, Any]:
     thread = msg.get("message_thread_id")
     if msg.get("is_topic_message") is True and _is_int(thread):
         out["thread_id"] = str(thread)
-    reply = msg.get("reply_to_message") if isinstance(msg.get("reply_to_message"), dict) else {}
-    replier = reply.get("from") if isinstance(reply.get("from"), dict) else {}
+    reply = _dict(msg.get("reply_to_message"))
+    replier = _dict(reply.get("from"))
     said = json.dumps([msg.get("text"), msg.get("caption")], ensure_ascii=False).lower()
     out["addressed"] = (
         is_direct or f"@{bot_username.lower()}" in said or replier.get("id") == bot_id
@@ -196,16 +196,17 @@ def _attachments(msg: Message) -> tuple[Attachment, ...]:
         out.append(Attachment(v.file_id, f"voice_{v.file_unique_id}.ogg", v.mime_type or "audio/ogg",
                               v.file_size))  # fmt: skip
     if msg.video:
-        v = msg.video
-        out.append(Attachment(v.file_id, v.file_name or "video.mp4", v.mime_type or "video/mp4", v.file_size))
+        vid = msg.video
+        name = vid.file_name or "video.mp4"
+        out.append(Attachment(vid.file_id, name, vid.mime_type or "video/mp4", vid.file_size))
     if msg.video_note:
         n = msg.video_note
         out.append(Attachment(n.file_id, f"video_note_{n.file_unique_id}.mp4", "video/mp4", n.file_size))
     # A GIF arrives as an animation and as a document of the same file: take it once.
     if msg.animation and not (msg.document and msg.document.file_id == msg.animation.file_id):
-        a = msg.animation
-        out.append(Attachment(a.file_id, a.file_name or "animation.mp4", a.mime_type or "video/mp4",
-                              a.file_size))  # fmt: skip
+        gif = msg.animation
+        out.append(Attachment(gif.file_id, gif.file_name or "animation.mp4", gif.mime_type or "video/mp4",
+                              gif.file_size))  # fmt: skip
     return tuple(out)
 
 
@@ -229,3 +230,8 @@ def _cut(text: str, cuts: list[tuple[int, int]]) -> str:
         glue = " " if left and right and not left.endswith("\n") and right[0] not in ",.:;!?\n" else ""
         raw = (left + glue + right).encode("utf-16-le")
     return raw.decode("utf-16-le").strip()
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """``value`` when the payload has an object there, else an empty one (malformed events)."""
+    return value if isinstance(value, dict) else {}
