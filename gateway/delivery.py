@@ -70,6 +70,7 @@ class Reply:
         self._put_lock = asyncio.Lock()  # one creator of each part, however many tasks share the reply
         self._loaded = False
         self._mark_sends = not channel.capabilities.dedupes_sends
+        self._drafts = True
         self.supersedes = False
         """A previous run may have left a partial message we could not find: the final says it
         replaces it."""
@@ -203,9 +204,15 @@ class Reply:
                 continue
             try:
                 rendered = self.channel.render_stream(text)
-                if 0 not in self._parts and self.channel.can_preview(self.target):
+                if 0 not in self._parts and self._drafts and self.channel.can_preview(self.target):
                     # An ephemeral draft: a crash now leaves nothing half-written in the chat.
-                    await self._pacer.call(functools.partial(self._preview, rendered), is_send=False)
+                    try:
+                        await self._pacer.call(functools.partial(self._preview, rendered), is_send=False)
+                    except PermanentSendError as exc:
+                        # A server without drafts (an older self-hosted Bot API): stream edits.
+                        log.info("draft previews refused for %s (%s); streaming edits", self.key, exc)
+                        self._drafts = False
+                        await self._put(0, rendered)
                 else:
                     await self._put(0, rendered)
                 self._shown = text

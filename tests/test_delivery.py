@@ -101,6 +101,20 @@ async def test_a_dm_streams_as_draft_previews_then_one_message(tmp_path: Path) -
         )
 
 
+async def test_a_server_without_drafts_falls_back_to_streamed_edits(tmp_path: Path) -> None:
+    """An older self-hosted Bot API answers sendMessageDraft with an error: the answer still
+    streams, as edits of one message, and arrives once."""
+    channel = FakeChannel(drafts=True, edit_interval=0.05)
+    channel.fail("preview", PermanentSendError("Not Found: method not found"), times=None)
+    async with fake_rig(tmp_path, config(), channel=channel) as rig:
+        rig.harness.on("draft", streamed(["one ", "two ", "three"], 0.1))
+        msg = channel.message(USER, "draft")
+        await channel.deliver(msg)
+        await until(lambda: channel.replies_to(msg.message_id) == ["one two three"], what="answer")
+        assert channel.platform.previews == []
+        assert len(channel.sent) == 1 and channel.edits, "one message, edited as the text grew"
+
+
 async def test_a_long_final_is_split_and_the_streamed_message_becomes_part_one(tmp_path: Path) -> None:
     channel = FakeChannel(max_message_len=80, edit_interval=0.05)
     async with fake_rig(tmp_path, config(), channel=channel) as rig:
