@@ -136,13 +136,17 @@ class Reply:
                 await self._store.outbox_drop(self.key, part_no)
             raise
         answered = time.monotonic()
-        self._parts[part_no] = message_id
-        await self._store.outbox_put(self.key, part_no, message_id)
-        self._metrics.messages_out.labels(channel.name).inc()
+        await self._record(part_no, message_id)
         # The crash window that remains: from the platform's answer to the id on disk (the
         # request's own flight back adds to it). bench/bench_crash_window.py reads this line.
         log.debug("outbox: %s part %d recorded %.2f ms after the platform answered",
                   self.key, part_no, (time.monotonic() - answered) * 1000)  # fmt: skip
+
+    async def _record(self, part_no: int, message_id: str) -> None:
+        """A part went out: remember its id here and in the outbox, and count it."""
+        self._parts[part_no] = message_id
+        await self._store.outbox_put(self.key, part_no, message_id)
+        self._metrics.messages_out.labels(self.channel.name).inc()
 
     def sent(self, part_no: int) -> bool:
         """Whether part ``part_no`` already went out (in this process or before a restart)."""
@@ -158,9 +162,7 @@ class Reply:
             message_id = await self._pacer.call(
                 lambda: channel.send_file(self.target, file, caption, idempotency_key=idem), is_send=True
             )
-            self._parts[part_no] = message_id
-            await self._store.outbox_put(self.key, part_no, message_id)
-            self._metrics.messages_out.labels(channel.name).inc()
+            await self._record(part_no, message_id)
 
     async def note(self, part_no: int, text: str) -> None:
         """A separate message after the answer (e.g. files that could not be sent), sent once."""

@@ -22,7 +22,7 @@ from agent.sandbox.files import HostFiles
 from agent.sandbox.paths import OUTPUTS, PathMapper, PathRefused, SandboxError
 
 FILES_EVENT = "chital.files"
-"""Key of the custom stream event carrying host paths of files to deliver."""
+"""Key of the custom stream event carrying the virtual paths of files to deliver."""
 
 MAX_FILES = 20
 
@@ -46,9 +46,8 @@ def outputs_resolver(files_for: Callable[[str], HostFiles]) -> OutputsResolver:
         virtual = PathMapper.normalize(path)
         if not virtual.startswith(OUTPUTS + "/"):
             raise PathRefused(f"{path!r} is not inside {OUTPUTS}/; save the file there first")
-        files = files_for(thread_id)
-        files.mapper.resolve(virtual)  # refuses links that lead out, with a clear message
-        return virtual, files.regular_size(virtual)
+        # Refuses a link that leads out (with a clear message), then checks the opened file.
+        return virtual, files_for(thread_id).regular_size(virtual)
 
     return resolve
 
