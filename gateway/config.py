@@ -242,13 +242,13 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
+def models_in(annotation: Any) -> list[type[BaseModel]]:
     """The pydantic models an annotation can hold: itself, a union's members, ``Annotated``'s base."""
     origin = get_origin(annotation)
     if origin is Annotated:
-        return _models_in(get_args(annotation)[0])
+        return models_in(get_args(annotation)[0])
     if origin is Union or origin is types.UnionType:
-        return [m for arg in get_args(annotation) for m in _models_in(arg)]
+        return [m for arg in get_args(annotation) for m in models_in(arg)]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     return []
@@ -259,7 +259,7 @@ def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
     one a typo meant. Follows fields, list items and dict values through ``Config``'s annotations."""
     annotation: Any = Config
     for part in loc:
-        models = _models_in(annotation)
+        models = models_in(annotation)
         named = [m for m in models if m.__name__ == part]
         if named:  # pydantic names the union member in the location
             annotation = named[0]
@@ -277,7 +277,7 @@ def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
             annotation = args[0]  # X | None
         else:
             return []
-    return sorted({name for m in _models_in(annotation) for name in m.model_fields})
+    return sorted({name for m in models_in(annotation) for name in m.model_fields})
 
 
 def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:

@@ -36,7 +36,7 @@ OUTPUT = REPO / "docs" / "config-reference.md"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from gateway.config import HTTP_HOST_ENV, Config, PlatformId  # noqa: E402
+from gateway.config import HTTP_HOST_ENV, Config, PlatformId, models_in  # noqa: E402
 
 PREAMBLE = f"""\
 # Configuration reference
@@ -118,17 +118,6 @@ def _prose(text: str) -> str:
 
 
 # -- types ------------------------------------------------------------------------------------------
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    origin = get_origin(annotation)
-    if origin is Annotated:
-        return _models_in(get_args(annotation)[0])
-    if origin is Union or origin is types.UnionType:
-        return [m for a in get_args(annotation) for m in _models_in(a)]
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return []
-
-
 def type_name(annotation: Any) -> str:
     if annotation == PlatformId:
         return "id"
@@ -239,7 +228,7 @@ def render_default(field: FieldInfo, model: type[BaseModel] | None) -> str:
 def _item_models(annotation: Any) -> tuple[list[type[BaseModel]], str]:
     """Models a field holds, and how: directly (``""``), as list items (``"[]"``) or map values
     (``".<name>"``)."""
-    direct = _models_in(annotation)
+    direct = models_in(annotation)
     if direct:
         return direct, ""
     for arg in get_args(annotation):
@@ -247,14 +236,14 @@ def _item_models(annotation: Any) -> tuple[list[type[BaseModel]], str]:
             continue
         origin, args = get_origin(arg) or get_origin(annotation), get_args(arg) or get_args(annotation)
         if origin in (list, tuple) and args:
-            return _models_in(args[0]), "[]"
+            return models_in(args[0]), "[]"
         if origin is dict and len(args) == 2:
-            return _models_in(args[1]), ".<name>"
+            return models_in(args[1]), ".<name>"
     origin, args = get_origin(annotation), get_args(annotation)
     if origin in (list, tuple) and args:
-        return _models_in(args[0]), "[]"
+        return models_in(args[0]), "[]"
     if origin is dict and len(args) == 2:
-        return _models_in(args[1]), ".<name>"
+        return models_in(args[1]), ".<name>"
     return [], ""
 
 
