@@ -71,7 +71,11 @@ _FORK_AND_HOLD = (
     "except OSError as e:\n"
     "    print('fork failed', e.errno)\n"
     "print('held', n, flush=True)\n"
-    "time.sleep(HOLD)\n"
+    # Hold every slot until the test says so (a file in the workspace), at most HOLD seconds: B's
+    # commands then surely ran while A was full, however slow this machine is today.
+    "end = time.time() + HOLD\n"
+    "while time.time() < end and not os.path.exists('/mnt/user-data/workspace/.release'):\n"
+    "    time.sleep(0.1)\n"
 )
 _NEEDS_FORKS = "for i in 1 2 3 4 5 6 7 8; do (true) & done; wait; python3 -c 'print(6*7)'; echo ok-$1"
 
@@ -80,7 +84,7 @@ async def assert_fork_bomb_isolated(a: Any, b: Any, pids: int) -> None:
     """A sandbox holding every process slot it may have (and a classic shell fork bomb) does not
     stop another thread's sandbox from starting and forking: process limits are per sandbox, not
     per host uid. Both commands are bounded by their timeouts."""
-    holder = asyncio.create_task(a.exec(f'python3 -c "{_FORK_AND_HOLD.replace("HOLD", "6")}"', timeout=20))
+    holder = asyncio.create_task(a.exec(f'python3 -c "{_FORK_AND_HOLD.replace("HOLD", "60")}"', timeout=90))
     bomb = asyncio.create_task(a.exec("bomb() { bomb | bomb & }; bomb; sleep 6", timeout=8))
     await asyncio.sleep(2.5)  # both hold their slots by now (forking stops within a second)
     started = time.monotonic()
@@ -90,6 +94,7 @@ async def assert_fork_bomb_isolated(a: Any, b: Any, pids: int) -> None:
         assert res.output.splitlines()[-2:] == ["42", f"ok-{i}"], res.output
     assert time.monotonic() - started < 30
     assert not holder.done(), "the holder must still hold its processes while B ran"
+    (a.dirs.workspace / ".release").write_text("")
     held = await holder
     assert "fork failed 11" in held.output, held.output  # EAGAIN: A hit its own limit...
     assert int(held.output.split("held")[1].split()[0]) < pids  # ...at its own size
