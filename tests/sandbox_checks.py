@@ -71,6 +71,7 @@ _FORK_AND_HOLD = (
     "except OSError as e:\n"
     "    print('fork failed', e.errno)\n"
     "print('held', n, flush=True)\n"
+    "open('/mnt/user-data/workspace/.held', 'w').close()\n"
     # Hold every slot until the test says so (a file in the workspace), at most HOLD seconds: B's
     # commands then surely ran while A was full, however slow this machine is today.
     "end = time.time() + HOLD\n"
@@ -85,7 +86,18 @@ async def assert_fork_bomb_isolated(a: Any, b: Any, pids: int) -> None:
     stop another thread's sandbox from starting and forking: process limits are per sandbox, not
     per host uid. Both commands are bounded by their timeouts."""
     holder = asyncio.create_task(a.exec(f'python3 -c "{_FORK_AND_HOLD.replace("HOLD", "60")}"', timeout=90))
-    bomb = asyncio.create_task(a.exec("bomb() { bomb | bomb & }; bomb; sleep 6", timeout=8))
+    # The bomb starts once the holder holds its slots: started together, the bomb could take them
+    # all first and the holder's own process would never start (seen on a loaded CI machine).
+    held_flag = a.dirs.workspace / ".held"
+    for _ in range(600):
+        if held_flag.exists() or holder.done():
+            break
+        await asyncio.sleep(0.05)
+    assert held_flag.exists(), f"the holder never took its slots: {holder.result() if holder.done() else ''}"
+    # `wait` (a builtin: it needs no fork) keeps the bomb alive until its timeout, well after B
+    # has run: a bomb that ended early would be cleaned up mid-check (in Docker, with every slot
+    # taken, that cleanup may take the holder down with it) and B would meet an empty sandbox.
+    bomb = asyncio.create_task(a.exec("bomb() { bomb | bomb & }; bomb; wait", timeout=30))
     await asyncio.sleep(2.5)  # both hold their slots by now (forking stops within a second)
     started = time.monotonic()
     for i in range(3):
@@ -93,7 +105,7 @@ async def assert_fork_bomb_isolated(a: Any, b: Any, pids: int) -> None:
         assert res.exit_code == 0, res.output
         assert res.output.splitlines()[-2:] == ["42", f"ok-{i}"], res.output
     assert time.monotonic() - started < 30
-    assert not holder.done(), "the holder must still hold its processes while B ran"
+    assert not holder.done(), f"the holder must still hold its processes while B ran: {holder.result()}"
     (a.dirs.workspace / ".release").write_text("")
     held = await holder
     assert "fork failed 11" in held.output, held.output  # EAGAIN: A hit its own limit...
