@@ -54,6 +54,7 @@ from agent.config import AgentSettings, ModelSpec
 from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
 from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, is_retryable
 from agent.model import build_chat_model, model_display_name
+from agent.turn import PLAIN, TurnOptions
 
 TurnScope = Callable[[str], AbstractAsyncContextManager[Any]]
 """Entered around each turn of a thread (e.g. acquire and bind the thread's sandbox)."""
@@ -185,6 +186,7 @@ class Harness:
         message_id: str,
         text: str,
         files: Sequence[str] = (),
+        options: TurnOptions = PLAIN,
     ) -> AsyncIterator[AgentEvent]:
         """Answer one chat message: TextDelta/ToolProgress/StatusUpdate events, then exactly one
         ``Final`` or ``TurnFailed``.

@@ -42,6 +42,7 @@ from agent.tools import (
     load_mcp_tools,
     outputs_resolver,
 )
+from agent.turn import PLAIN, TurnOptions
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +83,19 @@ class AgentRuntime:
         return self.harness.model_name if self.harness else self.spec.name
 
     def run(
-        self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Sequence[str] = ()
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        text: str,
+        files: Sequence[str] = (),
+        options: TurnOptions = PLAIN,
     ) -> AsyncIterator[AgentEvent]:
         assert self.harness is not None, "AgentRuntime.start() was not called"
-        return self.harness.run(thread_id, user_id=user_id, message_id=message_id, text=text, files=files)
+        return self.harness.run(
+            thread_id, user_id=user_id, message_id=message_id, text=text, files=files, options=options
+        )
 
     async def message_count(self, thread_id: str) -> int:
         assert self.harness is not None

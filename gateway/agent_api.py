@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from agent.events import AgentEvent, OutputFile
+from agent.turn import PLAIN, TurnOptions
 
 
 class Remembered(Protocol):
@@ -41,7 +42,14 @@ class AgentHarness(Protocol):
         ...
 
     def run(
-        self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Sequence[str] = ()
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        text: str,
+        files: Sequence[str] = (),
+        options: TurnOptions = PLAIN,
     ) -> AsyncIterator[AgentEvent]:
         """One turn; safe to call again with the same ``message_id`` (replay / continue)."""
         ...

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Sequence
 from aiohttp import web
 
 from agent.events import AgentEvent, OutputFile, TurnFailed
+from agent.turn import PLAIN, TurnOptions
 from channels.base import Channel, ChannelState
 
 from .agent_api import AgentHarness, MemoryAccess
@@ -49,7 +50,14 @@ class UnconfiguredHarness:
         self.model_name = model_name
 
     async def run(
-        self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Sequence[str] = ()
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        text: str,
+        files: Sequence[str] = (),
+        options: TurnOptions = PLAIN,
     ) -> AsyncIterator[AgentEvent]:
         yield TurnFailed(f"The model is not configured: {self.reason}")
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from agent.events import AgentEvent, Final, OutputFile
+from agent.turn import PLAIN, TurnOptions
 from gateway.agent_api import AgentHarness, MemoryAccess
 
 
@@ -25,6 +26,7 @@ class Call:
     message_id: str
     text: str
     files: tuple[str, ...]
+    options: TurnOptions = PLAIN
 
 
 Script = Callable[[Call], AsyncIterator[AgentEvent]]
@@ -93,9 +95,16 @@ class FakeHarness:
         return self._memory
 
     def run(
-        self, thread_id: str, *, user_id: str, message_id: str, text: str, files: Sequence[str] = ()
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        text: str,
+        files: Sequence[str] = (),
+        options: TurnOptions = PLAIN,
     ) -> AsyncIterator[AgentEvent]:
-        return self._run(Call(thread_id, user_id, message_id, text, tuple(files)))
+        return self._run(Call(thread_id, user_id, message_id, text, tuple(files), options))
 
     async def _run(self, call: Call) -> AsyncIterator[AgentEvent]:
         self.calls.append(call)
