@@ -43,6 +43,7 @@ from .metrics import Metrics
 from .pacing import PacerPool
 from .parking import Parking
 from .store import JournalEntry, JournalKind, JournalState, StorageFull, Store
+from .turn_options import turn_options
 from .turns import TurnQueue
 
 log = logging.getLogger(__name__)
@@ -432,9 +433,15 @@ class Gateway:
         text, final, outcome = "", "", "ok"
         message = inbound.text.strip() or "(the user sent files without a message)"
         try:
+            options = await turn_options(self, entry, thread_id, files)
             async with asyncio.timeout(self.config.concurrency.turn_timeout):
                 stream = self.harness.run(
-                    thread_id, user_id=inbound.user, message_id=inbound.key, text=message, files=files
+                    thread_id,
+                    user_id=inbound.user,
+                    message_id=inbound.key,
+                    text=message,
+                    files=files,
+                    options=options,
                 )
                 async for event in stream:
                     if isinstance(event, FileOut):
