@@ -28,6 +28,7 @@ import aiosqlite
 from channels.base import Attachment, Inbound
 
 from .store_access import AccessTables
+from .store_schedules import ScheduleTables
 from .store_schema import migrate
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def inbound_from_json(raw: str) -> tuple[Inbound, str]:
     return Inbound(**data), note
 
 
-class Store(AccessTables):
+class Store(AccessTables, ScheduleTables):
     """SQLite-backed gateway state. Create with :meth:`open`."""
 
     def __init__(self, db: aiosqlite.Connection, path: Path, reserve: DiskReserve | None = None) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import aiosqlite
 
 from .store_access import ACCESS_TABLES, PAIRING_COLUMNS
+from .store_schedules import SCHEDULE_TABLES
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,15 @@ async def _v1_baseline(db: aiosqlite.Connection) -> None:
     await db.execute("UPDATE pairing SET expires = created + 3600 WHERE expires = 0")
 
 
+async def _v2_schedules(db: aiosqlite.Connection) -> None:
+    """The ``schedules`` table (gateway/store_schedules.py)."""
+    for statement in SCHEDULE_TABLES:
+        await db.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
+    Migration(2, "schedules", _v2_schedules),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

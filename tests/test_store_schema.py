@@ -37,7 +37,8 @@ PAYLOAD = (
     '"attachments":[],"received_at":1.0,"extra":{},"unsupported":""}'
 )
 TABLES = {
-    "journal", "outbox", "files_out", "threads", "pairing", "approved_users", "command_results", "dm_chats"
+    "journal", "outbox", "files_out", "threads", "pairing", "approved_users", "command_results", "dm_chats",
+    "schedules", "sqlite_sequence",
 }  # fmt: skip
 
 
@@ -73,7 +74,7 @@ async def tables(store: Store) -> set[str]:
 async def test_a_new_database_is_at_the_current_version(tmp_path: Path) -> None:
     store = await Store.open(tmp_path / "g.sqlite", 0)
     try:
-        assert SCHEMA_VERSION == 1 == len(MIGRATIONS)
+        assert SCHEMA_VERSION == len(MIGRATIONS)
         assert await user_version(store._db) == SCHEMA_VERSION
         assert await tables(store) == TABLES
     finally:
@@ -85,7 +86,7 @@ async def test_a_database_of_the_first_release_is_brought_to_version_1(tmp_path:
     made = old_database(path)
     store = await Store.open(path, 0)
     try:
-        assert await user_version(store._db) == 1
+        assert await user_version(store._db) == SCHEMA_VERSION
         assert await tables(store) == TABLES
         (entry,) = await store.journal_open()
         assert (entry.key, entry.kind, entry.state, entry.attempts) == ("telegram:42:7", "turn", "running", 1)
@@ -113,7 +114,7 @@ async def test_an_unversioned_database_of_the_current_shape_keeps_everything(tmp
 
     store = await Store.open(path, 0)
     try:
-        assert await user_version(store._db) == 1
+        assert await user_version(store._db) == SCHEMA_VERSION
         assert await _rows(store) == msg_store_rows
     finally:
         await store.close()
@@ -127,7 +128,7 @@ async def test_the_baseline_step_is_idempotent(tmp_path: Path) -> None:
         for _ in range(2):  # a step re-run (after a crash before its commit) changes nothing
             await MIGRATIONS[0].run(db)
             await db.commit()
-        assert await migrate(db) == 1, "already current: nothing to run"
+        assert await migrate(db) == SCHEMA_VERSION, "already current: nothing to run"
         async with db.execute("PRAGMA table_info(pairing)") as cur:
             columns = [row[1] for row in await cur.fetchall()]
         assert columns == ["code", "user", "name", "created", "expires", "chat_id", "denied"]
@@ -143,12 +144,13 @@ async def test_a_failing_step_leaves_the_previous_version_and_runs_again(tmp_pat
 
     async with aiosqlite.connect(tmp_path / "g.sqlite") as db:
         with pytest.raises(RuntimeError):
-            await migrate(db, (*MIGRATIONS, Migration(2, "broken", broken)))
-        assert await user_version(db) == 1
+            await migrate(db, (*MIGRATIONS, Migration(SCHEMA_VERSION + 1, "broken", broken)))
+        assert await user_version(db) == SCHEMA_VERSION
         async with db.execute("SELECT name FROM sqlite_master WHERE name = 'half_done'") as cur:
             assert await cur.fetchone() is None, "the step's own changes were rolled back"
-        assert await migrate(db, (*MIGRATIONS, Migration(2, "fixed", fixed))) == 1
-        assert await user_version(db) == 2
+        fixed_step = Migration(SCHEMA_VERSION + 1, "fixed", fixed)
+        assert await migrate(db, (*MIGRATIONS, fixed_step)) == SCHEMA_VERSION
+        assert await user_version(db) == SCHEMA_VERSION + 1
 
 
 async def test_steps_must_be_numbered_in_order(tmp_path: Path) -> None:

@@ -1,0 +1,216 @@
+"""The schedules table of the gateway's store, and the journal reads that schedules and pushes need.
+
+A mixin of :class:`gateway.store.Store` (like :mod:`gateway.store_access`), using the store's
+connection and its full-disk-aware ``_write``. A schedule row says what to run, where (the
+conversation, and the creating message as a template for the reply's target) and when next
+(``next_fire``, epoch seconds, NULL once finished). A firing is not recorded here: it is a journal
+entry keyed by (schedule, fire time) (gateway/schedules.py), and this table only moves
+``next_fire`` on once that entry exists.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiosqlite
+
+from channels.base import Inbound
+
+SCHEDULE_TABLES = (
+    """CREATE TABLE IF NOT EXISTS schedules (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    origin TEXT NOT NULL UNIQUE,
+    conversation TEXT NOT NULL,
+    template TEXT NOT NULL,
+    creator TEXT NOT NULL,
+    text TEXT NOT NULL,
+    cron TEXT,
+    tz TEXT NOT NULL,
+    next_fire REAL,
+    state TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS schedules_due ON schedules(next_fire) WHERE state = 'active'",
+    "CREATE INDEX IF NOT EXISTS schedules_conversation ON schedules(conversation, state)",
+)
+"""Created by schema step 2 (:mod:`gateway.store_schema`). ``AUTOINCREMENT``: a cancelled
+schedule's number is never given to a new one (a late ``/unschedule 7`` must not hit another)."""
+
+ACTIVE, DONE, CANCELLED = "active", "done", "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    id: int
+    conversation: str
+    template: Inbound
+    """The message that created it: platform, chat, thread and the adapter's reply data."""
+    creator: str
+    text: str
+    cron: str | None
+    tz: str
+    next_fire: float | None
+    state: str
+    created: float
+
+
+_COLUMNS = "id, conversation, template, creator, text, cron, tz, next_fire, state, created"
+
+
+def _template_json(inbound: Inbound) -> str:
+    data = {
+        "platform": inbound.platform,
+        "chat_id": inbound.chat_id,
+        "message_id": inbound.message_id,
+        "sender_id": inbound.sender_id,
+        "is_direct": inbound.is_direct,
+        "thread_id": inbound.thread_id,
+        "sender_name": inbound.sender_name,
+        "chat_title": inbound.chat_title,
+        "extra": inbound.extra,
+    }
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def _row(row: Any) -> Schedule:
+    sid, conv, template, creator, text, cron, tz, next_fire, state, created = row
+    data = json.loads(template)
+    inbound = Inbound(text="", addressed=True, **data)
+    return Schedule(int(sid), str(conv), inbound, str(creator), str(text), cron, str(tz),
+                    None if next_fire is None else float(next_fire), str(state), float(created))  # fmt: skip
+
+
+class ScheduleTables:
+    """Schedule rows and the journal reads of :mod:`gateway.schedules` and ``chital send``."""
+
+    _db: aiosqlite.Connection
+
+    async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:  # Store's
+        raise NotImplementedError
+
+    # -- schedules --------------------------------------------------------------------------------
+    async def schedule_add(
+        self,
+        *,
+        origin: str,
+        template: Inbound,
+        creator: str,
+        text: str,
+        cron: str | None,
+        tz: str,
+        next_fire: float,
+    ) -> tuple[Schedule, bool]:
+        """Insert a schedule once per ``origin`` (message and tool call); returns it and whether it
+        is new (False: the same call ran before, e.g. a turn resumed after a crash)."""
+        now = time.time()
+        count = await self._write(
+            "INSERT OR IGNORE INTO schedules(origin, conversation, template, creator, text, cron, tz,"
+            " next_fire, state, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (origin, template.conversation, _template_json(template), creator, text, cron, tz, next_fire,
+             ACTIVE, now, now),
+        )  # fmt: skip
+        async with self._db.execute(f"SELECT {_COLUMNS} FROM schedules WHERE origin = ?", (origin,)) as cur:
+            row = await cur.fetchone()
+        assert row is not None
+        return _row(row), count == 1
+
+    async def schedule_get(self, schedule_id: int) -> Schedule | None:
+        async with self._db.execute(f"SELECT {_COLUMNS} FROM schedules WHERE id = ?", (schedule_id,)) as cur:
+            row = await cur.fetchone()
+        return _row(row) if row else None
+
+    async def schedules_active(self, conversation: str) -> list[Schedule]:
+        """The conversation's active schedules, the next to fire first."""
+        async with self._db.execute(
+            f"SELECT {_COLUMNS} FROM schedules WHERE conversation = ? AND state = ? ORDER BY next_fire, id",
+            (conversation, ACTIVE),
+        ) as cur:
+            return [_row(r) for r in await cur.fetchall()]
+
+    async def schedule_counts(self, conversation: str, creator: str) -> tuple[int, int]:
+        """Active schedules of ``conversation`` and of ``creator`` (for the limits)."""
+        counts = []
+        for column, value in (("conversation", conversation), ("creator", creator)):
+            async with self._db.execute(
+                f"SELECT COUNT(*) FROM schedules WHERE {column} = ? AND state = ?", (value, ACTIVE)
+            ) as cur:
+                row = await cur.fetchone()
+            counts.append(int(row[0]) if row else 0)
+        return counts[0], counts[1]
+
+    async def schedules_due(self, now: float, limit: int = 100) -> list[Schedule]:
+        async with self._db.execute(
+            f"SELECT {_COLUMNS} FROM schedules WHERE state = ? AND next_fire <= ? ORDER BY next_fire LIMIT ?",
+            (ACTIVE, now, limit),
+        ) as cur:
+            return [_row(r) for r in await cur.fetchall()]
+
+    async def schedule_next_time(self) -> float | None:
+        """When the next active schedule is due (None: none is)."""
+        async with self._db.execute(
+            "SELECT MIN(next_fire) FROM schedules WHERE state = ? AND next_fire IS NOT NULL", (ACTIVE,)
+        ) as cur:
+            row = await cur.fetchone()
+        return float(row[0]) if row and row[0] is not None else None
+
+    async def schedule_advance(self, schedule_id: int, expected: float, next_fire: float | None) -> bool:
+        """Move an active schedule from ``expected`` to ``next_fire`` (None: it is done). Only
+        when it still stands at ``expected`` (a cancel in between wins). True when it moved."""
+        state = ACTIVE if next_fire is not None else DONE
+        count = await self._write(
+            "UPDATE schedules SET next_fire = ?, state = ?, updated = ? WHERE id = ? AND state = ?"
+            " AND next_fire = ?",
+            (next_fire, state, time.time(), schedule_id, ACTIVE, expected),
+        )
+        return count == 1
+
+    async def schedule_cancel(self, schedule_id: int) -> bool:
+        count = await self._write(
+            "UPDATE schedules SET state = ?, next_fire = NULL, updated = ? WHERE id = ? AND state = ?",
+            (CANCELLED, time.time(), schedule_id, ACTIVE),
+        )
+        return count == 1
+
+    # -- journal reads ----------------------------------------------------------------------------
+    async def journal_inbound(self, key: str) -> Inbound | None:
+        """The message journaled under ``key`` (None when there is none)."""
+        from .store import inbound_from_json  # the journal's own format (store.py imports this module)
+
+        async with self._db.execute("SELECT payload FROM journal WHERE key = ?", (key,)) as cur:
+            row = await cur.fetchone()
+        return inbound_from_json(str(row[0]))[0] if row else None
+
+    async def journal_state(self, key: str) -> str | None:
+        async with self._db.execute("SELECT state FROM journal WHERE key = ?", (key,)) as cur:
+            row = await cur.fetchone()
+        return str(row[0]) if row else None
+
+    async def journal_last_rowid(self) -> int:
+        async with self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM journal") as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def journal_pending_after(self, rowid: int, kind: str) -> list[tuple[int, Inbound, str]]:
+        """(rowid, message, note) of pending entries of ``kind`` journaled after ``rowid``: what
+        another process (``chital send``) added since the last look. A range scan on the rowid,
+        cheap enough to run every second."""
+        from .store import inbound_from_json
+
+        async with self._db.execute(
+            "SELECT rowid, payload FROM journal WHERE rowid > ? AND kind = ? AND state = 'pending'"
+            " ORDER BY rowid",
+            (rowid, kind),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [(int(r), *inbound_from_json(str(p))) for r, p in rows]
+
+    async def thread_conversation(self, thread_id: str) -> str | None:
+        """The conversation whose current agent thread is ``thread_id``."""
+        sql = "SELECT conversation FROM threads WHERE thread_id = ?"
+        async with self._db.execute(sql, (thread_id,)) as cur:
+            row = await cur.fetchone()
+        return str(row[0]) if row else None
