@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +64,16 @@ class Final:
 
 @dataclass(frozen=True, slots=True)
 class TurnFailed:
-    """The turn could not complete; ``message`` is safe to show the user (no secrets, no traces)."""
+    """The turn could not complete; ``message`` is safe to show the user (no secrets, no traces).
+
+    ``detail`` is for the operator (the log, the terminal chat): the cause and the model's URL,
+    e.g. ``connection refused: http://10.0.0.5:8000/v1/chat/completions``. It may name internal
+    hosts, so it never goes to a chat; it never holds a key or the provider's error text. Left out
+    of equality: two failures the user sees alike are alike."""
 
     message: str
     retryable: bool = False
+    detail: str = field(default="", compare=False)
 
 
 AgentEvent = TextDelta | ToolProgress | StatusUpdate | Clarification | FileOut | Final | TurnFailed

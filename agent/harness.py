@@ -34,13 +34,7 @@ from typing import Any, Literal
 from deepagents import DeepAgentState
 from langchain.agents import create_agent
 from langchain.agents.middleware.types import AgentMiddleware
-from langchain_core.exceptions import (
-    ContextOverflowError,
-    ModelAuthenticationError,
-    ModelPermissionDeniedError,
-    ModelRateLimitError,
-    ModelTimeoutError,
-)
+from langchain_core.exceptions import ContextOverflowError
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
@@ -52,7 +46,7 @@ from agent import tuning
 from agent.checkpoints import InlineSqliteSaver
 from agent.config import AgentSettings, ModelSpec
 from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
-from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, is_retryable
+from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, diagnose, is_retryable
 from agent.model import build_chat_model, model_display_name
 from agent.turn import PLAIN, TurnOptions
 
@@ -330,8 +324,9 @@ class Harness:
                     elif mode == "custom" and isinstance(part, dict) and RETRY_EVENT in part:
                         info = part[RETRY_EVENT]
                         replay, shown = shown, 0
-                        attempt = f"{info['attempt']}/{self.settings.model_retries}"
-                        yield StatusUpdate(f"The model service is busy; retrying ({attempt})…")
+                        attempt = f"{info['attempt']}/{info.get('of', self.settings.model_retries)}"
+                        cause = info.get("cause", "failed")
+                        yield StatusUpdate(f"The model service {cause}; retrying ({attempt})…")
                     elif mode == "custom":
                         for convert in self._custom_events:
                             for event in convert(part):
@@ -444,27 +439,41 @@ def _brief(args: Any, limit: int = 200) -> str:
 
 
 def _failure(exc: Exception) -> TurnFailed:
-    """A user-safe TurnFailed for an exception. Known model errors are logged by type and status
-    only (provider text can quote request data); anything else is our bug and keeps its traceback.
-    ``retryable``: the same message may succeed later (model retries were already spent)."""
-    status = getattr(exc, "status_code", None)
-    if isinstance(exc, ModelRateLimitError) or status == 429:
+    """A user-safe TurnFailed for an exception, plus the operator's ``detail`` (the cause and the
+    model's URL, from :func:`agent.middleware.diagnose`), which is logged here. Known model errors
+    are described in our own words (provider text can quote request data); anything else is our bug
+    and keeps its traceback. ``retryable``: the same message may succeed later (model retries were
+    already spent)."""
+    failure = diagnose(exc)
+    detail = failure.detail()
+    if isinstance(exc, ContextOverflowError):
+        message, retryable = "This conversation is too long for the model; please start a new one.", False
+        detail = "the conversation exceeds the model's context window"
+    elif isinstance(exc, GraphRecursionError):
+        message, retryable = "This task needed too many steps and was stopped.", False
+        detail = "the turn hit the graph's recursion limit (agent.max_steps)"
+    elif failure.kind == "rate_limited":
         message, retryable = "The model is rate-limited right now. Please try again in a minute.", True
-    elif isinstance(exc, ModelTimeoutError | TimeoutError):
+    elif failure.kind == "timeout":
         message, retryable = "The model did not answer in time. Please try again.", True
-    elif isinstance(exc, ModelAuthenticationError | ModelPermissionDeniedError) or status in (401, 403):
+    elif failure.kind in ("auth", "forbidden"):
         message, retryable = (
             "The model service refused our credentials; ask the admin to check the API key.",
             False,
         )
-    elif isinstance(exc, ContextOverflowError):
-        message, retryable = "This conversation is too long for the model; please start a new one.", False
-    elif isinstance(exc, GraphRecursionError):
-        message, retryable = "This task needed too many steps and was stopped.", False
+    elif failure.kind == "not_found":
+        message = "The model service does not know the configured model; ask the admin to check it."
+        retryable = False
+    elif failure.unreachable:
+        message, retryable = "The model service cannot be reached right now. Please try again later.", True
     elif is_retryable(exc):
         message, retryable = "The model service failed. Please try again later.", True
     else:
         log.error("turn failed with an unexpected %s", type(exc).__name__, exc_info=exc)
-        return TurnFailed("Something went wrong while answering; the error was logged.", retryable=False)
-    log.warning("turn failed: %s (status %s)", type(exc).__name__, status)
-    return TurnFailed(message, retryable=retryable)
+        return TurnFailed(
+            "Something went wrong while answering; the error was logged.",
+            retryable=False,
+            detail=detail or f"unexpected {type(exc).__name__} (the traceback is in the log)",
+        )
+    log.warning("turn failed: %s (%s)", detail or "model error", type(exc).__name__)
+    return TurnFailed(message, retryable=retryable, detail=detail)

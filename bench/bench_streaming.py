@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import collections
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -137,6 +138,24 @@ async def drive(
     return Result("", n, wall, cpu, n * tokens, calls, tail, lat, rss_mb(pid))
 
 
+def profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` into collapsed stacks (``--format raw``), stopped with SIGINT."""
+    cmd = [
+        "py-spy",
+        "record",
+        "--pid",
+        str(pid),
+        "--rate",
+        "250",
+        "--format",
+        "raw",
+        "-o",
+        out,
+        "--nonblocking",
+    ]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 class Relay:
     def __init__(self, tg: FakeTelegram, model: FakeOpenAI) -> None:
         self.proc = subprocess.Popen(
@@ -201,12 +220,14 @@ async def run_system(
         for tokens, chats, pace in scenarios:
             model._rules.clear()
             model.add_rule(lambda t: t.startswith("s"), answer_for(tokens, pace))
+            spy = profiler(pid, f"{args.profile}-{name}-{tokens}x{chats}.txt") if args.profile else None
             r = await drive(tg, model, pid, chats, args.messages, tokens, 1000 + 100 * len(results))
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                await asyncio.to_thread(spy.wait, 30)
             r.name = name
             r.notes.append(f"idle RSS after warm-up {idle:.0f} MB")
             results.append(r)
-            if args.profile and name == "chital-tools":
-                break
         if relay is not None:
             await relay.stop()
         if daemon is not None:
@@ -223,7 +244,7 @@ async def main() -> None:
     ap.add_argument("--messages", type=int, default=5, help="messages per chat")
     ap.add_argument("--pace", default="0,0.02", help="seconds between chunks, comma-separated")
     ap.add_argument("--only", default="relay,chital-tools,chital-bare")
-    ap.add_argument("--profile", default="", help="(unused by default) py-spy output prefix")
+    ap.add_argument("--profile", default="", help="py-spy collapsed stacks to PREFIX-system-scenario.txt")
     args = ap.parse_args()
     scenarios = [
         (int(t), int(c), float(p))
