@@ -54,6 +54,7 @@ from agent.safety import (  # noqa: F401 - re-exported for callers of the stack
     ToolErrors,
 )
 from agent.settings import ContextSettings
+from agent.thread_context import without_context
 from agent.tools.clarify import ClarificationMiddleware
 
 log = logging.getLogger(__name__)
@@ -277,6 +278,7 @@ class TitleMiddleware(AgentMiddleware[Any, Any, Any]):
         if thread_title(request.state):
             return await handler(request)
         first = next((m.text for m in request.state.get("messages", ()) if _is_turn_start(m)), "")
+        first = without_context(first)  # the user's words, not the thread quoted before them
         task = asyncio.ensure_future(self.make_title(first))
         try:
             response = await handler(request)

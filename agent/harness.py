@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, suppress
 from pathlib import Path
 from typing import Any, Literal
@@ -35,25 +35,42 @@ from deepagents import DeepAgentState
 from langchain.agents import create_agent
 from langchain.agents.middleware.types import AgentMiddleware
 from langchain_core.exceptions import ContextOverflowError
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph.errors import GraphRecursionError
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import StreamMode
+from langgraph.types import Command, StreamMode
 
 from agent import tuning
+from agent.approvals import approval_event, resume_value
 from agent.checkpoints import InlineSqliteSaver
 from agent.config import AgentSettings, ModelSpec
-from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
+from agent.events import (
+    AgentEvent,
+    ApprovalDecision,
+    ApprovalRequested,
+    Final,
+    StatusUpdate,
+    TextDelta,
+    ToolProgress,
+    TurnFailed,
+)
 from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, diagnose, is_retryable
 from agent.model import build_chat_model, model_display_name
-from agent.turn import PLAIN, TurnOptions
+from agent.safety import Redactor
+from agent.thread_context import with_context
+from agent.turn import PLAIN, ContextMessage, TurnOptions
+from agent.turn_overrides import TurnChoice, TurnOverrides, choose, skill_section
+from agent.usage import UsageSink, attach_usage
 
 TurnScope = Callable[[str], AbstractAsyncContextManager[Any]]
 """Entered around each turn of a thread (e.g. acquire and bind the thread's sandbox)."""
 CustomEventConverter = Callable[[Any], Sequence[AgentEvent]]
 """Maps one ``custom`` stream part (tools' and middleware's own events) to agent events."""
+SkillText = Callable[[str], str | None]
+"""The instructions of a skill by name (None when there is no such skill)."""
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +104,15 @@ class Harness:
         extra_middleware: Sequence[AgentMiddleware[Any, Any, Any]] = (),
         turn_scope: TurnScope | None = None,
         custom_events: Sequence[CustomEventConverter] = (),
+        redact: Callable[[str], str] | None = None,
+        models: Sequence[ModelSpec] = (),
+        usage: UsageSink | None = None,
+        persona_base: str | None = None,
+        skill_text: SkillText | None = None,
     ) -> None:
+        """``models``: every configured model a turn may choose (``TurnOptions.model``), built on
+        first use; ``usage`` counts each model call; ``persona_base``: the part of the system
+        prompt a persona replaces (default: all of ``settings.system_prompt``)."""
         self.settings = settings
         self.spec = model
         self.checkpoint_path = Path(checkpoint_path)
@@ -95,7 +120,16 @@ class Harness:
         self.extra_middleware = list(extra_middleware)
         self._turn_scope = turn_scope
         self._custom_events = list(custom_events)
-        self._model = build_chat_model(model, settings)
+        self._redact = redact or Redactor()
+        """Masks secrets in the arguments an approval request shows (agent/approvals.py)."""
+        self._model = attach_usage(build_chat_model(model, settings), model.name, usage)
+        self._specs = {spec.name: spec for spec in models}
+        self._chat_models = {model.name: self._model}
+        self._usage = usage
+        self._persona_base = settings.system_prompt if persona_base is None else persona_base
+        self._skill_text = skill_text
+        self._choices: dict[str, TurnChoice | None] = {}
+        """The last turn's choice per thread, for a turn resumed after an approval."""
         self._saver: InlineSqliteSaver | None = None
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -115,12 +149,38 @@ class Harness:
         summarization (issue 4) go here; keep them ``wrap_*`` hooks where possible, as every
         before/after hook is one more graph node per turn."""
         return [
+            TurnOverrides(self._persona_base),
             StepBudget(self.settings.max_steps),
             *self.extra_middleware,
             RetryModelCalls(
                 max_retries=self.settings.model_retries, initial_delay=self.settings.retry_backoff
             ),
         ]
+
+    def chat_model(self, name: str) -> BaseChatModel:
+        """The configured model ``name``, built once (raises ValueError naming what is wrong)."""
+        model = self._chat_models.get(name)
+        if model is None:
+            spec = self._specs.get(name)
+            if spec is None:
+                raise ValueError(f"no model named {name!r} in the config")
+            model = attach_usage(build_chat_model(spec, self.settings), name, self._usage)
+            self._chat_models[name] = model
+        return model
+
+    def _choice(self, options: TurnOptions) -> TurnChoice | None:
+        """The turn's model, persona and skill as :class:`TurnOverrides` applies them."""
+        model = self.chat_model(options.model) if options.model and options.model != self.spec.name else None
+        skill = None
+        if options.skill:
+            text = self._skill_text(options.skill) if self._skill_text is not None else None
+            if text is None:
+                log.warning("turn asked for skill %r, which is not offered; ignored", options.skill)
+            else:
+                skill = skill_section(options.skill, text)
+        if model is None and not options.system_prompt and skill is None:
+            return None
+        return TurnChoice(model=model, persona=options.system_prompt or None, skill=skill)
 
     async def start(self) -> None:
         """Open the checkpoint database and compile the agent graph (once)."""
@@ -191,17 +251,79 @@ class Harness:
         """
         graph = self._require_graph()
         config = self._config(thread_id, user_id=user_id, message_id=message_id)
+        try:
+            choice = self._choice(options)
+        except ValueError as exc:  # a model of the config that cannot be built
+            log.error("thread %s: %s", thread_id, exc)
+            yield TurnFailed(f"The model {options.model!r} cannot be used; ask the admin ({exc}).")
+            return
+        if len(self._choices) >= _SETTLED_CACHE:
+            self._choices.pop(next(iter(self._choices)))
+        self._choices[thread_id] = choice
+
+        async def prepare() -> dict[str, Any] | Command[Any] | Final | None:
+            return await self._prepare(
+                graph, config, thread_id, message_id, text, files, user_id, options.context
+            )
+
+        async with aclosing(self._drive(graph, config, thread_id, message_id, prepare, choice)) as events:
+            async for event in events:
+                yield event
+
+    async def resume(
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        approval_id: str,
+        decision: ApprovalDecision,
+    ) -> AsyncIterator[AgentEvent]:
+        """Continue the turn of ``message_id`` that paused on approval ``approval_id`` with a
+        person's ``decision``; the same events as :meth:`run`.
+
+        Safe to call again (a crash after the decision, a redelivered click): when the thread no
+        longer waits on that approval, the turn is continued or its answer replayed as by ``run``."""
+        graph = self._require_graph()
+        config = self._config(thread_id, user_id=user_id, message_id=message_id)
+
+        async def prepare() -> dict[str, Any] | Command[Any] | Final | None:
+            snap = await graph.aget_state(config)
+            if any(i.id == approval_id for i in snap.interrupts):
+                return Command(resume={approval_id: resume_value(decision)})
+            log.info("thread %s: approval %s is no longer pending; continuing", thread_id, approval_id)
+            return await self._prepare(graph, config, thread_id, message_id, "", (), user_id)
+
+        async with aclosing(
+            self._drive(graph, config, thread_id, message_id, prepare, self._choices.get(thread_id))
+        ) as events:
+            async for event in events:
+                yield event
+
+    async def _drive(
+        self,
+        graph: CompiledStateGraph[Any, Any, Any, Any],
+        config: RunnableConfig,
+        thread_id: str,
+        message_id: str,
+        prepare: Callable[[], Awaitable[dict[str, Any] | Command[Any] | Final | None]],
+        choice: TurnChoice | None = None,
+    ) -> AsyncGenerator[AgentEvent, None]:
+        """One turn on the thread's lock: the input ``prepare`` decides, the stream, then one Final
+        or TurnFailed (or none when the turn paused on approval requests)."""
         lock = self._locks.get(thread_id)
         if lock is None:
             lock = self._locks[thread_id] = asyncio.Lock()
         async with lock:
             try:
-                inp = await self._prepare(graph, config, thread_id, message_id, text, files, user_id)
+                inp = await prepare()
                 if isinstance(inp, Final):
                     yield inp
                     return
                 final: str | None = None
+                paused = False
                 async with AsyncExitStack() as scope:
+                    scope.enter_context(choose(choice))
                     if self._turn_scope is not None:
                         await scope.enter_async_context(self._turn_scope(thread_id))
                     async with aclosing(self._stream(graph, inp, config)) as events:
@@ -209,7 +331,11 @@ class Harness:
                             if isinstance(event, Final):
                                 final = event.text
                             else:
+                                paused = paused or isinstance(event, ApprovalRequested)
                                 yield event
+                if paused:  # the turn waits for a person; resume() continues it
+                    self._settled.pop(thread_id, None)
+                    return
                 if final is None:
                     final = await self._final_from_state(graph, config)
             except Exception as exc:
@@ -232,10 +358,15 @@ class Harness:
         text: str,
         files: Sequence[str],
         user_id: str,
+        context: Sequence[ContextMessage] = (),
     ) -> dict[str, Any] | Final | None:
-        """Decide between replaying the answer (Final), continuing (None) and a new turn (input)."""
+        """Decide between replaying the answer (Final), continuing (None) and a new turn (input).
+        The thread's earlier messages (``context``) go into the new turn's HumanMessage as a quoted
+        block (agent/thread_context.py), so the checkpoint keeps them with the turn."""
         human = HumanMessage(
-            content=_with_files(text, files), id=message_id, additional_kwargs={"user_id": user_id}
+            content=_with_files(with_context(text, context), files),
+            id=message_id,
+            additional_kwargs={"user_id": user_id},
         )
         settled = self._settled.get(thread_id)
         if settled is not None and settled != message_id and message_id not in self._answered:
@@ -282,7 +413,7 @@ class Harness:
     async def _stream(
         self,
         graph: CompiledStateGraph[Any, Any, Any, Any],
-        inp: dict[str, Any] | None,
+        inp: dict[str, Any] | Command[Any] | None,
         config: RunnableConfig,
     ) -> AsyncGenerator[AgentEvent, None]:
         """Map LangGraph stream parts to events; yields a Final (no tool calls) when the lead's
@@ -311,6 +442,10 @@ class Harness:
                                 continue
                         yield TextDelta(piece)
                     elif mode == "updates":
+                        for pause in part.get("__interrupt__", ()):
+                            request = approval_event(pause.id, pause.value, self._redact)
+                            if request is not None:
+                                yield request
                         for node, update in part.items():
                             for message in _messages_of(update):
                                 if node == _LEAD_NODE and isinstance(message, AIMessage):

@@ -57,6 +57,10 @@ class Attachment:
     name: str
     mime_type: str | None = None
     size: int | None = None
+    kind: str = ""
+    """What the platform says the file is, where it says it: ``image`` (a photo, a pasted
+    screenshot), ``voice`` (a recorded voice note), ``audio`` (a music or audio file), or ``""``
+    (a file: the gateway goes by ``mime_type`` and the name; docs/media.md)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", clean_text(self.name))
@@ -146,6 +150,57 @@ class ReplyTarget:
     thread_id: str | None = None
     reply_to: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextItem:
+    """An earlier message of the thread an inbound message was written in, or the message it
+    replies to (:meth:`Channel.thread_context`). Plain platform-neutral values: the gateway bounds
+    them and hands them to the agent as context, never as requests."""
+
+    author: str
+    text: str
+    message_id: str = ""
+    """The platform's id of this message (the journal tells which ones are turns of their own)."""
+    is_self: bool = False
+    """Written by this bot (its earlier answers)."""
+    is_bot: bool = False
+    """Written by another bot or an integration."""
+    replied_to: bool = False
+    """The message the user replied to (rather than an earlier message of the thread)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "author", clean_text(self.author))
+        object.__setattr__(self, "text", clean_text(self.text))
+
+
+REPLIED = "replied"
+""":attr:`Inbound.extra` key of the message a reply answers, as the platform's event carried it
+(Telegram, Discord): journaled with the message, so a resumed turn gets the same context."""
+REPLIED_MAX_CHARS = 4000
+"""A replied-to message's text is cut to this when the event is read (the journal holds it)."""
+
+
+def replied_extra(item: ContextItem) -> dict[str, Any]:
+    """``{REPLIED: ...}`` for :attr:`Inbound.extra`: the replied-to message, JSON-safe, bounded."""
+    text = item.text if len(item.text) <= REPLIED_MAX_CHARS else item.text[: REPLIED_MAX_CHARS - 1] + "…"
+    return {REPLIED: {"author": item.author[:200], "text": text, "id": item.message_id,
+                      "self": item.is_self, "bot": item.is_bot}}  # fmt: skip
+
+
+def replied_item(inbound: Inbound) -> ContextItem | None:
+    """The replied-to message an adapter stored with :func:`replied_extra`, if any."""
+    data = inbound.extra.get(REPLIED)
+    if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+        return None
+    return ContextItem(
+        author=str(data.get("author") or ""),
+        text=data["text"],
+        message_id=str(data.get("id") or ""),
+        is_self=data.get("self") is True,
+        is_bot=data.get("bot") is True,
+        replied_to=True,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,3 +533,11 @@ class Channel(abc.ABC):
         ``idempotency_key`` is stable across restarts for this file of this reply (see ``send``).
         The gateway has already checked ``file.size`` against ``capabilities.max_upload_bytes``."""
         raise PermanentSendError(f"{self.name} does not support sending files")
+
+    async def thread_context(self, inbound: Inbound, limit: int, max_chars: int) -> Sequence[ContextItem]:
+        """Earlier messages of the thread ``inbound`` was written in, oldest first, and the message
+        it replies to: at most ``limit`` of them, each text cut to ``max_chars``; never ``inbound``
+        itself nor anything posted after it (a resumed turn that fetches again sees the same).
+        ``()`` when the message is in no thread and replies to nothing, or the platform has no
+        such history. May raise any :class:`ChannelError`: the gateway answers without context."""
+        return ()

@@ -16,6 +16,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     create_model,
     model_validator,
@@ -80,10 +81,29 @@ class AccessPolicy(_Strict):
     because there the DM chat id is not the user id (docs/access.md)."""
 
 
+class ContextConfig(_Strict):
+    """The thread a message was written in, given to the agent as context (docs/thread-context.md):
+    the earlier messages of a Slack, Discord or Lark thread, the message a Telegram, Discord or
+    Lark reply answers."""
+
+    thread_messages: int = Field(20, ge=0, le=200)
+    """Earlier messages of the thread (or the one replied to) given with a message, newest kept.
+    0: none, and nothing is fetched."""
+    thread_chars: int = Field(8000, ge=0, le=100_000)
+    """Characters of context at most, over all those messages; older ones are dropped first."""
+    message_chars: int = Field(2000, ge=50, le=100_000)
+    """Characters of one earlier message at most; a longer one is cut with "…"."""
+    fetch_timeout: float = Field(5.0, gt=0, le=60)
+    """Seconds the platform may take to hand over the thread; after that (or on any error) the
+    message is answered without context."""
+
+
 class ChannelBase(_Strict):
     enabled: bool = True
     access: AccessPolicy | None = None
     """Overrides the top-level ``access`` for this channel."""
+    context: ContextConfig | None = None
+    """Overrides the top-level ``context`` for this channel."""
 
 
 def _channel_section(settings: type[ChannelSettings]) -> type[ChannelBase]:
@@ -157,6 +177,34 @@ class LimitsConfig(_Strict):
     with a note. 0: no limit. Admins are exempt; commands are not counted."""
 
 
+class TranscriptionConfig(_Strict):
+    """Voice notes and audio files, turned into text through an OpenAI-compatible
+    ``/audio/transcriptions`` endpoint (OpenAI, or a self-hosted Whisper server; docs/media.md).
+    On when ``base_url`` or ``api_key`` is set."""
+
+    base_url: str | None = None
+    """The API root, e.g. ``http://127.0.0.1:8000/v1`` for a local Whisper server. Unset with an
+    ``api_key``: OpenAI's."""
+    api_key: SecretStr | None = None
+    """Sent as the Bearer token; never logged. A local server without keys needs none."""
+    model: str = "whisper-1"
+    language: str | None = None
+    """ISO-639-1 hint (``en``, ``de``); unset: the service detects it."""
+    timeout: float = Field(120.0, gt=0, le=3600)
+    """Seconds one transcription may take before the user gets a note instead."""
+    retries: int = Field(1, ge=0, le=5)
+    """Retries of a failed call (timeouts, 5xx, 429), with the SDK's backoff."""
+    max_bytes: int = Field(25 * 1024 * 1024, ge=1024)
+    """Larger audio is not sent (OpenAI refuses over 25 MB); the user gets a note, the file is kept."""
+    show_transcript: bool = False
+    """Start the reply with "🎙 heard: …" (what was understood). Off: the user can still ask
+    "what did you hear?", since the transcript is part of the message the agent answers."""
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.base_url or self.api_key)
+
+
 class HttpConfig(_Strict):
     enabled: bool = True
     """Serve ``/healthz``, ``/readyz`` and ``/metrics``."""
@@ -179,6 +227,34 @@ class DeliveryConfig(_Strict):
     it is marked failed."""
 
 
+class SchedulesConfig(_Strict):
+    """Work the agent schedules for later (docs/schedules.md): reminders, cron rules."""
+
+    enabled: bool = True
+    """Give the agent its schedule tools; off: none, and nothing scheduled fires."""
+    timezone: str = "UTC"
+    """IANA zone (``Europe/Berlin``) for cron rules and times that name none. Chat platforms do
+    not tell the bot a user's zone, so set your team's here; a user can still name another."""
+    max_per_conversation: int = Field(50, ge=1, le=10_000)
+    """Active schedules one conversation may hold."""
+    max_per_user: int = Field(50, ge=1, le=10_000)
+    """Active schedules one user may have created, over all conversations."""
+    min_interval: float = Field(60.0, ge=60)
+    """Seconds at least between two runs of a cron rule (a rule firing more often is refused)."""
+    max_text_chars: int = Field(2000, ge=1, le=32_000)
+    """Longest instruction a schedule may carry."""
+
+    @model_validator(mode="after")
+    def _zone_exists(self) -> SchedulesConfig:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"timezone: unknown IANA time zone {self.timezone!r}") from None
+        return self
+
+
 class Config(_Strict):
     models: list[ModelSpec] = Field(default_factory=lambda: [ModelSpec()])
     agent: AgentSettings = Field(default_factory=AgentSettings)
@@ -188,7 +264,10 @@ class Config(_Strict):
     concurrency: ConcurrencyConfig = Field(default_factory=ConcurrencyConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
+    context: ContextConfig = Field(default_factory=ContextConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
+    schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")
@@ -207,6 +286,10 @@ class Config(_Strict):
     def access_for(self, channel: str) -> AccessPolicy:
         specific = getattr(self.channels, channel).access
         return specific if specific is not None else self.access
+
+    def context_for(self, channel: str) -> ContextConfig:
+        specific = getattr(self.channels, channel).context
+        return specific if specific is not None else self.context
 
 
 def _resolve_env(node: Any, path: str, missing: list[str]) -> Any:
@@ -335,10 +418,31 @@ def parse_config(data: Any, source: str = "config.yaml", node: yaml.Node | None 
     return cfg
 
 
+def builtin_defaults() -> dict[str, Any]:
+    """What stands in for config.yaml when there is none: the example file's ``$VAR`` references.
+    A channel whose credentials are in the environment is on (with the default access policy:
+    strangers get a pairing code), one without them reports which variable to set; the model is
+    ``$CHITAL_MODEL`` at ``$OPENAI_BASE_URL`` with ``$OPENAI_API_KEY``; data in ``$CHITAL_DATA``,
+    else ./data."""
+    return {
+        "models": [
+            {
+                "name": "default",
+                "use": "langchain_openai:ChatOpenAI",
+                "model": "$CHITAL_MODEL",
+                "base_url": "$OPENAI_BASE_URL",
+                "api_key": "$OPENAI_API_KEY",
+            }
+        ],
+        "channels": {p.name: {f: f"${env}" for f, env in p.settings.required.items()} for p in PLATFORMS},
+        "storage": {"path": "$CHITAL_DATA"},
+    }
+
+
 def load_config(path: str | Path | None) -> Config:
-    """Load ``path``; ``None`` or a missing default file gives the built-in defaults."""
+    """Load ``path``; ``None`` (no file found) gives :func:`builtin_defaults`."""
     if path is None:
-        return parse_config({}, "defaults")
+        return parse_config(builtin_defaults(), "built-in defaults")
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{p}: no such file")

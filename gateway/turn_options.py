@@ -8,17 +8,27 @@ gets the same options as the first attempt.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from agent.turn import PLAIN, TurnOptions
 
+from .media import shown_images
+from .thread_context import thread_context
+
 if TYPE_CHECKING:
+    from .attachments import Uploads
     from .core import Gateway
     from .store import JournalEntry
 
 
 async def turn_options(
-    gateway: Gateway, entry: JournalEntry, thread_id: str, files: list[str]
+    gateway: Gateway, entry: JournalEntry, thread_id: str, uploads: Uploads
 ) -> TurnOptions:
-    """The extras for the turn answering ``entry``; ``files`` are the sandbox paths of its uploads."""
-    return PLAIN
+    """The extras for the turn answering ``entry``; ``uploads`` are its files, already saved where
+    the agent sees them (gateway/attachments.py)."""
+    context = await thread_context(gateway, entry)  # the thread it was written in (bounded)
+    options = TurnOptions(context=context) if context else PLAIN
+    # Images the user sent, when the turn's model takes them (models[].vision; gateway/media.py).
+    images = await shown_images(gateway, uploads, options.model)
+    return replace(options, images=images) if images else options

@@ -45,6 +45,7 @@ from agent.memory.extraction import (
 from agent.memory.facts import Fact, FactStore, MemorySettings, PendingTurn, now_utc, trim_to_limit
 from agent.memory.inject import MemoryMiddleware, render_section
 from agent.middleware import is_retryable
+from agent.thread_context import without_context
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ class MemoryService:
                 role = "assistant"
             else:
                 continue
-            text = message.text.strip()
+            text = (without_context(message.text) if role == "user" else message.text).strip()
             if text:
                 lines.append((role, text if len(text) <= limit else text[: limit - 1] + "…"))
         if not any(role == "user" for role, _ in lines):

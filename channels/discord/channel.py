@@ -44,7 +44,9 @@ from channels.base import (
     Capabilities,
     Channel,
     ChannelError,
+    ContextItem,
     FatalChannelError,
+    Inbound,
     InboundSink,
     OutFile,
     PermanentSendError,
@@ -52,11 +54,12 @@ from channels.base import (
     ReplyTarget,
     RetryAfter,
     TransientSendError,
+    replied_item,
 )
 from channels.limits import check_size, header, retry_after
 
 from . import render
-from .inbound import recover_ids, to_inbound
+from .inbound import context_item, recover_ids, to_inbound
 from .render import MAX_LEN
 from .settings import DiscordSettings
 
@@ -355,6 +358,31 @@ class DiscordChannel(Channel):
         except Exception as exc:
             _raise_mapped(exc, "file upload")
         return str(msg.id)
+
+    # -- thread context -----------------------------------------------------------------------
+    async def thread_context(self, inbound: Inbound, limit: int, max_chars: int) -> Sequence[ContextItem]:
+        """The message replied to (carried in the payload) and, in a thread, the messages before
+        this one (GET /channels/{thread}/messages?before=, which needs Read Message History)."""
+        replied = replied_item(inbound)
+        items: list[ContextItem] = []
+        client = self._client
+        if inbound.thread_id and limit > 0 and client is not None and client.user is not None:
+            channel = self._channel(inbound.target)
+            before = discord.Object(id=int(inbound.message_id))
+            try:
+                history = [m async for m in channel.history(limit=limit, before=before)]
+            except Exception as exc:
+                _raise_mapped(exc, "history")
+            for message in reversed(history):  # oldest first
+                if message.type not in _USER_MESSAGE_TYPES:
+                    continue
+                is_replied = replied is not None and str(message.id) == replied.message_id
+                items.append(replied if is_replied and replied else context_item(message, client.user.id))
+        if limit <= 0:
+            return []
+        if replied is not None and replied not in items:  # older than the history read, or no thread
+            return [replied, *items[len(items) - limit + 1 :]] if limit > 1 else [replied]
+        return items
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -25,7 +26,9 @@ from lark_oapi.api.im.v1 import (
     CreateMessageRequest,
     CreateMessageRequestBody,
     Emoji,
+    GetMessageRequest,
     GetMessageResourceRequest,
+    ListMessageRequest,
     P2ImMessageReceiveV1,
     PatchMessageRequest,
     PatchMessageRequestBody,
@@ -42,7 +45,9 @@ from channels.base import (
     Capabilities,
     Channel,
     ChannelError,
+    ContextItem,
     FatalChannelError,
+    Inbound,
     InboundSink,
     OutFile,
     PermanentSendError,
@@ -55,7 +60,7 @@ from channels.limits import check_size, header, retry_after
 
 from . import render
 from ._ws import WsRunner
-from .inbound import parse_attachment_id, recover_ids, to_inbound
+from .inbound import context_item, parse_attachment_id, recover_ids, to_inbound
 from .settings import LarkSettings
 
 log = logging.getLogger(__name__)
@@ -400,6 +405,47 @@ class LarkChannel(Channel):
         part = Rendered(text=file.name, payload={"msg_type": msg_type, "content": json.dumps(content)})
         return await self.send(target, part, idempotency_key=f"file:{key}")
 
+    # -- thread context --------------------------------------------------------------------------
+    async def thread_context(self, inbound: Inbound, limit: int, max_chars: int) -> Sequence[ContextItem]:
+        """In a thread: its messages before this one (GET im/v1/messages, container_id_type
+        thread, newest first); for a reply: the message replied to (GET im/v1/messages/:id).
+        Both need the ``im:message`` read scopes (docs/setup/lark.md)."""
+        if limit <= 0:
+            return ()
+        parent_id = inbound.extra.get("parent_id")
+        items: list[ContextItem] = []
+        if inbound.thread_id:
+            items = await self._thread_messages(inbound, limit)
+        if isinstance(parent_id, str) and parent_id and all(i.message_id != parent_id for i in items):
+            req = GetMessageRequest.builder().message_id(parent_id).with_sender_name(True).build()
+            resp = await self._call("context", self._api.im.v1.message.get, req)
+            found = (resp.data.items or [None])[0] if resp.data is not None else None
+            parent = context_item(found, self.app_id, self.bot_open_id or "")
+            if parent is not None:
+                items = [parent, *items[len(items) - limit + 1 :]] if limit > 1 else [parent]
+        return [dataclasses.replace(i, replied_to=i.message_id == parent_id) for i in items]
+
+    async def _thread_messages(self, inbound: Inbound, limit: int) -> list[ContextItem]:
+        before = _int(inbound.extra.get("create_time"))
+        req = (
+            ListMessageRequest.builder()
+            .container_id_type("thread")
+            .container_id(str(inbound.thread_id))
+            .sort_type("ByCreateTimeDesc")
+            .page_size(min(50, limit + 1))
+            .with_sender_name(True)
+            .build()
+        )
+        resp = await self._call("context", self._api.im.v1.message.list, req)
+        items: list[ContextItem] = []
+        for message in (resp.data.items if resp.data is not None else None) or []:
+            if message.message_id == inbound.message_id or (before and _int(message.create_time) > before):
+                continue  # the message itself, or one posted after it
+            item = context_item(message, self.app_id, self.bot_open_id or "")
+            if item is not None:
+                items.append(item)
+        return items[:limit][::-1]  # oldest first
+
     # -- plumbing ------------------------------------------------------------------------------
     async def _blocking(self, fn: Callable[..., R], *args: Any) -> R:
         if self._pool is None:
@@ -441,6 +487,13 @@ class _LarkApiError(Exception):
         if self.status >= 500 or self.code in (1, 99991663, 99991661):  # busy; token expired early
             return TransientSendError(str(self))
         return PermanentSendError(str(self))
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _payload(part: Rendered) -> tuple[str, str]:

@@ -57,6 +57,7 @@ from channels.base import (
     Capabilities,
     Channel,
     ChannelError,
+    ContextItem,
     FatalChannelError,
     Inbound,
     InboundSink,
@@ -70,12 +71,14 @@ from channels.base import (
 from channels.limits import check_size, header, retry_after
 
 from . import render
-from .inbound import recover_ids
+from .inbound import context_item, recover_ids
 from .inbound import to_inbound as event_to_inbound
 from .settings import SlackSettings
 
 log = logging.getLogger(__name__)
 
+CONTEXT_PAGES = 3
+"""conversations.replies pages read for one message's thread context (200 messages each)."""
 REPLY_EVENT = "chital_reply"
 """Metadata event type of the bot's replies; the payload's ``key`` is the part's idempotency key."""
 T = TypeVar("T")
@@ -355,6 +358,40 @@ class SlackChannel(Channel):
                 return str(msg.get("ts"))
         return None
 
+    async def thread_context(self, inbound: Inbound, limit: int, max_chars: int) -> Sequence[ContextItem]:
+        """The thread's parent and its newest replies before this message (conversations.replies,
+        oldest first, read for at most :data:`CONTEXT_PAGES` pages: Slack pages from the parent
+        on, and apps outside the Marketplace get one call a minute). Nothing for a post that
+        starts its thread, or a DM outside threads."""
+        thread_ts = inbound.extra.get("thread_ts")
+        if not isinstance(thread_ts, str) or thread_ts == inbound.message_id or limit <= 0:
+            return ()
+        parent: ContextItem | None = None
+        recent: collections.deque[ContextItem] = collections.deque(maxlen=limit)
+        bot_id = self._auth.bot_id if self._auth is not None else None
+        cursor: str | None = None
+        for _ in range(CONTEXT_PAGES):
+            call = self._client.conversations_replies(
+                channel=inbound.chat_id, ts=thread_ts, latest=inbound.message_id, inclusive=False,
+                limit=200, cursor=cursor,
+            )  # fmt: skip
+            resp = await self._call(call, "conversations.replies")
+            for msg in resp.get("messages") or []:
+                item = context_item(msg, self.bot_user_id, bot_id)
+                if item is None or not _before(item.message_id, inbound.message_id):
+                    continue
+                if item.message_id == thread_ts:
+                    parent = item
+                else:
+                    recent.append(item)
+            cursor = (resp.get("response_metadata") or {}).get("next_cursor") or None
+            if not resp.get("has_more") or not cursor:
+                break
+        replies = list(recent)
+        if parent is None:
+            return replies
+        return [parent, *replies[len(replies) - limit + 1 :]] if limit > 1 else [parent]
+
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         await self._call(
             self._client.chat_update(channel=target.chat_id, ts=message_id, text=part.text), "chat.update"
@@ -466,6 +503,14 @@ def map_api_error(exc: SlackApiError, what: str) -> ChannelError:
         return TransientSendError(f"slack {what}: {error or 'HTTP ' + str(status)}")
     needed = f" (needs scope {data.get('needed')})" if isinstance(data, dict) and data.get("needed") else ""
     return PermanentSendError(f"slack {what}: {error or 'HTTP ' + str(status)}{needed}")
+
+
+def _before(ts: str, current: str) -> bool:
+    """Slack timestamps compare as decimals ("1712.000200" < "1712.001")."""
+    try:
+        return float(ts) < float(current)
+    except ValueError:
+        return False
 
 
 def _thread_ts(target: ReplyTarget) -> str | None:

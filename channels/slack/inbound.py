@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from channels.base import Attachment, Inbound
+from channels.base import Attachment, ContextItem, Inbound
 
 PLATFORM = "slack"
 ACCEPTED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast", "me_message"})
@@ -58,6 +58,8 @@ def to_inbound(event: dict[str, Any], bot_user_id: str | None) -> Inbound | None
             name=str(f.get("name") or f.get("title") or f.get("id", "file")),
             mime_type=f.get("mimetype"),
             size=f.get("size") if isinstance(f.get("size"), int) else None,
+            # A clip recorded in Slack (the microphone button) is a voice note.
+            kind="voice" if f.get("subtype") == "slack_audio" else "",
         )
         for f in files
         if f.get("url_private_download") or f.get("url_private")
@@ -83,6 +85,35 @@ def to_inbound(event: dict[str, Any], bot_user_id: str | None) -> Inbound | None
         extra={"thread_ts": thread_id},
         unsupported=unsupported,
     )
+
+
+def context_item(msg: dict[str, Any], bot_user_id: str | None, bot_id: str | None) -> ContextItem | None:
+    """A message of ``conversations.replies`` as thread context, or None for what is not someone
+    saying something (joins, edits ...). Without the ``users:read`` scope names are known only
+    when Slack sends the poster's profile along; otherwise the author is ``<@U…>``, which the
+    agent can use to mention them."""
+    if not isinstance(msg, dict) or msg.get("subtype") not in ACCEPTED_SUBTYPES | {"bot_message"}:
+        return None
+    user, ts, raw = msg.get("user"), msg.get("ts"), msg.get("text") or ""
+    if not isinstance(ts, str) or not isinstance(raw, str):
+        return None
+    is_self = user is not None and user == bot_user_id
+    is_self = is_self or (bot_id is not None and msg.get("bot_id") == bot_id)
+    is_bot = bool(msg.get("bot_id")) or msg.get("subtype") == "bot_message"
+    profile, bot_profile = _dict(msg.get("user_profile")), _dict(msg.get("bot_profile"))
+    name = profile.get("display_name") or profile.get("real_name") or bot_profile.get("name")
+    name = name or msg.get("username") or (f"<@{user}>" if isinstance(user, str) else "someone")
+    text = plain_text(raw)
+    shared = _shared_text(msg.get("attachments"))
+    files = msg["files"] if isinstance(msg.get("files"), list) else []
+    names = ", ".join(str(f.get("name") or "file") for f in files if isinstance(f, dict))
+    extras = [t for t in (shared, f"(shared files: {names})" if names else "") if t]
+    text = "\n\n".join([text, *extras] if text else extras)
+    return ContextItem(str(name), text or "(a message without text)", ts, is_self, is_bot)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _shared_text(attachments: Any) -> str:

@@ -25,7 +25,7 @@ import asyncio
 import hashlib
 import logging
 import warnings
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import telegram
@@ -39,7 +39,9 @@ from channels.base import (
     Capabilities,
     Channel,
     ChannelError,
+    ContextItem,
     FatalChannelError,
+    Inbound,
     InboundSink,
     NotModified,
     OutFile,
@@ -48,6 +50,7 @@ from channels.base import (
     ReplyTarget,
     RetryAfter,
     TransientSendError,
+    replied_item,
     scrub,
 )
 from channels.limits import check_size, retry_after
@@ -382,6 +385,11 @@ class TelegramChannel(Channel):
                 log.info("telegram: photo refused (%s); sending as a document", exc)
         msg = await self._api(bot.send_document(document=InputFile(data, filename=file.name), **kwargs))
         return str(msg.message_id)
+
+    async def thread_context(self, inbound: Inbound, limit: int, max_chars: int) -> Sequence[ContextItem]:
+        """The message replied to, as the update carried it (bots cannot read a chat's history)."""
+        item = replied_item(inbound)
+        return (item,) if item is not None and limit > 0 else ()
 
     # -- helpers --------------------------------------------------------------------------------
     def _require_bot(self) -> Bot:

@@ -16,9 +16,11 @@ from typing import Any
 from telegram import Message, MessageEntity, Update
 from telegram.constants import ChatType
 
-from channels.base import Attachment, Inbound, clean_text
+from channels.base import Attachment, ContextItem, Inbound, clean_text, replied_extra
 
 PLATFORM = "telegram"
+GETFILE_MAX = 20 * 1024 * 1024
+"""The largest file the Bot API lets a bot download (getFile)."""
 
 
 def to_inbound(update: Update, bot_id: int, bot_username: str) -> Inbound | None:
@@ -74,6 +76,7 @@ def to_inbound(update: Update, bot_id: int, bot_username: str) -> Inbound | None
         and reply.from_user.id == bot_id
     )
     addressed = is_direct or ((mentioned or command or replied) and not other_bots_command)
+    extra = _replied(msg, bot_id)
 
     chat = msg.chat
     thread_id = str(msg.message_thread_id) if msg.is_topic_message and msg.message_thread_id else None
@@ -89,8 +92,39 @@ def to_inbound(update: Update, bot_id: int, bot_username: str) -> Inbound | None
         sender_name=msg.from_user.full_name,
         chat_title=chat.effective_name or "",
         attachments=attachments,
+        extra=extra,
         unsupported=unsupported,
     )
+
+
+def _replied(msg: Message, bot_id: int) -> dict[str, Any]:
+    """The message ``msg`` replies to, for the agent's context (channels.base.replied_extra): the
+    update carries it, and a bot cannot fetch history. A forum topic's creation notice, which
+    every topic message "replies" to, is none. ``quote`` is the part the user picked out."""
+    reply = msg.reply_to_message
+    quote = msg.quote.text if msg.quote is not None and isinstance(msg.quote.text, str) else ""
+    if reply is None or reply.forum_topic_created is not None:
+        if not quote:
+            return {}
+        item = ContextItem("a message elsewhere", quote, replied_to=True)
+        return replied_extra(item)
+    sender = reply.from_user
+    author = sender.full_name if sender else ""
+    if not author and reply.sender_chat is not None:
+        author = reply.sender_chat.effective_name or ""
+    text = next((t for t in (reply.text, reply.caption) if isinstance(t, str) and t.strip()), "")
+    if not text:
+        kind = next((k for k in _REPLY_KINDS if getattr(reply, k, None)), "a message")
+        text = f"({kind} without text)"
+    if quote:
+        text += f"\n(the part quoted in the reply: {quote})"
+    is_self = sender is not None and sender.id == bot_id
+    item = ContextItem(author or "someone", text, str(reply.message_id), is_self,
+                       sender is not None and sender.is_bot, replied_to=True)  # fmt: skip
+    return replied_extra(item)
+
+
+_REPLY_KINDS = ("photo", "document", "voice", "audio", "video", "sticker", "poll", "location")
 
 
 def _check_types(msg: Message) -> None:
@@ -185,16 +219,20 @@ def _attachments(msg: Message) -> tuple[Attachment, ...]:
         d = msg.document
         out.append(Attachment(d.file_id, d.file_name or "document", d.mime_type, d.file_size))
     if msg.photo:
-        p = max(msg.photo, key=lambda s: (s.file_size or 0, s.width * s.height))
-        out.append(Attachment(p.file_id, f"photo_{p.file_unique_id}.jpg", "image/jpeg", p.file_size))
+        # The largest size a bot may download (getFile serves 20 MB at most); sizes whose file
+        # size is not stated count as fitting (Telegram compresses photos to a few MB anyway).
+        fits = [s for s in msg.photo if (s.file_size or 0) <= GETFILE_MAX] or list(msg.photo)
+        p = max(fits, key=lambda s: (s.width * s.height, s.file_size or 0))
+        out.append(Attachment(p.file_id, f"photo_{p.file_unique_id}.jpg", "image/jpeg", p.file_size,
+                              kind="image"))  # fmt: skip
     if msg.audio:
         a = msg.audio
         name = a.file_name or "audio.mp3"
-        out.append(Attachment(a.file_id, name, a.mime_type or "audio/mpeg", a.file_size))
+        out.append(Attachment(a.file_id, name, a.mime_type or "audio/mpeg", a.file_size, kind="audio"))
     if msg.voice:
         v = msg.voice
         out.append(Attachment(v.file_id, f"voice_{v.file_unique_id}.ogg", v.mime_type or "audio/ogg",
-                              v.file_size))  # fmt: skip
+                              v.file_size, kind="voice"))  # fmt: skip
     if msg.video:
         vid = msg.video
         name = vid.file_name or "video.mp4"
