@@ -19,6 +19,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     create_model,
+    field_validator,
     model_validator,
 )
 
@@ -142,6 +143,23 @@ else:
 class StorageConfig(_Strict):
     path: Path = Path("./data")
     """Directory for the SQLite databases and per-thread files."""
+    url: str | None = None
+    """``postgresql://user:password@host:5432/db`` keeps the gateway's tables and the agent's
+    checkpoints and memory in PostgreSQL, so several daemons can share one bot
+    (docs/scale-out.md); also ``$CHITAL_DATABASE_URL``. Unset: SQLite files under ``path``."""
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql://… URL (leave it unset for SQLite)")
+        return value
+
+    @property
+    def database_url(self) -> str | None:
+        """The PostgreSQL URL in use: the config's, else ``$CHITAL_DATABASE_URL``, else None."""
+        return self.url or os.environ.get("CHITAL_DATABASE_URL") or None
+
     reserve_mb: int = Field(64, ge=0)
     """Disk space held back beside the database and given up only when the disk fills, so the
     journal keeps recording (failures, new messages) while an operator frees space. 0: none."""

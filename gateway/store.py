@@ -21,15 +21,19 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
 from channels.base import Attachment, Inbound
 
+from .db import POSTGRES, SQLITE, PgConnection
 from .store_access import AccessTables
 from .store_schedules import ScheduleTables
 from .store_schema import migrate
+
+if TYPE_CHECKING:
+    from .config import StorageConfig
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +169,7 @@ class Store(AccessTables, ScheduleTables):
         self._threads: dict[str, str] = {}
         """conversation → thread id, read through: one daemon owns its SQLite file."""
         self._dm_chats: dict[str, str] = {}
+        self.dialect = SQLITE
 
     @classmethod
     async def open(cls, path: Path, reserve_bytes: int = DEFAULT_RESERVE) -> Store:
@@ -182,6 +187,21 @@ class Store(AccessTables, ScheduleTables):
             await db.close()  # else its thread keeps the process alive
             raise
         return cls(db, path, reserve)
+
+    @classmethod
+    async def open_postgres(cls, url: str) -> Store:
+        """The same store on PostgreSQL (docs/scale-out.md): statements are rewritten by
+        :mod:`gateway.db`; there is no disk reserve (the database server owns its disk)."""
+        db = await PgConnection.connect(url)
+        try:
+            await migrate(db)  # type: ignore[arg-type]  # PgConnection speaks aiosqlite's calls
+            await db.load_keys()
+        except BaseException:
+            await db.close()
+            raise
+        store = cls(db, Path(url.split("@")[-1]))  # type: ignore[arg-type]
+        store.dialect = POSTGRES
+        return store
 
     async def close(self) -> None:
         await self._db.close()
@@ -398,6 +418,8 @@ class Store(AccessTables, ScheduleTables):
 
     async def vacuum_mode(self) -> str:
         """SQLite's ``auto_vacuum`` setting: ``none``, ``full`` or ``incremental``."""
+        if self.dialect == POSTGRES:
+            return "postgres"  # the server's autovacuum looks after it
         async with self._db.execute("PRAGMA auto_vacuum") as cur:
             row = await cur.fetchone()
         return {0: "none", 1: "full", 2: "incremental"}.get(int(row[0]) if row else 0, "none")
@@ -412,6 +434,8 @@ class Store(AccessTables, ScheduleTables):
         ``VACUUM`` needs free space about the size of the database: when it fails the mode stays as
         it was and the next start tries again. Also caps what the WAL file keeps after a
         checkpoint (``journal_size_limit``), or one burst would leave a large WAL for good."""
+        if self.dialect == POSTGRES:
+            return False
         await self._db.execute(f"PRAGMA journal_size_limit={int(wal_limit)}")
         if await self.vacuum_mode() == "incremental":
             return False
@@ -438,6 +462,8 @@ class Store(AccessTables, ScheduleTables):
         ("database is locked"). On the worker thread, between two statements of other tasks,
         nothing interleaves: the pass is skipped while a transaction is open, and the TRUNCATE
         checkpoint does not wait for readers (which could only be this connection's own)."""
+        if self.dialect == POSTGRES:
+            return 0
         return int(await self._db._execute(self._shrink_now))  # aiosqlite: run fn on its thread
 
     def _shrink_now(self) -> int:
@@ -468,7 +494,7 @@ class Store(AccessTables, ScheduleTables):
     async def size_info(self) -> dict[str, int]:
         """Bytes on disk (database, WAL), pages (total, free) and rows per table."""
         info: dict[str, int] = {}
-        for name in ("page_size", "page_count", "freelist_count"):
+        for name in ("page_size", "page_count", "freelist_count") if self.dialect == SQLITE else ():
             async with self._db.execute(f"PRAGMA {name}") as cur:
                 row = await cur.fetchone()
             info[name] = int(row[0]) if row else 0
@@ -492,3 +518,12 @@ class Store(AccessTables, ScheduleTables):
             return 0
         self._threads.clear()
         return count
+
+
+async def open_store(storage: StorageConfig) -> Store:
+    """The gateway's store as configured: PostgreSQL when a URL is set, else SQLite under
+    ``storage.path``."""
+    url = storage.database_url
+    if url:
+        return await Store.open_postgres(url)
+    return await Store.open(storage.path / "gateway.sqlite", storage.reserve_mb << 20)

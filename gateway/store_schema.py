@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import aiosqlite
 
+from .db import POSTGRES, dialect_of
 from .store_access import ACCESS_TABLES, PAIRING_COLUMNS
 from .store_schedules import SCHEDULE_TABLES
 
@@ -97,6 +98,10 @@ class Migration:
 
 
 async def _columns(db: aiosqlite.Connection, table: str) -> set[str]:
+    if dialect_of(db) == POSTGRES:
+        sql = "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+        async with db.execute(f"{sql} AND table_name = ?", (table,)) as cur:
+            return {str(row[0]) for row in await cur.fetchall()}
     async with db.execute(f"PRAGMA table_info({table})") as cur:
         return {str(row[1]) for row in await cur.fetchall()}
 
@@ -126,7 +131,17 @@ MIGRATIONS: tuple[Migration, ...] = (
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
 
+PG_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS chital_schema (version INTEGER NOT NULL)"
+"""PostgreSQL has no ``user_version``: the version is the one row of this table."""
+PG_MIGRATION_LOCK = 0x43484954414C
+"""The advisory lock key ("CHITAL") daemons starting together take around each schema step."""
+
+
 async def user_version(db: aiosqlite.Connection) -> int:
+    if dialect_of(db) == POSTGRES:
+        async with db.execute("SELECT MAX(version) FROM chital_schema") as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
     async with db.execute("PRAGMA user_version") as cur:
         row = await cur.fetchone()
     return int(row[0]) if row else 0
@@ -141,6 +156,8 @@ async def migrate(db: aiosqlite.Connection, steps: Sequence[Migration] = MIGRATI
         if step.version != i:
             raise ValueError(f"migration steps must be numbered 1, 2, ...; step {i} says {step.version}")
     target = steps[-1].version if steps else 0
+    if dialect_of(db) == POSTGRES:
+        return await _migrate_postgres(db, steps, target)
     start = await user_version(db)
     if start > target:
         raise SchemaTooNew(
@@ -153,6 +170,36 @@ async def migrate(db: aiosqlite.Connection, steps: Sequence[Migration] = MIGRATI
         try:
             await step.run(db)
             await db.execute(f"PRAGMA user_version = {int(step.version)}")
+            await db.commit()
+        except BaseException:
+            await db.rollback()
+            raise
+        log.info("database schema migrated to version %d (%s)", step.version, step.what)
+    return start
+
+
+async def _migrate_postgres(db: aiosqlite.Connection, steps: Sequence[Migration], target: int) -> int:
+    """The same steps on PostgreSQL (their statements rewritten by gateway/db.py). Several daemons
+    may start at once: each step runs under a transaction-scoped advisory lock and re-reads the
+    version inside it, so exactly one of them runs it; PostgreSQL's DDL is transactional too."""
+    await db.execute(PG_VERSION_TABLE)
+    await db.commit()
+    start = await user_version(db)
+    await db.commit()
+    if start > target:
+        raise SchemaTooNew(
+            f"database schema version {start} is newer than this Chital understands ({target}); "
+            "run the newer version, or restore a backup"
+        )
+    for step in steps[start:]:
+        try:
+            await db.execute("SELECT pg_advisory_xact_lock(?)", (PG_MIGRATION_LOCK,))
+            if await user_version(db) >= step.version:
+                await db.commit()  # another daemon ran it while we waited for the lock
+                continue
+            await step.run(db)
+            await db.execute("DELETE FROM chital_schema")
+            await db.execute("INSERT INTO chital_schema(version) VALUES (?)", (step.version,))
             await db.commit()
         except BaseException:
             await db.rollback()
