@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,30 @@ class Clarification:
     """The agent ends the turn asking the user a question."""
 
     question: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequested:
+    """The turn pauses until a person approves or denies one tool call (agent/approvals.py).
+
+    ``id`` is stable for this pause (a replay of the turn asks with the same id); answer it with
+    ``AgentHarness.resume``. ``args`` are the call's arguments with configured secrets and
+    credential-looking values already masked. Several gated calls of one model step are several
+    events; the turn continues once each is answered."""
+
+    id: str
+    tool: str
+    args: dict[str, Any]
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalDecision:
+    """A person's answer to an :class:`ApprovalRequested`: ``approved``, or not with ``reason``
+    (denied by someone, timed out) which the model reads as the tool's result."""
+
+    approved: bool
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,4 +101,6 @@ class TurnFailed:
     detail: str = field(default="", compare=False)
 
 
-AgentEvent = TextDelta | ToolProgress | StatusUpdate | Clarification | FileOut | Final | TurnFailed
+AgentEvent = (
+    TextDelta | ToolProgress | StatusUpdate | Clarification | FileOut | Final | TurnFailed | ApprovalRequested
+)

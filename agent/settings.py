@@ -43,6 +43,25 @@ class ContextSettings(BaseModel):
         return self
 
 
+class ApprovalSettings(BaseModel):
+    """Which tool calls need a person's yes before they run, and which never run (docs/approvals.md).
+
+    Tool names may be patterns (``mcp_github_*``, fnmatch style). Empty lists: every tool runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tools: list[str] = Field(default_factory=list)
+    """Tools whose every call waits for Approve / Deny in the chat (e.g. ``execute``,
+    ``write_file``, ``web_fetch``)."""
+    deny: list[str] = Field(default_factory=list)
+    """Tools refused outright (the guardrail): the model is told they are blocked by policy."""
+    timeout: float = Field(600.0, gt=0)
+    """Seconds a request waits for an answer; then it counts as denied."""
+    approvers: Literal["requester", "admins"] = "requester"
+    """Who may answer: the person whose message led to the call (and the channel's admins), or
+    the admins (``access.admins``) only."""
+
+
 class MemorySettings(BaseModel):
     """Long-term memory per user. The gateway embeds this in its agent settings."""
 

@@ -204,6 +204,51 @@ def replied_item(inbound: Inbound) -> ContextItem | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Button:
+    """A button under a bot message (:meth:`Channel.send_buttons`); ``value`` comes back in the
+    :class:`Action` of a press. ``style``: ``primary``, ``danger`` or ``""``."""
+
+    label: str
+    value: str
+    style: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """A user pressed a :class:`Button` (Telegram callback query, Slack block action, Discord
+    component interaction, Lark card action). ``value`` is the button's; ``message_id`` the message
+    carrying it. Handed to the gateway through :meth:`Channel.hand_action`."""
+
+    platform: str
+    chat_id: str
+    sender_id: str
+    value: str
+    message_id: str = ""
+    sender_name: str = ""
+    thread_id: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sender_name", clean_text(self.sender_name))
+
+    @property
+    def user(self) -> str:
+        return f"{self.platform}:{self.sender_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ActionAnswer:
+    """What the presser alone is told (a Telegram callback answer, a Slack ephemeral message, a
+    Discord ephemeral reply, a Lark toast); ``refused`` marks a press that changed nothing."""
+
+    text: str = ""
+    refused: bool = False
+
+
+ActionSink = Callable[[Action], Awaitable[ActionAnswer]]
+"""The gateway's handler of button presses; it returns once the press is journaled."""
+
+
+@dataclass(frozen=True, slots=True)
 class OutFile:
     """A file to upload into a conversation: its name and bytes, already read and checked.
 
@@ -255,6 +300,8 @@ class Capabilities:
     finds_orphans: bool = False
     """:meth:`Channel.recover` can tell whether a message was sent for a key (Slack's metadata):
     when it finds none, none was sent."""
+    buttons: bool = False
+    """:meth:`Channel.send_buttons` works and presses arrive as :class:`Action` values."""
 
 
 # -- errors adapters raise; delivery and the supervisor act on them --------------------------------
@@ -341,6 +388,7 @@ class Channel(abc.ABC):
         """Events skipped because they could not be parsed or journaled (the gateway's
         ``chital_messages_ignored{reason="malformed"}`` counts the same through the sink)."""
         self._reporter: Report = self._unsupervised
+        self._actions: ActionSink | None = None
 
     # -- status (read here, written by the supervisor) ------------------------------------------
     @property
@@ -377,6 +425,26 @@ class Channel(abc.ABC):
             self.status.set(ChannelState.CONNECTED)
         else:
             self.status.set(ChannelState.RECONNECTING, trouble)
+
+    # -- button presses -------------------------------------------------------------------------
+    def on_action(self, sink: ActionSink) -> None:
+        """Route button presses to ``sink`` (the gateway's, installed once)."""
+        self._actions = sink
+
+    async def hand_action(self, action: Action) -> ActionAnswer:
+        """Give a press to the gateway; the adapter then answers the platform with the result.
+
+        Never raises for the press's own sake: a press nobody can handle is refused with a note,
+        so the platform's spinner stops instead of the button failing silently."""
+        if self._actions is None:
+            return ActionAnswer("This button is not active right now.", refused=True)
+        try:
+            return await self._actions(action)
+        except ChannelError:
+            raise
+        except Exception as exc:
+            log.error("%s: a button press could not be handled: %s", self.name, type(exc).__name__)
+            return ActionAnswer("⚠️ That did not work; please try again.", refused=True)
 
     # -- events that cannot be read ----------------------------------------------------------
     async def skip_unreadable(
@@ -520,6 +588,17 @@ class Channel(abc.ABC):
 
     async def react(self, target: ReplyTarget, emoji: str) -> None:  # noqa: B027
         """Put a reaction on the user's message, where the platform has reactions."""
+
+    async def send_buttons(
+        self, target: ReplyTarget, part: Rendered, buttons: Sequence[Button], *, idempotency_key: str
+    ) -> str:
+        """Send ``part`` with ``buttons`` under it (one row); return the message id. Only where
+        ``capabilities.buttons``; the gateway falls back to text replies elsewhere."""
+        raise PermanentSendError(f"{self.name} has no buttons")
+
+    async def close_buttons(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        """Replace a :meth:`send_buttons` message with ``part`` and no buttons (the decision)."""
+        await self.edit(target, message_id, part)
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """Fetch an inbound attachment; raise :class:`PermanentSendError` if it exceeds ``limit``."""

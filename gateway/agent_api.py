@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from agent.events import AgentEvent, OutputFile
+from agent.events import AgentEvent, ApprovalDecision, OutputFile
 from agent.turn import PLAIN, TurnOptions
 
 
@@ -51,7 +51,20 @@ class AgentHarness(Protocol):
         files: Sequence[str] = (),
         options: TurnOptions = PLAIN,
     ) -> AsyncIterator[AgentEvent]:
-        """One turn; safe to call again with the same ``message_id`` (replay / continue)."""
+        """One turn; safe to call again with the same ``message_id`` (replay / continue). A turn
+        that ends with ``ApprovalRequested`` events (and no Final) waits for :meth:`resume`."""
+        ...
+
+    def resume(
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        approval_id: str,
+        decision: ApprovalDecision,
+    ) -> AsyncIterator[AgentEvent]:
+        """Continue the turn of ``message_id`` paused on ``approval_id`` (safe to call again)."""
         ...
 
     async def message_count(self, thread_id: str) -> int: ...

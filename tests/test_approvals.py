@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.tools import tool
@@ -167,3 +168,171 @@ async def test_a_new_message_while_waiting_closes_the_paused_call(fake: FakeOpen
         assert roles[-3:] == ["assistant", "tool", "user"]  # the paused call got a result
     finally:
         await harness.close()
+
+
+# ---- gateway (in-process rig: FakeChannel + FakeHarness) -----------------------------------------
+# The imports sit here to keep the agent tests above readable on their own.
+import asyncio  # noqa: E402
+
+from gateway.store import JournalState  # noqa: E402
+from tests.fakes.fake_channel import FakeChannel  # noqa: E402
+from tests.fakes.fake_harness import Call, FakeHarness  # noqa: E402
+from tests.fakes.gateway_rig import (  # noqa: E402
+    ADMIN,
+    USER,
+    crash,
+    dm,
+    fake_rig,
+    make_config,
+    quiet,
+    until,
+)
+
+OTHER = 300
+CALL = ApprovalRequested(
+    "intr-1", "execute", {"command": "rm -rf /tmp/cache"}, "The agent wants to run execute."
+)
+
+
+def config(timeout: float = 600, approvers: str = "requester") -> Any:
+    return make_config(
+        access={"admins": [str(ADMIN)], "allow_users": [str(USER), str(OTHER)]},
+        delivery={"first_edit_delay": 0.0},
+        agent={"approvals": {"tools": ["execute"], "timeout": timeout, "approvers": approvers}},
+    )
+
+
+async def asks(call: Call) -> AsyncIterator[AgentEvent]:
+    yield ToolProgress("execute", "start")
+    yield CALL
+
+
+def buttoned(channel: FakeChannel) -> Any:
+    return next((m for m in channel.sent if m.buttons), None)
+
+
+async def paused(channel: FakeChannel, harness: FakeHarness, user: int = USER) -> tuple[Any, Any]:
+    harness.on("clean the cache", asks)
+    inbound = dm(user, "clean the cache", name="Alice")
+    await channel.deliver(inbound)
+    request = await until(lambda: buttoned(channel), what="the buttons")
+    return inbound, request
+
+
+async def test_the_exact_call_is_shown_and_an_approval_resumes_in_the_same_reply(tmp_path: Path) -> None:
+    async with fake_rig(tmp_path, config(), channel=FakeChannel(buttons=True)) as rig:
+        inbound, request = await paused(rig.channel, rig.harness)
+        assert "`execute`" in request.text and "rm -rf /tmp/cache" in request.text
+        assert "Alice" in request.text and "10 min" in request.text
+        assert [b.label for b in request.buttons] == ["✅ Approve", "❌ Deny"]
+        reply = await until(lambda: rig.channel.replies_to(inbound.message_id)[0].startswith("🔐") or None)
+        assert reply and rig.harness.resumed == []
+        assert await rig.store.journal_open() == []  # parked, not open: a restart does not re-run it
+
+        answer = await rig.channel.press(request.message_id, "✅", USER, "Alice")
+        assert not answer.refused and "Approved" in answer.text
+        await until(lambda: rig.channel.replies_to(inbound.message_id)[0] == "resumed: approved")
+        first = rig.channel.sent[0]
+        assert first.message_id != request.message_id and first.text == "resumed: approved"  # edited
+        assert request.text.endswith("✅ Approved by Alice") and request.buttons == []
+        assert [(r.approval_id, r.decision.approved) for r in rig.harness.resumed] == [("intr-1", True)]
+        counts = await rig.store.journal_counts()
+        assert counts.get(JournalState.WAITING.value) is None
+
+
+async def test_a_stranger_is_refused_an_admin_may_deny_and_a_second_press_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    async with fake_rig(tmp_path, config(), channel=FakeChannel(buttons=True)) as rig:
+        inbound, request = await paused(rig.channel, rig.harness)
+        refused = await rig.channel.press(request.message_id, "✅", OTHER, "Mallory")
+        assert refused.refused and "Not yours" in refused.text and "Alice" in refused.text
+        await quiet(0.2)
+        assert rig.harness.resumed == [] and request.buttons
+        first, second = await asyncio.gather(
+            rig.channel.press(request.message_id, "❌", ADMIN, "Root"),
+            rig.channel.press(request.message_id, "✅", USER, "Alice"),
+        )
+        assert [first.refused, second.refused] == [False, True] and "Already settled" in second.text
+        await until(
+            lambda: (
+                rig.harness.resumed and rig.channel.replies_to(inbound.message_id)[0].startswith("resumed")
+            )
+        )
+        again = await rig.channel.press(request.message_id, "❌", ADMIN, "Root")  # a redelivered press
+        assert again.refused
+        await quiet(0.2)
+        assert len(rig.harness.resumed) == 1 and rig.harness.resumed[0].decision == ApprovalDecision(
+            False, "denied by Root"
+        )
+        assert request.text.endswith("❌ Denied by Root")
+        assert rig.channel.replies_to(inbound.message_id)[0] == "resumed: denied (denied by Root)"
+
+
+async def test_admins_only_policy(tmp_path: Path) -> None:
+    async with fake_rig(tmp_path, config(approvers="admins"), channel=FakeChannel(buttons=True)) as rig:
+        _, request = await paused(rig.channel, rig.harness)
+        assert (await rig.channel.press(request.message_id, "✅", USER, "Alice")).refused
+        assert not (await rig.channel.press(request.message_id, "✅", ADMIN, "Root")).refused
+        await until(lambda: rig.harness.resumed)
+
+
+async def test_a_timeout_denies(tmp_path: Path) -> None:
+    async with fake_rig(tmp_path, config(timeout=0.3), channel=FakeChannel(buttons=True)) as rig:
+        _, request = await paused(rig.channel, rig.harness)
+        await until(lambda: rig.harness.resumed, what="the timeout")
+        decision = rig.harness.resumed[0].decision
+        assert not decision.approved and "no one approved it" in decision.reason
+        assert request.text.endswith("⌛ Timed out: not run") and request.buttons == []
+        late = await rig.channel.press(request.message_id, "✅", USER, "Alice")
+        assert late.refused and "Timed out" in late.text
+
+
+async def test_a_restart_between_request_and_press(tmp_path: Path) -> None:
+    from gateway.store import Store
+
+    store = await Store.open(tmp_path / "gateway.sqlite", reserve_bytes=0)
+    try:
+        channel = FakeChannel(buttons=True)
+        async with fake_rig(tmp_path, config(), channel=channel, store=store) as rig:
+            inbound, request = await paused(rig.channel, rig.harness)
+            await until(lambda: rig.channel.replies_to(inbound.message_id)[0].startswith("🔐") or None)
+            await crash(rig)
+        harness = FakeHarness()
+        async with fake_rig(
+            tmp_path, config(), channel=channel.restarted(), store=store, harness=harness
+        ) as rig:
+            await quiet(0.2)
+            assert harness.calls == []  # the paused turn is not run again by itself
+            answer = await rig.channel.press(request.message_id, "✅", USER, "Alice")
+            assert not answer.refused
+            await until(lambda: rig.channel.replies_to(inbound.message_id)[0] == "resumed: approved")
+            assert [r.approval_id for r in harness.resumed] == ["intr-1"] and harness.calls == []
+    finally:
+        await store.close()
+
+
+async def test_text_answers_where_there_are_no_buttons(tmp_path: Path) -> None:
+    async with fake_rig(tmp_path, config(), channel=FakeChannel()) as rig:
+        rig.harness.on("clean the cache", asks)
+        inbound = dm(USER, "clean the cache", name="Alice")
+        await rig.channel.deliver(inbound)
+        request = await until(lambda: next((m for m in rig.channel.sent if "Reply `approve" in m.text), None))
+        code = request.text.split("Reply `approve ")[1][:8]
+        await rig.channel.deliver(dm(OTHER, f"approve {code}", name="Mallory"))
+        await until(lambda: any("Not yours" in t for t in rig.channel.in_chat(str(OTHER))))
+        await rig.channel.deliver(dm(USER, f"deny {code}", name="Alice"))
+        await until(lambda: rig.harness.resumed)
+        assert rig.harness.resumed[0].decision == ApprovalDecision(False, "denied by Alice")
+        await until(lambda: rig.channel.replies_to(inbound.message_id)[0].startswith("resumed: denied"))
+
+
+async def test_a_new_message_cancels_the_waiting_request(tmp_path: Path) -> None:
+    async with fake_rig(tmp_path, config(), channel=FakeChannel(buttons=True)) as rig:
+        _, request = await paused(rig.channel, rig.harness)
+        later = dm(USER, "never mind")
+        await rig.channel.deliver(later)
+        await until(lambda: rig.channel.replies_to(later.message_id) == ["echo: never mind"])
+        await until(lambda: request.text.endswith("❌ Cancelled: a newer message came first"))
+        assert request.buttons == [] and rig.harness.resumed == []
+        assert (await rig.channel.press(request.message_id, "✅", USER)).refused

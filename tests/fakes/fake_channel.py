@@ -26,7 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from channels.base import (
+    Action,
+    ActionAnswer,
     Attachment,
+    Button,
     Capabilities,
     Channel,
     ChannelState,
@@ -69,6 +72,10 @@ class Message:
     """The text as sent, then after each edit."""
     file: OutFile | None = None
     deleted: bool = False
+    buttons: list[Button] = field(default_factory=list)
+    """The buttons under it now (:meth:`FakeChannel.send_buttons`; cleared by ``close_buttons``)."""
+    offered: list[Button] = field(default_factory=list)
+    """The buttons it was sent with (a stale client can still press them)."""
 
     @property
     def text(self) -> str:
@@ -352,6 +359,27 @@ class FakeChannel(Channel):
         if self.capabilities.dedupes_sends and (earlier := self.platform.by_key(idempotency_key)):
             return earlier.message_id
         return self.platform.post(target, caption, idempotency_key, file).message_id
+
+    async def send_buttons(
+        self, target: ReplyTarget, part: Rendered, buttons: Sequence[Button], *, idempotency_key: str
+    ) -> str:
+        if not self.capabilities.buttons:
+            raise PermanentSendError(f"{self.name} has no buttons")
+        message_id = await self.send(target, part, idempotency_key=idempotency_key)
+        self.platform.messages[message_id].buttons = list(buttons)
+        self.platform.messages[message_id].offered = list(buttons)
+        return message_id
+
+    async def close_buttons(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        await self.edit(target, message_id, part)
+        self.platform.messages[message_id].buttons = []
+
+    async def press(self, message_id: str, label: str, user: int | str, name: str = "") -> ActionAnswer:
+        """``user`` presses the button labelled ``label`` (its start) under ``message_id``."""
+        msg = self.platform.messages[message_id]
+        button = next(b for b in msg.offered if label in b.label)
+        action = Action(self.name, msg.target.chat_id, str(user), button.value, message_id, name)
+        return await self.hand_action(action)
 
     # -- what the users see ------------------------------------------------------------------------
     @property

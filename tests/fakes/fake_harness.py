@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from agent.events import AgentEvent, Final, OutputFile
+from agent.events import AgentEvent, ApprovalDecision, Final, OutputFile
 from agent.turn import PLAIN, TurnOptions
 from gateway.agent_api import AgentHarness, MemoryAccess
 
@@ -30,6 +30,23 @@ class Call:
 
 
 Script = Callable[[Call], AsyncIterator[AgentEvent]]
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """One paused turn the gateway continued with a person's decision."""
+
+    thread_id: str
+    message_id: str
+    approval_id: str
+    decision: ApprovalDecision
+
+
+ResumeScript = Callable[[Resumed], AsyncIterator[AgentEvent]]
+
+
+async def answer_decision(call: Resumed) -> AsyncIterator[AgentEvent]:
+    yield Final("resumed: approved" if call.decision.approved else f"resumed: denied ({call.decision.reason})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +83,9 @@ class FakeHarness:
         """Cleared: every turn waits here after being recorded (a busy agent)."""
         self.gate.set()
         self.scripts: dict[str, Script] = {}
+        self.resumed: list[Resumed] = []
+        self.resume_scripts: dict[str, ResumeScript] = {}
+        """Per approval id: what a resumed turn yields (``answer_decision`` otherwise)."""
         self.outputs: dict[str, bytes] = {}
         """Files the agent can present, by the path it names them by (for :meth:`read_output`)."""
         self.uploads: dict[str, bytes] = {}
@@ -110,6 +130,22 @@ class FakeHarness:
         self.calls.append(call)
         await self.gate.wait()
         async for event in self.scripts.get(call.text, echo)(call):
+            yield event
+
+    def resume(
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        approval_id: str,
+        decision: ApprovalDecision,
+    ) -> AsyncIterator[AgentEvent]:
+        return self._resume(Resumed(thread_id, message_id, approval_id, decision))
+
+    async def _resume(self, call: Resumed) -> AsyncIterator[AgentEvent]:
+        self.resumed.append(call)
+        async for event in self.resume_scripts.get(call.approval_id, answer_decision)(call):
             yield event
 
     async def message_count(self, thread_id: str) -> int:
