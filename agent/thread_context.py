@@ -25,7 +25,7 @@ END = "[End of the earlier messages. The message to answer:]"
 SELF = "you (assistant)"
 
 _MARKERS = re.compile(r"\[\s*(earlier messages in this thread|end of the earlier messages)", re.IGNORECASE)
-_AUTHOR_JUNK = re.compile(r"[\[\]\r\n\t>]+")
+_AUTHOR_JUNK = re.compile(r"[\[\]\r\n\t]+")
 
 
 def with_context(text: str, context: Sequence[ContextMessage]) -> str:

@@ -119,6 +119,8 @@ class FakeDiscord:
         self.typing: Counter[str] = Counter()
         self.reactions: list[tuple[str, str, str]] = []  # (channel, message, emoji)
         self.forbidden_channels: set[str] = set()
+        self.no_history: set[str] = set()
+        """Channels whose history the bot may not read (no Read Message History): 403 on GET."""
         self.identifies = 0
         self.resumes = 0
         self.heartbeats = 0
@@ -136,6 +138,7 @@ class FakeDiscord:
         r.add_get(f"{api}/gateway", self._gateway_bot)
         r.add_post(f"{api}/channels/{{cid}}/messages", self._post_message)
         r.add_get(f"{api}/channels/{{cid}}/messages/{{mid}}", self._get_message)
+        r.add_get(f"{api}/channels/{{cid}}/messages", self._list_messages)
         r.add_patch(f"{api}/channels/{{cid}}/messages/{{mid}}", self._patch_message)
         r.add_post(f"{api}/channels/{{cid}}/typing", self._typing)
         r.add_put(f"{api}/channels/{{cid}}/messages/{{mid}}/reactions/{{emoji}}/@me", self._react)
@@ -719,6 +722,31 @@ class FakeDiscord:
             await self._dispatch("MESSAGE_CREATE", data)  # Discord echoes the bot's own posts
         self._notify()
         return _json(data)
+
+    async def _list_messages(self, request: web.Request) -> web.Response:
+        """GET /channels/{id}/messages: newest first, ``before``/``after`` a message id, ``limit``
+        1-100 (default 50), as Discord answers; 403 in a channel listed in ``no_history``."""
+        cid = request.match_info["cid"]
+        if (bad := self._check_channel(cid)) is not None:
+            return bad
+        if cid in self.no_history:
+            return _error(403, 50001, "Missing Access")
+        try:
+            limit = int(request.query.get("limit", "50"))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 100:
+            return _error(
+                400, 50035, "Invalid Form Body", {"limit": {"_errors": [{"code": "NUMBER_TYPE_MAX"}]}}
+            )
+        before, after = request.query.get("before"), request.query.get("after")
+        found = [m for m in self._messages.values() if m["channel_id"] == cid]
+        if before:
+            found = [m for m in found if int(m["id"]) < int(before)]
+        if after:
+            found = [m for m in found if int(m["id"]) > int(after)]
+        found.sort(key=lambda m: int(m["id"]), reverse=True)
+        return _json(found[:limit])
 
     async def _get_message(self, request: web.Request) -> web.Response:
         data = self._messages.get(request.match_info["mid"])

@@ -51,6 +51,8 @@ class FakeMessage:
     thread_id: str | None = None
     uuid: str | None = None
     history: list[str] = field(default_factory=list)  # earlier contents, oldest first
+    create_time: int = field(default_factory=lambda: int(time.time() * 1000))  # ms, as Lark says
+    sender_name: str = ""
 
     @property
     def edits(self) -> int:
@@ -275,6 +277,8 @@ class FakeLark:
         message_id: str | None = None,
         thread_id: str | None = None,
         mentions: list[tuple[str, str]] | None = None,
+        parent_id: str | None = None,
+        sender_name: str = "",
     ) -> Injected:
         """A user posts ``text``. With ``mention_bot`` the text starts with the bot's @-placeholder.
         ``mentions`` adds other users as (open_id, name); their placeholders are appended to the text.
@@ -295,6 +299,8 @@ class FakeLark:
             message_id=message_id,
             thread_id=thread_id,
             mentions=ments,
+            parent_id=parent_id,
+            sender_name=sender_name,
         )
 
     def inject_file(
@@ -334,6 +340,8 @@ class FakeLark:
         thread_id: str | None = None,
         mentions: list[dict[str, Any]] | None = None,
         mutate: Callable[[dict[str, Any]], None] | None = None,
+        parent_id: str | None = None,
+        sender_name: str = "",
     ) -> Injected:
         """A user's message event. ``content`` as a str is sent as it is (not even valid JSON, if
         so given); ``mutate`` may break the event body before it is sent (drop the sender ...)."""
@@ -362,8 +370,8 @@ class FakeLark:
                 },
                 "message": {
                     "message_id": message_id,
-                    "root_id": thread_id and f"om_root_{thread_id}",
-                    "parent_id": None,
+                    "root_id": self._root_of(parent_id) or (thread_id and f"om_root_{thread_id}"),
+                    "parent_id": parent_id,
                     "create_time": now_ms,
                     "update_time": now_ms,
                     "chat_id": chat_id,
@@ -384,7 +392,11 @@ class FakeLark:
                 msg_type,
                 body["event"]["message"]["content"],
                 sender_open_id,
+                parent_id=parent_id,
+                root_id=body["event"]["message"]["root_id"],
                 thread_id=thread_id,
+                create_time=int(now_ms),
+                sender_name=sender_name,
             )
         if mutate is not None:
             mutate(body)
@@ -404,6 +416,10 @@ class FakeLark:
         """The platform delivers the same event (same event and message id) once more."""
         event_id = event.event_id if isinstance(event, Injected) else event
         self._call(lambda: self._deliver(event_id))
+
+    def _root_of(self, parent_id: str | None) -> str | None:
+        parent = self.messages.get(parent_id or "")
+        return (parent.root_id or parent.message_id) if parent else None
 
     def _mention(self, n: int, open_id: str, name: str) -> dict[str, Any]:
         return {
@@ -637,6 +653,14 @@ class FakeLark:
                 content_type="application/octet-stream",
                 headers={"Content-Disposition": f'attachment; filename="{res[0]}"'},
             )
+        if path == "/open-apis/im/v1/messages" and method == "GET":
+            return self._list(request)
+        if (m := re.fullmatch(r"/open-apis/im/v1/messages/([^/]+)", path)) and method == "GET":
+            found = self.messages.get(m.group(1))
+            if found is None:
+                return _err(400, 230001, "message not found")
+            named = request.query.get("with_sender_name", "").lower() == "true"  # the SDK sends "True"
+            return _ok({"items": [self._message_json(found, named)]})
         if m := re.fullmatch(r"/open-apis/im/v1/messages/([^/]+)", path):
             return await self._edit(request, m.group(1))
         if path in ("/open-apis/im/v1/images", "/open-apis/im/v1/files") and method == "POST":
@@ -711,25 +735,52 @@ class FakeLark:
         self._changed()
         return _ok(self._message_json(msg) if request.method == "PUT" else None)
 
-    def _message_json(self, msg: FakeMessage) -> dict[str, Any]:
+    def _list(self, request: web.Request) -> web.Response:
+        """GET im/v1/messages: a chat's or a thread's messages (``container_id_type`` chat|thread),
+        ``sort_type`` ByCreateTimeAsc|Desc, ``page_size`` 1-50, paged by ``page_token``."""
+        q = request.query
+        kind, container = q.get("container_id_type"), q.get("container_id", "")
+        if kind not in ("chat", "thread") or not container:
+            return _err(400, 99992402, "field validation failed: container_id_type")
+        size = int(q.get("page_size") or 20)
+        if not 1 <= size <= 50:
+            return _err(400, 99992402, "field validation failed: page_size")
+        with self._cond:
+            found = [m for m in self.messages.values()
+                     if (m.thread_id if kind == "thread" else m.chat_id) == container]  # fmt: skip
+        found.sort(
+            key=lambda m: (m.create_time, m.message_id), reverse=q.get("sort_type") == "ByCreateTimeDesc"
+        )
+        start = int(q.get("page_token") or 0)
+        page, more = found[start : start + size], len(found) > start + size
+        named = q.get("with_sender_name", "").lower() == "true"
+        data = {"items": [self._message_json(m, named) for m in page], "has_more": more}
+        if more:
+            data["page_token"] = str(start + size)
+        return _ok(data)
+
+    def _message_json(self, msg: FakeMessage, named: bool = False) -> dict[str, Any]:
         now = str(int(time.time() * 1000))
+        bot = msg.sender == _BOT_APP_ID_SENDER
+        sender: dict[str, Any] = (
+            {"id": self.app_id, "id_type": "app_id", "sender_type": "app", "tenant_key": "tenant_fake"}
+            if bot
+            else {"id": msg.sender, "id_type": "open_id", "sender_type": "user", "tenant_key": "tenant_fake"}
+        )
+        if named:
+            sender["sender_name"] = self.bot_name if bot else msg.sender_name
         return {
             "message_id": msg.message_id,
             "root_id": msg.root_id,
             "parent_id": msg.parent_id,
             "thread_id": msg.thread_id,
             "msg_type": msg.msg_type,
-            "create_time": now,
+            "create_time": str(msg.create_time),
             "update_time": now,
             "deleted": False,
             "updated": bool(msg.history),
             "chat_id": msg.chat_id,
-            "sender": {
-                "id": self.app_id,
-                "id_type": "app_id",
-                "sender_type": "app",
-                "tenant_key": "tenant_fake",
-            },
+            "sender": sender,
             "body": {"content": msg.content},
         }
 

@@ -46,6 +46,8 @@ class Post:
     """Every text the message had, first to last (the post, then each chat.update)."""
     metadata: dict[str, Any] | None = None
     """Message metadata as posted ({"event_type", "event_payload"}); read back by conversations.*."""
+    user: str | None = None
+    """The user who posted it; None for the bot's own posts."""
 
 
 @dataclass
@@ -254,7 +256,7 @@ class FakeSlack:
         ts = self.next_ts()
         event = self._message_event(channel, user, text, ts, thread_ts, files, subtype)
         event.update(extra or {})
-        self._remember(channel, ts, thread_ts, text)
+        self._remember(channel, ts, thread_ts, text, user)
         return Injected(ts, channel, [await self.send_event(event)])
 
     async def inject_mention(
@@ -272,7 +274,7 @@ class FakeSlack:
         if mention not in text:
             text = f"{mention} {text}"
         ts = self.next_ts()
-        self._remember(channel, ts, thread_ts, text)
+        self._remember(channel, ts, thread_ts, text, user)
         message = self._message_event(channel, user, text, ts, thread_ts, files, None)
         app_mention = {k: v for k, v in message.items() if k != "channel_type"}
         app_mention["type"] = "app_mention"
@@ -541,8 +543,10 @@ class FakeSlack:
             }
         return event
 
-    def _remember(self, channel: str, ts: str, thread_ts: str | None, text: str) -> Post:
-        post = Post(channel, ts, thread_ts, text, [text])
+    def _remember(
+        self, channel: str, ts: str, thread_ts: str | None, text: str, user: str | None = None
+    ) -> Post:
+        post = Post(channel, ts, thread_ts, text, [text], user=user)
         self._messages[(channel, ts)] = post
         return post
 
@@ -635,6 +639,12 @@ class FakeSlack:
     def _history_item(self, post: Post, with_meta: bool) -> dict[str, Any]:
         item: dict[str, Any] = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id,
                                 "text": post.text, "ts": post.ts}  # fmt: skip
+        if post.user is not None:  # a person's post: no bot_id; the profile as Slack often includes it
+            item = {"type": "message", "user": post.user, "text": post.text, "ts": post.ts}
+            profile = self.users.get(post.user, {}).get("profile")
+            if profile:
+                item["user_profile"] = {"display_name": profile.get("display_name", ""),
+                                        "real_name": profile.get("real_name", "")}  # fmt: skip
         if post.thread_ts:
             item["thread_ts"] = post.thread_ts
         if with_meta and post.metadata:
@@ -654,12 +664,27 @@ class FakeSlack:
         return {"messages": items[: int(p.get("limit") or 100)], "has_more": False}
 
     async def _m_conversations_replies(self, p: dict[str, Any]) -> dict[str, Any]:
-        """The bot's posts in one thread, oldest first; metadata only when asked."""
+        """One thread, oldest first: its parent, then every reply (people's and the bot's), within
+        ``oldest``/``latest`` (``inclusive``), ``limit`` per page, paged by ``cursor`` (an offset
+        here); metadata only when asked."""
         channel, ts = p.get("channel", ""), p.get("ts", "")
+        if (channel, ts) not in self._messages and not any(
+            c == channel and m.thread_ts == ts for (c, _), m in self._messages.items()
+        ):
+            return {"ok": False, "error": "thread_not_found"}
         with_meta = str(p.get("include_all_metadata", "")).lower() in ("1", "true")
-        posts = [m for (c, _), m in self._messages.items() if c == channel and m.thread_ts == ts]
+        inclusive = str(p.get("inclusive", "")).lower() in ("1", "true")
+        latest, oldest = float(p.get("latest") or "inf"), float(p.get("oldest") or 0)
+        posts = [m for (c, t), m in self._messages.items() if c == channel and (m.thread_ts == ts or t == ts)]
+        posts = [
+            m for m in posts
+            if (oldest <= float(m.ts) <= latest if inclusive else oldest < float(m.ts) < latest)
+        ]  # fmt: skip
         items = [self._history_item(m, with_meta) for m in sorted(posts, key=lambda m: float(m.ts))]
-        return {"messages": items[: int(p.get("limit") or 100)], "has_more": False}
+        start, limit = int(p.get("cursor") or 0), int(p.get("limit") or 100)
+        page, rest = items[start : start + limit], items[start + limit :]
+        more = {"response_metadata": {"next_cursor": str(start + limit)}} if rest else {}
+        return {"messages": page, "has_more": bool(rest), **more}
 
     async def _m_chat_update(self, p: dict[str, Any]) -> dict[str, Any]:
         channel, ts, text = p.get("channel", ""), p.get("ts", ""), p.get("text") or ""

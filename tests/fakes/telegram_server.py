@@ -144,6 +144,7 @@ class FakeTelegram(BotApiMethods):
         photo: list[dict[str, Any]] | None = None,
         chat_title: str = "Test group",
         from_bot: bool = False,
+        quote: str | None = None,
     ) -> dict[str, Any]:
         """Queue a user's message as an update and return that update.
 
@@ -179,6 +180,8 @@ class FakeTelegram(BotApiMethods):
             )
         if reply_id is not None:
             msg["reply_to_message"] = self._messages[chat_id][reply_id].raw
+            if quote is not None:  # the part of it the user picked out (Bot API 7.0 TextQuote)
+                msg["quote"] = {"text": quote, "position": 0}
         elif is_topic and message_thread_id is not None:
             # Telegram makes every topic message a reply to the topic's creation service message.
             msg["reply_to_message"] = {
