@@ -17,7 +17,9 @@ import gc
 import logging
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 from aiohttp import web
 
@@ -30,10 +32,13 @@ from .config import Config
 from .core import Gateway
 from .http import build_app, describe_state
 from .lifecycle import Resources, StartupError, database_error, listen_error, one_line, prepare_data_dir
+from .logs import RedactingFilter, secrets_of
 from .metrics import Metrics
 from .registry import build_channels
 from .retention import Retention
+from .status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
 from .store import Store
+from .summary import log_summary
 from .supervisor import ChannelSupervisor
 
 log = logging.getLogger(__name__)
@@ -115,6 +120,13 @@ class Daemon:
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.retention: Retention | None = None
+        self.status_server: StatusServer | None = None
+        """``chital status``'s Unix socket (gateway/status.py); None when it could not be opened."""
+        self.recent_errors = RecentErrors(
+            RedactingFilter(secrets_of(config)), type(config.channels).model_fields
+        )
+        self.started: float | None = None
+        self.pid = os.getpid()
         self.state = "new"
         """new → starting → running → stopping → stopped (a failed start goes to stopped at once)."""
         self._resources = Resources()
@@ -195,6 +207,7 @@ class Daemon:
             log.debug("start-up failed", exc_info=True)
             raise StartupError(f"start-up failed: {one_line(exc)}") from exc
         self.state = "running"
+        self.started = time.time()
         # The start-up heap (a couple of thousand modules) never becomes garbage: move it out of the
         # collector's sight, and collect less often (turns allocate many short-lived objects; the
         # default threshold runs a collection every few hundred allocations).
@@ -207,7 +220,8 @@ class Daemon:
         await asyncio.to_thread(prepare_data_dir, cfg.storage.path, cfg.storage.reserve_mb << 20)
         if cfg.http.enabled:
             await self._start_http()
-        db_path = cfg.storage.path / "gateway.sqlite"
+        await self._start_status()
+        db_path = self.db_path
         try:
             self.store = await Store.open(db_path, cfg.storage.reserve_mb << 20)
         except Exception as exc:
@@ -241,6 +255,30 @@ class Daemon:
         if not self.supervisors:
             log.warning("no chat channel is on; the daemon serves only /healthz and `chital chat`")
         res.spawn(self.retention.run(), "retention")
+        res.spawn(log_summary(self), "startup-summary")
+
+    @property
+    def db_path(self) -> Path:
+        return self.config.storage.path / "gateway.sqlite"
+
+    async def _start_status(self) -> None:
+        """Recent errors are kept from here on; ``chital status`` reaches them on the socket."""
+        root = logging.getLogger()
+        root.addHandler(self.recent_errors)
+        self._resources.push("the recent-errors log", self._drop_recent_errors)
+        server = StatusServer(
+            socket_path(self.config.storage.path), lambda: snapshot(self, self.recent_errors)
+        )
+        try:
+            await server.start()
+        except StatusUnavailable as exc:
+            log.warning("%s; `chital status` will not reach this daemon", exc)
+            return
+        self.status_server = server
+        self._resources.push("the status socket", server.close)
+
+    async def _drop_recent_errors(self) -> None:
+        logging.getLogger().removeHandler(self.recent_errors)
 
     async def _close_store(self) -> None:
         store, self.store = self.store, None
@@ -254,7 +292,9 @@ class Daemon:
             await self.gateway.close(0)
 
     def _on_channel_state(self, channel: Channel) -> None:
-        log.info(
+        trouble = channel.state in (ChannelState.RECONNECTING, ChannelState.FAILED)
+        log.log(
+            logging.WARNING if trouble else logging.INFO,
             "channel %s: %s%s",
             channel.name,
             channel.state.value,

@@ -1,0 +1,171 @@
+"""``chital status``: ask the running daemon how it is doing (channels, queue, recent errors).
+
+It talks to the daemon's Unix socket in the data directory (gateway/status.py), found through the
+same configuration ``chital run`` uses. Exit codes: 0 the daemon answered, 1 no daemon answers (or
+it answered something unreadable), 2 the configuration is invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from .cli_common import add_command, load_config_arg
+from .status import socket_path
+
+TIMEOUT = 10.0
+
+
+class NoDaemon(Exception):
+    """Nothing answers on the socket; the message is the one line the operator reads."""
+
+
+async def fetch_status(path: Path, errors: int) -> dict[str, Any]:
+    try:
+        os.stat(path)  # before the first await: nothing else runs yet
+    except FileNotFoundError:
+        raise NoDaemon(f"no daemon is running on {path}") from None
+    except PermissionError:
+        raise NoDaemon(f"cannot reach {path}: permission denied (run as the daemon's user)") from None
+    try:
+        connector = aiohttp.UnixConnector(path=str(path))
+        timeout = aiohttp.ClientTimeout(total=TIMEOUT)
+        async with (
+            aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+            session.get("http://chital/status", params={"errors": str(errors)}) as response,
+        ):
+            response.raise_for_status()
+            body = await response.json()
+    except aiohttp.ClientConnectorError as exc:
+        if isinstance(exc.os_error, PermissionError):
+            raise NoDaemon(
+                f"cannot reach the daemon on {path}: permission denied (run as the daemon's user)"
+            ) from None
+        raise NoDaemon(f"no daemon is running on {path} (a stale socket file is left there)") from None
+    except TimeoutError:
+        raise NoDaemon(f"the daemon on {path} did not answer within {TIMEOUT:.0f}s") from None
+    except (aiohttp.ClientError, ValueError) as exc:
+        raise NoDaemon(f"the daemon on {path} answered something unreadable: {exc}") from None
+    if not isinstance(body, dict):
+        raise NoDaemon(f"the daemon on {path} answered something unreadable")
+    return body
+
+
+def _clock(ts: object) -> str:
+    if not isinstance(ts, int | float):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _ago(seconds: object) -> str:
+    if not isinstance(seconds, int | float):
+        return "?"
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+STATE_WORDS = {"disabled": "off"}
+
+
+def render(body: dict[str, Any]) -> str:
+    """The readable summary of one status document."""
+    out: list[str] = []
+    ready = "ready" if body.get("ready") else "NOT ready"
+    out.append(
+        f"daemon: {body.get('state', '?')}, {ready} (pid {body.get('pid', '?')}, "
+        f"up {_ago(body.get('uptime_s'))})"
+    )
+    for why in body.get("why") or ():
+        out.append(f"  - {why}")
+    agent = body.get("agent") or {}
+    model = agent.get("model", "?")
+    agent_line = f"agent: {agent.get('state', '?')}, model {model}"
+    if agent.get("state") != "ready" and agent.get("reason"):
+        agent_line += f": {agent['reason']}"
+    out.append(agent_line)
+    out.append("channels:")
+    channels: dict[str, dict[str, Any]] = body.get("channels") or {}
+    for name, info in sorted(channels.items()):
+        state = str(info.get("state", "?"))
+        word = STATE_WORDS.get(state, state)
+        line = f"  {name:<9} {word:<13}"
+        if state != "disabled" and info.get("since") is not None:
+            line += f" since {_clock(info.get('since'))} ({_ago(info.get('for_s'))} ago)"
+        if info.get("reason"):
+            line += f"  {info['reason']}"
+        out.append(line.rstrip())
+    q = body.get("queue") or {}
+    out.append(
+        f"queue: {q.get('pending', 0)} pending, {q.get('running', 0)} running, "
+        f"{q.get('parked', 0)} parked for a delivery retry "
+        f"(journal: {q.get('done', 0)} done, {q.get('failed', 0)} failed)"
+    )
+    out.append(f"  turns in flight: {q.get('turns_running', 0)} running, {q.get('turns_waiting', 0)} waiting")
+    errors: list[dict[str, Any]] = body.get("errors") or []
+    if not errors:
+        out.append("recent errors: none")
+    else:
+        out.append(f"recent errors (last {len(errors)}):")
+        for e in errors:
+            channel = e.get("channel") or "-"
+            out.append(
+                f"  {_clock(e.get('time'))}  {e.get('level', '?'):<7}  {channel:<9} {e.get('message', '')}"
+            )
+    return "\n".join(out)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    cfg = load_config_arg(args)
+    path = socket_path(cfg.storage.path)
+    try:
+        body = asyncio.run(fetch_status(path, args.errors))
+    except NoDaemon as exc:
+        print(f"chital: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(body, indent=2, sort_keys=True))
+    else:
+        print(render(body))
+    return 0
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    """``chital status`` (registered by gateway/cli.py's ``build_parser``)."""
+    status = add_command(
+        sub,
+        "status",
+        "ask the running daemon for channel states, queue depth and recent errors",
+        cmd_status,
+        description="Ask the running daemon, over its socket in the data directory (storage.path),"
+        " for channel states, queue depth and recent errors (redacted). Exit 1 when no daemon answers.",
+    )
+    status.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+    status.add_argument(
+        "-n",
+        "--errors",
+        type=_count,
+        default=10,
+        metavar="N",
+        help="how many recent errors to show (default 10)",
+    )

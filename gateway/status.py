@@ -1,0 +1,249 @@
+"""What ``chital status`` asks the running daemon: channel states, queue depth, recent errors.
+
+Served on a Unix domain socket in the data directory (``status.sock``, mode 0600), never on the HTTP
+endpoint: that one may listen on every interface of a container, and recent errors say more about the
+deployment than a stranger should learn. Reaching the socket takes the daemon's own user (or root),
+the same rights that read the database. One JSON document, ``GET /status``.
+
+The socket is bound in a private directory and renamed into place, so it is never connectable with
+looser permissions, and the rename replaces the file a killed daemon left behind. When the old socket
+still answers, another daemon is running on this data directory: start-up fails instead of stealing
+it (two daemons on one journal would answer every message twice).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from .lifecycle import StartupError
+from .logs import RedactingFilter
+
+if TYPE_CHECKING:
+    from .app import Daemon
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "status.sock"
+ERRORS_KEPT = 50
+MESSAGE_CHARS = 240
+
+Snapshot = Callable[[], Awaitable[dict[str, Any]]]
+
+
+def socket_path(data_dir: Path) -> Path:
+    return data_dir / SOCKET_NAME
+
+
+# -- recent errors ----------------------------------------------------------------------------------
+_CHANNEL_IN_TEXT = re.compile(r"^(?:channel )?([a-z]+)[: ]")
+
+
+def _exception_line(exc_text: str, name: str) -> str:
+    """``Type: first line of the message`` from a formatted (already redacted) traceback."""
+    head = re.compile(rf"^(?:[\w.]+\.)?{re.escape(name)}(?::|$)")
+    lines = exc_text.splitlines()
+    for line in reversed(lines):
+        if head.match(line):
+            return line
+    return lines[-1] if lines else name
+
+
+class RecentErrors(logging.Handler):
+    """The last ``kept`` WARNING-or-worse log records, redacted and cut to one line each.
+
+    A logging handler, so every part of the daemon (and the SDKs' own loggers) feeds it without
+    knowing it exists; redacted by the same :class:`~gateway.logs.RedactingFilter` as the log."""
+
+    def __init__(self, redactor: RedactingFilter, channels: Iterable[str], kept: int = ERRORS_KEPT) -> None:
+        super().__init__(logging.WARNING)
+        self.addFilter(redactor)
+        self._channels = frozenset(channels)
+        self._entries: collections.deque[dict[str, Any]] = collections.deque(maxlen=kept)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            lines = text.strip().splitlines()
+            message = lines[0] if lines else ""
+            if record.exc_info and record.exc_info[1] is not None and record.exc_text:
+                last = _exception_line(record.exc_text, type(record.exc_info[1]).__name__)
+                message = f"{message} ({last})" if message else last
+            if len(message) > MESSAGE_CHARS:
+                message = message[: MESSAGE_CHARS - 1] + "…"
+            self._entries.append(
+                {
+                    "time": round(record.created, 3),
+                    "level": record.levelname,
+                    "channel": self._channel_of(record, message),
+                    "logger": record.name,
+                    "message": message,
+                }
+            )
+        except Exception:  # a handler must never raise into the code that logged
+            self.handleError(record)
+
+    def _channel_of(self, record: logging.LogRecord, message: str) -> str | None:
+        named = getattr(record, "channel", None)
+        if isinstance(named, str):
+            return named
+        parts = record.name.split(".")
+        if len(parts) > 1 and parts[0] == "channels" and parts[1] in self._channels:
+            return parts[1]
+        match = _CHANNEL_IN_TEXT.match(message)
+        if match and match.group(1) in self._channels:
+            return match.group(1)
+        return None
+
+    def entries(self, last: int | None = None) -> list[dict[str, Any]]:
+        items = list(self._entries)
+        return items[-last:] if last else items
+
+
+# -- queue depth ------------------------------------------------------------------------------------
+def queue_depth(
+    journal: dict[str, int], parked: int, turns_running: float, turns_waiting: float
+) -> dict[str, int]:
+    """The journal's open entries by state, how many of the pending ones are replies waiting for a
+    delivery retry, and the turns this process holds now (the TurnQueue's gauges)."""
+    return {
+        "pending": journal.get("pending", 0),
+        "running": journal.get("running", 0),
+        "parked": parked,
+        "failed": journal.get("failed", 0),
+        "done": journal.get("done", 0),
+        "turns_running": int(turns_running),
+        "turns_waiting": int(turns_waiting),
+    }
+
+
+# -- the socket -------------------------------------------------------------------------------------
+class StatusUnavailable(Exception):
+    """The status socket cannot be opened; the daemon runs on without ``chital status``."""
+
+
+def _answers(path: Path) -> bool:
+    """True when a process accepts connections on the Unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def bind_private(path: Path) -> socket.socket:
+    """A listening Unix socket at ``path``, mode 0600 from the moment it is reachable there.
+
+    Bound inside a fresh 0700 directory next to ``path``, chmodded, then renamed over ``path``
+    (which also replaces a stale socket of a killed daemon). Raises :class:`StartupError` when a
+    live daemon answers on ``path``, :class:`StatusUnavailable` when the socket cannot be made."""
+    if path.exists() or path.is_symlink():
+        if path.is_socket() and _answers(path):
+            raise StartupError(
+                f"another chital daemon is running on {path.parent} (its status socket {path} answers); "
+                "stop it first, or give this one its own storage.path"
+            )
+    private = Path(tempfile.mkdtemp(prefix=".status-", dir=path.parent))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        staged = private / "s"
+        sock.bind(str(staged))
+        os.chmod(staged, 0o600)
+        os.replace(staged, path)
+        sock.listen(64)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        too_long = exc.errno == errno.ENAMETOOLONG or "too long" in str(exc)
+        why = "the path is too long for a Unix socket" if too_long else (exc.strerror or str(exc))
+        raise StatusUnavailable(f"cannot open the status socket {path}: {why}") from None
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    return sock
+
+
+class StatusServer:
+    """``GET /status`` on the socket: whatever ``snapshot`` returns, as JSON."""
+
+    def __init__(self, path: Path, snapshot: Snapshot) -> None:
+        self.path = path
+        self._snapshot = snapshot
+        self._runner: web.AppRunner | None = None
+        self._inode: int | None = None
+
+    async def start(self) -> None:
+        async def status(request: web.Request) -> web.Response:
+            body = await self._snapshot()
+            last = request.query.get("errors", "")
+            if last.isdigit() and isinstance(body.get("errors"), list):
+                body["errors"] = body["errors"][-int(last) :] if int(last) else []
+            return web.json_response(body)
+
+        app = web.Application()
+        app.router.add_get("/status", status)
+        sock = bind_private(self.path)
+        self._inode = os.stat(self.path).st_ino
+        runner = self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        try:
+            await runner.setup()
+            await web.SockSite(runner, sock).start()
+        except BaseException:
+            sock.close()
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        # Remove the file only if it is still ours (a second daemon may have replaced it).
+        with contextlib.suppress(OSError):
+            if self._inode is not None and os.stat(self.path).st_ino == self._inode:
+                self.path.unlink()
+
+
+async def snapshot(daemon: Daemon, errors: RecentErrors) -> dict[str, Any]:
+    """The body of ``GET /status``: the same channel and agent reports as ``/readyz`` (one source
+    of truth), the queue, and the recent errors."""
+    journal: dict[str, int] = {}
+    if daemon.store is not None:
+        try:
+            journal = await daemon.store.journal_counts()
+        except Exception as exc:  # a busy or full database must not hide the rest of the status
+            log.debug("status: journal counts failed: %s", exc)
+    registry = daemon.metrics.registry
+    gateway = daemon.gateway
+    now = time.time()
+    return {
+        "pid": os.getpid(),
+        "state": daemon.state,
+        "started": daemon.started,
+        "uptime_s": round(now - daemon.started, 1) if daemon.started else None,
+        "now": round(now, 3),
+        "ready": daemon.ready(),
+        "why": daemon.not_ready_reasons(),
+        "agent": daemon.agent_report(),
+        "channels": daemon.channel_report(),
+        "queue": queue_depth(
+            journal,
+            len(gateway.parking) if gateway is not None else 0,
+            registry.get_sample_value("chital_turns_running") or 0.0,
+            registry.get_sample_value("chital_turns_queued") or 0.0,
+        ),
+        "errors": errors.entries(),
+    }
