@@ -14,7 +14,7 @@ from typing import Any
 
 import discord
 
-from channels.base import Attachment, Inbound
+from channels.base import Attachment, ContextItem, Inbound, replied_extra
 
 PLATFORM = "discord"
 
@@ -44,6 +44,7 @@ def to_inbound(message: discord.Message, me: int) -> Inbound | None:
     if not text and not attachments and not addressed:
         return None  # sticker- or embed-only chatter in a guild: not for the bot
     extra: dict[str, Any] = {"guild_id": str(message.guild.id)} if message.guild else {}
+    extra.update(_replied(message, me))
     return Inbound(
         platform=PLATFORM,
         chat_id=chat_id,
@@ -129,6 +130,27 @@ def _replies_to(message: discord.Message, me: int) -> bool:
         return False
     resolved = ref.resolved if isinstance(ref.resolved, discord.Message) else ref.cached_message
     return resolved is not None and resolved.author.id == me
+
+
+def _replied(message: discord.Message, me: int) -> dict[str, Any]:
+    """The message this one replies to, from the payload's ``referenced_message`` (for the agent's
+    context, channels.base.replied_extra); nothing when Discord did not include it."""
+    ref = message.reference
+    if ref is None or ref.message_id is None:
+        return {}
+    resolved = ref.resolved if isinstance(ref.resolved, discord.Message) else ref.cached_message
+    return replied_extra(context_item(resolved, me, replied_to=True)) if resolved is not None else {}
+
+
+def context_item(message: discord.Message, me: int, *, replied_to: bool = False) -> ContextItem:
+    """An earlier message as thread context: mentions shown as @name, embeds as text."""
+    body = "\n\n".join(t for t in (message.clean_content.strip(), _embeds(message.embeds)) if t)
+    if not body:
+        count = len(message.attachments)
+        body = f"({count} attachment(s) without text)" if count else "(a message without text)"
+    author = message.author
+    return ContextItem(author.display_name, body, str(message.id), author.id == me, author.bot,
+                       replied_to=replied_to)  # fmt: skip
 
 
 def _strip_mentions(message: discord.Message, me: int, bot_roles: list[int]) -> str:

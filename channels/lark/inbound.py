@@ -18,7 +18,7 @@ from typing import Any
 
 from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 
-from channels.base import Attachment, Inbound
+from channels.base import Attachment, ContextItem, Inbound
 
 PLATFORM = "lark"
 
@@ -74,9 +74,53 @@ def to_inbound(data: P2ImMessageReceiveV1, bot_open_id: str | None) -> Inbound |
         # conversation; a plain quote-reply (root_id only) stays in the chat's conversation.
         thread_id=msg.thread_id or None,
         attachments=tuple(attachments),
-        extra={"chat_type": msg.chat_type or ""},
+        extra={"chat_type": msg.chat_type or "", **_thread_ids(msg)},
         unsupported=unsupported,
     )
+
+
+def _thread_ids(msg: Any) -> dict[str, str]:
+    """The ids the adapter needs to fetch the thread's context (parent, root, creation time)."""
+    ids = {"parent_id": msg.parent_id, "root_id": msg.root_id, "create_time": msg.create_time}
+    return {k: v for k, v in ids.items() if isinstance(v, str) and v}
+
+
+def context_item(message: Any, app_id: str, bot_open_id: str) -> ContextItem | None:
+    """A message of the im/v1 message get/list API (``lark_oapi...Message``) as thread context,
+    or None for a deleted message or a group notice. Names come from ``with_sender_name``;
+    without it a person shows as the tail of their open_id."""
+    if message is None or message.deleted or not message.message_id or message.msg_type in _SERVICE:
+        return None
+    sender = message.sender
+    sender_id = (sender.id if sender else "") or ""
+    is_app = sender is not None and sender.sender_type == "app"
+    is_self = is_app and sender_id in (app_id, bot_open_id)
+    name = (sender.sender_name if sender else "") or (f"user …{sender_id[-6:]}" if sender_id else "someone")
+    content = message.body.content if message.body is not None else ""
+    try:
+        text, files, unsupported = message_content(message.msg_type or "", content or "", message.message_id)
+    except (ValueError, TypeError, AttributeError):
+        text, files, unsupported = "", [], "a message this bot cannot read"
+    if message.msg_type == "interactive" and not text:
+        text, unsupported = _card_text(content or ""), ""
+    mentions = [(m.key or "", m.name or "", m.id or "") for m in message.mentions or []]
+    text = resolve_mentions(text, mentions, "")
+    if files:
+        text = f"{text}\n({len(files)} file(s))" if text else f"({len(files)} file(s))"
+    return ContextItem(str(name), text or f"({unsupported or 'a message without text'})",
+                       message.message_id, is_self, is_app, replied_to=False)  # fmt: skip
+
+
+def _card_text(content: str) -> str:
+    """The text of a card (the bot's own answers are cards): its markdown elements joined."""
+    try:
+        card = json.loads(content)
+    except ValueError:
+        return ""
+    card = card if isinstance(card, dict) else {}
+    elements = _dict(card.get("body")).get("elements") or card.get("elements") or []
+    parts = [str(e.get("content") or e.get("text") or "") for e in _list(elements) if isinstance(e, dict)]
+    return "\n".join(p for p in parts if p).strip()
 
 
 def message_content(msg_type: str, content: str, message_id: str) -> tuple[str, list[Attachment], str]:
