@@ -164,8 +164,8 @@ def bind_private(path: Path) -> socket.socket:
         staged = private / "s"
         sock.bind(str(staged))
         os.chmod(staged, 0o600)
-        os.replace(staged, path)
         sock.listen(64)
+        os.replace(staged, path)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()
