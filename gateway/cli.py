@@ -1,8 +1,12 @@
-"""The ``chital`` command: run, check, chat, pairing.
+"""The ``chital`` command: init, check, run, chat, pairing.
 
-Exit codes: 0 fine, 1 the daemon could not start or ``check`` found a problem, 2 the configuration
-is invalid or the command line is wrong. A failure is one ``chital: ...`` line on stderr, never a
-traceback: the operator reads it in ``journalctl`` or ``docker logs``.
+Exit codes: 0 fine, 1 the daemon could not start, ``check`` found a problem or ``init`` would
+overwrite a file, 2 the configuration is invalid or the command line is wrong. A failure is one
+``chital: ...`` line on stderr, never a traceback (argparse's usage errors included): the operator
+reads it in ``journalctl`` or ``docker logs``.
+
+Each command is declared by ``add_parser(sub)`` (here, or in its own module ``cli_<name>.py``)
+through ``cli_common.add_command``; :func:`build_parser` calls them, one line per command.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import os
 import sys
 import threading
 import time
+from typing import Any, NoReturn
 
+from . import cli_init, cli_send, cli_status
 from .cli_chat import cmd_chat
-from .cli_common import config_path, load_config_arg
+from .cli_common import Formatter, add_command, add_config_option, config_path, load_config_arg, sandbox_note
 from .cli_pairing import cmd_pairing
 
 
@@ -30,6 +36,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     setup_logging(cfg)
     for name, (ok, why) in channel_readiness(cfg).items():
         print(f"  {name:<9} {'on ' if ok else 'off'}  {why}", file=sys.stderr)
+    sandbox_ok, sandbox_why = sandbox_note(cfg)
+    if not sandbox_ok:
+        print(f"  sandbox   {sandbox_why}", file=sys.stderr)
     code = 0
     try:
         asyncio.run(Daemon(cfg).run_forever())
@@ -64,7 +73,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .registry import channel_readiness
 
     cfg = load_config_arg(args)
-    print(f"config: {config_path(args.config) or '(built-in defaults)'} is valid")
+    path = config_path(args.config)
+    print(f"config: {path} is valid" if path else "config: no file; the built-in defaults are valid")
+    if args.env_loaded:
+        print(f"env: {', '.join(args.env_loaded)} from {args.env_file}")
     spec = cfg.model_spec()
     kwargs = spec.kwargs()
     print(
@@ -88,6 +100,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"  {name:<9} {'ready' if ok else 'off  '}  {why}")
     if not ready:
         print("no chat channel is ready: `chital run` still starts; `chital chat` talks to the agent here")
+    sandbox_ok, sandbox_why = sandbox_note(cfg)
+    print(f"sandbox: {sandbox_why}" if sandbox_ok else f"sandbox: WARNING {sandbox_why}")
     failed = len(problems)
     if args.online:
         print("online:")
@@ -100,35 +114,106 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    help_ = "path to config.yaml (default: $CHITAL_CONFIG or ./config.yaml)"
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-c", "--config", help=help_)
-    parser = argparse.ArgumentParser(prog="chital", description="A self-hosted agent in your team's chats.")
-    parser.add_argument("-c", "--config", dest="config_top", help=help_)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", parents=[common], help="run the daemon").set_defaults(func=cmd_run)
-    check = sub.add_parser(
-        "check", parents=[common], help="validate config, build the model, report which channels are ready"
+def add_parser(sub: Any) -> None:
+    """``run``, ``check`` and ``chat`` (the latter's code is gateway/cli_chat.py)."""
+    add_command(
+        sub,
+        "run",
+        "run the daemon: connect the channels, answer messages",
+        cmd_run,
+        description="Run the daemon: connect every channel whose credentials are set and answer its"
+        " messages, until SIGTERM or Ctrl-C. Health and metrics on http.host:http.port.",
+    )
+    check = add_command(
+        sub,
+        "check",
+        "validate the config; say which channels and model are ready",
+        cmd_check,
+        description="Validate the config, build each model, say which channels are ready and whether"
+        " the sandbox can run code. Exit 1 when anything would fail at run time.",
     )
     check.add_argument(
         "--online", action="store_true", help="also ask each service whether the credentials work"
     )
-    check.set_defaults(func=cmd_check)
-    sub.add_parser("chat", parents=[common], help="talk to the agent in this terminal").set_defaults(
-        func=cmd_chat
+    add_command(
+        sub,
+        "chat",
+        "talk to the agent in this terminal",
+        cmd_chat,
+        description="Talk to the agent in this terminal, on the daemon's database and model"
+        " (/new starts over, /quit or Ctrl-D leaves).",
     )
-    pairing = sub.add_parser("pairing", parents=[common], help="approve users who asked for access")
-    pairing.add_argument("action", choices=["list", "approve", "deny", "revoke"])
-    pairing.add_argument("arg", nargs="?", help="the CODE to approve or deny, or the platform:user to revoke")
-    pairing.set_defaults(func=cmd_pairing)
+
+
+def add_pairing_parser(sub: Any) -> None:
+    """``pairing list|approve|deny|revoke``: one subcommand each (the work is gateway/cli_pairing.py)."""
+    pairing = add_command(
+        sub,
+        "pairing",
+        "list, approve, deny or revoke requests for access",
+        None,
+        description="Decide who may talk to the bot: strangers who write to it get a pairing code"
+        " (docs/access.md); these act on the daemon's database, also while it runs.",
+    )
+    actions = pairing.add_subparsers(title="actions", dest="action", required=True, metavar="ACTION")
+    add_command(actions, "list", "show pending requests and approved users", cmd_pairing).set_defaults(
+        arg=None
+    )
+    approve = add_command(actions, "approve", "let the user who was given CODE talk to the bot", cmd_pairing)
+    approve.add_argument("arg", metavar="CODE", help="the pairing code the user was given (see `list`)")
+    deny = add_command(
+        actions,
+        "deny",
+        "refuse the request with CODE",
+        cmd_pairing,
+        description="Refuse the request with CODE; that user gets no new code until it would have expired.",
+    )
+    deny.add_argument("arg", metavar="CODE", help="the pairing code of the request (see `list`)")
+    revoke = add_command(actions, "revoke", "take an approved user's access away", cmd_pairing)
+    revoke.add_argument("arg", metavar="USER", help="platform:id, as `list` shows it (e.g. telegram:12345)")
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one ``chital: ...`` line (exit 2), pointing at the command's ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.removeprefix("chital").strip()
+        self.exit(2, f"chital: {where + ': ' if where else ''}{message} (see `{self.prog} --help`)\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("chital")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="chital",
+        description="A self-hosted agent in your team's chats (Telegram, Slack, Discord, Feishu/Lark).",
+        epilog="`chital COMMAND --help` tells more about each. Start with `chital init`.",
+        formatter_class=Formatter,
+    )
+    add_config_option(parser, top=True)
+    parser.add_argument("--version", action="version", version=f"chital {_version()}")
+    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
+    cli_init.add_parser(sub)
+    add_parser(sub)
+    add_pairing_parser(sub)
+    cli_send.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        parser.print_help(sys.stderr)
+        return 2
     args = parser.parse_args(argv)
-    args.config = args.config or args.config_top
     return int(args.func(args) or 0)
 
 

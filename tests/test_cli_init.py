@@ -1,0 +1,210 @@
+"""`chital init` as an operator meets it: answers piped or from flags, config.yaml and a 0600 .env
+written, then `chital check`, `chital run` and a stranger's pairing code work from those files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.daemon import REPO, DaemonProcess, free_port
+from tests.fakes.openai_server import FakeOpenAI, last_user_text
+from tests.fakes.telegram_server import FakeTelegram
+from tests.test_cli import clean_env
+
+TG_TOKEN = "123456:init-test-token"
+
+
+async def chital(
+    *args: str, cwd: Path, stdin: str = "", env: dict[str, str] | None = None, umask: int = 0o022
+) -> tuple[int, str]:
+    """``chital ARGS`` in ``cwd`` (PYTHONPATH points at the checkout), stdin piped: no terminal."""
+    env = dict(env if env is not None else clean_env())
+    env["PYTHONPATH"] = str(REPO)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        *args,
+        cwd=str(cwd),
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        umask=umask,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(stdin.encode()), 60)
+    return int(proc.returncode or 0), out.decode()
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def answers(
+    base_url: str, *, channels: str = "telegram", key: str = "sk-init-key", token: str = TG_TOKEN
+) -> str:
+    """The questions' answers, one a line, in the order init asks them."""
+    lines = [channels, base_url, "fake-model", key]
+    if "telegram" in channels:
+        lines.append(token)
+    return "\n".join(lines) + "\n"
+
+
+async def test_init_from_stdin_writes_config_and_private_env_then_checks(
+    tmp_path: Path, model: FakeOpenAI
+) -> None:
+    # umask 0: a file created with the default mode would be world-readable; .env must not be.
+    rc, out = await chital("init", cwd=tmp_path, stdin=answers(model.base_url), umask=0)
+    assert rc == 0, out
+    env_file, config = tmp_path / ".env", tmp_path / "config.yaml"
+    assert mode(env_file) == 0o600
+    assert "wrote config.yaml and .env" in out and "config: config.yaml is valid" in out
+    assert "env: OPENAI_API_KEY, TELEGRAM_BOT_TOKEN from .env" in out
+    assert "telegram  ready  credentials present" in out
+    assert "slack     off    disabled in config" in out
+    # Secrets are in .env only, never in config.yaml nor in what was printed.
+    text = config.read_text()
+    assert TG_TOKEN not in text and "sk-init-key" not in text and TG_TOKEN not in out
+    assert "sk-init-key" not in out
+    cfg = yaml.safe_load(text)
+    assert cfg["models"][0] == {
+        "name": "default",
+        "use": "langchain_openai:ChatOpenAI",
+        "model": "fake-model",
+        "base_url": model.base_url,
+        "api_key": "$OPENAI_API_KEY",
+    }
+    assert cfg["channels"]["telegram"] == {"enabled": True, "token": "$TELEGRAM_BOT_TOKEN"}
+    assert cfg["access"]["pairing"] is True and cfg["access"]["allow_users"] == []
+    assert f"TELEGRAM_BOT_TOKEN='{TG_TOKEN}'" in env_file.read_text()
+
+    # A later `chital check`, from another directory, with nothing in the environment: passes on
+    # the written files alone (the .env beside the config is read).
+    rc, out = await chital("check", "-c", str(config), cwd=REPO)
+    assert rc == 0, out
+    assert "env: OPENAI_API_KEY, TELEGRAM_BOT_TOKEN from" in out and "api_key=set" in out
+    assert "telegram  ready  credentials present" in out
+
+
+async def test_init_yes_takes_flags_and_environment(tmp_path: Path, model: FakeOpenAI) -> None:
+    env = clean_env() | {"OPENAI_API_KEY": "sk-from-env"}
+    rc, out = await chital(
+        "init", "--yes", "--channel", "none", "--model", "fake-model", "--base-url", model.base_url,
+        "--online", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert rc == 0, out
+    assert "Channels" not in out  # nothing asked
+    assert "model default    OK GET /models: 1 model(s); 'fake-model' listed" in out
+    assert "no chat channel is ready" in out
+    assert mode(tmp_path / ".env") == 0o600
+    assert (tmp_path / ".env").read_text().count("OPENAI_API_KEY='sk-from-env'") == 1
+
+    # --yes with a channel whose token is not in the environment: refused, nothing written.
+    other = tmp_path / "other"
+    rc, out = await chital(
+        "init", "-y", "--channel", "discord", "-c", str(other / "c.yaml"), cwd=tmp_path, env=env
+    )
+    assert rc == 2, out
+    assert "chital: init: DISCORD_BOT_TOKEN is needed for discord" in out and "nothing was written" in out
+    assert not other.exists()
+
+
+async def test_init_refuses_to_overwrite_without_force(tmp_path: Path, model: FakeOpenAI) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("# mine\n")
+    rc, out = await chital("init", cwd=tmp_path, stdin=answers(model.base_url))
+    assert rc == 1, out
+    assert "config.yaml exists already; --force replaces" in out
+    assert config.read_text() == "# mine\n" and not (tmp_path / ".env").exists()
+
+    # An old .env others could read is replaced by a private one.
+    (tmp_path / ".env").write_text("OLD=1\n")
+    (tmp_path / ".env").chmod(0o644)
+    rc, out = await chital("init", "--force", cwd=tmp_path, stdin=answers(model.base_url), umask=0)
+    assert rc == 0, out
+    assert mode(tmp_path / ".env") == 0o600 and "OLD" not in (tmp_path / ".env").read_text()
+    assert "fake-model" in config.read_text()
+    assert not [
+        p.name for p in tmp_path.iterdir() if p.name.startswith(".config") or p.name.startswith(".env.")
+    ]
+
+
+async def test_init_refuses_bad_answers_and_never_echoes_them(tmp_path: Path, model: FakeOpenAI) -> None:
+    # Slack's two tokens swapped: caught before anything is written.
+    stdin = "slack\n" + model.base_url + "\nfake-model\nsk-k\nxapp-1-swapped\nxoxb-swapped\n"
+    rc, out = await chital("init", cwd=tmp_path, stdin=stdin)
+    assert rc == 2, out
+    assert "SLACK_BOT_TOKEN: that is not a Slack bot token: it starts with xoxb-" in out
+    assert "xapp-1-swapped" not in out and not (tmp_path / ".env").exists()
+
+    rc, out = await chital("init", cwd=tmp_path, stdin="telegram, matrix\n")
+    assert rc == 2 and "unknown channel 'matrix': choose from telegram, slack, discord, lark" in out
+
+    # A value that would break the .env's quoting.
+    rc, out = await chital("init", cwd=tmp_path, stdin=answers(model.base_url, key="sk-a b'c"))
+    assert rc == 2 and "OPENAI_API_KEY: it has a space, quote" in out and "b'c" not in out
+
+    rc, out = await chital("init", cwd=tmp_path, stdin="telegram\n")  # stdin ends early
+    assert rc == 2 and "stdin ended; nothing was written" in out
+    assert not (tmp_path / "config.yaml").exists()
+
+
+async def test_the_daemon_runs_on_what_init_wrote(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`chital run` takes the token and the key from .env (the environment has neither), and the
+    channel init turned on keeps deny-by-default: a stranger gets a pairing code."""
+    for name in ("TELEGRAM_BOT_TOKEN", "OPENAI_API_KEY", "CHITAL_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    rc, out = await chital("init", cwd=tmp_path, stdin=answers(model.base_url, token=tg.token))
+    assert rc == 0, out
+    cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    # Only what the test needs: the fake Telegram's address, a free port.
+    cfg["channels"]["telegram"] |= {
+        "base_url": tg.base_url,
+        "base_file_url": tg.base_file_url,
+        "poll_timeout": 1,
+    }
+    cfg["http"] = {"port": free_port()}
+    d = DaemonProcess(tmp_path, cfg)
+    try:
+        await d.start()
+        await d.wait_channel_state("telegram", "connected")
+        stranger = 4242
+        tg.inject_message(stranger, stranger, "hello, who are you?")
+        text = await tg.wait_for(
+            lambda: next((m.text for m in tg.bot_messages(stranger) if "pairing code" in m.text), None),
+            what="pairing code",
+        )
+        assert not any("who are you" in last_user_text(r) for r in model.requests)
+        code = re.search(r"pairing code is ([A-Z0-9]{8})", text).group(1)  # type: ignore[union-attr]
+        rc, out = await d.cli("pairing", "approve", code)
+        assert rc == 0 and f"approved telegram:{stranger}" in out, out
+        tg.inject_message(stranger, stranger, "now?")
+        await tg.wait_for(lambda: "echo: now?" in tg.bot_texts(stranger), what="the agent's answer")
+        assert await d.terminate() == 0
+    finally:
+        await d.close()
+
+
+def test_env_file_does_not_override_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.cli_common import load_env_file
+
+    monkeypatch.setenv("CHITAL_T_SET", "from-env")
+    monkeypatch.delenv("CHITAL_T_NEW", raising=False)
+    env = tmp_path / ".env"
+    env.write_text("CHITAL_T_SET=from-file\nexport CHITAL_T_NEW='quoted value'\n# comment\n")
+    env.chmod(0o600)
+    try:
+        assert load_env_file(env) == ["CHITAL_T_NEW"]
+        assert os.environ["CHITAL_T_SET"] == "from-env" and os.environ["CHITAL_T_NEW"] == "quoted value"
+    finally:
+        os.environ.pop("CHITAL_T_NEW", None)
+    assert load_env_file(tmp_path / "missing") == []
