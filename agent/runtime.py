@@ -42,6 +42,7 @@ from agent.tools import (
     load_mcp_tools,
     outputs_resolver,
 )
+from agent.tools.schedule import Scheduler, build_schedule_tools
 from agent.turn import PLAIN, TurnOptions
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class AgentRuntime:
         self.harness: Harness | None = None
         self._skills_dir: Path | None = None
         self._sandbox_problem = ""
+        self.scheduler: Scheduler | None = None
+        """The gateway's schedules (agent/tools/schedule.py), set before ``start()``; without it
+        (the terminal chat) the agent has no schedule tools."""
 
     # -- what the gateway uses ------------------------------------------------------------------
     @property
@@ -184,6 +188,8 @@ class AgentRuntime:
         present = build_present_files(outputs_resolver(self.thread_files))
         mcp = await load_mcp_tools(s.mcp)
         tools += [*skill_tools, *web, present, *mcp]
+        if self.scheduler is not None:
+            tools += build_schedule_tools(self.scheduler)
         middleware += [
             *build_context_middleware(s.context, model, secrets=[*s.web.secrets(), *s.mcp.secrets()]),
             filesystem,

@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -40,6 +41,9 @@ from .status import RecentErrors, StatusServer, StatusUnavailable, snapshot, soc
 from .store import Store
 from .summary import log_summary
 from .supervisor import ChannelSupervisor
+
+if TYPE_CHECKING:
+    from agent.tools.schedule import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +86,9 @@ class UnconfiguredHarness:
         return None
 
 
-async def open_harness(config: Config) -> AgentHarness:
-    """The agent runtime, or an :class:`UnconfiguredHarness` explaining why not."""
+async def open_harness(config: Config, scheduler: Scheduler | None = None) -> AgentHarness:
+    """The agent runtime, or an :class:`UnconfiguredHarness` explaining why not. ``scheduler``
+    gives the agent its schedule tools (gateway/schedules.py)."""
     from agent.runtime import AgentRuntime
 
     spec = config.model_spec()
@@ -95,6 +100,7 @@ async def open_harness(config: Config) -> AgentHarness:
         log.error("the agent's model %r is not configured: %s", spec.name, reason)
         return UnconfiguredHarness(reason)
     runtime = AgentRuntime(config.agent, spec, config.storage.path)
+    runtime.scheduler = scheduler
     try:
         await runtime.start()
         return runtime
@@ -236,7 +242,10 @@ class Daemon:
         except Exception as exc:
             raise database_error(db_path, exc) from exc
 
-        self.harness = await open_harness(cfg)
+        from .schedules import GatewayScheduler, ScheduleRunner
+
+        scheduler = GatewayScheduler(self.store, cfg) if cfg.schedules.enabled else None
+        self.harness = await open_harness(cfg, scheduler)
         res.push("the agent", self.harness.close)
         self.gateway = Gateway(cfg, self.store, self.harness, self.metrics)
         res.push("the gateway", self._close_gateway)
@@ -255,6 +264,7 @@ class Daemon:
         if not self.supervisors:
             log.warning("no chat channel is on; the daemon serves only /healthz and `chital chat`")
         res.spawn(self.retention.run(), "retention")
+        res.spawn(ScheduleRunner(self.gateway, scheduler).run(), "schedules")  # and `chital send` pushes
         res.spawn(log_summary(self), "startup-summary")
 
     @property

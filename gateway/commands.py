@@ -30,6 +30,8 @@ COMMANDS: dict[str, str] = {
     "status": "show this conversation's thread, model and queue",
     "memory": "show what I remember about you (in a direct message)",
     "forget": "erase everything I remember about you",
+    "schedules": "list this conversation's schedules (/schedules cancel ID cancels one)",
+    "unschedule": "cancel a schedule: /unschedule ID (its creator or an admin)",
     "help": "list the commands",
 }
 ADMIN_COMMANDS: dict[str, str] = {
@@ -39,6 +41,7 @@ ADMIN_COMMANDS: dict[str, str] = {
 }
 RECORDED = frozenset({"stop", "forget", "approve", "deny", "revoke"})
 """Commands whose reply is recorded before it is sent (``/new`` records its thread id instead)."""
+RECORDED |= {"schedules", "unschedule"}  # gateway/schedules.py: a re-run repeats "cancelled"
 LIST_MAX = 30
 _CODE = re.compile(f"[{PAIRING_ALPHABET}]{{{PAIRING_CODE_LEN}}}")
 
@@ -98,6 +101,10 @@ async def _run(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
         if cmd.name == "revoke":
             return await _revoke(gw, entry, cmd.args)
         return await _decide(gw, entry, cmd.name, cmd.args)
+    if cmd.name in ("schedules", "unschedule"):
+        from . import schedules
+
+        return await schedules.command(gw, entry, cmd)
     if cmd.name == "help":
         return help_text(access.is_admin(gw.config.access_for(inbound.platform), inbound))
     if cmd.name == "stop":

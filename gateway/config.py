@@ -273,6 +273,34 @@ class SchedulesConfig(_Strict):
         return self
 
 
+class SchedulesConfig(_Strict):
+    """Work the agent schedules for later (docs/schedules.md): reminders, cron rules."""
+
+    enabled: bool = True
+    """Give the agent its schedule tools; off: none, and nothing scheduled fires."""
+    timezone: str = "UTC"
+    """IANA zone (``Europe/Berlin``) for cron rules and times that name none. Chat platforms do
+    not tell the bot a user's zone, so set your team's here; a user can still name another."""
+    max_per_conversation: int = Field(50, ge=1, le=10_000)
+    """Active schedules one conversation may hold."""
+    max_per_user: int = Field(50, ge=1, le=10_000)
+    """Active schedules one user may have created, over all conversations."""
+    min_interval: float = Field(60.0, ge=60)
+    """Seconds at least between two runs of a cron rule (a rule firing more often is refused)."""
+    max_text_chars: int = Field(2000, ge=1, le=32_000)
+    """Longest instruction a schedule may carry."""
+
+    @model_validator(mode="after")
+    def _zone_exists(self) -> SchedulesConfig:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"timezone: unknown IANA time zone {self.timezone!r}") from None
+        return self
+
+
 class Config(_Strict):
     models: list[ModelSpec] = Field(default_factory=lambda: [ModelSpec()])
     agent: AgentSettings = Field(default_factory=AgentSettings)
@@ -284,6 +312,7 @@ class Config(_Strict):
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     context: ContextConfig = Field(default_factory=ContextConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)
     transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
     schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -266,6 +266,22 @@ class Gateway:
         if await self.store.journal_add(inbound, JournalKind.NOTICE, text):
             self._dispatch(JournalEntry.new(inbound, JournalKind.NOTICE, text))
 
+    async def start_turn(self, inbound: Inbound, note: str = "") -> bool:
+        """Journal and run a turn the gateway starts itself (a schedule firing, gateway/schedules.py),
+        once per key; ``note`` is shown above the answer. False when the key is already journaled,
+        its channel is not here, or the gateway is closing (then nothing is journaled)."""
+        if self._closing or inbound.platform not in self.channels:
+            return False
+        if not await self.store.journal_add(inbound, JournalKind.TURN, note):
+            return False
+        self._dispatch(JournalEntry.new(inbound, JournalKind.TURN, note))
+        return True
+
+    def pick_up(self, entry: JournalEntry) -> bool:
+        """Handle an entry another process journaled (``chital send``); False when its channel is
+        not here or this process already handles it."""
+        return entry.inbound.platform in self.channels and self._dispatch(entry)
+
     def _submit(self, entry: JournalEntry) -> None:
         ahead = self.turns.submit(entry)
         if ahead:
@@ -377,6 +393,8 @@ class Gateway:
                 self.harness, reply.channel, inbound, thread_id, self.config.limits.max_attachment_bytes
             )
             final, outcome = await self._agent_turn(entry, thread_id, files, reply, notes)
+            if entry.note:  # the gateway's own word above the answer (a schedule firing late)
+                final = f"{entry.note}\n\n{final}"
             typing.cancel()
             await reply.finish(final)
             await deliver_files(self.harness, self.store, reply, entry.key, thread_id)

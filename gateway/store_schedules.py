@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,10 @@ SCHEDULE_TABLES = (
 schedule's number is never given to a new one (a late ``/unschedule 7`` must not hit another)."""
 
 ACTIVE, DONE, CANCELLED = "active", "done", "cancelled"
+SCHEDULE_MARK = "chital_schedule"
+"""In a firing's ``extra``: the schedule's id."""
+PUSH_MARK = "chital_push"
+"""In a ``chital send`` notice's ``extra``: the daemon's push loop picks it up (gateway/schedules.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +64,15 @@ class Schedule:
 
 
 _COLUMNS = "id, conversation, template, creator, text, cron, tz, next_fire, state, created"
+
+
+def _of_platforms(platforms: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+    """A condition on ``conversation`` (``platform:chat...``) matching ``platforms``, portable SQL
+    (PostgreSQL has no ``instr``), and its parameters."""
+    if not platforms:
+        return "1 = 0", ()
+    condition = " OR ".join(["conversation LIKE ?"] * len(platforms))
+    return f"({condition})", tuple(f"{p}:%" for p in platforms)
 
 
 def _template_json(inbound: Inbound) -> str:
@@ -142,17 +156,21 @@ class ScheduleTables:
             counts.append(int(row[0]) if row else 0)
         return counts[0], counts[1]
 
-    async def schedules_due(self, now: float, limit: int = 100) -> list[Schedule]:
+    async def schedules_due(self, now: float, platforms: Sequence[str], limit: int = 100) -> list[Schedule]:
+        """Active schedules of ``platforms`` due at ``now``, the earliest first."""
+        where, params = _of_platforms(platforms)
         async with self._db.execute(
-            f"SELECT {_COLUMNS} FROM schedules WHERE state = ? AND next_fire <= ? ORDER BY next_fire LIMIT ?",
-            (ACTIVE, now, limit),
+            f"SELECT {_COLUMNS} FROM schedules WHERE state = ? AND next_fire <= ? AND {where}"
+            " ORDER BY next_fire LIMIT ?",
+            (ACTIVE, now, *params, limit),
         ) as cur:
             return [_row(r) for r in await cur.fetchall()]
 
-    async def schedule_next_time(self) -> float | None:
-        """When the next active schedule is due (None: none is)."""
+    async def schedule_next_time(self, platforms: Sequence[str]) -> float | None:
+        """When the next active schedule of ``platforms`` is due (None: none is)."""
+        where, params = _of_platforms(platforms)
         async with self._db.execute(
-            "SELECT MIN(next_fire) FROM schedules WHERE state = ? AND next_fire IS NOT NULL", (ACTIVE,)
+            f"SELECT MIN(next_fire) FROM schedules WHERE state = ? AND {where}", (ACTIVE, *params)
         ) as cur:
             row = await cur.fetchone()
         return float(row[0]) if row and row[0] is not None else None

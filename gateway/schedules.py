@@ -1,0 +1,442 @@
+"""Schedules and pushes: the messages the bot starts itself (docs/schedules.md).
+
+- :class:`GatewayScheduler` is the agent's :class:`~agent.tools.schedule.Scheduler` over the store:
+  it checks a request (cron rule, time, zone, limits) and records the schedule with the message
+  that created it, whose chat, thread and reply data the firings reuse.
+- :class:`ScheduleRunner` fires what is due and picks up ``chital send`` pushes. A firing is a
+  journal entry keyed by (schedule, fire time): the insert is the claim, so a firing happens once
+  even when the daemon dies between claiming it and moving the schedule on, and the turn then
+  runs (and resumes after a crash) like any message, with the outbox keeping its reply single.
+- ``/schedules`` and ``/unschedule`` (:func:`command`).
+
+Missed runs (the daemon was down): a one-shot fires late; a cron rule fires its latest missed run
+once, late, and skips the ones before it. Either way the answer starts with a note that it is late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
+from channels.base import Inbound
+
+from .access import STARTED_BY_BOT, is_admin
+from .config import Config
+from .store import JournalEntry, JournalKind, JournalState, Store
+from .store_schedules import ACTIVE, PUSH_MARK, SCHEDULE_MARK, Schedule
+
+if TYPE_CHECKING:
+    from .commands import Command
+    from .core import Gateway
+
+log = logging.getLogger(__name__)
+
+LATE_AFTER = 120.0
+"""A firing this many seconds after its time says that it is late."""
+MAX_SLEEP = 60.0
+"""The runner looks again at least this often, so a jump of the wall clock is noticed soon."""
+PUSH_EVERY = 1.0
+"""Seconds between two looks for pushes journaled by ``chital send``."""
+MAX_AHEAD = timedelta(days=5 * 366)
+GAP_SAMPLES = 1500
+"""Runs of a cron rule checked against ``schedules.min_interval`` (a day of minutes and more)."""
+LIST_TEXT = 120
+
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DELAY = re.compile(
+    r"(\d+(?:\.\d+)?)\s*(seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h|days?|d|weeks?|w)(?![a-z])"
+)
+_DELAY_GLUE = re.compile(r"[\s,]*(?:and)?[\s,]*")
+
+
+# -- time rules -------------------------------------------------------------------------------------
+def parse_delay(text: str) -> float:
+    """``2h``, ``90m``, ``1d 3h``, ``45 minutes``, ``1 hour and 30 minutes`` → seconds."""
+    s = text.strip().lower().removeprefix("in ").strip()
+    total, pos = 0.0, 0
+    for m in _DELAY.finditer(s):
+        if not _DELAY_GLUE.fullmatch(s[pos : m.start()]):
+            break
+        total += float(m.group(1)) * _UNIT[m.group(2)[0]]
+        pos = m.end()
+    if pos == 0 or s[pos:].strip(" ,.") or total <= 0:
+        raise ScheduleError(f"cannot read the delay {text!r}; write it like '2h', '90m' or '1d 3h'")
+    return total
+
+
+def zone_of(name: str | None, default: str) -> tuple[ZoneInfo, bool]:
+    """The zone ``name`` (or ``default`` when none is given) and whether the default was used."""
+    wanted = (name or "").strip()
+    try:
+        return (ZoneInfo(wanted), False) if wanted else (ZoneInfo(default), True)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ScheduleError(
+            f"unknown time zone {wanted!r}; use an IANA name such as 'Europe/Berlin' or 'America/New_York'"
+        ) from None
+
+
+def parse_at(text: str, tz: ZoneInfo, now: float) -> float:
+    """An ISO 8601 date and time (in ``tz`` unless it has an offset) → epoch seconds, in the future."""
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ScheduleError(f"cannot read the time {text!r}; use ISO 8601 like '2026-12-24T18:00'") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=tz)
+    ts = when.timestamp()
+    if ts <= now:
+        raise ScheduleError(f"{fmt(ts, tz)} has already passed (it is now {fmt(now, tz)})")
+    return ts
+
+
+def check_cron(expr: str, tz: ZoneInfo, min_interval: float, now: float) -> float:
+    """Validate a 5-field cron rule; returns its first run after ``now``."""
+    if len(expr.split()) != 5:
+        raise ScheduleError(
+            f"{expr!r} is not a 5-field cron rule (minute hour day-of-month month day-of-week)"
+        )
+    try:
+        runs = CronSim(expr, datetime.fromtimestamp(now, tz))
+        first = next(runs)
+    except (CronSimError, StopIteration) as exc:
+        raise ScheduleError(f"{expr!r} is not a valid cron rule: {exc or 'it never runs'}") from None
+    previous = first
+    for _ in range(GAP_SAMPLES):
+        following = next(runs, None)
+        if following is None:
+            break
+        if (following - previous).total_seconds() < min_interval:
+            raise ScheduleError(
+                f"{expr!r} runs more often than once every {min_interval / 60:g} minute(s), "
+                "which this bot does not allow"
+            )
+        previous = following
+    return first.timestamp()
+
+
+def next_run(expr: str, tz: ZoneInfo, after: float) -> float:
+    """The first run of ``expr`` strictly after ``after``."""
+    return next(CronSim(expr, datetime.fromtimestamp(after, tz))).timestamp()
+
+
+def latest_run(expr: str, tz: ZoneInfo, now: float) -> float:
+    """The last run of ``expr`` at or before ``now``."""
+    return next(CronSim(expr, datetime.fromtimestamp(int(now) + 1, tz), reverse=True)).timestamp()
+
+
+def fmt(ts: float, tz: ZoneInfo) -> str:
+    return datetime.fromtimestamp(ts, tz).strftime("%a %Y-%m-%d %H:%M %Z")
+
+
+def rule_text(cron: str | None) -> str:
+    if cron is None:
+        return "once"
+    try:
+        return f"cron {cron} ({CronSim(cron, datetime.now()).explain()})"
+    except Exception:  # explain() does not cover every rule it can run
+        return f"cron {cron}"
+
+
+def info_of(schedule: Schedule, defaulted: bool = False) -> ScheduleInfo:
+    tz = ZoneInfo(schedule.tz)
+    nxt = fmt(schedule.next_fire, tz) if schedule.next_fire is not None else None
+    return ScheduleInfo(schedule.id, schedule.text, rule_text(schedule.cron), schedule.tz, nxt,
+                        schedule.creator, defaulted)  # fmt: skip
+
+
+def _template(inbound: Inbound) -> Inbound:
+    """The creating message without its text and our own marks: what every firing is built on."""
+    extra = {k: v for k, v in inbound.extra.items() if k not in (STARTED_BY_BOT, SCHEDULE_MARK, PUSH_MARK)}
+    return Inbound(inbound.platform, inbound.chat_id, inbound.message_id, inbound.sender_id, "",
+                   inbound.is_direct, True, inbound.thread_id, inbound.sender_name, inbound.chat_title,
+                   extra=extra)  # fmt: skip
+
+
+# -- the agent's scheduler --------------------------------------------------------------------------
+class GatewayScheduler:
+    """:class:`agent.tools.schedule.Scheduler` over the gateway's store."""
+
+    def __init__(self, store: Store, config: Config, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self._changed: Callable[[], None] = lambda: None
+
+    def on_change(self, wake: Callable[[], None]) -> None:
+        """``wake`` is called when a schedule is added (the runner then looks again)."""
+        self._changed = wake
+
+    @property
+    def default_timezone(self) -> str:
+        return self.config.schedules.timezone
+
+    async def _origin(self, caller: Caller) -> Inbound:
+        """The message being answered: where the schedule's runs will be posted."""
+        inbound = await self.store.journal_inbound(caller.message_id)
+        if inbound is None or inbound.user != caller.user_id:
+            raise ScheduleError("schedules can only be made while answering a chat message")
+        if await self.store.thread_conversation(caller.thread_id) != inbound.conversation:
+            raise ScheduleError("this conversation has moved on to a new thread; ask again")
+        return inbound
+
+    async def add(self, caller: Caller, request: ScheduleRequest) -> ScheduleInfo:
+        limits = self.config.schedules
+        text = request.text.strip()
+        if not text:
+            raise ScheduleError("the schedule needs a text: what to do when it fires")
+        if len(text) > limits.max_text_chars:
+            raise ScheduleError(f"the text is {len(text)} characters long; at most {limits.max_text_chars}")
+        given = [name for name in ("cron", "at", "delay") if (getattr(request, name) or "").strip()]
+        if len(given) != 1:
+            raise ScheduleError("give exactly one of cron (repeating), at (a date and time) or delay")
+        tz, defaulted = zone_of(request.timezone, limits.timezone)
+        now = self.clock()
+        cron = request.cron.strip() if request.cron and request.cron.strip() else None
+        if cron is not None:
+            first = check_cron(cron, tz, limits.min_interval, now)
+        elif request.at and request.at.strip():
+            first = parse_at(request.at, tz, now)
+        else:
+            first = now + parse_delay(request.delay or "")
+        if first - now > MAX_AHEAD.total_seconds():
+            raise ScheduleError("that is too far ahead (at most 5 years)")
+        origin = await self._origin(caller)
+        in_conversation, by_user = await self.store.schedule_counts(origin.conversation, caller.user_id)
+        if in_conversation >= limits.max_per_conversation:
+            raise ScheduleError(
+                f"this conversation already has {in_conversation} schedules (the limit); cancel one first"
+            )
+        if by_user >= limits.max_per_user:
+            raise ScheduleError(f"you already have {by_user} schedules (the limit); cancel one first")
+        key = f"{caller.message_id}#{caller.call_id or int(now * 1e6)}"
+        schedule, new = await self.store.schedule_add(
+            origin=key, template=_template(origin), creator=caller.user_id, text=text, cron=cron,
+            tz=tz.key, next_fire=first,
+        )  # fmt: skip
+        if new:
+            log.info("schedule #%d added in %s (%s)", schedule.id, schedule.conversation, rule_text(cron))
+            self._changed()
+        return info_of(schedule, defaulted)
+
+    async def list(self, caller: Caller) -> Sequence[ScheduleInfo]:
+        conversation = await self.store.thread_conversation(caller.thread_id)
+        if conversation is None:
+            return []
+        return [info_of(s) for s in await self.store.schedules_active(conversation)]
+
+    async def cancel(self, caller: Caller, schedule_id: int) -> ScheduleInfo:
+        origin = await self._origin(caller)
+        return info_of(await cancel(self.store, self.config, origin, schedule_id))
+
+
+async def cancel(store: Store, config: Config, requester: Inbound, schedule_id: int) -> Schedule:
+    """Cancel one of ``requester``'s conversation's schedules: only its creator or an admin may."""
+    schedule = await store.schedule_get(schedule_id)
+    if schedule is None or schedule.conversation != requester.conversation or schedule.state != ACTIVE:
+        raise ScheduleError(f"there is no active schedule #{schedule_id} in this conversation")
+    if schedule.creator != requester.user and not is_admin(config.access_for(requester.platform), requester):
+        raise ScheduleError(f"only {schedule.creator}, who made #{schedule_id}, or an admin can cancel it")
+    if not await store.schedule_cancel(schedule_id):
+        raise ScheduleError(f"schedule #{schedule_id} has just finished or was cancelled")
+    log.info("schedule #%d cancelled by %s", schedule_id, requester.user)
+    return schedule
+
+
+# -- firing -----------------------------------------------------------------------------------------
+class ScheduleRunner:
+    """Fires due schedules (sleeping until the next is due, woken by new ones) and delivers
+    ``chital send`` pushes. Runs as one of the daemon's background tasks until cancelled."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        scheduler: GatewayScheduler | None,
+        *,
+        clock: Callable[[], float] = time.time,
+        push_every: float = PUSH_EVERY,
+    ) -> None:
+        self.gateway = gateway
+        self.store = gateway.store
+        self.clock = clock
+        self.push_every = push_every
+        self.enabled = scheduler is not None
+        self._wake = asyncio.Event()
+        self._push_seen = 0
+        if scheduler is not None:
+            scheduler.on_change(self.poke)
+
+    def poke(self) -> None:
+        """Look at the schedules again now (one was added, or a test moved the clock)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        loops = [self._push_loop()]
+        if self.enabled:
+            loops.append(self._fire_loop())
+        await asyncio.gather(*loops)
+
+    async def _fire_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.fire_due()
+                due = await self.store.schedule_next_time(list(self.gateway.channels))
+            except Exception as exc:  # the database may be busy or full: try again in a while
+                log.error("schedules: %s", exc, exc_info=True)
+                due = None
+            wait = MAX_SLEEP if due is None else min(MAX_SLEEP, due - self.clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
+
+    async def fire_due(self) -> int:
+        """Fire every due schedule of the channels this daemon runs (the others wait for theirs
+        to be switched on), once each. Returns how many fired."""
+        fired = 0
+        for schedule in await self.store.schedules_due(self.clock(), list(self.gateway.channels)):
+            if not await self._fire(schedule):
+                break  # the gateway is closing
+            fired += 1
+        return fired
+
+    async def _fire(self, schedule: Schedule) -> bool:
+        assert schedule.next_fire is not None
+        now, due, tz = self.clock(), schedule.next_fire, ZoneInfo(schedule.tz)
+        fire_at, after, skipped = due, None, 0
+        if schedule.cron is not None:
+            fire_at = max(due, latest_run(schedule.cron, tz, now))
+            after = next_run(schedule.cron, tz, max(now, fire_at))
+            if fire_at > due:
+                if await self.store.journal_seen(self._key(schedule, due)):
+                    # A previous run claimed ``due`` and died before moving on: that firing resumes
+                    # from the journal; the runs missed since are skipped, not fired as well.
+                    await self.store.schedule_advance(schedule.id, due, after)
+                    return True
+                skipped = _count_runs(schedule.cron, tz, due, fire_at)
+        inbound = self._inbound(schedule, fire_at)
+        note = _late_note(fire_at, now, tz, skipped)
+        if not await self.gateway.start_turn(inbound, note):
+            if not await self.store.journal_seen(inbound.key):
+                return False  # closing: not claimed, the next start fires it
+        log.info("schedule #%d fired (%s)", schedule.id, inbound.key)
+        await self.store.schedule_advance(schedule.id, due, after)
+        return True
+
+    @staticmethod
+    def _key(schedule: Schedule, fire_at: float) -> str:
+        return _firing(schedule, fire_at).key
+
+    def _inbound(self, schedule: Schedule, fire_at: float) -> Inbound:
+        base = _firing(schedule, fire_at)
+        tz = ZoneInfo(schedule.tz)
+        rule = "a one-time schedule" if schedule.cron is None else f"the repeating schedule {schedule.cron}"
+        header = (
+            f"[Scheduled task #{schedule.id} ({rule}, {schedule.tz}), set by {schedule.creator}; due "
+            f"{fmt(fire_at, tz)}. Do it now: your answer is posted to this chat as a new message. For a "
+            "reminder, write the reminder itself.]"
+        )
+        return _with_text(base, f"{header}\n{schedule.text}")
+
+    # -- pushes from `chital send` -----------------------------------------------------------------
+    async def _push_loop(self) -> None:
+        while True:
+            try:
+                await self.pick_up_pushes()
+            except Exception as exc:
+                log.error("pushes: %s", exc)
+            await asyncio.sleep(self.push_every)
+
+    async def pick_up_pushes(self) -> int:
+        """Dispatch the pushes journaled since the last look; returns how many were started."""
+        started = 0
+        pending = await self.store.journal_pending_after(self._push_seen, JournalKind.NOTICE)
+        for rowid, inbound, note in pending:
+            self._push_seen = rowid
+            if not inbound.extra.get(PUSH_MARK):
+                continue
+            entry = JournalEntry(inbound.key, inbound.conversation, JournalKind.NOTICE, inbound,
+                                 JournalState.PENDING, note=note, from_journal=True)  # fmt: skip
+            if self.gateway.pick_up(entry):
+                started += 1
+            elif inbound.platform not in self.gateway.channels:
+                log.warning("push %s waits: channel %s is off in this daemon", inbound.key, inbound.platform)
+        return started
+
+
+def _firing(schedule: Schedule, fire_at: float) -> Inbound:
+    t = schedule.template
+    extra = {**t.extra, STARTED_BY_BOT: True, SCHEDULE_MARK: schedule.id}
+    return Inbound(t.platform, t.chat_id, f"schedule-{schedule.id}-{int(fire_at)}", t.sender_id, "",
+                   t.is_direct, True, t.thread_id, t.sender_name, t.chat_title, extra=extra)  # fmt: skip
+
+
+def _with_text(inbound: Inbound, text: str) -> Inbound:
+    return Inbound(inbound.platform, inbound.chat_id, inbound.message_id, inbound.sender_id, text,
+                   inbound.is_direct, True, inbound.thread_id, inbound.sender_name, inbound.chat_title,
+                   extra=inbound.extra)  # fmt: skip
+
+
+def _count_runs(cron: str, tz: ZoneInfo, start: float, end: float, limit: int = 10_000) -> int:
+    """Runs of ``cron`` in [start, end): the ones a late firing skips."""
+    count, t = 1, start
+    for _ in range(limit):
+        t = next_run(cron, tz, t)
+        if t >= end:
+            break
+        count += 1
+    return count
+
+
+def _late_note(fire_at: float, now: float, tz: ZoneInfo, skipped: int) -> str:
+    if now - fire_at < LATE_AFTER:
+        return ""
+    note = f"⏰ Late: this was due {fmt(fire_at, tz)}; I was offline then."
+    if skipped:
+        note += f" {skipped} earlier run(s) missed meanwhile were skipped."
+    return note
+
+
+# -- /schedules, /unschedule ------------------------------------------------------------------------
+async def command(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
+    """``/schedules`` lists this conversation's schedules; ``/schedules cancel ID`` and
+    ``/unschedule ID`` cancel one (its creator or an admin)."""
+    args = cmd.args.split()
+    if cmd.name == "schedules" and args and args[0].lower() in ("cancel", "delete", "rm", "stop"):
+        args = args[1:]
+    elif cmd.name == "schedules":
+        if args:
+            return "Usage: /schedules, or /schedules cancel ID"
+        return await _listing(gw.store, entry.conversation)
+    if len(args) != 1 or not args[0].lstrip("#").isdigit():
+        return "Usage: /unschedule ID (the number /schedules shows)"
+    try:
+        done = await cancel(gw.store, gw.config, entry.inbound, int(args[0].lstrip("#")))
+    except ScheduleError as exc:
+        return f"Cannot cancel: {exc}."
+    return f"🗑 Cancelled #{done.id} ({rule_text(done.cron)}): {_short(done.text)}"
+
+
+async def _listing(store: Store, conversation: str) -> str:
+    found = await store.schedules_active(conversation)
+    if not found:
+        return "No schedules in this conversation. Ask me, e.g. “remind me in 2 hours to …”."
+    lines = [f"Schedules here ({len(found)}):"]
+    for s in found:
+        info = info_of(s)
+        lines.append(f"#{s.id} — next {info.next_fire} — {info.rule} — by {s.creator}: {_short(s.text)}")
+    lines.append("Cancel one with /unschedule ID.")
+    return "\n".join(lines)
+
+
+def _short(text: str) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= LIST_TEXT else one[: LIST_TEXT - 1] + "…"
