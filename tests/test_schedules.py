@@ -1,0 +1,354 @@
+"""Schedules and pushes (gateway/schedules.py, gateway/cli_send.py, agent/tools/schedule.py).
+
+In process: the real gateway, store and runner with a FakeChannel and a FakeHarness whose turns
+call the real :class:`GatewayScheduler`, and a clock the test moves. End to end (at the bottom): a
+``chital run`` subprocess with the fake Telegram server and the fake model, which calls the
+schedule tool itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from agent.events import AgentEvent, Final
+from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
+from channels.base import ChannelError
+from gateway.cli_send import Refused, parse_target, push_inbound
+from gateway.config import Config
+from gateway.schedules import (
+    GatewayScheduler,
+    ScheduleRunner,
+    check_cron,
+    latest_run,
+    next_run,
+    parse_at,
+    parse_delay,
+    zone_of,
+)
+from gateway.store import JournalKind
+from tests.fakes.fake_harness import Call
+from tests.fakes.gateway_rig import ADMIN, USER, Rig, crash, dm, fake_rig, make_config, quiet, settled, until
+
+BERLIN = ZoneInfo("Europe/Berlin")
+OTHER = 300
+
+
+# -- the time rules ---------------------------------------------------------------------------------
+def test_delays_in_the_forms_people_write() -> None:
+    assert parse_delay("2h") == 7200
+    assert parse_delay("in 90m") == 5400
+    assert parse_delay("1d 3h") == 86400 + 3 * 3600
+    assert parse_delay("1 hour and 30 minutes") == 5400
+    assert parse_delay("45 seconds") == 45
+    for bad in ("soon", "2 fortnights", "-5m", "2h tomorrow", "0m"):
+        with pytest.raises(ScheduleError, match="cannot read the delay"):
+            parse_delay(bad)
+
+
+def test_zones_times_and_cron_rules_are_checked() -> None:
+    assert zone_of(None, "Europe/Berlin") == (BERLIN, True)
+    assert zone_of("America/New_York", "UTC")[1] is False
+    with pytest.raises(ScheduleError, match="unknown time zone 'Mars/Olympus'"):
+        zone_of("Mars/Olympus", "UTC")
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=BERLIN).timestamp()
+    assert parse_at("2026-11-24T09:00", BERLIN, now) == datetime(2026, 11, 24, 9, tzinfo=BERLIN).timestamp()
+    assert (
+        parse_at("2026-11-24T09:00+00:00", BERLIN, now)
+        == datetime(2026, 11, 24, 10, tzinfo=BERLIN).timestamp()
+    )
+    with pytest.raises(ScheduleError, match="already passed"):
+        parse_at("2026-11-23T11:00", BERLIN, now)
+    with pytest.raises(ScheduleError, match="cannot read the time"):
+        parse_at("next tuesday", BERLIN, now)
+    with pytest.raises(ScheduleError, match="not a 5-field cron rule"):
+        check_cron("*/5 * * * * *", BERLIN, 60, now)
+    with pytest.raises(ScheduleError, match="not a valid cron rule"):
+        check_cron("0 25 * * *", BERLIN, 60, now)
+    with pytest.raises(ScheduleError, match="more often than once every 10 minute"):
+        check_cron("0,5 9 * * *", BERLIN, 600, now)
+    first = check_cron("0 9 * * 1-5", BERLIN, 60, now)
+    assert datetime.fromtimestamp(first, BERLIN) == datetime(2026, 11, 24, 9, tzinfo=BERLIN)
+
+
+def test_cron_runs_keep_local_time_across_daylight_saving() -> None:
+    before = datetime(2026, 3, 27, 12, tzinfo=BERLIN).timestamp()  # the switch is on the 29th
+    runs = [before]
+    for _ in range(4):
+        runs.append(next_run("0 9 * * *", BERLIN, runs[-1]))
+    assert [datetime.fromtimestamp(t, BERLIN).hour for t in runs[1:]] == [9, 9, 9, 9]
+    assert runs[2] - runs[1] == 23 * 3600, "the night the clocks go forward is an hour short"
+    at_nine = datetime(2026, 3, 30, 9, tzinfo=BERLIN).timestamp()
+    assert latest_run("0 9 * * *", BERLIN, at_nine) == at_nine
+    assert latest_run("0 9 * * *", BERLIN, at_nine - 1) == at_nine - 86400
+
+
+# -- in process ---------------------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def schedules_config(**limits: Any) -> Config:
+    return make_config(
+        access={"admins": [str(ADMIN)], "allow_users": [str(USER), str(OTHER)]},
+        delivery={"first_edit_delay": 0.05},
+        schedules={"timezone": "Europe/Berlin", **limits},
+    )
+
+
+class Scheduled:
+    """A rig with the real scheduler and runner, and a fake agent that schedules on request:
+    a message ``schedule <json>`` makes its turn call :meth:`GatewayScheduler.add` with that
+    request (as the schedule tool does) and answer with what came back."""
+
+    def __init__(self, rig: Rig, clock: Clock) -> None:
+        self.rig, self.clock = rig, clock
+        self.scheduler = GatewayScheduler(rig.store, rig.gateway.config, clock)
+        self.runner = ScheduleRunner(rig.gateway, self.scheduler, clock=clock)
+        self.calls = 0
+        rig.harness.scripts = _Scripts(self)
+
+    async def ask(self, user: int, request: dict[str, Any]) -> str:
+        inbound = dm(user, "schedule " + json.dumps(request))
+        await self.rig.channel.deliver(inbound)
+        (answer,) = await until(lambda: self.rig.channel.replies_to(inbound.message_id), what="the answer")
+        return str(answer)
+
+    async def fire(self) -> int:
+        return await self.runner.fire_due()
+
+
+class _Scripts(dict[str, Callable[[Call], AsyncIterator[AgentEvent]]]):
+    def __init__(self, owner: Scheduled) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def get(self, text: str, default: Any = None) -> Any:  # type: ignore[override]
+        if not text.startswith("schedule "):
+            return default
+        return self._schedule
+
+    async def _schedule(self, call: Call) -> AsyncIterator[AgentEvent]:
+        owner = self.owner
+        owner.calls += 1
+        request = ScheduleRequest(**json.loads(call.text.removeprefix("schedule ")))
+        caller = Caller(call.thread_id, call.user_id, call.message_id, f"call-{call.message_id}")
+        try:
+            info: ScheduleInfo = await owner.scheduler.add(caller, request)
+        except ScheduleError as exc:
+            yield Final(f"refused: {exc}")
+            return
+        yield Final(f"scheduled #{info.id} for {info.next_fire} ({info.timezone})")
+
+
+@pytest.fixture
+async def sched(tmp_path: Path) -> AsyncIterator[Scheduled]:
+    async with fake_rig(tmp_path, schedules_config()) as rig:
+        yield Scheduled(rig, Clock())
+
+
+def chat_posts(rig: Rig, user: int) -> list[str]:
+    """What the bot posted into ``user``'s DM that replies to nothing (the bot's own messages)."""
+    return [m.text for m in rig.channel.sent if m.target.chat_id == str(user) and m.target.reply_to is None]
+
+
+async def test_a_reminder_fires_once_as_a_new_message_in_its_chat(sched: Scheduled) -> None:
+    answer = await sched.ask(USER, {"text": "Remind them to stretch", "delay": "2h"})
+    assert answer.startswith("scheduled #1 for ") and "(Europe/Berlin)" in answer
+    assert await sched.fire() == 0, "not due yet"
+    sched.clock.now += 2 * 3600 + 1
+    assert await sched.fire() == 1
+    await until(lambda: chat_posts(sched.rig, USER), what="the reminder")
+    await settled(sched.rig.store)
+    (post,) = chat_posts(sched.rig, USER)
+    assert post.startswith("echo: [Scheduled task #1 (a one-time schedule, Europe/Berlin)")
+    assert post.endswith("\nRemind them to stretch") and "Late" not in post
+    turn = sched.rig.harness.calls[-1]
+    assert turn.user_id == f"telegram:{USER}", "the turn runs as the user who scheduled it"
+    assert turn.thread_id == sched.rig.harness.calls[0].thread_id, "in the conversation's thread"
+    sched.clock.now += 7 * 86400
+    assert await sched.fire() == 0, "a one-time schedule fires once"
+    await quiet(0.2)
+    assert len(chat_posts(sched.rig, USER)) == 1
+    assert "No schedules in this conversation" in await command(sched.rig, USER, "/schedules")
+
+
+async def test_two_runners_racing_fire_it_once(sched: Scheduled) -> None:
+    await sched.ask(USER, {"text": "ping", "delay": "1m"})
+    other = ScheduleRunner(sched.rig.gateway, None, clock=sched.clock)
+    sched.clock.now += 61
+    counts = await asyncio.gather(sched.fire(), other.fire_due(), sched.fire())
+    assert sum(counts) >= 1
+    await until(lambda: chat_posts(sched.rig, USER), what="the firing")
+    await settled(sched.rig.store)
+    await quiet(0.2)
+    assert len(chat_posts(sched.rig, USER)) == 1
+
+
+async def test_a_crash_between_claiming_and_moving_on_fires_once(tmp_path: Path) -> None:
+    """The claim (the journal entry) is made, then the process dies before the schedule is moved
+    on: the next process resumes that firing from the journal and does not claim another."""
+    config, clock = schedules_config(), Clock()
+    async with fake_rig(tmp_path, config) as rig:
+        first = Scheduled(rig, clock)
+        await first.ask(USER, {"text": "water the plants", "cron": "0 9 * * *"})
+        (schedule,) = await rig.store.schedules_active(f"telegram:{USER}")
+        assert schedule.next_fire is not None
+        clock.now = schedule.next_fire + 5
+        rig.harness.gate.clear()  # the firing's turn hangs: the process "dies" during it
+        original = rig.store.schedule_advance
+
+        async def dies(*args: Any) -> bool:
+            raise asyncio.CancelledError
+
+        rig.store.schedule_advance = dies  # type: ignore[method-assign]
+        with pytest.raises(asyncio.CancelledError):
+            await first.fire()
+        rig.store.schedule_advance = original  # type: ignore[method-assign]
+        await until(lambda: len(rig.harness.calls) == 2, what="the firing's turn started")
+        await crash(rig)
+        store, channel = rig.store, rig.channel
+        async with fake_rig(tmp_path, config, store=store, channel=channel.restarted()) as rig2:
+            second = Scheduled(rig2, clock)
+            clock.now += 3600
+            assert await second.fire() == 1
+            await until(lambda: chat_posts(rig2, USER), what="the resumed firing")
+            await settled(rig2.store)
+            await quiet(0.2)
+            (post,) = chat_posts(rig2, USER)
+            assert "water the plants" in post
+            (moved,) = await rig2.store.schedules_active(f"telegram:{USER}")
+            assert moved.next_fire == schedule.next_fire + 86400
+
+
+async def test_missed_runs_fire_the_latest_once_late_and_skip_the_rest(sched: Scheduled) -> None:
+    await sched.ask(USER, {"text": "daily report", "cron": "0 9 * * *"})
+    (schedule,) = await sched.rig.store.schedules_active(f"telegram:{USER}")
+    assert schedule.next_fire is not None
+    sched.clock.now = schedule.next_fire + 2 * 86400 + 3600  # down for three mornings
+    assert await sched.fire() == 1
+    await until(lambda: chat_posts(sched.rig, USER), what="the late run")
+    await settled(sched.rig.store)
+    (post,) = chat_posts(sched.rig, USER)
+    due = datetime.fromtimestamp(schedule.next_fire + 2 * 86400, BERLIN).strftime("%a %Y-%m-%d %H:%M")
+    assert post.startswith(f"⏰ Late: this was due {due} ")
+    assert "2 earlier run(s) missed meanwhile were skipped" in post
+    (moved,) = await sched.rig.store.schedules_active(f"telegram:{USER}")
+    assert moved.next_fire == schedule.next_fire + 3 * 86400
+    assert await sched.fire() == 0
+
+
+async def test_requests_are_checked_and_limited(tmp_path: Path) -> None:
+    async with fake_rig(tmp_path, schedules_config(max_per_conversation=2, max_text_chars=50)) as rig:
+        sched = Scheduled(rig, Clock())
+        assert "refused: unknown time zone 'Atlantis'" in await sched.ask(
+            USER, {"text": "x", "cron": "0 9 * * *", "timezone": "Atlantis"}
+        )
+        assert "refused: give exactly one of" in await sched.ask(
+            USER, {"text": "x", "delay": "1h", "cron": "0 9 * * *"}
+        )
+        assert "refused: the text is 51 characters long; at most 50" in await sched.ask(
+            USER, {"text": "y" * 51, "delay": "1h"}
+        )
+        assert "refused: that is too far ahead (at most 5 years)" in await sched.ask(
+            USER, {"text": "a", "at": "2099-01-01T09:00"}
+        )
+        assert "(America/New_York)" in await sched.ask(
+            USER, {"text": "a", "at": "2028-01-01T09:00", "timezone": "America/New_York"}
+        )
+        assert "scheduled #" in await sched.ask(USER, {"text": "b", "delay": "1d"})
+        assert "refused: this conversation already has 2 schedules (the limit)" in await sched.ask(
+            USER, {"text": "c", "delay": "2d"}
+        )
+        listing = await command(rig, USER, "/schedules")
+        assert listing.startswith("Schedules here (2):")
+        assert "#2 — next " in listing and "EST — once — by telegram:200: a" in listing
+
+
+async def command(rig: Rig, user: int, text: str) -> str:
+    inbound = dm(user, text)
+    await rig.channel.deliver(inbound)
+    (answer,) = await until(lambda: rig.channel.replies_to(inbound.message_id), what=text)
+    return str(answer)
+
+
+async def test_only_the_creator_or_an_admin_may_cancel(sched: Scheduled) -> None:
+    rig = sched.rig
+    group = "-100777"
+
+    def in_group(user: int, text: str) -> Any:
+        d = dm(user, text)
+        return type(d)("telegram", group, d.message_id, str(user), text, False, True)
+
+    for text in (
+        'schedule {"text": "standup", "cron": "30 9 * * 1-5"}',
+        'schedule {"text": "retro", "delay": "3d"}',
+    ):
+        await rig.channel.deliver(in_group(USER, text))
+    await until(lambda: len(rig.channel.in_chat(group)) == 2, what="both scheduled")
+
+    async def say(user: int, text: str) -> str:
+        inbound = in_group(user, text)
+        await rig.channel.deliver(inbound)
+        (answer,) = await until(lambda: rig.channel.replies_to(inbound.message_id), what=text)
+        return str(answer)
+
+    listing = await say(OTHER, "/schedules")
+    assert "#1 — next " in listing
+    assert "cron 30 9 * * 1-5 (At 09:30 on Monday through Friday)" in listing and "retro" in listing
+    refused = await say(OTHER, "/unschedule 1")
+    assert refused == "Cannot cancel: only telegram:200, who made #1, or an admin can cancel it."
+    assert "#1" in await say(OTHER, "/schedules")
+    assert (await say(USER, "/schedules cancel 1")).startswith("🗑 Cancelled #1 (cron 30 9 * * 1-5")
+    assert (await say(ADMIN, "/unschedule #2")).startswith("🗑 Cancelled #2 (once): retro")
+    assert await say(USER, "/unschedule 2") == (
+        "Cannot cancel: there is no active schedule #2 in this conversation."
+    )
+    assert await say(USER, "/unschedule") == "Usage: /unschedule ID (the number /schedules shows)"
+    assert "No schedules in this conversation" in await say(USER, "/schedules")
+    sched.clock.now += 10 * 86400
+    assert await sched.fire() == 0, "cancelled schedules never fire"
+    # Another conversation's schedule is not this one's to cancel (or to see).
+    await sched.ask(USER, {"text": "private", "delay": "1h"})
+    assert "no active schedule #3 in this conversation" in await say(ADMIN, "/unschedule 3")
+
+
+async def test_a_push_is_delivered_once_also_after_the_channel_failed(sched: Scheduled) -> None:
+    rig = sched.rig
+    inbound = push_inbound("telegram", str(OTHER), None, "deploy-1")
+    assert await rig.store.journal_add(inbound, JournalKind.NOTICE, "Deploy 1 finished ✅")
+    assert not await rig.store.journal_add(inbound, JournalKind.NOTICE, "Deploy 1 finished ✅")
+    rig.channel.fail("send", ChannelError("502 from the platform"), times=2)
+    assert await sched.runner.pick_up_pushes() == 1
+    await until(lambda: rig.channel.in_chat(str(OTHER)), timeout=10, what="the push")
+    await settled(rig.store)
+    assert await sched.runner.pick_up_pushes() == 0
+    assert rig.channel.in_chat(str(OTHER)) == ["Deploy 1 finished ✅"]
+    (msg,) = [m for m in rig.channel.sent if m.target.chat_id == str(OTHER)]
+    assert msg.target.reply_to is None
+
+
+def test_send_targets_are_checked_per_platform() -> None:
+    config = make_config(channels={"telegram": {"token": "1:x"}, "slack": {"enabled": False}})
+    assert parse_target("telegram:-1001234:42", config) == ("telegram", "-1001234", "42")
+    assert parse_target("Telegram:12345", config) == ("telegram", "12345", None)
+    for target, why in [
+        ("signal:123", "unknown platform 'signal'; use one of discord, lark, slack, telegram"),
+        ("slack:C0123ABCD", "channel slack is off in this config"),
+        ("telegram:@channel", "'@channel' is not a telegram chat id: expected a number"),
+        ("telegram:123:topic", "'topic' is not a telegram thread id"),
+    ]:
+        with pytest.raises(Refused, match=why):
+            parse_target(target, config)
