@@ -336,3 +336,122 @@ async def test_a_new_message_cancels_the_waiting_request(tmp_path: Path) -> None
         await until(lambda: request.text.endswith("❌ Cancelled: a newer message came first"))
         assert request.buttons == [] and rig.harness.resumed == []
         assert (await rig.channel.press(request.message_id, "✅", USER)).refused
+
+
+# ---- end to end: `chital run`, the real agent and sandbox, python-telegram-bot --------------------
+import shutil  # noqa: E402
+
+from tests.daemon import DaemonProcess  # noqa: E402
+from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
+from tests.test_e2e_telegram import OTHER as TG_OTHER  # noqa: E402
+from tests.test_e2e_telegram import OWNER, telegram_config  # noqa: E402
+
+GROUP = -100777
+COMMAND = "echo approved-run > /mnt/user-data/outputs/flag.txt && cat /mnt/user-data/outputs/flag.txt"
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+def tg_daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> DaemonProcess:
+    cfg = telegram_config(tmp_path, tg, model)
+    cfg["agent"]["approvals"] = {"tools": ["execute"], "timeout": 600}
+    return DaemonProcess(tmp_path, cfg)
+
+
+async def tg_buttons(tg: FakeTelegram, chat: int, timeout: float = 20) -> Any:
+    return await tg.wait_for(
+        lambda: next((m for m in tg.bot_messages(chat) if tg.buttons(chat, m.message_id)), None),
+        timeout=timeout,
+        what="the approval buttons",
+    )
+
+
+async def tg_answer(tg: FakeTelegram, query: dict[str, Any], timeout: float = 15) -> dict[str, Any]:
+    qid = query["callback_query"]["id"]
+    answer: dict[str, Any] = await tg.wait_for(
+        lambda: tg.answered_queries.get(qid), timeout=timeout, what="answer"
+    )
+    return answer
+
+
+@pytest.mark.bwrap
+@needs_bwrap
+async def test_telegram_approve_after_a_restart_runs_the_command(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    model.script(
+        Reply(tool_calls=[ToolCall("execute", {"command": COMMAND})]),
+        Reply(text="Done: the command printed approved-run."),
+    )
+    daemon = tg_daemon(tmp_path, tg, model)
+    await daemon.start()
+    try:
+        update = tg.inject_mention(GROUP, OWNER, "run the thing", first_name="Olga")
+        request = await tg_buttons(tg, GROUP)
+        assert tg.buttons(GROUP, request.message_id) == ["✅ Approve", "❌ Deny"]
+        assert "execute" in request.text and COMMAND in request.text and "Olga" in request.text
+        assert COMMAND in request.spans("pre")  # in a code block, exactly as the agent asked
+        waiting = await tg.wait_for(
+            lambda: next(
+                (m for m in tg.bot_messages(GROUP) if m.reply_to == update["message"]["message_id"]), None
+            ),
+            what="the waiting reply",
+        )
+        assert "Waiting for approval" in waiting.text and len(model.requests) == 1
+
+        stranger = tg.press_button(GROUP, request.message_id, TG_OTHER, "Approve", first_name="Mallory")
+        alert = await tg_answer(tg, stranger)
+        assert alert.get("show_alert") is True and "Not yours" in alert["text"]
+
+        await daemon.close()  # a restart between the request and the press
+        await daemon.start()
+        owner = tg.press_button(GROUP, request.message_id, OWNER, "Approve", first_name="Olga")
+        toast = await tg_answer(tg, owner)
+        assert not toast.get("show_alert") and "Approved" in toast["text"]
+        await tg.wait_for(
+            lambda: "Done: the command printed approved-run." in tg.message(GROUP, waiting.message_id).text,
+            timeout=30,
+            what="the answer in the same reply",
+        )
+        shown = tg.message(GROUP, request.message_id)
+        assert shown.text.endswith("✅ Approved by Olga") and tg.buttons(GROUP, request.message_id) == []
+        tool_results = [m for m in model.requests[1]["messages"] if m.get("role") == "tool"]
+        assert "approved-run" in str(tool_results[-1]["content"])
+        tg.redeliver(owner)  # the same press served again (the offset never confirmed, say)
+        await tg.wait_for(lambda: len(tg.calls_to("answerCallbackQuery")) >= 3, what="the second answer")
+        await asyncio.sleep(0.5)
+        assert len(model.requests) == 2  # resumed once
+    finally:
+        await daemon.close()
+
+
+@pytest.mark.bwrap
+@needs_bwrap
+async def test_telegram_deny_does_not_run_the_command(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    model.script(
+        Reply(tool_calls=[ToolCall("execute", {"command": COMMAND})]),
+        Reply(text="Understood, I did not run it."),
+    )
+    daemon = tg_daemon(tmp_path, tg, model)
+    await daemon.start()
+    try:
+        update = tg.inject_message(OWNER, OWNER, "run the thing", first_name="Olga")
+        request = await tg_buttons(tg, OWNER)
+        query = tg.press_button(OWNER, request.message_id, OWNER, "Deny", first_name="Olga")
+        assert "Denied" in (await tg_answer(tg, query))["text"]
+        await tg.wait_for(
+            lambda: any(
+                "Understood, I did not run it." in m.text
+                for m in tg.bot_messages(OWNER)
+                if m.reply_to == update["message"]["message_id"]
+            ),
+            timeout=30,
+            what="the answer",
+        )
+        assert tg.message(OWNER, request.message_id).text.endswith("❌ Denied by Olga")
+        tool_results = [m for m in model.requests[1]["messages"] if m.get("role") == "tool"]
+        assert "denied by Olga" in str(tool_results[-1]["content"])
+        assert not any(daemon.sandbox_root.rglob("flag.txt"))
+    finally:
+        await daemon.close()

@@ -36,6 +36,7 @@ from telegram.request import HTTPXRequest
 
 from channels.base import (
     Attachment,
+    Button,
     Capabilities,
     Channel,
     ChannelError,
@@ -55,7 +56,7 @@ from channels.base import (
 )
 from channels.limits import check_size, retry_after
 
-from .inbound import recover_ids, to_inbound
+from .inbound import recover_ids, to_action, to_inbound
 from .render import MAX_CAPTION_UTF16, MAX_MESSAGE_UTF16, render_markdown, truncate
 from .settings import TelegramSettings
 
@@ -69,7 +70,7 @@ START_RETRIES = 3
 """getMe answers that are errors (5xx, 429) retried inside one start before the supervisor's turn."""
 # Only new messages: an edit would re-run a turn the agent already answered (one inbound message, at
 # most one reply thread), so edited_message is deliberately not requested.
-ALLOWED_UPDATES = ("message",)
+ALLOWED_UPDATES = ("message", "callback_query")  # callback_query: presses of our buttons
 GETFILE_LIMIT = 20 * 1024 * 1024  # the Bot API serves bots files up to 20 MB
 UPLOAD_LIMIT = 50 * 1024 * 1024  # and accepts uploads up to 50 MB
 PHOTO_LIMIT = 10 * 1024 * 1024
@@ -99,6 +100,7 @@ class TelegramChannel(Channel):
         can_edit=True,
         min_send_interval=0.0,
         max_upload_bytes=UPLOAD_LIMIT,
+        buttons=True,
     )
 
     def __init__(
@@ -269,6 +271,11 @@ class TelegramChannel(Channel):
         bot = self._require_bot()
         for raw in updates:
             uid = raw.get("update_id") if isinstance(raw, dict) else None
+            if isinstance(raw, dict) and "callback_query" in raw:
+                await self._press(raw)
+                if isinstance(uid, int) and not isinstance(uid, bool):
+                    self._offset = max(self._offset or 0, uid + 1)
+                continue
             try:
                 update = Update.de_json(raw, bot)
                 inbound = to_inbound(update, self.bot_id, self.bot_username)
@@ -279,6 +286,24 @@ class TelegramChannel(Channel):
                     await self.hand_over(sink, inbound, ref=f"update {uid}")
             if isinstance(uid, int) and not isinstance(uid, bool):
                 self._offset = max(self._offset or 0, uid + 1)
+
+    async def _press(self, raw: dict[str, Any]) -> None:
+        """A button press: handed to the gateway (which journals it), then answered, so the
+        presser's spinner stops with what the gateway said (an alert when it was refused). The
+        offset moves on only after that; a ChannelError (shutdown) leaves it for redelivery."""
+        action = to_action(raw)
+        answer = await self.hand_action(action) if action is not None else None
+        query = raw.get("callback_query")
+        query_id = query.get("id") if isinstance(query, dict) else None
+        if not isinstance(query_id, str):
+            return
+        params: dict[str, Any] = {"callback_query_id": query_id}
+        if answer is not None and answer.text:
+            params.update(text=answer.text[:200], show_alert=answer.refused)
+        try:
+            await self._api(_post(self._require_bot(), "answerCallbackQuery", params))
+        except ChannelError as exc:  # the press counted; only the toast is lost
+            log.warning("telegram: could not answer a button press: %s", exc)
 
     # -- rendering ------------------------------------------------------------------------------
     def render(self, markdown: str) -> list[Rendered]:
@@ -297,6 +322,20 @@ class TelegramChannel(Channel):
             kwargs["reply_parameters"] = ReplyParameters(
                 message_id=int(target.reply_to), allow_sending_without_reply=True
             )
+        result = await self._with_entity_fallback(
+            part, lambda text, ents: _post(bot, "sendMessage", {**kwargs, "text": text, "entities": ents})
+        )
+        return str(result.get("message_id", "")) if isinstance(result, dict) else ""
+
+    async def send_buttons(
+        self, target: ReplyTarget, part: Rendered, buttons: Sequence[Button], *, idempotency_key: str
+    ) -> str:
+        """The message with an inline keyboard (one row); presses come back as callback queries.
+        ``close_buttons`` is a plain edit: editMessageText without ``reply_markup`` drops them."""
+        bot = self._require_bot()
+        markup = {"inline_keyboard": [[{"text": b.label, "callback_data": b.value} for b in buttons]]}
+        kwargs: dict[str, Any] = {**self._where(target), "link_preview_options": _NO_PREVIEW}
+        kwargs["reply_markup"] = markup
         result = await self._with_entity_fallback(
             part, lambda text, ents: _post(bot, "sendMessage", {**kwargs, "text": text, "entities": ents})
         )

@@ -16,7 +16,7 @@ from typing import Any
 from telegram import Message, MessageEntity, Update
 from telegram.constants import ChatType
 
-from channels.base import Attachment, ContextItem, Inbound, clean_text, replied_extra
+from channels.base import Action, Attachment, ContextItem, Inbound, clean_text, replied_extra
 
 PLATFORM = "telegram"
 GETFILE_MAX = 20 * 1024 * 1024
@@ -94,6 +94,30 @@ def to_inbound(update: Update, bot_id: int, bot_username: str) -> Inbound | None
         attachments=attachments,
         extra=extra,
         unsupported=unsupported,
+    )
+
+
+def to_action(raw: Any) -> Action | None:
+    """The :class:`Action` of a ``callback_query`` update (a press of an inline keyboard button
+    under one of our messages), or None when it carries no data or no message we can answer on."""
+    query = _dict(_dict(raw).get("callback_query"))
+    sender, msg = _dict(query.get("from")), _dict(query.get("message"))
+    chat = _dict(msg.get("chat"))
+    data, qid = query.get("data"), query.get("id")
+    if not (isinstance(data, str) and isinstance(qid, str) and _is_int(sender.get("id"))):
+        return None
+    if not _is_int(chat.get("id")) or not _is_int(msg.get("message_id")):
+        return None
+    name = " ".join(str(sender[k]) for k in ("first_name", "last_name") if isinstance(sender.get(k), str))
+    thread = msg.get("message_thread_id") if msg.get("is_topic_message") else None
+    return Action(
+        platform=PLATFORM,
+        chat_id=str(chat["id"]),
+        sender_id=str(sender["id"]),
+        value=data,
+        message_id=str(msg["message_id"]),
+        sender_name=name or str(sender["id"]),
+        thread_id=str(thread) if _is_int(thread) else None,
     )
 
 

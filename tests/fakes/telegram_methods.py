@@ -41,6 +41,7 @@ class BotApiMethods:
         _chats: dict[int, dict[str, Any]]
         drafts: list[tuple[int, int, str]]
         _messages: dict[int, dict[int, Seen]]
+        answered_queries: dict[str, dict[str, Any]]
         _files: dict[str, StoredFile]
         _blocked: set[int]
         _revoked: bool
@@ -131,7 +132,8 @@ class BotApiMethods:
         text = str(p.get("text", ""))
         entities = list(p.get("entities") or [])
         check_text(text, entities, MAX_TEXT_UTF16, "message text")
-        return self._bot_message(chat_id, p, {"text": text, "entities": entities})
+        markup = _inline_keyboard(p.get("reply_markup"))
+        return self._bot_message(chat_id, p, {"text": text, "entities": entities, "reply_markup": markup})
 
     async def _m_sendmessagedraft(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
         """An ephemeral preview: shown to the user for ~30 s, never stored as a message."""
@@ -154,7 +156,8 @@ class BotApiMethods:
         text = str(p.get("text", ""))
         entities = list(p.get("entities") or [])
         check_text(text, entities, MAX_TEXT_UTF16, "message text")
-        if text == seen.text and entities == seen.entities:
+        markup = _inline_keyboard(p.get("reply_markup"))
+        if text == seen.text and entities == seen.entities and markup == seen.raw.get("reply_markup"):
             raise ApiError(
                 400,
                 "Bad Request: message is not modified: specified new message content and reply markup "
@@ -165,7 +168,22 @@ class BotApiMethods:
         seen.raw = {**seen.raw, "text": text, "entities": entities, "edit_date": int(time.time())}
         if not entities:
             seen.raw.pop("entities")
+        # An edit without reply_markup removes the inline keyboard, as Telegram does.
+        if markup:
+            seen.raw["reply_markup"] = markup
+        else:
+            seen.raw.pop("reply_markup", None)
         return seen.raw
+
+    async def _m_answercallbackquery(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        """Stops the presser's spinner (a toast, or an alert with ``show_alert``); once per query."""
+        query_id = str(p.get("callback_query_id") or "")
+        if not query_id or query_id in self.answered_queries:
+            raise ApiError(
+                400, "Bad Request: query is too old and response timeout expired or query ID is invalid"
+            )
+        self.answered_queries[query_id] = p
+        return True
 
     async def _m_sendchataction(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
         self._target(p)
@@ -244,3 +262,20 @@ class BotApiMethods:
             elif not reply.get("allow_sending_without_reply"):
                 raise ApiError(400, "Bad Request: message to be replied not found")
         return self._store(msg, from_bot=True).raw
+
+
+def _inline_keyboard(markup: Any) -> dict[str, Any] | None:
+    """An inline keyboard as Telegram checks it: rows of buttons with text and callback_data of
+    1-64 bytes; anything else is a 400."""
+    if markup is None:
+        return None
+    rows = markup.get("inline_keyboard") if isinstance(markup, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+        raise ApiError(400, "Bad Request: can't parse reply keyboard markup JSON object")
+    for button in (b for row in rows for b in row):
+        data = button.get("callback_data") if isinstance(button, dict) else None
+        if not isinstance(button.get("text"), str) or not isinstance(data, str):
+            raise ApiError(400, "Bad Request: can't parse inline keyboard button")
+        if not 1 <= len(data.encode()) <= 64:
+            raise ApiError(400, "Bad Request: BUTTON_DATA_INVALID")
+    return markup
