@@ -70,6 +70,9 @@ class FakeTelegram(BotApiMethods):
         self._files: dict[str, StoredFile] = {}
         self._failures: dict[str, list[Failure]] = {}
         self.drafts: list[tuple[int, int, str]] = []
+        self.answered_queries: dict[str, dict[str, Any]] = {}
+        """answerCallbackQuery parameters by callback query id (the presser's toast or alert)."""
+        self._query_ids = itertools.count(1)
         """(chat id, draft id, text) of every sendMessageDraft: previews that leave no message."""
         self.down_methods: set[str] = set()
         self.after_call: Callable[[str, dict[str, Any]], None] | None = None
@@ -252,6 +255,31 @@ class FakeTelegram(BotApiMethods):
         """Queue an arbitrary update (``{"edited_message": ...}`` etc.); the update_id is assigned."""
         update = {"update_id": next(self._update_ids), **body}
         self._pending.append(update)
+    def press_button(
+        self, chat_id: int, message_id: int, user_id: int, text: str, *, first_name: str = "U"
+    ) -> dict[str, Any]:
+        """A user presses the inline button labelled ``text`` (or containing it) under a bot
+        message: a ``callback_query`` update carrying its ``callback_data``, as Telegram sends it."""
+        seen = self._messages[chat_id][message_id]
+        rows = (seen.raw.get("reply_markup") or {}).get("inline_keyboard") or []
+        button = next((b for row in rows for b in row if text in b["text"]), None)
+        if button is None:
+            raise AssertionError(f"no button {text!r} under message {message_id}")
+        return self.push_update({"callback_query": {
+            "id": f"Q{next(self._query_ids)}",
+            "from": {"id": user_id, "is_bot": False, "first_name": first_name},
+            "message": seen.raw,
+            "chat_instance": str(chat_id),
+            "data": button["callback_data"],
+        }})  # fmt: skip
+
+    def buttons(self, chat_id: int, message_id: int) -> list[str]:
+        """Labels of the inline buttons under a message now."""
+        rows = (self._messages[chat_id][message_id].raw.get("reply_markup") or {}).get(
+            "inline_keyboard"
+        ) or []
+        return [b["text"] for row in rows for b in row]
+
         self._bump()
         return update
 
