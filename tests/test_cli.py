@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
+import re
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.daemon import REPO, DaemonProcess, base_config, free_port
@@ -219,3 +222,147 @@ def probe_line(out: str, name: str) -> str:
         if line.startswith(f"  {name:<16} "):
             return line[len(f"  {name:<16} ") :]
     raise AssertionError(f"no line for {name!r} in:\n{out}")
+
+
+# -- no config file: the built-in defaults, said plainly ------------------------------------------
+def env_without_config(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A shell outside the repository: no config file in reach, the checkout on PYTHONPATH."""
+    return clean_env() | {"PYTHONPATH": str(REPO), "CHITAL_DATA": str(tmp_path / "data")} | extra
+
+
+async def test_no_config_file_turns_on_channels_whose_tokens_are_set(tmp_path: Path) -> None:
+    env = env_without_config(
+        tmp_path, TELEGRAM_BOT_TOKEN="123:abc", SLACK_BOT_TOKEN="xoxb-1", OPENAI_API_KEY="sk-1"
+    )
+    rc, out = await run_cli("check", cwd=tmp_path, env=env)
+    assert rc == 0, out
+    notice = [line for line in out.splitlines() if line.startswith("chital: no config file found")]
+    assert len(notice) == 1, out
+    assert "(here: telegram)" in notice[0] and str(tmp_path / "data") in notice[0]
+    assert "config: no file; the built-in defaults are valid" in out
+    assert "telegram  ready  credentials present" in out
+    # Half a Slack set-up says which variable is missing instead of staying silently off.
+    assert "slack     off    missing app_token (set SLACK_APP_TOKEN)" in out
+    assert "discord   off    missing token (set DISCORD_BOT_TOKEN)" in out
+    assert "123:abc" not in out
+
+    # The .env of the directory counts too (the environment wins over it).
+    (tmp_path / ".env").write_text("DISCORD_BOT_TOKEN=from-dotenv\nTELEGRAM_BOT_TOKEN=\n")
+    (tmp_path / ".env").chmod(0o600)
+    rc, out = await run_cli("check", cwd=tmp_path, env=env)
+    assert rc == 0, out
+    assert "discord   ready  credentials present" in out and "telegram  ready" in out
+    assert "env: DISCORD_BOT_TOKEN from .env" in out and "(here: telegram, discord)" in out
+    (tmp_path / ".env").chmod(0o644)
+    rc, out = await run_cli("check", cwd=tmp_path, env=env)
+    assert "chital: warning: .env holds secrets but other users may read it (chmod 600 .env)" in out
+
+
+async def test_run_without_config_file_says_what_it_uses(tmp_path: Path) -> None:
+    # The data directory is a file, so start-up stops at its first step: what `run` says before
+    # that is what an operator reads, and nothing binds a port or dials Telegram.
+    (tmp_path / "data").write_text("")
+    rc, out = await run_cli(
+        "run", cwd=tmp_path, env=env_without_config(tmp_path, TELEGRAM_BOT_TOKEN="123:abc")
+    )
+    assert rc == 1, out
+    assert "chital: no config file found" in out and "(here: telegram)" in out
+    assert "telegram  on   credentials present" in out
+    assert "slack     off  missing bot_token, app_token (set SLACK_BOT_TOKEN and SLACK_APP_TOKEN)" in out
+    assert out.rstrip().endswith("is a file, not a directory (set storage.path)")
+
+
+async def test_builtin_defaults_keep_strangers_out(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel turned on by its token alone is deny-by-default: a stranger gets a pairing code,
+    the model never sees the message. The model comes from the environment as well."""
+    from gateway.app import Daemon
+    from gateway.config import load_config
+
+    for name, value in {
+        "TELEGRAM_BOT_TOKEN": tg.token,
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": model.base_url,
+        "CHITAL_MODEL": "fake-model",
+        "CHITAL_DATA": str(tmp_path / "data"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    cfg = load_config(None)
+    assert cfg.model_spec().kwargs() == {
+        "model": "fake-model",
+        "base_url": model.base_url,
+        "api_key": "sk-test",
+    }
+    telegram = cfg.channels.telegram
+    assert telegram.enabled and telegram.plain("token") == tg.token
+    # Only where the fake Telegram is, and no HTTP port: everything else is the built-in defaults.
+    telegram.base_url, telegram.base_file_url, telegram.poll_timeout = tg.base_url, tg.base_file_url, 1
+    cfg.http.enabled = False
+    daemon = Daemon(cfg)
+    await daemon.start()
+    try:
+        stranger = 5151
+        tg.inject_message(stranger, stranger, "let me in, secret plan")
+        await tg.wait_for(
+            lambda: any("pairing code" in m.text for m in tg.bot_messages(stranger)),
+            timeout=15,
+            what="pairing",
+        )
+        assert not any("secret plan" in str(r) for r in model.requests)
+    finally:
+        await daemon.stop()
+
+
+# -- the command line itself -----------------------------------------------------------------------
+def commands() -> list[list[str]]:
+    """Every command and subcommand, from the parser itself (a new one is covered as it is added)."""
+    from gateway.cli import build_parser
+
+    found: list[list[str]] = []
+
+    def walk(parser: argparse.ArgumentParser, path: list[str]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {a.dest: a.help for a in action._get_subactions()}
+                for name, child in action.choices.items():
+                    assert helps.get(name), f"`chital {' '.join([*path, name])}` has no one-line help"
+                    found.append([*path, name])
+                    walk(child, [*path, name])
+
+    walk(build_parser(), [])
+    return found
+
+
+async def test_every_command_has_its_own_help() -> None:
+    rc, top = await run_cli("--help")
+    assert rc == 0 and top.startswith("usage: chital [-h] [-c PATH] [--version] COMMAND ...")
+    listed = commands()
+    assert ["pairing", "approve"] in listed and ["init"] in listed
+    for path in listed:
+        if len(path) == 1:  # one line each in `chital --help`
+            assert re.search(rf"^  {path[0]} +\S", top, re.M), top
+        rc, out = await run_cli(*path, "--help")
+        assert rc == 0, out
+        assert out.startswith(f"usage: chital {' '.join(path)} "), out
+        description = out.split("\n\n")[1]
+        assert description[:1].isupper() and description.rstrip().endswith("."), out
+        assert "config_top" not in out and "{" not in out.splitlines()[0], out
+    rc, out = await run_cli("pairing", "approve", "--help")
+    assert "CODE" in out.splitlines()[0] and "the pairing code the user was given" in out
+
+
+async def test_usage_errors_are_one_line() -> None:
+    rc, out = await run_cli("pairing", "approve")
+    assert rc == 2
+    assert out == (
+        "chital: pairing approve: the following arguments are required: CODE"
+        " (see `chital pairing approve --help`)\n"
+    )
+    rc, out = await run_cli("frobnicate")
+    assert rc == 2 and out.startswith("chital: argument COMMAND: invalid choice: 'frobnicate'")
+    assert len(out.splitlines()) == 1
+    rc, out = await run_cli()
+    assert rc == 2 and "commands:" in out and "pairing" in out
+    rc, out = await run_cli("check", "--bogus")
+    assert rc == 2 and "unrecognized arguments: --bogus" in out and len(out.splitlines()) == 1
