@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from channels.base import ChannelState
 
 from .agent_api import AgentHarness
+from .db import SQLITE
 
 if TYPE_CHECKING:
     from .app import Daemon
@@ -198,7 +199,16 @@ async def summary(daemon: Daemon) -> list[Line]:
     lines += channel_lines(daemon.channel_report())
     lines.append(model_line(daemon))
     lines.append(await sandbox_line(harness, cfg.agent.sandbox.provider))
-    lines.append((logging.INFO, f"  data      database {daemon.db_path}; sandboxes {sandbox_root}"))
+    store = daemon.store
+    if store is None:
+        database = "not open"
+    elif store.dialect == SQLITE:
+        database = str(store.path)
+    else:  # the server's host, port and database name (the URL's user and password cut off)
+        database = f"{store.dialect} at {store.path}"
+    lines.append(
+        (logging.INFO, f"  data      {cfg.storage.path}; database {database}; sandboxes {sandbox_root}")
+    )
     lines.append((logging.INFO, f"  logs      {log_destinations(logging.getLogger().handlers)}"))
     if daemon.http_port is not None:
         host = cfg.http.host

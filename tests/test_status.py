@@ -82,7 +82,7 @@ async def test_summary_then_status_as_telegram_goes_down(
         ), text
     else:
         assert "sandbox   local, bubblewrap NOT INSTALLED: the agent's commands are refused" in text
-    assert f"data      database {data / 'gateway.sqlite'}; sandboxes {daemon.sandbox_root}" in text
+    assert f"data      {data}; database {data / 'gateway.sqlite'}; sandboxes {daemon.sandbox_root}" in text
     assert "logs      stderr" in text
     assert f"http      http://127.0.0.1:{daemon.port}/ (healthz, readyz, metrics)" in text
     assert f"status    `chital status` (socket {data / 'status.sock'})" in text
@@ -123,15 +123,18 @@ async def test_summary_then_status_as_telegram_goes_down(
 async def test_status_counts_a_held_turn_and_the_one_queued_behind_it(
     daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
-    model.add_rule(lambda t: "hold on" in t, Reply(text="held answer", first_byte_delay=6))
+    # Held for 15 s (under the model timeout of 20 s): long enough for a few `chital status` runs
+    # on a loaded machine.
+    model.add_rule(lambda t: "hold on" in t, Reply(text="held answer", first_byte_delay=15))
     first = tg.inject_message(OWNER, OWNER, "hold on please")
     await tg.wait_for(lambda: model.requests or None, timeout=15, what="the held turn reached the model")
     second = tg.inject_message(OWNER, OWNER, "and then this")
     out = await status_until(daemon, "queue: 1 pending, 1 running")
     assert "turns in flight: 1 running, 1 waiting" in out
     body = json.loads((await daemon.cli("status", "--json"))[1])
-    assert body["queue"]["running"] == 1 and body["queue"]["pending"] == 1
-    await answered(tg, OWNER, first, "held answer")
+    assert body["queue"]["running"] == 1 and body["queue"]["pending"] == 1, body["queue"]
+    assert body["queue"]["turns_running"] == 1 and body["queue"]["turns_waiting"] == 1
+    await answered(tg, OWNER, first, "held answer", timeout=40)
     await answered(tg, OWNER, second, "echo: and then this")
     out = await status_until(daemon, "queue: 0 pending, 0 running")
     assert "turns in flight: 0 running, 0 waiting" in out
