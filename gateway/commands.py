@@ -20,6 +20,7 @@ from .store import JournalEntry
 from .store_access import PAIRING_ALPHABET, PAIRING_CODE_LEN, normalize_code
 
 if TYPE_CHECKING:
+    from .agent_api import AgentHarness, MemoryAccess
     from .core import Gateway
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,10 @@ def unknown_text(name: str) -> str:
     return f"Unknown command /{name}. " + help_text()
 
 
+def new_text(thread_id: str) -> str:
+    return f"🆕 Started a fresh conversation (thread {thread_id[:8]})."
+
+
 # -- running them ------------------------------------------------------------------------------------
 async def execute(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
     """Run ``cmd`` for ``entry`` and return the reply, once per journal key (see the module doc)."""
@@ -110,8 +115,7 @@ async def _run(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
     if cmd.name == "stop":
         return "⏹ Stopping the current answer." if gw.turns.stop(conv) else "Nothing is running."
     if cmd.name == "new":
-        thread_id = await gw.store.new_thread(conv, key=entry.key)
-        return f"🆕 Started a fresh conversation (thread {thread_id[:8]})."
+        return new_text(await gw.store.new_thread(conv, key=entry.key))
     if cmd.name == "status":
         return await _status(gw, conv)
     if cmd.name in ("memory", "forget"):
@@ -119,14 +123,20 @@ async def _run(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
     return unknown_text(cmd.name)  # pragma: no cover - parse_command marks only the names above known
 
 
+async def thread_line(harness: AgentHarness, thread_id: str | None) -> str:
+    """``Thread: 1a2b3c4d — 12 messages — “title”`` (also the terminal chat's /status)."""
+    count = await harness.message_count(thread_id) if thread_id else 0
+    title = await harness.title(thread_id) if thread_id else None
+    return f"Thread: {thread_id[:8] if thread_id else '(none yet)'} — {count} messages" + (
+        f" — “{title}”" if title else ""
+    )
+
+
 async def _status(gw: Gateway, conversation: str) -> str:
     thread_id = await gw.store.thread_get(conversation)
     running, queued = gw.turns.status(conversation)
-    count = await gw.harness.message_count(thread_id) if thread_id else 0
-    title = await gw.harness.title(thread_id) if thread_id else None
     lines = [
-        f"Thread: {thread_id[:8] if thread_id else '(none yet)'} — {count} messages"
-        + (f" — “{title}”" if title else ""),
+        await thread_line(gw.harness, thread_id),
         f"Model: {gw.harness.model_name}",
         f"Now: {'answering a message' if running else 'idle'}; {queued} queued",
         f"All chats: {gw.turns.running_count} running (limit {gw.config.concurrency.max_turns})",
@@ -136,16 +146,20 @@ async def _status(gw: Gateway, conversation: str) -> str:
 
 async def _memory(gw: Gateway, entry: JournalEntry, name: str) -> str:
     inbound = entry.inbound
-    memory = gw.harness.memory
+    return await memory_reply(gw.harness.memory, inbound.user, name, direct=inbound.is_direct)
+
+
+async def memory_reply(memory: MemoryAccess | None, user: str, name: str, *, direct: bool) -> str:
+    """``/memory`` or ``/forget`` for ``user`` (also the terminal chat's)."""
     if memory is None:
         return "Long-term memory is off."
     if name == "forget":
-        count = await memory.forget(inbound.user)
+        count = await memory.forget(user)
         return f"🧹 Done: I erased {count} thing(s) I remembered about you."
-    if not inbound.is_direct:
+    if not direct:
         # One user's memory is never shown to others: a group would see the answer.
         return "I only show what I remember about you in a direct message. Send me /memory there."
-    facts = await memory.list(inbound.user)
+    facts = await memory.list(user)
     if not facts:
         return "I don't remember anything about you yet."
     lines = [f"What I remember about you ({len(facts)}):"]

@@ -81,9 +81,10 @@ def redact_loggers(names: Iterable[str], redactor: RedactingFilter) -> None:
         target.addFilter(redactor)
 
 
-def setup_logging(cfg: Config) -> None:
+def setup_logging(cfg: Config, handler: logging.Handler | None = None) -> None:
+    """Every record, redacted, to ``handler`` (default: stderr; ``chital chat`` passes a file)."""
     redactor = RedactingFilter(secrets_of(cfg))
-    handler = logging.StreamHandler(sys.stderr)
+    handler = handler or logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(redactor)
     root = logging.getLogger()
