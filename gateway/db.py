@@ -183,8 +183,13 @@ class PgConnection:
     """A psycopg connection with aiosqlite's calls (see the module docstring).
 
     Like the SQLite connection it replaces, one is shared by the daemon's tasks; psycopg serialises
-    the statements. Transactions are implicit (the first statement opens one, ``commit`` ends it),
-    again as with aiosqlite."""
+    the statements. Unlike SQLite's implicit transactions, it runs in autocommit: each statement
+    commits on its own, and ``commit``/``rollback`` have nothing to do. Why: PostgreSQL aborts a
+    whole transaction on any failed statement, and on a shared connection that would fail every
+    other task's statements (and roll back their work) until someone rolls back; and a read left
+    "idle in transaction" would hold its locks. Every write the store makes is one statement whose
+    effect stands alone (that is also what keeps it crash-safe on SQLite); where steps must go
+    together (a schema step), :meth:`transaction` makes them one."""
 
     dialect = POSTGRES
 
@@ -196,7 +201,7 @@ class PgConnection:
     async def connect(cls, url: str) -> PgConnection:
         import psycopg  # imported only when PostgreSQL is configured
 
-        raw = await psycopg.AsyncConnection.connect(url, autocommit=False)
+        raw = await psycopg.AsyncConnection.connect(url, autocommit=True)
         return cls(raw, url)
 
     async def load_keys(self) -> None:
@@ -212,7 +217,6 @@ class PgConnection:
         keys: dict[str, list[str]] = {}
         for table, column in await cur.fetchall():
             keys.setdefault(str(table), []).append(str(column))
-        await self.raw.commit()
         PRIMARY_KEYS.update({t: tuple(c) for t, c in keys.items()})
         to_postgres.cache_clear()
 
@@ -224,10 +228,14 @@ class PgConnection:
             await cur.executemany(to_postgres(sql), [tuple(r) for r in rows])
 
     async def commit(self) -> None:
-        await self.raw.commit()
+        return None  # autocommit (see the class docstring)
 
     async def rollback(self) -> None:
-        await self.raw.rollback()
+        return None
+
+    def transaction(self) -> Any:
+        """``async with db.transaction():`` the statements inside commit together or not at all."""
+        return self.raw.transaction()
 
     async def close(self) -> None:
         await self.raw.close()

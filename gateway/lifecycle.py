@@ -23,6 +23,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from .store import DiskReserve
 
@@ -175,6 +176,22 @@ def database_error(path: Path, exc: BaseException) -> StartupError:
     if isinstance(exc, OSError):
         return StartupError(f"cannot open the database {path}: {_os_reason(exc)} (see storage.path)")
     return StartupError(f"cannot open the database {path}: {one_line(exc)}")
+
+
+def redact_url(url: str) -> str:
+    """A database URL fit for a log line: the password masked."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    creds, host = parts.netloc.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}" if ":" in creds else f"{user}@{host}"))
+
+
+def postgres_error(url: str, exc: BaseException) -> StartupError:
+    """A one-line reason why the PostgreSQL database could not be used (password masked)."""
+    reason = one_line(exc).replace(url, redact_url(url))
+    return StartupError(f"cannot open the database {redact_url(url)}: {reason} (see storage.url)")
 
 
 # -- the HTTP port ----------------------------------------------------------------------------------

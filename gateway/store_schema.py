@@ -182,21 +182,21 @@ async def _migrate_postgres(db: aiosqlite.Connection, steps: Sequence[Migration]
     """The same steps on PostgreSQL (their statements rewritten by gateway/db.py). Several daemons
     may start at once: each step runs under a transaction-scoped advisory lock and re-reads the
     version inside it, so exactly one of them runs it; PostgreSQL's DDL is transactional too."""
-    await db.execute(PG_VERSION_TABLE)
-    await db.commit()
+    async with db.transaction():  # type: ignore[attr-defined]
+        # Under the lock too: two CREATE TABLE IF NOT EXISTS at once can both try to create it.
+        await db.execute("SELECT pg_advisory_xact_lock(?)", (PG_MIGRATION_LOCK,))
+        await db.execute(PG_VERSION_TABLE)
     start = await user_version(db)
-    await db.commit()
     if start > target:
         raise SchemaTooNew(
             f"database schema version {start} is newer than this Chital understands ({target}); "
             "run the newer version, or restore a backup"
         )
     for step in steps[start:]:
-        try:
+        async with db.transaction():  # type: ignore[attr-defined]  # PgConnection's
             await db.execute("SELECT pg_advisory_xact_lock(?)", (PG_MIGRATION_LOCK,))
             if await user_version(db) >= step.version:
-                await db.commit()  # another daemon ran it while we waited for the lock
-                continue
+                continue  # another daemon ran it while we waited for the lock
             await step.run(db)
             await db.execute("DELETE FROM chital_schema")
             await db.execute("INSERT INTO chital_schema(version) VALUES (?)", (step.version,))

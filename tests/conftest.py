@@ -42,3 +42,26 @@ def root() -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[object]:
+    """One throw-away PostgreSQL cluster for the session (tests/pg_server.py); skipped, with the
+    reason, where the server cannot run."""
+    from tests.pg_server import find_postgres, postgres_server
+
+    bindir, why = find_postgres()
+    if bindir is None:
+        pytest.skip(why)
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(pg_server: object, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty database on the session's cluster."""
+    import re
+    import uuid
+
+    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40] + "_" + uuid.uuid4().hex[:8]
+    return pg_server.create_db(name)  # type: ignore[attr-defined]

@@ -51,7 +51,10 @@ def find_postgres() -> tuple[Path | None, str]:
     """The directory with ``initdb``/``pg_ctl``, or None and why not."""
     bindir = _bin_dir()
     if bindir is None:
-        return None, "PostgreSQL server binaries not found (Debian package `postgresql`; scripts/test.sh installs it as root)"
+        return (
+            None,
+            "PostgreSQL server binaries not found (Debian package `postgresql`; scripts/test.sh installs it as root)",
+        )
     if os.geteuid() == 0 and _run_as() is None:
         return None, "running as root and no unprivileged user (postgres, nobody) to run PostgreSQL"
     return bindir, ""
@@ -112,7 +115,7 @@ class PgServer:
         ]
         with open(self.data / "postgresql.conf", "a") as f:
             f.write("\n".join(conf) + "\n")
-        log = open(self.root / "server.log", "wb")  # noqa: SIM115 - the server keeps writing to it
+        log = open(self.root / "server.log", "wb")
         self.proc = subprocess.Popen(
             [str(self.bindir / "postgres"), "-D", str(self.data)],
             stdout=log, stderr=subprocess.STDOUT, preexec_fn=self._preexec, env=self._env(), cwd=self.root,
