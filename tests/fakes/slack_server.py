@@ -48,6 +48,14 @@ class Post:
     """Message metadata as posted ({"event_type", "event_payload"}); read back by conversations.*."""
     user: str | None = None
     """The user who posted it; None for the bot's own posts."""
+    blocks: list[dict[str, Any]] | None = None
+    """Block Kit blocks it shows now (chat.update keeps them unless it is given new ones)."""
+    offered: list[dict[str, Any]] = field(default_factory=list)
+    """Every button it was ever posted or updated with (a stale client can still press them)."""
+
+    def buttons(self) -> list[str]:
+        """Labels of the buttons it shows now."""
+        return [b["text"]["text"] for b in _buttons(self.blocks)]
 
 
 @dataclass
@@ -100,6 +108,21 @@ class _Conn:
     pings: int = 0
 
 
+def _blocks(raw: Any) -> list[dict[str, Any]] | None:
+    blocks = json.loads(raw) if isinstance(raw, str) else raw
+    return list(blocks) if isinstance(blocks, list) and blocks else None
+
+
+def _buttons(blocks: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    return [
+        e
+        for b in blocks or ()
+        if b.get("type") == "actions"
+        for e in b.get("elements", ())
+        if e.get("type") == "button"
+    ]
+
+
 def _channel_type(channel: str) -> str:
     return {"D": "im", "G": "group"}.get(channel[:1], "channel")
 
@@ -140,6 +163,8 @@ class FakeSlack:
         """How many Socket Mode connections were accepted so far."""
         self.downloads = 0
         self.users: dict[str, dict[str, Any]] = {}
+        self.ephemerals: list[dict[str, Any]] = []
+        """chat.postEphemeral calls (channel, user, text, thread_ts): notes only one user sees."""
         self.channels: dict[str, dict[str, Any]] = {}
 
         self._messages: dict[tuple[str, str], Post] = {}  # every message, users' too
@@ -633,6 +658,8 @@ class FakeSlack:
         message = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "text": text, "ts": ts}
         if thread_ts:
             message["thread_ts"] = thread_ts
+        post.blocks = _blocks(p.get("blocks"))
+        post.offered += _buttons(post.blocks)
         await self._echo({**message, "channel": channel, "channel_type": _channel_type(channel)})
         return {"channel": channel, "ts": ts, "message": message}
 
@@ -703,6 +730,9 @@ class FakeSlack:
             {
                 "type": "message",
                 "subtype": "message_changed",
+        if "blocks" in p:  # without blocks Slack keeps the message's blocks
+            post.blocks = _blocks(p.get("blocks"))
+            post.offered += _buttons(post.blocks)
                 "channel": channel,
                 "channel_type": _channel_type(channel),
                 "ts": self.next_ts(),
@@ -722,6 +752,58 @@ class FakeSlack:
         key = (p.get("channel", ""), p.get("timestamp", ""))
         if key not in self._messages:
             return {"ok": False, "error": "message_not_found"}
+    async def _m_chat_postEphemeral(self, p: dict[str, Any]) -> dict[str, Any]:
+        if not p.get("channel") or not p.get("user"):
+            return {
+                "ok": False,
+                "error": "channel_not_found" if not p.get("channel") else "user_not_in_channel",
+            }
+        self.ephemerals.append({k: p.get(k) for k in ("channel", "user", "text", "thread_ts")})
+        return {"message_ts": self.next_ts()}
+
+    async def press_button(
+        self, channel: str, ts: str, user: str, label: str, *, name: str = ""
+    ) -> dict[str, Any]:
+        """``user`` presses the button labelled ``label`` (or containing it) under the bot's message
+        ``ts``: a ``block_actions`` payload in an ``interactive`` envelope over the socket, shaped as
+        Slack sends it. Returns the envelope (see :meth:`is_acked`)."""
+        post = self._messages[(channel, ts)]
+        button = next((b for b in post.offered if label in b["text"]["text"]), None)
+        if button is None:
+            raise AssertionError(f"no button {label!r} under {ts}")
+        message: dict[str, Any] = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id,
+                                   "text": post.text, "ts": ts, "blocks": post.blocks or []}  # fmt: skip
+        if post.thread_ts:
+            message["thread_ts"] = post.thread_ts
+        n = next(self._ids)
+        envelope = {
+            "envelope_id": f"env-{n:06d}-{uuid.uuid4().hex[:8]}",
+            "type": "interactive",
+            "accepts_response_payload": False,
+            "payload": {
+                "type": "block_actions",
+                "user": {"id": user, "username": name or user, "name": name or user, "team_id": self.team_id},
+                "api_app_id": "A_APP",
+                "token": "verification-token",
+                "container": {"type": "message", "message_ts": ts, "channel_id": channel, "is_ephemeral": False},
+                "trigger_id": f"{n}.{uuid.uuid4().hex[:8]}",
+                "team": {"id": self.team_id, "domain": "fake"},
+                "enterprise": None,
+                "is_enterprise_install": False,
+                "channel": {"id": channel, "name": channel.lower()},
+                "message": message,
+                "state": {"values": {}},
+                "response_url": f"http://127.0.0.1:{self.port}/actions/{n}",
+                "actions": [{
+                    "action_id": button["action_id"], "block_id": "b1", "text": button["text"],
+                    "value": button.get("value", ""), "type": "button", "action_ts": self.next_ts(),
+                    **({"style": button["style"]} if "style" in button else {}),
+                }],
+            },
+        }  # fmt: skip
+        await self._deliver(envelope)
+        return envelope
+
         names = self.reactions.setdefault(key, [])
         if p.get("name") in names:
             return {"ok": False, "error": "already_reacted"}
