@@ -455,3 +455,103 @@ async def test_telegram_deny_does_not_run_the_command(
         assert not any(daemon.sandbox_root.rglob("flag.txt"))
     finally:
         await daemon.close()
+
+
+# ---- end to end: `chital run` with slack-bolt over Socket Mode -----------------------------------
+from tests.fakes.slack_server import FakeSlack  # noqa: E402
+from tests.test_e2e_slack import CHANNEL as SLACK_CHANNEL  # noqa: E402
+from tests.test_e2e_slack import FRIEND  # noqa: E402
+
+SLACK_OTHER = "U_OTHER"
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    fake = FakeSlack()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+async def slack_daemon(
+    tmp_path: Path, slack: FakeSlack, model: FakeOpenAI, timeout: float = 600
+) -> DaemonProcess:
+    from tests.daemon import base_config, free_port
+
+    cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
+    cfg["channels"]["slack"] = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
+                                "api_base_url": slack.api_base_url, "ping_interval": 0.5}  # fmt: skip
+    cfg["access"] = {"allow_users": [f"slack:{FRIEND}", f"slack:{SLACK_OTHER}"], "group_policy": "mention"}
+    cfg["agent"]["approvals"] = {"tools": ["execute"], "timeout": timeout}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    await slack.wait_connected()
+    return daemon
+
+
+async def slack_buttons(slack: FakeSlack, timeout: float = 20) -> Any:
+    return await slack.wait_for(lambda: next((p for p in slack.posts if p.buttons()), None), timeout=timeout)
+
+
+@pytest.mark.bwrap
+@needs_bwrap
+async def test_slack_block_kit_approval(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> None:
+    model.script(
+        Reply(tool_calls=[ToolCall("execute", {"command": COMMAND})]),
+        Reply(text="Done: the command printed approved-run."),
+    )
+    daemon = await slack_daemon(tmp_path, slack, model)
+    try:
+        post = await slack.inject_mention(SLACK_CHANNEL, FRIEND, "run the thing")
+        request = await slack_buttons(slack)
+        assert request.thread_ts == post.ts and request.buttons() == ["✅ Approve", "❌ Deny"]
+        section = request.blocks[0]["text"]["text"]
+        assert "execute" in section and COMMAND in section and "```" in section  # mrkdwn code block
+
+        stranger = await slack.press_button(SLACK_CHANNEL, request.ts, SLACK_OTHER, "Approve", name="mallory")
+        await slack.wait_for(lambda: slack.is_acked(stranger) or None, timeout=10)
+        note = await slack.wait_for(lambda: next(iter(slack.ephemerals), None), timeout=10)
+        assert note["user"] == SLACK_OTHER and "Not yours" in note["text"] and note["thread_ts"] == post.ts
+        assert request.buttons() and len(model.requests) == 1
+
+        press = await slack.press_button(SLACK_CHANNEL, request.ts, FRIEND, "Approve", name="friend")
+        await slack.wait_for(lambda: slack.is_acked(press) or None, timeout=10)
+        await thread_shows_slack(slack, post.ts, "Done: the command printed approved-run.")
+        assert request.buttons() == [] and request.text.endswith("Approved by friend")
+        tool_results = [m for m in model.requests[1]["messages"] if m.get("role") == "tool"]
+        assert "approved-run" in str(tool_results[-1]["content"])
+        again = await slack.press_button(
+            SLACK_CHANNEL, request.ts, FRIEND, "Deny", name="friend"
+        )  # stale client
+        await slack.wait_for(lambda: slack.is_acked(again) or None, timeout=10)
+        await slack.wait_for(lambda: len(slack.ephemerals) >= 2 or None, timeout=10)
+        assert "Already settled" in slack.ephemerals[-1]["text"] and len(model.requests) == 2
+    finally:
+        await daemon.close()
+
+
+@pytest.mark.bwrap
+@needs_bwrap
+async def test_slack_timeout_denies(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> None:
+    model.script(
+        Reply(tool_calls=[ToolCall("execute", {"command": COMMAND})]),
+        Reply(text="Nobody approved, so I did not run it."),
+    )
+    daemon = await slack_daemon(tmp_path, slack, model, timeout=1.5)
+    try:
+        post = await slack.inject_mention(SLACK_CHANNEL, FRIEND, "run the thing")
+        request = await slack_buttons(slack)
+        await thread_shows_slack(slack, post.ts, "Nobody approved, so I did not run it.")
+        assert request.buttons() == [] and request.text.endswith("Timed out: not run")
+        tool_results = [m for m in model.requests[1]["messages"] if m.get("role") == "tool"]
+        assert "no one approved it" in str(tool_results[-1]["content"])
+        assert not any(daemon.sandbox_root.rglob("flag.txt"))
+    finally:
+        await daemon.close()
+
+
+async def thread_shows_slack(slack: FakeSlack, thread_ts: str, needle: str, timeout: float = 30) -> None:
+    await slack.wait_for(
+        lambda: any(needle in t for t in slack.thread(SLACK_CHANNEL, thread_ts).values()) or None,
+        timeout=timeout,
+    )

@@ -54,6 +54,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.base import (
     Attachment,
+    Button,
     Capabilities,
     Channel,
     ChannelError,
@@ -72,6 +73,7 @@ from channels.limits import check_size, header, retry_after
 
 from . import render
 from .inbound import context_item, recover_ids
+from .inbound import to_action as slack_action
 from .inbound import to_inbound as event_to_inbound
 from .settings import SlackSettings
 
@@ -119,6 +121,10 @@ EMOJI_NAMES = {
     "⏹️": "black_square_for_stop",
 }
 WORKING_REACTION = "eyes"
+ACTION_ID = "chital:"
+"""Prefix of our buttons' action ids (bolt routes presses by it)."""
+SECTION_LEN = 3000
+"""Characters a Block Kit section's text may have."""
 DEFAULTS = SlackSettings()
 __all__ = ["SlackChannel", "map_api_error"]
 
@@ -137,6 +143,7 @@ class SlackChannel(Channel):
         picked_up_reaction="👀",
         done_reaction="✅",
         finds_orphans=True,  # reply metadata carries the key; see recover()
+        buttons=True,  # Block Kit buttons; presses arrive as block_actions over the socket
     )
 
     def __init__(
@@ -190,6 +197,12 @@ class SlackChannel(Channel):
             logger=logging.getLogger("slack_bolt.chital"),  # under the library level set in gateway/logs
         )
         app.event(re.compile(".*"))(on_event)  # one listener: every event is acked or retried
+
+        async def on_press(ack: Any, body: dict[str, Any]) -> None:
+            await self._on_press(body)  # journaled before the ack, like an event
+            await ack()
+
+        app.action(re.compile(f"^{ACTION_ID}"))(on_press)
         handler = AsyncSocketModeHandler(
             app, self._app_token, web_client=self._client, ping_interval=self._ping_interval
         )
@@ -308,6 +321,26 @@ class SlackChannel(Channel):
                 await self.skip_unreadable(self._sink, ValueError("envelope without an event"), **ids)
         await client.send_socket_mode_response(SocketModeResponse(envelope_id=envelope_id))
 
+    async def _on_press(self, body: dict[str, Any]) -> None:
+        """A press of one of our buttons: to the gateway; a refusal is told to the presser alone
+        (chat.postEphemeral). The decision itself shows as an edit of the buttons message."""
+        action = slack_action(body)
+        if action is None:
+            log.warning("slack: a block action without user, channel, message or value; ignored")
+            return
+        answer = await self.hand_action(action)
+        if answer.refused and answer.text:
+            try:
+                await self._call(
+                    self._client.chat_postEphemeral(
+                        channel=action.chat_id, user=action.sender_id, text=answer.text,
+                        thread_ts=action.thread_id,
+                    ),
+                    "chat.postEphemeral",
+                )  # fmt: skip
+            except ChannelError as exc:  # the press was handled; only the note is lost
+                log.warning("slack: could not tell the presser: %s", exc)
+
     def to_inbound(self, event: dict[str, Any]) -> Inbound | None:
         """An ``app_mention`` or ``message`` event as an :class:`Inbound`, or None to drop it
         (see :func:`channels.slack.inbound.to_inbound`; raises for a malformed post)."""
@@ -335,6 +368,38 @@ class SlackChannel(Channel):
             "chat.postMessage",
         )
         return str(resp["ts"])
+
+    async def send_buttons(
+        self, target: ReplyTarget, part: Rendered, buttons: Sequence[Button], *, idempotency_key: str
+    ) -> str:
+        """A section with the text and an actions block (Block Kit); ``text`` stays as the
+        notification fallback, and the key rides along as metadata like every reply's."""
+        elements = [
+            {"type": "button", "text": {"type": "plain_text", "text": b.label[:75], "emoji": True},
+             "action_id": f"{ACTION_ID}{i}", "value": b.value,
+             **({"style": b.style} if b.style in ("primary", "danger") else {})}
+            for i, b in enumerate(buttons)
+        ]  # fmt: skip
+        resp = await self._call(
+            self._client.chat_postMessage(
+                channel=target.chat_id,
+                text=part.text,
+                blocks=[_section(part.text), {"type": "actions", "elements": elements}],
+                thread_ts=_thread_ts(target),
+                metadata={"event_type": REPLY_EVENT, "event_payload": {"key": idempotency_key}},
+            ),
+            "chat.postMessage",
+        )
+        return str(resp["ts"])
+
+    async def close_buttons(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        """chat.update keeps a message's blocks unless given new ones: the section alone."""
+        await self._call(
+            self._client.chat_update(
+                channel=target.chat_id, ts=message_id, text=part.text, blocks=[_section(part.text)]
+            ),
+            "chat.update",
+        )
 
     async def recover(self, target: ReplyTarget, idempotency_key: str) -> str | None:
         """The bot's recent message carrying ``idempotency_key`` in its metadata, if any: read
@@ -511,6 +576,10 @@ def _before(ts: str, current: str) -> bool:
         return float(ts) < float(current)
     except ValueError:
         return False
+
+
+def _section(text: str) -> dict[str, Any]:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text[:SECTION_LEN] or "…"}}
 
 
 def _thread_ts(target: ReplyTarget) -> str | None:

@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from channels.base import Attachment, ContextItem, Inbound
+from channels.base import Action, Attachment, ContextItem, Inbound
 
 PLATFORM = "slack"
 ACCEPTED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast", "me_message"})
@@ -110,6 +110,31 @@ def context_item(msg: dict[str, Any], bot_user_id: str | None, bot_id: str | Non
     extras = [t for t in (shared, f"(shared files: {names})" if names else "") if t]
     text = "\n\n".join([text, *extras] if text else extras)
     return ContextItem(str(name), text or "(a message without text)", ts, is_self, is_bot)
+
+
+def to_action(body: dict[str, Any]) -> Action | None:
+    """The :class:`Action` of a ``block_actions`` payload (a press of one of our Block Kit
+    buttons), or None when it lacks the user, channel, message or value."""
+    user, channel = _dict(body.get("user")), _dict(body.get("channel"))
+    container, message = _dict(body.get("container")), _dict(body.get("message"))
+    actions = body.get("actions")
+    first = _dict(actions[0]) if isinstance(actions, list) and actions else {}
+    user_id, value = user.get("id"), first.get("value")
+    channel_id = channel.get("id") or container.get("channel_id")
+    ts = container.get("message_ts") or message.get("ts")
+    if not all(isinstance(v, str) and v for v in (user_id, value, channel_id, ts)):
+        return None
+    name = user.get("name") or user.get("username") or user_id
+    thread = message.get("thread_ts")
+    return Action(
+        platform=PLATFORM,
+        chat_id=str(channel_id),
+        sender_id=str(user_id),
+        value=str(value),
+        message_id=str(ts),
+        sender_name=str(name),
+        thread_id=thread if isinstance(thread, str) and thread != ts else None,
+    )
 
 
 def _dict(value: Any) -> dict[str, Any]:
