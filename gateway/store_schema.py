@@ -200,9 +200,5 @@ async def _migrate_postgres(db: aiosqlite.Connection, steps: Sequence[Migration]
             await step.run(db)
             await db.execute("DELETE FROM chital_schema")
             await db.execute("INSERT INTO chital_schema(version) VALUES (?)", (step.version,))
-            await db.commit()
-        except BaseException:
-            await db.rollback()
-            raise
         log.info("database schema migrated to version %d (%s)", step.version, step.what)
     return start
