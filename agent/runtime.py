@@ -34,6 +34,7 @@ from agent.sandbox.paths import OUTPUTS, UPLOADS, PathMapper, PathRefused, Threa
 from agent.sandbox.quota import check_room
 from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
 from agent.skills import build_skills
+from agent.skills_prompt import load_skill_text
 from agent.subagents import build_subagents, subagent_event_to_status
 from agent.tools import (
     build_present_files,
@@ -44,6 +45,8 @@ from agent.tools import (
 )
 from agent.tools.schedule import Scheduler, build_schedule_tools
 from agent.turn import PLAIN, TurnOptions
+from agent.turn_overrides import TurnOverrides
+from agent.usage import UsageSink, attach_usage
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +68,21 @@ Use `execute` for shell commands (no network unless the operator enabled it)."""
 class AgentRuntime:
     """Owns the harness and everything around it. ``await start()`` before use, ``close()`` after."""
 
-    def __init__(self, settings: AgentSettings, model: ModelSpec, data_dir: Path) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        model: ModelSpec,
+        data_dir: Path,
+        *,
+        models: Sequence[ModelSpec] = (),
+        usage: UsageSink | None = None,
+    ) -> None:
+        """``models``: all configured models a conversation may switch to (``TurnOptions.model``);
+        ``usage`` receives the token usage of every model call (agent/usage.py)."""
         self.settings = settings
         self.spec = model
+        self.models = list(models)
+        self.usage = usage
         self.data_dir = data_dir
         self.sandbox_root = (
             settings.sandbox.root if settings.sandbox.root.is_absolute() else data_dir / settings.sandbox.root
@@ -147,10 +162,12 @@ class AgentRuntime:
     async def start(self) -> None:
         s = self.settings
         if not s.tools:
-            self.harness = Harness(s, self.spec, self.data_dir / "checkpoints.sqlite")
+            self.harness = Harness(
+                s, self.spec, self.data_dir / "checkpoints.sqlite", models=self.models, usage=self.usage
+            )
             await self.harness.start()
             return
-        model = build_chat_model(self.spec, s)
+        model = attach_usage(build_chat_model(self.spec, s), self.spec.name, self.usage)
         tools: list[Any] = []
         middleware: list[Any] = []
         sub_middleware: list[Any] = []
@@ -179,7 +196,8 @@ class AgentRuntime:
 
         if s.memory.enabled:
             db = s.memory.db_path or self.data_dir / "memory.sqlite"
-            self.memory = MemoryService(s.memory, build_chat_model(self.spec, s), db_path=db)
+            memory_model = attach_usage(build_chat_model(self.spec, s), self.spec.name, self.usage)
+            self.memory = MemoryService(s.memory, memory_model, db_path=db)
             await self.memory.start()
             middleware.append(self.memory.build_middleware())
             sub_middleware.append(self.memory.build_middleware(for_subagent=True))
@@ -199,6 +217,7 @@ class AgentRuntime:
                 [*sandbox_tools, *skill_tools, *web, *mcp],
                 s.subagents,
                 extra_middleware_for_subagents=[
+                    TurnOverrides(lead=False),  # the conversation's model (/model) for sub-agents too
                     *skill_mw,
                     *sub_middleware,
                     RetryModelCalls(max_retries=s.model_retries, initial_delay=s.retry_backoff),
@@ -213,6 +232,10 @@ class AgentRuntime:
             extra_middleware=middleware,
             turn_scope=self._sandbox_scope,
             custom_events=[events_from_custom, _status_events],
+            models=self.models,
+            usage=self.usage,
+            persona_base=s.system_prompt,
+            skill_text=lambda name: load_skill_text(catalog, name) if catalog.get(name) else None,
         )
         await self.harness.start()
 

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from agent.events import AgentEvent, OutputFile, TurnFailed
 from agent.turn import PLAIN, TurnOptions
+from agent.usage import UsageSink
 from channels.base import Channel, ChannelState
 
 from .agent_api import AgentHarness, MemoryAccess
@@ -41,6 +42,7 @@ from .status import RecentErrors, StatusServer, StatusUnavailable, snapshot, soc
 from .store import Store
 from .summary import log_summary
 from .supervisor import ChannelSupervisor
+from .usage import UsageRecorder
 
 if TYPE_CHECKING:
     from agent.tools.schedule import Scheduler
@@ -86,9 +88,12 @@ class UnconfiguredHarness:
         return None
 
 
-async def open_harness(config: Config, scheduler: Scheduler | None = None) -> AgentHarness:
+async def open_harness(
+    config: Config, scheduler: Scheduler | None = None, usage: UsageSink | None = None
+) -> AgentHarness:
     """The agent runtime, or an :class:`UnconfiguredHarness` explaining why not. ``scheduler``
-    gives the agent its schedule tools (gateway/schedules.py)."""
+    gives the agent its schedule tools (gateway/schedules.py); ``usage`` records the tokens of
+    every model call (gateway/usage.py)."""
     from agent.runtime import AgentRuntime
 
     spec = config.model_spec()
@@ -99,7 +104,7 @@ async def open_harness(config: Config, scheduler: Scheduler | None = None) -> Ag
         reason = f"no API key: set OPENAI_API_KEY (or models[{index}].api_key in config.yaml)"
         log.error("the agent's model %r is not configured: %s", spec.name, reason)
         return UnconfiguredHarness(reason)
-    runtime = AgentRuntime(config.agent, spec, config.storage.path)
+    runtime = AgentRuntime(config.agent, spec, config.storage.path, models=config.models, usage=usage)
     runtime.scheduler = scheduler
     try:
         await runtime.start()
@@ -245,7 +250,9 @@ class Daemon:
         from .schedules import GatewayScheduler, ScheduleRunner
 
         scheduler = GatewayScheduler(self.store, cfg) if cfg.schedules.enabled else None
-        self.harness = await open_harness(cfg, scheduler)
+        recorder = UsageRecorder(self.store, self.metrics, cfg.usage)
+        res.push("the usage records", recorder.close)  # after the agent closes, before the store
+        self.harness = await open_harness(cfg, scheduler, recorder)
         res.push("the agent", self.harness.close)
         self.gateway = Gateway(cfg, self.store, self.harness, self.metrics)
         res.push("the gateway", self._close_gateway)

@@ -20,6 +20,8 @@ from .store import JournalEntry
 from .store_access import PAIRING_ALPHABET, PAIRING_CODE_LEN, normalize_code
 
 if TYPE_CHECKING:
+    from channels.base import Inbound
+
     from .agent_api import AgentHarness, MemoryAccess
     from .core import Gateway
 
@@ -33,6 +35,9 @@ COMMANDS: dict[str, str] = {
     "forget": "erase everything I remember about you",
     "schedules": "list this conversation's schedules (/schedules cancel ID cancels one)",
     "unschedule": "cancel a schedule: /unschedule ID (its creator or an admin)",
+    "model": "list the models (alone) or switch this conversation's: /model NAME",
+    "usage": "show the tokens you used (today, 7 and 30 days) and your daily budget",
+    "skills": "list the skills; /<skill> text uses one for that message",
     "help": "list the commands",
 }
 ADMIN_COMMANDS: dict[str, str] = {
@@ -43,6 +48,7 @@ ADMIN_COMMANDS: dict[str, str] = {
 RECORDED = frozenset({"stop", "forget", "approve", "deny", "revoke"})
 """Commands whose reply is recorded before it is sent (``/new`` records its thread id instead)."""
 RECORDED |= {"schedules", "unschedule"}  # gateway/schedules.py: a re-run repeats "cancelled"
+RECORDED |= {"model"}  # a re-run repeats the reply instead of switching again (gateway/commands_agent.py)
 LIST_MAX = 30
 _CODE = re.compile(f"[{PAIRING_ALPHABET}]{{{PAIRING_CODE_LEN}}}")
 
@@ -117,7 +123,15 @@ async def _run(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
     if cmd.name == "new":
         return new_text(await gw.store.new_thread(conv, key=entry.key))
     if cmd.name == "status":
-        return await _status(gw, conv)
+        return await _status(gw, conv, inbound)
+    if cmd.name in ("model", "usage", "skills"):
+        from . import commands_agent
+
+        if cmd.name == "model":
+            return await commands_agent.model_command(gw, inbound, cmd.args)
+        if cmd.name == "usage":
+            return await commands_agent.usage_command(gw, inbound)
+        return commands_agent.skills_command(gw)
     if cmd.name in ("memory", "forget"):
         return await _memory(gw, entry, cmd.name)
     return unknown_text(cmd.name)  # pragma: no cover - parse_command marks only the names above known
@@ -132,12 +146,14 @@ async def thread_line(harness: AgentHarness, thread_id: str | None) -> str:
     )
 
 
-async def _status(gw: Gateway, conversation: str) -> str:
+async def _status(gw: Gateway, conversation: str, inbound: Inbound) -> str:
+    from .commands_agent import status_lines
+
     thread_id = await gw.store.thread_get(conversation)
     running, queued = gw.turns.status(conversation)
     lines = [
         await thread_line(gw.harness, thread_id),
-        f"Model: {gw.harness.model_name}",
+        *await status_lines(gw, inbound),  # model and profile (gateway/commands_agent.py)
         f"Now: {'answering a message' if running else 'idle'}; {queued} queued",
         f"All chats: {gw.turns.running_count} running (limit {gw.config.concurrency.max_turns})",
     ]

@@ -26,7 +26,9 @@ from pydantic import (
 from agent.config import AgentSettings, ModelSpec
 from channels.settings import ChannelSettings
 
+from .profiles import Profile, check_profiles
 from .registry import PLATFORMS
+from .usage import UsageConfig
 
 _ENV_REF = re.compile(r"\$(\{)?([A-Za-z_][A-Za-z0-9_]*)(?(1)\})")
 
@@ -80,6 +82,9 @@ class AccessPolicy(_Strict):
     """Chats (``platform:chat_id`` or bare ids) where pairing requests are announced, besides
     each admin's DM. Needed on Discord and Lark until an admin has written to the bot once,
     because there the DM chat id is not the user id (docs/access.md)."""
+    group_model_switch: Literal["admins", "anyone"] = "admins"
+    """Who may change a group chat's model with ``/model NAME`` (everyone there uses it); in a
+    direct message the user always may."""
 
 
 class ContextConfig(_Strict):
@@ -315,6 +320,10 @@ class Config(_Strict):
     schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)
     transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
     schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)
+    profiles: dict[str, Profile] = Field(default_factory=dict)
+    """Agent profiles: a model and a system prompt for the chats and channels each one names
+    (docs/models-and-usage.md)."""
+    usage: UsageConfig = Field(default_factory=UsageConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")
@@ -324,6 +333,7 @@ class Config(_Strict):
             raise ValueError(f"models: duplicate model names {names}")
         if self.agent.model not in names:
             raise ValueError(f"agent.model: {self.agent.model!r} is not one of models[].name {names}")
+        check_profiles(self.profiles, names)
         return self
 
     def model_spec(self, name: str | None = None) -> ModelSpec:

@@ -32,7 +32,7 @@ from channels.base import (
     InboundSink,
 )
 
-from . import access, commands
+from . import access, commands, profiles, usage
 from .access import Verdict, decide, is_admin
 from .agent_api import AgentHarness
 from .attachments import deliver_files, fetch_attachments
@@ -172,6 +172,8 @@ class Gateway:
 
         text = inbound.text.strip()
         command = commands.parse_command(text)
+        if command is not None and not command.known and profiles.skill_for(self.config, text):
+            command = None  # `/<skill> text`: a turn with that skill (gateway/profiles.py)
         if command is not None:
             if command.known:
                 if await self._journal(inbound, JournalKind.COMMAND):
@@ -193,6 +195,8 @@ class Gateway:
             return
         _, waiting = self.turns.status(inbound.conversation)
         refusal = self.throttles.refusal(inbound.user, waiting, admin)
+        if refusal is None:  # today's token budget spent (gateway/usage.py)
+            refusal = await usage.budget_refusal(self.store, self.config, inbound.user, admin)
         if refusal is not None:  # queue full or sending too fast: a note, journaled, sent once
             await self._journal_notice(inbound, refusal)
             return

@@ -50,3 +50,10 @@ class Metrics:
         )
         self.db_bytes = Gauge("chital_db_bytes", "Size of the gateway database and its WAL", registry=r)
         self.ready = Gauge("chital_ready", "1 when /readyz answers ready", registry=r)
+        self.tokens = Counter(
+            "chital_model_tokens",
+            "Tokens used by model calls (lead, sub-agents, titles, summaries, memory), by model and kind",
+            ["model", "kind"],
+            registry=r,
+        )
+        """``kind``: ``prompt`` or ``completion`` (gateway/usage.py)."""

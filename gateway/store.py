@@ -31,6 +31,7 @@ from .db import POSTGRES, SQLITE, PgConnection
 from .store_access import AccessTables
 from .store_schedules import ScheduleTables
 from .store_schema import migrate
+from .usage import ModelUsageTables
 
 if TYPE_CHECKING:
     from .config import StorageConfig
@@ -157,7 +158,7 @@ def inbound_from_json(raw: str) -> tuple[Inbound, str]:
     return Inbound(**data), note
 
 
-class Store(AccessTables, ScheduleTables):
+class Store(AccessTables, ScheduleTables, ModelUsageTables):
     """SQLite-backed gateway state. Create with :meth:`open`."""
 
     def __init__(self, db: aiosqlite.Connection, path: Path, reserve: DiskReserve | None = None) -> None:

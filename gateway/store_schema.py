@@ -124,9 +124,40 @@ async def _v2_schedules(db: aiosqlite.Connection) -> None:
         await db.execute(statement)
 
 
+MODELS_USAGE_TABLES = (
+    """CREATE TABLE IF NOT EXISTS conversation_models (
+    conversation TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    user TEXT NOT NULL,
+    updated REAL NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS token_usage (
+    user TEXT NOT NULL,
+    day TEXT NOT NULL,
+    conversation TEXT NOT NULL,
+    model TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    calls INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (user, day, conversation, model, purpose)
+)""",
+    "CREATE INDEX IF NOT EXISTS token_usage_day ON token_usage(day)",
+)
+"""A conversation's chosen model (``/model``, gateway/profiles.py) and token usage summed per
+user, day, conversation, model and purpose (gateway/usage.py): one row per combination and day,
+not per call, so the table stays small however busy the bot is."""
+
+
+async def _v3_models_usage(db: aiosqlite.Connection) -> None:
+    for statement in MODELS_USAGE_TABLES:
+        await db.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
+    Migration(3, "conversation models and token usage", _v3_models_usage),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

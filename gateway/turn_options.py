@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from agent.turn import PLAIN, TurnOptions
 
 from .media import shown_images
+from .profiles import conversation_options
 from .thread_context import thread_context
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ async def turn_options(
     the agent sees them (gateway/attachments.py)."""
     context = await thread_context(gateway, entry)  # the thread it was written in (bounded)
     options = TurnOptions(context=context) if context else PLAIN
+    options = await conversation_options(gateway, entry, options)  # model, persona, /<skill> (profiles.py)
     # Images the user sent, when the turn's model takes them (models[].vision; gateway/media.py).
     images = await shown_images(gateway, uploads, options.model)
     return replace(options, images=images) if images else options

@@ -38,7 +38,7 @@ PAYLOAD = (
 )
 TABLES = {
     "journal", "outbox", "files_out", "threads", "pairing", "approved_users", "command_results", "dm_chats",
-    "schedules", "sqlite_sequence",
+    "schedules", "sqlite_sequence", "conversation_models", "token_usage",
 }  # fmt: skip
 
 

@@ -327,7 +327,7 @@ class MemoryService:
         known = await store.facts(user)
         try:
             async with self._gate:
-                plan = await self._ask(known, turns)
+                plan = await self._ask(known, turns, user)
         except Exception as exc:
             retry = is_retryable(exc) and attempt < self.settings.extraction_retries
             log.warning(
@@ -348,13 +348,18 @@ class MemoryService:
         await asyncio.shield(apply)
         return 0
 
-    async def _ask(self, known: builtins.list[Fact], turns: builtins.list[PendingTurn]) -> Any:
-        """One non-streaming extraction call; None when the answer is not a usable plan."""
+    async def _ask(
+        self, known: builtins.list[Fact], turns: builtins.list[PendingTurn], user: str = ""
+    ) -> Any:
+        """One non-streaming extraction call; None when the answer is not a usable plan. The
+        metadata names whose turns these are, for token usage (agent/usage.py)."""
+        last = turns[-1] if turns else None
+        who = {"user_id": user, "thread_id": last.thread_id, "message_id": last.message_id} if last else {}
         self.extractions += 1
         async with asyncio.timeout(self.settings.extraction_timeout):
             reply = await self.model.ainvoke(
                 build_messages(known, turns),
-                config={"run_name": "memory_extraction", "tags": ["chital:memory"]},
+                config={"run_name": "memory_extraction", "tags": ["chital:memory"], "metadata": who},
                 stream=False,
             )
         try:

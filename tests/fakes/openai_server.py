@@ -64,6 +64,9 @@ class Reply:
     finish_reason: str | None = None
     drop_after: int | None = None
     """Streaming only: cut the connection after this many content pieces (a proxy or server dying)."""
+    usage: tuple[int, int] | None = None
+    """(prompt, completion) tokens the response reports (in ``usage``: the body's, or the last
+    stream chunk's when ``stream_options.include_usage`` asks); default 10 and len(text) // 4."""
 
 
 def last_user_text(body: dict[str, Any]) -> str:
@@ -353,8 +356,8 @@ def _check_tool_pairing(messages: Sequence[dict[str, Any]]) -> str:
 
 
 def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int]:
-    completion = max(1, len(reply.text) // 4)
-    return {"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": 10 + completion}
+    prompt, completion = reply.usage or (10, max(1, len(reply.text) // 4))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _long_answer() -> str:

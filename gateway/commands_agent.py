@@ -1,0 +1,163 @@
+"""The chat commands about the agent itself: ``/model``, ``/usage``, ``/skills``, and the model and
+profile lines of ``/status``. Parsing, journaling and once-only replies are gateway/commands.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from . import access, profiles
+
+if TYPE_CHECKING:
+    from channels.base import Inbound
+
+    from .config import Config
+    from .core import Gateway
+    from .usage import Totals
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION_MAX = 160
+"""Characters of a skill's description ``/skills`` shows (the agent sees all of it)."""
+
+
+def _model_label(config: Config, name: str) -> str:
+    """``fast (gpt-4o-mini)``: the config's name and, when it differs, the provider's model id."""
+    spec = next((m for m in config.models if m.name == name), None)
+    provider = spec.kwargs().get("model") if spec is not None else None
+    return f"{name} ({provider})" if isinstance(provider, str) and provider and provider != name else name
+
+
+# -- /status -------------------------------------------------------------------------------------------
+async def status_lines(gw: Gateway, inbound: Inbound) -> list[str]:
+    """The model and profile lines of ``/status``."""
+    now = await profiles.in_use(gw.config, gw.store, inbound)
+    spec = next((m for m in gw.config.models if m.name == now.model), None)
+    provider = spec.kwargs().get("model") if spec is not None else None
+    if not isinstance(provider, str) or not provider:
+        provider = gw.harness.model_name if now.model == gw.config.agent.model else now.model
+    model = f"Model: {provider}" + (f" ({now.model})" if provider != now.model else "")
+    if now.chosen:
+        model += f" — chosen with /model (default here: {now.default_model})"
+    profile = f"Profile: {now.profile}" if now.profile else "Profile: none (the default agent)"
+    if now.persona:
+        profile += " — its own system prompt"
+    return [model, profile]
+
+
+# -- /model ----------------------------------------------------------------------------------------------
+async def model_command(gw: Gateway, inbound: Inbound, args: str) -> str:
+    """``/model`` lists the models; ``/model NAME`` switches this conversation's model."""
+    config = gw.config
+    names = [m.name for m in config.models]
+    now = await profiles.in_use(config, gw.store, inbound)
+    if not args:
+        lines = ["Models (✓ = this conversation's):"]
+        for name in names:
+            mark = "✓" if name == now.model else "•"
+            note = " — the default here" if name == now.default_model else ""
+            lines.append(f"{mark} {_model_label(config, name)}{note}")
+        if now.profile:
+            lines.append(f"Profile: {now.profile}")
+        lines.append("Switch with /model NAME." if len(names) > 1 else "Only one model is configured.")
+        return "\n".join(lines)
+    wanted = args.split()[0]
+    if wanted not in names:
+        return f"Unknown model {wanted!r}. Models: {', '.join(names)}. Send /model to see them."
+    policy = config.access_for(inbound.platform)
+    if (
+        not inbound.is_direct
+        and policy.group_model_switch == "admins"
+        and not access.is_admin(policy, inbound)
+    ):
+        return "Only an admin of this bot can change the model of a group chat (everyone here uses it)."
+    if wanted == now.model:
+        return f"This conversation already uses {_model_label(config, wanted)}."
+    choice = None if wanted == now.default_model else wanted
+    await gw.store.choose_model(inbound.conversation, choice, inbound.user)
+    log.info("conversation %s: model %s chosen by %s", inbound.conversation, wanted, inbound.user)
+    if choice is None:
+        return f"↩️ Back to the default model here, {_model_label(config, wanted)}."
+    return (
+        f"🔀 This conversation now uses {_model_label(config, wanted)}; it goes on where it was. "
+        f"/model {now.default_model} switches back."
+    )
+
+
+# -- /usage ----------------------------------------------------------------------------------------------
+def _row(totals: Totals) -> str:
+    return f"{totals.name}: {totals.today:,} · {totals.week:,} · {totals.month:,}"
+
+
+def _sum(rows: list[Totals], name: str) -> Totals:
+    from .usage import Totals
+
+    return Totals(name, sum(r.today for r in rows), sum(r.week for r in rows), sum(r.month for r in rows))
+
+
+async def usage_command(gw: Gateway, inbound: Inbound) -> str:
+    """A user's own tokens per model (today, 7 and 30 days) and their budget; an admin in a direct
+    message also sees everyone's totals per model and the top users."""
+    from .usage import TOP_USERS, budget_of
+
+    config, store = gw.config, gw.store
+    today = config.usage.today()
+    policy = config.access_for(inbound.platform)
+    admin = access.is_admin(policy, inbound)
+    mine = await store.usage_totals(today, "model", user=inbound.user)
+    lines: list[str] = []
+    if mine:
+        lines.append("Your tokens (prompt + completion) — today · 7 days · 30 days")
+        lines += [_row(r) for r in mine]
+        if len(mine) > 1:
+            lines.append(_row(_sum(mine, "Total")))
+    else:
+        lines.append("You have used no tokens in the last 30 days.")
+    budget = budget_of(config, inbound.user, admin)
+    if budget:
+        used = mine_today = sum(r.today for r in mine)
+        left = max(0, budget - mine_today)
+        lines.append(
+            f"Daily budget: {used:,} of {budget:,} tokens used today, {left:,} left "
+            f"(renews at midnight, {config.usage.timezone})."
+        )
+    if admin and inbound.is_direct:
+        models = await store.usage_totals(today, "model")
+        users = await store.usage_totals(today, "user", limit=TOP_USERS)
+        lines += ["", "Everyone — today · 7 days · 30 days"]
+        if not models:
+            lines.append("No tokens used in the last 30 days.")
+        else:
+            lines += [_row(r) for r in models]
+            lines.append(_row(_sum(models, "Total")))
+            lines += ["", f"Top users (30 days, first {TOP_USERS}):"]
+            lines += [_row(r) for r in users]
+    elif admin:
+        lines.append("(Everyone's usage: send me /usage in a direct message.)")
+    return "\n".join(lines)
+
+
+# -- /skills ---------------------------------------------------------------------------------------------
+def skills_command(gw: Gateway) -> str:
+    """The skills, each with the command that activates it for one message."""
+    from .commands import parse_command
+
+    if not gw.config.agent.tools:
+        return "Skills are off (the agent runs without tools)."
+    found = profiles.skills(gw.config)
+    if not found:
+        return "No skills are installed."
+    lines = ["Skills — send /name and your request to use one for that message:"]
+    for skill in found:
+        about = skill.description
+        if len(about) > DESCRIPTION_MAX:
+            about = about[: DESCRIPTION_MAX - 1] + "…"
+        command = profiles.command_name(skill.name)
+        parsed = parse_command(f"/{command}")
+        if parsed is not None and parsed.known:
+            lines.append(f"{skill.name} — {about} (its name is a command: ask for it in words)")
+        else:
+            lines.append(f"/{command} — {about}")
+    lines.append("I also pick a skill myself when a request matches one.")
+    return "\n".join(lines)

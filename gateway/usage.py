@@ -1,0 +1,244 @@
+"""Token usage: recorded per user, conversation, model and purpose; shown by ``/usage``; an
+optional daily budget per user; Prometheus counters per model.
+
+The agent reports every model call (agent/usage.py) to :class:`UsageRecorder`, which counts it in
+``chital_model_tokens`` at once and adds it to the ``token_usage`` table in the background (the
+model call never waits for SQLite). Rows are sums per (user, day, conversation, model, purpose),
+so the table grows with active users and days, not with calls; days are calendar days in
+``usage.timezone``. The budget is checked at intake, before a turn is queued: a user over it gets
+a journaled note instead of a turn (like the rate limit), commands keep working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import aiosqlite
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agent.usage import TokenUsage
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .metrics import Metrics
+    from .store import Store
+
+log = logging.getLogger(__name__)
+
+PRUNE_EVERY = 3600.0
+"""Seconds between two deletions of rows older than ``usage.retention_days``."""
+TOP_USERS = 10
+
+
+class UsageConfig(BaseModel):
+    """Token accounting and the optional daily budget per user."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    daily_tokens: int = Field(0, ge=0)
+    """Tokens (prompt + completion, all model calls of their turns, sub-agents, titles and memory
+    included) one user may use per day; a message beyond it gets a note instead of an answer.
+    0: no budget."""
+    users: dict[str, int] = Field(default_factory=dict)
+    """Per-user budgets that replace ``daily_tokens``, keyed ``platform:user_id``; 0: unlimited."""
+    admins_exempt: bool = True
+    """Admins (``access.admins``) have no budget unless ``users`` names them."""
+    timezone: str = "UTC"
+    """Where a day starts and ends, for the budget and ``/usage`` (an IANA name, e.g. Europe/Berlin)."""
+    retention_days: int = Field(90, ge=30)
+    """Usage rows older than this are deleted (``/usage`` shows 30 days)."""
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {value!r} (use an IANA name such as UTC or Europe/Berlin)"
+            ) from None
+        return value
+
+    @field_validator("users")
+    @classmethod
+    def _qualified(cls, value: dict[str, int]) -> dict[str, int]:
+        for user, tokens in value.items():
+            platform, _, raw = user.partition(":")
+            if not platform or not raw:
+                raise ValueError(f"{user!r}: write users as 'platform:user_id', e.g. 'telegram:12345'")
+            if tokens < 0:
+                raise ValueError(f"{user!r}: a budget cannot be negative")
+        return value
+
+    def today(self, now: float | None = None) -> date:
+        return datetime.fromtimestamp(time.time() if now is None else now, ZoneInfo(self.timezone)).date()
+
+    def seconds_to_midnight(self, now: float | None = None) -> float:
+        now = time.time() if now is None else now
+        zone = ZoneInfo(self.timezone)
+        tomorrow = datetime.fromtimestamp(now, zone).date() + timedelta(days=1)
+        return datetime(tomorrow.year, tomorrow.month, tomorrow.day, tzinfo=zone).timestamp() - now
+
+
+# -- the tables (a mixin of gateway.store.Store; migration 3 creates them) ---------------------------
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Tokens over the three windows ``/usage`` shows."""
+
+    name: str
+    today: int
+    week: int
+    month: int
+
+
+class ModelUsageTables:
+    """``conversation_models`` and ``token_usage`` (mixed into ``Store``)."""
+
+    _db: aiosqlite.Connection
+
+    async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+        raise NotImplementedError  # Store's
+
+    async def chosen_model(self, conversation: str) -> str | None:
+        """The model ``/model`` chose for ``conversation``, if any."""
+        sql = "SELECT model FROM conversation_models WHERE conversation = ?"
+        async with self._db.execute(sql, (conversation,)) as cur:
+            row = await cur.fetchone()
+        return str(row[0]) if row else None
+
+    async def choose_model(self, conversation: str, model: str | None, user: str) -> None:
+        """Record ``model`` for ``conversation``; None forgets the choice (back to the default)."""
+        if model is None:
+            await self._write("DELETE FROM conversation_models WHERE conversation = ?", (conversation,))
+            return
+        await self._write(
+            "INSERT INTO conversation_models(conversation, model, user, updated) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT(conversation) DO UPDATE SET model = excluded.model, user = excluded.user,"
+            " updated = excluded.updated",
+            (conversation, model, user, time.time()),
+        )
+
+    async def usage_add(self, usage: TokenUsage, day: date) -> None:
+        """Add one model call. Its conversation is the journal entry's of the turn (else the
+        thread's current conversation)."""
+        await self._write(
+            "INSERT INTO token_usage(user, day, conversation, model, purpose, prompt_tokens,"
+            " completion_tokens, calls) VALUES (?, ?, COALESCE((SELECT conversation FROM journal"
+            " WHERE key = ?), (SELECT conversation FROM threads WHERE thread_id = ? LIMIT 1), ''),"
+            " ?, ?, ?, ?, 1) ON CONFLICT(user, day, conversation, model, purpose) DO UPDATE SET"
+            " prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
+            " completion_tokens = completion_tokens + excluded.completion_tokens, calls = calls + 1",
+            (usage.user, day.isoformat(), usage.message_id, usage.thread_id, usage.model, usage.purpose,
+             usage.prompt_tokens, usage.completion_tokens),
+        )  # fmt: skip
+
+    async def usage_on(self, user: str, day: date) -> int:
+        sql = "SELECT SUM(prompt_tokens + completion_tokens) FROM token_usage WHERE user = ? AND day = ?"
+        async with self._db.execute(sql, (user, day.isoformat())) as cur:
+            row = await cur.fetchone()
+        return int(row[0] or 0) if row else 0
+
+    async def usage_totals(
+        self, today: date, by: str, user: str | None = None, limit: int = 50
+    ) -> list[Totals]:
+        """Tokens of today, the last 7 and the last 30 days, per ``by`` (``model`` or ``user``),
+        largest 30-day total first; only ``user``'s rows when given."""
+        if by not in ("model", "user"):
+            raise ValueError(by)
+        week, month = (today - timedelta(days=6)).isoformat(), (today - timedelta(days=29)).isoformat()
+        where, params = "day >= ?", [month]
+        if user is not None:
+            where, params = "user = ? AND day >= ?", [user, month]
+        sql = (
+            f"SELECT {by}, SUM(CASE WHEN day = ? THEN prompt_tokens + completion_tokens ELSE 0 END),"
+            " SUM(CASE WHEN day >= ? THEN prompt_tokens + completion_tokens ELSE 0 END),"
+            f" SUM(prompt_tokens + completion_tokens) FROM token_usage WHERE {where}"
+            f" GROUP BY {by} ORDER BY 4 DESC, 1 LIMIT ?"
+        )
+        async with self._db.execute(sql, (today.isoformat(), week, *params, limit)) as cur:
+            rows = await cur.fetchall()
+        return [Totals(str(r[0]), int(r[1] or 0), int(r[2] or 0), int(r[3] or 0)) for r in rows]
+
+    async def usage_prune(self, before: date) -> int:
+        return await self._write("DELETE FROM token_usage WHERE day < ?", (before.isoformat(),))
+
+
+# -- recording ---------------------------------------------------------------------------------------
+class UsageRecorder:
+    """The gateway's :class:`agent.usage.UsageSink`: counters now, the row in the background."""
+
+    def __init__(self, store: Store, metrics: Metrics, config: UsageConfig) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.config = config
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._pruned = 0.0
+
+    def record(self, usage: TokenUsage) -> None:
+        tokens = self.metrics.tokens
+        tokens.labels(usage.model, "prompt").inc(usage.prompt_tokens)
+        tokens.labels(usage.model, "completion").inc(usage.completion_tokens)
+        if self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._write(usage), name="usage")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, usage: TokenUsage) -> None:
+        today = self.config.today()
+        try:
+            await self.store.usage_add(usage, today)
+            if time.monotonic() - self._pruned > PRUNE_EVERY or not self._pruned:
+                self._pruned = time.monotonic()
+                await self.store.usage_prune(today - timedelta(days=self.config.retention_days))
+        except Exception as exc:  # usage is bookkeeping: a full disk must not fail anything else
+            log.warning("usage: could not record %d tokens of %s (%s)", usage.prompt_tokens
+                        + usage.completion_tokens, usage.model, type(exc).__name__)  # fmt: skip
+
+    async def close(self) -> None:
+        """Finish the writes under way (before the store closes); later calls are counted only."""
+        self._closed = True
+        if self._tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait(set(self._tasks), timeout=5)
+
+
+# -- the budget -------------------------------------------------------------------------------------
+def budget_of(config: Config, user: str, admin: bool) -> int:
+    """``user``'s daily token budget; 0 when they have none."""
+    usage = config.usage
+    if user in usage.users:
+        return usage.users[user]
+    if admin and usage.admins_exempt:
+        return 0
+    return usage.daily_tokens
+
+
+async def budget_refusal(store: Store, config: Config, user: str, admin: bool) -> str | None:
+    """The note for a user whose budget for today is spent, or None (checked before each turn)."""
+    budget = budget_of(config, user, admin)
+    if not budget:
+        return None
+    used = await store.usage_on(user, config.usage.today())
+    if used < budget:
+        return None
+    return (
+        f"⚠️ You have used your token budget for today ({used:,} of {budget:,} tokens), so I did not "
+        f"pass this message to the agent. The budget renews at midnight ({config.usage.timezone}), "
+        f"in {_duration(config.usage.seconds_to_midnight())}; send it again then, or ask an admin "
+        "for a larger budget. /usage shows what you used."
+    )
+
+
+def _duration(seconds: float) -> str:
+    minutes = max(1, round(seconds / 60))
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min"
