@@ -92,7 +92,11 @@ def push_inbound(platform: str, chat: str, thread: str | None, tag: str) -> Inbo
 async def _send(config: Config, inbound: Inbound, text: str, wait: float | None) -> int:
     from .store import JournalKind, Store
 
-    store = await Store.open(config.storage.path / "gateway.sqlite", reserve_bytes=0)
+    url = config.storage.database_url
+    if url:  # PostgreSQL (docs/scale-out.md): any daemon sharing it picks the push up
+        store = await Store.open_postgres(url)
+    else:  # no disk reserve of its own: the daemon's is beside the file
+        store = await Store.open(config.storage.path / "gateway.sqlite", reserve_bytes=0)
     try:
         if await store.journal_add(inbound, JournalKind.NOTICE, text):
             print(inbound.key)

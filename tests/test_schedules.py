@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -35,8 +36,11 @@ from gateway.schedules import (
     zone_of,
 )
 from gateway.store import JournalKind
+from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.fake_harness import Call
 from tests.fakes.gateway_rig import ADMIN, USER, Rig, crash, dm, fake_rig, make_config, quiet, settled, until
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
+from tests.fakes.telegram_server import FakeTelegram
 
 BERLIN = ZoneInfo("Europe/Berlin")
 OTHER = 300
@@ -352,3 +356,160 @@ def test_send_targets_are_checked_per_platform() -> None:
     ]:
         with pytest.raises(Refused, match=why):
             parse_target(target, config)
+
+
+# -- end to end: `chital run` with the fake Telegram server and the fake model -----------------------
+E2E_OWNER, E2E_OTHER, E2E_GROUP = 1001, 1002, -100200300
+
+
+def model_brain(slow: dict[str, float]) -> Callable[[dict[str, Any]], Reply]:
+    """The fake model: calls ``schedule_task`` when asked to remind or to repeat, says what the
+    tool answered, and answers a firing with a reminder naming the schedule (slowly when
+    ``slow`` says so, for the kill -9)."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        last = body["messages"][-1]
+        if last.get("role") == "tool":
+            return Reply(text=f"Done: {last.get('content')}")
+        text = last_user_text(body)
+        fired = re.search(r"\[Scheduled task #(\d+)", text)
+        if fired:
+            number = fired.group(1)
+            delay = slow.get(number, 0.0)
+            return Reply(text=f"⏰ Time to stretch! (#{number})", chunks=8, chunk_delay=delay / 8)
+        if "remind me" in text:
+            args = {"text": "Remind the user to stretch", "delay": "3s"}
+            return Reply(tool_calls=[ToolCall("schedule_task", args)])
+        if "every weekday" in text:
+            args = {"text": "Post the open PRs", "cron": "0 9 * * 1-5", "timezone": "Europe/Berlin"}
+            return Reply(tool_calls=[ToolCall("schedule_task", args)])
+        return Reply(text=f"echo: {text}")
+
+    return reply
+
+
+@pytest.fixture
+async def e2e(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
+    cfg = base_config(tmp_path / "data", model.base_url, free_port())
+    cfg["channels"]["telegram"] = {
+        "enabled": True, "token": tg.token, "base_url": tg.base_url, "base_file_url": tg.base_file_url,
+        "poll_timeout": 2,
+    }  # fmt: skip
+    cfg["access"] = {"allow_users": [str(E2E_OWNER), str(E2E_OTHER)], "group_policy": "mention"}
+    cfg["agent"]["memory"] = {"enabled": False}  # its model calls would meet the scripted brain
+    d = DaemonProcess(tmp_path, cfg)
+    await d.start()
+    yield d
+    await d.close()
+
+
+def stretches(tg: FakeTelegram, number: int) -> list[str]:
+    return [m.text for m in tg.bot_messages(E2E_OWNER) if f"Time to stretch! (#{number})" in m.text]
+
+
+async def e2e_answer(
+    tg: FakeTelegram, chat: int, update: dict[str, Any], needle: str, timeout: float = 20
+) -> str:
+    mid = update["message"]["message_id"]
+
+    def check() -> str | None:
+        for m in tg.bot_messages(chat):
+            if m.reply_to == mid and needle in m.text:
+                return m.text
+        return None
+
+    return str(await tg.wait_for(check, timeout=timeout, what=f"a reply containing {needle!r}"))
+
+
+async def test_e2e_reminders_fire_once_across_a_restart_and_a_kill(
+    e2e: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    slow: dict[str, float] = {"2": 6.0}
+    model.add_rule(lambda _text: True, model_brain(slow))
+
+    # 1. The model calls the tool; the daemon is restarted before the reminder is due.
+    up = tg.inject_message(E2E_OWNER, E2E_OWNER, "remind me in 3 seconds to stretch")
+    done = await e2e_answer(tg, E2E_OWNER, up, "Done: Scheduled #1: once; next run")
+    assert "UTC (the default zone: none was named)" in done
+    assert await e2e.terminate() == 0
+    await asyncio.sleep(3)
+    await e2e.start()
+    await tg.wait_for(lambda: stretches(tg, 1), timeout=20, what="the reminder after the restart")
+
+    # 2. kill -9 while the firing's turn is being answered: it resumes and posts once.
+    up = tg.inject_message(E2E_OWNER, E2E_OWNER, "remind me again, in 3 seconds")
+    await e2e_answer(tg, E2E_OWNER, up, "Done: Scheduled #2")
+    await tg.wait_for(
+        lambda: any("[Scheduled task #2" in last_user_text(b) for b in model.requests),
+        timeout=20,
+        what="the firing's turn reached the model",
+    )
+    await asyncio.sleep(1.0)
+    e2e.kill9()
+    await e2e.wait_exit()
+    slow["2"] = 0.0
+    await e2e.start()
+    await tg.wait_for(lambda: stretches(tg, 2), timeout=30, what="the resumed firing")
+    await asyncio.sleep(2.0)
+    assert len(stretches(tg, 1)) == 1 and len(stretches(tg, 2)) == 1, tg.bot_texts(E2E_OWNER)
+    for m in tg.bot_messages(E2E_OWNER):
+        if "Time to stretch" in m.text:
+            assert m.reply_to is None, "a firing is a new message, not a reply"
+
+
+async def test_e2e_schedules_command_lists_and_only_the_creator_cancels(
+    e2e: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    model.add_rule(lambda _text: True, model_brain({}))
+    up = tg.inject_mention(E2E_GROUP, E2E_OWNER, "every weekday at 9 post the open PRs")
+    done = await e2e_answer(tg, E2E_GROUP, up, "Done: Scheduled #1: cron 0 9 * * 1-5")
+    assert "Europe/Berlin" in done and "09:00" in done
+    listing = await e2e_answer(tg, E2E_GROUP, tg.inject_command(E2E_GROUP, E2E_OTHER, "schedules"), "#1")
+    assert listing.startswith("Schedules here (1):")
+    assert (
+        "cron 0 9 * * 1-5 (At 09:00 on Monday through Friday) — by telegram:1001: Post the open PRs"
+        in listing
+    )
+    refused = await e2e_answer(
+        tg, E2E_GROUP, tg.inject_command(E2E_GROUP, E2E_OTHER, "unschedule", "1"), "Cannot cancel"
+    )
+    assert refused == "Cannot cancel: only telegram:1001, who made #1, or an admin can cancel it."
+    cancelled = await e2e_answer(
+        tg, E2E_GROUP, tg.inject_command(E2E_GROUP, E2E_OWNER, "schedules", "cancel 1"), "Cancelled"
+    )
+    assert cancelled.startswith("🗑 Cancelled #1 (cron 0 9 * * 1-5")
+    await e2e_answer(tg, E2E_GROUP, tg.inject_command(E2E_GROUP, E2E_OTHER, "schedules"), "No schedules")
+
+
+async def test_e2e_chital_send_reaches_the_chat_once_also_through_an_outage(
+    e2e: DaemonProcess, tg: FakeTelegram
+) -> None:
+    chat = E2E_OTHER
+    await e2e_answer(tg, chat, tg.inject_message(chat, chat, "hello"), "echo: hello")  # the chat exists
+    code, out = await e2e.cli("send", f"telegram:{chat}", "hi from CI")
+    assert code == 0 and out.strip().startswith(f"telegram:{chat}:push-"), out
+    await tg.wait_for(lambda: "hi from CI" in tg.bot_texts(chat), timeout=10, what="the push")
+
+    code, out = await e2e.cli("send", "telegram:not-a-chat", "x")
+    assert code == 2 and "'not-a-chat' is not a telegram chat id" in out
+    code, out = await e2e.cli("send", "matrix:1", "x")
+    assert code == 2 and "unknown platform 'matrix'" in out
+
+    tg.down_methods |= {"sendMessage"}
+    code, out = await e2e.cli("send", f"telegram:{chat}", "deploy finished", "--key", "deploy-7")
+    assert code == 0, out
+    code, out = await e2e.cli("send", f"telegram:{chat}", "deploy finished", "--key", "deploy-7")
+    assert code == 0 and "already journaled" in out
+    await asyncio.sleep(4)
+    assert "deploy finished" not in tg.bot_texts(chat), "the platform is down"
+    tg.down_methods.clear()
+    await tg.wait_for(
+        lambda: "deploy finished" in tg.bot_texts(chat), timeout=25, what="the push after the outage"
+    )
+    code, out = await e2e.cli("send", f"telegram:{chat}", "with wait", "--wait", "--timeout", "20")
+    assert code == 0 and out.strip().endswith("delivered"), out
+    await asyncio.sleep(1.5)
+    texts = tg.bot_texts(chat)
+    assert [texts.count(t) for t in ("hi from CI", "deploy finished", "with wait")] == [1, 1, 1], texts
+    code, out = await e2e.cli("send", "telegram:424242", "nobody there", "--wait", "--timeout", "20")
+    assert code == 1 and "the platform refused the message" in out, "a chat the bot is not in"
