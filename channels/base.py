@@ -615,8 +615,9 @@ class Channel(abc.ABC):
 
     async def thread_context(self, inbound: Inbound, limit: int, max_chars: int) -> Sequence[ContextItem]:
         """Earlier messages of the thread ``inbound`` was written in, oldest first, and the message
-        it replies to: at most ``limit`` of them, each text cut to ``max_chars``; never ``inbound``
-        itself nor anything posted after it (a resumed turn that fetches again sees the same).
+        it replies to: at most ``limit`` of them (newest kept); ``max_chars`` is what the gateway
+        will keep of each text, for adapters that can ask for less. Never ``inbound`` itself nor
+        anything posted after it (a resumed turn that fetches again sees the same).
         ``()`` when the message is in no thread and replies to nothing, or the platform has no
         such history. May raise any :class:`ChannelError`: the gateway answers without context."""
         return ()

@@ -9,6 +9,7 @@ no context.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,10 @@ from typing import Any
 import pytest
 
 from agent.thread_context import END, HEAD, SELF
+from channels.base import Inbound
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.gateway_rig import USER, FakeChannel, dm, fake_rig, make_config, replies, until
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.slack_server import FakeSlack
@@ -368,3 +371,52 @@ def test_block_cannot_be_closed_or_impersonated_from_inside() -> None:
     assert f"> {SELF}: mine" in text
     assert without_context(text) == "the real question"
     assert without_context("plain") == "plain"
+
+
+# -- the gateway's side, in process: a slow platform, and what the journal already holds -----------
+class _ThreadChannel(FakeChannel):
+    """A FakeChannel whose thread is scripted: ``thread`` items, after ``delay`` seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread: list[Any] = []
+        self.delay = 0.0
+        self.asked: list[tuple[str, int, int]] = []
+
+    async def thread_context(self, inbound: Inbound, limit: int, max_chars: int) -> list[Any]:
+        self.asked.append((inbound.message_id, limit, max_chars))
+        await asyncio.sleep(self.delay)
+        return list(self.thread)
+
+
+async def test_slow_platform_costs_the_context_not_the_answer(tmp_path: Path) -> None:
+    from channels.base import ContextItem
+
+    channel = _ThreadChannel()
+    config = make_config(access={"allow_users": [str(USER)]}, context={"fetch_timeout": 0.3})
+    async with fake_rig(tmp_path, config, channel=channel) as rig:
+        channel.thread = [ContextItem("ann", "hello", "1")]
+        channel.delay = 2.0
+        slow = dm(USER, "are you there?")
+        await channel.deliver(slow)
+        assert await until(replies(channel, slow), timeout=5) == ["echo: are you there?"]
+        assert rig.harness.calls[-1].options.context == ()
+        assert rig.metric("chital_errors_total", channel="telegram", kind="thread_context") == 1
+        assert channel.asked[-1][1:] == (20, 2000), "the configured limits reach the adapter"
+
+        # A message the journal holds is a turn of its own; the bot's last message ends what is known.
+        earlier = dm(USER, "first of two")
+        await channel.deliver(earlier)
+        await until(replies(channel, earlier))
+        channel.delay = 0.0
+        channel.thread = [
+            ContextItem("ann", "old news", "2"),
+            ContextItem("bot", "my answer", "3", is_self=True),
+            ContextItem("me", "first of two", earlier.message_id),
+            ContextItem("ann", "new news", "4"),
+        ]
+        later = dm(USER, "second of two")
+        await channel.deliver(later)
+        await until(replies(channel, later))
+        context = rig.harness.calls[-1].options.context
+        assert [(m.author, m.text) for m in context] == [("ann", "new news")]
