@@ -41,7 +41,8 @@ class TurnOptions:
     model: str | None = None
     """A name from ``models:`` in the config, chosen for this conversation (``/model``)."""
     system_prompt: str | None = None
-    """The conversation's persona: added to the agent's system prompt for this turn."""
+    """The conversation's persona: replaces ``agent.system_prompt`` for this turn (the workspace,
+    tool, skill and memory sections stay; agent/turn_overrides.py)."""
     skill: str | None = None
     """A skill the user activated by name (``/<skill> text``) for this turn."""
 

@@ -23,14 +23,18 @@ import pytest
 from agent.config import AgentSettings, ModelSpec
 from agent.events import AgentEvent, Final, TurnFailed
 from agent.harness import Harness
+from agent.model import build_chat_model
+from agent.settings import SubagentSettings
+from agent.subagents import build_subagents
 from agent.turn import TurnOptions
-from agent.usage import TokenUsage
+from agent.turn_overrides import TurnOverrides
+from agent.usage import TokenUsage, attach_usage
 from gateway.config import ConfigError, parse_config
 from gateway.store import Store
 from gateway.usage import UsageRecorder
 from tests.daemon import DaemonProcess
 from tests.fakes.gateway_rig import ADMIN, USER, Rig, fake_rig, make_config, quiet, until
-from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 from tests.test_e2e_telegram import OWNER, answered, telegram_config
 
@@ -159,6 +163,37 @@ async def test_fake_model_reports_scripted_usage_in_the_stream(
     await turn(h, "hi", "m1")
     assert fake.requests[0]["stream_options"] == {"include_usage": True}
     assert (sink.records[0].prompt_tokens, sink.records[0].completion_tokens) == (1234, 56)
+
+
+async def test_sub_agents_follow_the_chosen_model_and_their_usage_is_counted(tmp_path: Path) -> None:
+    async with FakeOpenAI() as fake:
+        models, sink = two_models(fake), Sink()
+        lead_model = attach_usage(build_chat_model(models[0], FAST), "default", sink)
+        [task] = build_subagents(lead_model, [], SubagentSettings(), [TurnOverrides(lead=False)])
+        h = Harness(
+            FAST, models[0], tmp_path / "cp.sqlite", extra_middleware=[task], models=models, usage=sink
+        )
+        await h.start()
+        try:
+            fake.script(
+                Reply(
+                    tool_calls=[
+                        ToolCall("task", {"description": "count", "subagent_type": "general-purpose"})
+                    ]
+                ),
+                Reply(text="sub-agent report"),
+                Reply(text="all done"),
+            )
+            events = await turn(h, "delegate it", "m1", TurnOptions(model="other"))
+            assert events[-1] == Final("all done")
+        finally:
+            await h.close()
+    assert [r["model"] for r in fake.requests] == ["other-model"] * 3
+    assert [(r.model, r.purpose, r.message_id) for r in sink.records] == [
+        ("other", "lead", "m1"),
+        ("other", "subagent", "m1"),
+        ("other", "lead", "m1"),
+    ]
 
 
 # ---- config -----------------------------------------------------------------------------------------
@@ -451,3 +486,26 @@ async def test_e2e_model_persona_skill_usage_and_budget(
     assert len(model.requests) == calls, "no model call for a message over the budget"
     usage = await answered(tg, OWNER, command("usage"), "Your tokens")
     assert "Daily budget:" in usage.text and "0 left" in usage.text
+
+
+async def test_e2e_titles_and_memory_are_counted_for_the_user(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    cfg = telegram_config(tmp_path, tg, model)
+    cfg["agent"]["context"] = {"title": "model"}
+    cfg["agent"]["memory"] = {"enabled": True, "debounce_seconds": 0.3}
+    d = DaemonProcess(tmp_path, cfg)
+    await d.start()
+    try:
+        await answered(
+            tg, OWNER, tg.inject_message(OWNER, OWNER, "I am Ann and I like tea"), "echo: I am Ann"
+        )
+        deadline = asyncio.get_running_loop().time() + 15
+        while {r[3] for r in usage_rows(d)} != {"lead", "title", "memory"}:
+            assert asyncio.get_running_loop().time() < deadline, usage_rows(d)
+            await asyncio.sleep(0.1)
+        for user, conversation, name, _, prompt, completion in usage_rows(d):
+            assert (user, conversation, name) == (f"telegram:{OWNER}", f"telegram:{OWNER}", "default")
+            assert prompt > 0 and completion > 0
+    finally:
+        await d.close()
