@@ -25,9 +25,34 @@ class ModelSpec(BaseModel):
 
     name: str = "default"
     use: str = "langchain_openai:ChatOpenAI"
+    vision: bool = False
+    """The model takes images: a photo or screenshot a user sends is shown to it as part of the
+    message (within ``agent.vision``'s limits). Off: the agent is only told the file is in its
+    uploads (docs/media.md)."""
 
     def kwargs(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+
+class VisionSettings(BaseModel):
+    """Images users send, shown to a model whose ``models[].vision`` is on (docs/media.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_side: int = Field(1568, ge=64, le=8192)
+    """Pixels of the longer side at most; a larger image is scaled down (aspect kept)."""
+    max_bytes: int = Field(1_000_000, ge=10_000, le=20_000_000)
+    """Bytes of one encoded image at most (before base64); a larger one is re-encoded smaller.
+    Every image shown also lives in the thread's checkpoint, so this bounds its growth too."""
+    max_images: int = Field(4, ge=0, le=16)
+    """Images of one message shown to the model; the others are only named as files. 0: none."""
+    max_pixels: int = Field(50_000_000, ge=1_000_000, le=500_000_000)
+    """An image that claims more pixels than this is not decoded at all (a decompression bomb:
+    a few KB that would unpack into gigabytes); it stays a plain file with a note."""
+    keep_turns: int = Field(3, ge=1, le=50)
+    """User messages an image stays attached for: the one it came with and the next ones up to
+    this count. After that the model sees a placeholder naming the file in its uploads, so a long
+    conversation does not resend (and pay for) every old picture on each model call."""
 
 
 class AgentSettings(BaseModel):
@@ -61,3 +86,4 @@ class AgentSettings(BaseModel):
     context: ContextSettings = Field(default_factory=ContextSettings)
     web: WebSettings = Field(default_factory=WebSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
+    vision: VisionSettings = Field(default_factory=VisionSettings)

@@ -61,9 +61,10 @@ from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, diagnose,
 from agent.model import build_chat_model, model_display_name
 from agent.safety import Redactor
 from agent.thread_context import with_context
-from agent.turn import PLAIN, ContextMessage, TurnOptions
+from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
 from agent.turn_overrides import TurnChoice, TurnOverrides, choose, skill_section
 from agent.usage import UsageSink, attach_usage
+from agent.vision import IMAGES_KEY, carries_images, faded, human_content, image_index
 
 TurnScope = Callable[[str], AbstractAsyncContextManager[Any]]
 """Entered around each turn of a thread (e.g. acquire and bind the thread's sandbox)."""
@@ -136,6 +137,9 @@ class Harness:
         # thread id -> message id of the last turn this process finished cleanly on that thread.
         # A different message id on such a thread needs no checkpoint read to know it is new.
         self._settled: dict[str, str] = {}
+        self._pictured: dict[str, None] = {}
+        """Threads whose history may hold images (agent/vision.py): their next turn reads the
+        checkpoint, to fade images shown for long enough."""
         self._answered: dict[str, None] = {}
         """Message ids this process answered (bounded, oldest dropped): a second run of one of them
         (a delivery retry) must take the slow path that finds and replays its answer."""
@@ -263,7 +267,7 @@ class Harness:
 
         async def prepare() -> dict[str, Any] | Command[Any] | Final | None:
             return await self._prepare(
-                graph, config, thread_id, message_id, text, files, user_id, options.context
+                graph, config, thread_id, message_id, text, files, user_id, options.context, options.images
             )
 
         async with aclosing(self._drive(graph, config, thread_id, message_id, prepare, choice)) as events:
@@ -359,17 +363,27 @@ class Harness:
         files: Sequence[str],
         user_id: str,
         context: Sequence[ContextMessage] = (),
+        images: Sequence[ImagePart] = (),
     ) -> dict[str, Any] | Final | None:
         """Decide between replaying the answer (Final), continuing (None) and a new turn (input).
         The thread's earlier messages (``context``) go into the new turn's HumanMessage as a quoted
         block (agent/thread_context.py), so the checkpoint keeps them with the turn."""
         human = HumanMessage(
-            content=_with_files(with_context(text, context), files),
+            content=human_content(_with_files(with_context(text, context), files), images),
             id=message_id,
-            additional_kwargs={"user_id": user_id},
+            additional_kwargs={"user_id": user_id, **({IMAGES_KEY: image_index(images)} if images else {})},
         )
+        if images:  # its history holds images until they fade (agent/vision.py)
+            if len(self._pictured) >= _SETTLED_CACHE:
+                self._pictured.pop(next(iter(self._pictured)))
+            self._pictured[thread_id] = None
         settled = self._settled.get(thread_id)
-        if settled is not None and settled != message_id and message_id not in self._answered:
+        if (
+            settled is not None
+            and settled != message_id
+            and message_id not in self._answered
+            and thread_id not in self._pictured
+        ):
             return {"messages": [human]}
         snap = await graph.aget_state(config)
         messages: list[AnyMessage] = list(snap.values.get("messages", ()))
@@ -399,7 +413,11 @@ class Harness:
         patches = _tool_patches(messages)
         if patches:
             log.info("thread %s: closing %d tool call(s) left by a stopped turn", thread_id, len(patches))
-        return {"messages": [*patches, human]}
+        old = faded(messages, self.settings.vision.keep_turns)  # images shown long enough
+        gone = {m.id for m in old}
+        if not images and not any(carries_images(m) for m in messages if m.id not in gone):
+            self._pictured.pop(thread_id, None)
+        return {"messages": [*patches, *old, human]}
 
     def _remember(self, thread_id: str, message_id: str) -> None:
         if len(self._settled) >= _SETTLED_CACHE:

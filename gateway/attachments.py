@@ -1,5 +1,8 @@
 """Files crossing between the chat and the agent: users' attachments in, presented files out.
 
+A user's images and recordings are saved like any file, and also kept for the turn: images for a
+model that takes them, recordings for the transcriber (docs/media.md).
+
 Neither side ever handles a host path here: uploads go through ``AgentHarness.save_upload`` and
 presented files come back as bytes from ``AgentHarness.read_output``, both symlink-safe on the
 agent's side (docs/security.md). Outgoing files are delivered like text: paced, recorded in the
@@ -10,12 +13,19 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from channels.base import Channel, ChannelError, Inbound, OutFile
+from channels.base import Channel, ChannelError, OutFile
 
+from . import media
 from .agent_api import AgentHarness
 from .delivery import Reply
-from .store import Store
+from .store import JournalEntry, Store
+from .transcribe import SHOWN_CHARS, Heard, heard
+
+if TYPE_CHECKING:
+    from .core import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -30,32 +40,95 @@ def _safe_name(name: str) -> str:
     return cleaned[:120]
 
 
+@dataclass
+class Uploads:
+    """A message's files once fetched: where the agent sees them, the images and recordings among
+    them (bytes kept for this turn only), what the recordings said, and notes for the user."""
+
+    files: list[str] = field(default_factory=list)
+    """Paths as the agent sees them (its uploads)."""
+    notes: list[str] = field(default_factory=list)
+    """Shown to the user above the answer (skipped files, voice notes not heard, "🎙 heard: …")."""
+    images: list[media.Received] = field(default_factory=list)
+    """Images the turn's model may be shown (gateway/media.py decides, per model)."""
+    heard: list[Heard] = field(default_factory=list)
+    """What each voice note or audio file said (or why it could not be heard)."""
+
+    def message(self, text: str) -> str:
+        """The user's text as the agent gets it: with what their recordings said, marked as
+        transcribed so the agent can quote it back when asked what it heard."""
+        parts = [text.strip()] if text.strip() else []
+        for h in self.heard:
+            if h.text:
+                parts.append(
+                    f"[Voice note {h.name}, transcribed automatically; quote it if the user asks what "
+                    f"you heard]\n{h.text}"
+                )
+            else:
+                parts.append(
+                    f"[Voice note {h.name}: not transcribed ({h.problem}); the recording is in your uploads]"
+                )
+        return "\n\n".join(parts) or "(the user sent files without a message)"
+
+
 async def fetch_attachments(
-    harness: AgentHarness, channel: Channel, inbound: Inbound, thread_id: str, limit: int
-) -> tuple[list[str], list[str]]:
-    """Save the message's files where the thread's sandbox sees them (its uploads dir); returns
-    the paths as the agent sees them, and notes for the user about files that were refused."""
-    if not inbound.attachments:
-        return [], []
-    files: list[str] = []
-    notes: list[str] = []
-    for att in inbound.attachments:
+    gateway: Gateway, channel: Channel, entry: JournalEntry, thread_id: str
+) -> Uploads:
+    """Save the message's files where the thread's sandbox sees them (its uploads dir), keep the
+    images for the model and transcribe the recordings (gateway/media.py, gateway/transcribe.py).
+    Files that are refused or fail get a note for the user; nothing here fails the turn."""
+    inbound = entry.inbound
+    out = Uploads()
+    limit = gateway.config.limits.max_attachment_bytes
+    for index, att in enumerate(inbound.attachments):
         if att.size is not None and att.size > limit:
-            notes.append(
+            out.notes.append(
                 f"⚠️ I skipped {att.name}: it is {att.size / 1e6:.1f} MB, over my {limit / 1e6:.0f} MB limit."
             )
             continue
         try:
             data = await channel.download(att, limit)
         except ChannelError as exc:
-            notes.append(f"⚠️ I could not fetch {att.name}: {exc}")
+            out.notes.append(f"⚠️ I could not fetch {att.name}: {exc}")
             continue
         try:
-            files.append(await harness.save_upload(thread_id, _safe_name(att.name), data))
+            path = await gateway.harness.save_upload(thread_id, _safe_name(att.name), data)
         except Exception as exc:  # quota, disk full, a refused name: the text is safe to show
             log.warning("could not store upload %s for %s: %s", att.name, inbound.key, exc)
-            notes.append(f"⚠️ I could not store {att.name}: {exc}")
-    return files, notes
+            out.notes.append(f"⚠️ I could not store {att.name}: {exc}")
+            continue
+        out.files.append(path)
+        kind = media.kind_of(att)
+        name = path.rsplit("/", 1)[-1]
+        if kind == media.IMAGE:
+            out.images.append(media.Received(name, path, data))
+        elif kind in (media.VOICE, media.AUDIO):
+            await _listen(gateway, entry, out, index, name, data, att.mime_type)
+    return out
+
+
+async def _listen(
+    gateway: Gateway, entry: JournalEntry, out: Uploads, index: int, name: str, data: bytes, mime: str | None
+) -> None:
+    """Transcribe one recording (the ``index``-th attachment) into ``out.heard``, with the note the
+    user gets about it."""
+    cfg = gateway.config.transcription
+    if not cfg.configured:
+        out.heard.append(Heard(name, problem="no transcription service is configured"))
+        out.notes.append(
+            f"🎙 I cannot listen to voice notes here: no transcription service is configured (the "
+            f"admin can set one up, see docs/media.md). The agent has {name} as a file."
+        )
+        return
+    result = await heard(
+        gateway.store, cfg, entry.key, index, name, data, mime, gateway.config.limits.max_message_chars
+    )
+    out.heard.append(result)
+    if result.problem:
+        out.notes.append(f"⚠️ I could not transcribe {name}: {result.problem}. The agent has it as a file.")
+    elif cfg.show_transcript:
+        shown = result.text if len(result.text) <= SHOWN_CHARS else result.text[: SHOWN_CHARS - 1] + "…"
+        out.notes.append(f"🎙 heard: “{shown or '(nothing)'}”")
 
 
 async def deliver_files(harness: AgentHarness, store: Store, reply: Reply, key: str, thread_id: str) -> None:

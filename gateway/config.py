@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    SecretStr,
     ValidationError,
     create_model,
     field_validator,
@@ -228,6 +229,34 @@ class TranscriptionConfig(_Strict):
         return bool(self.base_url or self.api_key)
 
 
+class TranscriptionConfig(_Strict):
+    """Voice notes and audio files, turned into text through an OpenAI-compatible
+    ``/audio/transcriptions`` endpoint (OpenAI, or a self-hosted Whisper server; docs/media.md).
+    On when ``base_url`` or ``api_key`` is set."""
+
+    base_url: str | None = None
+    """The API root, e.g. ``http://127.0.0.1:8000/v1`` for a local Whisper server. Unset with an
+    ``api_key``: OpenAI's."""
+    api_key: SecretStr | None = None
+    """Sent as the Bearer token; never logged. A local server without keys needs none."""
+    model: str = "whisper-1"
+    language: str | None = None
+    """ISO-639-1 hint (``en``, ``de``); unset: the service detects it."""
+    timeout: float = Field(120.0, gt=0, le=3600)
+    """Seconds one transcription may take before the user gets a note instead."""
+    retries: int = Field(1, ge=0, le=5)
+    """Retries of a failed call (timeouts, 5xx, 429), with the SDK's backoff."""
+    max_bytes: int = Field(25 * 1024 * 1024, ge=1024)
+    """Larger audio is not sent (OpenAI refuses over 25 MB); the user gets a note, the file is kept."""
+    show_transcript: bool = False
+    """Start the reply with "🎙 heard: …" (what was understood). Off: the user can still ask
+    "what did you hear?", since the transcript is part of the message the agent answers."""
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.base_url or self.api_key)
+
+
 class HttpConfig(_Strict):
     enabled: bool = True
     """Serve ``/healthz``, ``/readyz`` and ``/metrics``."""
@@ -317,6 +346,7 @@ class Config(_Strict):
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     context: ContextConfig = Field(default_factory=ContextConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
     schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)
     transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
     schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)

@@ -35,7 +35,7 @@ from channels.base import (
 from . import access, commands, profiles, usage
 from .access import Verdict, decide, is_admin
 from .agent_api import AgentHarness
-from .attachments import deliver_files, fetch_attachments
+from .attachments import Uploads, deliver_files, fetch_attachments
 from .config import Config
 from .delivery import Reply
 from .limits import Throttles
@@ -393,10 +393,8 @@ class Gateway:
                 self._spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
             typing = asyncio.create_task(self._keep_typing(reply))
             thread_id = await self.store.thread_for(inbound.conversation)
-            files, notes = await fetch_attachments(
-                self.harness, reply.channel, inbound, thread_id, self.config.limits.max_attachment_bytes
-            )
-            final, outcome = await self._agent_turn(entry, thread_id, files, reply, notes)
+            uploads = await fetch_attachments(self, reply.channel, entry, thread_id)
+            final, outcome = await self._agent_turn(entry, thread_id, uploads, reply)
             if entry.note:  # the gateway's own word above the answer (a schedule firing late)
                 final = f"{entry.note}\n\n{final}"
             typing.cancel()
@@ -449,20 +447,20 @@ class Gateway:
             self.metrics.turn_seconds.observe(time.monotonic() - started)
 
     async def _agent_turn(
-        self, entry: JournalEntry, thread_id: str, files: list[str], reply: Reply, notes: list[str]
+        self, entry: JournalEntry, thread_id: str, uploads: Uploads, reply: Reply
     ) -> tuple[str, str]:
         inbound = entry.inbound
         text, final, outcome = "", "", "ok"
-        message = inbound.text.strip() or "(the user sent files without a message)"
+        message = uploads.message(inbound.text)  # with what a voice note said (gateway/media.py)
         try:
-            options = await turn_options(self, entry, thread_id, files)
+            options = await turn_options(self, entry, thread_id, uploads)
             async with asyncio.timeout(self.config.concurrency.turn_timeout):
                 stream = self.harness.run(
                     thread_id,
                     user_id=inbound.user,
                     message_id=inbound.key,
                     text=message,
-                    files=files,
+                    files=uploads.files,
                     options=options,
                 )
                 async for event in stream:
@@ -476,8 +474,8 @@ class Gateway:
             final, outcome = f"⚠️ This took longer than {minutes:g} minutes, so I stopped.", "timeout"
         if not final:
             final, outcome = text or "⚠️ The agent ended without an answer.", outcome
-        if notes:
-            final = "\n".join(notes) + "\n\n" + final
+        if uploads.notes:
+            final = "\n".join(uploads.notes) + "\n\n" + final
         return final, outcome
 
     @staticmethod

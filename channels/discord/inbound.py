@@ -34,9 +34,7 @@ def to_inbound(message: discord.Message, me: int) -> Inbound | None:
     files = list(message.attachments)
     for snap in message.message_snapshots:  # a forwarded message carries its own content and files
         files += snap.attachments
-    attachments = tuple(
-        Attachment(file_id=a.url, name=a.filename, mime_type=a.content_type, size=a.size) for a in files
-    )
+    attachments = tuple(_attachment(a) for a in files)
     extras = [t for t in (_forwarded(message), _poll(message), _embeds(message.embeds)) if t]
     text = "\n\n".join([text, *extras] if text else extras)
     addressed = is_dm or mentioned or _replies_to(message, me)
@@ -61,6 +59,12 @@ def to_inbound(message: discord.Message, me: int) -> Inbound | None:
         extra=extra,
         unsupported=unsupported,
     )
+
+
+def _attachment(a: discord.Attachment) -> Attachment:
+    """A voice message (recorded in the app: waveform and duration) is a voice note."""
+    kind = "voice" if a.is_voice_message() else ""
+    return Attachment(file_id=a.url, name=a.filename, mime_type=a.content_type, size=a.size, kind=kind)
 
 
 def _forwarded(message: discord.Message) -> str:

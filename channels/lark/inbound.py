@@ -137,10 +137,17 @@ def message_content(msg_type: str, content: str, message_id: str) -> tuple[str, 
         return text, files, ""
     if msg_type == "image" and data.get("image_key"):
         key = str(data["image_key"])
-        return "", [Attachment(attachment_id(message_id, "image", key), "image.png", "image/png")], ""
-    if msg_type in ("file", "audio", "media") and data.get("file_key"):
+        image = Attachment(attachment_id(message_id, "image", key), "image.png", "image/png", kind="image")
+        return "", [image], ""
+    if msg_type == "audio" and data.get("file_key"):
+        # A voice message recorded in Lark: Opus in an Ogg container.
         key = str(data["file_key"])
-        default = {"audio": "audio.opus", "media": "video.mp4"}.get(msg_type, "file")
+        voice = Attachment(attachment_id(message_id, "file", key), str(data.get("file_name") or "audio.opus"),
+                           "audio/ogg", kind="voice")  # fmt: skip
+        return "", [voice], ""
+    if msg_type in ("file", "media") and data.get("file_key"):
+        key = str(data["file_key"])
+        default = "video.mp4" if msg_type == "media" else "file"
         name = str(data.get("file_name") or default)
         return "", [Attachment(attachment_id(message_id, "file", key), name)], ""
     text = _as_text(msg_type, data)
@@ -239,7 +246,7 @@ def _post_text(data: dict[str, Any], message_id: str) -> tuple[str, list[Attachm
             elif tag == "img" and el.get("image_key"):
                 key = str(el["image_key"])
                 attachments.append(
-                    Attachment(attachment_id(message_id, "image", key), "image.png", "image/png")
+                    Attachment(attachment_id(message_id, "image", key), "image.png", "image/png", kind="image")
                 )
             elif tag == "media" and el.get("file_key"):
                 key = str(el["file_key"])

@@ -411,11 +411,14 @@ class FakeDiscord:
         thread: bool = False,
         attachments: Iterable[tuple[str, bytes, str]] | None = None,
         fields: dict[str, Any] | None = None,
+        voice: bool = False,
     ) -> str:
         """A user posts a message; returns its id. ``channel_id=None`` means the guild text channel;
         ``thread=True`` posts into the thread under it; ``guild=False`` means a DM (see inject_dm).
         ``attachments`` are ``(filename, bytes, content_type)`` served from the fake CDN; ``fields``
-        are merged into the payload last (``sticker_items``, ``embeds``, ``poll`` ...)."""
+        are merged into the payload last (``sticker_items``, ``embeds``, ``poll`` ...). ``voice``
+        makes it a voice message as the app records one (flag 1 << 13; the attachment carries its
+        duration and waveform)."""
         if not guild:
             cid = self._dms.setdefault(author_id, self.new_id())
         else:
@@ -438,6 +441,10 @@ class FakeDiscord:
             }
             extra["referenced_message"] = ref
         extra["attachments"] = [self._add_cdn(cid, n, b, t) for n, b, t in attachments or ()]
+        if voice:
+            extra["flags"] = 1 << 13  # IS_VOICE_MESSAGE
+            for att in extra["attachments"]:
+                att.update(duration_secs=2.5, waveform="AAAAAAAA")
         extra.update(fields or {})
         data = self._message_data(cid, author_id, content, **extra)
         await self._dispatch("MESSAGE_CREATE", data)

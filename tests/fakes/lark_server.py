@@ -311,18 +311,22 @@ class FakeLark:
         data: bytes,
         *,
         image: bool = False,
+        audio: bool = False,
         chat_type: str = "p2p",
     ) -> Injected:
-        """A user sends a file (or an image); its bytes become downloadable as a message resource."""
+        """A user sends a file (or an image, or a voice message: ``audio``); its bytes become
+        downloadable as a message resource."""
         key = f"{'img' if image else 'file'}_v3_{next(self._ids)}"
         message_id = f"om_{next(self._ids):08d}"
         with self._cond:
             self.resources[(message_id, key)] = (name, data)
-        content = {"image_key": key} if image else {"file_key": key, "file_name": name}
+        content: dict[str, Any] = {"image_key": key} if image else {"file_key": key, "file_name": name}
+        if audio:
+            content = {"file_key": key, "duration": 2000}  # a recorded voice message has no name
         return self.inject_event(
             chat_id,
             sender_open_id,
-            "image" if image else "file",
+            "image" if image else "audio" if audio else "file",
             content,
             chat_type=chat_type,
             message_id=message_id,
@@ -648,6 +652,9 @@ class FakeLark:
             res = self.resources.get((m.group(1), m.group(2)))
             if res is None:
                 return _err(400, 234003, "resource not found")
+            # Like Lark: an image is fetched with type=image, a file, audio or video with type=file.
+            if request.query.get("type") != ("image" if m.group(2).startswith("img_") else "file"):
+                return _err(400, 234001, "invalid param: type")
             return web.Response(
                 body=res[1],
                 content_type="application/octet-stream",

@@ -45,6 +45,16 @@ class ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
+class Heard:
+    """One scripted answer of ``/audio/transcriptions``: the text, or an error ``status``
+    (500, 413 ...), after ``delay`` seconds (longer than the client's timeout: a timeout)."""
+
+    text: str = ""
+    status: int = 200
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Reply:
     """One scripted answer.
 
@@ -104,6 +114,11 @@ class FakeOpenAI:
 
     def __init__(self, *, record: bool = True) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.transcriptions: list[dict[str, Any]] = []
+        """Each ``/audio/transcriptions`` call: model, file name, its bytes, language, Authorization."""
+        self.heard: deque[Heard] = deque()
+        """Scripted transcription answers, in order; then ``default_transcript``."""
+        self.default_transcript = "please book a table for two at seven"
         self.record = record
         self.base_url = ""
         self._queue: deque[Reply] = deque()
@@ -155,6 +170,7 @@ class FakeOpenAI:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)
         return app
 
     async def start(self, port: int = 0) -> FakeOpenAI:
@@ -213,6 +229,27 @@ class FakeOpenAI:
             self._thread = None
 
     # ---- handlers ----------------------------------------------------------------------------
+    async def _transcriptions(self, request: web.Request) -> web.Response:
+        """OpenAI's speech-to-text: multipart ``file`` and ``model`` (``language`` optional)."""
+        form = await request.post()
+        upload = form.get("file")
+        call = {
+            "model": form.get("model"),
+            "language": form.get("language"),
+            "filename": getattr(upload, "filename", None),
+            "data": upload.file.read() if upload is not None and hasattr(upload, "file") else b"",
+            "authorization": request.headers.get("Authorization", ""),
+        }
+        self.transcriptions.append(call)
+        heard = self.heard.popleft() if self.heard else Heard(self.default_transcript)
+        if heard.delay:
+            await asyncio.sleep(heard.delay)
+        if not call["data"] or not call["model"]:
+            return self._error(Reply(status=400, error_message="file and model are required"))
+        if heard.status != 200:
+            return self._error(Reply(status=heard.status))
+        return web.json_response({"text": heard.text})
+
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 

@@ -251,12 +251,16 @@ class FakeSlack:
         n = next(self._ts)
         return f"{1_700_000_000 + n // 1_000_000}.{n % 1_000_000:06d}"
 
-    def add_file(self, name: str, content: bytes, mimetype: str = "text/plain") -> dict[str, Any]:
-        """Host a file a user shares; returns the ``files[]`` entry to put into a message event."""
+    def add_file(
+        self, name: str, content: bytes, mimetype: str = "text/plain", *, subtype: str | None = None
+    ) -> dict[str, Any]:
+        """Host a file a user shares; returns the ``files[]`` entry to put into a message event.
+        ``subtype="slack_audio"`` makes it a clip recorded in Slack (a voice note)."""
         file_id = f"F{next(self._ids):08d}"
         self._files[file_id] = (name, content)
         url = f"{self.url}/files-pri/{file_id}/{name}"
         return {
+            **({"subtype": subtype} if subtype else {}),
             "id": file_id,
             "name": name,
             "title": name,

@@ -145,6 +145,7 @@ class FakeTelegram(BotApiMethods):
         is_topic: bool = False,
         document: dict[str, Any] | None = None,
         photo: list[dict[str, Any]] | None = None,
+        voice: dict[str, Any] | None = None,
         chat_title: str = "Test group",
         from_bot: bool = False,
         quote: str | None = None,
@@ -152,19 +153,22 @@ class FakeTelegram(BotApiMethods):
         """Queue a user's message as an update and return that update.
 
         ``entities=None`` lets the fake attach the mention / bot_command entities Telegram would.
-        With ``document`` or ``photo`` (from :meth:`add_file` / :meth:`add_photo`) ``text`` becomes
-        the caption. ``is_topic`` puts the message in forum topic ``message_thread_id``.
+        With ``document``, ``photo`` or ``voice`` (from :meth:`add_file` / :meth:`add_photo` /
+        :meth:`add_voice`) ``text`` becomes the caption. ``is_topic`` puts the message in forum
+        topic ``message_thread_id``.
         """
         chat = self._chat(chat_id, chat_type, first_name, chat_title, forum=is_topic)
         sender = {"id": user_id, "is_bot": from_bot, "first_name": first_name}
         mid = self._new_mid(chat_id)
         msg: dict[str, Any] = {"message_id": mid, "date": int(time.time()), "chat": chat, "from": sender}
         ents = auto_entities(text) if entities is None else entities
-        if document is not None or photo is not None:
+        if document is not None or photo is not None or voice is not None:
             if document is not None:
                 msg["document"] = document
             if photo is not None:
                 msg["photo"] = photo
+            if voice is not None:
+                msg["voice"] = voice
             if text:
                 msg["caption"] = text
                 if ents:
@@ -319,6 +323,12 @@ class FakeTelegram(BotApiMethods):
             {"file_id": full.file_id, "file_unique_id": full.unique_id, "width": width,
              "height": height, "file_size": len(full.data)},
         ]  # fmt: skip
+
+    def add_voice(self, data: bytes, *, duration: int = 3) -> dict[str, Any]:
+        """Store a voice note (Ogg Opus, as the app records it) and return its Voice dict."""
+        f = self._new_file(data, "voice.ogg", "audio/ogg", "voice")
+        return {"file_id": f.file_id, "file_unique_id": f.unique_id, "duration": duration,
+                "mime_type": "audio/ogg", "file_size": len(data)}  # fmt: skip
 
     # -- failure injection -----------------------------------------------------------------------
     def fail_next(

@@ -1,0 +1,127 @@
+"""Voice notes and audio files to text, through an OpenAI-compatible ``/audio/transcriptions``.
+
+The ``openai`` SDK (already here under langchain-openai) speaks the endpoint, multipart upload
+included; OpenAI and self-hosted Whisper servers (faster-whisper-server, LocalAI, vLLM) answer it
+alike. A transcript is recorded under the message's journal key before the turn uses it, so a turn
+resumed after a crash reads it back instead of paying for (and maybe hearing differently) the
+same recording twice. Failures become one plain sentence for the user, never the service's own
+error text (which may quote the request) and never the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import posixpath
+from dataclasses import dataclass
+
+import openai
+
+from .config import TranscriptionConfig
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+SHOWN_CHARS = 500
+"""Characters of a transcript quoted back in the "🎙 heard" line (``show_transcript``)."""
+
+# Whisper goes by the upload's file name to tell the container; these are the names it knows.
+_UPLOAD_SUFFIX = {".opus": ".ogg", ".oga": ".ogg", ".weba": ".webm", ".m4a": ".m4a"}
+
+
+class TranscriptionFailed(Exception):
+    """The recording could not be transcribed; the message is fit for the chat."""
+
+
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """What one recording said, or why it could not be heard."""
+
+    name: str
+    """The file name the agent sees in its uploads."""
+    text: str = ""
+    problem: str = ""
+
+
+def upload_name(name: str) -> str:
+    """``name`` with a suffix the transcription service recognises (Lark's ``.opus`` is Ogg)."""
+    stem, dot, suffix = name.rpartition(".")
+    if not dot:
+        return name + ".ogg"
+    return stem + _UPLOAD_SUFFIX.get("." + suffix.lower(), "." + suffix)
+
+
+async def transcribe(cfg: TranscriptionConfig, name: str, data: bytes, mime: str | None) -> str:
+    """The text of one recording. Raises :class:`TranscriptionFailed` with a chat-safe reason."""
+    if len(data) > cfg.max_bytes:
+        raise TranscriptionFailed(
+            f"it is {len(data) / 1e6:.1f} MB, over the {cfg.max_bytes / 1e6:.0f} MB the transcriber takes"
+        )
+    key = cfg.api_key.get_secret_value() if cfg.api_key else "none"  # the SDK insists on some key
+    client = openai.AsyncOpenAI(
+        api_key=key, base_url=cfg.base_url or None, timeout=cfg.timeout, max_retries=cfg.retries
+    )
+    file = (upload_name(posixpath.basename(name)), data, mime or "application/octet-stream")
+    try:
+        async with asyncio.timeout(cfg.timeout * (cfg.retries + 1) + 5):
+            if cfg.language:
+                result = await client.audio.transcriptions.create(
+                    model=cfg.model, file=file, language=cfg.language
+                )
+            else:
+                result = await client.audio.transcriptions.create(model=cfg.model, file=file)
+    except (TimeoutError, openai.APITimeoutError):
+        raise TranscriptionFailed("the transcription service did not answer in time") from None
+    except openai.APIStatusError as exc:
+        log.warning("transcription of %s failed: HTTP %s", name, exc.status_code)
+        raise TranscriptionFailed(_status_reason(exc.status_code)) from None
+    except openai.APIConnectionError:
+        raise TranscriptionFailed("I could not reach the transcription service") from None
+    except openai.OpenAIError as exc:  # e.g. an answer that is not the JSON it should be
+        log.warning("transcription of %s failed: %s", name, type(exc).__name__)
+        raise TranscriptionFailed("the transcription service gave an answer I could not read") from None
+    finally:
+        await client.close()
+    text = getattr(result, "text", None)
+    if not isinstance(text, str):
+        raise TranscriptionFailed("the transcription service gave an answer I could not read")
+    return text.strip()
+
+
+def _status_reason(status: int) -> str:
+    if status == 413:
+        return "the recording is too large for the transcription service"
+    if status in (401, 403):
+        return "the transcription service refused my key (ask the admin)"
+    if status == 429:
+        return "the transcription service is busy; please try again in a minute"
+    if status >= 500:
+        return f"the transcription service failed (HTTP {status})"
+    return f"the transcription service could not use this recording (HTTP {status})"
+
+
+def _record_key(message_key: str, index: int) -> str:
+    return f"{message_key}#heard:{index}"
+
+
+async def heard(
+    store: Store, cfg: TranscriptionConfig, message_key: str, index: int, name: str, data: bytes,
+    mime: str | None, max_chars: int,
+) -> Heard:  # fmt: skip
+    """The transcript of the ``index``-th recording of message ``message_key``: the one the store
+    kept from an earlier attempt, else a fresh one (then kept, first writer wins). A transcript
+    longer than ``max_chars`` (the inbound text limit) is cut. Failures are not kept: a resumed
+    turn tries again."""
+    key = _record_key(message_key, index)
+    kept = await store.command_result(key)
+    if kept is not None:
+        return Heard(name, text=json.loads(kept)["text"])
+    try:
+        text = await transcribe(cfg, name, data, mime)
+    except TranscriptionFailed as exc:
+        return Heard(name, problem=str(exc))
+    if len(text) > max_chars:
+        text = text[: max_chars - 1] + "…"
+    value, _ = await store.command_result_put(key, json.dumps({"text": text}, ensure_ascii=False))
+    return Heard(name, text=json.loads(value)["text"])
