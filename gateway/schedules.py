@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
-from channels.base import Inbound
+from channels.base import Channel, ChannelState, Inbound
 
 from .access import STARTED_BY_BOT, is_admin
 from .config import Config
@@ -274,6 +274,16 @@ class ScheduleRunner:
         self._push_seen = 0
         if scheduler is not None:
             scheduler.on_change(self.poke)
+        for channel in gateway.channels.values():
+            channel.add_status_listener(self._on_channel_state)
+
+    def _on_channel_state(self, channel: Channel) -> None:
+        if channel.state is ChannelState.CONNECTED:
+            self.poke()  # what waited for this channel goes out now
+
+    def _live(self) -> list[str]:
+        """Channels connected now: firings and pushes wait for theirs (a reconnect wakes us)."""
+        return [name for name, ch in self.gateway.channels.items() if ch.state is ChannelState.CONNECTED]
 
     def poke(self) -> None:
         """Look at the schedules again now (one was added, or a test moved the clock)."""
@@ -290,7 +300,7 @@ class ScheduleRunner:
             self._wake.clear()
             try:
                 await self.fire_due()
-                due = await self.store.schedule_next_time(list(self.gateway.channels))
+                due = await self.store.schedule_next_time(self._live())
             except Exception as exc:  # the database may be busy or full: try again in a while
                 log.error("schedules: %s", exc, exc_info=True)
                 due = None
@@ -299,10 +309,10 @@ class ScheduleRunner:
                 await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
 
     async def fire_due(self) -> int:
-        """Fire every due schedule of the channels this daemon runs (the others wait for theirs
-        to be switched on), once each. Returns how many fired."""
+        """Fire every due schedule of the channels connected now (the others wait for theirs to
+        connect, or to be switched on), once each. Returns how many fired."""
         fired = 0
-        for schedule in await self.store.schedules_due(self.clock(), list(self.gateway.channels)):
+        for schedule in await self.store.schedules_due(self.clock(), self._live()):
             if not await self._fire(schedule):
                 break  # the gateway is closing
             fired += 1
@@ -365,10 +375,11 @@ class ScheduleRunner:
                 continue
             entry = JournalEntry(inbound.key, inbound.conversation, JournalKind.NOTICE, inbound,
                                  JournalState.PENDING, note=note, from_journal=True)  # fmt: skip
-            if self.gateway.pick_up(entry):
+            if inbound.platform not in self._live():
+                # Left pending: the gateway's resume sends it when the channel (re)connects.
+                log.info("push %s waits for channel %s", inbound.key, inbound.platform)
+            elif self.gateway.pick_up(entry):
                 started += 1
-            elif inbound.platform not in self.gateway.channels:
-                log.warning("push %s waits: channel %s is off in this daemon", inbound.key, inbound.platform)
         return started
 
 
