@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from .cli_common import load_config_arg
+from .cli_common import load_config_arg, sandbox_note
 from .config import Config
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ LOG_BYTES = 5 << 20
 CANCEL_WAIT = 5.0
 """Seconds a cancelled turn may take to wind down (the harness waits for its checkpoint write)."""
 PROMPT = "you> "
+log = logging.getLogger(__name__)
 HERE = ("new", "status", "memory", "forget", "help")
 """The gateway's chat commands that mean something here (/stop is Ctrl-C; the others need the daemon)."""
 
@@ -157,12 +158,6 @@ def model_endpoint(cfg: Config) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
-def sandbox_text(cfg: Config) -> str:
-    if not cfg.agent.tools:
-        return "none (agent.tools: false)"
-    return cfg.agent.sandbox.provider
-
-
 def help_text() -> str:
     """The gateway's command list, as it applies in a terminal."""
     from .commands import COMMANDS
@@ -216,7 +211,7 @@ class Chat:
             [
                 "chital chat — talking to the agent as the daemon would, on its database.",
                 f"  model:   {model}",
-                f"  sandbox: {sandbox_text(self.cfg)}",
+                f"  sandbox: {'' if sandbox_note(self.cfg)[0] else '⚠ '}{sandbox_note(self.cfg)[1]}",
                 f"  logs:    {logs}",
                 "/help lists the commands. Ctrl-C cancels an answer; Ctrl-D or /quit leaves.",
             ]
@@ -274,7 +269,7 @@ class Chat:
             lines = [
                 await thread_line(self.harness, self.thread_id),
                 f"Model: {self.harness.model_name} at {model_endpoint(self.cfg)}",
-                f"Sandbox: {sandbox_text(self.cfg)}",
+                f"Sandbox: {sandbox_note(self.cfg)[1]}",
                 f"Logs: {logs}",
             ]
             print("\n".join(lines))
@@ -302,7 +297,7 @@ class Chat:
             print("\n⏹ Cancelled. Ask the next question (Ctrl-C again or Ctrl-D leaves).", flush=True)
         elif turn.exception() is not None:
             exc = turn.exception()
-            logging.getLogger(__name__).error("the turn failed", exc_info=exc)
+            log.error("the turn failed", exc_info=exc)
             print(f"\n⚠ The turn failed ({type(exc).__name__}); the details are in the log.", flush=True)
 
     async def _settle(self) -> None:
@@ -373,25 +368,36 @@ def log_to_file(cfg: Config) -> Path | None:
 
 
 async def _chat(cfg: Config, log_path: Path | None) -> int:
-    from .app import open_harness
-    from .lifecycle import database_error
-    from .logs import secrets_of
-    from .store import Store
+    from channels.base import scrub
 
-    db = cfg.storage.path / "gateway.sqlite"
+    from .app import open_harness
+    from .lifecycle import database_error, one_line
+    from .logs import secrets_of
+    from .store import open_store
+
+    secrets = secrets_of(cfg)
     try:
-        store = await Store.open(db, cfg.storage.reserve_mb << 20)
+        store = await open_store(cfg.storage)  # the daemon's: SQLite under storage.path, or PostgreSQL
     except Exception as exc:
-        print(f"chital: {database_error(db, exc)}", file=sys.stderr)
+        if cfg.storage.database_url:
+            print(f"chital: cannot open the database: {scrub(one_line(exc), *secrets)}", file=sys.stderr)
+        else:
+            print(f"chital: {database_error(cfg.storage.path / 'gateway.sqlite', exc)}", file=sys.stderr)
         return 1
     loop = asyncio.get_running_loop()
     try:
         harness = await open_harness(cfg)
         try:
-            chat = Chat(cfg, store, harness, log_path, secrets_of(cfg))
+            chat = Chat(cfg, store, harness, log_path, secrets)
             # Held until everything is closed: a Ctrl-C while closing only asks to leave again.
             loop.add_signal_handler(signal.SIGINT, chat.interrupt)
             await chat.run()
+        except Exception as exc:  # our bug or a broken database: one line here, the traceback in the log
+            log.error("chital chat failed", exc_info=exc)
+            where = f"; the traceback is in {log_path}" if log_path else ""
+            what = scrub(one_line(exc), *secrets)
+            print(f"\nchital: chat failed: {what}{where}", file=sys.stderr)
+            return 1
         finally:
             await harness.close()
     finally:

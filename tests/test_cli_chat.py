@@ -276,3 +276,48 @@ def test_piped_input_answers_and_ends_at_eof(fake: FakeOpenAI, tmp_path: Path) -
     assert [last_user_text(r) for r in fake.requests if not last_user_text(r).startswith(EXTRACTION_MARKER)][
         -2:
     ] == ["one", "two"]
+
+
+async def test_chat_users_get_the_failure_without_the_url(tmp_path: Path) -> None:
+    """What reaches a chat platform (``TurnFailed.message``, the retry note) names no host; the
+    operator's ``detail`` does. Real langchain-openai against a closed port, then a 503."""
+    from contextlib import aclosing
+
+    from agent.config import AgentSettings, ModelSpec
+    from agent.events import StatusUpdate, TurnFailed
+    from agent.harness import Harness
+
+    port = free_port()
+    settings = AgentSettings(retry_backoff=0.01, model_retries=3, model_timeout=5)
+    spec = ModelSpec(model="fake-model", base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
+    harness = Harness(settings, spec, tmp_path / "cp.sqlite")
+    await harness.start()
+    try:
+        async with aclosing(harness.run("t1", user_id="u1", message_id="m1", text="hi")) as run:
+            events = [event async for event in run]
+    finally:
+        await harness.close()
+    notes = [e.text for e in events if isinstance(e, StatusUpdate)]
+    assert notes == ["The model service cannot be reached; retrying (1/1)…"]  # once, not 3 times
+    failed = events[-1]
+    assert isinstance(failed, TurnFailed) and failed.retryable
+    assert failed.message == "The model service cannot be reached right now. Please try again later."
+    assert f"connection refused: http://127.0.0.1:{port}/v1/chat/completions" in failed.detail
+    for text in [*notes, failed.message]:
+        assert "127.0.0.1" not in text and str(port) not in text
+
+    fake = FakeOpenAI()
+    fake.script(*[Reply(status=503)] * 4)
+    await fake.start()
+    harness = Harness(settings, ModelSpec(model="m", base_url=fake.base_url, api_key=KEY), tmp_path / "cp2")
+    await harness.start()
+    try:
+        async with aclosing(harness.run("t1", user_id="u1", message_id="m1", text="hi")) as run:
+            events = [event async for event in run]
+    finally:
+        await harness.close()
+        await fake.aclose()
+    notes = [e.text for e in events if isinstance(e, StatusUpdate)]
+    assert notes[0] == "The model service failed (HTTP 503); retrying (1/3)…" and len(notes) == 3
+    assert events[-1] == TurnFailed("The model service failed. Please try again later.", retryable=True)
+    assert isinstance(events[-1], TurnFailed) and "HTTP 503 from " + fake.base_url in events[-1].detail
