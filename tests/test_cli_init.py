@@ -208,3 +208,50 @@ def test_env_file_does_not_override_the_environment(tmp_path: Path, monkeypatch:
     finally:
         os.environ.pop("CHITAL_T_NEW", None)
     assert load_env_file(tmp_path / "missing") == []
+
+
+def test_at_a_terminal_secrets_are_not_echoed(tmp_path: Path, model: FakeOpenAI) -> None:
+    """A real pseudo-terminal: what is typed for the channel list shows, the key and the token do not."""
+    import pty
+    import select
+    import subprocess
+    import time
+
+    master, slave = pty.openpty()
+    env = clean_env() | {"PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "init", "--base-url", model.base_url, "--model", "fake-model"],
+        stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path, env=env, start_new_session=True,
+    )  # fmt: skip
+    os.close(slave)
+    seen = b""
+
+    def until(text: bytes, timeout: float = 30) -> None:
+        nonlocal seen
+        end = time.monotonic() + timeout
+        while text not in seen:
+            ready, _, _ = select.select([master], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                raise AssertionError(f"no {text!r} in {seen.decode(errors='replace')!r}")
+            try:
+                seen += os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                raise AssertionError(f"no {text!r} in {seen.decode(errors='replace')!r}") from None
+
+    try:
+        until(b"Channels")
+        os.write(master, b"telegram\n")
+        until(b"API key")
+        os.write(master, b"sk-typed-secret\n")
+        until(b"Telegram bot token")
+        os.write(master, TG_TOKEN.encode() + b"\n")
+        until(b"online now?")
+        os.write(master, b"n\n")
+        until(b"next:")
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        os.close(master)
+    assert b"telegram\r\n" in seen  # typed answers are echoed by the terminal...
+    assert b"sk-typed-secret" not in seen and TG_TOKEN.encode() not in seen  # ...secrets are not
+    assert "OPENAI_API_KEY='sk-typed-secret'" in (tmp_path / ".env").read_text()
