@@ -555,3 +555,89 @@ async def thread_shows_slack(slack: FakeSlack, thread_ts: str, needle: str, time
         lambda: any(needle in t for t in slack.thread(SLACK_CHANNEL, thread_ts).values()) or None,
         timeout=timeout,
     )
+
+
+# ---- end to end: `chital run` with discord.py (components, INTERACTION_CREATE) -------------------
+from tests.fakes.discord_server import FakeDiscord  # noqa: E402
+from tests.test_e2e_discord import FRIEND as DC_FRIEND  # noqa: E402
+
+DC_OTHER = "515151515151515151"
+
+
+@pytest.fixture
+async def dc() -> AsyncIterator[FakeDiscord]:
+    fake = FakeDiscord(heartbeat_interval=1.0)
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+def dc_daemon(tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI) -> DaemonProcess:
+    from tests.daemon import base_config, free_port
+
+    cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
+    cfg["channels"]["discord"] = {"enabled": True, "token": dc.token, "api_base_url": dc.api_base_url,
+                                  "gateway_url": dc.gateway_url}  # fmt: skip
+    cfg["access"] = {
+        "allow_users": [f"discord:{DC_FRIEND}", f"discord:{DC_OTHER}"],
+        "group_policy": "mention",
+    }
+    cfg["agent"]["approvals"] = {"tools": ["execute"], "timeout": 600}
+    return DaemonProcess(tmp_path, cfg)
+
+
+async def dc_answer(dc: FakeDiscord, iid: str) -> dict[str, Any]:
+    answer: dict[str, Any] = await dc.wait_for(lambda: dc.interaction_responses.get(iid), timeout=15)
+    return answer
+
+
+@pytest.mark.bwrap
+@needs_bwrap
+async def test_discord_component_approval_across_a_restart(
+    tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI
+) -> None:
+    model.script(
+        Reply(tool_calls=[ToolCall("execute", {"command": COMMAND})]),
+        Reply(text="Done: the command printed approved-run."),
+    )
+    daemon = dc_daemon(tmp_path, dc, model)
+    await daemon.start()
+    await dc.wait_connected()
+    try:
+        mid = await dc.inject_message(None, DC_FRIEND, "run the thing", mention_bot=True)
+        request = await dc.wait_for(
+            lambda: next((m for m in dc.bot_messages() if dc.buttons(m.id)), None), 20
+        )
+        assert dc.buttons(request.id) == ["✅ Approve", "❌ Deny"]
+        assert "execute" in request.content and f"```\n{COMMAND}\n```" in request.content
+        waiting = await dc.wait_for(
+            lambda: next((m for m in dc.bot_messages() if m.reply_to == mid), None), 10
+        )
+        assert "Waiting for approval" in waiting.content
+
+        stranger = await dc.press_button(request.id, DC_OTHER, "Approve")
+        refusal = await dc_answer(dc, stranger)
+        assert (
+            refusal["type"] == 4
+            and refusal["data"]["flags"] & 64
+            and "Not yours" in refusal["data"]["content"]
+        )
+
+        await daemon.close()  # a restart between the request and the press
+        await daemon.start()
+        await dc.wait_connected()
+        friend = await dc.press_button(request.id, DC_FRIEND, "Approve")
+        assert "Approved" in (await dc_answer(dc, friend))["data"]["content"]
+        await dc.wait_for(
+            lambda: "Done: the command printed approved-run." in dc.message(waiting.id)["content"], 30
+        )
+        assert dc.buttons(request.id) == [] and dc.message(request.id)["content"].endswith(
+            "✅ Approved by User4242"
+        )
+        tool_results = [m for m in model.requests[1]["messages"] if m.get("role") == "tool"]
+        assert "approved-run" in str(tool_results[-1]["content"])
+        stale = await dc.press_button(request.id, DC_FRIEND, "Deny")
+        assert "Already settled" in (await dc_answer(dc, stale))["data"]["content"]
+        assert len(model.requests) == 2
+    finally:
+        await daemon.close()

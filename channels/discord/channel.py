@@ -41,6 +41,7 @@ import yarl
 from channels.base import (
     UNREADABLE,
     Attachment,
+    Button,
     Capabilities,
     Channel,
     ChannelError,
@@ -59,7 +60,7 @@ from channels.base import (
 from channels.limits import check_size, header, retry_after
 
 from . import render
-from .inbound import context_item, recover_ids, to_inbound
+from .inbound import context_item, recover_ids, to_action, to_inbound
 from .render import MAX_LEN
 from .settings import DiscordSettings
 
@@ -79,6 +80,9 @@ _FATAL_CLOSE_CODES = {
     4014: "enable the Message Content intent for this bot in the Discord developer portal",
 }
 _USER_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
+
+
+_BUTTON_STYLES = {"primary": discord.ButtonStyle.success, "danger": discord.ButtonStyle.danger}
 
 
 def _nonce(idempotency_key: str) -> str:
@@ -107,6 +111,9 @@ class _Client(discord.Client):
     async def on_message(self, message: discord.Message) -> None:
         await self._adapter._on_message(message)
 
+    async def on_interaction(self, interaction: discord.Interaction[Any]) -> None:
+        await self._adapter._on_interaction(interaction)
+
 
 class DiscordChannel(Channel):
     """One bot account on Discord (guild channels, threads and DMs)."""
@@ -119,6 +126,7 @@ class DiscordChannel(Channel):
         send_burst=5,
         max_upload_bytes=10 * 1024 * 1024,  # the default upload limit of a non-boosted server
         dedupes_sends=True,  # enforce_nonce: a repeated nonce returns the earlier message
+        buttons=True,  # message components; presses arrive as INTERACTION_CREATE
     )
 
     def __init__(
@@ -262,6 +270,19 @@ class DiscordChannel(Channel):
             except Exception as exc:  # no redelivery on Discord: the journal is all there is
                 log.error("discord: sink failed for message %s: %s", inbound.key, type(exc).__name__)
 
+    async def _on_interaction(self, interaction: discord.Interaction[Any]) -> None:
+        """A press of one of our buttons: to the gateway, then the interaction answered with an
+        ephemeral reply only the presser sees (Discord wants an answer within 3 s, or the client
+        shows "interaction failed"; the gateway answers from one database write)."""
+        action = to_action(interaction)
+        if action is None:
+            return
+        answer = await self.hand_action(action)
+        try:
+            await interaction.response.send_message(answer.text or "OK", ephemeral=True)
+        except discord.HTTPException as exc:  # the press counted; only the note is lost
+            log.warning("discord: could not answer interaction %s: HTTP %s", interaction.id, exc.status)
+
     async def _report_unreadable(self, exc: Exception, ids: dict[str, Any]) -> None:
         """Skip one unreadable event; call with the sink lock held."""
         if self._sink is None:
@@ -303,6 +324,31 @@ class DiscordChannel(Channel):
         except Exception as exc:
             _raise_mapped(exc, "send")
         return str(msg.id)
+
+    async def send_buttons(
+        self, target: ReplyTarget, part: Rendered, buttons: Sequence[Button], *, idempotency_key: str
+    ) -> str:
+        """The message with one row of buttons (components). Presses arrive as interactions and
+        are read from their ``custom_id`` (our value), so they work after a restart too: the view
+        is only the components' builder, stopped before it is sent so discord.py keeps no state."""
+        channel = self._channel(target)
+        view = discord.ui.View(timeout=None)
+        for b in buttons:
+            style = _BUTTON_STYLES.get(b.style, discord.ButtonStyle.secondary)
+            view.add_item(discord.ui.Button(label=b.label[:80], custom_id=b.value[:100], style=style))
+        view.stop()
+        try:
+            msg = await channel.send(part.text, nonce=_nonce(idempotency_key), view=view)
+        except Exception as exc:
+            _raise_mapped(exc, "send")
+        return str(msg.id)
+
+    async def close_buttons(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        channel = self._channel(target)
+        try:
+            await channel.get_partial_message(int(message_id)).edit(content=part.text, view=None)
+        except Exception as exc:
+            _raise_mapped(exc, "edit")
 
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         channel = self._channel(target)

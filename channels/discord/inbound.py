@@ -14,7 +14,7 @@ from typing import Any
 
 import discord
 
-from channels.base import Attachment, ContextItem, Inbound, replied_extra
+from channels.base import Action, Attachment, ContextItem, Inbound, replied_extra
 
 PLATFORM = "discord"
 
@@ -58,6 +58,31 @@ def to_inbound(message: discord.Message, me: int) -> Inbound | None:
         received_at=message.created_at.timestamp(),
         extra=extra,
         unsupported=unsupported,
+    )
+
+
+def to_action(interaction: discord.Interaction[Any]) -> Action | None:
+    """The :class:`Action` of a component interaction (a press of one of our buttons), or None for
+    any other interaction. In a thread, ``chat_id`` is the parent channel, as for messages."""
+    if interaction.type is not discord.InteractionType.component or interaction.channel_id is None:
+        return None
+    data: dict[str, Any] = dict(interaction.data or {})
+    custom_id = data.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return None
+    channel, chat_id, thread_id = interaction.channel, str(interaction.channel_id), None
+    parent = getattr(channel, "parent_id", None)
+    if isinstance(channel, discord.Thread) and parent:
+        chat_id, thread_id = str(parent), str(interaction.channel_id)
+    user = interaction.user
+    return Action(
+        platform=PLATFORM,
+        chat_id=chat_id,
+        sender_id=str(user.id),
+        value=custom_id,
+        message_id=str(interaction.message.id) if interaction.message else "",
+        sender_name=user.display_name or user.name,
+        thread_id=thread_id,
     )
 
 

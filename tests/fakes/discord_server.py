@@ -71,6 +71,11 @@ class _Conn:
     stalled: bool = False
 
 
+def _buttons(components: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The buttons of a message's component rows."""
+    return [c for row in components for c in row.get("components", ()) if c.get("type") == 2]
+
+
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
@@ -126,6 +131,12 @@ class FakeDiscord:
         self.heartbeats = 0
         self.intents: int | None = None
         self.rest_calls: list[tuple[str, str]] = []
+        self.interactions: dict[str, dict[str, Any]] = {}
+        """Interactions dispatched (by id), for their tokens and the presser."""
+        self.interaction_responses: dict[str, dict[str, Any]] = {}
+        """The bot's answer to each interaction (POST .../callback payload), by interaction id."""
+        self._offered: dict[str, list[dict[str, Any]]] = {}
+        """Every button a message was ever sent or edited with (a stale client can still press)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -142,6 +153,7 @@ class FakeDiscord:
         r.add_patch(f"{api}/channels/{{cid}}/messages/{{mid}}", self._patch_message)
         r.add_post(f"{api}/channels/{{cid}}/typing", self._typing)
         r.add_put(f"{api}/channels/{{cid}}/messages/{{mid}}/reactions/{{emoji}}/@me", self._react)
+        r.add_post(f"{api}/interactions/{{iid}}/{{token}}/callback", self._interaction_callback)
         r.add_get("/attachments/{cid}/{aid}/{name}", self._cdn_get)
         r.add_get("/gateway/", self._gateway)
         r.add_get("/gateway", self._gateway)
@@ -248,7 +260,9 @@ class FakeDiscord:
         if not request.path.startswith("/api/"):
             return await handler(request)
         self.rest_calls.append((request.method, request.path))
-        if request.headers.get("Authorization") != f"Bot {self.token}":
+        # Interaction callbacks are authorized by the interaction's token in the path, no header.
+        interaction = request.path.startswith("/api/v10/interactions/")
+        if not interaction and request.headers.get("Authorization") != f"Bot {self.token}":
             return _error(401, 0, "401: Unauthorized")
         failure = self._take_failure(request)
         if failure is None:
@@ -689,7 +703,7 @@ class FakeDiscord:
         content = payload.get("content") or ""
         if len(content) > MAX_CONTENT:
             return self._too_long()
-        if not content and not files:
+        if not content and not files and not payload.get("components"):
             return _error(400, 50006, "Cannot send an empty message")
         nonce = payload.get("nonce")
         if nonce is not None and payload.get("enforce_nonce") and str(nonce) in self._nonces:
@@ -712,7 +726,9 @@ class FakeDiscord:
                     {"message_reference": {"_errors": [{"code": "REPLIES_UNKNOWN_MESSAGE"}]}},
                 )
         extra["attachments"] = [self._add_cdn(cid, n, b, t) for n, b, t in files]
+        extra["components"] = payload.get("components") or []
         data = self._message_data(cid, self.bot_id, content, **extra)
+        self._offered[data["id"]] = _buttons(data["components"])
         if nonce is not None:
             self._nonces[str(nonce)] = data["id"]
         self.posted.append(
@@ -778,8 +794,69 @@ class FakeDiscord:
             for m in self.posted:
                 if m.id == mid:
                     m.content, m.edits = content, m.edits + 1
+        if "components" in payload:  # absent: Discord keeps the message's components
+            data["components"] = payload["components"] or []
+            self._offered.setdefault(mid, []).extend(_buttons(data["components"]))
         self._notify()
         return _json(data)
+
+    # -- components and interactions ----------------------------------------------------------
+    def buttons(self, message_id: str) -> list[str]:
+        """Labels of the buttons a message shows now."""
+        return [b["label"] for b in _buttons(self._messages[message_id].get("components") or [])]
+
+    async def press_button(self, message_id: str, user_id: str, label: str) -> str:
+        """``user_id`` presses the button labelled ``label`` (or containing it) under a bot message:
+        an INTERACTION_CREATE dispatch (type 3, message component) as Discord sends it. Returns the
+        interaction id; the bot must answer on ``/interactions/{id}/{token}/callback``."""
+        message = self._messages[message_id]
+        button = next((b for b in self._offered.get(message_id, []) if label in b.get("label", "")), None)
+        if button is None:
+            raise AssertionError(f"no button {label!r} under message {message_id}")
+        cid, iid = message["channel_id"], self.new_id()
+        data: dict[str, Any] = {
+            "id": iid, "application_id": self.application_id, "type": 3, "token": f"tok-{iid}", "version": 1,
+            "data": {"custom_id": button["custom_id"], "component_type": 2},
+            "channel_id": cid, "message": message, "app_permissions": "0", "locale": "en-US",
+            "entitlements": [], "attachment_size_limit": 10 * 1024 * 1024,
+        }  # fmt: skip
+        if self._is_guild_channel(cid):
+            parent = self._threads.get(cid)
+            data["guild_id"], data["guild_locale"], data["context"] = self.guild_id, "en-US", 0
+            data["channel"] = {"id": cid, "type": 11 if parent else 0, "guild_id": self.guild_id,
+                               "name": "thread" if parent else "general", "parent_id": parent,
+                               "position": 0, "permission_overwrites": [], "nsfw": False}  # fmt: skip
+            data["member"] = {"user": self._user(user_id), "roles": [], "joined_at": _now_iso(), "deaf": False,
+                              "mute": False, "flags": 0, "permissions": "0"}  # fmt: skip
+            data["authorizing_integration_owners"] = {"0": self.guild_id}
+        else:
+            data["channel"] = {"id": cid, "type": 1, "recipients": [self._user(user_id)]}
+            data["user"], data["context"] = self._user(user_id), 1
+            data["authorizing_integration_owners"] = {"1": user_id}
+        self.interactions[iid] = data
+        await self._dispatch("INTERACTION_CREATE", data)
+        return iid
+
+    async def _interaction_callback(self, request: web.Request) -> web.Response:
+        """POST /interactions/{id}/{token}/callback (``with_response``): once per interaction."""
+        iid, token = request.match_info["iid"], request.match_info["token"]
+        sent = self.interactions.get(iid)
+        if sent is None or sent["token"] != token:
+            return _error(404, 10062, "Unknown interaction")
+        if iid in self.interaction_responses:
+            return _error(400, 40060, "Interaction has already been acknowledged.")
+        payload = await request.json()
+        self.interaction_responses[iid] = payload
+        self._notify()
+        answer = payload.get("data") or {}
+        flags = int(answer.get("flags") or 0)
+        message = self._message_data(sent["channel_id"], self.bot_id, answer.get("content") or "", flags=flags,
+                                     interaction_metadata={"id": iid, "type": 3})  # fmt: skip
+        return _json({
+            "interaction": {"id": iid, "type": 3, "response_message_id": message["id"],
+                            "response_message_loading": False, "response_message_ephemeral": bool(flags & 64)},
+            "resource": {"type": payload.get("type", 4), "message": message},
+        })  # fmt: skip
 
     async def _typing(self, request: web.Request) -> web.Response:
         cid = request.match_info["cid"]
