@@ -108,7 +108,14 @@ def render(body: dict[str, Any]) -> str:
         if info.get("reason"):
             line += f"  {info['reason']}"
         out.append(line.rstrip())
+    storage = body.get("storage") or {}
+    if storage.get("disk_full"):
+        out.append(
+            f"storage: the disk under {storage.get('path')} is FULL (the journal lives on its reserve)"
+        )
     q = body.get("queue") or {}
+    if q.get("error"):
+        out.append(f"queue: unknown, {q['error']}")
     out.append(
         f"queue: {q.get('pending', 0)} pending, {q.get('running', 0)} running, "
         f"{q.get('parked', 0)} parked for a delivery retry "

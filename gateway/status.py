@@ -218,32 +218,32 @@ class StatusServer:
 
 
 async def snapshot(daemon: Daemon, errors: RecentErrors) -> dict[str, Any]:
-    """The body of ``GET /status``: the same channel and agent reports as ``/readyz`` (one source
-    of truth), the queue, and the recent errors."""
+    """The body of ``GET /status``: ``/readyz``'s document (the same channel, agent and storage
+    reports: one source of truth), plus the queue, the recent errors and the process."""
     journal: dict[str, int] = {}
+    problem = None
     if daemon.store is not None:
         try:
             journal = await daemon.store.journal_counts()
-        except Exception as exc:  # a busy or full database must not hide the rest of the status
-            log.debug("status: journal counts failed: %s", exc)
+        except Exception as exc:  # a busy or failing database must not hide the rest of the status
+            problem = f"the journal could not be counted: {type(exc).__name__}: {exc}"
     registry = daemon.metrics.registry
     gateway = daemon.gateway
+    queue: dict[str, Any] = queue_depth(
+        journal,
+        len(gateway.parking) if gateway is not None else 0,
+        registry.get_sample_value("chital_turns_running") or 0.0,
+        registry.get_sample_value("chital_turns_queued") or 0.0,
+    )
+    if problem is not None:
+        queue["error"] = problem
     now = time.time()
     return {
-        "pid": os.getpid(),
-        "state": daemon.state,
+        **daemon.readiness(),
+        "pid": daemon.pid,
         "started": daemon.started,
         "uptime_s": round(now - daemon.started, 1) if daemon.started else None,
         "now": round(now, 3),
-        "ready": daemon.ready(),
-        "why": daemon.not_ready_reasons(),
-        "agent": daemon.agent_report(),
-        "channels": daemon.channel_report(),
-        "queue": queue_depth(
-            journal,
-            len(gateway.parking) if gateway is not None else 0,
-            registry.get_sample_value("chital_turns_running") or 0.0,
-            registry.get_sample_value("chital_turns_queued") or 0.0,
-        ),
+        "queue": queue,
         "errors": errors.entries(),
     }

@@ -15,7 +15,6 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -25,6 +24,8 @@ from .agent_api import AgentHarness
 from .db import SQLITE
 
 if TYPE_CHECKING:
+    from agent.runtime import AgentRuntime
+
     from .app import Daemon
 
 log = logging.getLogger("gateway.summary")
@@ -118,19 +119,25 @@ async def bwrap_problem(bwrap: str, run_as: tuple[int, int] | None) -> str | Non
     return first[:200]
 
 
-async def sandbox_line(harness: AgentHarness | None, configured: str) -> Line:
-    """Which provider the runtime created, and whether it really isolates the agent's commands."""
+def runtime_of(harness: AgentHarness | None) -> AgentRuntime | None:
+    """The agent runtime behind ``harness``; None for the stand-in of an unconfigured model (then
+    the agent stack, never imported, stays so)."""
     from .app import UnconfiguredHarness
 
     if harness is None or isinstance(harness, UnconfiguredHarness):
-        return logging.WARNING, "  sandbox   none: the agent is not set up"
+        return None
     from agent.runtime import AgentRuntime
 
-    if not isinstance(harness, AgentRuntime):
-        return logging.INFO, f"  sandbox   unknown ({type(harness).__name__} harness)"
-    if not harness.settings.tools:
+    return harness if isinstance(harness, AgentRuntime) else None
+
+
+async def sandbox_line(runtime: AgentRuntime | None, configured: str) -> Line:
+    """Which provider the runtime created, and whether it really isolates the agent's commands."""
+    if runtime is None:
+        return logging.WARNING, "  sandbox   none: the agent is not set up"
+    if not runtime.settings.tools:
         return logging.INFO, "  sandbox   none: agent.tools is off (the agent chats, runs no commands)"
-    provider = harness.provider
+    provider = runtime.provider
     if provider is None:
         return logging.WARNING, (
             f"  sandbox   NONE: the {configured} provider could not be set up (see the error above); "
@@ -186,19 +193,12 @@ def log_destinations(handlers: Sequence[logging.Handler]) -> str:
 
 async def summary(daemon: Daemon) -> list[Line]:
     cfg = daemon.config
-    harness = daemon.harness
-    sandbox_root: Path | str = "(none)"
-    from .app import UnconfiguredHarness
-
-    if harness is not None and not isinstance(harness, UnconfiguredHarness):
-        from agent.runtime import AgentRuntime
-
-        if isinstance(harness, AgentRuntime) and harness.settings.tools:
-            sandbox_root = harness.sandbox_root
+    runtime = runtime_of(daemon.harness)
+    sandbox_root = runtime.sandbox_root if runtime is not None and runtime.settings.tools else "(none)"
     lines: list[Line] = [(logging.INFO, f"chital is up (pid {daemon.pid}):")]
     lines += channel_lines(daemon.channel_report())
     lines.append(model_line(daemon))
-    lines.append(await sandbox_line(harness, cfg.agent.sandbox.provider))
+    lines.append(await sandbox_line(runtime, cfg.agent.sandbox.provider))
     store = daemon.store
     if store is None:
         database = "not open"
