@@ -509,3 +509,65 @@ async def test_e2e_titles_and_memory_are_counted_for_the_user(
             assert prompt > 0 and completion > 0
     finally:
         await d.close()
+
+
+# ---- the same commands through the real Slack and Discord adapters ---------------------------------
+async def test_model_and_skill_commands_through_slack_and_discord(tmp_path: Path) -> None:
+    import discord.gateway
+    import discord.http
+
+    from channels.discord import DiscordChannel
+    from channels.slack import SlackChannel
+    from gateway.core import Gateway
+    from gateway.metrics import Metrics
+    from tests.fakes.discord_server import FakeDiscord
+    from tests.fakes.fake_harness import FakeHarness
+    from tests.fakes.gateway_rig import running
+    from tests.fakes.slack_server import FakeSlack
+
+    alice, dm, bob = "U_ALICE", "D_ALICE", "900000000000000042"
+    cfg = config(tmp_path, access={"allow_users": [f"slack:{alice}", f"discord:{bob}"]})
+    store = await Store.open(tmp_path / "gateway.sqlite", reserve_bytes=0)
+    harness = FakeHarness()
+    gateway = Gateway(cfg, store, harness, Metrics())
+    endpoints = discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
+    try:
+        async with FakeSlack() as slack, FakeDiscord(heartbeat_interval=0.5) as fake_discord:
+            slack_channel = SlackChannel(slack.bot_token, slack.app_token, api_base_url=slack.api_base_url)
+            discord_channel = DiscordChannel(
+                fake_discord.token,
+                api_base_url=fake_discord.api_base_url,
+                gateway_url=fake_discord.gateway_url,
+            )
+            async with running(slack_channel, gateway), running(discord_channel, gateway):
+                # Slack's message box keeps a leading "/" for its own commands: a space first.
+                await slack.inject_dm(dm, alice, " /model other")
+                await slack.wait_for(
+                    lambda: [t for t in slack.texts(dm) if "now uses other" in t], timeout=10
+                )
+                await slack.inject_dm(dm, alice, "hello from slack")
+                await slack.wait_for(lambda: [t for t in slack.texts(dm) if "echo: hello" in t], timeout=10)
+                assert harness.calls[-1].options.model == "other"
+
+                await fake_discord.inject_dm(bob, "/pdf_report the findings")
+                await until(
+                    lambda: [
+                        m for m in fake_discord.bot_messages() if "echo: /pdf_report" in (m.content or "")
+                    ],
+                    timeout=10,
+                )
+                assert harness.calls[-1].options.skill == "pdf-report"
+                assert harness.calls[-1].options.model is None, "the Slack DM's choice stays there"
+                await fake_discord.inject_dm(bob, "/skills")
+                await until(
+                    lambda: [
+                        m
+                        for m in fake_discord.bot_messages()
+                        if "/pdf_report — Turn findings" in (m.content or "")
+                    ],
+                    timeout=10,
+                )
+    finally:
+        discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = endpoints
+        await gateway.close(0.5)
+        await store.close()
