@@ -17,7 +17,6 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
-    SecretStr,
     ValidationError,
     create_model,
     field_validator,
@@ -229,34 +228,6 @@ class TranscriptionConfig(_Strict):
         return bool(self.base_url or self.api_key)
 
 
-class TranscriptionConfig(_Strict):
-    """Voice notes and audio files, turned into text through an OpenAI-compatible
-    ``/audio/transcriptions`` endpoint (OpenAI, or a self-hosted Whisper server; docs/media.md).
-    On when ``base_url`` or ``api_key`` is set."""
-
-    base_url: str | None = None
-    """The API root, e.g. ``http://127.0.0.1:8000/v1`` for a local Whisper server. Unset with an
-    ``api_key``: OpenAI's."""
-    api_key: SecretStr | None = None
-    """Sent as the Bearer token; never logged. A local server without keys needs none."""
-    model: str = "whisper-1"
-    language: str | None = None
-    """ISO-639-1 hint (``en``, ``de``); unset: the service detects it."""
-    timeout: float = Field(120.0, gt=0, le=3600)
-    """Seconds one transcription may take before the user gets a note instead."""
-    retries: int = Field(1, ge=0, le=5)
-    """Retries of a failed call (timeouts, 5xx, 429), with the SDK's backoff."""
-    max_bytes: int = Field(25 * 1024 * 1024, ge=1024)
-    """Larger audio is not sent (OpenAI refuses over 25 MB); the user gets a note, the file is kept."""
-    show_transcript: bool = False
-    """Start the reply with "🎙 heard: …" (what was understood). Off: the user can still ask
-    "what did you hear?", since the transcript is part of the message the agent answers."""
-
-    @property
-    def configured(self) -> bool:
-        return bool(self.base_url or self.api_key)
-
-
 class HttpConfig(_Strict):
     enabled: bool = True
     """Serve ``/healthz``, ``/readyz`` and ``/metrics``."""
@@ -307,34 +278,6 @@ class SchedulesConfig(_Strict):
         return self
 
 
-class SchedulesConfig(_Strict):
-    """Work the agent schedules for later (docs/schedules.md): reminders, cron rules."""
-
-    enabled: bool = True
-    """Give the agent its schedule tools; off: none, and nothing scheduled fires."""
-    timezone: str = "UTC"
-    """IANA zone (``Europe/Berlin``) for cron rules and times that name none. Chat platforms do
-    not tell the bot a user's zone, so set your team's here; a user can still name another."""
-    max_per_conversation: int = Field(50, ge=1, le=10_000)
-    """Active schedules one conversation may hold."""
-    max_per_user: int = Field(50, ge=1, le=10_000)
-    """Active schedules one user may have created, over all conversations."""
-    min_interval: float = Field(60.0, ge=60)
-    """Seconds at least between two runs of a cron rule (a rule firing more often is refused)."""
-    max_text_chars: int = Field(2000, ge=1, le=32_000)
-    """Longest instruction a schedule may carry."""
-
-    @model_validator(mode="after")
-    def _zone_exists(self) -> SchedulesConfig:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        try:
-            ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"timezone: unknown IANA time zone {self.timezone!r}") from None
-        return self
-
-
 class Config(_Strict):
     models: list[ModelSpec] = Field(default_factory=lambda: [ModelSpec()])
     agent: AgentSettings = Field(default_factory=AgentSettings)
@@ -346,8 +289,6 @@ class Config(_Strict):
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     context: ContextConfig = Field(default_factory=ContextConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
-    transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
-    schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)
     transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
     schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)
     profiles: dict[str, Profile] = Field(default_factory=dict)

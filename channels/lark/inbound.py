@@ -245,9 +245,8 @@ def _post_text(data: dict[str, Any], message_id: str) -> tuple[str, list[Attachm
                 chunks.append(f"```{lang}\n{el.get('text', '')}\n```")
             elif tag == "img" and el.get("image_key"):
                 key = str(el["image_key"])
-                attachments.append(
-                    Attachment(attachment_id(message_id, "image", key), "image.png", "image/png", kind="image")
-                )
+                image_id = attachment_id(message_id, "image", key)
+                attachments.append(Attachment(image_id, "image.png", "image/png", kind="image"))
             elif tag == "media" and el.get("file_key"):
                 key = str(el["file_key"])
                 attachments.append(Attachment(attachment_id(message_id, "file", key), "video.mp4"))

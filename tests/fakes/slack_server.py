@@ -730,13 +730,13 @@ class FakeSlack:
             return {"ok": False, "error": "no_text"}
         post.text = text
         post.history.append(text)
+        if "blocks" in p:  # without blocks Slack keeps the message's blocks
+            post.blocks = _blocks(p.get("blocks"))
+            post.offered += _buttons(post.blocks)
         await self._echo(
             {
                 "type": "message",
                 "subtype": "message_changed",
-        if "blocks" in p:  # without blocks Slack keeps the message's blocks
-            post.blocks = _blocks(p.get("blocks"))
-            post.offered += _buttons(post.blocks)
                 "channel": channel,
                 "channel_type": _channel_type(channel),
                 "ts": self.next_ts(),
@@ -752,10 +752,6 @@ class FakeSlack:
         )
         return {"channel": channel, "ts": ts, "text": text}
 
-    async def _m_reactions_add(self, p: dict[str, Any]) -> dict[str, Any]:
-        key = (p.get("channel", ""), p.get("timestamp", ""))
-        if key not in self._messages:
-            return {"ok": False, "error": "message_not_found"}
     async def _m_chat_postEphemeral(self, p: dict[str, Any]) -> dict[str, Any]:
         if not p.get("channel") or not p.get("user"):
             return {
@@ -808,6 +804,10 @@ class FakeSlack:
         await self._deliver(envelope)
         return envelope
 
+    async def _m_reactions_add(self, p: dict[str, Any]) -> dict[str, Any]:
+        key = (p.get("channel", ""), p.get("timestamp", ""))
+        if key not in self._messages:
+            return {"ok": False, "error": "message_not_found"}
         names = self.reactions.setdefault(key, [])
         if p.get("name") in names:
             return {"ok": False, "error": "already_reacted"}

@@ -255,10 +255,6 @@ class FakeTelegram(BotApiMethods):
         msg.update(override or {})
         return self.push_update({"message": msg})
 
-    def push_update(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Queue an arbitrary update (``{"edited_message": ...}`` etc.); the update_id is assigned."""
-        update = {"update_id": next(self._update_ids), **body}
-        self._pending.append(update)
     def press_button(
         self, chat_id: int, message_id: int, user_id: int, text: str, *, first_name: str = "U"
     ) -> dict[str, Any]:
@@ -284,6 +280,10 @@ class FakeTelegram(BotApiMethods):
         ) or []
         return [b["text"] for row in rows for b in row]
 
+    def push_update(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Queue an arbitrary update (``{"edited_message": ...}`` etc.); the update_id is assigned."""
+        update = {"update_id": next(self._update_ids), **body}
+        self._pending.append(update)
         self._bump()
         return update
 
