@@ -56,7 +56,8 @@ def channel_lines(report: dict[str, dict[str, object]]) -> list[Line]:
         elif state == ChannelState.CONNECTED.value:
             lines.append((logging.INFO, f"  channel {name:<9} connected"))
         else:
-            level = logging.INFO if state == ChannelState.STARTING.value else logging.WARNING
+            trouble = (ChannelState.RECONNECTING.value, ChannelState.FAILED.value, ChannelState.STOPPED.value)
+            level = logging.WARNING if state in trouble else logging.INFO  # starting, a cluster's standby
             lines.append((level, f"  channel {name:<9} {state}" + (f": {reason}" if reason else "")))
     if all(info.get("state") == ChannelState.DISABLED.value for info in report.values()):
         lines.append((logging.WARNING, "  channels: none is on (only `chital chat` talks to the agent)"))

@@ -22,6 +22,7 @@ import pytest
 
 from gateway.logs import RedactingFilter
 from gateway.status import RecentErrors
+from gateway.summary import channel_lines, endpoint
 from tests.daemon import REPO, DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.telegram_server import FakeTelegram
@@ -232,3 +233,26 @@ def test_recent_errors_are_redacted_one_line_and_attributed() -> None:
     assert "\n" not in entries[1]["message"]
     assert len(entries[2]["message"]) <= 240 and entries[2]["level"] == "ERROR"
     assert errors.entries(1) == entries[-1:]
+
+
+def test_summary_lines_hide_url_credentials_and_warn_only_on_trouble() -> None:
+    assert endpoint("https://bob:s3cret@llm.example.com:8443/v1?api_key=sk-abc") == "llm.example.com:8443"
+    assert endpoint("http://10.0.0.5/v1") == "10.0.0.5"
+    assert endpoint(None) == "the provider's default endpoint"
+    lines = dict(
+        (text.split()[1], level)
+        for level, text in channel_lines(
+            {
+                "telegram": {"state": "connected"},
+                "slack": {"state": "reconnecting", "reason": "ConnectionError: refused"},
+                "discord": {"state": "standby", "reason": "another daemon is the leader"},
+                "lark": {"state": "disabled", "reason": "disabled in config"},
+            }
+        )
+    )
+    assert lines == {
+        "telegram": logging.INFO,
+        "slack": logging.WARNING,
+        "discord": logging.INFO,
+        "lark": logging.INFO,
+    }
