@@ -26,7 +26,6 @@ from aiohttp import web
 
 from agent.events import AgentEvent, OutputFile, TurnFailed
 from agent.turn import PLAIN, TurnOptions
-from agent.usage import UsageSink
 from channels.base import Channel, ChannelState
 
 from .agent_api import AgentHarness, MemoryAccess
@@ -46,6 +45,7 @@ from .usage import UsageRecorder
 
 if TYPE_CHECKING:
     from agent.tools.schedule import Scheduler
+    from agent.usage import UsageSink
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import aiosqlite
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent.usage import TokenUsage
-
 if TYPE_CHECKING:
+    from agent.usage import TokenUsage  # langchain-core: not imported before the daemon needs it
+
     from .config import Config
     from .metrics import Metrics
     from .store import Store
