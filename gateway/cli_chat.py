@@ -174,6 +174,8 @@ def help_text() -> str:
 
 # -- the REPL ---------------------------------------------------------------------------------------
 class Chat:
+    """The loop: a line is a command or a question; a question's turn runs as a task Ctrl-C cancels."""
+
     def __init__(
         self, cfg: Config, store: Store, harness: AgentHarness, log_path: Path | None, secrets: list[str]
     ) -> None:
@@ -207,11 +209,12 @@ class Chat:
         else:
             model = f"{self.harness.model_name} at {model_endpoint(self.cfg)}"
         logs = str(self.log_path) if self.log_path else "stderr (the data directory is not writable)"
+        sandbox_fine, sandbox = sandbox_note(self.cfg)
         return "\n".join(
             [
                 "chital chat — talking to the agent as the daemon would, on its database.",
                 f"  model:   {model}",
-                f"  sandbox: {'' if sandbox_note(self.cfg)[0] else '⚠ '}{sandbox_note(self.cfg)[1]}",
+                f"  sandbox: {'' if sandbox_fine else '⚠ '}{sandbox}",
                 f"  logs:    {logs}",
                 "/help lists the commands. Ctrl-C cancels an answer; Ctrl-D or /quit leaves.",
             ]
@@ -235,8 +238,7 @@ class Chat:
                     return
         finally:
             self.lines.stop()
-            # Kept until here, so a Ctrl-C while the turn winds down does not raise at random.
-            await self._settle()
+            await self._settle()  # a turn left by a second Ctrl-C gets CANCEL_WAIT s to wind down
 
     async def step(self, text: str) -> bool:
         """Handle one line; False to leave."""
