@@ -212,7 +212,8 @@ class Approvals:
             log.info("approval %s: %s may not answer it", row.code, action.user)
             return ActionAnswer(f"⛔ Not yours to answer: only {who} can.", refused=True)
         approve = parts[1] == "approve"
-        by = action.sender_name or action.sender_id
+        mine = action.user == row.requester
+        by = action.sender_name or (row.requester_name if mine else "") or action.sender_id
         if not await self.decide(row, APPROVED if approve else DENIED, by):
             fresh = await self.store.approval_get(row.id)
             return ActionAnswer(f"Already settled: {self._settled_note(fresh or row)}.", refused=True)

@@ -641,3 +641,72 @@ async def test_discord_component_approval_across_a_restart(
         assert len(model.requests) == 2
     finally:
         await daemon.close()
+
+
+# ---- end to end: `chital run` with lark-oapi (card.action.trigger over the long connection) --------
+from collections.abc import Iterator  # noqa: E402
+
+from tests.fakes.lark_server import FakeLark  # noqa: E402
+
+LARK_FRIEND, LARK_OTHER, LARK_GROUP = "ou_friend", "ou_other", "oc_group"
+
+
+@pytest.fixture
+def lark() -> Iterator[FakeLark]:
+    fake = FakeLark(ping_interval=1)
+    fake.start()
+    yield fake
+    fake.stop()
+
+
+@pytest.mark.bwrap
+@needs_bwrap
+async def test_lark_card_buttons_deny(tmp_path: Path, lark: FakeLark, model: FakeOpenAI) -> None:
+    from tests.daemon import base_config, free_port
+
+    model.script(
+        Reply(tool_calls=[ToolCall("execute", {"command": COMMAND})]),
+        Reply(text="Understood, I did not run it."),
+    )
+    cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
+    cfg["channels"]["lark"] = {"enabled": True, "app_id": lark.app_id, "app_secret": lark.app_secret,
+                               "domain": lark.base_url, "liveness_timeout": 6}  # fmt: skip
+    cfg["access"] = {"allow_users": [f"lark:{LARK_FRIEND}", f"lark:{LARK_OTHER}"], "group_policy": "mention"}
+    cfg["agent"]["approvals"] = {"tools": ["execute"], "timeout": 600}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    try:
+        asked = lark.inject_message(
+            LARK_GROUP, LARK_FRIEND, "run the thing", chat_type="group", mention_bot=True
+        )
+        request = await lark.wait_for_async(
+            lambda f: next((m for m in f.bot_messages(LARK_GROUP) if m.buttons()), None), timeout=20
+        )
+        assert [b["text"]["content"] for b in request.buttons()] == ["✅ Approve", "❌ Deny"]
+        assert "execute" in request.text and COMMAND in request.text
+
+        stranger = lark.press_button(request.message_id, LARK_OTHER, "Approve")
+        toast = await lark.wait_for_async(lambda f: f.ack_data(stranger), timeout=10)
+        assert toast["toast"]["type"] == "error" and "Not yours" in toast["toast"]["content"]
+
+        press = lark.press_button(request.message_id, LARK_FRIEND, "Deny")
+        toast = await lark.wait_for_async(lambda f: f.ack_data(press), timeout=10)
+        assert toast["toast"]["type"] == "success" and "Denied" in toast["toast"]["content"]
+        await lark.wait_for_async(
+            lambda f: (
+                any(
+                    "Understood, I did not run it." in m.text
+                    for m in f.bot_messages()
+                    if m.parent_id == asked.message_id
+                )
+                or None
+            ),
+            timeout=30,
+        )
+        card = lark.messages[request.message_id]
+        assert card.buttons() == [] and card.text.endswith("❌ Denied by ou_friend")
+        tool_results = [m for m in model.requests[1]["messages"] if m.get("role") == "tool"]
+        assert "denied by" in str(tool_results[-1]["content"])
+        assert not any(daemon.sandbox_root.rglob("flag.txt"))
+    finally:
+        await daemon.close()

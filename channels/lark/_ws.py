@@ -40,6 +40,10 @@ from typing import Any
 
 from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 from lark_oapi.core.enum import LogLevel
+from lark_oapi.event.callback.model.p2_card_action_trigger import (
+    P2CardActionTrigger,
+    P2CardActionTriggerResponse,
+)
 from lark_oapi.event.dispatcher_handler import EventDispatcherHandler
 from lark_oapi.ws import client as sdk_ws
 
@@ -110,6 +114,7 @@ class _WatchedClient(sdk_ws.Client):
 
 
 MESSAGE_EVENT = "im.message.receive_v1"
+CARD_ACTION_EVENT = "card.action.trigger"
 
 
 class _Redeliver(Exception):
@@ -137,7 +142,7 @@ class _GuardedDispatcher:
         except Exception as exc:
             self._on_unreadable(payload, exc)
             return None
-        if event_type != MESSAGE_EVENT:
+        if event_type not in (MESSAGE_EVENT, CARD_ACTION_EVENT):
             return None  # not ours: acked, or the platform would redeliver it forever
         try:
             return self._inner._do_without_validation(payload)
@@ -159,16 +164,21 @@ class WsRunner:
         on_message: Callable[[WsRunner, P2ImMessageReceiveV1], None],
         *,
         on_unreadable: Callable[[WsRunner, bytes, Exception], None] | None = None,
+        on_card_action: Callable[[WsRunner, P2CardActionTrigger], P2CardActionTriggerResponse | None]
+        | None = None,
         ping_every: float,
         notify: Callable[[str], None],
     ) -> None:
         self._app_id, self._app_secret, self._domain = app_id, app_secret, domain
         self._on_message = on_message
         self._on_unreadable = on_unreadable
-        self._dispatcher = _GuardedDispatcher(
-            EventDispatcherHandler.builder("", "").register_p2_im_message_receive_v1(self._guard).build(),
-            self._unreadable,
-        )
+        self._on_card_action = on_card_action
+        builder = EventDispatcherHandler.builder("", "").register_p2_im_message_receive_v1(self._guard)
+        # Card button presses (card.action.trigger) arrive over the same connection as event
+        # frames; what the handler returns is the callback's answer (a toast), carried back in
+        # the ack frame. (Frames of type "card", the old callback, the SDK drops unanswered.)
+        builder = builder.register_p2_card_action_trigger(self._guard_card)
+        self._dispatcher = _GuardedDispatcher(builder.build(), self._unreadable)
         self._ping_every = ping_every
         self._notify = notify  # "frame" | "reconnecting" | "died" | "exit"
         self.stopping = threading.Event()
@@ -286,6 +296,16 @@ class WsRunner:
             raise _Redeliver() from RuntimeError("this Lark client is stopping")
         try:
             self._on_message(self, data)
+        except Exception as exc:
+            raise _Redeliver() from exc
+
+    def _guard_card(self, data: P2CardActionTrigger) -> P2CardActionTriggerResponse | None:
+        if self.stopping.is_set():
+            raise _Redeliver() from RuntimeError("this Lark client is stopping")
+        if self._on_card_action is None:
+            return None
+        try:
+            return self._on_card_action(self, data)
         except Exception as exc:
             raise _Redeliver() from exc
 

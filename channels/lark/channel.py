@@ -39,9 +39,15 @@ from lark_oapi.core.enum import AccessTokenType, HttpMethod, LogLevel
 from lark_oapi.core.exception import ObtainAccessTokenException
 from lark_oapi.core.json import JSON
 from lark_oapi.core.model import BaseRequest
+from lark_oapi.event.callback.model.p2_card_action_trigger import (
+    P2CardActionTrigger,
+    P2CardActionTriggerResponse,
+)
 
 from channels.base import (
+    ActionAnswer,
     Attachment,
+    Button,
     Capabilities,
     Channel,
     ChannelError,
@@ -60,7 +66,7 @@ from channels.limits import check_size, header, retry_after
 
 from . import render
 from ._ws import WsRunner
-from .inbound import context_item, parse_attachment_id, recover_ids, to_inbound
+from .inbound import BUTTON_VALUE_KEY, context_item, parse_attachment_id, recover_ids, to_action, to_inbound
 from .settings import LarkSettings
 
 log = logging.getLogger(__name__)
@@ -69,6 +75,8 @@ log = logging.getLogger(__name__)
 logging.getLogger("Lark").handlers.clear()
 R = TypeVar("R")
 DEFAULTS = LarkSettings()
+CARD_ANSWER_WITHIN = 2.5
+"""Seconds a card press waits for the gateway before its toast is sent (Lark allows 3)."""
 
 DOMAINS = {"feishu": lark.FEISHU_DOMAIN, "lark": lark.LARK_DOMAIN}
 # Token endpoint answers for a wrong app id / secret: nothing but a human can fix those.
@@ -117,6 +125,7 @@ class LarkChannel(Channel):
         send_burst=3,
         max_upload_bytes=30 * 1024 * 1024,
         dedupes_sends=True,  # the uuid of a create/reply is deduplicated for about an hour
+        buttons=True,  # card buttons; presses arrive as card.action.trigger on the long connection
     )
 
     def __init__(
@@ -163,6 +172,7 @@ class LarkChannel(Channel):
             self.domain,
             self._on_receive,
             on_unreadable=self._on_unreadable,
+            on_card_action=self._on_card_action,
             ping_every=max(0.5, self.liveness_timeout / 3),
             notify=lambda kind: self._from_sdk_thread(runner, kind),
         )
@@ -263,6 +273,25 @@ class LarkChannel(Channel):
         sink = self._live_sink(runner)
         self._block_on(runner, self.skip_unreadable(sink, exc, **recover_ids(payload, self.bot_open_id)))
 
+    def _on_card_action(
+        self, runner: WsRunner, data: P2CardActionTrigger
+    ) -> P2CardActionTriggerResponse | None:
+        """A press of one of our card buttons (SDK thread): to the gateway on the daemon's loop,
+        and its answer back as the callback's toast. Lark wants the answer within 3 s; if the
+        gateway takes longer the press still counts and the toast only says so."""
+        action = to_action(data)
+        if action is None:
+            return None
+        self._live_sink(runner)  # raises while stopping: answered 500, pressed again later
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self.hand_action(action), self._loop)
+        try:
+            answer = future.result(timeout=CARD_ANSWER_WITHIN)
+        except concurrent.futures.TimeoutError:
+            answer = ActionAnswer("Received; the card shows the decision in a moment.")
+        kind = "error" if answer.refused else "success"
+        return P2CardActionTriggerResponse({"toast": {"type": kind, "content": answer.text or "OK"}})
+
     def _live_sink(self, runner: WsRunner) -> InboundSink:
         if self._loop is None or self._sink is None or runner is not self._runner or runner.stopping.is_set():
             raise LarkConnectionError("this Lark client is stopping")
@@ -306,6 +335,25 @@ class LarkChannel(Channel):
             return await self._create(target.chat_id, msg_type, content, uuid)
         except _LarkApiError as e:
             raise e.mapped() from None
+
+    async def send_buttons(
+        self, target: ReplyTarget, part: Rendered, buttons: Sequence[Button], *, idempotency_key: str
+    ) -> str:
+        """A card with the text and one row of callback buttons (JSON 2.0 ``behaviors``); the
+        decision replaces the whole card (a PATCH without the buttons: the default close)."""
+        card = render.card(part.text)
+        columns = [
+            {"tag": "column", "width": "auto", "elements": [{
+                "tag": "button", "text": {"tag": "plain_text", "content": b.label},
+                "type": {"primary": "primary", "danger": "danger"}.get(b.style, "default"),
+                "behaviors": [{"type": "callback", "value": {BUTTON_VALUE_KEY: b.value}}],
+            }]}
+            for b in buttons
+        ]  # fmt: skip
+        card["body"]["elements"].append({"tag": "column_set", "columns": columns})
+        content = json.dumps(card, ensure_ascii=False)
+        payload = Rendered(text=part.text, payload={"msg_type": "interactive", "content": content})
+        return await self.send(target, payload, idempotency_key=idempotency_key)
 
     async def _reply(self, target: ReplyTarget, msg_type: str, content: str, uuid: str | None) -> str:
         body = ReplyMessageRequestBody.builder().content(content).msg_type(msg_type)

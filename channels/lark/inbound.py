@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
+from lark_oapi.event.callback.model.p2_card_action_trigger import P2CardActionTrigger
 
-from channels.base import Attachment, ContextItem, Inbound
+from channels.base import Action, Attachment, ContextItem, Inbound
 
 PLATFORM = "lark"
 
@@ -39,6 +40,30 @@ def attachment_id(message_id: str, kind: str, key: str) -> str:
 def parse_attachment_id(file_id: str) -> tuple[str, str, str]:
     message_id, kind, key = file_id.split("|", 2)
     return message_id, kind, key
+
+
+BUTTON_VALUE_KEY = "chital"
+"""Key of a card button's callback value that carries our :class:`~channels.base.Button` value."""
+
+
+def to_action(data: P2CardActionTrigger) -> Action | None:
+    """The :class:`Action` of a ``card.action.trigger`` callback (a press of one of our card
+    buttons), or None when it is not ours or lacks the presser, message or chat."""
+    event = data.event
+    if event is None or event.action is None or event.operator is None or event.context is None:
+        return None
+    value = (event.action.value or {}).get(BUTTON_VALUE_KEY)
+    open_id, chat_id = event.operator.open_id, event.context.open_chat_id
+    message_id = event.context.open_message_id
+    if not all(isinstance(v, str) and v for v in (value, open_id, chat_id, message_id)):
+        return None
+    return Action(
+        platform=PLATFORM,
+        chat_id=str(chat_id),
+        sender_id=str(open_id),
+        value=str(value),
+        message_id=str(message_id),
+    )
 
 
 def to_inbound(data: P2ImMessageReceiveV1, bot_open_id: str | None) -> Inbound | None:
@@ -245,8 +270,11 @@ def _post_text(data: dict[str, Any], message_id: str) -> tuple[str, list[Attachm
                 chunks.append(f"```{lang}\n{el.get('text', '')}\n```")
             elif tag == "img" and el.get("image_key"):
                 key = str(el["image_key"])
-                image_id = attachment_id(message_id, "image", key)
-                attachments.append(Attachment(image_id, "image.png", "image/png", kind="image"))
+                attachments.append(
+                    Attachment(
+                        attachment_id(message_id, "image", key), "image.png", "image/png", kind="image"
+                    )
+                )
             elif tag == "media" and el.get("file_key"):
                 key = str(el["file_key"])
                 attachments.append(Attachment(attachment_id(message_id, "file", key), "video.mp4"))

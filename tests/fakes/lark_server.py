@@ -18,6 +18,7 @@ end-to-end test whose daemon is a subprocess can use the fake too.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import itertools
@@ -58,6 +59,27 @@ class FakeMessage:
     def edits(self) -> int:
         return len(self.history)
 
+    def buttons(self) -> list[dict[str, Any]]:
+        """The buttons of a card as it shows now (anywhere in its elements, columns included)."""
+        try:
+            data = json.loads(self.content)
+        except ValueError:
+            return []
+        found: list[dict[str, Any]] = []
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                if node.get("tag") == "button":
+                    found.append(node)
+                for value in node.values():
+                    walk(value)
+            elif isinstance(node, list):
+                for item in node:
+                    walk(item)
+
+        walk(data.get("body") if self.msg_type == "interactive" else None)
+        return found
+
     @property
     def text(self) -> str:
         """What the user reads: a card's markdown elements joined, a text's text, a file's name."""
@@ -89,6 +111,8 @@ class Ack:
     event_id: str  # the frame's message_id header (one per event delivery)
     code: int
     at: float
+    data: Any = None
+    """The handler's answer carried in the ack (base64 JSON decoded): a card callback's toast."""
 
 
 @dataclass
@@ -416,6 +440,37 @@ class FakeLark:
         self._call(lambda: self._deliver(event_id))
         return Injected(event_id, message_id)
 
+    def press_button(self, message_id: str, open_id: str, label: str) -> Injected:
+        """``open_id`` presses the card button labelled ``label`` (or containing it): a
+        ``card.action.trigger`` callback over the long connection (an event frame), carrying the
+        button's callback value; the bot's toast comes back in the ack (:meth:`ack_data`)."""
+        msg = self.messages[message_id]
+        button = next((b for b in msg.buttons() if label in b["text"]["content"]), None)
+        if button is None:
+            raise AssertionError(f"no button {label!r} on {message_id}")
+        value = next(b["value"] for b in button.get("behaviors", []) if b.get("type") == "callback")
+        event_id = f"ev_{next(self._ids):08d}"
+        body = {
+            "schema": "2.0",
+            "header": {"event_id": event_id, "token": "", "create_time": str(int(time.time() * 1e6)),
+                       "event_type": "card.action.trigger", "tenant_key": "tenant_fake", "app_id": self.app_id},
+            "event": {
+                "operator": {"tenant_key": "tenant_fake", "user_id": None, "open_id": open_id,
+                             "union_id": "on_" + open_id},
+                "token": f"c-{event_id}",
+                "action": {"value": value, "tag": "button"},
+                "host": "im_message",
+                "context": {"open_message_id": message_id, "open_chat_id": msg.chat_id},
+            },
+        }  # fmt: skip
+        return self.inject_payload(json.dumps(body).encode(), event_id=event_id, message_id=message_id)
+
+    def ack_data(self, event: Injected | str) -> Any:
+        """What the bot answered in its ack of ``event`` (the last delivery's), or None."""
+        event_id = event.event_id if isinstance(event, Injected) else event
+        with self._cond:
+            return next((a.data for a in reversed(self.acks) if a.event_id == event_id), None)
+
     def redeliver(self, event: Injected | str) -> None:
         """The platform delivers the same event (same event and message id) once more."""
         event_id = event.event_id if isinstance(event, Injected) else event
@@ -568,9 +623,12 @@ class FakeLark:
                     h.key, h.value = "type", "pong"
                     await ws.send_bytes(pong.SerializeToString())
                 elif frame.method == 1:
-                    code = json.loads(frame.payload or b"{}").get("code", 0)
+                    answer = json.loads(frame.payload or b"{}")
+                    data = json.loads(base64.b64decode(answer["data"])) if answer.get("data") else None
                     with self._cond:
-                        self.acks.append(Ack(headers.get("message_id", ""), int(code), time.time()))
+                        self.acks.append(
+                            Ack(headers.get("message_id", ""), int(answer.get("code", 0)), time.time(), data)
+                        )
                 self._changed()
         finally:
             with self._cond:
