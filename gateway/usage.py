@@ -172,7 +172,8 @@ class ModelUsageTables:
 
 # -- recording ---------------------------------------------------------------------------------------
 class UsageRecorder:
-    """The gateway's :class:`agent.usage.UsageSink`: counters now, the row in the background."""
+    """The gateway's :class:`agent.usage.UsageSink`: counters now, the row in the background.
+    Made on the daemon's event loop."""
 
     def __init__(self, store: Store, metrics: Metrics, config: UsageConfig) -> None:
         self.store = store
@@ -181,14 +182,23 @@ class UsageRecorder:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._pruned = 0.0
+        self._loop = asyncio.get_running_loop()
 
     def record(self, usage: TokenUsage) -> None:
         tokens = self.metrics.tokens
         tokens.labels(usage.model, "prompt").inc(usage.prompt_tokens)
         tokens.labels(usage.model, "completion").inc(usage.completion_tokens)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a model called from a worker thread: write from the daemon's loop
+            self._loop.call_soon_threadsafe(self._spawn, usage)
+        else:
+            self._spawn(usage)
+
+    def _spawn(self, usage: TokenUsage) -> None:
         if self._closed:
             return
-        task = asyncio.get_running_loop().create_task(self._write(usage), name="usage")
+        task = self._loop.create_task(self._write(usage), name="usage")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

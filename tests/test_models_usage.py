@@ -406,6 +406,17 @@ async def test_usage_command_and_daily_budget(tmp_path: Path) -> None:
         assert "Top users" not in group and "(Everyone's usage: send me /usage in a direct message.)" in group
 
 
+async def test_usage_from_a_worker_thread_is_recorded(tmp_path: Path) -> None:
+    async with fake_rig(tmp_path, config(tmp_path)) as rig:
+        recorder = UsageRecorder(rig.store, rig.metrics, rig.gateway.config.usage)
+        usage = TokenUsage("other", "subagent", f"telegram:{USER}", "", "", 30, 12)
+        # A sync model call inside a tool: the write is handed to the loop before the thread ends.
+        await asyncio.to_thread(recorder.record, usage)
+        await recorder.close()
+        (mine,) = await ask(rig, USER, "/usage")
+        assert "other: 42 · 42 · 42" in mine
+
+
 # ---- end to end: the daemon, Telegram and the fake model ---------------------------------------------
 @pytest.fixture
 async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
