@@ -116,8 +116,8 @@ async def usage_command(gw: Gateway, inbound: Inbound) -> str:
         lines.append("You have used no tokens in the last 30 days.")
     budget = budget_of(config, inbound.user, admin)
     if budget:
-        used = mine_today = sum(r.today for r in mine)
-        left = max(0, budget - mine_today)
+        used = sum(r.today for r in mine)
+        left = max(0, budget - used)
         lines.append(
             f"Daily budget: {used:,} of {budget:,} tokens used today, {left:,} left "
             f"(renews at midnight, {config.usage.timezone})."
