@@ -22,7 +22,7 @@ import pytest
 
 from agent.events import AgentEvent, Final
 from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
-from channels.base import ChannelError
+from channels.base import ChannelError, ChannelState
 from gateway.cli_send import Refused, parse_target, push_inbound
 from gateway.config import Config
 from gateway.schedules import (
@@ -342,6 +342,25 @@ async def test_a_push_is_delivered_once_also_after_the_channel_failed(sched: Sch
     assert rig.channel.in_chat(str(OTHER)) == ["Deploy 1 finished ✅"]
     (msg,) = [m for m in rig.channel.sent if m.target.chat_id == str(OTHER)]
     assert msg.target.reply_to is None
+
+
+async def test_firings_and_pushes_wait_while_the_channel_is_down(sched: Scheduled) -> None:
+    rig = sched.rig
+    await sched.ask(USER, {"text": "while down", "delay": "10m"})
+    rig.channel.force_state(ChannelState.RECONNECTING, "network")
+    push = push_inbound("telegram", str(USER), None, "while-down")
+    await rig.store.journal_add(push, JournalKind.NOTICE, "pushed while down")
+    sched.clock.now += 601
+    assert await sched.fire() == 0 and await sched.runner.pick_up_pushes() == 0
+    await quiet(0.2)
+    assert chat_posts(rig, USER) == [], "nothing is sent into a channel that is not connected"
+    assert await rig.store.journal_state(push.key) == "pending"
+    rig.channel.force_state(ChannelState.CONNECTED)  # the gateway resumes the push
+    assert await sched.fire() == 1
+    await until(lambda: len(chat_posts(rig, USER)) == 2, what="both after the reconnect")
+    await settled(rig.store)
+    posts = chat_posts(rig, USER)
+    assert "pushed while down" in posts and any(p.endswith("\nwhile down") for p in posts)
 
 
 def test_send_targets_are_checked_per_platform() -> None:
