@@ -102,12 +102,12 @@ def render(body: dict[str, Any]) -> str:
     for name, info in sorted(channels.items()):
         state = str(info.get("state", "?"))
         word = STATE_WORDS.get(state, state)
-        line = f"  {name:<9} {word:<13}"
+        extras = []
         if state != "disabled" and info.get("since") is not None:
-            line += f" since {_clock(info.get('since'))} ({_ago(info.get('for_s'))} ago)"
+            extras.append(f"since {_clock(info.get('since'))} ({_ago(info.get('for_s'))} ago)")
         if info.get("reason"):
-            line += f"  {info['reason']}"
-        out.append(line.rstrip())
+            extras.append(str(info["reason"]))
+        out.append(f"  {name:<9} {word:<14}{'  '.join(extras)}".rstrip())
     storage = body.get("storage") or {}
     if storage.get("disk_full"):
         out.append(
