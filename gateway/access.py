@@ -26,6 +26,9 @@ DM is a chat of its own id, known once the user has written to the bot (or set i
 STARTED_BY_BOT = "chital_started"
 """Marks, in an :class:`Inbound`'s ``extra``, a message the bot starts itself (an announcement to an
 admin, a word to a stranger about their request): its reply replies to nothing."""
+THREAD_ANCHOR = "chital_anchor"
+"""With :data:`STARTED_BY_BOT`: a message to reply to all the same, on a platform that reaches a
+thread only by replying into it (a schedule made in a Lark thread, gateway/schedules.py)."""
 PLATFORMS = frozenset(ChannelsConfig.model_fields)
 
 

@@ -30,7 +30,7 @@ from cronsim import CronSim, CronSimError
 from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
 from channels.base import Channel, ChannelState, Inbound
 
-from .access import STARTED_BY_BOT, is_admin
+from .access import STARTED_BY_BOT, THREAD_ANCHOR, is_admin
 from .config import Config
 from .store import JournalEntry, JournalKind, JournalState, Store
 from .store_schedules import ACTIVE, PUSH_MARK, SCHEDULE_MARK, Schedule
@@ -51,6 +51,9 @@ MAX_AHEAD = timedelta(days=5 * 366)
 GAP_SAMPLES = 1500
 """Runs of a cron rule checked against ``schedules.min_interval`` (a day of minutes and more)."""
 LIST_TEXT = 120
+REPLY_INTO_THREAD = frozenset({"lark"})
+"""Platforms whose API posts into a thread only as a reply to one of its messages: a firing there
+replies to the message that made the schedule (elsewhere it is a new message in the thread)."""
 
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DELAY = re.compile(
@@ -156,8 +159,10 @@ def info_of(schedule: Schedule, defaulted: bool = False) -> ScheduleInfo:
 
 def _template(inbound: Inbound) -> Inbound:
     """The creating message without its text and our own marks: what every firing is built on."""
-    extra = {k: v for k, v in inbound.extra.items() if k not in (STARTED_BY_BOT, SCHEDULE_MARK, PUSH_MARK)}
-    return Inbound(inbound.platform, inbound.chat_id, inbound.message_id, inbound.sender_id, "",
+    ours = (STARTED_BY_BOT, SCHEDULE_MARK, PUSH_MARK, THREAD_ANCHOR)
+    extra = {k: v for k, v in inbound.extra.items() if k not in ours}
+    anchor = str(inbound.extra.get(THREAD_ANCHOR) or inbound.message_id)  # made during a firing
+    return Inbound(inbound.platform, inbound.chat_id, anchor, inbound.sender_id, "",
                    inbound.is_direct, True, inbound.thread_id, inbound.sender_name, inbound.chat_title,
                    extra=extra)  # fmt: skip
 
@@ -386,6 +391,8 @@ class ScheduleRunner:
 def _firing(schedule: Schedule, fire_at: float) -> Inbound:
     t = schedule.template
     extra = {**t.extra, STARTED_BY_BOT: True, SCHEDULE_MARK: schedule.id}
+    if t.platform in REPLY_INTO_THREAD and t.thread_id:
+        extra[THREAD_ANCHOR] = t.message_id  # the message that made the schedule, in that thread
     return Inbound(t.platform, t.chat_id, f"schedule-{schedule.id}-{int(fire_at)}", t.sender_id, "",
                    t.is_direct, True, t.thread_id, t.sender_name, t.chat_title, extra=extra)  # fmt: skip
 

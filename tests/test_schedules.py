@@ -22,7 +22,7 @@ import pytest
 
 from agent.events import AgentEvent, Final
 from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
-from channels.base import ChannelError, ChannelState
+from channels.base import ChannelError, ChannelState, Inbound
 from gateway.cli_send import Refused, parse_target, push_inbound
 from gateway.config import Config
 from gateway.schedules import (
@@ -37,6 +37,7 @@ from gateway.schedules import (
 )
 from gateway.store import JournalKind
 from tests.daemon import DaemonProcess, base_config, free_port
+from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call
 from tests.fakes.gateway_rig import ADMIN, USER, Rig, crash, dm, fake_rig, make_config, quiet, settled, until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
@@ -361,6 +362,26 @@ async def test_firings_and_pushes_wait_while_the_channel_is_down(sched: Schedule
     await settled(rig.store)
     posts = chat_posts(rig, USER)
     assert "pushed while down" in posts and any(p.endswith("\nwhile down") for p in posts)
+
+
+async def test_firings_go_to_the_thread_they_were_made_in(tmp_path: Path) -> None:
+    """A Telegram topic gets a new message in the topic; Lark reaches a thread only by replying,
+    so there the firing replies to the message that made the schedule."""
+    clock = Clock()
+    for name, thread in (("telegram", "77"), ("lark", "omt_9")):
+        async with fake_rig(tmp_path / name, schedules_config(), channel=FakeChannel(name)) as rig:
+            sched = Scheduled(rig, clock)
+            request = json.dumps({"text": "standup", "delay": "1m"})
+            made = Inbound(name, "chat-1", "m-1", str(USER), f"schedule {request}", False, True, thread)
+            await rig.channel.deliver(made)
+            await until(lambda: rig.channel.replies_to("m-1"), what="scheduled")
+            clock.now += 61
+            assert await sched.fire() == 1
+            await until(lambda: len(rig.channel.sent) == 2, what="the firing")
+            await settled(rig.store)
+            firing = rig.channel.sent[-1]
+            assert firing.target.thread_id == thread and "standup" in firing.text
+            assert firing.target.reply_to == ("m-1" if name == "lark" else None)
 
 
 def test_send_targets_are_checked_per_platform() -> None:
