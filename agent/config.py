@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.sandbox.config import SandboxSettings
 from agent.settings import (
+    ApprovalSettings,
     ContextSettings,
     McpSettings,
     MemorySettings,
@@ -87,3 +88,5 @@ class AgentSettings(BaseModel):
     web: WebSettings = Field(default_factory=WebSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
     vision: VisionSettings = Field(default_factory=VisionSettings)
+    approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
+    """Tool calls that need a person's yes in the chat, and tools never run (docs/approvals.md)."""

@@ -20,13 +20,15 @@ from typing import Any
 from deepagents.backends import CompositeBackend, StateBackend
 from deepagents.middleware import FilesystemMiddleware
 
+from agent.approvals import subagent_guardrail, tool_name, with_approvals
 from agent.config import AgentSettings, ModelSpec
 from agent.context import build_context_middleware, thread_title
-from agent.events import AgentEvent, OutputFile
+from agent.events import AgentEvent, ApprovalDecision, OutputFile
 from agent.harness import Harness
 from agent.memory import MemoryService
 from agent.middleware import RetryModelCalls
 from agent.model import build_chat_model
+from agent.safety import GuardrailMiddleware, Redactor
 from agent.sandbox import SandboxError, SandboxProvider, create_provider
 from agent.sandbox.backend import SandboxBackend
 from agent.sandbox.files import HostFiles
@@ -35,7 +37,7 @@ from agent.sandbox.quota import check_room
 from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
 from agent.skills import build_skills
 from agent.skills_prompt import load_skill_text
-from agent.subagents import build_subagents, subagent_event_to_status
+from agent.subagents import TASK_TOOL, build_subagents, subagent_event_to_status
 from agent.tools import (
     build_present_files,
     build_web_tools,
@@ -114,6 +116,20 @@ class AgentRuntime:
         assert self.harness is not None, "AgentRuntime.start() was not called"
         return self.harness.run(
             thread_id, user_id=user_id, message_id=message_id, text=text, files=files, options=options
+        )
+
+    def resume(
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        approval_id: str,
+        decision: ApprovalDecision,
+    ) -> AsyncIterator[AgentEvent]:
+        assert self.harness is not None, "AgentRuntime.start() was not called"
+        return self.harness.resume(
+            thread_id, user_id=user_id, message_id=message_id, approval_id=approval_id, decision=decision
         )
 
     async def message_count(self, thread_id: str) -> int:
@@ -208,8 +224,20 @@ class AgentRuntime:
         tools += [*skill_tools, *web, present, *mcp]
         if self.scheduler is not None:
             tools += build_schedule_tools(self.scheduler)
+        secrets = [*s.web.secrets(), *s.mcp.secrets()]
+        context = build_context_middleware(s.context, model, secrets=secrets)
+        if s.approvals.tools or s.approvals.deny:
+            names = [*tools, *sandbox_tools, *(t for m in context for t in getattr(m, "tools", ()))]
+            context = with_approvals(
+                context,
+                s.approvals,
+                [*map(tool_name, names), *([TASK_TOOL] if s.subagents.enabled else [])],
+                guardrail_timeout=s.context.guardrail_timeout,
+            )
+            guard = subagent_guardrail(s.approvals)
+            sub_middleware.append(GuardrailMiddleware([guard], timeout=s.context.guardrail_timeout))
         middleware += [
-            *build_context_middleware(s.context, model, secrets=[*s.web.secrets(), *s.mcp.secrets()]),
+            *context,
             filesystem,
             *skill_mw,
             *build_subagents(
@@ -232,6 +260,7 @@ class AgentRuntime:
             extra_middleware=middleware,
             turn_scope=self._sandbox_scope,
             custom_events=[events_from_custom, _status_events],
+            redact=Redactor(secrets),
             models=self.models,
             usage=self.usage,
             persona_base=s.system_prompt,

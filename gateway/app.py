@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from agent.events import AgentEvent, OutputFile, TurnFailed
+from agent.events import AgentEvent, ApprovalDecision, OutputFile, TurnFailed
 from agent.turn import PLAIN, TurnOptions
 from channels.base import Channel, ChannelState
 
@@ -69,6 +69,17 @@ class UnconfiguredHarness:
         text: str,
         files: Sequence[str] = (),
         options: TurnOptions = PLAIN,
+    ) -> AsyncIterator[AgentEvent]:
+        yield TurnFailed(f"The model is not configured: {self.reason}")
+
+    async def resume(
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        approval_id: str,
+        decision: ApprovalDecision,
     ) -> AsyncIterator[AgentEvent]:
         yield TurnFailed(f"The model is not configured: {self.reason}")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.events import (
     AgentEvent,
+    ApprovalRequested,
     Clarification,
     FileOut,
     Final,
@@ -35,6 +36,7 @@ from channels.base import (
 from . import access, commands, profiles, usage
 from .access import Verdict, decide, is_admin
 from .agent_api import AgentHarness
+from .approvals import WAITING_NOTE, Approvals
 from .attachments import Uploads, deliver_files, fetch_attachments
 from .config import Config
 from .delivery import Reply
@@ -73,6 +75,8 @@ class Gateway:
         self._inflight: set[str] = set()
         """Journal keys handled by this process right now (queued, running or sending)."""
         self.parking = Parking(store, metrics, config.delivery.retry_window, self._dispatch)
+        self.approvals = Approvals(self)
+        """Tool calls waiting for a person's yes (gateway/approvals.py)."""
         self._connected: set[str] = set()
         self._closing = False
 
@@ -80,6 +84,7 @@ class Gateway:
     def attach(self, channel: Channel) -> InboundSink:
         self.channels[channel.name] = channel
         channel.add_status_listener(self._on_channel_state)
+        channel.on_action(self.approvals.on_action)
 
         async def sink(inbound: Inbound) -> None:
             await self.accept(inbound)
@@ -112,8 +117,7 @@ class Gateway:
         pacer = self._pacers.get(channel.name, entry.inbound.chat_id, channel.capabilities, rate_limited)
         target = entry.inbound.target
         if entry.inbound.extra.get(access.STARTED_BY_BOT):
-            # Nothing to reply to, unless a thread is reached only that way (access.THREAD_ANCHOR).
-            target = dataclasses.replace(target, reply_to=entry.inbound.extra.get(access.THREAD_ANCHOR))
+            target = dataclasses.replace(target, reply_to=None)  # nothing to reply to
         return Reply(
             channel,
             target,
@@ -171,6 +175,10 @@ class Gateway:
             await self._journal_notice(inbound, note)
             return
 
+        answer = await self.approvals.text_answer(inbound)  # "approve CODE" where there are no buttons
+        if answer is not None:
+            await self._journal_notice(inbound, answer)
+            return
         text = inbound.text.strip()
         command = commands.parse_command(text)
         if command is not None and not command.known and profiles.skill_for(self.config, text):
@@ -332,6 +340,7 @@ class Gateway:
     async def resume(self, platform: str) -> int:
         """Dispatch the open entries of ``platform`` this process is not handling: what a previous
         run left unfinished, and what an outage parked. Runs at every (re)connect. Returns how many."""
+        await self.approvals.restore(platform)
         entries = [e for e in await self.store.journal_open() if e.inbound.platform == platform]
         started = sum(self._dispatch(e) for e in entries)
         if started:
@@ -396,6 +405,11 @@ class Gateway:
             thread_id = await self.store.thread_for(inbound.conversation)
             uploads = await fetch_attachments(self, reply.channel, entry, thread_id)
             final, outcome = await self._agent_turn(entry, thread_id, uploads, reply)
+            if outcome == "waiting":  # paused for approval: resumed by gateway/approvals.py
+                typing.cancel()
+                await reply.finish(final)
+                await self.approvals.pause(entry)
+                return
             if entry.note:  # the gateway's own word above the answer (a schedule firing late)
                 final = f"{entry.note}\n\n{final}"
             typing.cancel()
@@ -456,13 +470,18 @@ class Gateway:
         try:
             options = await turn_options(self, entry, thread_id, uploads)
             async with asyncio.timeout(self.config.concurrency.turn_timeout):
-                stream = self.harness.run(
+                stream = self.approvals.events(
+                    entry,
                     thread_id,
-                    user_id=inbound.user,
-                    message_id=inbound.key,
-                    text=message,
-                    files=uploads.files,
-                    options=options,
+                    reply,
+                    lambda: self.harness.run(
+                        thread_id,
+                        user_id=inbound.user,
+                        message_id=inbound.key,
+                        text=message,
+                        files=uploads.files,
+                        options=options,
+                    ),
                 )
                 async for event in stream:
                     if isinstance(event, FileOut):
@@ -473,7 +492,9 @@ class Gateway:
         except TimeoutError:
             minutes = self.config.concurrency.turn_timeout / 60
             final, outcome = f"⚠️ This took longer than {minutes:g} minutes, so I stopped.", "timeout"
-        if not final:
+        if outcome == "waiting":
+            final = (text + "\n\n" if text else "") + WAITING_NOTE
+        elif not final:
             final, outcome = text or "⚠️ The agent ended without an answer.", outcome
         if uploads.notes:
             final = "\n".join(uploads.notes) + "\n\n" + final
@@ -501,6 +522,8 @@ class Gateway:
             final = final or event.text
         elif isinstance(event, TurnFailed):
             final, outcome = f"⚠️ {event.message}", "error"
+        elif isinstance(event, ApprovalRequested):
+            outcome = "waiting"
         return text, final, outcome
 
     async def _give_up(self, entry: JournalEntry, reply: Reply) -> None:
@@ -524,6 +547,7 @@ class Gateway:
     async def close(self, grace: float) -> int:
         self._closing = True
         self.parking.close()  # parked entries stay pending in the journal: the next start resumes them
+        self.approvals.close()  # waiting entries and their requests stay in the store
         cut = await self.turns.drain(grace)
         for task in list(self._tasks):
             task.cancel()

@@ -29,6 +29,7 @@ from channels.base import Attachment, Inbound
 
 from .db import POSTGRES, SQLITE, PgConnection
 from .store_access import AccessTables
+from .store_approvals import ApprovalTables
 from .store_schedules import ScheduleTables
 from .store_schema import migrate
 from .usage import ModelUsageTables
@@ -117,6 +118,9 @@ class JournalState(enum.StrEnum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+    WAITING = "waiting"
+    """The turn paused for a person's approval (gateway/approvals.py resumes it): not resumed at
+    start-up like an open entry; the approvals table holds what it waits for."""
 
 
 OPEN_STATES = (JournalState.PENDING, JournalState.RUNNING)
@@ -158,7 +162,7 @@ def inbound_from_json(raw: str) -> tuple[Inbound, str]:
     return Inbound(**data), note
 
 
-class Store(AccessTables, ScheduleTables, ModelUsageTables):
+class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables):
     """SQLite-backed gateway state. Create with :meth:`open`."""
 
     def __init__(self, db: aiosqlite.Connection, path: Path, reserve: DiskReserve | None = None) -> None:

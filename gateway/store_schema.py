@@ -31,6 +31,7 @@ import aiosqlite
 
 from .db import POSTGRES, dialect_of
 from .store_access import ACCESS_TABLES, PAIRING_COLUMNS
+from .store_approvals import APPROVAL_TABLES
 from .store_schedules import SCHEDULE_TABLES
 
 log = logging.getLogger(__name__)
@@ -154,10 +155,17 @@ async def _v3_models_usage(db: aiosqlite.Connection) -> None:
         await db.execute(statement)
 
 
+async def _v4_approvals(db: aiosqlite.Connection) -> None:
+    """The ``approvals`` table (gateway/store_approvals.py)."""
+    for statement in APPROVAL_TABLES:
+        await db.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
     Migration(3, "conversation models and token usage", _v3_models_usage),
+    Migration(4, "approvals", _v4_approvals),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
