@@ -117,7 +117,8 @@ class Gateway:
         pacer = self._pacers.get(channel.name, entry.inbound.chat_id, channel.capabilities, rate_limited)
         target = entry.inbound.target
         if entry.inbound.extra.get(access.STARTED_BY_BOT):
-            target = dataclasses.replace(target, reply_to=None)  # nothing to reply to
+            # Nothing to reply to, unless a thread is reached only that way (access.THREAD_ANCHOR).
+            target = dataclasses.replace(target, reply_to=entry.inbound.extra.get(access.THREAD_ANCHOR))
         return Reply(
             channel,
             target,
