@@ -24,14 +24,16 @@ Command = Callable[[argparse.Namespace], int]
 class Formatter(argparse.HelpFormatter):
     """Lists subcommands one a line under their heading, without argparse's ``{run,check,...}``
     line above them (the usage line already says COMMAND); the descriptions start in column 16 so
-    each command's fits on its line."""
+    each command's fits on its line. argparse has no public hook for this: ``_SubParsersAction`` and
+    ``_get_subactions`` are its long-stable internals (renamed, the listing falls back to argparse's own)."""
 
     def __init__(self, prog: str) -> None:
         super().__init__(prog, max_help_position=16)
 
     def _format_action(self, action: argparse.Action) -> str:
-        if isinstance(action, argparse._SubParsersAction):
-            return "".join(self._format_action(a) for a in action._get_subactions())
+        subactions = getattr(action, "_get_subactions", None)
+        if isinstance(action, getattr(argparse, "_SubParsersAction", ())) and subactions:
+            return "".join(self._format_action(a) for a in subactions())
         return super()._format_action(action)
 
 
