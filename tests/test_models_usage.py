@@ -290,6 +290,22 @@ async def test_model_command_switches_the_conversation_and_survives_a_restart(tm
         await store.close()
 
 
+async def test_a_chosen_model_removed_from_the_config_falls_back_to_the_default(tmp_path: Path) -> None:
+    async with fake_rig(tmp_path, config(tmp_path)) as rig:
+        await ask(rig, USER, "/model other")
+        channel = rig.channel.restarted()
+    smaller = config(tmp_path / "b", models=MODELS[:1])
+    store = await Store.open(tmp_path / "gateway.sqlite", reserve_bytes=0)
+    try:
+        async with fake_rig(tmp_path, smaller, store=store, channel=channel) as rig:
+            await ask(rig, USER, "still there?")
+            assert rig.harness.calls[-1].options.model is None
+            (status,) = await ask(rig, USER, "/status")
+            assert "Model: fake-model (default)\n" in status and "/model" not in status
+    finally:
+        await store.close()
+
+
 async def test_group_model_switch_is_for_admins_by_default(tmp_path: Path) -> None:
     async with fake_rig(tmp_path, config(tmp_path)) as rig:
         (reply,) = await ask(rig, USER, "/model other", chat=GROUP, addressed=True)
