@@ -38,7 +38,7 @@ PAYLOAD = (
 )
 TABLES = {
     "journal", "outbox", "files_out", "threads", "pairing", "approved_users", "command_results", "dm_chats",
-    "schedules", "sqlite_sequence", "conversation_models", "token_usage",
+    "schedules", "sqlite_sequence", "conversation_models", "token_usage", "approvals",
 }  # fmt: skip
 
 
@@ -183,7 +183,7 @@ async def test_vacuum_keeps_the_version(tmp_path: Path) -> None:
 # -- the journal's enums -----------------------------------------------------------------------------
 def test_enum_values_are_the_stored_strings() -> None:
     assert [k.value for k in JournalKind] == ["turn", "command", "notice"]
-    assert [s.value for s in JournalState] == ["pending", "running", "done", "failed"]
+    assert [s.value for s in JournalState] == ["pending", "running", "done", "failed", "waiting"]
     assert JournalState.DONE == "done" and f"{JournalKind.TURN}" == "turn"
 
 

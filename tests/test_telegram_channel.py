@@ -216,7 +216,8 @@ async def test_offset_not_advanced_when_sink_raises(fake: FakeTelegram, channel:
     assert msg.text == "do not lose me"
     polls = fake.calls_to("getUpdates")
     assert polls[-1].params["offset"] == update["update_id"] + 1
-    assert polls[0].params["allowed_updates"] == ["message"] and polls[0].params["timeout"] == 2
+    assert polls[0].params["allowed_updates"] == ["message", "callback_query"]  # presses of our buttons
+    assert polls[0].params["timeout"] == 2
 
 
 async def test_unparseable_update_reaches_the_sink_as_a_marker(
