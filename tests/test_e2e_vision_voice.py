@@ -10,6 +10,7 @@ transcript).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -33,7 +34,7 @@ from gateway.transcribe import heard, upload_name
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.lark_server import FakeLark
-from tests.fakes.openai_server import FakeOpenAI, Heard
+from tests.fakes.openai_server import FakeOpenAI, Heard, Reply, last_user_text
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -303,6 +304,63 @@ async def test_transcription_failures_give_a_clear_note(
         reply = await tg_reply(tg, up, "echo:")
         assert "⚠️ I could not transcribe voice_" in reply and note in reply, reply
         assert "The agent has it as a file" in reply
+
+
+# -- kill -9 mid-turn -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def tg_daemon(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram) -> AsyncIterator[DaemonProcess]:
+    """Telegram only, a vision model, the fake transcriber."""
+    cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
+    cfg["agent"]["tools"] = False
+    cfg["models"][0]["vision"] = True
+    cfg["transcription"] = {"base_url": model.base_url, "model": "whisper-test", "retries": 0}
+    cfg["channels"]["telegram"] = {"enabled": True, "token": tg.token, "base_url": tg.base_url,
+                                   "base_file_url": tg.base_file_url, "poll_timeout": 2}  # fmt: skip
+    cfg["access"] = {"allow_users": [f"telegram:{TG_USER}"]}
+    d = DaemonProcess(tmp_path, cfg)
+    await d.start()
+    yield d
+    await d.close()
+
+
+async def crash_mid_answer(daemon: DaemonProcess, model: FakeOpenAI, needle: str) -> dict[str, Any]:
+    """Wait until the model streams the (slow) answer to the message naming ``needle``, kill -9 the
+    daemon, and script the resumed answer; returns the request the model got before the kill."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while not [r for r in model.requests if needle in user_text(last_user(r))]:
+        assert asyncio.get_running_loop().time() < deadline, "the model never got the message"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)  # the SLOW answer is streaming now
+    daemon.kill9()
+    await daemon.wait_exit()
+    before = request_naming(model, needle)
+    model.add_rule(lambda t: True, lambda body: Reply(text=f"resumed answer to {last_user_text(body)}"))
+    model._rules.insert(0, model._rules.pop())  # before the SLOW rule, which must not fire again
+    return before
+
+
+async def test_kill9_mid_turn_resumes_with_the_same_image_and_one_transcription(
+    tg_daemon: DaemonProcess, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    up = tg.inject_message(TG_USER, TG_USER, "SLOW describe it", photo=tg.add_photo(PHOTO))
+    before = await crash_mid_answer(tg_daemon, model, "SLOW describe it")
+    await tg_daemon.start()
+    await tg_reply(tg, up, "resumed answer to SLOW describe it")
+    after = request_naming(model, "SLOW describe it")
+    assert after is not before
+    assert last_user(after) == last_user(before), "the resumed turn sent the very same message"
+    assert len(images_in(last_user(after))) == 1
+
+    model.heard.append(Heard("call the plumber tomorrow"))
+    up = tg.inject_message(TG_USER, TG_USER, "SLOW listen", voice=tg.add_voice(OGG))
+    await crash_mid_answer(tg_daemon, model, "call the plumber tomorrow")
+    await tg_daemon.start()
+    reply = await tg_reply(tg, up, "resumed answer to SLOW listen")
+    assert "call the plumber tomorrow" in reply
+    assert len(model.transcriptions) == 1, "the journaled transcript served the resumed turn"
+    assert len([m for m in tg.bot_messages(TG_USER) if m.reply_to == up["message"]["message_id"]]) == 1
 
 
 # -- a model without vision, no transcriber ------------------------------------------------------------
