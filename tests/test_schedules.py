@@ -384,6 +384,54 @@ async def test_firings_go_to_the_thread_they_were_made_in(tmp_path: Path) -> Non
             assert firing.target.reply_to == ("m-1" if name == "lark" else None)
 
 
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+async def test_the_schedule_store_on_both_engines(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Every statement of gateway/store_schedules.py, on SQLite and (rewritten) on PostgreSQL."""
+    from gateway.store import Store
+
+    if engine == "postgres":
+        store = await Store.open_postgres(request.getfixturevalue("pg_url"))
+    else:
+        store = await Store.open(tmp_path / "g.sqlite", reserve_bytes=0)
+    try:
+        made = dm(USER, "remind me")
+        assert await store.journal_add(made, JournalKind.TURN)
+        thread = await store.thread_for(made.conversation)
+        assert await store.thread_conversation(thread) == made.conversation
+        assert (await store.journal_inbound(made.key)) == made
+        assert await store.journal_state(made.key) == "pending"
+        now = time.time()
+        args: dict[str, Any] = {"template": made, "creator": made.user, "text": "t", "tz": "UTC"}
+        one, new = await store.schedule_add(origin="o-1", cron=None, next_fire=now + 60, **args)
+        again, new2 = await store.schedule_add(origin="o-1", cron=None, next_fire=now + 999, **args)
+        assert new and not new2 and again.id == one.id and again.next_fire == one.next_fire
+        assert one.template.chat_id == str(USER) and one.template.message_id == made.message_id
+        two, _ = await store.schedule_add(origin="o-2", cron="0 9 * * *", next_fire=now + 30, **args)
+        assert two.id > one.id
+        assert await store.schedule_counts(made.conversation, made.user) == (2, 2)
+        assert [s.id for s in await store.schedules_active(made.conversation)] == [two.id, one.id]
+        assert await store.schedule_next_time(["telegram"]) == pytest.approx(now + 30)
+        assert await store.schedule_next_time(["slack"]) is None
+        assert [s.id for s in await store.schedules_due(now + 45, ["telegram", "lark"])] == [two.id]
+        assert await store.schedules_due(now + 45, []) == []
+        assert await store.schedule_advance(two.id, now + 30, now + 86400)
+        assert not await store.schedule_advance(two.id, now + 30, now + 86400), "moved once"
+        assert await store.schedule_advance(one.id, now + 60, None)
+        assert await store.schedule_cancel(two.id) and not await store.schedule_cancel(two.id)
+        assert await store.schedules_active(made.conversation) == []
+        done = await store.schedule_get(one.id)
+        assert done is not None and done.state == "done" and done.next_fire is None
+        seen = await store.journal_last_rowid()
+        push = push_inbound("telegram", "5", None, "k")
+        await store.journal_add(push, JournalKind.NOTICE, "hello")
+        ((rowid, inbound, note),) = await store.journal_pending_after(seen, JournalKind.NOTICE)
+        assert rowid > seen and inbound.key == push.key and note == "hello"
+    finally:
+        await store.close()
+
+
 def test_send_targets_are_checked_per_platform() -> None:
     config = make_config(channels={"telegram": {"token": "1:x"}, "slack": {"enabled": False}})
     assert parse_target("telegram:-1001234:42", config) == ("telegram", "-1001234", "42")
