@@ -295,10 +295,22 @@ class ScheduleRunner:
         self._wake.set()
 
     async def run(self) -> None:
-        loops = [self._push_loop()]
+        loops = [self._push_loop(), self._prune_loop()]
         if self.enabled:
             loops.append(self._fire_loop())
         await asyncio.gather(*loops)
+
+    async def _prune_loop(self) -> None:
+        """Finished schedules go after ``storage.retention_days``, at the journal's pace."""
+        storage = self.gateway.config.storage
+        while True:
+            try:
+                gone = await self.store.schedules_prune(storage.retention_days * 86400)
+                if gone:
+                    log.info("schedules: %d finished schedule(s) pruned", gone)
+            except Exception as exc:
+                log.warning("schedules: prune failed: %s", exc)
+            await asyncio.sleep(storage.prune_interval)
 
     async def _fire_loop(self) -> None:
         while True:

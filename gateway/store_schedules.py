@@ -193,6 +193,13 @@ class ScheduleTables:
         )
         return count == 1
 
+    async def schedules_prune(self, older_than: float) -> int:
+        """Delete finished and cancelled schedules untouched for ``older_than`` seconds (a user
+        who makes and cancels schedules all day must not grow the table for ever)."""
+        return await self._write(
+            "DELETE FROM schedules WHERE state != ? AND updated < ?", (ACTIVE, time.time() - older_than)
+        )
+
     # -- journal reads ----------------------------------------------------------------------------
     async def journal_inbound(self, key: str) -> Inbound | None:
         """The message journaled under ``key`` (None when there is none)."""

@@ -423,6 +423,9 @@ async def test_the_schedule_store_on_both_engines(
         assert await store.schedules_active(made.conversation) == []
         done = await store.schedule_get(one.id)
         assert done is not None and done.state == "done" and done.next_fire is None
+        assert await store.schedules_prune(3600) == 0, "finished just now: kept"
+        assert await store.schedules_prune(-1) == 2, "finished and cancelled ones go"
+        assert await store.schedule_get(one.id) is None
         seen = await store.journal_last_rowid()
         push = push_inbound("telegram", "5", None, "k")
         await store.journal_add(push, JournalKind.NOTICE, "hello")
