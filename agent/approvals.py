@@ -88,9 +88,7 @@ def tool_name(tool: Any) -> str:
 
 def gated_tools(settings: ApprovalSettings, tool_names: Iterable[str]) -> list[str]:
     """The names among ``tool_names`` that need approval (and are not denied outright)."""
-    return sorted(
-        {n for n in tool_names if matches(n, settings.tools) and not matches(n, settings.deny)}
-    )
+    return sorted({n for n in tool_names if matches(n, settings.tools) and not matches(n, settings.deny)})
 
 
 def with_approvals(
@@ -121,9 +119,7 @@ def with_approvals(
     return out
 
 
-def approval_event(
-    interrupt_id: str, value: Any, redact: Callable[[str], str]
-) -> ApprovalRequested | None:
+def approval_event(interrupt_id: str, value: Any, redact: Callable[[str], str]) -> ApprovalRequested | None:
     """The event of one LangGraph interrupt raised by :class:`ChitalApprovals` (None for others)."""
     if not isinstance(value, dict) or value.get("type") != "tool_approval":
         return None

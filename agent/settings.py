@@ -55,8 +55,8 @@ class ApprovalSettings(BaseModel):
     ``write_file``, ``web_fetch``)."""
     deny: list[str] = Field(default_factory=list)
     """Tools refused outright (the guardrail): the model is told they are blocked by policy."""
-    timeout: float = Field(600.0, gt=0)
-    """Seconds a request waits for an answer; then it counts as denied."""
+    timeout: float = Field(600.0, gt=0, le=86_400)
+    """Seconds a request waits for an answer (at most a day); then it counts as denied."""
     approvers: Literal["requester", "admins"] = "requester"
     """Who may answer: the person whose message led to the call (and the channel's admins), or
     the admins (``access.admins``) only."""

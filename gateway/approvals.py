@@ -77,7 +77,9 @@ def shown_args(args: dict[str, Any]) -> str:
 def request_text(event: ApprovalRequested, requester: str, timeout: float, code: str, buttons: bool) -> str:
     """The request as the chat shows it (Markdown)."""
     minutes = max(1, round(timeout / 60))
-    how = "" if buttons else f"\nReply `approve {code}` or `deny {code}`."
+    # The code is shown with buttons too: a Lark app without the card callback subscription shows
+    # buttons that reach no one, and typed answers always work.
+    how = f"\n{'Or reply' if buttons else 'Reply'} `approve {code}` or `deny {code}`."
     return (
         f"🔐 **Approval needed**: the agent wants to run `{event.tool}`\n"
         f"```\n{shown_args(event.args)}\n```\n"

@@ -170,6 +170,24 @@ async def test_a_new_message_while_waiting_closes_the_paused_call(fake: FakeOpen
         await harness.close()
 
 
+async def test_sub_agents_refuse_gated_tools_and_the_stack_order() -> None:
+    from agent.approvals import ChitalApprovals, subagent_guardrail
+    from agent.safety import Allow, Deny, GuardrailContext, GuardrailMiddleware, ToolErrors
+
+    policy = ApprovalSettings(tools=["execute", "mcp_*"], deny=["wipe"])
+    check = subagent_guardrail(policy)
+    ctx = GuardrailContext("t", "u", "m", "c")
+    assert isinstance(await check("execute", {}, ctx), Deny)
+    assert "only the lead agent" in str(await check("mcp_github_merge", {}, ctx))
+    assert "policy does not allow wipe" in str(await check("wipe", {}, ctx))
+    assert isinstance(await check("read_file", {}, ctx), Allow)
+    errors = ToolErrors()
+    stack = with_approvals([errors], policy, ["execute", "mcp_github_merge", "wipe", "read_file"])
+    assert [type(m) for m in stack] == [GuardrailMiddleware, ChitalApprovals, ToolErrors]
+    gate = stack[1]
+    assert isinstance(gate, ChitalApprovals) and sorted(gate.interrupt_on) == ["execute", "mcp_github_merge"]
+
+
 # ---- gateway (in-process rig: FakeChannel + FakeHarness) -----------------------------------------
 # The imports sit here to keep the agent tests above readable on their own.
 import asyncio  # noqa: E402
@@ -185,6 +203,7 @@ from tests.fakes.gateway_rig import (  # noqa: E402
     fake_rig,
     make_config,
     quiet,
+    store_at,
     until,
 )
 
@@ -289,9 +308,7 @@ async def test_a_timeout_denies(tmp_path: Path) -> None:
 
 
 async def test_a_restart_between_request_and_press(tmp_path: Path) -> None:
-    from gateway.store import Store
-
-    store = await Store.open(tmp_path / "gateway.sqlite", reserve_bytes=0)
+    store = await store_at(tmp_path / "gateway.sqlite")
     try:
         channel = FakeChannel(buttons=True)
         async with fake_rig(tmp_path, config(), channel=channel, store=store) as rig:

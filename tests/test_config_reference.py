@@ -165,6 +165,7 @@ SLACK_SCOPES_BY_CALL: dict[str, set[str]] = {
     "auth_test": set(),
     "chat_postMessage": {"chat:write"},
     "chat_update": {"chat:write"},
+    "chat_postEphemeral": {"chat:write"},
     "reactions_add": {"reactions:write"},
     "files_upload_v2": {"files:write"},
     "conversations_history": {"channels:history", "groups:history", "im:history", "mpim:history"},
@@ -197,6 +198,8 @@ def test_slack_manifest_asks_for_what_the_adapter_calls() -> None:
         needed.add("files:read")  # downloads of files users share
     assert set(manifest["oauth_config"]["scopes"]["bot"]) == needed
     assert set(manifest["settings"]["event_subscriptions"]["bot_events"]) == SLACK_EVENTS
+    # Approve / Deny buttons (block_actions over the socket) need interactivity on.
+    assert manifest["settings"]["interactivity"]["is_enabled"] is ("app.action(" in source)
     guide = (REPO / "docs" / "setup" / "slack.md").read_text(encoding="utf-8")
     for scope in needed | {"connections:write"}:
         assert f"`{scope}`" in guide, f"docs/setup/slack.md does not explain {scope}"

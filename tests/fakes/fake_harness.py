@@ -46,7 +46,9 @@ ResumeScript = Callable[[Resumed], AsyncIterator[AgentEvent]]
 
 
 async def answer_decision(call: Resumed) -> AsyncIterator[AgentEvent]:
-    yield Final("resumed: approved" if call.decision.approved else f"resumed: denied ({call.decision.reason})")
+    yield Final(
+        "resumed: approved" if call.decision.approved else f"resumed: denied ({call.decision.reason})"
+    )
 
 
 @dataclass(frozen=True, slots=True)
