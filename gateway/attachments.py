@@ -11,6 +11,8 @@ outbox, sent once (docs/durability.md).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -92,7 +94,7 @@ async def fetch_attachments(
             out.notes.append(f"⚠️ I could not fetch {att.name}: {exc}")
             continue
         try:
-            path = await gateway.harness.save_upload(thread_id, _safe_name(att.name), data)
+            path = await _save_once(gateway, entry, index, thread_id, _safe_name(att.name), data)
         except Exception as exc:  # quota, disk full, a refused name: the text is safe to show
             log.warning("could not store upload %s for %s: %s", att.name, inbound.key, exc)
             out.notes.append(f"⚠️ I could not store {att.name}: {exc}")
@@ -105,6 +107,25 @@ async def fetch_attachments(
         elif kind in (media.VOICE, media.AUDIO):
             await _listen(gateway, entry, out, index, name, data, att.mime_type)
     return out
+
+
+async def _save_once(
+    gateway: Gateway, entry: JournalEntry, index: int, thread_id: str, name: str, data: bytes
+) -> str:
+    """Save the ``index``-th attachment of ``entry`` in the thread's uploads, once: the path is
+    recorded under the journal key, so a turn run again (a crash, a retry) finds the file it saved
+    before instead of storing ``name-2`` beside it, and gives the agent the same message."""
+    key = f"{entry.key}#upload:{index}"
+    with contextlib.suppress(Exception):  # unreadable record: save anew
+        kept = await gateway.store.command_result(key)
+        if kept is not None and json.loads(kept).get("thread") == thread_id:
+            return str(json.loads(kept)["path"])
+    path = await gateway.harness.save_upload(thread_id, name, data)
+    try:
+        await gateway.store.command_result_put(key, json.dumps({"thread": thread_id, "path": path}))
+    except Exception as exc:  # a full disk: the file is saved, a rerun would save it again
+        log.warning("could not record upload %s of %s: %s", name, entry.key, exc)
+    return path
 
 
 async def _listen(

@@ -29,10 +29,10 @@ from agent.vision import carries_images, faded, human_content
 from channels.base import Attachment
 from gateway.config import TranscriptionConfig
 from gateway.media import AUDIO, FILE, IMAGE, VOICE, NotAnImage, kind_of, prepare_image
-from gateway.store import Store
 from gateway.transcribe import heard, upload_name
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.gateway_rig import store_at
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, Heard, Reply, last_user_text
 from tests.fakes.slack_server import FakeSlack
@@ -328,7 +328,7 @@ async def tg_daemon(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram) -> Asyn
 async def crash_mid_answer(daemon: DaemonProcess, model: FakeOpenAI, needle: str) -> dict[str, Any]:
     """Wait until the model streams the (slow) answer to the message naming ``needle``, kill -9 the
     daemon, and script the resumed answer; returns the request the model got before the kill."""
-    deadline = asyncio.get_running_loop().time() + 20
+    deadline = asyncio.get_running_loop().time() + 40
     while not [r for r in model.requests if needle in user_text(last_user(r))]:
         assert asyncio.get_running_loop().time() < deadline, "the model never got the message"
         await asyncio.sleep(0.05)
@@ -347,7 +347,7 @@ async def test_kill9_mid_turn_resumes_with_the_same_image_and_one_transcription(
     up = tg.inject_message(TG_USER, TG_USER, "SLOW describe it", photo=tg.add_photo(PHOTO))
     before = await crash_mid_answer(tg_daemon, model, "SLOW describe it")
     await tg_daemon.start()
-    await tg_reply(tg, up, "resumed answer to SLOW describe it")
+    await tg_reply(tg, up, "resumed answer to SLOW describe it", timeout=45)
     after = request_naming(model, "SLOW describe it")
     assert after is not before
     assert last_user(after) == last_user(before), "the resumed turn sent the very same message"
@@ -357,10 +357,13 @@ async def test_kill9_mid_turn_resumes_with_the_same_image_and_one_transcription(
     up = tg.inject_message(TG_USER, TG_USER, "SLOW listen", voice=tg.add_voice(OGG))
     await crash_mid_answer(tg_daemon, model, "call the plumber tomorrow")
     await tg_daemon.start()
-    reply = await tg_reply(tg, up, "resumed answer to SLOW listen")
+    reply = await tg_reply(tg, up, "resumed answer to SLOW listen", timeout=45)
     assert "call the plumber tomorrow" in reply
     assert len(model.transcriptions) == 1, "the journaled transcript served the resumed turn"
     assert len([m for m in tg.bot_messages(TG_USER) if m.reply_to == up["message"]["message_id"]]) == 1
+    # Each file was saved once: the rerun found the upload it had recorded (no photo-2.jpg).
+    uploads = sorted(p.name for p in tg_daemon.sandbox_root.glob("**/uploads/*"))
+    assert len(uploads) == 2 and uploads[0].startswith("photo_") and uploads[1].startswith("voice_"), uploads
 
 
 # -- a model without vision, no transcriber ------------------------------------------------------------
@@ -479,7 +482,7 @@ async def test_harness_shows_images_then_replaces_them(tmp_path: Path, model: Fa
 async def test_a_transcript_is_kept_so_a_resumed_turn_does_not_pay_twice(
     tmp_path: Path, model: FakeOpenAI
 ) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", reserve_bytes=0)
+    store = await store_at(tmp_path / "g.sqlite")
     cfg = TranscriptionConfig(base_url=model.base_url, model="w", retries=0, timeout=5)
     try:
         model.heard.append(Heard("first hearing"))
