@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from . import cli_init, cli_send, cli_status
+from . import cli_init, cli_migrate, cli_send, cli_status
 from .cli_chat import cmd_chat
 from .cli_common import Formatter, add_command, add_config_option, config_path, load_config_arg, sandbox_note
 from .cli_pairing import cmd_pairing
@@ -205,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pairing_parser(sub)
     cli_status.add_parser(sub)
     cli_send.add_parser(sub)
+    cli_migrate.add_parser(sub)
     return parser
 
 

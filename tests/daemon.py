@@ -34,7 +34,14 @@ def sandbox_root() -> Path:
 
 
 def base_config(data_dir: Path, model_base_url: str, http_port: int) -> dict[str, Any]:
-    """A config for tests: fake model, no channel on (tests switch theirs on), fast delivery."""
+    """A config for tests: fake model, no channel on (tests switch theirs on), fast delivery.
+    In the PostgreSQL pass (``CHITAL_TEST_POSTGRES=1``) ``storage.url`` is a fresh database for
+    ``data_dir`` (the one :func:`tests.fakes.gateway_rig.store_at` opens for its gateway.sqlite)."""
+    from tests.fakes.gateway_rig import TEST_POSTGRES, test_database_url
+
+    storage: dict[str, Any] = {"path": str(data_dir)}
+    if TEST_POSTGRES:
+        storage["url"] = test_database_url(data_dir / "gateway.sqlite")
     return {
         "models": [
             {
@@ -54,7 +61,7 @@ def base_config(data_dir: Path, model_base_url: str, http_port: int) -> dict[str
             "memory": {"debounce_seconds": 0.5},
         },
         "channels": {name: {"enabled": False} for name in ("telegram", "slack", "discord", "lark")},
-        "storage": {"path": str(data_dir)},
+        "storage": storage,
         "concurrency": {"max_turns": 8, "shutdown_grace": 5},
         "delivery": {"first_edit_delay": 0.2},
         "http": {"host": "127.0.0.1", "port": http_port},

@@ -17,6 +17,7 @@ from gateway.delivery import SENDING, Reply
 from gateway.metrics import Metrics
 from gateway.pacing import ChatPacer
 from gateway.store import Store
+from tests.fakes.gateway_rig import store_at
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 from tests.test_slack_channel import Sink, running
@@ -31,7 +32,7 @@ async def _orphan(store: Store, send: Rendered, channel: object, target: ReplyTa
 
 
 async def test_slack_orphan_is_found_by_its_metadata_and_edited(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     async with FakeSlack() as slack, running(slack, Sink()) as channel:
         target = ReplyTarget("slack", "C1", reply_to="1600000000.000001")
         orphan_ts = await _orphan(store, Rendered("partial ans"), channel, target)
@@ -50,7 +51,7 @@ async def test_slack_orphan_is_found_by_its_metadata_and_edited(tmp_path: Path) 
 
 async def test_slack_mark_without_a_message_sends_once(tmp_path: Path) -> None:
     """Killed after the mark, before the send reached Slack: nothing to find, one new message."""
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     async with FakeSlack() as slack, running(slack, Sink()) as channel:
         target = ReplyTarget("slack", "C1", reply_to="1600000000.000001")
         await store.outbox_put(KEY, 0, SENDING)
@@ -73,7 +74,7 @@ async def test_telegram_group_answer_says_it_supersedes_the_cut_off_one(tmp_path
 async def _telegram_group(tmp_path: Path, fake: FakeTelegram, channel: TelegramChannel) -> None:
     group = -100200300
     fake.inject_message(group, 1001, "hello all", chat_type="supergroup")
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     target = ReplyTarget("telegram", str(group))
     await channel._request.initialize()
     await _orphan(store, Rendered("partial ans"), channel, target)
@@ -90,7 +91,7 @@ async def _telegram_group(tmp_path: Path, fake: FakeTelegram, channel: TelegramC
 
 async def test_every_new_send_is_marked_before_it_goes_out(tmp_path: Path) -> None:
     """The mark is in the outbox while the platform call is in flight (what makes the above work)."""
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     seen: list[dict[int, str]] = []
     async with FakeSlack() as slack, running(slack, Sink()) as channel:
         original = channel.send

@@ -26,7 +26,7 @@ from gateway.pacing import ChatPacer
 from gateway.store import JournalState, Store
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call, Script
-from tests.fakes.gateway_rig import USER, fake_rig, make_config, quiet, settled, until
+from tests.fakes.gateway_rig import USER, fake_rig, make_config, quiet, settled, store_at, until
 
 ANSWER = " ".join(f"word{i:02d}" for i in range(30))  # 209 characters
 
@@ -139,7 +139,7 @@ async def _reply(store: Store, channel: FakeChannel, key: str = "telegram:200:m1
 
 
 async def test_a_new_send_is_marked_sending_until_its_id_is_recorded(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     channel = FakeChannel()
     try:
         reply = await _reply(store, channel)
@@ -170,7 +170,7 @@ async def test_a_new_send_is_marked_sending_until_its_id_is_recorded(tmp_path: P
 
 
 async def test_a_restart_edits_the_messages_the_outbox_knows(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     channel = FakeChannel()
     try:
         before = await _reply(store, channel)
@@ -185,7 +185,7 @@ async def test_a_restart_edits_the_messages_the_outbox_knows(tmp_path: Path) -> 
 
 
 async def test_a_sending_mark_left_by_a_crash_is_recovered_or_superseded(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     try:
         # The platform can search for the key (Slack's metadata): the orphan is found and edited.
         finder = FakeChannel(finds_orphans=True)

@@ -14,7 +14,7 @@ from gateway.commands import parse_command
 from gateway.config import AccessPolicy, ConfigError, load_config, parse_config
 from gateway.logs import RedactingFilter
 from gateway.pacing import ChatPacer
-from gateway.store import Store
+from tests.fakes.gateway_rig import store_at
 
 
 def msg(
@@ -90,13 +90,13 @@ def test_redaction_masks_secrets() -> None:
 
 # -- store -----------------------------------------------------------------------------------------
 async def test_journal_dedupes_and_survives_reopen(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite")
+    store = await store_at(tmp_path / "g.sqlite")
     assert await store.journal_add(msg("a"), "turn") is True
     assert await store.journal_add(msg("a again, same id"), "turn") is False
     await store.journal_set("telegram:42:1", "running")
     await store.outbox_put("telegram:42:1", 0, "900")
     await store.close()
-    store = await Store.open(tmp_path / "g.sqlite")
+    store = await store_at(tmp_path / "g.sqlite")
     (entry,) = await store.journal_open()
     assert entry.inbound.text == "a" and entry.state == "running" and entry.attempts == 1
     assert await store.outbox_get("telegram:42:1") == {0: "900"}
@@ -106,7 +106,7 @@ async def test_journal_dedupes_and_survives_reopen(tmp_path: Path) -> None:
 
 
 async def test_threads_and_pairing(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite")
+    store = await store_at(tmp_path / "g.sqlite")
     t1 = await store.thread_for("telegram:42")
     assert await store.thread_for("telegram:42") == t1
     t2 = await store.new_thread("telegram:42")
@@ -123,7 +123,7 @@ async def test_threads_and_pairing(tmp_path: Path) -> None:
 
 # -- access ----------------------------------------------------------------------------------------
 async def test_access_deny_by_default(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite")
+    store = await store_at(tmp_path / "g.sqlite")
     policy = AccessPolicy(allow_users=["1"], allow_chats=[], group_policy="mention")
     assert (await decide(msg(sender="1"), policy, store, False)).verdict is Verdict.ALLOW
     assert (await decide(msg(sender="2"), policy, store, False)).verdict is Verdict.PAIR

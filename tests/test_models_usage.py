@@ -30,10 +30,9 @@ from agent.turn import TurnOptions
 from agent.turn_overrides import TurnOverrides
 from agent.usage import TokenUsage, attach_usage
 from gateway.config import ConfigError, parse_config
-from gateway.store import Store
 from gateway.usage import UsageRecorder
 from tests.daemon import DaemonProcess
-from tests.fakes.gateway_rig import ADMIN, USER, Rig, fake_rig, make_config, quiet, until
+from tests.fakes.gateway_rig import ADMIN, USER, Rig, fake_rig, make_config, quiet, store_at, until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 from tests.test_e2e_telegram import OWNER, answered, telegram_config
@@ -277,7 +276,7 @@ async def test_model_command_switches_the_conversation_and_survives_a_restart(tm
         await ask(rig, ADMIN, "hi")
         assert rig.harness.calls[-1].options.model is None
         channel = rig.channel.restarted()
-    store = await Store.open(tmp_path / "gateway.sqlite", reserve_bytes=0)
+    store = await store_at(tmp_path / "gateway.sqlite")
     try:
         async with fake_rig(tmp_path, cfg, store=store, channel=channel) as rig:
             await ask(rig, USER, "after the restart")
@@ -295,7 +294,7 @@ async def test_a_chosen_model_removed_from_the_config_falls_back_to_the_default(
         await ask(rig, USER, "/model other")
         channel = rig.channel.restarted()
     smaller = config(tmp_path / "b", models=MODELS[:1])
-    store = await Store.open(tmp_path / "gateway.sqlite", reserve_bytes=0)
+    store = await store_at(tmp_path / "gateway.sqlite")
     try:
         async with fake_rig(tmp_path, smaller, store=store, channel=channel) as rig:
             await ask(rig, USER, "still there?")
@@ -554,7 +553,7 @@ async def test_model_and_skill_commands_through_slack_and_discord(tmp_path: Path
 
     alice, dm, bob = "U_ALICE", "D_ALICE", "900000000000000042"
     cfg = config(tmp_path, access={"allow_users": [f"slack:{alice}", f"discord:{bob}"]})
-    store = await Store.open(tmp_path / "gateway.sqlite", reserve_bytes=0)
+    store = await store_at(tmp_path / "gateway.sqlite")
     harness = FakeHarness()
     gateway = Gateway(cfg, store, harness, Metrics())
     endpoints = discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gateway import access, commands
 from gateway.access import GUESS_SPACE
-from gateway.store import JournalEntry, JournalKind, Store
+from gateway.store import JournalEntry, JournalKind
 from gateway.store_access import PAIRING_ALPHABET, PAIRING_CODE_LEN
 from tests.fakes.gateway_rig import (
     FakeHarness,
@@ -18,6 +18,7 @@ from tests.fakes.gateway_rig import (
     make_config,
     make_gateway,
     quiet,
+    store_at,
     until,
 )
 
@@ -75,7 +76,7 @@ async def test_code_expires_and_a_new_request_gets_a_new_code(tmp_path: Path) ->
 
 
 async def test_pending_codes_are_bounded_oldest_dropped_first(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", reserve_bytes=0)
+    store = await store_at(tmp_path / "g.sqlite")
     try:
         codes = []
         for user in range(10):
@@ -216,7 +217,7 @@ def test_admin_rights_are_per_platform() -> None:
 
 
 async def test_discord_admin_is_reached_in_the_dm_they_wrote_from(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", reserve_bytes=0)
+    store = await store_at(tmp_path / "g.sqlite")
     try:
         policy = make_config(access={"admins": ["discord:55", "*"], "admin_chats": ["discord:999"]}).access
         assert await access.admin_chats(policy, "discord", store) == ["999"], "DM unknown yet"

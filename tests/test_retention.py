@@ -15,6 +15,7 @@ from gateway.pacing import PacerPool
 from gateway.retention import Retention
 from gateway.store import Store
 from tests.daemon import DaemonProcess, base_config, free_port
+from tests.fakes.gateway_rig import skip_on_postgres, store_at
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -51,7 +52,7 @@ async def age(store: Store, seconds: float, table: str = "journal", column: str 
 
 
 async def test_prune_drops_old_finished_entries_only(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     try:
         old_done = await add_finished(store, 1, "done", files=True)
         old_failed = await add_finished(store, 2, "failed")
@@ -78,7 +79,7 @@ async def test_prune_drops_old_finished_entries_only(tmp_path: Path) -> None:
 
 
 async def test_prune_works_in_batches(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     try:
         for i in range(2_500):
             await add_finished(store, i)
@@ -90,9 +91,10 @@ async def test_prune_works_in_batches(tmp_path: Path) -> None:
         await store.close()
 
 
+@skip_on_postgres("SQLite's file size and auto_vacuum (PostgreSQL's autovacuum owns its disk)")
 async def test_database_file_shrinks_after_pruning(tmp_path: Path) -> None:
     """An existing database (made without auto_vacuum) is converted once; freed pages go back."""
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     try:
         assert await store.vacuum_mode() == "none"
         for i in range(3_000):
@@ -124,7 +126,7 @@ async def test_database_file_shrinks_after_pruning(tmp_path: Path) -> None:
 
 
 async def test_pairing_requests_are_pruned_after_their_retention(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     try:
         now = time.time()
         rows = [("OLDCODE1", "telegram:1", now - 3 * DAY), ("NEWCODE1", "telegram:2", now - 60)]
@@ -152,7 +154,7 @@ def test_pairing_cutoff_outlasts_a_long_code_ttl() -> None:
 
 # -- in-memory caps --------------------------------------------------------------------------------
 async def test_thread_cache_is_capped(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     try:
         ids = {f"telegram:{i}": await store.thread_for(f"telegram:{i}") for i in range(120)}
         for conversation in ids:  # read back once: now cached

@@ -14,6 +14,7 @@ from channels.base import Inbound
 from gateway.lifecycle import database_error
 from gateway.store import JournalKind, JournalState, Store
 from gateway.store_schema import MIGRATIONS, SCHEMA_VERSION, Migration, SchemaTooNew, migrate, user_version
+from tests.fakes.gateway_rig import store_at
 
 FIRST_SCHEMA = """
 CREATE TABLE journal (
@@ -188,7 +189,7 @@ def test_enum_values_are_the_stored_strings() -> None:
 
 
 async def test_the_store_takes_enums_or_their_strings_and_refuses_others(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "g.sqlite", 0)
+    store = await store_at(tmp_path / "g.sqlite")
     try:
         assert await store.journal_add(msg("a", mid="1"), JournalKind.TURN)
         assert await store.journal_add(msg("b", mid="2"), "notice", "a note")

@@ -18,11 +18,10 @@ import pytest
 from channels.base import ChannelState, FatalChannelError, Inbound
 from gateway.core import Gateway
 from gateway.metrics import Metrics
-from gateway.store import Store
 from gateway.supervisor import Backoff, ChannelSupervisor
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import FakeHarness
-from tests.fakes.gateway_rig import USER, make_config, until
+from tests.fakes.gateway_rig import USER, make_config, store_at, until
 
 
 @contextlib.asynccontextmanager
@@ -120,7 +119,7 @@ async def test_a_restart_does_not_cut_a_reply_in_flight_and_other_channels_go_on
     config = make_config(access={"allow_users": [str(USER)]}, delivery={"first_edit_delay": 0.0})
     telegram, slack = FakeChannel("telegram"), FakeChannel("slack")
     metrics = Metrics()
-    gw = Gateway(config, await Store.open(tmp_path / "g.sqlite", 0), FakeHarness(), metrics)
+    gw = Gateway(config, await store_at(tmp_path / "g.sqlite"), FakeHarness(), metrics)
     sups = [ChannelSupervisor(ch, gw.attach(ch), metrics, Backoff(0.05, 0.2)) for ch in (telegram, slack)]
     slack.fail("run", FatalChannelError("invalid_auth"))
     for sup in sups:

@@ -1,6 +1,7 @@
 """The real :class:`gateway.core.Gateway` in the test's own process, for tests that assert what users see.
 
-A real SQLite store on the test's tmp_path and the production intake, queue, delivery and metrics;
+A real store on the test's tmp_path (SQLite, or PostgreSQL with ``CHITAL_TEST_POSTGRES=1``: see
+:func:`store_at`) and the production intake, queue, delivery and metrics;
 instead of the agent a :class:`~tests.fakes.fake_harness.FakeHarness` (answers ``echo: <text>``
 unless scripted), and on the platform side either a real adapter against its fake server
 (:func:`gateway_rig` + :func:`running`) or the in-memory :class:`~tests.fakes.fake_channel.FakeChannel`
@@ -10,9 +11,13 @@ unless scripted), and on the platform side either a real adapter against its fak
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import itertools
+import os
+import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,7 @@ from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import FakeHarness
 
 __all__ = [
+    "TEST_POSTGRES",
     "FakeChannel",
     "FakeHarness",
     "Rig",
@@ -43,8 +49,99 @@ __all__ = [
     "replies",
     "running",
     "settled",
+    "skip_on_postgres",
+    "store_at",
+    "test_database_url",
     "until",
 ]
+
+TEST_POSTGRES = os.environ.get("CHITAL_TEST_POSTGRES", "") not in ("", "0")
+"""The suite's second pass: every store the tests open, and every daemon they start, on
+PostgreSQL (one throw-away cluster for the session, tests/pg_server.py; a fresh database per
+data directory and test) instead of SQLite files."""
+
+
+class _TestDatabases:
+    """The session's PostgreSQL cluster and the databases made on it for the running test.
+
+    A fixture cannot reach the helpers that need a database (a store opened in a test's body, a
+    daemon's config), so the cluster is started on first use and stopped at exit. The same path
+    in the same test gets the same database (a test that reopens its store sees its rows); the
+    databases of earlier tests are dropped when the next test asks for one (tests run one at a
+    time, so nothing of theirs is still connected but leaks, which ``FORCE`` cuts)."""
+
+    def __init__(self) -> None:
+        self._server: Any = None
+        self._stack = contextlib.ExitStack()
+        self._why = ""
+        self._made: dict[str, str] = {}  # key (test id + path) → database name
+        self._test = ""
+
+    def _cluster(self) -> Any:
+        if self._server is None and not self._why:
+            from tests.pg_server import find_postgres, postgres_server
+
+            bindir, self._why = find_postgres()
+            if bindir is not None:
+                try:
+                    self._server = self._stack.enter_context(postgres_server())
+                    atexit.register(self._stack.close)
+                except Exception as exc:  # the reason the tests skip with
+                    self._why = f"PostgreSQL did not start: {exc}"
+        if self._server is None:
+            import pytest
+
+            pytest.skip(f"CHITAL_TEST_POSTGRES: {self._why}")
+        return self._server
+
+    def _admin(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self._cluster().url(), autocommit=True) as conn:
+            conn.execute(sql)
+
+    def url(self, path: Path) -> str:
+        server = self._cluster()
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+        if test != self._test:
+            for name in self._made.values():
+                self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            self._made.clear()
+            self._test = test
+        key = str(Path(path).resolve())
+        if key not in self._made:
+            stem = re.sub(r"[^a-z0-9_]", "_", test.rsplit("::", 1)[-1].lower())[:40]
+            name = f"{stem}_{uuid.uuid4().hex[:8]}"
+            self._admin(f'CREATE DATABASE "{name}"')
+            self._made[key] = name
+        return str(server.url(self._made[key]))
+
+
+_databases = _TestDatabases()
+
+
+def test_database_url(path: Path) -> str:
+    """The PostgreSQL database that stands for the SQLite file ``path`` in this test (made on
+    first use). Skips the test, with the reason, where PostgreSQL cannot run."""
+    return _databases.url(path)
+
+
+test_database_url.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test for pytest
+
+
+async def store_at(path: Path, reserve_bytes: int = 0) -> Store:
+    """The store a test opens: SQLite at ``path``, or in the PostgreSQL pass the database that
+    stands for ``path`` (:func:`test_database_url`; reopening the same path reopens the same rows)."""
+    if TEST_POSTGRES:
+        return await Store.open_postgres(test_database_url(path))
+    return await Store.open(path, reserve_bytes=reserve_bytes)
+
+
+def skip_on_postgres(why: str) -> Any:
+    """``@skip_on_postgres("...")``: a test about SQLite itself (its file, WAL, disk reserve)."""
+    import pytest
+
+    return pytest.mark.skipif(TEST_POSTGRES, reason=f"SQLite-specific: {why}")
 
 
 class Rig:
@@ -88,7 +185,7 @@ async def make_gateway(
 ) -> tuple[Gateway, FakeChannel, FakeHarness]:
     """A gateway on ``tmp_path/gateway.sqlite`` with ``channel`` attached (not yet connected:
     set it CONNECTED, or run it, to resume what the journal holds)."""
-    store = await Store.open(tmp_path / "gateway.sqlite", reserve_bytes=0)
+    store = await store_at(tmp_path / "gateway.sqlite")
     harness = harness or FakeHarness()
     gw = Gateway(config, store, harness, Metrics())
     channel = channel or FakeChannel()
@@ -111,7 +208,7 @@ async def gateway_rig(tmp_path: Path, allow_users: list[str]) -> AsyncIterator[R
             "delivery": {"first_edit_delay": 0.0},
         }
     )
-    store = await Store.open(tmp_path / "data" / "gateway.sqlite", reserve_bytes=0)
+    store = await store_at(tmp_path / "data" / "gateway.sqlite")
     metrics, harness = Metrics(), FakeHarness()
     gateway = Gateway(config, store, harness, metrics)
     try:
@@ -141,7 +238,7 @@ async def fake_rig(
         access={"admins": [str(ADMIN)], "allow_users": [str(USER)]}, delivery={"first_edit_delay": 0.05}
     )
     own_store = store is None
-    store = store or await Store.open(tmp_path / "gateway.sqlite", reserve_bytes=0)
+    store = store or await store_at(tmp_path / "gateway.sqlite")
     metrics, harness, channel = Metrics(), harness or FakeHarness(), channel or FakeChannel()
     gateway = Gateway(config, store, harness, metrics)
     try:
