@@ -47,11 +47,12 @@ PREFIX = "appr"
 """Button values are ``appr:approve:CODE`` / ``appr:deny:CODE`` (short: Telegram allows 64 bytes)."""
 _TEXT_ANSWER = re.compile(r"^\s*(approve|deny)\s+([A-Za-z0-9]{8})\s*$", re.IGNORECASE)
 WAITING_NOTE = "🔐 Waiting for approval (see below)."
+NEWER = "a newer message came first"
 SETTLED = {
     APPROVED: "✅ Approved by {by}",
     DENIED: "❌ Denied by {by}",
     TIMED_OUT: "⌛ Timed out: not run",
-    CANCELLED: "❌ Cancelled: a newer message came first",
+    CANCELLED: "❌ Cancelled: {by}",
 }
 
 
@@ -124,7 +125,7 @@ class Approvals:
         settled = [r for r in await self.store.approvals_for(entry.key) if r.state != PENDING]
         todo = [r for r in settled if not r.resumed]
         if not todo and not settled:
-            await self._supersede(entry)
+            await self.cancel(entry.conversation, entry.inbound.platform, NEWER, keep=entry.key)
         streams: list[Callable[[], AsyncIterator[AgentEvent]]] = []
         for row in todo:
             streams.append(self._resumer(entry, thread_id, row))
@@ -292,18 +293,39 @@ class Approvals:
             if entry.key == key:
                 self.gw._dispatch(entry)
 
-    async def _supersede(self, entry: JournalEntry) -> None:
-        """A new turn in a conversation with a paused one: that pause is over (the agent closes
-        the paused call as stopped), so its buttons say so and its entry is done."""
-        for row in await self.store.approvals_pending(entry.inbound.platform):
-            if row.conversation == entry.conversation and row.key != entry.key:
-                if await self.store.approval_decide(row.id, CANCELLED, ""):
-                    timer = self._timers.pop(row.id, None)
-                    if timer is not None:
-                        timer.cancel()
-                    await self.store.journal_set(row.key, JournalState.DONE)
-                    fresh = await self.store.approval_get(row.id)
-                    self.gw._spawn(self._show(fresh or row), f"approval-cancel:{row.code}")
+    async def cancel(self, conversation: str, platform: str, why: str, *, keep: str = "") -> int:
+        """End the paused turns of ``conversation`` (but ``keep``): their requests are cancelled
+        (the buttons say ``why``), their replies say nothing was run, their entries are done. A new
+        turn there does this (the agent closes the paused call as stopped), and so does ``/stop``.
+        Returns how many requests were cancelled."""
+        cancelled = 0
+        for row in await self.store.approvals_pending(platform):
+            if row.conversation != conversation or row.key == keep:
+                continue
+            if not await self.store.approval_decide(row.id, CANCELLED, why):
+                continue
+            cancelled += 1
+            timer = self._timers.pop(row.id, None)
+            if timer is not None:
+                timer.cancel()
+            fresh = await self.store.approval_get(row.id)
+            self.gw._spawn(self._show(fresh or row), f"approval-cancel:{row.code}")
+            if await self.store.journal_unpause(row.key, JournalState.DONE.value):
+                self.gw._spawn(self._close_reply(row.key, why), f"approval-close:{row.code}")
+        return cancelled
+
+    async def _close_reply(self, key: str, why: str) -> None:
+        entry = await self.store.journal_entry(key)
+        if entry is None:
+            return
+        try:
+            reply = self.gw._reply(entry)
+            await reply.load()
+            await reply.finish(f"❌ Not run: the request was cancelled ({why}).")
+        except Exception as exc:  # the buttons message already says it
+            log.warning("approval: could not close the reply of %s: %s", key, exc)
+        finally:
+            self.gw._replies.pop(key, None)
 
     # -- timeouts and restarts --------------------------------------------------------------------
     def _arm(self, row: ApprovalRow) -> None:

@@ -119,7 +119,12 @@ async def _run(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
     if cmd.name == "help":
         return help_text(access.is_admin(gw.config.access_for(inbound.platform), inbound))
     if cmd.name == "stop":
-        return "⏹ Stopping the current answer." if gw.turns.stop(conv) else "Nothing is running."
+        if gw.turns.stop(conv):
+            return "⏹ Stopping the current answer."
+        who = inbound.sender_name or inbound.sender_id
+        if await gw.approvals.cancel(conv, inbound.platform, f"stopped by {who}"):  # docs/approvals.md
+            return "⏹ Cancelled the request waiting for approval; nothing was run."
+        return "Nothing is running."
     if cmd.name == "new":
         return new_text(await gw.store.new_thread(conv, key=entry.key))
     if cmd.name == "status":

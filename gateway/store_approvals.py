@@ -177,13 +177,41 @@ class ApprovalTables:
             (time.time(), key),
         )
 
-    async def journal_unpause(self, key: str) -> bool:
-        """Back to ``pending`` to run again; False when the entry was not waiting (once only)."""
+    async def journal_unpause(self, key: str, state: str = "pending") -> bool:
+        """Out of ``waiting``: back to ``pending`` to run again, or ``done`` when its requests were
+        cancelled; False when the entry was not waiting (so this happens once)."""
         count = await self._write(
-            "UPDATE journal SET state = 'pending', updated = ? WHERE key = ? AND state = 'waiting'",
-            (time.time(), key),
+            "UPDATE journal SET state = ?, updated = ? WHERE key = ? AND state = 'waiting'",
+            (state, time.time(), key),
         )
         return count == 1
+
+    async def journal_entry(self, key: str) -> Any:
+        """The journal entry ``key`` (a :class:`gateway.store.JournalEntry`), or None."""
+        from .store import (  # the Store's own module
+            JournalEntry,
+            JournalKind,
+            JournalState,
+            inbound_from_json,
+        )
+
+        async with self._db.execute(
+            "SELECT key, conversation, kind, payload, state, attempts FROM journal WHERE key = ?", (key,)
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        inbound, note = inbound_from_json(row[3])
+        return JournalEntry(
+            row[0],
+            row[1],
+            JournalKind(row[2]),
+            inbound,
+            JournalState(row[4]),
+            row[5],
+            note,
+            from_journal=True,
+        )
 
     async def journal_paused_settled(self, platform: str) -> list[str]:
         """Keys of waiting turns of ``platform`` none of whose requests is pending any more."""

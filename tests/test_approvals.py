@@ -346,13 +346,27 @@ async def test_text_answers_where_there_are_no_buttons(tmp_path: Path) -> None:
 
 async def test_a_new_message_cancels_the_waiting_request(tmp_path: Path) -> None:
     async with fake_rig(tmp_path, config(), channel=FakeChannel(buttons=True)) as rig:
-        _, request = await paused(rig.channel, rig.harness)
+        first, request = await paused(rig.channel, rig.harness)
         later = dm(USER, "never mind")
         await rig.channel.deliver(later)
         await until(lambda: rig.channel.replies_to(later.message_id) == ["echo: never mind"])
         await until(lambda: request.text.endswith("❌ Cancelled: a newer message came first"))
+        await until(lambda: rig.channel.replies_to(first.message_id)[0].startswith("❌ Not run"))
         assert request.buttons == [] and rig.harness.resumed == []
         assert (await rig.channel.press(request.message_id, "✅", USER)).refused
+
+
+async def test_stop_cancels_the_waiting_request(tmp_path: Path) -> None:
+    async with fake_rig(tmp_path, config(), channel=FakeChannel(buttons=True)) as rig:
+        first, request = await paused(rig.channel, rig.harness)
+        stop = dm(USER, "/stop", name="Alice")
+        await rig.channel.deliver(stop)
+        await until(lambda: rig.channel.replies_to(stop.message_id) != [])
+        assert "Cancelled the request" in rig.channel.replies_to(stop.message_id)[0]
+        await until(lambda: request.text.endswith("❌ Cancelled: stopped by Alice"))
+        await until(lambda: "stopped by Alice" in rig.channel.replies_to(first.message_id)[0])
+        assert await rig.store.journal_counts() == {"done": 2}
+        assert rig.harness.resumed == []
 
 
 # ---- end to end: `chital run`, the real agent and sandbox, python-telegram-bot --------------------
