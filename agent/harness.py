@@ -58,7 +58,7 @@ from agent.events import (
     TurnFailed,
 )
 from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, diagnose, is_retryable
-from agent.model import TokenTap, build_chat_model, model_display_name
+from agent.model import build_chat_model, model_display_name
 from agent.safety import Redactor
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
@@ -79,8 +79,7 @@ DURABILITY: Literal["sync"] = "sync"
 """Checkpoint durability of every run; see the module docstring for why."""
 
 _LEAD_NODE = "model"
-_STREAM_MODES: list[StreamMode] = ["updates", "custom"]
-"""No "messages": the lead's tokens come from a TokenTap (agent/model.py), at a fraction of the cost."""
+_STREAM_MODES: list[StreamMode] = ["messages", "updates", "custom"]
 _SETTLED_CACHE = 4096
 
 
@@ -111,7 +110,6 @@ class Harness:
         usage: UsageSink | None = None,
         persona_base: str | None = None,
         skill_text: SkillText | None = None,
-        checkpoint_url: str | None = None,
     ) -> None:
         """``models``: every configured model a turn may choose (``TurnOptions.model``), built on
         first use; ``usage`` counts each model call; ``persona_base``: the part of the system
@@ -119,9 +117,6 @@ class Harness:
         self.settings = settings
         self.spec = model
         self.checkpoint_path = Path(checkpoint_path)
-        self.checkpoint_url = checkpoint_url
-        """PostgreSQL instead of the SQLite file (several daemons share the threads)."""
-        self._close_saver: Callable[[], Awaitable[None]] | None = None
         self.tools: list[BaseTool | Callable[..., Any]] = list(extra_tools)
         self.extra_middleware = list(extra_middleware)
         self._turn_scope = turn_scope
@@ -136,7 +131,7 @@ class Harness:
         self._skill_text = skill_text
         self._choices: dict[str, TurnChoice | None] = {}
         """The last turn's choice per thread, for a turn resumed after an approval."""
-        self._saver: Any = None
+        self._saver: InlineSqliteSaver | None = None
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # thread id -> message id of the last turn this process finished cleanly on that thread.
@@ -165,6 +160,11 @@ class Harness:
                 max_retries=self.settings.model_retries, initial_delay=self.settings.retry_backoff
             ),
         ]
+
+    def _takes_images(self, name: str | None) -> bool:
+        """Whether the turn's model (``name``, None: the default) is marked ``vision: true``."""
+        spec = self._specs.get(name) if name else None
+        return (spec or self.spec).vision
 
     def chat_model(self, name: str) -> BaseChatModel:
         """The configured model ``name``, built once (raises ValueError naming what is wrong)."""
@@ -196,13 +196,7 @@ class Harness:
         if self._graph is not None:
             return
         tuning.apply()
-        saver: Any
-        if self.checkpoint_url:
-            from agent.postgres import postgres_checkpointer
-
-            saver, self._close_saver = await postgres_checkpointer(self.checkpoint_url)
-        else:
-            saver = InlineSqliteSaver.open(self.checkpoint_path)
+        saver = InlineSqliteSaver.open(self.checkpoint_path)
         self._saver = saver
         self._graph = create_agent(
             self._model,
@@ -220,11 +214,7 @@ class Harness:
         self._graph = None
         if self._saver is not None:
             saver, self._saver = self._saver, None
-            if self._close_saver is not None:
-                closer, self._close_saver = self._close_saver, None
-                await closer()
-            else:
-                saver.close()
+            saver.close()
 
     async def __aenter__(self) -> Harness:
         await self.start()
@@ -282,8 +272,9 @@ class Harness:
 
         async def prepare() -> dict[str, Any] | Command[Any] | Final | None:
             return await self._prepare(
-                graph, config, thread_id, message_id, text, files, user_id, options.context, options.images
-            )
+                graph, config, thread_id, message_id, text, files, user_id, options.context, options.images,
+                self._takes_images(options.model),
+            )  # fmt: skip
 
         async with aclosing(self._drive(graph, config, thread_id, message_id, prepare, choice)) as events:
             async for event in events:
@@ -379,6 +370,7 @@ class Harness:
         user_id: str,
         context: Sequence[ContextMessage] = (),
         images: Sequence[ImagePart] = (),
+        takes_images: bool = True,
     ) -> dict[str, Any] | Final | None:
         """Decide between replaying the answer (Final), continuing (None) and a new turn (input).
         The thread's earlier messages (``context``) go into the new turn's HumanMessage as a quoted
@@ -428,17 +420,15 @@ class Harness:
         patches = _tool_patches(messages)
         if patches:
             log.info("thread %s: closing %d tool call(s) left by a stopped turn", thread_id, len(patches))
-        old = faded(messages, self.settings.vision.keep_turns)  # images shown long enough
+        # Images shown long enough fade; all of them when this turn's model takes none (a /model
+        # switch to a text-only model must not send it the pictures of earlier turns).
+        old = faded(messages, self.settings.vision.keep_turns if takes_images else 0)
         gone = {m.id for m in old}
         if not images and not any(carries_images(m) for m in messages if m.id not in gone):
             self._pictured.pop(thread_id, None)
         return {"messages": [*patches, *old, human]}
 
     def _remember(self, thread_id: str, message_id: str) -> None:
-        if self.checkpoint_url:
-            # Shared checkpoints: another daemon may take the thread's next turn, or re-run this
-            # one after our lease lapsed, so only the checkpoint can say what is new.
-            return
         if len(self._settled) >= _SETTLED_CACHE:
             self._settled.pop(next(iter(self._settled)))
         self._settled[thread_id] = message_id
@@ -456,65 +446,53 @@ class Harness:
         """Map LangGraph stream parts to events; yields a Final (no tool calls) when the lead's
         last model step is known from the stream."""
         final: AIMessage | None = None
-        # The lead's text comes from a TokenTap (agent/model.py) on this loop, the graph's updates
-        # and custom events from a task that runs the graph; both land in one queue, in order.
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        tap = TokenTap(queue.put_nowait, _is_lead)
-        config = {**config, "callbacks": [*(config.get("callbacks") or ()), tap]}  # type: ignore[misc]
-        runner = asyncio.create_task(self._run_graph(graph, inp, config, queue))
-        runner.add_done_callback(lambda _: queue.put_nowait(None))
-        try:
-            while (item := await queue.get()) is not None:
-                if isinstance(item, str):
-                    yield TextDelta(item)
-                    continue
-                mode, part = item
-                if mode == "updates":
-                    for pause in part.get("__interrupt__", ()):
-                        request = approval_event(pause.id, pause.value, self._redact)
-                        if request is not None:
-                            yield request
-                    for node, update in part.items():
-                        for message in _messages_of(update):
-                            if node == _LEAD_NODE and isinstance(message, AIMessage):
-                                final = message
-                                for call in message.tool_calls:
-                                    yield ToolProgress(call["name"], "start", _brief(call.get("args")))
-                            elif isinstance(message, ToolMessage):
-                                phase = "error" if message.status == "error" else "end"
-                                yield ToolProgress(message.name or "tool", phase)
-                elif mode == "custom" and isinstance(part, dict) and RETRY_EVENT in part:
-                    info = part[RETRY_EVENT]
-                    attempt = f"{info['attempt']}/{info.get('of', self.settings.model_retries)}"
-                    cause = info.get("cause", "failed")
-                    yield StatusUpdate(f"The model service {cause}; retrying ({attempt})…")
-                elif mode == "custom":
-                    for convert in self._custom_events:
-                        for event in convert(part):
-                            yield event
-            runner.result()  # the graph's error, if any
-        finally:
-            if not runner.done():  # cancelled (/stop) or closed early: stop the graph, let it settle
-                runner.cancel()
-                with suppress(BaseException):
-                    await asyncio.wait_for(asyncio.shield(runner), 10)
-        if final is not None and not final.tool_calls:
-            yield Final(final.text)
-
-    @staticmethod
-    async def _run_graph(
-        graph: CompiledStateGraph[Any, Any, Any, Any],
-        inp: dict[str, Any] | Command[Any] | None,
-        config: RunnableConfig,
-        queue: asyncio.Queue[Any],
-    ) -> None:
-        """Run the graph, putting its (mode, part) pairs on ``queue``."""
+        shown = 0  # characters of the current model call already sent as TextDelta
+        replay = 0  # characters a retried model call repeats before it says anything new
         try:
             # (mode, part) pairs: LangGraph's overloads type this call's items too loosely to help.
             stream: Any = graph.astream(inp, config, stream_mode=_STREAM_MODES, durability=DURABILITY)
             async with aclosing(stream):
-                async for item in stream:
-                    queue.put_nowait(item)
+                async for mode, part in stream:
+                    if mode == "messages":
+                        chunk, meta = part
+                        if chunk.type != "AIMessageChunk" or not _is_lead(meta):
+                            continue
+                        piece = chunk.text
+                        if not piece:
+                            continue
+                        shown += len(piece)
+                        if replay:
+                            skip = min(replay, len(piece))
+                            replay -= skip
+                            piece = piece[skip:]
+                            if not piece:
+                                continue
+                        yield TextDelta(piece)
+                    elif mode == "updates":
+                        for pause in part.get("__interrupt__", ()):
+                            request = approval_event(pause.id, pause.value, self._redact)
+                            if request is not None:
+                                yield request
+                        for node, update in part.items():
+                            for message in _messages_of(update):
+                                if node == _LEAD_NODE and isinstance(message, AIMessage):
+                                    shown = replay = 0
+                                    final = message
+                                    for call in message.tool_calls:
+                                        yield ToolProgress(call["name"], "start", _brief(call.get("args")))
+                                elif isinstance(message, ToolMessage):
+                                    phase = "error" if message.status == "error" else "end"
+                                    yield ToolProgress(message.name or "tool", phase)
+                    elif mode == "custom" and isinstance(part, dict) and RETRY_EVENT in part:
+                        info = part[RETRY_EVENT]
+                        replay, shown = shown, 0
+                        attempt = f"{info['attempt']}/{info.get('of', self.settings.model_retries)}"
+                        cause = info.get("cause", "failed")
+                        yield StatusUpdate(f"The model service {cause}; retrying ({attempt})…")
+                    elif mode == "custom":
+                        for convert in self._custom_events:
+                            for event in convert(part):
+                                yield event
         except asyncio.CancelledError as exc:
             # LangGraph hands over the task that finishes writing the checkpoint; wait for it so
             # the next turn reads a settled history.
@@ -523,6 +501,8 @@ class Harness:
                     with suppress(BaseException):
                         await asyncio.wait_for(asyncio.shield(arg), 5)
             raise
+        if final is not None and not final.tool_calls:
+            yield Final(final.text)
 
     async def _final_from_state(
         self, graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, TypeVar
-from uuid import UUID
+from typing import Any
 
-from langchain.agents.middleware.types import AgentMiddleware, ModelRequest
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
-from langchain_core.runnables import Runnable
-from langchain_core.tracers._streaming import _StreamingCallbackHandler
 
 from agent.config import AgentSettings, ModelSpec
-
-T = TypeVar("T")
-NOSTREAM = "nostream"
-"""The tag (LangGraph's ``TAG_NOSTREAM``) that keeps a model call's tokens out of the answer."""
 
 
 def _field_names(cls: type) -> set[str]:
@@ -129,100 +117,3 @@ def model_display_name(spec: ModelSpec, model: BaseChatModel) -> str:
         if isinstance(value, str) and value:
             return value
     return spec.name
-
-
-class TokenTap(BaseCallbackHandler, _StreamingCallbackHandler):
-    """One turn's streamed answer text, handed straight to the turn's event loop.
-
-    Why not LangGraph's ``stream_mode="messages"``: for every token it copies the chunk, then
-    crosses to the loop with ``call_soon_threadsafe`` (a self-pipe write per token, ~9 % of a
-    streamed turn's samples), wakes the stream's waiter task (a new task per token) and the
-    runner's ``asyncio.wait``. This handler is called inline on the loop (``run_inline``), keeps
-    only the calls ``wanted`` accepts (by their run metadata; never those tagged ``nostream``) and
-    passes each new piece of text to ``put``.
-
-    A model call that follows a failed one in the same graph task (same ``langgraph_checkpoint_ns``:
-    a retry) first repeats what the failed attempt already said; those characters are not passed
-    on again, only what is new. After a call that ended well, the next one starts afresh.
-    Being a ``_StreamingCallbackHandler``, it makes models without an explicit ``streaming``
-    setting stream, as LangGraph's handler did; models whose tokens nobody reads (sub-agents,
-    titles, summaries, memory extraction) are called with ``stream=False``.
-    """
-
-    run_inline = True
-
-    def __init__(self, put: Callable[[str], None], wanted: Callable[[dict[str, Any]], bool]) -> None:
-        self._put = put
-        self._wanted = wanted
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.get_ident()
-        self._runs: dict[UUID, list[Any]] = {}
-        """run id -> [task key, characters this call produced]"""
-        self._shown: dict[str, int] = {}
-        """task key -> characters of that task's answer already passed on"""
-
-    def on_chat_model_start(
-        self,
-        serialized: dict[str, Any],
-        messages: list[list[Any]],
-        *,
-        run_id: UUID,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if metadata and not (tags and NOSTREAM in tags) and self._wanted(metadata):
-            self._runs[run_id] = [str(metadata.get("langgraph_checkpoint_ns", "")), 0]
-
-    def on_llm_new_token(self, token: Any, *, chunk: Any = None, run_id: UUID, **kwargs: Any) -> None:
-        run = self._runs.get(run_id)
-        if run is None:
-            return
-        text = getattr(chunk, "text", token) if chunk is not None else token
-        if not text or not isinstance(text, str):
-            return
-        start = run[1]
-        run[1] = end = start + len(text)
-        shown = self._shown.get(run[0], 0)
-        if end <= shown:
-            return  # a retry repeating what its failed attempt already said
-        self._shown[run[0]] = end
-        piece = text[shown - start :] if shown > start else text
-        if threading.get_ident() == self._thread:
-            self._put(piece)
-        else:  # a model called from a worker thread
-            self._loop.call_soon_threadsafe(self._put, piece)
-
-    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        run = self._runs.pop(run_id, None)
-        if run is not None:
-            self._shown.pop(run[0], None)
-
-    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._runs.pop(run_id, None)
-
-    def tap_output_aiter(self, run_id: UUID, output: AsyncIterator[T]) -> AsyncIterator[T]:
-        return output
-
-    def tap_output_iter(self, run_id: UUID, output: Iterator[T]) -> Iterator[T]:
-        return output
-
-
-def unstreamed(model: BaseChatModel) -> Runnable[Any, Any]:
-    """``model`` called with ``stream=False``: for calls whose tokens no one watches (titles,
-    summaries). One response to parse instead of an SDK object and a callback round per token;
-    LangChain honours ``stream=False`` over the model's ``streaming=True``."""
-    return model.bind(stream=False)
-
-
-class Unstreamed(AgentMiddleware[Any, Any, Any]):
-    """An agent whose model calls no one watches live (a sub-agent): ``stream=False`` on each call,
-    for the reason given in :func:`unstreamed`. The answer is the same message either way."""
-
-    def wrap_model_call(self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Any]) -> Any:
-        return handler(request.override(model_settings={**request.model_settings, "stream": False}))
-
-    async def awrap_model_call(
-        self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Awaitable[Any]]
-    ) -> Any:
-        return await handler(request.override(model_settings={**request.model_settings, "stream": False}))

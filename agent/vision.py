@@ -61,7 +61,8 @@ def carries_images(message: AnyMessage) -> bool:
 def faded(messages: Sequence[AnyMessage], keep_turns: int) -> list[HumanMessage]:
     """Replacements for the user messages whose images have been shown for ``keep_turns`` user
     messages, counting the new one about to be added: the same id and text, each image replaced by
-    a line naming its file. Empty when nothing is due."""
+    a line naming its file. Empty when nothing is due; every image is due with ``keep_turns=0``
+    (the turn's model takes no images)."""
     humans = [m for m in messages if isinstance(m, HumanMessage)]
     due = humans[: max(0, len(humans) - (keep_turns - 1))]
     return [_without_images(m) for m in due if carries_images(m)]

@@ -29,22 +29,13 @@ from agent.turn import PLAIN, TurnOptions
 from channels.base import Channel, ChannelState
 
 from .agent_api import AgentHarness, MemoryAccess
-from .cluster import Cluster
 from .config import Config
 from .core import Gateway
 from .http import build_app, describe_state
-from .lifecycle import (
-    Resources,
-    StartupError,
-    database_error,
-    listen_error,
-    one_line,
-    postgres_error,
-    prepare_data_dir,
-)
+from .lifecycle import Resources, StartupError, database_error, listen_error, one_line, prepare_data_dir
 from .logs import RedactingFilter, secrets_of
 from .metrics import Metrics
-from .registry import PLATFORMS, build_channels
+from .registry import build_channels
 from .retention import Retention
 from .status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
 from .store import Store
@@ -124,14 +115,7 @@ async def open_harness(
         reason = f"no API key: set OPENAI_API_KEY (or models[{index}].api_key in config.yaml)"
         log.error("the agent's model %r is not configured: %s", spec.name, reason)
         return UnconfiguredHarness(reason)
-    runtime = AgentRuntime(
-        config.agent,
-        spec,
-        config.storage.path,
-        models=config.models,
-        usage=usage,
-        database_url=config.storage.database_url,
-    )
+    runtime = AgentRuntime(config.agent, spec, config.storage.path, models=config.models, usage=usage)
     runtime.scheduler = scheduler
     try:
         await runtime.start()
@@ -154,9 +138,6 @@ class Daemon:
         self.harness: AgentHarness | None = None
         self.gateway: Gateway | None = None
         self.supervisors: list[ChannelSupervisor] = []
-        self.cluster: Cluster | None = None
-        self.standby: set[ChannelSupervisor] = set()
-        """Leader-only channels (Telegram polling, Discord's gateway) waiting for leadership."""
         self.off: dict[str, str] = {}
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
@@ -180,34 +161,9 @@ class Daemon:
             s.channel.name: describe_state(s.channel.state, s.channel.reason, s.channel.state_since)
             for s in self.supervisors
         }
-        for sup in self.standby:
-            report[sup.channel.name] = {"state": "standby", "reason": "another daemon is the leader"}
         for name, why in self.off.items():
             report[name] = {"state": ChannelState.DISABLED.value, "reason": why}
         return report
-
-    def _standby_leader_only(self) -> None:
-        """With several daemons, channels a platform allows once per bot run on the leader only:
-        started when this daemon becomes it, stopped when it stops being it."""
-        assert self.cluster is not None
-        single = {p.name for p in PLATFORMS if p.single_consumer}
-        leader_only = [s for s in self.supervisors if s.channel.name in single]
-        self.standby.update(leader_only)
-
-        async def lead() -> None:
-            for sup in leader_only:
-                if sup in self.standby:
-                    self.standby.discard(sup)
-                    sup.start()
-
-        async def unlead() -> None:
-            for sup in leader_only:
-                if sup not in self.standby:
-                    await sup.stop()
-                    self.standby.add(sup)
-
-        self.cluster.on_lead.append(lead)
-        self.cluster.on_unlead.append(unlead)
 
     def agent_report(self) -> dict[str, object]:
         harness = self.harness
@@ -229,7 +185,7 @@ class Daemon:
             reasons.append(f"storage: the disk under {self.config.storage.path} is full (reserve in use)")
         for sup in self.supervisors:
             ch = sup.channel
-            if sup not in self.standby and ch.state is not ChannelState.CONNECTED:
+            if ch.state is not ChannelState.CONNECTED:
                 reasons.append(
                     f"channel {ch.name}: {ch.state.value}" + (f" ({ch.reason})" if ch.reason else "")
                 )
@@ -287,14 +243,11 @@ class Daemon:
         if cfg.http.enabled:
             await self._start_http()
         await self._start_status()
-        db_path, url = self.db_path, cfg.storage.database_url
+        db_path = self.db_path
         try:
-            if url:
-                self.store = await Store.open_postgres(url)
-            else:
-                self.store = await Store.open(db_path, cfg.storage.reserve_mb << 20)
+            self.store = await Store.open(db_path, cfg.storage.reserve_mb << 20)
         except Exception as exc:
-            raise (postgres_error(url, exc) if url else database_error(db_path, exc)) from exc
+            raise database_error(db_path, exc) from exc
         res.push("the database", self._close_store)
         ttls = [
             getattr(cfg.access_for(name), "pairing_code_ttl", 0.0) for name in type(cfg.channels).model_fields
@@ -313,12 +266,6 @@ class Daemon:
         self.harness = await open_harness(cfg, scheduler, recorder)
         res.push("the agent", self.harness.close)
         self.gateway = Gateway(cfg, self.store, self.harness, self.metrics)
-        url = cfg.storage.database_url
-        if url:
-            # Released after the gateway drained: its heartbeat keeps our leases while turns finish.
-            self.cluster = Cluster(self.gateway, url, ttl=cfg.storage.lease_seconds)
-            self.gateway.cluster = self.cluster
-            res.push("the cluster", self.cluster.close)
         res.push("the gateway", self._close_gateway)
 
         channels, self.off = build_channels(cfg)
@@ -330,13 +277,8 @@ class Daemon:
             sup = ChannelSupervisor(channel, sink, self.metrics)
             self.supervisors.append(sup)
             res.push(f"channel {channel.name}", sup.stop)
-        if self.cluster is not None:
-            self._standby_leader_only()
         for sup in self.supervisors:
-            if sup not in self.standby:
-                sup.start()
-        if self.cluster is not None:
-            self.cluster.start()
+            sup.start()
         if not self.supervisors:
             log.warning("no chat channel is on; the daemon serves only /healthz and `chital chat`")
         res.spawn(self.retention.run(), "retention")

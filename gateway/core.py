@@ -12,8 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.events import (
     AgentEvent,
@@ -49,9 +48,6 @@ from .store import JournalEntry, JournalKind, JournalState, StorageFull, Store
 from .turn_options import turn_options
 from .turns import TurnQueue
 
-if TYPE_CHECKING:
-    from .cluster import Cluster
-
 log = logging.getLogger(__name__)
 
 TYPING_EVERY = 4.5
@@ -69,7 +65,7 @@ class Gateway:
         self.harness = harness
         self.metrics = metrics
         self.channels: dict[str, Channel] = {}
-        self.turns = TurnQueue(config.concurrency.max_turns, self._run_claimed, metrics)
+        self.turns = TurnQueue(config.concurrency.max_turns, self._run_entry, metrics)
         self._pacers = PacerPool()
         self._tasks: set[asyncio.Task[None]] = set()
         self.throttles = Throttles(config)
@@ -83,9 +79,6 @@ class Gateway:
         """Tool calls waiting for a person's yes (gateway/approvals.py)."""
         self._connected: set[str] = set()
         self._closing = False
-        self.cluster: Cluster | None = None
-        """Several daemons on one database (gateway/cluster.py): an entry is worked on only by the
-        daemon holding its lease. None: this daemon is alone (SQLite), no lease is taken."""
 
     # -- wiring ---------------------------------------------------------------------------------
     def attach(self, channel: Channel) -> InboundSink:
@@ -299,14 +292,9 @@ class Gateway:
         return True
 
     def pick_up(self, entry: JournalEntry) -> bool:
-        """Handle an entry another process journaled (``chital send``, another daemon); False when
-        its channel is not connected here (the next connect resumes it) or this process already
-        handles it."""
-        return self.connected(entry.inbound.platform) and self._dispatch(entry)
-
-    def connected(self, platform: str) -> bool:
-        """The channel is here and connected (what a resume waits for)."""
-        return platform in self._connected
+        """Handle an entry another process journaled (``chital send``); False when its channel is
+        not here or this process already handles it."""
+        return entry.inbound.platform in self.channels and self._dispatch(entry)
 
     def _submit(self, entry: JournalEntry) -> None:
         ahead = self.turns.submit(entry)
@@ -335,41 +323,18 @@ class Gateway:
         if entry.kind == JournalKind.TURN:
             self._submit(entry)
         elif entry.kind == JournalKind.NOTICE:
-            self._spawn(self._release_after(entry, self._send_notice), f"notice:{entry.key}")
+            self._spawn(self._release_after(entry, self._send_notice(entry)), f"notice:{entry.key}")
         else:
             cmd = commands.parse_command(entry.inbound.text)
             if cmd is None:
                 self._inflight.discard(entry.key)
                 return False
-            self._spawn(self._release_after(entry, lambda e: self._run_command(e, cmd)), f"cmd:{entry.key}")
+            self._spawn(self._release_after(entry, self._run_command(entry, cmd)), f"cmd:{entry.key}")
         return True
 
-    async def _claim(self, entry: JournalEntry) -> bool:
-        """This daemon may work on ``entry`` (always, when it is alone)."""
-        if self.cluster is None:
-            return True
-        if await self.cluster.claim(entry):
-            return True
-        log.debug("%s is another daemon's (or waits behind one's turn); left to it", entry.key)
-        return False
-
-    async def _run_claimed(self, entry: JournalEntry) -> None:
+    async def _release_after(self, entry: JournalEntry, work: Any) -> None:
         try:
-            claimed = await self._claim(entry)
-        except Exception as exc:  # the database is unreachable: leave it to the next sweep
-            log.warning("could not claim %s: %s", entry.key, exc)
-            claimed = False
-        if claimed:
-            await self._run_entry(entry)
-        else:
-            self._inflight.discard(entry.key)
-
-    async def _release_after(
-        self, entry: JournalEntry, work: Callable[[JournalEntry], Awaitable[None]]
-    ) -> None:
-        try:
-            if await self._claim(entry):
-                await work(entry)
+            await work
         finally:
             self._inflight.discard(entry.key)
 

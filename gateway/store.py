@@ -30,7 +30,6 @@ from channels.base import Attachment, Inbound
 from .db import POSTGRES, SQLITE, PgConnection
 from .store_access import AccessTables
 from .store_approvals import ApprovalTables
-from .store_leases import LeaseTables
 from .store_schedules import ScheduleTables
 from .store_schema import migrate
 from .usage import ModelUsageTables
@@ -163,7 +162,7 @@ def inbound_from_json(raw: str) -> tuple[Inbound, str]:
     return Inbound(**data), note
 
 
-class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, LeaseTables):
+class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables):
     """SQLite-backed gateway state. Create with :meth:`open`."""
 
     def __init__(self, db: aiosqlite.Connection, path: Path, reserve: DiskReserve | None = None) -> None:

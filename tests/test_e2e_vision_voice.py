@@ -479,6 +479,25 @@ async def test_harness_shows_images_then_replaces_them(tmp_path: Path, model: Fa
         assert "no longer attached" in json.dumps(history)
 
 
+async def test_a_switch_to_a_model_without_vision_sends_it_no_earlier_image(
+    tmp_path: Path, model: FakeOpenAI
+) -> None:
+    seeing = ModelSpec(name="default", model="big", base_url=model.base_url, api_key="k", vision=True)
+    blind = ModelSpec(name="small", model="small", base_url=model.base_url, api_key="k")
+    image = ImagePart("image/png", b"\x89PNG-bytes", name="p.png", path="/mnt/user-data/uploads/p.png")
+    settings = AgentSettings(tools=False)  # keep_turns 3: the image would stay for the next turns
+    async with Harness(settings, seeing, tmp_path / "cp.sqlite", models=[seeing, blind]) as harness:
+        _ = [e async for e in harness.run("t1", user_id="u", message_id="m1", text="what is it",
+                                          options=TurnOptions(images=(image,)))]  # fmt: skip
+        assert images_in(model.requests[-1]["messages"][-1]["content"])
+        _ = [e async for e in harness.run("t1", user_id="u", message_id="m2", text="and now?",
+                                          options=TurnOptions(model="small"))]  # fmt: skip
+        request = model.requests[-1]
+        assert request["model"] == "small"
+        assert not any(images_in(m["content"]) for m in request["messages"] if m["role"] == "user")
+        assert "no longer attached" in json.dumps(request["messages"])
+
+
 async def test_a_transcript_is_kept_so_a_resumed_turn_does_not_pay_twice(
     tmp_path: Path, model: FakeOpenAI
 ) -> None:
