@@ -20,9 +20,9 @@ async def _pairing(cfg: Config, action: str, arg: str | None) -> int:
     access to the database is the credential here, so no guess limit applies; a stranger is not
     told of a decision made here (the daemon's chat connections are in another process), their next
     message simply gets through (or gets "declined")."""
-    from .store import Store
+    from .store import open_store
 
-    store = await Store.open(cfg.storage.path / "gateway.sqlite", cfg.storage.reserve_mb << 20)
+    store = await open_store(cfg.storage)  # SQLite under storage.path, or storage.url's PostgreSQL
     try:
         if action == "list":
             now = time.time()

@@ -133,8 +133,9 @@ class ModelUsageTables:
             " completion_tokens, calls) VALUES (?, ?, COALESCE((SELECT conversation FROM journal"
             " WHERE key = ?), (SELECT conversation FROM threads WHERE thread_id = ? LIMIT 1), ''),"
             " ?, ?, ?, ?, 1) ON CONFLICT(user, day, conversation, model, purpose) DO UPDATE SET"
-            " prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
-            " completion_tokens = completion_tokens + excluded.completion_tokens, calls = calls + 1",
+            " prompt_tokens = token_usage.prompt_tokens + excluded.prompt_tokens,"
+            " completion_tokens = token_usage.completion_tokens + excluded.completion_tokens,"
+            " calls = token_usage.calls + 1",
             (usage.user, day.isoformat(), usage.message_id, usage.thread_id, usage.model, usage.purpose,
              usage.prompt_tokens, usage.completion_tokens),
         )  # fmt: skip

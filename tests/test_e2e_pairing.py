@@ -4,7 +4,6 @@ queue and rate limits' notes, and a `/new` cut off by kill -9 opening exactly on
 from __future__ import annotations
 
 import re
-import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.daemon import DaemonProcess, base_config, free_port
+from tests.fakes.gateway_rig import daemon_rows
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -140,14 +140,11 @@ async def test_new_cut_off_by_kill9_opens_one_thread(
     await d.start()
     try:
         await reply(tg, MEMBER, say(tg, MEMBER, "first thread"), "echo: first thread")
-        db = tmp_path / "data" / "gateway.sqlite"
 
         def thread_now() -> str:
-            with sqlite3.connect(db) as conn:
-                row = conn.execute(
-                    "SELECT thread_id FROM threads WHERE conversation = ?", (f"telegram:{MEMBER}",)
-                ).fetchone()
-            return str(row[0])
+            sql = "SELECT thread_id FROM threads WHERE conversation = ?"
+            ((thread,),) = daemon_rows(d.config["storage"], sql, (f"telegram:{MEMBER}",))
+            return str(thread)
 
         before = thread_now()
         # The reply to /new is held by a 429 (retry after 30 s): the thread row is written, the

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
@@ -32,7 +31,17 @@ from agent.usage import TokenUsage, attach_usage
 from gateway.config import ConfigError, parse_config
 from gateway.usage import UsageRecorder
 from tests.daemon import DaemonProcess
-from tests.fakes.gateway_rig import ADMIN, USER, Rig, fake_rig, make_config, quiet, store_at, until
+from tests.fakes.gateway_rig import (
+    ADMIN,
+    USER,
+    Rig,
+    daemon_rows,
+    fake_rig,
+    make_config,
+    quiet,
+    store_at,
+    until,
+)
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 from tests.test_e2e_telegram import OWNER, answered, telegram_config
@@ -454,11 +463,11 @@ async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIt
 
 
 def usage_rows(d: DaemonProcess) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(Path(d.config["storage"]["path"]) / "gateway.sqlite") as db:
-        return db.execute(
-            "SELECT user, conversation, model, purpose, prompt_tokens, completion_tokens FROM token_usage"
-            " ORDER BY model"
-        ).fetchall()
+    return daemon_rows(
+        d.config["storage"],
+        "SELECT user, conversation, model, purpose, prompt_tokens, completion_tokens FROM token_usage"
+        " ORDER BY model",
+    )
 
 
 async def test_e2e_model_persona_skill_usage_and_budget(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sqlite3
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from gateway.pacing import PacerPool
 from gateway.retention import Retention
 from gateway.store import Store
 from tests.daemon import DaemonProcess, base_config, free_port
-from tests.fakes.gateway_rig import skip_on_postgres, store_at
+from tests.fakes.gateway_rig import daemon_rows, skip_on_postgres, store_at
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -206,11 +205,8 @@ async def test_daemon_prunes_on_a_timer(tmp_path: Path, tg: FakeTelegram, model:
                 what=f"answer {i}",
             )
 
-        db = tmp_path / "data" / "gateway.sqlite"
-
         def journal_rows() -> int:
-            with sqlite3.connect(db) as conn:
-                return int(conn.execute("SELECT COUNT(*) FROM journal").fetchone()[0])
+            return int(daemon_rows(d.config["storage"], "SELECT COUNT(*) FROM journal")[0][0])
 
         assert journal_rows() >= 5
         deadline = time.monotonic() + 20

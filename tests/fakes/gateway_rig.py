@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import os
 import re
+import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -39,6 +40,7 @@ __all__ = [
     "Rig",
     "close_gateway",
     "crash",
+    "daemon_rows",
     "dm",
     "fake_rig",
     "gateway_rig",
@@ -135,6 +137,22 @@ async def store_at(path: Path, reserve_bytes: int = 0) -> Store:
     if TEST_POSTGRES:
         return await Store.open_postgres(test_database_url(path))
     return await Store.open(path, reserve_bytes=reserve_bytes)
+
+
+def daemon_rows(storage: dict[str, Any], sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """What a test reads from a daemon's database (its config's ``storage`` section): the SQLite
+    file under ``storage.path``, or ``storage.url``; ``sql`` in the store's SQLite spelling
+    (rewritten for PostgreSQL by gateway/db.py, as the store's own statements are)."""
+    url = storage.get("url")
+    if url:
+        import psycopg
+
+        from gateway.db import to_postgres
+
+        with psycopg.connect(url) as conn:
+            return [tuple(row) for row in conn.execute(to_postgres(sql), params).fetchall()]
+    with contextlib.closing(sqlite3.connect(Path(storage["path"]) / "gateway.sqlite")) as db:
+        return [tuple(row) for row in db.execute(sql, params).fetchall()]
 
 
 def skip_on_postgres(why: str) -> Any:
