@@ -23,6 +23,8 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 
+OPENAI_API = "https://api.openai.com/v1"
+"""Where recordings go when ``transcription.base_url`` is unset (and an ``api_key`` is)."""
 SHOWN_CHARS = 500
 """Characters of a transcript quoted back in the "🎙 heard" line (``show_transcript``)."""
 
@@ -59,8 +61,10 @@ async def transcribe(cfg: TranscriptionConfig, name: str, data: bytes, mime: str
             f"it is {len(data) / 1e6:.1f} MB, over the {cfg.max_bytes / 1e6:.0f} MB the transcriber takes"
         )
     key = cfg.api_key.get_secret_value() if cfg.api_key else "none"  # the SDK insists on some key
+    # The base URL is always passed: the SDK would otherwise take $OPENAI_BASE_URL, which may name
+    # the chat model's server rather than the transcriber.
     client = openai.AsyncOpenAI(
-        api_key=key, base_url=cfg.base_url or None, timeout=cfg.timeout, max_retries=cfg.retries
+        api_key=key, base_url=cfg.base_url or OPENAI_API, timeout=cfg.timeout, max_retries=cfg.retries
     )
     file = (upload_name(posixpath.basename(name)), data, mime or "application/octet-stream")
     try:
