@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
-from typing import Any
+import threading
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+from uuid import UUID
 
+from langchain.agents.middleware.types import AgentMiddleware, ModelRequest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import Runnable
+from langchain_core.tracers._streaming import _StreamingCallbackHandler
 
 from agent.config import AgentSettings, ModelSpec
+
+T = TypeVar("T")
+NOSTREAM = "nostream"
+"""The tag (LangGraph's ``TAG_NOSTREAM``) that keeps a model call's tokens out of the answer."""
 
 
 def _field_names(cls: type) -> set[str]:
@@ -44,6 +57,61 @@ class _UntransformedBulk:
         payload["messages"] = []
         payload["extra_body"] = {**(payload.get("extra_body") or {}), **bulk}
         return payload
+
+
+def _plain_chunks(data: Any) -> Any:
+    """A streamed chat-completion chunk as the JSON the server sent, in the shape langchain-openai
+    reads (it indexes ``choice["delta"]``)."""
+    for choice in data.get("choices") or ():
+        if isinstance(choice, dict):
+            choice.setdefault("delta", {})
+    return data
+
+
+@functools.cache
+def _plain_chunk_client(cls: Any) -> type:
+    """``cls`` (an ``openai.AsyncOpenAI`` class) handing out streamed chat-completion chunks as the
+    JSON dicts they arrive as, instead of ``ChatCompletionChunk`` objects.
+
+    Why: the SDK builds each chunk with ``construct_type`` (walking the type's fields and unions:
+    ~35-45 % of a streamed answer's CPU in the daemon, measured with py-spy), and langchain-openai
+    turns every one straight back into a dict (``chunk.model_dump()``); it reads dicts as they are.
+    The SDK's own switch for "no model" is ``cast_to=object`` (``_process_response_data``); this
+    takes that path for the chunk type only. A request with ``response_format`` (structured
+    output, streamed through the SDK's typed ``beta`` helper) keeps typed chunks: that is checked
+    once per response, from the request body.
+    """
+    from openai.types.chat import ChatCompletionChunk
+
+    typed: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+    def wants_typed(response: Any) -> bool:
+        hit = typed.get(response)
+        if hit is None:
+            try:
+                hit = b'"response_format"' in (response.request.content or b"")
+            except Exception:  # no readable request body: keep the SDK's way
+                hit = True
+            typed[response] = hit
+        return hit
+
+    def _process_response_data(self: Any, *, data: object, cast_to: Any, response: Any) -> Any:
+        if cast_to is ChatCompletionChunk and isinstance(data, dict) and not wants_typed(response):
+            return _plain_chunks(data)
+        return cls._process_response_data(self, data=data, cast_to=cast_to, response=response)
+
+    return type(
+        cls.__name__, (cls,), {"_process_response_data": _process_response_data, "__module__": __name__}
+    )
+
+
+def _stream_plain_chunks(model: Any) -> None:
+    """Make a langchain-openai model's async client hand over plain chunks (see above)."""
+    client = getattr(model, "root_async_client", None)
+    cls: Any = type(client)
+    if client is None or not hasattr(cls, "_process_response_data"):
+        return
+    client.__class__ = _plain_chunk_client(cls)
 
 
 @functools.cache
@@ -107,6 +175,8 @@ def build_chat_model(spec: ModelSpec, settings: AgentSettings) -> BaseChatModel:
         ) from None
     if not isinstance(model, BaseChatModel):
         raise ValueError(f"model {spec.name!r}: {spec.use} is not a LangChain chat model")
+    if isinstance(model, _UntransformedBulk):
+        _stream_plain_chunks(model)
     return model
 
 
@@ -117,3 +187,100 @@ def model_display_name(spec: ModelSpec, model: BaseChatModel) -> str:
         if isinstance(value, str) and value:
             return value
     return spec.name
+
+
+class TokenTap(BaseCallbackHandler, _StreamingCallbackHandler):
+    """One turn's streamed answer text, handed straight to the turn's event loop.
+
+    Why not LangGraph's ``stream_mode="messages"``: for every token it copies the chunk, then
+    crosses to the loop with ``call_soon_threadsafe`` (a self-pipe write per token, ~9 % of a
+    streamed turn's samples), wakes the stream's waiter task (a new task per token) and the
+    runner's ``asyncio.wait``. This handler is called inline on the loop (``run_inline``), keeps
+    only the calls ``wanted`` accepts (by their run metadata; never those tagged ``nostream``) and
+    passes each new piece of text to ``put``.
+
+    A model call that follows a failed one in the same graph task (same ``langgraph_checkpoint_ns``:
+    a retry) first repeats what the failed attempt already said; those characters are not passed
+    on again, only what is new. After a call that ended well, the next one starts afresh.
+    Being a ``_StreamingCallbackHandler``, it makes models without an explicit ``streaming``
+    setting stream, as LangGraph's handler did; models whose tokens nobody reads (sub-agents,
+    titles, summaries, memory extraction) are called with ``stream=False``.
+    """
+
+    run_inline = True
+
+    def __init__(self, put: Callable[[str], None], wanted: Callable[[dict[str, Any]], bool]) -> None:
+        self._put = put
+        self._wanted = wanted
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._runs: dict[UUID, list[Any]] = {}
+        """run id -> [task key, characters this call produced]"""
+        self._shown: dict[str, int] = {}
+        """task key -> characters of that task's answer already passed on"""
+
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any],
+        messages: list[list[Any]],
+        *,
+        run_id: UUID,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if metadata and not (tags and NOSTREAM in tags) and self._wanted(metadata):
+            self._runs[run_id] = [str(metadata.get("langgraph_checkpoint_ns", "")), 0]
+
+    def on_llm_new_token(self, token: Any, *, chunk: Any = None, run_id: UUID, **kwargs: Any) -> None:
+        run = self._runs.get(run_id)
+        if run is None:
+            return
+        text = getattr(chunk, "text", token) if chunk is not None else token
+        if not text or not isinstance(text, str):
+            return
+        start = run[1]
+        run[1] = end = start + len(text)
+        shown = self._shown.get(run[0], 0)
+        if end <= shown:
+            return  # a retry repeating what its failed attempt already said
+        self._shown[run[0]] = end
+        piece = text[shown - start :] if shown > start else text
+        if threading.get_ident() == self._thread:
+            self._put(piece)
+        else:  # a model called from a worker thread
+            self._loop.call_soon_threadsafe(self._put, piece)
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        run = self._runs.pop(run_id, None)
+        if run is not None:
+            self._shown.pop(run[0], None)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._runs.pop(run_id, None)
+
+    def tap_output_aiter(self, run_id: UUID, output: AsyncIterator[T]) -> AsyncIterator[T]:
+        return output
+
+    def tap_output_iter(self, run_id: UUID, output: Iterator[T]) -> Iterator[T]:
+        return output
+
+
+def unstreamed(model: BaseChatModel) -> Runnable[Any, Any]:
+    """``model`` called with ``stream=False``: for calls whose tokens no one watches (titles,
+    summaries). One response to parse instead of an SDK object and a callback round per token;
+    LangChain honours ``stream=False`` over the model's ``streaming=True``."""
+    return model.bind(stream=False)
+
+
+class Unstreamed(AgentMiddleware[Any, Any, Any]):
+    """An agent whose model calls no one watches live (a sub-agent): ``stream=False`` on each call,
+    for the reason given in :func:`unstreamed`. The answer is the same message either way."""
+
+    def wrap_model_call(self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Any]) -> Any:
+        return handler(request.override(model_settings={**request.model_settings, "stream": False}))
+
+    async def awrap_model_call(
+        self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], Awaitable[Any]]
+    ) -> Any:
+        return await handler(request.override(model_settings={**request.model_settings, "stream": False}))
