@@ -44,6 +44,7 @@ from langgraph.config import get_config
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.types import Command
 
+from agent.model import unstreamed
 from agent.safety import (  # noqa: F401 - re-exported for callers of the stack
     Allow,
     Deny,
@@ -252,7 +253,9 @@ class TitleMiddleware(AgentMiddleware[Any, Any, Any]):
         on_title: TitleCallback | None = None,
     ) -> None:
         super().__init__()
-        self._model = model.with_config(tags=[TAG_NOSTREAM], run_name="chital_title") if model else None
+        self._model = (
+            unstreamed(model).with_config(tags=[TAG_NOSTREAM], run_name="chital_title") if model else None
+        )
         self.max_chars = max_chars
         self.timeout = timeout
         self.on_title = on_title
@@ -332,7 +335,7 @@ def build_summarization(
 
     chain = (
         RunnableLambda(prompt, name="chital_summary_prompt")
-        | model.with_config(tags=[TAG_NOSTREAM], run_name="chital_summary")
+        | unstreamed(model).with_config(tags=[TAG_NOSTREAM], run_name="chital_summary")
         | StrOutputParser()
     ).with_retry(retry_if_exception_type=(Exception,), stop_after_attempt=2)
 

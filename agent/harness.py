@@ -58,7 +58,7 @@ from agent.events import (
     TurnFailed,
 )
 from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, diagnose, is_retryable
-from agent.model import build_chat_model, model_display_name
+from agent.model import TokenTap, build_chat_model, model_display_name
 from agent.safety import Redactor
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
@@ -79,7 +79,8 @@ DURABILITY: Literal["sync"] = "sync"
 """Checkpoint durability of every run; see the module docstring for why."""
 
 _LEAD_NODE = "model"
-_STREAM_MODES: list[StreamMode] = ["messages", "updates", "custom"]
+_STREAM_MODES: list[StreamMode] = ["updates", "custom"]
+"""No "messages": the lead's tokens come from a TokenTap (agent/model.py), at a fraction of the cost."""
 _SETTLED_CACHE = 4096
 
 
@@ -446,53 +447,65 @@ class Harness:
         """Map LangGraph stream parts to events; yields a Final (no tool calls) when the lead's
         last model step is known from the stream."""
         final: AIMessage | None = None
-        shown = 0  # characters of the current model call already sent as TextDelta
-        replay = 0  # characters a retried model call repeats before it says anything new
+        # The lead's text comes from a TokenTap (agent/model.py) on this loop, the graph's updates
+        # and custom events from a task that runs the graph; both land in one queue, in order.
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        tap = TokenTap(queue.put_nowait, _is_lead)
+        config = {**config, "callbacks": [*(config.get("callbacks") or ()), tap]}  # type: ignore[misc]
+        runner = asyncio.create_task(self._run_graph(graph, inp, config, queue))
+        runner.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, str):
+                    yield TextDelta(item)
+                    continue
+                mode, part = item
+                if mode == "updates":
+                    for pause in part.get("__interrupt__", ()):
+                        request = approval_event(pause.id, pause.value, self._redact)
+                        if request is not None:
+                            yield request
+                    for node, update in part.items():
+                        for message in _messages_of(update):
+                            if node == _LEAD_NODE and isinstance(message, AIMessage):
+                                final = message
+                                for call in message.tool_calls:
+                                    yield ToolProgress(call["name"], "start", _brief(call.get("args")))
+                            elif isinstance(message, ToolMessage):
+                                phase = "error" if message.status == "error" else "end"
+                                yield ToolProgress(message.name or "tool", phase)
+                elif mode == "custom" and isinstance(part, dict) and RETRY_EVENT in part:
+                    info = part[RETRY_EVENT]
+                    attempt = f"{info['attempt']}/{info.get('of', self.settings.model_retries)}"
+                    cause = info.get("cause", "failed")
+                    yield StatusUpdate(f"The model service {cause}; retrying ({attempt})…")
+                elif mode == "custom":
+                    for convert in self._custom_events:
+                        for event in convert(part):
+                            yield event
+            runner.result()  # the graph's error, if any
+        finally:
+            if not runner.done():  # cancelled (/stop) or closed early: stop the graph, let it settle
+                runner.cancel()
+                with suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(runner), 10)
+        if final is not None and not final.tool_calls:
+            yield Final(final.text)
+
+    @staticmethod
+    async def _run_graph(
+        graph: CompiledStateGraph[Any, Any, Any, Any],
+        inp: dict[str, Any] | Command[Any] | None,
+        config: RunnableConfig,
+        queue: asyncio.Queue[Any],
+    ) -> None:
+        """Run the graph, putting its (mode, part) pairs on ``queue``."""
         try:
             # (mode, part) pairs: LangGraph's overloads type this call's items too loosely to help.
             stream: Any = graph.astream(inp, config, stream_mode=_STREAM_MODES, durability=DURABILITY)
             async with aclosing(stream):
-                async for mode, part in stream:
-                    if mode == "messages":
-                        chunk, meta = part
-                        if chunk.type != "AIMessageChunk" or not _is_lead(meta):
-                            continue
-                        piece = chunk.text
-                        if not piece:
-                            continue
-                        shown += len(piece)
-                        if replay:
-                            skip = min(replay, len(piece))
-                            replay -= skip
-                            piece = piece[skip:]
-                            if not piece:
-                                continue
-                        yield TextDelta(piece)
-                    elif mode == "updates":
-                        for pause in part.get("__interrupt__", ()):
-                            request = approval_event(pause.id, pause.value, self._redact)
-                            if request is not None:
-                                yield request
-                        for node, update in part.items():
-                            for message in _messages_of(update):
-                                if node == _LEAD_NODE and isinstance(message, AIMessage):
-                                    shown = replay = 0
-                                    final = message
-                                    for call in message.tool_calls:
-                                        yield ToolProgress(call["name"], "start", _brief(call.get("args")))
-                                elif isinstance(message, ToolMessage):
-                                    phase = "error" if message.status == "error" else "end"
-                                    yield ToolProgress(message.name or "tool", phase)
-                    elif mode == "custom" and isinstance(part, dict) and RETRY_EVENT in part:
-                        info = part[RETRY_EVENT]
-                        replay, shown = shown, 0
-                        attempt = f"{info['attempt']}/{info.get('of', self.settings.model_retries)}"
-                        cause = info.get("cause", "failed")
-                        yield StatusUpdate(f"The model service {cause}; retrying ({attempt})…")
-                    elif mode == "custom":
-                        for convert in self._custom_events:
-                            for event in convert(part):
-                                yield event
+                async for item in stream:
+                    queue.put_nowait(item)
         except asyncio.CancelledError as exc:
             # LangGraph hands over the task that finishes writing the checkpoint; wait for it so
             # the next turn reads a settled history.
@@ -501,8 +514,6 @@ class Harness:
                     with suppress(BaseException):
                         await asyncio.wait_for(asyncio.shield(arg), 5)
             raise
-        if final is not None and not final.tool_calls:
-            yield Final(final.text)
 
     async def _final_from_state(
         self, graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig

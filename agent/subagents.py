@@ -52,6 +52,7 @@ from langgraph.types import Command
 
 from agent.events import StatusUpdate
 from agent.middleware import StepBudget
+from agent.model import Unstreamed
 from agent.settings import SubagentSettings
 
 log = logging.getLogger(__name__)
@@ -308,7 +309,8 @@ def _compile(
         model,
         list(tools),
         system_prompt=prompt,
-        middleware=[_ReportProgress(), StepBudget(settings.max_steps), *extra],
+        # Unstreamed: no one reads a sub-agent's tokens as they come (agent/model.py).
+        middleware=[_ReportProgress(), Unstreamed(), StepBudget(settings.max_steps), *extra],
         state_schema=DeepAgentState,
         name=name,
     )

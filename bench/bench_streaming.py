@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiohttp import web
 
-from bench.bench_telegram import cpu_seconds, pct, rss_mb
+from bench.bench_telegram import cpu_seconds, pct, profiler, rss_mb, start_relay
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
@@ -138,42 +136,9 @@ async def drive(
     return Result("", n, wall, cpu, n * tokens, calls, tail, lat, rss_mb(pid))
 
 
-def profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
-    """py-spy sampling ``pid`` into collapsed stacks (``--format raw``), stopped with SIGINT."""
-    cmd = [
-        "py-spy",
-        "record",
-        "--pid",
-        str(pid),
-        "--rate",
-        "250",
-        "--format",
-        "raw",
-        "-o",
-        out,
-        "--nonblocking",
-    ]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 class Relay:
     def __init__(self, tg: FakeTelegram, model: FakeOpenAI) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / "relay_telegram.py"),
-                "--token",
-                tg.token,
-                "--base-url",
-                tg.base_url,
-                "--model-url",
-                model.base_url,
-                "--stream",
-            ],
-            env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        self.proc = start_relay(tg, model, stream=True)
         self.pid = self.proc.pid
 
     async def stop(self) -> None:

@@ -1,13 +1,16 @@
 """Gateway benchmark over Telegram DMs with an instant fake model (run by hand, prints figures).
 
-    python bench/bench_telegram.py                      # 1 chat x 100, then 20 chats x 10
-    python bench/bench_telegram.py --chats 100 --messages 10 --conversations 1000
+    python bench/bench_telegram.py                      # relay, then Chital: 1 chat x 100, 20 chats x 10
+    python bench/bench_telegram.py --only chital --chats 100 --messages 10 --conversations 1000
 
 The daemon runs as a real subprocess (`chital run`) with journal, checkpoints and streaming on; the
 fake Telegram server and fake model run in this process. Latency is from the moment an update is
 queued at the fake to the moment the bot's final reply reaches it. Users are closed-loop: each chat
 sends its next message once the previous one is answered. CPU and memory are the daemon's own
 (/proc/<pid>/stat and status), so the fakes' cost is not counted.
+
+The bare python-telegram-bot relay (``bench/relay_telegram.py``, non-streamed model call, one
+reply) runs first on its own fakes, and Chital's figures print beside its figures of the same run.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -28,6 +34,7 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
 
 CLK = os.sysconf("SC_CLK_TCK")
+HERE = Path(__file__).resolve().parent
 
 
 def cpu_seconds(pid: int) -> float:
@@ -47,25 +54,31 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-async def one_exchange(tg: FakeTelegram, chat: int, text: str) -> float:
+async def one_exchange(tg: FakeTelegram, chat: int, text: str, quoted: bool = True) -> float:
+    """One DM answered; ``quoted``: the answer must reply to it (the relay's DM answers do not
+    quote, and its texts are unique per message anyway)."""
     t0 = time.monotonic()
     up = tg.inject_message(chat, chat, text)
     mid = up["message"]["message_id"]
     want = f"echo: {text}"
 
     def done() -> bool | None:
-        return any(m.reply_to == mid and want in m.text for m in tg.bot_messages(chat)) or None
+        return (
+            any((m.reply_to == mid or not quoted) and want in m.text for m in tg.bot_messages(chat)) or None
+        )
 
     await tg.wait_for(done, timeout=30, what=text)
     return time.monotonic() - t0
 
 
-async def load(tg: FakeTelegram, chats: int, messages: int, first_chat: int) -> tuple[list[float], float]:
+async def load(
+    tg: FakeTelegram, chats: int, messages: int, first_chat: int, quoted: bool = True
+) -> tuple[list[float], float]:
     latencies: list[float] = []
 
     async def user(chat: int) -> None:
         for i in range(messages):
-            latencies.append(await one_exchange(tg, chat, f"m{i} from {chat}"))
+            latencies.append(await one_exchange(tg, chat, f"m{i} from {chat}", quoted))
 
     t0 = time.monotonic()
     await asyncio.gather(*(user(first_chat + c) for c in range(chats)))
@@ -88,11 +101,81 @@ async def distinct_chats(
     return latencies, time.monotonic() - t0
 
 
-def report(name: str, lat: list[float], wall: float, cpu: float, n: int) -> None:
-    print(
-        f"{name}: {n} msgs in {wall:.2f}s = {n / wall:.1f} msg/s | latency p50 {statistics.median(lat) * 1000:.1f} ms"
-        f" p99 {pct(lat, 99) * 1000:.1f} ms max {max(lat) * 1000:.1f} ms | daemon CPU {cpu / n * 1000:.2f} ms/msg"
-    )
+@dataclass
+class Figures:
+    """One load phase: messages/s, latency, the system's CPU per message."""
+
+    n: int
+    wall: float
+    cpu: float
+    lat: list[float]
+
+    def line(self, name: str, ref: Figures | None) -> str:
+        text = (
+            f"{name}: {self.n} msgs in {self.wall:.2f}s = {self.n / self.wall:.1f} msg/s | latency p50"
+            f" {statistics.median(self.lat) * 1000:.1f} ms p99 {pct(self.lat, 99) * 1000:.1f} ms"
+            f" max {max(self.lat) * 1000:.1f} ms | CPU {self.cpu / self.n * 1000:.2f} ms/msg"
+        )
+        if ref is not None:
+            text += (
+                f" | vs relay: throughput {self.n / self.wall / (ref.n / ref.wall):.2f}x,"
+                f" CPU {self.cpu / self.n / (ref.cpu / ref.n):.2f}x"
+            )
+        return text
+
+
+async def phase(
+    tg: FakeTelegram, pid: int, chats: int, messages: int, first: int, quoted: bool = True
+) -> Figures:
+    c0 = cpu_seconds(pid)
+    lat, wall = await load(tg, chats, messages, first, quoted)
+    return Figures(len(lat), wall, cpu_seconds(pid) - c0, lat)
+
+
+def profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` into collapsed stacks (``--format raw``), stopped with SIGINT."""
+    cmd = [
+        "py-spy",
+        "record",
+        "--pid",
+        str(pid),
+        "--rate",
+        "250",
+        "--format",
+        "raw",
+        "-o",
+        out,
+        "--nonblocking",
+    ]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def start_relay(tg: FakeTelegram, model: FakeOpenAI, *, stream: bool = False) -> subprocess.Popen[bytes]:
+    """``bench/relay_telegram.py`` as a subprocess on these fakes (proxy variables blanked)."""
+    cmd = [sys.executable, str(HERE / "relay_telegram.py"), "--token", tg.token, "--base-url", tg.base_url]
+    cmd += ["--model-url", model.base_url, *(["--stream"] if stream else [])]
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def run_relay(args: argparse.Namespace) -> tuple[Figures, Figures, float]:
+    """The bare relay on its own fakes: (one chat, many chats, idle RSS after warm-up)."""
+    tg = FakeTelegram()
+    await tg.start()
+    model = FakeOpenAI(record=False)
+    await model.start()
+    proc = start_relay(tg, model)
+    try:
+        await load(tg, 1, 5, 10, quoted=False)
+        rss = rss_mb(proc.pid)
+        one = await phase(tg, proc.pid, 1, args.single, 100, quoted=False)
+        many = await phase(tg, proc.pid, args.chats, args.messages, 1000, quoted=False)
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 10)
+        await model.aclose()
+        await tg.stop()
+    return one, many, rss
 
 
 async def main() -> None:
@@ -105,7 +188,19 @@ async def main() -> None:
     ap.add_argument(
         "--bare", action="store_true", help="agent.tools: false (plain chat model, no sandbox/tools)"
     )
+    ap.add_argument("--only", default="relay,chital", help="relay, chital or both (relay first)")
+    ap.add_argument("--profile", default="", help="py-spy collapsed stacks of the many-chats phase to FILE")
     args = ap.parse_args()
+    systems = args.only.split(",")
+
+    ref: tuple[Figures, Figures, float] | None = None
+    if "relay" in systems:
+        ref = await run_relay(args)
+        print(f"relay (PTB + openai SDK, one reply): RSS idle after warm-up {ref[2]:.1f} MB")
+        print(ref[0].line("relay 1 chat", None))
+        print(ref[1].line(f"relay {args.chats} chats x {args.messages}", None))
+    if "chital" not in systems:
+        return
 
     tg = FakeTelegram()
     await tg.start()
@@ -138,19 +233,21 @@ async def main() -> None:
         rss_warm = rss_mb(pid)
         print(f"daemon RSS idle after warm-up: {rss_warm:.1f} MB")
 
-        c0 = cpu_seconds(pid)
-        lat, wall = await load(tg, 1, args.single, 100)
-        report("1 chat", lat, wall, cpu_seconds(pid) - c0, len(lat))
-
-        c0 = cpu_seconds(pid)
-        lat, wall = await load(tg, args.chats, args.messages, 1000)
-        report(f"{args.chats} chats x {args.messages}", lat, wall, cpu_seconds(pid) - c0, len(lat))
+        one = await phase(tg, pid, 1, args.single, 100)
+        print(one.line("1 chat", ref[0] if ref else None))
+        spy = profiler(pid, args.profile) if args.profile else None
+        many = await phase(tg, pid, args.chats, args.messages, 1000)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            await asyncio.to_thread(spy.wait, 30)
+        print(many.line(f"{args.chats} chats x {args.messages}", ref[1] if ref else None))
         print(f"daemon RSS after those turns: {rss_mb(pid):.1f} MB (+{rss_mb(pid) - rss_warm:.1f} MB)")
 
         if args.conversations:
             c0 = cpu_seconds(pid)
             lat, wall = await distinct_chats(tg, args.conversations, args.chats, 100_000)
-            report(f"{args.conversations} new conversations", lat, wall, cpu_seconds(pid) - c0, len(lat))
+            extra = Figures(len(lat), wall, cpu_seconds(pid) - c0, lat)
+            print(extra.line(f"{args.conversations} new conversations", None))
             await asyncio.sleep(1.0)
             print(
                 f"daemon RSS after {args.conversations} conversations: {rss_mb(pid):.1f} MB "

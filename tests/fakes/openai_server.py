@@ -270,6 +270,8 @@ class FakeOpenAI:
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self._stream(request, reply, cid, model, usage)
+        if reply.chunk_delay:  # a slow model is as slow without streaming: all of it, then the answer
+            await asyncio.sleep(reply.chunk_delay * reply.chunks)
         return self._complete(body, reply, cid, model)
 
     def _error(self, reply: Reply) -> web.Response:
