@@ -190,6 +190,7 @@ class Approvals:
         if not message_id:
             message_id = await channel.send(row.target, part, idempotency_key=key)
         await self.store.approval_sent(row.id, message_id)
+        self.gw.metrics.approvals.labels(channel.name, "asked").inc()
         log.info(
             "approval %s: %s asked in %s for %s", row.code, event.tool, entry.conversation, row.requester
         )
@@ -261,6 +262,7 @@ class Approvals:
         if not await self.store.approval_decide(row.id, state, by):
             return False
         log.info("approval %s: %s by %s", row.code, state, by or "timeout")
+        self.gw.metrics.approvals.labels(row.platform, state).inc()
         timer = self._timers.pop(row.id, None)
         if timer is not None and timer is not asyncio.current_task():
             timer.cancel()
@@ -305,6 +307,7 @@ class Approvals:
             if not await self.store.approval_decide(row.id, CANCELLED, why):
                 continue
             cancelled += 1
+            self.gw.metrics.approvals.labels(platform, CANCELLED).inc()
             timer = self._timers.pop(row.id, None)
             if timer is not None:
                 timer.cancel()

@@ -48,6 +48,13 @@ class Metrics:
         self.pruned = Counter(
             "chital_pruned_rows", "Rows deleted by retention (storage.retention_days)", ["table"], registry=r
         )
+        self.approvals = Counter(
+            "chital_approvals",
+            "Tool calls that asked for approval, by how they ended (asked, approved, denied, timeout, "
+            "cancelled) (docs/approvals.md)",
+            ["channel", "outcome"],
+            registry=r,
+        )
         self.db_bytes = Gauge("chital_db_bytes", "Size of the gateway database and its WAL", registry=r)
         self.ready = Gauge("chital_ready", "1 when /readyz answers ready", registry=r)
         self.tokens = Counter(

@@ -257,6 +257,8 @@ async def test_the_exact_call_is_shown_and_an_approval_resumes_in_the_same_reply
         assert [(r.approval_id, r.decision.approved) for r in rig.harness.resumed] == [("intr-1", True)]
         counts = await rig.store.journal_counts()
         assert counts.get(JournalState.WAITING.value) is None
+        assert rig.metric("chital_approvals_total", channel="telegram", outcome="asked") == 1
+        assert rig.metric("chital_approvals_total", channel="telegram", outcome="approved") == 1
 
 
 async def test_a_stranger_is_refused_an_admin_may_deny_and_a_second_press_changes_nothing(
