@@ -261,6 +261,30 @@ async def test_the_exact_call_is_shown_and_an_approval_resumes_in_the_same_reply
         assert rig.metric("chital_approvals_total", channel="telegram", outcome="approved") == 1
 
 
+async def test_the_call_is_shown_cut_masked_and_fenced(tmp_path: Path) -> None:
+    long_call = ApprovalRequested(
+        "intr-2",
+        "write_file",
+        {
+            "path": "/mnt/user-data/outputs/a.txt",
+            "content": "```\nescape" + "x" * 5000,
+            "auth": "Bearer abc.def",
+        },
+    )
+
+    async def asks_long(call: Call) -> AsyncIterator[AgentEvent]:
+        yield long_call
+
+    async with fake_rig(tmp_path, config(), channel=FakeChannel(buttons=True)) as rig:
+        rig.harness.on("write it", asks_long)
+        await rig.channel.deliver(dm(USER, "write it", name="Alice"))
+        request = await until(lambda: buttoned(rig.channel))
+        body = request.text.split("```\n", 1)[1].rsplit("\n```", 1)[0]
+        assert '"path": "/mnt/user-data/outputs/a.txt"' in body and "…" in body
+        assert len(body) <= 1500 and "abc.def" not in request.text and "Bearer ***" in request.text
+        assert request.text.count("```") == 2  # the argument's own fence cannot close the block
+
+
 async def test_a_stranger_is_refused_an_admin_may_deny_and_a_second_press_changes_nothing(
     tmp_path: Path,
 ) -> None:
