@@ -1,4 +1,4 @@
-"""``chital migrate-to-postgres``: move a SQLite deployment's state into PostgreSQL.
+"""``chital migrate``: move a SQLite deployment's state into PostgreSQL.
 
 What moves: every table of ``gateway.sqlite`` (the list is read from the file's schema, brought to
 this version's first, so a table added later moves too), the agent's LangGraph checkpoints
@@ -317,26 +317,26 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     cfg = load_config_arg(args)
     url = args.to or cfg.storage.database_url
     if not url:
-        print("chital: migrate-to-postgres: no target: pass --to URL or set storage.url", file=sys.stderr)
+        print("chital: migrate: no target: pass --to URL or set storage.url", file=sys.stderr)
         return 2
     if not is_postgres_url(url):
-        print("chital: migrate-to-postgres: --to must be a postgresql://… URL", file=sys.stderr)
+        print("chital: migrate: --to must be a postgresql://… URL", file=sys.stderr)
         return 2
     data_dir = cfg.storage.path.resolve()
     memory_db = cfg.agent.memory.db_path or data_dir / "memory.sqlite"
     try:
         asyncio.run(migrate(data_dir, Path(memory_db), url, force=args.force, say=print))
     except Refused as exc:
-        print(f"chital: migrate-to-postgres: {exc}", file=sys.stderr)
+        print(f"chital: migrate: {exc}", file=sys.stderr)
         return 1
     except (OSError, sqlite3.Error) as exc:
-        print(f"chital: migrate-to-postgres: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"chital: migrate: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # psycopg's errors: one line, the URL's password masked
         if type(exc).__module__.split(".")[0] != "psycopg":
             raise
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"chital: migrate-to-postgres: {redact_url(url)}: {reason}", file=sys.stderr)
+        print(f"chital: migrate: {redact_url(url)}: {reason}", file=sys.stderr)
         return 1
     return 0
 
@@ -344,7 +344,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     parser = add_command(
         sub,
-        "migrate-to-postgres",
+        "migrate",
         "copy a SQLite deployment's state into PostgreSQL",
         cmd_migrate,
         description="Copy the gateway's tables, the agent's checkpoints and its memory from the SQLite"

@@ -1,4 +1,4 @@
-"""``chital migrate-to-postgres`` (gateway/cli_migrate.py): a SQLite deployment's state moves into a
+"""``chital migrate`` (gateway/cli_migrate.py): a SQLite deployment's state moves into a
 real PostgreSQL server (tests/pg_server.py) and the daemon carries on from it."""
 
 from __future__ import annotations
@@ -64,14 +64,14 @@ async def test_a_sqlite_deployment_carries_on_on_postgres(
         approve = tg.inject_command(ADMIN, ADMIN, "approve", code, chat_type="private", at=None)
         await answer(tg, ADMIN, approve, "Approved")
 
-        rc, out = await d.cli("migrate-to-postgres", "--to", pg_url)
+        rc, out = await d.cli("migrate", "--to", pg_url)
         assert rc == 1 and "a daemon is running" in out, out
     finally:
         assert await d.terminate() == 0
     before = digests(data)
     assert "gateway.sqlite" in before and "checkpoints.sqlite" in before
 
-    rc, out = await d.cli("migrate-to-postgres", "--to", pg_url)
+    rc, out = await d.cli("migrate", "--to", pg_url)
     assert rc == 0, out
     counts = {m[0]: int(m[1]) for m in re.findall(r"^  (\w+)\s+(\d+) ", out, re.M)}
     with sqlite3.connect(f"{(data / 'gateway.sqlite').as_uri()}?immutable=1", uri=True) as db:
@@ -90,7 +90,7 @@ async def test_a_sqlite_deployment_carries_on_on_postgres(
     assert counts["checkpoints"] > 0 and "password" not in out
     assert digests(data) == before, "the SQLite files were written to"
 
-    rc, again = await d.cli("migrate-to-postgres", "--to", pg_url)
+    rc, again = await d.cli("migrate", "--to", pg_url)
     assert rc == 0 and "copied before" in again and "(copied before)" in again.split("journal")[1], again
 
     d.config["storage"]["url"] = pg_url
