@@ -32,8 +32,8 @@ from typing import Any
 import aiosqlite
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langgraph.store.sqlite.aio import AsyncSqliteStore
 
+from agent import tuning
 from agent.memory.extraction import (
     BadExtraction,
     ExtractionPlan,
@@ -95,6 +95,11 @@ class MemoryService:
             return
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: the store issues its own BEGIN/COMMIT per batch.
+        # langgraph.store.sqlite imports sqlite_vec (and numpy, ~10 MB) for vector indexes,
+        # which facts do not use: loaded only if something ever calls it (agent/tuning.py).
+        tuning.defer_import("sqlite_vec")
+        from langgraph.store.sqlite.aio import AsyncSqliteStore
+
         conn = await aiosqlite.connect(str(self.db_path), isolation_level=None)
         try:
             await conn.execute("PRAGMA journal_mode=WAL")

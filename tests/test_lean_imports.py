@@ -1,0 +1,54 @@
+"""What a daemon does not load until it is used (agent/tuning.py ``defer_import``): the memory
+store's vector extension, and with it numpy, stays out of a daemon whose memory has no vector
+index; the stand-in still gives the real module to whoever uses it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_memory_keeps_facts_without_loading_numpy(tmp_path: Path) -> None:
+    out = run(
+        f"""
+        import asyncio, sys
+        from agent.memory.facts import MemorySettings
+        from agent.memory.service import MemoryService
+
+        async def main():
+            service = MemoryService(MemorySettings(), model=None, db_path={str(tmp_path / "m.sqlite")!r})
+            async with service:
+                await service.remember("u1", "likes green tea")
+                facts = await service.list("u1")
+            print([f.text for f in facts], "numpy" in sys.modules)
+
+        asyncio.run(main())
+        """
+    )
+    assert out == "['likes green tea'] False"
+
+
+def test_the_stand_in_loads_the_real_module_on_use() -> None:
+    out = run(
+        """
+        import sys
+        from agent import tuning
+        tuning.defer_import("sqlite_vec")
+        import sqlite_vec
+        before = "numpy" in sys.modules
+        print(before, callable(sqlite_vec.serialize_float32), "numpy" in sys.modules)
+        """
+    )
+    assert out == "False True True"
