@@ -197,8 +197,19 @@ class Approvals:
         self._arm(row)
 
     async def pause(self, entry: JournalEntry) -> None:
-        """The turn ended waiting: park its entry (a pause is not a failed attempt)."""
+        """The turn ended waiting: park its entry (a pause is not a failed attempt). A press that
+        came before the turn had paused found nothing to resume, so that case goes on from here."""
         await self.store.journal_pause(entry.key)
+        if not any(r.state == PENDING for r in await self.store.approvals_for(entry.key)):
+            self.gw._spawn(self._continue_when_free(entry.key), f"approval-continue:{entry.key}")
+
+    async def _continue_when_free(self, key: str) -> None:
+        """:meth:`_continue` once the paused run has left the gateway's in-flight set."""
+        for _ in range(3000):  # the run's own clean-up is a few statements away; 30 s at most
+            if key not in self.gw._inflight:
+                break
+            await asyncio.sleep(0.01)
+        await self._continue(key)
 
     # -- presses and text answers -----------------------------------------------------------------
     async def on_action(self, action: Action) -> ActionAnswer:

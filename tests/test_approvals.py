@@ -314,6 +314,24 @@ async def test_a_stranger_is_refused_an_admin_may_deny_and_a_second_press_change
         assert rig.channel.replies_to(inbound.message_id)[0] == "resumed: denied (denied by Root)"
 
 
+async def test_a_press_before_the_turn_has_paused_still_resumes_it(tmp_path: Path) -> None:
+    async with fake_rig(tmp_path, config(), channel=FakeChannel(buttons=True)) as rig:
+        answers: list[Any] = []
+
+        async def asks_and_is_answered_at_once(call: Call) -> AsyncIterator[AgentEvent]:
+            yield CALL  # the buttons are posted before the next event is asked for
+            request = buttoned(rig.channel)
+            answers.append(await rig.channel.press(request.message_id, "✅", USER, "Alice"))
+            await until(lambda: request.text.endswith("✅ Approved by Alice"))
+            await asyncio.sleep(0.2)  # the decision looked for a paused turn and found none yet
+
+        rig.harness.on("clean the cache", asks_and_is_answered_at_once)
+        inbound = dm(USER, "clean the cache", name="Alice")
+        await rig.channel.deliver(inbound)
+        await until(lambda: rig.channel.replies_to(inbound.message_id)[:1] == ["resumed: approved"])
+        assert not answers[0].refused and len(rig.harness.resumed) == 1
+
+
 async def test_admins_only_policy(tmp_path: Path) -> None:
     async with fake_rig(tmp_path, config(approvers="admins"), channel=FakeChannel(buttons=True)) as rig:
         _, request = await paused(rig.channel, rig.harness)
