@@ -138,7 +138,7 @@ class Approvals:
                         continue  # decided already: the next resume answers it
                     if not reply.has_message:  # the reply first, the buttons under it
                         await reply.status(WAITING_NOTE)
-                    await self.request(entry, event)
+                    await self.request(entry, event, reply)
                 yield event
         if todo:
             await self.store.approvals_resumed([r.id for r in todo])
@@ -157,8 +157,8 @@ class Approvals:
 
         return stream
 
-    async def request(self, entry: JournalEntry, event: ApprovalRequested) -> None:
-        """Record and post one request (once), and arm its timeout."""
+    async def request(self, entry: JournalEntry, event: ApprovalRequested, reply: Reply) -> None:
+        """Record and post one request (once), where the turn's reply goes, and arm its timeout."""
         existing = await self.store.approval_get(event.id)
         if existing is not None and existing.message_id:
             self._arm(existing)
@@ -170,7 +170,7 @@ class Approvals:
         name = inbound.sender_name or inbound.sender_id
         text = request_text(event, name, self.timeout, code, buttons)
         row = existing or await self.store.approval_add(
-            event.id, code, entry.key, entry.conversation, inbound.target, inbound.user, name,
+            event.id, code, entry.key, entry.conversation, reply.target, inbound.user, name,
             event.tool, text, time.time() + self.timeout,
         )  # fmt: skip
         part = channel.render(row.text)[0]
