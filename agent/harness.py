@@ -111,6 +111,7 @@ class Harness:
         usage: UsageSink | None = None,
         persona_base: str | None = None,
         skill_text: SkillText | None = None,
+        checkpoint_url: str | None = None,
     ) -> None:
         """``models``: every configured model a turn may choose (``TurnOptions.model``), built on
         first use; ``usage`` counts each model call; ``persona_base``: the part of the system
@@ -118,6 +119,9 @@ class Harness:
         self.settings = settings
         self.spec = model
         self.checkpoint_path = Path(checkpoint_path)
+        self.checkpoint_url = checkpoint_url
+        """PostgreSQL instead of the SQLite file (several daemons share the threads)."""
+        self._close_saver: Callable[[], Awaitable[None]] | None = None
         self.tools: list[BaseTool | Callable[..., Any]] = list(extra_tools)
         self.extra_middleware = list(extra_middleware)
         self._turn_scope = turn_scope
@@ -132,7 +136,7 @@ class Harness:
         self._skill_text = skill_text
         self._choices: dict[str, TurnChoice | None] = {}
         """The last turn's choice per thread, for a turn resumed after an approval."""
-        self._saver: InlineSqliteSaver | None = None
+        self._saver: Any = None
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # thread id -> message id of the last turn this process finished cleanly on that thread.
@@ -197,7 +201,13 @@ class Harness:
         if self._graph is not None:
             return
         tuning.apply()
-        saver = InlineSqliteSaver.open(self.checkpoint_path)
+        saver: Any
+        if self.checkpoint_url:
+            from agent.postgres import postgres_checkpointer
+
+            saver, self._close_saver = await postgres_checkpointer(self.checkpoint_url)
+        else:
+            saver = InlineSqliteSaver.open(self.checkpoint_path)
         self._saver = saver
         self._graph = create_agent(
             self._model,
@@ -215,7 +225,11 @@ class Harness:
         self._graph = None
         if self._saver is not None:
             saver, self._saver = self._saver, None
-            saver.close()
+            if self._close_saver is not None:
+                closer, self._close_saver = self._close_saver, None
+                await closer()
+            else:
+                saver.close()
 
     async def __aenter__(self) -> Harness:
         await self.start()
@@ -430,6 +444,10 @@ class Harness:
         return {"messages": [*patches, *old, human]}
 
     def _remember(self, thread_id: str, message_id: str) -> None:
+        if self.checkpoint_url:
+            # Shared checkpoints: another daemon may take the thread's next turn, or re-run this
+            # one after our lease lapsed, so only the checkpoint can say what is new.
+            return
         if len(self._settled) >= _SETTLED_CACHE:
             self._settled.pop(next(iter(self._settled)))
         self._settled[thread_id] = message_id

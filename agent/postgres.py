@@ -7,6 +7,7 @@ continued by another from its last checkpoint. Imported only then (psycopg is an
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,6 +31,29 @@ async def _pool(url: str, max_size: int) -> Any:
     return pool
 
 
+SETUP_LOCK = 0x43484B50  # "CHKP": one daemon at a time creates or migrates LangGraph's tables
+
+
+async def _setup_alone(pool: Any, setup: Callable[[], Awaitable[None]]) -> None:
+    """LangGraph's ``setup()`` run by several daemons starting together would race on its
+    migration table (a duplicate key): hold a session advisory lock around it.
+
+    Polled with ``pg_try_advisory_lock`` rather than waited for with ``pg_advisory_lock``: the
+    setup creates indexes ``CONCURRENTLY``, which waits for every other session's open statement,
+    and a daemon blocked inside ``pg_advisory_lock`` would be one: a deadlock nobody detects."""
+    async with pool.connection() as conn:
+        while True:
+            cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (SETUP_LOCK,))
+            row = await cur.fetchone()
+            if row and next(iter(row.values() if isinstance(row, dict) else row)):
+                break
+            await asyncio.sleep(0.2)
+        try:
+            await setup()
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK,))
+
+
 async def postgres_checkpointer(url: str, max_size: int = 10) -> tuple[Any, Closer]:
     """An ``AsyncPostgresSaver`` with its tables set up, and how to close it."""
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -37,7 +61,7 @@ async def postgres_checkpointer(url: str, max_size: int = 10) -> tuple[Any, Clos
     pool = await _pool(url, max_size)
     try:
         saver = AsyncPostgresSaver(pool)
-        await saver.setup()
+        await _setup_alone(pool, saver.setup)
     except BaseException:
         await pool.close()
         raise
@@ -51,7 +75,7 @@ async def postgres_store(url: str, max_size: int = 4) -> tuple[Any, Closer]:
     pool = await _pool(url, max_size)
     try:
         store = AsyncPostgresStore(pool)
-        await store.setup()
+        await _setup_alone(pool, store.setup)
     except BaseException:
         await pool.close()
         raise

@@ -78,14 +78,17 @@ class AgentRuntime:
         *,
         models: Sequence[ModelSpec] = (),
         usage: UsageSink | None = None,
+        database_url: str | None = None,
     ) -> None:
         """``models``: all configured models a conversation may switch to (``TurnOptions.model``);
-        ``usage`` receives the token usage of every model call (agent/usage.py)."""
+        ``usage`` receives the token usage of every model call (agent/usage.py); ``database_url``:
+        checkpoints and memory in PostgreSQL instead of SQLite files under ``data_dir``."""
         self.settings = settings
         self.spec = model
         self.models = list(models)
         self.usage = usage
         self.data_dir = data_dir
+        self.database_url = database_url
         self.sandbox_root = (
             settings.sandbox.root if settings.sandbox.root.is_absolute() else data_dir / settings.sandbox.root
         )
@@ -179,7 +182,12 @@ class AgentRuntime:
         s = self.settings
         if not s.tools:
             self.harness = Harness(
-                s, self.spec, self.data_dir / "checkpoints.sqlite", models=self.models, usage=self.usage
+                s,
+                self.spec,
+                self.data_dir / "checkpoints.sqlite",
+                models=self.models,
+                usage=self.usage,
+                checkpoint_url=self.database_url,
             )
             await self.harness.start()
             return
@@ -213,7 +221,7 @@ class AgentRuntime:
         if s.memory.enabled:
             db = s.memory.db_path or self.data_dir / "memory.sqlite"
             memory_model = attach_usage(build_chat_model(self.spec, s), self.spec.name, self.usage)
-            self.memory = MemoryService(s.memory, memory_model, db_path=db)
+            self.memory = MemoryService(s.memory, memory_model, db_path=db, db_url=self.database_url)
             await self.memory.start()
             middleware.append(self.memory.build_middleware())
             sub_middleware.append(self.memory.build_middleware(for_subagent=True))
@@ -256,6 +264,7 @@ class AgentRuntime:
             s.model_copy(update={"system_prompt": s.system_prompt + LEAD_PROMPT}),
             self.spec,
             self.data_dir / "checkpoints.sqlite",
+            checkpoint_url=self.database_url,
             extra_tools=tools,
             extra_middleware=middleware,
             turn_scope=self._sandbox_scope,

@@ -381,6 +381,9 @@ class Channel(abc.ABC):
 
     name: str
     capabilities: Capabilities
+    can_send_only = False
+    """The adapter can run connected for sending only (:attr:`receive` False): a standby daemon
+    of a platform that allows one inbound connection per bot still delivers replies."""
 
     def __init__(self) -> None:
         self.status = ChannelStatus(self)
@@ -389,6 +392,9 @@ class Channel(abc.ABC):
         ``chital_messages_ignored{reason="malformed"}`` counts the same through the sink)."""
         self._reporter: Report = self._unsupervised
         self._actions: ActionSink | None = None
+        self.receive = True
+        """False: :meth:`run` connects for sending only and takes in nothing (another daemon
+        receives for this bot); only for adapters with :attr:`can_send_only`."""
 
     # -- status (read here, written by the supervisor) ------------------------------------------
     @property

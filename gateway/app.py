@@ -29,13 +29,22 @@ from agent.turn import PLAIN, TurnOptions
 from channels.base import Channel, ChannelState
 
 from .agent_api import AgentHarness, MemoryAccess
+from .cluster import Cluster
 from .config import Config
 from .core import Gateway
 from .http import build_app, describe_state
-from .lifecycle import Resources, StartupError, database_error, listen_error, one_line, prepare_data_dir
+from .lifecycle import (
+    Resources,
+    StartupError,
+    database_error,
+    listen_error,
+    one_line,
+    postgres_error,
+    prepare_data_dir,
+)
 from .logs import RedactingFilter, secrets_of
 from .metrics import Metrics
-from .registry import build_channels
+from .registry import PLATFORMS, build_channels
 from .retention import Retention
 from .status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
 from .store import Store
@@ -115,7 +124,14 @@ async def open_harness(
         reason = f"no API key: set OPENAI_API_KEY (or models[{index}].api_key in config.yaml)"
         log.error("the agent's model %r is not configured: %s", spec.name, reason)
         return UnconfiguredHarness(reason)
-    runtime = AgentRuntime(config.agent, spec, config.storage.path, models=config.models, usage=usage)
+    runtime = AgentRuntime(
+        config.agent,
+        spec,
+        config.storage.path,
+        models=config.models,
+        usage=usage,
+        database_url=config.storage.database_url,
+    )
     runtime.scheduler = scheduler
     try:
         await runtime.start()
@@ -138,6 +154,9 @@ class Daemon:
         self.harness: AgentHarness | None = None
         self.gateway: Gateway | None = None
         self.supervisors: list[ChannelSupervisor] = []
+        self.cluster: Cluster | None = None
+        self.standby: set[ChannelSupervisor] = set()
+        """Leader-only channels (Telegram polling, Discord's gateway) waiting for leadership."""
         self.off: dict[str, str] = {}
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
@@ -161,9 +180,48 @@ class Daemon:
             s.channel.name: describe_state(s.channel.state, s.channel.reason, s.channel.state_since)
             for s in self.supervisors
         }
+        for sup in self.standby:
+            sends = sup.channel.can_send_only and sup.channel.state is ChannelState.CONNECTED
+            report[sup.channel.name] = {
+                "state": "standby",
+                "reason": "another daemon is the leader" + ("; connected for sending" if sends else ""),
+            }
         for name, why in self.off.items():
             report[name] = {"state": ChannelState.DISABLED.value, "reason": why}
         return report
+
+    def _standby_leader_only(self) -> None:
+        """With several daemons, channels a platform allows once per bot run on the leader only:
+        started when this daemon becomes it, stopped when it stops being it."""
+        assert self.cluster is not None
+        single = {p.name for p in PLATFORMS if p.single_consumer}
+        leader_only = [s for s in self.supervisors if s.channel.name in single]
+        self.standby.update(leader_only)
+        for sup in leader_only:
+            if sup.channel.can_send_only:  # connected for sending: this daemon still delivers
+                sup.channel.receive = False
+                sup.start()
+
+        async def lead() -> None:
+            for sup in leader_only:
+                if sup in self.standby:
+                    if sup.channel.can_send_only:
+                        await sup.stop()
+                    sup.channel.receive = True
+                    self.standby.discard(sup)
+                    sup.start()
+
+        async def unlead() -> None:
+            for sup in leader_only:
+                if sup not in self.standby:
+                    await sup.stop()
+                    self.standby.add(sup)
+                    if sup.channel.can_send_only:
+                        sup.channel.receive = False
+                        sup.start()
+
+        self.cluster.on_lead.append(lead)
+        self.cluster.on_unlead.append(unlead)
 
     def agent_report(self) -> dict[str, object]:
         harness = self.harness
@@ -185,7 +243,7 @@ class Daemon:
             reasons.append(f"storage: the disk under {self.config.storage.path} is full (reserve in use)")
         for sup in self.supervisors:
             ch = sup.channel
-            if ch.state is not ChannelState.CONNECTED:
+            if sup not in self.standby and ch.state is not ChannelState.CONNECTED:
                 reasons.append(
                     f"channel {ch.name}: {ch.state.value}" + (f" ({ch.reason})" if ch.reason else "")
                 )
@@ -243,11 +301,14 @@ class Daemon:
         if cfg.http.enabled:
             await self._start_http()
         await self._start_status()
-        db_path = self.db_path
+        db_path, url = self.db_path, cfg.storage.database_url
         try:
-            self.store = await Store.open(db_path, cfg.storage.reserve_mb << 20)
+            if url:
+                self.store = await Store.open_postgres(url)
+            else:
+                self.store = await Store.open(db_path, cfg.storage.reserve_mb << 20)
         except Exception as exc:
-            raise database_error(db_path, exc) from exc
+            raise (postgres_error(url, exc) if url else database_error(db_path, exc)) from exc
         res.push("the database", self._close_store)
         ttls = [
             getattr(cfg.access_for(name), "pairing_code_ttl", 0.0) for name in type(cfg.channels).model_fields
@@ -266,6 +327,12 @@ class Daemon:
         self.harness = await open_harness(cfg, scheduler, recorder)
         res.push("the agent", self.harness.close)
         self.gateway = Gateway(cfg, self.store, self.harness, self.metrics)
+        url = cfg.storage.database_url
+        if url:
+            # Released after the gateway drained: its heartbeat keeps our leases while turns finish.
+            self.cluster = Cluster(self.gateway, url, ttl=cfg.storage.lease_seconds)
+            self.gateway.cluster = self.cluster
+            res.push("the cluster", self.cluster.close)
         res.push("the gateway", self._close_gateway)
 
         channels, self.off = build_channels(cfg)
@@ -277,8 +344,13 @@ class Daemon:
             sup = ChannelSupervisor(channel, sink, self.metrics)
             self.supervisors.append(sup)
             res.push(f"channel {channel.name}", sup.stop)
+        if self.cluster is not None:
+            self._standby_leader_only()
         for sup in self.supervisors:
-            sup.start()
+            if sup not in self.standby:
+                sup.start()  # (send-only standbys were started by _standby_leader_only)
+        if self.cluster is not None:
+            self.cluster.start()
         if not self.supervisors:
             log.warning("no chat channel is on; the daemon serves only /healthz and `chital chat`")
         res.spawn(self.retention.run(), "retention")

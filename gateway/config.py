@@ -160,6 +160,10 @@ class StorageConfig(_Strict):
             raise ValueError("must be a postgresql://… URL (leave it unset for SQLite)")
         return value
 
+    lease_seconds: float = Field(15.0, ge=2.0, le=600.0)
+    """With PostgreSQL: how long a daemon's claim on a message outlives its last heartbeat. A
+    daemon killed mid-answer is taken over by another after this long (docs/scale-out.md)."""
+
     @property
     def database_url(self) -> str | None:
         """The PostgreSQL URL in use: the config's, else ``$CHITAL_DATABASE_URL``, else None."""

@@ -12,7 +12,8 @@ import contextlib
 import dataclasses
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from agent.events import (
     AgentEvent,
@@ -48,6 +49,9 @@ from .store import JournalEntry, JournalKind, JournalState, StorageFull, Store
 from .turn_options import turn_options
 from .turns import TurnQueue
 
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
 log = logging.getLogger(__name__)
 
 TYPING_EVERY = 4.5
@@ -65,7 +69,7 @@ class Gateway:
         self.harness = harness
         self.metrics = metrics
         self.channels: dict[str, Channel] = {}
-        self.turns = TurnQueue(config.concurrency.max_turns, self._run_entry, metrics)
+        self.turns = TurnQueue(config.concurrency.max_turns, self._run_claimed, metrics)
         self._pacers = PacerPool()
         self._tasks: set[asyncio.Task[None]] = set()
         self.throttles = Throttles(config)
@@ -79,6 +83,9 @@ class Gateway:
         """Tool calls waiting for a person's yes (gateway/approvals.py)."""
         self._connected: set[str] = set()
         self._closing = False
+        self.cluster: Cluster | None = None
+        """Several daemons on one database (gateway/cluster.py): an entry is worked on only by the
+        daemon holding its lease. None: this daemon is alone (SQLite), no lease is taken."""
 
     # -- wiring ---------------------------------------------------------------------------------
     def attach(self, channel: Channel) -> InboundSink:
@@ -215,7 +222,7 @@ class Gateway:
             self._dispatch(entry)
 
     async def _journal(self, inbound: Inbound, kind: JournalKind, note: str = "") -> bool:
-        fresh = await self.store.journal_add(inbound, kind, note)
+        fresh = await self.store.journal_add(inbound, kind, note, self._intake_lease())
         if fresh:
             self.metrics.messages_in.labels(inbound.platform).inc()
         else:
@@ -277,7 +284,7 @@ class Gateway:
             addressed=True,
             extra={access.STARTED_BY_BOT: True},
         )
-        if await self.store.journal_add(inbound, JournalKind.NOTICE, text):
+        if await self.store.journal_add(inbound, JournalKind.NOTICE, text, self._intake_lease()):
             self._dispatch(JournalEntry.new(inbound, JournalKind.NOTICE, text))
 
     async def start_turn(self, inbound: Inbound, note: str = "") -> bool:
@@ -286,15 +293,20 @@ class Gateway:
         its channel is not here, or the gateway is closing (then nothing is journaled)."""
         if self._closing or inbound.platform not in self.channels:
             return False
-        if not await self.store.journal_add(inbound, JournalKind.TURN, note):
+        if not await self.store.journal_add(inbound, JournalKind.TURN, note, self._intake_lease()):
             return False
         self._dispatch(JournalEntry.new(inbound, JournalKind.TURN, note))
         return True
 
     def pick_up(self, entry: JournalEntry) -> bool:
-        """Handle an entry another process journaled (``chital send``); False when its channel is
-        not here or this process already handles it."""
-        return entry.inbound.platform in self.channels and self._dispatch(entry)
+        """Handle an entry another process journaled (``chital send``, another daemon); False when
+        its channel is not connected here (the next connect resumes it) or this process already
+        handles it."""
+        return self.connected(entry.inbound.platform) and self._dispatch(entry)
+
+    def connected(self, platform: str) -> bool:
+        """The channel is here and connected (what a resume waits for)."""
+        return platform in self._connected
 
     def _submit(self, entry: JournalEntry) -> None:
         ahead = self.turns.submit(entry)
@@ -305,6 +317,8 @@ class Gateway:
         await asyncio.sleep(QUEUED_SIGN_AFTER)
         if not self.turns.is_queued(entry.key):
             return  # it started (or finished) meanwhile
+        if self.cluster is not None and not await self.cluster.holds(entry):
+            return  # another daemon may run it: only the holder of its lease speaks for it
         what = "the current answer" if ahead == 1 else f"{ahead} messages"
         reply = self._reply(entry)
         if entry.from_journal:
@@ -323,18 +337,45 @@ class Gateway:
         if entry.kind == JournalKind.TURN:
             self._submit(entry)
         elif entry.kind == JournalKind.NOTICE:
-            self._spawn(self._release_after(entry, self._send_notice(entry)), f"notice:{entry.key}")
+            self._spawn(self._release_after(entry, self._send_notice), f"notice:{entry.key}")
         else:
             cmd = commands.parse_command(entry.inbound.text)
             if cmd is None:
                 self._inflight.discard(entry.key)
                 return False
-            self._spawn(self._release_after(entry, self._run_command(entry, cmd)), f"cmd:{entry.key}")
+            self._spawn(self._release_after(entry, lambda e: self._run_command(e, cmd)), f"cmd:{entry.key}")
         return True
 
-    async def _release_after(self, entry: JournalEntry, work: Any) -> None:
+    def _intake_lease(self) -> tuple[str, float] | None:
+        return self.cluster.intake_lease() if self.cluster is not None else None
+
+    async def _claim(self, entry: JournalEntry) -> bool:
+        """This daemon may work on ``entry`` (always, when it is alone)."""
+        if self.cluster is None:
+            return True
+        if await self.cluster.claim(entry):
+            return True
+        log.debug("%s is another daemon's (or waits behind one's turn); left to it", entry.key)
+        await self.cluster.release(entry)  # taken at intake, maybe: let the others' sweeps have it
+        return False
+
+    async def _run_claimed(self, entry: JournalEntry) -> None:
         try:
-            await work
+            claimed = await self._claim(entry)
+        except Exception as exc:  # the database is unreachable: leave it to the next sweep
+            log.warning("could not claim %s: %s", entry.key, exc)
+            claimed = False
+        if claimed:
+            await self._run_entry(entry)
+        else:
+            self._inflight.discard(entry.key)
+
+    async def _release_after(
+        self, entry: JournalEntry, work: Callable[[JournalEntry], Awaitable[None]]
+    ) -> None:
+        try:
+            if await self._claim(entry):
+                await work(entry)
         finally:
             self._inflight.discard(entry.key)
 

@@ -33,6 +33,9 @@ class Platform:
     settings: type[ChannelSettings]
     adapter: str
     """``module:Class`` of the :class:`Channel`, imported only when the channel is built."""
+    single_consumer: bool = False
+    """The platform allows one inbound connection per bot (Telegram's long polling, Discord's
+    gateway for one shard): with several daemons, only the leader runs it (gateway/cluster.py)."""
 
     def build(self, settings: ChannelSettings) -> Channel:
         """The adapter, each field of the settings model passed to the constructor parameter of the
@@ -47,9 +50,9 @@ class Platform:
 
 
 PLATFORMS: tuple[Platform, ...] = (
-    Platform("telegram", TelegramSettings, "channels.telegram.channel:TelegramChannel"),
+    Platform("telegram", TelegramSettings, "channels.telegram.channel:TelegramChannel", single_consumer=True),
     Platform("slack", SlackSettings, "channels.slack.channel:SlackChannel"),
-    Platform("discord", DiscordSettings, "channels.discord.channel:DiscordChannel"),
+    Platform("discord", DiscordSettings, "channels.discord.channel:DiscordChannel", single_consumer=True),
     Platform("lark", LarkSettings, "channels.lark.channel:LarkChannel"),
 )
 

@@ -30,6 +30,7 @@ from channels.base import Attachment, Inbound
 from .db import POSTGRES, SQLITE, PgConnection
 from .store_access import AccessTables
 from .store_approvals import ApprovalTables
+from .store_leases import LeaseTables
 from .store_schedules import ScheduleTables
 from .store_schema import migrate
 from .usage import ModelUsageTables
@@ -162,7 +163,7 @@ def inbound_from_json(raw: str) -> tuple[Inbound, str]:
     return Inbound(**data), note
 
 
-class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables):
+class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, LeaseTables):
     """SQLite-backed gateway state. Create with :meth:`open`."""
 
     def __init__(self, db: aiosqlite.Connection, path: Path, reserve: DiskReserve | None = None) -> None:
@@ -248,15 +249,23 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables):
         return not self.disk_full
 
     # -- journal --------------------------------------------------------------------------------
-    async def journal_add(self, inbound: Inbound, kind: JournalKind | str, note: str = "") -> bool:
-        """Record a message durably. Returns False when the key is already journaled (redelivery)."""
+    async def journal_add(
+        self,
+        inbound: Inbound,
+        kind: JournalKind | str,
+        note: str = "",
+        lease: tuple[str, float] | None = None,
+    ) -> bool:
+        """Record a message durably. Returns False when the key is already journaled (redelivery).
+        ``lease`` (node, seconds): the entry is that daemon's from the start (gateway/cluster.py)."""
         now = time.time()
         payload = inbound_to_json(inbound, note)
+        owner, until = (lease[0], now + lease[1]) if lease else (None, None)
         count = await self._write(
-            "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, state, created, updated)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, state, created, updated,"
+            " lease_owner, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (inbound.key, inbound.conversation, JournalKind(kind).value, payload, JournalState.PENDING.value,
-             now, now),
+             now, now, owner, until),
         )  # fmt: skip
         return count == 1
 

@@ -32,6 +32,7 @@ import aiosqlite
 from .db import POSTGRES, dialect_of
 from .store_access import ACCESS_TABLES, PAIRING_COLUMNS
 from .store_approvals import APPROVAL_TABLES
+from .store_leases import LEASE_COLUMNS, LEASE_INDEX
 from .store_schedules import SCHEDULE_TABLES
 
 log = logging.getLogger(__name__)
@@ -161,11 +162,21 @@ async def _v4_approvals(db: aiosqlite.Connection) -> None:
         await db.execute(statement)
 
 
+async def _v5_leases(db: aiosqlite.Connection) -> None:
+    """Journal leases for several daemons on one database (gateway/store_leases.py)."""
+    have = await _columns(db, "journal")
+    for name, decl in LEASE_COLUMNS.items():
+        if name not in have:
+            await db.execute(f"ALTER TABLE journal ADD COLUMN {name} {decl}")
+    await db.execute(LEASE_INDEX)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
     Migration(3, "conversation models and token usage", _v3_models_usage),
     Migration(4, "approvals", _v4_approvals),
+    Migration(5, "journal leases (several daemons on one database)", _v5_leases),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

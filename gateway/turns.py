@@ -65,6 +65,10 @@ class TurnQueue:
         return any(e.key == key for c in self._convs.values() for e in c.queue)
 
     @property
+    def queued_count(self) -> int:
+        return sum(len(c.queue) for c in self._convs.values())
+
+    @property
     def running_count(self) -> int:
         return sum(1 for c in self._convs.values() if c.running is not None)
 

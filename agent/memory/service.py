@@ -23,7 +23,7 @@ import builtins
 import contextvars
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import suppress
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -61,13 +61,23 @@ class MemoryNotStarted(RuntimeError):
 class MemoryService:
     """One per daemon. ``start()`` before the harness runs turns, ``close()`` after it stops."""
 
-    def __init__(self, settings: MemorySettings, model: BaseChatModel, *, db_path: Path | None = None):
+    def __init__(
+        self,
+        settings: MemorySettings,
+        model: BaseChatModel,
+        *,
+        db_path: Path | None = None,
+        db_url: str | None = None,
+    ):
         path = db_path or settings.db_path
         if path is None:
             raise ValueError("memory: no db_path (set memory.db_path or pass db_path)")
         self.settings = settings
         self.model = model
         self.db_path = Path(path)
+        self.db_url = db_url
+        """PostgreSQL (LangGraph's ``AsyncPostgresStore``) instead of the SQLite file."""
+        self._close_store: Callable[[], Awaitable[None]] | None = None
         self._conn: aiosqlite.Connection | None = None
         self._facts: FactStore | None = None
         self._inbox: asyncio.Queue[tuple[str, PendingTurn]] = asyncio.Queue()
@@ -93,23 +103,29 @@ class MemoryService:
         """Open the store, resume pending extraction, start pruning (idempotent)."""
         if self._facts is not None:
             return
-        self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: the store issues its own BEGIN/COMMIT per batch.
-        # langgraph.store.sqlite imports sqlite_vec (and numpy, ~10 MB) for vector indexes,
-        # which facts do not use: loaded only if something ever calls it (agent/tuning.py).
-        tuning.defer_import("sqlite_vec")
-        from langgraph.store.sqlite.aio import AsyncSqliteStore
+        if self.db_url:
+            from agent.postgres import postgres_store
 
-        conn = await aiosqlite.connect(str(self.db_path), isolation_level=None)
-        try:
-            await conn.execute("PRAGMA journal_mode=WAL")
-            await conn.execute("PRAGMA synchronous=NORMAL")
-            store = AsyncSqliteStore(conn)
-            await store.setup()
-        except BaseException:
-            await conn.close()
-            raise
-        self._conn, self._facts = conn, FactStore(store)
+            pg_store, self._close_store = await postgres_store(self.db_url)
+            self._facts = FactStore(pg_store)
+        else:
+            self.db_path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: the store issues its own BEGIN/COMMIT per batch.
+            # langgraph.store.sqlite imports sqlite_vec (and numpy, ~10 MB) for vector indexes,
+            # which facts do not use: loaded only if something ever calls it (agent/tuning.py).
+            tuning.defer_import("sqlite_vec")
+            from langgraph.store.sqlite.aio import AsyncSqliteStore
+
+            conn = await aiosqlite.connect(str(self.db_path), isolation_level=None)
+            try:
+                await conn.execute("PRAGMA journal_mode=WAL")
+                await conn.execute("PRAGMA synchronous=NORMAL")
+                store = AsyncSqliteStore(conn)
+                await store.setup()
+            except BaseException:
+                await conn.close()
+                raise
+            self._conn, self._facts = conn, FactStore(store)
         self._spawn(self._writer())
         if self.settings.retention_days is not None:
             self._spawn(self._pruner())
@@ -136,6 +152,9 @@ class MemoryService:
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await conn.close()
+        if self._close_store is not None:
+            closer, self._close_store = self._close_store, None
+            await closer()
 
     async def __aenter__(self) -> MemoryService:
         await self.start()

@@ -102,6 +102,7 @@ class TelegramChannel(Channel):
         max_upload_bytes=UPLOAD_LIMIT,
         buttons=True,
     )
+    can_send_only = True
 
     def __init__(
         self,
@@ -145,6 +146,8 @@ class TelegramChannel(Channel):
         try:
             bot = self._require_bot()
             await self._start(bot)
+            if not self.receive:  # a standby daemon: sends only; the leader polls (gateway/cluster.py)
+                await asyncio.Event().wait()
             await self._poll(bot, sink)
         finally:
             await self._poll_request.shutdown()

@@ -106,6 +106,8 @@ class _Conn:
     hard_stalled: bool = False
     released: asyncio.Event = field(default_factory=asyncio.Event)
     pings: int = 0
+    unacked: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Envelopes sent on this connection and not acknowledged yet (``spread`` mode)."""
 
 
 def _blocks(raw: Any) -> list[dict[str, Any]] | None:
@@ -156,6 +158,10 @@ class FakeSlack:
         self.uploads: list[Upload] = []
         self.calls: list[Call] = []
         self.acks: list[str] = []
+        self.spread = False
+        """Send each event to one of the open connections in turn (several daemons), and re-send
+        what a dropped connection never acknowledged to another, as Slack does."""
+        self._turn = 0
         self.ack_payloads: dict[str, Any] = {}
         self.sent: list[dict[str, Any]] = []
         """Every envelope written to a socket, in order (redeliveries included)."""
@@ -455,6 +461,10 @@ class FakeSlack:
     # -- internals: socket ----------------------------------------------------------------------
     def _current(self) -> _Conn | None:
         open_conns = [c for c in self._conns if not c.ws.closed]
+        if self.spread and open_conns:
+            # Several apps' connections (several daemons): Slack sends each event to one of them.
+            self._turn = (self._turn + 1) % len(open_conns)
+            return open_conns[self._turn]
         return open_conns[-1] if open_conns else None
 
     def _live(self) -> _Conn | None:
@@ -469,6 +479,8 @@ class FakeSlack:
         try:
             await conn.ws.send_json(envelope)
             self.sent.append(envelope)
+            if self.spread:
+                conn.unacked[envelope["envelope_id"]] = envelope
         except (ConnectionError, RuntimeError):
             self._queue.append(envelope)
 
@@ -524,6 +536,16 @@ class FakeSlack:
         finally:
             if conn in self._conns:
                 self._conns.remove(conn)
+            if self.spread:  # what the dead connection never acknowledged goes to another one
+                for eid, env in conn.unacked.items():
+                    if eid not in self.acks:
+                        retry = json.loads(json.dumps(env))
+                        retry["envelope_id"] = f"env-retry-{uuid.uuid4().hex[:12]}"
+                        retry["retry_attempt"] = env.get("retry_attempt", 0) + 1
+                        retry["retry_reason"] = "timeout"
+                        self._queue.append(retry)
+                conn.unacked.clear()
+                await self._flush()
         return ws
 
     def _on_client_text(self, data: str) -> None:
@@ -658,12 +680,12 @@ class FakeSlack:
         post = self._remember(channel, ts, thread_ts, text)
         meta = p.get("metadata")
         post.metadata = json.loads(meta) if isinstance(meta, str) else meta
+        post.blocks = _blocks(p.get("blocks"))
+        post.offered += _buttons(post.blocks)
         self.posts.append(post)
         message = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "text": text, "ts": ts}
         if thread_ts:
             message["thread_ts"] = thread_ts
-        post.blocks = _blocks(p.get("blocks"))
-        post.offered += _buttons(post.blocks)
         await self._echo({**message, "channel": channel, "channel_type": _channel_type(channel)})
         return {"channel": channel, "ts": ts, "message": message}
 

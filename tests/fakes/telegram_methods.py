@@ -48,6 +48,7 @@ class BotApiMethods:
         _stalled: bool
         _closing: bool
         _poll_gen: int
+        poll_conflicts: int
         _changed: asyncio.Event
 
         def _new_mid(self, chat_id: int) -> int: ...
@@ -108,6 +109,7 @@ class BotApiMethods:
             if self._revoked:
                 raise ApiError(401, "Unauthorized")
             if gen != self._poll_gen:
+                self.poll_conflicts += 1  # two pollers on one bot (several daemons without a leader)
                 raise ApiError(409, DESCRIPTIONS[409])
             if not self._stalled:
                 batch = self._ready(allowed, limit)

@@ -58,6 +58,8 @@ class FakeTelegram(BotApiMethods):
         self.token = token
         self.bot_user = {"id": bot_id, "is_bot": True, "first_name": first_name, "username": username}
         self.calls: list[Call] = []
+        self.poll_conflicts = 0
+        """getUpdates calls cut short by a newer one (Telegram's 409 Conflict): two pollers."""
         self.port = 0
         self._runner: web.AppRunner | None = None
         self._pending: list[dict[str, Any]] = []  # unconfirmed updates, ascending update_id

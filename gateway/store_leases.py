@@ -1,0 +1,99 @@
+"""Journal leases: which daemon works on an open entry, when several share one database.
+
+Every open journal entry may carry ``lease_owner`` (a daemon's node id) and ``lease_until`` (Unix
+time). A daemon works on an entry only after :meth:`LeaseTables.lease_claim` succeeded, renews all
+its leases on a heartbeat, and gives them back when it stops cleanly; a daemon that dies stops
+renewing, and once its leases lapse another daemon claims the entries and resumes them from the
+journal (and the shared checkpoints), editing the same reply through the outbox.
+
+Each claim is one ``UPDATE`` (atomic on both engines): two daemons racing for an entry cannot both
+win. A turn is claimable only when no earlier open turn of its conversation belongs to anyone else
+(or to no one yet), which keeps a conversation's turns in journal order across daemons.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import aiosqlite
+
+LEASE_COLUMNS = {"lease_owner": "TEXT", "lease_until": "REAL"}
+LEASE_INDEX = (
+    "CREATE INDEX IF NOT EXISTS journal_conv_open ON journal(conversation)"
+    " WHERE state IN ('pending', 'running')"
+)
+_OPEN = "state IN ('pending', 'running')"
+_TURN_IN_ORDER = (
+    " AND (kind <> 'turn' OR NOT EXISTS (SELECT 1 FROM journal AS e"
+    " WHERE e.conversation = journal.conversation AND e.kind = 'turn'"
+    f" AND e.{_OPEN} AND e.rowid < journal.rowid"
+    " AND (e.lease_owner IS NULL OR e.lease_owner <> ?)))"
+)
+
+
+class LeaseTables:
+    """The lease statements of :class:`gateway.store.Store` (a mixin over its connection)."""
+
+    _db: aiosqlite.Connection
+
+    async def _write(self, sql: str, params: tuple[object, ...] = ()) -> int:
+        raise NotImplementedError
+
+    async def lease_claim(self, key: str, node: str, ttl: float) -> bool:
+        """Take (or renew) the lease of the open entry ``key`` for ``node``; False when another
+        live daemon holds it, it is no longer open, or (a turn) an earlier turn of its
+        conversation is not this node's."""
+        now = time.time()
+        count = await self._write(
+            f"UPDATE journal SET lease_owner = ?, lease_until = ? WHERE key = ? AND {_OPEN}"
+            " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)" + _TURN_IN_ORDER,
+            (node, now + ttl, key, node, now, node),
+        )
+        return count == 1
+
+    async def lease_renew(self, node: str, ttl: float) -> int:
+        """Push back the expiry of every open entry ``node`` holds; returns how many."""
+        return await self._write(
+            f"UPDATE journal SET lease_until = ? WHERE lease_owner = ? AND {_OPEN}", (time.time() + ttl, node)
+        )
+
+    async def lease_owner(self, key: str) -> str | None:
+        """Who holds the live lease of ``key`` (None: nobody, or it lapsed)."""
+        async with self._db.execute(
+            "SELECT lease_owner FROM journal WHERE key = ? AND lease_until >= ?", (key, time.time())
+        ) as cur:
+            row = await cur.fetchone()
+        return str(row[0]) if row and row[0] else None
+
+    async def lease_release(self, key: str, node: str) -> None:
+        """Give back ``node``'s lease on ``key`` (it could not run it yet: another daemon may)."""
+        await self._write(
+            "UPDATE journal SET lease_owner = NULL, lease_until = NULL WHERE key = ? AND lease_owner = ?",
+            (key, node),
+        )
+
+    async def lease_release_all(self, node: str) -> int:
+        """Give back every lease of ``node`` (a clean stop: the others resume its entries at once)."""
+        return await self._write(
+            f"UPDATE journal SET lease_owner = NULL, lease_until = NULL WHERE lease_owner = ? AND {_OPEN}",
+            (node,),
+        )
+
+    async def lease_orphans(self, node: str, limit: int = 200) -> list[str]:
+        """Keys of open entries no live daemon holds (never claimed, or their owner's lease lapsed),
+        other than ``node``'s own, oldest first: what a sweep picks up."""
+        async with self._db.execute(
+            f"SELECT key FROM journal WHERE {_OPEN} AND (lease_owner IS NULL OR"
+            " (lease_owner <> ? AND lease_until < ?)) ORDER BY rowid LIMIT ?",
+            (node, time.time(), limit),
+        ) as cur:
+            return [str(k) for (k,) in await cur.fetchall()]
+
+    async def lease_holders(self) -> dict[str, int]:
+        """Open entries per lease owner (``""``: none), for status pages and tests."""
+        async with self._db.execute(
+            f"SELECT COALESCE(lease_owner, ''), COUNT(*) FROM journal WHERE {_OPEN} GROUP BY 1"
+        ) as cur:
+            return {str(owner): int(n) for owner, n in await cur.fetchall()}

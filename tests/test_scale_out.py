@@ -1,0 +1,254 @@
+"""Several daemons on one PostgreSQL database, one fake Telegram bot and one fake Slack app.
+
+Three real ``chital run`` processes share the database. Telegram's long polling runs on the leader
+only (the fake answers a second poller with 409, counted in ``poll_conflicts``); Slack's socket
+connections are open on all three and the fake spreads events across them, as Slack does. The
+tests count what reaches the chats: every message answered once, in order per chat, also when the
+leader or a daemon in the middle of a turn is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon import DaemonProcess, base_config, free_port
+from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
+from tests.fakes.slack_server import FakeSlack
+from tests.fakes.telegram_server import FakeTelegram
+
+pytestmark = pytest.mark.slow
+
+LEASE = 3.0
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    fake = FakeSlack()
+    fake.spread = True
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+def _config(
+    root: Path, n: int, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, slack: FakeSlack
+) -> dict[str, Any]:
+    cfg = base_config(root / f"data-{n}", model.base_url, free_port())
+    cfg["storage"]["url"] = pg_url
+    cfg["storage"]["lease_seconds"] = LEASE
+    cfg["agent"]["tools"] = False
+    cfg["concurrency"]["max_turns"] = 16
+    cfg["channels"]["telegram"] = {
+        "enabled": True, "token": tg.token, "base_url": tg.base_url, "base_file_url": tg.base_file_url,
+        "poll_timeout": 1,
+    }  # fmt: skip
+    cfg["channels"]["slack"] = {
+        "enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
+        "api_base_url": slack.api_base_url, "ping_interval": 0.5,
+    }  # fmt: skip
+    cfg["access"] = {"allow_users": ["*"], "pairing": False}
+    return cfg
+
+
+async def _cluster(
+    tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, slack: FakeSlack, count: int = 3
+) -> list[DaemonProcess]:
+    daemons = []
+    for n in range(count):
+        d = DaemonProcess(tmp_path / f"d{n}", _config(tmp_path, n, pg_url, model, tg, slack))
+        d.workdir.mkdir(parents=True, exist_ok=True)
+        daemons.append(d)
+    # Readiness needs Slack connected on each; Telegram is "standby" on all but the leader.
+    await asyncio.gather(*(d.start(timeout=90) for d in daemons))
+    return daemons
+
+
+def _node(d: DaemonProcess) -> str:
+    m = re.search(r"this daemon is node (\w+)", d.log_path.read_text(errors="replace"))
+    assert m, d.logs()
+    return m.group(1)
+
+
+def _is_leader(d: DaemonProcess) -> bool:
+    log = d.log_path.read_text(errors="replace")
+    return re.search(r"node \w+ is the leader", log) is not None and "no longer the leader" not in log
+
+
+async def _leader(daemons: list[DaemonProcess], timeout: float = 20.0) -> DaemonProcess:
+    for _ in range(int(timeout * 10)):
+        leaders = [d for d in daemons if d.proc and d.proc.returncode is None and _is_leader(d)]
+        if leaders:
+            assert len(leaders) == 1, "two leaders at once"
+            return leaders[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError("no leader")
+
+
+def _answer(text: str) -> str | None:
+    """The echo in a bot message, past any note above it ("↪️ … replaces it")."""
+    return text[text.index("echo:") :] if "echo:" in text else None
+
+
+def _tg_answers(tg: FakeTelegram, chat: int) -> list[str]:
+    return [a for t in tg.bot_texts(chat) if (a := _answer(t))]
+
+
+def _slack_answers(slack: FakeSlack, channel: str) -> list[str]:
+    return [a for t in slack.texts(channel) if (a := _answer(t))]
+
+
+async def _wait(predicate: Any, timeout: float, what: str, show: Any = None) -> None:
+    for _ in range(int(timeout * 10)):
+        if predicate():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}" + (f": {show()}" if show else ""))
+
+
+async def test_three_daemons_answer_300_messages_once_in_order(
+    tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, slack: FakeSlack
+) -> None:
+    daemons = await _cluster(tmp_path, pg_url, model, tg, slack)
+    try:
+        await _leader(daemons)
+        tg_chats = [7000 + i for i in range(15)]
+        slack_chats = [f"D{i:04d}" for i in range(15)]
+        for i in range(10):  # ten rounds; within a chat, each message is sent before any answer
+            for chat in tg_chats:
+                tg.inject_message(chat, chat, f"t{chat} m{i}")
+            for ch in slack_chats:
+                await slack.inject_dm(ch, f"U{ch}", f"s{ch} m{i}")
+
+        def all_in() -> bool:
+            return all(len(_tg_answers(tg, c)) >= 10 for c in tg_chats) and all(
+                len(_slack_answers(slack, c)) >= 10 for c in slack_chats
+            )
+
+        def missing() -> str:
+            short = {c: 10 - len(_tg_answers(tg, c)) for c in tg_chats if len(_tg_answers(tg, c)) < 10}
+            short.update(
+                {
+                    c: 10 - len(_slack_answers(slack, c))
+                    for c in slack_chats
+                    if len(_slack_answers(slack, c)) < 10
+                }
+            )
+            texts = {c: tg.bot_texts(c) for c in short if isinstance(c, int)}
+            return f"missing per chat {short}; bot texts there: {texts}"
+
+        await _wait(all_in, 120, "300 answers", missing)
+        await asyncio.sleep(LEASE)  # anything doubled would show up by now
+        # Once each: every answer text appears exactly once in its chat (placeholders aside, a
+        # "queued" sign is edited into its answer, so positions in the chat are not the order).
+        for chat in tg_chats:
+            got = sorted(_tg_answers(tg, chat))
+            assert got == sorted(f"echo: t{chat} m{i}" for i in range(10)), (chat, got)
+        for ch in slack_chats:
+            got = sorted(_slack_answers(slack, ch))
+            assert got == sorted(f"echo: s{ch} m{i}" for i in range(10)), (ch, got)
+        # Every "queued" sign was turned into its answer, none left behind by a daemon that lost
+        # the message to another; and no answer says it replaces a cut-off one (nothing was cut).
+        posts = [t for c in tg_chats for t in tg.bot_texts(c)] + [
+            t for c in slack_chats for t in slack.texts(c)
+        ]
+        assert not [t for t in posts if t.startswith("⏳")], "a queued sign was left behind"
+        assert not [t for t in posts if t.startswith("↪️")], "an answer claims to replace a cut-off one"
+        # In order: the model saw each chat's messages one after the other, whichever daemon ran
+        # them (a turn starts only once the previous one of its conversation is done).
+        seen: dict[str, list[str]] = {}
+        for body in model.requests:
+            text = last_user_text(body)
+            if " m" in text:
+                chat, _, n = text.partition(" m")
+                seen.setdefault(chat, []).append(n)
+        for chat in [f"t{c}" for c in tg_chats] + [f"s{c}" for c in slack_chats]:
+            assert seen.get(chat) == [str(i) for i in range(10)], (chat, seen.get(chat))
+        assert tg.poll_conflicts == 0, "two daemons polled Telegram at once"
+        ran = [len(re.findall(r"picked up", d.log_path.read_text())) for d in daemons]
+        assert sum(ran) > 0, "the work stayed on the daemons that received it"
+    finally:
+        await asyncio.gather(*(d.close() for d in daemons))
+
+
+async def test_kill_9_of_the_leader_and_of_a_daemon_mid_turn(
+    tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, slack: FakeSlack
+) -> None:
+    # "LAGGY" answers stream for ~4 s: long enough to kill the daemon writing one.
+    model.add_rule(
+        lambda t: "LAGGY" in t,
+        lambda body: Reply(
+            text=f"echo: {last_user_text(body)} " + "and more " * 20, chunks=40, chunk_delay=0.1
+        ),
+    )
+    daemons = await _cluster(tmp_path, pg_url, model, tg, slack)
+    try:
+        leader = await _leader(daemons)
+        # 1. Kill -9 the leader right after it took a message: another daemon polls within
+        # seconds, and that message and the next are each answered once.
+        tg.inject_message(8001, 8001, "before the kill")
+        await _wait(lambda: bool(_tg_answers(tg, 8001)), 30, "first Telegram answer")
+        tg.inject_message(8001, 8001, "LAGGY while the leader dies")
+        await asyncio.sleep(1.0)  # journaled and streaming on the leader
+        leader.kill9()
+        await leader.wait_exit()
+        survivors = [d for d in daemons if d is not leader]
+        await _leader(survivors, timeout=20)
+        tg.inject_message(8001, 8001, "after the kill")
+        await _wait(
+            lambda: any("after the kill" in t for t in _tg_answers(tg, 8001))
+            and any("LAGGY while the leader dies" in t and "and more" in t for t in tg.bot_texts(8001)),
+            60, "Telegram answers after the leader died", lambda: tg.bot_texts(8001),
+        )  # fmt: skip
+
+        # 2. Kill -9 whichever daemon is writing a Slack answer: another one finishes it in the
+        # same message once the lease lapses.
+        await slack.inject_dm("D9000", "U9000", "LAGGY slack turn")
+        holder: DaemonProcess | None = None
+        for _ in range(100):
+            for d in survivors:
+                if "LAGGY slack turn" in d.log_path.read_text(errors="replace"):
+                    holder = d
+            started = [p for p in slack.texts("D9000")]
+            if started:
+                break
+            await asyncio.sleep(0.05)
+        nodes = {_node(d): d for d in survivors}
+        holders = await _lease_holders(pg_url)
+        owner = next((n for n in holders if n in nodes), None)
+        holder = nodes[owner] if owner else holder
+        assert holder is not None
+        holder.kill9()
+        await holder.wait_exit()
+        await _wait(
+            lambda: any("LAGGY slack turn" in t and t.rstrip().endswith("more") for t in slack.texts("D9000")),
+            60, "the Slack answer finished by another daemon",
+        )  # fmt: skip
+        await asyncio.sleep(LEASE)
+        slow = [t for t in slack.texts("D9000") if "LAGGY slack turn" in t]
+        assert len(slow) == 1, slack.texts("D9000")
+        tg_slow = [t for t in tg.bot_texts(8001) if "LAGGY while the leader dies" in t]
+        assert len(tg_slow) == 1, tg.bot_texts(8001)
+        assert [t for t in _tg_answers(tg, 8001) if "kill" in t and "LAGGY" not in t] == [
+            "echo: before the kill",
+            "echo: after the kill",
+        ]
+        assert tg.poll_conflicts == 0
+    finally:
+        await asyncio.gather(*(d.close() for d in daemons))
+
+
+async def _lease_holders(url: str) -> dict[str, int]:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT COALESCE(lease_owner, ''), COUNT(*) FROM journal"
+            " WHERE state IN ('pending', 'running') GROUP BY 1"
+        )
+        return {str(o): int(n) for o, n in await cur.fetchall()}
