@@ -1,15 +1,41 @@
 #!/usr/bin/env bash
-# The one command that runs Chital's tests on a fresh machine: installs what they need, then pytest.
+# The one command that runs Chital's tests on a fresh machine: installs what they need, then pytest,
+# twice: on SQLite (the default), then the tests that touch the gateway's state again on PostgreSQL.
 # Docker/bubblewrap sandbox tests need root to install docker.io and bubblewrap; without it they skip.
+# PostgreSQL (Debian's `postgresql`, run by the tests as an unprivileged user in a temporary
+# directory, tests/pg_server.py) is installed as root too; where it cannot run, its tests skip with why.
+# CHITAL_SKIP_POSTGRES_PASS=1 runs the first pass only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
 if [ -x scripts/setup-sandbox.sh ] && [ "$(id -u)" = 0 ] && [ "${CHITAL_SKIP_SANDBOX_SETUP:-0}" != 1 ]; then
   bash scripts/setup-sandbox.sh || echo "sandbox setup failed: docker/bwrap tests will skip" >&2
 fi
+if [ "$(id -u)" = 0 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  (export DEBIAN_FRONTEND=noninteractive
+   apt-get update -q && apt-get install -y -q --no-install-recommends postgresql) >&2 \
+    || echo "postgresql install failed: the PostgreSQL tests and the second pass will skip" >&2
+fi
 # Static checks first: a formatting slip or a type error fails in seconds, not after the suite.
 python3 -m ruff check .
 python3 -m ruff format --check .
 python3 -m mypy
 unset HTTP_PROXY HTTPS_PROXY http_proxy https_proxy ALL_PROXY all_proxy
-exec python3 -m pytest -q -p no:cacheprovider "$@"
+status=0
+python3 -m pytest -q -p no:cacheprovider "$@" || status=$?
+if [ "${CHITAL_SKIP_POSTGRES_PASS:-0}" != 1 ]; then
+  # Second pass: every store the tests open and every daemon they start on PostgreSQL (a fresh
+  # database per test: tests/fakes/gateway_rig.py store_at, tests/daemon.py base_config). Left out:
+  # modules that never touch the gateway's state (agent, sandbox, channel-adapter and packaging
+  # tests), SQLite's own schema file tests, and the PostgreSQL tests the first pass already ran.
+  echo "--- second pass: the gateway's state on PostgreSQL (CHITAL_TEST_POSTGRES=1)" >&2
+  skip=(config_reference context discord_channel docker_image fake_openai harness host_boundary
+        lark_channel memory migrate_postgres model_streaming packaging postgres sandbox_docker
+        sandbox_local sandbox_paths scale_out skills slack_channel store_schema subagents
+        telegram_channel tools_web)
+  ignore=()
+  for name in "${skip[@]}"; do ignore+=("--ignore=tests/test_$name.py"); done
+  CHITAL_TEST_POSTGRES=1 python3 -m pytest -q -p no:cacheprovider -m "not docker" "${ignore[@]}" "$@" \
+    || status=$?
+fi
+exit "$status"

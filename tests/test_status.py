@@ -83,7 +83,9 @@ async def test_summary_then_status_as_telegram_goes_down(
         ), text
     else:
         assert "sandbox   local, bubblewrap NOT INSTALLED: the agent's commands are refused" in text
-    assert f"data      {data}; database {data / 'gateway.sqlite'}; sandboxes {daemon.sandbox_root}" in text
+    url = daemon.config["storage"].get("url")  # the PostgreSQL pass: its server and database, no user
+    database = f"postgres at {url.split('@')[-1]}" if url else data / "gateway.sqlite"
+    assert f"data      {data}; database {database}; sandboxes {daemon.sandbox_root}" in text
     assert "logs      stderr" in text
     assert f"http      http://127.0.0.1:{daemon.port}/ (healthz, readyz, metrics)" in text
     assert f"status    `chital status` (socket {data / 'status.sock'})" in text
