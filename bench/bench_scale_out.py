@@ -1,0 +1,165 @@
+"""One daemon on SQLite against one, two and three daemons on one PostgreSQL database, in one run.
+
+    python bench/bench_scale_out.py                      # Slack DMs, 40 chats x 5, tools off
+    python bench/bench_scale_out.py --platform telegram --chats 20 --messages 10
+    python bench/bench_scale_out.py --tools              # the default tool stack (sandbox etc.)
+
+Each configuration starts fresh (a new SQLite file, or a new database on one throw-away PostgreSQL
+cluster from tests/pg_server.py), warms up, then runs closed-loop users: each chat sends its next
+message once the previous one is answered. The fake model answers at once. Printed per
+configuration: messages/s, latency p50/p99 (event injected at the fake → answer seen there), and
+CPU per message summed over all daemons (the PostgreSQL server's own CPU is printed separately).
+
+On Slack the fake spreads events over the daemons' sockets, as Slack does; on Telegram the leader
+polls and the others send only, so the work spreads only when the leader is busy. This machine has
+2 cores: more daemons than cores measure the coordination's cost, not a speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.bench_telegram import cpu_seconds, pct
+from tests.daemon import DaemonProcess, base_config, free_port
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.slack_server import FakeSlack
+from tests.fakes.telegram_server import FakeTelegram
+from tests.pg_server import PgServer, postgres_server
+
+
+def _pg_cpu(server: PgServer) -> float:
+    """CPU seconds of the PostgreSQL server and its backends (children of the postmaster)."""
+    assert server.proc is not None
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        if pid == server.proc.pid or int(fields[1]) == server.proc.pid:
+            total += cpu_seconds(pid)
+    return total
+
+
+async def _exchange_slack(slack: FakeSlack, channel: str, text: str) -> float:
+    t0 = time.monotonic()
+    await slack.inject_dm(channel, f"U{channel}", text)
+    want = f"echo: {text}"
+    await slack.wait_for(lambda: any(want in t for t in slack.texts(channel)) or None, timeout=60)
+    return time.monotonic() - t0
+
+
+async def _exchange_tg(tg: FakeTelegram, chat: int, text: str) -> float:
+    t0 = time.monotonic()
+    tg.inject_message(chat, chat, text)
+    want = f"echo: {text}"
+    await tg.wait_for(lambda: any(want in t for t in tg.bot_texts(chat)) or None, timeout=60, what=text)
+    return time.monotonic() - t0
+
+
+async def run_config(
+    name: str, daemons_n: int, url: str | None, args: argparse.Namespace, model: FakeOpenAI, root: Path
+) -> tuple[str, float, list[float], float, int]:
+    tg = FakeTelegram()
+    await tg.start()
+    slack = FakeSlack()
+    slack.spread = True
+    await slack.start()
+    daemons: list[DaemonProcess] = []
+    try:
+        for n in range(daemons_n):
+            cfg = base_config(root / name / f"data-{n}", model.base_url, free_port())
+            cfg["log_level"] = "WARNING"
+            if url:
+                cfg["storage"]["url"] = url
+            cfg["agent"]["tools"] = args.tools
+            cfg["concurrency"]["max_turns"] = 32
+            cfg["access"] = {"allow_users": ["*"], "pairing": False}
+            if args.platform == "slack":
+                cfg["channels"]["slack"] = {
+                    "enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
+                    "api_base_url": slack.api_base_url,
+                }  # fmt: skip
+            else:
+                cfg["channels"]["telegram"] = {
+                    "enabled": True, "token": tg.token, "base_url": tg.base_url,
+                    "base_file_url": tg.base_file_url, "poll_timeout": 10,
+                }  # fmt: skip
+            d = DaemonProcess(root / name / f"d{n}", cfg)
+            d.workdir.mkdir(parents=True, exist_ok=True)
+            daemons.append(d)
+        await asyncio.gather(*(d.start(timeout=120) for d in daemons))
+
+        async def exchange(chat: int, text: str) -> float:
+            if args.platform == "slack":
+                return await _exchange_slack(slack, f"D{chat:05d}", text)
+            return await _exchange_tg(tg, chat, text)
+
+        for i in range(3):  # warm-up: imports, connections, first threads
+            await exchange(1, f"warm {i}")
+        pids = [d.proc.pid for d in daemons if d.proc]
+        c0 = sum(cpu_seconds(p) for p in pids)
+        lat: list[float] = []
+
+        async def user(chat: int) -> None:
+            for i in range(args.messages):
+                lat.append(await exchange(chat, f"m{i} c{chat}"))
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(user(1000 + c) for c in range(args.chats)))
+        wall = time.monotonic() - t0
+        cpu = sum(cpu_seconds(p) for p in pids) - c0
+        return name, wall, lat, cpu, len(lat)
+    finally:
+        await asyncio.gather(*(d.close() for d in daemons), return_exceptions=True)
+        await slack.stop()
+        await tg.stop()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--platform", choices=["slack", "telegram"], default="slack")
+    ap.add_argument("--chats", type=int, default=40)
+    ap.add_argument("--messages", type=int, default=5)
+    ap.add_argument(
+        "--tools", action="store_true", help="the default tool stack (default: agent.tools false)"
+    )
+    ap.add_argument("--max", type=int, default=3, help="most daemons on PostgreSQL")
+    args = ap.parse_args()
+    model = FakeOpenAI(record=False)
+    await model.start()
+    rows: list[tuple[str, float, list[float], float, int, float]] = []
+    with tempfile.TemporaryDirectory() as tmp, postgres_server() as pg:
+        root = Path(tmp)
+        name, wall, lat, cpu, n = await run_config("sqlite-1", 1, None, args, model, root)
+        rows.append((name, wall, lat, cpu, n, 0.0))
+        for k in range(1, args.max + 1):
+            url = pg.create_db(f"bench{k}")
+            pg0 = _pg_cpu(pg)
+            name, wall, lat, cpu, n = await run_config(f"postgres-{k}", k, url, args, model, root)
+            rows.append((name, wall, lat, cpu, n, _pg_cpu(pg) - pg0))
+    await model.aclose()
+    what = f"{args.platform} DMs, {args.chats} chats x {args.messages}, tools {'on' if args.tools else 'off'}"
+    print(f"\n== {what} ==")
+    print(f"{'config':<12} {'msg/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/msg':>11} {'(+postgres)':>12}")
+    base = rows[0][4] / rows[0][1]
+    for name, wall, lat, cpu, n, pg_cpu in rows:
+        extra: dict[str, Any] = {"rel": (n / wall) / base}
+        print(
+            f"{name:<12} {n / wall:7.1f} {statistics.median(lat) * 1000:8.0f} {pct(lat, 99) * 1000:8.0f}"
+            f" {cpu / n * 1000:11.2f} {pg_cpu / n * 1000:12.2f}   ({extra['rel']:.2f}x sqlite-1)"
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
