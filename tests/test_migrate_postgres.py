@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +124,20 @@ async def old_deployment(data: Path, messages: int = 5) -> None:
             await store.journal_set(message(i).key, "done")
         await store.pairing_code_for("telegram:7", "Eve")
         await store.thread_for("telegram:42")
+        for n in (1, 2, 3):
+            await schedule(store, n)
+        await store.schedule_cancel(3)
+        assert await store.schedules_prune(older_than=-1) == 1  # number 3 is gone, and never reused
     finally:
         await store.close()
+
+
+async def schedule(store: Store, n: int) -> int:
+    made, _ = await store.schedule_add(
+        origin=f"origin-{n}", template=message(0), creator="telegram:42", text=f"remind {n}",
+        cron=None, tz="UTC", next_fire=time.time() + 3600,
+    )  # fmt: skip
+    return made.id
 
 
 async def memories(data: Path) -> None:
@@ -166,6 +179,8 @@ async def test_an_interrupted_run_finishes_and_a_full_target_is_refused(tmp_path
         assert await store.journal_counts() == {"done": 5}
         assert not await store.journal_add(message(3), JournalKind.TURN), "the journal's keys moved"
         assert [r.user for r in await store.pairing_list()] == ["telegram:7"]
+        assert [s.text for s in await store.schedules_active("telegram:42")] == ["remind 1", "remind 2"]
+        assert await schedule(store, 4) == 4, "a deleted schedule's number was given again"
     finally:
         await store.close()
     from agent.postgres import postgres_store
