@@ -287,15 +287,18 @@ class Gateway:
         if await self.store.journal_add(inbound, JournalKind.NOTICE, text, self._intake_lease()):
             self._dispatch(JournalEntry.new(inbound, JournalKind.NOTICE, text))
 
-    async def start_turn(self, inbound: Inbound, note: str = "") -> bool:
+    async def start_turn(
+        self, inbound: Inbound, note: str = "", kind: JournalKind = JournalKind.TURN
+    ) -> bool:
         """Journal and run a turn the gateway starts itself (a schedule firing, gateway/schedules.py),
-        once per key; ``note`` is shown above the answer. False when the key is already journaled,
-        its channel is not here, or the gateway is closing (then nothing is journaled)."""
+        once per key; ``note`` is shown above the answer (with ``kind`` NOTICE: it is the answer).
+        False when the key is already journaled, its channel is not here, or the gateway is closing
+        (then nothing is journaled)."""
         if self._closing or inbound.platform not in self.channels:
             return False
-        if not await self.store.journal_add(inbound, JournalKind.TURN, note, self._intake_lease()):
+        if not await self.store.journal_add(inbound, kind, note, self._intake_lease()):
             return False
-        self._dispatch(JournalEntry.new(inbound, JournalKind.TURN, note))
+        self._dispatch(JournalEntry.new(inbound, kind, note))
         return True
 
     def pick_up(self, entry: JournalEntry) -> bool:

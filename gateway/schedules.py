@@ -30,7 +30,8 @@ from cronsim import CronSim, CronSimError
 from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
 from channels.base import Channel, ChannelState, Inbound
 
-from .access import STARTED_BY_BOT, THREAD_ANCHOR, is_admin
+from . import usage
+from .access import STARTED_BY_BOT, THREAD_ANCHOR, Verdict, decide, is_admin
 from .config import Config
 from .store import JournalEntry, JournalKind, JournalState, Store
 from .store_schedules import ACTIVE, PUSH_MARK, SCHEDULE_MARK, Schedule
@@ -216,6 +217,13 @@ class GatewayScheduler:
         if first - now > MAX_AHEAD.total_seconds():
             raise ScheduleError("that is too far ahead (at most 5 years)")
         origin = await self._origin(caller)
+        if origin.extra.get(SCHEDULE_MARK) and first - now < limits.min_interval:
+            # A firing that schedules its own next run a second later would be a cron rule
+            # running every second; chained one-shots obey the same floor as cron rules.
+            raise ScheduleError(
+                f"a scheduled run may not schedule work due in less than {limits.min_interval / 60:g} "
+                "minute(s)"
+            )
         in_conversation, by_user = await self.store.schedule_counts(origin.conversation, caller.user_id)
         if in_conversation >= limits.max_per_conversation:
             raise ScheduleError(
@@ -351,12 +359,39 @@ class ScheduleRunner:
                 skipped = _count_runs(schedule.cron, tz, due, fire_at)
         inbound = self._inbound(schedule, fire_at)
         note = _late_note(fire_at, now, tz, skipped)
-        if not await self.gateway.start_turn(inbound, note):
+        if not await self._allowed(schedule, inbound):
+            return True
+        kind = JournalKind.TURN
+        refusal = await self._budget_refusal(inbound)
+        if refusal is not None:  # the note instead of the turn, once for this run
+            kind, note = JournalKind.NOTICE, f"⏰ Scheduled task #{schedule.id} was not run. {refusal}"
+        if not await self.gateway.start_turn(inbound, note, kind):
             if not await self.store.journal_seen(inbound.key):
                 return False  # closing: not claimed, the next start fires it
         log.info("schedule #%d fired (%s)", schedule.id, inbound.key)
         await self.store.schedule_advance(schedule.id, due, after)
         return True
+
+    async def _allowed(self, schedule: Schedule, inbound: Inbound) -> bool:
+        """The creator may still talk to the bot there (a revoked user's, or a group's that was
+        removed from access, schedules must not go on running the agent in their name): else the
+        schedule is cancelled."""
+        policy = self.gateway.config.access_for(inbound.platform)
+        decision = await decide(inbound, policy, self.store, True)
+        if decision.verdict is Verdict.ALLOW:
+            return True
+        if await self.store.schedule_cancel(schedule.id):
+            log.warning(
+                "schedule #%d cancelled: %s may no longer use the bot in %s (%s)",
+                schedule.id, schedule.creator, schedule.conversation, decision.verdict.value,
+            )  # fmt: skip
+        return False
+
+    async def _budget_refusal(self, inbound: Inbound) -> str | None:
+        """A firing spends the creator's daily token budget like a message they send."""
+        config = self.gateway.config
+        admin = is_admin(config.access_for(inbound.platform), inbound)
+        return await usage.budget_refusal(self.store, config, inbound.user, admin)
 
     @staticmethod
     def _key(schedule: Schedule, fire_at: float) -> str:

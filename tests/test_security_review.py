@@ -1,0 +1,82 @@
+"""Attacks from a hostile review of the session's features (schedules, approvals, skills, init,
+status, media): each test is an attack that worked before its fix, seen from what the user gets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.tools.schedule import Caller, ScheduleError, ScheduleRequest
+from agent.usage import TokenUsage
+from tests.fakes.gateway_rig import USER, fake_rig, quiet, settled, until
+from tests.test_schedules import OTHER, Clock, Scheduled, chat_posts, schedules_config
+
+STRANGER = 555
+
+
+# -- schedules ----------------------------------------------------------------------------------------
+async def test_a_revoked_users_schedule_stops_running_the_agent(tmp_path: Path) -> None:
+    """A paired user makes a daily schedule, then an admin revokes them: the schedule must not go
+    on running the agent in their name (it did: firings checked no access)."""
+    async with fake_rig(tmp_path, schedules_config()) as rig:
+        sched = Scheduled(rig, Clock())
+        request, _ = await rig.store.pairing_request(
+            f"telegram:{STRANGER}", "Mallory", str(STRANGER), ttl=3600, max_pending=10
+        )
+        assert await rig.store.pairing_approve(request.code) == f"telegram:{STRANGER}"
+        assert "scheduled #1" in await sched.ask(STRANGER, {"text": "run the tools", "cron": "0 9 * * *"})
+        assert await rig.store.revoke(f"telegram:{STRANGER}")
+        (schedule,) = await rig.store.schedules_active(f"telegram:{STRANGER}")
+        assert schedule.next_fire is not None
+        turns = len(rig.harness.calls)
+        sched.clock.now = schedule.next_fire + 5
+        await sched.fire()
+        await quiet(0.3)
+        assert len(rig.harness.calls) == turns, "no agent turn for a revoked user"
+        assert chat_posts(rig, STRANGER) == []
+        assert await rig.store.schedules_active(f"telegram:{STRANGER}") == [], "the schedule is cancelled"
+
+
+async def test_a_schedule_spends_the_creators_budget_like_a_message(tmp_path: Path) -> None:
+    """With the daily token budget spent, a message is refused at intake; a firing ran anyway."""
+    config = schedules_config()
+    config = config.model_copy(update={"usage": config.usage.model_copy(update={"daily_tokens": 1000})})
+    async with fake_rig(tmp_path, config) as rig:
+        sched = Scheduled(rig, Clock())
+        assert "scheduled #1" in await sched.ask(OTHER, {"text": "burn tokens", "cron": "0 * * * *"})
+        config = rig.gateway.config
+        await rig.store.usage_add(
+            TokenUsage("default", "lead", f"telegram:{OTHER}", "t", "m", 900, 200), config.usage.today()
+        )
+        (schedule,) = await rig.store.schedules_active(f"telegram:{OTHER}")
+        assert schedule.next_fire is not None
+        turns = len(rig.harness.calls)
+        sched.clock.now = schedule.next_fire + 5
+        await sched.fire()
+        (post,) = await until(lambda: chat_posts(rig, OTHER), what="the refusal")
+        await settled(rig.store)
+        assert len(rig.harness.calls) == turns, "the agent is not run over budget"
+        assert post.startswith("⏰ Scheduled task #1 was not run. ⚠️ You have used your token budget")
+        (moved,) = await rig.store.schedules_active(f"telegram:{OTHER}")
+        assert moved.next_fire is not None and moved.next_fire > schedule.next_fire, "the rule goes on"
+
+
+async def test_a_firing_cannot_chain_one_shots_faster_than_cron_allows(tmp_path: Path) -> None:
+    """A prompt-injected firing schedules 'this again in 1 second' for ever: min_interval, which
+    refuses a cron rule every second, did not apply to one-shots made by a firing."""
+    async with fake_rig(tmp_path, schedules_config()) as rig:
+        sched = Scheduled(rig, Clock())
+        assert "scheduled #1" in await sched.ask(
+            USER, {"text": "do it and schedule this again", "delay": "1s"}
+        )
+        sched.clock.now += 2
+        assert await sched.fire() == 1
+        await until(lambda: chat_posts(rig, USER), what="the firing's answer")
+        firing = rig.harness.calls[-1]
+        assert ":schedule-1-" in firing.message_id
+        caller = Caller(firing.thread_id, firing.user_id, firing.message_id, "call-chain")
+        with pytest.raises(ScheduleError, match="may not schedule work due in less than 1 minute"):
+            await sched.scheduler.add(caller, ScheduleRequest("again", delay="1s"))
+        info = await sched.scheduler.add(caller, ScheduleRequest("again", delay="2m"))
+        assert info.id == 2, "a later one is fine"
