@@ -54,29 +54,27 @@ async def _setup_alone(pool: Any, setup: Callable[[], Awaitable[None]]) -> None:
             await conn.execute("SELECT pg_advisory_unlock(%s)", (SETUP_LOCK,))
 
 
+async def _open(url: str, max_size: int, factory: Callable[[Any], Any]) -> tuple[Any, Closer]:
+    """``factory(pool)`` with its tables set up, and how to close it (the pool goes on failure)."""
+    pool = await _pool(url, max_size)
+    try:
+        made = factory(pool)
+        await _setup_alone(pool, made.setup)
+    except BaseException:
+        await pool.close()
+        raise
+    return made, pool.close
+
+
 async def postgres_checkpointer(url: str, max_size: int = 10) -> tuple[Any, Closer]:
     """An ``AsyncPostgresSaver`` with its tables set up, and how to close it."""
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-    pool = await _pool(url, max_size)
-    try:
-        saver = AsyncPostgresSaver(pool)
-        await _setup_alone(pool, saver.setup)
-    except BaseException:
-        await pool.close()
-        raise
-    return saver, pool.close
+    return await _open(url, max_size, AsyncPostgresSaver)
 
 
 async def postgres_store(url: str, max_size: int = 4) -> tuple[Any, Closer]:
     """An ``AsyncPostgresStore`` (long-term memory) with its tables set up, and how to close it."""
     from langgraph.store.postgres.aio import AsyncPostgresStore
 
-    pool = await _pool(url, max_size)
-    try:
-        store = AsyncPostgresStore(pool)
-        await _setup_alone(pool, store.setup)
-    except BaseException:
-        await pool.close()
-        raise
-    return store, pool.close
+    return await _open(url, max_size, AsyncPostgresStore)

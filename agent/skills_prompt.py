@@ -11,15 +11,14 @@ call to call (prompt caches stay warm).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from langchain.agents.middleware import ModelRequest, ModelResponse
-from langchain.agents.middleware.types import AgentMiddleware
-from langchain_core.messages import AIMessage, SystemMessage
+from langchain.agents.middleware import ModelRequest
+from langchain_core.messages import SystemMessage
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, Field
 
+from agent.rewrite import RequestRewriter
 from agent.sandbox.paths import SKILLS
 from agent.skills import SKILL_FILE, SkillCatalog, SkillError
 
@@ -93,7 +92,7 @@ def render_listing(catalog: SkillCatalog, *, file_tool: bool) -> str:
     return "\n".join(lines)
 
 
-class SkillsListing(AgentMiddleware[Any, Any, Any]):
+class SkillsListing(RequestRewriter):
     """Append the skill listing to the system prompt of every model call.
 
     ``load_skill`` is hidden from the model while no skill is offered, so an empty catalog costs
@@ -137,20 +136,6 @@ class SkillsListing(AgentMiddleware[Any, Any, Any]):
             return request
         section = self.section(file_tool=has_file)
         return request.override(system_message=_append(request.system_message, section))
-
-    def wrap_model_call(
-        self,
-        request: ModelRequest[Any],
-        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
-    ) -> ModelResponse[Any] | AIMessage:
-        return handler(self.apply(request))
-
-    async def awrap_model_call(
-        self,
-        request: ModelRequest[Any],
-        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
-    ) -> ModelResponse[Any] | AIMessage:
-        return await handler(self.apply(request))
 
 
 class _LoadSkillArgs(BaseModel):

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from langchain.agents.middleware import ModelRequest, ModelResponse
-from langchain.agents.middleware.types import AgentMiddleware
+from langchain.agents.middleware import ModelRequest
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, SystemMessage
+from langchain_core.messages import SystemMessage
+
+from agent.rewrite import RequestRewriter
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ def _text(message: SystemMessage | None) -> str:
     return message.text if message is not None else ""
 
 
-class TurnOverrides(AgentMiddleware[Any, Any, Any]):
+class TurnOverrides(RequestRewriter):
     """Apply the current :class:`TurnChoice` to a model request. Outermost in the stack, so the
     persona replaces the configured prompt before other middleware appends its sections.
 
@@ -91,20 +92,6 @@ class TurnOverrides(AgentMiddleware[Any, Any, Any]):
                 text = f"{text}\n\n{choice.skill}" if text else choice.skill
             update["system_message"] = SystemMessage(text)
         return request.override(**update) if update else request
-
-    def wrap_model_call(
-        self,
-        request: ModelRequest[Any],
-        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
-    ) -> ModelResponse[Any] | AIMessage:
-        return handler(self.apply(request))
-
-    async def awrap_model_call(
-        self,
-        request: ModelRequest[Any],
-        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
-    ) -> ModelResponse[Any] | AIMessage:
-        return await handler(self.apply(request))
 
 
 def skill_section(name: str, instructions: str) -> str:
