@@ -65,7 +65,11 @@ async def _cluster(
         d.workdir.mkdir(parents=True, exist_ok=True)
         daemons.append(d)
     # Readiness needs Slack connected on each; Telegram is "standby" on all but the leader.
-    await asyncio.gather(*(d.start(timeout=90) for d in daemons))
+    try:
+        await asyncio.gather(*(d.start(timeout=90) for d in daemons))
+    except BaseException:
+        await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)
+        raise
     return daemons
 
 
