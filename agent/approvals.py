@@ -19,8 +19,8 @@ that only the lead may ask for it.
 from __future__ import annotations
 
 import fnmatch
-import json
 import logging
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -123,12 +123,35 @@ def approval_event(interrupt_id: str, value: Any, redact: Callable[[str], str]) 
     """The event of one LangGraph interrupt raised by :class:`ChitalApprovals` (None for others)."""
     if not isinstance(value, dict) or value.get("type") != "tool_approval":
         return None
-    args = value.get("args") or {}
-    safe = json.loads(redact(json.dumps(args, ensure_ascii=False, default=str)))
+    safe = _redacted(value.get("args") or {}, redact)
     if not isinstance(safe, dict):
         safe = {"args": safe}
     description = str(value.get("description") or "")[:DESCRIPTION_CHARS]
     return ApprovalRequested(interrupt_id, str(value.get("name", "")), safe, description)
+
+
+_SECRET_KEY = re.compile(r"(?i)(?:.*[_-])?(?:api[_-]?key|access[_-]?token|token|secret|password|passwd)")
+
+
+def _redacted(value: Any, redact: Callable[[str], str]) -> Any:
+    """``value`` with every string redacted and the values of credential-named keys masked. Value
+    by value, not over its JSON text: a secret with a quote or backslash in it is escaped there (so
+    it went unmatched), and a redaction that ate an escape or a closing brace broke the JSON (the
+    turn then failed instead of asking; ``echo "password=x"`` did that)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {
+            redact(str(k)): "***"
+            if _SECRET_KEY.fullmatch(str(k)) and v not in (None, "")
+            else _redacted(v, redact)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_redacted(v, redact) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return redact(str(value))
 
 
 def resume_value(decision: ApprovalDecision) -> dict[str, Any]:

@@ -7,12 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from agent.approvals import ApprovalSettings
+from agent.events import ApprovalRequested, Final
 from agent.tools.schedule import Caller, ScheduleError, ScheduleRequest
 from agent.usage import TokenUsage
 from tests.fakes.gateway_rig import USER, fake_rig, quiet, settled, until
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+from tests.test_approvals import _clear_ran, _no_proxy, collect, fake, harness_for
 from tests.test_schedules import OTHER, Clock, Scheduled, chat_posts, schedules_config
 
 STRANGER = 555
+__all__ = ["_clear_ran", "_no_proxy", "fake"]  # the approvals tests' fixtures, used here too
 
 
 # -- schedules ----------------------------------------------------------------------------------------
@@ -80,3 +85,23 @@ async def test_a_firing_cannot_chain_one_shots_faster_than_cron_allows(tmp_path:
             await sched.scheduler.add(caller, ScheduleRequest("again", delay="1s"))
         info = await sched.scheduler.add(caller, ScheduleRequest("again", delay="2m"))
         assert info.id == 2, "a later one is fine"
+
+
+# -- approvals --------------------------------------------------------------------------------------
+async def test_a_call_with_a_quoted_credential_still_asks_and_stays_masked(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The call was masked over its JSON text: ``echo "password=x"`` made the masking eat the
+    escape of the closing quote, the JSON broke and the turn failed instead of asking; a credential
+    key's non-string value broke it the same way."""
+    harness = harness_for(fake, tmp_path / "cp.sqlite", ApprovalSettings(tools=["shell"]))
+    await harness.start()
+    try:
+        command = 'mysql -e "select 1" --password="hunter2" && echo "token=abc" hunter2-secret'
+        fake.script(Reply(tool_calls=[ToolCall("shell", {"command": command})]), Reply(text="done"))
+        events = await collect(harness.run("t1", user_id="u1", message_id="m1", text="run it"))
+        (ask,) = [e for e in events if isinstance(e, ApprovalRequested)]
+        assert ask.args == {"command": 'mysql -e "select 1" --password="***" && echo "token=***" ***'}
+        assert not any(isinstance(e, Final) for e in events)
+    finally:
+        await harness.close()
