@@ -66,14 +66,14 @@ def parse_target(target: str, config: Config) -> tuple[str, str, str | None]:
         raise Refused(f"channel {platform} is off in this config: {why}")
     chat, _, thread = rest.partition(":")
     pattern, shape = CHAT_IDS[platform]
-    if not re.fullmatch(pattern, chat):
+    if not re.fullmatch(pattern, chat, re.ASCII):
         raise Refused(f"{chat!r} is not a {platform} chat id: expected {shape}")
     if not thread:
         return platform, chat, None
     if platform not in THREAD_IDS:
         raise Refused(f"{platform} threads cannot be posted into directly; send to the chat")
     pattern, shape = THREAD_IDS[platform]
-    if not re.fullmatch(pattern, thread):
+    if not re.fullmatch(pattern, thread, re.ASCII):
         raise Refused(f"{thread!r} is not a {platform} thread id: expected {shape}")
     return platform, chat, thread
 

@@ -11,7 +11,8 @@ from agent.approvals import ApprovalSettings
 from agent.events import ApprovalRequested, Final
 from agent.tools.schedule import Caller, ScheduleError, ScheduleRequest
 from agent.usage import TokenUsage
-from tests.fakes.gateway_rig import USER, fake_rig, quiet, settled, until
+from gateway.cli_send import Refused, parse_target
+from tests.fakes.gateway_rig import USER, fake_rig, make_config, quiet, settled, until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.test_approvals import _clear_ran, _no_proxy, collect, fake, harness_for
 from tests.test_schedules import OTHER, Clock, Scheduled, chat_posts, schedules_config
@@ -105,3 +106,14 @@ async def test_a_call_with_a_quoted_credential_still_asks_and_stays_masked(
         assert not any(isinstance(e, Final) for e in events)
     finally:
         await harness.close()
+
+
+# -- chital send ------------------------------------------------------------------------------------
+def test_send_targets_take_ascii_ids_only() -> None:
+    """``\\d`` matched any script's digits: ``telegram:١٢٣`` (Arabic-Indic) passed as a chat id,
+    a second spelling of chat 123 with its own conversation key."""
+    config = make_config(channels={"telegram": {"token": "1:x"}, "discord": {"token": "x"}})
+    for target in ("telegram:١٢٣", "telegram:123:٤٢", "discord:" + "١" * 18, "telegram:123\n"):
+        with pytest.raises(Refused, match="is not a"):
+            parse_target(target, config)
+    assert parse_target("telegram:123:42", config) == ("telegram", "123", "42")
