@@ -159,10 +159,12 @@ async def test_a_message_the_journal_refuses_is_skipped_with_a_note(
     store = rig.store
     real = store.journal_add
 
-    async def picky(inbound: Inbound, kind: str, note: str = "") -> bool:
+    async def picky(
+        inbound: Inbound, kind: str, note: str = "", lease: tuple[str, float] | None = None
+    ) -> bool:
         if "poison" in inbound.text:
             raise ValueError("cannot encode")
-        return await real(inbound, kind, note)
+        return await real(inbound, kind, note, lease)
 
     monkeypatch.setattr(store, "journal_add", picky)
     msg = rig.channel.message(USER, "poison pill")
