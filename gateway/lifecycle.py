@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from .db import mask_url_query
 from .store import DiskReserve
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,7 @@ def database_error(path: Path, exc: BaseException) -> StartupError:
 
 def redact_url(url: str) -> str:
     """A database URL fit for a log line: the password masked."""
+    url = mask_url_query(url)  # libpq also takes ?password=
     parts = urlsplit(url)
     if "@" not in parts.netloc:
         return url

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from channels.base import scrub
 
 from .config import Config
+from .db import url_passwords
 from .registry import sdk_loggers
 
 QUIET = ("httpx", "httpcore", "openai", "aiosqlite", "websockets", "urllib3")
@@ -46,6 +47,7 @@ def secrets_of(cfg: Config) -> list[str]:
         key = spec.kwargs().get("api_key")
         if isinstance(key, str) and key:
             found.append(key)
+    found += url_passwords(cfg.storage.database_url)  # a plain string field: not a SecretStr
     return sorted({s for s in found if len(s) >= 6}, key=len, reverse=True)
 
 

@@ -27,7 +27,7 @@ import aiosqlite
 
 from channels.base import Attachment, Inbound
 
-from .db import POSTGRES, SQLITE, PgConnection
+from .db import POSTGRES, SQLITE, PgConnection, database_label
 from .store_access import AccessTables
 from .store_approvals import ApprovalTables
 from .store_leases import LeaseTables
@@ -205,7 +205,7 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
         except BaseException:
             await db.close()
             raise
-        store = cls(db, Path(url.split("@")[-1]))  # type: ignore[arg-type]
+        store = cls(db, Path(database_label(url)))  # type: ignore[arg-type]
         store.dialect = POSTGRES
         return store
 

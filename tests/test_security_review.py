@@ -117,3 +117,26 @@ def test_send_targets_take_ascii_ids_only() -> None:
         with pytest.raises(Refused, match="is not a"):
             parse_target(target, config)
     assert parse_target("telegram:123:42", config) == ("telegram", "123", "42")
+
+
+# -- PostgreSQL URLs --------------------------------------------------------------------------------
+def test_a_database_password_never_reaches_a_log_line() -> None:
+    """storage.url is a plain string, so its password was not among the redactor's secrets; libpq's
+    ``?password=`` was not masked by redact_url and the start-up summary showed everything after
+    the ``@`` (a URL with no ``@``: all of it)."""
+    import logging
+
+    from gateway.db import database_label
+    from gateway.lifecycle import redact_url
+    from gateway.logs import RedactingFilter, secrets_of
+
+    for url, secret in [
+        ("postgresql://chital:hunter2-secret@db:5432/chital", "hunter2-secret"),
+        ("postgresql://db:5432/chital?user=chital&password=s3cret%2Fpass&sslmode=require", "s3cret/pass"),
+    ]:
+        config = make_config(storage={"url": url})
+        record = logging.LogRecord("x", logging.ERROR, "", 0, "connect to %s failed: %s", (url, secret), None)
+        RedactingFilter(secrets_of(config)).filter(record)
+        assert secret not in record.getMessage() and secret.replace("/", "%2F") not in record.getMessage()
+        assert secret not in redact_url(url) and "***" in redact_url(url)
+        assert database_label(url) == "db:5432/chital"
