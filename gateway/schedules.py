@@ -177,6 +177,9 @@ class GatewayScheduler:
         self.config = config
         self.clock = clock
         self._changed: Callable[[], None] = lambda: None
+        self._adding = asyncio.Lock()
+        """Count and insert as one step: a model's parallel tool calls (one message asking for 200
+        schedules) run concurrently and all counted before any was inserted."""
 
     def on_change(self, wake: Callable[[], None]) -> None:
         """``wake`` is called when a schedule is added (the runner then looks again)."""
@@ -224,18 +227,19 @@ class GatewayScheduler:
                 f"a scheduled run may not schedule work due in less than {limits.min_interval / 60:g} "
                 "minute(s)"
             )
-        in_conversation, by_user = await self.store.schedule_counts(origin.conversation, caller.user_id)
-        if in_conversation >= limits.max_per_conversation:
-            raise ScheduleError(
-                f"this conversation already has {in_conversation} schedules (the limit); cancel one first"
-            )
-        if by_user >= limits.max_per_user:
-            raise ScheduleError(f"you already have {by_user} schedules (the limit); cancel one first")
-        key = f"{caller.message_id}#{caller.call_id or int(now * 1e6)}"
-        schedule, new = await self.store.schedule_add(
-            origin=key, template=_template(origin), creator=caller.user_id, text=text, cron=cron,
-            tz=tz.key, next_fire=first,
-        )  # fmt: skip
+        async with self._adding:
+            in_conversation, by_user = await self.store.schedule_counts(origin.conversation, caller.user_id)
+            if in_conversation >= limits.max_per_conversation:
+                raise ScheduleError(
+                    f"this conversation already has {in_conversation} schedules (the limit); cancel one first"
+                )
+            if by_user >= limits.max_per_user:
+                raise ScheduleError(f"you already have {by_user} schedules (the limit); cancel one first")
+            key = f"{caller.message_id}#{caller.call_id or int(now * 1e6)}"
+            schedule, new = await self.store.schedule_add(
+                origin=key, template=_template(origin), creator=caller.user_id, text=text, cron=cron,
+                tz=tz.key, next_fire=first,
+            )  # fmt: skip
         if new:
             log.info("schedule #%d added in %s (%s)", schedule.id, schedule.conversation, rule_text(cron))
             self._changed()

@@ -3,6 +3,7 @@ status, media): each test is an attack that worked before its fix, seen from wha
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -175,3 +176,25 @@ async def test_an_approval_request_shows_what_it_hides(tmp_path: Path) -> None:
         text = await until(tricked_request, what="the second request")
         assert "ls \\u202e~ fr- mr\\u200b" in text and "\u202e" not in text
         assert "Not all of it is shown" not in text
+
+
+async def test_parallel_tool_calls_cannot_pass_the_schedule_limits(tmp_path: Path) -> None:
+    """One model message with many schedule_task calls: the tools run concurrently, and each
+    counted the schedules before any of the others was inserted (limit 2: 11 were made)."""
+    async with fake_rig(tmp_path, schedules_config(max_per_conversation=2)) as rig:
+        sched = Scheduled(rig, Clock())
+        assert "scheduled #1" in await sched.ask(USER, {"text": "a", "delay": "1h"})
+        turn = rig.harness.calls[-1]
+
+        async def call(n: int) -> bool:
+            caller = Caller(turn.thread_id, turn.user_id, turn.message_id, f"parallel-{n}")
+            try:
+                await sched.scheduler.add(caller, ScheduleRequest(f"flood {n}", delay="2h"))
+            except ScheduleError as exc:
+                assert "already has 2 schedules (the limit)" in str(exc)
+                return False
+            return True
+
+        made = await asyncio.gather(*(call(n) for n in range(10)))
+        assert sum(made) == 1
+        assert len(await rig.store.schedules_active(f"telegram:{USER}")) == 2
