@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested
 from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendError, scrub
 
-from .access import is_admin
+from .access import Verdict, decide, is_admin
 from .delivery import Reply
 from .store import JournalEntry, JournalState
 from .store_approvals import APPROVED, CANCELLED, DENIED, PENDING, TIMED_OUT, ApprovalRow
@@ -253,6 +253,11 @@ class Approvals:
             who = "an admin" if self._admins_only else f"{row.requester_name or 'the requester'} or an admin"
             log.info("approval %s: %s may not answer it", row.code, action.user)
             return ActionAnswer(f"⛔ Not yours to answer: only {who} can.", refused=True)
+        if not self._is_admin(action) and not await self._still_allowed(row):
+            log.info("approval %s: %s lost access since asking", row.code, action.user)
+            return ActionAnswer(
+                "⛔ You no longer have access to this bot; an admin can answer.", refused=True
+            )
         approve = parts[1] == "approve"
         mine = action.user == row.requester
         by = action.sender_name or (row.requester_name if mine else "") or action.sender_id
@@ -284,11 +289,23 @@ class Approvals:
     def _admins_only(self) -> bool:
         return self.gw.config.agent.approvals.approvers == "admins"
 
-    def _may_answer(self, row: ApprovalRow, action: Action) -> bool:
+    def _is_admin(self, action: Action) -> bool:
         probe = Inbound(action.platform, action.chat_id, "", action.sender_id, "", False, False)
-        if is_admin(self.gw.config.access_for(action.platform), probe):
+        return is_admin(self.gw.config.access_for(action.platform), probe)
+
+    def _may_answer(self, row: ApprovalRow, action: Action) -> bool:
+        if self._is_admin(action):
             return True
         return not self._admins_only and action.user == row.requester
+
+    async def _still_allowed(self, row: ApprovalRow) -> bool:
+        """The requester may still talk to the bot where they asked: one revoked (or whose group
+        was removed from access) since must not approve their own pending call."""
+        asked = await self.store.journal_inbound(row.key)
+        if asked is None:
+            return False
+        decision = await decide(asked, self.gw.config.access_for(asked.platform), self.store, True)
+        return decision.verdict is Verdict.ALLOW
 
     @staticmethod
     def _settled_note(row: ApprovalRow) -> str:

@@ -16,9 +16,9 @@ from agent.usage import TokenUsage
 from gateway.cli_send import Refused, parse_target
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call
-from tests.fakes.gateway_rig import USER, dm, fake_rig, make_config, quiet, settled, until
+from tests.fakes.gateway_rig import ADMIN, USER, dm, fake_rig, make_config, quiet, settled, until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
-from tests.test_approvals import _clear_ran, _no_proxy, buttoned, collect, fake, harness_for
+from tests.test_approvals import _clear_ran, _no_proxy, asks, buttoned, collect, fake, harness_for
 from tests.test_approvals import config as approvals_config
 from tests.test_schedules import OTHER, Clock, Scheduled, chat_posts, schedules_config
 
@@ -198,3 +198,29 @@ async def test_parallel_tool_calls_cannot_pass_the_schedule_limits(tmp_path: Pat
         made = await asyncio.gather(*(call(n) for n in range(10)))
         assert sum(made) == 1
         assert len(await rig.store.schedules_active(f"telegram:{USER}")) == 2
+
+
+async def test_a_requester_revoked_since_asking_cannot_approve(tmp_path: Path) -> None:
+    """A paired user's call waits for approval; an admin revokes them; their press still ran it
+    (the requester check did not ask whether they may still use the bot)."""
+    async with fake_rig(tmp_path, approvals_config(), channel=FakeChannel(buttons=True)) as rig:
+        request, _ = await rig.store.pairing_request(
+            f"telegram:{STRANGER}", "Mallory", str(STRANGER), ttl=3600, max_pending=10
+        )
+        assert await rig.store.pairing_approve(request.code)
+        rig.harness.on("clean the cache", asks)
+        await rig.channel.deliver(dm(STRANGER, "clean the cache", name="Mallory"))
+        buttons = await until(lambda: buttoned(rig.channel), what="the buttons")
+        assert await rig.store.revoke(f"telegram:{STRANGER}")
+        refused = await rig.channel.press(buttons.message_id, "✅", STRANGER, "Mallory")
+        assert (
+            refused.refused
+            and refused.text == "⛔ You no longer have access to this bot; an admin can answer."
+        )
+        typed = dm(STRANGER, f"approve {buttons.text.split('`approve ')[1][:8]}")
+        await rig.channel.deliver(typed)
+        await quiet(0.3)
+        assert rig.harness.resumed == [] and buttons.buttons, "nothing was decided"
+        assert not (await rig.channel.press(buttons.message_id, "❌", ADMIN, "Root")).refused
+        await until(lambda: rig.harness.resumed, what="the admin's denial")
+        assert rig.harness.resumed[0].decision.approved is False
