@@ -41,7 +41,8 @@ def main() -> None:
         else:
             done = await client.chat.completions.create(model="fake-model", messages=request)  # type: ignore[arg-type]
             text = done.choices[0].message.content or ""
-        await message.reply_text(text[:4096])
+        for start in range(0, max(1, len(text)), 4096):  # Telegram's limit per message
+            await message.reply_text(text[start : start + 4096])
 
     app = Application.builder().token(args.token).base_url(args.base_url).concurrent_updates(True).build()
     app.add_handler(MessageHandler(filters.TEXT, answer))
