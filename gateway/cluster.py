@@ -16,6 +16,16 @@ What each daemon does (docs/scale-out.md):
   server drops its connection and the lock with it, and the next daemon to ask (every
   ``leader_every`` seconds) takes over. A leader that cannot reach the database any more gives
   its leader-only channels up, because it can no longer know it is still the only one.
+- **Fencing.** A lease is only as good as its renewals: a daemon whose renewals have not gone
+  through for three quarters of the lease (the database unreachable, the process frozen), or whose
+  renewal shows an entry it works on now belongs to another daemon, stops that work at once,
+  silently, without touching the journal (as a shutdown cuts a turn), and gives the lease back when
+  it can: whoever holds the lease then answers, in the same message, once. The last check is made
+  again just before an answer goes out (:meth:`Cluster.keep`).
+- **A dead lock connection** (a half-open TCP connection, the server restarted): the leader's
+  ``SELECT 1`` has a deadline, so a leader that cannot reach the server steps down within
+  ``leader_every`` + that deadline, well before the server drops the session (and the lock) on its
+  TCP keepalives, set short on that connection, so that two daemons never poll at once.
 """
 
 from __future__ import annotations
@@ -23,12 +33,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .store import JournalEntry
+from .db import POSTGRES, PgConnection
+from .store import JournalEntry, Store
 
 if TYPE_CHECKING:
     from .core import Gateway
@@ -36,6 +49,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LeaderHook = Callable[[], Awaitable[None]]
+FENCE_AFTER = 3 / 4
+"""Renewals failing for this share of the lease: stop working on its entries (another daemon may
+take them once the lease lapses, at 1)."""
+LOCK_KEEPALIVE = "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3"
+"""The server drops the lock connection's session (and the lock) ~11 s after its leader's host
+went silent, not the operating system's default two hours."""
 
 
 class Cluster:
@@ -66,6 +85,12 @@ class Cluster:
         """Called when it stops being the leader (stop them)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._lock_conn: Any = None
+        self._renewed = time.monotonic()
+        """When the last renewal that went through was sent (monotonic)."""
+        self._beat: Store | None = None
+        """The heartbeat's own connection (see :meth:`renew_once`)."""
+        self._fenced: set[str] = set()
+        """Keys whose work this daemon stopped, to give back at the next renewal that goes through."""
 
     # -- claims -----------------------------------------------------------------------------------
     def intake_lease(self) -> tuple[str, float] | None:
@@ -87,11 +112,34 @@ class Cluster:
     async def release(self, entry: JournalEntry) -> None:
         await self.store.lease_release(entry.key, self.node)
 
+    async def keep(self, entry: JournalEntry) -> bool:
+        """Just before an answer goes out: this daemon still holds the lease of ``entry`` (taken
+        again if it lapsed and nobody else took it). False: another daemon has it, or the database
+        cannot say; the work is then given up (:meth:`fence`), and nothing more is sent."""
+        try:
+            if await self.store.lease_keep(entry.key, self.node, self.ttl):
+                return True
+        except Exception as exc:
+            log.warning("cluster: could not check the lease of %s: %s", entry.key, exc)
+        self.fence([entry.key])
+        return False
+
+    def fence(self, keys: Iterable[str]) -> int:
+        """Stop working on ``keys`` now (their leases lapsed or were taken over); returns how many
+        were running here. Their leases are given back at the next renewal that goes through."""
+        keys = set(keys)
+        self._fenced |= keys
+        cut = self.gateway.cut(keys)
+        if cut:
+            log.warning("cluster: stopped %d entr(ies) whose lease this daemon lost", cut)
+        return cut
+
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         log.info("cluster: this daemon is node %s (lease %gs)", self.node, self.ttl)
         self._tasks = [
             asyncio.create_task(self._heartbeat(), name="cluster:heartbeat"),
+            asyncio.create_task(self._watch(), name="cluster:fence"),
             asyncio.create_task(self._sweep(), name="cluster:sweep"),
             asyncio.create_task(self._lead(), name="cluster:leader"),
         ]
@@ -104,6 +152,9 @@ class Cluster:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._step_down()
+        beat, self._beat = self._beat, None
+        if beat is not None:
+            await asyncio.wait({_forget(asyncio.ensure_future(beat.close()))}, timeout=1.0)
         with contextlib.suppress(Exception):
             released = await self.store.lease_release_all(self.node)
             if released:
@@ -114,9 +165,47 @@ class Cluster:
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
-                await self.store.lease_renew(self.node, self.ttl)
+                await _bounded(self.renew_once(), self.ttl / 3)
             except Exception as exc:
                 log.warning("cluster: could not renew leases: %s", exc)
+                beat, self._beat = self._beat, None  # a new connection next time
+                if beat is not None:
+                    _forget(asyncio.ensure_future(beat.close()))
+
+    async def renew_once(self) -> None:
+        """Give back what was fenced, renew the rest, and fence what turns out to be another's.
+
+        On a connection of its own: on the store's, shared by every turn, a renewal waits behind
+        their statements, and under load that alone would let the leases lapse."""
+        if self._beat is None:
+            beat = Store(await PgConnection.connect(self.url), Path("heartbeat"))  # type: ignore[arg-type]
+            beat.dialect = POSTGRES
+            self._beat = beat
+        beat = self._beat
+        sent = time.monotonic()
+        working = self.gateway.claimed()
+        for key in list(self._fenced):
+            if key not in working:
+                await beat.lease_release(key, self.node)
+            self._fenced.discard(key)
+        renewed = await beat.lease_renew(self.node, self.ttl)
+        self._renewed = sent
+        lost = [k for k in working & self.gateway.claimed() if k not in renewed]
+        # Not renewed: finished meanwhile (its lease still reads as ours), or taken over.
+        lost = [k for k in lost if await beat.lease_owner(k) != self.node]
+        if lost:
+            self.fence(lost)
+
+    async def _watch(self) -> None:
+        """Fence everything running here once renewals stopped going through (this needs no
+        database, so it works while the renewal itself hangs)."""
+        while True:
+            await asyncio.sleep(self.ttl / 6)
+            if time.monotonic() - self._renewed >= self.ttl * FENCE_AFTER:
+                working = self.gateway.claimed()
+                if working:
+                    log.warning("cluster: leases not renewed for %.1fs", time.monotonic() - self._renewed)
+                    self.fence(working)
 
     async def _sweep(self) -> None:
         while True:
@@ -154,7 +243,7 @@ class Cluster:
                         for hook in self.on_lead:
                             await hook()
                 else:
-                    await self._lock_conn.execute("SELECT 1")
+                    await self._ask("SELECT 1")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -166,10 +255,19 @@ class Cluster:
         if self._lock_conn is None or self._lock_conn.closed:
             import psycopg
 
-            self._lock_conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
-        cur = await self._lock_conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))
+            self._lock_conn = await asyncio.wait_for(
+                psycopg.AsyncConnection.connect(self.url, autocommit=True), self.leader_every * 2
+            )
+            await self._ask(LOCK_KEEPALIVE)
+        cur = await self._ask("SELECT pg_try_advisory_lock(%s)", (key,))
         row = await cur.fetchone()
         return bool(row and row[0])
+
+    async def _ask(self, sql: str, params: tuple[Any, ...] | None = None) -> Any:
+        """One statement on the lock connection, with a deadline: on a half-open connection it
+        would wait for ever. Not cancelled on the deadline (psycopg would then wait to cancel it
+        on the server, which is just as unreachable): left behind, and the connection dropped."""
+        return await _bounded(self._lock_conn.execute(sql, params), self.leader_every * 2)
 
     async def _step_down(self) -> None:
         was = self.is_leader
@@ -181,5 +279,25 @@ class Cluster:
                     await hook()
         conn, self._lock_conn = self._lock_conn, None
         if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()  # the server releases the lock with the session
+            # The server releases the lock with the session. Not awaited for long: on a dead
+            # connection closing may hang too, and the step down must not.
+            closing = _forget(asyncio.ensure_future(conn.close()))
+            await asyncio.wait({closing}, timeout=1.0)
+
+
+def _forget(task: asyncio.Future[Any]) -> asyncio.Future[Any]:
+    """Nobody waits for ``task`` (a statement on a dead connection): its error is not reported."""
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    return task
+
+
+async def _bounded(coro: Awaitable[Any], seconds: float) -> Any:
+    """``coro``'s result, or TimeoutError after ``seconds``. On the deadline ``coro`` is left to
+    itself, not cancelled: psycopg would wait to cancel the query on a server that is just as
+    unreachable; the caller drops the connection instead."""
+    work = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({work}, timeout=seconds)
+    if not done:
+        _forget(work)
+        raise TimeoutError(f"no answer from the database in {seconds:g}s")
+    return work.result()

@@ -86,6 +86,8 @@ class Gateway:
         self.cluster: Cluster | None = None
         """Several daemons on one database (gateway/cluster.py): an entry is worked on only by the
         daemon holding its lease. None: this daemon is alone (SQLite), no lease is taken."""
+        self._claimed: dict[str, asyncio.Task[Any]] = {}
+        """Entries whose lease this daemon took and works on now, with the task doing the work."""
 
     # -- wiring ---------------------------------------------------------------------------------
     def attach(self, channel: Channel) -> InboundSink:
@@ -357,6 +359,9 @@ class Gateway:
         if self.cluster is None:
             return True
         if await self.cluster.claim(entry):
+            task = asyncio.current_task()
+            if task is not None:
+                self._claimed[entry.key] = task
             return True
         log.debug("%s is another daemon's (or waits behind one's turn); left to it", entry.key)
         await self.cluster.release(entry)  # taken at intake, maybe: let the others' sweeps have it
@@ -369,9 +374,36 @@ class Gateway:
             log.warning("could not claim %s: %s", entry.key, exc)
             claimed = False
         if claimed:
-            await self._run_entry(entry)
+            try:
+                await self._run_entry(entry)
+            finally:
+                self._claimed.pop(entry.key, None)
         else:
             self._inflight.discard(entry.key)
+
+    def claimed(self) -> set[str]:
+        """Keys of the entries this daemon holds the lease of and works on now (gateway/cluster.py)."""
+        return set(self._claimed)
+
+    def cut(self, keys: set[str]) -> int:
+        """Stop working on ``keys`` at once, silently: their leases lapsed or another daemon holds
+        them now, and that daemon answers. Their journal entries stay as they are (a shutdown's
+        cut). Returns how many were running here."""
+        cut = 0
+        for key in keys:
+            task = self._claimed.pop(key, None)
+            if task is None or task.done():
+                continue
+            reply = self._replies.get(key)
+            if reply is not None:
+                reply.abandon()  # its streaming edits stop too
+            task.cancel()
+            cut += 1
+        return cut
+
+    async def _keep(self, entry: JournalEntry) -> bool:
+        """Just before an answer goes out: still this daemon's to send (gateway/cluster.py)."""
+        return self.cluster is None or await self.cluster.keep(entry)
 
     async def _release_after(
         self, entry: JournalEntry, work: Callable[[JournalEntry], Awaitable[None]]
@@ -381,6 +413,7 @@ class Gateway:
                 await work(entry)
         finally:
             self._inflight.discard(entry.key)
+            self._claimed.pop(entry.key, None)
 
     async def resume(self, platform: str) -> int:
         """Dispatch the open entries of ``platform`` this process is not handling: what a previous
@@ -400,6 +433,8 @@ class Gateway:
         try:
             reply = self._reply(entry)
             await reply.load()
+            if not await self._keep(entry):
+                return
             await reply.finish(text)
             await self.store.journal_set(entry.key, JournalState.DONE)
         except Exception as exc:
@@ -450,14 +485,16 @@ class Gateway:
             thread_id = await self.store.thread_for(inbound.conversation)
             uploads = await fetch_attachments(self, reply.channel, entry, thread_id)
             final, outcome = await self._agent_turn(entry, thread_id, uploads, reply)
+            typing.cancel()
+            if not await self._keep(entry):  # lost to another daemon meanwhile: it answers
+                outcome = "fenced"
+                return
             if outcome == "waiting":  # paused for approval: resumed by gateway/approvals.py
-                typing.cancel()
                 await reply.finish(final)
                 await self.approvals.pause(entry)
                 return
             if entry.note:  # the gateway's own word above the answer (a schedule firing late)
                 final = f"{entry.note}\n\n{final}"
-            typing.cancel()
             await reply.finish(final)
             await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
             await self.store.journal_set(entry.key, JournalState.DONE)

@@ -225,6 +225,12 @@ class Reply:
     def _preview(self, rendered: Rendered) -> Awaitable[None]:
         return self.channel.preview(self.target, self.key, rendered)
 
+    def abandon(self) -> None:
+        """Send nothing more from here (another daemon took the entry over: gateway/cluster.py); a
+        send already under way completes and is recorded."""
+        self._closing = True
+        self._wake.set()
+
     async def _stop_stream(self) -> None:
         self._closing = True
         self._wake.set()

@@ -53,11 +53,28 @@ class LeaseTables:
         )
         return count == 1
 
-    async def lease_renew(self, node: str, ttl: float) -> int:
-        """Push back the expiry of every open entry ``node`` holds; returns how many."""
-        return await self._write(
-            f"UPDATE journal SET lease_until = ? WHERE lease_owner = ? AND {_OPEN}", (time.time() + ttl, node)
+    async def lease_keep(self, key: str, node: str, ttl: float) -> bool:
+        """Renew ``node``'s lease on ``key``, which it is working on (taken again if it lapsed and
+        no other daemon took it meanwhile); False when another daemon holds it now, or it is no
+        longer open. Unlike a claim, no order check: the work started in order."""
+        now = time.time()
+        count = await self._write(
+            f"UPDATE journal SET lease_owner = ?, lease_until = ? WHERE key = ? AND {_OPEN}"
+            " AND (lease_owner = ? OR lease_owner IS NULL OR lease_until < ?)",
+            (node, now + ttl, key, node, now),
         )
+        return count == 1
+
+    async def lease_renew(self, node: str, ttl: float) -> set[str]:
+        """Push back the expiry of every open entry ``node`` holds; returns their keys (an entry
+        this daemon works on that is not among them was taken over: gateway/cluster.py fences it)."""
+        async with self._db.execute(
+            f"UPDATE journal SET lease_until = ? WHERE lease_owner = ? AND {_OPEN} RETURNING key",
+            (time.time() + ttl, node),
+        ) as cur:
+            keys = {str(k) for (k,) in await cur.fetchall()}
+        await self._db.commit()
+        return keys
 
     async def lease_owner(self, key: str) -> str | None:
         """Who holds the live lease of ``key`` (None: nobody, or it lapsed)."""
@@ -83,11 +100,13 @@ class LeaseTables:
 
     async def lease_orphans(self, node: str, limit: int = 200) -> list[str]:
         """Keys of open entries no live daemon holds (never claimed, or their owner's lease lapsed),
-        other than ``node``'s own, oldest first: what a sweep picks up."""
+        oldest first: what a sweep picks up. ``node``'s own lapsed entries too: a daemon whose
+        renewals failed stopped working on them (gateway/cluster.py), and when it is the only one
+        left nobody else would ever take them (a dispatch skips what this daemon still runs)."""
         async with self._db.execute(
-            f"SELECT key FROM journal WHERE {_OPEN} AND (lease_owner IS NULL OR"
-            " (lease_owner <> ? AND lease_until < ?)) ORDER BY rowid LIMIT ?",
-            (node, time.time(), limit),
+            f"SELECT key FROM journal WHERE {_OPEN} AND (lease_owner IS NULL OR lease_until < ?)"
+            " ORDER BY rowid LIMIT ?",
+            (time.time(), limit),
         ) as cur:
             return [str(k) for (k,) in await cur.fetchall()]
 

@@ -1,0 +1,240 @@
+"""Races between daemons on one PostgreSQL database, in-process: two real gateways (their own store
+connection, cluster, fake agent and adapter) on one real PostgreSQL server and one fake chat
+platform, so a test can freeze one daemon's path to the database and see what users get.
+
+The path is cut with :class:`Pause`, a TCP relay between a daemon and the server: paused, bytes
+stop flowing both ways (a half-open connection, a partition), and nothing tells either side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from gateway.cluster import Cluster
+from gateway.core import Gateway
+from gateway.metrics import Metrics
+from gateway.store import Store
+from tests.fakes.fake_channel import FakeChannel, FakePlatform
+from tests.fakes.fake_harness import FakeHarness
+from tests.fakes.gateway_rig import dm, make_config, running, until
+
+TTL = 1.5
+
+
+class Pause:
+    """A TCP relay to the database server; :meth:`pause` stops every byte, :meth:`cut` closes the
+    server's side of each connection (as the server does when its keepalives give up)."""
+
+    def __init__(self, url: str) -> None:
+        self._target = urlsplit(url)
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        netloc = self._target.netloc.rsplit("@", 1)
+        host = f"127.0.0.1:{port}"
+        self.url = urlunsplit(
+            self._target._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host)
+        )
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection(self._target.hostname, self._target.port)
+        self._writers += [writer, up_w]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    await self._flowing.wait()
+                    dst.write(data)
+                    await dst.drain()
+            with contextlib.suppress(Exception):
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
+
+    def pause(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
+    def cut(self) -> None:
+        for w in self._writers:
+            w.close()
+        self._writers.clear()
+        self.resume()
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+
+
+@dataclass
+class Node:
+    gateway: Gateway
+    cluster: Cluster
+    channel: FakeChannel
+    harness: FakeHarness
+
+    @property
+    def store(self) -> Store:
+        return self.gateway.store
+
+
+@contextlib.asynccontextmanager
+async def node(url: str, name: str, platform: FakePlatform, db_url: str | None = None) -> AsyncIterator[Node]:
+    """One daemon: store and cluster on ``db_url`` (default ``url``), a Telegram adapter on
+    ``platform`` (connected), its own fake agent."""
+    config = make_config(access={"allow_users": ["*"], "pairing": False}, delivery={"first_edit_delay": 0.0})
+    store = await Store.open_postgres(db_url or url)
+    harness = FakeHarness()
+    gateway = Gateway(config, store, harness, Metrics())
+    cluster = Cluster(gateway, db_url or url, ttl=TTL, sweep_every=0.2, leader_every=0.3, node=name)
+    gateway.cluster = cluster
+    channel = FakeChannel(platform=platform)
+    try:
+        async with running(channel, gateway):
+            cluster.start()
+            yield Node(gateway, cluster, channel, harness)
+            await gateway.close(0.5)
+    finally:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5):
+                await cluster.close()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5):
+                await store.close()
+
+
+@pytest.fixture
+async def relay(pg_url: str) -> AsyncIterator[Pause]:
+    pause = Pause(pg_url)
+    await pause.start()
+    yield pause
+    await pause.stop()
+
+
+async def _owner(url: str, key: str) -> Any:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT lease_owner, state FROM journal WHERE key = %s", (key,))
+        return await cur.fetchone()
+
+
+async def test_a_daemon_cut_off_from_the_database_stops_its_turn_and_the_answer_goes_out_once(
+    pg_url: str, relay: Pause
+) -> None:
+    """A's renewals stop going through while its agent thinks; B takes the turn over once the
+    lease lapses and answers. When A's database comes back and its agent finishes, A must not post
+    a second answer (before: it did, as a new message, since it had sent nothing yet)."""
+    platform = FakePlatform()
+    async with node(pg_url, "a", platform, relay.url) as a, node(pg_url, "b", platform) as b:
+        a.harness.gate.clear()  # A's agent is busy
+        msg = dm(42, "hello")
+        await a.channel.deliver(msg)
+        await until(lambda: a.harness.calls, what="A started the turn")
+        relay.pause()  # A can no longer reach the database (nor tell anyone)
+        await until(lambda: b.harness.calls, timeout=TTL * 4, what="B took the turn over")
+        await until(lambda: platform.messages, timeout=5, what="B's answer")
+        relay.resume()
+        a.harness.gate.set()  # A's agent answers now
+        await asyncio.sleep(TTL * 2)
+        texts = [m.text for m in platform.messages.values()]
+        assert texts == ["echo: hello"], texts
+        assert (await _owner(pg_url, msg.key))[1] == "done"
+
+
+async def test_a_daemon_alone_answers_once_after_its_database_was_away_past_the_lease(
+    pg_url: str, relay: Pause
+) -> None:
+    """The same cut with no other daemon: A stops its turn while cut off, and once the database is
+    back its own sweep takes the lapsed entry up again (nobody else would), and answers once."""
+    platform = FakePlatform()
+    async with node(pg_url, "a", platform, relay.url) as a:
+        a.harness.gate.clear()
+        msg = dm(44, "still there?")
+        await a.channel.deliver(msg)
+        await until(lambda: a.harness.calls, what="A started the turn")
+        relay.pause()
+        await asyncio.sleep(TTL * 1.5)
+        assert not a.gateway.claimed(), "A went on with a turn whose lease had lapsed"
+        relay.resume()
+        a.harness.gate.set()
+        await until(lambda: platform.messages, timeout=TTL * 6, what="the answer")
+        await asyncio.sleep(TTL)
+        texts = [m.text for m in platform.messages.values()]
+        assert texts == ["echo: still there?"], texts
+        assert (await _owner(pg_url, msg.key))[1] == "done"
+
+
+async def test_a_daemon_whose_lease_was_taken_while_it_was_busy_sends_nothing_more(pg_url: str) -> None:
+    """A's event loop was held up past the lease (a long GC, a frozen VM: simulated by letting its
+    lease lapse in the database); B took the turn over and answered. A's agent then finishes:
+    before A sends, it checks the lease, finds it is B's, and stays silent."""
+    platform = FakePlatform()
+    async with node(pg_url, "a", platform) as a, node(pg_url, "b", platform):
+        a.harness.gate.clear()
+        msg = dm(43, "hi there")
+        await a.channel.deliver(msg)
+        await until(lambda: a.harness.calls, what="A started the turn")
+        a.cluster._tasks[0].cancel()  # A's heartbeat is stuck (the loop is busy elsewhere)
+        a.cluster._tasks[1].cancel()  # and so is everything else that would notice
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute("UPDATE journal SET lease_until = 0 WHERE key = %s", (msg.key,))
+        await until(lambda: platform.messages, timeout=5, what="B's answer")
+        assert (await _owner(pg_url, msg.key)) == ("b", "done")
+        a.harness.gate.set()
+        await asyncio.sleep(1.0)
+        texts = [m.text for m in platform.messages.values()]
+        assert texts == ["echo: hi there"], texts
+
+
+async def test_a_leader_on_a_dead_lock_connection_steps_down_before_another_takes_over(
+    pg_url: str, relay: Pause
+) -> None:
+    """The leader's lock connection goes silent (half-open). Before, its ``SELECT 1`` waited for
+    ever: it stayed the leader (and kept polling Telegram) while, once the server dropped the
+    session, another daemon took the lock too. Now it steps down within seconds."""
+    platform = FakePlatform()
+    async with node(pg_url, "a", platform, relay.url) as a:
+        await until(lambda: a.cluster.is_leader, timeout=5, what="A leads")
+        async with node(pg_url, "b", platform) as b:
+            both: list[float] = []
+
+            async def watch() -> None:
+                while True:
+                    if a.cluster.is_leader and b.cluster.is_leader:
+                        both.append(time.monotonic())
+                    await asyncio.sleep(0.02)
+
+            watcher = asyncio.create_task(watch())
+            relay.pause()
+            await until(lambda: not a.cluster.is_leader, timeout=5, what="A steps down")
+            relay.cut()  # the server drops the silent session, and the lock with it
+            await until(lambda: b.cluster.is_leader, timeout=5, what="B leads")
+            watcher.cancel()
+            assert not both, "two leaders at once"
+
+
+async def test_the_lock_connection_asks_the_server_to_drop_it_soon_when_silent(pg_url: str) -> None:
+    """The server side of the leader's session gives up on a silent peer in seconds, not after
+    the operating system's two hours: else a leader whose host vanished keeps the lock that long."""
+    platform = FakePlatform()
+    async with node(pg_url, "a", platform) as a:
+        await until(lambda: a.cluster.is_leader, timeout=5, what="A leads")
+        cur = await a.cluster._lock_conn.execute("SHOW tcp_keepalives_idle")
+        assert (await cur.fetchone())[0] == "5"
