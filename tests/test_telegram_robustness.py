@@ -144,10 +144,10 @@ async def test_a_message_the_journal_refuses_is_skipped_not_retried(
     note and polling moves on. (Lone surrogates never get this far: they are replaced at parse.)"""
     real = rig.gateway.store.journal_add
 
-    async def picky(inbound: Any, kind: str, note: str = "") -> bool:
+    async def picky(inbound: Any, kind: str, note: str = "", lease: Any = None) -> bool:
         if "poison" in inbound.text:
             raise UnicodeEncodeError("utf-8", inbound.text, 0, 1, "surrogates not allowed")
-        return await real(inbound, kind, note)
+        return await real(inbound, kind, note, lease)
 
     monkeypatch.setattr(rig.gateway.store, "journal_add", picky)
     fake.inject_message(USER, USER, "poison pill")
