@@ -24,6 +24,7 @@ against both engines keeps one copy of each statement.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 from collections.abc import Generator, Iterable, Sequence
@@ -196,7 +197,8 @@ class _PgResult:
         self._cursor: _PgCursor | None = None
 
     async def _run(self) -> _PgCursor:
-        cur = await self._conn.raw.execute(to_postgres(self._sql), tuple(self._params) or None)
+        raw = await self._conn.live()
+        cur = await raw.execute(to_postgres(self._sql), tuple(self._params) or None)
         self._cursor = _PgCursor(cur)
         return self._cursor
 
@@ -227,6 +229,20 @@ class PgConnection:
     def __init__(self, raw: Any, url: str) -> None:
         self.raw = raw
         self.url = url
+        self._reopen = asyncio.Lock()
+
+    async def live(self) -> Any:
+        """The psycopg connection, opened anew when the last one broke (the server restarted, a
+        failover, the network dropped it): the statement that met the break failed, the next
+        one runs on a new connection. Without this the daemon failed every statement until it
+        was restarted."""
+        if self.raw.closed:
+            async with self._reopen:
+                if self.raw.closed:
+                    import psycopg
+
+                    self.raw = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        return self.raw
 
     @classmethod
     async def connect(cls, url: str) -> PgConnection:
@@ -255,7 +271,7 @@ class PgConnection:
         return _PgResult(self, sql, params)
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        async with self.raw.cursor() as cur:
+        async with (await self.live()).cursor() as cur:
             await cur.executemany(to_postgres(sql), [tuple(r) for r in rows])
 
     async def commit(self) -> None:

@@ -238,3 +238,27 @@ async def test_the_lock_connection_asks_the_server_to_drop_it_soon_when_silent(p
         await until(lambda: a.cluster.is_leader, timeout=5, what="A leads")
         cur = await a.cluster._lock_conn.execute("SHOW tcp_keepalives_idle")
         assert (await cur.fetchone())[0] == "5"
+
+
+async def test_a_daemon_goes_on_after_its_database_connection_was_dropped(pg_url: str, relay: Pause) -> None:
+    """The server restarts (or a failover, or the network drops the connection): the statement
+    that meets the break fails, and the platform's redelivery of the message then works. Before,
+    the store's one connection stayed closed and every message failed until a restart."""
+    platform = FakePlatform()
+    async with node(pg_url, "a", platform, relay.url) as a:
+        first = dm(45, "before")
+        await a.channel.deliver(first)
+        await until(lambda: len(platform.messages) == 1, what="the first answer")
+        for _ in range(100):
+            if (await _owner(pg_url, first.key))[1] == "done":
+                break
+            await asyncio.sleep(0.05)
+        relay.cut()  # every connection to the server dropped
+        second = dm(45, "after")
+        for _ in range(3):  # the platform redelivers what the adapter could not acknowledge
+            with contextlib.suppress(Exception):
+                await a.channel.deliver(second)
+                break
+            await asyncio.sleep(0.2)
+        await until(lambda: len(platform.messages) == 2, timeout=10, what="the answer after the drop")
+        assert [m.text for m in platform.messages.values()] == ["echo: before", "echo: after"]
