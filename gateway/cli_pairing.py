@@ -9,6 +9,7 @@ import time
 
 from .cli_common import load_config_arg
 from .config import Config
+from .logs import visible
 
 
 def _when(ts: float) -> str:
@@ -32,7 +33,9 @@ async def _pairing(cfg: Config, action: str, arg: str | None) -> int:
             for r in pending:
                 state = "denied" if r.denied else ("expired" if r.expired(now) else "pending")
                 asked = f"asked {_when(r.created)}; {state} until {_when(r.expires)}"
-                print(f"  {r.code}  {r.user}  {r.name}  ({asked})")
+                print(
+                    f"  {r.code}  {visible(r.user)}  {visible(r.name)}  ({asked})"
+                )  # names are chosen by strangers
             print("approved:" if approved else "approved: none")
             for user, _ in approved:
                 print(f"  {user}")

@@ -9,6 +9,7 @@ covers records an SDK prints through a handler of its own.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Iterable
 
@@ -21,6 +22,18 @@ from .registry import sdk_loggers
 QUIET = ("httpx", "httpcore", "openai", "aiosqlite", "websockets", "urllib3")
 """Libraries held at WARNING besides the platforms' SDK loggers: they log request URLs (httpx: every
 one at INFO, and Telegram's carry the token) or chatter."""
+
+
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Control characters but tab and newline, and bidirectional overrides."""
+
+
+def visible(text: str) -> str:
+    """``text`` with the characters a terminal acts on, or that reorder a line, shown escaped
+    (``\\u001b``). Log lines and CLI listings quote names and texts strangers choose: an escape
+    sequence in a display name must not reach the operator's terminal, nor a carriage return or a
+    right-to-left override disguise the line."""
+    return _CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def secrets_of(cfg: Config) -> list[str]:
@@ -64,11 +77,11 @@ class RedactingFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a malformed record is logging's to report, not ours
             return True
-        masked = scrub(message, *self._secrets)
+        masked = visible(scrub(message, *self._secrets))
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
-            record.exc_text = scrub(record.exc_text, *self._secrets)
+            record.exc_text = visible(scrub(record.exc_text, *self._secrets))
         if masked != message:
             record.msg, record.args = masked, None
         return True

