@@ -130,6 +130,10 @@ def cmd_send(args: argparse.Namespace) -> int:
         platform, chat, thread = parse_target(args.target, config)
         if not text.strip():
             raise Refused("the text is empty")
+        try:  # bytes that are not UTF-8 arrive as lone surrogates (argv, a C-locale stdin)
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise Refused(f"the text is not valid UTF-8 (at character {exc.start + 1:,})") from None
         limit = config.limits.max_message_chars
         if len(text) > limit:
             raise Refused(

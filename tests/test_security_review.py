@@ -298,3 +298,31 @@ async def test_a_strangers_display_name_cannot_drive_the_operators_terminal(
     listing = capsys.readouterr().out
     assert "Eve\\u001b]0;owned\\u0007\\u000d\\u202eevila" in listing
     assert not any(c in listing + logged for c in "\x1b\x07\r\u202e")
+
+
+def test_send_refuses_text_that_is_not_utf8(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 (argv, a C-locale stdin) became lone surrogates and failed as
+    'could not journal the message' (exit 1, as if the database were broken)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.daemon import REPO
+
+    (tmp_path / "config.yaml").write_text(
+        f"channels:\n  telegram:\n    enabled: true\n    token: '1:x'\nstorage:\n  path: {tmp_path / 'data'}\n"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "send",
+        "-c",
+        str(tmp_path / "config.yaml"),
+        "telegram:123",
+    ]
+    env = {**os.environ, "LC_ALL": "C", "PYTHONIOENCODING": "utf-8:surrogateescape"}
+    for args, stdin in (([os.fsencode("a") + b"\xed\xa0\x80b"], b""), ([b"-"], b"hi \xff\xfe there")):
+        proc = subprocess.run([*command, *args], cwd=str(REPO), env=env, input=stdin, capture_output=True)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.decode().startswith("chital: send: the text is not valid UTF-8 (at character ")
