@@ -42,6 +42,13 @@ def _safe_name(name: str) -> str:
     return cleaned[:120]
 
 
+def _shown(name: str) -> str:
+    """A file name as the chat shows it: inline code, so a name like ``[Verify your account](https://…)``
+    is not posted as a link (or other Markdown) in the bot's voice."""
+    cleaned = re.sub(r"[`\s]+", " ", name).strip()[:120] or "a file"
+    return f"`{cleaned}`"
+
+
 @dataclass
 class Uploads:
     """A message's files once fetched: where the agent sees them, the images and recordings among
@@ -85,19 +92,24 @@ async def fetch_attachments(
     for index, att in enumerate(inbound.attachments):
         if att.size is not None and att.size > limit:
             out.notes.append(
-                f"⚠️ I skipped {att.name}: it is {att.size / 1e6:.1f} MB, over my {limit / 1e6:.0f} MB limit."
+                f"⚠️ I skipped {_shown(att.name)}: it is {att.size / 1e6:.1f} MB, "
+                f"over my {limit / 1e6:.0f} MB limit."
             )
             continue
         try:
             data = await channel.download(att, limit)
         except ChannelError as exc:
-            out.notes.append(f"⚠️ I could not fetch {att.name}: {exc}")
+            out.notes.append(
+                f"⚠️ I could not fetch {_shown(att.name)}: {str(exc).replace(att.name, 'that file')}"
+            )
             continue
         try:
             path = await _save_once(gateway, entry, index, thread_id, _safe_name(att.name), data)
         except Exception as exc:  # quota, disk full, a refused name: the text is safe to show
             log.warning("could not store upload %s for %s: %s", att.name, inbound.key, exc)
-            out.notes.append(f"⚠️ I could not store {att.name}: {exc}")
+            out.notes.append(
+                f"⚠️ I could not store {_shown(att.name)}: {str(exc).replace(att.name, 'that file')}"
+            )
             continue
         out.files.append(path)
         kind = media.kind_of(att)

@@ -326,3 +326,22 @@ def test_send_refuses_text_that_is_not_utf8(tmp_path: Path) -> None:
         proc = subprocess.run([*command, *args], cwd=str(REPO), env=env, input=stdin, capture_output=True)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.decode().startswith("chital: send: the text is not valid UTF-8 (at character ")
+
+
+# -- uploads ----------------------------------------------------------------------------------------
+async def test_a_file_name_is_not_posted_as_a_link_in_the_bots_voice(tmp_path: Path) -> None:
+    """A file named ``[Your account is locked: verify here](https://evil.example)`` was quoted
+    as is in the bot's note about it, which the chat rendered as the bot's own link."""
+    import dataclasses
+
+    from channels.base import Attachment
+
+    async with fake_rig(tmp_path) as rig:
+        name = "[Your account is locked: verify here](https://evil.example)\n`x`"
+        big = Attachment("f1", name, "application/pdf", size=10**10)
+        inbound = dataclasses.replace(dm(USER, "look"), attachments=(big,))
+        await rig.channel.deliver(inbound)
+        (answer,) = await until(lambda: rig.channel.replies_to(inbound.message_id), what="the answer")
+        assert answer.startswith(
+            "⚠️ I skipped `[Your account is locked: verify here](https://evil.example) x`: it is 10000.0 MB"
+        )
