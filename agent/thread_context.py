@@ -13,6 +13,7 @@ belongs to: a resumed or replayed turn sees the same context.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 
 from agent.turn import ContextMessage
@@ -43,8 +44,15 @@ def with_context(text: str, context: Sequence[ContextMessage]) -> str:
 
 
 def _author(name: str) -> str:
-    cleaned = _AUTHOR_JUNK.sub(" ", name).strip()[:64].strip() or "someone"
-    return f"{cleaned} (a user)" if cleaned.lower().startswith(SELF) else cleaned
+    """A thread author's name as the block shows it; a name that could be read as the assistant's
+    own label is marked ``(a user)``. Compared on a skeleton, not the text: zero-width characters,
+    fullwidth letters, an extra space or a Cyrillic ``о`` made ``you (assistant)`` look the same
+    to the model and pass a plain comparison."""
+    shown = "".join(c for c in unicodedata.normalize("NFKC", name) if unicodedata.category(c) != "Cf")
+    cleaned = " ".join(_AUTHOR_JUNK.sub(" ", shown).split())[:64].strip() or "someone"
+    skeleton = re.sub(r"[^a-z]", "", unicodedata.normalize("NFKD", cleaned).casefold())
+    poses = cleaned.casefold().startswith(SELF) or "assist" in skeleton or "sistant" in skeleton
+    return f"{cleaned} (a user)" if poses else cleaned
 
 
 def without_context(text: str) -> str:
