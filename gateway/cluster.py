@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .db import POSTGRES, PgConnection
-from .store import JournalEntry, Store
+from .store import JournalEntry, JournalState, Store
 
 if TYPE_CHECKING:
     from .core import Gateway
@@ -89,6 +89,10 @@ class Cluster:
         """When the last renewal that went through was sent (monotonic)."""
         self._beat: Store | None = None
         """The heartbeat's own connection (see :meth:`renew_once`)."""
+        self._trying: float | None = None
+        """When the renewal under way was started (monotonic); None: none is."""
+        self._failing = False
+        """The last renewal failed (or timed out)."""
         self._fenced: set[str] = set()
         """Keys whose work this daemon stopped, to give back at the next renewal that goes through."""
 
@@ -164,9 +168,12 @@ class Cluster:
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.ttl / 3)
+            self._trying = time.monotonic()
             try:
                 await _bounded(self.renew_once(), self.ttl / 3)
+                self._trying, self._failing = None, False
             except Exception as exc:
+                self._trying, self._failing = None, True
                 log.warning("cluster: could not renew leases: %s", exc)
                 beat, self._beat = self._beat, None  # a new connection next time
                 if beat is not None:
@@ -198,10 +205,14 @@ class Cluster:
 
     async def _watch(self) -> None:
         """Fence everything running here once renewals stopped going through (this needs no
-        database, so it works while the renewal itself hangs)."""
+        database, so it works while the renewal itself hangs). Only when the database failed or
+        kept a renewal waiting: a process merely slow to get round to renewing (every daemon's
+        CPU taken for a moment) has its renewal answered when it asks, and goes on."""
         while True:
             await asyncio.sleep(self.ttl / 6)
-            if time.monotonic() - self._renewed >= self.ttl * FENCE_AFTER:
+            now = time.monotonic()
+            trouble = self._failing or (self._trying is not None and now - self._trying >= self.ttl / 4)
+            if trouble and now - self._renewed >= self.ttl * FENCE_AFTER:
                 working = self.gateway.claimed()
                 if working:
                     log.warning("cluster: leases not renewed for %.1fs", time.monotonic() - self._renewed)
@@ -218,13 +229,13 @@ class Cluster:
     async def sweep_once(self) -> int:
         """Dispatch the open entries no live daemon holds, for channels connected here."""
         gw = self.gateway
-        keys = await self.store.lease_orphans(self.node)
-        if not keys:
-            return 0
-        wanted = set(keys)
+        platforms = [name for name in gw.channels if gw.connected(name)]
         started = 0
-        for entry in await self.store.journal_open():
-            if entry.key in wanted and gw.connected(entry.inbound.platform):
+        for key in await self.store.lease_orphans(self.node, platforms):
+            if gw.handles(key):
+                continue  # queued here already (journaled while this daemon was busy)
+            entry = await self.store.journal_entry(key)
+            if entry is not None and entry.state in (JournalState.PENDING, JournalState.RUNNING):
                 started += gw.pick_up(entry)
         if started:
             log.info("cluster: picked up %d entr(ies) no daemon was working on", started)

@@ -309,6 +309,10 @@ class Gateway:
         handles it."""
         return self.connected(entry.inbound.platform) and self._dispatch(entry)
 
+    def handles(self, key: str) -> bool:
+        """This process is handling ``key`` now (queued, running or sending)."""
+        return key in self._inflight
+
     def connected(self, platform: str) -> bool:
         """The channel is here and connected (what a resume waits for)."""
         return platform in self._connected

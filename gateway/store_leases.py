@@ -14,6 +14,7 @@ win. A turn is claimable only when no earlier open turn of its conversation belo
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,10 +28,14 @@ LEASE_INDEX = (
 _OPEN = "state IN ('pending', 'running')"
 _TURN_IN_ORDER = (
     " AND (kind <> 'turn' OR NOT EXISTS (SELECT 1 FROM journal AS e"
-    " WHERE e.conversation = journal.conversation AND e.kind = 'turn'"
-    f" AND e.{_OPEN} AND e.rowid < journal.rowid"
-    " AND (e.lease_owner IS NULL OR e.lease_owner <> ?)))"
+    " WHERE e.conversation = journal.conversation AND e.kind = 'turn' AND e.key <> journal.key"
+    f" AND e.{_OPEN} AND (e.lease_owner IS NULL OR e.lease_owner <> ?)"
+    " AND (e.rowid < journal.rowid OR (e.state = 'running' AND e.lease_until >= ?))))"
 )
+"""A turn waits for its conversation's earlier open turns that are not this node's, and for a
+later one another daemon is running now: a turn resumed after an approval (its entry was not open
+while it waited, so a later turn could start elsewhere) must not run beside it on the same agent
+thread; on one daemon it queues behind it."""
 
 
 class LeaseTables:
@@ -44,12 +49,12 @@ class LeaseTables:
     async def lease_claim(self, key: str, node: str, ttl: float) -> bool:
         """Take (or renew) the lease of the open entry ``key`` for ``node``; False when another
         live daemon holds it, it is no longer open, or (a turn) an earlier turn of its
-        conversation is not this node's."""
+        conversation is not this node's, or another daemon runs one of its turns now."""
         now = time.time()
         count = await self._write(
             f"UPDATE journal SET lease_owner = ?, lease_until = ? WHERE key = ? AND {_OPEN}"
             " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)" + _TURN_IN_ORDER,
-            (node, now + ttl, key, node, now, node),
+            (node, now + ttl, key, node, now, node, now),
         )
         return count == 1
 
@@ -98,15 +103,24 @@ class LeaseTables:
             (node,),
         )
 
-    async def lease_orphans(self, node: str, limit: int = 200) -> list[str]:
-        """Keys of open entries no live daemon holds (never claimed, or their owner's lease lapsed),
-        oldest first: what a sweep picks up. ``node``'s own lapsed entries too: a daemon whose
-        renewals failed stopped working on them (gateway/cluster.py), and when it is the only one
-        left nobody else would ever take them (a dispatch skips what this daemon still runs)."""
+    async def lease_orphans(self, node: str, platforms: Sequence[str], limit: int = 200) -> list[str]:
+        """Keys of open entries of ``platforms`` no live daemon holds (never claimed, or their
+        owner's lease lapsed) that ``node`` could claim now, oldest first: what a sweep picks up.
+
+        ``node``'s own lapsed entries too: a daemon whose renewals failed stopped working on them
+        (gateway/cluster.py), and when it is the only one left nobody else would ever take them (a
+        dispatch skips what this daemon still runs). Only what ``node`` could claim, and only of
+        its connected platforms: else the ``limit`` oldest could all be turns waiting behind
+        another daemon's running turn, or another platform's, and newer work that an idle daemon
+        could take would never be seen."""
+        if not platforms:
+            return []
+        now = time.time()
+        mine = " OR ".join("conversation LIKE ?" for _ in platforms)
         async with self._db.execute(
             f"SELECT key FROM journal WHERE {_OPEN} AND (lease_owner IS NULL OR lease_until < ?)"
-            " ORDER BY rowid LIMIT ?",
-            (time.time(), limit),
+            f" AND ({mine})" + _TURN_IN_ORDER + " ORDER BY rowid LIMIT ?",
+            (now, *(f"{p}:%" for p in platforms), node, now, limit),
         ) as cur:
             return [str(k) for (k,) in await cur.fetchall()]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,12 +20,14 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from agent.events import AgentEvent, ApprovalRequested
+from channels.base import Attachment
 from gateway.cluster import Cluster
 from gateway.core import Gateway
 from gateway.metrics import Metrics
 from gateway.store import Store
 from tests.fakes.fake_channel import FakeChannel, FakePlatform
-from tests.fakes.fake_harness import FakeHarness
+from tests.fakes.fake_harness import Call, FakeHarness
 from tests.fakes.gateway_rig import dm, make_config, running, until
 
 TTL = 1.5
@@ -97,16 +100,20 @@ class Node:
 
 
 @contextlib.asynccontextmanager
-async def node(url: str, name: str, platform: FakePlatform, db_url: str | None = None) -> AsyncIterator[Node]:
-    """One daemon: store and cluster on ``db_url`` (default ``url``), a Telegram adapter on
-    ``platform`` (connected), its own fake agent."""
-    config = make_config(access={"allow_users": ["*"], "pairing": False}, delivery={"first_edit_delay": 0.0})
+async def node(
+    url: str, name: str, platform: FakePlatform, db_url: str | None = None, **sections: Any
+) -> AsyncIterator[Node]:
+    """One daemon: store and cluster on ``db_url`` (default ``url``), a Telegram adapter (with
+    buttons) on ``platform`` (connected), its own fake agent; ``sections`` of config on top."""
+    config = make_config(
+        access={"allow_users": ["*"], "pairing": False}, delivery={"first_edit_delay": 0.0}, **sections
+    )
     store = await Store.open_postgres(db_url or url)
     harness = FakeHarness()
     gateway = Gateway(config, store, harness, Metrics())
     cluster = Cluster(gateway, db_url or url, ttl=TTL, sweep_every=0.2, leader_every=0.3, node=name)
     gateway.cluster = cluster
-    channel = FakeChannel(platform=platform)
+    channel = FakeChannel(platform=platform, buttons=True)
     try:
         async with running(channel, gateway):
             cluster.start()
@@ -262,3 +269,70 @@ async def test_a_daemon_goes_on_after_its_database_connection_was_dropped(pg_url
             await asyncio.sleep(0.2)
         await until(lambda: len(platform.messages) == 2, timeout=10, what="the answer after the drop")
         assert [m.text for m in platform.messages.values()] == ["echo: before", "echo: after"]
+
+
+async def asks(call: Call) -> AsyncIterator[AgentEvent]:
+    yield ApprovalRequested(
+        "intr-1", "execute", {"command": "rm -rf /tmp/cache"}, "The agent wants to run execute."
+    )
+
+
+async def test_a_turn_resumed_by_an_approval_waits_for_the_turn_another_daemon_runs(pg_url: str) -> None:
+    """T1 paused on A for an approval; the user's next message T3 started on B. The approval
+    comes in while T3 runs: T1 must wait for T3 (on one daemon it queues behind it), not run on
+    A at the same time on the same agent thread (the claim only looked at earlier turns, and a
+    waiting one is not open, so T3 could start; then T1 could start beside it)."""
+    platform = FakePlatform()
+    approvals = {"approvals": {"tools": ["execute"], "timeout": 600, "approvers": "requester"}}
+    async with (
+        node(pg_url, "a", platform, agent=approvals) as a,
+        node(pg_url, "b", platform, agent=approvals) as b,
+    ):
+        a.harness.on("clean the cache", asks)
+        t1 = dm(46, "clean the cache")
+        await a.channel.deliver(t1)
+        request = await until(lambda: next((m for m in platform.messages.values() if m.buttons), None))
+        platform.uploads["f1"] = b"some notes"
+        t3 = dataclasses.replace(
+            dm(46, "and read this"), attachments=(Attachment("f1", "notes.txt", "text/plain", 10),)
+        )
+        b.channel.hold("download")  # T3 is running on B (its file still on the way)
+        await b.channel.deliver(t3)
+        await until(lambda: b.channel.held("download"), what="T3 running on B")
+        answer = await a.channel.press(request.message_id, "✅", 46)
+        assert not answer.refused, answer.text
+        await asyncio.sleep(1.0)
+        resumed_early = a.harness.resumed + b.harness.resumed
+        b.channel.release("download")
+        await until(lambda: a.harness.resumed or b.harness.resumed, timeout=10, what="T1 resumed")
+        await until(
+            lambda: (
+                platform.by_key(f"{t1.key}#0") and platform.by_key(f"{t1.key}#0").text == "resumed: approved"
+            ),
+            timeout=10,
+        )
+        assert not resumed_early, "T1 ran beside T3 on the same thread"
+        assert b.harness.seen == [("and read this", ["/mnt/user-data/uploads/notes.txt"])]
+        assert len(a.harness.resumed + b.harness.resumed) == 1
+
+
+async def test_the_sweep_sees_work_it_can_take_past_a_backlog_it_cannot(pg_url: str) -> None:
+    """A busy daemon A runs a turn in each of 30 chats with 9 more queued behind each (journaled
+    without a lease, as a busy daemon does): 270 orphans that no other daemon may claim (they wait
+    for A's turn). A new chat's message, also journaled without a lease, is what idle B should
+    take. Before, the sweep looked only at the 200 oldest orphans, all unclaimable: B never saw it;
+    and only at this daemon's connected platforms (a Discord backlog on a standby: the same)."""
+    store = await Store.open_postgres(pg_url)
+    try:
+        for chat in range(30):
+            for n in range(10):
+                await store.journal_add(dm(5000 + chat, f"m{n}"), "turn", lease=("a", 60) if n == 0 else None)
+        for chat in range(250):
+            await store.journal_add(dataclasses.replace(dm(7000 + chat, "x"), platform="discord"), "turn")
+        fresh = dm(6000, "new chat")
+        await store.journal_add(fresh, "turn")
+        orphans = await store.lease_orphans("b", ["telegram"])
+        assert fresh.key in orphans
+        assert await store.lease_claim(fresh.key, "b", 60)
+    finally:
+        await store.close()
