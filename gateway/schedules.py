@@ -258,7 +258,8 @@ class GatewayScheduler:
 
 async def cancel(store: Store, config: Config, requester: Inbound, schedule_id: int) -> Schedule:
     """Cancel one of ``requester``'s conversation's schedules: only its creator or an admin may."""
-    schedule = await store.schedule_get(schedule_id)
+    # A number beyond SQL's 64-bit integers (/unschedule 99999999999999999999) names none.
+    schedule = await store.schedule_get(schedule_id) if 0 < schedule_id < 2**63 else None
     if schedule is None or schedule.conversation != requester.conversation or schedule.state != ACTIVE:
         raise ScheduleError(f"there is no active schedule #{schedule_id} in this conversation")
     if schedule.creator != requester.user and not is_admin(config.access_for(requester.platform), requester):

@@ -20,7 +20,7 @@ from tests.fakes.gateway_rig import ADMIN, USER, dm, fake_rig, make_config, quie
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.test_approvals import _clear_ran, _no_proxy, asks, buttoned, collect, fake, harness_for
 from tests.test_approvals import config as approvals_config
-from tests.test_schedules import OTHER, Clock, Scheduled, chat_posts, schedules_config
+from tests.test_schedules import OTHER, Clock, Scheduled, chat_posts, command, schedules_config
 
 STRANGER = 555
 __all__ = ["_clear_ran", "_no_proxy", "fake"]  # the approvals tests' fixtures, used here too
@@ -367,3 +367,20 @@ def test_a_thread_author_cannot_pose_as_the_assistant_with_lookalike_names() -> 
         assert author.endswith(" (a user)") and "\u200b" not in author, (name, line)
     text = with_context("q", (ContextMessage("Anna", "hi"), ContextMessage("me", "mine", is_bot=True)))
     assert "> Anna: hi" in text and f"> {SELF}: mine" in text
+
+
+async def test_unschedule_with_a_huge_number_is_a_clear_refusal(tmp_path: Path) -> None:
+    """``/unschedule 999…9`` (30 digits) overflowed SQLite's integer and answered "Something went
+    wrong on my side" (an internal error) instead of saying there is no such schedule."""
+    async with fake_rig(tmp_path, schedules_config()) as rig:
+        sched = Scheduled(rig, Clock())
+        for number in ("9" * 30, "0"):
+            answer = await command(rig, USER, f"/unschedule {number}")
+            assert (
+                answer == f"Cannot cancel: there is no active schedule #{int(number)} in this conversation."
+            )
+        await sched.ask(USER, {"text": "a", "delay": "1h"})
+        call = rig.harness.calls[-1]
+        caller = Caller(call.thread_id, call.user_id, call.message_id, "c")
+        with pytest.raises(ScheduleError, match="no active schedule"):
+            await sched.scheduler.cancel(caller, 10**40)
