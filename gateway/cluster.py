@@ -197,6 +197,12 @@ class Cluster:
             self._fenced.discard(key)
         renewed = await beat.lease_renew(self.node, self.ttl)
         self._renewed = sent
+        # Held but not worked on (a parked reply, a queued turn) for a channel that is down here:
+        # given back, so that a daemon that can reach the platform delivers it (and the next
+        # turns of that chat, which wait for it) instead of waiting out the retry window here.
+        for key in renewed - working:
+            if not self.gateway.connected(key.split(":", 1)[0]) and key not in self.gateway.claimed():
+                await beat.lease_release(key, self.node)
         lost = [k for k in working & self.gateway.claimed() if k not in renewed]
         # Not renewed: finished meanwhile (its lease still reads as ours), or taken over.
         lost = [k for k in lost if await beat.lease_owner(k) != self.node]

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from agent.events import AgentEvent, ApprovalRequested
-from channels.base import Attachment
+from channels.base import Attachment, ChannelState, TransientSendError
 from gateway.cluster import Cluster
 from gateway.core import Gateway
 from gateway.metrics import Metrics
@@ -336,3 +336,23 @@ async def test_the_sweep_sees_work_it_can_take_past_a_backlog_it_cannot(pg_url: 
         assert await store.lease_claim(fresh.key, "b", 60)
     finally:
         await store.close()
+
+
+async def test_a_reply_parked_on_a_daemon_whose_channel_is_down_is_delivered_by_another(pg_url: str) -> None:
+    """A answered but could not deliver (its own route to the platform is down: the reply is
+    parked and retried for up to ``delivery.retry_window``, 6 h). A keeps renewing the lease of
+    what it parked, so no other daemon could deliver it, nor run the next message of that chat
+    (it waits for the earlier turn): both waited for A's channel. Now a daemon gives back the
+    leases of entries it is not working on whose channel is not connected here."""
+    platform = FakePlatform()
+    async with node(pg_url, "a", platform) as a, node(pg_url, "b", platform) as b:
+        a.channel.fail("send", TransientSendError("network unreachable"), times=None)
+        first = dm(47, "one")
+        await a.channel.deliver(first)
+        await until(lambda: a.gateway.parking.is_parked(first.key), what="A parked the answer")
+        a.channel.force_state(ChannelState.RECONNECTING, "network unreachable")
+        second = dm(47, "two")
+        await b.channel.deliver(second)
+        await until(lambda: len(platform.messages) == 2, timeout=TTL * 4, what="both answers")
+        texts = [m.text for m in platform.messages.values()]
+        assert texts == ["echo: one", "echo: two"], texts
