@@ -31,6 +31,14 @@ _SECRETISH = re.compile(
 )
 
 
+_KNOWN_TOKEN = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|xox[abposr]-[\w-]{10,}"
+    r"|xapp-[\w-]{10,}|sk-(?:proj-|ant-)?[\w-]{20,}|AKIA[0-9A-Z]{16}|AIza[\w-]{35})"
+)
+"""Tokens recognisable by their prefix (GitHub, GitLab, Slack, OpenAI/Anthropic, AWS, Google), in
+whatever form they appear: ``Authorization: token ghp_…`` has no ``token=`` to match."""
+
+
 class Redactor:
     """Removes configured secret values and obvious credential patterns from a text."""
 
@@ -40,7 +48,7 @@ class Redactor:
     def __call__(self, text: str) -> str:
         for secret in self._secrets:
             text = text.replace(secret, "***")
-        return _SECRETISH.sub(r"\1***", text)
+        return _KNOWN_TOKEN.sub("***", _SECRETISH.sub(r"\1***", text))
 
 
 _SAFE_ERRORS: tuple[type[BaseException], ...] = (ToolException, SandboxError)

@@ -384,3 +384,23 @@ async def test_unschedule_with_a_huge_number_is_a_clear_refusal(tmp_path: Path) 
         caller = Caller(call.thread_id, call.user_id, call.message_id, "c")
         with pytest.raises(ScheduleError, match="no active schedule"):
             await sched.scheduler.cancel(caller, 10**40)
+
+
+async def test_an_approval_request_masks_tokens_known_by_their_prefix(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """``curl -H "Authorization: token ghp_…"`` has no ``token=`` or ``Bearer`` for the masking to
+    find: a GitHub token the agent read from a file went into the chat with the request."""
+    harness = harness_for(fake, tmp_path / "cp.sqlite", ApprovalSettings(tools=["shell"]))
+    await harness.start()
+    try:
+        ghp, aws = "ghp_" + "a1B2" * 9, "AKIA" + "ABCDEFGHIJKLMNOP"
+        command = f'curl -H "Authorization: token {ghp}" https://api.github.com/user; echo {aws}'
+        fake.script(Reply(tool_calls=[ToolCall("shell", {"command": command})]), Reply(text="done"))
+        events = await collect(harness.run("t1", user_id="u1", message_id="m1", text="run it"))
+        (ask,) = [e for e in events if isinstance(e, ApprovalRequested)]
+        assert ask.args == {
+            "command": 'curl -H "Authorization: token ***" https://api.github.com/user; echo ***'
+        }
+    finally:
+        await harness.close()
