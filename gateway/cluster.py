@@ -107,7 +107,16 @@ class Cluster:
         return self.node, self.ttl
 
     async def claim(self, entry: JournalEntry) -> bool:
+        await self._give_back(self.store)  # a fenced earlier turn must not read as ours and live
         return await self.store.lease_claim(entry.key, self.node, self.ttl)
+
+    async def _give_back(self, store: Store) -> None:
+        """Release the leases of fenced entries this daemon has not taken up again."""
+        working = self.gateway.claimed()
+        for key in list(self._fenced):
+            if key not in working:
+                await store.lease_release(key, self.node)
+            self._fenced.discard(key)
 
     async def holds(self, entry: JournalEntry) -> bool:
         """This daemon holds the lease of ``entry`` now (no other may run it meanwhile)."""
@@ -191,10 +200,7 @@ class Cluster:
         beat = self._beat
         sent = time.monotonic()
         working = self.gateway.claimed()
-        for key in list(self._fenced):
-            if key not in working:
-                await beat.lease_release(key, self.node)
-            self._fenced.discard(key)
+        await self._give_back(beat)
         renewed = await beat.lease_renew(self.node, self.ttl)
         self._renewed = sent
         # Held but not worked on (a parked reply, a queued turn) for a channel that is down here:

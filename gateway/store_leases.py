@@ -29,11 +29,12 @@ _OPEN = "state IN ('pending', 'running')"
 _TURN_IN_ORDER = (
     " AND (kind <> 'turn' OR NOT EXISTS (SELECT 1 FROM journal AS e"
     " WHERE e.conversation = journal.conversation AND e.kind = 'turn' AND e.key <> journal.key"
-    f" AND e.{_OPEN} AND (e.lease_owner IS NULL OR e.lease_owner <> ?)"
+    f" AND e.{_OPEN} AND (e.lease_owner IS NULL OR e.lease_owner <> ? OR e.lease_until < ?)"
     " AND (e.rowid < journal.rowid OR (e.state = 'running' AND e.lease_until >= ?))))"
 )
-"""A turn waits for its conversation's earlier open turns that are not this node's, and for a
-later one another daemon is running now: a turn resumed after an approval (its entry was not open
+"""A turn waits for its conversation's earlier open turns that are not this node's live ones (a
+lapsed one of this node's was cut by a fence, and runs again first), and for a later one another
+daemon is running now: a turn resumed after an approval (its entry was not open
 while it waited, so a later turn could start elsewhere) must not run beside it on the same agent
 thread; on one daemon it queues behind it."""
 
@@ -54,7 +55,7 @@ class LeaseTables:
         count = await self._write(
             f"UPDATE journal SET lease_owner = ?, lease_until = ? WHERE key = ? AND {_OPEN}"
             " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)" + _TURN_IN_ORDER,
-            (node, now + ttl, key, node, now, node, now),
+            (node, now + ttl, key, node, now, node, now, now),
         )
         return count == 1
 
@@ -120,7 +121,7 @@ class LeaseTables:
         async with self._db.execute(
             f"SELECT key FROM journal WHERE {_OPEN} AND (lease_owner IS NULL OR lease_until < ?)"
             f" AND ({mine})" + _TURN_IN_ORDER + " ORDER BY rowid LIMIT ?",
-            (now, *(f"{p}:%" for p in platforms), node, now, limit),
+            (now, *(f"{p}:%" for p in platforms), node, now, now, limit),
         ) as cur:
             return [str(k) for (k,) in await cur.fetchall()]
 

@@ -292,6 +292,10 @@ async def test_a_turn_resumed_by_an_approval_waits_for_the_turn_another_daemon_r
         t1 = dm(46, "clean the cache")
         await a.channel.deliver(t1)
         request = await until(lambda: next((m for m in platform.messages.values() if m.buttons), None))
+        for _ in range(100):  # T1 has paused (until then it is running, and T3 would wait for it)
+            if (await _owner(pg_url, t1.key))[1] == "waiting":
+                break
+            await asyncio.sleep(0.05)
         platform.uploads["f1"] = b"some notes"
         t3 = dataclasses.replace(
             dm(46, "and read this"), attachments=(Attachment("f1", "notes.txt", "text/plain", 10),)
@@ -356,3 +360,27 @@ async def test_a_reply_parked_on_a_daemon_whose_channel_is_down_is_delivered_by_
         await until(lambda: len(platform.messages) == 2, timeout=TTL * 4, what="both answers")
         texts = [m.text for m in platform.messages.values()]
         assert texts == ["echo: one", "echo: two"], texts
+
+
+async def test_after_a_fence_the_chat_s_next_turn_still_waits_for_the_cut_one(
+    pg_url: str, relay: Pause
+) -> None:
+    """A's turn T1 is cut by a fence (its database away past the lease) with T2 of the same chat
+    queued behind it on A. T2 must not run before T1 has run again: T1's lapsed lease is still
+    A's, and a claim counted an earlier turn with A's name on it as no obstacle to A."""
+    platform = FakePlatform()
+    async with node(pg_url, "a", platform, relay.url) as a:
+        a.harness.gate.clear()
+        t1, t2 = dm(48, "first"), dm(48, "second")
+        await a.channel.deliver(t1)
+        await a.channel.deliver(t2)
+        await until(lambda: a.harness.calls, what="A started T1")
+        relay.pause()
+        await until(lambda: not a.gateway.claimed(), timeout=TTL * 2, what="the fence")
+        relay.resume()
+        a.harness.gate.set()
+        answers = {"echo: first", "echo: second"}
+        await until(lambda: {m.text for m in platform.messages.values()} == answers, timeout=TTL * 8)
+        texts = [c.text for c in a.harness.calls]
+        assert texts[-2:] == ["first", "second"], texts
+        assert len(platform.messages) == 2  # T2's "queued" sign became its answer
