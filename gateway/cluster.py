@@ -203,11 +203,18 @@ class Cluster:
         await self._give_back(beat)
         renewed = await beat.lease_renew(self.node, self.ttl)
         self._renewed = sent
-        # Held but not worked on (a parked reply, a queued turn) for a channel that is down here:
-        # given back, so that a daemon that can reach the platform delivers it (and the next
-        # turns of that chat, which wait for it) instead of waiting out the retry window here.
+        # Held but not worked on: given back, for the sweeps. A parked reply, or a queued turn, for
+        # a channel that is down here: a daemon that can reach the platform delivers it (and the
+        # next turns of that chat, which wait for it) instead of this one waiting out the retry
+        # window. Anything else this daemon neither handles nor has parked (a write that failed
+        # after the lease was taken, as when the connection dropped): else renewed for ever, and
+        # never run.
+        gw = self.gateway
         for key in renewed - working:
-            if not self.gateway.connected(key.split(":", 1)[0]) and key not in self.gateway.claimed():
+            if key in gw.claimed():
+                continue
+            down = not gw.connected(key.split(":", 1)[0])
+            if down or not (gw.handles(key) or gw.parking.is_parked(key)):
                 await beat.lease_release(key, self.node)
         lost = [k for k in working & self.gateway.claimed() if k not in renewed]
         # Not renewed: finished meanwhile (its lease still reads as ours), or taken over.

@@ -384,3 +384,16 @@ async def test_after_a_fence_the_chat_s_next_turn_still_waits_for_the_cut_one(
         texts = [c.text for c in a.harness.calls]
         assert texts[-2:] == ["first", "second"], texts
         assert len(platform.messages) == 2  # T2's "queued" sign became its answer
+
+
+async def test_a_lease_held_on_nothing_is_given_back(pg_url: str) -> None:
+    """An open entry carries A's lease, but A is not working on it (a write failed after the lease
+    was taken: the connection dropped between the two). A's heartbeat renewed it for ever, so no
+    daemon ever answered it. Now A gives it back, and it is answered once."""
+    platform = FakePlatform()
+    async with node(pg_url, "a", platform) as a, node(pg_url, "b", platform):
+        stray = dm(49, "forgotten")
+        await a.store.journal_add(stray, "turn", lease=("a", TTL))
+        await until(lambda: platform.messages, timeout=TTL * 4, what="the answer")
+        await asyncio.sleep(0.5)
+        assert [m.text for m in platform.messages.values()] == ["echo: forgotten"]
