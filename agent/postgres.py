@@ -26,6 +26,9 @@ async def _pool(url: str, max_size: int) -> Any:
         max_size=max_size,
         open=False,
         kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+        # A connection the server dropped (a restart, a failover) is replaced when it is taken,
+        # instead of failing one turn per dead connection.
+        check=AsyncConnectionPool.check_connection,
     )
     await pool.open(wait=True, timeout=30)
     return pool
