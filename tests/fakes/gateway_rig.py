@@ -189,9 +189,14 @@ class Rig:
 
 
 def make_config(**sections: Any) -> Config:
-    """Defaults plus ``sections`` (e.g. ``access={...}``, ``limits={...}``); Telegram on."""
+    """Defaults plus ``sections`` (e.g. ``access={...}``, ``limits={...}``); Telegram on. In the
+    PostgreSQL pass a ``storage.path`` gets the ``storage.url`` of the database :func:`store_at`
+    opens for its gateway.sqlite, so what the test runs on that config (a CLI command) sees it."""
     data: dict[str, Any] = {"channels": {"telegram": {"enabled": True, "token": "1:x"}}}
     data.update(sections)
+    storage = data.get("storage")
+    if TEST_POSTGRES and isinstance(storage, dict) and "path" in storage and "url" not in storage:
+        data["storage"] = {**storage, "url": test_database_url(Path(storage["path"]) / "gateway.sqlite")}
     return parse_config(data, "test")
 
 
