@@ -34,8 +34,8 @@ COPY pyproject.toml wheelhous[e] /tmp/wheels/
 ARG PIP_INDEX_URL=https://pypi.org/simple
 RUN set -eu; \
     cd /tmp/wheels; \
-    /opt/chital/bin/python -c "import tomllib; \
-print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt; \
+    /opt/chital/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" > requirements.txt; \
     echo 'setuptools>=69' >> requirements.txt; \
     if ls ./*.whl >/dev/null 2>&1; then \
         echo "chital: installing from wheelhouse/ (offline)"; set -- --no-index --find-links /tmp/wheels; \

@@ -130,8 +130,9 @@ def _probe_base() -> dict[str, str]:
 def wheelhouse() -> Path:
     """Binary wheels of every dependency for the base's Python (``pip download``, cached)."""
     base = _probe_base()
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    reqs = [*deps, "setuptools>=69"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    # The image carries the postgres extra: compose.scale.yaml's replicas need it.
+    reqs = [*project["dependencies"], *project["optional-dependencies"]["postgres"], "setuptools>=69"]
     major, minor = (int(x) for x in base["glibc"].split(".")[:2])
     platforms = [f"manylinux_{major}_{m}_{base['machine']}" for m in range(minor, 16, -1)]
     platforms += [f"manylinux2014_{base['machine']}"]
