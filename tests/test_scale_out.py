@@ -256,3 +256,48 @@ async def _lease_holders(url: str) -> dict[str, int]:
             " WHERE state IN ('pending', 'running') GROUP BY 1"
         )
         return {str(o): int(n) for o, n in await cur.fetchall()}
+
+
+async def test_discord_gateway_on_the_leader_only_and_standbys_connected_for_sending(
+    tmp_path: Path, pg_url: str, model: FakeOpenAI
+) -> None:
+    from tests.fakes.discord_server import FakeDiscord
+
+    dc = FakeDiscord(heartbeat_interval=1.0)
+    await dc.start()
+    daemons: list[DaemonProcess] = []
+    try:
+        for n in range(2):
+            cfg = base_config(tmp_path / f"data-{n}", model.base_url, free_port())
+            cfg["storage"]["url"] = pg_url
+            cfg["storage"]["lease_seconds"] = LEASE
+            cfg["agent"]["tools"] = False
+            cfg["channels"]["discord"] = {
+                "enabled": True, "token": dc.token, "api_base_url": dc.api_base_url,
+                "gateway_url": dc.gateway_url,
+            }  # fmt: skip
+            cfg["access"] = {"allow_users": ["*"], "pairing": False}
+            d = DaemonProcess(tmp_path / f"d{n}", cfg)
+            d.workdir.mkdir(parents=True, exist_ok=True)
+            daemons.append(d)
+        await asyncio.gather(*(d.start(timeout=90) for d in daemons))
+        leader = await _leader(daemons)
+        standby = next(d for d in daemons if d is not leader)
+        _, body = await standby.get("/readyz")
+        report = body["channels"]["discord"]
+        assert report["state"] == "standby" and "connected for sending" in report["reason"], report
+        assert dc.identifies == 1, "only the leader holds the gateway"
+        mid = await dc.inject_dm("424242424242424242", "hello from discord")
+        await dc.wait_for(lambda: any(m.reply_to == mid for m in dc.bot_messages()) or None, timeout=30)
+        leader.kill9()
+        await leader.wait_exit()
+        await _leader([standby], timeout=20)
+        await dc.wait_for(lambda: dc.identifies >= 2 or None, timeout=30)
+        mid2 = await dc.inject_dm("424242424242424242", "after the failover")
+        await dc.wait_for(lambda: any(m.reply_to == mid2 for m in dc.bot_messages()) or None, timeout=30)
+        await asyncio.sleep(LEASE)
+        texts = [m.content for m in dc.bot_messages()]
+        assert texts.count("echo: hello from discord") == 1 and texts.count("echo: after the failover") == 1
+    finally:
+        await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)
+        await dc.stop()

@@ -128,6 +128,7 @@ class DiscordChannel(Channel):
         dedupes_sends=True,  # enforce_nonce: a repeated nonce returns the earlier message
         buttons=True,  # message components; presses arrive as INTERACTION_CREATE
     )
+    can_send_only = True
 
     def __init__(
         self,
@@ -217,7 +218,12 @@ class DiscordChannel(Channel):
         self._apply_endpoints()
         client = self._client = self._make_client()
         try:
-            await client.start(self._token, reconnect=True)
+            if self.receive:
+                await client.start(self._token, reconnect=True)
+            else:  # a standby daemon: REST only (sends, edits); the leader holds the gateway
+                await client.login(self._token)
+                self.report_connected()
+                await asyncio.Event().wait()
         except discord.LoginFailure:
             raise FatalChannelError("Discord rejected the bot token (401 Unauthorized)") from None
         except discord.PrivilegedIntentsRequired:
