@@ -1,4 +1,5 @@
-"""Fixtures shared by the end-to-end tests: the fake model and the fake Telegram server."""
+"""Fixtures shared by the end-to-end tests: the fake model and the fake Telegram, Slack and Discord
+servers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 
 
@@ -27,6 +30,22 @@ async def model() -> AsyncIterator[FakeOpenAI]:
 @pytest.fixture
 async def tg() -> AsyncIterator[FakeTelegram]:
     fake = FakeTelegram()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    fake = FakeSlack()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def dc() -> AsyncIterator[FakeDiscord]:
+    fake = FakeDiscord(heartbeat_interval=1.0)
     await fake.start()
     yield fake
     await fake.stop()

@@ -540,14 +540,6 @@ from tests.test_e2e_slack import FRIEND  # noqa: E402
 SLACK_OTHER = "U_OTHER"
 
 
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    fake = FakeSlack()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
 async def slack_daemon(
     tmp_path: Path, slack: FakeSlack, model: FakeOpenAI, timeout: float = 600
 ) -> DaemonProcess:
@@ -637,14 +629,6 @@ from tests.fakes.discord_server import FakeDiscord  # noqa: E402
 from tests.test_e2e_discord import FRIEND as DC_FRIEND  # noqa: E402
 
 DC_OTHER = "515151515151515151"
-
-
-@pytest.fixture
-async def dc() -> AsyncIterator[FakeDiscord]:
-    fake = FakeDiscord(heartbeat_interval=1.0)
-    await fake.start()
-    yield fake
-    await fake.stop()
 
 
 def dc_daemon(tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI) -> DaemonProcess:

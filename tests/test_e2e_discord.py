@@ -17,14 +17,6 @@ STRANGER = "666666666666666666"
 
 
 @pytest.fixture
-async def dc() -> AsyncIterator[FakeDiscord]:
-    fake = FakeDiscord(heartbeat_interval=1.0)
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
 async def daemon(tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["channels"]["discord"] = {

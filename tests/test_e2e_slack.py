@@ -19,14 +19,6 @@ DM = "D_FRIEND"
 
 
 @pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    fake = FakeSlack()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
 async def daemon(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["channels"]["slack"] = {

@@ -130,14 +130,6 @@ SL_FRIEND, SL_CHANNEL = "U_FRIEND", "C_GENERAL"
 
 
 @pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    fake = FakeSlack()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
 async def slack_daemon(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     settings = {"bot_token": slack.bot_token, "app_token": slack.app_token,
                 "api_base_url": slack.api_base_url, "ping_interval": 0.5}  # fmt: skip
@@ -196,14 +188,6 @@ async def test_slack_thread_is_context_bounded_and_only_what_is_new(
 
 # -- Discord: referenced_message and the thread's channel history -----------------------------------
 DC_FRIEND, DC_OTHER = "424242424242424242", "515151515151515151"
-
-
-@pytest.fixture
-async def dc() -> AsyncIterator[FakeDiscord]:
-    fake = FakeDiscord(heartbeat_interval=1.0)
-    await fake.start()
-    yield fake
-    await fake.stop()
 
 
 @pytest.fixture

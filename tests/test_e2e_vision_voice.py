@@ -62,22 +62,6 @@ PHOTO, SCREENSHOT, CHART = photo_bytes(), photo_bytes(fmt="PNG"), photo_bytes(fm
 
 
 @pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    fake = FakeSlack()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def dc() -> AsyncIterator[FakeDiscord]:
-    fake = FakeDiscord(heartbeat_interval=1.0)
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
 def lark() -> Iterator[FakeLark]:
     fake = FakeLark(ping_interval=1)
     fake.start()  # its own thread: the SDK's blocking calls must never meet a test's loop
