@@ -283,8 +283,13 @@ async def test_discord_gateway_on_the_leader_only_and_standbys_connected_for_sen
         await asyncio.gather(*(d.start(timeout=90) for d in daemons))
         leader = await _leader(daemons)
         standby = next(d for d in daemons if d is not leader)
-        _, body = await standby.get("/readyz")
-        report = body["channels"]["discord"]
+        report: dict[str, str] = {}
+        for _ in range(100):  # the standby's REST login may finish after /readyz first answers
+            _, body = await standby.get("/readyz")
+            report = body["channels"]["discord"]
+            if "connected for sending" in report["reason"]:
+                break
+            await asyncio.sleep(0.2)
         assert report["state"] == "standby" and "connected for sending" in report["reason"], report
         assert dc.identifies == 1, "only the leader holds the gateway"
         mid = await dc.inject_dm("424242424242424242", "hello from discord")
