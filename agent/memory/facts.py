@@ -1,6 +1,6 @@
 """Memory settings, the ``Fact`` record, and ``FactStore``: Chital's facts on a LangGraph store.
 
-Layout in the store (one SQLite file, ``AsyncSqliteStore``):
+Layout in the store (one SQLite file, ``InlineSqliteStore``, agent/memory/store.py):
 
 - ``("memory", <user>)`` / ``<fact id>`` -> ``{"text", "created_at", "updated_at", "source"}``
 - ``("memory_pending", <user>)`` / ``<thread id>|<message id>`` -> one finished turn waiting for

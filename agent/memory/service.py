@@ -27,9 +27,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import suppress
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiosqlite
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
@@ -46,6 +45,9 @@ from agent.memory.facts import Fact, FactStore, MemorySettings, PendingTurn, now
 from agent.memory.inject import MemoryMiddleware, render_section
 from agent.middleware import is_retryable
 from agent.thread_context import without_context
+
+if TYPE_CHECKING:
+    from agent.memory.store import InlineSqliteStore
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,7 @@ class MemoryService:
         self.db_url = db_url
         """PostgreSQL (LangGraph's ``AsyncPostgresStore``) instead of the SQLite file."""
         self._close_store: Callable[[], Awaitable[None]] | None = None
-        self._conn: aiosqlite.Connection | None = None
+        self._sqlite: InlineSqliteStore | None = None
         self._facts: FactStore | None = None
         self._inbox: asyncio.Queue[tuple[str, PendingTurn]] = asyncio.Queue()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -109,23 +111,13 @@ class MemoryService:
             pg_store, self._close_store = await postgres_store(self.db_url)
             self._facts = FactStore(pg_store)
         else:
-            self.db_path.parent.mkdir(parents=True, exist_ok=True)
-            # isolation_level=None: the store issues its own BEGIN/COMMIT per batch.
             # langgraph.store.sqlite imports sqlite_vec (and numpy, ~10 MB) for vector indexes,
             # which facts do not use: loaded only if something ever calls it (agent/tuning.py).
             tuning.defer_import("sqlite_vec")
-            from langgraph.store.sqlite.aio import AsyncSqliteStore
+            from agent.memory.store import InlineSqliteStore
 
-            conn = await aiosqlite.connect(str(self.db_path), isolation_level=None)
-            try:
-                await conn.execute("PRAGMA journal_mode=WAL")
-                await conn.execute("PRAGMA synchronous=NORMAL")
-                store = AsyncSqliteStore(conn)
-                await store.setup()
-            except BaseException:
-                await conn.close()
-                raise
-            self._conn, self._facts = conn, FactStore(store)
+            store = InlineSqliteStore.open(self.db_path)
+            self._sqlite, self._facts = store, FactStore(store)
         self._spawn(self._writer())
         if self.settings.retention_days is not None:
             self._spawn(self._pruner())
@@ -149,9 +141,9 @@ class MemoryService:
         self._due.clear()
         self._first.clear()
         self._facts = None
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            await conn.close()
+        if self._sqlite is not None:
+            sqlite, self._sqlite = self._sqlite, None
+            sqlite.close()
         if self._close_store is not None:
             closer, self._close_store = self._close_store, None
             await closer()
