@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any, NoReturn
 
+import agent.lean_imports  # noqa: F401  (first: defers unused library imports, docs/performance.md)
+
 from . import cli_init, cli_migrate, cli_send, cli_status
 from .cli_chat import cmd_chat
 from .cli_common import Formatter, add_command, add_config_option, config_path, load_config_arg, sandbox_note

@@ -11,7 +11,6 @@ import time
 from typing import Protocol
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from channels.base import ChannelState
 
@@ -35,6 +34,9 @@ def build_app(daemon: Observable, metrics: Metrics) -> web.Application:
         return web.json_response(body, status=200 if body.get("ready") else 503)
 
     async def metrics_view(_: web.Request) -> web.Response:
+        # Imported on the first scrape: it brings wsgiref and http.server along (gateway/metrics.py).
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

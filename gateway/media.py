@@ -20,13 +20,13 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from PIL import Image, ImageOps
-
 from agent.config import ModelSpec, VisionSettings
 from agent.turn import ImagePart
 from channels.base import Attachment
 
 if TYPE_CHECKING:
+    from PIL import Image
+
     from .attachments import Uploads
     from .core import Gateway
 
@@ -67,7 +67,10 @@ def prepare_image(data: bytes, *, name: str, path: str, limits: VisionSettings) 
     ``max_bytes`` encoded, JPEG (PNG when it has transparency and fits). Raises
     :class:`NotAnImage` for anything that is not a readable image of an allowed format.
 
-    CPU-bound (about 0.1-0.5 s for a 12-megapixel photo): call it in a worker thread."""
+    CPU-bound (about 0.1-0.5 s for a 12-megapixel photo): call it in a worker thread. Pillow is
+    imported here, on the first image, not with the daemon (docs/performance.md, "Memory")."""
+    from PIL import Image, ImageOps
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -87,6 +90,8 @@ def prepare_image(data: bytes, *, name: str, path: str, limits: VisionSettings) 
 
 
 def _why(exc: Exception) -> str:
+    from PIL import Image
+
     if isinstance(exc, Image.DecompressionBombError | Image.DecompressionBombWarning):
         return "it claims more pixels than I decode"
     if isinstance(exc, Image.UnidentifiedImageError):
@@ -99,6 +104,8 @@ def _why(exc: Exception) -> str:
 def _encode(img: Image.Image, max_bytes: int) -> tuple[str, bytes]:
     """(mime, bytes) of ``img`` within ``max_bytes``: PNG keeps transparency when it fits,
     otherwise JPEG at falling quality, then at 3/4 of the size, until it fits."""
+    from PIL import Image
+
     alpha = img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info)
     if alpha:
         png = io.BytesIO()

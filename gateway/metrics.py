@@ -3,7 +3,11 @@ terminal chat can build several without clashing with prometheus-client's global
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+# The submodules, not the package: prometheus_client/__init__ also imports its HTTP exposition
+# servers (wsgiref, http.server) and the global registry's collectors, which Chital does not use
+# (the package is deferred by agent/lean_imports.py; /metrics imports the exposition when asked).
+from prometheus_client.metrics import Counter, Gauge, Histogram
+from prometheus_client.registry import CollectorRegistry
 
 
 class Metrics:
