@@ -145,7 +145,6 @@ def profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
         "raw",
         "-o",
         out,
-        "--nonblocking",
     ]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
