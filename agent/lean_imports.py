@@ -35,6 +35,7 @@ these packages; installing it later does nothing for a package already imported.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -43,6 +44,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # module -> names bound up front to proxies that load the module when called.
@@ -52,47 +54,75 @@ DEFERRED: dict[str, tuple[str, ...]] = {
     "openai.types.responses": (),
     "openai.types.chat": (),
     "langsmith.types": (),
+    "langgraph_sdk.client": ("get_client", "get_sync_client", "LangGraphClient", "SyncLangGraphClient"),
     "httpx._main": ("main",),
+    # python-telegram-bot imports these for Telegram Passport decryption, which Chital never asks
+    # for; the Rust bindings under them are ~6 MB resident.
+    "cryptography.hazmat.backends": ("default_backend",),
+    "cryptography.hazmat.primitives.asymmetric.padding": ("MGF1", "OAEP"),
+    "cryptography.hazmat.primitives.ciphers": ("Cipher",),
+    "cryptography.hazmat.primitives.ciphers.algorithms": ("AES",),
+    "cryptography.hazmat.primitives.ciphers.modes": ("CBC",),
+    "cryptography.hazmat.primitives.hashes": ("SHA1", "SHA256", "SHA512", "Hash"),
+    "cryptography.hazmat.primitives.serialization": (),
     "prometheus_client": (),
 }
+
+# What a deferred module imports first; when one is missing, its import fails at once, as the
+# real one would (httpx then binds its own "install httpx[cli]" main).
+REQUIRES: dict[str, tuple[str, ...]] = {"httpx._main": ("click", "pygments", "rich")}
 
 _lock = threading.RLock()
 
 
-def _read_init(origin: str | None, package: str) -> tuple[dict[str, tuple[str, str]] | None, dict[str, Any]]:
-    """What can be known of an ``__init__`` without running it: ``{name: (submodule, attribute)}``
-    when it is only a docstring, ``from __future__`` and ``from .sub import Name [as Name]`` lines
-    (None otherwise: then any such name runs the whole ``__init__``), and its top-level
-    ``NAME = <literal>`` constants (``__version__``: ``aiohttp.http`` imports it from the package)."""
+@dataclass(frozen=True)
+class _Init:
+    """What can be known of a package's ``__init__`` without running it."""
+
+    # {name: (submodule, attribute)} when the file is only a docstring, ``from __future__`` and
+    # ``from .sub import Name [as Name]`` lines (a generated ``__init__``); None otherwise.
+    names: dict[str, tuple[str, str]] | None
+    # Every name the file binds at top level (None: it does ``import *``, so any name may be).
+    bound: frozenset[str] | None
+
+
+def _read_init(origin: str | None, package: str) -> _Init:
     if not origin or not origin.endswith(".py"):
-        return None, {}
+        return _Init(None, None)
     try:
         with open(origin, encoding="utf-8") as f:
             tree = ast.parse(f.read(), origin)
     except (OSError, SyntaxError, UnicodeDecodeError):
-        return None, {}
-    names: dict[str, tuple[str, str]] | None = {}
-    constants: dict[str, Any] = {}
-    for i, node in enumerate(tree.body):
-        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+        return _Init(None, None)
+    names: dict[str, tuple[str, str]] = {}
+    pure = True
+    for i, stmt in enumerate(tree.body):
+        if i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
             continue
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                constants[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass
-        if names is None:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__" and stmt.level == 0:
             continue
-        if not isinstance(node, ast.ImportFrom) or any(a.name == "*" for a in node.names):
-            names = None
-        elif node.module == "__future__" and node.level == 0:
-            continue
-        elif node.level != 1 or not node.module:
-            names = None
-        else:
+        if (
+            not isinstance(stmt, ast.ImportFrom)
+            or stmt.level != 1
+            or not stmt.module
+            or any(a.name == "*" for a in stmt.names)
+        ):
+            pure = False
+            break
+        for alias in stmt.names:
+            names[alias.asname or alias.name] = (f"{package}.{stmt.module}", alias.name)
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
             for alias in node.names:
-                names[alias.asname or alias.name] = (f"{package}.{node.module}", alias.name)
-    return names, constants
+                if alias.name == "*":
+                    return _Init(names if pure else None, None)
+                bound.add(alias.asname or alias.name.partition(".")[0])
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+    return _Init(names if pure else None, frozenset(bound))
 
 
 class _DeferredLoader(importlib.abc.Loader):
@@ -109,10 +139,12 @@ class _DeferredLoader(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         name = module.__name__
         spec = module.__spec__
-        names, constants = _read_init(spec.origin if spec else None, name)
-        if not module.__dict__.get("__path__"):
-            names = None
+        package = bool(module.__dict__.get("__path__"))
         ran = False
+
+        @functools.cache
+        def init() -> _Init:  # read on the first name asked of the package, not at import
+            return _read_init(spec.origin if spec else None, name)
 
         def run_body() -> None:
             nonlocal ran
@@ -128,26 +160,28 @@ class _DeferredLoader(importlib.abc.Loader):
         def __getattr__(attr: str) -> Any:
             if attr == "__path__":  # the import system asks every module whether it is a package
                 raise AttributeError(attr)
-            if not ran:
-                if names is not None and attr in names:
-                    sub, real_name = names[attr]
+            if not ran and package and not attr.startswith("__"):
+                known = init()
+                if known.names is not None and attr in known.names:
+                    sub, real_name = known.names[attr]
                     value = getattr(importlib.import_module(sub), real_name)
                     setattr(module, attr, value)
                     return value
-                if module.__dict__.get("__path__") and not attr.startswith("__"):
+                # A submodule the __init__ does not rebind is what the __init__ would give too.
+                if known.bound is not None and attr not in known.bound:
                     full = f"{name}.{attr}"
                     if full in sys.modules or _submodule_spec(module, attr) is not None:
                         return importlib.import_module(full)
+            if not ran:
                 run_body()
             try:
                 return module.__dict__[attr]
             except KeyError:
                 raise AttributeError(f"module {name!r} has no attribute {attr!r}") from None
 
-        module.__dict__.update(constants)
         module.__getattr__ = __getattr__  # type: ignore[method-assign]
         for proxy in self.proxies:
-            setattr(module, proxy, _proxy(module, proxy, run_body))
+            setattr(module, proxy, _Proxy(module, proxy, run_body))
 
     def __getattr__(self, attr: str) -> Any:
         # get_resource_reader, get_data, is_package...: the real loader's.
@@ -158,13 +192,38 @@ def _submodule_spec(module: types.ModuleType, attr: str) -> importlib.machinery.
     return importlib.machinery.PathFinder.find_spec(f"{module.__name__}.{attr}", list(module.__path__))
 
 
-def _proxy(module: types.ModuleType, attr: str, run_body: Callable[[], None]) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        run_body()
-        return getattr(module, attr)(*args, **kwargs)
+class _Proxy:
+    """A name a deferred module binds up front (``from m import Name`` takes it without loading
+    ``m``). Calling it, reading an attribute, ``isinstance``/``issubclass`` against it or
+    subclassing it (``__mro_entries__``) loads the module and acts on the real object. Not for
+    exception classes (``except`` needs the real class), nor for identity checks."""
 
-    call.__name__ = call.__qualname__ = attr
-    return call
+    # No __slots__: libraries set attributes on what they import (httpx sets ``__module__``).
+
+    def __init__(self, module: types.ModuleType, attr: str, load: Callable[[], None]) -> None:
+        self._module, self._attr, self._load = module, attr, load
+
+    def _real(self) -> Any:
+        self._load()
+        return self._module.__dict__[self._attr]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._real()(*args, **kwargs)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._real(), attr)
+
+    def __instancecheck__(self, obj: object) -> bool:
+        return isinstance(obj, self._real())
+
+    def __subclasscheck__(self, cls: type) -> bool:
+        return issubclass(cls, self._real())
+
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (self._real(),)
+
+    def __repr__(self) -> str:
+        return f"<not yet imported: {self._module.__name__}.{self._attr}>"
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -177,6 +236,9 @@ class _Finder(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in self.deferred or fullname in self._searching.__dict__:
             return None
+        for required in REQUIRES.get(fullname, ()):
+            if importlib.util.find_spec(required) is None:
+                raise ModuleNotFoundError(f"No module named {required!r}", name=required)
         # Ask the finders after this one (another wrapping finder may ask us back: not twice).
         self._searching.__dict__[fullname] = True
         spec: importlib.machinery.ModuleSpec | None = None

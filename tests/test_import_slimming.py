@@ -1,0 +1,144 @@
+"""agent/lean_imports.py: the daemon does not load the parts of its libraries it never uses
+(docs/performance.md, "Memory"), and whoever does use them later gets the real thing. Each test
+runs in a fresh interpreter, since what matters is what the first import does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_daemon_leaves_unused_library_parts_out() -> None:
+    out = run(
+        """
+        import sys
+        import gateway.cli, gateway.app, agent.harness, agent.runtime, channels.telegram.channel
+        unused = [
+            "langgraph_sdk._async.client",  # the LangGraph server client
+            "websockets",
+            "click", "pygments",  # httpx's command line
+            "openai.types.graders", "openai.types.responses.response_create_params",
+            "langsmith.types.run",
+            "cryptography.hazmat.bindings._rust",  # Telegram Passport
+            "PIL",  # until the first image
+            "wsgiref.simple_server",  # prometheus_client's own servers
+        ]
+        print([name for name in unused if name in sys.modules])
+        """
+    )
+    assert out == "[]"
+
+
+def test_deferred_packages_give_the_real_objects_on_use() -> None:
+    out = run(
+        """
+        import sys
+        import agent.lean_imports
+        import openai
+        from openai.types import ChatModel, Completion
+        from openai.types.completion import Completion as Direct
+        import openai.types.responses as responses
+        import langsmith.types
+        from langsmith.types.run import Run
+        print(Completion is Direct, ChatModel is sys.modules["openai.types.chat_model"].ChatModel,
+              responses.Response is sys.modules["openai.types.responses.response"].Response, langsmith.types.Run is Run)
+        """
+    )
+    assert out == "True True True True"
+
+
+def test_the_langgraph_server_client_still_works_when_asked_for() -> None:
+    out = run(
+        """
+        import sys
+        import agent.lean_imports
+        import deepagents  # binds langgraph_sdk's client names without loading the client
+        from deepagents.middleware import async_subagents as sub
+        loaded_before = "langgraph_sdk._async.client" in sys.modules
+        client = sub.get_client(url="http://127.0.0.1:9")
+        from langgraph_sdk.client import LangGraphClient
+        print(loaded_before, isinstance(client, sub.LangGraphClient), type(client) is LangGraphClient,
+              isinstance(client, LangGraphClient))
+        """
+    )
+    assert out == "False True True True"
+
+
+def test_telegram_passport_decryption_still_works() -> None:
+    """python-telegram-bot's Passport code holds stand-ins for cryptography's names until it
+    decrypts something; then they are the real classes."""
+    out = run(
+        """
+        import hashlib, os, sys
+        import agent.lean_imports
+        from telegram._passport import credentials
+        before = "cryptography.hazmat.bindings._rust" in sys.modules
+
+        payload = b"passport data"
+        pad = 16 - len(payload) % 16 + 16
+        plain = bytes([pad]) + os.urandom(pad - 1) + payload
+        data_hash = hashlib.sha256(plain).digest()
+        secret = os.urandom(32)
+        key_iv = hashlib.sha512(secret + data_hash).digest()
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+        encryptor = Cipher(algorithms.AES(key_iv[:32]), modes.CBC(key_iv[32:48])).encryptor()
+        data = encryptor.update(plain) + encryptor.finalize()
+
+        out = credentials.decrypt(secret, data_hash, data)
+        real = sys.modules["cryptography.hazmat.primitives.hashes"].SHA256
+        class Mine(credentials.SHA256):  # subclassing a stand-in subclasses the real class
+            pass
+        print(before, out == payload, isinstance(real(), credentials.SHA256), issubclass(Mine, real))
+        """
+    )
+    assert out == "False True True True"
+
+
+def test_prometheus_and_httpx_cli_load_in_full_when_used() -> None:
+    out = run(
+        """
+        import sys
+        import agent.lean_imports
+        import gateway.metrics, httpx
+        from gateway.http import build_app
+        before = "prometheus_client.exposition" in sys.modules, "click" in sys.modules
+        import prometheus_client
+        text = prometheus_client.generate_latest().decode()  # the global registry and its collectors
+        print(before, "python_info" in text)
+        """
+    )
+    assert out == "(False, False) True"
+
+
+def test_httpx_keeps_its_command_line_tool() -> None:
+    """httpx imports its CLI for ``httpx.main``: deferred when its requirements are installed,
+    and when one is missing httpx still gets the ImportError it handles (its ``main`` then says
+    to install ``httpx[cli]``) without loading the others."""
+    out = run(
+        """
+        import importlib.util, sys
+        import agent.lean_imports
+        import httpx
+        complete = all(importlib.util.find_spec(m) for m in ("click", "pygments", "rich"))
+        loaded = "click" in sys.modules
+        if complete:
+            sys.modules["httpx._main"].print_help  # any name but main loads the real module
+            ok = "click" in sys.modules and httpx.main.__module__ == "httpx"
+        else:
+            ok = httpx.main.__module__ == "httpx" and httpx.main.__code__.co_filename.endswith("__init__.py")
+        print(loaded, ok)
+        """
+    )
+    assert out == "False True"
