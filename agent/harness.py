@@ -57,6 +57,7 @@ from agent.events import (
     ToolProgress,
     TurnFailed,
 )
+from agent.merge import merge_model_calls
 from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, diagnose, is_retryable
 from agent.model import TokenTap, build_chat_model, model_display_name
 from agent.safety import Redactor
@@ -213,7 +214,8 @@ class Harness:
             self._model,
             self.tools,
             system_prompt=self.settings.system_prompt,
-            middleware=self.middleware(),
+            # Adjacent wrap_model_call-only middleware run as one layer (agent/merge.py).
+            middleware=merge_model_calls(self.middleware()),
             # deepagents' state: messages live in a DeltaChannel, so a checkpoint stores the new
             # messages of a step instead of the whole history (and issue 4's deep agent reads the
             # same threads).
