@@ -217,6 +217,10 @@ class Approvals:
         if not message_id:
             message_id = await channel.send(row.target, part, idempotency_key=key)
         await self.store.approval_sent(row.id, message_id)
+        decided = await self.store.approval_get(row.id)
+        if decided is not None and decided.state != PENDING:
+            # Pressed before the message id was on record: the decision's own edit found no message.
+            self.gw._spawn(self._show(decided), f"approval-show:{row.code}")
         self.gw.metrics.approvals.labels(channel.name, "asked").inc()
         log.info(
             "approval %s: %s asked in %s for %s", row.code, event.tool, entry.conversation, row.requester

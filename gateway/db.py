@@ -1,10 +1,11 @@
 """One connection API for both databases the gateway can keep its state in.
 
-The store (gateway/store*.py) is written once, against the small part of aiosqlite's connection API
-it uses: ``execute`` (awaited, or as ``async with`` for a cursor), ``commit``, ``rollback``,
-``close``. SQLite is that connection itself. For PostgreSQL, :class:`PgConnection` offers the same
-calls over psycopg and rewrites each statement from the SQLite spelling the store uses into
-PostgreSQL's, once per distinct statement (cached):
+The store (gateway/store*.py) is written once, against a small connection API (aiosqlite's shape):
+``execute`` (awaited, or as ``async with`` for a cursor), ``commit``, ``rollback``, ``close``.
+For SQLite it is :class:`SqliteConnection`, which runs each statement inline on the event loop
+(see its docstring for why). For PostgreSQL, :class:`PgConnection` offers the same calls over
+psycopg and rewrites each statement from the SQLite spelling the store uses into PostgreSQL's, once
+per distinct statement (cached):
 
 - ``?`` placeholders become ``%s``;
 - ``INSERT OR IGNORE`` becomes ``INSERT … ON CONFLICT DO NOTHING``, and ``INSERT OR REPLACE`` an
@@ -27,8 +28,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
-from collections.abc import Generator, Iterable, Sequence
-from typing import Any, Protocol
+import sqlite3
+import time
+from collections.abc import Callable, Generator, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 SQLITE = "sqlite"
@@ -45,7 +49,7 @@ class Cursor(Protocol):
 
 
 def dialect_of(db: object) -> str:
-    """Which engine a connection speaks (aiosqlite connections have no ``dialect``)."""
+    """Which engine a connection speaks (SQLite when it does not say: an aiosqlite connection)."""
     return str(getattr(db, "dialect", SQLITE))
 
 
@@ -286,3 +290,202 @@ class PgConnection:
 
     async def close(self) -> None:
         await self.raw.close()
+
+
+# -- the SQLite connection ---------------------------------------------------------------------------
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 2
+"""How long SQLite itself waits for another process's lock, blocking the loop: a lock held for a
+statement's time (``chital send``, ``chital pairing approve``) is usually gone within it."""
+BUSY_WAIT = 5.0
+"""Seconds a statement keeps retrying while another process holds the lock (the ``busy_timeout``
+of 5,000 ms the connection had on its own thread), sleeping on the loop in between."""
+_BUSY_NAP_MAX = 0.05
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """SQLITE_BUSY and its extended codes (``database is locked``): another connection holds it."""
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+
+
+class SqliteCursor:
+    """A finished statement: its rows (all fetched at once), ``rowcount`` and ``description``."""
+
+    __slots__ = ("_at", "_rows", "description", "lastrowid", "rowcount")
+
+    def __init__(self, cur: sqlite3.Cursor) -> None:
+        self.description = cur.description
+        # Step the statement to its end now: no statement stays active across an ``await`` (another
+        # task's COMMIT or checkpoint would then fail with "table is locked"), and a RETURNING
+        # write is complete before its cursor is handed out.
+        self._rows: list[Any] = cur.fetchall() if cur.description is not None else []
+        self.rowcount = cur.rowcount
+        self.lastrowid = cur.lastrowid
+        self._at = 0
+        cur.close()
+
+    async def fetchone(self) -> Any:
+        if self._at >= len(self._rows):
+            return None
+        self._at += 1
+        return self._rows[self._at - 1]
+
+    async def fetchall(self) -> list[Any]:
+        rows, self._at = self._rows[self._at :], len(self._rows)
+        return rows
+
+    async def fetchmany(self, size: int = 1) -> list[Any]:
+        rows = self._rows[self._at : self._at + size]
+        self._at += len(rows)
+        return rows
+
+    async def close(self) -> None:
+        return None
+
+
+class _SqliteResult:
+    """What :meth:`SqliteConnection.execute` returns: awaitable, or an ``async with`` for the cursor."""
+
+    __slots__ = ("_conn", "_params", "_sql")
+
+    def __init__(self, conn: SqliteConnection, sql: str, params: Sequence[Any]) -> None:
+        self._conn, self._sql, self._params = conn, sql, params
+
+    def __await__(self) -> Generator[Any, None, SqliteCursor]:
+        return self._conn._execute(self._sql, self._params).__await__()
+
+    async def __aenter__(self) -> SqliteCursor:
+        return await self._conn._execute(self._sql, self._params)
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class SqliteConnection:
+    """The gateway's SQLite connection, its statements run inline on the event loop.
+
+    Why not aiosqlite: it runs every statement, every cursor fetch and every commit on its worker
+    thread, and each of those hops (a queue put, ``call_soon_threadsafe``, the self-pipe write, the
+    loop waking up) costs more CPU than the statement itself: in WAL mode with
+    ``synchronous=NORMAL`` a write commits without an fsync and takes tens of microseconds, a read
+    by key a few. A short answer made some 25 hops; py-spy put aiosqlite's thread at ~20 % of the
+    daemon's samples. Same choice as agent/checkpoints.py ``InlineSqliteSaver``.
+
+    What that needs to stay safe:
+
+    - **Autocommit** (``isolation_level=None``): each statement commits by itself before
+      ``execute`` returns, so a write is on disk (``kill -9``-safe) as soon as it is awaited, and
+      ``commit`` only ends an explicit ``BEGIN`` (the schema steps). Every write of the store is
+      one statement that stands alone (PostgreSQL's connection runs the same way).
+    - **Another process's lock never stalls the loop**: SQLite waits at most
+      :data:`BUSY_TIMEOUT_MS` itself, then the statement is retried after an ``asyncio.sleep``
+      (doubling up to 50 ms) for up to :data:`BUSY_WAIT` seconds in all, as long as it is not inside
+      an explicit transaction (where only the transaction's owner can retry).
+    - **Long work runs on a thread**: :meth:`run` hands a function the raw connection on a worker
+      thread (a ``VACUUM``, a batch of the prune, a WAL checkpoint) while every other statement
+      waits for it, as all statements waited their turn on aiosqlite's thread.
+    - Statements are stepped to their end at once (:class:`SqliteCursor`), so none stays open
+      across an ``await`` of another task.
+    """
+
+    dialect = SQLITE
+
+    def __init__(self, conn: sqlite3.Connection, busy_wait: float = BUSY_WAIT) -> None:
+        self.raw = conn
+        self.busy_wait = busy_wait
+        self._held: asyncio.Future[Any] | None = None
+
+    @classmethod
+    async def connect(cls, path: Path | str, busy_wait: float = BUSY_WAIT) -> SqliteConnection:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self = cls(conn, busy_wait)
+        try:
+            await self.execute("PRAGMA journal_mode=WAL")
+            await self.execute("PRAGMA synchronous=NORMAL")
+            await self.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        except BaseException:
+            conn.close()
+            raise
+        return self
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.raw.in_transaction
+
+    async def _idle(self) -> None:
+        """Wait until no :meth:`run` holds the connection."""
+        while (held := self._held) is not None and not held.done():
+            await asyncio.wait((held,))
+
+    async def _execute(self, sql: str, params: Sequence[Any]) -> SqliteCursor:
+        held = self._held
+        if held is not None and not held.done():
+            await self._idle()
+        try:
+            return SqliteCursor(self.raw.execute(sql, params))
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or self.raw.in_transaction:
+                raise
+            deadline = time.monotonic() + self.busy_wait
+        nap = 0.001
+        while True:
+            await asyncio.sleep(nap)
+            await self._idle()
+            try:
+                return SqliteCursor(self.raw.execute(sql, params))
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or self.raw.in_transaction or time.monotonic() >= deadline:
+                    raise
+            nap = min(nap * 2, _BUSY_NAP_MAX)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _SqliteResult:
+        return _SqliteResult(self, sql, params)
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """``rows`` in one transaction (one commit for them all), inline: meant for a few rows."""
+        rows = list(rows)
+        await self._execute("BEGIN IMMEDIATE", ())  # waits out another process's lock like any statement
+        try:
+            self.raw.executemany(sql, rows)
+            self.raw.commit()
+        except BaseException:
+            self.raw.rollback()
+            raise
+
+    async def commit(self) -> None:
+        await self._idle()
+        if self.raw.in_transaction:
+            self.raw.commit()
+
+    async def rollback(self) -> None:
+        await self._idle()
+        if self.raw.in_transaction:
+            self.raw.rollback()
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(raw connection)`` on a worker thread, for work that would hold the loop for more
+        than a few milliseconds; the connection's other statements wait until it is done (also when
+        the caller is cancelled: the thread cannot be). There SQLite may wait for another process's
+        lock itself, for up to :attr:`busy_wait`."""
+        await self._idle()
+        held = asyncio.get_running_loop().run_in_executor(None, self._on_thread, fn)
+        held.add_done_callback(_retrieved)  # a cancelled caller leaves nobody to read its outcome
+        self._held = held
+        return await asyncio.shield(held)
+
+    def _on_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        self.raw.execute(f"PRAGMA busy_timeout={int(self.busy_wait * 1000)}")
+        try:
+            return fn(self.raw)
+        finally:
+            self.raw.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+
+    async def close(self) -> None:
+        await self._idle()
+        self.raw.close()
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -1,8 +1,9 @@
 """The gateway's durable state in SQLite: journal, outbox, threads, pairing.
 
-One aiosqlite connection in WAL mode with ``synchronous=NORMAL``: a committed row survives ``kill -9``
-of the daemon (only an OS crash can lose the last transactions), which is the failure this journal
-guards against, at a fraction of the cost of an fsync per message.
+One SQLite connection in WAL mode with ``synchronous=NORMAL``, in autocommit and run inline on the
+event loop (gateway/db.py ``SqliteConnection``): a write is committed when its ``await`` returns, and a
+committed row survives ``kill -9`` of the daemon (only an OS crash can lose the last transactions),
+which is the failure this journal guards against, at a fraction of the cost of an fsync per message.
 
 The class is the seam for a later Postgres store: the gateway only calls the methods below.
 """
@@ -23,11 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import aiosqlite
-
 from channels.base import Attachment, Inbound
 
-from .db import POSTGRES, SQLITE, PgConnection, database_label
+from .db import POSTGRES, SQLITE, PgConnection, SqliteConnection, database_label
 from .store_access import AccessTables
 from .store_approvals import ApprovalTables
 from .store_leases import LeaseTables
@@ -166,7 +165,7 @@ def inbound_from_json(raw: str) -> tuple[Inbound, str]:
 class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, LeaseTables):
     """SQLite-backed gateway state. Create with :meth:`open`."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path, reserve: DiskReserve | None = None) -> None:
+    def __init__(self, db: SqliteConnection, path: Path, reserve: DiskReserve | None = None) -> None:
         self._db = db
         self.path = path
         self.reserve = reserve or DiskReserve(path.parent, 0)
@@ -183,14 +182,11 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
         reserve = DiskReserve(path.parent, reserve_bytes)
         if not reserve.take():
             log.critical("the disk under %s is full: no room for the database's reserve", path.parent)
-        db = await aiosqlite.connect(path)
-        await db.execute("PRAGMA journal_mode=WAL")
-        await db.execute("PRAGMA synchronous=NORMAL")
-        await db.execute("PRAGMA busy_timeout=5000")
+        db = await SqliteConnection.connect(path)
         try:
             await migrate(db)
         except BaseException:
-            await db.close()  # else its thread keeps the process alive
+            await db.close()
             raise
         return cls(db, path, reserve)
 
@@ -200,7 +196,7 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
         :mod:`gateway.db`; there is no disk reserve (the database server owns its disk)."""
         db = await PgConnection.connect(url)
         try:
-            await migrate(db)  # type: ignore[arg-type]  # PgConnection speaks aiosqlite's calls
+            await migrate(db)  # type: ignore[arg-type]  # PgConnection speaks the same calls
             await db.load_keys()
         except BaseException:
             await db.close()
@@ -453,14 +449,7 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
         await self._db.execute(f"PRAGMA journal_size_limit={int(wal_limit)}")
         if await self.vacuum_mode() == "incremental":
             return False
-        await self._db.commit()
-        await self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        try:
-            await self._db.execute("VACUUM")
-        except sqlite3.OperationalError:
-            with contextlib.suppress(Exception):
-                await self._db.execute("PRAGMA auto_vacuum=NONE")
-            raise
+        await self._db.run(_vacuum_incremental)  # copies the whole file: on a thread
         return await self.vacuum_mode() == "incremental"
 
     async def shrink(self) -> int:
@@ -468,20 +457,17 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
         :meth:`use_incremental_vacuum` on) and checkpoint the WAL down to nothing when no one reads
         it. Returns the pages released (0 when it had to wait for a better moment).
 
-        Why one function on the connection's own thread: the connection is shared by every task,
-        and any of them may hold a transaction open across an ``await``. Run as separate
-        statements, a checkpoint inside such a transaction fails ("database table is locked") and
-        can leave its statement behind to fail that task's commit; a second connection writing
-        instead makes the shared one's read snapshots stale, and its next write fails at once
-        ("database is locked"). On the worker thread, between two statements of other tasks,
-        nothing interleaves: the pass is skipped while a transaction is open, and the TRUNCATE
-        checkpoint does not wait for readers (which could only be this connection's own)."""
+        Why one function on the shared connection, on a worker thread (``SqliteConnection.run``):
+        freeing many pages and truncating the WAL can take longer than the loop may be held, and a
+        second connection writing instead would make the shared one's read snapshots stale. While
+        it runs every other statement waits, so nothing interleaves; the pass is skipped inside an
+        explicit transaction (a schema step), and the TRUNCATE checkpoint does not wait for readers
+        (which could only be this connection's own)."""
         if self.dialect == POSTGRES:
             return 0
-        return int(await self._db._execute(self._shrink_now))  # aiosqlite: run fn on its thread
+        return await self._db.run(self._shrink_now)
 
-    def _shrink_now(self) -> int:
-        conn: sqlite3.Connection = self._db._conn
+    def _shrink_now(self, conn: sqlite3.Connection) -> int:
         if conn.in_transaction:
             return 0
         free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
@@ -493,13 +479,13 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
                 # once and frees a single page.
                 conn.executescript("PRAGMA incremental_vacuum;")
                 released = free
-            except sqlite3.OperationalError as exc:  # another task's statement is active
+            except sqlite3.OperationalError as exc:  # another process holds the lock
                 log.debug("incremental vacuum postponed: %s", exc)
         timeout = conn.execute("PRAGMA busy_timeout").fetchone()[0]
         conn.execute("PRAGMA busy_timeout=0")
         try:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        except sqlite3.OperationalError as exc:  # "table is locked": a read of another task is open
+        except sqlite3.OperationalError as exc:  # another process is reading or writing
             log.debug("WAL checkpoint postponed: %s", exc)
         finally:
             conn.execute(f"PRAGMA busy_timeout={int(timeout)}")
@@ -532,6 +518,16 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
             return 0
         self._threads.clear()
         return count
+
+
+def _vacuum_incremental(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    try:
+        conn.execute("VACUUM")
+    except sqlite3.OperationalError:
+        with contextlib.suppress(Exception):
+            conn.execute("PRAGMA auto_vacuum=NONE")
+        raise
 
 
 async def open_store(storage: StorageConfig) -> Store:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiosqlite
+from .db import SqliteConnection
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def normalize_code(text: str) -> str:
 class AccessTables:
     """Pairing, approvals, DM chats and command results (mixed into ``Store``)."""
 
-    _db: aiosqlite.Connection
+    _db: SqliteConnection
     _dm_chats: dict[str, str]
 
     async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:

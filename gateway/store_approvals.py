@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiosqlite
-
 from channels.base import ReplyTarget
+
+from .db import SqliteConnection
 
 APPROVAL_TABLES = (
     """CREATE TABLE IF NOT EXISTS approvals (
@@ -85,7 +85,7 @@ def _row(row: Any) -> ApprovalRow:
 
 
 class ApprovalTables:
-    _db: aiosqlite.Connection
+    _db: SqliteConnection
 
     async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
         raise NotImplementedError  # the Store's

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiosqlite
-
 from channels.base import Inbound
+
+from .db import SqliteConnection
 
 SCHEDULE_TABLES = (
     """CREATE TABLE IF NOT EXISTS schedules (
@@ -101,7 +101,7 @@ def _row(row: Any) -> Schedule:
 class ScheduleTables:
     """Schedule rows and the journal reads of :mod:`gateway.schedules` and ``chital send``."""
 
-    _db: aiosqlite.Connection
+    _db: SqliteConnection
 
     async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:  # Store's
         raise NotImplementedError

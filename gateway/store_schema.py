@@ -27,9 +27,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import aiosqlite
-
-from .db import POSTGRES, dialect_of
+from .db import POSTGRES, SqliteConnection, dialect_of
 from .store_access import ACCESS_TABLES, PAIRING_COLUMNS
 from .store_approvals import APPROVAL_TABLES
 from .store_leases import LEASE_COLUMNS, LEASE_INDEX
@@ -88,7 +86,7 @@ class SchemaTooNew(sqlite3.DatabaseError):
     the daemon refuses; as a ``DatabaseError`` it ends in the usual one-line start-up error."""
 
 
-Step = Callable[[aiosqlite.Connection], Awaitable[None]]
+Step = Callable[[SqliteConnection], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +97,7 @@ class Migration:
     run: Step
 
 
-async def _columns(db: aiosqlite.Connection, table: str) -> set[str]:
+async def _columns(db: SqliteConnection, table: str) -> set[str]:
     if dialect_of(db) == POSTGRES:
         sql = "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
         async with db.execute(f"{sql} AND table_name = ?", (table,)) as cur:
@@ -108,7 +106,7 @@ async def _columns(db: aiosqlite.Connection, table: str) -> set[str]:
         return {str(row[1]) for row in await cur.fetchall()}
 
 
-async def _v1_baseline(db: aiosqlite.Connection) -> None:
+async def _v1_baseline(db: SqliteConnection) -> None:
     """Any pre-versioning file (or a new one) → the schema of version 1."""
     for statement in (*GATEWAY_TABLES, *ACCESS_TABLES):
         await db.execute(statement)
@@ -120,7 +118,7 @@ async def _v1_baseline(db: aiosqlite.Connection) -> None:
     await db.execute("UPDATE pairing SET expires = created + 3600 WHERE expires = 0")
 
 
-async def _v2_schedules(db: aiosqlite.Connection) -> None:
+async def _v2_schedules(db: SqliteConnection) -> None:
     """The ``schedules`` table (gateway/store_schedules.py)."""
     for statement in SCHEDULE_TABLES:
         await db.execute(statement)
@@ -151,18 +149,18 @@ user, day, conversation, model and purpose (gateway/usage.py): one row per combi
 not per call, so the table stays small however busy the bot is."""
 
 
-async def _v3_models_usage(db: aiosqlite.Connection) -> None:
+async def _v3_models_usage(db: SqliteConnection) -> None:
     for statement in MODELS_USAGE_TABLES:
         await db.execute(statement)
 
 
-async def _v4_approvals(db: aiosqlite.Connection) -> None:
+async def _v4_approvals(db: SqliteConnection) -> None:
     """The ``approvals`` table (gateway/store_approvals.py)."""
     for statement in APPROVAL_TABLES:
         await db.execute(statement)
 
 
-async def _v5_leases(db: aiosqlite.Connection) -> None:
+async def _v5_leases(db: SqliteConnection) -> None:
     """Journal leases for several daemons on one database (gateway/store_leases.py)."""
     have = await _columns(db, "journal")
     for name, decl in LEASE_COLUMNS.items():
@@ -187,7 +185,7 @@ PG_MIGRATION_LOCK = 0x43484954414C
 """The advisory lock key ("CHITAL") daemons starting together take around each schema step."""
 
 
-async def user_version(db: aiosqlite.Connection) -> int:
+async def user_version(db: SqliteConnection) -> int:
     if dialect_of(db) == POSTGRES:
         async with db.execute("SELECT MAX(version) FROM chital_schema") as cur:
             row = await cur.fetchone()
@@ -197,7 +195,7 @@ async def user_version(db: aiosqlite.Connection) -> int:
     return int(row[0]) if row else 0
 
 
-async def migrate(db: aiosqlite.Connection, steps: Sequence[Migration] = MIGRATIONS) -> int:
+async def migrate(db: SqliteConnection, steps: Sequence[Migration] = MIGRATIONS) -> int:
     """Bring the file up to the last of ``steps``; returns the version it had before.
 
     Each step and its ``user_version`` commit together (``BEGIN IMMEDIATE``: no other writer can
@@ -228,7 +226,7 @@ async def migrate(db: aiosqlite.Connection, steps: Sequence[Migration] = MIGRATI
     return start
 
 
-async def _migrate_postgres(db: aiosqlite.Connection, steps: Sequence[Migration], target: int) -> int:
+async def _migrate_postgres(db: SqliteConnection, steps: Sequence[Migration], target: int) -> int:
     """The same steps on PostgreSQL (their statements rewritten by gateway/db.py). Several daemons
     may start at once: each step runs under a transaction-scoped advisory lock and re-reads the
     version inside it, so exactly one of them runs it; PostgreSQL's DDL is transactional too."""

@@ -20,8 +20,9 @@ from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import aiosqlite
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .db import SqliteConnection
 
 if TYPE_CHECKING:
     from agent.usage import TokenUsage  # langchain-core: not imported before the daemon needs it
@@ -101,7 +102,7 @@ class Totals:
 class ModelUsageTables:
     """``conversation_models`` and ``token_usage`` (mixed into ``Store``)."""
 
-    _db: aiosqlite.Connection
+    _db: SqliteConnection
 
     async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
         raise NotImplementedError  # Store's
