@@ -1,40 +1,43 @@
-"""Packages whose ``__init__`` runs only when something asks for a name it defines.
+"""Library modules whose body runs only when something uses them, not when they are imported.
 
-Several libraries under the daemon have an ``__init__`` that imports their whole surface while
-Chital's running path needs one submodule of it (figures: docs/performance.md, "Memory"):
+Several libraries under the daemon import, at import time, parts that Chital's running path never
+uses (figures: docs/performance.md, "Memory"; ``python bench/import_rss.py``):
 
-- ``langgraph_sdk``: ``langgraph.runtime`` needs ``langgraph_sdk.auth.types``; the package's
-  ``__init__`` imports the remote-server client (httpx, websockets, ~45 modules). Chital never
-  talks to a LangGraph server.
-- ``openai.types``, ``langsmith.types``: generated packages whose ``__init__`` imports every API
-  type (hundreds of pydantic models: the evals, graders, vector stores...); the chat model needs
-  the chat-completion types only.
-- ``aiohttp``: ``from aiohttp import web`` (our /healthz, /readyz, /metrics and status socket)
-  runs ``aiohttp/__init__``, which imports the HTTP *client* too; Slack and Discord use the
-  client, Telegram does not.
+- ``langgraph_sdk``, ``langgraph_sdk.client``: ``langgraph.runtime`` needs
+  ``langgraph_sdk.auth.types`` and deepagents binds the remote client's names; the package's
+  ``__init__`` imports that client (websockets, ~45 modules). Chital never talks to a LangGraph
+  server.
+- ``openai.types`` (and its ``responses``, ``chat``), ``langsmith.types``: generated packages whose
+  ``__init__`` imports every API type (hundreds of pydantic models: evals, graders, the Responses
+  API...); the chat model needs a few chat-completion types.
+- ``cryptography.hazmat...``: python-telegram-bot imports them for Telegram Passport decryption,
+  which Chital never asks for (the Rust bindings under them are ~6 MB).
+- ``charset_normalizer``: requests binds it to guess the charset of a response that names none;
+  its import loads some 90 codec modules. LangSmith's uploads (tracing on) are requests' only use.
 - ``prometheus_client``: its ``__init__`` imports the exposition servers (wsgiref, http.server)
-  and the global registry's process collectors; Chital's metrics use their own registry.
-- ``httpx._main``: ``httpx/__init__`` imports its command-line tool (click, pygments) to expose
+  and the global registry's collectors; Chital's metrics use their own registry.
+- ``httpx._main``: ``httpx/__init__`` imports its command-line tool (click, pygments) for
   ``httpx.main``.
 
 :func:`install` puts a finder first on ``sys.meta_path`` that gives these modules a loader which
 creates the module (``__path__``, ``__spec__``...) but does not run its body. Submodule imports
-(``from openai.types.chat import ChatCompletion``, ``from aiohttp import web``) work as usual,
-because the package's ``__path__`` is set. The first access to any other attribute runs the real
-``__init__`` in the same module object (a module ``__getattr__``, PEP 562), so code that does use
-the whole package (Slack's ``aiohttp.ClientSession``, ``from openai.types import ChatModel``,
-LangSmith tracing's API types) gets exactly what it would have got, only later. A generated
-``__init__`` made of nothing but ``from .x import Name`` lines is resolved name by name instead
-of all at once. ``importlib.util.LazyLoader`` does not fit: the import statement itself touches
-the module and would load it, and it cannot keep submodule imports from loading the parent.
+(``from openai.types.chat import ChatCompletion``) work as usual, because ``__path__`` is set. The
+first access to any other attribute runs the real body in the same module object (a module
+``__getattr__``, PEP 562), so code that does use the module (LangSmith tracing's API types, ``from
+openai.types import ChatModel``) gets what it would have got, only later. A generated ``__init__``
+(nothing but ``from .sub import Name`` lines) is resolved name by name. Names a library takes with
+``from m import Name`` at import time but uses only on a path Chital does not take are bound up
+front to :class:`_Proxy` stand-ins that act as the real object when used.
+``importlib.util.LazyLoader`` does not fit: the import statement itself touches the module and
+loads it, and it cannot keep submodule imports from loading the parent.
 
-Installed by the entry points (``gateway/cli.py``, ``gateway/app.py``) before anything imports
-these packages; installing it later does nothing for a package already imported.
+Importing this module installs it: ``gateway/cli.py`` and ``gateway/app.py`` import it before
+anything imports these libraries; for a library already imported it changes nothing.
 """
 
 from __future__ import annotations
 
-import ast
+import collections
 import functools
 import importlib
 import importlib.abc
@@ -66,7 +69,14 @@ DEFERRED: dict[str, tuple[str, ...]] = {
     "cryptography.hazmat.primitives.hashes": ("SHA1", "SHA256", "SHA512", "Hash"),
     "cryptography.hazmat.primitives.serialization": (),
     "prometheus_client": (),
+    # requests (imported by langchain-core and langsmith) binds it as its charset detector, for a
+    # response without a charset; its import loads ~90 codec modules.
+    "charset_normalizer": (),
 }
+
+# Names that may be resolved on their own although the __init__ does more than import them (its
+# other effects wait until something else is asked): requests reads charset_normalizer's version.
+ONE_BY_ONE: dict[str, tuple[str, ...]] = {"charset_normalizer": ("__version__",)}
 
 # What a deferred module imports first; when one is missing, its import fails at once, as the
 # real one would (httpx then binds its own "install httpx[cli]" main).
@@ -79,58 +89,59 @@ _lock = threading.RLock()
 class _Init:
     """What can be known of a package's ``__init__`` without running it."""
 
-    # {name: (submodule, attribute)} when the file is only a docstring, ``from __future__`` and
-    # ``from .sub import Name [as Name]`` lines (a generated ``__init__``); None otherwise.
-    names: dict[str, tuple[str, str]] | None
-    # Every name the file binds at top level (None: it does ``import *``, so any name may be).
+    # {name: (submodule, attribute)} for each name the file binds once, by a top-level
+    # ``from .sub import name``.
+    names: dict[str, tuple[str, str]]
+    # The file is nothing but those lines (a generated ``__init__``): running it has no other
+    # effect, so each name can be resolved on its own.
+    pure: bool
+    # Every name the file binds anywhere (None: it does ``import *``, so any name may be).
     bound: frozenset[str] | None
 
 
 def _read_init(origin: str | None, package: str) -> _Init:
+    import ast  # only for a package asked for a name, not at start-up
+
     if not origin or not origin.endswith(".py"):
-        return _Init(None, None)
+        return _Init({}, False, None)
     try:
         with open(origin, encoding="utf-8") as f:
             tree = ast.parse(f.read(), origin)
     except (OSError, SyntaxError, UnicodeDecodeError):
-        return _Init(None, None)
-    names: dict[str, tuple[str, str]] = {}
-    pure = True
-    for i, stmt in enumerate(tree.body):
-        if i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-            continue
-        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__" and stmt.level == 0:
-            continue
-        if (
-            not isinstance(stmt, ast.ImportFrom)
-            or stmt.level != 1
-            or not stmt.module
-            or any(a.name == "*" for a in stmt.names)
-        ):
-            pure = False
-            break
-        for alias in stmt.names:
-            names[alias.asname or alias.name] = (f"{package}.{stmt.module}", alias.name)
-    bound: set[str] = set()
+        return _Init({}, False, None)
+    counts: collections.Counter[str] = collections.Counter()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             for alias in node.names:
                 if alias.name == "*":
-                    return _Init(names if pure else None, None)
-                bound.add(alias.asname or alias.name.partition(".")[0])
+                    return _Init({}, False, None)
+                counts[alias.asname or alias.name.partition(".")[0]] += 1
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            bound.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            bound.add(node.id)
-    return _Init(names if pure else None, frozenset(bound))
+            counts[node.name] += 1
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            counts[node.id] += 1
+    names: dict[str, tuple[str, str]] = {}
+    pure = True
+    for i, stmt in enumerate(tree.body):
+        if isinstance(stmt, ast.ImportFrom) and stmt.level == 1 and stmt.module:
+            for alias in stmt.names:
+                name = alias.asname or alias.name
+                if counts[name] == 1:
+                    names[name] = (f"{package}.{stmt.module}", alias.name)
+        elif isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            pass
+        elif not (i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+            pure = False
+    return _Init(names, pure, frozenset(counts))
 
 
 class _DeferredLoader(importlib.abc.Loader):
     """Creates the module as its real loader would, runs its body on first use."""
 
-    def __init__(self, real: Any, proxies: Sequence[str]) -> None:
+    def __init__(self, real: Any, proxies: Sequence[str], one_by_one: Sequence[str] = ()) -> None:
         self.real = real
         self.proxies = tuple(proxies)
+        self.one_by_one = frozenset(one_by_one)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         module: types.ModuleType | None = self.real.create_module(spec)
@@ -160,15 +171,15 @@ class _DeferredLoader(importlib.abc.Loader):
         def __getattr__(attr: str) -> Any:
             if attr == "__path__":  # the import system asks every module whether it is a package
                 raise AttributeError(attr)
-            if not ran and package and not attr.startswith("__"):
+            if not ran and package:
                 known = init()
-                if known.names is not None and attr in known.names:
+                if attr in known.names and (known.pure or attr in self.one_by_one):
                     sub, real_name = known.names[attr]
                     value = getattr(importlib.import_module(sub), real_name)
                     setattr(module, attr, value)
                     return value
                 # A submodule the __init__ does not rebind is what the __init__ would give too.
-                if known.bound is not None and attr not in known.bound:
+                if known.bound is not None and attr not in known.bound and not attr.startswith("__"):
                     full = f"{name}.{attr}"
                     if full in sys.modules or _submodule_spec(module, attr) is not None:
                         return importlib.import_module(full)
@@ -251,7 +262,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         finally:
             del self._searching.__dict__[fullname]
         if spec is not None and hasattr(spec.loader, "exec_module") and str(spec.origin).endswith(".py"):
-            spec.loader = _DeferredLoader(spec.loader, self.deferred[fullname])
+            spec.loader = _DeferredLoader(spec.loader, self.deferred[fullname], ONE_BY_ONE.get(fullname, ()))
         return spec
 
 

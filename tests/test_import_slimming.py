@@ -122,6 +122,22 @@ def test_prometheus_and_httpx_cli_load_in_full_when_used() -> None:
     assert out == "(False, False) True"
 
 
+def test_requests_still_guesses_a_charset() -> None:
+    out = run(
+        """
+        import sys
+        import agent.lean_imports
+        import langchain_core.utils.utils  # imports requests, which binds charset_normalizer
+        import requests
+        before = "charset_normalizer.api" in sys.modules
+        response = requests.models.Response()
+        response._content = "Grüße aus Köln, ça va très bien".encode("utf-8")
+        print(before, response.apparent_encoding)
+        """
+    )
+    assert out == "False utf-8"
+
+
 def test_httpx_keeps_its_command_line_tool() -> None:
     """httpx imports its CLI for ``httpx.main``: deferred when its requirements are installed,
     and when one is missing httpx still gets the ImportError it handles (its ``main`` then says
