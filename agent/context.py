@@ -385,7 +385,8 @@ def _clearly_short(messages: Sequence[AnyMessage], trigger: int) -> bool:
     for m in messages:
         content = m.content
         chars += len(content) if isinstance(content, str) else len(str(content))
-        calls = getattr(m, "tool_calls", None)
+        # Only AI messages have tool calls; getattr on other messages is pydantic's slow miss path.
+        calls = m.tool_calls if isinstance(m, AIMessage) else None
         if calls:
             chars += len(str(calls))
     return chars + _PROMPT_AND_TOOLS_ALLOWANCE < trigger
