@@ -26,11 +26,13 @@ against both engines keeps one copy of each statement.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -288,6 +290,10 @@ class PgConnection:
         """``async with db.transaction():`` the statements inside commit together or not at all."""
         return self.raw.transaction()
 
+    def on_thread(self) -> contextlib.nullcontext[None]:
+        """Nothing to do: psycopg's statements wait on the network, not on the loop."""
+        return contextlib.nullcontext()
+
     async def close(self) -> None:
         await self.raw.close()
 
@@ -302,6 +308,7 @@ BUSY_WAIT = 5.0
 """Seconds a statement keeps retrying while another process holds the lock (the ``busy_timeout``
 of 5,000 ms the connection had on its own thread), sleeping on the loop in between."""
 _BUSY_NAP_MAX = 0.05
+_ON_THREAD: ContextVar[bool] = ContextVar("chital_sqlite_on_thread", default=False)
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -382,9 +389,10 @@ class SqliteConnection:
       :data:`BUSY_TIMEOUT_MS` itself, then the statement is retried after an ``asyncio.sleep``
       (doubling up to 50 ms) for up to :data:`BUSY_WAIT` seconds in all, as long as it is not inside
       an explicit transaction (where only the transaction's owner can retry).
-    - **Long work runs on a thread**: :meth:`run` hands a function the raw connection on a worker
-      thread (a ``VACUUM``, a batch of the prune, a WAL checkpoint) while every other statement
-      waits for it, as all statements waited their turn on aiosqlite's thread.
+    - **Long work runs on a thread**: inside ``with db.on_thread():`` the task's statements run on a
+      worker thread (a prune, a count over the whole journal, the schema steps), and :meth:`run`
+      hands a function the raw connection there (a ``VACUUM``, a WAL checkpoint); meanwhile every
+      other statement waits for it, as all statements waited their turn on aiosqlite's thread.
     - Statements are stepped to their end at once (:class:`SqliteCursor`), so none stays open
       across an ``await`` of another task.
     """
@@ -419,6 +427,8 @@ class SqliteConnection:
             await asyncio.wait((held,))
 
     async def _execute(self, sql: str, params: Sequence[Any]) -> SqliteCursor:
+        if _ON_THREAD.get():
+            return await self.run(functools.partial(_step, sql, params))
         held = self._held
         if held is not None and not held.done():
             await self._idle()
@@ -463,6 +473,16 @@ class SqliteConnection:
         if self.raw.in_transaction:
             self.raw.rollback()
 
+    @contextlib.contextmanager
+    def on_thread(self) -> Iterator[None]:
+        """``with db.on_thread():`` this task's statements run on a worker thread (see the class
+        docstring): for those that may scan many rows."""
+        token = _ON_THREAD.set(True)
+        try:
+            yield
+        finally:
+            _ON_THREAD.reset(token)
+
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn(raw connection)`` on a worker thread, for work that would hold the loop for more
         than a few milliseconds; the connection's other statements wait until it is done (also when
@@ -484,6 +504,10 @@ class SqliteConnection:
     async def close(self) -> None:
         await self._idle()
         self.raw.close()
+
+
+def _step(sql: str, params: Sequence[Any], conn: sqlite3.Connection) -> SqliteCursor:
+    return SqliteCursor(conn.execute(sql, params))
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:

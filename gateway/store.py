@@ -184,7 +184,8 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
             log.critical("the disk under %s is full: no room for the database's reserve", path.parent)
         db = await SqliteConnection.connect(path)
         try:
-            await migrate(db)
+            with db.on_thread():  # a step may rewrite a large table; the loop serves /healthz meanwhile
+                await migrate(db)
         except BaseException:
             await db.close()
             raise
@@ -300,8 +301,9 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
         return out
 
     async def journal_counts(self) -> dict[str, int]:
-        async with self._db.execute("SELECT state, COUNT(*) FROM journal GROUP BY state") as cur:
-            return {state: n for state, n in await cur.fetchall()}
+        with self._db.on_thread():  # reads the whole journal
+            async with self._db.execute("SELECT state, COUNT(*) FROM journal GROUP BY state") as cur:
+                return {state: n for state, n in await cur.fetchall()}
 
     async def journal_prune(self, older_than: float, batch: int = 2000) -> int:
         """Drop finished entries (with their outbox, file and command-result rows) untouched for
@@ -311,8 +313,12 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
         In batches of ``batch`` keys, each committed on its own: intake shares this connection, and
         one DELETE of a month of messages would hold it (and SQLite's write lock) for seconds. The
         outbox and file rows go first, so a crash between two statements leaves at worst a journal
-        row without its outbox rows, which the next prune removes."""
-        cutoff = time.time() - older_than
+        row without its outbox rows, which the next prune removes. On SQLite the statements run
+        on a worker thread (a batch deletes thousands of rows: ~100 ms held on the loop)."""
+        with self._db.on_thread():
+            return await self._journal_prune(time.time() - older_than, batch)
+
+    async def _journal_prune(self, cutoff: float, batch: int) -> int:
         done = f"updated < ? AND state NOT IN ({_OPEN_SQL})"
         total = 0
         while True:
@@ -422,7 +428,8 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
         """Delete pairing requests older than ``older_than`` seconds, answered or not: a flood of
         strangers must not grow the table without bound. A code's own validity (checked when it
         is approved) is shorter; whoever writes again simply gets a new code."""
-        cur = await self._db.execute("DELETE FROM pairing WHERE created < ?", (time.time() - older_than,))
+        with self._db.on_thread():
+            cur = await self._db.execute("DELETE FROM pairing WHERE created < ?", (time.time() - older_than,))
         await self._db.commit()
         return cur.rowcount
 
@@ -499,8 +506,9 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
                 row = await cur.fetchone()
             info[name] = int(row[0]) if row else 0
         for table in ("journal", "outbox", "files_out", "threads", "pairing"):
-            async with self._db.execute(f"SELECT COUNT(*) FROM {table}") as cur:
-                row = await cur.fetchone()
+            with self._db.on_thread():  # a count reads the whole table
+                async with self._db.execute(f"SELECT COUNT(*) FROM {table}") as cur:
+                    row = await cur.fetchone()
             info[f"rows_{table}"] = int(row[0]) if row else 0
         for suffix, key in (("", "file_bytes"), ("-wal", "wal_bytes")):
             try:

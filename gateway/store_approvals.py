@@ -163,9 +163,10 @@ class ApprovalTables:
 
     async def approvals_prune(self, older_than: float) -> int:
         """Drop settled requests older than ``older_than`` seconds (pending ones are kept)."""
-        return await self._write(
-            "DELETE FROM approvals WHERE state != ? AND created < ?", (PENDING, time.time() - older_than)
-        )
+        with self._db.on_thread():  # a scan of the table
+            return await self._write(
+                "DELETE FROM approvals WHERE state != ? AND created < ?", (PENDING, time.time() - older_than)
+            )
 
     # -- the paused turn's journal entry -----------------------------------------------------------
     async def journal_pause(self, key: str) -> None:
@@ -215,9 +216,10 @@ class ApprovalTables:
 
     async def journal_paused_settled(self, platform: str) -> list[str]:
         """Keys of waiting turns of ``platform`` none of whose requests is pending any more."""
-        async with self._db.execute(
-            "SELECT j.key FROM journal j WHERE j.state = 'waiting' AND j.key LIKE ? AND NOT EXISTS"
-            " (SELECT 1 FROM approvals a WHERE a.key = j.key AND a.state = ?)",
-            (f"{platform}:%", PENDING),
-        ) as cur:
-            return [str(k) for (k,) in await cur.fetchall()]
+        with self._db.on_thread():  # a scan of the whole journal (no index on 'waiting')
+            async with self._db.execute(
+                "SELECT j.key FROM journal j WHERE j.state = 'waiting' AND j.key LIKE ? AND NOT EXISTS"
+                " (SELECT 1 FROM approvals a WHERE a.key = j.key AND a.state = ?)",
+                (f"{platform}:%", PENDING),
+            ) as cur:
+                return [str(k) for (k,) in await cur.fetchall()]

@@ -196,9 +196,10 @@ class ScheduleTables:
     async def schedules_prune(self, older_than: float) -> int:
         """Delete finished and cancelled schedules untouched for ``older_than`` seconds (a user
         who makes and cancels schedules all day must not grow the table for ever)."""
-        return await self._write(
-            "DELETE FROM schedules WHERE state != ? AND updated < ?", (ACTIVE, time.time() - older_than)
-        )
+        with self._db.on_thread():  # a scan of the table
+            return await self._write(
+                "DELETE FROM schedules WHERE state != ? AND updated < ?", (ACTIVE, time.time() - older_than)
+            )
 
     # -- journal reads ----------------------------------------------------------------------------
     async def journal_inbound(self, key: str) -> Inbound | None:

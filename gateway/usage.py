@@ -164,12 +164,14 @@ class ModelUsageTables:
             f" SUM(prompt_tokens + completion_tokens) FROM token_usage WHERE {where}"
             f" GROUP BY {by} ORDER BY 4 DESC, 1 LIMIT ?"
         )
-        async with self._db.execute(sql, (today.isoformat(), week, *params, limit)) as cur:
-            rows = await cur.fetchall()
+        with self._db.on_thread():  # sums a month of rows
+            async with self._db.execute(sql, (today.isoformat(), week, *params, limit)) as cur:
+                rows = await cur.fetchall()
         return [Totals(str(r[0]), int(r[1] or 0), int(r[2] or 0), int(r[3] or 0)) for r in rows]
 
     async def usage_prune(self, before: date) -> int:
-        return await self._write("DELETE FROM token_usage WHERE day < ?", (before.isoformat(),))
+        with self._db.on_thread():  # may delete a day's rows of every user
+            return await self._write("DELETE FROM token_usage WHERE day < ?", (before.isoformat(),))
 
 
 # -- recording ---------------------------------------------------------------------------------------
