@@ -152,21 +152,27 @@ class _DeferredLoader(importlib.abc.Loader):
         spec = module.__spec__
         package = bool(module.__dict__.get("__path__"))
         ran = False
+        lock = threading.RLock()  # one per module, as the import system's own module locks
 
         @functools.cache
         def init() -> _Init:  # read on the first name asked of the package, not at import
             return _read_init(spec.origin if spec else None, name)
 
         def run_body() -> None:
+            # Under the lock until the body is done: another thread's first use waits for it (our
+            # __getattr__ stays until then) instead of seeing a half-run module.
             nonlocal ran
-            with _lock:
+            with lock:
                 if ran:
                     return
                 ran = True
-                module.__dict__.pop("__getattr__", None)
                 for proxy in self.proxies:
                     module.__dict__.pop(proxy, None)
-                self.real.exec_module(module)
+                try:
+                    self.real.exec_module(module)
+                finally:
+                    if module.__dict__.get("__getattr__") is __getattr__:
+                        del module.__dict__["__getattr__"]
 
         def __getattr__(attr: str) -> Any:
             if attr == "__path__":  # the import system asks every module whether it is a package
@@ -183,8 +189,7 @@ class _DeferredLoader(importlib.abc.Loader):
                     full = f"{name}.{attr}"
                     if full in sys.modules or _submodule_spec(module, attr) is not None:
                         return importlib.import_module(full)
-            if not ran:
-                run_body()
+            run_body()
             try:
                 return module.__dict__[attr]
             except KeyError:

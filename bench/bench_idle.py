@@ -8,7 +8,7 @@ Per set of channels: a fresh ``chital run`` (tools on unless ``--bare``), RSS on
 is connected, then after one DM per channel has been answered (the agent built, the first
 conversation's checkpoint and memory written) and ``--settle`` seconds of idling. The relay
 (``bench/relay_telegram.py``, python-telegram-bot + the openai SDK) is measured the same way
-beside it.
+beside it. Which packages the memory belongs to: ``bench/import_rss.py``.
 """
 
 from __future__ import annotations
