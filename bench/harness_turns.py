@@ -4,14 +4,17 @@ The fake model runs in a child process so its CPU is not counted. Reports p50/p9
 the mean CPU time (``time.process_time``: all threads of this process, i.e. including aiosqlite's)
 per turn: all turns on one thread (its history grows to 2 x turns messages), round-robin over 20
 threads, and every turn on a thread of its own (each needs a checkpoint read to rule out a resume).
+``--tools``: the whole runtime with the default tool stack (sandbox, sub-agents, skills, memory,
+context) instead of the bare harness. GC is frozen after the warm-up, as the daemon does.
 
-    python bench/harness_turns.py [--turns 200]
+    python bench/harness_turns.py [--turns 200] [--tools]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import statistics
 import sys
@@ -21,9 +24,12 @@ from pathlib import Path
 
 from agent.config import AgentSettings, ModelSpec
 from agent.harness import Final, Harness
+from agent.runtime import AgentRuntime
 
 
-async def _turns(harness: Harness, n: int, threads: int, tag: str) -> tuple[list[float], float]:
+async def _turns(
+    harness: Harness | AgentRuntime, n: int, threads: int, tag: str
+) -> tuple[list[float], float]:
     walls: list[float] = []
     cpu0 = time.process_time()
     for i in range(n):
@@ -40,6 +46,7 @@ async def _turns(harness: Harness, n: int, threads: int, tag: str) -> tuple[list
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--tools", action="store_true", help="the runtime with the default tool stack")
     args = parser.parse_args()
     for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         os.environ.pop(key, None)
@@ -52,10 +59,18 @@ async def main() -> None:
         base_url = (await fake.stdout.readline()).decode().strip()
         spec = ModelSpec(model="bench-model", base_url=base_url, api_key="sk-bench")
         with tempfile.TemporaryDirectory() as tmp:
-            harness = Harness(AgentSettings(), spec, Path(tmp) / "checkpoints.sqlite")
+            harness: Harness | AgentRuntime
+            if args.tools:
+                os.chmod(tmp, 0o755)  # the sandbox user must reach its directories
+                harness = AgentRuntime(AgentSettings(), spec, Path(tmp))
+            else:
+                harness = Harness(AgentSettings(), spec, Path(tmp) / "checkpoints.sqlite")
             await harness.start()
             try:
                 await _turns(harness, 20, 20, "warm")  # imports, connection pool, caches
+                gc.collect()
+                gc.freeze()  # as gateway/app.py does after start-up
+                gc.set_threshold(20_000, 20, 50)
                 scenarios = (("one thread", 1), ("20 threads", 20), ("fresh threads", args.turns))
                 for n, (label, threads) in enumerate(scenarios):
                     walls, cpu = await _turns(harness, args.turns, threads, f"s{n}")
