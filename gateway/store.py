@@ -209,14 +209,20 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
     async def close(self) -> None:
         await self._db.close()
 
-    async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
-        """Execute one statement and commit it; returns the row count.
+    async def _write(
+        self, sql: str, params: tuple[Any, ...] = (), *, many: list[tuple[Any, ...]] | None = None
+    ) -> int:
+        """Execute one statement and commit it; returns the row count. With ``many``: the
+        statement once per row of parameters, all in one transaction; returns the rows.
 
         On "database or disk is full" the reserve is given back once and the write retried, so
         the journal keeps working while the disk is full; only when that is not enough does the
         caller get :class:`StorageFull`."""
         for attempt in (1, 2):
             try:
+                if many is not None:
+                    await self._db.executemany(sql, many)
+                    return len(many)
                 cur = await self._db.execute(sql, params)
                 await self._db.commit()
                 return cur.rowcount

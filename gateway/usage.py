@@ -89,6 +89,17 @@ class UsageConfig(BaseModel):
 
 
 # -- the tables (a mixin of gateway.store.Store; migration 3 creates them) ---------------------------
+_USAGE_ADD = (
+    "INSERT INTO token_usage(user, day, conversation, model, purpose, prompt_tokens,"
+    " completion_tokens, calls) VALUES (?, ?, COALESCE((SELECT conversation FROM journal"
+    " WHERE key = ?), (SELECT conversation FROM threads WHERE thread_id = ? LIMIT 1), ''),"
+    " ?, ?, ?, ?, 1) ON CONFLICT(user, day, conversation, model, purpose) DO UPDATE SET"
+    " prompt_tokens = token_usage.prompt_tokens + excluded.prompt_tokens,"
+    " completion_tokens = token_usage.completion_tokens + excluded.completion_tokens,"
+    " calls = token_usage.calls + 1"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Totals:
     """Tokens over the three windows ``/usage`` shows."""
@@ -104,7 +115,9 @@ class ModelUsageTables:
 
     _db: SqliteConnection
 
-    async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+    async def _write(
+        self, sql: str, params: tuple[Any, ...] = (), *, many: list[tuple[Any, ...]] | None = None
+    ) -> int:
         raise NotImplementedError  # Store's
 
     async def chosen_model(self, conversation: str) -> str | None:
@@ -129,17 +142,19 @@ class ModelUsageTables:
     async def usage_add(self, usage: TokenUsage, day: date) -> None:
         """Add one model call. Its conversation is the journal entry's of the turn (else the
         thread's current conversation)."""
-        await self._write(
-            "INSERT INTO token_usage(user, day, conversation, model, purpose, prompt_tokens,"
-            " completion_tokens, calls) VALUES (?, ?, COALESCE((SELECT conversation FROM journal"
-            " WHERE key = ?), (SELECT conversation FROM threads WHERE thread_id = ? LIMIT 1), ''),"
-            " ?, ?, ?, ?, 1) ON CONFLICT(user, day, conversation, model, purpose) DO UPDATE SET"
-            " prompt_tokens = token_usage.prompt_tokens + excluded.prompt_tokens,"
-            " completion_tokens = token_usage.completion_tokens + excluded.completion_tokens,"
-            " calls = token_usage.calls + 1",
-            (usage.user, day.isoformat(), usage.message_id, usage.thread_id, usage.model, usage.purpose,
-             usage.prompt_tokens, usage.completion_tokens),
-        )  # fmt: skip
+        await self.usage_add_many([usage], day)
+
+    async def usage_add_many(self, usages: list[TokenUsage], day: date) -> None:
+        """Add model calls, in one transaction (one commit for all of them)."""
+        rows = [
+            (u.user, day.isoformat(), u.message_id, u.thread_id, u.model, u.purpose, u.prompt_tokens,
+             u.completion_tokens)
+            for u in usages
+        ]  # fmt: skip
+        if len(rows) == 1:
+            await self._write(_USAGE_ADD, rows[0])
+        elif rows:
+            await self._write(_USAGE_ADD, many=rows)
 
     async def usage_on(self, user: str, day: date) -> int:
         sql = "SELECT SUM(prompt_tokens + completion_tokens) FROM token_usage WHERE user = ? AND day = ?"
@@ -177,13 +192,18 @@ class ModelUsageTables:
 # -- recording ---------------------------------------------------------------------------------------
 class UsageRecorder:
     """The gateway's :class:`agent.usage.UsageSink`: counters now, the row in the background.
-    Made on the daemon's event loop."""
+    Made on the daemon's event loop.
+
+    The rows of the calls that end while a write is under way (or in the same loop pass) go
+    together, in one transaction: with many chats at once that is one commit for several calls,
+    and one background task at a time rather than one per call."""
 
     def __init__(self, store: Store, metrics: Metrics, config: UsageConfig) -> None:
         self.store = store
         self.metrics = metrics
         self.config = config
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._queue: list[TokenUsage] = []
+        self._flusher: asyncio.Task[None] | None = None
         self._closed = False
         self._pruned = 0.0
         self._loop = asyncio.get_running_loop()
@@ -202,27 +222,37 @@ class UsageRecorder:
     def _spawn(self, usage: TokenUsage) -> None:
         if self._closed:
             return
-        task = self._loop.create_task(self._write(usage), name="usage")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._queue.append(usage)
+        if self._flusher is None:
+            self._flusher = self._loop.create_task(self._flush(), name="usage")
 
-    async def _write(self, usage: TokenUsage) -> None:
+    async def _flush(self) -> None:
+        try:
+            await asyncio.sleep(0)  # the other calls ending in this loop pass join the batch
+            while self._queue:
+                batch, self._queue = self._queue, []
+                await self._write(batch)
+        finally:
+            self._flusher = None
+
+    async def _write(self, batch: list[TokenUsage]) -> None:
         today = self.config.today()
         try:
-            await self.store.usage_add(usage, today)
+            await self.store.usage_add_many(batch, today)
             if time.monotonic() - self._pruned > PRUNE_EVERY or not self._pruned:
                 self._pruned = time.monotonic()
                 await self.store.usage_prune(today - timedelta(days=self.config.retention_days))
         except Exception as exc:  # usage is bookkeeping: a full disk must not fail anything else
-            log.warning("usage: could not record %d tokens of %s (%s)", usage.prompt_tokens
-                        + usage.completion_tokens, usage.model, type(exc).__name__)  # fmt: skip
+            tokens = sum(u.prompt_tokens + u.completion_tokens for u in batch)
+            log.warning("usage: could not record %d tokens of %d model call(s) (%s)", tokens, len(batch),
+                        type(exc).__name__)  # fmt: skip
 
     async def close(self) -> None:
         """Finish the writes under way (before the store closes); later calls are counted only."""
         self._closed = True
-        if self._tasks:
+        if self._flusher is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait(set(self._tasks), timeout=5)
+                await asyncio.wait({self._flusher}, timeout=5)
 
 
 # -- the budget -------------------------------------------------------------------------------------

@@ -17,9 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from agent.usage import TokenUsage
 from channels.base import Inbound
 from gateway.db import SqliteConnection
+from gateway.metrics import Metrics
 from gateway.store import Store
+from gateway.usage import UsageConfig, UsageRecorder
+from tests.fakes.gateway_rig import TEST_POSTGRES, skip_on_postgres, store_at
+
+sqlite_only = skip_on_postgres("the SQLite connection itself")
 
 HOLDER = """
 import sqlite3, sys, time
@@ -79,6 +85,7 @@ def rows(path: Path, sql: str) -> list[tuple[object, ...]]:
         return [tuple(r) for r in conn.execute(sql).fetchall()]
 
 
+@sqlite_only
 async def test_a_write_waits_out_another_process_lock_while_the_loop_runs(tmp_path: Path) -> None:
     path = tmp_path / "gateway.sqlite"
     store = await Store.open(path, reserve_bytes=0)
@@ -97,6 +104,7 @@ async def test_a_write_waits_out_another_process_lock_while_the_loop_runs(tmp_pa
         await store.close()
 
 
+@sqlite_only
 async def test_a_lock_held_past_the_wait_fails_the_statement_and_loses_nothing(tmp_path: Path) -> None:
     path = tmp_path / "gateway.sqlite"
     await (await Store.open(path, reserve_bytes=0)).close()
@@ -113,6 +121,7 @@ async def test_a_lock_held_past_the_wait_fails_the_statement_and_loses_nothing(t
         await db.close()
 
 
+@sqlite_only
 async def test_statements_wait_for_work_on_the_thread_even_when_its_caller_gives_up(tmp_path: Path) -> None:
     path = tmp_path / "gateway.sqlite"
     await (await Store.open(path, reserve_bytes=0)).close()
@@ -140,6 +149,7 @@ async def test_statements_wait_for_work_on_the_thread_even_when_its_caller_gives
         await db.close()
 
 
+@sqlite_only
 async def test_the_cursor_is_complete_when_handed_out(tmp_path: Path) -> None:
     db = await SqliteConnection.connect(tmp_path / "x.sqlite")
     try:
@@ -160,6 +170,7 @@ async def test_the_cursor_is_complete_when_handed_out(tmp_path: Path) -> None:
         await db.close()
 
 
+@sqlite_only
 async def test_pruning_a_large_journal_does_not_hold_the_loop(tmp_path: Path) -> None:
     path = tmp_path / "gateway.sqlite"
     await (await Store.open(path, reserve_bytes=0)).close()
@@ -181,5 +192,29 @@ async def test_pruning_a_large_journal_does_not_hold_the_loop(tmp_path: Path) ->
         assert counts == {"done": 20_000}
         assert max(gaps) < 0.04  # inline, a 2,000-key batch held it 60-100 ms
         assert rows(path, "SELECT COUNT(*) FROM outbox") == [(0,)]
+    finally:
+        await store.close()
+
+
+async def test_usage_of_calls_ending_together_is_one_transaction(tmp_path: Path) -> None:
+    store = await store_at(tmp_path / "gateway.sqlite")
+    statements: list[str] = []
+    if not TEST_POSTGRES:
+        store._db.raw.set_trace_callback(statements.append)
+    recorder = UsageRecorder(store, Metrics(), UsageConfig())
+    try:
+        for i in range(5):  # five model calls ending in the same loop pass (twenty chats at once)
+            recorder.record(TokenUsage("default", "lead", "telegram:7", "", "", 100 + i, 10))
+        recorder.record(TokenUsage("other", "title", "telegram:8", "", "", 5, 1))
+        await recorder.close()
+        recorder.record(
+            TokenUsage("default", "lead", "telegram:7", "", "", 1000, 0)
+        )  # after close: counted only
+        await asyncio.sleep(0.05)
+        assert await store.usage_on("telegram:7", UsageConfig().today()) == 510 + 50
+        assert await store.usage_on("telegram:8", UsageConfig().today()) == 6
+        if not TEST_POSTGRES:
+            writes = [s for s in statements if s.startswith(("INSERT", "BEGIN", "COMMIT"))]
+            assert [w.split()[0] for w in writes] == ["BEGIN", *["INSERT"] * 6, "COMMIT"]
     finally:
         await store.close()
