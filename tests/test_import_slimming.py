@@ -158,3 +158,27 @@ def test_httpx_keeps_its_command_line_tool() -> None:
         """
     )
     assert out == "False True"
+
+
+def test_threads_using_a_deferred_module_at_once_see_it_whole() -> None:
+    out = run(
+        """
+        import threading
+        import agent.lean_imports
+        import prometheus_client.registry  # the package itself is not run yet
+        import prometheus_client
+        got, start = [], threading.Barrier(8)
+
+        def use():
+            start.wait()
+            got.append((prometheus_client.REGISTRY, prometheus_client.generate_latest))
+
+        threads = [threading.Thread(target=use) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print(len(got), len(set(got)), got[0][0] is prometheus_client.registry.REGISTRY)
+        """
+    )
+    assert out == "8 1 True"
