@@ -16,8 +16,6 @@ import logging
 import posixpath
 from dataclasses import dataclass
 
-import openai
-
 from .config import TranscriptionConfig
 from .store import Store
 
@@ -60,6 +58,8 @@ async def transcribe(cfg: TranscriptionConfig, name: str, data: bytes, mime: str
         raise TranscriptionFailed(
             f"it is {len(data) / 1e6:.1f} MB, over the {cfg.max_bytes / 1e6:.0f} MB the transcriber takes"
         )
+    import openai  # on the first recording: the daemon's agent imports it anyway, other commands need not
+
     key = cfg.api_key.get_secret_value() if cfg.api_key else "none"  # the SDK insists on some key
     # The base URL is always passed: the SDK would otherwise take $OPENAI_BASE_URL, which may name
     # the chat model's server rather than the transcriber.
