@@ -1,5 +1,5 @@
 """Long-term memory end to end: real Harness turns and real extraction calls of langchain-openai
-against the fake OpenAI server; the memory lives in a real AsyncSqliteStore file.
+against the fake OpenAI server; the memory lives in a real SQLite store file.
 
 The fake's extraction "brain" (``_extractor``) answers the JSON plan from the user lines it is
 shown: ``remember X`` adds ``K:X``, ``replace X with Y`` updates ``K:X``, ``drop X`` deletes it.
