@@ -51,6 +51,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
 from agent.events import StatusUpdate
+from agent.merge import merge_model_calls
 from agent.middleware import StepBudget
 from agent.model import Unstreamed
 from agent.settings import SubagentSettings
@@ -310,7 +311,10 @@ def _compile(
         list(tools),
         system_prompt=prompt,
         # Unstreamed: no one reads a sub-agent's tokens as they come (agent/model.py).
-        middleware=[_ReportProgress(), Unstreamed(), StepBudget(settings.max_steps), *extra],
+        # Adjacent wrap_model_call-only middleware as one layer, as in the lead (agent/merge.py).
+        middleware=merge_model_calls(
+            [_ReportProgress(), Unstreamed(), StepBudget(settings.max_steps), *extra]
+        ),
         state_schema=DeepAgentState,
         name=name,
     )
