@@ -60,6 +60,12 @@ TYPING_AFTER = 0.3
 MAX_ATTEMPTS = 3
 QUEUED_SIGN_AFTER = 0.4
 """A message still waiting this long gets a visible "queued" sign (a turn about to start needs none)."""
+AFTER_ANSWER_PART = 30_000
+"""Outbox part of the note under an answer when something failed after it (files use 10,000+)."""
+AFTER_ANSWER_NOTE = (
+    "⚠️ Something went wrong on my side after this answer: the answer above is complete, "
+    "but a file or a follow-up it announced may be missing."
+)
 
 
 class Gateway:
@@ -470,6 +476,7 @@ class Gateway:
         reply = self._reply(entry)
         typing: asyncio.Task[None] | None = None
         outcome = "error"
+        answered = False
         try:
             if entry.from_journal:
                 await reply.load()
@@ -500,6 +507,7 @@ class Gateway:
             if entry.note:  # the gateway's own word above the answer (a schedule firing late)
                 final = f"{entry.note}\n\n{final}"
             await reply.finish(final)
+            answered = True
             await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
             await self.store.journal_set(entry.key, JournalState.DONE)
             done = reply.channel.capabilities.done_reaction
@@ -529,7 +537,10 @@ class Gateway:
                 with contextlib.suppress(Exception):
                     parked = await self.parking.park(entry, exc)
             outcome = "parked" if parked else "error"  # the answer did not reach the user (yet)
-            if not parked:
+            if not parked and answered:
+                outcome = "ok"
+                await self._after_answer_failed(entry, reply)
+            elif not parked:
                 text = (
                     "⚠️ My server's disk is full, so I could not finish this answer. "
                     "I told the admin; please try again later."
@@ -546,6 +557,31 @@ class Gateway:
             self.parking.settled(entry.key)
             self.metrics.turns.labels(outcome).inc()
             self.metrics.turn_seconds.observe(time.monotonic() - started)
+
+    async def _after_answer_failed(self, entry: JournalEntry, reply: Reply) -> None:
+        """Something failed after the answer went out (a file the platform refused, the database
+        marking the entry done). The answer stays as it is, never replaced by an error, and a note
+        under it says what is missing. The entry is done: running it again would answer twice. If
+        the database cannot say so now, it is retried in the background; should the daemon stop
+        first, the restarted turn finds its parts in the outbox and sends nothing new."""
+        with contextlib.suppress(Exception):
+            await reply.note(AFTER_ANSWER_PART, AFTER_ANSWER_NOTE)
+        try:
+            await self.store.journal_set(entry.key, JournalState.DONE)
+        except Exception as exc:
+            log.warning("could not mark %s done (%s); retrying in the background", entry.key, exc)
+            self._spawn(self._mark_done_later(entry.key), f"done:{entry.key}")
+
+    async def _mark_done_later(self, key: str, tries: int = 60, pause: float = 5.0) -> None:
+        for _ in range(tries):
+            await asyncio.sleep(pause)
+            try:
+                await self.store.journal_set(key, JournalState.DONE)
+            except Exception:
+                continue
+            log.info("%s marked done after the database came back", key)
+            return
+        log.error("could not mark %s done; it may run again after a restart", key)
 
     async def _agent_turn(
         self, entry: JournalEntry, thread_id: str, uploads: Uploads, reply: Reply

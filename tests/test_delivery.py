@@ -238,6 +238,35 @@ async def test_presented_files_are_sent_once_with_their_bytes(tmp_path: Path) ->
         assert await rig.store.journal_open() == []
 
 
+async def test_a_file_refused_after_the_answer_leaves_the_answer_and_says_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    """The answer is out when the platform refuses the file that follows it: the answer stays as it
+    was (never edited into an error), a note under it says a file may be missing, the entry is done
+    and not run again."""
+    async with fake_rig(tmp_path, config()) as rig:
+        ch, harness = rig.channel, rig.harness
+        harness.outputs["/mnt/user-data/outputs/big.zip"] = b"PK" * 64
+
+        async def present(call: Call) -> AsyncIterator[AgentEvent]:
+            yield FileOut("/mnt/user-data/outputs/big.zip", "the archive")
+            yield Final("the archive is attached")
+
+        harness.on("zip it", present)
+        ch.fail("send_file", PermanentSendError("Request Entity Too Large"), times=None)
+        msg = ch.message(USER, "zip it")
+        await ch.deliver(msg)
+        await until(lambda: len(ch.replies_to(msg.message_id)) >= 2, what="answer and note")
+        await quiet(0.2)
+        texts = ch.replies_to(msg.message_id)
+        assert texts[0] == "the archive is attached", texts
+        assert texts[1].startswith("⚠️ Something went wrong on my side after this answer"), texts
+        assert len(texts) == 2 and not ch.files
+        assert not any("while answering" in t for t in texts)
+        assert await rig.store.journal_open() == []
+        assert len(harness.calls) == 1
+
+
 # -- failures and parked retries -------------------------------------------------------------------
 async def test_transient_failures_park_the_reply_and_retry_with_backoff(
     tmp_path: Path, fast_retries: None
