@@ -110,6 +110,7 @@ def _read_init(origin: str | None, package: str) -> _Init:
     except (OSError, SyntaxError, UnicodeDecodeError):
         return _Init({}, False, None)
     counts: collections.Counter[str] = collections.Counter()
+    dynamic = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             for alias in node.names:
@@ -120,6 +121,12 @@ def _read_init(origin: str | None, package: str) -> _Init:
             counts[node.name] += 1
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
             counts[node.id] += 1
+            if node.id in _DYNAMIC:
+                dynamic = True
+        elif isinstance(node, ast.Name) and node.id in _DYNAMIC:
+            dynamic = True
+        elif isinstance(node, ast.Attribute) and node.attr in ("__dict__", "modules"):
+            dynamic = True  # module.__dict__[...] = ..., sys.modules[__name__]...
     names: dict[str, tuple[str, str]] = {}
     pure = True
     for i, stmt in enumerate(tree.body):
@@ -132,7 +139,39 @@ def _read_init(origin: str | None, package: str) -> _Init:
             pass
         elif not (i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
             pure = False
-    return _Init(names, pure, frozenset(counts))
+    return _Init(names, pure, None if dynamic or "__getattr__" in counts else frozenset(counts))
+
+
+def _missing_import(origin: str | None) -> str | None:
+    """The first top-level package the module's body imports unconditionally (an ``import`` or
+    ``from ... import`` at module level, outside ``try``/``if``) that is not installed. Such a module
+    is not deferred: its import must fail where and how it would have failed without us."""
+    import ast
+
+    if not origin or not origin.endswith(".py"):
+        return None
+    try:
+        with open(origin, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), origin)
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Import):
+            tops = [alias.name.partition(".")[0] for alias in stmt.names]
+        elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
+            tops = [stmt.module.partition(".")[0]]
+        else:
+            continue
+        for top in tops:
+            if top != "__future__" and top not in sys.modules and importlib.util.find_spec(top) is None:
+                return top
+    return None
+
+
+# Names whose use in a module body means it may bind names no statement shows.
+_DYNAMIC = frozenset({"globals", "vars", "setattr", "exec", "eval", "locals", "__import__"})
+# Asked of a module whose body has not run, these need the body (the import system adds them).
+_ALWAYS_RUN = frozenset({"__builtins__", "__annotations__", "__getattr__", "__dir__", "__all__"})
 
 
 class _DeferredLoader(importlib.abc.Loader):
@@ -150,9 +189,25 @@ class _DeferredLoader(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         name = module.__name__
         spec = module.__spec__
+        pending = module.__dict__.get("__getattr__")
+        if "__builtins__" in module.__dict__:  # importlib.reload of a module whose body has run
+            self.real.exec_module(module)
+            return
+        if getattr(pending, "_lean_run", None) is not None:  # reload of one not run yet: run it now
+            pending._lean_run()  # type: ignore[union-attr]
+            return
+        for required in REQUIRES.get(name, ()):
+            # Fail as the body would at its first import, without loading the ones before it.
+            if importlib.util.find_spec(required) is None:
+                raise ModuleNotFoundError(f"No module named {required!r}", name=required)
+        if _missing_import(spec.origin if spec else None) is not None:
+            # Not installed as it should be: the ImportError comes now, from the real body.
+            self.real.exec_module(module)
+            return
         package = bool(module.__dict__.get("__path__"))
         ran = False
         lock = threading.RLock()  # one per module, as the import system's own module locks
+        proxies = {attr: _Proxy(module, attr) for attr in self.proxies}
 
         @functools.cache
         def init() -> _Init:  # read on the first name asked of the package, not at import
@@ -166,38 +221,52 @@ class _DeferredLoader(importlib.abc.Loader):
                 if ran:
                     return
                 ran = True
-                for proxy in self.proxies:
-                    module.__dict__.pop(proxy, None)
+                before = dict(module.__dict__)
+                for attr in proxies:
+                    module.__dict__.pop(attr, None)
                 try:
                     self.real.exec_module(module)
-                finally:
-                    if module.__dict__.get("__getattr__") is __getattr__:
-                        del module.__dict__["__getattr__"]
+                except BaseException:
+                    # As a failed import: nothing of the half-run body stays, and the next use
+                    # runs it again (and fails again, with the same error).
+                    module.__dict__.clear()
+                    module.__dict__.update(before)
+                    ran = False
+                    raise
+                if module.__dict__.get("__getattr__") is __getattr__:
+                    del module.__dict__["__getattr__"]
+                for attr, proxy in proxies.items():
+                    proxy._lean_resolve(module.__dict__.get(attr, proxy))
 
         def __getattr__(attr: str) -> Any:
             if attr == "__path__":  # the import system asks every module whether it is a package
                 raise AttributeError(attr)
-            if not ran and package:
+            if not ran and attr not in _ALWAYS_RUN:
                 known = init()
-                if attr in known.names and (known.pure or attr in self.one_by_one):
+                if package and attr in known.names and (known.pure or attr in self.one_by_one):
                     sub, real_name = known.names[attr]
                     value = getattr(importlib.import_module(sub), real_name)
                     setattr(module, attr, value)
                     return value
-                # A submodule the __init__ does not rebind is what the __init__ would give too.
-                if known.bound is not None and attr not in known.bound and not attr.startswith("__"):
+                if known.bound is not None and attr not in known.bound:
+                    # A submodule the body does not rebind is what the body would give too.
                     full = f"{name}.{attr}"
-                    if full in sys.modules or _submodule_spec(module, attr) is not None:
+                    if package and (full in sys.modules or _submodule_spec(module, attr) is not None):
                         return importlib.import_module(full)
+                    # A name the body never binds: it would not be there after the body either
+                    # (scans of every module such as pickle.whichmodule ask for such names).
+                    raise AttributeError(f"module {name!r} has no attribute {attr!r}")
             run_body()
             try:
                 return module.__dict__[attr]
             except KeyError:
                 raise AttributeError(f"module {name!r} has no attribute {attr!r}") from None
 
+        __getattr__._lean_run = run_body  # type: ignore[attr-defined]
         module.__getattr__ = __getattr__  # type: ignore[method-assign]
-        for proxy in self.proxies:
-            setattr(module, proxy, _Proxy(module, proxy, run_body))
+        for attr, proxy in proxies.items():
+            object.__setattr__(proxy, "_lean_load", run_body)
+            setattr(module, attr, proxy)
 
     def __getattr__(self, attr: str) -> Any:
         # get_resource_reader, get_data, is_package...: the real loader's.
@@ -208,26 +277,80 @@ def _submodule_spec(module: types.ModuleType, attr: str) -> importlib.machinery.
     return importlib.machinery.PathFinder.find_spec(f"{module.__name__}.{attr}", list(module.__path__))
 
 
+def _load_name(module: str, attr: str) -> Any:
+    """What a pickled stand-in becomes: the real object."""
+    return getattr(importlib.import_module(module), attr)
+
+
+_UNSET: Any = object()
+
+
 class _Proxy:
-    """A name a deferred module binds up front (``from m import Name`` takes it without loading
-    ``m``). Calling it, reading an attribute, ``isinstance``/``issubclass`` against it or
-    subclassing it (``__mro_entries__``) loads the module and acts on the real object. Not for
-    exception classes (``except`` needs the real class), nor for identity checks."""
+    # A name a deferred module binds up front (``from m import Name`` takes it without loading
+    # ``m``). Using it in any way that needs the real object loads the module and acts on it:
+    # calling, attributes (``__module__``, ``__doc__``, ``__name__``... included), setting them
+    # (kept, and set on the real object when it exists), ``isinstance``/``issubclass`` with it on
+    # either side (``__class__`` is the real one's), subclassing (``__mro_entries__``), ``X | Y``,
+    # ``X[...]``, pickling and copying. Once the module has run, every module global still holding
+    # the stand-in is rebound to the real object, so identity checks (``is``, dict keys) hold from
+    # then on. Not before: not for exception classes (``except`` needs the real class) nor for
+    # names used as keys or compared by identity before their module runs.
 
-    # No __slots__: libraries set attributes on what they import (httpx sets ``__module__``).
+    _lean_module: types.ModuleType
+    _lean_attr: str
+    _lean_load: Callable[[], None]
+    _lean_value: Any
+    _lean_sets: dict[str, Any]
 
-    def __init__(self, module: types.ModuleType, attr: str, load: Callable[[], None]) -> None:
-        self._module, self._attr, self._load = module, attr, load
+    def __init__(self, module: types.ModuleType, attr: str) -> None:
+        object.__setattr__(self, "_lean_module", module)
+        object.__setattr__(self, "_lean_attr", attr)
+        object.__setattr__(self, "_lean_value", _UNSET)
+        object.__setattr__(self, "_lean_sets", {})
 
     def _real(self) -> Any:
-        self._load()
-        return self._module.__dict__[self._attr]
+        if self._lean_value is _UNSET:
+            self._lean_load()
+        return self._lean_value
+
+    def _lean_resolve(self, value: Any) -> None:
+        """The module has run: remember the real object, give it what was set on us, and rebind
+        module globals that still hold us (``from m import Name`` copies)."""
+        object.__setattr__(self, "_lean_value", value)
+        for attr, set_value in self._lean_sets.items():
+            try:
+                setattr(value, attr, set_value)
+            except (AttributeError, TypeError):
+                pass
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if type(namespace) is not dict:
+                continue
+            for key, held in list(namespace.items()):
+                if held is self:
+                    namespace[key] = value
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._real()(*args, **kwargs)
 
     def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_lean_"):
+            raise AttributeError(attr)
+        sets = self._lean_sets
+        if attr in sets and self._lean_value is _UNSET:
+            return sets[attr]
         return getattr(self._real(), attr)
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        # httpx sets ``__module__`` on what it imports: the real object gets it when it exists.
+        self._lean_sets[attr] = value
+        if self._lean_value is not _UNSET:
+            setattr(self._lean_value, attr, value)
+
+    # Read through __getattr__, not from this class.
+    __module__ = property(lambda self: self.__getattr__("__module__"))
+    __doc__ = property(lambda self: self.__getattr__("__doc__"))
+    __class__ = property(lambda self: type(self._real()))
 
     def __instancecheck__(self, obj: object) -> bool:
         return isinstance(obj, self._real())
@@ -238,8 +361,28 @@ class _Proxy:
     def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[Any, ...]:
         return (self._real(),)
 
+    def __or__(self, other: Any) -> Any:
+        return self._real() | other
+
+    def __ror__(self, other: Any) -> Any:
+        return other | self._real()
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._real()[item]
+
+    def __copy__(self) -> Any:
+        return self._real()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return self._real()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_name, (self._lean_module.__name__, self._lean_attr))
+
     def __repr__(self) -> str:
-        return f"<not yet imported: {self._module.__name__}.{self._attr}>"
+        if self._lean_value is not _UNSET:
+            return repr(self._lean_value)
+        return f"<not yet imported: {self._lean_module.__name__}.{self._lean_attr}>"
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -252,9 +395,6 @@ class _Finder(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in self.deferred or fullname in self._searching.__dict__:
             return None
-        for required in REQUIRES.get(fullname, ()):
-            if importlib.util.find_spec(required) is None:
-                raise ModuleNotFoundError(f"No module named {required!r}", name=required)
         # Ask the finders after this one (another wrapping finder may ask us back: not twice).
         self._searching.__dict__[fullname] = True
         spec: importlib.machinery.ModuleSpec | None = None

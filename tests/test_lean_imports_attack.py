@@ -1,0 +1,402 @@
+"""agent/lean_imports.py under attack: every path through the daemon's libraries that touches a
+deferred module or a stand-in behaves as it does without lean imports. Each test runs the same code
+twice in fresh interpreters, once with ``agent.lean_imports`` imported first (as ``chital run``
+does) and once without, and compares what comes out: values, exception types and messages."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LEAN = "import agent.lean_imports  # noqa\n"
+
+
+def run(code: str, *, lean: bool, env: dict[str, str] | None = None, cwd: Path = REPO) -> str:
+    source = (LEAN if lean else "") + textwrap.dedent(code)
+    done = subprocess.run(
+        [sys.executable, "-c", source],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def both(code: str, **kw: object) -> tuple[str, str]:
+    """(with lean imports, without): the caller asserts they are equal."""
+    return run(code, lean=True, **kw), run(code, lean=False, **kw)  # type: ignore[arg-type]
+
+
+MODEL_PATHS = """
+import asyncio, copy, json, pickle, sys, typing
+from pydantic import BaseModel, Field
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+
+class Weather(BaseModel):
+    \"\"\"Weather in a city.\"\"\"
+    city: str = Field(description="the city")
+    celsius: int
+
+class TD(typing.TypedDict):
+    city: str
+
+fake = FakeOpenAI.start_in_thread()
+out = []
+try:
+    from langchain_openai import ChatOpenAI
+    import openai
+    m = ChatOpenAI(base_url=fake.base_url, api_key="k", model="m", max_retries=0)
+    fake.script(Reply(text="hello"))
+    out.append(m.invoke("hi").content)
+    fake.script(Reply(text="hello there"))
+    out.append("".join(c.content for c in m.stream("hi")))
+    call = ToolCall("Weather", {"city": "Oslo", "celsius": 3})
+    fake.script(Reply(tool_calls=[call]))
+    out.append(m.bind_tools([Weather], strict=True).invoke("w?").tool_calls)
+    out.append(fake.requests[-1]["tools"])
+    fake.script(Reply(tool_calls=[call]))
+    acc = None
+    for c in m.bind_tools([Weather], strict=True).stream("w?"):
+        acc = c if acc is None else acc + c
+    out.append(acc.tool_calls)
+    out.append(pickle.loads(pickle.dumps(acc)).tool_calls == copy.deepcopy(acc).tool_calls)
+    for method in ("json_schema", "function_calling", "json_mode"):
+        if method == "function_calling":
+            fake.script(Reply(tool_calls=[ToolCall("Weather", {"city": "Rome", "celsius": 20})]))
+        else:
+            fake.script(Reply(text=json.dumps({"city": "Rome", "celsius": 20})))
+        s = m.with_structured_output(Weather, method=method, include_raw=True).invoke("w?")
+        out.append((method, repr(s["parsed"]), s["parsing_error"], fake.requests[-1].get("response_format")))
+    fake.script(Reply(text='{"city": "Rome", "celsius": "warm"}'))  # does not validate
+    try:
+        m.with_structured_output(Weather, method="json_schema").invoke("w?")
+    except Exception as e:
+        out.append((type(e).__module__, type(e).__name__, e.errors()[0]["loc"]))
+    fake.script(Reply(text=json.dumps({"city": "Rome", "celsius": 20})))
+    out.append(repr(list(m.with_structured_output(Weather, method="json_schema").stream("w?"))[-1]))
+    fake.script(Reply(text=json.dumps({"city": "Rome"})))
+    out.append(m.with_structured_output(TD, method="json_schema").invoke("x"))
+
+    async def concurrent():
+        fake.script(Reply(text="a1"), Reply(text="a2"))
+        first, second = await asyncio.gather(m.ainvoke("x"), m.ainvoke("y"))
+        fake.script(Reply(text="streamed"))
+        return sorted([first.content, second.content]), "".join([c.content async for c in m.astream("z")])
+
+    out.append(asyncio.run(concurrent()))
+    for status in (400, 401, 429, 500):
+        fake.script(Reply(status=status, error_message=f"boom {status}"))
+        try:
+            m.invoke("x")
+        except openai.APIStatusError as e:
+            out.append((type(e).__name__, [c.__module__ for c in type(e).__mro__][:3], str(e), e.status_code))
+    client = openai.OpenAI(base_url=fake.base_url, api_key="k", max_retries=0)
+    fake.script(Reply(text="raw"))
+    resp = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    from openai.types.chat import ChatCompletion
+    out.append((isinstance(resp, ChatCompletion), type(resp).__module__, type(resp).__qualname__))
+    out.append((pickle.loads(pickle.dumps(resp)) == resp, copy.deepcopy(resp) == resp))
+    out.append((sorted(ChatCompletion.model_fields), ChatCompletion.model_json_schema()["title"]))
+    fake.script(Reply(text=json.dumps({"city": "Rome", "celsius": 20})))
+    parsed = client.beta.chat.completions.parse(
+        model="m", messages=[{"role": "user", "content": "x"}], response_format=Weather
+    )
+    out.append((type(parsed).__name__, repr(parsed.choices[0].message.parsed)))
+    try:
+        exec("from openai.types import NoSuchType")
+    except ImportError as e:
+        out.append((type(e).__name__, str(e)))
+finally:
+    fake.stop()
+for o in out:
+    print(o)
+print("---", "openai.types.graders" in sys.modules)
+"""
+
+
+def test_the_chat_model_paths_are_the_same_with_deferred_openai_types() -> None:
+    """Tool calls (strict), structured output in its three methods (and a parse error), streaming
+    and not, concurrent async calls, API errors, the raw client's types pickled, copied and turned
+    into a JSON schema: langchain-openai and openai over the fake model, with and without."""
+    lean, plain = both(MODEL_PATHS)
+    lean_out, lean_loaded = lean.rsplit("---", 1)
+    plain_out, plain_loaded = plain.rsplit("---", 1)
+    assert lean_out == plain_out
+    assert "Weather(city='Rome', celsius=20)" in lean_out and "OpenAIRateLimitError" in lean_out
+    # All of that without the rest of the API's types (the saving survives real use).
+    assert (lean_loaded.strip(), plain_loaded.strip()) == ("False", "True")
+
+
+STAND_INS = """
+import copy, importlib, inspect, pickle, sys
+sys.path.insert(0, {pkgs!r})
+if "agent.lean_imports" in sys.modules:
+    from agent import lean_imports
+    sys.meta_path.insert(0, lean_imports._Finder({{"goodpkg": ("Thing", "make"), "badpkg": (), "trypkg": ()}}))
+
+def attempt(label, f):
+    try:
+        print(label, "->", repr(f()))
+    except Exception as e:
+        print(label, "!!", type(e).__name__, e)
+
+attempt("import badpkg", lambda: importlib.import_module("badpkg"))
+attempt("badpkg in sys.modules", lambda: "badpkg" in sys.modules)
+attempt("import badpkg again", lambda: importlib.import_module("badpkg"))
+import trypkg  # its body fails in a way no import line shows: it is deferred, and fails on use
+attempt("trypkg.value", lambda: trypkg.value)
+attempt("trypkg.value again", lambda: trypkg.value)
+attempt("trypkg.sub", lambda: trypkg.sub)
+from goodpkg import Thing, make
+real = lambda name: sys.modules["goodpkg"].__dict__[name]
+attempt("Thing.__module__", lambda: Thing.__module__)
+attempt("Thing.__doc__", lambda: Thing.__doc__)
+attempt("Thing.__qualname__", lambda: Thing.__qualname__)
+attempt("inspect.isclass", lambda: inspect.isclass(Thing))
+attempt("signature", lambda: str(inspect.signature(make)))
+attempt("Thing | None", lambda: Thing | None)
+attempt("None | Thing", lambda: None | Thing)
+attempt("deepcopy", lambda: copy.deepcopy(Thing) is real("Thing"))
+attempt("copy", lambda: copy.copy(make) is real("make"))
+attempt("pickle class", lambda: pickle.loads(pickle.dumps(Thing)) is real("Thing"))
+attempt("pickle instance", lambda: type(pickle.loads(pickle.dumps(make()))) is real("Thing"))
+attempt("identity", lambda: (Thing is real("Thing"), make is real("make")))
+attempt("dict key", lambda: {{Thing: 1}}.get(real("Thing")))
+attempt("isinstance", lambda: (isinstance(make(), Thing), type(make()) is Thing))
+class Mine(Thing):
+    pass
+attempt("subclass", lambda: (issubclass(Mine, Thing), Mine.__mro__[1] is real("Thing")))
+attempt("error through", lambda: make(1))
+attempt("except through", lambda: Thing.fail())
+attempt("reload", lambda: importlib.reload(sys.modules["goodpkg"]).RUNS)
+attempt("after reload", lambda: (type(sys.modules["goodpkg"].make).__name__, make is real("make")))
+"""
+
+
+def _packages(root: Path) -> Path:
+    (root / "badpkg").mkdir(parents=True)
+    (root / "badpkg" / "__init__.py").write_text(
+        "import json\nfrom .sub import thing\nimport not_installed_xyz\n"
+    )
+    (root / "badpkg" / "sub.py").write_text("thing = 1\n")
+    (root / "trypkg").mkdir()
+    (root / "trypkg" / "__init__.py").write_text(
+        "from . import sub\nvalue = 1\nif value:\n    import not_installed_xyz\n"
+    )
+    (root / "trypkg" / "sub.py").write_text("")
+    (root / "goodpkg").mkdir()
+    (root / "goodpkg" / "__init__.py").write_text(
+        textwrap.dedent(
+            '''
+            """The good package."""
+            class Thing:
+                """A thing."""
+                @staticmethod
+                def fail():
+                    raise KeyError("no such thing")
+            def make(size: int = 0) -> Thing:
+                if size:
+                    raise ValueError(f"size {size} is too big")
+                return Thing()
+            RUNS = globals().get("RUNS", 0) + 1
+            '''
+        )
+    )
+    return root
+
+
+def test_stand_ins_and_failed_bodies_act_as_without(tmp_path: Path) -> None:
+    """A module whose dependency is missing fails at import (ModuleNotFoundError, every time,
+    not installed in sys.modules); one whose body fails later fails again on every use (never a
+    half-run module); a stand-in answers ``__module__``, ``__doc__``, ``inspect``, ``X | None``,
+    copy, pickle, subclassing and exceptions as the real object, and is the real object once its
+    module has run (identity, dict keys); ``importlib.reload`` runs the body."""
+    code = STAND_INS.format(pkgs=str(_packages(tmp_path / "pkgs")))
+    lines = run(code, lean=True).splitlines()
+    assert lines[:6] == [
+        "import badpkg !! ModuleNotFoundError No module named 'not_installed_xyz'",
+        "badpkg in sys.modules -> False",
+        "import badpkg again !! ModuleNotFoundError No module named 'not_installed_xyz'",
+        # Without lean imports this fails at ``import trypkg`` (a body that fails behind an
+        # ``if``): deferred, it fails on each use, the same way, and never gives a half-run module.
+        "trypkg.value !! ModuleNotFoundError No module named 'not_installed_xyz'",
+        "trypkg.value again !! ModuleNotFoundError No module named 'not_installed_xyz'",
+        "trypkg.sub !! ModuleNotFoundError No module named 'not_installed_xyz'",
+    ]
+
+
+def test_stand_ins_match_the_real_objects_once_loaded(tmp_path: Path) -> None:
+    code = STAND_INS.format(pkgs=str(_packages(tmp_path / "pkgs"))).replace("import trypkg  #", "#")
+    code = code.replace('attempt("trypkg', '# attempt("trypkg')
+    lean, plain = both(code)
+    assert lean == plain
+    assert "identity -> (True, True)" in lean and "dict key -> 1" in lean
+
+
+def _passport(root: Path) -> dict[str, str]:
+    """A Telegram Passport credentials blob encrypted for a fresh key (the bot's private key)."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    payload = json.dumps({"secure_data": {}, "nonce": "n-1"}).encode()
+    pad = 16 - len(payload) % 16 + 16
+    plain = bytes([pad]) + os.urandom(pad - 1) + payload
+    data_hash = hashlib.sha256(plain).digest()
+    secret = os.urandom(32)
+    key_iv = hashlib.sha512(secret + data_hash).digest()
+    enc = Cipher(algorithms.AES(key_iv[:32]), modes.CBC(key_iv[32:48])).encryptor()
+    data = enc.update(plain) + enc.finalize()
+    oaep = padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA1()), algorithm=hashes.SHA1(), label=None)
+    (root / "key.pem").write_bytes(pem)
+    b64 = base64.b64encode
+    return {
+        "PP_DATA": b64(data).decode(),
+        "PP_HASH": b64(data_hash).decode(),
+        "PP_SECRET": b64(key.public_key().encrypt(secret, oaep)).decode(),
+        "PP_KEY": str(root / "key.pem"),
+    }
+
+
+PASSPORT = """
+import os, sys, threading
+from telegram import Bot
+from telegram._passport.credentials import EncryptedCredentials
+from telegram.error import PassportDecryptionError
+before = "cryptography.hazmat.bindings._rust" in sys.modules
+bot = Bot("123:abc", private_key=open(os.environ["PP_KEY"], "rb").read())
+got, start = [], threading.Barrier(4)
+
+def decrypt(i):
+    start.wait()
+    creds = EncryptedCredentials(data=os.environ["PP_DATA"], hash=os.environ["PP_HASH"], secret=os.environ["PP_SECRET"])
+    creds.set_bot(bot)
+    got.append(creds.decrypted_data.nonce)
+
+threads = [threading.Thread(target=decrypt, args=(i,)) for i in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(got)
+bad = EncryptedCredentials(data=os.environ["PP_DATA"], hash=os.environ["PP_HASH"], secret="AAAA")
+bad.set_bot(bot)
+try:
+    bad.decrypted_secret
+except PassportDecryptionError as e:
+    print(type(e).__name__, e)
+try:
+    Bot("123:abc", private_key=b"not a key")
+except Exception as e:
+    print(type(e).__module__, type(e).__name__, e)
+print("--- before", before)
+"""
+
+
+def test_telegram_passport_through_a_real_bot_key(tmp_path: Path) -> None:
+    """python-telegram-bot's Passport path end to end: the bot's private key loaded through the
+    stand-ins for ``default_backend`` and ``serialization``, credentials decrypted by four threads at
+    once (OAEP, MGF1, SHA1, AES-CBC, SHA512 stand-ins), a wrong secret and a bad key failing with
+    the same error type and text as without lean imports."""
+    env = _passport(tmp_path)
+    lean, plain = both(PASSPORT, env=env)
+    assert lean.split("--- before")[0] == plain.split("--- before")[0]
+    assert "['n-1', 'n-1', 'n-1', 'n-1']" in lean and "PassportDecryptionError" in lean
+    assert lean.endswith("--- before False")
+
+
+TRACING = """
+import json, threading, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+posts = []
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        posts.append((self.path, body))
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps({"batch_ingest_config": {}, "instance_flags": {}}).encode())
+
+    def log_message(self, *a):
+        pass
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+import os
+os.environ["LANGSMITH_ENDPOINT"] = f"http://127.0.0.1:{server.server_address[1]}"
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from langchain_openai import ChatOpenAI
+from langchain_core.tracers.langchain import wait_for_all_tracers
+from langsmith import traceable, Client
+fake = FakeOpenAI.start_in_thread()
+m = ChatOpenAI(base_url=fake.base_url, api_key="k", model="m", max_retries=0)
+
+@traceable(name="outer")
+def outer(q):
+    return m.invoke(q).content
+
+fake.script(Reply(text="traced answer"))
+print(outer("hello"))
+wait_for_all_tracers()
+Client().flush() if hasattr(Client, "flush") else None
+fake.stop()
+names = set()
+for path, body in posts:
+    for name in ("outer", "ChatOpenAI"):
+        if name.encode() in body:
+            names.add(name)
+print(sorted(names), bool(posts))
+"""
+
+
+def test_langsmith_tracing_with_deferred_types() -> None:
+    """Tracing switched on by environment: runs reach a (fake) LangSmith endpoint with the
+    deferred ``langsmith.types`` and ``charset_normalizer``, as without lean imports."""
+    env = {"LANGSMITH_TRACING": "true", "LANGSMITH_API_KEY": "ls-test", "LANGSMITH_PROJECT": "p"}
+    lean, plain = both(TRACING, env=env)
+    assert lean == plain
+    assert lean.endswith("['ChatOpenAI', 'outer'] True")
+
+
+def test_scans_of_every_module_do_not_load_deferred_bodies() -> None:
+    """Libraries that walk ``sys.modules`` asking each module for a name (pickle.whichmodule,
+    inspect.getmodule, doctest's ``__test__``) find what they would have found without running
+    the deferred bodies (whose import is the memory saved): a name no statement of the body binds
+    is not there."""
+    out = run(
+        """
+        import inspect, pickle, sys, types
+        import gateway.cli, gateway.app, agent.harness, agent.runtime, channels.telegram.channel
+        import langchain_openai
+        def f(): pass
+        f.__module__ = None
+        where = pickle.whichmodule(f, "f")
+        inspect.getmodule(f)
+        hasattr(sys.modules["langgraph_sdk"], "__test__")  # doctest and pytest ask this
+        print(where, [n for n in ("openai.types.graders", "langsmith.types.run", "cryptography.hazmat.bindings._rust", "websockets") if n in sys.modules])
+        """,
+        lean=True,
+    )
+    assert out == "__main__ []"
