@@ -48,7 +48,7 @@ import threading
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 # module -> names bound up front to proxies that load the module when called.
 DEFERRED: dict[str, tuple[str, ...]] = {
@@ -206,7 +206,6 @@ class _DeferredLoader(importlib.abc.Loader):
             return
         package = bool(module.__dict__.get("__path__"))
         ran = False
-        lock = threading.RLock()  # one per module, as the import system's own module locks
         proxies = {attr: _Proxy(module, attr) for attr in self.proxies}
 
         @functools.cache
@@ -214,16 +213,20 @@ class _DeferredLoader(importlib.abc.Loader):
             return _read_init(spec.origin if spec else None, name)
 
         def run_body() -> None:
-            # Under the lock until the body is done: another thread's first use waits for it (our
-            # __getattr__ stays until then) instead of seeing a half-run module.
+            # As the import system runs a body: under the module's import lock, with the spec
+            # "initializing", so another thread's first use (or ``import``) waits for it instead
+            # of seeing a half-run module, and two threads each running a body that needs the
+            # other's get a partial module (AttributeError), as in a real import, not a hang.
             nonlocal ran
-            with lock:
-                if ran:
+            with _ModuleLock(name) as acquired:
+                if ran or not acquired:
                     return
                 ran = True
                 before = dict(module.__dict__)
                 for attr in proxies:
                     module.__dict__.pop(attr, None)
+                if spec is not None:
+                    spec._initializing = True  # type: ignore[attr-defined]
                 try:
                     self.real.exec_module(module)
                 except BaseException:
@@ -233,10 +236,12 @@ class _DeferredLoader(importlib.abc.Loader):
                     module.__dict__.update(before)
                     ran = False
                     raise
+                finally:
+                    if spec is not None:
+                        spec._initializing = False  # type: ignore[attr-defined]
                 if module.__dict__.get("__getattr__") is __getattr__:
                     del module.__dict__["__getattr__"]
-                for attr, proxy in proxies.items():
-                    proxy._lean_resolve(module.__dict__.get(attr, proxy))
+                _resolve({proxy: module.__dict__.get(attr, proxy) for attr, proxy in proxies.items()})
 
         def __getattr__(attr: str) -> Any:
             if attr == "__path__":  # the import system asks every module whether it is a package
@@ -260,6 +265,11 @@ class _DeferredLoader(importlib.abc.Loader):
             try:
                 return module.__dict__[attr]
             except KeyError:
+                if spec is not None and getattr(spec, "_initializing", False):  # CPython's words
+                    raise AttributeError(
+                        f"partially initialized module {name!r} has no attribute {attr!r}"
+                        " (most likely due to a circular import)"
+                    ) from None
                 raise AttributeError(f"module {name!r} has no attribute {attr!r}") from None
 
         __getattr__._lean_run = run_body  # type: ignore[attr-defined]
@@ -273,6 +283,36 @@ class _DeferredLoader(importlib.abc.Loader):
         return getattr(self.real, attr)
 
 
+class _ModuleLock:
+    """The import system's own lock for a module (``importlib._bootstrap``; CPython 3.11 to
+    3.13), re-entrant, with its deadlock detection: ``__enter__`` gives False where a real import
+    would go on with a partially initialized module. A plain lock where that is missing."""
+
+    _fallback: ClassVar[dict[str, threading.RLock]] = {}
+
+    def __init__(self, name: str) -> None:
+        bootstrap = sys.modules.get("importlib._bootstrap")
+        get_lock = getattr(bootstrap, "_get_module_lock", None)
+        self._deadlock: type[BaseException] = getattr(bootstrap, "_DeadlockError", RuntimeError)
+        if get_lock is not None:
+            self._lock: Any = get_lock(name)
+        else:
+            with _lock:
+                self._lock = self._fallback.setdefault(name, threading.RLock())
+        self._held = False
+
+    def __enter__(self) -> bool:
+        try:
+            self._held = bool(self._lock.acquire())
+        except self._deadlock:
+            self._held = False
+        return self._held
+
+    def __exit__(self, *exc: object) -> None:
+        if self._held:
+            self._lock.release()
+
+
 def _submodule_spec(module: types.ModuleType, attr: str) -> importlib.machinery.ModuleSpec | None:
     return importlib.machinery.PathFinder.find_spec(f"{module.__name__}.{attr}", list(module.__path__))
 
@@ -283,6 +323,27 @@ def _load_name(module: str, attr: str) -> Any:
 
 
 _UNSET: Any = object()
+
+
+def _resolve(real: dict[_Proxy, Any]) -> None:
+    """A module has run: each stand-in of it gets its real object (and what was set on the
+    stand-in), and module globals still holding a stand-in (``from m import Name`` copies) are
+    rebound to the real object, in one pass over ``sys.modules``."""
+    for proxy, value in real.items():
+        object.__setattr__(proxy, "_lean_value", value)
+        for attr, set_value in proxy._lean_sets.items():
+            try:
+                setattr(value, attr, set_value)
+            except (AttributeError, TypeError):
+                pass
+    by_id = {id(proxy): value for proxy, value in real.items() if value is not proxy}
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if type(namespace) is not dict:
+            continue
+        for key, held in list(namespace.items()):
+            if type(held) is _Proxy and id(held) in by_id:
+                namespace[key] = by_id[id(held)]
 
 
 class _Proxy:
@@ -312,23 +373,6 @@ class _Proxy:
         if self._lean_value is _UNSET:
             self._lean_load()
         return self._lean_value
-
-    def _lean_resolve(self, value: Any) -> None:
-        """The module has run: remember the real object, give it what was set on us, and rebind
-        module globals that still hold us (``from m import Name`` copies)."""
-        object.__setattr__(self, "_lean_value", value)
-        for attr, set_value in self._lean_sets.items():
-            try:
-                setattr(value, attr, set_value)
-            except (AttributeError, TypeError):
-                pass
-        for module in list(sys.modules.values()):
-            namespace = getattr(module, "__dict__", None)
-            if type(namespace) is not dict:
-                continue
-            for key, held in list(namespace.items()):
-                if held is self:
-                    namespace[key] = value
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._real()(*args, **kwargs)

@@ -400,3 +400,52 @@ def test_scans_of_every_module_do_not_load_deferred_bodies() -> None:
         lean=True,
     )
     assert out == "__main__ []"
+
+
+CIRCULAR = """
+import sys, threading
+sys.path.insert(0, {root!r})
+if "agent.lean_imports" in sys.modules:
+    from agent import lean_imports
+    sys.meta_path.insert(0, lean_imports._Finder({{"apkg": ()}}))
+    import apkg  # deferred: its body runs on first use, in thread one
+import coord
+out = {{}}
+
+def one():
+    import apkg
+    out["one"] = apkg.x
+
+def two():
+    coord.a_running.wait(5)
+    import bmod
+    out["two"] = bmod.y
+
+threads = [threading.Thread(target=one, daemon=True), threading.Thread(target=two, daemon=True)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(10)
+print("hung" if any(t.is_alive() for t in threads) else "done", sorted(out.items()))
+"""
+
+
+def test_threads_whose_bodies_need_each_other_do_not_hang(tmp_path: Path) -> None:
+    """Thread one runs a deferred package's body, which imports ``bmod``; thread two is importing
+    ``bmod``, whose body needs the package. A real import detects that deadlock and gives thread
+    two the partial module (AttributeError); deferred, the body runs under the same import lock
+    and ends the same way instead of hanging both threads."""
+    (tmp_path / "apkg").mkdir()
+    (tmp_path / "coord.py").write_text(
+        "import threading\na_running = threading.Event()\nb_running = threading.Event()\n"
+    )
+    (tmp_path / "apkg" / "__init__.py").write_text(
+        "import coord\ncoord.a_running.set()\ncoord.b_running.wait(5)\nimport bmod\nx = 1\n"
+    )
+    (tmp_path / "bmod.py").write_text(
+        "import time, coord\ncoord.b_running.set()\ntime.sleep(0.3)\nimport apkg\n"
+        "try:\n    y = apkg.x\nexcept AttributeError as e:\n    y = str(e)\n"
+    )
+    lean, plain = both(CIRCULAR.format(root=str(tmp_path)))
+    assert lean == plain
+    assert lean.startswith("done [('one', 1), ('two', \"partially initialized module 'apkg'")
