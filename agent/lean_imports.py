@@ -239,8 +239,9 @@ class _DeferredLoader(importlib.abc.Loader):
                 finally:
                     if spec is not None:
                         spec._initializing = False  # type: ignore[attr-defined]
-                if module.__dict__.get("__getattr__") is __getattr__:
-                    del module.__dict__["__getattr__"]
+                for hook, ours in (("__getattr__", __getattr__), ("__dir__", __dir__)):
+                    if module.__dict__.get(hook) is ours:
+                        del module.__dict__[hook]
                 _resolve({proxy: module.__dict__.get(attr, proxy) for attr, proxy in proxies.items()})
 
         def __getattr__(attr: str) -> Any:
@@ -272,8 +273,13 @@ class _DeferredLoader(importlib.abc.Loader):
                     ) from None
                 raise AttributeError(f"module {name!r} has no attribute {attr!r}") from None
 
+        def __dir__() -> list[str]:  # dir(), inspect.getmembers: every name the body binds
+            run_body()
+            return sorted(module.__dict__)
+
         __getattr__._lean_run = run_body  # type: ignore[attr-defined]
         module.__getattr__ = __getattr__  # type: ignore[method-assign]
+        module.__dir__ = __dir__  # type: ignore[method-assign]
         for attr, proxy in proxies.items():
             object.__setattr__(proxy, "_lean_load", run_body)
             setattr(module, attr, proxy)

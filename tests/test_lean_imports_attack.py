@@ -112,6 +112,7 @@ try:
         model="m", messages=[{"role": "user", "content": "x"}], response_format=Weather
     )
     out.append((type(parsed).__name__, repr(parsed.choices[0].message.parsed)))
+    out.append(len([n for n in dir(sys.modules["openai.types.chat"]) if not n.startswith("_")]))
     try:
         exec("from openai.types import NoSuchType")
     except ImportError as e:
@@ -449,3 +450,50 @@ def test_threads_whose_bodies_need_each_other_do_not_hang(tmp_path: Path) -> Non
     lean, plain = both(CIRCULAR.format(root=str(tmp_path)))
     assert lean == plain
     assert lean.startswith("done [('one', 1), ('two', \"partially initialized module 'apkg'")
+
+
+CLI = """
+import sys, types
+if {plain!r}:  # without: gateway.cli's own import of agent.lean_imports finds an empty module
+    sys.modules["agent.lean_imports"] = types.ModuleType("agent.lean_imports")
+sys.argv = ["chital", *{argv!r}]
+from gateway.cli import main
+try:
+    code = main()
+except SystemExit as e:
+    code = e.code
+print("exit", code)
+"""
+
+
+def _cli(argv: list[str], plain: bool, cwd: Path) -> tuple[str, str]:
+    done = subprocess.run(
+        [sys.executable, "-c", CLI.format(plain=plain, argv=argv)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    return done.stdout.replace(str(cwd), "<tmp>"), done.stderr.replace(str(cwd), "<tmp>")
+
+
+def test_chital_check_says_the_same_with_and_without(tmp_path: Path) -> None:
+    """``chital check`` over a model whose package is not installed, one whose class is missing
+    and a working one: the same lines and exit codes with lean imports as without (what the
+    operator reads does not depend on them)."""
+    import yaml
+
+    from tests.daemon import base_config, free_port
+
+    outputs = []
+    for use in ("no_such_package_xyz:Model", "langchain_openai:NoSuchModel", "langchain_openai:ChatOpenAI"):
+        cfg = base_config(tmp_path / "data", "http://127.0.0.1:9/v1", free_port())
+        cfg["models"][0]["use"] = use
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+        argv = ["check", "--config", "config.yaml"]
+        lean = _cli(argv, False, tmp_path)
+        plain = _cli(argv, True, tmp_path)
+        assert lean == plain, use
+        outputs.append(lean)
+    assert any("no_such_package_xyz" in out + err for out, err in outputs)
