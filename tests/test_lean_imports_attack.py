@@ -548,3 +548,37 @@ def test_finders_resources_and_source_of_deferred_packages() -> None:
     lean, plain = both(RESOURCES)
     assert lean == plain
     assert lean.startswith("True\n")
+
+
+async def test_a_working_daemon_still_leaves_the_unused_parts_out(tmp_path: Path) -> None:
+    """``chital run`` with Telegram: a DM whose answer takes a tool call and /metrics scraped
+    work, and afterwards the daemon's process has mapped none of the native libraries behind the
+    stand-ins (cryptography's Rust bindings, websockets, charset_normalizer): using the daemon
+    does not quietly undo the saving (stand-ins used by ``isinstance`` or a scan would load them)."""
+    from tests.daemon import DaemonProcess
+    from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+    from tests.fakes.telegram_server import FakeTelegram
+    from tests.test_e2e_telegram import OWNER, answered, telegram_config
+
+    async with FakeOpenAI() as model:
+        tg = FakeTelegram()
+        await tg.start()
+        try:
+            todo = ToolCall("write_todos", {"todos": [{"content": "check the weather", "status": "pending"}]})
+            model.script(Reply(tool_calls=[todo]), Reply(text="done: the plan is written"))
+            daemon = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
+            await daemon.start()
+            try:
+                up = tg.inject_message(OWNER, OWNER, "plan my day")
+                await answered(tg, OWNER, up, "the plan is written")
+                roles = [m["role"] for m in model.requests[-1]["messages"]]
+                assert "tool" in roles, roles  # the tool ran and its result went back
+                assert 'chital_messages_in_total{channel="telegram"} 1.0' in await daemon.metrics()
+                assert daemon.proc is not None
+                maps = Path(f"/proc/{daemon.proc.pid}/maps").read_text()
+            finally:
+                await daemon.close()
+        finally:
+            await tg.stop()
+    loaded = [lib for lib in ("bindings/_rust", "websockets/", "charset_normalizer/") if lib in maps]
+    assert loaded == []
