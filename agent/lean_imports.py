@@ -27,7 +27,17 @@ first access to any other attribute runs the real body in the same module object
 openai.types import ChatModel``) gets what it would have got, only later. A generated ``__init__``
 (nothing but ``from .sub import Name`` lines) is resolved name by name. Names a library takes with
 ``from m import Name`` at import time but uses only on a path Chital does not take are bound up
-front to :class:`_Proxy` stand-ins that act as the real object when used.
+front to :class:`_Proxy` stand-ins that act as the real object when used, and are replaced by it
+in every module once their module has run.
+
+What must not change is how things fail and what other code can observe
+(tests/test_lean_imports_attack.py runs the daemon's library paths with and without this module
+and compares): a module whose top-level imports are not all installed is not deferred (its import
+fails where it always did); a body that fails later fails again on every use, never leaving a
+half-run module; the body runs under the import system's own module lock (threads wait for it, a
+concurrent circular first use gets a partial module instead of a hang); a name the body never
+binds is answered without running it; ``dir()``, ``importlib.reload``, ``find_spec``, resources
+and source work as before.
 ``importlib.util.LazyLoader`` does not fit: the import statement itself touches the module and
 loads it, and it cannot keep submodule imports from loading the parent.
 
@@ -100,7 +110,7 @@ class _Init:
 
 
 def _read_init(origin: str | None, package: str) -> _Init:
-    import ast  # only for a package asked for a name, not at start-up
+    import ast  # only for a module asked for a name it does not have yet, not at start-up
 
     if not origin or not origin.endswith(".py"):
         return _Init({}, False, None)
