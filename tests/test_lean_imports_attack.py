@@ -94,6 +94,31 @@ try:
         return sorted([first.content, second.content]), "".join([c.content async for c in m.astream("z")])
 
     out.append(asyncio.run(concurrent()))
+
+    # Chital's own model (agent/model.py: plain streamed chunks picked by ``cast_to is
+    # ChatCompletionChunk``, the untransformed request body) over the same paths, and an image.
+    from agent.config import AgentSettings, ModelSpec
+    from agent.model import build_chat_model
+    from langchain_core.messages import HumanMessage
+
+    cm = build_chat_model(ModelSpec(model="m", base_url=fake.base_url, api_key="k"), AgentSettings())
+
+    async def chital():
+        fake.script(Reply(text="chital stream"))
+        text = "".join([c.content async for c in cm.astream("hi")])
+        fake.script(Reply(tool_calls=[call]))
+        acc = None
+        async for c in cm.bind_tools([Weather], strict=True).astream("w?"):
+            acc = c if acc is None else acc + c
+        fake.script(Reply(text=json.dumps({"city": "Rome", "celsius": 20})))
+        structured = await cm.with_structured_output(Weather, method="json_schema").ainvoke("w?")
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+        fake.script(Reply(text="an image"))
+        seen = await cm.ainvoke([HumanMessage(content=[{"type": "text", "text": "what?"}, image])])
+        sent = fake.requests[-1]["messages"][0]["content"][1]["type"]
+        return text, acc.tool_calls, repr(structured), seen.content, sent
+
+    out.append(asyncio.run(chital()))
     for status in (400, 401, 429, 500):
         fake.script(Reply(status=status, error_message=f"boom {status}"))
         try:
