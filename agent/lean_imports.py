@@ -333,6 +333,16 @@ def _submodule_spec(module: types.ModuleType, attr: str) -> importlib.machinery.
     return importlib.machinery.PathFinder.find_spec(f"{module.__name__}.{attr}", list(module.__path__))
 
 
+def _module_of(obj: Any) -> Any:
+    return obj.__module__
+
+
+def _signature_of(obj: Any) -> Any:
+    import inspect  # loaded by then in any process that asks (inspect.signature is asking)
+
+    return inspect.signature(obj)
+
+
 def _load_name(module: str, attr: str) -> Any:
     """What a pickled stand-in becomes: the real object."""
     return getattr(importlib.import_module(module), attr)
@@ -407,10 +417,19 @@ class _Proxy:
         if self._lean_value is not _UNSET:
             setattr(self._lean_value, attr, value)
 
-    # Read through __getattr__, not from this class.
-    __module__ = property(lambda self: self.__getattr__("__module__"))
-    __doc__ = property(lambda self: self.__getattr__("__doc__"))
-    __class__ = property(lambda self: type(self._real()))
+    def _lean_or(self, read: Callable[[Any], Any], otherwise: Any) -> Any:
+        # What introspection reads (isinstance's __class__, getattr(x, "__doc__", None)) must
+        # not raise where it never did: a module that fails to load gives the stand-in's own.
+        try:
+            return read(self._real())
+        except Exception:
+            return otherwise
+
+    # Read from the real object, not from this class.
+    __module__ = property(lambda self: self._lean_sets.get("__module__") or self._lean_or(_module_of, None))
+    __doc__ = property(lambda self: self._lean_or(lambda real: real.__doc__, None))
+    __class__ = property(lambda self: self._lean_or(type, _Proxy))
+    __signature__ = property(lambda self: self._lean_or(_signature_of, None))
 
     def __instancecheck__(self, obj: object) -> bool:
         return isinstance(obj, self._real())
