@@ -706,3 +706,29 @@ def test_no_library_builds_classes_on_a_stand_in_dynamically() -> None:
         lean=True,
     )
     assert out == "True []"
+
+
+HTTPX_CLI = """
+import sys
+sys.path.insert(0, {stubs!r})  # a stand-in "rich" (not installed here) so that httpx's CLI is deferred
+import httpx
+before = "click" in sys.modules, httpx.main.__module__
+cli = sys.modules["httpx._main"]
+cli.print_help  # any other name of the module runs its body
+print(before[1], httpx.main is cli.main, type(httpx.main).__name__, cli.main.__module__, "click" in sys.modules)
+print("--- before", before[0])
+"""
+
+
+def test_httpx_cli_stand_in_when_its_requirements_are_there(tmp_path: Path) -> None:
+    """With click, pygments and rich importable, ``httpx.main`` is a stand-in: httpx's own
+    ``main.__module__ = "httpx"`` reaches the real function when it loads, and ``httpx.main`` is
+    then the real function, as without lean imports."""
+    rich = tmp_path / "rich"
+    rich.mkdir()
+    for name in ("__init__", "console", "markup", "progress", "syntax", "table"):
+        (rich / f"{name}.py").write_text("")
+    lean, plain = both(HTTPX_CLI.format(stubs=str(tmp_path)))
+    assert lean.split("---")[0] == plain.split("---")[0]
+    assert lean.split("---")[0].strip() == "httpx True Command httpx True"
+    assert lean.endswith("--- before False")
