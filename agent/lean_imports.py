@@ -381,7 +381,10 @@ class _Proxy:
     # ``X[...]``, pickling and copying. Once the module has run, every module global still holding
     # the stand-in is rebound to the real object, so identity checks (``is``, dict keys) hold from
     # then on. Not before: not for exception classes (``except`` needs the real class) nor for
-    # names used as keys or compared by identity before their module runs.
+    # names used as keys or compared by identity before their module runs; ``type(stand_in)`` is
+    # this class, and ``type(name, (stand_in,), ns)``/``types.new_class`` cannot take one as a
+    # base (a class statement can). tests/test_lean_imports_attack.py checks that the libraries
+    # holding stand-ins do none of these with them.
 
     _lean_module: types.ModuleType
     _lean_attr: str
