@@ -746,3 +746,45 @@ def test_httpx_cli_stand_in_when_its_requirements_are_there(tmp_path: Path) -> N
     assert lean.split("---")[0] == plain.split("---")[0]
     assert lean.split("---")[0].strip() == "httpx True Command httpx True"
     assert lean.endswith("--- before False")
+
+
+CRYPTO = """
+from cryptography.fernet import Fernet
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.exceptions import InvalidSignature
+
+key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+pss = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
+sig = key.sign(b"msg", pss, hashes.SHA256())
+key.public_key().verify(sig, b"msg", pss, hashes.SHA256())
+try:
+    key.public_key().verify(sig, b"other", pss, hashes.SHA256())
+except InvalidSignature as e:
+    print("InvalidSignature", type(e).__module__)
+pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+print(type(serialization.load_pem_private_key(pem, None)).__name__)
+try:
+    serialization.load_pem_private_key(b"-----BEGIN PRIVATE KEY-----\\nAAAA\\n-----END PRIVATE KEY-----\\n", None)
+except ValueError as e:
+    print("ValueError", str(e)[:60])
+try:
+    Cipher(algorithms.AES(b"short"), modes.CBC(b"0" * 16))
+except ValueError as e:
+    print("ValueError", e)
+digest = hashes.Hash(hashes.SHA256())
+digest.update(b"x")
+print(digest.finalize().hex()[:16], isinstance(hashes.SHA256(), hashes.HashAlgorithm))
+f = Fernet(Fernet.generate_key())
+print(f.decrypt(f.encrypt(b"secret")))
+print(ec.generate_private_key(ec.SECP256R1()).curve.name)
+"""
+
+
+def test_cryptography_used_directly_after_telegram_deferred_it() -> None:
+    """Another part of the process (a test, a plugin) using cryptography after python-telegram-bot
+    took stand-ins for it: signatures, keys, ciphers, Fernet and their errors, as without."""
+    lean, plain = both("import telegram\n" + CRYPTO)
+    assert lean == plain
+    assert "InvalidSignature cryptography.exceptions" in lean and "b'secret'" in lean
