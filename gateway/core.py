@@ -11,21 +11,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from agent.events import (
-    AgentEvent,
-    ApprovalRequested,
-    Clarification,
-    FileOut,
-    Final,
-    StatusUpdate,
-    TextDelta,
-    ToolProgress,
-    TurnFailed,
-)
 from channels.base import (
     Channel,
     ChannelError,
@@ -37,16 +25,15 @@ from channels.base import (
 from . import access, commands, profiles, usage
 from .access import Verdict, decide, is_admin
 from .agent_api import AgentHarness
-from .approvals import WAITING_NOTE, Approvals
-from .attachments import Uploads, deliver_files, fetch_attachments
+from .approvals import Approvals
 from .config import Config
 from .delivery import Reply
 from .limits import Throttles
 from .metrics import Metrics
 from .pacing import PacerPool
 from .parking import Parking
-from .store import JournalEntry, JournalKind, JournalState, StorageFull, Store
-from .turn_options import turn_options
+from .store import JournalEntry, JournalKind, JournalState, Store
+from .turn_runner import TurnRunner
 from .turns import TurnQueue
 
 if TYPE_CHECKING:
@@ -54,21 +41,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TYPING_EVERY = 4.5
-TYPING_AFTER = 0.3
-"""An answer faster than this needs no typing indicator (saves a platform call per message)."""
-MAX_ATTEMPTS = 3
 QUEUED_SIGN_AFTER = 0.4
 """A message still waiting this long gets a visible "queued" sign (a turn about to start needs none)."""
-AFTER_ANSWER_PART = 30_000
-"""Outbox part of the note under an answer when something failed after it (files use 10,000+)."""
-AFTER_ANSWER_NOTE = (
-    "⚠️ Something went wrong on my side after this answer: the answer above is complete, "
-    "but a file or a follow-up it announced may be missing."
-)
 
 
-class Gateway:
+class Gateway(TurnRunner):
     def __init__(self, config: Config, store: Store, harness: AgentHarness, metrics: Metrics) -> None:
         self.config = config
         self.store = store
@@ -468,202 +445,6 @@ class Gateway:
         await self._deliver_fixed(entry, text)
         with contextlib.suppress(Exception):
             await self.store.command_result_drop(entry.key)  # kept while the entry may run again
-
-    # -- turns ----------------------------------------------------------------------------------
-    async def _run_entry(self, entry: JournalEntry) -> None:
-        inbound = entry.inbound
-        started = time.monotonic()
-        reply = self._reply(entry)
-        typing: asyncio.Task[None] | None = None
-        outcome = "error"
-        answered = False
-        try:
-            if entry.from_journal:
-                await reply.load()
-            await self.store.journal_set(entry.key, JournalState.RUNNING)
-            entry.attempts += 1
-            if entry.attempts > MAX_ATTEMPTS:
-                await self._give_up(entry, reply)
-                outcome = "abandoned"
-                return
-            if entry.attempts > 1 and reply.has_message:
-                with contextlib.suppress(Exception):
-                    await reply.status("♻️ I was restarted while answering; picking up where I left off…")
-            picked_up = reply.channel.capabilities.picked_up_reaction
-            if picked_up:
-                self._spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
-            typing = asyncio.create_task(self._keep_typing(reply))
-            thread_id = await self.store.thread_for(inbound.conversation)
-            uploads = await fetch_attachments(self, reply.channel, entry, thread_id)
-            final, outcome = await self._agent_turn(entry, thread_id, uploads, reply)
-            typing.cancel()
-            if not await self._keep(entry):  # lost to another daemon meanwhile: it answers
-                outcome = "fenced"
-                return
-            if outcome == "waiting":  # paused for approval: resumed by gateway/approvals.py
-                await reply.finish(final)
-                await self.approvals.pause(entry)
-                return
-            if entry.note:  # the gateway's own word above the answer (a schedule firing late)
-                final = f"{entry.note}\n\n{final}"
-            await reply.finish(final)
-            answered = True
-            await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
-            await self.store.journal_set(entry.key, JournalState.DONE)
-            done = reply.channel.capabilities.done_reaction
-            if done:
-                await self._react(reply.channel, inbound, done)
-        except asyncio.CancelledError:
-            if typing is not None:
-                typing.cancel()
-            if not self.turns.was_stopped(entry.key):
-                raise  # shutdown: stays 'running' in the journal, resumed at next start
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            outcome = "stopped"
-            with contextlib.suppress(Exception):
-                await reply.finish("⏹ Stopped.")
-            with contextlib.suppress(Exception):
-                await self.store.journal_set(entry.key, JournalState.DONE)
-        except Exception as exc:
-            if typing is not None:
-                typing.cancel()
-            self.metrics.errors.labels(inbound.platform, type(exc).__name__).inc()
-            expected = isinstance(exc, ChannelError | StorageFull)
-            log.error("turn %s failed: %s", entry.key, exc, exc_info=not expected)
-            parked = False
-            if isinstance(exc, ChannelError):
-                with contextlib.suppress(Exception):
-                    parked = await self.parking.park(entry, exc)
-            outcome = "parked" if parked else "error"  # the answer did not reach the user (yet)
-            if not parked and answered:
-                outcome = "ok"
-                await self._after_answer_failed(entry, reply)
-            elif not parked:
-                text = (
-                    "⚠️ My server's disk is full, so I could not finish this answer. "
-                    "I told the admin; please try again later."
-                    if isinstance(exc, StorageFull)
-                    else "⚠️ Something went wrong on my side while answering. Please try again."
-                )
-                with contextlib.suppress(Exception):
-                    await reply.finish(text)
-                with contextlib.suppress(Exception):
-                    await self.store.journal_set(entry.key, JournalState.FAILED)
-        finally:
-            self._inflight.discard(entry.key)
-            self._replies.pop(entry.key, None)
-            self.parking.settled(entry.key)
-            self.metrics.turns.labels(outcome).inc()
-            self.metrics.turn_seconds.observe(time.monotonic() - started)
-
-    async def _after_answer_failed(self, entry: JournalEntry, reply: Reply) -> None:
-        """Something failed after the answer went out (a file the platform refused, the database
-        marking the entry done). The answer stays as it is, never replaced by an error, and a note
-        under it says what is missing. The entry is done: running it again would answer twice. If
-        the database cannot say so now, it is retried in the background; should the daemon stop
-        first, the restarted turn finds its parts in the outbox and sends nothing new."""
-        with contextlib.suppress(Exception):
-            await reply.note(AFTER_ANSWER_PART, AFTER_ANSWER_NOTE)
-        try:
-            await self.store.journal_set(entry.key, JournalState.DONE)
-        except Exception as exc:
-            log.warning("could not mark %s done (%s); retrying in the background", entry.key, exc)
-            self._spawn(self._mark_done_later(entry.key), f"done:{entry.key}")
-
-    async def _mark_done_later(self, key: str, tries: int = 60, pause: float = 5.0) -> None:
-        for _ in range(tries):
-            await asyncio.sleep(pause)
-            try:
-                await self.store.journal_set(key, JournalState.DONE)
-            except Exception:
-                continue
-            log.info("%s marked done after the database came back", key)
-            return
-        log.error("could not mark %s done; it may run again after a restart", key)
-
-    async def _agent_turn(
-        self, entry: JournalEntry, thread_id: str, uploads: Uploads, reply: Reply
-    ) -> tuple[str, str]:
-        inbound = entry.inbound
-        text, final, outcome = "", "", "ok"
-        message = uploads.message(inbound.text)  # with what a voice note said (gateway/media.py)
-        try:
-            options = await turn_options(self, entry, thread_id, uploads)
-            async with asyncio.timeout(self.config.concurrency.turn_timeout):
-                stream = self.approvals.events(
-                    entry,
-                    thread_id,
-                    reply,
-                    lambda: self.harness.run(
-                        thread_id,
-                        user_id=inbound.user,
-                        message_id=inbound.key,
-                        text=message,
-                        files=uploads.files,
-                        options=options,
-                    ),
-                )
-                async for event in stream:
-                    if isinstance(event, FileOut):
-                        # Recorded before anything is sent: a replay after a crash still sends it.
-                        await self.store.files_add(entry.key, event.path, event.caption)
-                        continue
-                    text, final, outcome = self._on_event(event, text, final, outcome, reply)
-        except TimeoutError:
-            minutes = self.config.concurrency.turn_timeout / 60
-            final, outcome = f"⚠️ This took longer than {minutes:g} minutes, so I stopped.", "timeout"
-        if outcome == "waiting":
-            final = (text + "\n\n" if text else "") + WAITING_NOTE
-        elif not final:
-            final, outcome = text or "⚠️ The agent ended without an answer.", outcome
-        if uploads.notes:
-            final = "\n".join(uploads.notes) + "\n\n" + final
-        return final, outcome
-
-    @staticmethod
-    def _on_event(
-        event: AgentEvent,
-        text: str,
-        final: str,
-        outcome: str,
-        reply: Reply,
-    ) -> tuple[str, str, str]:
-        if isinstance(event, TextDelta):
-            text += event.text
-            reply.stream(text)
-        elif isinstance(event, ToolProgress):
-            if event.phase == "start":
-                reply.stream((text + "\n\n" if text else "") + f"🔧 {event.name}…")
-        elif isinstance(event, StatusUpdate):
-            reply.stream((text + "\n\n" if text else "") + event.text)
-        elif isinstance(event, Clarification):
-            final = f"❓ {event.question}"
-        elif isinstance(event, Final):
-            final = final or event.text
-        elif isinstance(event, TurnFailed):
-            final, outcome = f"⚠️ {event.message}", "error"
-        elif isinstance(event, ApprovalRequested):
-            outcome = "waiting"
-        return text, final, outcome
-
-    async def _give_up(self, entry: JournalEntry, reply: Reply) -> None:
-        with contextlib.suppress(Exception):
-            await reply.finish("⚠️ I could not finish this answer after several tries. Please ask again.")
-        await self.store.journal_set(entry.key, JournalState.FAILED)
-
-    @staticmethod
-    async def _react(channel: Channel, inbound: Inbound, emoji: str) -> None:
-        with contextlib.suppress(Exception):
-            await channel.react(inbound.target, emoji)
-
-    async def _keep_typing(self, reply: Reply) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.sleep(TYPING_AFTER)
-            while True:
-                await reply.channel.typing(reply.target)
-                await asyncio.sleep(TYPING_EVERY)
 
     # -- shutdown -------------------------------------------------------------------------------
     async def close(self, grace: float) -> int:
