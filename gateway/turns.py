@@ -56,10 +56,16 @@ class TurnQueue:
         return ahead
 
     def status(self, conversation: str) -> tuple[JournalEntry | None, int]:
+        """The running entry and how many wait behind it. The head of a queue with nothing running
+        and a free slot does not wait: its worker takes it at the loop's next turn (a burst of
+        messages journaled without a yield in between arrives before the worker has run)."""
         conv = self._convs.get(conversation)
         if conv is None:
             return None, 0
-        return conv.running, len(conv.queue)
+        waiting = len(conv.queue)
+        if conv.running is None and waiting and not self._sem.locked():
+            waiting -= 1
+        return conv.running, waiting
 
     def is_queued(self, key: str) -> bool:
         return any(e.key == key for c in self._convs.values() for e in c.queue)
