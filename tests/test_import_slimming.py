@@ -4,20 +4,11 @@ runs in a fresh interpreter, since what matters is what the first import does.""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.fresh_python import run_python
 
 
 def run(code: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+    return run_python(code, timeout=180)
 
 
 def test_the_daemon_leaves_unused_library_parts_out() -> None:

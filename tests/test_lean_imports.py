@@ -4,20 +4,13 @@ index; the stand-in still gives the real module to whoever uses it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.fresh_python import run_python
 
 
 def run(code: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+    return run_python(code, timeout=120)
 
 
 def test_memory_keeps_facts_without_loading_numpy(tmp_path: Path) -> None:

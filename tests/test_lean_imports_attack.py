@@ -14,22 +14,16 @@ import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.fresh_python import REPO, run_python
+
 LEAN = "import agent.lean_imports  # noqa\n"
 
 
 def run(code: str, *, lean: bool, env: dict[str, str] | None = None, cwd: Path = REPO) -> str:
     source = (LEAN if lean else "") + textwrap.dedent(code)
-    done = subprocess.run(
-        [sys.executable, "-c", source],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    return run_python(
+        source, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, cwd=cwd
     )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
 
 
 def both(code: str, **kw: object) -> tuple[str, str]:
