@@ -17,6 +17,21 @@ from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 
 
+@pytest.fixture(autouse=True)
+def _fresh_model_http_clients() -> Iterator[None]:
+    """langchain-openai keeps one httpx client per (base_url, timeout) for the whole process. Each
+    test has its own event loop, and a fake model server's port can come round again in a later
+    test, which would then get a client whose connections belong to a closed loop ("Event loop is
+    closed" on the model call). A daemon has one loop for its life, so this is the tests' concern."""
+    yield
+    from langchain_openai.chat_models import _client_utils
+
+    for cached in ("_cached_async_httpx_client", "_cached_sync_httpx_client"):
+        clear = getattr(getattr(_client_utils, cached, None), "cache_clear", None)
+        if clear is not None:
+            clear()
+
+
 @pytest.fixture
 async def model() -> AsyncIterator[FakeOpenAI]:
     """An instant fake model answering ``echo: <text>``, plus the demo rules (LONG, SLOW, FAIL429)."""
