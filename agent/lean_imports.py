@@ -82,6 +82,13 @@ DEFERRED: dict[str, tuple[str, ...]] = {
     # requests (imported by langchain-core and langsmith) binds it as its charset detector, for a
     # response without a charset; its import loads ~90 codec modules.
     "charset_normalizer": (),
+    # httpcore and httpcore2 (under PTB's and the openai SDK's clients) import trio to pick their
+    # locks when running under trio, and touch it only then; Chital runs asyncio. With trio come
+    # outcome, sortedcontainers and ~50 modules (~1.5 MB).
+    "trio": (),
+    # langchain-openai imports it for get_num_tokens_from_messages, which nothing in Chital calls
+    # (summarization counts approximately); its Rust extension alone is ~1.2 MB resident.
+    "tiktoken": (),
 }
 
 # Names that may be resolved on their own although the __init__ does more than import them (its

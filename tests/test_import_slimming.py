@@ -173,3 +173,44 @@ def test_threads_using_a_deferred_module_at_once_see_it_whole() -> None:
         """
     )
     assert out == "8 1 True"
+
+
+def test_http_clients_under_asyncio_leave_trio_and_tiktoken_unloaded_and_both_work_when_used() -> None:
+    out = run(
+        """
+        import asyncio, sys
+        import agent.lean_imports
+        import httpx, httpx2
+        from langchain_openai import ChatOpenAI
+
+        async def serve(reader, writer):
+            await reader.readuntil(b"\\r\\n\\r\\n")
+            writer.write(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok")
+            await writer.drain()
+            writer.close()
+
+        async def main():
+            server = await asyncio.start_server(serve, "127.0.0.1", 0)
+            url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+            ChatOpenAI(model="m", api_key="sk", base_url=url)  # builds its httpx2 clients
+            async with httpx.AsyncClient(trust_env=False) as a, httpx2.AsyncClient(trust_env=False) as b:
+                texts = [(await a.get(url)).text, (await b.get(url)).text]
+            server.close()
+            return texts, url
+
+        texts, url = asyncio.run(main())
+        print(texts, "trio._core._run" in sys.modules, "tiktoken.core" in sys.modules)
+
+        import trio  # whoever runs under trio gets the real trio, loaded on use
+        async def under_trio():
+            async with httpx2.AsyncClient(trust_env=False) as c:
+                try:
+                    await c.get(url)  # the server is gone: a trio-backend connect error
+                except httpx2.ConnectError:
+                    return "refused"
+        print(trio.run(under_trio), type(trio.Lock()).__module__.startswith("trio"))
+        import tiktoken
+        print(tiktoken.Encoding is sys.modules["tiktoken.core"].Encoding)
+        """
+    )
+    assert out.splitlines() == ["['ok', 'ok'] False False", "refused True", "True"]
