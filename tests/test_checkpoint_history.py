@@ -1,0 +1,247 @@
+"""agent/checkpoints.py keeps recent threads' rebuilt history in memory: whatever a graph does, a
+state read through the saver that keeps it must equal a read of the same database by a saver that
+keeps nothing. Random runs of a real LangGraph graph (parallel writers, rewrites and removals by
+id, interrupts and resumes, failures, forks from old checkpoints, snapshots) are compared after
+every step, at the latest checkpoint and at older ones."""
+
+from __future__ import annotations
+
+import operator
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from deepagents._messages_reducer import _messages_delta_reducer
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, RemoveMessage, ToolMessage
+from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.base.id import uuid6
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, Send, interrupt
+
+from agent.checkpoints import InlineSqliteSaver
+
+
+class State(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], DeltaChannel(_messages_delta_reducer, snapshot_frequency=7)]
+    plan: str
+    fanout: Annotated[list[str], operator.add]
+
+
+class Unsnapshotted(TypedDict, total=False):
+    """No snapshot in a test's lifetime: every read extends the kept history."""
+
+    messages: Annotated[list[AnyMessage], DeltaChannel(_messages_delta_reducer, snapshot_frequency=10_000)]
+    plan: str
+    fanout: Annotated[list[str], operator.add]
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _graph(saver: InlineSqliteSaver, state: type[Any] = State) -> Any:
+    """A graph whose nodes do, on the input's orders, what real agents do to ``messages``."""
+
+    def route(state: Any) -> str:
+        return state.get("plan") or "answer"
+
+    def answer(state: Any) -> dict[str, Any]:
+        n = len(state.get("messages", []))
+        return {"messages": [AIMessage(f"answer {n}", id=f"ai-{n}-{random.random()}")]}
+
+    def parallel(state: Any) -> list[Send]:
+        flaky = state.get("plan") == "fanfail"
+        return [Send("worker", {"plan": f"{'flaky' if flaky else 'w'}{i}"}) for i in range(3)]
+
+    def worker(state: Any) -> dict[str, Any]:
+        plan = state.get("plan", "")
+        if plan.startswith("flaky") and random.random() < 0.4:
+            # The others' writes of this step are kept as pending writes of the checkpoint; a
+            # retry runs only the failed ones.
+            raise Boom(f"{plan} failed")
+        return {"messages": [AIMessage(f"from {plan}")], "fanout": [plan]}
+
+    def rewrite(state: Any) -> dict[str, Any]:
+        messages = state.get("messages", [])
+        if len(messages) < 3:
+            return {}
+        old, gone = messages[0], messages[1]
+        # The same id with new content replaces it; RemoveMessage takes one out.
+        return {"messages": [HumanMessage(f"{old.content} (edited)", id=old.id), RemoveMessage(id=gone.id)]}
+
+    def tool_then_ask(state: Any) -> dict[str, Any]:
+        call = {"name": "shell", "args": {"cmd": "ls"}, "id": f"call-{len(state.get('messages', []))}"}
+        return {"messages": [AIMessage("", tool_calls=[call])]}
+
+    def ask(state: Any) -> dict[str, Any]:
+        calls = [m for m in state.get("messages", []) if isinstance(m, AIMessage) and m.tool_calls]
+        decision = interrupt({"approve": calls[-1].tool_calls[0]["id"] if calls else None})
+        if not calls:  # a fork replaced the history under the paused step
+            return {"messages": [AIMessage(f"nothing to decide ({decision})")]}
+        last = calls[-1]
+        # Reassigns a field of a message it read, in place, as human-in-the-loop does.
+        last.tool_calls = [] if decision == "no" else last.tool_calls
+        return {"messages": [last, ToolMessage(f"decided {decision}", tool_call_id=f"t-{random.random()}")]}
+
+    def fail(state: Any) -> dict[str, Any]:
+        raise Boom("node failed")
+
+    def mutate(state: Any) -> dict[str, Any]:
+        # Changes messages it was handed without writing anything back: the stored history must
+        # not change, so the next read must not show it either.
+        for message in state.get("messages", []):
+            message.content = "MUTATED"
+        return {}
+
+    builder = StateGraph(state)
+    for name, fn in (
+        ("answer", answer), ("worker", worker), ("rewrite", rewrite), ("tool_then_ask", tool_then_ask),
+        ("ask", ask), ("fail", fail), ("mutate", mutate),
+    ):  # fmt: skip
+        builder.add_node(name, fn)
+    builder.add_node("fan", lambda state: {})
+    builder.add_conditional_edges(
+        START, route, {"answer": "answer", "fan": "fan", "fanfail": "fan", "rewrite": "rewrite",
+                       "tool_then_ask": "tool_then_ask", "fail": "fail", "mutate": "mutate"},
+    )  # fmt: skip
+    builder.add_conditional_edges("fan", parallel, ["worker"])
+    builder.add_edge("worker", "answer")
+    builder.add_edge("rewrite", "answer")
+    builder.add_edge("tool_then_ask", "ask")
+    builder.add_edge("ask", "answer")
+    builder.add_edge("mutate", "answer")
+    builder.add_edge("fail", END)
+    builder.add_edge("answer", END)
+    return builder.compile(checkpointer=saver)
+
+
+def _shape(messages: list[Any]) -> list[tuple[Any, ...]]:
+    return [
+        (type(m).__name__, m.id, m.content, [c["id"] for c in getattr(m, "tool_calls", [])]) for m in messages
+    ]
+
+
+@pytest.fixture
+def savers(tmp_path: Path) -> Iterator[list[InlineSqliteSaver]]:
+    db = tmp_path / "checkpoints.sqlite"
+    opened = [InlineSqliteSaver.open(db, history_cache=4), InlineSqliteSaver.open(db, history_cache=0)]
+    yield opened
+    for saver in opened:
+        saver.close()
+
+
+@pytest.mark.parametrize(("seed", "state"), [(1, State), (2, State), (3, Unsnapshotted), (4, Unsnapshotted)])
+def test_reads_from_the_kept_history_equal_reads_from_the_database(
+    savers: list[InlineSqliteSaver], tmp_path: Path, seed: int, state: type[Any]
+) -> None:
+    kept_saver, plain_saver = savers
+    rng = random.Random(seed)
+    random.seed(seed)
+    kept, plain = _graph(kept_saver, state), _graph(plain_saver, state)
+    threads = [f"t{i}" for i in range(6)]  # more than the 4 kept, so some are evicted
+    served = 0
+    thread = threads[0]
+
+    def compare(config: dict[str, Any]) -> None:
+        nonlocal served
+        ours = kept.get_state(config)
+        theirs = plain.get_state(config)
+        assert _shape(ours.values.get("messages", [])) == _shape(theirs.values.get("messages", []))
+        assert ours.values.get("fanout") == theirs.values.get("fanout")
+        assert ours.next == theirs.next
+
+    for step in range(260):
+        # Mostly the same thread again (extending what is kept), sometimes another (evicting).
+        thread = thread if rng.random() < 0.6 else rng.choice(threads)
+        config: dict[str, Any] = {"configurable": {"thread_id": thread}}
+        snap = kept.get_state(config)
+        if snap.interrupts:
+            kept.invoke(Command(resume=rng.choice(["yes", "no"])), config)
+        elif snap.next and rng.random() < 0.7:  # a step failed: retry it
+            try:
+                kept.invoke(None, config)
+            except Boom:
+                pass
+        else:
+            actions = [
+                "answer",
+                "fan",
+                "fanfail",
+                "rewrite",
+                "tool_then_ask",
+                "fail",
+                "mutate",
+                "fork",
+                "restart",
+            ]
+            action = rng.choice(actions)
+            if action == "restart":  # a new process: nothing kept, the next reads come from the file
+                kept_saver = InlineSqliteSaver.open(tmp_path / "checkpoints.sqlite", history_cache=4)
+                savers.append(kept_saver)
+                kept = _graph(kept_saver, state)
+                continue
+            if action == "fork":
+                history = list(kept.get_state_history(config, limit=12))
+                if len(history) > 2:
+                    old = rng.choice(history[1:])
+                    kept.update_state(old.config, {"messages": [HumanMessage(f"fork {step}")]})
+                continue
+            message = HumanMessage(f"{thread} says {step}", id=f"h-{step}")
+            try:
+                kept.invoke({"messages": [message], "plan": action}, config)
+            except Boom:
+                pass
+        compare(config)
+        # An older checkpoint of the thread too: served from the database, never from memory.
+        history = list(plain.get_state_history(config, limit=12))
+        if len(history) > 3:
+            compare(rng.choice(history[1:]).config)
+        served += 1
+    assert served > 150
+
+
+def test_a_thread_read_again_is_served_from_memory_and_survives_a_snapshot(tmp_path: Path) -> None:
+    saver = InlineSqliteSaver.open(tmp_path / "c.sqlite")
+    walked: list[str] = []
+    walk = InlineSqliteSaver.__mro__[1].get_delta_channel_history
+
+    def counting(self: InlineSqliteSaver, **kwargs: Any) -> Any:
+        walked.append(kwargs["config"]["configurable"]["checkpoint_id"])
+        return walk(self, **kwargs)
+
+    try:
+        InlineSqliteSaver.__mro__[1].get_delta_channel_history = counting  # type: ignore[method-assign]
+        graph = _graph(saver)
+        config = {"configurable": {"thread_id": "one"}}
+        for i in range(30):  # snapshots every 7 updates of the channel
+            graph.invoke({"messages": [HumanMessage(f"m{i}", id=f"m{i}")], "plan": "answer"}, config)
+        messages = graph.get_state(config).values["messages"]
+    finally:
+        InlineSqliteSaver.__mro__[1].get_delta_channel_history = walk  # type: ignore[method-assign]
+        saver.close()
+    assert [m.content for m in messages if isinstance(m, HumanMessage)] == [f"m{i}" for i in range(30)]
+    # 30 runs read the thread: the database is walked only after a snapshot was put, not per run.
+    assert 0 < len(walked) < 12, walked
+
+
+def test_a_write_put_twice_keeps_the_first_as_the_database_does(savers: list[InlineSqliteSaver]) -> None:
+    kept_saver, plain_saver = savers
+    kept = _graph(kept_saver, Unsnapshotted)
+    config: dict[str, Any] = {"configurable": {"thread_id": "twice"}}
+    kept.invoke({"messages": [HumanMessage("hi", id="h1")], "plan": "answer"}, config)
+    latest = kept.get_state(config).config  # read: the thread's history is kept from here
+    kept_saver.put_writes(latest, [("messages", [AIMessage("first", id="w1")])], "task-x")
+    kept_saver.put_writes(latest, [("messages", [AIMessage("second", id="w2")])], "task-x")  # ignored
+    child = {**empty_checkpoint(), "id": str(uuid6())}
+    target = kept_saver.put(latest, child, {"source": "loop", "step": 9}, {})
+
+    def writes(saver: InlineSqliteSaver) -> list[tuple[str, list[str]]]:
+        history = saver.get_delta_channel_history(config=target, channels=["messages"])["messages"]
+        return [(task, [m.content for m in value]) for task, _, value in history["writes"]]
+
+    assert writes(kept_saver) == writes(plain_saver)
+    assert ("task-x", ["first"]) in writes(kept_saver)
+    assert ("task-x", ["second"]) not in writes(kept_saver)
