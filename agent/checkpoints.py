@@ -26,6 +26,7 @@ change the kept one. SQLite only: PostgreSQL deployments share threads between d
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,11 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 HISTORY_CACHE = 64
-"""Threads whose rebuilt history is kept (the most recently read)."""
+"""Threads whose rebuilt history is kept (the most recently read): enough for as many conversations
+answered in turn (a cycle over more than this would miss every time)."""
+HISTORY_IDLE = 900.0
+"""Seconds after its thread's last read that a kept history is dropped (at the next read of any
+thread): threads that went quiet give their memory back."""
 
 _Key = tuple[str, int]
 """A write's identity in its checkpoint, as the writes table's primary key has it: (task_id, idx)."""
@@ -61,6 +66,7 @@ class _Known:
     target: str
     channels: tuple[str, ...]
     history: dict[str, DeltaChannelHistory]
+    used: float = 0.0  # time.monotonic() of the last read
     # Checkpoints put since, by id: their parent's id.
     parents: dict[str, str] = field(default_factory=dict)
     # Writes stored against a checkpoint: {(task_id, idx): (task_path, channel, value)}, every
@@ -164,10 +170,14 @@ class InlineSqliteSaver(SqliteSaver):
         if conf.get("checkpoint_ns", "") or not target or not wanted or self.history_cache <= 0:
             return super().get_delta_channel_history(config=config, channels=channels)
         thread = str(conf["thread_id"])
+        now = time.monotonic()
+        while self._known and next(iter(self._known.values())).used < now - HISTORY_IDLE:
+            self._known.popitem(last=False)
         known = self._known.get(thread)
         if known is not None and known.channels == wanted:
             history = known.advance(target)
             if history is not None:
+                known.used = now
                 self._known.move_to_end(thread)
                 return _handed_out(history)
             if target < known.target:
@@ -176,7 +186,7 @@ class InlineSqliteSaver(SqliteSaver):
                 return super().get_delta_channel_history(config=config, channels=channels)
         self._known.pop(thread, None)
         history = dict(super().get_delta_channel_history(config=config, channels=channels))
-        known = _Known(target, wanted, history)
+        known = _Known(target, wanted, history, now)
         # Writes already stored against the target (a paused or failed step's) are not part of its
         # history, but later checkpoints will chain through it.
         with self.cursor(transaction=False) as cur:

@@ -245,3 +245,27 @@ def test_a_write_put_twice_keeps_the_first_as_the_database_does(savers: list[Inl
     assert writes(kept_saver) == writes(plain_saver)
     assert ("task-x", ["first"]) in writes(kept_saver)
     assert ("task-x", ["second"]) not in writes(kept_saver)
+
+
+def test_a_history_unread_for_long_is_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import agent.checkpoints as checkpoints
+
+    saver = InlineSqliteSaver.open(tmp_path / "c.sqlite")
+    graph = _graph(saver, Unsnapshotted)
+    try:
+        for thread in ("quiet", "busy"):
+            config: dict[str, Any] = {"configurable": {"thread_id": thread}}
+            for i in range(2):
+                graph.invoke(
+                    {"messages": [HumanMessage(f"m{i}", id=f"{thread}{i}")], "plan": "answer"}, config
+                )
+        assert set(saver._known) == {"quiet", "busy"}
+        later = checkpoints.time.monotonic() + checkpoints.HISTORY_IDLE + 1
+        monkeypatch.setattr(checkpoints.time, "monotonic", lambda: later)
+        graph.invoke(
+            {"messages": [HumanMessage("again", id="busy9")], "plan": "answer"},
+            {"configurable": {"thread_id": "busy"}},
+        )
+        assert set(saver._known) == {"busy"}
+    finally:
+        saver.close()
