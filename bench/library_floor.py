@@ -38,13 +38,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import agent.lean_imports  # noqa: F401,E402  (as the daemon imports it first)
-from agent import tuning  # noqa: E402
-from agent.checkpoints import InlineSqliteSaver  # noqa: E402
-from agent.config import AgentSettings, ModelSpec  # noqa: E402
-from agent.harness import Final, Harness  # noqa: E402
-from agent.model import build_chat_model  # noqa: E402
-from agent.runtime import AgentRuntime  # noqa: E402
+import agent.lean_imports  # noqa: F401  (as the daemon imports it first)
+from agent import tuning
+from agent.checkpoints import InlineSqliteSaver
+from agent.config import AgentSettings, ModelSpec
+from agent.harness import Final, Harness
+from agent.model import build_chat_model
+from agent.runtime import AgentRuntime
 
 Turn = Callable[[str, int], Awaitable[None]]
 """One turn: (thread id, turn number)."""
