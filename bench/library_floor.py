@@ -83,13 +83,17 @@ async def layers(base_url: str, tmp: Path) -> tuple[list[tuple[str, Turn]], Call
     async def durable(thread: str, i: int) -> None:
         config: Any = {"configurable": {"thread_id": thread}}
         inp = {"messages": [{"role": "user", "content": f"hello {i}"}]}
-        async for _ in durable_graph.astream(inp, config, stream_mode=["updates", "custom"], durability="sync"):
+        async for _ in durable_graph.astream(
+            inp, config, stream_mode=["updates", "custom"], durability="sync"
+        ):
             pass
 
     def ours(harness: Harness | AgentRuntime) -> Turn:
         async def turn(thread: str, i: int) -> None:
             final = None
-            async for event in harness.run(thread, user_id="u", message_id=f"{thread}-m{i}", text=f"hello {i}"):
+            async for event in harness.run(
+                thread, user_id="u", message_id=f"{thread}-m{i}", text=f"hello {i}"
+            ):
                 final = event
             assert isinstance(final, Final), final
 
