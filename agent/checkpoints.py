@@ -72,6 +72,8 @@ class _Known:
     # Writes stored against a checkpoint: {(task_id, idx): (task_path, channel, value)}, every
     # channel's (for INSERT OR IGNORE), values kept for ``channels`` only.
     writes: dict[str, dict[_Key, tuple[str, str, Any]]] = field(default_factory=dict)
+    # The checkpoints the last advance folded into ``history``.
+    folded: frozenset[str] = frozenset()
 
     def advance(self, target: str) -> dict[str, DeltaChannelHistory] | None:
         """The history at ``target``, when the checkpoints put since lead from it back to
@@ -101,10 +103,13 @@ class _Known:
                 entry["seed"] = base["seed"]
             history[ch] = entry
         self.target, self.history = target, history
-        # What is older than the new base is in its history now; writes already stored against
-        # it (a paused or failed step's) are not, and later steps will chain through it.
+        # What is older than the new base is in its history now. Kept: the writes already stored
+        # against the new base (a paused or failed step's, not part of its history; later steps
+        # will chain through it) and those of checkpoints not put yet (see put_writes).
+        gone = set(chain) | (self.parents.keys() - {target})
+        self.writes = {c: w for c, w in self.writes.items() if c not in gone}
         self.parents = {}
-        self.writes = {target: self.writes[target]} if target in self.writes else {}
+        self.folded = frozenset(chain)
         return history
 
 
@@ -254,7 +259,15 @@ class InlineSqliteSaver(SqliteSaver):
         found = self._known_for(config)
         if found is None:
             return
-        _, known = found
+        thread, known = found
+        if cid in known.folded:
+            # A write to a checkpoint already folded into the kept history (it came after a later
+            # checkpoint was read): let the database walk place it.
+            if any(ch in known.channels for ch, _ in writes):
+                del self._known[thread]
+            return
+        # Writes may also come before their checkpoint's ``put`` (the sync graph API stores both
+        # from worker threads): kept by id until a chain reaches it.
         stored = known.writes.setdefault(cid, {})
         path = task_path if self._has_task_path else ""
         for _, _, _, _, _, idx, ch, kind, blob in rows:
