@@ -269,3 +269,25 @@ def test_a_history_unread_for_long_is_dropped(tmp_path: Path, monkeypatch: pytes
         assert set(saver._known) == {"busy"}
     finally:
         saver.close()
+
+
+def test_a_write_to_a_checkpoint_already_folded_in_is_read_from_the_database(
+    savers: list[InlineSqliteSaver],
+) -> None:
+    kept_saver, plain_saver = savers
+    kept = _graph(kept_saver, Unsnapshotted)
+    config: dict[str, Any] = {"configurable": {"thread_id": "late"}}
+    kept.invoke({"messages": [HumanMessage("hi", id="h1")], "plan": "answer"}, config)
+    base = kept.get_state(config).config  # kept from here
+    child = kept_saver.put(
+        base, {**empty_checkpoint(), "id": str(uuid6())}, {"source": "loop", "step": 9}, {}
+    )
+    kept_saver.get_delta_channel_history(config=child, channels=["messages"])  # folds base in
+    kept_saver.put_writes(base, [("messages", [AIMessage("late", id="late1")])], "task-late")
+
+    def writes(saver: InlineSqliteSaver) -> list[list[str]]:
+        history = saver.get_delta_channel_history(config=child, channels=["messages"])["messages"]
+        return [[m.content for m in value] for _, _, value in history["writes"]]
+
+    assert writes(kept_saver) == writes(plain_saver)
+    assert ["late"] in writes(kept_saver)
