@@ -1,0 +1,464 @@
+"""Attacks on agent/checkpoints.py's kept message history: every read through the saver that keeps
+it must equal a read of the same SQLite file by a saver that keeps nothing (``history_cache=0``),
+and nothing done to the messages handed out may change later reads.
+
+The real agent flows (tools, approvals, a failed model call retried, /stop mid-tool, images that
+fade, two threads at once, a restart) run through the Harness against the fake OpenAI server and
+hold. Two divergences are pinned as strict xfails on a toy graph: a ``put_writes`` that fails
+after SQLite committed part of the batch, and a node that mutates a handed-out message in place
+(a nested list or dict)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import operator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from deepagents._messages_reducer import _messages_delta_reducer
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.tools import tool
+from langgraph.channels.delta import DeltaChannel
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Send
+
+from agent.approvals import with_approvals
+from agent.checkpoints import InlineSqliteSaver
+from agent.config import AgentSettings, ModelSpec
+from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, Final, TurnFailed
+from agent.harness import Harness
+from agent.settings import ApprovalSettings
+from agent.turn import ImagePart, TurnOptions
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+
+API_KEY = "sk-test-secret-0123456789"
+FAST = AgentSettings(retry_backoff=0.001, model_retries=1, model_timeout=5)
+
+
+# ---- a toy graph for the pinned divergences ---------------------------------------------------
+class State(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], DeltaChannel(_messages_delta_reducer, snapshot_frequency=10_000)]
+    plan: str
+    fanout: Annotated[list[str], operator.add]
+
+
+def _answer(state: Any) -> dict[str, Any]:
+    n = len(state.get("messages", []))
+    call = {"name": "shell", "args": {"cmd": "ls"}, "id": f"call-{n}"}
+    # Two channels in one task: put_writes stores them as one batch of rows.
+    return {"messages": [AIMessage(f"answer {n}", id=f"ai-{n}", tool_calls=[call])], "fanout": [f"f{n}"]}
+
+
+def _mutate_nested(state: Any) -> dict[str, Any]:
+    """Changes, in place, what the messages it was handed hold (not a field reassignment): a
+    content part appended, a tool call's arguments edited, a kwarg added. Writes nothing back."""
+    for message in state.get("messages", []):
+        if isinstance(message.content, list):
+            message.content.append({"type": "text", "text": "INJECTED"})
+        if isinstance(message, AIMessage):
+            for call in message.tool_calls:
+                call["args"]["cmd"] = "rm -rf /"
+        message.additional_kwargs["seen"] = True
+    return {}
+
+
+def _toy(saver: InlineSqliteSaver) -> Any:
+    builder = StateGraph(State)
+    builder.add_node("answer", _answer)
+    builder.add_node("mutate", _mutate_nested)
+    builder.add_conditional_edges(START, lambda s: s.get("plan") or "answer", ["answer", "mutate"])
+    builder.add_edge("answer", END)
+    builder.add_edge("mutate", END)
+    return builder.compile(checkpointer=saver)
+
+
+def _full(messages: Any) -> list[dict[str, Any]]:
+    return [m.model_dump() for m in messages]
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[InlineSqliteSaver, InlineSqliteSaver]]:
+    db = tmp_path / "c.sqlite"
+    kept, plain = InlineSqliteSaver.open(db), InlineSqliteSaver.open(db, history_cache=0)
+    yield kept, plain
+    kept.close()
+    plain.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="put_writes: SQLite (autocommit) keeps the rows of the batch before the failing one, the "
+    "kept history none of them; the retried step counts the task as done, so the kept history "
+    "loses its answer for good",
+)
+def test_a_write_batch_that_fails_halfway_is_kept_as_the_database_has_it(
+    pair: tuple[InlineSqliteSaver, InlineSqliteSaver],
+) -> None:
+    kept_saver, plain_saver = pair
+    kept, plain = _toy(kept_saver), _toy(plain_saver)
+    config: dict[str, Any] = {"configurable": {"thread_id": "t"}}
+    kept.invoke({"messages": [HumanMessage("hi", id="h1")]}, config)
+    kept.get_state(config)  # the thread's history is kept from here
+    # The disk fills up while the step's second row (``fanout``) is written: a real SQLite error
+    # from a trigger, the first row (``messages``) is already committed.
+    db = kept_saver.conn
+    db.execute("CREATE TABLE fault (armed INTEGER)")
+    db.execute("INSERT INTO fault VALUES (1)")
+    db.execute(
+        "CREATE TRIGGER disk_full BEFORE INSERT ON writes"
+        " WHEN NEW.channel = 'fanout' AND (SELECT armed FROM fault) = 1"
+        " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+    )
+    with pytest.raises(Exception, match="disk is full"):
+        kept.invoke({"messages": [HumanMessage("second", id="h2")]}, config)
+    db.execute("UPDATE fault SET armed = 0")  # space freed; the turn is retried
+    kept.invoke(None, config)
+    kept.invoke({"messages": [HumanMessage("third", id="h3")]}, config)
+    ours, theirs = kept.get_state(config), plain.get_state(config)
+    # The database has the retried step's answer; the third turn's node counted its messages
+    # from the kept history (4 without it, 5 with it).
+    assert [m.content for m in theirs.values["messages"]][:5] == [
+        "hi",
+        "answer 1",
+        "second",
+        "answer 3",
+        "third",
+    ]
+    assert _full(ours.values["messages"]) == _full(theirs.values["messages"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_fresh hands out a shallow model_copy: content lists, tool_calls dicts (and their args) "
+    "and additional_kwargs are shared with the kept history, so an in-place change sticks",
+)
+def test_messages_changed_in_place_by_a_node_do_not_change_later_reads(
+    pair: tuple[InlineSqliteSaver, InlineSqliteSaver],
+) -> None:
+    kept_saver, plain_saver = pair
+    kept, plain = _toy(kept_saver), _toy(plain_saver)
+    config: dict[str, Any] = {"configurable": {"thread_id": "t"}}
+    kept.invoke({"messages": [HumanMessage([{"type": "text", "text": "hi"}], id="h1")]}, config)
+    kept.invoke({"messages": [HumanMessage("look", id="h2")], "plan": "mutate"}, config)
+    ours = kept.get_state(config).values["messages"]
+    theirs = plain.get_state(config).values["messages"]
+    assert theirs[1].tool_calls[0]["args"] == {"cmd": "ls"}
+    assert _full(ours) == _full(theirs)
+
+
+FAIL = {"w0": True, "w1": True}
+
+
+def _worker(state: Any) -> dict[str, Any]:
+    plan = state["plan"]
+    if FAIL[plan]:
+        raise RuntimeError(f"{plan} failed")
+    return {"messages": [AIMessage(f"from {plan}", id=f"id-{plan}")]}
+
+
+def _fan(saver: InlineSqliteSaver) -> Any:
+    builder = StateGraph(State)
+    builder.add_node("fan", lambda state: {})
+    builder.add_node("worker", _worker)
+    builder.add_edge(START, "fan")
+    builder.add_conditional_edges(
+        "fan", lambda s: [Send("worker", {"plan": f"w{i}"}) for i in range(2)], ["worker"]
+    )
+    builder.add_edge("worker", END)
+    return builder.compile(checkpointer=saver)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="writes another process stores against the checkpoint a saver keeps (its known.target) are "
+    "never seen: known.writes[target] is loaded once, at the first read, and advance() chains "
+    "through it (the docstring only covers checkpoints another process wrote)",
+)
+def test_writes_another_process_stored_on_the_kept_checkpoint(tmp_path: Path) -> None:
+    db = tmp_path / "c.sqlite"
+    first, second, plain = (
+        InlineSqliteSaver.open(db),
+        InlineSqliteSaver.open(db),
+        InlineSqliteSaver.open(db, history_cache=0),
+    )
+    try:
+        a, b, reference = _fan(first), _fan(second), _fan(plain)
+        config: dict[str, Any] = {"configurable": {"thread_id": "t"}}
+        FAIL.update(w0=True, w1=True)
+        with pytest.raises(RuntimeError):  # both workers fail; process A reads the paused step
+            a.invoke({"messages": [HumanMessage("go", id="h1")]}, config)
+        assert a.get_state(config).next == ("worker", "worker")
+        FAIL["w0"] = False
+        with pytest.raises(RuntimeError):  # process B retries: w0's answer is stored, w1 fails again
+            b.invoke(None, config)
+        FAIL["w1"] = False
+        a.invoke(None, config)  # process A retries: only w1 runs
+        theirs = reference.get_state(config).values["messages"]
+        assert [m.content for m in theirs] == ["go", "from w0", "from w1"]
+        assert _full(a.get_state(config).values["messages"]) == _full(theirs)
+    finally:
+        for saver in (first, second, plain):
+            saver.close()
+
+
+def test_a_write_batch_that_fails_whole_changes_nothing(
+    pair: tuple[InlineSqliteSaver, InlineSqliteSaver],
+) -> None:
+    """The same failure on the batch's first row: nothing stored, nothing kept; the retry matches."""
+    kept_saver, plain_saver = pair
+    kept, plain = _toy(kept_saver), _toy(plain_saver)
+    config: dict[str, Any] = {"configurable": {"thread_id": "t"}}
+    kept.invoke({"messages": [HumanMessage("hi", id="h1")]}, config)
+    kept.get_state(config)
+    db = kept_saver.conn
+    db.execute("CREATE TABLE fault (armed INTEGER)")
+    db.execute("INSERT INTO fault VALUES (1)")
+    db.execute(
+        "CREATE TRIGGER disk_full BEFORE INSERT ON writes"
+        " WHEN NEW.channel = 'messages' AND instr(NEW.value, CAST('answer' AS BLOB)) > 0"
+        " AND (SELECT armed FROM fault) = 1"
+        " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+    )
+    with pytest.raises(Exception, match="disk is full"):
+        kept.invoke({"messages": [HumanMessage("second", id="h2")]}, config)
+    db.execute("UPDATE fault SET armed = 0")
+    kept.invoke(None, config)
+    kept.invoke({"messages": [HumanMessage("third", id="h3")]}, config)
+    ours, theirs = kept.get_state(config), plain.get_state(config)
+    assert [m.content for m in theirs.values["messages"]][-2:] == ["third", "answer 5"]
+    assert _full(ours.values["messages"]) == _full(theirs.values["messages"])
+
+
+# ---- the real agent -----------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+RAN: list[str] = []
+RELEASE = asyncio.Event()
+
+
+@tool
+def shell(command: str) -> str:
+    """Run a shell command."""
+    RAN.append(command)
+    return f"output of {command}"
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool
+async def deploy(target: str) -> str:
+    """Deploy something (slowly)."""
+    RAN.append(f"deploy {target}")
+    await RELEASE.wait()
+    return "deployed"
+
+
+class Checker:
+    """Reads each thread through the harness's saver and through a saver that keeps nothing."""
+
+    def __init__(self, harness: Harness, db: Path) -> None:
+        self.harness = harness
+        self.plain_saver = InlineSqliteSaver.open(db, history_cache=0)
+        self.compared = 0
+
+    async def same(self, thread: str) -> list[dict[str, Any]]:
+        graph = self.harness._graph
+        assert graph is not None
+        plain = graph.copy(update={"checkpointer": self.plain_saver})
+        config: dict[str, Any] = {"configurable": {"thread_id": thread}}
+        ours, theirs = await graph.aget_state(config), await plain.aget_state(config)
+        assert thread in self.harness._saver._known  # the read went through the kept history
+        assert _full(ours.values.get("messages", [])) == _full(theirs.values.get("messages", []))
+        assert ours.next == theirs.next
+        assert [i.id for i in ours.interrupts] == [i.id for i in theirs.interrupts]
+        # Older checkpoints of the thread too, through both.
+        async for old in plain.aget_state_history(config, limit=6):
+            mine = await graph.aget_state(old.config)
+            assert _full(mine.values.get("messages", [])) == _full(old.values.get("messages", []))
+        self.compared += 1
+        assert await self.harness.message_count(thread) == len(theirs.values.get("messages", []))
+        return _full(theirs.values.get("messages", []))
+
+
+async def collect(events: AsyncIterator[AgentEvent]) -> list[AgentEvent]:
+    async with aclosing(events) as run:  # type: ignore[type-var]
+        return [event async for event in run]
+
+
+def _harness(fake: FakeOpenAI, db: Path) -> Harness:
+    spec = ModelSpec(model="fake-model", base_url=fake.base_url, api_key=API_KEY, vision=True)
+    middleware = with_approvals([], ApprovalSettings(tools=["shell"]), ["shell", "add", "deploy"])
+    return Harness(FAST, spec, db, extra_tools=[shell, add, deploy], extra_middleware=middleware)
+
+
+async def test_real_turns_read_the_same_through_the_kept_history(fake: FakeOpenAI, tmp_path: Path) -> None:
+    """Tools, an approval granted and one refused, a model failure and its retry, /stop during a
+    tool, images until they fade, turns of two threads at once, and a restart of the harness."""
+    RAN.clear()
+    RELEASE.clear()
+    db = tmp_path / "cp.sqlite"
+    harness = _harness(fake, db)
+    await harness.start()
+    check = Checker(harness, db)
+
+    def run(thread: str, mid: str, text: str, **kw: Any) -> AsyncIterator[AgentEvent]:
+        return harness.run(thread, user_id="u1", message_id=mid, text=text, **kw)
+
+    try:
+        # A tool round trip.
+        fake.script(Reply(tool_calls=[ToolCall("add", {"a": 2, "b": 3})]), Reply(text="5"))
+        assert (await collect(run("a", "a1", "2+3?")))[-1] == Final("5")
+        await check.same("a")
+        # An approval: paused, read while paused, then granted.
+        fake.script(Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]), Reply(text="listed"))
+        asks = [e for e in await collect(run("a", "a2", "list")) if isinstance(e, ApprovalRequested)]
+        assert len(asks) == 1
+        await check.same("a")
+        done = await collect(
+            harness.resume(
+                "a", user_id="u1", message_id="a2", approval_id=asks[0].id, decision=ApprovalDecision(True)
+            )
+        )
+        assert done[-1] == Final("listed") and RAN == ["ls"]
+        await check.same("a")
+        # Two gated calls in one step, one refused.
+        fake.script(
+            Reply(tool_calls=[ToolCall("shell", {"command": "rm x"}), ToolCall("add", {"a": 1, "b": 1})]),
+            Reply(text="did what I could"),
+        )
+        asks = [e for e in await collect(run("a", "a3", "clean")) if isinstance(e, ApprovalRequested)]
+        await check.same("a")
+        done = await collect(
+            harness.resume(
+                "a", user_id="u1", message_id="a3", approval_id=asks[0].id, decision=ApprovalDecision(False)
+            )
+        )
+        assert done[-1] == Final("did what I could") and "rm x" not in RAN
+        await check.same("a")
+        # The model fails (retries spent), the gateway retries the same message.
+        fake.script(*[Reply(status=500)] * 2)
+        assert isinstance((await collect(run("a", "a4", "hello?")))[-1], TurnFailed)
+        await check.same("a")
+        assert (await collect(run("a", "a4", "hello?")))[-1] == Final("echo: hello?")
+        await check.same("a")
+        # An image, shown for keep_turns user messages, then faded (same id, new content).
+        png = ImagePart("image/png", base64.b64decode(b"iVBORw0KGgo="), name="p.png", path="/uploads/p.png")
+        await collect(run("b", "b1", "see this", options=TurnOptions(images=(png,))))
+        await check.same("b")
+        for i in range(2, 2 + FAST.vision.keep_turns + 1):
+            await collect(run("b", f"b{i}", f"and now {i}"))
+            await check.same("b")
+        history = await check.same("b")
+        assert isinstance(history[0]["content"], str) and "no longer attached" in history[0]["content"]
+        # /stop during a tool on thread b while thread a takes turns.
+        fake.script(Reply(tool_calls=[ToolCall("deploy", {"target": "prod"}, id="call_d")]))
+        stopped = asyncio.create_task(collect(run("b", "b9", "deploy")))
+        while "deploy prod" not in RAN:
+            await asyncio.sleep(0.01)
+        await check.same("b")  # read while the tool runs
+        await collect(run("a", "a5", "meanwhile"))
+        stopped.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stopped
+        await check.same("b")
+        assert (await collect(run("b", "b10", "status?")))[-1] == Final("echo: status?")
+        await check.same("b")
+        # Turns of two threads interleaving on the loop, and state reads between them.
+        for i in range(4):
+            await asyncio.gather(
+                collect(run("a", f"ca{i}", f"a says {i}")),
+                collect(run("b", f"cb{i}", f"b says {i}")),
+                check.same("a"),
+            )
+            await check.same("a")
+            await check.same("b")
+        # A restart: nothing kept, the file is read; then more turns extend what is kept again.
+        await harness.close()
+        harness = _harness(fake, db)
+        await harness.start()
+        check.harness = harness
+        await check.same("a")
+        await collect(run("a", "a99", "after restart"))
+        assert (await check.same("a"))[-1]["content"] == "echo: after restart"
+        assert check.compared > 20
+    finally:
+        RELEASE.set()
+        await harness.close()
+        check.plain_saver.close()
+
+
+async def test_a_long_thread_past_several_snapshots_reads_the_same(fake: FakeOpenAI, tmp_path: Path) -> None:
+    """More than 50 updates of the channel (a snapshot is put, the kept history is dropped and read
+    again), with a tool step now and then."""
+    db = tmp_path / "cp.sqlite"
+    harness = _harness(fake, db)
+    await harness.start()
+    check = Checker(harness, db)
+    try:
+        for i in range(40):
+            if i % 7 == 3:
+                fake.script(Reply(tool_calls=[ToolCall("add", {"a": i, "b": 1})]), Reply(text=f"sum {i}"))
+            await collect(harness.run("long", user_id="u1", message_id=f"l{i}", text=f"turn {i}"))
+            if i % 5 == 4:
+                await check.same("long")
+        history = await check.same("long")
+        assert len(history) == 2 * 40 + 2 * 6
+    finally:
+        await harness.close()
+        check.plain_saver.close()
+
+
+async def test_disk_full_in_the_middle_of_a_model_step_of_the_real_agent(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The real agent's model step stores its AIMessage, then fails on the route row: the next turn
+    starts from new input, so both savers read the same (the stored AIMessage is not on the path)."""
+    RAN.clear()
+    db = tmp_path / "cp.sqlite"
+    harness = _harness(fake, db)
+    await harness.start()
+    check = Checker(harness, db)
+    try:
+        assert (await collect(harness.run("t", user_id="u1", message_id="m1", text="hi")))[-1] == Final(
+            "echo: hi"
+        )
+        await check.same("t")
+        conn = harness._saver.conn
+        conn.execute("CREATE TABLE fault (armed INTEGER)")
+        conn.execute("INSERT INTO fault VALUES (1)")
+        # The model step's rows: its AIMessage (idx 0), then the route to the next node (idx 1).
+        conn.execute(
+            "CREATE TRIGGER disk_full BEFORE INSERT ON writes"
+            " WHEN NEW.channel LIKE 'branch:to:ChitalApprovals%' AND (SELECT armed FROM fault) = 1"
+            " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+        )
+        fake.script(Reply(tool_calls=[ToolCall("add", {"a": 2, "b": 3})]), Reply(text="5"))
+        assert isinstance(
+            (await collect(harness.run("t", user_id="u1", message_id="m2", text="2+3?")))[-1], TurnFailed
+        )
+        conn.execute("UPDATE fault SET armed = 0")
+        await collect(harness.run("t", user_id="u1", message_id="m2", text="2+3?"))  # the gateway retries
+        last = await collect(harness.run("t", user_id="u1", message_id="m3", text="next"))
+        await check.same("t")
+        assert isinstance(last[-1], TurnFailed | Final)
+    finally:
+        await harness.close()
+        check.plain_saver.close()
