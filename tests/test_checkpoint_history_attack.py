@@ -4,9 +4,11 @@ and nothing done to the messages handed out may change later reads.
 
 The real agent flows (tools, approvals, a failed model call retried, /stop mid-tool, images that
 fade, two threads at once, a restart) run through the Harness against the fake OpenAI server and
-hold. Two divergences are pinned as strict xfails on a toy graph: a ``put_writes`` that fails
-after SQLite committed part of the batch, and a node that mutates a handed-out message in place
-(a nested list or dict)."""
+hold. Three divergences are pinned as strict xfails on a toy graph: a ``put_writes`` that fails
+after SQLite committed part of the batch, a node that mutates a handed-out message in place (a
+nested list or dict), and writes another process stores against the checkpoint a saver keeps. One
+more strict xfail is not the cache's: after a model step half-written to a full disk, the thread
+never answers again (the same with ``history_cache=0``)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from deepagents._messages_reducer import _messages_delta_reducer
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.channels.delta import DeltaChannel
 from langgraph.graph import END, START, StateGraph
@@ -283,7 +286,7 @@ class Checker:
         graph = self.harness._graph
         assert graph is not None
         plain = graph.copy(update={"checkpointer": self.plain_saver})
-        config: dict[str, Any] = {"configurable": {"thread_id": thread}}
+        config: RunnableConfig = {"configurable": {"thread_id": thread}}
         ours, theirs = await graph.aget_state(config), await plain.aget_state(config)
         assert thread in self.harness._saver._known  # the read went through the kept history
         assert _full(ours.values.get("messages", [])) == _full(theirs.values.get("messages", []))
@@ -426,11 +429,28 @@ async def test_a_long_thread_past_several_snapshots_reads_the_same(fake: FakeOpe
         check.plain_saver.close()
 
 
+@pytest.mark.parametrize(
+    "then_answers",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="not the cache (the same with history_cache=0): Harness._prepare answers the "
+                "tool call it sees in aget_state's values (the latest checkpoint's pending writes "
+                "applied), but a run with new input discards those unfinished writes: the "
+                "AIMessage is lost, its patch ToolMessage stays, every later turn is an HTTP 400",
+            ),
+        ),
+    ],
+)
 async def test_disk_full_in_the_middle_of_a_model_step_of_the_real_agent(
-    fake: FakeOpenAI, tmp_path: Path
+    fake: FakeOpenAI, tmp_path: Path, then_answers: bool
 ) -> None:
-    """The real agent's model step stores its AIMessage, then fails on the route row: the next turn
-    starts from new input, so both savers read the same (the stored AIMessage is not on the path)."""
+    """The real agent's model step stores its AIMessage, then fails on the route row: the retried
+    turn starts from new input, and both savers read the same history. The thread should then
+    answer again."""
     RAN.clear()
     db = tmp_path / "cp.sqlite"
     harness = _harness(fake, db)
@@ -458,7 +478,63 @@ async def test_disk_full_in_the_middle_of_a_model_step_of_the_real_agent(
         await collect(harness.run("t", user_id="u1", message_id="m2", text="2+3?"))  # the gateway retries
         last = await collect(harness.run("t", user_id="u1", message_id="m3", text="next"))
         await check.same("t")
-        assert isinstance(last[-1], TurnFailed | Final)
+        if then_answers:
+            assert last[-1] == Final("echo: next")
+    finally:
+        await harness.close()
+        check.plain_saver.close()
+
+
+async def test_summaries_titles_and_a_failed_checkpoint_write_read_the_same(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The context stack (a title call in parallel with the first model call, summaries that
+    rewrite the history the model sees), and a step whose checkpoint row cannot be written."""
+    from agent.context import build_context_middleware
+    from agent.model import build_chat_model
+    from agent.settings import ContextSettings
+
+    db = tmp_path / "cp.sqlite"
+    spec = ModelSpec(model="fake-model", base_url=fake.base_url, api_key=API_KEY)
+    context = ContextSettings(summarize_after_tokens=1_500, keep_recent_messages=4, title="model")
+    middleware = build_context_middleware(context, build_chat_model(spec, FAST))
+    harness = Harness(FAST, spec, db, extra_tools=[add], extra_middleware=middleware)
+    await harness.start()
+    check = Checker(harness, db)
+    try:
+        for i in range(9):
+            if i == 7:  # the tool step's checkpoint cannot be stored (the row after its writes)
+                conn = harness._saver.conn
+                conn.execute("CREATE TABLE fault (armed INTEGER)")
+                conn.execute("INSERT INTO fault VALUES (1)")
+                conn.execute(
+                    "CREATE TRIGGER disk_full BEFORE INSERT ON checkpoints"
+                    " WHEN (SELECT armed FROM fault) = 1"
+                    " AND (SELECT count(*) FROM writes WHERE channel = 'messages'"
+                    " AND instr(value, CAST('call_fault' AS BLOB)) > 0) > 0"
+                    " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+                )
+
+                # A rule, not the queue: the summary call comes first and would take a queued reply.
+                def once(text: str, asked: list[str] = []) -> bool:  # noqa: B006 - fires once
+                    if text == "1+2?" and not asked:
+                        asked.append(text)
+                        return True
+                    return False
+
+                fake.add_rule(once, Reply(tool_calls=[ToolCall("add", {"a": 1, "b": 2}, id="call_fault")]))
+                failed = await collect(harness.run("s", user_id="u1", message_id=f"s{i}", text="1+2?"))
+                assert isinstance(failed[-1], TurnFailed)
+                await check.same("s")
+                conn.execute("UPDATE fault SET armed = 0")
+                await collect(harness.run("s", user_id="u1", message_id=f"s{i}", text="1+2?"))
+                await check.same("s")
+                continue
+            text = f"message {i}: " + "lorem ipsum dolor sit amet " * 20
+            await collect(harness.run("s", user_id="u1", message_id=f"s{i}", text=text))
+            await check.same("s")
+        summaries = [r for r in fake.requests if "Context Extraction Assistant" in str(r["messages"])]
+        assert summaries, "no summary was made"
     finally:
         await harness.close()
         check.plain_saver.close()
