@@ -538,3 +538,114 @@ async def test_summaries_titles_and_a_failed_checkpoint_write_read_the_same(
     finally:
         await harness.close()
         check.plain_saver.close()
+
+
+async def test_stop_of_a_first_turn_whose_title_call_runs_beside_it(fake: FakeOpenAI, tmp_path: Path) -> None:
+    """/stop while the lead model streams and the title call runs in the same step (parallel
+    tasks), then the thread goes on."""
+    from agent.context import build_context_middleware
+    from agent.events import TextDelta
+    from agent.model import build_chat_model
+    from agent.settings import ContextSettings
+
+    fake.add_rule(lambda t: "SLOW" in t, Reply(text="a slow answer " * 20, chunks=40, chunk_delay=0.05))
+    db = tmp_path / "cp.sqlite"
+    spec = ModelSpec(model="fake-model", base_url=fake.base_url, api_key=API_KEY)
+    middleware = build_context_middleware(ContextSettings(title="model"), build_chat_model(spec, FAST))
+    harness = Harness(FAST, spec, db, extra_tools=[add], extra_middleware=middleware)
+    await harness.start()
+    check = Checker(harness, db)
+    try:
+        for thread in ("x", "y"):
+            streaming = asyncio.Event()
+
+            async def consume(thread: str = thread, streaming: asyncio.Event = streaming) -> None:
+                events = harness.run(thread, user_id="u1", message_id=f"{thread}1", text="SLOW hi")
+                async with aclosing(events) as run:  # type: ignore[type-var]
+                    async for event in run:
+                        if isinstance(event, TextDelta):
+                            streaming.set()
+
+            task = asyncio.create_task(consume())
+            await asyncio.wait_for(streaming.wait(), 10)
+            await asyncio.sleep(0.3 if thread == "y" else 0)  # y: the title call has finished by now
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await check.same(thread)
+            done = await collect(harness.run(thread, user_id="u1", message_id=f"{thread}2", text="again"))
+            assert done[-1] == Final("echo: again")
+            await check.same(thread)
+            await collect(
+                harness.run(thread, user_id="u1", message_id=f"{thread}1", text="SLOW hi")
+            )  # redelivery
+            await check.same(thread)
+    finally:
+        await harness.close()
+        check.plain_saver.close()
+
+
+async def test_threads_evicted_and_read_again_in_the_middle_of_their_runs(tmp_path: Path) -> None:
+    """One kept thread (``history_cache=1``), two runs interleaving on the loop, each reading the
+    other's state while its own is half done: every read evicts the other thread's history."""
+    db = tmp_path / "c.sqlite"
+    kept_saver, plain_saver = (
+        InlineSqliteSaver.open(db, history_cache=1),
+        InlineSqliteSaver.open(db, history_cache=0),
+    )
+    gate = {"a": asyncio.Event(), "b": asyncio.Event()}
+
+    async def slow(state: Any) -> dict[str, Any]:
+        n = len(state.get("messages", []))
+        thread = state["plan"]
+        await gate[thread].wait()
+        return {"messages": [AIMessage(f"{thread} slow {n}", id=f"{thread}-slow-{n}")]}
+
+    async def quick(state: Any) -> dict[str, Any]:
+        n = len(state.get("messages", []))
+        return {"messages": [AIMessage(f"quick {n}", id=f"{state['plan']}-quick-{n}")]}
+
+    builder = StateGraph(State)
+    builder.add_node("quick", quick)
+    builder.add_node("slow", slow)
+    builder.add_edge(START, "quick")
+    builder.add_edge("quick", "slow")
+    builder.add_edge("slow", END)
+    kept = builder.compile(checkpointer=kept_saver)
+    plain = builder.compile(checkpointer=plain_saver)
+
+    async def same(thread: str) -> None:
+        config: RunnableConfig = {"configurable": {"thread_id": thread}}
+        ours, theirs = await kept.aget_state(config), await plain.aget_state(config)
+        assert _full(ours.values.get("messages", [])) == _full(theirs.values.get("messages", []))
+        assert ours.next == theirs.next
+
+    try:
+        for turn in range(4):
+            runs = [
+                asyncio.create_task(
+                    kept.ainvoke(
+                        {"messages": [HumanMessage(f"{t} {turn}", id=f"{t}-h{turn}")], "plan": t},
+                        {"configurable": {"thread_id": t}},
+                    )
+                )
+                for t in ("a", "b")
+            ]
+            for _ in range(5):
+                await asyncio.sleep(0.01)
+                await same("a")
+                await same("b")
+            gate["a"].set()
+            await runs[0]
+            await same("b")
+            await same("a")
+            gate["b"].set()
+            await runs[1]
+            await same("a")
+            await same("b")
+            gate["a"].clear()
+            gate["b"].clear()
+        assert len(kept_saver._known) == 1
+    finally:
+        kept_saver.close()
+        plain_saver.close()
