@@ -51,6 +51,9 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 HISTORY_CACHE = 64
 """Threads whose rebuilt history is kept (the most recently read): enough for as many conversations
 answered in turn (a cycle over more than this would miss every time)."""
+HISTORY_BYTES = 16 << 20
+"""Rough size (text and encoded media) of all kept histories together; the least recently read go
+first. A thread whose history alone is over a quarter of it is read from the database each time."""
 HISTORY_IDLE = 900.0
 """Seconds after its thread's last read that a kept history is dropped (at the next read of any
 thread): threads that went quiet give their memory back."""
@@ -67,6 +70,7 @@ class _Known:
     channels: tuple[str, ...]
     history: dict[str, DeltaChannelHistory]
     used: float = 0.0  # time.monotonic() of the last read
+    size: int = 0  # rough bytes held (see _size)
     # Checkpoints put since, by id: their parent's id.
     parents: dict[str, str] = field(default_factory=dict)
     # Writes stored against a checkpoint: {(task_id, idx): (task_path, channel, value)}, every
@@ -113,10 +117,57 @@ class _Known:
         return history
 
 
-def _fresh(value: Any) -> Any:
-    """``value`` with new lists and a shallow copy of each message (see the module docstring)."""
+_MESSAGE_PARTS = ("content", "additional_kwargs", "response_metadata", "tool_calls", "invalid_tool_calls")
+
+
+def _fresh_message(message: BaseMessage) -> BaseMessage:
+    """A copy whose fields, the lists and dicts in them, and the dicts in those (content blocks,
+    tool calls) and their ``args`` are its own. ``copy.deepcopy`` would cost more (8 µs a message)
+    than reading the message back from the database (6 µs); this costs ~2 µs."""
+    copy = message.model_copy()
+    fields = copy.__dict__
+    for name in _MESSAGE_PARTS:
+        part = fields.get(name)
+        if isinstance(part, list):
+            fields[name] = [_one_level(item) for item in part]
+        elif isinstance(part, dict):
+            fields[name] = {k: _one_level(v) for k, v in part.items()}
+    return copy
+
+
+def _one_level(item: Any) -> Any:
+    if isinstance(item, dict):
+        return {k: _own(v) for k, v in item.items()}
+    return _own(item)
+
+
+def _own(item: Any) -> Any:
+    if isinstance(item, dict):
+        return dict(item)
+    if isinstance(item, list):
+        return list(item)
+    return item
+
+
+def _size(value: Any, depth: int = 0) -> int:
+    """Rough bytes of a kept value: its strings (text, encoded images) and some per object."""
+    if isinstance(value, str | bytes):
+        return len(value) + 50
+    if depth > 8:
+        return 50
     if isinstance(value, BaseMessage):
-        return value.model_copy()
+        return 300 + sum(_size(value.__dict__.get(name), depth + 1) for name in _MESSAGE_PARTS)
+    if isinstance(value, dict):
+        return 60 + sum(_size(v, depth + 1) + 50 for v in value.values())
+    if isinstance(value, list | tuple):
+        return 60 + sum(_size(v, depth + 1) + 8 for v in value)
+    return 30
+
+
+def _fresh(value: Any) -> Any:
+    """``value`` with new lists and a copy of each message (see the module docstring)."""
+    if isinstance(value, BaseMessage):
+        return _fresh_message(value)
     if isinstance(value, list):
         return [_fresh(v) for v in value]
     if isinstance(value, tuple) and hasattr(value, "_replace") and hasattr(value, "value"):
@@ -141,6 +192,8 @@ class InlineSqliteSaver(SqliteSaver):
         super().__init__(conn)
         self.history_cache = history_cache
         self._known: OrderedDict[str, _Known] = OrderedDict()
+        self._kept_bytes = 0
+        self._data_version: int | None = None
 
     @classmethod
     def open(cls, path: Path, *, history_cache: int = HISTORY_CACHE) -> InlineSqliteSaver:
@@ -154,7 +207,7 @@ class InlineSqliteSaver(SqliteSaver):
         return saver
 
     def close(self) -> None:
-        self._known.clear()
+        self._forget_all()
         self.conn.close()
 
     # ---- the kept histories (see the module docstring) -----------------------------------------
@@ -176,22 +229,37 @@ class InlineSqliteSaver(SqliteSaver):
             return super().get_delta_channel_history(config=config, channels=channels)
         thread = str(conf["thread_id"])
         now = time.monotonic()
+        with self.cursor(transaction=False) as cur:
+            version = cur.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            # Another connection (another process) committed to the file: what is kept may miss it.
+            self._data_version = version
+            self._forget_all()
         while self._known and next(iter(self._known.values())).used < now - HISTORY_IDLE:
-            self._known.popitem(last=False)
+            self._drop(next(iter(self._known)))
         known = self._known.get(thread)
         if known is not None and known.channels == wanted:
             history = known.advance(target)
             if history is not None:
                 known.used = now
                 self._known.move_to_end(thread)
-                return _handed_out(history)
+                out = _handed_out(history)
+                if known.size > HISTORY_BYTES // 4:
+                    self._drop(thread)  # grew too big to keep (pictures, long tool output)
+                self._trim()
+                return out
             if target < known.target:
                 # An older checkpoint (the state history, a fork): read it, keep the newer one.
                 # Checkpoint ids (uuid6) sort by time; a wrong guess only costs a walk later.
                 return super().get_delta_channel_history(config=config, channels=channels)
-        self._known.pop(thread, None)
+        self._drop(thread)
         history = dict(super().get_delta_channel_history(config=config, channels=channels))
-        known = _Known(target, wanted, history, now)
+        size = _size([entry.get("seed") for entry in history.values()]) + sum(
+            _size(v) for entry in history.values() for _, _, v in entry["writes"]
+        )
+        if size > HISTORY_BYTES // 4:
+            return history  # too big to keep: read from the database each time, as before
+        known = _Known(target, wanted, history, now, size)
         # Writes already stored against the target (a paused or failed step's) are not part of its
         # history, but later checkpoints will chain through it.
         with self.cursor(transaction=False) as cur:
@@ -210,9 +278,24 @@ class InlineSqliteSaver(SqliteSaver):
         if stored:
             known.writes[target] = stored
         self._known[thread] = known
-        while len(self._known) > self.history_cache:
-            self._known.popitem(last=False)
-        return _handed_out(history)
+        self._kept_bytes += size
+        out = _handed_out(history)
+        self._trim()
+        return out
+
+    def _drop(self, thread: str) -> None:
+        known = self._known.pop(thread, None)
+        if known is not None:
+            self._kept_bytes -= known.size
+
+    def _forget_all(self) -> None:
+        self._known.clear()
+        self._kept_bytes = 0
+
+    def _trim(self) -> None:
+        """Least recently read first, until within ``history_cache`` threads and HISTORY_BYTES."""
+        while self._known and (len(self._known) > self.history_cache or self._kept_bytes > HISTORY_BYTES):
+            self._drop(next(iter(self._known)))
 
     def put(
         self,
@@ -221,15 +304,20 @@ class InlineSqliteSaver(SqliteSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        saved = super().put(config, checkpoint, metadata, new_versions)
         found = self._known_for(config)
+        try:
+            saved = super().put(config, checkpoint, metadata, new_versions)
+        except BaseException:
+            if found is not None:
+                self._drop(found[0])
+            raise
         if found is not None:
             thread, known = found
             cid, parent = checkpoint["id"], config["configurable"].get("checkpoint_id")
             values = checkpoint.get("channel_values") or {}
             if cid == known.target or cid in known.parents or any(ch in values for ch in known.channels):
                 # A re-put id, or a snapshot the database walk would now seed from: read it there.
-                del self._known[thread]
+                self._drop(thread)
             elif parent is not None:
                 known.parents[cid] = parent
         return saved
@@ -249,13 +337,27 @@ class InlineSqliteSaver(SqliteSaver):
         ]
         # As SqliteSaver: only the special channels' writes (errors, interrupts...) replace.
         replace = all(ch in WRITES_IDX_MAP for ch, _ in writes)
-        with self.cursor() as cur:
-            cur.executemany(
-                f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO writes (thread_id, checkpoint_ns,"
-                " checkpoint_id, task_id, task_path, idx, channel, type, value)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
+        try:
+            with self.cursor(transaction=False) as cur:
+                # One transaction: a batch that fails halfway (a full disk) leaves none of its rows,
+                # so LangGraph runs the task again instead of counting it done with half its writes
+                # (SqliteSaver's autocommit keeps the rows before the failing one).
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    cur.executemany(
+                        f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO writes (thread_id,"
+                        " checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        rows,
+                    )
+                    cur.execute("COMMIT")
+                except BaseException:
+                    if self.conn.in_transaction:
+                        cur.execute("ROLLBACK")
+                    raise
+        except BaseException:
+            self._drop(thread)
+            raise
         found = self._known_for(config)
         if found is None:
             return
@@ -264,7 +366,7 @@ class InlineSqliteSaver(SqliteSaver):
             # A write to a checkpoint already folded into the kept history (it came after a later
             # checkpoint was read): let the database walk place it.
             if any(ch in known.channels for ch, _ in writes):
-                del self._known[thread]
+                self._drop(thread)
             return
         # Writes may also come before their checkpoint's ``put`` (the sync graph API stores both
         # from worker threads): kept by id until a chain reaches it.
@@ -274,10 +376,15 @@ class InlineSqliteSaver(SqliteSaver):
             key = (task_id, idx)
             if key in stored and not replace:
                 continue  # INSERT OR IGNORE: the database keeps the first
-            stored[key] = (path, ch, self.serde.loads_typed((kind, blob)) if ch in known.channels else None)
+            if ch in known.channels:
+                stored[key] = (path, ch, self.serde.loads_typed((kind, blob)))
+                known.size += len(blob) + 100
+                self._kept_bytes += len(blob) + 100
+            else:
+                stored[key] = (path, ch, None)
 
     def delete_thread(self, thread_id: str) -> None:
-        self._known.pop(str(thread_id), None)
+        self._drop(str(thread_id))
         super().delete_thread(thread_id)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:

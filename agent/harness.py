@@ -416,7 +416,13 @@ class Harness:
             log.info("thread %s: message %s was answered before later ones; replaying", thread_id, message_id)
             return earlier
         last_human = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
+        # Messages a step stored as writes but whose checkpoint was not stored (a full disk): the
+        # state shows them, a run with new input drops them, a run with no input applies them.
+        pending = {m.id for task in snap.tasks if task.result for m in _messages_of(task.result)}
         if last_human is not None and last_human.id == message_id:
+            if pending and not snap.next:
+                log.info("thread %s: finishing the stored step of message %s", thread_id, message_id)
+                return None
             last = messages[-1]
             if (
                 not snap.next
@@ -434,7 +440,7 @@ class Harness:
                 # the message already in place and any dangling tool call answered.
                 return {"messages": _tool_patches(messages)}
             return None
-        patches = _tool_patches(messages)
+        patches = _tool_patches([m for m in messages if m.id not in pending] if pending else messages)
         if patches:
             log.info("thread %s: closing %d tool call(s) left by a stopped turn", thread_id, len(patches))
         # Images shown long enough fade; all of them when this turn's model takes none (a /model

@@ -3,12 +3,13 @@ it must equal a read of the same SQLite file by a saver that keeps nothing (``hi
 and nothing done to the messages handed out may change later reads.
 
 The real agent flows (tools, approvals, a failed model call retried, /stop mid-tool, images that
-fade, two threads at once, a restart) run through the Harness against the fake OpenAI server and
-hold. Three divergences are pinned as strict xfails on a toy graph: a ``put_writes`` that fails
-after SQLite committed part of the batch, a node that mutates a handed-out message in place (a
-nested list or dict), and writes another process stores against the checkpoint a saver keeps. One
-more strict xfail is not the cache's: after a model step half-written to a full disk, the thread
-never answers again (the same with ``history_cache=0``)."""
+fade, two threads at once, a restart) run through the Harness against the fake OpenAI server. A
+toy graph pins what the review found and agent/checkpoints.py now handles: a ``put_writes`` batch
+that fails halfway (it is one transaction now), a node that changes a handed-out message in place
+(nested lists and dicts are the copy's own), writes another process stores against the kept
+checkpoint (``PRAGMA data_version``). One finding was not the cache's: after a model step whose
+checkpoint could not be stored (a full disk), the thread answered HTTP 400 forever; the harness
+now finishes that step instead of answering its tool call beside it."""
 
 from __future__ import annotations
 
@@ -92,12 +93,6 @@ def pair(tmp_path: Path) -> Iterator[tuple[InlineSqliteSaver, InlineSqliteSaver]
     plain.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="put_writes: SQLite (autocommit) keeps the rows of the batch before the failing one, the "
-    "kept history none of them; the retried step counts the task as done, so the kept history "
-    "loses its answer for good",
-)
 def test_a_write_batch_that_fails_halfway_is_kept_as_the_database_has_it(
     pair: tuple[InlineSqliteSaver, InlineSqliteSaver],
 ) -> None:
@@ -134,11 +129,6 @@ def test_a_write_batch_that_fails_halfway_is_kept_as_the_database_has_it(
     assert _full(ours.values["messages"]) == _full(theirs.values["messages"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_fresh hands out a shallow model_copy: content lists, tool_calls dicts (and their args) "
-    "and additional_kwargs are shared with the kept history, so an in-place change sticks",
-)
 def test_messages_changed_in_place_by_a_node_do_not_change_later_reads(
     pair: tuple[InlineSqliteSaver, InlineSqliteSaver],
 ) -> None:
@@ -175,12 +165,6 @@ def _fan(saver: InlineSqliteSaver) -> Any:
     return builder.compile(checkpointer=saver)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="writes another process stores against the checkpoint a saver keeps (its known.target) are "
-    "never seen: known.writes[target] is loaded once, at the first read, and advance() chains "
-    "through it (the docstring only covers checkpoints another process wrote)",
-)
 def test_writes_another_process_stored_on_the_kept_checkpoint(tmp_path: Path) -> None:
     db = tmp_path / "c.sqlite"
     first, second, plain = (
@@ -430,23 +414,20 @@ async def test_a_long_thread_past_several_snapshots_reads_the_same(fake: FakeOpe
 
 
 @pytest.mark.parametrize(
-    "then_answers",
+    ("table", "when"),
     [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="not the cache (the same with history_cache=0): Harness._prepare answers the "
-                "tool call it sees in aget_state's values (the latest checkpoint's pending writes "
-                "applied), but a run with new input discards those unfinished writes: the "
-                "AIMessage is lost, its patch ToolMessage stays, every later turn is an HTTP 400",
-            ),
+        # The step's batch fails at its route row, after its AIMessage row.
+        ("writes", "NEW.channel LIKE 'branch:to:ChitalApprovals%'"),
+        # The whole batch (the AIMessage with its tool call) is stored, the checkpoint after it not.
+        (
+            "checkpoints",
+            "(SELECT count(*) FROM writes WHERE channel = 'messages'"
+            " AND instr(value, CAST('call_disk_full' AS BLOB)) > 0) > 0",
         ),
     ],
 )
 async def test_disk_full_in_the_middle_of_a_model_step_of_the_real_agent(
-    fake: FakeOpenAI, tmp_path: Path, then_answers: bool
+    fake: FakeOpenAI, tmp_path: Path, table: str, when: str
 ) -> None:
     """The real agent's model step stores its AIMessage, then fails on the route row: the retried
     turn starts from new input, and both savers read the same history. The thread should then
@@ -466,20 +447,24 @@ async def test_disk_full_in_the_middle_of_a_model_step_of_the_real_agent(
         conn.execute("INSERT INTO fault VALUES (1)")
         # The model step's rows: its AIMessage (idx 0), then the route to the next node (idx 1).
         conn.execute(
-            "CREATE TRIGGER disk_full BEFORE INSERT ON writes"
-            " WHEN NEW.channel LIKE 'branch:to:ChitalApprovals%' AND (SELECT armed FROM fault) = 1"
+            f"CREATE TRIGGER disk_full BEFORE INSERT ON {table}"
+            f" WHEN {when} AND (SELECT armed FROM fault) = 1"
             " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
         )
-        fake.script(Reply(tool_calls=[ToolCall("add", {"a": 2, "b": 3})]), Reply(text="5"))
+        fake.script(
+            Reply(tool_calls=[ToolCall("add", {"a": 2, "b": 3}, id="call_disk_full")]), Reply(text="5")
+        )
         assert isinstance(
             (await collect(harness.run("t", user_id="u1", message_id="m2", text="2+3?")))[-1], TurnFailed
         )
         conn.execute("UPDATE fault SET armed = 0")
-        await collect(harness.run("t", user_id="u1", message_id="m2", text="2+3?"))  # the gateway retries
+        retried = await collect(
+            harness.run("t", user_id="u1", message_id="m2", text="2+3?")
+        )  # the gateway retries
+        assert retried[-1] == Final("5")
         last = await collect(harness.run("t", user_id="u1", message_id="m3", text="next"))
         await check.same("t")
-        if then_answers:
-            assert last[-1] == Final("echo: next")
+        assert last[-1] == Final("echo: next")
     finally:
         await harness.close()
         check.plain_saver.close()
