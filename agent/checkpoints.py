@@ -12,15 +12,20 @@ same commit per write as the async saver (a committed write survives ``kill -9``
 rebuilds the list by walking the thread's checkpoints back to the last snapshot (every 50 updates)
 and deserialising the snapshot and every write since, that is the whole conversation, once per
 turn. That cost grows with the thread, without bound (docs/performance.md). This saver keeps, for
-the last ``history_cache`` threads it read, the rebuilt history at the checkpoint it read, and
-extends it with the writes and checkpoints it puts itself afterwards, which it keeps as the
-database will return them (a serialiser round trip, ``INSERT OR IGNORE`` kept). A read of a later
-checkpoint of that thread is answered from memory when the chain of checkpoints from it leads back
-to the one read, through checkpoints this saver put; anything else (a snapshot, a fork, a re-put
-id, a subgraph namespace, a checkpoint another process wrote) is read from the database as before.
-The history is handed out with fresh lists and a shallow copy of each message, so a middleware
-that reassigns a message's field in the run (human-in-the-loop rewrites ``tool_calls``) cannot
-change the kept one. SQLite only: PostgreSQL deployments share threads between daemons.
+the last ``history_cache`` threads it read (at most HISTORY_BYTES in all), the rebuilt history at
+the checkpoint it read, and extends it with the writes and checkpoints it puts itself afterwards,
+which it keeps as the database will return them (the same serialised bytes, ``INSERT OR IGNORE``
+kept). A read of a later checkpoint of that thread is answered from memory when the chain of
+checkpoints from it leads back to the one read, through checkpoints this saver put; anything else
+(a snapshot, a fork, a re-put id, a subgraph namespace, a failed write, a commit by another
+connection to the file) is read from the database as before. The history is handed out as new
+lists of message copies whose lists and dicts (content blocks, tool calls and their arguments,
+kwargs) are their own, so a middleware that changes a message it was handed (human-in-the-loop
+rewrites ``tool_calls``) cannot change what the next turn reads. SQLite only: PostgreSQL
+deployments share threads between daemons.
+
+A step's writes go in one transaction (``SqliteSaver`` commits row by row): a batch that fails
+halfway on a full disk would leave rows LangGraph then counts as the whole step.
 """
 
 from __future__ import annotations
