@@ -134,16 +134,18 @@ def _fresh_message(message: BaseMessage) -> BaseMessage:
     for name in _MESSAGE_PARTS:
         part = fields.get(name)
         if isinstance(part, list):
-            fields[name] = [_one_level(item) for item in part]
+            fields[name] = [_one_level(item) for item in part] if part else []
         elif isinstance(part, dict):
-            fields[name] = {k: _one_level(v) for k, v in part.items()}
+            fields[name] = {k: _one_level(v) for k, v in part.items()} if part else {}
     return copy
 
 
 def _one_level(item: Any) -> Any:
     if isinstance(item, dict):
         return {k: _own(v) for k, v in item.items()}
-    return _own(item)
+    if isinstance(item, list):
+        return list(item)
+    return item
 
 
 def _own(item: Any) -> Any:
