@@ -440,7 +440,9 @@ class Harness:
                 # the message already in place and any dangling tool call answered.
                 return {"messages": _tool_patches(messages)}
             return None
-        patches = _tool_patches([m for m in messages if m.id not in pending] if pending else messages)
+        if pending:  # the messages as of the step's start: what a run with new input builds on
+            messages = list((await graph.aget_state(snap.config)).values.get("messages", ()))
+        patches = _tool_patches(messages)
         if patches:
             log.info("thread %s: closing %d tool call(s) left by a stopped turn", thread_id, len(patches))
         # Images shown long enough fade; all of them when this turn's model takes none (a /model
