@@ -430,9 +430,11 @@ async def test_a_long_thread_past_several_snapshots_reads_the_same(fake: FakeOpe
 async def test_disk_full_in_the_middle_of_a_model_step_of_the_real_agent(
     fake: FakeOpenAI, tmp_path: Path, table: str, when: str, retried: bool
 ) -> None:
-    """The real agent's model step stores its AIMessage, then fails on the route row: the retried
-    turn starts from new input, and both savers read the same history. The thread should then
-    answer again."""
+    """A full disk in the real agent's model step: the step's write batch fails at its route row
+    (one transaction: none of it is stored), or the batch is stored and the checkpoint after it
+    is not (the AIMessage with its tool call is a pending write). Retried, the message is answered;
+    the next message is answered too, retried first or not (never an HTTP 400 for a tool result
+    whose call LangGraph dropped), and both savers read the same history."""
     RAN.clear()
     db = tmp_path / "cp.sqlite"
     harness = _harness(fake, db)
