@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from agent.config import AgentSettings, ModelSpec
@@ -43,12 +45,11 @@ async def _turns(
     return walls, (time.process_time() - cpu0) / n
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--turns", type=int, default=200)
-    parser.add_argument("--tools", action="store_true", help="the runtime with the default tool stack")
-    args = parser.parse_args()
-    for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+@contextlib.asynccontextmanager
+async def fake_model() -> AsyncIterator[str]:
+    """The instant fake model (tests/fakes/openai_server.py) in a child process, so that its CPU
+    is not counted; yields its base URL. Proxy variables are dropped first: the SDKs would use them."""
+    for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
         os.environ.pop(key, None)
     root = Path(__file__).resolve().parents[1]
     fake = await asyncio.create_subprocess_exec(
@@ -56,7 +57,18 @@ async def main() -> None:
     )
     try:
         assert fake.stdout is not None
-        base_url = (await fake.stdout.readline()).decode().strip()
+        yield (await fake.stdout.readline()).decode().strip()
+    finally:
+        fake.terminate()
+        await fake.wait()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--tools", action="store_true", help="the runtime with the default tool stack")
+    args = parser.parse_args()
+    async with fake_model() as base_url:
         spec = ModelSpec(model="bench-model", base_url=base_url, api_key="sk-bench")
         with tempfile.TemporaryDirectory() as tmp:
             harness: Harness | AgentRuntime
@@ -83,9 +95,6 @@ async def main() -> None:
                     )
             finally:
                 await harness.close()
-    finally:
-        fake.terminate()
-        await fake.wait()
 
 
 if __name__ == "__main__":

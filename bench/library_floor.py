@@ -45,6 +45,7 @@ from agent.config import AgentSettings, ModelSpec
 from agent.harness import Final, Harness
 from agent.model import build_chat_model
 from agent.runtime import AgentRuntime
+from bench.harness_turns import fake_model
 
 Turn = Callable[[str, int], Awaitable[None]]
 """One turn: (thread id, turn number)."""
@@ -127,16 +128,8 @@ async def main() -> None:
     ap.add_argument("--turns", type=int, default=200, help="turns per layer and round (over 20 threads)")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        os.environ.pop(key, None)
     tuning.apply()
-    root = Path(__file__).resolve().parents[1]
-    fake = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.fakes.openai_server", cwd=root, stdout=asyncio.subprocess.PIPE
-    )
-    try:
-        assert fake.stdout is not None
-        base_url = (await fake.stdout.readline()).decode().strip()
+    async with fake_model() as base_url:
         with tempfile.TemporaryDirectory() as tmp:
             os.chmod(tmp, 0o755)  # the sandbox user must reach its directories
             named, close = await layers(base_url, Path(tmp))
@@ -152,9 +145,6 @@ async def main() -> None:
                         figures[name].append(await cpu_per_turn(turn, args.turns, f"r{r}-{name}"))
             finally:
                 await close()
-    finally:
-        fake.terminate()
-        await fake.wait()
     print(f"CPU per turn, median of {args.rounds} rounds of {args.turns} turns over 20 new threads")
     print(f"{'layer':<42} {'ms/turn':>8} {'adds':>7}   rounds")
     previous = None

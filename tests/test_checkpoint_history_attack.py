@@ -84,6 +84,21 @@ def _full(messages: Any) -> list[dict[str, Any]]:
     return [m.model_dump() for m in messages]
 
 
+def _fill_disk(conn: Any, table: str, when: str) -> None:
+    """From now on, an insert into ``table`` for which ``when`` holds fails as on a full disk (a
+    real SQLite error raised by a trigger), until :func:`_free_disk`."""
+    conn.execute("CREATE TABLE fault (armed INTEGER)")
+    conn.execute("INSERT INTO fault VALUES (1)")
+    conn.execute(
+        f"CREATE TRIGGER disk_full BEFORE INSERT ON {table} WHEN ({when}) AND (SELECT armed FROM fault) = 1"
+        " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+    )
+
+
+def _free_disk(conn: Any) -> None:
+    conn.execute("UPDATE fault SET armed = 0")
+
+
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[InlineSqliteSaver, InlineSqliteSaver]]:
     db = tmp_path / "c.sqlite"
@@ -104,16 +119,10 @@ def test_a_write_batch_that_fails_halfway_is_kept_as_the_database_has_it(
     # The disk fills up while the step's second row (``fanout``) is written: a real SQLite error
     # from a trigger, the first row (``messages``) is already committed.
     db = kept_saver.conn
-    db.execute("CREATE TABLE fault (armed INTEGER)")
-    db.execute("INSERT INTO fault VALUES (1)")
-    db.execute(
-        "CREATE TRIGGER disk_full BEFORE INSERT ON writes"
-        " WHEN NEW.channel = 'fanout' AND (SELECT armed FROM fault) = 1"
-        " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
-    )
+    _fill_disk(db, "writes", "NEW.channel = 'fanout'")
     with pytest.raises(Exception, match="disk is full"):
         kept.invoke({"messages": [HumanMessage("second", id="h2")]}, config)
-    db.execute("UPDATE fault SET armed = 0")  # space freed; the turn is retried
+    _free_disk(db)  # space freed; the turn is retried
     kept.invoke(None, config)
     kept.invoke({"messages": [HumanMessage("third", id="h3")]}, config)
     ours, theirs = kept.get_state(config), plain.get_state(config)
@@ -202,17 +211,10 @@ def test_a_write_batch_that_fails_whole_changes_nothing(
     kept.invoke({"messages": [HumanMessage("hi", id="h1")]}, config)
     kept.get_state(config)
     db = kept_saver.conn
-    db.execute("CREATE TABLE fault (armed INTEGER)")
-    db.execute("INSERT INTO fault VALUES (1)")
-    db.execute(
-        "CREATE TRIGGER disk_full BEFORE INSERT ON writes"
-        " WHEN NEW.channel = 'messages' AND instr(NEW.value, CAST('answer' AS BLOB)) > 0"
-        " AND (SELECT armed FROM fault) = 1"
-        " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
-    )
+    _fill_disk(db, "writes", "NEW.channel = 'messages' AND instr(NEW.value, CAST('answer' AS BLOB)) > 0")
     with pytest.raises(Exception, match="disk is full"):
         kept.invoke({"messages": [HumanMessage("second", id="h2")]}, config)
-    db.execute("UPDATE fault SET armed = 0")
+    _free_disk(db)
     kept.invoke(None, config)
     kept.invoke({"messages": [HumanMessage("third", id="h3")]}, config)
     ours, theirs = kept.get_state(config), plain.get_state(config)
@@ -446,21 +448,15 @@ async def test_disk_full_in_the_middle_of_a_model_step_of_the_real_agent(
         )
         await check.same("t")
         conn = harness._saver.conn
-        conn.execute("CREATE TABLE fault (armed INTEGER)")
-        conn.execute("INSERT INTO fault VALUES (1)")
         # The model step's rows: its AIMessage (idx 0), then the route to the next node (idx 1).
-        conn.execute(
-            f"CREATE TRIGGER disk_full BEFORE INSERT ON {table}"
-            f" WHEN {when} AND (SELECT armed FROM fault) = 1"
-            " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
-        )
+        _fill_disk(conn, table, when)
         fake.script(
             Reply(tool_calls=[ToolCall("add", {"a": 2, "b": 3}, id="call_disk_full")]), Reply(text="5")
         )
         assert isinstance(
             (await collect(harness.run("t", user_id="u1", message_id="m2", text="2+3?")))[-1], TurnFailed
         )
-        conn.execute("UPDATE fault SET armed = 0")
+        _free_disk(conn)
         if retried:  # the gateway retries the message; else the user's next message comes first
             again = await collect(harness.run("t", user_id="u1", message_id="m2", text="2+3?"))
             assert again[-1] == Final("5")
@@ -493,14 +489,11 @@ async def test_summaries_titles_and_a_failed_checkpoint_write_read_the_same(
         for i in range(9):
             if i == 7:  # the tool step's checkpoint cannot be stored (the row after its writes)
                 conn = harness._saver.conn
-                conn.execute("CREATE TABLE fault (armed INTEGER)")
-                conn.execute("INSERT INTO fault VALUES (1)")
-                conn.execute(
-                    "CREATE TRIGGER disk_full BEFORE INSERT ON checkpoints"
-                    " WHEN (SELECT armed FROM fault) = 1"
-                    " AND (SELECT count(*) FROM writes WHERE channel = 'messages'"
-                    " AND instr(value, CAST('call_fault' AS BLOB)) > 0) > 0"
-                    " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+                _fill_disk(
+                    conn,
+                    "checkpoints",
+                    "(SELECT count(*) FROM writes WHERE channel = 'messages'"
+                    " AND instr(value, CAST('call_fault' AS BLOB)) > 0) > 0",
                 )
 
                 # A rule, not the queue: the summary call comes first and would take a queued reply.
@@ -514,7 +507,7 @@ async def test_summaries_titles_and_a_failed_checkpoint_write_read_the_same(
                 failed = await collect(harness.run("s", user_id="u1", message_id=f"s{i}", text="1+2?"))
                 assert isinstance(failed[-1], TurnFailed)
                 await check.same("s")
-                conn.execute("UPDATE fault SET armed = 0")
+                _free_disk(conn)
                 await collect(harness.run("s", user_id="u1", message_id=f"s{i}", text="1+2?"))
                 await check.same("s")
                 continue
