@@ -11,6 +11,13 @@ daemon's throughput ceiling); none changes behaviour:
 - ``create_agent`` binds the tools to the model on every model call, and langchain-openai converts
   each tool to its JSON schema each time. A tool object's schema does not change, so the
   conversion is memoised per tool object (held weakly, checked by identity).
+- The same ``traceable`` wrapper, tracing off, still builds a run container for every call of every
+  middleware's ``wrap_model_call``/``wrap_tool_call`` (the parent run looked up from the config,
+  the tracing context entered and left, the end recorded): about a tenth of a millisecond per
+  hook, a dozen hooks per turn with the default tools. The factory's ``traceable`` is replaced by
+  one that asks ``langsmith.utils.tracing_is_enabled()`` at each call (the same question the
+  wrapper asks: context override, a current run tree, then the environment) and calls the hook
+  directly when the answer is no, the traced wrapper otherwise.
 - ``langchain_core.messages.content._get_data_content_block_types`` re-derives a constant tuple with
   ``typing.get_type_hints`` for every content block of every message of every model call; it is a
   pure function of static types, so it is memoised.
@@ -21,6 +28,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import importlib.util
+import inspect
 import logging
 import sys
 import types
@@ -67,6 +75,44 @@ def _memoised_tool_schema(convert: Any) -> Any:
     return cached
 
 
+def _traced_only_when_tracing(traceable: Any) -> Any:
+    """``traceable`` for ``langchain.agents.factory``: the decorated hook skips LangSmith's
+    wrapper while tracing is off (see the module docstring)."""
+    from langsmith.utils import tracing_is_enabled
+
+    @functools.wraps(traceable)
+    def decorator_factory(*args: Any, **kwargs: Any) -> Any:
+        decorate = traceable(*args, **kwargs)
+        if args and callable(args[0]) and not kwargs:  # @traceable used bare: already a wrapper
+            return decorate
+
+        def decorator(func: Any) -> Any:
+            traced = decorate(func)
+            if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
+                return traced  # not a hook's shape: as LangSmith wraps it
+            if inspect.iscoroutinefunction(func):
+
+                @functools.wraps(func)
+                async def hook(*a: Any, **kw: Any) -> Any:
+                    if kw or tracing_is_enabled():  # config=, langsmith_extra=: the wrapper's
+                        return await traced(*a, **kw)
+                    return await func(*a)
+
+                return hook
+
+            @functools.wraps(func)
+            def sync_hook(*a: Any, **kw: Any) -> Any:
+                if kw or tracing_is_enabled():
+                    return traced(*a, **kw)
+                return func(*a)
+
+            return sync_hook
+
+        return decorator
+
+    return decorator_factory
+
+
 def apply() -> None:
     global _applied
     if _applied:
@@ -78,6 +124,14 @@ def apply() -> None:
         langsmith.set_runtime_overrides(aio_to_thread=_inline_when_not_tracing)
     except (ImportError, AttributeError) as exc:  # an older langsmith: keep its default
         log.debug("langsmith runtime override unavailable: %s", exc)
+    try:
+        from langchain.agents import factory
+
+        if not getattr(factory.traceable, "_chital_fast", False):
+            factory.traceable = _traced_only_when_tracing(factory.traceable)
+            factory.traceable._chital_fast = True  # type: ignore[attr-defined]
+    except (ImportError, AttributeError) as exc:
+        log.debug("middleware hooks keep LangSmith's wrapper: %s", exc)
     try:
         from langchain_openai.chat_models import base as openai_base
 

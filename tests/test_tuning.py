@@ -1,0 +1,200 @@
+"""agent/tuning.py's speed fixes keep LangChain's behaviour: a middleware hook runs without
+LangSmith's wrapper only while tracing is off, and with it (its span, its run tree) when tracing is
+on, whichever way it was turned on; the agent's answer is the same either way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import pytest
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+from langsmith import Client
+from langsmith.run_helpers import get_current_run_tree, trace, tracing_context
+
+from agent import tuning
+from agent.config import AgentSettings, ModelSpec
+from agent.model import build_chat_model
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fresh_python import run_python
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    for key in ("LANGSMITH_TRACING", "LANGCHAIN_TRACING_V2", "LANGCHAIN_TRACING"):
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+class FakeLangSmith(BaseHTTPRequestHandler):
+    """Takes LangSmith's uploads (``posts``: the request bodies) and answers its info request."""
+
+    posts: ClassVar[list[bytes]] = []
+
+    def do_POST(self) -> None:
+        self.posts.append(self.rfile.read(int(self.headers.get("content-length", 0))))
+        self._json({})
+
+    def do_GET(self) -> None:
+        self._json({"batch_ingest_config": {}, "instance_flags": {}})
+
+    def _json(self, body: dict[str, Any]) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(body).encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def langsmith() -> Iterator[tuple[str, list[bytes]]]:
+    """(endpoint URL, bodies posted to it)."""
+    posts: ClassVar[list[bytes]] = []
+    handler = type("Handler", (FakeLangSmith,), {"posts": posts})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", posts
+    server.shutdown()
+    server.server_close()
+
+
+class Watch(AgentMiddleware[Any, Any]):
+    """Records, for every model call, the LangSmith run the hook ran in (None: no wrapper)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[str | None] = []
+
+    def _seen(self) -> None:
+        run = get_current_run_tree()
+        self.runs.append(None if run is None else run.name)
+
+    def wrap_model_call(
+        self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]
+    ) -> ModelResponse:
+        self._seen()
+        return handler(request)
+
+    async def awrap_model_call(
+        self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
+    ) -> ModelResponse:
+        self._seen()
+        return await handler(request)
+
+
+def agent_on(fake: Any) -> tuple[Any, Watch]:
+    tuning.apply()
+    spec = ModelSpec(model="fake-model", base_url=fake.base_url, api_key="sk-test")
+    watch = Watch()
+    return create_agent(build_chat_model(spec, AgentSettings()), [], middleware=[watch]), watch
+
+
+def answer(result: dict[str, Any]) -> str:
+    return str(result["messages"][-1].content)
+
+
+async def test_hook_runs_without_langsmith_while_tracing_is_off(fake: FakeOpenAI) -> None:
+    graph, watch = agent_on(fake)
+    result = await graph.ainvoke({"messages": [{"role": "user", "content": "hello"}]})
+    assert answer(result) == "echo: hello"
+    assert watch.runs == [None]
+
+
+@pytest.mark.parametrize("how", ["context", "parent run"])
+async def test_hook_is_traced_when_tracing_is_on(
+    fake: FakeOpenAI, langsmith: tuple[str, list[bytes]], how: str
+) -> None:
+    url, posts = langsmith
+    client = Client(api_url=url, api_key="ls-test")
+    graph, watch = agent_on(fake)
+    inp = {"messages": [{"role": "user", "content": "hi"}]}
+    if how == "context":
+        with tracing_context(enabled=True, client=client):
+            result = await graph.ainvoke(inp)
+    else:
+        with tracing_context(enabled=True, client=client), trace("outer", client=client):
+            with tracing_context(enabled=None):  # no override left: only the run tree says so
+                result = await graph.ainvoke(inp)
+    client.flush()
+    assert answer(result) == "echo: hi"
+    assert watch.runs == ["Watch.awrap_model_call"]
+    assert any(b"Watch.awrap_model_call" in body for body in posts)
+
+
+async def test_hook_is_traced_when_the_environment_turns_tracing_on(
+    fake: FakeOpenAI, langsmith: tuple[str, list[bytes]]
+) -> None:
+    """LangSmith reads (and caches) its environment once: a fresh interpreter."""
+    url, posts = langsmith
+    out = await asyncio.to_thread(
+        run_python,
+        f"""
+        import asyncio, json
+        from tests.test_tuning import Watch, agent_on, answer
+        from tests.fakes.openai_server import FakeOpenAI
+        from langsmith import Client
+
+        class Remote:
+            base_url = {fake.base_url!r}
+
+        graph, watch = agent_on(Remote())
+        result = asyncio.run(graph.ainvoke({{"messages": [{{"role": "user", "content": "env"}}]}}))
+        Client().flush()
+        print(json.dumps([answer(result), watch.runs]))
+        """,
+        timeout=120,
+        env={
+            **{k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
+            "LANGSMITH_TRACING": "true",
+            "LANGSMITH_ENDPOINT": url,
+            "LANGSMITH_API_KEY": "ls-test",
+        },
+    )
+    assert json.loads(out.splitlines()[-1]) == ["echo: env", ["Watch.awrap_model_call"]]
+    assert any(b"Watch.awrap_model_call" in body for body in posts)
+
+
+async def test_sync_hook_follows_the_same_rule(fake: FakeOpenAI, langsmith: tuple[str, list[bytes]]) -> None:
+    url, _ = langsmith
+    graph, watch = agent_on(fake)
+    inp = {"messages": [{"role": "user", "content": "sync"}]}
+
+    def traced() -> dict[str, Any]:
+        client = Client(api_url=url, api_key="ls-test")
+        with tracing_context(enabled=True, client=client):
+            result = dict(graph.invoke(inp))
+        client.flush()
+        return result
+
+    untraced = await asyncio.to_thread(graph.invoke, inp)
+    assert answer(untraced) == "echo: sync"
+    assert answer(await asyncio.to_thread(traced)) == "echo: sync"
+    assert watch.runs == [None, "Watch.wrap_model_call"]
+
+
+def test_applying_twice_wraps_once() -> None:
+    from langchain.agents import factory
+
+    tuning.apply()
+    first = factory.traceable
+    tuning._applied = False
+    try:
+        tuning.apply()
+    finally:
+        tuning._applied = True
+    assert factory.traceable is first
