@@ -29,7 +29,6 @@ import re
 import signal
 import sys
 import time
-from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -368,6 +367,8 @@ def log_to_file(cfg: Config) -> Path | None:
     handler: logging.Handler
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        from logging.handlers import RotatingFileHandler  # `chital chat` only, not `chital run`
+
         handler = RotatingFileHandler(path, maxBytes=LOG_BYTES, backupCount=1, encoding="utf-8")
         with contextlib.suppress(OSError):
             path.chmod(0o600)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import types
@@ -421,6 +420,8 @@ def _describe(err: Any, node: yaml.Node | None) -> str:
     if err["type"] != "extra_forbidden":
         return f"  {where}: {err['msg']}"
     known = _known_keys(loc[:-1])
+    import difflib  # only for a config error: not loaded by a daemon that starts
+
     close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
     hint = f"; known keys: {', '.join(known)}" if known else ""
     if close:
