@@ -13,11 +13,11 @@ daemon's throughput ceiling); none changes behaviour:
   conversion is memoised per tool object (held weakly, checked by identity).
 - The same ``traceable`` wrapper, tracing off, still builds a run container for every call of every
   middleware's ``wrap_model_call``/``wrap_tool_call`` (the parent run looked up from the config,
-  the tracing context entered and left, the end recorded): about a tenth of a millisecond per
-  hook, a dozen hooks per turn with the default tools. The factory's ``traceable`` is replaced by
-  one that asks ``langsmith.utils.tracing_is_enabled()`` at each call (the same question the
-  wrapper asks: context override, a current run tree, then the environment) and calls the hook
-  directly when the answer is no, the traced wrapper otherwise.
+  the tracing context entered and left, the end recorded): 7.8 % of a turn's instructions with the
+  default tools (``bench/turn_instructions.py``). The factory's ``traceable`` is replaced by one
+  that asks ``langsmith.utils.tracing_is_enabled()`` at each call (a context override, then a
+  current run tree, which LangChain also sets for a tracer passed as a callback, then the
+  environment) and calls the hook directly when the answer is no, the traced wrapper otherwise.
 - ``langchain_core.messages.content._get_data_content_block_types`` re-derives a constant tuple with
   ``typing.get_type_hints`` for every content block of every message of every model call; it is a
   pure function of static types, so it is memoised.

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+from langchain_core.tracers.langchain import LangChainTracer
 from langsmith import Client
 from langsmith.run_helpers import get_current_run_tree, trace, tracing_context
 
@@ -115,7 +116,7 @@ async def test_hook_runs_without_langsmith_while_tracing_is_off(fake: FakeOpenAI
     assert watch.runs == [None]
 
 
-@pytest.mark.parametrize("how", ["context", "parent run"])
+@pytest.mark.parametrize("how", ["context", "parent run", "tracer callback"])
 async def test_hook_is_traced_when_tracing_is_on(
     fake: FakeOpenAI, langsmith: tuple[str, list[bytes]], how: str
 ) -> None:
@@ -126,10 +127,12 @@ async def test_hook_is_traced_when_tracing_is_on(
     if how == "context":
         with tracing_context(enabled=True, client=client):
             result = await graph.ainvoke(inp)
-    else:
+    elif how == "parent run":
         with tracing_context(enabled=True, client=client), trace("outer", client=client):
             with tracing_context(enabled=None):  # no override left: only the run tree says so
                 result = await graph.ainvoke(inp)
+    else:  # LangChain's tracer handed in as a callback, tracing otherwise off
+        result = await graph.ainvoke(inp, {"callbacks": [LangChainTracer(client=client)]})
     client.flush()
     assert answer(result) == "echo: hi"
     assert watch.runs == ["Watch.awrap_model_call"]
@@ -146,7 +149,6 @@ async def test_hook_is_traced_when_the_environment_turns_tracing_on(
         f"""
         import asyncio, json
         from tests.test_tuning import Watch, agent_on, answer
-        from tests.fakes.openai_server import FakeOpenAI
         from langsmith import Client
 
         class Remote:

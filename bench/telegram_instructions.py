@@ -1,0 +1,163 @@
+"""Instructions per Telegram DM, daemon beside relay, counted by valgrind (run by hand).
+
+    python bench/telegram_instructions.py                    # 20 chats x 5, tools on
+    python bench/telegram_instructions.py --chats 10 --messages 4 --bare
+
+``bench_telegram.py``'s figures are CPU times, which move by ±30 % on a shared 2-core VM. This
+runs the same two processes, the bare relay (``relay_telegram.py``) and ``chital run`` with
+Telegram alone, each under ``valgrind --tool=callgrind --instr-atstart=no`` on its own fake
+Telegram and fake model (in this process, not counted). After a warm-up (imports, connections,
+the first turns) counting is switched on with ``callgrind_control -i on``, ``--chats`` closed-loop
+users send ``--messages`` DMs each, counting is switched off, and the instructions counted divided
+by the DMs answered is the figure: the same work as ``bench_telegram.py``'s many-chats phase,
+with no noise. An instruction count is not a time (a cache miss costs more than an add; the
+daemon's larger working set misses more), so the CPU-time ratio of ``bench_telegram.py`` runs a
+little higher than this one. Under valgrind everything runs ~50x slower: both processes start in
+about a minute, a DM takes ~0.5 s. Needs valgrind (``apt-get install valgrind``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.daemon import REPO, DaemonProcess, base_config, free_port
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram_server import FakeTelegram
+
+HERE = Path(__file__).resolve().parent
+SLOW = 600.0  # seconds a DM may take under valgrind with every chat waiting its turn
+
+
+async def exchange(tg: FakeTelegram, chat: int, text: str) -> None:
+    tg.inject_message(chat, chat, text)
+    want = f"echo: {text}"
+    await tg.wait_for(
+        lambda: any(want in m.text for m in tg.bot_messages(chat)) or None, timeout=SLOW, what=text
+    )
+
+
+async def load(tg: FakeTelegram, chats: int, messages: int, first: int) -> None:
+    async def user(chat: int) -> None:
+        for i in range(messages):
+            await exchange(tg, chat, f"m{i} from {chat}")
+
+    await asyncio.gather(*(user(first + c) for c in range(chats)))
+
+
+async def callgrind(pid: int, switch: str) -> None:
+    done = await asyncio.create_subprocess_exec(
+        "callgrind_control", "-i", switch, str(pid), stdout=asyncio.subprocess.DEVNULL
+    )
+    if await done.wait() != 0:
+        raise RuntimeError(f"callgrind_control -i {switch} {pid} failed")
+
+
+async def measure(name: str, argv: list[str], tg: FakeTelegram, args: argparse.Namespace, cwd: Path) -> float:
+    """M instructions per DM of ``argv`` run under callgrind; counted only during the load."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        proc = await asyncio.create_subprocess_exec(
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={tmp}/cg.out",
+            *argv,
+            cwd=str(cwd),
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        t0 = time.monotonic()
+        await exchange(tg, 1, "ready?")  # answered once it has started (slowly)
+        await load(tg, min(args.chats, 5), 2, 10)  # warm-up: first turns, connection pools
+        print(f"{name}: started and warmed up in {time.monotonic() - t0:.0f} s", flush=True)
+        await callgrind(proc.pid, "on")
+        t0 = time.monotonic()
+        await load(tg, args.chats, args.messages, 1000)
+        await callgrind(proc.pid, "off")
+        wall = time.monotonic() - t0
+        proc.terminate()
+        assert proc.stderr is not None
+        err = (await proc.stderr.read()).decode(errors="replace")
+        await proc.wait()
+    found = re.search(r"Collected\s*:\s*(\d+)", err)
+    if not found:
+        raise RuntimeError(f"{name}: no count from valgrind:\n{err[-3000:]}")
+    dms = args.chats * args.messages
+    print(f"{name}: {dms} DMs counted in {wall:.0f} s", flush=True)
+    return int(found.group(1)) / dms / 1e6
+
+
+async def relay(args: argparse.Namespace) -> float:
+    tg, model = FakeTelegram(), FakeOpenAI(record=False)
+    await tg.start()
+    await model.start()
+    try:
+        argv = [
+            sys.executable,
+            str(HERE / "relay_telegram.py"),
+            "--token",
+            tg.token,
+            "--base-url",
+            tg.base_url,
+        ]
+        return await measure("relay", [*argv, "--model-url", model.base_url], tg, args, HERE)
+    finally:
+        await model.aclose()
+        await tg.stop()
+
+
+async def chital(args: argparse.Namespace) -> float:
+    tg, model = FakeTelegram(), FakeOpenAI(record=False)
+    await tg.start()
+    await model.start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = base_config(Path(tmp) / "data", model.base_url, free_port())
+            cfg["log_level"] = "WARNING"
+            cfg["channels"]["telegram"] = {
+                "enabled": True,
+                "token": tg.token,
+                "base_url": tg.base_url,
+                "base_file_url": tg.base_file_url,
+                "poll_timeout": 10,
+            }
+            cfg["access"] = {"allow_users": ["*"], "pairing": False}
+            cfg["agent"]["tools"] = not args.bare
+            cfg["agent"]["model_timeout"] = SLOW
+            daemon = DaemonProcess(Path(tmp), cfg)
+            daemon.write_config()
+            argv = [sys.executable, "-m", "gateway.cli", "run", "-c", str(daemon.config_path)]
+            return await measure("chital", argv, tg, args, REPO)
+    finally:
+        await model.aclose()
+        await tg.stop()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chats", type=int, default=20)
+    ap.add_argument("--messages", type=int, default=5)
+    ap.add_argument("--bare", action="store_true", help="agent.tools: false")
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        sys.exit("valgrind is not installed (apt-get install valgrind)")
+    ref, ours = await asyncio.gather(relay(args), chital(args))
+    tools = "off" if args.bare else "on"
+    print(f"instructions per DM, {args.chats} chats x {args.messages}, tools {tools}, under callgrind")
+    print(f"relay   {ref:8.2f} M")
+    print(f"chital  {ours:8.2f} M   {ours / ref:.2f}x the relay")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
