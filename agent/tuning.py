@@ -77,8 +77,21 @@ def _memoised_tool_schema(convert: Any) -> Any:
 
 def _traced_only_when_tracing(traceable: Any) -> Any:
     """``traceable`` for ``langchain.agents.factory``: the decorated hook skips LangSmith's
-    wrapper while tracing is off (see the module docstring)."""
+    wrapper while tracing is off (see the module docstring). Off means what the wrapper itself
+    checks: not enabled and no current run (a run under ``tracing_context(enabled=False)`` still
+    gets the wrapper's unposted child run). Like the wrapper, a sync hook runs in a copy of the
+    context, and an error's traceback starts at the hook, not at us."""
+    from langsmith.run_helpers import get_current_run_tree
     from langsmith.utils import tracing_is_enabled
+
+    def traced_now(kw: dict[str, Any]) -> bool:
+        return bool(kw) or bool(tracing_is_enabled()) or get_current_run_tree() is not None
+
+    def drop_own_frame(exc: BaseException) -> None:
+        """LangSmith trims its wrapper's frame from a hook's error (``_cleanup_traceback``)."""
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            exc.__traceback__ = tb.tb_next
 
     @functools.wraps(traceable)
     def decorator_factory(*args: Any, **kwargs: Any) -> Any:
@@ -94,17 +107,25 @@ def _traced_only_when_tracing(traceable: Any) -> Any:
 
                 @functools.wraps(func)
                 async def hook(*a: Any, **kw: Any) -> Any:
-                    if kw or tracing_is_enabled():  # config=, langsmith_extra=: the wrapper's
-                        return await traced(*a, **kw)
-                    return await func(*a)
+                    try:
+                        if traced_now(kw):  # config=, langsmith_extra=: the wrapper's
+                            return await traced(*a, **kw)
+                        return await func(*a)
+                    except BaseException as exc:
+                        drop_own_frame(exc)
+                        raise
 
                 return hook
 
             @functools.wraps(func)
             def sync_hook(*a: Any, **kw: Any) -> Any:
-                if kw or tracing_is_enabled():
-                    return traced(*a, **kw)
-                return func(*a)
+                try:
+                    if traced_now(kw):
+                        return traced(*a, **kw)
+                    return contextvars.copy_context().run(func, *a)
+                except BaseException as exc:
+                    drop_own_frame(exc)
+                    raise
 
             return sync_hook
 
