@@ -98,11 +98,15 @@ def _traced_only_when_tracing(traceable: Any) -> Any:
         decorate = traceable(*args, **kwargs)
         if args and callable(args[0]) and not kwargs:  # @traceable used bare: already a wrapper
             return decorate
+        if kwargs.get("enabled") is not None:  # forced on or off: not the context's to decide
+            return decorate
 
         def decorator(func: Any) -> Any:
             traced = decorate(func)
             if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
                 return traced  # not a hook's shape: as LangSmith wraps it
+            if "run_tree" in inspect.signature(func).parameters:
+                return traced  # LangSmith hands it its run (None when off)
             if inspect.iscoroutinefunction(func):
 
                 @functools.wraps(func)

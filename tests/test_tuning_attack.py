@@ -12,7 +12,7 @@ from typing import Any
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langsmith import Client
-from langsmith.run_helpers import trace, tracing_context
+from langsmith.run_helpers import get_current_run_tree, trace, tracing_context
 
 from agent import tuning
 from agent.config import AgentSettings, ModelSpec
@@ -110,3 +110,51 @@ async def test_a_failing_hook_raises_as_under_langsmith(fake: FakeOpenAI) -> Non
             assert not [f for f in files if f.endswith(("tuning.py", "run_helpers.py"))], files
         else:
             raise AssertionError("the hook's error was lost")
+
+
+class AsksForItsRun(AgentMiddleware[Any, Any]):
+    """A hook with a ``run_tree`` parameter: LangSmith's wrapper passes it (None while off)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[Any] = []
+
+    async def awrap_model_call(  # type: ignore[override]
+        self,
+        request: ModelRequest,
+        handler: Callable[[ModelRequest], Awaitable[ModelResponse]],
+        run_tree: Any,
+    ) -> ModelResponse:
+        self.runs.append(run_tree)
+        return await handler(request)
+
+
+async def test_a_hook_that_asks_for_its_run_gets_it(fake: FakeOpenAI) -> None:  # noqa: F811
+    tuning.apply()
+    spec = ModelSpec(model="fake-model", base_url=fake.base_url, api_key="sk-test")
+    asks = AsksForItsRun()
+    graph: Any = create_agent(build_chat_model(spec, AgentSettings()), [], middleware=[asks])
+    result = await graph.ainvoke({"messages": [{"role": "user", "content": "rt"}]})
+    assert answer(result) == "echo: rt"
+    assert asks.runs == [None]
+
+
+async def test_traceable_forced_on_traces_with_tracing_off(
+    langsmith: tuple[str, list[bytes]],  # noqa: F811
+) -> None:
+    """``traceable(enabled=True)`` traces whatever the context says (the factory's ``traceable``
+    is LangSmith's to anyone who passes it that)."""
+    from langchain.agents import factory
+
+    tuning.apply()
+    url, posts = langsmith
+    client = Client(api_url=url, api_key="ls-test")
+
+    async def hook(request: Any, handler: Any) -> str | None:
+        run = get_current_run_tree()
+        return None if run is None else run.name
+
+    forced = factory.traceable(name="forced_hook", enabled=True, client=client)(hook)
+    assert await forced(None, None) == "forced_hook"
+    client.flush()
+    assert any(b"forced_hook" in body for body in posts)
