@@ -1,6 +1,6 @@
 """Instructions per Telegram DM, daemon beside relay, counted by valgrind (run by hand).
 
-    python bench/telegram_instructions.py                    # 20 chats x 5, tools on
+    python bench/telegram_instructions.py                    # 20 chats x 10, tools on
     python bench/telegram_instructions.py --chats 10 --messages 4 --bare
 
 ``bench_telegram.py``'s figures are CPU times, which move by ±30 % on a shared 2-core VM. This
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import re
 import shutil
@@ -56,14 +57,22 @@ async def load(tg: FakeTelegram, chats: int, messages: int, first: int) -> None:
 
 async def callgrind(pid: int, switch: str) -> None:
     done = await asyncio.create_subprocess_exec(
-        "callgrind_control", "-i", switch, str(pid), stdout=asyncio.subprocess.DEVNULL
+        "callgrind_control",
+        "-i",
+        switch,
+        str(pid),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     if await done.wait() != 0:
         raise RuntimeError(f"callgrind_control -i {switch} {pid} failed")
 
 
 async def measure(name: str, argv: list[str], tg: FakeTelegram, args: argparse.Namespace, cwd: Path) -> float:
-    """M instructions per DM of ``argv`` run under callgrind; counted only during the load."""
+    """M instructions per DM of ``argv`` run under callgrind; counted only during the load. Prints
+    the Bot API calls per DM of the load: time-based work (the typing indicator 0.3 s into a turn,
+    ``gateway/turn_runner.py``) happens on every DM under valgrind's slowness, on few at native
+    speed."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
         proc = await asyncio.create_subprocess_exec(
@@ -82,10 +91,11 @@ async def measure(name: str, argv: list[str], tg: FakeTelegram, args: argparse.N
         await load(tg, min(args.chats, 5), 2, 10)  # warm-up: first turns, connection pools
         print(f"{name}: started and warmed up in {time.monotonic() - t0:.0f} s", flush=True)
         await callgrind(proc.pid, "on")
-        t0 = time.monotonic()
+        t0, calls = time.monotonic(), len(tg.calls)
         await load(tg, args.chats, args.messages, 1000)
         await callgrind(proc.pid, "off")
         wall = time.monotonic() - t0
+        methods = collections.Counter(c.method for c in tg.calls[calls:])
         proc.terminate()
         assert proc.stderr is not None
         err = (await proc.stderr.read()).decode(errors="replace")
@@ -94,7 +104,8 @@ async def measure(name: str, argv: list[str], tg: FakeTelegram, args: argparse.N
     if not found:
         raise RuntimeError(f"{name}: no count from valgrind:\n{err[-3000:]}")
     dms = args.chats * args.messages
-    print(f"{name}: {dms} DMs counted in {wall:.0f} s", flush=True)
+    per_dm = ", ".join(f"{m} {n / dms:.2f}" for m, n in methods.most_common())
+    print(f"{name}: {dms} DMs counted in {wall:.0f} s; Bot API calls per DM: {per_dm}", flush=True)
     return int(found.group(1)) / dms / 1e6
 
 
@@ -135,6 +146,10 @@ async def chital(args: argparse.Namespace) -> float:
             cfg["access"] = {"allow_users": ["*"], "pairing": False}
             cfg["agent"]["tools"] = not args.bare
             cfg["agent"]["model_timeout"] = SLOW
+            # As at native speed: an instant answer goes out whole, not as a message and its edits,
+            # and no DM waits for a turn slot long enough to get a "queued" sign (then edited).
+            cfg["delivery"] = {"first_edit_delay": SLOW}
+            cfg["concurrency"]["max_turns"] = 32
             daemon = DaemonProcess(Path(tmp), cfg)
             daemon.write_config()
             argv = [sys.executable, "-m", "gateway.cli", "run", "-c", str(daemon.config_path)]
@@ -147,7 +162,7 @@ async def chital(args: argparse.Namespace) -> float:
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chats", type=int, default=20)
-    ap.add_argument("--messages", type=int, default=5)
+    ap.add_argument("--messages", type=int, default=10)
     ap.add_argument("--bare", action="store_true", help="agent.tools: false")
     args = ap.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
