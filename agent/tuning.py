@@ -15,9 +15,13 @@ daemon's throughput ceiling); none changes behaviour:
   middleware's ``wrap_model_call``/``wrap_tool_call`` (the parent run looked up from the config,
   the tracing context entered and left, the end recorded): 7.8 % of a turn's instructions with the
   default tools (``bench/turn_instructions.py``). The factory's ``traceable`` is replaced by one
-  that asks ``langsmith.utils.tracing_is_enabled()`` at each call (a context override, then a
-  current run tree, which LangChain also sets for a tracer passed as a callback, then the
-  environment) and calls the hook directly when the answer is no, the traced wrapper otherwise.
+  that decides at each call: LangSmith's wrapper when tracing is on (``tracing_is_enabled()``: a
+  context override, a current run tree, which LangChain also sets for a tracer passed as a
+  callback, then the environment), when there is a current run at all (a branch switched off
+  inside a trace still gets its unposted child run), or when the hook or the call asks for the
+  wrapper's own arguments (``run_tree``, ``config``, ``langsmith_extra``, a forced ``enabled``);
+  otherwise the hook itself, as the wrapper would run it (a sync hook in a copy of the context,
+  errors without our frame). tests/test_tuning.py and tests/test_tuning_attack.py compare both.
 - ``langchain_core.messages.content._get_data_content_block_types`` re-derives a constant tuple with
   ``typing.get_type_hints`` for every content block of every message of every model call; it is a
   pure function of static types, so it is memoised.
@@ -105,7 +109,11 @@ def _traced_only_when_tracing(traceable: Any) -> Any:
             traced = decorate(func)
             if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
                 return traced  # not a hook's shape: as LangSmith wraps it
-            if "run_tree" in inspect.signature(func).parameters:
+            try:
+                takes_run = "run_tree" in inspect.signature(func).parameters
+            except (TypeError, ValueError):  # no signature to read: as LangSmith wraps it
+                return traced
+            if takes_run:
                 return traced  # LangSmith hands it its run (None when off)
             if inspect.iscoroutinefunction(func):
 

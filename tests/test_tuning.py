@@ -65,7 +65,7 @@ class FakeLangSmith(BaseHTTPRequestHandler):
 @pytest.fixture
 def langsmith() -> Iterator[tuple[str, list[bytes]]]:
     """(endpoint URL, bodies posted to it)."""
-    posts: ClassVar[list[bytes]] = []
+    posts: list[bytes] = []
     handler = type("Handler", (FakeLangSmith,), {"posts": posts})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
