@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiohttp import web
 
-from bench.bench_telegram import cpu_seconds, pct, profiler, rss_mb, start_relay
-from tests.daemon import DaemonProcess, base_config, free_port
+from bench.bench_telegram import cpu_seconds, daemon_config, pct, profiler, rss_mb, start_relay
+from tests.daemon import DaemonProcess
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -161,18 +161,8 @@ async def run_system(
             relay = Relay(tg, model)
             pid = relay.pid
         else:
-            cfg = base_config(Path(tmp) / "data", model.base_url, free_port())
-            cfg["log_level"] = "WARNING"
-            cfg["channels"]["telegram"] = {
-                "enabled": True,
-                "token": tg.token,
-                "base_url": tg.base_url,
-                "base_file_url": tg.base_file_url,
-                "poll_timeout": 10,
-            }
-            cfg["access"] = {"allow_users": ["*"], "pairing": False}
+            cfg = daemon_config(Path(tmp) / "data", tg, model, tools=name == "chital-tools")
             cfg["concurrency"]["max_turns"] = 32
-            cfg["agent"]["tools"] = name == "chital-tools"
             daemon = DaemonProcess(Path(tmp), cfg)
             await daemon.start()
             assert daemon.proc is not None

@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -54,9 +55,11 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-async def one_exchange(tg: FakeTelegram, chat: int, text: str, quoted: bool = True) -> float:
-    """One DM answered; ``quoted``: the answer must reply to it (the relay's DM answers do not
-    quote, and its texts are unique per message anyway)."""
+async def one_exchange(
+    tg: FakeTelegram, chat: int, text: str, quoted: bool = True, timeout: float = 30
+) -> float:
+    """One DM answered within ``timeout`` s; ``quoted``: the answer must reply to it (the relay's
+    DM answers do not quote, and its texts are unique per message anyway)."""
     t0 = time.monotonic()
     up = tg.inject_message(chat, chat, text)
     mid = up["message"]["message_id"]
@@ -67,18 +70,18 @@ async def one_exchange(tg: FakeTelegram, chat: int, text: str, quoted: bool = Tr
             any((m.reply_to == mid or not quoted) and want in m.text for m in tg.bot_messages(chat)) or None
         )
 
-    await tg.wait_for(done, timeout=30, what=text)
+    await tg.wait_for(done, timeout=timeout, what=text)
     return time.monotonic() - t0
 
 
 async def load(
-    tg: FakeTelegram, chats: int, messages: int, first_chat: int, quoted: bool = True
+    tg: FakeTelegram, chats: int, messages: int, first_chat: int, quoted: bool = True, timeout: float = 30
 ) -> tuple[list[float], float]:
     latencies: list[float] = []
 
     async def user(chat: int) -> None:
         for i in range(messages):
-            latencies.append(await one_exchange(tg, chat, f"m{i} from {chat}", quoted))
+            latencies.append(await one_exchange(tg, chat, f"m{i} from {chat}", quoted, timeout))
 
     t0 = time.monotonic()
     await asyncio.gather(*(user(first_chat + c) for c in range(chats)))
@@ -149,10 +152,32 @@ def profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def relay_argv(tg: FakeTelegram, model: FakeOpenAI, *, stream: bool = False) -> list[str]:
+    """The command line of ``bench/relay_telegram.py`` on these fakes."""
+    cmd = [sys.executable, str(HERE / "relay_telegram.py"), "--token", tg.token, "--base-url", tg.base_url]
+    return [*cmd, "--model-url", model.base_url, *(["--stream"] if stream else [])]
+
+
+def daemon_config(data: Path, tg: FakeTelegram, model: FakeOpenAI, *, tools: bool) -> dict[str, Any]:
+    """``chital run`` with Telegram alone on these fakes, every user let in (no pairing), quiet logs;
+    the benches add their own concurrency and delivery settings."""
+    cfg = base_config(data, model.base_url, free_port())
+    cfg["log_level"] = "WARNING"
+    cfg["channels"]["telegram"] = {
+        "enabled": True,
+        "token": tg.token,
+        "base_url": tg.base_url,
+        "base_file_url": tg.base_file_url,
+        "poll_timeout": 10,
+    }
+    cfg["access"] = {"allow_users": ["*"], "pairing": False}
+    cfg["agent"]["tools"] = tools
+    return cfg
+
+
 def start_relay(tg: FakeTelegram, model: FakeOpenAI, *, stream: bool = False) -> subprocess.Popen[bytes]:
     """``bench/relay_telegram.py`` as a subprocess on these fakes (proxy variables blanked)."""
-    cmd = [sys.executable, str(HERE / "relay_telegram.py"), "--token", tg.token, "--base-url", tg.base_url]
-    cmd += ["--model-url", model.base_url, *(["--stream"] if stream else [])]
+    cmd = relay_argv(tg, model, stream=stream)
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -206,19 +231,9 @@ async def main() -> None:
     model = FakeOpenAI(record=False)
     await model.start()
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = base_config(Path(tmp) / "data", model.base_url, free_port())
-        cfg["log_level"] = "WARNING"
-        cfg["channels"]["telegram"] = {
-            "enabled": True,
-            "token": tg.token,
-            "base_url": tg.base_url,
-            "base_file_url": tg.base_file_url,
-            "poll_timeout": 10,
-        }
-        cfg["access"] = {"allow_users": ["*"], "pairing": False}
+        cfg = daemon_config(Path(tmp) / "data", tg, model, tools=not args.bare)
         cfg["concurrency"]["max_turns"] = args.max_turns
         cfg["delivery"] = {"first_edit_delay": 0.6}
-        cfg["agent"]["tools"] = not args.bare
         print(
             f"agent tools: {'off (bare)' if args.bare else 'on (sandbox, sub-agents, skills, memory, context)'}"
         )

@@ -31,28 +31,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.daemon import REPO, DaemonProcess, base_config, free_port
+from bench.bench_telegram import daemon_config, load, one_exchange, relay_argv
+from tests.daemon import REPO, DaemonProcess
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
 
 HERE = Path(__file__).resolve().parent
 SLOW = 600.0  # seconds a DM may take under valgrind with every chat waiting its turn
-
-
-async def exchange(tg: FakeTelegram, chat: int, text: str) -> None:
-    tg.inject_message(chat, chat, text)
-    want = f"echo: {text}"
-    await tg.wait_for(
-        lambda: any(want in m.text for m in tg.bot_messages(chat)) or None, timeout=SLOW, what=text
-    )
-
-
-async def load(tg: FakeTelegram, chats: int, messages: int, first: int) -> None:
-    async def user(chat: int) -> None:
-        for i in range(messages):
-            await exchange(tg, chat, f"m{i} from {chat}")
-
-    await asyncio.gather(*(user(first + c) for c in range(chats)))
 
 
 async def callgrind(pid: int, switch: str) -> None:
@@ -87,12 +72,12 @@ async def measure(name: str, argv: list[str], tg: FakeTelegram, args: argparse.N
             stderr=asyncio.subprocess.PIPE,
         )
         t0 = time.monotonic()
-        await exchange(tg, 1, "ready?")  # answered once it has started (slowly)
-        await load(tg, min(args.chats, 5), 2, 10)  # warm-up: first turns, connection pools
+        await one_exchange(tg, 1, "ready?", quoted=False, timeout=SLOW)  # once it has started (slowly)
+        await load(tg, min(args.chats, 5), 2, 10, quoted=False, timeout=SLOW)  # first turns, pools
         print(f"{name}: started and warmed up in {time.monotonic() - t0:.0f} s", flush=True)
         await callgrind(proc.pid, "on")
         t0, calls = time.monotonic(), len(tg.calls)
-        await load(tg, args.chats, args.messages, 1000)
+        await load(tg, args.chats, args.messages, 1000, quoted=False, timeout=SLOW)
         await callgrind(proc.pid, "off")
         wall = time.monotonic() - t0
         methods = collections.Counter(c.method for c in tg.calls[calls:])
@@ -114,15 +99,7 @@ async def relay(args: argparse.Namespace) -> float:
     await tg.start()
     await model.start()
     try:
-        argv = [
-            sys.executable,
-            str(HERE / "relay_telegram.py"),
-            "--token",
-            tg.token,
-            "--base-url",
-            tg.base_url,
-        ]
-        return await measure("relay", [*argv, "--model-url", model.base_url], tg, args, HERE)
+        return await measure("relay", relay_argv(tg, model), tg, args, HERE)
     finally:
         await model.aclose()
         await tg.stop()
@@ -134,17 +111,7 @@ async def chital(args: argparse.Namespace) -> float:
     await model.start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = base_config(Path(tmp) / "data", model.base_url, free_port())
-            cfg["log_level"] = "WARNING"
-            cfg["channels"]["telegram"] = {
-                "enabled": True,
-                "token": tg.token,
-                "base_url": tg.base_url,
-                "base_file_url": tg.base_file_url,
-                "poll_timeout": 10,
-            }
-            cfg["access"] = {"allow_users": ["*"], "pairing": False}
-            cfg["agent"]["tools"] = not args.bare
+            cfg = daemon_config(Path(tmp) / "data", tg, model, tools=not args.bare)
             cfg["agent"]["model_timeout"] = SLOW
             # As at native speed: an instant answer goes out whole, not as a message and its edits,
             # and no DM waits for a turn slot long enough to get a "queued" sign (then edited).
