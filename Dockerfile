@@ -3,13 +3,15 @@
 #   docker build -t chital .                                    # python:3.12-slim, deps from PyPI
 #   docker build -t chital --build-arg BASE=debian:bookworm .   # any Debian-based image with apt
 #
-# Offline (no PyPI from the build): `pip wheel -w wheelhouse . setuptools` on a host whose Python
-# has the image's minor version, then build as usual; a wheelhouse/ in the context is installed
-# with --no-index. Running it, the sandbox flags and compose: docs/deploy.md.
+# Dependencies: requirements.lock, the exact versions the test suite passed on (runtime plus the
+# postgres extra, which compose.scale.yaml's replicas need). Offline (no PyPI from the build):
+# docs/deploy.md's recipe downloads the lock's wheels for the image's Python into wheelhouse/; a
+# wheelhouse/ in the context is installed with --no-index. Running it, the sandbox flags and
+# compose: docs/deploy.md.
 #
 # Two stages so that neither the wheels, pip's build leftovers nor apt's lists reach the image, and
 # so that a code change rebuilds only the last small layers (the dependency layer is keyed on
-# pyproject.toml and wheelhouse/ alone).
+# requirements.lock and wheelhouse/ alone).
 ARG BASE=python:3.12-slim
 
 # --- build: a virtualenv with the dependencies -------------------------------------------------
@@ -29,20 +31,17 @@ RUN set -eu; \
     fi; \
     python3 -m venv /opt/chital
 
-# pyproject.toml always matches, so the optional wheelhouse/ may be absent.
-COPY pyproject.toml wheelhous[e] /tmp/wheels/
+# requirements.lock always matches, so the optional wheelhouse/ may be absent.
+COPY requirements.lock wheelhous[e] /tmp/wheels/
 ARG PIP_INDEX_URL=https://pypi.org/simple
 RUN set -eu; \
     cd /tmp/wheels; \
-    /opt/chital/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" > requirements.txt; \
-    echo 'setuptools>=69' >> requirements.txt; \
     if ls ./*.whl >/dev/null 2>&1; then \
         echo "chital: installing from wheelhouse/ (offline)"; set -- --no-index --find-links /tmp/wheels; \
     else \
         echo "chital: installing from $PIP_INDEX_URL"; set --; \
     fi; \
-    /opt/chital/bin/pip install -q "$@" -r requirements.txt; \
+    /opt/chital/bin/pip install -q "$@" -r requirements.lock 'setuptools>=69'; \
     rm -rf /tmp/wheels
 
 # --- the image -------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from .status import RecentErrors, StatusServer, StatusUnavailable, snapshot, soc
 from .store import Store
 from .summary import log_summary
 from .supervisor import ChannelSupervisor
+from .systemd import Notifier
 from .usage import UsageRecorder
 
 if TYPE_CHECKING:
@@ -460,9 +461,20 @@ class Daemon:
             signalled.cancel()
             starting.result()  # raises the StartupError
         log.info("chital is running; SIGTERM or Ctrl-C stops it")
+        notifier = Notifier.from_environ()
+        watchdog: asyncio.Task[None] | None = None
+        if notifier is not None:
+            notifier.send("READY=1", f"STATUS=running, health on port {self.http_port}")
+            watchdog = asyncio.create_task(notifier.watchdog(), name="systemd-watchdog")
         await signalled
         log.info("stopping: draining running turns (up to %.0fs)", self.config.concurrency.shutdown_grace)
+        if notifier is not None:
+            notifier.send("STOPPING=1", "STATUS=stopping: draining running turns")
         errors = await self.stop()
+        if watchdog is not None:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
         if errors:
             log.error("stopped with %d error(s) while closing", len(errors))
         else:

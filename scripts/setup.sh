@@ -56,7 +56,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     fi
 fi
 say "installing Chital into $VENV"
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e .
+# requirements.lock: the versions the test suite passed on (docs/deploy.md says how to refresh it).
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c requirements.lock -e .
 
 # --- 3. bubblewrap, for the agent's sandbox ----------------------------------------------------
 if ! command -v bwrap >/dev/null 2>&1 && is_root && has_apt; then

@@ -5,9 +5,30 @@
 # PostgreSQL (Debian's `postgresql`, run by the tests as an unprivileged user in a temporary
 # directory, tests/pg_server.py) is installed as root too; where it cannot run, its tests skip with why.
 # CHITAL_SKIP_POSTGRES_PASS=1 runs the first pass only.
+#
+# The same virtualenv as scripts/setup.sh (./.venv, or $CHITAL_VENV): stock Debian 12's python3 is
+# "externally managed" and refuses `pip install` outside one. Versions come from
+# requirements-test.lock (the runtime lock, requirements.lock, plus the test tools), so the suite
+# runs on exactly what setup.sh and the image install; refreshing the locks: docs/deploy.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
+VENV="${CHITAL_VENV:-.venv}"
+PYTHON="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+  if ! "$PYTHON" -m venv "$VENV" >/dev/null 2>&1; then
+    rm -rf "$VENV"  # Debian's python3 without python3-venv leaves a venv with no pip
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv >&2 \
+        || { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv >&2; }
+      "$PYTHON" -m venv "$VENV"
+    else
+      echo "$PYTHON cannot create a virtualenv: install python3-venv, then run this again" >&2
+      exit 1
+    fi
+  fi
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install --quiet --disable-pip-version-check -c requirements-test.lock -e '.[test]'
 if [ -x scripts/setup-sandbox.sh ] && [ "$(id -u)" = 0 ] && [ "${CHITAL_SKIP_SANDBOX_SETUP:-0}" != 1 ]; then
   bash scripts/setup-sandbox.sh || echo "sandbox setup failed: docker/bwrap tests will skip" >&2
 fi
@@ -17,12 +38,12 @@ if [ "$(id -u)" = 0 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; 
     || echo "postgresql install failed: the PostgreSQL tests and the second pass will skip" >&2
 fi
 # Static checks first: a formatting slip or a type error fails in seconds, not after the suite.
-python3 -m ruff check .
-python3 -m ruff format --check .
-python3 -m mypy
+"$PY" -m ruff check .
+"$PY" -m ruff format --check .
+"$PY" -m mypy
 unset HTTP_PROXY HTTPS_PROXY http_proxy https_proxy ALL_PROXY all_proxy
 status=0
-python3 -m pytest -q -p no:cacheprovider "$@" || status=$?
+"$PY" -m pytest -q -p no:cacheprovider "$@" || status=$?
 if [ "${CHITAL_SKIP_POSTGRES_PASS:-0}" != 1 ]; then
   # Second pass: every store the tests open and every daemon they start on PostgreSQL (a fresh
   # database per test: tests/fakes/gateway_rig.py store_at, tests/daemon.py base_config). Left out:
@@ -37,7 +58,7 @@ if [ "${CHITAL_SKIP_POSTGRES_PASS:-0}" != 1 ]; then
   ignore=()
   for name in "${skip[@]}"; do ignore+=("--ignore=tests/test_$name.py"); done
   # Exit code 5: the tests asked for ("$@") are all left out of this pass.
-  CHITAL_TEST_POSTGRES=1 python3 -m pytest -q -p no:cacheprovider -m "not docker" "${ignore[@]}" "$@" \
+  CHITAL_TEST_POSTGRES=1 "$PY" -m pytest -q -p no:cacheprovider -m "not docker" "${ignore[@]}" "$@" \
     || { rc=$?; [ "$rc" = 5 ] || status=$rc; }
 fi
 exit "$status"

@@ -8,6 +8,7 @@ from importlib.metadata import packages_distributions, version
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parent.parent
 PINNED = {"aiosqlite", "langchain", "langchain-openai", "python-telegram-bot", "discord.py", "lark-oapi"}
@@ -41,3 +42,30 @@ def test_no_top_level_folder_shadows_an_installed_package() -> None:
     folders = {p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".")}
     assert not (folders - ours) & installed, "a folder named like a package hides it from mypy"
     assert (REPO / "sandbox-image" / "Dockerfile").is_file()
+
+
+def locked(name: str) -> dict[str, str]:
+    """``{package: version}`` of a lock file's entries that apply to this interpreter."""
+    found: dict[str, str] = {}
+    for line in (REPO / name).read_text().splitlines():
+        spec = line.split("#", 1)[0].strip()
+        if spec:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate():
+                found[canonicalize_name(req.name)] = str(req.specifier).removeprefix("==")
+    return found
+
+
+def test_the_locks_hold_pyprojects_ranges_and_each_other() -> None:
+    """requirements.lock (setup.sh, the image) and requirements-test.lock (test.sh, CI) pin the same
+    version of every runtime package, each inside pyproject.toml's range."""
+    runtime, test = locked("requirements.lock"), locked("requirements-test.lock")
+    for name, req in requirements().items():
+        assert req.specifier.contains(runtime[canonicalize_name(name)], prereleases=True), name
+    assert {n: v for n, v in test.items() if n in runtime} == runtime
+
+
+def test_the_suite_runs_on_the_locked_versions() -> None:
+    """scripts/test.sh installs requirements-test.lock: what the suite passes on is what the lock says."""
+    wrong = {n: (v, version(n)) for n, v in locked("requirements-test.lock").items() if version(n) != v}
+    assert not wrong, f"installed versions differ from requirements-test.lock: {wrong}"
