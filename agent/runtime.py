@@ -33,7 +33,7 @@ from agent.sandbox import SandboxError, SandboxProvider, create_provider
 from agent.sandbox.backend import SandboxBackend
 from agent.sandbox.files import HostFiles
 from agent.sandbox.paths import OUTPUTS, UPLOADS, PathMapper, PathRefused, ThreadDirs
-from agent.sandbox.quota import check_room
+from agent.sandbox.quota import check_room, release_walkers
 from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
 from agent.skills import build_skills
 from agent.skills_prompt import load_skill_text
@@ -309,6 +309,7 @@ class AgentRuntime:
             await self.memory.close()
         if self.provider is not None:
             await self.provider.close()
+        release_walkers()
 
 
 def _status_events(part: Any) -> list[AgentEvent]:

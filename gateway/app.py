@@ -124,7 +124,8 @@ async def open_harness(
     ):
         index = config.models.index(spec)
         reason = f"no API key: set OPENAI_API_KEY (or models[{index}].api_key in config.yaml)"
-        log.error("the agent's model %r is not configured: %s", spec.name, reason)
+        # Expected before `chital init`: the summary says it once, as a warning with the fix.
+        log.debug("the agent's model %r is not configured: %s", spec.name, reason)
         return UnconfiguredHarness(reason)
     runtime = AgentRuntime(
         config.agent,
@@ -160,6 +161,8 @@ class Daemon:
         self.standby: set[ChannelSupervisor] = set()
         """Leader-only channels (Telegram polling, Discord's gateway) waiting for leadership."""
         self.off: dict[str, str] = {}
+        self._logged_state: dict[str, ChannelState] = {}
+        """The state last logged per channel: a change of reason alone is not a new event."""
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.retention: Retention | None = None
@@ -337,9 +340,7 @@ class Daemon:
             res.push("the cluster", self.cluster.close)
         res.push("the gateway", self._close_gateway)
 
-        channels, self.off = build_channels(cfg)
-        for name, why in self.off.items():
-            log.info("channel %s is off: %s", name, why)
+        channels, self.off = build_channels(cfg)  # the summary says which are off and why
         for channel in channels:
             sink = self.gateway.attach(channel)
             channel.add_status_listener(self._on_channel_state)
@@ -353,8 +354,6 @@ class Daemon:
                 sup.start()  # (send-only standbys were started by _standby_leader_only)
         if self.cluster is not None:
             self.cluster.start()
-        if not self.supervisors:
-            log.warning("no chat channel is on; the daemon serves only /healthz and `chital chat`")
         res.spawn(self.retention.run(), "retention")
         res.spawn(ScheduleRunner(self.gateway, scheduler).run(), "schedules")  # and `chital send` pushes
         res.spawn(log_summary(self), "startup-summary")
@@ -394,9 +393,14 @@ class Daemon:
             await self.gateway.close(0)
 
     def _on_channel_state(self, channel: Channel) -> None:
+        # One line per change of state. A reconnecting channel reports each step of each attempt
+        # (start-up failed, connection error, retrying in…): the supervisor logs one line per
+        # attempt with the delay, so repeats of the same state go to debug.
         trouble = channel.state in (ChannelState.RECONNECTING, ChannelState.FAILED)
+        repeat = self._logged_state.get(channel.name) == channel.state
+        self._logged_state[channel.name] = channel.state
         log.log(
-            logging.WARNING if trouble else logging.INFO,
+            logging.DEBUG if repeat else logging.WARNING if trouble else logging.INFO,
             "channel %s: %s%s",
             channel.name,
             channel.state.value,

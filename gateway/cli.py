@@ -32,15 +32,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .app import Daemon
     from .lifecycle import StartupError
     from .logs import setup_logging
-    from .registry import channel_readiness
 
     cfg = load_config_arg(args)
     setup_logging(cfg)
-    for name, (ok, why) in channel_readiness(cfg).items():
-        print(f"  {name:<9} {'on ' if ok else 'off'}  {why}", file=sys.stderr)
-    sandbox_ok, sandbox_why = sandbox_note(cfg)
-    if not sandbox_ok:
-        print(f"  sandbox   {sandbox_why}", file=sys.stderr)
+    # Which channels are on and why the others are off, the model and the sandbox: the start-up
+    # summary logs them once, after the daemon has tried them (gateway/summary.py).
     code = 0
     try:
         asyncio.run(Daemon(cfg).run_forever())
@@ -218,7 +214,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `chital status --json | head`: the reader left. Python's advice: point stdout at
+        # /dev/null so the interpreter's own flush at exit does not raise a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return code
 
 
 if __name__ == "__main__":

@@ -40,7 +40,15 @@ def build_app(daemon: Observable, metrics: Metrics) -> web.Application:
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def index(_: web.Request) -> web.Response:
+        # The start-up summary prints this URL: it must answer, and say where to look.
+        return web.Response(
+            text="chital\n/healthz  the process lives\n/readyz   can it answer users, and why not\n"
+            "/metrics  Prometheus metrics\n"
+        )
+
     app = web.Application()
+    app.router.add_get("/", index)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_view)

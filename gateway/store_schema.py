@@ -213,6 +213,7 @@ async def migrate(db: SqliteConnection, steps: Sequence[Migration] = MIGRATIONS)
             "run the newer version, or restore a backup"
         )
     await db.commit()  # a step's BEGIN must not nest in an implicit transaction
+    ran: list[Migration] = []
     for step in steps[start:]:
         await db.execute("BEGIN IMMEDIATE")
         try:
@@ -221,9 +222,23 @@ async def migrate(db: SqliteConnection, steps: Sequence[Migration] = MIGRATIONS)
             await db.commit()
         except BaseException:
             await db.rollback()
+            _log_migrated(start, ran)
             raise
-        log.info("database schema migrated to version %d (%s)", step.version, step.what)
+        ran.append(step)
+    _log_migrated(start, ran)
     return start
+
+
+def _log_migrated(start: int, ran: Sequence[Migration]) -> None:
+    """One line for what a start did to the schema (none when it was current): a new database is
+    "created", an older one names the steps it went through."""
+    if not ran:
+        return
+    if start == 0:
+        log.info("database schema created (version %d)", ran[-1].version)
+    else:
+        steps = "; ".join(f"{m.version}: {m.what}" for m in ran)
+        log.info("database schema migrated from version %d to %d (%s)", start, ran[-1].version, steps)
 
 
 async def _migrate_postgres(db: SqliteConnection, steps: Sequence[Migration], target: int) -> int:
@@ -240,6 +255,7 @@ async def _migrate_postgres(db: SqliteConnection, steps: Sequence[Migration], ta
             f"database schema version {start} is newer than this Chital understands ({target}); "
             "run the newer version, or restore a backup"
         )
+    ran: list[Migration] = []
     for step in steps[start:]:
         async with db.transaction():  # type: ignore[attr-defined]  # PgConnection's
             await db.execute("SELECT pg_advisory_xact_lock(?)", (PG_MIGRATION_LOCK,))
@@ -248,5 +264,6 @@ async def _migrate_postgres(db: SqliteConnection, steps: Sequence[Migration], ta
             await step.run(db)
             await db.execute("DELETE FROM chital_schema")
             await db.execute("INSERT INTO chital_schema(version) VALUES (?)", (step.version,))
-        log.info("database schema migrated to version %d (%s)", step.version, step.what)
+        ran.append(step)
+    _log_migrated(start, ran)
     return start

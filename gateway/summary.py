@@ -135,7 +135,12 @@ def runtime_of(harness: AgentHarness | None) -> AgentRuntime | None:
 async def sandbox_line(runtime: AgentRuntime | None, configured: str) -> Line:
     """Which provider the runtime created, and whether it really isolates the agent's commands."""
     if runtime is None:
-        return logging.WARNING, "  sandbox   none: the agent is not set up"
+        # Not a sandbox fault: the agent (which creates the sandbox) waits for its model, and the
+        # model line above says why at WARNING. A second warning here misled operators.
+        return (
+            logging.INFO,
+            "  sandbox   not started yet: the agent creates it once its model is set up (above)",
+        )
     if not runtime.settings.tools:
         return logging.INFO, "  sandbox   none: agent.tools is off (the agent chats, runs no commands)"
     provider = runtime.provider

@@ -167,7 +167,14 @@ class DaemonProcess:
         assert self.proc is not None
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
-        return await asyncio.wait_for(self.proc.wait(), timeout)
+        code = await asyncio.wait_for(self.proc.wait(), timeout)
+        # A stop must release every thread: one left over held `docker stop` for the CLI's 3 s
+        # grace (gateway/cli.py _exit_if_threads_linger), an idle quota pool among them.
+        lingering = [
+            ln for ln in self.log_path.read_text(errors="replace").splitlines() if "did not finish" in ln
+        ]
+        assert not lingering, f"the daemon's stop left threads behind: {lingering}"
+        return code
 
     async def wait_exit(self, timeout: float = 10.0) -> int:
         assert self.proc is not None

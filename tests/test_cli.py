@@ -81,7 +81,11 @@ async def test_run_without_tokens_starts_and_says_why(tmp_path: Path, model: Fak
         assert body["channels"]["telegram"]["state"] == "disabled"
         assert "TELEGRAM_BOT_TOKEN" in body["channels"]["telegram"]["reason"]
         assert "disabled in config" in body["channels"]["slack"]["reason"]
-        assert "no chat channel is on" in d.logs()
+        for _ in range(100):  # the start-up summary says it once the channels were tried
+            if "channels: none is on" in d.logs():
+                break
+            await asyncio.sleep(0.1)
+        assert "channels: none is on (only `chital chat` talks to the agent)" in d.logs()
         assert await d.terminate() == 0
     finally:
         await d.close()
@@ -267,8 +271,9 @@ async def test_run_without_config_file_says_what_it_uses(tmp_path: Path) -> None
     )
     assert rc == 1, out
     assert "chital: no config file found" in out and "(here: telegram)" in out
-    assert "telegram  on   credentials present" in out
-    assert "slack     off  missing bot_token, app_token (set SLACK_BOT_TOKEN and SLACK_APP_TOKEN)" in out
+    # Which channels are on and why others are off comes once, in the start-up summary of a daemon
+    # that started; a start that failed at once says why it failed, nothing else.
+    assert "missing bot_token" not in out
     assert out.rstrip().endswith("is a file, not a directory (set storage.path)")
 
 

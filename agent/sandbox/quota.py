@@ -52,9 +52,26 @@ FLOOR_EVERY = 0.1
 WALK_EVERY = 0.5
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Walks run here, not in the default executor: Docker output pumps hold its threads for whole
-# commands, and a watchdog must not queue behind them. Created from the event loop's thread, so
-# its threads never inherit a file tool's switched filesystem identity (creds.py).
-_WALKERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sandbox-quota")
+# commands, and a watchdog must not queue behind them. Its threads start on a submit from the event
+# loop's thread, so they never inherit a file tool's switched filesystem identity (creds.py).
+_walkers: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _walkers
+    if _walkers is None:
+        _walkers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sandbox-quota")
+    return _walkers
+
+
+def release_walkers() -> None:
+    """Let the walker threads end once their queued walks are done (the runtime's close calls it).
+    An idle pool's threads are not daemon threads: left alone they held every stop for the 3 s
+    the CLI grants lingering threads. The next walk, if any, starts a new pool."""
+    global _walkers
+    pool, _walkers = _walkers, None
+    if pool is not None:
+        pool.shutdown(wait=False)
 
 
 class QuotaExceeded(SandboxError):
@@ -258,7 +275,7 @@ def check_room(
 async def before_command(dirs: ThreadDirs, quota: DiskQuota) -> None:
     """Refuse to start a command in a full thread or on a nearly full disk."""
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(_WALKERS, check_room, dirs, 0, quota)
+    await loop.run_in_executor(_pool(), check_room, dirs, 0, quota)
 
 
 async def watch(dirs: ThreadDirs, quota: DiskQuota) -> str:
@@ -279,7 +296,7 @@ async def watch(dirs: ThreadDirs, quota: DiskQuota) -> str:
                 return problem
             if walk is None and loop.time() >= next_walk:
                 started = loop.time()
-                walk = loop.run_in_executor(_WALKERS, measure, dirs, quota.max_files)
+                walk = loop.run_in_executor(_pool(), measure, dirs, quota.max_files)
             if walk is not None and walk.done():
                 current, walk = walk, None
                 took = loop.time() - started
@@ -298,7 +315,7 @@ async def after_command(dirs: ThreadDirs, quota: DiskQuota) -> str | None:
     """A line for the command's result when it left the thread without room, else None."""
     loop = asyncio.get_running_loop()
     try:
-        await loop.run_in_executor(_WALKERS, check_room, dirs, 0, quota)
+        await loop.run_in_executor(_pool(), check_room, dirs, 0, quota)
     except QuotaExceeded as e:
         return f"[{e}; further commands are refused until then]"
     except OSError:
