@@ -41,6 +41,7 @@ fi
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
 "$PY" -m mypy
+"$VENV/bin/lint-imports" --no-cache  # the one-way imports (pyproject.toml [tool.importlinter])
 unset HTTP_PROXY HTTPS_PROXY http_proxy https_proxy ALL_PROXY all_proxy
 status=0
 "$PY" -m pytest -q -p no:cacheprovider "$@" || status=$?
