@@ -41,8 +41,11 @@ and source work as before.
 ``importlib.util.LazyLoader`` does not fit: the import statement itself touches the module and
 loads it, and it cannot keep submodule imports from loading the parent.
 
-Importing this module installs it: ``gateway/cli.py`` and ``gateway/app.py`` import it before
-anything imports these libraries; for a library already imported it changes nothing.
+Importing this module changes nothing: the entry point calls :func:`install` (``gateway.cli.main``,
+before it imports any library; the benches do the same), so a program that imports Chital's packages
+as a library gets its libraries exactly as they are. For a library already imported it changes
+nothing either. This is the one deferral mechanism in Chital (``sqlite_vec`` below was a second,
+hand-rolled one in agent/tuning.py).
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ DEFERRED: dict[str, tuple[str, ...]] = {
     "langsmith.types": (),
     "langgraph_sdk.client": ("get_client", "get_sync_client", "LangGraphClient", "SyncLangGraphClient"),
     "httpx._main": ("main",),
+    # langgraph.store.sqlite imports it (and through it numpy, ~10 MB resident) at import time, but
+    # calls it only for a store with a vector index, which Chital's memory does not configure.
+    "sqlite_vec": (),
     # python-telegram-bot imports these for Telegram Passport decryption, which Chital never asks
     # for; the Rust bindings under them are ~6 MB resident.
     "cryptography.hazmat.backends": ("default_backend",),
@@ -510,7 +516,3 @@ def install(deferred: dict[str, tuple[str, ...]] | None = None) -> None:
 
 def installed() -> bool:
     return any(isinstance(f, _Finder) for f in sys.meta_path)
-
-
-# Importing this module is what installs it, so an entry point needs one import line above the rest.
-install()

@@ -31,11 +31,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import importlib.util
 import inspect
 import logging
-import sys
-import types
 import weakref
 from typing import Any
 
@@ -184,31 +181,3 @@ def apply() -> None:
 def _forget(cache: dict[Any, Any], key: Any, _ref: object) -> None:
     """weakref callback: the tool is gone, so is its cached schema."""
     cache.pop(key, None)
-
-
-def defer_import(name: str) -> None:
-    """Bind ``name`` in ``sys.modules`` to a stand-in that imports the real module on first use
-    of any of its attributes (a module ``__getattr__``, PEP 562), so a library that imports it at
-    the top but uses it only in some configurations does not pay for it up front. Does nothing
-    when it is already imported or not installed. (``importlib.util.LazyLoader`` would do, but on
-    Python 3.11 the ``import`` statement itself touches ``__spec__`` and triggers the load.)
-
-    Used for ``sqlite_vec``: ``langgraph.store.sqlite`` imports it (and through it numpy, ~10 MB
-    resident) at import time, but calls it only for a store with a vector index, which Chital's
-    memory does not configure.
-    """
-    if name in sys.modules:
-        return
-    spec = importlib.util.find_spec(name)
-    if spec is None:
-        return
-    stand_in = types.ModuleType(name, f"Stand-in for {name}, imported on first use (agent/tuning.py).")
-    stand_in.__spec__ = spec
-
-    def load(attr: str) -> Any:
-        if sys.modules.get(name) is stand_in:
-            del sys.modules[name]
-        return getattr(importlib.import_module(name), attr)
-
-    stand_in.__getattr__ = load  # type: ignore[method-assign]
-    sys.modules[name] = stand_in

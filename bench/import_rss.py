@@ -98,10 +98,10 @@ def main() -> None:
     sys.path.insert(0, ROOT)
     rec = Recorder()
     sys.meta_path.insert(0, rec)
-    if args.raw:
-        sys.modules["agent.lean_imports"] = types.ModuleType("agent.lean_imports")  # a no-op
-    else:
-        import agent.lean_imports  # noqa: F401
+    if not args.raw:
+        from agent import lean_imports
+
+        lean_imports.install()  # as gateway.cli.main does first
     base = rss_kb()
     for name in args.modules:
         importlib.import_module(name)

@@ -38,14 +38,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import agent.lean_imports  # noqa: F401  (as the daemon imports it first)
-from agent import tuning
-from agent.checkpoints import InlineSqliteSaver
-from agent.config import AgentSettings, ModelSpec
-from agent.harness import Final, Harness
-from agent.model import build_chat_model
-from agent.runtime import AgentRuntime
-from bench.harness_turns import fake_model
+import agent.lean_imports
+
+agent.lean_imports.install()  # as the daemon's entry point does first
+
+from agent import tuning  # noqa: E402  (after the hook, as in the daemon)
+from agent.checkpoints import InlineSqliteSaver  # noqa: E402
+from agent.config import AgentSettings, ModelSpec  # noqa: E402
+from agent.harness import Final, Harness  # noqa: E402
+from agent.model import build_chat_model  # noqa: E402
+from agent.runtime import AgentRuntime  # noqa: E402
+from bench.harness_turns import fake_model  # noqa: E402
 
 Turn = Callable[[str, int], Awaitable[None]]
 """One turn: (thread id, turn number)."""

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-import agent.lean_imports  # noqa: F401  (before the agent stack: defers unused imports, docs/performance.md)
 from agent.events import AgentEvent, ApprovalDecision, OutputFile, TurnFailed
 from agent.turn import PLAIN, TurnOptions
 from channels.base import Channel, ChannelState

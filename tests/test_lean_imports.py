@@ -1,6 +1,7 @@
-"""What a daemon does not load until it is used (agent/tuning.py ``defer_import``): the memory
-store's vector extension, and with it numpy, stays out of a daemon whose memory has no vector
-index; the stand-in still gives the real module to whoever uses it."""
+"""What a daemon does not load until it is used (agent/lean_imports.py, installed by the entry
+point): the memory store's vector extension, and with it numpy, stays out of a daemon whose memory
+has no vector index; the deferred module still gives the real one to whoever uses it. And the hook
+is installed only by the entry point, never as a side effect of importing a module."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ def test_memory_keeps_facts_without_loading_numpy(tmp_path: Path) -> None:
     out = run(
         f"""
         import asyncio, sys
+        from agent import lean_imports
+        lean_imports.install()  # as gateway.cli.main does first
         from agent.memory.facts import MemorySettings
         from agent.memory.service import MemoryService
 
@@ -37,11 +40,42 @@ def test_the_stand_in_loads_the_real_module_on_use() -> None:
     out = run(
         """
         import sys
-        from agent import tuning
-        tuning.defer_import("sqlite_vec")
+        from agent import lean_imports
+        lean_imports.install()
+        import importlib.util
         import sqlite_vec
         before = "numpy" in sys.modules
-        print(before, callable(sqlite_vec.serialize_float32), "numpy" in sys.modules)
+        used = callable(sqlite_vec.serialize_float32)
+        # The real body ran: it imports numpy where numpy is installed (not a dependency of ours).
+        ran = ("numpy" in sys.modules) == (importlib.util.find_spec("numpy") is not None)
+        print(before, used, ran, sqlite_vec.__version__ == sqlite_vec.__version_info__[0] + "." + ".".join(sqlite_vec.__version_info__[1:]))
         """
     )
-    assert out == "False True True"
+    assert out == "False True True True"
+
+
+def test_importing_modules_never_installs_the_hook() -> None:
+    out = run(
+        """
+        import sys
+        import gateway.app, gateway.cli, agent.runtime, agent.lean_imports
+        print(agent.lean_imports.installed())
+        """
+    )
+    assert out == "False"
+
+
+def test_the_entry_point_installs_it_first() -> None:
+    out = run(
+        """
+        import sys
+        from gateway.cli import main
+        try:
+            main(["pairing", "--help"])
+        except SystemExit:
+            pass
+        from agent import lean_imports
+        print(lean_imports.installed(), "openai.types" in sys.modules)
+        """
+    )
+    assert out.splitlines()[-1] == "True False"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.fresh_python import REPO, run_python
 
-LEAN = "import agent.lean_imports  # noqa\n"
+LEAN = "import agent.lean_imports  # noqa\nagent.lean_imports.install()\n"
 
 
 def run(code: str, *, lean: bool, env: dict[str, str] | None = None, cwd: Path = REPO) -> str:
@@ -535,8 +535,9 @@ def test_threads_whose_bodies_need_each_other_do_not_hang(tmp_path: Path) -> Non
 
 CLI = """
 import sys, types
-if {plain!r}:  # without: gateway.cli's own import of agent.lean_imports finds an empty module
-    sys.modules["agent.lean_imports"] = types.ModuleType("agent.lean_imports")
+if {plain!r}:  # without: gateway.cli's agent.lean_imports is a module whose install does nothing
+    sys.modules["agent.lean_imports"] = stub = types.ModuleType("agent.lean_imports")
+    stub.install = lambda: None
 sys.argv = ["chital", *{argv!r}]
 from gateway.cli import main
 try:

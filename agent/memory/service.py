@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
-from agent import tuning
 from agent.memory.extraction import (
     BadExtraction,
     ExtractionPlan,
@@ -112,8 +111,7 @@ class MemoryService:
             self._facts = FactStore(pg_store)
         else:
             # langgraph.store.sqlite imports sqlite_vec (and numpy, ~10 MB) for vector indexes,
-            # which facts do not use: loaded only if something ever calls it (agent/tuning.py).
-            tuning.defer_import("sqlite_vec")
+            # which facts do not use: the daemon defers it (agent/lean_imports.py, DEFERRED).
             from agent.memory.store import InlineSqliteStore
 
             store = InlineSqliteStore.open(self.db_path)
