@@ -64,7 +64,7 @@ from agent.safety import Redactor
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
 from agent.turn_overrides import TurnChoice, TurnOverrides, choose, skill_section
-from agent.usage import UsageSink, attach_usage
+from agent.usage import BudgetRefused, UsageSink, attach_usage
 from agent.vision import IMAGES_KEY, carries_images, faded, human_content, image_index
 
 TurnScope = Callable[[str], AbstractAsyncContextManager[Any]]
@@ -645,6 +645,9 @@ def _failure(exc: Exception) -> TurnFailed:
     are described in our own words (provider text can quote request data); anything else is our bug
     and keeps its traceback. ``retryable``: the same message may succeed later (model retries were
     already spent)."""
+    if isinstance(exc, BudgetRefused):  # the user's token budget stopped a model call mid-turn
+        log.info("turn stopped by the user's token budget")
+        return TurnFailed(exc.message, retryable=False, detail="the user's daily token budget is used up")
     failure = diagnose(exc)
     detail = failure.detail()
     if isinstance(exc, ContextOverflowError):

@@ -326,7 +326,9 @@ class Daemon:
         from .schedules import GatewayScheduler, ScheduleRunner
 
         scheduler = GatewayScheduler(self.store, cfg) if cfg.schedules.enabled else None
-        recorder = UsageRecorder(self.store, self.metrics, cfg.usage)
+        from .budget import Budgets  # the agent's stack: imported as the agent is opened
+
+        recorder = UsageRecorder(self.store, self.metrics, cfg.usage, Budgets(self.store, cfg))
         res.push("the usage records", recorder.close)  # after the agent closes, before the store
         self.harness = await open_harness(cfg, scheduler, recorder)
         res.push("the agent", self.harness.close)

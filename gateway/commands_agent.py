@@ -87,13 +87,23 @@ async def model_command(gw: Gateway, inbound: Inbound, args: str) -> str:
 
 # -- /usage ----------------------------------------------------------------------------------------------
 def _row(totals: Totals) -> str:
-    return f"{totals.name}: {totals.today:,} · {totals.week:,} · {totals.month:,}"
+    row = f"{totals.name}: {totals.today:,} · {totals.week:,} · {totals.month:,}"
+    return f"{row} (≈ {totals.estimated:,} estimated)" if totals.estimated else row
 
 
 def _sum(rows: list[Totals], name: str) -> Totals:
     from .usage import Totals
 
-    return Totals(name, sum(r.today for r in rows), sum(r.week for r in rows), sum(r.month for r in rows))
+    return Totals(
+        name, sum(r.today for r in rows), sum(r.week for r in rows), sum(r.month for r in rows),
+        sum(r.estimated for r in rows),
+    )  # fmt: skip
+
+
+ESTIMATED_NOTE = (
+    "≈ estimated: the model service reported no token counts for some calls, so they were counted "
+    "by estimate (about 4 bytes of text a token; an image 1,000)."
+)
 
 
 async def usage_command(gw: Gateway, inbound: Inbound) -> str:
@@ -114,6 +124,8 @@ async def usage_command(gw: Gateway, inbound: Inbound) -> str:
             lines.append(_row(_sum(mine, "Total")))
     else:
         lines.append("You have used no tokens in the last 30 days.")
+    if any(r.estimated for r in mine):
+        lines.append(ESTIMATED_NOTE)
     budget = budget_of(config, inbound.user, admin)
     if budget:
         used = sum(r.today for r in mine)
@@ -133,6 +145,8 @@ async def usage_command(gw: Gateway, inbound: Inbound) -> str:
             lines.append(_row(_sum(models, "Total")))
             lines += ["", f"Top users (30 days, first {TOP_USERS}):"]
             lines += [_row(r) for r in users]
+            if any(r.estimated for r in models) and not any(r.estimated for r in mine):
+                lines.append(ESTIMATED_NOTE)
     elif admin:
         lines.append("(Everyone's usage: send me /usage in a direct message.)")
     return "\n".join(lines)

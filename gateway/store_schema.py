@@ -169,12 +169,33 @@ async def _v5_leases(db: SqliteConnection) -> None:
     await db.execute(LEASE_INDEX)
 
 
+BUDGET_LEDGER_TABLE = """CREATE TABLE IF NOT EXISTS token_ledger (
+    user TEXT NOT NULL,
+    day TEXT NOT NULL,
+    used INTEGER NOT NULL DEFAULT 0,
+    held INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (user, day)
+)"""
+"""Per user and day: the tokens spent and those held for calls in flight, for users with a budget
+(gateway/budget.py). One row per user and day, so the check before a model call is one atomic
+``UPDATE`` on both engines, shared by every daemon on the database."""
+
+
+async def _v6_budget_ledger(db: SqliteConnection) -> None:
+    """``token_ledger``, and ``token_usage.estimated_tokens``: the part of a row's tokens that are
+    our estimate because the provider reported none (gateway/usage.py)."""
+    if "estimated_tokens" not in await _columns(db, "token_usage"):
+        await db.execute("ALTER TABLE token_usage ADD COLUMN estimated_tokens INTEGER NOT NULL DEFAULT 0")
+    await db.execute(BUDGET_LEDGER_TABLE)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
     Migration(3, "conversation models and token usage", _v3_models_usage),
     Migration(4, "approvals", _v4_approvals),
     Migration(5, "journal leases (several daemons on one database)", _v5_leases),
+    Migration(6, "token budget ledger and estimated usage", _v6_budget_ledger),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -6,7 +6,10 @@ The agent reports every model call (agent/usage.py) to :class:`UsageRecorder`, w
 model call never waits for SQLite). Rows are sums per (user, day, conversation, model, purpose),
 so the table grows with active users and days, not with calls; days are calendar days in
 ``usage.timezone``. The budget is checked at intake, before a turn is queued: a user over it gets
-a journaled note instead of a turn (like the rate limit), commands keep working.
+a journaled note instead of a turn (like the rate limit), commands keep working; and before every
+model call of the turn (gateway/budget.py), which the recorder settles in ``token_ledger`` when
+the call ends. Calls the provider reported no usage for are counted by estimate and the part of
+each row that is estimated is kept (``estimated_tokens``), so ``/usage`` can say so.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from .db import SqliteConnection
 
 if TYPE_CHECKING:
-    from agent.usage import TokenUsage  # langchain-core: not imported before the daemon needs it
+    from agent.usage import PlannedCall, TokenUsage  # langchain-core: imported when the daemon needs it
 
+    from .budget import Budgets, Hold
     from .config import Config
     from .metrics import Metrics
     from .store import Store
@@ -55,6 +59,10 @@ class UsageConfig(BaseModel):
     """Where a day starts and ends, for the budget and ``/usage`` (an IANA name, e.g. Europe/Berlin)."""
     retention_days: int = Field(90, ge=30)
     """Usage rows older than this are deleted (``/usage`` shows 30 days)."""
+    reserve_output_tokens: int = Field(2048, ge=1)
+    """For users with a budget: the tokens held for a model call's answer when the model's own
+    settings give no ``max_tokens`` (the request's estimated size is held besides). A larger value
+    keeps a budget tighter under concurrent calls, a smaller one refuses fewer calls near its end."""
 
     @field_validator("timezone")
     @classmethod
@@ -91,13 +99,20 @@ class UsageConfig(BaseModel):
 # -- the tables (a mixin of gateway.store.Store; migration 3 creates them) ---------------------------
 _USAGE_ADD = (
     "INSERT INTO token_usage(user, day, conversation, model, purpose, prompt_tokens,"
-    " completion_tokens, calls) VALUES (?, ?, COALESCE((SELECT conversation FROM journal"
-    " WHERE key = ?), (SELECT conversation FROM threads WHERE thread_id = ? LIMIT 1), ''),"
-    " ?, ?, ?, ?, 1) ON CONFLICT(user, day, conversation, model, purpose) DO UPDATE SET"
+    " completion_tokens, estimated_tokens, calls) VALUES (?, ?, COALESCE((SELECT conversation"
+    " FROM journal WHERE key = ?), (SELECT conversation FROM threads WHERE thread_id = ? LIMIT 1),"
+    " ''), ?, ?, ?, ?, ?, 1) ON CONFLICT(user, day, conversation, model, purpose) DO UPDATE SET"
     " prompt_tokens = token_usage.prompt_tokens + excluded.prompt_tokens,"
     " completion_tokens = token_usage.completion_tokens + excluded.completion_tokens,"
+    " estimated_tokens = token_usage.estimated_tokens + excluded.estimated_tokens,"
     " calls = token_usage.calls + 1"
 )
+_LEDGER_OPEN = (
+    "INSERT OR IGNORE INTO token_ledger(user, day, used, held) SELECT ?, ?,"
+    " COALESCE(SUM(prompt_tokens + completion_tokens), 0), 0 FROM token_usage WHERE user = ? AND day = ?"
+)
+_LEDGER_HOLD = "UPDATE token_ledger SET held = held + ? WHERE user = ? AND day = ? AND used + held < ?"
+_LEDGER_SETTLE = "UPDATE token_ledger SET used = used + ?, held = MAX(held - ?, 0) WHERE user = ? AND day = ?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +123,8 @@ class Totals:
     today: int
     week: int
     month: int
+    estimated: int = 0
+    """Of ``month``, the tokens counted by estimate (the provider reported no usage)."""
 
 
 class ModelUsageTables:
@@ -148,7 +165,7 @@ class ModelUsageTables:
         """Add model calls, in one transaction (one commit for all of them)."""
         rows = [
             (u.user, day.isoformat(), u.message_id, u.thread_id, u.model, u.purpose, u.prompt_tokens,
-             u.completion_tokens)
+             u.completion_tokens, (u.prompt_tokens + u.completion_tokens) if u.estimated else 0)
             for u in usages
         ]  # fmt: skip
         if len(rows) == 1:
@@ -176,17 +193,46 @@ class ModelUsageTables:
         sql = (
             f"SELECT {by}, SUM(CASE WHEN day = ? THEN prompt_tokens + completion_tokens ELSE 0 END),"
             " SUM(CASE WHEN day >= ? THEN prompt_tokens + completion_tokens ELSE 0 END),"
-            f" SUM(prompt_tokens + completion_tokens) FROM token_usage WHERE {where}"
-            f" GROUP BY {by} ORDER BY 4 DESC, 1 LIMIT ?"
+            f" SUM(prompt_tokens + completion_tokens), SUM(estimated_tokens) FROM token_usage"
+            f" WHERE {where} GROUP BY {by} ORDER BY 4 DESC, 1 LIMIT ?"
         )
         with self._db.on_thread():  # sums a month of rows
             async with self._db.execute(sql, (today.isoformat(), week, *params, limit)) as cur:
                 rows = await cur.fetchall()
-        return [Totals(str(r[0]), int(r[1] or 0), int(r[2] or 0), int(r[3] or 0)) for r in rows]
+        return [
+            Totals(str(r[0]), int(r[1] or 0), int(r[2] or 0), int(r[3] or 0), int(r[4] or 0)) for r in rows
+        ]
 
     async def usage_prune(self, before: date) -> int:
         with self._db.on_thread():  # may delete a day's rows of every user
+            await self._write("DELETE FROM token_ledger WHERE day < ?", (before.isoformat(),))
             return await self._write("DELETE FROM token_usage WHERE day < ?", (before.isoformat(),))
+
+    # -- the budget ledger (gateway/budget.py) -----------------------------------------------------
+    async def ledger_open(self, user: str, day: str) -> None:
+        """The ledger row of ``user`` on ``day``, made once, from the usage recorded so far."""
+        await self._write(_LEDGER_OPEN, (user, day, user, day))
+
+    async def ledger_hold(self, user: str, day: str, tokens: int, budget: int) -> bool:
+        """Hold ``tokens`` for a call when the user's spent and held tokens are under ``budget``.
+        One ``UPDATE`` of one row: atomic on SQLite (one writer) and on PostgreSQL (the row lock,
+        and the condition re-checked on the row as the concurrent winner left it), so concurrent
+        turns and daemons cannot all pass on the same remainder."""
+        return await self._write(_LEDGER_HOLD, (tokens, user, day, budget)) == 1
+
+    async def ledger_state(self, user: str, day: str) -> tuple[int, int]:
+        """(spent, held) tokens of ``user`` on ``day``."""
+        sql = "SELECT used, held FROM token_ledger WHERE user = ? AND day = ?"
+        async with self._db.execute(sql, (user, day)) as cur:
+            row = await cur.fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    async def ledger_settle(self, rows: list[tuple[int, int, str, str]]) -> None:
+        """(spent, held before, user, day) per finished call: spent added, its hold freed."""
+        if len(rows) == 1:
+            await self._write(_LEDGER_SETTLE, rows[0])
+        elif rows:
+            await self._write(_LEDGER_SETTLE, many=rows)
 
 
 # -- recording ---------------------------------------------------------------------------------------
@@ -198,15 +244,46 @@ class UsageRecorder:
     together, in one transaction: with many chats at once that is one commit for several calls,
     and one background task at a time rather than one per call."""
 
-    def __init__(self, store: Store, metrics: Metrics, config: UsageConfig) -> None:
+    def __init__(
+        self, store: Store, metrics: Metrics, config: UsageConfig, budgets: Budgets | None = None
+    ) -> None:
         self.store = store
         self.metrics = metrics
         self.config = config
+        self.budgets = budgets
+        """Checked before every model call (:meth:`reserve`); None: usage is only counted."""
         self._queue: list[TokenUsage] = []
+        self._released: list[Hold] = []
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
         self._pruned = 0.0
         self._loop = asyncio.get_running_loop()
+
+    async def reserve(self, call: PlannedCall) -> Hold | None:
+        """:class:`agent.usage.BudgetLedger`: the hold for a model call, or BudgetRefused."""
+        if self.budgets is None:
+            return None
+        return await self.budgets.reserve(call)
+
+    def release(self, hold: object) -> None:
+        """A call that ended with nothing to count: its hold is freed with the next write."""
+        from .budget import Hold
+
+        if not isinstance(hold, Hold):
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop.call_soon_threadsafe(self._spawn_release, hold)
+        else:
+            self._spawn_release(hold)
+
+    def _spawn_release(self, hold: Hold) -> None:
+        if self._closed:
+            return
+        self._released.append(hold)
+        if self._flusher is None:
+            self._flusher = self._loop.create_task(self._flush(), name="usage")
 
     def record(self, usage: TokenUsage) -> None:
         tokens = self.metrics.tokens
@@ -229,16 +306,27 @@ class UsageRecorder:
     async def _flush(self) -> None:
         try:
             await asyncio.sleep(0)  # the other calls ending in this loop pass join the batch
-            while self._queue:
+            while self._queue or self._released:
                 batch, self._queue = self._queue, []
-                await self._write(batch)
+                released, self._released = self._released, []
+                await self._write(batch, released)
         finally:
             self._flusher = None
 
-    async def _write(self, batch: list[TokenUsage]) -> None:
+    async def _write(self, batch: list[TokenUsage], released: list[Hold] | None = None) -> None:
+        from .budget import Hold
+
         today = self.config.today()
         try:
             await self.store.usage_add_many(batch, today)
+            # After the rows: a failed write keeps the holds (the budget stays on the safe side).
+            settle = [
+                (u.prompt_tokens + u.completion_tokens, u.hold.tokens, u.hold.user, u.hold.day)
+                for u in batch
+                if isinstance(u.hold, Hold)
+            ]
+            settle += [(0, h.tokens, h.user, h.day) for h in released or ()]
+            await self.store.ledger_settle(settle)
             if time.monotonic() - self._pruned > PRUNE_EVERY or not self._pruned:
                 self._pruned = time.monotonic()
                 await self.store.usage_prune(today - timedelta(days=self.config.retention_days))

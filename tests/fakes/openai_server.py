@@ -120,6 +120,8 @@ class FakeOpenAI:
         """Scripted transcription answers, in order; then ``default_transcript``."""
         self.default_transcript = "please book a table for two at seven"
         self.record = record
+        self.report_usage = True
+        """False: responses carry no ``usage`` at all (some OpenAI-compatible servers send none)."""
         self.base_url = ""
         self._queue: deque[Reply] = deque()
         self._rules: list[tuple[Callable[[str], bool], ReplyFactory | Reply]] = []
@@ -303,16 +305,16 @@ class FakeOpenAI:
         if calls:
             message["tool_calls"] = calls
         finish = reply.finish_reason or ("tool_calls" if calls else "stop")
-        return web.json_response(
-            {
-                "id": cid,
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                "usage": _usage(body, reply),
-            }
-        )
+        payload = {
+            "id": cid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        }
+        if self.report_usage:
+            payload["usage"] = _usage(body, reply)
+        return web.json_response(payload)
 
     async def _stream(
         self, request: web.Request, reply: Reply, cid: str, model: str, usage: bool
@@ -341,7 +343,7 @@ class FakeOpenAI:
             for piece in _split(fn["arguments"], 2):
                 frames.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
         frames.append(chunk({}, reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")))
-        if usage:
+        if usage and self.report_usage:
             u = json.dumps(_usage({}, reply))
             frames.append(f'data: {head}"choices":[],"usage":{u}}}\n\n'.encode())
         frames.append(b"data: [DONE]\n\n")
