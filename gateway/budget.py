@@ -130,9 +130,15 @@ class Budgets:
         now = datetime.now(zone)
         midnight = datetime(now.year, now.month, now.day, tzinfo=zone) + timedelta(days=1)
         renews = f"{midnight:%H:%M} {usage.timezone}"
-        running = f", {held:,} more held by answers still running" if held else ""
+        renewal = (
+            f"It renews at {renews}, in {_duration(usage.seconds_to_midnight())}; /usage shows what "
+            "you used, and an admin can raise the budget."
+        )
+        if used >= budget or not held:
+            spent = f"{budget:,} tokens is used up ({used:,} used today)"
+            return f"Stopped: your daily token budget of {spent}. {renewal}"
         return (
-            f"Stopped: your daily token budget of {budget:,} tokens is used up ({used:,} used today"
-            f"{running}). It renews at {renews}, in {_duration(usage.seconds_to_midnight())}; "
-            "/usage shows what you used, and an admin can raise the budget."
+            f"Stopped: the rest of your daily token budget of {budget:,} tokens is held by your other "
+            f"answers running now ({used:,} used today, {held:,} held); send this again once they are "
+            f"done. {renewal}"
         )

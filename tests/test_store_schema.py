@@ -39,7 +39,7 @@ PAYLOAD = (
 )
 TABLES = {
     "journal", "outbox", "files_out", "threads", "pairing", "approved_users", "command_results", "dm_chats",
-    "schedules", "sqlite_sequence", "conversation_models", "token_usage", "approvals",
+    "schedules", "sqlite_sequence", "conversation_models", "token_usage", "approvals", "token_ledger",
 }  # fmt: skip
 
 
