@@ -49,7 +49,8 @@ class UsageConfig(BaseModel):
 
     daily_tokens: int = Field(0, ge=0)
     """Tokens (prompt + completion, all model calls of their turns, sub-agents, titles and memory
-    included) one user may use per day; a message beyond it gets a note instead of an answer.
+    included) one user may use per day; checked at intake (a message beyond it gets a note instead
+    of an answer) and before every model call (a turn that reaches it stops with a note).
     0: no budget."""
     users: dict[str, int] = Field(default_factory=dict)
     """Per-user budgets that replace ``daily_tokens``, keyed ``platform:user_id``; 0: unlimited."""

@@ -181,6 +181,25 @@ async def test_three_sub_agents_stop_at_the_budget(
     assert await journal_states(d, 1) == ["done"]
 
 
+# ---- memory extraction --------------------------------------------------------------------------
+async def test_memory_extraction_is_held_to_the_budget_too(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, started: list[DaemonProcess]
+) -> None:
+    cfg = config(tmp_path, tg, model, 1000)
+    cfg["agent"]["memory"] = {"enabled": True, "debounce_seconds": 0.3}
+    d = await start(started, tmp_path, cfg)
+    model.script(Reply(text="Noted, Ann.", usage=(1200, 10)))  # the answer spends the budget
+    await reply_to(tg, ME, tg.inject_message(ME, ME, "I am Ann and I like tea"), "Noted, Ann.")
+    for _ in range(300):  # the extraction runs in the background, after its debounce
+        if "budget: a memory call (default) refused" in d.logs():
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the memory extraction was never refused:\n" + d.logs()[-3000:])
+    assert len(model.requests) == 1, "the extraction call never reached the model"
+    assert await settled(d, 1) == (1210, 0, 1)
+
+
 # ---- concurrent turns of one user -------------------------------------------------------------------
 async def test_eight_messages_at_once_stay_within_the_budget(
     tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, started: list[DaemonProcess]
