@@ -298,6 +298,8 @@ async def test_two_daemons_on_one_postgresql_share_the_budget(pg_url: str) -> No
         holds = await admitted([Budgets(first, cfg), Budgets(second, cfg)], 16)
         assert len(holds) == 5, "one remainder, not one per daemon"
         assert await second.ledger_state(f"telegram:{ME}", holds[0].day) == (0, 1020)
+        await first.ledger_settle([(150, h.tokens, h.user, h.day) for h in holds])
+        assert await second.ledger_state(f"telegram:{ME}", holds[0].day) == (750, 0)
     finally:
         await first.close()
         await second.close()
