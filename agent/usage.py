@@ -79,6 +79,19 @@ class BudgetRefused(Exception):
         self.message = message
 
 
+class _RefusalsAreNotErrors(logging.Filter):
+    """LangChain logs every exception a callback raises as a WARNING ("Error in UsageCallback.
+    on_chat_model_start callback: ..."); a budget refusal is expected, and the ledger logs it
+    once, at INFO (one line per event for the operator)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(isinstance(a, str) and a.startswith("BudgetRefused(") for a in args)
+
+
+logging.getLogger("langchain_core.callbacks.manager").addFilter(_RefusalsAreNotErrors())
+
+
 class PlannedCall:
     """A model call about to be made, as the ledger sees it. The prompt estimate is computed only
     when asked (a user without a budget costs nothing)."""

@@ -149,6 +149,9 @@ async def test_a_tool_loop_stops_at_the_budget_with_a_note(
     assert (tokens, estimated, calls) == (requests * CALL, 0, requests)
     assert tokens <= budget + CALL
     assert await journal_states(d, 1) == ["done"], "the stopped turn is done, not run again at a restart"
+    logs = d.logs()  # the operator: one line for the refusal, no callback "error" from LangChain
+    assert f"budget: a lead call (default) refused: {tokens} used and 0 held of {budget}" in logs
+    assert "Error in UsageCallback" not in logs
     # The next message is refused at intake: no model call at all.
     refused = tg.inject_message(ME, ME, "and now?")
     await reply_to(tg, ME, refused, "You have used your token budget for today")
