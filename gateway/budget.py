@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -74,6 +75,10 @@ class Budgets:
         self.config = config
         self._opened: dict[tuple[str, str], None] = {}
         self._loop = asyncio.get_running_loop()
+        self.settle_pending: Callable[[], Awaitable[None]] | None = None
+        """Waits until the calls this process finished so far are settled (the recorder's):
+        asked before a refusal, so the previous call of a turn, still being written, does not
+        count as an answer running now."""
 
     def budget(self, user: str) -> int:
         """``user``'s (``platform:id``) daily budget, as at intake: 0 when they have none."""
@@ -113,6 +118,10 @@ class Budgets:
                 self._opened[(call.user, day)] = None
             if await self.store.ledger_hold(call.user, day, tokens, budget):
                 return Hold(call.user, day, tokens)
+            if self.settle_pending is not None:
+                await self.settle_pending()
+                if await self.store.ledger_hold(call.user, day, tokens, budget):
+                    return Hold(call.user, day, tokens)
             used, held = await self.store.ledger_state(call.user, day)
         except Exception as exc:
             log.warning("budget: the ledger could not be read (%s); call refused", type(exc).__name__)

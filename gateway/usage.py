@@ -259,6 +259,8 @@ class UsageRecorder:
         self._closed = False
         self._pruned = 0.0
         self._loop = asyncio.get_running_loop()
+        if budgets is not None:
+            budgets.settle_pending = self.flushed
 
     async def reserve(self, call: PlannedCall) -> Hold | None:
         """:class:`agent.usage.BudgetLedger`: the hold for a model call, or BudgetRefused."""
@@ -335,6 +337,13 @@ class UsageRecorder:
             tokens = sum(u.prompt_tokens + u.completion_tokens for u in batch)
             log.warning("usage: could not record %d tokens of %d model call(s) (%s)", tokens, len(batch),
                         type(exc).__name__)  # fmt: skip
+
+    async def flushed(self) -> None:
+        """Wait until the calls recorded so far are written (and their holds settled)."""
+        flusher = self._flusher
+        if flusher is not None and flusher is not asyncio.current_task():
+            with contextlib.suppress(Exception):
+                await asyncio.wait({flusher}, timeout=5)
 
     async def close(self) -> None:
         """Finish the writes under way (before the store closes); later calls are counted only."""
