@@ -126,7 +126,9 @@ def _to_srgb(img: Image.Image, icc: bytes) -> Image.Image:
 
     try:
         source = ImageCms.ImageCmsProfile(io.BytesIO(icc))
-        converted = ImageCms.profileToProfile(img, source, ImageCms.createProfile("sRGB"), outputMode=img.mode)
+        converted = ImageCms.profileToProfile(
+            img, source, ImageCms.createProfile("sRGB"), outputMode=img.mode
+        )
     except Exception as exc:  # a hostile or broken profile: keep the pixels as they are
         log.info("ICC profile not applied (%s); the image is sent without it", type(exc).__name__)
         return img

@@ -246,6 +246,11 @@ def test_a_bomb_is_refused_from_its_header_with_a_clear_reason() -> None:
         return struct.pack(">I", len(payload)) + tag + payload + struct.pack(">I", zlib.crc32(tag + payload))
 
     ihdr = struct.pack(">IIBBBBB", 40_000, 40_000, 8, 2, 0, 0, 0)
-    bomb = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 1000)) + chunk(b"IEND", b"")
+    bomb = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 1000))
+        + chunk(b"IEND", b"")
+    )
     with pytest.raises(NotAnImage, match="more pixels than I decode"):
         prepare_image(bomb, name="b.png", path="/b.png", limits=VisionSettings())

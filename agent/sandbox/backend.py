@@ -264,7 +264,8 @@ class SandboxBackend(SandboxBackendProtocol):
                 elif entry.is_dir:
                     out.append(FileDownloadResponse(path=path, error="is_directory"))
                 else:
-                    out.append(FileDownloadResponse(path=path, content=self.files.read_bytes(path)))
+                    content = self.files.read_bytes(path, _MAX_BINARY_READ)
+                    out.append(FileDownloadResponse(path=path, content=content))
             except PathRefused:
                 out.append(FileDownloadResponse(path=path, error="permission_denied"))
             except SandboxError as e:
@@ -278,10 +279,11 @@ def _window_result(w: TextWindow) -> ReadResult:
     if w.total_lines == 0 or (whole and not text.strip()):
         # Empty or blank file: no pagination; the middleware shows its empty-file reminder.
         return ReadResult(file_data=FileData(content=text, encoding="utf-8"))
+    more = w.total_lines is None or w.end_line < w.total_lines  # None: the read stopped early
     return ReadResult(
         file_data=FileData(content=text, encoding="utf-8"),
         total_lines=w.total_lines,
         start_line=w.start_line,
         end_line=w.end_line,
-        next_offset=w.end_line if w.end_line < w.total_lines else None,
+        next_offset=w.end_line if more else None,
     )
