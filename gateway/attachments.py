@@ -86,8 +86,20 @@ async def fetch_attachments(
     """Save the message's files where the thread's sandbox sees them (its uploads dir), keep the
     images for the model and transcribe the recordings (gateway/media.py, gateway/transcribe.py).
     Files that are refused or fail get a note for the user; nothing here fails the turn."""
-    inbound = entry.inbound
     out = Uploads()
+    if not entry.inbound.attachments:
+        return out
+    # Downloads and transcription wait on other services: the turn's global slot is given back
+    # meanwhile, so a stalled transcriber or file server never delays other users' turns.
+    async with gateway.turns.released():
+        await _fetch_all(gateway, channel, entry, thread_id, out)
+    return out
+
+
+async def _fetch_all(
+    gateway: Gateway, channel: Channel, entry: JournalEntry, thread_id: str, out: Uploads
+) -> None:
+    inbound = entry.inbound
     limit = gateway.config.limits.max_attachment_bytes
     for index, att in enumerate(inbound.attachments):
         if att.size is not None and att.size > limit:
@@ -118,7 +130,6 @@ async def fetch_attachments(
             out.images.append(media.Received(name, path, data))
         elif kind in (media.VOICE, media.AUDIO):
             await _listen(gateway, entry, out, index, name, data, att.mime_type)
-    return out
 
 
 async def _save_once(
@@ -153,9 +164,11 @@ async def _listen(
             f"admin can set one up, see docs/media.md). The agent has {name} as a file."
         )
         return
-    result = await heard(
-        gateway.store, cfg, entry.key, index, name, data, mime, gateway.config.limits.max_message_chars
-    )
+    user = f"{entry.inbound.platform}:{entry.inbound.sender_id}"
+    async with gateway.slow_lane.slot(user):  # a fair share of the transcriber, per user
+        result = await heard(
+            gateway.store, cfg, entry.key, index, name, data, mime, gateway.config.limits.max_message_chars
+        )
     out.heard.append(result)
     if result.problem:
         out.notes.append(f"⚠️ I could not transcribe {name}: {result.problem}. The agent has it as a file.")
