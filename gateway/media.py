@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.config import ModelSpec, VisionSettings
+from agent.image_clean import pixels_only
 from agent.turn import ImagePart
 from channels.base import Attachment
 
@@ -89,50 +90,12 @@ def prepare_image(data: bytes, *, name: str, path: str, limits: VisionSettings) 
             opened.draft("RGB", (limits.max_side, limits.max_side))
             img = ImageOps.exif_transpose(opened)  # loads the pixels; a phone photo's rotation applied
             img.thumbnail((limits.max_side, limits.max_side), Image.Resampling.LANCZOS)
-            img = pixels_only(img)
+            img = pixels_only(img)  # nothing but pixels leaves (agent/image_clean.py)
             return ImagePart(*_encode(img, limits.max_bytes), name=name, path=path)
     except NotAnImage:
         raise
     except Exception as exc:  # hostile bytes make decoders raise nearly anything: no image, no crash
         raise NotAnImage(_why(exc)) from None
-
-
-def pixels_only(img: Image.Image) -> Image.Image:
-    """A new RGB, RGBA or L image holding only ``img``'s pixels, its colours in sRGB.
-
-    Why a new image rather than dropping keys: Pillow's encoders copy some of ``img.info`` into
-    the file they write (the JPEG ``comment``, ``icc_profile``, ``dpi``, PNG ``exif``), and which
-    keys they copy changes between versions. An image built with ``frombytes`` has an empty
-    ``info``: whatever a future encoder copies, there is nothing to copy. An embedded ICC
-    profile is applied first (a wide-gamut or CMYK photo keeps its colours), then dropped."""
-    from PIL import Image
-
-    icc = img.info.get("icc_profile")
-    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
-        img = img.convert("RGBA")
-    elif img.mode in ("L", "1", "I;16", "I", "F"):
-        img = img.convert("L")
-    elif img.mode != "RGB":
-        img = img.convert("RGB")
-    if icc and img.mode in ("RGB", "RGBA"):
-        img = _to_srgb(img, icc)
-    return Image.frombytes(img.mode, img.size, img.tobytes())
-
-
-def _to_srgb(img: Image.Image, icc: bytes) -> Image.Image:
-    """``img``'s pixels converted from its embedded profile to sRGB; unchanged when the profile
-    cannot be used (a damaged profile costs some colour accuracy, never the image)."""
-    from PIL import ImageCms
-
-    try:
-        source = ImageCms.ImageCmsProfile(io.BytesIO(icc))
-        converted = ImageCms.profileToProfile(
-            img, source, ImageCms.createProfile("sRGB"), outputMode=img.mode
-        )
-    except Exception as exc:  # a hostile or broken profile: keep the pixels as they are
-        log.info("ICC profile not applied (%s); the image is sent without it", type(exc).__name__)
-        return img
-    return converted if converted is not None else img
 
 
 def _why(exc: Exception) -> str:

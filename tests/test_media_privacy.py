@@ -254,3 +254,31 @@ def test_a_bomb_is_refused_from_its_header_with_a_clear_reason() -> None:
     )
     with pytest.raises(NotAnImage, match="more pixels than I decode"):
         prepare_image(bomb, name="b.png", path="/b.png", limits=VisionSettings())
+
+
+def test_an_image_the_agent_reads_from_its_uploads_is_pixels_only(tmp_path: Path) -> None:
+    """read_file on an image (the user's original upload, GPS and all) hands the model the
+    re-encoded pixels, in the file's own format."""
+    from agent.sandbox.backend import SandboxBackend
+    from agent.sandbox.files import HostFiles
+    from agent.sandbox.paths import PathMapper, ThreadDirs
+
+    dirs = ThreadDirs.for_thread(tmp_path / "sbx", "t1", None)
+    dirs.ensure(None)
+
+    class _Sandbox:  # what SandboxBackend.read uses of a sandbox: its files
+        id = "t1"
+        files = HostFiles(PathMapper(dirs))
+
+    backend = SandboxBackend(_Sandbox())  # type: ignore[arg-type]
+    for name, data, mime in (
+        ("p.jpg", jpeg_with_everything(), "image/jpeg"),
+        ("s.png", png_with_everything(), "image/png"),
+        ("c.webp", webp_with_everything(), "image/webp"),
+    ):
+        (dirs.uploads / name).write_bytes(data)
+        result = backend.read(f"/mnt/user-data/uploads/{name}")
+        assert result.error is None and result.file_data is not None, result.error
+        sent = base64.b64decode(result.file_data["content"])
+        assert_pixels_only(mime, sent)
+        assert_two_halves(sent)

@@ -159,3 +159,27 @@ def test_device_nodes_and_sockets_are_refused(files: HostFiles) -> None:
                 files.write(f"{WS}/{name}", "x")
     finally:
         sock.close()
+
+
+def test_any_tool_result_is_capped_before_it_joins_the_history() -> None:
+    """An MCP server or a skill's tool answering 50 MB: the model gets the cap and a note."""
+    from langchain_core.messages import ToolMessage
+
+    from agent.tool_output import MAX_BLOB_CHARS, MAX_TEXT_CHARS, capped
+
+    huge = ToolMessage(content="z" * (50 * 1024 * 1024), tool_call_id="c1", name="mcp_dump")
+    out = capped(huge)
+    assert isinstance(out.content, str) and len(out.content) < MAX_TEXT_CHARS + 500
+    assert "mcp_dump output cut" in out.content and f"{50 * 1024 * 1024 - MAX_TEXT_CHARS:,}" in out.content
+    blocks = ToolMessage(
+        content=[
+            {"type": "text", "text": "y" * (MAX_TEXT_CHARS + 10)},
+            {"type": "image", "base64": "A" * (MAX_BLOB_CHARS + 4), "mime_type": "image/png"},
+        ],
+        tool_call_id="c2",
+        name="shot",
+    )
+    parts = capped(blocks).content
+    assert isinstance(parts, list) and "output cut" in str(parts[0]) and "too large to show" in str(parts[1])
+    small = ToolMessage(content="fine", tool_call_id="c3", name="x")
+    assert capped(small) is small

@@ -38,6 +38,7 @@ from deepagents.backends.protocol import (
     WriteResult,
 )
 
+from ..image_clean import FORMATS, NotShown, clean_image_file
 from .base import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT, ExecResult, Sandbox
 from .files import Entry, HostFiles, TextWindow
 from .paths import USER_DATA, PathRefused, SandboxError
@@ -119,8 +120,14 @@ class SandboxBackend(SandboxBackendProtocol):
 
     def read(self, file_path: str, offset: int = 0, limit: int = 2000) -> ReadResult:
         try:
-            if PurePosixPath(file_path).suffix.lower() in _BINARY_SUFFIXES:
+            suffix = PurePosixPath(file_path).suffix.lower()
+            if suffix in _BINARY_SUFFIXES:
                 raw = self.files.read_bytes(file_path, _MAX_BINARY_READ)
+                if suffix in FORMATS:  # pixels only to the model provider: no EXIF/GPS, comments, ICC
+                    try:
+                        raw = clean_image_file(raw, suffix)
+                    except NotShown as e:
+                        return ReadResult(error=f"{file_path}: {e}")
                 encoded = base64.standard_b64encode(raw).decode("ascii")
                 return ReadResult(file_data=FileData(content=encoded, encoding="base64"))
             if int(limit) <= 0:
