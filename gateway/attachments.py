@@ -11,6 +11,7 @@ outbox, sent once (docs/durability.md).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -35,6 +36,8 @@ FILE_PART = 10_000
 """Outbox part numbers of files a reply carries start here (text parts count from 0)."""
 FILE_NOTE_PART = 20_000
 """Outbox part of the note saying which presented files could not be sent."""
+DOWNLOAD_SECONDS = 120.0
+"""Time one attachment's download may take; a stalled file server gets a note, not the turn."""
 
 
 def _safe_name(name: str) -> str:
@@ -109,7 +112,14 @@ async def _fetch_all(
             )
             continue
         try:
-            data = await channel.download(att, limit)
+            async with asyncio.timeout(DOWNLOAD_SECONDS):
+                data = await channel.download(att, limit)
+        except TimeoutError:
+            out.notes.append(
+                f"⚠️ I could not fetch {_shown(att.name)}: the download did not finish within "
+                f"{DOWNLOAD_SECONDS:.0f} s. Please send it again."
+            )
+            continue
         except ChannelError as exc:
             out.notes.append(
                 f"⚠️ I could not fetch {_shown(att.name)}: {str(exc).replace(att.name, 'that file')}"
