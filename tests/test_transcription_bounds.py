@@ -121,3 +121,67 @@ async def test_each_transcriber_failure_is_named_in_the_chat(
     reply = await tg.wait_for(lambda: answer(tg, A, up), timeout=30, what="the answer")
     assert "⚠️ I could not transcribe voice_" in reply and note in reply, reply
     assert GENERIC not in reply and "The agent has it as a file" in reply
+
+
+# -- in process: the slot a turn gives back is returned exactly ------------------------------------
+
+
+async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waiting() -> None:
+    """Two slots; a turn waiting on its transcription gives its slot back, so two other turns run;
+    /stop while it waits for its slot again leaves the queue with exactly two slots."""
+    from channels.base import Inbound
+    from gateway.metrics import Metrics
+    from gateway.store import JournalEntry, JournalKind
+    from gateway.turns import TurnQueue
+
+    release_slow, hold_others = asyncio.Event(), asyncio.Event()
+    running: set[str] = set()
+    peak = 0
+    queue: TurnQueue
+
+    async def handler(entry: JournalEntry) -> None:
+        nonlocal peak
+        if entry.conversation.endswith("slow"):
+            async with queue.released():
+                await release_slow.wait()
+        running.add(entry.key)
+        peak = max(peak, len(running))
+        try:
+            await hold_others.wait()
+        finally:
+            running.discard(entry.key)
+
+    def entry(chat: str) -> JournalEntry:
+        inbound = Inbound("telegram", chat, "1", "u", "hi", is_direct=True, addressed=True)
+        return JournalEntry.new(inbound, JournalKind.TURN)
+
+    queue = TurnQueue(2, handler, Metrics())
+    queue.submit(entry("slow"))
+    await asyncio.sleep(0.05)
+    queue.submit(entry("a"))
+    queue.submit(entry("b"))
+    for _ in range(100):
+        if len(running) == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert running == {"telegram:a:1", "telegram:b:1"}, "the slow turn's slot went to the others"
+    release_slow.set()  # it now waits for a slot again, behind a and b
+    await asyncio.sleep(0.05)
+    assert queue.stop("telegram:slow") is True
+    hold_others.set()
+    for _ in range(100):
+        if queue.running_count == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert peak == 2 and queue.running_count == 0
+    hold_others.clear()
+    for chat in ("c", "d", "e"):
+        queue.submit(entry(chat))
+    for _ in range(100):
+        if len(running) == 2:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.05)
+    assert len(running) == 2, "exactly two slots: none leaked, none lost"
+    hold_others.set()
+    await queue.drain(1)
