@@ -74,19 +74,19 @@ async def test_a_stalled_transcriber_holds_no_turn_slot_and_one_user_waits_behin
 
     text = tg.inject_message(B, B, "a one-line question from B")
     reply = await tg.wait_for(lambda: answer(tg, B, text), timeout=30, what="B's answer")
-    assert "a one-line question from B" in reply
+    assert reply is not None and "a one-line question from B" in reply
     assert not any(answer(tg, GROUP, n) for n in notes), "A's notes are all still waiting"
 
     voice = tg.inject_message(C, C, "", voice=tg.add_voice(OGG))
     heard_c = await tg.wait_for(lambda: answer(tg, C, voice), timeout=30, what="C's voice answer")
-    assert "words of C" in heard_c, "C was not queued behind A's pile of recordings"
+    assert heard_c is not None and "words of C" in heard_c, "C was not queued behind A's pile of recordings"
     assert len(model.transcriptions) == 2, "A had one recording at the transcriber, never more"
     assert not any(answer(tg, GROUP, n) for n in notes)
 
     gate.set()
     for n in notes:
         got = await tg.wait_for(lambda n=n: answer(tg, GROUP, n), timeout=60, what="A's answers")  # type: ignore[misc]
-        assert "words of A" in got and GENERIC not in got
+        assert got is not None and "words of A" in got and GENERIC not in got
     assert len(model.transcriptions) == 9
 
 
@@ -119,7 +119,7 @@ async def test_each_transcriber_failure_is_named_in_the_chat(
     model.heard.append(answer_)
     up = tg.inject_message(A, A, "", voice=tg.add_voice(OGG))
     reply = await tg.wait_for(lambda: answer(tg, A, up), timeout=30, what="the answer")
-    assert "⚠️ I could not transcribe voice_" in reply and note in reply, reply
+    assert reply is not None and "⚠️ I could not transcribe voice_" in reply and note in reply, reply
     assert GENERIC not in reply and "The agent has it as a file" in reply
 
 
