@@ -56,6 +56,7 @@ from agent.safety import (  # noqa: F401 - re-exported for callers of the stack
 )
 from agent.settings import ContextSettings
 from agent.thread_context import without_context
+from agent.tool_output import ToolOutputCap
 from agent.tools.clarify import ClarificationMiddleware
 
 log = logging.getLogger(__name__)
@@ -425,4 +426,5 @@ def build_context_middleware(
     if guardrails:
         stack.append(GuardrailMiddleware(guardrails, timeout=settings.guardrail_timeout))
     stack.append(ToolErrors(secrets, settings.tool_error_max_chars))
+    stack.append(ToolOutputCap())  # any tool's result, bounded before it joins the history
     return stack

@@ -38,6 +38,7 @@ from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
 from agent.skills import build_skills
 from agent.skills_prompt import load_skill_text
 from agent.subagents import TASK_TOOL, build_subagents, subagent_event_to_status
+from agent.tool_output import ToolOutputCap
 from agent.tools import (
     build_present_files,
     build_web_tools,
@@ -257,6 +258,7 @@ class AgentRuntime:
                     *skill_mw,
                     *sub_middleware,
                     RetryModelCalls(max_retries=s.model_retries, initial_delay=s.retry_backoff),
+                    ToolOutputCap(),  # a sub-agent's tool results are bounded like the lead's
                 ],
             ),
         ]

@@ -11,6 +11,7 @@ outbox, sent once (docs/durability.md).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -35,6 +36,8 @@ FILE_PART = 10_000
 """Outbox part numbers of files a reply carries start here (text parts count from 0)."""
 FILE_NOTE_PART = 20_000
 """Outbox part of the note saying which presented files could not be sent."""
+DOWNLOAD_SECONDS = 120.0
+"""Time one attachment's download may take; a stalled file server gets a note, not the turn."""
 
 
 def _safe_name(name: str) -> str:
@@ -86,8 +89,20 @@ async def fetch_attachments(
     """Save the message's files where the thread's sandbox sees them (its uploads dir), keep the
     images for the model and transcribe the recordings (gateway/media.py, gateway/transcribe.py).
     Files that are refused or fail get a note for the user; nothing here fails the turn."""
-    inbound = entry.inbound
     out = Uploads()
+    if not entry.inbound.attachments:
+        return out
+    # Downloads and transcription wait on other services: the turn's global slot is given back
+    # meanwhile, so a stalled transcriber or file server never delays other users' turns.
+    async with gateway.turns.released():
+        await _fetch_all(gateway, channel, entry, thread_id, out)
+    return out
+
+
+async def _fetch_all(
+    gateway: Gateway, channel: Channel, entry: JournalEntry, thread_id: str, out: Uploads
+) -> None:
+    inbound = entry.inbound
     limit = gateway.config.limits.max_attachment_bytes
     for index, att in enumerate(inbound.attachments):
         if att.size is not None and att.size > limit:
@@ -97,7 +112,14 @@ async def fetch_attachments(
             )
             continue
         try:
-            data = await channel.download(att, limit)
+            async with asyncio.timeout(DOWNLOAD_SECONDS):
+                data = await channel.download(att, limit)
+        except TimeoutError:
+            out.notes.append(
+                f"⚠️ I could not fetch {_shown(att.name)}: the download did not finish within "
+                f"{DOWNLOAD_SECONDS:.0f} s. Please send it again."
+            )
+            continue
         except ChannelError as exc:
             out.notes.append(
                 f"⚠️ I could not fetch {_shown(att.name)}: {str(exc).replace(att.name, 'that file')}"
@@ -118,7 +140,6 @@ async def fetch_attachments(
             out.images.append(media.Received(name, path, data))
         elif kind in (media.VOICE, media.AUDIO):
             await _listen(gateway, entry, out, index, name, data, att.mime_type)
-    return out
 
 
 async def _save_once(
@@ -153,9 +174,11 @@ async def _listen(
             f"admin can set one up, see docs/media.md). The agent has {name} as a file."
         )
         return
-    result = await heard(
-        gateway.store, cfg, entry.key, index, name, data, mime, gateway.config.limits.max_message_chars
-    )
+    user = f"{entry.inbound.platform}:{entry.inbound.sender_id}"
+    async with gateway.slow_lane.slot(user):  # a fair share of the transcriber, per user
+        result = await heard(
+            gateway.store, cfg, entry.key, index, name, data, mime, gateway.config.limits.max_message_chars
+        )
     out.heard.append(result)
     if result.problem:
         out.notes.append(f"⚠️ I could not transcribe {name}: {result.problem}. The agent has it as a file.")

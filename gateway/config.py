@@ -225,6 +225,12 @@ class TranscriptionConfig(_Strict):
     show_transcript: bool = False
     """Start the reply with "🎙 heard: …" (what was understood). Off: the user can still ask
     "what did you hear?", since the transcript is part of the message the agent answers."""
+    concurrency: int = Field(4, ge=1, le=256)
+    """Recordings transcribed at once over all users. Transcription runs outside the turn slots
+    (``concurrency.max_turns``), so a stalled transcriber never delays other users' answers."""
+    per_user: int = Field(1, ge=1, le=64)
+    """Recordings of one user transcribed at once: the rest of that user's wait behind them, not
+    in front of other users' (docs/media.md, "Fair transcription")."""
 
     @property
     def configured(self) -> bool:

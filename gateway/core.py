@@ -32,6 +32,7 @@ from .limits import Throttles
 from .metrics import Metrics
 from .pacing import PacerPool
 from .parking import Parking
+from .slow_lane import FairLane
 from .store import JournalEntry, JournalKind, JournalState, Store
 from .turn_runner import TurnRunner
 from .turns import TurnQueue
@@ -53,6 +54,8 @@ class Gateway(TurnRunner):
         self.metrics = metrics
         self.channels: dict[str, Channel] = {}
         self.turns = TurnQueue(config.concurrency.max_turns, self._run_claimed, metrics)
+        self.slow_lane = FairLane(config.transcription.concurrency, config.transcription.per_user)
+        """Transcriptions, outside the turn slots, fair per user (gateway/slow_lane.py)."""
         self._pacers = PacerPool()
         self._tasks: set[asyncio.Task[None]] = set()
         self.throttles = Throttles(config)

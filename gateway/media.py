@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.config import ModelSpec, VisionSettings
+from agent.image_clean import pixels_only
 from agent.turn import ImagePart
 from channels.base import Attachment
 
@@ -67,6 +68,11 @@ def prepare_image(data: bytes, *, name: str, path: str, limits: VisionSettings) 
     ``max_bytes`` encoded, JPEG (PNG when it has transparency and fits). Raises
     :class:`NotAnImage` for anything that is not a readable image of an allowed format.
 
+    Only pixels leave: the result is encoded from a new image built from the decoded pixels, so
+    nothing of the file's metadata (EXIF and its GPS position, XMP, IPTC, the JPEG comment, PNG
+    text chunks, WebP EXIF/XMP chunks, DPI, the ICC profile after its colours are converted to
+    sRGB) can ride along to the model provider. An animation shows its first frame.
+
     CPU-bound (about 0.1-0.5 s for a 12-megapixel photo): call it in a worker thread. Pillow is
     imported here, on the first image, not with the daemon (docs/performance.md, "Memory")."""
     from PIL import Image, ImageOps
@@ -76,12 +82,15 @@ def prepare_image(data: bytes, *, name: str, path: str, limits: VisionSettings) 
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             opened = Image.open(io.BytesIO(data), formats=DECODABLE)
             width, height = opened.size
+            # Checked on the header, before a single pixel is decoded (Pillow's own MAX_IMAGE_PIXELS
+            # guard, kept as a second line, only warns below twice its value).
             if width * height > limits.max_pixels:
                 raise NotAnImage(f"it claims {width}×{height} pixels, more than I decode")
             # JPEG: let the decoder scale down by 2-8× while reading (much less memory and time).
             opened.draft("RGB", (limits.max_side, limits.max_side))
             img = ImageOps.exif_transpose(opened)  # loads the pixels; a phone photo's rotation applied
             img.thumbnail((limits.max_side, limits.max_side), Image.Resampling.LANCZOS)
+            img = pixels_only(img)  # nothing but pixels leaves (agent/image_clean.py)
             return ImagePart(*_encode(img, limits.max_bytes), name=name, path=path)
     except NotAnImage:
         raise
@@ -106,8 +115,7 @@ def _encode(img: Image.Image, max_bytes: int) -> tuple[str, bytes]:
     otherwise JPEG at falling quality, then at 3/4 of the size, until it fits."""
     from PIL import Image
 
-    alpha = img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info)
-    if alpha:
+    if img.mode == "RGBA":
         png = io.BytesIO()
         img.convert("RGBA").save(png, "PNG", optimize=True)
         if png.tell() <= max_bytes:
@@ -115,7 +123,6 @@ def _encode(img: Image.Image, max_bytes: int) -> tuple[str, bytes]:
         flat = Image.new("RGB", img.size, "white")
         flat.paste(img.convert("RGBA"), mask=img.convert("RGBA").getchannel("A"))
         img = flat
-    img = img.convert("L" if img.mode in ("L", "1", "I;16", "I", "F") else "RGB")
     while True:
         for quality in _QUALITIES:
             out = io.BytesIO()

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import posixpath
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from .config import TranscriptionConfig
@@ -52,8 +53,15 @@ def upload_name(name: str) -> str:
     return stem + _UPLOAD_SUFFIX.get("." + suffix.lower(), "." + suffix)
 
 
+MAX_ANSWER_BYTES = 1024 * 1024
+"""Bytes of the service's answer read at most: a transcript of the longest recording the service
+takes is far shorter; more is a misconfigured or hostile endpoint, never held in memory whole."""
+
+
 async def transcribe(cfg: TranscriptionConfig, name: str, data: bytes, mime: str | None) -> str:
-    """The text of one recording. Raises :class:`TranscriptionFailed` with a chat-safe reason."""
+    """The text of one recording. Raises :class:`TranscriptionFailed` with a chat-safe reason that
+    says what went wrong: an answer that is not JSON, an HTTP error and its status, a timeout, an
+    empty transcript, an answer too large to be one."""
     if len(data) > cfg.max_bytes:
         raise TranscriptionFailed(
             f"it is {len(data) / 1e6:.1f} MB, over the {cfg.max_bytes / 1e6:.0f} MB the transcriber takes"
@@ -68,28 +76,66 @@ async def transcribe(cfg: TranscriptionConfig, name: str, data: bytes, mime: str
     )
     file = (upload_name(posixpath.basename(name)), data, mime or "application/octet-stream")
     try:
+        # One deadline over the calls, their retries and reading the answer: a service that
+        # trickles bytes forever cannot hold the recording's turn longer than this.
         async with asyncio.timeout(cfg.timeout * (cfg.retries + 1) + 5):
-            if cfg.language:
-                result = await client.audio.transcriptions.create(
-                    model=cfg.model, file=file, language=cfg.language
-                )
-            else:
-                result = await client.audio.transcriptions.create(model=cfg.model, file=file)
+            # The streamed form hands over the raw body: read capped, parsed here, so an answer
+            # that is not JSON (or is huge) becomes a sentence instead of an exception in the SDK.
+            async with client.audio.transcriptions.with_streaming_response.create(
+                model=cfg.model, file=file, language=cfg.language or openai.omit
+            ) as response:
+                body = await _read_capped(response.iter_bytes(), MAX_ANSWER_BYTES)
     except (TimeoutError, openai.APITimeoutError):
-        raise TranscriptionFailed("the transcription service did not answer in time") from None
+        raise TranscriptionFailed(
+            f"the transcription service did not answer in time (within {cfg.timeout:g} s)"
+        ) from None
     except openai.APIStatusError as exc:
         log.warning("transcription of %s failed: HTTP %s", name, exc.status_code)
         raise TranscriptionFailed(_status_reason(exc.status_code)) from None
     except openai.APIConnectionError:
         raise TranscriptionFailed("I could not reach the transcription service") from None
-    except openai.OpenAIError as exc:  # e.g. an answer that is not the JSON it should be
+    except openai.OpenAIError as exc:
         log.warning("transcription of %s failed: %s", name, type(exc).__name__)
         raise TranscriptionFailed("the transcription service gave an answer I could not read") from None
     finally:
         await client.close()
-    text = getattr(result, "text", None)
+    text = _transcript(body, name)
+    if not text:
+        raise TranscriptionFailed(
+            "the transcript came back empty (I heard no words; if you spoke, please record it again)"
+        )
+    return text
+
+
+async def _read_capped(chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    out = bytearray()
+    async for chunk in chunks:
+        out += chunk
+        if len(out) > limit:
+            raise TranscriptionFailed(
+                f"the transcription service sent back more than {limit // 1024} KB, which is not a "
+                "transcript (the admin should check transcription.base_url)"
+            )
+    return bytes(out)
+
+
+def _transcript(body: bytes, name: str) -> str:
+    """The ``text`` of the service's JSON answer, or a reason the user can pass on."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        log.warning("transcription of %s: the answer is not JSON (%d bytes)", name, len(body))
+        raise TranscriptionFailed(
+            "the transcription service sent back something that is not valid JSON, so there is no "
+            "transcript (the admin should check transcription.base_url and model)"
+        ) from None
+    text = answer.get("text") if isinstance(answer, dict) else None
     if not isinstance(text, str):
-        raise TranscriptionFailed("the transcription service gave an answer I could not read")
+        log.warning("transcription of %s: the JSON answer has no text field", name)
+        raise TranscriptionFailed(
+            'the transcription service answered without a transcript (no "text" in its JSON; the '
+            "admin should check that transcription.base_url is an OpenAI-compatible transcriber)"
+        )
     return text.strip()
 
 

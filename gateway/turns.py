@@ -10,7 +10,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +91,25 @@ class TurnQueue:
     def was_stopped(self, key: str) -> bool:
         """True when the turn ``key`` was cancelled by /stop (not by shutdown)."""
         return key in self._stopped
+
+    @contextlib.asynccontextmanager
+    async def released(self) -> AsyncIterator[None]:
+        """Give the running turn's global slot back while it waits on slow work that is not the
+        model (transcribing voice notes: gateway/slow_lane.py), and take a slot again after.
+
+        The conversation stays busy (its order, /stop and the queued sign are unchanged); only the
+        global cap is freed for other conversations. A no-op outside a turn task of this queue.
+        Cancelled while waiting for the slot back (/stop, shutdown), the acquire still completes
+        in the background and the worker's release balances it, so the count stays exact."""
+        task = asyncio.current_task()
+        if task is None or not any(c.running_task is task for c in self._convs.values()):
+            yield
+            return
+        self._sem.release()
+        try:
+            yield
+        finally:
+            await asyncio.shield(asyncio.ensure_future(self._sem.acquire()))
 
     # -- workers --------------------------------------------------------------------------------
     async def _work(self, name: str, conv: _Conversation) -> None:

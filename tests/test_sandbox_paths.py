@@ -310,10 +310,24 @@ async def test_backend_refuses_escapes(sb: LocalSandbox) -> None:
 
 
 async def test_backend_reads_images_as_base64(sb: LocalSandbox) -> None:
-    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
-    await sb.write_file("/mnt/user-data/uploads/pic.png", png)
+    """Images go to the model as base64, re-encoded to pixels only (docs/media.md, "Privacy");
+    bytes that only look like a PNG are an error, not passed through."""
+    import io
+
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", "where I live")
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (10, 200, 30)).save(out, "PNG", pnginfo=info)
+    await sb.write_file("/mnt/user-data/uploads/pic.png", out.getvalue())
     r = SandboxBackend(sb).read("/mnt/user-data/uploads/pic.png")
-    assert r.file_data == {"content": base64.b64encode(png).decode(), "encoding": "base64"}
+    assert r.file_data is not None and r.file_data["encoding"] == "base64"
+    sent = base64.b64decode(r.file_data["content"])
+    assert b"where I live" not in sent and Image.open(io.BytesIO(sent)).getpixel((4, 4)) == (10, 200, 30)
+    await sb.write_file("/mnt/user-data/uploads/fake.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 16)
+    bad = SandboxBackend(sb).read("/mnt/user-data/uploads/fake.png")
+    assert bad.error is not None and "not a readable PNG image" in bad.error
 
 
 def test_create_provider_from_settings(root: Path) -> None:

@@ -38,6 +38,7 @@ from deepagents.backends.protocol import (
     WriteResult,
 )
 
+from ..image_clean import FORMATS, NotShown, clean_image_file
 from .base import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT, ExecResult, Sandbox
 from .files import Entry, HostFiles, TextWindow
 from .paths import USER_DATA, PathRefused, SandboxError
@@ -119,8 +120,14 @@ class SandboxBackend(SandboxBackendProtocol):
 
     def read(self, file_path: str, offset: int = 0, limit: int = 2000) -> ReadResult:
         try:
-            if PurePosixPath(file_path).suffix.lower() in _BINARY_SUFFIXES:
+            suffix = PurePosixPath(file_path).suffix.lower()
+            if suffix in _BINARY_SUFFIXES:
                 raw = self.files.read_bytes(file_path, _MAX_BINARY_READ)
+                if suffix in FORMATS:  # pixels only to the model provider: no EXIF/GPS, comments, ICC
+                    try:
+                        raw = clean_image_file(raw, suffix)
+                    except NotShown as e:
+                        return ReadResult(error=f"{file_path}: {e}")
                 encoded = base64.standard_b64encode(raw).decode("ascii")
                 return ReadResult(file_data=FileData(content=encoded, encoding="base64"))
             if int(limit) <= 0:
@@ -264,7 +271,8 @@ class SandboxBackend(SandboxBackendProtocol):
                 elif entry.is_dir:
                     out.append(FileDownloadResponse(path=path, error="is_directory"))
                 else:
-                    out.append(FileDownloadResponse(path=path, content=self.files.read_bytes(path)))
+                    content = self.files.read_bytes(path, _MAX_BINARY_READ)
+                    out.append(FileDownloadResponse(path=path, content=content))
             except PathRefused:
                 out.append(FileDownloadResponse(path=path, error="permission_denied"))
             except SandboxError as e:
@@ -278,10 +286,11 @@ def _window_result(w: TextWindow) -> ReadResult:
     if w.total_lines == 0 or (whole and not text.strip()):
         # Empty or blank file: no pagination; the middleware shows its empty-file reminder.
         return ReadResult(file_data=FileData(content=text, encoding="utf-8"))
+    more = w.total_lines is None or w.end_line < w.total_lines  # None: the read stopped early
     return ReadResult(
         file_data=FileData(content=text, encoding="utf-8"),
         total_lines=w.total_lines,
         start_line=w.start_line,
         end_line=w.end_line,
-        next_offset=w.end_line if w.end_line < w.total_lines else None,
+        next_offset=w.end_line if more else None,
     )

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import io
 import os
 import re
 import shutil
@@ -26,6 +25,7 @@ from typing import Any, TypeVar
 
 from wcmatch import glob as wcglob
 
+from . import bounded
 from .creds import can_switch, fs_identity
 from .paths import Mount, PathMapper, PathRefused, Resolved, SandboxError
 
@@ -48,8 +48,7 @@ _FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 """Added to every file open: no link followed at the last component, and a FIFO or device the
 sandbox planted fails or returns at once instead of blocking a daemon thread (O_NONBLOCK has no
 effect on regular files)."""
-_MAX_GREP_FILE = 8 * 1024 * 1024  # skip bigger files: grep is for source/text, not data dumps
-_MAX_LINE_TEXT = 1000
+_MAX_READ_BYTES = 64 * 1024 * 1024  # read_bytes without a cap of its own (downloads)
 _WALK_LIMIT = 50_000  # files visited per glob/grep call, so a huge tree cannot hang a tool call
 _EDIT_LOCKS = [threading.Lock() for _ in range(64)]  # striped: bounded memory, per-file exclusion
 
@@ -69,7 +68,8 @@ class TextWindow:
     text: str
     start_line: int
     end_line: int
-    total_lines: int
+    total_lines: int | None
+    """None when the read stopped before the end of the file (bounded.py's budgets)."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,11 @@ class HostFiles:
             try:
                 with os.scandir(fd) as it:
                     for de in it:
+                        if len(out) >= bounded.MAX_LS_ENTRIES:
+                            note = f"[listing cut at {bounded.MAX_LS_ENTRIES} entries; use glob or execute]"
+                            where = self.mapper.to_virtual(r.mount, (*r.parts, note))
+                            out.append(Entry(where, False, 0, 0.0))
+                            break
                         virtual = self.mapper.to_virtual(r.mount, (*r.parts, de.name))
                         try:
                             st = de.stat(follow_symlinks=False)
@@ -219,11 +224,13 @@ class HostFiles:
         with self._errors(r.virtual):
             fd = self._open_file(r, os.O_RDONLY)
             with os.fdopen(fd, "rb") as f:
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
                     raise SandboxError(f"{r.virtual}: not a regular file")
-                data = f.read(-1 if max_bytes is None else max_bytes + 1)
-        if max_bytes is not None and len(data) > max_bytes:
-            raise SandboxError(f"{r.virtual}: larger than {max_bytes} bytes")
+                cap = _MAX_READ_BYTES if max_bytes is None else max_bytes
+                data = f.read(cap + 1) if st.st_size <= cap else b""
+        if st.st_size > cap or len(data) > cap:  # the size can grow while it is read
+            raise SandboxError(f"{r.virtual}: larger than {cap} bytes")
         return data
 
     @_as_owner
@@ -280,8 +287,6 @@ class HostFiles:
         """Lines ``offset`` (0-based) .. ``offset+limit`` of a UTF-8 file, keeping line endings."""
         offset, limit = max(int(offset), 0), max(int(limit), 0)
         r = self.mapper.resolve(path)
-        picked: list[str] = []
-        total = 0
         with self._errors(r.virtual):
             fd = self._open_file(r, os.O_RDONLY)
             with os.fdopen(fd, "rb") as raw:
@@ -290,16 +295,16 @@ class HostFiles:
                 head = raw.peek(8192)[:8192] if hasattr(raw, "peek") else b""
                 if b"\x00" in head:
                     raise SandboxError(f"{r.virtual}: binary file, not shown as text")
-                text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
-                for line in text:
-                    if offset <= total < offset + limit:
-                        picked.append(line)
-                    total += 1
+                try:
+                    found = bounded.read_lines(raw, offset, limit, virtual=r.virtual)
+                except bounded.ReadRefused as e:
+                    raise SandboxError(str(e)) from None
+        total = found.total
         if total and offset >= total:
             raise SandboxError(f"{r.virtual}: line offset {offset} is past the end ({total} lines)")
-        if not picked:
-            return TextWindow("", 0, 0, total)
-        return TextWindow("".join(picked), offset + 1, offset + len(picked), total)
+        if not found.lines:
+            return TextWindow("", 0, 0, total or 0)
+        return TextWindow("".join(found.lines), offset + 1, offset + len(found.lines), total)
 
     @_as_owner
     def write(self, path: str, content: str | bytes) -> str:
@@ -311,6 +316,8 @@ class HostFiles:
         with self._errors(r.virtual):
             fd = self._open_file(r, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, create_parents=True)
             with os.fdopen(fd, "wb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise SandboxError(f"{r.virtual}: not a regular file")
                 f.write(data)
         return r.virtual
 
@@ -326,7 +333,16 @@ class HostFiles:
         with lock, self._errors(r.virtual):
             fd = self._open_file(r, os.O_RDWR)
             with os.fdopen(fd, "r+b") as f:
-                content = f.read().decode("utf-8")
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    raise SandboxError(f"{r.virtual}: not a regular file")
+                raw = f.read(bounded.MAX_EDIT_BYTES + 1)
+                if st.st_size > bounded.MAX_EDIT_BYTES or len(raw) > bounded.MAX_EDIT_BYTES:
+                    raise SandboxError(
+                        f"{r.virtual}: larger than {bounded.MAX_EDIT_BYTES // (1024 * 1024)} MB, too large "
+                        "for edit_file; use execute (sed -i, a script) instead"
+                    )
+                content = raw.decode("utf-8")
                 count = content.count(old)
                 if count == 0:
                     raise SandboxError(f"{r.virtual}: old_string not found")
@@ -376,8 +392,11 @@ class HostFiles:
                 roots.append((self.mapper.resolve(m.virtual), m.virtual[len(base) :].strip("/")))
         return roots
 
-    def _walk(self, path: str) -> Iterator[tuple[Mount, tuple[str, ...], str, str, int]]:
-        """Yield (mount, parts, rel path, name, dir fd) for every regular file below ``path``."""
+    def _walk(
+        self, path: str, budget: bounded.Budget
+    ) -> Iterator[tuple[Mount, tuple[str, ...], str, str, int]]:
+        """Yield (mount, parts, rel path, name, dir fd) for every regular file below ``path``,
+        until ``budget`` runs out (then ``budget.cut`` is set)."""
         seen = 0
         for r, prefix in self._roots(path):
             try:
@@ -403,7 +422,8 @@ class HostFiles:
                         except OSError:
                             continue
                         seen += 1
-                        if seen > _WALK_LIMIT:
+                        if seen > _WALK_LIMIT or budget.spent():
+                            budget.cut = True
                             return
                         rel = "/".join(p for p in (prefix, *sub, name) if p)
                         yield r.mount, (*r.parts, *sub, name), rel, name, dfd
@@ -417,13 +437,14 @@ class HostFiles:
         """Virtual paths of files matching ``pattern`` below ``path``; True when truncated."""
         match = _compile_glob(pattern)
         out: list[str] = []
+        budget = bounded.Budget()
         with self._errors(self.mapper.normalize(path)):
-            for mount, parts, rel, _name, _fd in self._walk(path):
+            for mount, parts, rel, _name, _fd in self._walk(path, budget):
                 if match(rel):
                     if len(out) >= max_results:
                         return out, True
                     out.append(self.mapper.to_virtual(mount, parts))
-        return out, False
+        return out, budget.cut
 
     @_as_owner
     def grep(
@@ -443,32 +464,18 @@ class HostFiles:
             raise SandboxError(f"invalid regex: {e}") from None
         include = _compile_glob(glob) if glob else None
         out: list[GrepMatch] = []
+        budget = bounded.Budget()
         with self._errors(self.mapper.normalize(path)):
-            for mount, parts, rel, name, dfd in self._walk(path):
+            for mount, parts, rel, name, dfd in self._walk(path, budget):
                 if include is not None and not include(rel):
                     continue
-                for lineno, line in _grep_file(name, dfd, rx):
+                for lineno, line in bounded.grep_file(name, dfd, rx, budget, _FILE_FLAGS):
                     if max_count is not None and len(out) >= max_count:
                         return out, True
                     out.append(GrepMatch(self.mapper.to_virtual(mount, parts), lineno, line))
-        return out, False
-
-
-def _grep_file(name: str, dfd: int, rx: re.Pattern[str]) -> Iterator[tuple[int, str]]:
-    try:
-        fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
-    except OSError:
-        return
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_GREP_FILE:
-            return
-        data = f.read()
-    if b"\x00" in data[:8192]:
-        return  # binary
-    for i, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-        if rx.search(line):
-            yield i, line[:_MAX_LINE_TEXT]
+                if budget.cut:
+                    break
+        return out, budget.cut
 
 
 def _is_link(name: str, dir_fd: int) -> bool:

@@ -247,6 +247,10 @@ class WebSearch:
         ]
 
 
+_MAX_SEARCH_ANSWER = 2 * 1024 * 1024
+"""Bytes of a search provider's answer read at most (streamed, like a fetched page)."""
+
+
 async def _json_or_error(resp: aiohttp.ClientResponse, provider: str) -> dict[str, Any]:
     # Status only: a provider's error body may echo the request, key included.
     if resp.status == 401 or resp.status == 403:
@@ -255,8 +259,11 @@ async def _json_or_error(resp: aiohttp.ClientResponse, provider: str) -> dict[st
         )
     if resp.status >= 400:
         raise ToolException(f"the {provider} search failed (HTTP {resp.status})")
+    body, cut = await _read_capped(resp, _MAX_SEARCH_ANSWER)
+    if cut:  # a search answer is a few KB; this much is a broken or hostile endpoint
+        raise ToolException(f"the {provider} search sent back more than {_MAX_SEARCH_ANSWER} bytes")
     try:
-        data = json.loads(await resp.read())
+        data = json.loads(body)
     except ValueError:
         raise ToolException(f"the {provider} search returned something that is not JSON") from None
     if not isinstance(data, dict):

@@ -52,6 +52,11 @@ class Heard:
     text: str = ""
     status: int = 200
     delay: float = 0.0
+    raw: bytes | None = None
+    """Sent as the body instead of ``{"text": ...}``, as ``application/json`` (broken JSON, a huge
+    answer)."""
+    gate: asyncio.Event | None = None
+    """Held until this event is set (a stalled transcriber the test releases when it chooses)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,10 +251,14 @@ class FakeOpenAI:
         heard = self.heard.popleft() if self.heard else Heard(self.default_transcript)
         if heard.delay:
             await asyncio.sleep(heard.delay)
+        if heard.gate is not None:
+            await heard.gate.wait()
         if not call["data"] or not call["model"]:
             return self._error(Reply(status=400, error_message="file and model are required"))
         if heard.status != 200:
             return self._error(Reply(status=heard.status))
+        if heard.raw is not None:
+            return web.Response(body=heard.raw, content_type="application/json")
         return web.json_response({"text": heard.text})
 
     async def _models(self, request: web.Request) -> web.Response:
