@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from channels import malformed
 from channels.status import ChannelState, ChannelStatus, Report, StatusListener
 from channels.textsplit import stream_text
 
@@ -388,8 +389,8 @@ class Channel(abc.ABC):
     def __init__(self) -> None:
         self.status = ChannelStatus(self)
         self.unreadable_events: int = 0
-        """Events skipped because they could not be parsed or journaled (the gateway's
-        ``chital_messages_ignored{reason="malformed"}`` counts the same through the sink)."""
+        """Malformed events and presses seen (:meth:`count_malformed`; ``dropped`` not included)."""
+        self._malformed: Callable[[str], None] | None = None
         self._reporter: Report = self._unsupervised
         self._actions: ActionSink | None = None
         self.receive = True
@@ -432,6 +433,22 @@ class Channel(abc.ABC):
         else:
             self.status.set(ChannelState.RECONNECTING, trouble)
 
+    # -- malformed input (channels/malformed.py) ----------------------------------------------
+    def on_malformed(self, count: Callable[[str], None]) -> None:
+        """Route :meth:`count_malformed` to ``count`` (the gateway's metric, installed once)."""
+        self._malformed = count
+
+    def count_malformed(self, kind: str) -> None:
+        """Count one malformed event of ``kind`` (:data:`channels.malformed.KINDS`), whether or not
+        it ever reaches the sink: the count happens where the input is refused, at the boundary."""
+        if kind != malformed.DROPPED:
+            self.unreadable_events += 1
+        if self._malformed is not None:
+            try:
+                self._malformed(kind)
+            except Exception as exc:  # a metric must never stop an ack
+                log.debug("%s: malformed count failed: %s", self.name, type(exc).__name__)
+
     # -- button presses -------------------------------------------------------------------------
     def on_action(self, sink: ActionSink) -> None:
         """Route button presses to ``sink`` (the gateway's, installed once)."""
@@ -466,6 +483,7 @@ class Channel(abc.ABC):
         addressed: bool = False,
         thread_id: str | None = None,
         extra: dict[str, Any] | None = None,
+        kind: str = malformed.MESSAGE,
     ) -> None:
         """Skip one event that could not be parsed, so that it never wedges the channel.
 
@@ -478,8 +496,16 @@ class Channel(abc.ABC):
         reply's answer can reply without quoting it. The gateway counts it in its metrics and, when
         chat, sender and message id are known and the sender may talk to the bot, answers through
         its journaled notice path. The caller then acknowledges the event. A :class:`ChannelError`
-        from the sink (the gateway is shutting down) propagates so the event comes again."""
-        self.unreadable_events += 1
+        from the sink (the gateway is shutting down) propagates so the event comes again; any
+        other failure of the sink counts the event as ``dropped`` (it is acknowledged all the same).
+        Ids that are not usable (:func:`channels.malformed.is_id`: too long, control characters)
+        are left out, so they never reach a log line or a journal key."""
+        self.count_malformed(kind)
+        chat_id, sender_id, message_id = (
+            v if malformed.is_id(v) else "" for v in (chat_id, sender_id, message_id)
+        )
+        thread_id = thread_id if malformed.is_id(thread_id) else None
+        ref = ref if len(ref) <= 2 * malformed.MAX_ID_LEN and ref.isprintable() else "event ?"
         log.critical(
             "%s: skipped unreadable %s (chat %s, message %s): %s",
             self.name, ref or "event ?", chat_id or "?", message_id or "?", type(error).__name__,
@@ -501,6 +527,7 @@ class Channel(abc.ABC):
         except ChannelError:
             raise
         except Exception as exc:  # the event is unreadable whatever happens: never let it wedge us
+            self.count_malformed(malformed.DROPPED)
             log.critical("%s: could not report unreadable event %s: %s", self.name, ref, type(exc).__name__)
 
     async def hand_over(self, sink: InboundSink, inbound: Inbound, *, ref: str) -> None:
@@ -511,7 +538,17 @@ class Channel(abc.ABC):
         if the gateway then accepts a bare marker for the same message (same key, no text); if even
         that fails the store itself is down, and the original error propagates so the platform
         redelivers later. Infrastructure errors (``ChannelError``, SQLite's OperationalError, disk
-        full) always propagate."""
+        full) always propagate. A message whose ids are not usable (too long, control characters:
+        :func:`channels.malformed.oversized_ids`) is skipped as malformed before the sink sees it."""
+        bad = malformed.oversized_ids(chat_id=inbound.chat_id, message_id=inbound.message_id,
+                                      sender_id=inbound.sender_id, thread_id=inbound.thread_id)  # fmt: skip
+        if bad:
+            await self.skip_unreadable(
+                sink, ValueError(f"unusable ids: {', '.join(bad)}"), ref=ref, chat_id=inbound.chat_id,
+                sender_id=inbound.sender_id, message_id=inbound.message_id, is_direct=inbound.is_direct,
+                addressed=inbound.addressed, thread_id=inbound.thread_id,
+            )  # fmt: skip
+            return
         try:
             await sink(inbound)
         except _CONTENT_ERRORS as exc:
@@ -523,7 +560,7 @@ class Channel(abc.ABC):
                 await sink(marker)
             except Exception:
                 raise exc from None
-            self.unreadable_events += 1
+            self.count_malformed(malformed.MESSAGE)
             log.critical(
                 "%s: skipped %s (chat %s, message %s) that could not be journaled: %s",
                 self.name, ref, inbound.chat_id, inbound.message_id, type(exc).__name__,

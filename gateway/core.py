@@ -80,6 +80,8 @@ class Gateway(TurnRunner):
         self.channels[channel.name] = channel
         channel.add_status_listener(self._on_channel_state)
         channel.on_action(self.approvals.on_action)
+        malformed = self.metrics.malformed
+        channel.on_malformed(lambda kind: malformed.labels(channel.name, kind).inc())
 
         async def sink(inbound: Inbound) -> None:
             await self.accept(inbound)
@@ -162,6 +164,9 @@ class Gateway(TurnRunner):
             # Something the agent cannot use (a sticker, a game) or could not read: a journaled note
             # says so, instead of the empty-message note or an agent turn on nothing.
             kind = inbound.unsupported
+            if inbound.unreadable and self.throttles.unreadable_notes.hit(inbound.user):
+                self.metrics.messages_ignored.labels(name, "malformed_quiet").inc()
+                return  # told a moment ago: a flood of unreadable events gets no flood of notes
             if inbound.unreadable:
                 note = ("⚠️ I couldn't read that message (it arrived in a form I can't parse); "
                         "please send it again in another form.")  # fmt: skip

@@ -17,6 +17,8 @@ PAIRING_REMINDER_EVERY = 60.0
 ANNOUNCEMENTS_PER_HOUR = 20
 """New pairing requests announced to a channel's admins per hour; beyond it they are only logged
 (``chital pairing list`` and ``/approve`` alone still show them all)."""
+UNREADABLE_NOTES_PER_MINUTE = 3
+"""A sender whose messages cannot be read is told so at most this often a minute (docs/channels.md)."""
 BAD_CODES = 5
 BAD_CODES_WINDOW = 15 * 60.0
 """An admin who sends this many unknown codes in this window must wait: a stolen or scripted
@@ -98,6 +100,7 @@ class Throttles:
         self.reminders = SlidingWindow(1, PAIRING_REMINDER_EVERY)
         self.announcements = SlidingWindow(ANNOUNCEMENTS_PER_HOUR, 3600.0, max_keys=100)
         self.bad_codes = SlidingWindow(BAD_CODES, BAD_CODES_WINDOW)
+        self.unreadable_notes = SlidingWindow(UNREADABLE_NOTES_PER_MINUTE, 60.0)
         per_minute = config.limits.user_messages_per_minute
         self.messages = SlidingWindow(per_minute, 60.0) if per_minute else None
 

@@ -23,6 +23,14 @@ class Metrics:
             ["channel", "reason"],
             registry=r,
         )
+        self.malformed = Counter(
+            "chital_malformed_events",
+            "Platform input that could not be read (acknowledged, skipped), by platform and kind: "
+            "message, envelope, action, interaction, command; dropped: not even its marker journaled "
+            "(docs/channels.md)",
+            ["platform", "kind"],
+            registry=r,
+        )
         self.messages_out = Counter(
             "chital_messages_out", "Messages sent to a platform (edits excluded)", ["channel"], registry=r
         )

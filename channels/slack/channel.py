@@ -7,10 +7,12 @@ Slack redelivers the event (``retry_attempt`` > 0). Redeliveries and the double 
 (``message`` + ``app_mention`` with the same ``ts``) reach the sink with the same :attr:`Inbound.key`
 (the message ``ts``); the journal makes them no-ops.
 
-Malformed events. A post the adapter cannot read (no user or ts, a string where an object belongs)
-and an envelope bolt cannot route (no event object) are skipped through
-:meth:`Channel.skip_unreadable` and acknowledged: Slack would otherwise retry them, and after enough
-failures turn event delivery off for the app. Parsing lives in :mod:`channels.slack.inbound`,
+Malformed input. Every Socket Mode envelope is acknowledged unless our own listener asked for
+redelivery (the sink failed): one bolt cannot route or parse (a null payload, a number for the user
+id, a slash command, a shortcut), a post the adapter cannot read, a press it cannot read. Each is
+counted, skipped through :meth:`Channel.skip_unreadable` or refused to the presser, and acked; Slack
+would otherwise retry it, and after enough failures turn event delivery off for the app. The
+routing lives in :mod:`channels.slack.envelopes`, parsing in :mod:`channels.slack.inbound`,
 formatting in :mod:`channels.slack.render`.
 
 Authorization. We call ``auth.test`` ourselves before connecting (a revoked token becomes a
@@ -38,7 +40,7 @@ import collections
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -48,10 +50,9 @@ from slack_bolt.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
-from slack_sdk.socket_mode.request import SocketModeRequest
-from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels import malformed
 from channels.base import (
     Attachment,
     Button,
@@ -71,7 +72,7 @@ from channels.base import (
 )
 from channels.limits import check_size, header, retry_after
 
-from . import render
+from . import envelopes, render
 from .inbound import context_item, recover_ids
 from .inbound import to_action as slack_action
 from .inbound import to_inbound as event_to_inbound
@@ -121,8 +122,7 @@ EMOJI_NAMES = {
     "⏹️": "black_square_for_stop",
 }
 WORKING_REACTION = "eyes"
-ACTION_ID = "chital:"
-"""Prefix of our buttons' action ids (bolt routes presses by it)."""
+ACTION_ID = envelopes.ACTION_ID
 SECTION_LEN = 3000
 """Characters a Block Kit section's text may have."""
 DEFAULTS = SlackSettings()
@@ -166,6 +166,7 @@ class SlackChannel(Channel):
         self._sink: InboundSink | None = None
         self._sink_lock = asyncio.Lock()
         self._working: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+        self.refusals = malformed.Refusals()
         self.bot_user_id: str | None = None
         self.give_up_after = max(60.0, 12 * ping_interval)
         """Seconds without a connection after which ``run`` fails (the supervisor restarts it)."""
@@ -208,13 +209,13 @@ class SlackChannel(Channel):
         )
         self._handler = handler
         sm = handler.client
-        sm.message_listeners.append(self._on_envelope)  # type: ignore[arg-type]  # the SDK's alias is narrower than what it calls
-        bolt_handle = handler.handle
 
-        async def route(client: AsyncBaseSocketModeClient, req: SocketModeRequest) -> None:
-            await self._route(client, req, bolt_handle)  # type: ignore[arg-type]  # bolt's own handler
+        async def on_frame(client: AsyncBaseSocketModeClient, message: dict[str, Any], raw: str) -> None:
+            await envelopes.handle(self, app, client, message, raw)
 
-        sm.socket_mode_request_listeners[:] = [route]
+        # Every frame goes through channels.slack.envelopes, which hands bolt what it can route.
+        sm.message_listeners[:] = [on_frame]  # type: ignore[list-item]  # the SDK's alias is narrower than what it calls
+        sm.socket_mode_request_listeners[:] = []
         try:
             # Fetch the first URL ourselves: the SDK's connect() retries every error forever,
             # which would hide a revoked app token.
@@ -279,67 +280,55 @@ class SlackChannel(Channel):
     async def _on_event(self, event: dict[str, Any], ref: str) -> None:
         """Bolt listener. Returning acks the envelope; raising leaves it unacked (Slack retries),
         which only a sink failure may do: an event we cannot read is skipped, not retried."""
+        state = envelopes.reached()
         if self._sink is None:
             return
         async with self._sink_lock:  # journal in arrival order
             try:
                 inbound = self.to_inbound(event)
             except Exception as exc:
-                await self.skip_unreadable(self._sink, exc, **recover_ids(ref, event, self.bot_user_id))
+                ids = recover_ids(ref, event, self.bot_user_id)
+                await self._refusing(state, self.skip_unreadable(self._sink, exc, **ids))
                 return
             if inbound is not None:
-                await self.hand_over(self._sink, inbound, ref=ref)
+                await self._refusing(state, self.hand_over(self._sink, inbound, ref=ref))
 
-    async def _route(
-        self,
-        client: AsyncBaseSocketModeClient,
-        req: SocketModeRequest,
-        bolt: Callable[[AsyncBaseSocketModeClient, SocketModeRequest], Awaitable[None]],
-    ) -> None:
-        """Hand a Socket Mode request to bolt, unless it is an Events API envelope bolt cannot
-        route (no event object, no event type): bolt would answer 404 or 500, nothing would ack
-        it, and Slack would keep retrying it. That one is skipped as unreadable and acked here."""
-        event = req.payload.get("event") if isinstance(req.payload, dict) else None
-        if req.type != "events_api" or (isinstance(event, dict) and isinstance(event.get("type"), str)):
-            await bolt(client, req)
-            return
-        await self._skip_envelope(client, req.envelope_id, event)
-
-    async def _on_envelope(
-        self, client: AsyncBaseSocketModeClient, message: dict[str, Any], raw: str
-    ) -> None:
-        """An Events API envelope without a payload never reaches :meth:`_route` (the SDK builds no
-        request from it) and would be retried forever: skip and ack it."""
-        envelope_id = message.get("envelope_id")
-        if message.get("type") == "events_api" and isinstance(envelope_id, str) and "payload" not in message:
-            await self._skip_envelope(client, envelope_id, None)
-
-    async def _skip_envelope(self, client: AsyncBaseSocketModeClient, envelope_id: str, event: Any) -> None:
-        if self._sink is not None:
-            async with self._sink_lock:
-                ids = recover_ids(f"envelope {envelope_id}", event, self.bot_user_id)
-                await self.skip_unreadable(self._sink, ValueError("envelope without an event"), **ids)
-        await client.send_socket_mode_response(SocketModeResponse(envelope_id=envelope_id))
+    @staticmethod
+    async def _refusing(state: envelopes.Dispatch, call: Awaitable[None]) -> None:
+        """``call``; when it raises, the envelope is left unacknowledged for Slack to redeliver."""
+        try:
+            await call
+        except BaseException:
+            state.refused = True
+            raise
 
     async def _on_press(self, body: dict[str, Any]) -> None:
         """A press of one of our buttons: to the gateway; a refusal is told to the presser alone
         (chat.postEphemeral). The decision itself shows as an edit of the buttons message."""
+        state = envelopes.reached()
         action = slack_action(body)
         if action is None:
-            log.warning("slack: a block action without user, channel, message or value; ignored")
+            self.count_malformed(malformed.ACTION)
+            log.warning("slack: a block action without user, channel, message or value; refused")
+            await envelopes.refuse(self, body, malformed.ACTION_UNREADABLE)
             return
-        answer = await self.hand_action(action)
+        try:
+            answer = await self.hand_action(action)
+        except BaseException:
+            state.refused = True  # the gateway is shutting down: Slack delivers the press again
+            raise
         if answer.refused and answer.text:
-            try:
-                await self._call(
-                    self._client.chat_postEphemeral(
-                        channel=action.chat_id, user=action.sender_id, text=answer.text,
-                        thread_ts=action.thread_id,
-                    ),
-                    "chat.postEphemeral",
-                )  # fmt: skip
-            except ChannelError as exc:  # the press was handled; only the note is lost
-                log.warning("slack: could not tell the presser: %s", exc)
+            await self._ephemeral(action.chat_id, action.sender_id, answer.text, action.thread_id)
+
+    async def _ephemeral(self, channel: str, user: str, text: str, thread_ts: str | None) -> None:
+        """A note only ``user`` sees (chat.postEphemeral)."""
+        try:
+            await self._call(
+                self._client.chat_postEphemeral(channel=channel, user=user, text=text, thread_ts=thread_ts),
+                "chat.postEphemeral",
+            )
+        except ChannelError as exc:  # the press was handled; only the note is lost
+            log.warning("slack: could not tell the presser: %s", exc)
 
     def to_inbound(self, event: dict[str, Any]) -> Inbound | None:
         """An ``app_mention`` or ``message`` event as an :class:`Inbound`, or None to drop it

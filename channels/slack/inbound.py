@@ -28,6 +28,8 @@ def to_inbound(event: dict[str, Any], bot_user_id: str | None) -> Inbound | None
     person's post (bots, edits, joins). Raises ``ValueError``/``TypeError`` for a post that is
     malformed."""
     etype = event.get("type")
+    if not isinstance(event.get("subtype"), str | None):
+        raise TypeError("subtype is not a string")
     if etype not in ("message", "app_mention") or event.get("subtype") not in ACCEPTED_SUBTYPES:
         return None
     user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
