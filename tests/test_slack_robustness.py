@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 
 from channels.base import ChannelState, FatalChannelError
+from channels.malformed import KINDS
 from channels.slack import SlackChannel
 from gateway.metrics import Metrics
 from gateway.supervisor import Backoff, ChannelSupervisor, run_once
 from tests.fakes.gateway_rig import Rig, gateway_rig, running
+from tests.fakes.malformed import SECRET, Case, leaked, put, variants
 from tests.fakes.slack_server import FakeSlack
 
 ALICE = "U_ALICE"
@@ -205,3 +207,139 @@ async def test_revoked_tokens_are_fatal(error: str, slack: FakeSlack, channel: S
         await sup.stop()
     with pytest.raises(FatalChannelError):
         await asyncio.wait_for(run_once(channel, lambda _i: asyncio.sleep(0)), 5)
+
+
+# -- table-driven malformed variants (channels/malformed.py) ---------------------------------------
+EVENT = ("payload", "event")
+EVENT_CASES = variants({
+    (*EVENT, "user"): (("number", "object", "list", "huge id", "control chars"), False),
+    (*EVENT, "channel"): (("number", "missing", "object", "huge id"), False),
+    (*EVENT, "ts"): (("number", "missing", "null", "list"), False),
+    (*EVENT, "text"): (("number", "object", "list"), True),
+    (*EVENT, "thread_ts"): (("float", "object"), True),
+    (*EVENT, "files"): (("string", "number", "nested nulls"), True),
+    (*EVENT, "subtype"): (("number", "list"), True),
+    (*EVENT, "type"): (("null", "number", "missing"), True),
+    EVENT: (("missing", "null", "string", "list", "number"), False),
+    ("payload",): (("missing", "null", "string", "number", "list"), False),
+})  # fmt: skip
+PRESS_CASES = variants({
+    ("payload", "actions"): (("null", "string", "list", "object", "missing", "huge list"), True),
+    ("payload", "user"): (("null", "number", "string", "nested nulls"), False),
+    ("payload", "type"): (("null", "number", "string"), True),
+    ("payload", "channel"): (("string", "list"), True),  # the container still names the channel
+})  # fmt: skip
+
+
+def events_envelope(slack: FakeSlack, event: dict[str, Any]) -> dict[str, Any]:
+    n = slack.next_ts().replace(".", "")
+    return {"envelope_id": f"env-t-{n}", "type": "events_api", "accepts_response_payload": False,
+            "retry_attempt": 0, "retry_reason": "",
+            "payload": {"token": "t", "team_id": slack.team_id, "api_app_id": "A_APP", "event": event,
+                        "type": "event_callback", "event_id": f"EvT{n}", "event_time": 1,
+                        "authorizations": [{"team_id": slack.team_id, "user_id": slack.bot_user_id,
+                                            "is_bot": True}]}}  # fmt: skip
+
+
+def press_envelope(slack: FakeSlack) -> dict[str, Any]:
+    n = slack.next_ts().replace(".", "")
+    return {"envelope_id": f"env-p-{n}", "type": "interactive", "accepts_response_payload": False,
+            "payload": {"type": "block_actions", "user": {"id": ALICE, "username": "alice"},
+                        "channel": {"id": DM}, "team": {"id": slack.team_id},
+                        "container": {"type": "message", "message_ts": "1.0", "channel_id": DM},
+                        "message": {"ts": "1.0", "text": SECRET},
+                        "actions": [{"action_id": "chital:0", "value": "chital:approve:ZZZZ",
+                                     "type": "button"}]}}  # fmt: skip
+
+
+def malformed_total(rig: Rig, platform: str) -> float:
+    return sum(rig.metric("chital_malformed_events_total", platform=platform, kind=k) for k in KINDS
+               if k != "dropped")  # fmt: skip
+
+
+async def serves_after(slack: FakeSlack) -> None:
+    await slack.inject_dm(DM, ALICE, "still there?")
+    await slack.wait_for(lambda: says(slack, "echo: still there?"), 10)
+
+
+@pytest.mark.parametrize("case", EVENT_CASES, ids=lambda c: c.id)
+async def test_every_malformed_event_is_acked_counted_and_answered(
+    case: Case, slack: FakeSlack, channel: SlackChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="channels")
+    caplog.set_level(logging.INFO)
+    good = events_envelope(slack, dm_event(slack, text=SECRET))
+    bad = put(good, case.path, case.value)
+    async with running(channel, rig):
+        await slack.send_envelope(bad)
+        await slack.wait_for(lambda: slack.is_acked(bad), 10)
+        if case.told:
+            await slack.wait_for(lambda: says(slack, "couldn't read that message"), 10)
+        await serves_after(slack)
+    assert malformed_total(rig, "slack") == 1
+    assert rig.metric("chital_malformed_events_total", platform="slack", kind="message") == 1
+    assert bool(says(slack, "couldn't read")) is case.told
+    assert not leaked(caplog.records)
+
+
+@pytest.mark.parametrize("case", PRESS_CASES, ids=lambda c: c.id)
+async def test_every_malformed_press_is_acked_counted_and_refused(
+    case: Case, slack: FakeSlack, channel: SlackChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    bad = put(press_envelope(slack), case.path, case.value)
+    async with running(channel, rig):
+        await slack.send_envelope(bad)
+        await slack.wait_for(lambda: slack.is_acked(bad), 10)
+        if case.told:
+            await slack.wait_for(lambda: slack.ephemerals, 10)
+        await serves_after(slack)
+    assert malformed_total(rig, "slack") == 1
+    refusals = [e for e in slack.ephemerals if e["user"] == ALICE and e["channel"] == DM]
+    assert bool(refusals) is case.told
+    assert all("couldn't read that button" in e["text"] or "can't handle that" in e["text"] for e in refusals)
+    assert not leaked(caplog.records)
+
+
+async def test_the_issue_examples_a_numeric_user_and_a_null_payload(
+    slack: FakeSlack, channel: SlackChannel, rig: Rig
+) -> None:
+    numeric = events_envelope(slack, dm_event(slack, user=12345))
+    null_payload = {**events_envelope(slack, dm_event(slack)), "payload": None}
+    async with running(channel, rig):
+        for envelope in (numeric, null_payload):
+            await slack.send_envelope(envelope)
+        await slack.wait_for(lambda: slack.is_acked(numeric) and slack.is_acked(null_payload), 10)
+        await serves_after(slack)
+    assert rig.metric("chital_malformed_events_total", platform="slack", kind="message") == 2
+
+
+async def test_slash_commands_and_shortcuts_are_acked_with_a_refusal(
+    slack: FakeSlack, channel: SlackChannel, rig: Rig
+) -> None:
+    command = {"envelope_id": "env-cmd", "type": "slash_commands", "accepts_response_payload": True,
+               "payload": {"command": "/new", "text": SECRET, "user_id": ALICE, "channel_id": DM,
+                           "team_id": slack.team_id}}  # fmt: skip
+    broken = {**command, "envelope_id": "env-cmd-null", "payload": None}
+    shortcut = {"envelope_id": "env-sc", "type": "interactive", "accepts_response_payload": False,
+                "payload": {"type": "shortcut", "callback_id": "x", "user": {"id": ALICE},
+                            "team": {"id": slack.team_id}}}  # fmt: skip
+    async with running(channel, rig):
+        for envelope in (command, broken, shortcut):
+            await slack.send_envelope(envelope)
+        await slack.wait_for(lambda: all(slack.is_acked(e) for e in (command, broken, shortcut)), 10)
+        await serves_after(slack)
+    assert "no slash commands" in slack.ack_payloads["env-cmd"]["text"]
+    assert rig.metric("chital_malformed_events_total", platform="slack", kind="command") == 2
+    assert rig.metric("chital_malformed_events_total", platform="slack", kind="interaction") == 1
+
+
+async def test_unreadable_notes_are_rate_limited_per_sender(
+    slack: FakeSlack, channel: SlackChannel, rig: Rig
+) -> None:
+    async with running(channel, rig):
+        bad = [await slack.send_event(dm_event(slack, text={"n": i})) for i in range(6)]
+        await slack.wait_for(lambda: all(slack.is_acked(e) for e in bad), 10)
+        await serves_after(slack)
+    assert rig.metric("chital_malformed_events_total", platform="slack", kind="message") == 6
+    assert len(says(slack, "couldn't read")) == 3, "three notes a minute, then quiet"

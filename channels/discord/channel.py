@@ -38,6 +38,7 @@ import discord.gateway
 import discord.http
 import yarl
 
+from channels import malformed
 from channels.base import (
     UNREADABLE,
     Attachment,
@@ -59,7 +60,7 @@ from channels.base import (
 )
 from channels.limits import check_size, header, retry_after
 
-from . import render
+from . import interactions, render
 from .inbound import context_item, recover_ids, to_action, to_inbound
 from .render import MAX_LEN
 from .settings import DiscordSettings
@@ -184,12 +185,19 @@ class DiscordChannel(Channel):
 
     async def _skip(self, event: str, data: Any, exc: Exception) -> None:
         """Report one dispatch that could not be parsed; queued on the sink lock like a message."""
+        if event == "INTERACTION_CREATE" and self._client is not None:
+            kind = await interactions.refuse_raw(self._client.http, data)
+            self.count_malformed(kind)
+            log.critical("discord: skipped unreadable interaction: %s", type(exc).__name__)
+            return
         if self._sink is None:
+            self.count_malformed(malformed.MESSAGE if event == "MESSAGE_CREATE" else malformed.ENVELOPE)
             return
         async with self._sink_lock:
             me = self._client.user.id if self._client and self._client.user else 0
             ids = recover_ids(data, me) if event == "MESSAGE_CREATE" else {"ref": event}
-            await self._report_unreadable(exc, ids)
+            kind = malformed.MESSAGE if event == "MESSAGE_CREATE" else malformed.ENVELOPE
+            await self._report_unreadable(exc, {**ids, "kind": kind})
 
     def _make_client(self) -> _Client:
         # We never use voice: silence discord.py's one-time "voice will NOT be supported" warnings.
@@ -281,7 +289,9 @@ class DiscordChannel(Channel):
         ephemeral reply only the presser sees (Discord wants an answer within 3 s, or the client
         shows "interaction failed"; the gateway answers from one database write)."""
         action = to_action(interaction)
-        if action is None:
+        if action is None:  # not a press of ours, or one we cannot read: counted and refused
+            self.count_malformed(interactions.kind_of(interaction.type.value))
+            await interactions.refuse(interaction)
             return
         answer = await self.hand_action(action)
         try:

@@ -63,7 +63,15 @@ def to_inbound(message: discord.Message, me: int) -> Inbound | None:
 
 def to_action(interaction: discord.Interaction[Any]) -> Action | None:
     """The :class:`Action` of a component interaction (a press of one of our buttons), or None for
-    any other interaction. In a thread, ``chat_id`` is the parent channel, as for messages."""
+    any other interaction or one whose fields are missing or mistyped. In a thread, ``chat_id`` is
+    the parent channel, as for messages."""
+    try:
+        return _action(interaction)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _action(interaction: discord.Interaction[Any]) -> Action | None:
     if interaction.type is not discord.InteractionType.component or interaction.channel_id is None:
         return None
     data: dict[str, Any] = dict(interaction.data or {})

@@ -35,7 +35,9 @@ from telegram import error as tg
 from telegram.constants import ChatAction, ReactionEmoji
 from telegram.request import HTTPXRequest
 
+from channels import malformed
 from channels.base import (
+    ActionAnswer,
     Attachment,
     Button,
     Capabilities,
@@ -57,7 +59,7 @@ from channels.base import (
 )
 from channels.limits import check_size, retry_after
 
-from .inbound import recover_ids, to_action, to_inbound
+from .inbound import recover_ids, reject_nulls, to_action, to_inbound, update_body
 from .render import MAX_CAPTION_UTF16, MAX_MESSAGE_UTF16, render_markdown, truncate
 from .settings import TelegramSettings
 
@@ -276,38 +278,49 @@ class TelegramChannel(Channel):
     async def _deliver(self, updates: list[Any], sink: InboundSink) -> None:
         """Hand each update to ``sink`` in order, moving the offset only past the ones it accepted
         or skipped as unreadable. If the sink raises otherwise, the exception ends ``run``; the
-        offset stays so the update comes again."""
+        offset stays so the update comes again. An update that is not the shape it announces (a
+        null ``message``, no body at all, no update id) is malformed: skipped and counted."""
         bot = self._require_bot()
         for raw in updates:
             uid = raw.get("update_id") if isinstance(raw, dict) else None
-            if isinstance(raw, dict) and "callback_query" in raw:
+            body = update_body(raw)
+            if body == "callback_query":
                 await self._press(raw)
-                if isinstance(uid, int) and not isinstance(uid, bool):
-                    self._offset = max(self._offset or 0, uid + 1)
-                continue
-            try:
-                update = Update.de_json(raw, bot)
-                inbound = to_inbound(update, self.bot_id, self.bot_username)
-            except Exception as exc:  # anything PTB or we cannot read: skip, never wedge
-                await self.skip_unreadable(sink, exc, **recover_ids(raw, self.bot_id, self.bot_username))
+            elif body is None:
+                ids = recover_ids(raw, self.bot_id, self.bot_username)
+                await self.skip_unreadable(sink, ValueError("an update without a readable body"),
+                                           kind=malformed.ENVELOPE, **ids)  # fmt: skip
             else:
-                if inbound is not None:
-                    await self.hand_over(sink, inbound, ref=f"update {uid}")
+                try:
+                    reject_nulls(raw)
+                    update = Update.de_json(raw, bot)
+                    inbound = to_inbound(update, self.bot_id, self.bot_username)
+                except Exception as exc:  # anything PTB or we cannot read: skip, never wedge
+                    await self.skip_unreadable(sink, exc, **recover_ids(raw, self.bot_id, self.bot_username))
+                else:
+                    if inbound is not None:
+                        await self.hand_over(sink, inbound, ref=f"update {uid}")
             if isinstance(uid, int) and not isinstance(uid, bool):
                 self._offset = max(self._offset or 0, uid + 1)
 
     async def _press(self, raw: dict[str, Any]) -> None:
         """A button press: handed to the gateway (which journals it), then answered, so the
         presser's spinner stops with what the gateway said (an alert when it was refused). The
-        offset moves on only after that; a ChannelError (shutdown) leaves it for redelivery."""
+        offset moves on only after that; a ChannelError (shutdown) leaves it for redelivery. A
+        press whose payload cannot be read is counted and answered with an alert saying so."""
         action = to_action(raw)
-        answer = await self.hand_action(action) if action is not None else None
+        if action is None:
+            self.count_malformed(malformed.ACTION)
+            log.warning("telegram: a button press without its data, sender or message; refused")
+            answer = ActionAnswer(malformed.ACTION_UNREADABLE, refused=True)
+        else:
+            answer = await self.hand_action(action)
         query = raw.get("callback_query")
         query_id = query.get("id") if isinstance(query, dict) else None
-        if not isinstance(query_id, str):
+        if not malformed.is_id(query_id):
             return
         params: dict[str, Any] = {"callback_query_id": query_id}
-        if answer is not None and answer.text:
+        if answer.text:
             params.update(text=answer.text[:200], show_alert=answer.refused)
         try:
             await self._api(_post(self._require_bot(), "answerCallbackQuery", params))

@@ -121,6 +121,39 @@ def to_action(raw: Any) -> Action | None:
     )
 
 
+BODIES = ("message", "callback_query")
+"""The update kinds the bot asks for (``allowed_updates``)."""
+
+
+def update_body(raw: Any) -> str | None:
+    """Which of :data:`BODIES` ``raw`` carries, ``"other"`` for a well-formed update of another
+    kind (ignored), or None when it is malformed: not an object, no integer ``update_id``, one of
+    our kinds present but not an object (``"message": null``), or no body at all."""
+    if not isinstance(raw, dict) or not _is_int(raw.get("update_id")):
+        return None
+    for key in BODIES:
+        if key in raw:
+            return key if isinstance(raw[key], dict) else None
+    bodies = [v for k, v in raw.items() if k != "update_id"]
+    return "other" if bodies and all(isinstance(v, dict) for v in bodies) else None
+
+
+def reject_nulls(value: Any, depth: int = 0) -> None:
+    """Raise ``ValueError`` for a ``null`` anywhere in an update: the Bot API leaves out a field it
+    has no value for and never sends null, and PTB would take a null ``text`` for a service
+    message and drop it without a word. Objects nested deeper than 32 levels are refused too."""
+    if value is None:
+        raise ValueError("a null in the update")
+    if depth > 32:
+        raise ValueError("an update nested too deep")
+    if isinstance(value, dict):
+        for item in value.values():
+            reject_nulls(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            reject_nulls(item, depth + 1)
+
+
 def _replied(msg: Message, bot_id: int) -> dict[str, Any]:
     """The message ``msg`` replies to, for the agent's context (channels.base.replied_extra): the
     update carries it, and a bot cannot fetch history. A forum topic's creation notice, which

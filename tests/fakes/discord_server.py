@@ -837,6 +837,25 @@ class FakeDiscord:
         await self._dispatch("INTERACTION_CREATE", data)
         return iid
 
+    async def inject_interaction(self, data: dict[str, Any]) -> None:
+        """Dispatch an INTERACTION_CREATE exactly as given (malformed ones included); one with a
+        string id and token can be answered on the callback route like any other."""
+        if isinstance(data.get("id"), str) and isinstance(data.get("token"), str):
+            self.interactions[data["id"]] = data
+        await self._dispatch("INTERACTION_CREATE", data)
+
+    def interaction_template(self, user_id: str, custom_id: str = "chital:approve:XXXX") -> dict[str, Any]:
+        """A well-formed DM button press (type 3) on no message in particular, to break for tests."""
+        iid = self.new_id()
+        cid = self.dm_channel(user_id)
+        return {
+            "id": iid, "application_id": self.application_id, "type": 3, "token": f"tok-{iid}", "version": 1,
+            "data": {"custom_id": custom_id, "component_type": 2}, "channel_id": cid,
+            "channel": {"id": cid, "type": 1, "recipients": [self._user(user_id)]},
+            "user": self._user(user_id), "context": 1, "app_permissions": "0", "locale": "en-US",
+            "entitlements": [], "authorizing_integration_owners": {"1": user_id},
+        }  # fmt: skip
+
     async def _interaction_callback(self, request: web.Request) -> web.Response:
         """POST /interactions/{id}/{token}/callback (``with_response``): once per interaction."""
         iid, token = request.match_info["iid"], request.match_info["token"]
@@ -850,7 +869,7 @@ class FakeDiscord:
         self._notify()
         answer = payload.get("data") or {}
         flags = int(answer.get("flags") or 0)
-        message = self._message_data(sent["channel_id"], self.bot_id, answer.get("content") or "", flags=flags,
+        message = self._message_data(str(sent.get("channel_id") or "0"), self.bot_id, answer.get("content") or "", flags=flags,
                                      interaction_metadata={"id": iid, "type": 3})  # fmt: skip
         return _json({
             "interaction": {"id": iid, "type": 3, "response_message_id": message["id"],
