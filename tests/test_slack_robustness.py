@@ -15,12 +15,11 @@ from typing import Any
 import pytest
 
 from channels.base import ChannelState, FatalChannelError
-from channels.malformed import KINDS
 from channels.slack import SlackChannel
 from gateway.metrics import Metrics
 from gateway.supervisor import Backoff, ChannelSupervisor, run_once
 from tests.fakes.gateway_rig import Rig, gateway_rig, running
-from tests.fakes.malformed import SECRET, Case, leaked, put, variants
+from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants
 from tests.fakes.slack_server import FakeSlack
 
 ALICE = "U_ALICE"
@@ -250,11 +249,6 @@ def press_envelope(slack: FakeSlack) -> dict[str, Any]:
                         "message": {"ts": "1.0", "text": SECRET},
                         "actions": [{"action_id": "chital:0", "value": "chital:approve:ZZZZ",
                                      "type": "button"}]}}  # fmt: skip
-
-
-def malformed_total(rig: Rig, platform: str) -> float:
-    return sum(rig.metric("chital_malformed_events_total", platform=platform, kind=k) for k in KINDS
-               if k != "dropped")  # fmt: skip
 
 
 async def serves_after(slack: FakeSlack) -> None:

@@ -21,6 +21,7 @@ from gateway.metrics import Metrics
 from gateway.supervisor import Backoff, ChannelSupervisor, run_once
 from tests.fakes import telegram_kinds as kinds
 from tests.fakes.gateway_rig import Rig, gateway_rig, running
+from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants
 from tests.fakes.telegram_server import FakeTelegram
 
 USER = 4242
@@ -280,3 +281,71 @@ async def test_getme_5xx_that_persists_is_left_to_the_supervisor(
         assert len([c for c in fake.calls_to("getMe") if c.status == 502]) == 4
     finally:
         await sup.stop()
+
+
+# -- table-driven malformed variants (channels/malformed.py) ---------------------------------------
+MESSAGE_CASES = variants({
+    ("message", "date"): (("missing", "string", "object"), True),
+    ("message", "message_id"): (("missing", "string", "null", "float"), True),
+    ("message", "chat"): (("string", "null", "list"), False),
+    ("message", "chat", "id"): (("string", "null", "huge id"), False),
+    ("message", "from"): (("string", "list", "null"), True),  # a private chat: its id is the sender's
+    ("message", "from", "id"): (("string", "null"), True),
+    ("message", "text"): (("object", "number", "list", "null"), True),
+    ("message", "entities"): (("string", "object", "nested nulls"), True),
+    ("message",): (("null", "string", "number", "list"), False),
+})  # fmt: skip
+PRESS_CASES = variants({
+    ("callback_query", "data"): (("missing", "number", "object"), True),
+    ("callback_query", "from"): (("string", "null"), True),  # the query id is enough to answer
+    ("callback_query", "message"): (("null", "string"), True),
+    ("callback_query", "id"): (("number", "missing", "huge id"), False),
+    ("callback_query",): (("null", "string"), False),
+})  # fmt: skip
+
+
+async def serves_after(fake: FakeTelegram) -> None:
+    fake.inject_message(USER, USER, "still there?")
+    await fake.wait_for(bot_says(fake, USER, "echo: still there?"), what="a normal message answered after")
+    await fake.wait_for(lambda: not fake.pending_updates, what="every update confirmed")
+
+
+@pytest.mark.parametrize("case", MESSAGE_CASES, ids=lambda c: c.id)
+async def test_every_malformed_update_is_confirmed_counted_and_answered(
+    case: Case, fake: FakeTelegram, channel: TelegramChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    template = fake.message_template(USER, USER, SECRET)
+    bad = fake.push_update(put({"message": template}, case.path, case.value))
+    async with running(channel, rig):
+        if case.told:
+            await fake.wait_for(bot_says(fake, USER, "couldn't read that message"), what="the note")
+        await serves_after(fake)
+    offsets = [c.params.get("offset") or 0 for c in fake.calls_to("getUpdates")]
+    assert max(offsets) > bad["update_id"], "the offset moved past it: Telegram will not send it again"
+    assert malformed_total(rig, "telegram") == 1
+    assert bool(bot_says(fake, USER, "couldn't read")()) is case.told
+    assert not leaked(caplog.records)
+
+
+@pytest.mark.parametrize("case", PRESS_CASES, ids=lambda c: c.id)
+async def test_every_malformed_press_is_confirmed_counted_and_refused(
+    case: Case, fake: FakeTelegram, channel: TelegramChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    query = {"id": "Q77", "from": {"id": USER, "is_bot": False, "first_name": "U"}, "chat_instance": "1",
+             "message": fake.message_template(USER, 1, SECRET), "data": "chital:approve:ZZ"}  # fmt: skip
+    bad = fake.push_update(put({"callback_query": query}, case.path, case.value))
+    async with running(channel, rig):
+        if case.told:
+            await fake.wait_for(lambda: fake.calls_to("answerCallbackQuery"), what="the press answered")
+        await serves_after(fake)
+    offsets = [c.params.get("offset") or 0 for c in fake.calls_to("getUpdates")]
+    assert max(offsets) > bad["update_id"]
+    assert malformed_total(rig, "telegram") == 1
+    answers = fake.calls_to("answerCallbackQuery")
+    assert bool(answers) is case.told
+    for answer in answers:
+        assert "couldn't read that button" in answer.params["text"]
+        assert str(answer.params["show_alert"]).lower() == "true"
+    assert not leaked(caplog.records)

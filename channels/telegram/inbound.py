@@ -16,6 +16,7 @@ from typing import Any
 from telegram import Message, MessageEntity, Update
 from telegram.constants import ChatType
 
+from channels import malformed
 from channels.base import Action, Attachment, ContextItem, Inbound, clean_text, replied_extra
 
 PLATFORM = "telegram"
@@ -104,8 +105,8 @@ def to_action(raw: Any) -> Action | None:
     sender, msg = _dict(query.get("from")), _dict(query.get("message"))
     chat = _dict(msg.get("chat"))
     data, qid = query.get("data"), query.get("id")
-    if not (isinstance(data, str) and isinstance(qid, str) and _is_int(sender.get("id"))):
-        return None
+    if not (malformed.is_id(data) and malformed.is_id(qid) and _is_int(sender.get("id"))):
+        return None  # callback_data is at most 64 bytes; a query id is short
     if not _is_int(chat.get("id")) or not _is_int(msg.get("message_id")):
         return None
     name = " ".join(str(sender[k]) for k in ("first_name", "last_name") if isinstance(sender.get(k), str))

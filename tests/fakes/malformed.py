@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from channels.malformed import DROPPED, KINDS
+
 SECRET = "secret words"
 """Text in every malformed payload; it must never reach a log line."""
 DROP = object()
@@ -79,3 +81,10 @@ def leaked(records: Iterable[Any]) -> list[str]:
         if SECRET in text or "secret" in text:
             out.append(text[:300])
     return out
+
+
+def malformed_total(rig: Any, platform: str) -> float:
+    """``chital_malformed_events_total`` of ``platform`` over every kind but ``dropped``."""
+    return sum(
+        rig.metric("chital_malformed_events_total", platform=platform, kind=k) for k in KINDS if k != DROPPED
+    )

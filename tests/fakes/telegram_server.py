@@ -236,6 +236,15 @@ class FakeTelegram(BotApiMethods):
         self._store(msg, from_bot=False)
         return self.push_update({"message": msg})
 
+    def message_template(
+        self, chat_id: int, user_id: int, text: str, chat_type: str = "private"
+    ) -> dict[str, Any]:
+        """A well-formed user message in a registered chat, not queued: for tests to break and
+        :meth:`push_update` themselves."""
+        chat = self._chat(chat_id, chat_type, "U", "Test group", forum=False)
+        return {"message_id": self._new_mid(chat_id), "date": int(time.time()), "chat": chat,
+                "from": {"id": user_id, "is_bot": False, "first_name": "U"}, "text": text}  # fmt: skip
+
     def inject_malformed(
         self,
         chat_id: int,
