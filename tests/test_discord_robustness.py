@@ -23,6 +23,7 @@ from gateway.metrics import Metrics
 from gateway.supervisor import Backoff, ChannelSupervisor
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import Rig, gateway_rig, running
+from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants
 
 USER = "900000000000000042"
 
@@ -197,3 +198,87 @@ async def test_login_5xx_is_retried_and_401_is_fatal(fake: FakeDiscord, channel:
         assert "rejected the bot token" in (revoked.reason or "")
     finally:
         await sup.stop()
+
+
+# -- table-driven malformed variants (channels/malformed.py) ---------------------------------------
+MESSAGE_CASES = variants({
+    ("content",): (("missing", "object", "number", "list", "null"), True),
+    ("author",): (("missing", "string", "null"), False),
+    ("author", "id"): (("null", "object", "huge id"), False),
+    ("channel_id",): (("missing", "object"), False),
+    ("id",): (("missing", "object"), False),
+    ("attachments",): (("string", "number", "nested nulls"), True),
+    ("mentions",): (("string", "object"), True),
+    ("embeds",): (("string", "number"), True),
+})  # fmt: skip
+INTERACTION_CASES = variants({
+    ("data",): (("null", "string", "missing"), True),
+    ("data", "custom_id"): (("missing", "number", "null", "huge id"), True),
+    ("type",): (("number",), True),
+    ("user",): (("missing", "string"), True),
+    ("channel_id",): (("missing", "object"), True),
+    ("id",): (("missing", "string"), False),
+    ("token",): (("missing", "number"), False),
+})  # fmt: skip
+
+
+async def serves_after(fake: FakeDiscord) -> None:
+    await fake.inject_dm(USER, "still there?")
+    await fake.wait_for(lambda: says(fake, "echo: still there?"), 10)
+
+
+@pytest.mark.parametrize("case", MESSAGE_CASES, ids=lambda c: c.id)
+async def test_every_malformed_message_is_counted_answered_and_keeps_the_connection(
+    case: Case, fake: FakeDiscord, channel: DiscordChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with running(channel, rig):
+        connections = (fake.identifies, fake.resumes)
+        await fake.inject_raw(
+            "MESSAGE_CREATE", put(fake.message_template(USER, SECRET), case.path, case.value)
+        )
+        if case.told:
+            await fake.wait_for(lambda: says(fake, "couldn't read that message"), 10)
+        await serves_after(fake)
+        assert channel.state is ChannelState.CONNECTED
+        assert (fake.identifies, fake.resumes) == connections, "no reconnect"
+    assert malformed_total(rig, "discord") == 1
+    assert bool(says(fake, "couldn't read")) is case.told
+    assert not leaked(caplog.records)
+
+
+@pytest.mark.parametrize("case", INTERACTION_CASES, ids=lambda c: c.id)
+async def test_every_malformed_interaction_is_counted_and_answered(
+    case: Case, fake: FakeDiscord, channel: DiscordChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with running(channel, rig):
+        connections = (fake.identifies, fake.resumes)
+        template = fake.interaction_template(USER)
+        await fake.inject_interaction(put(template, case.path, case.value))
+        if case.told:
+            await fake.wait_for(lambda: fake.interaction_responses, 10)
+        await serves_after(fake)
+        assert (fake.identifies, fake.resumes) == connections, "no reconnect"
+    assert malformed_total(rig, "discord") == 1
+    answers = list(fake.interaction_responses.values())
+    assert bool(answers) is case.told
+    for answer in answers:
+        content = answer["data"]["content"]
+        assert "couldn't read that button" in content or "can't handle that" in content
+        assert answer["data"]["flags"] & 64, "ephemeral: only the presser sees it"
+    assert not leaked(caplog.records)
+
+
+async def test_a_slash_command_interaction_is_refused(
+    fake: FakeDiscord, channel: DiscordChannel, rig: Rig
+) -> None:
+    async with running(channel, rig):
+        command = fake.interaction_template(USER)
+        command.update(type=2, data={"id": "1", "name": "new", "type": 1})
+        await fake.inject_interaction(command)
+        await fake.wait_for(lambda: fake.interaction_responses, 10)
+        await serves_after(fake)
+    (answer,) = fake.interaction_responses.values()
+    assert "can't handle that" in answer["data"]["content"]
+    assert rig.metric("chital_malformed_events_total", platform="discord", kind="interaction") == 1

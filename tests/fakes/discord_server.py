@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import time
 import uuid
@@ -482,6 +483,15 @@ class FakeDiscord:
         data.update(override or {})
         await self._dispatch("MESSAGE_CREATE", data)
         return data
+
+    def message_template(self, author_id: str, content: str) -> dict[str, Any]:
+        """A well-formed DM MESSAGE_CREATE payload, not dispatched: for tests to break and send
+        with :meth:`inject_raw`."""
+        return copy.deepcopy(self._message_data(self.dm_channel(author_id), author_id, content))
+
+    async def inject_raw(self, event: str, data: Any) -> None:
+        """Dispatch ``event`` with ``data`` exactly as given (malformed payloads included)."""
+        await self._dispatch(event, data)
 
     async def inject_dm(self, author_id: str, content: str, **kwargs: Any) -> str:
         return await self.inject_message(None, author_id, content, guild=False, **kwargs)
