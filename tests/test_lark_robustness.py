@@ -21,6 +21,7 @@ from gateway.metrics import Metrics
 from gateway.supervisor import Backoff, ChannelSupervisor
 from tests.fakes.gateway_rig import Rig, gateway_rig, running
 from tests.fakes.lark_server import FakeLark, Injected
+from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants
 
 ALICE = "ou_alice"
 CHAT = "oc_alice"
@@ -189,3 +190,102 @@ async def test_token_endpoint_blip_is_retried_and_bad_secret_is_fatal() -> None:
             assert "10014" in (channel.reason or "") and "revoked-secret" not in (channel.reason or "")
         finally:
             await sup.stop()
+
+
+# -- table-driven malformed variants (channels/malformed.py) ---------------------------------------
+MSG, SENDER = ("event", "message"), ("event", "sender")
+EVENT_CASES = variants({
+    (*MSG, "content"): (("number", "object", "list", "null", "string"), True),
+    (*MSG, "message_type"): (("number", "object"), True),
+    (*MSG, "mentions"): (("string", "object", "nested nulls"), True),
+    (*MSG, "message_id"): (("missing", "null", "number", "huge id"), False),
+    (*MSG, "chat_id"): (("missing", "number", "object"), False),
+    SENDER: (("missing", "null", "string"), False),
+    (*SENDER, "sender_id"): (("null", "string"), False),
+    (*SENDER, "sender_id", "open_id"): (("number", "null", "huge id"), False),
+    MSG: (("null", "string", "list"), False),
+    ("event",): (("null", "string", "list", "missing"), False),
+    ("header",): (("null", "string", "missing"), True),  # the event still names chat and sender
+    ("header", "event_type"): (("null", "number"), True),
+})  # fmt: skip
+PRESS = ("event",)
+PRESS_CASES = variants({
+    (*PRESS, "action"): (("null", "string", "missing"), True),
+    (*PRESS, "action", "value"): (("null", "string", "list", "number"), True),
+    (*PRESS, "operator"): (("null", "string", "missing"), True),
+    (*PRESS, "context"): (("null", "string"), True),
+    (*PRESS, "context", "open_chat_id"): (("number", "null", "huge id"), True),
+})  # fmt: skip
+FRAMES: dict[str, tuple[bytes, dict[str, str | None]]] = {
+    "old card callback": (b'{"secret": "words"}', {"type": "card"}),
+    "unknown frame type": (b'{"secret": "words"}', {"type": "secret words"}),
+    "no sum header": (b'{"secret": "words"}', {"sum": None}),
+    "sum is words": (b'{"secret": "words"}', {"sum": "secret words"}),
+    "no seq header": (b'{"secret": "words"}', {"seq": None}),
+    "payload not UTF-8": (b"\xff\xfe secret words", {}),
+}
+
+
+def breaking(case: Case) -> Callable[[dict[str, Any]], None]:
+    def mutate(body: dict[str, Any]) -> None:
+        broken = put(body, case.path, case.value)
+        body.clear()
+        body.update(broken)
+
+    return mutate
+
+
+async def serves_after(fake: FakeLark) -> None:
+    fake.inject_message(CHAT, ALICE, "still there?")
+    await fake.wait_for_async(says("echo: still there?"))
+
+
+@pytest.mark.parametrize("case", EVENT_CASES, ids=lambda c: c.id)
+async def test_every_malformed_event_is_acked_counted_and_answered(
+    case: Case, fake: FakeLark, channel: LarkChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with running(channel, rig):
+        bad = fake.inject_event(CHAT, ALICE, "text", {"text": SECRET}, mutate=breaking(case))
+        await acked(fake, bad)
+        if case.told:
+            await fake.wait_for_async(says("couldn't read that message"))
+        await serves_after(fake)
+        assert channel.state is ChannelState.CONNECTED
+    assert fake.acks_for(bad) == [200], "acked as handled: never redelivered"
+    assert malformed_total(rig, "lark") == 1
+    assert bool(says("couldn't read")(fake)) is case.told
+    assert not leaked(caplog.records)
+
+
+@pytest.mark.parametrize("case", PRESS_CASES, ids=lambda c: c.id)
+async def test_every_malformed_card_press_is_acked_counted_and_refused(
+    case: Case, fake: FakeLark, channel: LarkChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    body = fake.card_press_body("om_card", CHAT, ALICE, {"chital": "chital:approve:ZZ", "note": SECRET})
+    async with running(channel, rig):
+        bad = fake.inject_payload(json.dumps(put(body, case.path, case.value)).encode())
+        await acked(fake, bad)
+        await serves_after(fake)
+    assert fake.acks_for(bad) == [200]
+    toast = (fake.ack_data(bad) or {}).get("toast") or {}
+    assert toast.get("type") == "error" and "couldn't read that button" in toast.get("content", "")
+    assert malformed_total(rig, "lark") == 1
+    assert not leaked(caplog.records)
+
+
+@pytest.mark.parametrize("frame", list(FRAMES))
+async def test_frames_the_sdk_would_drop_are_acked_and_counted(
+    frame: str, fake: FakeLark, channel: LarkChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    payload, headers = FRAMES[frame]
+    async with running(channel, rig):
+        bad = fake.inject_frame(payload, headers)
+        await acked(fake, bad)
+        await serves_after(fake)
+        assert channel.state is ChannelState.CONNECTED
+    assert fake.acks_for(bad) == [200]
+    assert malformed_total(rig, "lark") == 1
+    assert not leaked(caplog.records)

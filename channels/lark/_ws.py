@@ -20,6 +20,10 @@ code during a reconnect ends the task and nothing else notices), and it only pin
   it cannot parse (not JSON, no header) or has no handler for, and the platform then redelivers it
   again and again. An unparseable one goes to ``on_unreadable`` (skipped, acked 200); other event
   types are acked 200 and ignored; only our handler's own refusal (stopping, sink failed) stays 500;
+* a guard around data frames (:meth:`_WatchedClient._handle_data_frame`): the SDK drops a frame of a
+  type it does not know, one without its ``sum`` header, one whose payload is not UTF-8, and the
+  old ``card`` callback frames, all without an ack, so the platform redelivers them. Those are
+  acked 200 here and reported as malformed (``on_malformed``);
 * :meth:`WsRunner.stop`: refuse further events, switch auto-reconnect off and cancel every task on
   the client's loop from that loop (``call_soon_threadsafe``), close the websocket, close the loop.
   A thread stuck in the SDK's blocking endpoint request (it has no timeout) cannot be interrupted; it
@@ -47,6 +51,7 @@ from lark_oapi.event.callback.model.p2_card_action_trigger import (
 from lark_oapi.event.dispatcher_handler import EventDispatcherHandler
 from lark_oapi.ws import client as sdk_ws
 
+from channels import malformed
 from channels.base import scrub
 
 log = logging.getLogger(__name__)
@@ -91,6 +96,17 @@ class _WatchedClient(sdk_ws.Client):
         self._runner._frame_seen()
         await super()._handle_message(msg)
 
+    async def _handle_data_frame(self, frame: Any) -> None:
+        headers = {h.key: h.value for h in frame.headers}
+        kind = _frame_problem(headers, frame.payload)
+        if kind is None:
+            await super()._handle_data_frame(frame)
+            return
+        self._runner._malformed(kind)
+        log.warning("lark: a %s frame the SDK cannot take; acked and skipped", kind)
+        frame.payload = json.dumps({"code": 200}).encode()
+        await self._write_message(frame.SerializeToString())
+
     async def _ping_loop(self) -> None:
         # Same as the SDK's loop, but at least every ``ping_every`` seconds: the server's pongs are
         # our liveness signal, and its configured PingInterval (minutes) is too slow for that.
@@ -113,8 +129,31 @@ class _WatchedClient(sdk_ws.Client):
             raise
 
 
+def _frame_problem(headers: dict[str, str], payload: bytes) -> str | None:
+    """The malformed kind of a data frame lark-oapi would drop without an ack, or None when the
+    SDK can take it. ``card``: the old card callback, which this app does not use."""
+    if headers.get("type") == "card":
+        return malformed.INTERACTION
+    if headers.get("type") != "event" or not headers.get("message_id"):
+        return malformed.ENVELOPE
+    total, seq = headers.get("sum", ""), headers.get("seq", "")
+    if not (total.isdigit() and seq.isdigit() and int(total) >= 1):
+        return malformed.ENVELOPE
+    if int(total) == 1:
+        try:
+            payload.decode("utf-8")
+        except UnicodeDecodeError:
+            return malformed.ENVELOPE
+    return None
+
+
 MESSAGE_EVENT = "im.message.receive_v1"
 CARD_ACTION_EVENT = "card.action.trigger"
+
+
+def refusal_toast(text: str) -> P2CardActionTriggerResponse:
+    """The answer to a card press that changed nothing: an error toast only the presser sees."""
+    return P2CardActionTriggerResponse({"toast": {"type": "error", "content": text}})
 
 
 class _Redeliver(Exception):
@@ -126,9 +165,12 @@ class _GuardedDispatcher:
     its ``_do_without_validation(payload)`` (lark_oapi/ws/client.py, pinned 1.7.x)."""
 
     def __init__(
-        self, inner: EventDispatcherHandler, on_unreadable: Callable[[bytes, Exception], None]
+        self,
+        inner: EventDispatcherHandler,
+        on_unreadable: Callable[[bytes, Exception], None],
+        on_bad_card: Callable[[Exception], Any],
     ) -> None:
-        self._inner, self._on_unreadable = inner, on_unreadable
+        self._inner, self._on_unreadable, self._on_bad_card = inner, on_unreadable, on_bad_card
 
     def _do_without_validation(self, payload: bytes) -> Any:
         try:
@@ -148,7 +190,9 @@ class _GuardedDispatcher:
             return self._inner._do_without_validation(payload)
         except _Redeliver as refused:
             raise (refused.__cause__ or refused) from None
-        except Exception as exc:  # the SDK's own parsing of a message event failed
+        except Exception as exc:  # the SDK's own parsing of the event failed
+            if event_type == CARD_ACTION_EVENT:
+                return self._on_bad_card(exc)  # the presser gets a toast saying so
             self._on_unreadable(payload, exc)
             return None
 
@@ -168,17 +212,19 @@ class WsRunner:
         | None = None,
         ping_every: float,
         notify: Callable[[str], None],
+        on_malformed: Callable[[str], None] | None = None,
     ) -> None:
         self._app_id, self._app_secret, self._domain = app_id, app_secret, domain
         self._on_message = on_message
         self._on_unreadable = on_unreadable
         self._on_card_action = on_card_action
+        self._on_malformed = on_malformed
         builder = EventDispatcherHandler.builder("", "").register_p2_im_message_receive_v1(self._guard)
         # Card button presses (card.action.trigger) arrive over the same connection as event
         # frames; what the handler returns is the callback's answer (a toast), carried back in
         # the ack frame. (Frames of type "card", the old callback, the SDK drops unanswered.)
         builder = builder.register_p2_card_action_trigger(self._guard_card)
-        self._dispatcher = _GuardedDispatcher(builder.build(), self._unreadable)
+        self._dispatcher = _GuardedDispatcher(builder.build(), self._unreadable, self._bad_card)
         self._ping_every = ping_every
         self._notify = notify  # "frame" | "reconnecting" | "died" | "exit"
         self.stopping = threading.Event()
@@ -314,6 +360,18 @@ class WsRunner:
             raise RuntimeError("this Lark client is stopping")
         if self._on_unreadable is not None:
             self._on_unreadable(self, payload, exc)
+
+    def _bad_card(self, exc: Exception) -> P2CardActionTriggerResponse:
+        """A card press the SDK could not parse: counted, and refused in the callback's toast."""
+        if self.stopping.is_set():
+            raise RuntimeError("this Lark client is stopping")
+        self._malformed(malformed.ACTION)
+        log.warning("lark: a card press that cannot be read (%s); refused", type(exc).__name__)
+        return refusal_toast(malformed.ACTION_UNREADABLE)
+
+    def _malformed(self, kind: str) -> None:
+        if self._on_malformed is not None:
+            self._on_malformed(kind)
 
     def _frame_seen(self) -> None:
         self.last_frame = time.monotonic()

@@ -44,6 +44,7 @@ from lark_oapi.event.callback.model.p2_card_action_trigger import (
     P2CardActionTriggerResponse,
 )
 
+from channels import malformed
 from channels.base import (
     ActionAnswer,
     Attachment,
@@ -65,7 +66,7 @@ from channels.base import (
 from channels.limits import check_size, header, retry_after
 
 from . import render
-from ._ws import WsRunner
+from ._ws import WsRunner, refusal_toast
 from .inbound import BUTTON_VALUE_KEY, context_item, parse_attachment_id, recover_ids, to_action, to_inbound
 from .settings import LarkSettings
 
@@ -175,6 +176,7 @@ class LarkChannel(Channel):
             on_card_action=self._on_card_action,
             ping_every=max(0.5, self.liveness_timeout / 3),
             notify=lambda kind: self._from_sdk_thread(runner, kind),
+            on_malformed=self.count_malformed,
         )
         self._runner = runner
         runner.start()
@@ -280,8 +282,11 @@ class LarkChannel(Channel):
         and its answer back as the callback's toast. Lark wants the answer within 3 s; if the
         gateway takes longer the press still counts and the toast only says so."""
         action = to_action(data)
-        if action is None:
-            return None
+        if action is None:  # not one of our buttons, or its payload cannot be read
+            self._live_sink(runner)
+            self.count_malformed(malformed.ACTION)
+            log.warning("lark: a card press without its value, presser, message or chat; refused")
+            return refusal_toast(malformed.ACTION_UNREADABLE)
         self._live_sink(runner)  # raises while stopping: answered 500, pressed again later
         assert self._loop is not None
         future = asyncio.run_coroutine_threadsafe(self.hand_action(action), self._loop)

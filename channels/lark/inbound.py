@@ -19,6 +19,7 @@ from typing import Any
 from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 from lark_oapi.event.callback.model.p2_card_action_trigger import P2CardActionTrigger
 
+from channels import malformed
 from channels.base import Action, Attachment, ContextItem, Inbound
 
 PLATFORM = "lark"
@@ -52,10 +53,11 @@ def to_action(data: P2CardActionTrigger) -> Action | None:
     event = data.event
     if event is None or event.action is None or event.operator is None or event.context is None:
         return None
-    value = (event.action.value or {}).get(BUTTON_VALUE_KEY)
+    values = event.action.value
+    value = values.get(BUTTON_VALUE_KEY) if isinstance(values, dict) else None
     open_id, chat_id = event.operator.open_id, event.context.open_chat_id
     message_id = event.context.open_message_id
-    if not all(isinstance(v, str) and v for v in (value, open_id, chat_id, message_id)):
+    if not all(malformed.is_id(v) for v in (value, open_id, chat_id, message_id)):
         return None
     return Action(
         platform=PLATFORM,
@@ -80,7 +82,9 @@ def to_inbound(data: P2ImMessageReceiveV1, bot_open_id: str | None) -> Inbound |
         return None
     if not sender_id:
         raise ValueError("a user's message without a sender id")
-    msg_type = msg.message_type or ""
+    if not (isinstance(msg.message_type, str) and isinstance(msg.content, str)):
+        raise ValueError("a message without a type or content string")
+    msg_type = msg.message_type
     if msg_type in _SERVICE:
         return None
     text, attachments, unsupported = message_content(msg_type, msg.content or "", msg.message_id)

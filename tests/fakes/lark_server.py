@@ -120,6 +120,8 @@ class _Event:
     event_id: str
     payload: bytes
     message_id: str
+    headers: dict[str, str | None] | None = None
+    """Frame headers to change (None: leave the header out), for malformed frames."""
 
 
 @dataclass
@@ -440,6 +442,33 @@ class FakeLark:
         self._call(lambda: self._deliver(event_id))
         return Injected(event_id, message_id)
 
+    def inject_frame(self, payload: bytes, headers: dict[str, str | None]) -> Injected:
+        """Deliver an event frame with ``headers`` changed (``{"type": "card"}``, ``{"sum": None}``
+        drops the header): the frames lark-oapi itself cannot take."""
+        event_id = f"ev_{next(self._ids):08d}"
+        with self._cond:
+            self._events[event_id] = _Event(event_id, payload, "", headers)
+        self._call(lambda: self._deliver(event_id))
+        return Injected(event_id, "")
+
+    def card_press_body(self, message_id: str, chat_id: str, open_id: str, value: Any) -> dict[str, Any]:
+        """A ``card.action.trigger`` event body (not sent), for tests to break and send with
+        :meth:`inject_payload`."""
+        event_id = f"ev_{next(self._ids):08d}"
+        return {
+            "schema": "2.0",
+            "header": {"event_id": event_id, "token": "", "create_time": str(int(time.time() * 1e6)),
+                       "event_type": "card.action.trigger", "tenant_key": "tenant_fake", "app_id": self.app_id},
+            "event": {
+                "operator": {"tenant_key": "tenant_fake", "user_id": None, "open_id": open_id,
+                             "union_id": "on_" + open_id},
+                "token": f"c-{event_id}",
+                "action": {"value": value, "tag": "button"},
+                "host": "im_message",
+                "context": {"open_message_id": message_id, "open_chat_id": chat_id},
+            },
+        }  # fmt: skip
+
     def press_button(self, message_id: str, open_id: str, label: str) -> Injected:
         """``open_id`` presses the card button labelled ``label`` (or containing it): a
         ``card.action.trigger`` callback over the long connection (an event frame), carrying the
@@ -496,13 +525,13 @@ class FakeLark:
         ev = self._events[event_id]
         frame = Frame()
         frame.SeqID, frame.LogID, frame.service, frame.method = 0, 0, conn.service_id, 1
-        for k, v in (
-            ("type", "event"),
-            ("message_id", event_id),
-            ("trace_id", "trace-" + event_id),
-            ("sum", "1"),
-            ("seq", "0"),
-        ):
+        headers: dict[str, str | None] = {
+            "type": "event", "message_id": event_id, "trace_id": "trace-" + event_id, "sum": "1", "seq": "0",
+            **(ev.headers or {}),
+        }  # fmt: skip
+        for k, v in headers.items():
+            if v is None:
+                continue
             h = frame.headers.add()
             h.key, h.value = k, v
         frame.payload = ev.payload
