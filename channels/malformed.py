@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any
+from typing import Any, TypeGuard
 
 MAX_ID_LEN = 256
 """Longest id (chat, message, sender, thread) an adapter accepts. Real ids are under 100 characters;
@@ -62,7 +62,7 @@ REFUSALS_PER_MINUTE = 3
 """Adapter-side refusals (a Slack ephemeral note) per sender per minute; beyond it only counted."""
 
 
-def is_id(value: Any) -> bool:
+def is_id(value: Any) -> TypeGuard[str]:
     """``value`` is a usable platform id: a non-empty string of at most :data:`MAX_ID_LEN` printable
     characters (no control characters, which would reach log lines and journal keys)."""
     return (

@@ -29,6 +29,7 @@ import contextvars
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from slack_bolt.adapter.socket_mode.async_internals import send_async_response
@@ -139,7 +140,7 @@ async def handle(
             if isinstance(envelope_id, str | int) and not isinstance(envelope_id, bool):
                 await _ack(client, envelope_id)  # type: ignore[arg-type]  # echoed as it came
         return  # otherwise a control frame newer than this code: not ours to judge
-    if etype not in ROUTED or not _routable(str(etype), payload):
+    if etype not in ROUTED or not _routable(str(etype), payload) or not isinstance(payload, dict):
         await _skip(channel, client, envelope_id, kind if etype in ROUTED else malformed.ENVELOPE, payload)
         return
     req = SocketModeRequest(
@@ -233,9 +234,9 @@ async def _ack(
     await client.send_socket_mode_response(SocketModeResponse(envelope_id=envelope_id, payload=payload))
 
 
-def _headers(req: SocketModeRequest) -> dict[str, str] | None:
+def _headers(req: SocketModeRequest) -> dict[str, str | Sequence[str]] | None:
     """Bolt's retry headers, as its own Socket Mode adapter builds them."""
-    headers: dict[str, str] = {}
+    headers: dict[str, str | Sequence[str]] = {}
     if req.retry_attempt is not None:
         headers["x-slack-retry-num"] = str(req.retry_attempt)
     if req.retry_reason is not None:
