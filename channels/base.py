@@ -538,17 +538,22 @@ class Channel(abc.ABC):
         if the gateway then accepts a bare marker for the same message (same key, no text); if even
         that fails the store itself is down, and the original error propagates so the platform
         redelivers later. Infrastructure errors (``ChannelError``, SQLite's OperationalError, disk
-        full) always propagate. A message whose ids are not usable (too long, control characters:
-        :func:`channels.malformed.oversized_ids`) is skipped as malformed before the sink sees it."""
-        bad = malformed.oversized_ids(chat_id=inbound.chat_id, message_id=inbound.message_id,
-                                      sender_id=inbound.sender_id, thread_id=inbound.thread_id)  # fmt: skip
+        full) always propagate. A message whose ids are not usable (too long, control characters),
+        or with a text or file list no platform sends (:func:`channels.malformed.problems`), is
+        skipped as malformed before the sink sees it; overlong names are cut."""
+        bad = malformed.problems(inbound)
         if bad:
             await self.skip_unreadable(
-                sink, ValueError(f"unusable ids: {', '.join(bad)}"), ref=ref, chat_id=inbound.chat_id,
+                sink, ValueError(f"unusable {', '.join(bad)}"), ref=ref, chat_id=inbound.chat_id,
                 sender_id=inbound.sender_id, message_id=inbound.message_id, is_direct=inbound.is_direct,
                 addressed=inbound.addressed, thread_id=inbound.thread_id,
             )  # fmt: skip
             return
+        cap = malformed.MAX_NAME_CHARS
+        if len(inbound.sender_name) > cap or len(inbound.chat_title) > cap:
+            inbound = replace(
+                inbound, sender_name=inbound.sender_name[:cap], chat_title=inbound.chat_title[:cap]
+            )
         try:
             await sink(inbound)
         except _CONTENT_ERRORS as exc:

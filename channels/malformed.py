@@ -31,6 +31,15 @@ MAX_ID_LEN = 256
 """Longest id (chat, message, sender, thread) an adapter accepts. Real ids are under 100 characters;
 a longer one is an attack on the journal's keys and the logs, and is refused as malformed."""
 
+MAX_ATTACHMENTS = 50
+"""Most files one message may carry. Platforms allow 10 (Slack, Discord) or fewer; a longer list is
+a crafted payload that would otherwise make the gateway download each one."""
+MAX_TEXT_CHARS = 1_000_000
+"""Longest text an adapter hands on. Platforms cap far lower (Slack 40,000, Telegram 4,096); up to
+this the gateway answers with its own specific "too long" note, beyond it the event is malformed."""
+MAX_NAME_CHARS = 256
+"""Sender names and chat titles are cut to this (they reach prompts and notes)."""
+
 # Kinds of malformed input (the ``kind`` label). One word per thing a platform sends.
 MESSAGE = "message"
 """A post (Slack event, Telegram message, Discord MESSAGE_CREATE, Lark im.message.receive_v1)."""
@@ -76,6 +85,18 @@ def is_id(value: Any) -> TypeGuard[str]:
 def oversized_ids(**ids: Any) -> list[str]:
     """The names of the ids among ``ids`` that are set but not usable (:func:`is_id`)."""
     return [name for name, value in ids.items() if value not in (None, "") and not is_id(value)]
+
+
+def problems(inbound: Any) -> list[str]:
+    """What makes a parsed :class:`~channels.base.Inbound` malformed all the same: unusable ids, a
+    text or a file list no platform sends."""
+    found = oversized_ids(chat_id=inbound.chat_id, message_id=inbound.message_id,
+                          sender_id=inbound.sender_id, thread_id=inbound.thread_id)  # fmt: skip
+    if len(inbound.text) > MAX_TEXT_CHARS:
+        found.append("text")
+    if len(inbound.attachments) > MAX_ATTACHMENTS:
+        found.append("attachments")
+    return found
 
 
 class Refusals:

@@ -216,7 +216,7 @@ EVENT_CASES = variants({
     (*EVENT, "ts"): (("number", "missing", "null", "list"), False),
     (*EVENT, "text"): (("number", "object", "list"), True),
     (*EVENT, "thread_ts"): (("float", "object"), True),
-    (*EVENT, "files"): (("string", "number", "nested nulls"), True),
+    (*EVENT, "files"): (("string", "number", "nested nulls", "many files"), True),
     (*EVENT, "subtype"): (("number", "list"), True),
     (*EVENT, "type"): (("null", "number", "missing"), True),
     EVENT: (("missing", "null", "string", "list", "number"), False),

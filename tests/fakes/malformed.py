@@ -32,6 +32,8 @@ SHAPES: dict[str, Any] = {
     "nested nulls": {"id": None, "text": None},
     "huge id": "9" * 5000,
     "huge list": [SECRET] * 5000,
+    "many files": [{"id": "F1", "name": "f.txt", "url_private": "https://files.slack.com/f", "size": 1}]
+    * 5000,
     "control chars": "U\x00\x1b[31m",
 }
 
