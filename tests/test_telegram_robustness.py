@@ -349,3 +349,26 @@ async def test_every_malformed_press_is_confirmed_counted_and_refused(
         assert "couldn't read that button" in answer.params["text"]
         assert str(answer.params["show_alert"]).lower() == "true"
     assert not leaked(caplog.records)
+
+
+async def test_a_malformed_update_whose_marker_cannot_be_journaled_is_dropped_not_retried(
+    fake: FakeTelegram, channel: TelegramChannel, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = rig.gateway.store.journal_add
+
+    async def failing_for_markers(inbound: Any, kind: str, note: str = "", lease: Any = None) -> bool:
+        if inbound.unreadable:
+            raise RuntimeError("the journal refuses this one")
+        return await real(inbound, kind, note, lease)
+
+    monkeypatch.setattr(rig.gateway.store, "journal_add", failing_for_markers)
+    bad = fake.push_update(
+        put({"message": fake.message_template(USER, USER, SECRET)}, ("message", "date"), "x")
+    )
+    async with running(channel, rig):
+        await serves_after(fake)
+    offsets = [c.params.get("offset") or 0 for c in fake.calls_to("getUpdates")]
+    assert max(offsets) > bad["update_id"], "acknowledged all the same"
+    assert rig.metric("chital_malformed_events_total", platform="telegram", kind="dropped") == 1
+    assert rig.metric("chital_malformed_events_total", platform="telegram", kind="message") == 1
+    assert not bot_says(fake, USER, "couldn't read")()
