@@ -30,6 +30,10 @@ class ContextMessage:
     author: str
     text: str
     is_bot: bool = False
+    """Written by this bot (shown as the assistant's own earlier answer)."""
+    other_bot: bool = False
+    """Written by another bot or an integration (shown ``Name (bot)``; the name is checked for
+    look-alikes before the suffix is added, agent/untrusted.py)."""
 
 
 @dataclass(frozen=True, slots=True)

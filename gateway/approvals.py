@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested
+from agent.untrusted import code_span
 from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendError, scrub
 
 from .access import Verdict, decide, is_admin
@@ -111,7 +112,7 @@ def request_text(event: ApprovalRequested, requester: str, timeout: float, code:
     return (
         f"🔐 **Approval needed**: the agent wants to run `{event.tool}`\n"
         f"```\n{shown_args(event.args)}\n```\n{warning}"
-        f"Asked for {requester}; only they or an admin can answer. "
+        f"Asked for {code_span(requester)}; only they or an admin can answer. "
         f"Times out in {minutes} min (then it is denied).{how}"
     )
 
@@ -254,7 +255,8 @@ class Approvals:
         if row.state != PENDING:
             return ActionAnswer(f"Already settled: {self._settled_note(row)}.", refused=True)
         if not self._may_answer(row, action):
-            who = "an admin" if self._admins_only else f"{row.requester_name or 'the requester'} or an admin"
+            asker = code_span(row.requester_name) if row.requester_name else "the requester"
+            who = "an admin" if self._admins_only else f"{asker} or an admin"
             log.info("approval %s: %s may not answer it", row.code, action.user)
             return ActionAnswer(f"⛔ Not yours to answer: only {who} can.", refused=True)
         if not self._is_admin(action) and not await self._still_allowed(row):
@@ -264,7 +266,7 @@ class Approvals:
             )
         approve = parts[1] == "approve"
         mine = action.user == row.requester
-        by = action.sender_name or (row.requester_name if mine else "") or action.sender_id
+        by = code_span(action.sender_name or (row.requester_name if mine else "") or action.sender_id)
         if not await self.decide(row, APPROVED if approve else DENIED, by):
             fresh = await self.store.approval_get(row.id)
             return ActionAnswer(f"Already settled: {self._settled_note(fresh or row)}.", refused=True)

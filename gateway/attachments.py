@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from agent.untrusted import TEXT_CHARS, code_span, file_name
 from channels.base import Channel, ChannelError, OutFile
 
 from . import media
@@ -47,9 +48,9 @@ def _safe_name(name: str) -> str:
 
 def _shown(name: str) -> str:
     """A file name as the chat shows it: inline code, so a name like ``[Verify your account](https://…)``
-    is not posted as a link (or other Markdown) in the bot's voice."""
-    cleaned = re.sub(r"[`\s]+", " ", name).strip()[:120] or "a file"
-    return f"`{cleaned}`"
+    is not posted as a link (or other Markdown) in the bot's voice; bounded, and without the
+    bidi overrides that make ``invoice\u202etxt.exe`` read as a text file (agent/untrusted.py)."""
+    return code_span(file_name(name), TEXT_CHARS, empty="a file")
 
 
 @dataclass
@@ -204,8 +205,11 @@ async def deliver_files(harness: AgentHarness, store: Store, reply: Reply, key: 
             out = await harness.read_output(thread_id, path, limit)
         except Exception as exc:  # the agent's file errors name the virtual path only
             log.warning("presented file %s of %s not sent: %s", path, key, exc)
-            problems.append(f"{name}: {exc}")
+            reason = str(exc).replace(path, "it")  # the name is shown once, as code
+            problems.append(f"{_shown(name)}: {reason}")
             continue
-        await reply.send_file(FILE_PART + i, OutFile(out.name, out.data), caption)
+        # The name the chat shows as the file's: no bidi overrides or zero-width characters (what
+        # it really is must read at its end), bounded with its extension kept (agent/untrusted.py).
+        await reply.send_file(FILE_PART + i, OutFile(file_name(out.name), out.data), caption)
     if problems and not reply.sent(FILE_NOTE_PART):
         await reply.note(FILE_NOTE_PART, "⚠️ I could not send " + "; ".join(problems))

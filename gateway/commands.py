@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent.untrusted import TEXT_CHARS, code_span
+
 from . import access
 from .store import JournalEntry
 from .store_access import PAIRING_ALPHABET, PAIRING_CODE_LEN, normalize_code
@@ -50,6 +52,8 @@ RECORDED = frozenset({"stop", "forget", "approve", "deny", "revoke"})
 RECORDED |= {"schedules", "unschedule"}  # gateway/schedules.py: a re-run repeats "cancelled"
 RECORDED |= {"model"}  # a re-run repeats the reply instead of switching again (gateway/commands_agent.py)
 LIST_MAX = 30
+FACT_CHARS = 300
+"""Characters of one remembered fact ``/memory`` shows (the agent's extraction keeps facts short)."""
 _CODE = re.compile(f"[{PAIRING_ALPHABET}]{{{PAIRING_CODE_LEN}}}")
 
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]{0,31})(?:@\S+)?(?:\s+(.*))?$", re.DOTALL)
@@ -121,7 +125,7 @@ async def _run(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
     if cmd.name == "stop":
         if gw.turns.stop(conv):
             return "⏹ Stopping the current answer."
-        who = inbound.sender_name or inbound.sender_id
+        who = code_span(inbound.sender_name or inbound.sender_id)
         if await gw.approvals.cancel(conv, inbound.platform, f"stopped by {who}"):  # docs/approvals.md
             return "⏹ Cancelled the request waiting for approval; nothing was run."
         return "Nothing is running."
@@ -147,7 +151,7 @@ async def thread_line(harness: AgentHarness, thread_id: str | None) -> str:
     count = await harness.message_count(thread_id) if thread_id else 0
     title = await harness.title(thread_id) if thread_id else None
     return f"Thread: {thread_id[:8] if thread_id else '(none yet)'} — {count} messages" + (
-        f" — “{title}”" if title else ""
+        f" — {code_span(title, TEXT_CHARS)}" if title else ""
     )
 
 
@@ -184,7 +188,7 @@ async def memory_reply(memory: MemoryAccess | None, user: str, name: str, *, dir
     if not facts:
         return "I don't remember anything about you yet."
     lines = [f"What I remember about you ({len(facts)}):"]
-    lines += [f"- {fact.text}" for fact in facts]
+    lines += [f"- {code_span(fact.text, FACT_CHARS)}" for fact in facts]
     lines.append("Send /forget to erase all of it.")
     return "\n".join(lines)
 
@@ -204,9 +208,12 @@ async def _decide(gw: Gateway, entry: JournalEntry, name: str, args: str) -> str
     if request is None or not access.may_administer(gw.config, inbound, request.platform):
         user = await store.approved_by_code(code) if name == "approve" else None
         if user and access.may_administer(gw.config, inbound, user.partition(":")[0]):
-            return f"✅ {user} is approved (code {code})."
+            return f"✅ {code_span(user)} is approved (code {code})."
         gw.throttles.bad_codes.add(inbound.user)
-        return f"No pending pairing code {code}. Send /approve alone to list the pending requests."
+        return (
+            f"No pending pairing code {code_span(code, PAIRING_CODE_LEN + 8)}. "
+            "Send /approve alone to list the pending requests."
+        )
     if name == "deny":
         ttl = gw.config.access_for(request.platform).pairing_code_ttl
         await store.pairing_deny(code, ttl)
@@ -231,14 +238,16 @@ async def _revoke(gw: Gateway, entry: JournalEntry, args: str) -> str:
     if user is None:
         return "Usage: /revoke USER — the user's id, e.g. /revoke telegram:12345"
     if not access.may_administer(gw.config, inbound, user.partition(":")[0]):
-        return f"You are not an admin of {user.partition(':')[0]}; use `chital pairing revoke {user}`."
+        return (
+            f"You are not an admin of {code_span(user.partition(':')[0])}; use `chital pairing revoke USER`."
+        )
     removed = await gw.store.revoke(user)
     if removed:
         log.info("pairing: %s revoked %s", inbound.user, user)
     text = (
-        f"🚫 Revoked {user}: they get a pairing code again if they write."
+        f"🚫 Revoked {code_span(user)}: they get a pairing code again if they write."
         if removed
-        else (f"{user} was not approved by code.")
+        else (f"{code_span(user)} was not approved by code.")
     )
     if access.config_allowed(gw.config, user):
         text += " They are also let in by config.yaml (access.allow_users / admins): remove them there."
@@ -275,7 +284,8 @@ async def _approved_list(gw: Gateway, entry: JournalEntry) -> str:
     if not users:
         return "Nobody is approved by code."
     more = f" (first {LIST_MAX})" if len(users) > LIST_MAX else ""
-    return f"Approved by code{more}:\n" + "\n".join(users[:LIST_MAX]) + "\nRevoke with /revoke USER."
+    shown = "\n".join(code_span(u) for u in users[:LIST_MAX])
+    return f"Approved by code{more}:\n{shown}\nRevoke with /revoke USER."
 
 
 def _hours(seconds: float) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from agent.untrusted import TEXT_CHARS, code_span
+
 from . import access, profiles
 
 if TYPE_CHECKING:
@@ -64,7 +66,8 @@ async def model_command(gw: Gateway, inbound: Inbound, args: str) -> str:
         return "\n".join(lines)
     wanted = args.split()[0]
     if wanted not in names:
-        return f"Unknown model {wanted!r}. Models: {', '.join(names)}. Send /model to see them."
+        shown = ", ".join(code_span(n) for n in names)
+        return f"Unknown model {code_span(wanted)}. Models: {shown}. Send /model to see them."
     policy = config.access_for(inbound.platform)
     if (
         not inbound.is_direct
@@ -164,13 +167,12 @@ def skills_command(gw: Gateway) -> str:
         return "No skills are installed."
     lines = ["Skills — send /name and your request to use one for that message:"]
     for skill in found:
-        about = skill.description
-        if len(about) > DESCRIPTION_MAX:
-            about = about[: DESCRIPTION_MAX - 1] + "…"
+        about = code_span(skill.description, DESCRIPTION_MAX, empty="(no description)")
+        name = code_span(skill.name, TEXT_CHARS)
         command = profiles.command_name(skill.name)
         parsed = parse_command(f"/{command}")
         if parsed is not None and parsed.known:
-            lines.append(f"{skill.name} — {about} (its name is a command: ask for it in words)")
+            lines.append(f"{name} — {about} (its name is a command: ask for it in words)")
         else:
             lines.append(f"/{command} — {about}")
     lines.append("I also pick a skill myself when a request matches one.")

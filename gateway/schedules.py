@@ -28,6 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
+from agent.untrusted import code_span
 from channels.base import Channel, ChannelState, Inbound
 
 from . import usage
@@ -508,5 +509,6 @@ async def _listing(store: Store, conversation: str) -> str:
 
 
 def _short(text: str) -> str:
-    one = " ".join(text.split())
-    return one if len(one) <= LIST_TEXT else one[: LIST_TEXT - 1] + "…"
+    """A schedule's text in a listing: one line, bounded, in a code span (it is the user's or the
+    model's text: agent/untrusted.py)."""
+    return code_span(text, LIST_TEXT)

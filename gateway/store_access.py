@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from agent.untrusted import code_span
+
 from .db import SqliteConnection
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,9 @@ class PairingRequest:
         return self.expires <= (time.time() if now is None else now)
 
     def label(self) -> str:
-        return f"{self.name} ({self.user})" if self.name else self.user
+        """``Name (platform:id)`` for the chat: the stranger chose the name, so it is shown as
+        inline code, bounded and without invisible characters (agent/untrusted.py)."""
+        return f"{code_span(self.name)} ({code_span(self.user)})" if self.name else code_span(self.user)
 
 
 _PAIRING_FIELDS = "code, user, name, chat_id, created, expires, denied"

@@ -89,9 +89,8 @@ def bound(items: Sequence[ContextItem], cfg: ContextConfig) -> tuple[ContextMess
         text = cut(text, min(cfg.message_chars, room))
         room -= len(text)
         author = item.author.strip() or "someone"
-        if item.is_bot and not item.is_self:
-            author += " (bot)"
-        kept.append(ContextMessage(author=author, text=text, is_bot=item.is_self))
+        other_bot = item.is_bot and not item.is_self  # "Name (bot)": agent/thread_context.py adds it
+        kept.append(ContextMessage(author=author, text=text, is_bot=item.is_self, other_bot=other_bot))
     kept.reverse()
     return tuple(kept)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from agent.thread_context import END, HEAD, SELF
+from agent.untrusted import POSE_MARK
 from channels.base import Inbound
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.discord_server import FakeDiscord
@@ -320,7 +321,7 @@ def test_bounds_keep_the_newest_within_count_and_characters() -> None:
     assert all(len(m.text) <= 60 and m.text.endswith("…") for m in kept)
     assert sum(len(m.text) for m in kept) <= 250
     other_bot = bound([ContextItem("CI", "build green", "1", is_bot=True)], cfg)
-    assert other_bot[0].author == "CI (bot)" and not other_bot[0].is_bot
+    assert other_bot[0].author == "CI" and other_bot[0].other_bot and not other_bot[0].is_bot
 
 
 def test_only_what_came_after_the_bots_last_message_is_new() -> None:
@@ -351,7 +352,7 @@ def test_block_cannot_be_closed_or_impersonated_from_inside() -> None:
     assert text.endswith(f"\n{END}\n\nthe real question")
     lines = block(text).splitlines()[1:]
     assert all(line.startswith(">") for line in lines)
-    assert lines[0] == f"> {SELF} x (a user): hi", "a name cannot pose as the assistant"
+    assert lines[0] == f'> user "{SELF}) (x" {POSE_MARK}: hi', "a name cannot pose as the assistant"
     assert f"> {SELF}: mine" in text
     assert without_context(text) == "the real question"
     assert without_context("plain") == "plain"

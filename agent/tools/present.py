@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from agent.events import FileOut
 from agent.sandbox.files import HostFiles
 from agent.sandbox.paths import OUTPUTS, PathMapper, PathRefused, SandboxError
+from agent.untrusted import file_name
 
 FILES_EVENT = "chital.files"
 """Key of the custom stream event carrying the virtual paths of files to deliver."""
@@ -91,7 +92,8 @@ def build_present_files(resolve: OutputsResolver) -> BaseTool:
         if problems:
             raise ToolException("nothing was sent: " + "; ".join(problems))
         get_stream_writer()({FILES_EVENT: [v for v, _ in found], "caption": caption})
-        listing = ", ".join(f"{posixpath.basename(v)} ({_size(n)})" for v, n in found)
+        # The names as the chat shows them (gateway/attachments.py): invisible characters gone.
+        listing = ", ".join(f"{file_name(posixpath.basename(v))} ({_size(n)})" for v, n in found)
         return f"Sent to the chat: {listing}."
 
     return StructuredTool.from_function(

@@ -7,8 +7,9 @@ parts are cut at 3,900.
 from __future__ import annotations
 
 import html
+from typing import Any
 
-from slackify_markdown import slackify_markdown
+from slackify_markdown.slackify import SlackifyMarkdown
 
 from channels.base import Rendered
 from channels.textsplit import split_markdown, stream_text
@@ -16,10 +17,35 @@ from channels.textsplit import split_markdown, stream_text
 MAX_LEN = 3900
 
 
+def _code_text(content: str) -> str:
+    """Code as Slack shows it literally: Slack reads ``<!everyone>``, ``<@U…>`` and ``<url|text>``
+    anywhere in a message, backticks or not, so ``&``, ``<`` and ``>`` inside code are sent as
+    entities (clients show them as the characters)."""
+    return html.escape(content, quote=False)
+
+
+class _Mrkdwn(SlackifyMarkdown):
+    """slackify-markdown, with code kept literal: its code renderers pass ``<…>`` through, which
+    turned an echoed ``<!everyone>`` in a code span into a ping and ``<https://x|y>`` into a
+    disguised link (the gateway puts untrusted text in code spans: agent/untrusted.py)."""
+
+    def code_inline(self, tokens: Any, idx: int, options: Any, env: Any) -> str:
+        tokens[idx].content = _code_text(tokens[idx].content)
+        return str(super().code_inline(tokens, idx, options, env))
+
+    def code_block(self, tokens: Any, idx: int, options: Any, env: Any) -> str:
+        tokens[idx].content = _code_text(tokens[idx].content)
+        return str(super().code_block(tokens, idx, options, env))
+
+    def fence(self, tokens: Any, idx: int, options: Any, env: Any) -> str:
+        tokens[idx].content = _code_text(tokens[idx].content)
+        return str(super().fence(tokens, idx, options, env))
+
+
 def to_mrkdwn(markdown: str) -> str:
     """Markdown → Slack mrkdwn (slackify-markdown: a markdown-it renderer that also escapes &, <, >
-    and keeps Slack's own ``<@U…>`` mentions)."""
-    return slackify_markdown(markdown).strip("\n")
+    outside code and keeps Slack's own ``<@U…>`` mentions there; inside code they are escaped too)."""
+    return str(_Mrkdwn(markdown).slackify()).strip("\n")
 
 
 def render(markdown: str, limit: int = MAX_LEN) -> list[Rendered]:
