@@ -163,7 +163,7 @@ def pairing_text(request: PairingRequest, now: float | None = None) -> str:
 def announcement_text(request: PairingRequest) -> str:
     """What the admins read when a stranger asks for access."""
     return (
-        f"🔑 {request.label()} asks to use the bot. Pairing code {request.code}, valid for "
+        f"🔑 {request.chat_label()} asks to use the bot. Pairing code {request.code}, valid for "
         f"{_minutes(request.expires - request.created)}.\n"
         f"Approve: /approve {request.code}\nRefuse: /deny {request.code}"
     )

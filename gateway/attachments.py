@@ -50,7 +50,7 @@ def _shown(name: str) -> str:
     """A file name as the chat shows it: inline code, so a name like ``[Verify your account](https://…)``
     is not posted as a link (or other Markdown) in the bot's voice; bounded, and without the
     bidi overrides that make ``invoice\u202etxt.exe`` read as a text file (agent/untrusted.py)."""
-    return code_span(file_name(name), TEXT_CHARS, empty="a file")
+    return code_span(name, TEXT_CHARS, empty="a file")
 
 
 @dataclass

@@ -219,15 +219,15 @@ async def _decide(gw: Gateway, entry: JournalEntry, name: str, args: str) -> str
         await store.pairing_deny(code, ttl)
         log.info("pairing: %s denied %s (code %s)", inbound.user, request.user, code)
         await gw.tell(request.platform, request.chat_id, f"denied-{code}", access.denied_text())
-        return f"🚫 Denied {request.label()}. They get no new code for {_hours(ttl)}."
+        return f"🚫 Denied {request.chat_label()}. They get no new code for {_hours(ttl)}."
     if request.expired():
-        return f"Code {code} has expired. Ask {request.label()} to message me again for a new one."
+        return f"Code {code} has expired. Ask {request.chat_label()} to message me again for a new one."
     user = await store.pairing_approve(code)
     if user is None:  # lapsed between the two reads
-        return f"Code {code} has expired. Ask {request.label()} to message me again for a new one."
+        return f"Code {code} has expired. Ask {request.chat_label()} to message me again for a new one."
     log.info("pairing: %s approved %s (code %s)", inbound.user, user, code)
     await gw.tell(request.platform, request.chat_id, f"approved-{code}", access.approved_text())
-    return f"✅ Approved {request.label()}. They can talk to me now."
+    return f"✅ Approved {request.chat_label()}. They can talk to me now."
 
 
 async def _revoke(gw: Gateway, entry: JournalEntry, args: str) -> str:
@@ -268,7 +268,7 @@ async def _pending_list(gw: Gateway, entry: JournalEntry) -> str:
     lines = [f"Pending requests ({len(mine)}):"]
     for r in mine[:LIST_MAX]:
         state = "denied" if r.denied else f"expires in {math.ceil((r.expires - now) / 60)} min"
-        lines.append(f"{r.code} — {r.label()} — {state}")
+        lines.append(f"{r.code} — {r.chat_label()} — {state}")
     lines.append("Approve one with /approve CODE, refuse it with /deny CODE.")
     return "\n".join(lines)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from agent.untrusted import TEXT_CHARS, code_span
+from agent.untrusted import code_span
 
 from . import access, profiles
 
@@ -167,12 +167,12 @@ def skills_command(gw: Gateway) -> str:
         return "No skills are installed."
     lines = ["Skills — send /name and your request to use one for that message:"]
     for skill in found:
+        # The name is checked ([a-z0-9-], agent/skills.py); the description is anyone's text.
         about = code_span(skill.description, DESCRIPTION_MAX, empty="(no description)")
-        name = code_span(skill.name, TEXT_CHARS)
         command = profiles.command_name(skill.name)
         parsed = parse_command(f"/{command}")
         if parsed is not None and parsed.known:
-            lines.append(f"{name} — {about} (its name is a command: ask for it in words)")
+            lines.append(f"{skill.name} — {about} (its name is a command: ask for it in words)")
         else:
             lines.append(f"/{command} — {about}")
     lines.append("I also pick a skill myself when a request matches one.")

@@ -66,6 +66,10 @@ class PairingRequest:
         return self.expires <= (time.time() if now is None else now)
 
     def label(self) -> str:
+        """``Name (platform:id)`` for logs and the terminal, which escape what does not show."""
+        return f"{self.name} ({self.user})" if self.name else self.user
+
+    def chat_label(self) -> str:
         """``Name (platform:id)`` for the chat: the stranger chose the name, so it is shown as
         inline code, bounded and without invisible characters (agent/untrusted.py)."""
         return f"{code_span(self.name)} ({code_span(self.user)})" if self.name else code_span(self.user)

@@ -233,7 +233,7 @@ async def test_presented_files_are_sent_once_with_their_bytes(tmp_path: Path) ->
         assert sent.file is not None and (sent.file.name, sent.file.data) == ("report.csv", b"a,b\n1,2\n")
         assert sent.text == "the report" and sent.target.reply_to == msg.message_id
         texts = ch.replies_to(msg.message_id)
-        assert texts[0] == "here you are" and texts[1].startswith("⚠️ I could not send missing.png:")
+        assert texts[0] == "here you are" and texts[1].startswith("⚠️ I could not send `missing.png`:")
         assert (await rig.store.outbox_get(msg.key))[FILE_PART] == sent.message_id
         assert await rig.store.journal_open() == []
 

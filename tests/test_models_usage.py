@@ -274,7 +274,7 @@ async def test_model_command_switches_the_conversation_and_survives_a_restart(tm
         (listing,) = await ask(rig, USER, "/model")
         assert "✓ default (fake-model) — the default here" in listing and "• other (other-model)" in listing
         (reply,) = await ask(rig, USER, "/model nope")
-        assert reply == "Unknown model 'nope'. Models: default, other. Send /model to see them."
+        assert reply == "Unknown model `nope`. Models: `default`, `other`. Send /model to see them."
         (reply,) = await ask(rig, USER, "/model other")
         assert reply.startswith("🔀 This conversation now uses other (other-model)")
         await ask(rig, USER, "hello")
@@ -361,8 +361,8 @@ async def test_skill_command_runs_a_turn_with_that_skill(tmp_path: Path) -> None
         await ask(rig, USER, "no skill here")
         assert rig.harness.calls[-1].options.skill is None
         (listing,) = await ask(rig, USER, "/skills")
-        assert "/pdf_report — Turn findings into a PDF report." in listing
-        assert "status — Shadowed. (its name is a command: ask for it in words)" in listing
+        assert "/pdf_report — `Turn findings into a PDF report.`" in listing
+        assert "status — `Shadowed.` (its name is a command: ask for it in words)" in listing
         # A skill never shadows a built-in command; an unknown name is still unknown.
         (status,) = await ask(rig, USER, "/status")
         assert status.startswith("Thread:")
@@ -598,7 +598,7 @@ async def test_model_and_skill_commands_through_slack_and_discord(tmp_path: Path
                     lambda: [
                         m
                         for m in fake_discord.bot_messages()
-                        if "/pdf_report — Turn findings" in (m.content or "")
+                        if "/pdf_report — `Turn findings" in (m.content or "")
                     ],
                     timeout=10,
                 )

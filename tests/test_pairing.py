@@ -99,13 +99,13 @@ async def test_admin_is_told_and_approves_from_chat(tmp_path: Path) -> None:
 
         # Announced in the admin's DM (Telegram: the user id is the DM chat id), not as a reply.
         (note,) = await until(lambda: ch.in_chat(str(ADMIN)), what="announcement")
-        assert f"/approve {code}" in note and "Eve (telegram:7)" in note
+        assert f"/approve {code}" in note and "`Eve` (`telegram:7`)" in note
         assert all(s.target.reply_to is None for s in ch.sent if s.target.chat_id == str(ADMIN))
 
         approve = dm(ADMIN, f"/approve {code.lower()}")
         await gw.accept(approve)
         reply = (await until(lambda: ch.replies_to(approve.message_id), what="approve reply"))[0]
-        assert reply.startswith("✅ Approved Eve (telegram:7)")
+        assert reply.startswith("✅ Approved `Eve` (`telegram:7`)")
         told = await until(lambda: [t for t in ch.in_chat(str(STRANGER)) if "approved you" in t])
         assert len(told) == 1
 
@@ -152,7 +152,7 @@ async def test_revoke_from_chat(tmp_path: Path) -> None:
         assert await gw.store.pairing_approve(code) == f"telegram:{STRANGER}"
         revoke = dm(ADMIN, f"/revoke {STRANGER}")
         await gw.accept(revoke)
-        assert "Revoked telegram:7" in (await until(lambda: ch.replies_to(revoke.message_id)))[0]
+        assert "Revoked `telegram:7`" in (await until(lambda: ch.replies_to(revoke.message_id)))[0]
         assert not await gw.store.is_approved(f"telegram:{STRANGER}")
         back = dm(STRANGER, "still here?")
         await gw.accept(back)

@@ -279,7 +279,7 @@ async def test_requests_are_checked_and_limited(tmp_path: Path) -> None:
         )
         listing = await command(rig, USER, "/schedules")
         assert listing.startswith("Schedules here (2):")
-        assert "#2 — next " in listing and "EST — once — by telegram:200: a" in listing
+        assert "#2 — next " in listing and "EST — once — by telegram:200: `a`" in listing
 
 
 async def command(rig: Rig, user: int, text: str) -> str:
@@ -317,7 +317,7 @@ async def test_only_the_creator_or_an_admin_may_cancel(sched: Scheduled) -> None
     assert refused == "Cannot cancel: only telegram:200, who made #1, or an admin can cancel it."
     assert "#1" in await say(OTHER, "/schedules")
     assert (await say(USER, "/schedules cancel 1")).startswith("🗑 Cancelled #1 (cron 30 9 * * 1-5")
-    assert (await say(ADMIN, "/unschedule #2")).startswith("🗑 Cancelled #2 (once): retro")
+    assert (await say(ADMIN, "/unschedule #2")).startswith("🗑 Cancelled #2 (once): `retro`")
     assert await say(USER, "/unschedule 2") == (
         "Cannot cancel: there is no active schedule #2 in this conversation."
     )

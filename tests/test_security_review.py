@@ -343,7 +343,7 @@ async def test_a_file_name_is_not_posted_as_a_link_in_the_bots_voice(tmp_path: P
         await rig.channel.deliver(inbound)
         (answer,) = await until(lambda: rig.channel.replies_to(inbound.message_id), what="the answer")
         assert answer.startswith(
-            "⚠️ I skipped `[Your account is locked: verify here](https://evil.example) x`: it is 10000.0 MB"
+            "⚠️ I skipped `[Your account is locked: verify here](https://evil.example) ˋxˋ`: it is 10000.0 MB"
         )
 
 
