@@ -266,7 +266,7 @@ class Approvals:
             )
         approve = parts[1] == "approve"
         mine = action.user == row.requester
-        by = code_span(action.sender_name or (row.requester_name if mine else "") or action.sender_id)
+        by = action.sender_name or (row.requester_name if mine else "") or action.sender_id
         if not await self.decide(row, APPROVED if approve else DENIED, by):
             fresh = await self.store.approval_get(row.id)
             return ActionAnswer(f"Already settled: {self._settled_note(fresh or row)}.", refused=True)
@@ -315,7 +315,10 @@ class Approvals:
 
     @staticmethod
     def _settled_note(row: ApprovalRow) -> str:
-        return SETTLED.get(row.state, row.state).format(by=row.decided_by or "someone")
+        """``✅ Approved by `Name` `` (the presser's display name is theirs to choose: a code
+        span, agent/untrusted.py); a cancellation's reason is the gateway's own sentence."""
+        by = row.decided_by or "someone"
+        return SETTLED.get(row.state, row.state).format(by=by if row.state == CANCELLED else code_span(by))
 
     # -- settling ---------------------------------------------------------------------------------
     async def decide(self, row: ApprovalRow, state: str, by: str) -> bool:

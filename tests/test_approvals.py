@@ -7,6 +7,7 @@ timeouts, restarts. Per-platform e2e tests live at the end of this file."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
@@ -253,7 +254,7 @@ async def test_the_exact_call_is_shown_and_an_approval_resumes_in_the_same_reply
         await until(lambda: rig.channel.replies_to(inbound.message_id)[0] == "resumed: approved")
         first = rig.channel.sent[0]
         assert first.message_id != request.message_id and first.text == "resumed: approved"  # edited
-        assert request.text.endswith("✅ Approved by Alice") and request.buttons == []
+        assert request.text.endswith("✅ Approved by `Alice`") and request.buttons == []
         assert [(r.approval_id, r.decision.approved) for r in rig.harness.resumed] == [("intr-1", True)]
         counts = await rig.store.journal_counts()
         assert counts.get(JournalState.WAITING.value) is None
@@ -310,7 +311,7 @@ async def test_a_stranger_is_refused_an_admin_may_deny_and_a_second_press_change
         assert len(rig.harness.resumed) == 1 and rig.harness.resumed[0].decision == ApprovalDecision(
             False, "denied by Root"
         )
-        assert request.text.endswith("❌ Denied by Root")
+        assert request.text.endswith("❌ Denied by `Root`")
         assert rig.channel.replies_to(inbound.message_id)[0] == "resumed: denied (denied by Root)"
 
 
@@ -322,7 +323,7 @@ async def test_a_press_before_the_turn_has_paused_still_resumes_it(tmp_path: Pat
             yield CALL  # the buttons are posted before the next event is asked for
             request = buttoned(rig.channel)
             answers.append(await rig.channel.press(request.message_id, "✅", USER, "Alice"))
-            await until(lambda: request.text.endswith("✅ Approved by Alice"))
+            await until(lambda: request.text.endswith("✅ Approved by `Alice`"))
             await asyncio.sleep(0.2)  # the decision looked for a paused turn and found none yet
 
         rig.harness.on("clean the cache", asks_and_is_answered_at_once)
@@ -407,8 +408,8 @@ async def test_stop_cancels_the_waiting_request(tmp_path: Path) -> None:
         await rig.channel.deliver(stop)
         await until(lambda: rig.channel.replies_to(stop.message_id) != [])
         assert "Cancelled the request" in rig.channel.replies_to(stop.message_id)[0]
-        await until(lambda: request.text.endswith("❌ Cancelled: stopped by Alice"))
-        await until(lambda: "stopped by Alice" in rig.channel.replies_to(first.message_id)[0])
+        await until(lambda: request.text.endswith("❌ Cancelled: stopped by `Alice`"))
+        await until(lambda: "stopped by `Alice`" in rig.channel.replies_to(first.message_id)[0])
         assert await rig.store.journal_counts() == {"done": 2}
         assert rig.harness.resumed == []
 
@@ -573,7 +574,8 @@ async def test_slack_block_kit_approval(tmp_path: Path, slack: FakeSlack, model:
         request = await slack_buttons(slack)
         assert request.thread_ts == post.ts and request.buttons() == ["✅ Approve", "❌ Deny"]
         section = request.blocks[0]["text"]["text"]
-        assert "execute" in section and COMMAND in section and "```" in section  # mrkdwn code block
+        # mrkdwn code block, ``&<>`` sent as entities (Slack reads ``<…>`` even in code)
+        assert "execute" in section and COMMAND in html.unescape(section) and "```" in section
 
         stranger = await slack.press_button(SLACK_CHANNEL, request.ts, SLACK_OTHER, "Approve", name="mallory")
         await slack.wait_for(lambda: slack.is_acked(stranger) or None, timeout=10)
@@ -584,7 +586,7 @@ async def test_slack_block_kit_approval(tmp_path: Path, slack: FakeSlack, model:
         press = await slack.press_button(SLACK_CHANNEL, request.ts, FRIEND, "Approve", name="friend")
         await slack.wait_for(lambda: slack.is_acked(press) or None, timeout=10)
         await thread_shows_slack(slack, post.ts, "Done: the command printed approved-run.")
-        assert request.buttons() == [] and request.text.endswith("Approved by friend")
+        assert request.buttons() == [] and request.text.endswith("Approved by `friend`")
         tool_results = [m for m in model.requests[1]["messages"] if m.get("role") == "tool"]
         assert "approved-run" in str(tool_results[-1]["content"])
         again = await slack.press_button(
@@ -691,7 +693,7 @@ async def test_discord_component_approval_across_a_restart(
             lambda: "Done: the command printed approved-run." in dc.message(waiting.id)["content"], 30
         )
         assert dc.buttons(request.id) == [] and dc.message(request.id)["content"].endswith(
-            "✅ Approved by User4242"
+            "✅ Approved by `User4242`"
         )
         tool_results = [m for m in model.requests[1]["messages"] if m.get("role") == "tool"]
         assert "approved-run" in str(tool_results[-1]["content"])
@@ -763,7 +765,7 @@ async def test_lark_card_buttons_deny(tmp_path: Path, lark: FakeLark, model: Fak
             timeout=30,
         )
         card = lark.messages[request.message_id]
-        assert card.buttons() == [] and card.text.endswith("❌ Denied by ou_friend")
+        assert card.buttons() == [] and card.text.endswith("❌ Denied by `ou_friend`")
         tool_results = [m for m in model.requests[1]["messages"] if m.get("role") == "tool"]
         assert "denied by" in str(tool_results[-1]["content"])
         assert not any(daemon.sandbox_root.rglob("flag.txt"))
