@@ -1,5 +1,5 @@
-"""Fixtures shared by the end-to-end tests: the fake model and the fake Telegram, Slack and Discord
-servers."""
+"""Fixtures shared by the end-to-end tests: the fake model and the fake Telegram, Slack, Discord
+and Lark servers (a test module may define its own ``lark`` with other settings)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
@@ -64,6 +65,14 @@ async def dc() -> AsyncIterator[FakeDiscord]:
     await fake.start()
     yield fake
     await fake.stop()
+
+
+@pytest.fixture
+def lark() -> Iterator[FakeLark]:
+    fake = FakeLark(ping_interval=1)
+    fake.start()  # its own thread: the SDK's blocking calls must never meet a test's loop
+    yield fake
+    fake.stop()
 
 
 @pytest.fixture
