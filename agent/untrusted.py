@@ -107,7 +107,7 @@ def file_name(name: str, limit: int = TEXT_CHARS) -> str:
     """A file name as it is delivered or shown: visible, one line, no path separators, within
     ``limit`` characters with its extension kept (``invoice\\u202etxt.exe`` → ``invoicetxt.exe``:
     what it really is shows at the end)."""
-    shown = " ".join(visible(name).replace("/", "_").replace("\\", "_").split()).strip(" .") or "file"
+    shown = " ".join(visible(name).replace("/", "_").replace("\\", "_").split()).rstrip(".") or "file"
     if len(shown) <= limit:
         return shown
     stem, dot, ext = shown.rpartition(".")

@@ -64,7 +64,7 @@ def test_file_name_keeps_what_the_file_is_at_its_end() -> None:
     assert file_name(EVIL_FILE) == "invoicetxt.exe"
     long = file_name("report" * 60 + "\u2066.pdf\u2069.exe")
     assert len(long) <= 120 and long.endswith("….exe") and "\u2066" not in long
-    assert file_name("../../etc/passwd") == "_.._etc_passwd"
+    assert file_name("../../etc/passwd") == ".._.._etc_passwd" and file_name(".env") == ".env"
     assert file_name("\u200b\u200b") == "file"
 
 
