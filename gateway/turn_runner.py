@@ -27,6 +27,7 @@ from channels.base import Channel, ChannelError, Inbound
 
 from .approvals import WAITING_NOTE
 from .attachments import Uploads, deliver_files, fetch_attachments
+from .stopping import STOPPED
 from .store import JournalEntry, JournalState, StorageFull
 from .turn_options import turn_options
 
@@ -112,6 +113,8 @@ class TurnRunner:
                 await reply.finish(final)
                 await self.approvals.pause(entry)
                 return
+            # From here /stop leaves the turn alone: its answer goes out whole (gateway/stopping.py).
+            self.turns.finishing(entry.key)
             if entry.note:  # the gateway's own word above the answer (a schedule firing late)
                 final = f"{entry.note}\n\n{final}"
             await reply.finish(final)
@@ -130,8 +133,12 @@ class TurnRunner:
             if task is not None:
                 task.uncancel()
             outcome = "stopped"
+            # The journal already says so (a pending notice, gateway/stopping.py): should this
+            # process die before the mark below, the restart shows this same reply, once.
             with contextlib.suppress(Exception):
-                await reply.finish("⏹ Stopped.")
+                if entry.from_journal:
+                    await reply.load()  # the stop may have landed while it loaded: edit, not re-send
+                await reply.finish(STOPPED)
             with contextlib.suppress(Exception):
                 await self.store.journal_set(entry.key, JournalState.DONE)
         except Exception as exc:
