@@ -79,6 +79,9 @@ class FakeTelegram(BotApiMethods):
         self.down_methods: set[str] = set()
         self.after_call: Callable[[str, dict[str, Any]], None] | None = None
         """Called once a call took effect, before its answer is sent (crash-window benchmarks)."""
+        self.before_call: Callable[[str, dict[str, Any]], None] | None = None
+        """Called when a call arrives, before it takes effect (kill the bot there, then
+        ``fail_next(method, 0)``: the call never reached Telegram)."""
         """Methods answering 502 Bad Gateway until removed (an outage of part of the Bot API)."""
         self._blocked: set[int] = set()
         self._revoked = False
@@ -504,6 +507,8 @@ class FakeTelegram(BotApiMethods):
                 raise ApiError(401, "Unauthorized")
             if method in self.down_methods:
                 raise ApiError(502, "Bad Gateway")
+            if self.before_call is not None:
+                self.before_call(method, {**params, **uploads})
             failure = self._take_failure(method)
             if failure is not None:
                 if failure.status == 0:
