@@ -40,7 +40,9 @@ QUEUED = "Queued behind"
 STOPPED = "⏹ Stopped."
 
 
-def _config(tmp_path: Path, model: FakeOpenAI, name: str, section: dict[str, Any], allow: str) -> dict[str, Any]:
+def _config(
+    tmp_path: Path, model: FakeOpenAI, name: str, section: dict[str, Any], allow: str
+) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["channels"][name] = {"enabled": True, **section}
     cfg["access"] = {"allow_users": [allow], "group_policy": "mention"}
@@ -48,7 +50,12 @@ def _config(tmp_path: Path, model: FakeOpenAI, name: str, section: dict[str, Any
 
 
 def telegram_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
-    section = {"token": tg.token, "base_url": tg.base_url, "base_file_url": tg.base_file_url, "poll_timeout": 2}
+    section = {
+        "token": tg.token,
+        "base_url": tg.base_url,
+        "base_file_url": tg.base_file_url,
+        "poll_timeout": 2,
+    }
     return _config(tmp_path, model, "telegram", section, str(OWNER))
 
 
@@ -171,7 +178,9 @@ async def test_discord_queued_sign_never_reads_above_the_answer_it_waits_for(
         await asked(model, FIRST)
         m1 = await dc.inject_dm(DISCORD_USER, SECOND)
         sign = await dc.wait_for(
-            lambda: next((m for m in dc.bot_messages(channel) if m.reply_to == m1 and QUEUED in m.content), None),
+            lambda: next(
+                (m for m in dc.bot_messages(channel) if m.reply_to == m1 and QUEUED in m.content), None
+            ),
             timeout=30,
         )
         above = [m for m in dc.bot_messages(channel) if int(m.id) < int(sign.id)]
@@ -189,7 +198,9 @@ def replies_to(tg: FakeTelegram, update: dict[str, Any]) -> list[str]:
 
 async def shows(tg: FakeTelegram, update: dict[str, Any], needle: str) -> list[str]:
     return await tg.wait_for(
-        lambda: [t for t in replies_to(tg, update) if needle in t], timeout=30, what=f"a reply with {needle!r}"
+        lambda: [t for t in replies_to(tg, update) if needle in t],
+        timeout=30,
+        what=f"a reply with {needle!r}",
     )
 
 
@@ -207,7 +218,9 @@ def stop_command(tg: FakeTelegram) -> dict[str, Any]:
     return tg.inject_command(OWNER, OWNER, "stop", chat_type="private", at=None)
 
 
-async def still_unanswered_after_a_later_turn(tg: FakeTelegram, model: FakeOpenAI, stopped: dict[str, Any]) -> None:
+async def still_unanswered_after_a_later_turn(
+    tg: FakeTelegram, model: FakeOpenAI, stopped: dict[str, Any]
+) -> None:
     """A later message of the same chat is answered; had the stopped one been resumed, it would
     have run first (one conversation runs in arrival order). It shows "Stopped." once, no answer."""
     later = tg.inject_message(OWNER, OWNER, "and now something else")

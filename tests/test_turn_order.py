@@ -148,4 +148,6 @@ async def test_the_queued_sign_reads_below_the_answer_it_waits_for(tmp_path: Pat
         await until(lambda: ch.replies_to(m1.message_id) == [QUEUED_1], what="m1's sign")
         assert ch.in_chat(str(USER)) == [WORKING, QUEUED_1], "m0's reply is posted above the sign"
         release.set()
-        await until(lambda: ch.in_chat(str(USER)) == ["answer zero", "echo: m1"], what="both answers in order")
+        await until(
+            lambda: ch.in_chat(str(USER)) == ["answer zero", "echo: m1"], what="both answers in order"
+        )
