@@ -22,6 +22,7 @@ from channels.base import (
     PermanentSendError,
     Rendered,
     ReplyTarget,
+    TransientSendError,
 )
 
 from .metrics import Metrics
@@ -71,7 +72,8 @@ class Reply:
         self._loading: asyncio.Task[None] | None = None
         self._latest = ""
         """The last text offered to :meth:`stream` (what :meth:`materialise` shows)."""
-        self._materialised = False
+        self._replaces = False
+        """Part 0 was sent by this reply after :attr:`supersedes` was known: the final says so."""
         self._mark_sends = not channel.capabilities.dedupes_sends
         self._drafts = True
         self.supersedes = False
@@ -141,7 +143,14 @@ class Reply:
             message_id = await self._pacer.call(
                 lambda: channel.send(self.target, part, idempotency_key=idem), is_send=True
             )
-        except ChannelError:
+        except ChannelError as exc:
+            if isinstance(exc, TransientSendError) and exc.maybe_sent:
+                # Its answer was lost: the message may be in the chat, and nothing can tell (docs/
+                # durability.md). The mark stays for a restart; a part 0 sent again from here on
+                # says that it replaces a cut-off one, unless the platform can find the orphan.
+                if part_no == 0 and self._mark_sends and not self.channel.capabilities.finds_orphans:
+                    self.supersedes = True
+                raise
             # The platform (or the network) said no: nothing was sent, so no orphan to look for.
             if self._mark_sends:
                 await self._store.outbox_drop(self.key, part_no)
@@ -156,6 +165,7 @@ class Reply:
     async def _record(self, part_no: int, message_id: str) -> None:
         """A part went out: remember its id here and in the outbox, and count it."""
         self._parts[part_no] = message_id
+        self._replaces = self._replaces or (part_no == 0 and self.supersedes)
         await self._store.outbox_put(self.key, part_no, message_id)
         self._metrics.messages_out.labels(self.channel.name).inc()
 
@@ -217,7 +227,6 @@ class Reply:
                 latest, part = placeholder, Rendered(text=placeholder)
             await self._put_locked(0, part)
             self._shown = latest
-            self._materialised = True
             return True
 
     def stream(self, text: str) -> None:
@@ -292,7 +301,7 @@ class Reply:
     async def finish(self, markdown: str) -> None:
         """Deliver the final answer: part 0 edited in place, further parts sent after it."""
         await self._stop_stream()
-        if self.supersedes and (0 not in self._parts or self._materialised):
+        if self.supersedes and (0 not in self._parts or self._replaces):
             markdown = SUPERSEDES + markdown
         parts = list(self.channel.render(markdown)) if markdown.strip() else []
         if not parts:

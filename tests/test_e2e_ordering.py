@@ -247,8 +247,9 @@ async def test_stop_in_the_same_batch_is_the_messages_outcome_and_a_restart_keep
         await daemon.wait_exit()
         await daemon.start()
         await still_unanswered_after_a_later_turn(tg, model, question)
-        rows = daemon_rows(cfg["storage"], "SELECT state FROM journal WHERE state IN ('pending', 'running')")
-        assert rows == [], "nothing is left to resume"
+        key = f"telegram:{OWNER}:{question['message']['message_id']}"
+        rows = daemon_rows(cfg["storage"], "SELECT kind, state FROM journal WHERE key = ?", (key,))
+        assert rows == [("notice", "done")], "the stop is its outcome, and nothing is left to resume"
 
 
 @pytest.mark.parametrize("when", ["same batch", "while running"])
