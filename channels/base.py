@@ -344,11 +344,15 @@ class RetryAfter(ChannelError):
 class TransientSendError(ChannelError):
     """A send/edit failed for a reason worth retrying (5xx, network)."""
 
-    def __init__(self, message: str = "", *, retried: bool = False) -> None:
+    def __init__(self, message: str = "", *, retried: bool = False, maybe_sent: bool = False) -> None:
         super().__init__(message)
         self.retried = retried
         """The SDK already retried this failure itself (discord.py: five tries on a 500), so the
         pacer does not retry it again: one retry layer per call (docs/channels.md)."""
+        self.maybe_sent = maybe_sent
+        """The request went out and its answer was lost (a read timeout, the connection closed
+        without an answer): the platform may have acted on it. A send that the platform cannot
+        deduplicate is then not repeated blindly (gateway/delivery.py, docs/durability.md)."""
 
 
 class PermanentSendError(ChannelError):

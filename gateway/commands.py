@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from agent.untrusted import TEXT_CHARS, code_span
 
-from . import access
+from . import access, stopping
 from .store import JournalEntry
 from .store_access import PAIRING_ALPHABET, PAIRING_CODE_LEN, normalize_code
 
@@ -123,8 +123,9 @@ async def _run(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
     if cmd.name == "help":
         return help_text(access.is_admin(gw.config.access_for(inbound.platform), inbound))
     if cmd.name == "stop":
-        if gw.turns.stop(conv):
-            return "⏹ Stopping the current answer."
+        stopped = await stopping.stop(gw, entry)
+        if stopped is not None:
+            return stopped
         who = code_span(inbound.sender_name or inbound.sender_id)
         if await gw.approvals.cancel(conv, inbound.platform, f"stopped by {who}"):  # docs/approvals.md
             return "⏹ Cancelled the request waiting for approval; nothing was run."

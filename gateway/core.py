@@ -22,7 +22,7 @@ from channels.base import (
     InboundSink,
 )
 
-from . import access, commands, profiles, usage
+from . import access, commands, profiles, queued_sign, stopping, usage
 from .access import Verdict, decide, is_admin
 from .agent_api import AgentHarness
 from .approvals import Approvals
@@ -42,9 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-QUEUED_SIGN_AFTER = 0.4
-"""A message still waiting this long gets a visible "queued" sign (a turn about to start needs none)."""
-
 
 class Gateway(TurnRunner):
     def __init__(self, config: Config, store: Store, harness: AgentHarness, metrics: Metrics) -> None:
@@ -53,7 +50,9 @@ class Gateway(TurnRunner):
         self.harness = harness
         self.metrics = metrics
         self.channels: dict[str, Channel] = {}
-        self.turns = TurnQueue(config.concurrency.max_turns, self._run_claimed, metrics)
+        self.turns = TurnQueue(
+            config.concurrency.max_turns, self._run_claimed, metrics, lambda e: stopping.show_stopped(self, e)
+        )
         self.slow_lane = FairLane(config.transcription.concurrency, config.transcription.per_user)
         """Transcriptions, outside the turn slots, fair per user (gateway/slow_lane.py)."""
         self._pacers = PacerPool()
@@ -62,6 +61,8 @@ class Gateway(TurnRunner):
         """Pairing reminders and announcements, wrong codes, the per-user rate (gateway/limits.py)."""
         self._replies: dict[str, Reply] = {}
         """Live replies by journal key, shared by the queued sign and the turn."""
+        self.signs = queued_sign.SignOrder()
+        """Queued signs go out per conversation in order, below the answers ahead (gateway/queued_sign.py)."""
         self._inflight: set[str] = set()
         """Journal keys handled by this process right now (queued, running or sending)."""
         self.parking = Parking(store, metrics, config.delivery.retry_window, self._dispatch)
@@ -311,21 +312,7 @@ class Gateway(TurnRunner):
     def _submit(self, entry: JournalEntry) -> None:
         ahead = self.turns.submit(entry)
         if ahead:
-            self._spawn(self._show_queued(entry, ahead), f"queued:{entry.key}")
-
-    async def _show_queued(self, entry: JournalEntry, ahead: int) -> None:
-        await asyncio.sleep(QUEUED_SIGN_AFTER)
-        if not self.turns.is_queued(entry.key):
-            return  # it started (or finished) meanwhile
-        if self.cluster is not None and not await self.cluster.holds(entry):
-            return  # another daemon may run it: only the holder of its lease speaks for it
-        what = "the current answer" if ahead == 1 else f"{ahead} messages"
-        reply = self._reply(entry)
-        if entry.from_journal:
-            await reply.load()
-        if not reply.has_message:
-            with contextlib.suppress(Exception):
-                await reply.status(f"⏳ Queued behind {what}; I'll answer here.")
+            self._spawn(queued_sign.show(self, entry, ahead), f"queued:{entry.key}")
 
     # -- dispatch, retry and resume -------------------------------------------------------------
     def _dispatch(self, entry: JournalEntry) -> bool:

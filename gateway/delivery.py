@@ -12,7 +12,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from channels.base import (
     Channel,
@@ -22,6 +22,7 @@ from channels.base import (
     PermanentSendError,
     Rendered,
     ReplyTarget,
+    TransientSendError,
 )
 
 from .metrics import Metrics
@@ -68,7 +69,11 @@ class Reply:
         self._started = time.monotonic()
         self._last_edit = 0.0
         self._put_lock = asyncio.Lock()  # one creator of each part, however many tasks share the reply
-        self._loaded = False
+        self._loading: asyncio.Task[None] | None = None
+        self._latest = ""
+        """The last text offered to :meth:`stream` (what :meth:`materialise` shows)."""
+        self._replaces = False
+        """Part 0 was sent by this reply after :attr:`supersedes` was known: the final says so."""
         self._mark_sends = not channel.capabilities.dedupes_sends
         self._drafts = True
         self.supersedes = False
@@ -81,24 +86,32 @@ class Reply:
         A part marked :data:`SENDING` was being sent when the last run died: the channel is asked
         to find it (Slack searches its metadata); found, it is edited like any other part; not
         found on a platform that cannot dedupe a repeated send, the final answer says it
-        supersedes whatever partial message may be in the chat."""
-        if not self._loaded:
-            self._loaded = True
-            stored = await self._store.outbox_get(self.key)
-            known = {p: mid for p, mid in stored.items() if mid != SENDING}
-            for part_no in sorted(set(stored) - set(known)):
-                found = None
-                try:
-                    found = await self.channel.recover(self.target, f"{self.key}#{part_no}")
-                except Exception as exc:  # finding the orphan is best effort
-                    log.info("could not look for the orphan of %s part %d: %s", self.key, part_no, exc)
-                if found:
-                    known[part_no] = found
-                    await self._store.outbox_put(self.key, part_no, found)
-                elif part_no == 0 and self._mark_sends and not self.channel.capabilities.finds_orphans:
-                    self.supersedes = True
-            # Parts sent by this process while the read was in flight win over the older rows.
-            self._parts = {**known, **self._parts}
+        supersedes whatever partial message may be in the chat.
+
+        One read per reply, shared by every caller and shielded from their cancellation: a turn
+        stopped while it loads still finds the messages of the run before (gateway/stopping.py)."""
+        loading = self._loading
+        if loading is None or (loading.done() and (loading.cancelled() or loading.exception())):
+            loading = self._loading = asyncio.create_task(self._load(), name=f"load:{self.key}")
+            loading.add_done_callback(_retrieve)  # a failure is raised to the callers, not logged
+        await asyncio.shield(loading)
+
+    async def _load(self) -> None:
+        stored = await self._store.outbox_get(self.key)
+        known = {p: mid for p, mid in stored.items() if mid != SENDING}
+        for part_no in sorted(set(stored) - set(known)):
+            found = None
+            try:
+                found = await self.channel.recover(self.target, f"{self.key}#{part_no}")
+            except Exception as exc:  # finding the orphan is best effort
+                log.info("could not look for the orphan of %s part %d: %s", self.key, part_no, exc)
+            if found:
+                known[part_no] = found
+                await self._store.outbox_put(self.key, part_no, found)
+            elif part_no == 0 and self._mark_sends and not self.channel.capabilities.finds_orphans:
+                self.supersedes = True
+        # Parts sent by this process while the read was in flight win over the older rows.
+        self._parts = {**known, **self._parts}
 
     @property
     def has_message(self) -> bool:
@@ -130,7 +143,14 @@ class Reply:
             message_id = await self._pacer.call(
                 lambda: channel.send(self.target, part, idempotency_key=idem), is_send=True
             )
-        except ChannelError:
+        except ChannelError as exc:
+            if isinstance(exc, TransientSendError) and exc.maybe_sent:
+                # Its answer was lost: the message may be in the chat, and nothing can tell (docs/
+                # durability.md). The mark stays for a restart; a part 0 sent again from here on
+                # says that it replaces a cut-off one, unless the platform can find the orphan.
+                if part_no == 0 and self._mark_sends and not self.channel.capabilities.finds_orphans:
+                    self.supersedes = True
+                raise
             # The platform (or the network) said no: nothing was sent, so no orphan to look for.
             if self._mark_sends:
                 await self._store.outbox_drop(self.key, part_no)
@@ -145,6 +165,7 @@ class Reply:
     async def _record(self, part_no: int, message_id: str) -> None:
         """A part went out: remember its id here and in the outbox, and count it."""
         self._parts[part_no] = message_id
+        self._replaces = self._replaces or (part_no == 0 and self.supersedes)
         await self._store.outbox_put(self.key, part_no, message_id)
         self._metrics.messages_out.labels(self.channel.name).inc()
 
@@ -176,10 +197,43 @@ class Reply:
         await self._put(0, Rendered(text=text))
         self._shown = text
 
+    async def sign(self, text: str, still: Callable[[], bool]) -> bool:
+        """Post ``text`` as the reply's first message (the queued sign) unless the reply has one
+        already or ``still()`` turned false (the turn started, or was stopped); checked under the
+        lock every creator of part 0 takes, so the sign never lands on top of what replaced it."""
+        async with self._put_lock:
+            if 0 in self._parts or not still():
+                return False
+            await self._put_locked(0, Rendered(text=text))
+            self._shown = text
+            return True
+
+    async def materialise(self, placeholder: str) -> bool:
+        """Make sure the reply has a real first message in the chat now, so that whatever is posted
+        after it reads below it (a queued sign for the next message: gateway/core.py). Without
+        one yet (a Telegram DM streaming drafts, an edit not yet due, no streaming at all), the text
+        so far is posted, else ``placeholder``; from then on the answer streams by editing it
+        (drafts end). False when there is none and the platform cannot edit one into the answer."""
+        async with self._put_lock:
+            if 0 in self._parts:
+                return True
+            if not self.channel.capabilities.can_edit:
+                return False
+            self._drafts = False
+            latest = self._latest
+            if latest.strip() and self._stream:
+                part = self.channel.render_stream(latest)
+            else:
+                latest, part = placeholder, Rendered(text=placeholder)
+            await self._put_locked(0, part)
+            self._shown = latest
+            return True
+
     def stream(self, text: str) -> None:
         """Offer the text so far; it is shown when pacing allows. Never blocks the turn."""
         if not self._stream or self._closing or not text.strip():
             return
+        self._latest = text
         self._pending = text
         self._wake.set()
         if self._flusher is None:
@@ -206,21 +260,25 @@ class Reply:
                 continue
             try:
                 rendered = self.channel.render_stream(text)
-                if 0 not in self._parts and self._drafts and self.channel.can_preview(self.target):
-                    # An ephemeral draft: a crash now leaves nothing half-written in the chat.
-                    try:
-                        await self._pacer.call(functools.partial(self._preview, rendered), is_send=False)
-                    except PermanentSendError as exc:
-                        # A server without drafts (an older self-hosted Bot API): stream edits.
-                        log.info("draft previews refused for %s (%s); streaming edits", self.key, exc)
-                        self._drafts = False
-                        await self._put(0, rendered)
-                else:
-                    await self._put(0, rendered)
+                # Under the lock: a draft never lands after :meth:`materialise` posted the message.
+                async with self._put_lock:
+                    await self._show_locked(rendered)
                 self._shown = text
             except Exception as exc:  # streaming is best effort; the final answer is not
                 log.warning("streaming edit failed for %s: %s", self.key, exc)
             self._last_edit = time.monotonic()
+
+    async def _show_locked(self, rendered: Rendered) -> None:
+        if 0 not in self._parts and self._drafts and self.channel.can_preview(self.target):
+            # An ephemeral draft: a crash now leaves nothing half-written in the chat.
+            try:
+                await self._pacer.call(functools.partial(self._preview, rendered), is_send=False)
+                return
+            except PermanentSendError as exc:
+                # A server without drafts (an older self-hosted Bot API): stream edits.
+                log.info("draft previews refused for %s (%s); streaming edits", self.key, exc)
+                self._drafts = False
+        await self._put_locked(0, rendered)
 
     def _preview(self, rendered: Rendered) -> Awaitable[None]:
         return self.channel.preview(self.target, self.key, rendered)
@@ -243,7 +301,7 @@ class Reply:
     async def finish(self, markdown: str) -> None:
         """Deliver the final answer: part 0 edited in place, further parts sent after it."""
         await self._stop_stream()
-        if self.supersedes and 0 not in self._parts:
+        if self.supersedes and (0 not in self._parts or self._replaces):
             markdown = SUPERSEDES + markdown
         parts = list(self.channel.render(markdown)) if markdown.strip() else []
         if not parts:
@@ -254,3 +312,9 @@ class Reply:
     async def finish_plain(self, text: str) -> None:
         """Deliver a fixed notice (errors, command output) as plain rendered text."""
         await self.finish(text)
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark a finished load's exception as seen: its callers got it (or were cancelled)."""
+    if not task.cancelled():
+        task.exception()

@@ -66,6 +66,8 @@ class ChatPacer:
                     transient += 1
                     if exc.retried or transient >= TRANSIENT_ATTEMPTS or attempt == MAX_ATTEMPTS:
                         raise
+                    if exc.maybe_sent and is_send and not self._caps.dedupes_sends:
+                        raise  # repeated, it may post twice: the reply decides (gateway/delivery.py)
                     delay = min(0.5 * 2 ** (attempt - 1), 8.0) * (0.5 + random.random())
                     log.warning("send failed (%s); retrying in %.1fs", exc, delay)
                     await asyncio.sleep(delay)

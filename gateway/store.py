@@ -283,6 +283,19 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
             f"UPDATE journal SET state = ?, updated = ?{extra} WHERE key = ?", (state.value, time.time(), key)
         )
 
+    async def journal_stop(self, entry: JournalEntry, note: str) -> bool:
+        """The user stopped the turn ``entry``: from now on the entry is a pending notice whose
+        text is ``note``, so whatever happens next (the turn's own "Stopped", or a kill -9 and a
+        restart that delivers the notice through the outbox) the outcome is that note, once, and
+        the turn never runs again. False when the entry is no longer an open turn (answered)."""
+        count = await self._write(
+            "UPDATE journal SET kind = ?, payload = ?, state = ?, updated = ?"
+            f" WHERE key = ? AND kind = ? AND state IN ({_OPEN_SQL})",
+            (JournalKind.NOTICE.value, inbound_to_json(entry.inbound, note), JournalState.PENDING.value,
+             time.time(), entry.key, JournalKind.TURN.value),
+        )  # fmt: skip
+        return count == 1
+
     async def journal_retry(self, key: str) -> None:
         """Back to pending after a delivery failure, which does not count as a run of the agent."""
         await self._write(

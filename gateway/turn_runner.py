@@ -27,6 +27,7 @@ from channels.base import Channel, ChannelError, Inbound
 
 from .approvals import WAITING_NOTE
 from .attachments import Uploads, deliver_files, fetch_attachments
+from .stopping import STOPPED, stopped_notice
 from .store import JournalEntry, JournalState, StorageFull
 from .turn_options import turn_options
 
@@ -112,6 +113,8 @@ class TurnRunner:
                 await reply.finish(final)
                 await self.approvals.pause(entry)
                 return
+            # From here /stop leaves the turn alone: its answer goes out whole (gateway/stopping.py).
+            self.turns.finishing(entry.key)
             if entry.note:  # the gateway's own word above the answer (a schedule firing late)
                 final = f"{entry.note}\n\n{final}"
             await reply.finish(final)
@@ -130,10 +133,7 @@ class TurnRunner:
             if task is not None:
                 task.uncancel()
             outcome = "stopped"
-            with contextlib.suppress(Exception):
-                await reply.finish("⏹ Stopped.")
-            with contextlib.suppress(Exception):
-                await self.store.journal_set(entry.key, JournalState.DONE)
+            await self._show_stopped(entry, reply)
         except Exception as exc:
             if typing is not None:
                 typing.cancel()
@@ -165,6 +165,29 @@ class TurnRunner:
             self.parking.settled(entry.key)
             self.metrics.turns.labels(outcome).inc()
             self.metrics.turn_seconds.observe(time.monotonic() - started)
+
+    async def _show_stopped(self, entry: JournalEntry, reply: Reply) -> None:
+        """The user stopped this turn, and the journal already says so (a pending notice,
+        gateway/stopping.py): should this process die before the done mark, the restart shows
+        this same reply, once. A send that fails for a reason worth retrying is retried as that
+        notice: the stop never ends without a visible outcome."""
+        try:
+            if entry.from_journal:
+                await reply.load()  # the stop may have landed while it loaded: edit, not re-send
+            await reply.finish(STOPPED)
+        except ChannelError as exc:
+            log.warning("could not show that %s was stopped: %s", entry.key, exc)
+            with contextlib.suppress(Exception):
+                if await self.parking.park(stopped_notice(entry), exc):
+                    return
+            with contextlib.suppress(Exception):
+                await self.store.journal_set(entry.key, JournalState.FAILED)
+            return
+        except Exception as exc:  # the database: the notice stays pending, a restart shows it
+            log.warning("could not show that %s was stopped: %s", entry.key, exc)
+            return
+        with contextlib.suppress(Exception):
+            await self.store.journal_set(entry.key, JournalState.DONE)
 
     async def _after_answer_failed(self, entry: JournalEntry, reply: Reply) -> None:
         """Something failed after the answer went out (a file the platform refused, the database

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from channels.base import Rendered, ReplyTarget
+import pytest
+
+from channels.base import ChannelError, Rendered, ReplyTarget
 from channels.telegram import TelegramChannel
 from gateway.delivery import SENDING, Reply
 from gateway.metrics import Metrics
@@ -107,3 +109,30 @@ async def test_every_new_send_is_marked_before_it_goes_out(tmp_path: Path) -> No
         assert seen == [{0: SENDING}]
         assert (await store.outbox_get(KEY))[0] == slack.posts[0].ts
     await store.close()
+
+
+async def test_telegram_send_whose_answer_was_lost_is_not_repeated_blindly(tmp_path: Path) -> None:
+    """Telegram posted the message, the answer never came back (no kill: the connection dropped).
+    sendMessage has no idempotency key, so this stays a possible second message; what must not
+    happen is a silent copy: the pacer does not repeat it at once, and the retry says it replaces
+    the cut-off one (docs/durability.md)."""
+    async with FakeTelegram() as fake:
+        channel = TelegramChannel(fake.token, base_url=fake.base_url, base_file_url=fake.base_file_url)
+        try:
+            group = -100200300
+            fake.inject_message(group, 1001, "hello all", chat_type="supergroup")
+            store = await store_at(tmp_path / "g.sqlite")
+            await channel._request.initialize()
+            target = ReplyTarget("telegram", str(group))
+            reply = Reply(channel, target, KEY, store, ChatPacer(channel.capabilities), Metrics())
+            fake.lose_answer_next("sendMessage")
+            with pytest.raises(ChannelError):
+                await reply.finish("the complete answer")
+            assert fake.bot_texts(group) == ["the complete answer"], "sent once, not repeated blindly"
+            assert await store.outbox_get(KEY) == {0: SENDING}, "the mark stays for a restart"
+            await reply.finish("the complete answer")  # the gateway's retry of the parked reply
+            texts = fake.bot_texts(group)
+            assert len(texts) == 2 and texts[1].startswith("↪️") and "the complete answer" in texts[1]
+            await store.close()
+        finally:
+            await channel.close()

@@ -499,10 +499,16 @@ class TelegramChannel(Channel):
             return PermanentSendError(text)
         if isinstance(exc, tg.Forbidden | tg.ChatMigrated):
             return PermanentSendError(text)
-        return TransientSendError(text)
+        return TransientSendError(text, maybe_sent=isinstance(exc.__cause__, _ANSWER_LOST))
 
     def _scrub(self, exc: BaseException | str) -> str:
         return scrub(str(exc) or type(exc).__name__, self._token)
+
+
+_ANSWER_LOST = (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError)
+"""httpx failures after the request was written: Telegram may have acted on it (PTB keeps the
+httpx error as the ``__cause__`` of its TimedOut / NetworkError). A refused or timed-out connect, a
+full pool or an error answer (5xx) mean it did not."""
 
 
 def _check_download(name: str, size: int | None, limit: int) -> None:

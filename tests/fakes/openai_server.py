@@ -82,6 +82,9 @@ class Reply:
     usage: tuple[int, int] | None = None
     """(prompt, completion) tokens the response reports (in ``usage``: the body's, or the last
     stream chunk's when ``stream_options.include_usage`` asks); default 10 and len(text) // 4."""
+    hold: asyncio.Event | None = None
+    """Nothing is answered until the test sets this event: a model whose first text takes exactly
+    as long as the test needs (no timing guesses on a loaded machine)."""
 
 
 def last_user_text(body: dict[str, Any]) -> str:
@@ -274,6 +277,8 @@ class FakeOpenAI:
         reply = self._choose(body)
         if reply.first_byte_delay:
             await asyncio.sleep(reply.first_byte_delay)
+        if reply.hold is not None:
+            await reply.hold.wait()
         if reply.status != 200:
             return self._error(reply)
         model = body.get("model", "fake-model")

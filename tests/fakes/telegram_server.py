@@ -71,6 +71,7 @@ class FakeTelegram(BotApiMethods):
         self._messages: dict[int, dict[int, Seen]] = {}
         self._files: dict[str, StoredFile] = {}
         self._failures: dict[str, list[Failure]] = {}
+        self._lost: dict[str, int] = {}
         self.drafts: list[tuple[int, int, str]] = []
         self.answered_queries: dict[str, dict[str, Any]] = {}
         """answerCallbackQuery parameters by callback query id (the presser's toast or alert)."""
@@ -79,6 +80,9 @@ class FakeTelegram(BotApiMethods):
         self.down_methods: set[str] = set()
         self.after_call: Callable[[str, dict[str, Any]], None] | None = None
         """Called once a call took effect, before its answer is sent (crash-window benchmarks)."""
+        self.before_call: Callable[[str, dict[str, Any]], None] | None = None
+        """Called when a call arrives, before it takes effect (kill the bot there, then
+        ``fail_next(method, 0)``: the call never reached Telegram)."""
         """Methods answering 502 Bad Gateway until removed (an outage of part of the Bot API)."""
         self._blocked: set[int] = set()
         self._revoked = False
@@ -354,6 +358,11 @@ class FakeTelegram(BotApiMethods):
         the connection without an answer (a network failure)."""
         self._failures.setdefault(method, []).append(Failure(status, times, retry_after, description))
 
+    def lose_answer_next(self, method: str, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` take effect (a sent message is in the chat), then
+        the connection drops before the answer: the bot cannot know the call succeeded."""
+        self._lost[method] = self._lost.get(method, 0) + times
+
     def revoke_token(self, revoked: bool = True) -> None:
         """From now on every call answers 401 Unauthorized (BotFather revoked the token)."""
         self._revoked = revoked
@@ -504,6 +513,8 @@ class FakeTelegram(BotApiMethods):
                 raise ApiError(401, "Unauthorized")
             if method in self.down_methods:
                 raise ApiError(502, "Bad Gateway")
+            if self.before_call is not None:
+                self.before_call(method, {**params, **uploads})
             failure = self._take_failure(method)
             if failure is not None:
                 if failure.status == 0:
@@ -520,6 +531,12 @@ class FakeTelegram(BotApiMethods):
             result = await handler(params, files)
             if self.after_call is not None:
                 self.after_call(method, params)  # e.g. kill the bot before it reads the answer
+            if self._lost.get(method, 0) > 0:  # it took effect; the answer never reaches the bot
+                self._lost[method] -= 1
+                call.status = 0
+                if request.transport is not None:
+                    request.transport.abort()
+                raise asyncio.CancelledError
         except ApiError as err:
             call.status = err.status
             body: dict[str, Any] = {"ok": False, "error_code": err.status, "description": err.description}
