@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import importlib
+import inspect
+import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -32,6 +35,66 @@ def _field_names(cls: type) -> set[str]:
         if info.alias:
             names.add(info.alias)
     return names
+
+
+NO_KEY = "unused"
+"""The API key passed to a keyless OpenAI-compatible server (the OpenAI client refuses none)."""
+_OPENAI_HOST = "api.openai.com"
+
+
+def _openai_class(cls: type) -> bool:
+    try:
+        from langchain_openai.chat_models.base import BaseChatOpenAI
+    except ImportError:
+        return False
+    return isinstance(cls, type) and issubclass(cls, BaseChatOpenAI)
+
+
+def openai_base_url(spec: ModelSpec) -> str:
+    """The base URL an OpenAI-compatible model talks to: the spec's, else ``$OPENAI_BASE_URL``
+    (read by the OpenAI client itself), else "" (api.openai.com)."""
+    kwargs = spec.kwargs()
+    url = kwargs.get("base_url") or kwargs.get("openai_api_base") or os.environ.get("OPENAI_BASE_URL")
+    return url if isinstance(url, str) else ""
+
+
+def has_api_key(spec: ModelSpec) -> bool:
+    kwargs = spec.kwargs()
+    key = kwargs.get("api_key") or kwargs.get("openai_api_key")
+    getter = getattr(key, "get_secret_value", None)
+    return bool((getter() if getter else key) or os.environ.get("OPENAI_API_KEY"))
+
+
+def keyless_server(spec: ModelSpec) -> bool:
+    """An OpenAI-compatible model at a server of the operator's own (``base_url`` or
+    ``$OPENAI_BASE_URL``, not api.openai.com) with no key anywhere: a local llama.cpp, vLLM or
+    Ollama asks for none, so none is demanded (``chital init`` writes ``api_key: unused``)."""
+    url = openai_base_url(spec)
+    return bool(url) and _OPENAI_HOST not in url and not has_api_key(spec)
+
+
+def unknown_settings(spec: ModelSpec, cls: type) -> list[tuple[str, str]]:
+    """``(key, why)`` for each key under ``models[]`` that ``cls``'s constructor does not take,
+    naming the closest one it does. Why: langchain-openai moves unknown keys into ``model_kwargs`` with a
+    mere warning, so ``modle:`` passed every check, then each request failed with a TypeError,
+    and ``base_ulr:`` silently sent the conversation to api.openai.com."""
+    fields = _field_names(cls)
+    if not fields:
+        try:
+            params = inspect.signature(cls).parameters.values()
+        except (TypeError, ValueError):
+            return []
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return []  # takes anything: nothing to check against
+        fields = {p.name for p in params}
+    out = []
+    for key in spec.kwargs():
+        if key in fields:
+            continue
+        close = difflib.get_close_matches(key, sorted(fields), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else " (see the class's documentation)"
+        out.append((key, f"not a setting of {spec.use}{hint}"))
+    return out
 
 
 class _UntransformedBulk:
@@ -148,9 +211,14 @@ def build_chat_model(spec: ModelSpec, settings: AgentSettings) -> BaseChatModel:
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"model {spec.name!r}: cannot import {spec.use!r}") from exc
+    unknown = unknown_settings(spec, cls)
+    if unknown:
+        raise ValueError(f"model {spec.name!r}: " + "; ".join(f"{k!r} is {why}" for k, why in unknown))
     cls = _fast_class(cls)
     kwargs: dict[str, Any] = spec.kwargs()
     fields = _field_names(cls)
+    if _openai_class(cls) and keyless_server(spec):
+        kwargs["api_key"] = NO_KEY
     if "streaming" in fields:
         kwargs.setdefault("streaming", True)
     if "stream_usage" in fields:

@@ -33,6 +33,7 @@ from agent.sandbox import SandboxError, SandboxProvider, create_provider
 from agent.sandbox.backend import SandboxBackend
 from agent.sandbox.files import HostFiles
 from agent.sandbox.paths import OUTPUTS, UPLOADS, PathMapper, PathRefused, ThreadDirs
+from agent.sandbox.probe import SandboxState, close_quietly, run_probe
 from agent.sandbox.quota import check_room, release_walkers
 from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
 from agent.skills import build_skills
@@ -178,6 +179,24 @@ class AgentRuntime:
         data = await asyncio.to_thread(files.read_bytes, virtual, max_bytes)
         return OutputFile(posixpath.basename(virtual), data)
 
+    def sandbox_state(self) -> SandboxState:
+        """What the start-up probe found (agent/sandbox/probe.py): what ``/status``, the chat
+        banner and ``/readyz`` report, rather than whether bubblewrap is installed."""
+        s = self.settings.sandbox
+        if not self.settings.tools:
+            return SandboxState("off", "none (agent.tools: false)")
+        if self.harness is None:
+            return SandboxState("starting", "not started yet")
+        if self.provider is None:
+            return SandboxState("failed", f"{s.provider}: {self._sandbox_problem or 'no sandbox provider'}")
+        bwrap = getattr(self.provider, "bwrap", "")
+        if s.provider == "local" and bwrap is None:
+            return SandboxState(
+                "unsandboxed", "local, bubblewrap missing: commands run UNSANDBOXED on this host"
+            )
+        where = f"bubblewrap {bwrap}" if s.provider == "local" else f"image {s.image}"
+        return SandboxState("ready", f"{s.provider}, {where}, root {self.sandbox_root}")
+
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
@@ -205,10 +224,18 @@ class AgentRuntime:
         try:
             self.provider = create_provider(sandbox_settings)
             await self.provider.reconcile()
+            # One real command: a bwrap that cannot create namespaces, or a root the sandbox uid
+            # cannot reach, shows only when something runs (agent/sandbox/probe.py).
+            problem = await run_probe(self.provider)
+            if problem is not None:
+                raise SandboxError(problem)
             self.provider.start_reaper()
         except SandboxError as exc:
             # The agent still chats; its file and shell tools answer with this reason.
             self._sandbox_problem = str(exc)
+            if self.provider is not None:
+                await close_quietly(self.provider)
+                self.provider = None
             log.error("sandbox provider %s is not usable: %s", s.sandbox.provider, exc)
 
         filesystem = FilesystemMiddleware(

@@ -104,10 +104,22 @@ class SkillsSettings(BaseModel):
     """Names of the skills to offer; ``None`` offers every skill found."""
     disabled: list[str] = Field(default_factory=list)
     """Names never offered (wins over ``enabled``)."""
-    public_dir: Path = Path("skills/public")
-    """Skills shipped with Chital."""
+    public_dir: Path | None = None
+    """Skills shipped with Chital. Unset: those of this installation (``skills/public`` of the
+    source tree Chital runs from, or beside the config file, as in the Docker image), wherever
+    the config file lives."""
     custom_dir: Path = Path("skills/custom")
     """The operator's skills; one here replaces the public skill of the same name."""
+
+    def public(self) -> Path:
+        """``public_dir``, or the shipped skills when it is unset."""
+        return self.public_dir if self.public_dir is not None else shipped_skills_dir()
+
+
+def shipped_skills_dir() -> Path:
+    """``skills/public`` of the source tree the ``agent`` package was loaded from (a checkout, or
+    the editable install ``scripts/setup.sh`` makes); it may be missing in a wheel install."""
+    return Path(__file__).resolve().parent.parent / "skills" / "public"
 
 
 class SubagentSettings(BaseModel):

@@ -191,11 +191,16 @@ def parse_skill(skill_md: Path, source: str) -> Skill:
     )
 
 
-def scan_skills(root: Path, source: str) -> dict[str, Skill]:
-    """Every valid skill folder directly under ``root``; each problem is logged, never raised."""
+def scan_skills(root: Path, source: str, *, expected: bool = False) -> dict[str, Skill]:
+    """Every valid skill folder directly under ``root``; each problem is logged, never raised.
+    A missing ``root`` is a warning when ``expected`` (the shipped skills, or a folder the config
+    names: the agent would silently go without them), else a note (the optional custom folder)."""
     found: dict[str, Skill] = {}
     if not root.exists():
-        log.info("skills: no %s skills folder at %s", source, root)
+        if expected:
+            log.warning("skills: the %s skills folder %s does not exist; no %s skills", source, root, source)
+        else:
+            log.info("skills: no %s skills folder at %s", source, root)
         return found
     try:
         entries = sorted(root.iterdir())
@@ -237,8 +242,9 @@ class SkillCatalog:
 
     def reload(self) -> None:
         """Re-read both folders (and refresh any sandbox view built before)."""
-        public = scan_skills(Path(self.settings.public_dir), "public")
-        custom = scan_skills(Path(self.settings.custom_dir), "custom")
+        public = scan_skills(self.settings.public(), "public", expected=True)
+        configured = "custom_dir" in self.settings.model_fields_set
+        custom = scan_skills(Path(self.settings.custom_dir), "custom", expected=configured)
         for name in sorted(public.keys() & custom.keys()):
             log.info("skills: custom skill %r replaces the public one", name)
         merged = {**public, **custom}
@@ -315,7 +321,7 @@ class SkillCatalog:
         sandbox's uid.
         """
         view = (Path(root) / VIEW_DIR).resolve()
-        for source in (self.settings.public_dir, self.settings.custom_dir):
+        for source in (self.settings.public(), self.settings.custom_dir):
             src = Path(source).resolve()
             if view == src or view.is_relative_to(src) or src.is_relative_to(view):
                 raise ValueError(f"the skills view {view} must not overlap the skills folder {src}")

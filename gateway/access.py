@@ -143,8 +143,10 @@ def _minutes(seconds: float) -> str:
     return "1 minute" if minutes == 1 else f"{minutes} minutes"
 
 
-def pairing_text(request: PairingRequest, now: float | None = None) -> str:
-    """What the stranger reads: their code, how long it lasts, how an admin approves it."""
+def pairing_text(request: PairingRequest, now: float | None = None, cli: str = "chital") -> str:
+    """What the stranger reads: their code, how long it lasts, how an admin approves it. ``cli``
+    (``Config.cli()``: ``chital -c /abs/config.yaml``) makes the command work from any directory;
+    a bare ``chital pairing ...`` elsewhere would read another (or no) database."""
     now = time.time() if now is None else now
     if request.denied:
         return (
@@ -155,17 +157,18 @@ def pairing_text(request: PairingRequest, now: float | None = None) -> str:
     return (
         f"👋 I don't know you yet, so I can't help here. Your pairing code is {code} "
         f"(valid for {_minutes(request.expires - now)}). Ask the bot's admin to approve it: "
-        f"they can send me /approve {code} or run\n\nchital pairing approve {code}\n\n"
+        f"they can send me /approve {code} or run\n\n{cli} pairing approve {code}\n\n"
         "Once approved, send your message again."
     )
 
 
-def announcement_text(request: PairingRequest) -> str:
-    """What the admins read when a stranger asks for access."""
+def announcement_text(request: PairingRequest, cli: str = "chital") -> str:
+    """What the admins read when a stranger asks for access (``cli`` as in :func:`pairing_text`)."""
     return (
         f"🔑 {request.chat_label()} asks to use the bot. Pairing code {request.code}, valid for "
         f"{_minutes(request.expires - request.created)}.\n"
-        f"Approve: /approve {request.code}\nRefuse: /deny {request.code}"
+        f"Approve: /approve {request.code}\nRefuse: /deny {request.code}\n"
+        f"On the host: {cli} pairing approve {request.code}"
     )
 
 

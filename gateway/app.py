@@ -28,6 +28,7 @@ from agent.events import AgentEvent, ApprovalDecision, OutputFile, TurnFailed
 from agent.turn import PLAIN, TurnOptions
 from channels.base import Channel, ChannelState
 
+from . import data_dir
 from .agent_api import AgentHarness, MemoryAccess
 from .cluster import Cluster
 from .config import Config
@@ -115,12 +116,11 @@ async def open_harness(
     """The agent runtime, or an :class:`UnconfiguredHarness` explaining why not. ``scheduler``
     gives the agent its schedule tools (gateway/schedules.py); ``usage`` records the tokens of
     every model call (gateway/usage.py)."""
+    from agent.model import has_api_key, keyless_server
     from agent.runtime import AgentRuntime
 
     spec = config.model_spec()
-    if spec.use.startswith("langchain_openai:") and not (
-        spec.kwargs().get("api_key") or os.environ.get("OPENAI_API_KEY")
-    ):
+    if spec.use.startswith("langchain_openai:") and not has_api_key(spec) and not keyless_server(spec):
         index = config.models.index(spec)
         reason = f"no API key: set OPENAI_API_KEY (or models[{index}].api_key in config.yaml)"
         # Expected before `chital init`: the summary says it once, as a warning with the fix.
@@ -146,6 +146,16 @@ async def open_harness(
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         log.error("the agent could not be set up: %s", reason, exc_info=True)
         return UnconfiguredHarness(reason)
+
+
+def sandbox_report(harness: object) -> dict[str, str]:
+    """``Daemon.sandbox_report`` for any harness (the terminal chat's too)."""
+    if harness is None:
+        return {"state": "starting", "detail": "the agent is being set up"}
+    state = getattr(harness, "sandbox_state", None)
+    if state is None:
+        return {"state": "not started", "detail": "the agent is not set up (see agent)"}
+    return dict(state().as_dict())
 
 
 class Daemon:
@@ -235,6 +245,11 @@ class Daemon:
             return {"state": "failed", "model": harness.model_name, "reason": harness.reason}
         return {"state": "ready", "model": harness.model_name}
 
+    def sandbox_report(self) -> dict[str, str]:
+        """The sandbox as the agent's start-up probe found it (a command really ran isolated, or
+        why not): ``state`` ready, failed, unsandboxed, off, or starting/not started."""
+        return sandbox_report(self.harness)
+
     def not_ready_reasons(self) -> list[str]:
         """Why ``/readyz`` says not ready, one short line per cause; empty when ready."""
         reasons: list[str] = []
@@ -269,6 +284,7 @@ class Daemon:
             "state": self.state,
             "why": reasons,
             "agent": self.agent_report(),
+            "sandbox": self.sandbox_report(),
             "storage": storage,
             "channels": self.channel_report(),
         }
@@ -302,6 +318,9 @@ class Daemon:
     async def _acquire(self) -> None:
         cfg, res = self.config, self._resources
         await asyncio.to_thread(prepare_data_dir, cfg.storage.path, cfg.storage.reserve_mb << 20)
+        fixed = await asyncio.to_thread(data_dir.secure, cfg)  # 0700, files 0600 (gateway/data_dir.py)
+        if fixed:
+            log.warning("%s", fixed)
         if cfg.http.enabled:
             await self._start_http()
         await self._start_status()

@@ -25,6 +25,7 @@ from . import cli_init, cli_migrate, cli_send, cli_status
 from .cli_chat import cmd_chat
 from .cli_common import Formatter, add_command, add_config_option, config_path, load_config_arg, sandbox_note
 from .cli_pairing import cmd_pairing
+from .config import Config
 
 
 # -- run ---------------------------------------------------------------------------------------------
@@ -64,11 +65,40 @@ def _exit_if_threads_linger(code: int, wait: float = 3.0) -> None:
 
 
 # -- check -------------------------------------------------------------------------------------------
+def print_skills(cfg: Config) -> int:
+    """The skills the agent will be offered, as the daemon loads them; a configured folder that
+    is missing is a warning (the agent would start without those skills). Returns 0: a skill
+    problem does not stop the daemon."""
+    import logging
+
+    from agent.skills import SkillCatalog
+
+    skills = cfg.agent.skills
+    quiet = logging.getLogger("agent.skills")
+    level, quiet.disabled = quiet.level, True  # the check prints its own lines, not the log's
+    try:
+        names = SkillCatalog(skills).names
+    finally:
+        quiet.disabled = False
+        quiet.setLevel(level)
+    print(f"skills: {len(names)} offered: {', '.join(names) or '(none)'}")
+    configured = skills.model_fields_set
+    for label, path in (("public", skills.public()), ("custom", skills.custom_dir)):
+        if path.is_dir():
+            print(f"  {label}: {path}")
+        elif label == "public" or f"{label}_dir" in configured:
+            print(f"  WARNING skills.{label}_dir: {path} does not exist")
+    return 0
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate the config, build each model, say which channels are ready; with ``--online`` also
     ask each service whether the credentials work. Non-zero when anything would fail at run time."""
+    from agent.model import keyless_server
+
     from .probes import model_key, model_problems, run_probes
     from .registry import channel_readiness
+    from .sandbox_check import check_sandbox, fix_for
 
     cfg = load_config_arg(args)
     path = config_path(args.config)
@@ -80,7 +110,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"model: {spec.name} → {spec.use} model={kwargs.get('model', '?')} "
         f"base_url={kwargs.get('base_url') or '(default)'} "
-        f"api_key={'set' if model_key(kwargs) else 'MISSING'}"
+        f"api_key={'set' if model_key(kwargs) else 'none needed' if keyless_server(spec) else 'MISSING'}"
     )
     problems = model_problems(cfg)
     for problem in problems:
@@ -98,9 +128,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"  {name:<9} {'ready' if ok else 'off  '}  {why}")
     if not ready:
         print("no chat channel is ready: `chital run` still starts; `chital chat` talks to the agent here")
-    sandbox_ok, sandbox_why = sandbox_note(cfg)
-    print(f"sandbox: {sandbox_why}" if sandbox_ok else f"sandbox: WARNING {sandbox_why}")
     failed = len(problems)
+    sandbox = check_sandbox(cfg)  # one real command in the sandbox: agent/sandbox/probe.py
+    if sandbox.state == "failed":
+        failed += 1
+        print(f"sandbox: FAILED {sandbox.detail}\n  fix: {fix_for(sandbox)}")
+    elif sandbox.state == "unsandboxed":
+        print(f"sandbox: WARNING {sandbox.detail}")
+    else:
+        print(f"sandbox: {sandbox.detail}")
+    failed += print_skills(cfg)
     if args.online:
         print("online:")
         for outcome in asyncio.run(run_probes(cfg)):

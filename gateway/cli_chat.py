@@ -211,6 +211,17 @@ class Chat:
         self.leave.set()
         self.lines.wake()
 
+    def sandbox(self) -> tuple[bool, str]:
+        """(fine, one line): what the agent's start-up probe found (agent/sandbox/probe.py); with
+        no agent running (the model is not configured), whether bubblewrap is there at all."""
+        state = getattr(self.harness, "sandbox_state", None)
+        if state is None:
+            fine, note = sandbox_note(self.cfg)
+            return fine, f"{note} (not started: the agent is not set up)"
+        found = state()
+        label = "" if found.state in ("ready", "off") else f"{found.state.upper()}: "
+        return found.ok, label + found.detail
+
     def banner(self) -> str:
         from .app import UnconfiguredHarness
 
@@ -220,7 +231,7 @@ class Chat:
         else:
             model = f"{self.harness.model_name} at {model_endpoint(self.cfg)}"
         logs = str(self.log_path) if self.log_path else "stderr (the data directory is not writable)"
-        sandbox_fine, sandbox = sandbox_note(self.cfg)
+        sandbox_fine, sandbox = self.sandbox()
         return "\n".join(
             [
                 "chital chat — talking to the agent as the daemon would, on its database.",
@@ -282,7 +293,7 @@ class Chat:
             lines = [
                 await thread_line(self.harness, self.thread_id),
                 f"Model: {self.harness.model_name} at {model_endpoint(self.cfg)}",
-                f"Sandbox: {sandbox_note(self.cfg)[1]}",
+                f"Sandbox: {self.sandbox()[1]}",
                 f"Logs: {logs}",
             ]
             print("\n".join(lines))
@@ -386,12 +397,16 @@ async def _chat(cfg: Config, log_path: Path | None) -> int:
     from channels.base import scrub
 
     from .app import open_harness
+    from .data_dir import secure
     from .lifecycle import database_error, one_line
     from .logs import secrets_of
     from .store import open_store
 
     secrets = secrets_of(cfg)
     try:
+        fixed = secure(cfg)  # the daemon's data directory: 0700, files 0600 (gateway/data_dir.py)
+        if fixed:
+            log.warning("%s", fixed)
         store = await open_store(cfg.storage)  # the daemon's: SQLite under storage.path, or PostgreSQL
     except Exception as exc:
         if cfg.storage.database_url:

@@ -133,6 +133,42 @@ def load_config_arg(args: argparse.Namespace) -> Config:
     return cfg
 
 
+def load_existing_config(args: argparse.Namespace, command: str) -> Config:
+    """The configuration for a command that reads (or acts on) what a daemon already holds:
+    ``pairing``, ``status``, ``send``. With no config file found (and no ``$CHITAL_DATA``) it
+    says so and exits 2: answering from the built-in defaults' ``./data`` would report an empty
+    success from whatever directory the operator happens to stand in."""
+    if config_path(getattr(args, "config", None)) is None and not os.environ.get("CHITAL_DATA"):
+        print(
+            f"chital: {command}: no config file found (-c PATH, $CHITAL_CONFIG or ./{DEFAULT_CONFIG}):"
+            f" give the daemon's, e.g. `chital -c /path/to/config.yaml {command}`",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return load_config_arg(args)
+
+
+async def open_existing_store(cfg: Config, command: str) -> Any:
+    """The daemon's store, never a new one: SQLite only when ``gateway.sqlite`` exists (opened
+    without a disk reserve of its own: the daemon's is beside the file), else exit 1 naming the
+    path; PostgreSQL as configured."""
+    from .store import Store
+
+    url = cfg.storage.database_url
+    if url:
+        return await Store.open_postgres(url)
+    db = cfg.storage.path / "gateway.sqlite"
+    if not db.is_file():
+        where = f" (config {cfg.source})" if cfg.source else ""
+        print(
+            f"chital: {command}: no database at {db}{where}: the daemon has not run with this"
+            " configuration; is it the one `chital run` uses?",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
+    return await Store.open(db, reserve_bytes=0)
+
+
 def sandbox_note(cfg: Config) -> tuple[bool, str]:
     """(fine, one line) on the agent's sandbox: without bubblewrap the local provider refuses to
     run commands (or, with ``allow_unsandboxed``, runs them on the host), so say how to get it."""

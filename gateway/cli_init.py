@@ -66,6 +66,8 @@ class Answers:
     """(platform, field) -> a required value that is no secret (Lark's app id), for config.yaml."""
     lark_domain: str = "feishu"
     online: bool = False
+    sandbox_root: Path | None = None
+    """As root, when the sandbox uid cannot reach the data directory: where sandboxes live."""
 
 
 class Asker:
@@ -264,6 +266,16 @@ def render_config(a: Answers) -> str:
         "  path: ./data   # beside this file",
         "",
     ]
+    if a.sandbox_root is not None:
+        lines += [
+            "# Sandboxed code runs as an unprivileged uid, which cannot pass through this file's",
+            "# directory (a home directory is 0700): its working directories live here instead",
+            '# (docs/sandbox.md, "Where the root lives").',
+            "agent:",
+            "  sandbox:",
+            f"    root: {_q(str(a.sandbox_root))}",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -321,6 +333,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, EOFError):
         print("\nchital: init: stopped; nothing was written", file=sys.stderr)
         return 1
+    from .sandbox_check import root_for_init
+
+    answers.sandbox_root = root_for_init(config.parent.resolve() / "data")
     try:
         config.parent.mkdir(parents=True, exist_ok=True)
         _write(env_file, render_env(answers), 0o600, replace=args.force)
@@ -334,6 +349,11 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"chital: init: cannot write {exc.filename or config}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     print(f"wrote {config} and {env_file} (mode 0600: {', '.join(answers.secrets) or 'no secrets'})")
+    if answers.sandbox_root is not None:
+        print(
+            f"  sandboxes in {answers.sandbox_root}: the sandbox's uid cannot reach {config.parent}"
+            " (agent.sandbox.root)"
+        )
     for name, value in answers.secrets.items():
         if os.environ.get(name, value) != value:
             print(f"  note: {name} is also set in your environment, which wins over {env_file}")

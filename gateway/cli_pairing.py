@@ -7,7 +7,7 @@ import asyncio
 import sys
 import time
 
-from .cli_common import load_config_arg
+from .cli_common import load_existing_config, open_existing_store
 from .config import Config
 from .logs import visible
 
@@ -21,9 +21,7 @@ async def _pairing(cfg: Config, action: str, arg: str | None) -> int:
     access to the database is the credential here, so no guess limit applies; a stranger is not
     told of a decision made here (the daemon's chat connections are in another process), their next
     message simply gets through (or gets "declined")."""
-    from .store import open_store
-
-    store = await open_store(cfg.storage)  # SQLite under storage.path, or storage.url's PostgreSQL
+    store = await open_existing_store(cfg, f"pairing {action}")  # never creates a database
     try:
         if action == "list":
             now = time.time()
@@ -77,7 +75,7 @@ async def _pairing(cfg: Config, action: str, arg: str | None) -> int:
 
 
 def cmd_pairing(args: argparse.Namespace) -> int:
-    cfg = load_config_arg(args)
+    cfg = load_existing_config(args, f"pairing {args.action}")
     if args.action in ("approve", "deny", "revoke") and not args.arg:
         print(f"chital: pairing {args.action} needs an argument", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ from typing import Any
 from channels.base import Inbound
 
 from .access import STARTED_BY_BOT
-from .cli_common import add_command, load_config_arg
+from .cli_common import add_command, load_existing_config, open_existing_store
 from .config import Config
 
 CHAT_IDS = {
@@ -90,13 +90,11 @@ def push_inbound(platform: str, chat: str, thread: str | None, tag: str) -> Inbo
 
 
 async def _send(config: Config, inbound: Inbound, text: str, wait: float | None) -> int:
-    from .store import JournalKind, Store
+    from .store import JournalKind
 
-    url = config.storage.database_url
-    if url:  # PostgreSQL (docs/scale-out.md): any daemon sharing it picks the push up
-        store = await Store.open_postgres(url)
-    else:  # no disk reserve of its own: the daemon's is beside the file
-        store = await Store.open(config.storage.path / "gateway.sqlite", reserve_bytes=0)
+    # PostgreSQL (docs/scale-out.md): any daemon sharing it picks the push up. SQLite: the
+    # daemon's file only; a push into a database no daemon reads would never be delivered.
+    store = await open_existing_store(config, "send")
     try:
         if await store.journal_add(inbound, JournalKind.NOTICE, text):
             print(inbound.key)
@@ -124,7 +122,7 @@ async def _send(config: Config, inbound: Inbound, text: str, wait: float | None)
 
 
 def cmd_send(args: argparse.Namespace) -> int:
-    config = load_config_arg(args)
+    config = load_existing_config(args, "send")
     text = sys.stdin.read() if args.text == "-" else args.text
     try:
         platform, chat, thread = parse_target(args.target, config)

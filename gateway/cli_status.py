@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from .cli_common import add_command, load_config_arg
+from .cli_common import add_command, load_existing_config
 from .status import socket_path
 
 TIMEOUT = 10.0
@@ -97,6 +97,12 @@ def render(body: dict[str, Any]) -> str:
     if agent.get("state") != "ready" and agent.get("reason"):
         agent_line += f": {agent['reason']}"
     out.append(agent_line)
+    sandbox = body.get("sandbox") or {}
+    if sandbox:
+        word = str(sandbox.get("state", "?"))
+        out.append(
+            f"sandbox: {word if word in ('ready', 'off') else word.upper()}, {sandbox.get('detail', '')}"
+        )
     out.append("channels:")
     channels: dict[str, dict[str, Any]] = body.get("channels") or {}
     for name, info in sorted(channels.items()):
@@ -136,7 +142,7 @@ def render(body: dict[str, Any]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    cfg = load_config_arg(args)
+    cfg = load_existing_config(args, "status")
     path = socket_path(cfg.storage.path)
     try:
         body = asyncio.run(fetch_status(path, args.errors))

@@ -157,13 +157,14 @@ async def thread_line(harness: AgentHarness, thread_id: str | None) -> str:
 
 
 async def _status(gw: Gateway, conversation: str, inbound: Inbound) -> str:
-    from .commands_agent import status_lines
+    from .commands_agent import sandbox_line, status_lines
 
     thread_id = await gw.store.thread_get(conversation)
     running, queued = gw.turns.status(conversation)
     lines = [
         await thread_line(gw.harness, thread_id),
         *await status_lines(gw, inbound),  # model and profile (gateway/commands_agent.py)
+        sandbox_line(gw.harness),
         f"Now: {'answering a message' if running else 'idle'}; {queued} queued",
         f"All chats: {gw.turns.running_count} running (limit {gw.config.concurrency.max_turns})",
     ]

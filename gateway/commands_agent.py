@@ -48,6 +48,22 @@ async def status_lines(gw: Gateway, inbound: Inbound) -> list[str]:
     return [model, profile]
 
 
+def sandbox_line(harness: object) -> str:
+    """``Sandbox: ...`` as the agent's start-up probe found it (not whether bubblewrap exists).
+    The detail names host paths: /status is for the bot's users, so only the state and, when it
+    failed, that the operator has the reason (``chital status``, the log)."""
+    from .app import sandbox_report
+
+    state = sandbox_report(harness)["state"]
+    words = {
+        "ready": "ready (commands run isolated)",
+        "off": "off (agent.tools: false)",
+        "failed": "NOT WORKING — I cannot run code or read files; the operator sees why in `chital status`",
+        "unsandboxed": "UNSANDBOXED — commands run directly on the host (agent.sandbox.allow_unsandboxed)",
+    }
+    return f"Sandbox: {words.get(state, state)}"
+
+
 # -- /model ----------------------------------------------------------------------------------------------
 async def model_command(gw: Gateway, inbound: Inbound, args: str) -> str:
     """``/model`` lists the models; ``/model NAME`` switches this conversation's model."""

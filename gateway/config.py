@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     create_model,
@@ -23,6 +25,7 @@ from pydantic import (
 )
 
 from agent.config import AgentSettings, ModelSpec
+from agent.settings import shipped_skills_dir
 from channels.settings import ChannelSettings
 
 from .profiles import Profile, check_profiles
@@ -305,6 +308,17 @@ class Config(_Strict):
     (docs/models-and-usage.md)."""
     usage: UsageConfig = Field(default_factory=UsageConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    _source: Path | None = PrivateAttr(default=None)
+    """The file this was read from (absolute), for the commands the bot tells people to run."""
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    def cli(self) -> str:
+        """``chital -c /abs/config.yaml``: the command prefix that acts on this daemon's data from
+        any directory (bare ``chital`` when it runs on the built-in defaults)."""
+        return f"chital -c {shlex.quote(str(self._source))}" if self._source is not None else "chital"
 
     @model_validator(mode="after")
     def _model_exists(self) -> Config:
@@ -500,13 +514,23 @@ def load_config(path: str | Path | None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: cannot read: {exc}") from None
     cfg = parse_config(data, str(p), node)
+    cfg._source = p.resolve()
     # Relative paths in the file mean "beside this file", wherever the daemon is started from.
     base = p.parent
     if not cfg.storage.path.is_absolute():
         cfg.storage.path = (base / cfg.storage.path).resolve()
     skills = cfg.agent.skills
+    resolved: dict[str, Path] = {}
     for field in ("public_dir", "custom_dir"):
         value = getattr(skills, field)
-        if not value.is_absolute():
-            setattr(skills, field, (base / value).resolve())
+        if value is not None and not value.is_absolute():
+            resolved[field] = (base / value).resolve()
+    beside = (base / "skills" / "public").resolve()
+    if skills.public_dir is None and not shipped_skills_dir().is_dir() and beside.is_dir():
+        resolved["public_dir"] = beside  # an installed wheel: the Docker image's /app/skills/public
+    # Rebuilt with the same fields-set: a folder the file names is missing with a warning, one
+    # it leaves to the default is not (agent/skills.py).
+    cfg.agent.skills = type(skills).model_construct(
+        set(skills.model_fields_set), **{**dict(skills), **resolved}
+    )
     return cfg

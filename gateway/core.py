@@ -246,7 +246,7 @@ class Gateway(TurnRunner):
         if reminders.hit(inbound.user):
             self.metrics.messages_ignored.labels(inbound.platform, "pairing_pending").inc()
             return
-        await self._journal_notice(inbound, access.pairing_text(request))
+        await self._journal_notice(inbound, access.pairing_text(request, cli=self.config.cli()))
         if not new:
             return
         log.info("pairing: %s asks for access; code %s", request.label(), request.code)
@@ -260,7 +260,10 @@ class Gateway(TurnRunner):
             log.warning("pairing: no admin of %s can be told in chat (set access.admins)", inbound.platform)
         for chat_id in chats:
             await self.tell(
-                inbound.platform, chat_id, f"pairing-{request.code}", access.announcement_text(request)
+                inbound.platform,
+                chat_id,
+                f"pairing-{request.code}",
+                access.announcement_text(request, self.config.cli()),
             )
 
     async def tell(self, platform: str, chat_id: str, tag: str, text: str) -> None:

@@ -121,7 +121,7 @@ def prepare_data_dir(path: Path, reserve_bytes: int) -> None:
     :class:`StartupError` naming the directory and the setting to change."""
     where = f"the data directory {path}"
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)  # gateway/data_dir.py keeps it private
     except FileExistsError:
         raise StartupError(f"{where} is a file, not a directory (set storage.path)") from None
     except NotADirectoryError:

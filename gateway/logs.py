@@ -13,6 +13,8 @@ import re
 import sys
 from collections.abc import Iterable
 
+from pydantic import BaseModel
+
 from channels.base import scrub
 
 from .config import Config
@@ -44,7 +46,7 @@ def secrets_of(cfg: Config) -> list[str]:
             value = node.get_secret_value()
             if value:
                 found.append(value)
-        elif hasattr(node, "model_fields"):
+        elif isinstance(node, BaseModel):  # the class's fields: on an instance, Pydantic 2.11 deprecates them
             for name in type(node).model_fields:
                 walk(getattr(node, name))
             for value in (getattr(node, "model_extra", None) or {}).values():

@@ -65,7 +65,7 @@ def model_key(kwargs: dict[str, Any]) -> str | None:
 
 def model_problems(cfg: Config) -> list[str]:
     """One line per model that cannot be built, each starting with the field to fix."""
-    from agent.model import build_chat_model
+    from agent.model import build_chat_model, has_api_key, keyless_server, unknown_settings
 
     problems: list[str] = []
     for i, spec in enumerate(cfg.models):
@@ -82,9 +82,14 @@ def model_problems(cfg: Config) -> list[str]:
         if not hasattr(module, class_name):
             problems.append(f"{field}.use: {module_name!r} has no {class_name!r}")
             continue
-        if openai_compatible(spec.use) and not model_key(spec.kwargs()):
+        unknown = unknown_settings(spec, getattr(module, class_name))
+        problems += [f"{field}.{key}: {why}" for key, why in unknown]
+        if unknown:
+            continue
+        if openai_compatible(spec.use) and not has_api_key(spec) and not keyless_server(spec):
             problems.append(
-                f"{field}.api_key: missing (set OPENAI_API_KEY, or {field}.api_key in config.yaml)"
+                f"{field}.api_key: missing (set OPENAI_API_KEY, or {field}.api_key in config.yaml;"
+                " a server of your own that needs no key: set its base_url)"
             )
             continue
         try:

@@ -140,9 +140,14 @@ _SKILL_COMMAND = re.compile(r"^/([A-Za-z0-9][A-Za-z0-9_-]{0,63})(?:@\S+)?(?:\s|$
 
 @functools.cache
 def _catalog(
-    public_dir: Path, custom_dir: Path, enabled: tuple[str, ...] | None, disabled: tuple[str, ...]
+    public_dir: Path,
+    custom_dir: Path,
+    enabled: tuple[str, ...] | None,
+    disabled: tuple[str, ...],
+    configured: frozenset[str] = frozenset(),
 ) -> SkillCatalog:
-    settings = SkillsSettings(
+    settings = SkillsSettings.model_construct(
+        set(configured),  # which folders the config names: only those are missing with a warning
         public_dir=public_dir,
         custom_dir=custom_dir,
         enabled=list(enabled) if enabled is not None else None,
@@ -157,7 +162,8 @@ def skills(config: Config) -> list[Skill]:
         return []
     s = config.agent.skills
     enabled = tuple(s.enabled) if s.enabled is not None else None
-    return _catalog(Path(s.public_dir), Path(s.custom_dir), enabled, tuple(s.disabled)).skills
+    fields = frozenset(s.model_fields_set)
+    return _catalog(s.public(), Path(s.custom_dir), enabled, tuple(s.disabled), fields).skills
 
 
 def command_name(skill: str) -> str:

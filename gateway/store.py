@@ -178,7 +178,10 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
 
     @classmethod
     async def open(cls, path: Path, reserve_bytes: int = DEFAULT_RESERVE) -> Store:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        from .data_dir import create_private, make_private_dir
+
+        make_private_dir(path.parent)
+        create_private(path)  # 0600 before SQLite opens it: its -wal and -shm take the same mode
         reserve = DiskReserve(path.parent, reserve_bytes)
         if not reserve.take():
             log.critical("the disk under %s is full: no room for the database's reserve", path.parent)
