@@ -128,12 +128,13 @@ def render(body: dict[str, Any]) -> str:
         f"(journal: {q.get('done', 0)} done, {q.get('failed', 0)} failed)"
     )
     out.append(f"  turns in flight: {q.get('turns_running', 0)} running, {q.get('turns_waiting', 0)} waiting")
-    errors: list[dict[str, Any]] = body.get("errors") or []
-    if not errors:
-        out.append("recent errors: none")
-    else:
-        out.append(f"recent errors (last {len(errors)}):")
-        for e in errors:
+    for kind in ("errors", "warnings"):  # apart: a burst of warnings never hides an error
+        entries: list[dict[str, Any]] = body.get(kind) or []
+        if not entries:
+            out.append(f"recent {kind}: none")
+            continue
+        out.append(f"recent {kind} (last {len(entries)}):")
+        for e in entries:
             channel = e.get("channel") or "-"
             out.append(
                 f"  {_clock(e.get('time'))}  {e.get('level', '?'):<7}  {channel:<9} {e.get('message', '')}"
@@ -180,5 +181,5 @@ def add_parser(sub: Any) -> None:
         type=_count,
         default=10,
         metavar="N",
-        help="how many recent errors to show (default 10)",
+        help="how many recent errors, and how many warnings, to show (default 10 each)",
     )

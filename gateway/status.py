@@ -63,16 +63,21 @@ def _exception_line(exc_text: str, name: str) -> str:
 
 
 class RecentErrors(logging.Handler):
-    """The last ``kept`` WARNING-or-worse log records, redacted and cut to one line each.
+    """The last ``kept`` ERROR-or-worse log records and, apart, the last ``kept`` warnings,
+    redacted and cut to one line each.
 
-    A logging handler, so every part of the daemon (and the SDKs' own loggers) feeds it without
-    knowing it exists; redacted by the same :class:`~gateway.logs.RedactingFilter` as the log."""
+    Two lists because a channel that reconnects logs a warning per attempt: in one list they
+    pushed the one ERROR that mattered (the sandbox that cannot run) out of ``chital status``
+    within seconds. A logging handler, so every part of the daemon (and the SDKs' own loggers)
+    feeds it without knowing it exists; redacted by the same
+    :class:`~gateway.logs.RedactingFilter` as the log."""
 
     def __init__(self, redactor: RedactingFilter, channels: Iterable[str], kept: int = ERRORS_KEPT) -> None:
         super().__init__(logging.WARNING)
         self.addFilter(redactor)
         self._channels = frozenset(channels)
-        self._entries: collections.deque[dict[str, Any]] = collections.deque(maxlen=kept)
+        self._errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=kept)
+        self._warnings: collections.deque[dict[str, Any]] = collections.deque(maxlen=kept)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -84,7 +89,8 @@ class RecentErrors(logging.Handler):
                 message = f"{message} ({last})" if message else last
             if len(message) > MESSAGE_CHARS:
                 message = message[: MESSAGE_CHARS - 1] + "…"
-            self._entries.append(
+            kept = self._errors if record.levelno >= logging.ERROR else self._warnings
+            kept.append(
                 {
                     "time": round(record.created, 3),
                     "level": record.levelname,
@@ -109,8 +115,16 @@ class RecentErrors(logging.Handler):
         return None
 
     def entries(self, last: int | None = None) -> list[dict[str, Any]]:
-        items = list(self._entries)
+        """Errors and warnings together, oldest first."""
+        items = sorted([*self._errors, *self._warnings], key=lambda e: e["time"])
         return items[-last:] if last else items
+
+    def errors(self) -> list[dict[str, Any]]:
+        """ERROR and CRITICAL records only, oldest first."""
+        return list(self._errors)
+
+    def warnings(self) -> list[dict[str, Any]]:
+        return list(self._warnings)
 
 
 # -- queue depth ------------------------------------------------------------------------------------
@@ -190,8 +204,9 @@ class StatusServer:
         async def status(request: web.Request) -> web.Response:
             body = await self._snapshot()
             last = request.query.get("errors", "")
-            if last.isdigit() and isinstance(body.get("errors"), list):
-                body["errors"] = body["errors"][-int(last) :] if int(last) else []
+            for key in ("errors", "warnings"):
+                if last.isdigit() and isinstance(body.get(key), list):
+                    body[key] = body[key][-int(last) :] if int(last) else []
             return web.json_response(body)
 
         app = web.Application()
@@ -245,5 +260,6 @@ async def snapshot(daemon: Daemon, errors: RecentErrors) -> dict[str, Any]:
         "uptime_s": round(now - daemon.started, 1) if daemon.started else None,
         "now": round(now, 3),
         "queue": queue,
-        "errors": errors.entries(),
+        "errors": errors.errors(),
+        "warnings": errors.warnings(),
     }

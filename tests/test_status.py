@@ -109,13 +109,13 @@ async def test_summary_then_status_as_telegram_goes_down(
         line = next(ln for ln in out.splitlines() if ln.strip().startswith("telegram"))
         assert "reconnecting" in line and "Telegram" in line, line
         assert "daemon: running, NOT ready" in out
-        errors = out[out.index("recent errors") :]
-        assert "telegram" in errors and "reconnecting" in errors, out
+        warnings = out[out.index("recent warnings") :]
+        assert "telegram" in warnings and "reconnecting" in warnings, out
         code, raw = await daemon.cli("status", "--json")
         body = json.loads(raw)
         assert body["channels"]["telegram"]["state"] == "reconnecting"
         assert body["channels"]["telegram"]["reason"]
-        assert any(e["channel"] == "telegram" and e["level"] == "WARNING" for e in body["errors"])
+        assert any(e["channel"] == "telegram" and e["level"] == "WARNING" for e in body["warnings"])
         for shown in (out, raw):
             assert tg.token not in shown and tg.token.split(":")[1] not in shown and API_KEY not in shown
     finally:
@@ -186,7 +186,7 @@ async def test_no_bubblewrap_is_said_loudly(
     tmp_path: Path, model: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without bubblewrap and with allow_unsandboxed the summary says NOT ISOLATING at WARNING, and
-    `chital status` lists it among the recent errors."""
+    `chital status` lists it among the recent warnings."""
     empty = tmp_path / "bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))  # shutil.which("bwrap") finds nothing in the daemon
@@ -199,7 +199,7 @@ async def test_no_bubblewrap_is_said_loudly(
         assert "WARNING gateway.summary:   sandbox   local WITHOUT bubblewrap: NOT ISOLATING" in text, text
         assert "channels: none is on" in text
         out = await status_until(d, "NOT ISOLATING")
-        assert "recent errors" in out
+        assert "recent warnings" in out
     finally:
         await d.close()
 
