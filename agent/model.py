@@ -34,6 +34,8 @@ def _field_names(cls: type) -> set[str]:
         names.add(name)
         if info.alias:
             names.add(info.alias)
+        choices = getattr(info.validation_alias, "choices", [info.validation_alias])
+        names.update(c for c in choices if isinstance(c, str))  # AliasChoices, or one name
     return names
 
 

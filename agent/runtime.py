@@ -179,6 +179,12 @@ class AgentRuntime:
         data = await asyncio.to_thread(files.read_bytes, virtual, max_bytes)
         return OutputFile(posixpath.basename(virtual), data)
 
+    def _refuses_all(self) -> bool:
+        """A local provider without bubblewrap (nor ``allow_unsandboxed``): it refuses every
+        command with its own reason, so there is nothing to probe."""
+        provider = self.provider
+        return getattr(provider, "bwrap", "") is None and not getattr(provider, "allow_unsandboxed", True)
+
     def sandbox_state(self) -> SandboxState:
         """What the start-up probe found (agent/sandbox/probe.py): what ``/status``, the chat
         banner and ``/readyz`` report, rather than whether bubblewrap is installed."""
@@ -190,6 +196,8 @@ class AgentRuntime:
         if self.provider is None:
             return SandboxState("failed", f"{s.provider}: {self._sandbox_problem or 'no sandbox provider'}")
         bwrap = getattr(self.provider, "bwrap", "")
+        if self._refuses_all():
+            return SandboxState("failed", f"local: {self._sandbox_problem}")
         if s.provider == "local" and bwrap is None:
             return SandboxState(
                 "unsandboxed", "local, bubblewrap missing: commands run UNSANDBOXED on this host"
@@ -226,8 +234,10 @@ class AgentRuntime:
             await self.provider.reconcile()
             # One real command: a bwrap that cannot create namespaces, or a root the sandbox uid
             # cannot reach, shows only when something runs (agent/sandbox/probe.py).
-            problem = await run_probe(self.provider)
-            if problem is not None:
+            if self._refuses_all():
+                self._sandbox_problem = "bubblewrap is not installed: the agent's commands are refused"
+                log.error("sandbox provider local is not usable: %s", self._sandbox_problem)
+            elif (problem := await run_probe(self.provider)) is not None:
                 raise SandboxError(problem)
             self.provider.start_reaper()
         except SandboxError as exc:

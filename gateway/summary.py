@@ -146,8 +146,8 @@ async def sandbox_line(runtime: AgentRuntime | None, configured: str) -> Line:
     provider = runtime.provider
     if provider is None:
         return logging.WARNING, (
-            f"  sandbox   NONE: the {configured} provider could not be set up (see the error above); "
-            "the agent cannot run commands"
+            f"  sandbox   NONE: the {configured} provider is not usable: "
+            f"{runtime.sandbox_state().detail}; the agent cannot run commands"
         )
     from agent.sandbox.local import LocalProvider
 

@@ -234,7 +234,10 @@ def env_without_config(tmp_path: Path, **extra: str) -> dict[str, str]:
     return clean_env() | {"PYTHONPATH": str(REPO), "CHITAL_DATA": str(tmp_path / "data")} | extra
 
 
-async def test_no_config_file_turns_on_channels_whose_tokens_are_set(tmp_path: Path) -> None:
+async def test_no_config_file_turns_on_channels_whose_tokens_are_set(root: Path) -> None:
+    # In /tmp (conftest's `root`): check runs a command in the sandbox, whose uid cannot pass
+    # through pytest's 0700 tmp dirs when the tests run as root.
+    tmp_path = root
     env = env_without_config(
         tmp_path, TELEGRAM_BOT_TOKEN="123:abc", SLACK_BOT_TOKEN="xoxb-1", OPENAI_API_KEY="sk-1"
     )

@@ -13,9 +13,7 @@ import os
 import shutil
 import stat
 import sys
-import tempfile
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +63,10 @@ def write(path: Path, cfg: dict[str, Any]) -> Path:
 
 
 @pytest.fixture
-def reachable() -> Iterator[Path]:
-    """A directory the sandbox uid can pass through (pytest's tmp dirs are 0700)."""
-    d = Path(tempfile.mkdtemp(prefix="chital-op-", dir="/tmp"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+def reachable(root: Path) -> Path:
+    """A directory the sandbox uid can pass through (conftest's ``root``; pytest's tmp dirs are
+    0700 and, as root, sandboxed commands run as uid 1000)."""
+    return root
 
 
 def mode(path: Path) -> int:
