@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import re
@@ -76,8 +77,10 @@ class RecentErrors(logging.Handler):
         super().__init__(logging.WARNING)
         self.addFilter(redactor)
         self._channels = frozenset(channels)
-        self._errors: collections.deque[dict[str, Any]] = collections.deque(maxlen=kept)
-        self._warnings: collections.deque[dict[str, Any]] = collections.deque(maxlen=kept)
+        self._errors: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(maxlen=kept)
+        self._warnings: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(maxlen=kept)
+        self._seq = itertools.count()
+        """Arrival order: records of the same millisecond stay in the order they were logged."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -91,13 +94,16 @@ class RecentErrors(logging.Handler):
                 message = message[: MESSAGE_CHARS - 1] + "…"
             kept = self._errors if record.levelno >= logging.ERROR else self._warnings
             kept.append(
-                {
-                    "time": round(record.created, 3),
-                    "level": record.levelname,
-                    "channel": self._channel_of(record, message),
-                    "logger": record.name,
-                    "message": message,
-                }
+                (
+                    next(self._seq),
+                    {
+                        "time": round(record.created, 3),
+                        "level": record.levelname,
+                        "channel": self._channel_of(record, message),
+                        "logger": record.name,
+                        "message": message,
+                    },
+                )
             )
         except Exception:  # a handler must never raise into the code that logged
             self.handleError(record)
@@ -116,15 +122,15 @@ class RecentErrors(logging.Handler):
 
     def entries(self, last: int | None = None) -> list[dict[str, Any]]:
         """Errors and warnings together, oldest first."""
-        items = sorted([*self._errors, *self._warnings], key=lambda e: e["time"])
+        items = [entry for _, entry in sorted([*self._errors, *self._warnings], key=lambda e: e[0])]
         return items[-last:] if last else items
 
     def errors(self) -> list[dict[str, Any]]:
         """ERROR and CRITICAL records only, oldest first."""
-        return list(self._errors)
+        return [entry for _, entry in self._errors]
 
     def warnings(self) -> list[dict[str, Any]]:
-        return list(self._warnings)
+        return [entry for _, entry in self._warnings]
 
 
 # -- queue depth ------------------------------------------------------------------------------------

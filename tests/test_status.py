@@ -237,6 +237,25 @@ def test_recent_errors_are_redacted_one_line_and_attributed() -> None:
     assert errors.entries(1) == entries[-1:]
 
 
+def test_a_burst_of_warnings_never_pushes_an_error_out() -> None:
+    """A reconnecting channel logs a warning per attempt: the one ERROR stays in `errors`."""
+    errors = RecentErrors(RedactingFilter([]), ["telegram"], kept=5)
+    logger = logging.getLogger("test.status.burst")
+    logger.propagate = False
+    logger.addHandler(errors)
+    try:
+        logger.error("sandbox provider local is not usable: sandbox uid 1000 cannot reach /root")
+        for i in range(60):
+            logger.warning("channel telegram: reconnecting (attempt %d)", i)
+    finally:
+        logger.removeHandler(errors)
+    assert [e["message"] for e in errors.errors()] == [
+        "sandbox provider local is not usable: sandbox uid 1000 cannot reach /root"
+    ]
+    assert [e["message"] for e in errors.warnings()][-1] == "channel telegram: reconnecting (attempt 59)"
+    assert len(errors.warnings()) == 5
+
+
 def test_summary_lines_hide_url_credentials_and_warn_only_on_trouble() -> None:
     assert endpoint("https://bob:s3cret@llm.example.com:8443/v1?api_key=sk-abc") == "llm.example.com:8443"
     assert endpoint("http://10.0.0.5/v1") == "10.0.0.5"
