@@ -35,6 +35,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .logs import setup_logging
 
     cfg = load_config_arg(args)
+    typos = model_typos(cfg)
+    if typos:  # like a misspelt key anywhere else in the file: the configuration is invalid
+        print(
+            f"chital: {config_path(args.config) or 'built-in defaults'}: invalid configuration",
+            file=sys.stderr,
+        )
+        for line in typos:
+            print(f"  {line}", file=sys.stderr)
+        return 2
     setup_logging(cfg)
     # Which channels are on and why the others are off, the model and the sandbox: the start-up
     # summary logs them once, after the daemon has tried them (gateway/summary.py).
@@ -46,6 +55,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         code = 1
     _exit_if_threads_linger(code)
     return code
+
+
+def model_typos(cfg: Config) -> list[str]:
+    """``models[i].key: not a setting of ...; did you mean ...?`` for each key under ``models[]``
+    its class does not take (agent/model.py ``unknown_settings``); a class that cannot be imported
+    is left to the agent's own report."""
+    import importlib
+
+    from agent.model import unknown_settings
+
+    out = []
+    for i, spec in enumerate(cfg.models):
+        module, _, name = spec.use.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            continue
+        out += [f"models[{i}].{key}: {why}" for key, why in unknown_settings(spec, cls)]
+    return out
 
 
 def _exit_if_threads_linger(code: int, wait: float = 3.0) -> None:

@@ -255,6 +255,16 @@ async def test_the_bots_pairing_message_names_the_config(
         # ... and the command as given works, from another directory.
         rc, out, err = await chital(*expected.split()[1:], code, cwd=tmp_path / "data")
         assert rc == 0 and "approved telegram:6666" in out, out + err
+        # The chat's /status says what the start-up probe found, without host paths.
+        tg.inject_command(6666, 6666, "status", "", chat_type="private", at=None)
+        status = await tg.wait_for(
+            lambda: next((m.text for m in tg.bot_messages(6666) if "Sandbox:" in m.text), None),
+            timeout=20,
+            what="/status",
+        )
+        state = "ready (commands run isolated)" if shutil.which("bwrap") else "NOT WORKING"
+        assert f"Sandbox: {state}" in status, status
+        assert str(tmp_path) not in status
     finally:
         await d.close()
 
@@ -277,29 +287,17 @@ async def test_check_names_a_misspelt_model_setting(
     assert "sk-test-key-never-logged" not in out + err
 
 
-async def test_run_says_which_model_setting_is_wrong(tmp_path: Path, model: FakeOpenAI) -> None:
+async def test_run_refuses_a_misspelt_model_setting(tmp_path: Path, model: FakeOpenAI) -> None:
+    """`run` treats it as the invalid configuration it is (exit 2, the field and the fix), as it
+    does a misspelt key anywhere else, instead of starting an agent whose every answer fails."""
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["models"][0]["modle"] = cfg["models"][0].pop("model")
-    d = DaemonProcess(tmp_path, cfg)
-    try:
-        await d.start(wait_ready=False)
-        body = await _wait_agent(d)
-        assert body["agent"]["state"] == "failed"
-        assert (
-            "'modle' is not a setting of langchain_openai:ChatOpenAI; did you mean 'model'?"
-            in body["agent"]["reason"]
-        )
-    finally:
-        await d.close()
-
-
-async def _wait_agent(d: DaemonProcess) -> dict[str, Any]:
-    for _ in range(300):
-        _, body = await d.get("/readyz")
-        if isinstance(body, dict) and body.get("agent", {}).get("state") not in (None, "starting"):
-            return body
-        await asyncio.sleep(0.1)
-    raise AssertionError(d.logs())
+    path = write(tmp_path / "config.yaml", cfg)
+    rc, out, err = await chital("run", "-c", str(path), cwd=tmp_path)
+    assert rc == 2, out + err
+    assert "invalid configuration" in err
+    assert "models[0].modle: not a setting of langchain_openai:ChatOpenAI; did you mean 'model'?" in err
+    assert not (tmp_path / "data").exists()
 
 
 async def test_a_keyless_local_server_needs_only_its_url(
