@@ -186,6 +186,13 @@ class SandboxProvider(abc.ABC):
     async def release(self, thread_id: str) -> None:
         """The turn is over; the sandbox may idle until reaped."""
 
+    async def discard(self, thread_id: str) -> None:
+        """Forget ``thread_id``'s sandbox now (the start-up probe's, agent/sandbox/probe.py), and
+        stop whatever runs for it; its directories are the caller's to remove."""
+        sandboxes = getattr(self, "_sandboxes", None)
+        if isinstance(sandboxes, dict):
+            sandboxes.pop(thread_id, None)
+
     @abc.abstractmethod
     async def reap_idle(self) -> list[str]:
         """Stop sandboxes idle longer than ``idle_timeout``; returns their thread ids."""

@@ -395,6 +395,12 @@ class DockerProvider(SandboxProvider):
         if sb is not None:
             sb.touch()
 
+    async def discard(self, thread_id: str) -> None:
+        async with self._lock(thread_id):
+            sb = self._sandboxes.pop(thread_id, None)
+            if sb is not None:
+                await self._remove(sb.container_id)
+
     async def _remove(self, container_id: str) -> None:
         def rm() -> None:
             with contextlib.suppress(NotFound):

@@ -55,6 +55,9 @@ async def run_probe(provider: SandboxProvider, timeout: float = PROBE_TIMEOUT) -
             res = await sandbox.exec(f"echo {PROBE_TEXT}", timeout=timeout)
         finally:
             await provider.release(PROBE_THREAD)
+            # Nothing of the probe stays: no container, no thread directory beside users' own.
+            await provider.discard(PROBE_THREAD)
+            await asyncio.to_thread(shutil.rmtree, sandbox.dirs.base, True)
     except SandboxError as exc:
         return str(exc)
     except OSError as exc:
