@@ -23,7 +23,7 @@ from agent import lean_imports
 
 from . import cli_init, cli_migrate, cli_send, cli_status
 from .cli_chat import cmd_chat
-from .cli_common import Formatter, add_command, add_config_option, config_path, load_config_arg, sandbox_note
+from .cli_common import Formatter, add_command, add_config_option, config_path, load_config_arg
 from .cli_pairing import cmd_pairing
 from .config import Config
 
