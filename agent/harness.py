@@ -60,6 +60,7 @@ from agent.events import (
 from agent.merge import merge_model_calls
 from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, diagnose, is_retryable
 from agent.model import TokenTap, build_chat_model, model_display_name
+from agent.provenance import PROVENANCE_KEY, Provenance, Source, of_context
 from agent.safety import Redactor
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
@@ -290,7 +291,7 @@ class Harness:
         async def prepare() -> dict[str, Any] | Command[Any] | Final | None:
             return await self._prepare(
                 graph, config, thread_id, message_id, text, files, user_id, options.context, options.images,
-                self._takes_images(options.model),
+                self._takes_images(options.model), options.provenance,
             )  # fmt: skip
 
         async with aclosing(self._drive(graph, config, thread_id, message_id, prepare, choice)) as events:
@@ -388,14 +389,21 @@ class Harness:
         context: Sequence[ContextMessage] = (),
         images: Sequence[ImagePart] = (),
         takes_images: bool = True,
+        provenance: Sequence[Source] = (),
     ) -> dict[str, Any] | Final | None:
         """Decide between replaying the answer (Final), continuing (None) and a new turn (input).
         The thread's earlier messages (``context``) go into the new turn's HumanMessage as a quoted
-        block (agent/thread_context.py), so the checkpoint keeps them with the turn."""
+        block (agent/thread_context.py), so the checkpoint keeps them with the turn; so do the
+        untrusted sources it carries (``provenance`` and the context's authors, agent/provenance.py)."""
+        sources = Provenance(tuple(provenance)).merged(of_context(context)).to_json()
         human = HumanMessage(
             content=human_content(_with_files(with_context(text, context), files), images),
             id=message_id,
-            additional_kwargs={"user_id": user_id, **({IMAGES_KEY: image_index(images)} if images else {})},
+            additional_kwargs={
+                "user_id": user_id,
+                **({IMAGES_KEY: image_index(images)} if images else {}),
+                **({PROVENANCE_KEY: sources} if sources else {}),
+            },
         )
         if images:  # its history holds images until they fade (agent/vision.py)
             if len(self._pictured) >= _SETTLED_CACHE:
