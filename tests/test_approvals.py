@@ -346,7 +346,8 @@ async def test_a_timeout_denies(tmp_path: Path) -> None:
         _, request = await paused(rig.channel, rig.harness)
         await until(lambda: rig.harness.resumed, what="the timeout")
         decision = rig.harness.resumed[0].decision
-        assert not decision.approved and "no one approved it" in decision.reason
+        assert not decision.approved and decision.reason == "no one approved it within 1 second"
+        assert "Times out in 1 second (then it is denied)" in request.text, "not rounded to minutes"
         assert request.text.endswith("⌛ Timed out: not run") and request.buttons == []
         late = await rig.channel.press(request.message_id, "✅", USER, "Alice")
         assert late.refused and "Timed out" in late.text
@@ -529,6 +530,31 @@ async def test_telegram_deny_does_not_run_the_command(
         tool_results = [m for m in model.requests[1]["messages"] if m.get("role") == "tool"]
         assert "denied by Olga" in str(tool_results[-1]["content"])
         assert not any(daemon.sandbox_root.rglob("flag.txt"))
+    finally:
+        await daemon.close()
+
+
+async def test_telegram_timeout_tells_the_model_the_real_duration(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """A 15-second timeout is "15 seconds" to the model, not "1 minutes" (gateway/durations.py)."""
+    model.script(
+        Reply(tool_calls=[ToolCall("web_fetch", {"url": "https://example.org/"})]),
+        Reply(text="Nobody approved the fetch."),
+    )
+    cfg = telegram_config(tmp_path, tg, model)
+    cfg["agent"]["approvals"] = {"tools": ["web_fetch"], "timeout": 15}
+    cfg["agent"]["memory"] = {"enabled": False}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    try:
+        tg.inject_message(OWNER, OWNER, "fetch it", first_name="Olga")
+        request = await tg_buttons(tg, OWNER)
+        assert "Times out in 15 seconds (then it is denied)" in request.text
+        await tg.wait_for(lambda: len(model.requests) >= 2, timeout=60, what="the timed-out call's result")
+        tool_results = [m for m in model.requests[1]["messages"] if m.get("role") == "tool"]
+        assert "no one approved it within 15 seconds" in str(tool_results[-1]["content"])
+        assert "minute" not in str(tool_results[-1]["content"])
     finally:
         await daemon.close()
 

@@ -43,6 +43,8 @@ def gullible(body: dict[str, Any]) -> Reply:
         if INJECTED in content:  # the page said so
             return Reply(tool_calls=[ToolCall("schedule_task", {"text": INJECTED, "delay": "2s"})])
         return Reply(text=f"Done: {content}")
+    if fired and fired.group(1) == "1" and "the web page" in text:  # obeys the quoted text again
+        return Reply(tool_calls=[ToolCall("schedule_task", {"text": f"CHAINED {INJECTED}", "delay": "2h"})])
     if fired:
         return Reply(text=f"⏰ Ran scheduled task #{fired.group(1)}")
     if INJECTED in text:  # the quoted context said so
@@ -179,8 +181,17 @@ async def test_a_fetched_web_page_makes_a_schedule_that_waits_and_fires_quoted(
     )
     assert confirmed.startswith("✅ Confirmed #1"), confirmed
     await tg.wait_for(lambda: firings(model, 1), timeout=30, what="the confirmed run")
-    (fired,) = firings(model, 1)
+    fired = firings(model, 1)[0]
     assert_quoted_with_origin(fired, f"the web page {page}")
+    # The run's turn carries the taint on: what the model schedules from it waits for the owner too.
+    chained = await tg.wait_for(
+        lambda: next((m for m in tg.bot_messages(OWNER) if "Confirm schedule #2" in m.text), None),
+        timeout=30,
+        what="the chained schedule's confirmation request",
+    )
+    assert "scheduled task #1" in chained.text and f"the web page {page}" in chained.text
+    listing = await reply_to(tg, OWNER, tg.inject_message(OWNER, OWNER, "/schedules"), "Schedules here")
+    assert "waits for confirmation (/schedules confirm 2)" in listing
 
 
 async def test_a_schedule_from_the_owners_own_words_fires_unasked_and_unchanged(

@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from agent.events import AgentEvent, Final
+from agent.provenance import MESSAGE, WEB_PAGE, Provenance, Source
 from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
 from channels.base import ChannelError, ChannelState, Inbound
 from gateway.cli_send import Refused, parse_target, push_inbound
@@ -322,6 +323,18 @@ async def test_only_the_creator_or_an_admin_may_cancel(sched: Scheduled) -> None
         "Cannot cancel: there is no active schedule #2 in this conversation."
     )
     assert await say(USER, "/unschedule") == "Usage: /unschedule ID (the number /schedules shows)"
+    # A number that is no number says what is wrong with it (never "something went wrong").
+    for typed in ("²", "①", "#٣", "1.5", "-1", "x"):
+        assert await say(USER, f"/unschedule {typed}") == (
+            f"Cannot cancel: {typed!r} is not a schedule number: write it in the digits 0-9, like 3."
+        ), typed
+    for typed in ("99999999999999999999999", "0", "#9223372036854775808"):
+        assert await say(USER, f"/schedules cancel {typed}") == (
+            f"Cannot cancel: {typed!r} is not a schedule number: they run from 1 to 9223372036854775807."
+        ), typed
+    assert await say(USER, "/schedules confirm ①") == (
+        "Cannot confirm: '①' is not a schedule number: write it in the digits 0-9, like 3."
+    )
     assert "No schedules in this conversation" in await say(USER, "/schedules")
     sched.clock.now += 10 * 86400
     assert await sched.fire() == 0, "cancelled schedules never fire"
@@ -426,6 +439,22 @@ async def test_the_schedule_store_on_both_engines(
         assert await store.schedules_prune(3600) == 0, "finished just now: kept"
         assert await store.schedules_prune(-1) == 2, "finished and cancelled ones go"
         assert await store.schedule_get(one.id) is None
+        # Made after reading untrusted content: stored with its sources, never due unconfirmed.
+        sources = Provenance((Source(WEB_PAGE, "https://pages.example/x"), Source(MESSAGE, "Mallory")))
+        tainted, _ = await store.schedule_add(
+            origin="o-3", cron=None, next_fire=now + 10, provenance=sources, **args
+        )
+        assert tainted.provenance == sources and tainted.unconfirmed and tainted.confirmed is None
+        again3 = await store.schedule_get(tainted.id)
+        assert again3 is not None and again3.provenance == sources and again3.unconfirmed
+        assert await store.schedules_due(now + 45, ["telegram"]) == []
+        assert await store.schedule_next_time(["telegram"]) is None
+        assert await store.schedule_confirm(tainted.id, "Olga", now + 20)
+        assert not await store.schedule_confirm(tainted.id, "Eve", now + 20), "confirmed once"
+        confirmed = await store.schedule_get(tainted.id)
+        assert confirmed is not None and confirmed.confirmed == "Olga" and not confirmed.unconfirmed
+        assert [s.id for s in await store.schedules_due(now + 45, ["telegram"])] == [tainted.id]
+        assert await store.schedule_cancel(tainted.id)
         seen = await store.journal_last_rowid()
         push = push_inbound("telegram", "5", None, "k")
         await store.journal_add(push, JournalKind.NOTICE, "hello")
