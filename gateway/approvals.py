@@ -109,6 +109,11 @@ def request_text(event: ApprovalRequested, requester: str, timeout: float, code:
         if hidden
         else ""
     )
+    if event.untrusted:
+        warning += (
+            f"⚠️ It asks after reading content you did not write (`{_visible(_cut(event.untrusted, 300))}`): "
+            "the call may follow instructions from there.\n"
+        )
     return (
         f"🔐 **Approval needed**: the agent wants to run `{event.tool}`\n"
         f"```\n{shown_args(event.args)}\n```\n{warning}"
