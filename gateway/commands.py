@@ -35,7 +35,8 @@ COMMANDS: dict[str, str] = {
     "status": "show this conversation's thread, model and queue",
     "memory": "show what I remember about you (in a direct message)",
     "forget": "erase everything I remember about you",
-    "schedules": "list this conversation's schedules (/schedules cancel ID cancels one)",
+    "schedules": "list this conversation's schedules (/schedules cancel ID cancels one; "
+    "/schedules confirm ID lets one that waits for your confirmation run)",
     "unschedule": "cancel a schedule: /unschedule ID (its creator or an admin)",
     "model": "list the models (alone) or switch this conversation's: /model NAME",
     "usage": "show the tokens you used (today, 7 and 30 days) and your daily budget",
