@@ -141,15 +141,15 @@ def may_answer(gw: Gateway, schedule: Schedule, platform: str, sender_id: str, c
 
 
 async def on_action(gw: Gateway, action: Action) -> ActionAnswer:
-    """A press on a confirmation request: checked, settled once, answered to the presser."""
+    """A press on a confirmation request: checked, settled once, answered to the presser. Only
+    the schedule's creator or an admin may answer (where the button sits does not matter: a
+    Discord thread's press names the thread, the schedule its parent channel)."""
     parts = action.value.split(":")
     if len(parts) != 3 or parts[1] not in ("ok", "no") or not re.fullmatch(r"[0-9]{1,18}", parts[2]):
         return ActionAnswer("This button is not mine to answer.", refused=True)
     schedule = await gw.store.schedule_get(int(parts[2]))
     if schedule is None or schedule.template.platform != action.platform:
         return ActionAnswer("This schedule no longer exists.", refused=True)
-    if schedule.template.chat_id != action.chat_id:
-        return ActionAnswer("This button is not mine to answer.", refused=True)
     if not may_answer(gw, schedule, action.platform, action.sender_id, action.chat_id):
         return ActionAnswer(f"⛔ Not yours to answer: only {schedule.creator} or an admin can.", refused=True)
     by = action.sender_name or action.user
