@@ -19,8 +19,8 @@ import re
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
-from agent.provenance import SCHEDULED, Provenance, Source, clean_label
-from channels.base import Action, ActionAnswer, Button, Inbound, scrub
+from agent.provenance import MESSAGE, SCHEDULED, Provenance, Source, clean_label
+from channels.base import FORWARDED, Action, ActionAnswer, Button, Inbound, scrub
 
 from .access import is_admin
 
@@ -67,6 +67,14 @@ def inbound_sources(inbound: Inbound) -> tuple[Source, ...]:
     """The sources a journaled firing carries (``()`` for anything else)."""
     raw = inbound.extra.get(PROVENANCE_EXTRA)
     return Provenance.from_json(raw).sources if raw else ()
+
+
+def forwarded_sources(inbound: Inbound) -> tuple[Source, ...]:
+    """A forwarded or shared message carries someone else's words (channels.base.FORWARDED)."""
+    if FORWARDED not in inbound.extra:
+        return ()
+    who = clean_label(str(inbound.extra.get(FORWARDED) or ""), 64)
+    return (Source(MESSAGE, f"{who or 'someone'} (forwarded)"),)
 
 
 def firing_text(schedule: Schedule, rule: str, due: str) -> str:

@@ -165,6 +165,18 @@ async def test_a_strangers_quoted_message_makes_a_schedule_that_waits_for_the_ow
     assert tg.buttons(GROUP, request.message_id) == [], "the decision replaces the buttons"
 
 
+async def test_a_forwarded_message_makes_a_schedule_that_waits_for_the_owner(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    up = tg.inject_message(OWNER, OWNER, INJECTED, forwarded_from="Mallory")
+    done = await reply_to(tg, OWNER, up, "Done: Scheduled #1")
+    assert "will NOT run until the user confirms it" in done
+    request = await confirmation_request(tg, OWNER)
+    assert "a message by Mallory (forwarded)" in request.text
+    await asyncio.sleep(4)
+    assert firings(model, 1) == []
+
+
 async def test_a_fetched_web_page_makes_a_schedule_that_waits_and_fires_quoted(
     daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI, page: str
 ) -> None:
