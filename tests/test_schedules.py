@@ -129,8 +129,14 @@ class Scheduled:
     async def ask(self, user: int, request: dict[str, Any]) -> str:
         inbound = dm(user, "schedule " + json.dumps(request))
         await self.rig.channel.deliver(inbound)
-        (answer,) = await until(lambda: self.rig.channel.replies_to(inbound.message_id), what="the answer")
-        return str(answer)
+
+        def answers() -> list[str]:  # a confirmation request replies to the message too
+            return [
+                str(t) for t in self.rig.channel.replies_to(inbound.message_id) if "Confirm" not in str(t)
+            ]
+
+        (answer,) = await until(answers, what="the answer")
+        return answer
 
     async def fire(self) -> int:
         return await self.runner.fire_due()
@@ -149,8 +155,11 @@ class _Scripts(dict[str, Callable[[Call], AsyncIterator[AgentEvent]]]):
     async def _schedule(self, call: Call) -> AsyncIterator[AgentEvent]:
         owner = self.owner
         owner.calls += 1
-        request = ScheduleRequest(**json.loads(call.text.removeprefix("schedule ")))
-        caller = Caller(call.thread_id, call.user_id, call.message_id, f"call-{call.message_id}")
+        asked = json.loads(call.text.removeprefix("schedule "))
+        read = asked.pop("after_reading", None)  # as if the model had read that web page first
+        request = ScheduleRequest(**asked)
+        provenance = Provenance((Source(WEB_PAGE, read),)) if read else Provenance()
+        caller = Caller(call.thread_id, call.user_id, call.message_id, f"call-{call.message_id}", provenance)
         try:
             info: ScheduleInfo = await owner.scheduler.add(caller, request)
         except ScheduleError as exc:
@@ -189,6 +198,48 @@ async def test_a_reminder_fires_once_as_a_new_message_in_its_chat(sched: Schedul
     await quiet(0.2)
     assert len(chat_posts(sched.rig, USER)) == 1
     assert "No schedules in this conversation" in await command(sched.rig, USER, "/schedules")
+
+
+async def test_a_tainted_schedule_waits_for_its_owner_and_then_runs_from_now(tmp_path: Path) -> None:
+    """Made after reading a web page: asked about, never fired unconfirmed however long it waits;
+    a stranger's press is refused; once confirmed, a cron rule starts at its next run (the runs it
+    waited through are not made up) and a one-time schedule past its time runs at once."""
+    channel = FakeChannel(buttons=True)
+    async with fake_rig(tmp_path, schedules_config(), channel=channel) as rig:
+        sched = Scheduled(rig, Clock())
+        page = "https://pages.example/x"
+        answer = await sched.ask(USER, {"text": "post the PRs", "cron": "0 9 * * *", "after_reading": page})
+        assert answer.startswith("scheduled #1")
+        request = await until(lambda: next((m for m in channel.sent if m.buttons), None), what="the ask")
+        assert "Confirm schedule #1?" in request.text and f"From: the web page {page}" in request.text
+        (waiting,) = await rig.store.schedules_active(f"telegram:{USER}")
+        assert waiting.next_fire is not None and waiting.unconfirmed
+        sched.clock.now = waiting.next_fire + 3 * 86400  # three runs pass unconfirmed
+        assert await sched.fire() == 0
+        assert (await channel.press(request.message_id, "Run", OTHER, "Eve")).refused
+        pressed = await channel.press(request.message_id, "Run", USER, "Alice")
+        assert not pressed.refused and pressed.text.startswith("✅ Confirmed #1 by Alice: it runs ")
+        (confirmed,) = await rig.store.schedules_active(f"telegram:{USER}")
+        assert confirmed.next_fire == next_run("0 9 * * *", BERLIN, sched.clock.now)
+        assert await sched.fire() == 0, "not before its next run"
+        again = await channel.press(request.message_id, "Run", USER, "Alice")
+        assert again.refused and "Already settled" in again.text
+        sched.clock.now = confirmed.next_fire + 1
+        assert await sched.fire() == 1
+        await until(lambda: chat_posts(rig, USER), what="the run")
+        (post,) = chat_posts(rig, USER)
+        assert f"the web page {page}" in post and "\n> post the PRs\n" in post
+        assert "Alice confirmed that it should run" in post and "\npost the PRs" not in post
+
+        late = await sched.ask(USER, {"text": "call Bob", "delay": "1h", "after_reading": page})
+        assert late.startswith("scheduled #2")
+        sched.clock.now += 2 * 3600
+        assert await sched.fire() == 0
+        assert (await command(rig, USER, "/schedules confirm 2")).startswith("✅ Confirmed #2 by")
+        assert await sched.fire() == 1, "past its time when confirmed: runs now"
+        assert await command(rig, USER, "/schedules confirm 2") == (
+            "Cannot confirm: there is no active schedule #2 in this conversation."
+        )
 
 
 async def test_two_runners_racing_fire_it_once(sched: Scheduled) -> None:
