@@ -111,7 +111,7 @@ def request_text(event: ApprovalRequested, requester: str, timeout: float, code:
     )
     if event.untrusted:
         warning += (
-            f"⚠️ It asks after reading content you did not write (`{_visible(_cut(event.untrusted, 300))}`): "
+            f"⚠️ It asks after reading content you did not write ({code_span(event.untrusted, 300)}): "
             "the call may follow instructions from there.\n"
         )
     return (

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from agent.provenance import MESSAGE, SCHEDULED, Provenance, Source, clean_label
+from agent.untrusted import code_span, one_line
 from channels.base import FORWARDED, Action, ActionAnswer, Button, Inbound, scrub
 
 from .access import is_admin
@@ -38,17 +39,12 @@ SHOWN_TEXT = 600
 """Characters of the scheduled text the confirmation request quotes."""
 END = "[End of the scheduled text.]"
 _MARKER = re.compile(r"\[\s*(end of the scheduled text)", re.IGNORECASE)
-_INVISIBLE = re.compile(
-    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]"
-)
 
 
 def _shown(text: str, limit: int) -> str:
-    """Untrusted text for a code block in the chat: bounded, characters that do not show as
-    themselves escaped, fences broken so the block holds (no live link or mention inside it)."""
-    text = text if len(text) <= limit else text[: limit - 1] + "…"
-    text = _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-    return scrub(text).replace("```", "`\u200b``")
+    """Untrusted text for a code block in the chat: visible (agent/untrusted.py), one line,
+    bounded, fences broken so the block holds (no live link or mention inside it)."""
+    return scrub(one_line(text, limit)).replace("```", "`\u200b``")
 
 
 def origin_sources(schedule: Schedule) -> tuple[Source, ...]:
@@ -176,12 +172,14 @@ async def decide(gw: Gateway, schedule: Schedule, run: bool, by: str) -> str:
     if schedule.state != "active":
         return f"Schedule #{schedule.id} is no longer active."
     if not schedule.unconfirmed:
-        return f"Already settled: #{schedule.id} was confirmed by {schedule.confirmed or 'someone'}."
+        return (
+            f"Already settled: #{schedule.id} was confirmed by {code_span(schedule.confirmed or 'someone')}."
+        )
     if not run:
         if not await gw.store.schedule_cancel(schedule.id):
             return f"Schedule #{schedule.id} is no longer active."
         log.info("schedule #%d cancelled at confirmation by %s", schedule.id, by)
-        return f"🗑 Cancelled #{schedule.id} by {by}: it will not run."
+        return f"🗑 Cancelled #{schedule.id} by {code_span(by)}: it will not run."
     now, tz = gw.schedule_clock(), ZoneInfo(schedule.tz)
     due = schedule.next_fire if schedule.next_fire is not None else now
     if due < now:  # it waited past its time: a one-shot runs now, a cron rule from its next run
@@ -189,11 +187,11 @@ async def decide(gw: Gateway, schedule: Schedule, run: bool, by: str) -> str:
     if not await gw.store.schedule_confirm(schedule.id, by, due):
         fresh = await gw.store.schedule_get(schedule.id)
         if fresh is not None and fresh.state == "active" and fresh.confirmed:
-            return f"Already settled: #{schedule.id} was confirmed by {fresh.confirmed}."
+            return f"Already settled: #{schedule.id} was confirmed by {code_span(fresh.confirmed)}."
         return f"Schedule #{schedule.id} is no longer active."
     log.info("schedule #%d confirmed by %s", schedule.id, by)
     gw.wake_schedules()
-    return f"✅ Confirmed #{schedule.id} by {by}: it runs {fmt(due, tz)}."
+    return f"✅ Confirmed #{schedule.id} by {code_span(by)}: it runs {fmt(due, tz)}."
 
 
 async def _close(gw: Gateway, schedule: Schedule, action: Action, note: str) -> None:

@@ -443,13 +443,13 @@ def schedule_number(text: str) -> int:
     """A schedule's number as typed (``3`` or ``#3``): ASCII digits only (``str.isdigit`` takes
     ``²`` and ``①``, which ``int`` then refuses), within SQL's integers, else a ScheduleError
     saying what is wrong with it."""
-    shown = _short(text)[:40]
+    shown = code_span(text, 40)  # what they typed, shown literally (agent/untrusted.py)
     match = _NUMBER.fullmatch(text.strip())
     if match is None:
-        return _bad_number(f"{shown!r} is not a schedule number: write it in the digits 0-9, like 3")
+        return _bad_number(f"{shown} is not a schedule number: write it in the digits 0-9, like 3")
     number = int(match.group(1))
     if number == 0 or number > MAX_ID:
-        return _bad_number(f"{shown!r} is not a schedule number: they run from 1 to {MAX_ID}")
+        return _bad_number(f"{shown} is not a schedule number: they run from 1 to {MAX_ID}")
     return number
 
 

@@ -153,7 +153,7 @@ async def test_a_strangers_quoted_message_makes_a_schedule_that_waits_for_the_ow
 
     owner = tg.press_button(GROUP, request.message_id, OWNER, "Run it", first_name="Olga")
     toast = await tg.wait_for(lambda: tg.answered_queries.get(owner["callback_query"]["id"]), timeout=15)
-    assert toast["text"].startswith("✅ Confirmed #1 by Olga")
+    assert toast["text"].startswith("✅ Confirmed #1 by `Olga`")
     await tg.wait_for(lambda: firings(model, 1), timeout=30, what="the confirmed run")
     (fired,) = firings(model, 1)
     assert_quoted_with_origin(fired, "a message by Mallory")
@@ -161,7 +161,7 @@ async def test_a_strangers_quoted_message_makes_a_schedule_that_waits_for_the_ow
     await tg.wait_for(
         lambda: "⏰ Ran scheduled task #1" in tg.bot_texts(GROUP), timeout=20, what="the posted run"
     )
-    assert "✅ Confirmed #1 by Olga" in tg.message(GROUP, request.message_id).text
+    assert "✅ Confirmed #1 by Olga" in tg.message(GROUP, request.message_id).text  # a code entity
     assert tg.buttons(GROUP, request.message_id) == [], "the decision replaces the buttons"
 
 

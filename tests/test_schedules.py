@@ -218,7 +218,7 @@ async def test_a_tainted_schedule_waits_for_its_owner_and_then_runs_from_now(tmp
         assert await sched.fire() == 0
         assert (await channel.press(request.message_id, "Run", OTHER, "Eve")).refused
         pressed = await channel.press(request.message_id, "Run", USER, "Alice")
-        assert not pressed.refused and pressed.text.startswith("✅ Confirmed #1 by Alice: it runs ")
+        assert not pressed.refused and pressed.text.startswith("✅ Confirmed #1 by `Alice`: it runs ")
         (confirmed,) = await rig.store.schedules_active(f"telegram:{USER}")
         assert confirmed.next_fire == next_run("0 9 * * *", BERLIN, sched.clock.now)
         assert await sched.fire() == 0, "not before its next run"
@@ -377,14 +377,14 @@ async def test_only_the_creator_or_an_admin_may_cancel(sched: Scheduled) -> None
     # A number that is no number says what is wrong with it (never "something went wrong").
     for typed in ("²", "①", "#٣", "1.5", "-1", "x"):
         assert await say(USER, f"/unschedule {typed}") == (
-            f"Cannot cancel: {typed!r} is not a schedule number: write it in the digits 0-9, like 3."
+            f"Cannot cancel: `{typed}` is not a schedule number: write it in the digits 0-9, like 3."
         ), typed
     for typed in ("99999999999999999999999", "0", "#9223372036854775808"):
         assert await say(USER, f"/schedules cancel {typed}") == (
-            f"Cannot cancel: {typed!r} is not a schedule number: they run from 1 to 9223372036854775807."
+            f"Cannot cancel: `{typed}` is not a schedule number: they run from 1 to 9223372036854775807."
         ), typed
     assert await say(USER, "/schedules confirm ①") == (
-        "Cannot confirm: '①' is not a schedule number: write it in the digits 0-9, like 3."
+        "Cannot confirm: `①` is not a schedule number: write it in the digits 0-9, like 3."
     )
     assert "No schedules in this conversation" in await say(USER, "/schedules")
     sched.clock.now += 10 * 86400
