@@ -49,6 +49,9 @@ class ApprovalRequested:
     tool: str
     args: dict[str, Any]
     description: str = ""
+    untrusted: str = ""
+    """The untrusted sources the model had read before asking, in words (agent/provenance.py):
+    the call may follow an instruction from them. Empty: none."""
 
 
 @dataclass(frozen=True, slots=True)

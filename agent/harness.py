@@ -23,6 +23,7 @@ the library:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import weakref
@@ -60,6 +61,7 @@ from agent.events import (
 from agent.merge import merge_model_calls
 from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, diagnose, is_retryable
 from agent.model import TokenTap, build_chat_model, model_display_name
+from agent.provenance import PROVENANCE_KEY, Provenance, Source, of_context, of_messages
 from agent.safety import Redactor
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
@@ -290,7 +292,7 @@ class Harness:
         async def prepare() -> dict[str, Any] | Command[Any] | Final | None:
             return await self._prepare(
                 graph, config, thread_id, message_id, text, files, user_id, options.context, options.images,
-                self._takes_images(options.model),
+                self._takes_images(options.model), options.provenance,
             )  # fmt: skip
 
         async with aclosing(self._drive(graph, config, thread_id, message_id, prepare, choice)) as events:
@@ -388,14 +390,21 @@ class Harness:
         context: Sequence[ContextMessage] = (),
         images: Sequence[ImagePart] = (),
         takes_images: bool = True,
+        provenance: Sequence[Source] = (),
     ) -> dict[str, Any] | Final | None:
         """Decide between replaying the answer (Final), continuing (None) and a new turn (input).
         The thread's earlier messages (``context``) go into the new turn's HumanMessage as a quoted
-        block (agent/thread_context.py), so the checkpoint keeps them with the turn."""
+        block (agent/thread_context.py), so the checkpoint keeps them with the turn; so do the
+        untrusted sources it carries (``provenance`` and the context's authors, agent/provenance.py)."""
+        sources = Provenance(tuple(provenance)).merged(of_context(context)).to_json()
         human = HumanMessage(
             content=human_content(_with_files(with_context(text, context), files), images),
             id=message_id,
-            additional_kwargs={"user_id": user_id, **({IMAGES_KEY: image_index(images)} if images else {})},
+            additional_kwargs={
+                "user_id": user_id,
+                **({IMAGES_KEY: image_index(images)} if images else {}),
+                **({PROVENANCE_KEY: sources} if sources else {}),
+            },
         )
         if images:  # its history holds images until they fade (agent/vision.py)
             if len(self._pictured) >= _SETTLED_CACHE:
@@ -465,6 +474,15 @@ class Harness:
             self._answered.pop(next(iter(self._answered)))
         self._answered[message_id] = None
 
+    async def _untrusted(self, graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig) -> str:
+        """The untrusted sources in the thread now, in words, for an approval request: the person
+        deciding should know the call may come from what a page or a stranger said."""
+        try:
+            snap = await graph.aget_state(config)
+        except Exception:  # the request still goes out; it says nothing of provenance then
+            return ""
+        return self._redact(of_messages(snap.values.get("messages", ())).describe())
+
     # ---- the run -------------------------------------------------------------------------------
     async def _stream(
         self,
@@ -489,10 +507,12 @@ class Harness:
                     continue
                 mode, part = item
                 if mode == "updates":
-                    for pause in part.get("__interrupt__", ()):
+                    pauses = part.get("__interrupt__", ())
+                    untrusted = await self._untrusted(graph, config) if pauses else ""
+                    for pause in pauses:
                         request = approval_event(pause.id, pause.value, self._redact)
                         if request is not None:
-                            yield request
+                            yield dataclasses.replace(request, untrusted=untrusted)
                     for node, update in part.items():
                         for message in _messages_of(update):
                             if node == _LEAD_NODE and isinstance(message, AIMessage):

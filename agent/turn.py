@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.provenance import Source
+
 
 @dataclass(frozen=True, slots=True)
 class ImagePart:
@@ -49,6 +51,9 @@ class TurnOptions:
     tool, skill and memory sections stay; agent/turn_overrides.py)."""
     skill: str | None = None
     """A skill the user activated by name (``/<skill> text``) for this turn."""
+    provenance: tuple[Source, ...] = ()
+    """Untrusted sources the turn's input carries besides its thread context: a firing of a
+    schedule made in a conversation that had read untrusted content (agent/provenance.py)."""
 
 
 PLAIN = TurnOptions()

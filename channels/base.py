@@ -175,6 +175,10 @@ class ContextItem:
         object.__setattr__(self, "text", clean_text(self.text))
 
 
+FORWARDED = "forwarded"
+""":attr:`Inbound.extra` key of a message that carries text someone else wrote (a forwarded or
+shared message): who wrote it, as the platform names them ("" when it does not). The agent is
+told its words are not the sender's own (agent/provenance.py)."""
 REPLIED = "replied"
 """:attr:`Inbound.extra` key of the message a reply answers, as the platform's event carried it
 (Telegram, Discord): journaled with the message, so a resumed turn gets the same context."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from channels.base import Inbound
 
 from .config import AccessPolicy, ChannelsConfig, Config
+from .durations import about, in_words
 from .store import Store
 from .store_access import PAIRING_ALPHABET, PAIRING_CODE_LEN, PairingRequest
 
@@ -139,8 +140,7 @@ async def admin_chats(policy: AccessPolicy, platform: str, store: Store) -> list
 
 # -- what people read ----------------------------------------------------------------------------
 def _minutes(seconds: float) -> str:
-    minutes = max(1, round(seconds / 60))
-    return "1 minute" if minutes == 1 else f"{minutes} minutes"
+    return about(seconds)
 
 
 def pairing_text(request: PairingRequest, now: float | None = None, cli: str = "chital") -> str:
@@ -166,7 +166,7 @@ def announcement_text(request: PairingRequest, cli: str = "chital") -> str:
     """What the admins read when a stranger asks for access (``cli`` as in :func:`pairing_text`)."""
     return (
         f"🔑 {request.chat_label()} asks to use the bot. Pairing code {request.code}, valid for "
-        f"{_minutes(request.expires - request.created)}.\n"
+        f"{in_words(request.expires - request.created)}.\n"
         f"Approve: /approve {request.code}\nRefuse: /deny {request.code}\n"
         f"On the host: {cli} pairing approve {request.code}"
     )

@@ -30,6 +30,7 @@ from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendEr
 
 from .access import Verdict, decide, is_admin
 from .delivery import Reply
+from .durations import in_words
 from .store import JournalEntry, JournalState
 from .store_approvals import APPROVED, CANCELLED, DENIED, PENDING, TIMED_OUT, ApprovalRow
 
@@ -98,7 +99,6 @@ def hidden_chars(args: dict[str, Any]) -> int:
 
 def request_text(event: ApprovalRequested, requester: str, timeout: float, code: str, buttons: bool) -> str:
     """The request as the chat shows it (Markdown)."""
-    minutes = max(1, round(timeout / 60))
     # The code is shown with buttons too: a Lark app without the card callback subscription shows
     # buttons that reach no one, and typed answers always work.
     how = f"\n{'Or reply' if buttons else 'Reply'} `approve {code}` or `deny {code}`."
@@ -109,11 +109,16 @@ def request_text(event: ApprovalRequested, requester: str, timeout: float, code:
         if hidden
         else ""
     )
+    if event.untrusted:
+        warning += (
+            f"⚠️ It asks after reading content you did not write ({code_span(event.untrusted, 300)}): "
+            "the call may follow instructions from there.\n"
+        )
     return (
         f"🔐 **Approval needed**: the agent wants to run `{event.tool}`\n"
         f"```\n{shown_args(event.args)}\n```\n{warning}"
         f"Asked for {code_span(requester)}; only they or an admin can answer. "
-        f"Times out in {minutes} min (then it is denied).{how}"
+        f"Times out in {in_words(timeout)} (then it is denied).{how}"
     )
 
 
@@ -122,7 +127,7 @@ def decision_of(row: ApprovalRow, timeout: float) -> ApprovalDecision:
     if row.state == APPROVED:
         return ApprovalDecision(True)
     if row.state == TIMED_OUT:
-        return ApprovalDecision(False, f"no one approved it within {max(1, round(timeout / 60))} minutes")
+        return ApprovalDecision(False, f"no one approved it within {in_words(timeout)}")
     return ApprovalDecision(False, f"denied by {row.decided_by or 'the user'}")
 
 

@@ -9,7 +9,6 @@ their reply before it is sent, and a re-run repeats that reply instead of the ef
 from __future__ import annotations
 
 import logging
-import math
 import re
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING
 from agent.untrusted import TEXT_CHARS, code_span
 
 from . import access, stopping
+from .durations import about, in_words
 from .store import JournalEntry
 from .store_access import PAIRING_ALPHABET, PAIRING_CODE_LEN, normalize_code
 
@@ -35,7 +35,8 @@ COMMANDS: dict[str, str] = {
     "status": "show this conversation's thread, model and queue",
     "memory": "show what I remember about you (in a direct message)",
     "forget": "erase everything I remember about you",
-    "schedules": "list this conversation's schedules (/schedules cancel ID cancels one)",
+    "schedules": "list this conversation's schedules (/schedules cancel ID cancels one; "
+    "/schedules confirm ID lets one that waits for your confirmation run)",
     "unschedule": "cancel a schedule: /unschedule ID (its creator or an admin)",
     "model": "list the models (alone) or switch this conversation's: /model NAME",
     "usage": "show the tokens you used (today, 7 and 30 days) and your daily budget",
@@ -204,7 +205,7 @@ async def _decide(gw: Gateway, entry: JournalEntry, name: str, args: str) -> str
         return await _pending_list(gw, entry) if name == "approve" else "Usage: /deny CODE"
     wait = gw.throttles.bad_codes.wait(inbound.user)
     if wait:
-        return f"Too many unknown codes. Try again in {math.ceil(wait / 60)} minute(s)."
+        return f"Too many unknown codes. Try again in {about(wait)}."
     code = normalize_code(args)
     request = await store.pairing_get(code) if _CODE.fullmatch(code) else None
     if request is None or not access.may_administer(gw.config, inbound, request.platform):
@@ -269,7 +270,7 @@ async def _pending_list(gw: Gateway, entry: JournalEntry) -> str:
         return "No pending pairing requests."
     lines = [f"Pending requests ({len(mine)}):"]
     for r in mine[:LIST_MAX]:
-        state = "denied" if r.denied else f"expires in {math.ceil((r.expires - now) / 60)} min"
+        state = "denied" if r.denied else f"expires in {about(r.expires - now)}"
         lines.append(f"{r.code} — {r.chat_label()} — {state}")
     lines.append("Approve one with /approve CODE, refuse it with /deny CODE.")
     return "\n".join(lines)
@@ -291,7 +292,4 @@ async def _approved_list(gw: Gateway, entry: JournalEntry) -> str:
 
 
 def _hours(seconds: float) -> str:
-    if seconds < 3600:
-        return f"{max(1, round(seconds / 60))} minutes"
-    hours = seconds / 3600
-    return "1 hour" if round(hours, 1) == 1 else f"{hours:g} hours"
+    return in_words(seconds)

@@ -11,10 +11,13 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from channels.base import (
+    Action,
+    ActionAnswer,
     Channel,
     ChannelError,
     ChannelState,
@@ -22,7 +25,7 @@ from channels.base import (
     InboundSink,
 )
 
-from . import access, commands, profiles, queued_sign, stopping, usage
+from . import access, commands, profiles, queued_sign, schedule_confirm, stopping, usage
 from .access import Verdict, decide, is_admin
 from .agent_api import AgentHarness
 from .approvals import Approvals
@@ -69,6 +72,10 @@ class Gateway(TurnRunner):
         self.approvals = Approvals(self)
         """Tool calls waiting for a person's yes (gateway/approvals.py)."""
         self._connected: set[str] = set()
+        self.wake_schedules: Callable[[], None] = lambda: None
+        """Look at the schedules now (a confirmed one may be due); set by the ScheduleRunner."""
+        self.schedule_clock: Callable[[], float] = time.time
+        """The schedules' clock (a test moves it); set by the ScheduleRunner."""
         self._closing = False
         self.cluster: Cluster | None = None
         """Several daemons on one database (gateway/cluster.py): an entry is worked on only by the
@@ -80,7 +87,7 @@ class Gateway(TurnRunner):
     def attach(self, channel: Channel) -> InboundSink:
         self.channels[channel.name] = channel
         channel.add_status_listener(self._on_channel_state)
-        channel.on_action(self.approvals.on_action)
+        channel.on_action(self._on_action)
         malformed = self.metrics.malformed
         channel.on_malformed(lambda kind: malformed.labels(channel.name, kind).inc())
 
@@ -88,6 +95,12 @@ class Gateway(TurnRunner):
             await self.accept(inbound)
 
         return sink
+
+    async def _on_action(self, action: Action) -> ActionAnswer:
+        """A button press: a schedule's confirmation (gateway/schedule_confirm.py) or an approval."""
+        if action.value.startswith(f"{schedule_confirm.PREFIX}:"):
+            return await schedule_confirm.on_action(self, action)
+        return await self.approvals.on_action(action)
 
     def _on_channel_state(self, channel: Channel) -> None:
         """Every time a channel (re)connects, whatever waits for it goes out now: the previous

@@ -7,10 +7,10 @@ only ever errs towards answering: the durable promises (journal, outbox) never d
 from __future__ import annotations
 
 import collections
-import math
 import time
 
 from .config import Config
+from .durations import about
 
 PAIRING_REMINDER_EVERY = 60.0
 """A stranger who keeps writing gets their pending code again at most this often (seconds)."""
@@ -88,7 +88,7 @@ def rate_limited_text(per_minute: int, wait: float) -> str:
     what = "1 message" if per_minute == 1 else f"{per_minute} messages"
     return (
         f"🐢 You are sending messages faster than I can take them (at most {what} a minute). "
-        f"Please wait about {math.ceil(wait)} s, then send this one again."
+        f"Please wait about {about(wait)}, then send this one again."
     )
 
 

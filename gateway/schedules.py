@@ -8,6 +8,8 @@
   even when the daemon dies between claiming it and moving the schedule on, and the turn then
   runs (and resumes after a crash) like any message, with the outbox keeping its reply single.
 - ``/schedules`` and ``/unschedule`` (:func:`command`).
+- A schedule made after the model read untrusted content waits for its owner's confirmation and
+  runs with its text quoted as data (gateway/schedule_confirm.py).
 
 Missed runs (the daemon was down): a one-shot fires late; a cron rule fires its latest missed run
 once, late, and skips the ones before it. Either way the answer starts with a note that it is late.
@@ -21,19 +23,28 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-from cronsim import CronSim, CronSimError
+from zoneinfo import ZoneInfo
 
 from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
 from agent.untrusted import code_span
 from channels.base import Channel, ChannelState, Inbound
 
-from . import usage
+from . import schedule_confirm, usage
 from .access import STARTED_BY_BOT, THREAD_ANCHOR, Verdict, decide, is_admin
 from .config import Config
+from .durations import in_words
+from .schedule_times import (
+    check_cron,
+    fmt,
+    latest_run,
+    next_run,
+    parse_at,
+    parse_delay,
+    rule_text,
+    zone_of,
+)
 from .store import JournalEntry, JournalKind, JournalState, Store
 from .store_schedules import ACTIVE, PUSH_MARK, SCHEDULE_MARK, Schedule
 
@@ -50,113 +61,18 @@ MAX_SLEEP = 60.0
 PUSH_EVERY = 1.0
 """Seconds between two looks for pushes journaled by ``chital send``."""
 MAX_AHEAD = timedelta(days=5 * 366)
-GAP_SAMPLES = 1500
-"""Runs of a cron rule checked against ``schedules.min_interval`` (a day of minutes and more)."""
 LIST_TEXT = 120
 REPLY_INTO_THREAD = frozenset({"lark"})
 """Platforms whose API posts into a thread only as a reply to one of its messages: a firing there
 replies to the message that made the schedule (elsewhere it is a new message in the thread)."""
 
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DELAY = re.compile(
-    r"(\d+(?:\.\d+)?)\s*(seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h|days?|d|weeks?|w)(?![a-z])"
-)
-_DELAY_GLUE = re.compile(r"[\s,]*(?:and)?[\s,]*")
-
-
-# -- time rules -------------------------------------------------------------------------------------
-def parse_delay(text: str) -> float:
-    """``2h``, ``90m``, ``1d 3h``, ``45 minutes``, ``1 hour and 30 minutes`` → seconds."""
-    s = text.strip().lower().removeprefix("in ").strip()
-    total, pos = 0.0, 0
-    for m in _DELAY.finditer(s):
-        if not _DELAY_GLUE.fullmatch(s[pos : m.start()]):
-            break
-        total += float(m.group(1)) * _UNIT[m.group(2)[0]]
-        pos = m.end()
-    if pos == 0 or s[pos:].strip(" ,.") or total <= 0:
-        raise ScheduleError(f"cannot read the delay {text!r}; write it like '2h', '90m' or '1d 3h'")
-    return total
-
-
-def zone_of(name: str | None, default: str) -> tuple[ZoneInfo, bool]:
-    """The zone ``name`` (or ``default`` when none is given) and whether the default was used."""
-    wanted = (name or "").strip()
-    try:
-        return (ZoneInfo(wanted), False) if wanted else (ZoneInfo(default), True)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ScheduleError(
-            f"unknown time zone {wanted!r}; use an IANA name such as 'Europe/Berlin' or 'America/New_York'"
-        ) from None
-
-
-def parse_at(text: str, tz: ZoneInfo, now: float) -> float:
-    """An ISO 8601 date and time (in ``tz`` unless it has an offset) → epoch seconds, in the future."""
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ScheduleError(f"cannot read the time {text!r}; use ISO 8601 like '2026-12-24T18:00'") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=tz)
-    ts = when.timestamp()
-    if ts <= now:
-        raise ScheduleError(f"{fmt(ts, tz)} has already passed (it is now {fmt(now, tz)})")
-    return ts
-
-
-def check_cron(expr: str, tz: ZoneInfo, min_interval: float, now: float) -> float:
-    """Validate a 5-field cron rule; returns its first run after ``now``."""
-    if len(expr.split()) != 5:
-        raise ScheduleError(
-            f"{expr!r} is not a 5-field cron rule (minute hour day-of-month month day-of-week)"
-        )
-    try:
-        runs = CronSim(expr, datetime.fromtimestamp(now, tz))
-        first = next(runs)
-    except (CronSimError, StopIteration) as exc:
-        raise ScheduleError(f"{expr!r} is not a valid cron rule: {exc or 'it never runs'}") from None
-    previous = first
-    for _ in range(GAP_SAMPLES):
-        following = next(runs, None)
-        if following is None:
-            break
-        if (following - previous).total_seconds() < min_interval:
-            raise ScheduleError(
-                f"{expr!r} runs more often than once every {min_interval / 60:g} minute(s), "
-                "which this bot does not allow"
-            )
-        previous = following
-    return first.timestamp()
-
-
-def next_run(expr: str, tz: ZoneInfo, after: float) -> float:
-    """The first run of ``expr`` strictly after ``after``."""
-    return next(CronSim(expr, datetime.fromtimestamp(after, tz))).timestamp()
-
-
-def latest_run(expr: str, tz: ZoneInfo, now: float) -> float:
-    """The last run of ``expr`` at or before ``now``."""
-    return next(CronSim(expr, datetime.fromtimestamp(int(now) + 1, tz), reverse=True)).timestamp()
-
-
-def fmt(ts: float, tz: ZoneInfo) -> str:
-    return datetime.fromtimestamp(ts, tz).strftime("%a %Y-%m-%d %H:%M %Z")
-
-
-def rule_text(cron: str | None) -> str:
-    if cron is None:
-        return "once"
-    try:
-        return f"cron {cron} ({CronSim(cron, datetime.now()).explain()})"
-    except Exception:  # explain() does not cover every rule it can run
-        return f"cron {cron}"
-
 
 def info_of(schedule: Schedule, defaulted: bool = False) -> ScheduleInfo:
     tz = ZoneInfo(schedule.tz)
     nxt = fmt(schedule.next_fire, tz) if schedule.next_fire is not None else None
+    waits = schedule.provenance.describe() if schedule.unconfirmed else ""
     return ScheduleInfo(schedule.id, schedule.text, rule_text(schedule.cron), schedule.tz, nxt,
-                        schedule.creator, defaulted)  # fmt: skip
+                        schedule.creator, defaulted, waits)  # fmt: skip
 
 
 def _template(inbound: Inbound) -> Inbound:
@@ -178,6 +94,7 @@ class GatewayScheduler:
         self.config = config
         self.clock = clock
         self._changed: Callable[[], None] = lambda: None
+        self._unconfirmed: Callable[[Schedule, ScheduleInfo], None] = lambda s, i: None
         self._adding = asyncio.Lock()
         """Count and insert as one step: a model's parallel tool calls (one message asking for 200
         schedules) run concurrently and all counted before any was inserted."""
@@ -185,6 +102,10 @@ class GatewayScheduler:
     def on_change(self, wake: Callable[[], None]) -> None:
         """``wake`` is called when a schedule is added (the runner then looks again)."""
         self._changed = wake
+
+    def on_unconfirmed(self, ask: Callable[[Schedule, ScheduleInfo], None]) -> None:
+        """``ask`` is called with each new schedule that waits for its owner's confirmation."""
+        self._unconfirmed = ask
 
     @property
     def default_timezone(self) -> str:
@@ -225,8 +146,7 @@ class GatewayScheduler:
             # A firing that schedules its own next run a second later would be a cron rule
             # running every second; chained one-shots obey the same floor as cron rules.
             raise ScheduleError(
-                f"a scheduled run may not schedule work due in less than {limits.min_interval / 60:g} "
-                "minute(s)"
+                f"a scheduled run may not schedule work due in less than {in_words(limits.min_interval)}"
             )
         async with self._adding:
             in_conversation, by_user = await self.store.schedule_counts(origin.conversation, caller.user_id)
@@ -239,12 +159,16 @@ class GatewayScheduler:
             key = f"{caller.message_id}#{caller.call_id or int(now * 1e6)}"
             schedule, new = await self.store.schedule_add(
                 origin=key, template=_template(origin), creator=caller.user_id, text=text, cron=cron,
-                tz=tz.key, next_fire=first,
+                tz=tz.key, next_fire=first, provenance=caller.provenance,
             )  # fmt: skip
+        info = info_of(schedule, defaulted)
         if new:
-            log.info("schedule #%d added in %s (%s)", schedule.id, schedule.conversation, rule_text(cron))
+            log.info("schedule #%d added in %s (%s)%s", schedule.id, schedule.conversation, rule_text(cron),
+                     " waiting for confirmation" if schedule.unconfirmed else "")  # fmt: skip
             self._changed()
-        return info_of(schedule, defaulted)
+            if schedule.unconfirmed:
+                self._unconfirmed(schedule, info)
+        return info
 
     async def list(self, caller: Caller) -> Sequence[ScheduleInfo]:
         conversation = await self.store.thread_conversation(caller.thread_id)
@@ -293,8 +217,14 @@ class ScheduleRunner:
         self._push_seen = 0
         if scheduler is not None:
             scheduler.on_change(self.poke)
+            scheduler.on_unconfirmed(self._ask)
+        gateway.wake_schedules, gateway.schedule_clock = self.poke, clock
         for channel in gateway.channels.values():
             channel.add_status_listener(self._on_channel_state)
+
+    def _ask(self, schedule: Schedule, info: ScheduleInfo) -> None:
+        ask = schedule_confirm.ask(self.gateway, schedule, info.rule, info.next_fire or "")
+        self.gateway._spawn(ask, f"schedule-confirm:{schedule.id}")
 
     def _on_channel_state(self, channel: Channel) -> None:
         if channel.state is ChannelState.CONNECTED:
@@ -407,6 +337,8 @@ class ScheduleRunner:
         base = _firing(schedule, fire_at)
         tz = ZoneInfo(schedule.tz)
         rule = "a one-time schedule" if schedule.cron is None else f"the repeating schedule {schedule.cron}"
+        if schedule.provenance.tainted:  # quoted, with where it came from
+            return _with_text(base, schedule_confirm.firing_text(schedule, rule, fmt(fire_at, tz)))
         header = (
             f"[Scheduled task #{schedule.id} ({rule}, {schedule.tz}), set by {schedule.creator}; due "
             f"{fmt(fire_at, tz)}. Do it now: your answer is posted to this chat as a new message. For a "
@@ -444,6 +376,7 @@ class ScheduleRunner:
 def _firing(schedule: Schedule, fire_at: float) -> Inbound:
     t = schedule.template
     extra = {**t.extra, STARTED_BY_BOT: True, SCHEDULE_MARK: schedule.id}
+    extra.update(schedule_confirm.firing_extra(schedule))  # a tainted one's sources go on
     if t.platform in REPLY_INTO_THREAD and t.thread_id:
         extra[THREAD_ANCHOR] = t.message_id  # the message that made the schedule, in that thread
     return Inbound(t.platform, t.chat_id, f"schedule-{schedule.id}-{int(fire_at)}", t.sender_id, "",
@@ -481,19 +414,61 @@ async def command(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
     """``/schedules`` lists this conversation's schedules; ``/schedules cancel ID`` and
     ``/unschedule ID`` cancel one (its creator or an admin)."""
     args = cmd.args.split()
-    if cmd.name == "schedules" and args and args[0].lower() in ("cancel", "delete", "rm", "stop"):
-        args = args[1:]
+    confirm = False
+    if cmd.name == "schedules" and args and args[0].lower() in ("cancel", "delete", "rm", "stop", "confirm"):
+        confirm, args = args[0].lower() == "confirm", args[1:]
     elif cmd.name == "schedules":
         if args:
-            return "Usage: /schedules, or /schedules cancel ID"
+            return "Usage: /schedules, /schedules cancel ID or /schedules confirm ID"
         return await _listing(gw.store, entry.conversation)
-    if len(args) != 1 or not args[0].lstrip("#").isdigit():
-        return "Usage: /unschedule ID (the number /schedules shows)"
+    verb = "/schedules confirm" if confirm else "/unschedule"
+    if len(args) != 1:
+        return f"Usage: {verb} ID (the number /schedules shows)"
     try:
-        done = await cancel(gw.store, gw.config, entry.inbound, int(args[0].lstrip("#")))
+        number = schedule_number(args[0])
+        if confirm:
+            return await _confirm(gw, entry.inbound, number)
+        done = await cancel(gw.store, gw.config, entry.inbound, number)
     except ScheduleError as exc:
-        return f"Cannot cancel: {exc}."
+        return f"Cannot {'confirm' if confirm else 'cancel'}: {exc}."
     return f"🗑 Cancelled #{done.id} ({rule_text(done.cron)}): {_short(done.text)}"
+
+
+_NUMBER = re.compile(r"#?([0-9]+)")
+MAX_ID = 2**63 - 1
+"""SQL's largest integer: a number beyond it names no schedule."""
+
+
+def schedule_number(text: str) -> int:
+    """A schedule's number as typed (``3`` or ``#3``): ASCII digits only (``str.isdigit`` takes
+    ``²`` and ``①``, which ``int`` then refuses), within SQL's integers, else a ScheduleError
+    saying what is wrong with it."""
+    shown = code_span(text, 40)  # what they typed, shown literally (agent/untrusted.py)
+    match = _NUMBER.fullmatch(text.strip())
+    if match is None:
+        return _bad_number(f"{shown} is not a schedule number: write it in the digits 0-9, like 3")
+    number = int(match.group(1))
+    if number == 0 or number > MAX_ID:
+        return _bad_number(f"{shown} is not a schedule number: they run from 1 to {MAX_ID}")
+    return number
+
+
+def _bad_number(why: str) -> int:
+    raise ScheduleError(why)
+
+
+async def _confirm(gw: Gateway, requester: Inbound, schedule_id: int) -> str:
+    """``/schedules confirm ID``: its creator or an admin lets a schedule made after reading
+    untrusted content run."""
+    schedule = await gw.store.schedule_get(schedule_id)
+    if schedule is None or schedule.conversation != requester.conversation or schedule.state != ACTIVE:
+        raise ScheduleError(f"there is no active schedule #{schedule_id} in this conversation")
+    if not schedule.unconfirmed:
+        return f"#{schedule_id} needs no confirmation: it runs as scheduled."
+    who = (requester.platform, requester.sender_id, requester.chat_id)
+    if not schedule_confirm.may_answer(gw, schedule, *who):
+        raise ScheduleError(f"only {schedule.creator}, who made #{schedule_id}, or an admin can confirm it")
+    return await schedule_confirm.decide(gw, schedule, True, requester.sender_name or requester.user)
 
 
 async def _listing(store: Store, conversation: str) -> str:
@@ -503,7 +478,10 @@ async def _listing(store: Store, conversation: str) -> str:
     lines = [f"Schedules here ({len(found)}):"]
     for s in found:
         info = info_of(s)
-        lines.append(f"#{s.id} — next {info.next_fire} — {info.rule} — by {s.creator}: {_short(s.text)}")
+        waits = f" — ⚠️ waits for confirmation (/schedules confirm {s.id})" if s.unconfirmed else ""
+        lines.append(
+            f"#{s.id} — next {info.next_fire} — {info.rule} — by {s.creator}{waits}: {_short(s.text)}"
+        )
     lines.append("Cancel one with /unschedule ID.")
     return "\n".join(lines)
 

@@ -6,6 +6,10 @@ conversation, and the creating message as a template for the reply's target) and
 (``next_fire``, epoch seconds, NULL once finished). A firing is not recorded here: it is a journal
 entry keyed by (schedule, fire time) (gateway/schedules.py), and this table only moves
 ``next_fire`` on once that entry exists.
+
+A schedule made in a conversation that had read untrusted content has a ``provenance`` (JSON,
+agent/provenance.py) and does not fire until its owner confirms it (``confirmed`` says who): the
+due queries leave it out until then, so the runner neither fires it nor wakes for it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.provenance import UNTAINTED, Provenance
 from channels.base import Inbound
 
 from .db import SqliteConnection
@@ -41,6 +46,12 @@ SCHEDULE_TABLES = (
 """Created by schema step 2 (:mod:`gateway.store_schema`). ``AUTOINCREMENT``: a cancelled
 schedule's number is never given to a new one (a late ``/unschedule 7`` must not hit another)."""
 
+PROVENANCE_COLUMNS = {"provenance": "TEXT", "confirmed": "TEXT"}
+"""Added by schema step 7: the untrusted sources a schedule was made after (NULL: none) and who
+confirmed it (NULL: nobody yet; a schedule with a provenance waits for that)."""
+RUNNABLE = "(provenance IS NULL OR confirmed IS NOT NULL)"
+"""The condition of a schedule that may fire."""
+
 ACTIVE, DONE, CANCELLED = "active", "done", "cancelled"
 SCHEDULE_MARK = "chital_schedule"
 """In a firing's ``extra``: the schedule's id."""
@@ -61,9 +72,20 @@ class Schedule:
     next_fire: float | None
     state: str
     created: float
+    provenance: Provenance = UNTAINTED
+    """The untrusted sources in the model's context when it was made (agent/provenance.py)."""
+    confirmed: str | None = None
+    """Who confirmed it (None: nobody yet)."""
+
+    @property
+    def unconfirmed(self) -> bool:
+        """Made after reading untrusted content and waiting for its owner's confirmation."""
+        return self.provenance.tainted and self.confirmed is None
 
 
-_COLUMNS = "id, conversation, template, creator, text, cron, tz, next_fire, state, created"
+_COLUMNS = (
+    "id, conversation, template, creator, text, cron, tz, next_fire, state, created, provenance, confirmed"
+)
 
 
 def _of_platforms(platforms: Sequence[str]) -> tuple[str, tuple[str, ...]]:
@@ -91,11 +113,13 @@ def _template_json(inbound: Inbound) -> str:
 
 
 def _row(row: Any) -> Schedule:
-    sid, conv, template, creator, text, cron, tz, next_fire, state, created = row
+    sid, conv, template, creator, text, cron, tz, next_fire, state, created, provenance, confirmed = row
     data = json.loads(template)
     inbound = Inbound(text="", addressed=True, **data)
     return Schedule(int(sid), str(conv), inbound, str(creator), str(text), cron, str(tz),
-                    None if next_fire is None else float(next_fire), str(state), float(created))  # fmt: skip
+                    None if next_fire is None else float(next_fire), str(state), float(created),
+                    Provenance.from_json(provenance),
+                    None if confirmed is None else str(confirmed))  # fmt: skip
 
 
 class ScheduleTables:
@@ -117,15 +141,16 @@ class ScheduleTables:
         cron: str | None,
         tz: str,
         next_fire: float,
+        provenance: Provenance = UNTAINTED,
     ) -> tuple[Schedule, bool]:
         """Insert a schedule once per ``origin`` (message and tool call); returns it and whether it
         is new (False: the same call ran before, e.g. a turn resumed after a crash)."""
         now = time.time()
         count = await self._write(
             "INSERT OR IGNORE INTO schedules(origin, conversation, template, creator, text, cron, tz,"
-            " next_fire, state, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " next_fire, state, created, updated, provenance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (origin, template.conversation, _template_json(template), creator, text, cron, tz, next_fire,
-             ACTIVE, now, now),
+             ACTIVE, now, now, provenance.to_json()),
         )  # fmt: skip
         async with self._db.execute(f"SELECT {_COLUMNS} FROM schedules WHERE origin = ?", (origin,)) as cur:
             row = await cur.fetchone()
@@ -161,7 +186,7 @@ class ScheduleTables:
         where, params = _of_platforms(platforms)
         async with self._db.execute(
             f"SELECT {_COLUMNS} FROM schedules WHERE state = ? AND next_fire <= ? AND {where}"
-            " ORDER BY next_fire LIMIT ?",
+            f" AND {RUNNABLE} ORDER BY next_fire LIMIT ?",
             (ACTIVE, now, *params, limit),
         ) as cur:
             return [_row(r) for r in await cur.fetchall()]
@@ -170,7 +195,8 @@ class ScheduleTables:
         """When the next active schedule of ``platforms`` is due (None: none is)."""
         where, params = _of_platforms(platforms)
         async with self._db.execute(
-            f"SELECT MIN(next_fire) FROM schedules WHERE state = ? AND {where}", (ACTIVE, *params)
+            f"SELECT MIN(next_fire) FROM schedules WHERE state = ? AND {where} AND {RUNNABLE}",
+            (ACTIVE, *params),
         ) as cur:
             row = await cur.fetchone()
         return float(row[0]) if row and row[0] is not None else None
@@ -183,6 +209,16 @@ class ScheduleTables:
             "UPDATE schedules SET next_fire = ?, state = ?, updated = ? WHERE id = ? AND state = ?"
             " AND next_fire = ?",
             (next_fire, state, time.time(), schedule_id, ACTIVE, expected),
+        )
+        return count == 1
+
+    async def schedule_confirm(self, schedule_id: int, by: str, next_fire: float) -> bool:
+        """Confirm an active, unconfirmed schedule (the first confirmation wins) and set its next
+        run. True when this call confirmed it."""
+        count = await self._write(
+            "UPDATE schedules SET confirmed = ?, next_fire = ?, updated = ? WHERE id = ? AND state = ?"
+            " AND provenance IS NOT NULL AND confirmed IS NULL",
+            (by or "?", next_fire, time.time(), schedule_id, ACTIVE),
         )
         return count == 1
 

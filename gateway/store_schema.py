@@ -31,7 +31,7 @@ from .db import POSTGRES, SqliteConnection, dialect_of
 from .store_access import ACCESS_TABLES, PAIRING_COLUMNS
 from .store_approvals import APPROVAL_TABLES
 from .store_leases import LEASE_COLUMNS, LEASE_INDEX
-from .store_schedules import SCHEDULE_TABLES
+from .store_schedules import PROVENANCE_COLUMNS, SCHEDULE_TABLES
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,15 @@ async def _v6_budget_ledger(db: SqliteConnection) -> None:
     await db.execute(BUDGET_LEDGER_TABLE)
 
 
+async def _v7_schedule_provenance(db: SqliteConnection) -> None:
+    """Schedules remember the untrusted sources they were made after, and who confirmed them
+    (gateway/store_schedules.py). Existing rows stay untainted: NULL."""
+    have = await _columns(db, "schedules")
+    for name, decl in PROVENANCE_COLUMNS.items():
+        if name not in have:
+            await db.execute(f"ALTER TABLE schedules ADD COLUMN {name} {decl}")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
@@ -196,6 +205,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "approvals", _v4_approvals),
     Migration(5, "journal leases (several daemons on one database)", _v5_leases),
     Migration(6, "token budget ledger and estimated usage", _v6_budget_ledger),
+    Migration(7, "schedule provenance and confirmation", _v7_schedule_provenance),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -15,6 +15,7 @@ from agent.turn import PLAIN, TurnOptions
 
 from .media import shown_images
 from .profiles import conversation_options
+from .schedule_confirm import forwarded_sources, inbound_sources
 from .thread_context import thread_context
 
 if TYPE_CHECKING:
@@ -30,6 +31,11 @@ async def turn_options(
     the agent sees them (gateway/attachments.py)."""
     context = await thread_context(gateway, entry)  # the thread it was written in (bounded)
     options = TurnOptions(context=context) if context else PLAIN
+    # A firing of a schedule made after reading untrusted content carries those sources on
+    # (gateway/schedule_confirm.py), and a forwarded message someone else's words, so what the
+    # turn does that lasts is marked (agent/provenance.py).
+    sources = inbound_sources(entry.inbound) + forwarded_sources(entry.inbound)
+    options = replace(options, provenance=sources) if sources else options
     options = await conversation_options(gateway, entry, options)  # model, persona, /<skill> (profiles.py)
     # Images the user sent, when the turn's model takes them (models[].vision; gateway/media.py).
     images = await shown_images(gateway, uploads, options.model)

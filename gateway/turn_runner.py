@@ -27,6 +27,7 @@ from channels.base import Channel, ChannelError, Inbound
 
 from .approvals import WAITING_NOTE
 from .attachments import Uploads, deliver_files, fetch_attachments
+from .durations import in_words
 from .stopping import STOPPED, stopped_notice
 from .store import JournalEntry, JournalState, StorageFull
 from .turn_options import turn_options
@@ -243,8 +244,8 @@ class TurnRunner:
                         continue
                     text, final, outcome = self._on_event(event, text, final, outcome, reply)
         except TimeoutError:
-            minutes = self.config.concurrency.turn_timeout / 60
-            final, outcome = f"⚠️ This took longer than {minutes:g} minutes, so I stopped.", "timeout"
+            took = in_words(self.config.concurrency.turn_timeout)
+            final, outcome = f"⚠️ This took longer than {took}, so I stopped.", "timeout"
         if outcome == "waiting":
             final = (text + "\n\n" if text else "") + WAITING_NOTE
         elif not final:

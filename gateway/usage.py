@@ -26,6 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .db import SqliteConnection
+from .durations import about
 
 if TYPE_CHECKING:
     from agent.usage import PlannedCall, TokenUsage  # langchain-core: imported when the daemon needs it
@@ -381,6 +382,4 @@ async def budget_refusal(store: Store, config: Config, user: str, admin: bool) -
 
 
 def _duration(seconds: float) -> str:
-    minutes = max(1, round(seconds / 60))
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min" if hours else f"{minutes} min"
+    return about(seconds)

@@ -143,6 +143,9 @@ async def test_usable_non_text_posts_become_text(
         await fake.inject_dm(USER, "", fields=fields)
         await fake.wait_for(lambda: says(fake, "echo: "), 10)
     assert rig.harness.seen == [(agent_reads, [])]
+    # A forward is someone else's words: the turn carries that provenance (agent/provenance.py).
+    forwarded = [s.describe() for s in rig.harness.calls[-1].options.provenance]
+    assert forwarded == (["a message by someone (forwarded)"] if "message_snapshots" in fields else [])
 
 
 async def test_sticker_gets_a_plain_note(fake: FakeDiscord, channel: DiscordChannel, rig: Rig) -> None:

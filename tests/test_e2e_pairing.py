@@ -85,7 +85,7 @@ async def test_admin_decides_pairing_in_chat(
     ask = say(tg, STRANGER, "let me in please")
     text = await reply(tg, STRANGER, ask, "pairing code is")
     code = re.search(r"pairing code is ([A-Z0-9]{8})", text).group(1)  # type: ignore[union-attr]
-    assert "valid for 60 minutes" in text
+    assert "valid for 1 hour" in text
     announced = await tg.wait_for(
         lambda: bot_texts_matching(tg, ADMIN, f"/approve {code}"), what="announcement to the admin"
     )

@@ -53,7 +53,7 @@ async def test_code_expires_and_a_new_request_gets_a_new_code(tmp_path: Path) ->
         await gw.accept(first)
         text = (await until(lambda: ch.replies_to(first.message_id), what="code"))[0]
         code1 = code_in(text)
-        assert "valid for 1 minute" in text and f"/approve {code1}" in text
+        assert "valid for 1 second" in text and f"/approve {code1}" in text  # 0.5 s, not "1 minute"
 
         # Same code while it lives; the reminder is throttled (nothing sent for the second message).
         again = dm(STRANGER, "hello again")

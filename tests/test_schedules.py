@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from agent.events import AgentEvent, Final
+from agent.provenance import MESSAGE, WEB_PAGE, Provenance, Source
 from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
 from channels.base import ChannelError, ChannelState, Inbound
 from gateway.cli_send import Refused, parse_target, push_inbound
@@ -128,8 +129,14 @@ class Scheduled:
     async def ask(self, user: int, request: dict[str, Any]) -> str:
         inbound = dm(user, "schedule " + json.dumps(request))
         await self.rig.channel.deliver(inbound)
-        (answer,) = await until(lambda: self.rig.channel.replies_to(inbound.message_id), what="the answer")
-        return str(answer)
+
+        def answers() -> list[str]:  # a confirmation request replies to the message too
+            return [
+                str(t) for t in self.rig.channel.replies_to(inbound.message_id) if "Confirm" not in str(t)
+            ]
+
+        (answer,) = await until(answers, what="the answer")
+        return answer
 
     async def fire(self) -> int:
         return await self.runner.fire_due()
@@ -148,8 +155,11 @@ class _Scripts(dict[str, Callable[[Call], AsyncIterator[AgentEvent]]]):
     async def _schedule(self, call: Call) -> AsyncIterator[AgentEvent]:
         owner = self.owner
         owner.calls += 1
-        request = ScheduleRequest(**json.loads(call.text.removeprefix("schedule ")))
-        caller = Caller(call.thread_id, call.user_id, call.message_id, f"call-{call.message_id}")
+        asked = json.loads(call.text.removeprefix("schedule "))
+        read = asked.pop("after_reading", None)  # as if the model had read that web page first
+        request = ScheduleRequest(**asked)
+        provenance = Provenance((Source(WEB_PAGE, read),)) if read else Provenance()
+        caller = Caller(call.thread_id, call.user_id, call.message_id, f"call-{call.message_id}", provenance)
         try:
             info: ScheduleInfo = await owner.scheduler.add(caller, request)
         except ScheduleError as exc:
@@ -188,6 +198,48 @@ async def test_a_reminder_fires_once_as_a_new_message_in_its_chat(sched: Schedul
     await quiet(0.2)
     assert len(chat_posts(sched.rig, USER)) == 1
     assert "No schedules in this conversation" in await command(sched.rig, USER, "/schedules")
+
+
+async def test_a_tainted_schedule_waits_for_its_owner_and_then_runs_from_now(tmp_path: Path) -> None:
+    """Made after reading a web page: asked about, never fired unconfirmed however long it waits;
+    a stranger's press is refused; once confirmed, a cron rule starts at its next run (the runs it
+    waited through are not made up) and a one-time schedule past its time runs at once."""
+    channel = FakeChannel(buttons=True)
+    async with fake_rig(tmp_path, schedules_config(), channel=channel) as rig:
+        sched = Scheduled(rig, Clock())
+        page = "https://pages.example/x"
+        answer = await sched.ask(USER, {"text": "post the PRs", "cron": "0 9 * * *", "after_reading": page})
+        assert answer.startswith("scheduled #1")
+        request = await until(lambda: next((m for m in channel.sent if m.buttons), None), what="the ask")
+        assert "Confirm schedule #1?" in request.text and f"From: the web page {page}" in request.text
+        (waiting,) = await rig.store.schedules_active(f"telegram:{USER}")
+        assert waiting.next_fire is not None and waiting.unconfirmed
+        sched.clock.now = waiting.next_fire + 3 * 86400  # three runs pass unconfirmed
+        assert await sched.fire() == 0
+        assert (await channel.press(request.message_id, "Run", OTHER, "Eve")).refused
+        pressed = await channel.press(request.message_id, "Run", USER, "Alice")
+        assert not pressed.refused and pressed.text.startswith("✅ Confirmed #1 by `Alice`: it runs ")
+        (confirmed,) = await rig.store.schedules_active(f"telegram:{USER}")
+        assert confirmed.next_fire == next_run("0 9 * * *", BERLIN, sched.clock.now)
+        assert await sched.fire() == 0, "not before its next run"
+        again = await channel.press(request.message_id, "Run", USER, "Alice")
+        assert again.refused and "Already settled" in again.text
+        sched.clock.now = confirmed.next_fire + 1
+        assert await sched.fire() == 1
+        await until(lambda: chat_posts(rig, USER), what="the run")
+        (post,) = chat_posts(rig, USER)
+        assert f"the web page {page}" in post and "\n> post the PRs\n" in post
+        assert "Alice confirmed that it should run" in post and "\npost the PRs" not in post
+
+        late = await sched.ask(USER, {"text": "call Bob", "delay": "1h", "after_reading": page})
+        assert late.startswith("scheduled #2")
+        sched.clock.now += 2 * 3600
+        assert await sched.fire() == 0
+        assert (await command(rig, USER, "/schedules confirm 2")).startswith("✅ Confirmed #2 by")
+        assert await sched.fire() == 1, "past its time when confirmed: runs now"
+        assert await command(rig, USER, "/schedules confirm 2") == (
+            "Cannot confirm: there is no active schedule #2 in this conversation."
+        )
 
 
 async def test_two_runners_racing_fire_it_once(sched: Scheduled) -> None:
@@ -322,6 +374,18 @@ async def test_only_the_creator_or_an_admin_may_cancel(sched: Scheduled) -> None
         "Cannot cancel: there is no active schedule #2 in this conversation."
     )
     assert await say(USER, "/unschedule") == "Usage: /unschedule ID (the number /schedules shows)"
+    # A number that is no number says what is wrong with it (never "something went wrong").
+    for typed in ("²", "①", "#٣", "1.5", "-1", "x"):
+        assert await say(USER, f"/unschedule {typed}") == (
+            f"Cannot cancel: `{typed}` is not a schedule number: write it in the digits 0-9, like 3."
+        ), typed
+    for typed in ("99999999999999999999999", "0", "#9223372036854775808"):
+        assert await say(USER, f"/schedules cancel {typed}") == (
+            f"Cannot cancel: `{typed}` is not a schedule number: they run from 1 to 9223372036854775807."
+        ), typed
+    assert await say(USER, "/schedules confirm ①") == (
+        "Cannot confirm: `①` is not a schedule number: write it in the digits 0-9, like 3."
+    )
     assert "No schedules in this conversation" in await say(USER, "/schedules")
     sched.clock.now += 10 * 86400
     assert await sched.fire() == 0, "cancelled schedules never fire"
@@ -426,6 +490,22 @@ async def test_the_schedule_store_on_both_engines(
         assert await store.schedules_prune(3600) == 0, "finished just now: kept"
         assert await store.schedules_prune(-1) == 2, "finished and cancelled ones go"
         assert await store.schedule_get(one.id) is None
+        # Made after reading untrusted content: stored with its sources, never due unconfirmed.
+        sources = Provenance((Source(WEB_PAGE, "https://pages.example/x"), Source(MESSAGE, "Mallory")))
+        tainted, _ = await store.schedule_add(
+            origin="o-3", cron=None, next_fire=now + 10, provenance=sources, **args
+        )
+        assert tainted.provenance == sources and tainted.unconfirmed and tainted.confirmed is None
+        again3 = await store.schedule_get(tainted.id)
+        assert again3 is not None and again3.provenance == sources and again3.unconfirmed
+        assert await store.schedules_due(now + 45, ["telegram"]) == []
+        assert await store.schedule_next_time(["telegram"]) is None
+        assert await store.schedule_confirm(tainted.id, "Olga", now + 20)
+        assert not await store.schedule_confirm(tainted.id, "Eve", now + 20), "confirmed once"
+        confirmed = await store.schedule_get(tainted.id)
+        assert confirmed is not None and confirmed.confirmed == "Olga" and not confirmed.unconfirmed
+        assert [s.id for s in await store.schedules_due(now + 45, ["telegram"])] == [tainted.id]
+        assert await store.schedule_cancel(tainted.id)
         seen = await store.journal_last_rowid()
         push = push_inbound("telegram", "5", None, "k")
         await store.journal_add(push, JournalKind.NOTICE, "hello")

@@ -380,8 +380,8 @@ async def test_unschedule_with_a_huge_number_is_a_clear_refusal(tmp_path: Path) 
         sched = Scheduled(rig, Clock())
         for number in ("9" * 30, "0"):
             answer = await command(rig, USER, f"/unschedule {number}")
-            assert (
-                answer == f"Cannot cancel: there is no active schedule #{int(number)} in this conversation."
+            assert answer == (
+                f"Cannot cancel: `{number}` is not a schedule number: they run from 1 to 9223372036854775807."
             )
         await sched.ask(USER, {"text": "a", "delay": "1h"})
         call = rig.harness.calls[-1]

@@ -163,6 +163,10 @@ async def test_shared_message_becomes_text(slack: FakeSlack, channel: SlackChann
         await slack.send_event(dm_event(slack, text="", attachments=[share]))
         await slack.wait_for(lambda: slack.texts(DM))
     assert rig.harness.seen == [("(shared message from Bob) the build is red", [])]
+    # Bob's words, not the sender's: the turn carries that provenance (agent/provenance.py).
+    assert [s.describe() for s in rig.harness.calls[-1].options.provenance] == [
+        "a message by Bob (forwarded)"
+    ]
 
 
 async def test_lone_surrogate_is_replaced_and_answered(

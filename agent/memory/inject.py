@@ -26,6 +26,7 @@ from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMes
 from langgraph.config import get_config
 
 from agent.memory.facts import Fact
+from agent.provenance import of_messages
 
 if TYPE_CHECKING:
     from agent.memory.service import MemoryService
@@ -184,7 +185,12 @@ class MemoryMiddleware(AgentMiddleware[Any, Any, Any]):
             if answer is not None and not answer.tool_calls:  # the turn's final answer
                 thread_id = str((config.get("configurable") or {}).get("thread_id", ""))
                 message_id = (config.get("metadata") or {}).get("message_id") or human.id or ""
-                self.service.note_turn(user, thread_id, [human, answer], message_id=str(message_id))
+                # After untrusted content (agent/provenance.py) the answer may repeat what it said:
+                # only the user's own words are learned from (docs/memory.md).
+                untrusted = of_messages(request.messages).tainted
+                self.service.note_turn(
+                    user, thread_id, [human, answer], message_id=str(message_id), untrusted=untrusted
+                )
         return response
 
     def wrap_model_call(

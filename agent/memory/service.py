@@ -43,6 +43,7 @@ from agent.memory.extraction import (
 from agent.memory.facts import Fact, FactStore, MemorySettings, PendingTurn, now_utc, trim_to_limit
 from agent.memory.inject import MemoryMiddleware, render_section
 from agent.middleware import is_retryable
+from agent.provenance import PROVENANCE_KEY, SCHEDULED, Provenance
 from agent.thread_context import without_context
 
 if TYPE_CHECKING:
@@ -53,6 +54,12 @@ log = logging.getLogger(__name__)
 _PRUNE_EVERY = 3600.0
 _READ_TIMEOUT = 2.0
 _MAX_PARALLEL_EXTRACTIONS = 2
+
+
+def _from_elsewhere(message: HumanMessage) -> bool:
+    """A turn's message that is not the user's own words: a scheduled run of a tainted schedule."""
+    sources = Provenance.from_json(message.additional_kwargs.get(PROVENANCE_KEY)).sources
+    return any(s.kind == SCHEDULED for s in sources)
 
 
 class MemoryNotStarted(RuntimeError):
@@ -186,16 +193,31 @@ class MemoryService:
         return render_section(self._fresh(facts), query, self.settings.token_budget)
 
     def note_turn(
-        self, user: str, thread_id: str, messages: Sequence[BaseMessage], *, message_id: str = ""
+        self,
+        user: str,
+        thread_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        message_id: str = "",
+        untrusted: bool = False,
     ) -> None:
-        """Queue a finished turn for extraction. Never blocks, never raises into the turn."""
+        """Queue a finished turn for extraction. Never blocks, never raises into the turn.
+
+        ``untrusted``: the model had read content the user did not write (agent/provenance.py).
+        Then only the user's own words are noted: not the answers, which may repeat what that
+        content said, and not a scheduled run's text (quoted, perhaps from such content). A fact
+        never comes from a web page or a stranger's message posing as the user's."""
         if not self.active or not user:
             return
         limit = self.settings.max_turn_chars
         lines: list[tuple[str, str]] = []
         for message in messages:
             if isinstance(message, HumanMessage):
+                if untrusted and _from_elsewhere(message):
+                    continue
                 role = "user"
+            elif untrusted:
+                continue
             elif isinstance(message, AIMessage) and not message.tool_calls:
                 role = "assistant"
             else:

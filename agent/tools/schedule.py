@@ -11,6 +11,10 @@ the run's config (``agent/harness.py`` ``_config``), never from the model's argu
 cannot schedule into another conversation or in another user's name. The tool call id goes along:
 a turn resumed after a crash runs an unfinished tool call again with the same id, and the scheduler
 keys the new schedule by it (one schedule per call, however often it runs).
+
+Provenance: the caller also carries the untrusted sources the model had read when it asked
+(agent/provenance.py). The scheduler stores them with the schedule; such a schedule waits for its
+owner's confirmation before its first run, and its text reaches the model then as quoted data.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Protocol
 from langchain.tools import ToolRuntime
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, Field
+
+from agent.provenance import UNTAINTED, Provenance, provenance_of_call
 
 
 class ScheduleError(Exception):
@@ -38,6 +44,8 @@ class Caller:
     """The message being answered (the gateway's journal key): tells the scheduler where to post."""
     call_id: str = ""
     """The tool call's id: the same call run again after a crash creates no second schedule."""
+    provenance: Provenance = UNTAINTED
+    """The untrusted sources in the model's context when it asked (agent/provenance.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +73,14 @@ class ScheduleInfo:
     creator: str
     timezone_defaulted: bool = False
     """The request named no zone, so the configured default was used."""
+    unconfirmed: str = ""
+    """Made after reading untrusted content and not yet confirmed by its owner: those sources in
+    words (it does not run until confirmed). Empty: it runs as scheduled."""
 
     def line(self) -> str:
         when = self.next_fire or "finished"
-        return f"#{self.id}: {self.rule}, next {when} ({self.timezone}): {self.text}"
+        wait = " [waits for the owner's confirmation]" if self.unconfirmed else ""
+        return f"#{self.id}: {self.rule}, next {when} ({self.timezone}){wait}: {self.text}"
 
 
 class Scheduler(Protocol):
@@ -100,7 +112,8 @@ def caller_of(runtime: ToolRuntime) -> Caller:
     message_id = str(metadata.get("message_id") or "")
     if not (thread_id and user_id and message_id):
         raise ToolException("schedules work only in a chat conversation")
-    return Caller(thread_id, user_id, message_id, str(runtime.tool_call_id or ""))
+    provenance = provenance_of_call(runtime.state, message_id)
+    return Caller(thread_id, user_id, message_id, str(runtime.tool_call_id or ""), provenance)
 
 
 class _ScheduleArgs(BaseModel):
@@ -156,11 +169,18 @@ def build_schedule_tools(scheduler: Scheduler) -> list[BaseTool]:
             if info.timezone_defaulted
             else info.timezone
         )
-        return (
+        done = (
             f"Scheduled #{info.id}: {info.rule}; next run {info.next_fire} in {zone}. It runs as a new "
             "message in this conversation. Tell the user the number, the time and the zone; "
             "/schedules lists the schedules and /unschedule ID cancels one."
         )
+        if info.unconfirmed:
+            done += (
+                f" It will NOT run until the user confirms it (the confirmation request is posted in "
+                f"this chat), because this conversation has read content the user did not write "
+                f"({info.unconfirmed}). Tell the user so."
+            )
+        return done
 
     async def list_schedules(runtime: ToolRuntime) -> str:
         try:

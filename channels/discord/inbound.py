@@ -14,7 +14,7 @@ from typing import Any
 
 import discord
 
-from channels.base import Action, Attachment, ContextItem, Inbound, replied_extra
+from channels.base import FORWARDED, Action, Attachment, ContextItem, Inbound, replied_extra
 
 PLATFORM = "discord"
 
@@ -43,6 +43,8 @@ def to_inbound(message: discord.Message, me: int) -> Inbound | None:
         return None  # sticker- or embed-only chatter in a guild: not for the bot
     extra: dict[str, Any] = {"guild_id": str(message.guild.id)} if message.guild else {}
     extra.update(_replied(message, me))
+    if message.message_snapshots:  # a forward: someone else's words (a snapshot names no author)
+        extra[FORWARDED] = ""
     return Inbound(
         platform=PLATFORM,
         chat_id=chat_id,

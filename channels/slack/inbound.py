@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from channels.base import Action, Attachment, ContextItem, Inbound
+from channels.base import FORWARDED, Action, Attachment, ContextItem, Inbound
 
 PLATFORM = "slack"
 ACCEPTED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast", "me_message"})
@@ -84,7 +84,10 @@ def to_inbound(event: dict[str, Any], bot_user_id: str | None) -> Inbound | None
         thread_id=thread_id,
         sender_name=profile.get("display_name") or profile.get("real_name") or profile.get("name") or "",
         attachments=attachments,
-        extra={"thread_ts": thread_id},
+        extra={
+            "thread_ts": thread_id,
+            **({FORWARDED: _shared_author(event.get("attachments"))} if shared else {}),
+        },
         unsupported=unsupported,
     )
 
@@ -156,6 +159,14 @@ def _shared_text(attachments: Any) -> str:
             who = att.get("author_name") or att.get("author_subname") or "someone"
             lines.append(f"(shared message from {who}) {plain_text(body)}")
     return "\n".join(lines)
+
+
+def _shared_author(attachments: Any) -> str:
+    """Who wrote the first message shared into this one ("" when Slack does not say)."""
+    for att in attachments if isinstance(attachments, list) else ():
+        if isinstance(att, dict) and (att.get("is_share") or att.get("is_msg_unfurl")):
+            return str(att.get("author_name") or att.get("author_subname") or "")
+    return ""
 
 
 def recover_ids(ref: str, event: Any, bot_user_id: str | None) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from telegram import Message, MessageEntity, Update
 from telegram.constants import ChatType
 
 from channels import malformed
-from channels.base import Action, Attachment, ContextItem, Inbound, clean_text, replied_extra
+from channels.base import FORWARDED, Action, Attachment, ContextItem, Inbound, clean_text, replied_extra
 
 PLATFORM = "telegram"
 GETFILE_MAX = 20 * 1024 * 1024
@@ -78,6 +78,8 @@ def to_inbound(update: Update, bot_id: int, bot_username: str) -> Inbound | None
     )
     addressed = is_direct or ((mentioned or command or replied) and not other_bots_command)
     extra = _replied(msg, bot_id)
+    if msg.forward_origin is not None:  # someone else's words, forwarded by the sender
+        extra[FORWARDED] = _origin_name(msg.forward_origin)
 
     chat = msg.chat
     thread_id = str(msg.message_thread_id) if msg.is_topic_message and msg.message_thread_id else None
@@ -183,6 +185,18 @@ def _replied(msg: Message, bot_id: int) -> dict[str, Any]:
 
 
 _REPLY_KINDS = ("photo", "document", "voice", "audio", "video", "sticker", "poll", "location")
+
+
+def _origin_name(origin: Any) -> str:
+    """Who wrote a forwarded message, as far as Telegram says (a hidden user gives only a name)."""
+    user = getattr(origin, "sender_user", None)
+    chat = getattr(origin, "sender_chat", None) or getattr(origin, "chat", None)
+    name = (
+        (user.full_name if user is not None else "")
+        or getattr(origin, "sender_user_name", "")
+        or (getattr(chat, "title", "") if chat is not None else "")
+    )
+    return str(name or "")
 
 
 def _check_types(msg: Message) -> None:

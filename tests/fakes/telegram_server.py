@@ -155,8 +155,12 @@ class FakeTelegram(BotApiMethods):
         chat_title: str = "Test group",
         from_bot: bool = False,
         quote: str | None = None,
+        forwarded_from: str | None = None,
     ) -> dict[str, Any]:
         """Queue a user's message as an update and return that update.
+
+        ``forwarded_from`` makes it a forward of a message by a user of that name (a
+        ``hidden_user`` origin, as Telegram sends when the author hides their account).
 
         ``entities=None`` lets the fake attach the mention / bot_command entities Telegram would.
         With ``document``, ``photo`` or ``voice`` (from :meth:`add_file` / :meth:`add_photo` /
@@ -186,6 +190,9 @@ class FakeTelegram(BotApiMethods):
         if is_topic and message_thread_id is not None:
             msg["message_thread_id"] = message_thread_id
             msg["is_topic_message"] = True
+        if forwarded_from is not None:
+            msg["forward_origin"] = {"type": "hidden_user", "sender_user_name": forwarded_from,
+                                     "date": int(time.time()) - 60}  # fmt: skip
         reply_id = reply_to_message_id
         if reply_to_bot and reply_id is None:
             reply_id = self._last_bot_message(chat_id, message_thread_id) or self._synthetic_bot_message(
