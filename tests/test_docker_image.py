@@ -76,6 +76,9 @@ def _engine() -> str | None:
 
 _WHY_NOT = _engine()
 needs_docker = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
+# The first test also builds the image (the documented recipe: a wheel download and a build, about
+# 2 min on an idle machine, several on a busy one): beyond pytest's default 300 s per test.
+pytestmark = pytest.mark.timeout(1500)
 
 
 # -- the build context, exactly as .dockerignore allows it -------------------------------------------
