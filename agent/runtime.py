@@ -28,7 +28,7 @@ from agent.harness import Harness
 from agent.memory import MemoryService
 from agent.middleware import RetryModelCalls
 from agent.model import build_chat_model
-from agent.safety import GuardrailMiddleware, Redactor
+from agent.safety import GuardrailMiddleware, Redactor, RedactToolResults
 from agent.sandbox import SandboxError, SandboxProvider, create_provider
 from agent.sandbox.backend import SandboxBackend
 from agent.sandbox.files import HostFiles
@@ -81,11 +81,16 @@ class AgentRuntime:
         models: Sequence[ModelSpec] = (),
         usage: UsageSink | None = None,
         database_url: str | None = None,
+        secrets: Sequence[str] = (),
     ) -> None:
         """``models``: all configured models a conversation may switch to (``TurnOptions.model``);
         ``usage`` receives the token usage of every model call (agent/usage.py); ``database_url``:
-        checkpoints and memory in PostgreSQL instead of SQLite files under ``data_dir``."""
+        checkpoints and memory in PostgreSQL instead of SQLite files under ``data_dir``;
+        ``secrets``: every secret value the process holds (the gateway's tokens, keys, passwords:
+        gateway/secrets.py), masked in tool results and approval prompts besides the agent's own
+        web and MCP credentials."""
         self.settings = settings
+        self.secrets = [*secrets, *settings.web.secrets(), *settings.mcp.secrets()]
         self.spec = model
         self.models = list(models)
         self.usage = usage
@@ -216,6 +221,7 @@ class AgentRuntime:
                 models=self.models,
                 usage=self.usage,
                 checkpoint_url=self.database_url,
+                redact=Redactor(self.secrets),
             )
             await self.harness.start()
             return
@@ -270,8 +276,9 @@ class AgentRuntime:
         tools += [*skill_tools, *web, present, *mcp]
         if self.scheduler is not None:
             tools += build_schedule_tools(self.scheduler)
-        secrets = [*s.web.secrets(), *s.mcp.secrets()]
+        secrets = self.secrets
         context = build_context_middleware(s.context, model, secrets=secrets)
+        sub_middleware.append(RedactToolResults(secrets))  # the lead's are masked by ToolErrors
         if s.approvals.tools or s.approvals.deny:
             names = [*tools, *sandbox_tools, *(t for m in context for t in getattr(m, "tools", ()))]
             context = with_approvals(

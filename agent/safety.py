@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from langchain.agents.middleware import ToolErrorMiddleware
 from langchain.agents.middleware.types import (
@@ -20,6 +20,7 @@ from langchain_core.tools import ToolException
 from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command
 
+from agent.redact import Redactor as SecretRedactor
 from agent.sandbox.paths import SandboxError
 
 log = logging.getLogger(__name__)
@@ -31,41 +32,89 @@ _SECRETISH = re.compile(
 )
 
 
-_KNOWN_TOKEN = re.compile(
-    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|xox[abposr]-[\w-]{10,}"
-    r"|xapp-[\w-]{10,}|sk-(?:proj-|ant-)?[\w-]{20,}|AKIA[0-9A-Z]{16}|AIza[\w-]{35})"
-)
-"""Tokens recognisable by their prefix (GitHub, GitLab, Slack, OpenAI/Anthropic, AWS, Google), in
-whatever form they appear: ``Authorization: token ghp_…`` has no ``token=`` to match."""
-
-
-class Redactor:
-    """Removes configured secret values and obvious credential patterns from a text."""
-
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
-        self._secrets = sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
+class Redactor(SecretRedactor):
+    """:class:`agent.redact.Redactor` (the secret values, token shapes) plus credential-looking
+    assignments (``password: …``, ``token=…``, ``Bearer …``): for texts that describe a tool call
+    or its failure (error messages, approval prompts), where such an assignment is most likely a
+    credential. Successful tool results get the plain redactor: masking every ``password = …``
+    in a file the agent reads would break its edits of that file."""
 
     def __call__(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return _KNOWN_TOKEN.sub("***", _SECRETISH.sub(r"\1***", text))
+        return _SECRETISH.sub(r"\1***", super().__call__(text))
 
 
 _SAFE_ERRORS: tuple[type[BaseException], ...] = (ToolException, SandboxError)
 """Exceptions raised on purpose with a text meant for the model; others show only their type."""
 
 
+def _redact_message(message: Any, strict: Redactor, plain: SecretRedactor) -> Any:
+    if not isinstance(message, ToolMessage):
+        return message
+    redact = strict if message.status == "error" else plain
+    if isinstance(message.content, str):
+        content: Any = redact(message.content)
+        if content is message.content:
+            return message
+    else:
+        content = [
+            {**b, "text": redact(str(b["text"]))} if isinstance(b, dict) and "text" in b else b
+            for b in message.content
+        ]
+    return message.model_copy(update={"content": content})
+
+
+def redact_result(
+    result: ToolMessage | Command[Any], strict: Redactor, plain: SecretRedactor
+) -> ToolMessage | Command[Any]:
+    """A tool's result with the daemon's secrets masked: an error's text by ``strict``, a
+    success's by ``plain``; a :class:`Command`'s messages alike."""
+    if isinstance(result, ToolMessage):
+        return cast(ToolMessage, _redact_message(result, strict, plain))
+    update = result.update
+    if isinstance(update, dict) and isinstance(update.get("messages"), list | tuple):
+        messages = [_redact_message(m, strict, plain) for m in update["messages"]]
+        return dataclasses.replace(result, update={**update, "messages": messages})
+    return result
+
+
+class RedactToolResults(AgentMiddleware[Any, Any, Any]):
+    """Masks the daemon's secrets in every tool result (see :class:`ToolErrors`), for agents
+    whose tool errors are handled elsewhere (sub-agents: their tool results go to the model
+    provider in the sub-agent's own requests)."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.strict = Redactor(secrets)
+        self.plain = SecretRedactor(self.strict.secrets)
+
+    def wrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]]
+    ) -> ToolMessage | Command[Any]:
+        return redact_result(handler(request), self.strict, self.plain)
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
+    ) -> ToolMessage | Command[Any]:
+        return redact_result(await handler(request), self.strict, self.plain)
+
+
 class ToolErrors(ToolErrorMiddleware[Any, Any]):
     """LangChain's ToolErrorMiddleware with Chital's message: which tool, what kind of failure,
     and the text only of exceptions meant for the model (redacted, cut short).
 
-    It also scrubs error ToolMessages that tools return without raising (``handle_tool_error``
-    tools, MCP servers reporting ``isError``): their text is the tool's own and may echo the
-    secrets it was configured with.
+    It also masks the daemon's secrets in every tool result on its way to the model (and to the
+    checkpoint): a tool's output is the one text the model provider gets that the daemon did not
+    write, and a command, a web page or an MCP server may print a token the daemon holds. Error
+    results (``handle_tool_error`` tools, MCP servers reporting ``isError``) get the strict
+    redactor; successful ones the values and token shapes only (see :class:`Redactor`). A
+    :class:`Command`'s messages are masked the same way.
     """
 
     def __init__(self, secrets: Iterable[str] = (), max_chars: int = 500) -> None:
         self.redact = Redactor(secrets)
+        self.plain = SecretRedactor(self.redact.secrets)
         self.max_chars = max_chars
         super().__init__(self._on_error)
 
@@ -85,15 +134,7 @@ class ToolErrors(ToolErrorMiddleware[Any, Any]):
         return f"Error: {name} failed ({detail}). Fix the arguments and retry, or go on without it."
 
     def _scrub(self, result: ToolMessage | Command[Any]) -> ToolMessage | Command[Any]:
-        if not isinstance(result, ToolMessage) or result.status != "error":
-            return result
-        if isinstance(result.content, str):
-            return result.model_copy(update={"content": self.redact(result.content)})
-        blocks = [
-            {**b, "text": self.redact(str(b["text"]))} if isinstance(b, dict) and "text" in b else b
-            for b in result.content
-        ]
-        return result.model_copy(update={"content": blocks})
+        return redact_result(result, self.redact, self.plain)
 
     def wrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]]

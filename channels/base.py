@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from channels import malformed
+from channels.egress import NO_EGRESS, Egress, guard_outbound
 from channels.status import ChannelState, ChannelStatus, Report, StatusListener
 from channels.textsplit import stream_text
 
@@ -393,6 +394,13 @@ class Channel(abc.ABC):
     can_send_only = False
     """The adapter can run connected for sending only (:attr:`receive` False): a standby daemon
     of a platform that allows one inbound connection per bot still delivers replies."""
+    egress: Egress = NO_EGRESS
+    """Masks the daemon's secrets in everything this channel sends (channels/egress.py); the
+    gateway sets it when it attaches the channel."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        guard_outbound(cls)  # every adapter's outbound methods mask what they send
 
     def __init__(self) -> None:
         self.status = ChannelStatus(self)
@@ -470,7 +478,8 @@ class Channel(abc.ABC):
         if self._actions is None:
             return ActionAnswer("This button is not active right now.", refused=True)
         try:
-            return await self._actions(action)
+            answer = await self._actions(action)
+            return replace(answer, text=self.egress(answer.text)) if answer.text else answer
         except ChannelError:
             raise
         except Exception as exc:
@@ -677,3 +686,6 @@ class Channel(abc.ABC):
         ``()`` when the message is in no thread and replies to nothing, or the platform has no
         such history. May raise any :class:`ChannelError`: the gateway answers without context."""
         return ()
+
+
+guard_outbound(Channel)

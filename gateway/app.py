@@ -43,10 +43,11 @@ from .lifecycle import (
     postgres_error,
     prepare_data_dir,
 )
-from .logs import RedactingFilter, secrets_of
+from .logs import RedactingFilter
 from .metrics import Metrics
 from .registry import PLATFORMS, build_channels
 from .retention import Retention
+from .secrets import daemon_secrets, redactor_for
 from .status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
 from .store import Store
 from .summary import log_summary
@@ -133,6 +134,7 @@ async def open_harness(
         models=config.models,
         usage=usage,
         database_url=config.storage.database_url,
+        secrets=daemon_secrets(config),
     )
     runtime.scheduler = scheduler
     try:
@@ -178,7 +180,7 @@ class Daemon:
         self.status_server: StatusServer | None = None
         """``chital status``'s Unix socket (gateway/status.py); None when it could not be opened."""
         self.recent_errors = RecentErrors(
-            RedactingFilter(secrets_of(config)), type(config.channels).model_fields
+            RedactingFilter(redactor_for(config)), type(config.channels).model_fields
         )
         self.started: float | None = None
         self.pid = os.getpid()
@@ -388,7 +390,9 @@ class Daemon:
         root.addHandler(self.recent_errors)
         self._resources.push("the recent-errors log", self._drop_recent_errors)
         server = StatusServer(
-            socket_path(self.config.storage.path), lambda: snapshot(self, self.recent_errors)
+            socket_path(self.config.storage.path),
+            lambda: snapshot(self, self.recent_errors),
+            redactor_for(self.config),
         )
         try:
             await server.start()
@@ -430,7 +434,7 @@ class Daemon:
 
     async def _start_http(self) -> None:
         host, port = self.config.http.host, self.config.http.port
-        app = build_app(self, self.metrics)
+        app = build_app(self, self.metrics, redactor_for(self.config))
         runner = self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         self._resources.push("the HTTP endpoint", runner.cleanup)

@@ -150,6 +150,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     except NoDaemon as exc:
         print(f"chital: {exc}", file=sys.stderr)
         return 1
+    # The daemon masked its secrets already; this process knows the same ones (same config and
+    # environment) and masks again, in case the daemon is an older one.
+    from .secrets import redactor_for
+
+    body = redactor_for(cfg).deep(body)
     if args.json:
         print(json.dumps(body, indent=2, sort_keys=True))
     else:

@@ -35,6 +35,7 @@ from .limits import Throttles
 from .metrics import Metrics
 from .pacing import PacerPool
 from .parking import Parking
+from .secrets import redactor_for
 from .slow_lane import FairLane
 from .store import JournalEntry, JournalKind, JournalState, Store
 from .turn_runner import TurnRunner
@@ -53,6 +54,8 @@ class Gateway(TurnRunner):
         self.harness = harness
         self.metrics = metrics
         self.channels: dict[str, Channel] = {}
+        self.redact = redactor_for(config)
+        """Masks the daemon's secrets; every attached channel sends through it (channels/egress.py)."""
         self.turns = TurnQueue(
             config.concurrency.max_turns, self._run_claimed, metrics, lambda e: stopping.show_stopped(self, e)
         )
@@ -86,6 +89,7 @@ class Gateway(TurnRunner):
     # -- wiring ---------------------------------------------------------------------------------
     def attach(self, channel: Channel) -> InboundSink:
         self.channels[channel.name] = channel
+        channel.egress = self.redact
         channel.add_status_listener(self._on_channel_state)
         channel.on_action(self._on_action)
         malformed = self.metrics.malformed

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from aiohttp import web
 
+from agent.redact import Redactor
 from channels.base import ChannelState
 
 from .metrics import Metrics
@@ -25,19 +26,23 @@ class Observable(Protocol):
         ...
 
 
-def build_app(daemon: Observable, metrics: Metrics) -> web.Application:
+def build_app(daemon: Observable, metrics: Metrics, redact: Redactor | None = None) -> web.Application:
+    """``redact`` masks the daemon's secrets in both documents (gateway/secrets.py): a channel's
+    reason quotes its SDK's error, a metric's label a name from the config."""
+    mask = redact or Redactor()
+
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
-        body = daemon.readiness()
+        body = mask.deep(daemon.readiness())
         return web.json_response(body, status=200 if body.get("ready") else 503)
 
     async def metrics_view(_: web.Request) -> web.Response:
         # Imported on the first scrape: it brings wsgiref and http.server along (gateway/metrics.py).
         from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-        body = generate_latest(metrics.registry)
+        body = mask(generate_latest(metrics.registry).decode()).encode()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def index(_: web.Request) -> web.Response:

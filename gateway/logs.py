@@ -1,5 +1,5 @@
-"""Logging set-up with secret redaction: every configured token, and whatever looks like a credential
-(``token=…``, ``ticket=…``, ``Bearer …``), is masked in every log line.
+"""Logging set-up with secret redaction: every secret the daemon holds (gateway/secrets.py), and whatever
+looks like a credential (``token=…``, ``ticket=…``, ``Bearer …``), is masked in every log line.
 
 One filter does it (:class:`RedactingFilter`), installed on the daemon's handler, which every record
 reaches, and on each SDK logger the platforms declare (``sdk_loggers`` in their settings), which
@@ -13,13 +13,12 @@ import re
 import sys
 from collections.abc import Iterable
 
-from pydantic import BaseModel
-
+from agent.redact import Redactor
 from channels.base import scrub
 
 from .config import Config
-from .db import url_passwords
 from .registry import sdk_loggers
+from .secrets import daemon_secrets, redactor_for
 
 QUIET = ("httpx", "httpcore", "openai", "aiosqlite", "websockets", "urllib3")
 """Libraries held at WARNING besides the platforms' SDK loggers: they log request URLs (httpx: every
@@ -39,51 +38,32 @@ def visible(text: str) -> str:
 
 
 def secrets_of(cfg: Config) -> list[str]:
-    found: list[str] = []
-
-    def walk(node: object) -> None:
-        if hasattr(node, "get_secret_value"):
-            value = node.get_secret_value()
-            if value:
-                found.append(value)
-        elif isinstance(node, BaseModel):  # the class's fields: on an instance, Pydantic 2.11 deprecates them
-            for name in type(node).model_fields:
-                walk(getattr(node, name))
-            for value in (getattr(node, "model_extra", None) or {}).values():
-                walk(value)
-        elif isinstance(node, list | tuple):
-            for item in node:
-                walk(item)
-        elif isinstance(node, str) and node.startswith(("sk-", "xox", "xapp-")):
-            found.append(node)
-
-    walk(cfg)
-    for spec in cfg.models:
-        key = spec.kwargs().get("api_key")
-        if isinstance(key, str) and key:
-            found.append(key)
-    found += url_passwords(cfg.storage.database_url)  # a plain string field: not a SecretStr
-    return sorted({s for s in found if len(s) >= 6}, key=len, reverse=True)
+    """Every secret value the daemon holds (gateway/secrets.py)."""
+    return daemon_secrets(cfg)
 
 
 class RedactingFilter(logging.Filter):
-    """Masks ``secrets`` and credential-shaped text (:func:`channels.base.scrub`) in a record's
-    message and traceback. Never drops a record."""
+    """Masks ``secrets`` (every encoding, token shapes: :class:`agent.redact.Redactor`, the one
+    redactor of every egress) and credential-shaped text (:func:`channels.base.scrub`: a URL's
+    ``token=…``, ``Bearer …``) in a record's message and traceback. Never drops a record."""
 
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
+    def __init__(self, secrets: Iterable[str] | Redactor = ()) -> None:
         super().__init__()
-        self._secrets = tuple(secrets)
+        self.redact = secrets if isinstance(secrets, Redactor) else Redactor(secrets)
+
+    def mask(self, text: str) -> str:
+        return visible(scrub(self.redact(text)))
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
         except Exception:  # a malformed record is logging's to report, not ours
             return True
-        masked = visible(scrub(message, *self._secrets))
+        masked = self.mask(message)
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
-            record.exc_text = visible(scrub(record.exc_text, *self._secrets))
+            record.exc_text = self.mask(record.exc_text)
         if masked != message:
             record.msg, record.args = masked, None
         return True
@@ -100,7 +80,7 @@ def redact_loggers(names: Iterable[str], redactor: RedactingFilter) -> None:
 
 def setup_logging(cfg: Config, handler: logging.Handler | None = None) -> None:
     """Every record, redacted, to ``handler`` (default: stderr; ``chital chat`` passes a file)."""
-    redactor = RedactingFilter(secrets_of(cfg))
+    redactor = RedactingFilter(redactor_for(cfg))
     handler = handler or logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(redactor)

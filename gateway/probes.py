@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 
 from .config import Config
-from .logs import secrets_of
 from .registry import channel_readiness
+from .secrets import redactor_for
 
 PROBE_TIMEOUT = 10.0
 LARK_DOMAINS = {"feishu": "https://open.feishu.cn", "lark": "https://open.larksuite.com"}
@@ -212,12 +212,7 @@ def _reason(exc: BaseException) -> str:
 
 async def run_probes(cfg: Config) -> list[Outcome]:
     """Every enabled channel with credentials and every OpenAI-compatible model, concurrently."""
-    secrets = secrets_of(cfg)
-
-    def mask(text: str) -> str:
-        for secret in secrets:
-            text = text.replace(secret, "***")
-        return text
+    mask = redactor_for(cfg)
 
     channels: dict[str, Callable[[aiohttp.ClientSession, Config], Awaitable[str]]] = {
         "telegram": probe_telegram,

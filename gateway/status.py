@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from agent.redact import Redactor
+
 from .lifecycle import StartupError
 from .logs import RedactingFilter
 
@@ -200,9 +202,12 @@ def bind_private(path: Path) -> socket.socket:
 class StatusServer:
     """``GET /status`` on the socket: whatever ``snapshot`` returns, as JSON."""
 
-    def __init__(self, path: Path, snapshot: Snapshot) -> None:
+    def __init__(self, path: Path, snapshot: Snapshot, redact: Redactor | None = None) -> None:
         self.path = path
         self._snapshot = snapshot
+        self._redact = redact or Redactor()
+        """Masks the daemon's secrets in the document (gateway/secrets.py): the last word before
+        it leaves the process, whatever a reason or an error line quotes."""
         self._runner: web.AppRunner | None = None
         self._inode: int | None = None
 
@@ -213,7 +218,7 @@ class StatusServer:
             for key in ("errors", "warnings"):
                 if last.isdigit() and isinstance(body.get(key), list):
                     body[key] = body[key][-int(last) :] if int(last) else []
-            return web.json_response(body)
+            return web.json_response(self._redact.deep(body))
 
         app = web.Application()
         app.router.add_get("/status", status)
