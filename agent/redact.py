@@ -82,9 +82,8 @@ def encodings(secret: str) -> set[str]:
         start = (pad * 8 + 5) // 6 if pad else 0
         stop = (pad + len(raw)) * 8 // 6
         core = enc[start:stop]
-        if len(core) >= 16:
-            out.add(core)
-            out.add(core.replace("+", "-").replace("/", "_"))
+        out.add(core)
+        out.add(core.replace("+", "-").replace("/", "_"))
     return {v for v in out if len(v) >= MIN_SECRET_CHARS}
 
 

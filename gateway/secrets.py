@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from agent.redact import MIN_SECRET_CHARS, Redactor
 
@@ -58,7 +58,7 @@ def _walk(node: object, found: list[str]) -> None:
     if isinstance(node, SecretStr):
         value = node.get_secret_value()
         found += [value, *_url_secrets(value)]
-    elif hasattr(node, "model_fields"):
+    elif isinstance(node, BaseModel):
         for name in type(node).model_fields:
             _walk(getattr(node, name, None), found)
         for value in (getattr(node, "model_extra", None) or {}).values():

@@ -1,0 +1,297 @@
+"""Secrets by value (docs/security.md): the daemon's own tokens, keys and passwords never leave it.
+
+End to end on each platform: ``chital run`` against the platform's fake server, every kind of secret
+configured (Telegram, Discord, Slack bot and app tokens, the Lark app secret, a model API key, a
+URL password, a credential in the environment), and the fake model asking for a file named after a
+secret, a shell command that prints them all (behind an approval, so the prompt shows them), then an
+answer quoting them as-is, URL-quoted and inside base64. What the platform received (texts, edits,
+drafts, buttons, button answers, file names and bytes), what the model received back (tool
+results), the daemon's log, ``chital status``, ``/readyz`` and ``/metrics`` must hold none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from tests.daemon import DaemonProcess, base_config, free_port
+from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.lark_server import FakeLark
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+from tests.fakes.slack_server import FakeSlack
+from tests.fakes.telegram_server import FakeTelegram
+
+MODEL_KEY = "mdl-KEY-7Qp2Zr9xLw0pTe4s"
+URL_PASSWORD = "urlpw-Zx81Qw5eRt"
+ENV_TOKEN = "envtok-Hy72Pq01LmZ"
+OPENAI_ENV_KEY = "oaienv-93jfk2LQ7v"
+OTHERS = {
+    "telegram": "987654321:AAFakeTelegramTokenValue_0123456789ab",
+    "discord": "NzkyNzE1NDU0MTk2MDg4ODQy.X-hvzA.Ovy4MCQywSkoMRRclStW4xAYK7I",
+    "slack_bot": "xoxb-other-bot-token-value",
+    "slack_app": "xapp-1-other-app-token-value",
+    "lark": "larkSecret0123456789abcdefABCDEF",
+}
+"""Credentials of the platforms not under test: configured (disabled) so every kind is present."""
+USER_TG, USER_SLACK, USER_DC, USER_LARK = 5150, "U_FRIEND", "424242424242424242", "ou_friend"
+OUTPUTS = "/mnt/user-data/outputs"
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("CHITAL_TEST_SERVICE_TOKEN", ENV_TOKEN)  # only in the environment
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_ENV_KEY)  # the config's key wins, but it is known
+
+
+@dataclass
+class Platform:
+    """How the test reaches one platform's fake: send a DM, find and press the approval button,
+    and everything the bot sent it, as one text."""
+
+    name: str
+    secrets: list[str]
+    channel: dict[str, Any]
+    access: str
+    ask: Callable[[str], Awaitable[Any]]
+    buttons: Callable[[], Awaitable[Any]]
+    press: Callable[[Any], Awaitable[str]]
+    """Presses Approve; returns the answer the presser got (toast, alert, ephemeral)."""
+    sent: Callable[[], str]
+    connected: Callable[[], Awaitable[None]]
+
+
+def telegram(tg: FakeTelegram) -> Platform:
+    async def ask(text: str) -> Any:
+        return tg.inject_message(USER_TG, USER_TG, text, first_name="Olga")
+
+    async def buttons() -> Any:
+        return await tg.wait_for(
+            lambda: next((m for m in tg.bot_messages(USER_TG) if tg.buttons(USER_TG, m.message_id)), None),
+            timeout=30,
+            what="the approval buttons",
+        )
+
+    async def press(message: Any) -> str:
+        query = tg.press_button(USER_TG, message.message_id, USER_TG, "Approve", first_name="Olga")
+        qid = query["callback_query"]["id"]
+        answer = await tg.wait_for(lambda: tg.answered_queries.get(qid), timeout=15, what="the answer")
+        return str(answer.get("text", ""))
+
+    async def connected() -> None:
+        return None
+
+    return Platform(
+        "telegram",
+        [tg.token],
+        {"token": tg.token, "base_url": tg.base_url, "base_file_url": tg.base_file_url, "poll_timeout": 2},
+        f"telegram:{USER_TG}",
+        ask,
+        buttons,
+        press,
+        lambda: json.dumps([c.params for c in tg.calls], default=str, ensure_ascii=False),
+        connected,
+    )
+
+
+def slack(fake: FakeSlack) -> Platform:
+    dm = "D_FRIEND"
+
+    async def ask(text: str) -> Any:
+        return await fake.inject_dm(dm, USER_SLACK, text)
+
+    async def buttons() -> Any:
+        return await fake.wait_for(lambda: next((p for p in fake.posts if p.buttons()), None), timeout=30)
+
+    async def press(post: Any) -> str:
+        before = len(post.history)
+        await fake.press_button(post.channel, post.ts, USER_SLACK, "Approve", name="Olga")
+        await fake.wait_for(lambda: len(post.history) > before or None, timeout=15)  # the decision shown
+        return post.text
+
+    return Platform(
+        "slack",
+        [fake.bot_token, fake.app_token],
+        {"bot_token": fake.bot_token, "app_token": fake.app_token, "api_base_url": fake.api_base_url,
+         "ping_interval": 0.5},  # fmt: skip
+        f"slack:{USER_SLACK}",
+        ask,
+        buttons,
+        press,
+        lambda: json.dumps([c.params for c in fake.calls], default=str, ensure_ascii=False),
+        fake.wait_connected,
+    )
+
+
+def discord(dc: FakeDiscord) -> Platform:
+    async def ask(text: str) -> Any:
+        return await dc.inject_dm(USER_DC, text)
+
+    async def buttons() -> Any:
+        return await dc.wait_for(lambda: next((m for m in dc.bot_messages() if dc.buttons(m.id)), None), 30)
+
+    async def press(message: Any) -> str:
+        iid = await dc.press_button(message.id, USER_DC, "Approve")
+        answer = await dc.wait_for(lambda: dc.interaction_responses.get(iid), timeout=15)
+        return json.dumps(answer)
+
+    def sent() -> str:
+        messages = [
+            {"now": dc.message(m.id), "files": [(n, d.decode(errors="replace")) for n, d in m.files]}
+            for m in dc.bot_messages()
+        ]
+        return json.dumps([messages, dc.interaction_responses], default=str, ensure_ascii=False)
+
+    return Platform(
+        "discord",
+        [dc.token],
+        {"token": dc.token, "api_base_url": dc.api_base_url, "gateway_url": dc.gateway_url},
+        f"discord:{USER_DC}",
+        ask,
+        buttons,
+        press,
+        sent,
+        dc.wait_connected,
+    )
+
+
+def lark(fake: FakeLark) -> Platform:
+    p2p = "oc_p2p_friend"
+
+    async def ask(text: str) -> Any:
+        return fake.inject_message(p2p, USER_LARK, text, chat_type="p2p")
+
+    async def buttons() -> Any:
+        return await fake.wait_for_async(
+            lambda f: next((m for m in f.bot_messages() if m.buttons()), None), timeout=30
+        )
+
+    async def press(message: Any) -> str:
+        event = fake.press_button(message.message_id, USER_LARK, "Approve")
+        return json.dumps(await fake.wait_for_async(lambda f: f.ack_data(event), timeout=15))
+
+    def sent() -> str:
+        messages = [[m.content, *m.history] for m in fake.bot_messages()]
+        files = [(n, d.decode(errors="replace")) for n, d in fake.uploads.values()]
+        return json.dumps([messages, files, [a.data for a in fake.acks]], default=str, ensure_ascii=False)
+
+    async def connected() -> None:
+        return None  # events injected before the bot connects wait for it
+
+    return Platform(
+        "lark",
+        [fake.app_secret],
+        {"app_id": fake.app_id, "app_secret": fake.app_secret, "domain": fake.base_url, "liveness_timeout": 6},
+        f"lark:{USER_LARK}",
+        ask,
+        buttons,
+        press,
+        sent,
+        connected,
+    )
+
+
+def config(tmp_path: Path, model: FakeOpenAI, platform: Platform) -> dict[str, Any]:
+    cfg = base_config(tmp_path / "data", model.base_url, free_port())
+    scheme, _, rest = model.base_url.partition("://")
+    spec = cfg["models"][0]
+    spec["api_key"] = MODEL_KEY
+    spec["base_url"] = f"{scheme}://chital:{URL_PASSWORD}@{rest}"  # a URL password
+    channels = cfg["channels"]
+    channels["telegram"].update(token=OTHERS["telegram"])
+    channels["discord"].update(token=OTHERS["discord"])
+    channels["slack"].update(bot_token=OTHERS["slack_bot"], app_token=OTHERS["slack_app"])
+    channels["lark"].update(app_id="cli_other", app_secret=OTHERS["lark"])
+    channels[platform.name] = {"enabled": True, **platform.channel}
+    cfg["access"] = {"allow_users": [platform.access]}
+    cfg["agent"]["approvals"] = {"tools": ["execute"], "timeout": 600}
+    cfg["agent"]["memory"] = {"enabled": False}  # no model call of its own between the scripted ones
+    return cfg
+
+
+def all_secrets(platform: Platform) -> list[str]:
+    others = [v for k, v in OTHERS.items() if not k.startswith(platform.name)]
+    return [*platform.secrets, *others, MODEL_KEY, URL_PASSWORD, ENV_TOKEN, OPENAI_ENV_KEY]
+
+
+def leaks(text: str, secrets: list[str]) -> list[str]:
+    """The secrets ``text`` shows, as-is or URL-quoted."""
+    return [s for s in secrets if s in text or quote(s, safe="") in text]
+
+
+@pytest.fixture(params=["telegram", "slack", "discord", "lark"])
+def platform(request: pytest.FixtureRequest) -> Platform:
+    name = request.param
+    fixture = {"telegram": "tg", "slack": "slack", "discord": "dc", "lark": "lark_fake"}[name]
+    fake = request.getfixturevalue(fixture)
+    return {"telegram": telegram, "slack": slack, "discord": discord, "lark": lark}[name](fake)
+
+
+@pytest.mark.bwrap
+@needs_bwrap
+async def test_no_secret_leaves_the_daemon(tmp_path: Path, model: FakeOpenAI, platform: Platform) -> None:
+    secrets = all_secrets(platform)
+    joined = " ".join(secrets)
+    basic = base64.b64encode(f"chital:{URL_PASSWORD}".encode()).decode()  # a Basic-auth header's value
+    report = f"{OUTPUTS}/{MODEL_KEY}.txt"
+    model.script(
+        Reply(tool_calls=[ToolCall("write_file", {"file_path": report, "content": f"keys: {joined}\n"})]),
+        Reply(tool_calls=[ToolCall("present_files", {"paths": [report], "caption": f"for {ENV_TOKEN}"})]),
+        Reply(
+            tool_calls=[
+                ToolCall("execute", {"command": f"echo '{joined}'; printf %s '{secrets[0]}' | base64 -w0"})
+            ]
+        ),
+        Reply(text=f"Done. {joined}\nquoted: {quote(secrets[0], safe='')}\nheader: Basic {basic}"),
+    )
+    daemon = DaemonProcess(tmp_path, config(tmp_path, model, platform))
+    await daemon.start()
+    try:
+        await platform.connected()
+        await platform.ask("make the report and show me the keys")
+        prompt = await platform.buttons()
+        toast = await platform.press(prompt)
+        await until_text(platform, "Done.")
+        await asyncio.sleep(1.0)  # the final edit after a draft or a streamed one
+
+        sent = platform.sent()
+        assert "execute" in sent and "***" in sent, "the approval prompt and the answer were delivered"
+        assert not leaks(sent, secrets), f"{platform.name} received a secret"
+        assert basic not in sent and base64.b64encode(secrets[0].encode()).decode()[:40] not in sent
+        assert not leaks(toast, secrets)
+
+        tool_results = [json.dumps(m.get("content")) for m in model.requests[-1]["messages"] if m["role"] == "tool"]
+        assert len(tool_results) == 3 and "***" in tool_results[-1], "the command ran; its output masked"
+        assert not leaks("\n".join(tool_results), secrets), "a tool result sent to the model holds a secret"
+        assert base64.b64encode(secrets[0].encode()).decode()[:40] not in "\n".join(tool_results)
+
+        code, status = await daemon.cli("status", "--json")
+        assert code == 0 and '"ready"' in status
+        _, readyz = await daemon.get("/readyz")
+        metrics = await daemon.metrics()
+        assert not leaks(status + json.dumps(readyz) + metrics, secrets)
+        log = "".join(p.read_text(errors="replace") for p in tmp_path.glob("daemon-*.log"))
+        assert "tool" in log.lower() or "chital is running" in log
+        assert not leaks(log, secrets)
+    finally:
+        await daemon.close()
+
+
+async def until_text(platform: Platform, needle: str, timeout: float = 45) -> None:
+    deadline = time.monotonic() + timeout
+    while needle not in platform.sent():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{platform.name} never showed {needle!r}: {platform.sent()[-2000:]}")
+        await asyncio.sleep(0.1)
