@@ -16,7 +16,7 @@ import base64
 import json
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,8 +124,12 @@ def slack(fake: FakeSlack) -> Platform:
     return Platform(
         "slack",
         [fake.bot_token, fake.app_token],
-        {"bot_token": fake.bot_token, "app_token": fake.app_token, "api_base_url": fake.api_base_url,
-         "ping_interval": 0.5},  # fmt: skip
+        {
+            "bot_token": fake.bot_token,
+            "app_token": fake.app_token,
+            "api_base_url": fake.api_base_url,
+            "ping_interval": 0.5,
+        },
         f"slack:{USER_SLACK}",
         ask,
         buttons,
@@ -193,7 +197,12 @@ def lark(fake: FakeLark) -> Platform:
     return Platform(
         "lark",
         [fake.app_secret],
-        {"app_id": fake.app_id, "app_secret": fake.app_secret, "domain": fake.base_url, "liveness_timeout": 6},
+        {
+            "app_id": fake.app_id,
+            "app_secret": fake.app_secret,
+            "domain": fake.base_url,
+            "liveness_timeout": 6,
+        },
         f"lark:{USER_LARK}",
         ask,
         buttons,
@@ -272,7 +281,9 @@ async def test_no_secret_leaves_the_daemon(tmp_path: Path, model: FakeOpenAI, pl
         assert basic not in sent and base64.b64encode(secrets[0].encode()).decode()[:40] not in sent
         assert not leaks(toast, secrets)
 
-        tool_results = [json.dumps(m.get("content")) for m in model.requests[-1]["messages"] if m["role"] == "tool"]
+        tool_results = [
+            json.dumps(m.get("content")) for m in model.requests[-1]["messages"] if m["role"] == "tool"
+        ]
         assert len(tool_results) == 3 and "***" in tool_results[-1], "the command ran; its output masked"
         assert not leaks("\n".join(tool_results), secrets), "a tool result sent to the model holds a secret"
         assert base64.b64encode(secrets[0].encode()).decode()[:40] not in "\n".join(tool_results)
@@ -295,3 +306,177 @@ async def until_text(platform: Platform, needle: str, timeout: float = 45) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"{platform.name} never showed {needle!r}: {platform.sent()[-2000:]}")
         await asyncio.sleep(0.1)
+
+
+# ---- the parts, in the test's process ------------------------------------------------------------
+SECRET = "tg-Secret-Value-0123456789abcdef"
+
+
+def test_every_kind_of_secret_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One source: config SecretStr fields, model keys, URL passwords (the database URL's too),
+    the environment variables the platforms declare, OPENAI_API_KEY, any ``*_TOKEN``-named one."""
+    from gateway.config import builtin_defaults, parse_config
+    from gateway.secrets import daemon_secrets
+
+    env = {"TELEGRAM_BOT_TOKEN": "111111:AAenv-telegram-token", "SLACK_BOT_TOKEN": "xoxb-env-bot",
+           "SLACK_APP_TOKEN": "xapp-env-app-tok", "DISCORD_BOT_TOKEN": "env-discord-token",
+           "LARK_APP_ID": "cli_app_id_is_no_secret", "LARK_APP_SECRET": "env-lark-secret",
+           "OPENAI_API_KEY": "env-openai-key", "MY_SERVICE_PASSWORD": "env-service-pw",
+           "CHITAL_MODEL": "gpt-x", "OPENAI_BASE_URL": "https://u:env-url-pw@llm.example/v1"}  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    found = daemon_secrets(parse_config(builtin_defaults(), "defaults"))
+    expected = [v for k, v in env.items() if k not in ("LARK_APP_ID", "CHITAL_MODEL", "OPENAI_BASE_URL")]
+    assert set(expected) <= set(found) and "env-url-pw" in found
+    assert "cli_app_id_is_no_secret" not in found and "gpt-x" not in found
+
+    cfg = parse_config(
+        {
+            "models": [
+                {"name": "default", "model": "x", "api_key": "cfg-model-key", "organization": "sk-plainorg-123"}
+            ],
+            "channels": {"discord": {"token": "cfg-discord-token"}, "slack": {"bot_token": "cfg-bot-token"}},
+            "storage": {
+                "url": "postgresql://chital:db%40pass-word@db.internal:5432/chital?sslpassword=ssl-pw-x"
+            },
+            "transcription": {"api_key": "cfg-whisper-key"},
+            "agent": {"web": {"search_provider": "tavily", "api_key": "cfg-tavily-key"}},
+        },
+        "test",
+    )
+    found = daemon_secrets(cfg, environ={})
+    for value in ("cfg-model-key", "sk-plainorg-123", "cfg-discord-token", "cfg-bot-token", "db@pass-word",
+                  "db%40pass-word", "ssl-pw-x", "cfg-whisper-key", "cfg-tavily-key"):  # fmt: skip
+        assert value in found, value
+
+
+def test_the_redactor_knows_encodings_shapes_and_unfinished_text() -> None:
+    from agent.redact import Redactor
+
+    redact = Redactor([SECRET, "short"])
+    blob = base64.b64encode(b"Authorization: Basic x" + SECRET.encode() + b"!").decode()
+    for text in (SECRET, quote(SECRET, safe=""), json.dumps({"k": SECRET}), blob, f"a{SECRET}b"):
+        assert SECRET not in redact(text) and "***" in redact(text), text
+    for shift in range(3):  # base64 of the secret at each alignment inside a longer blob
+        assert base64.b64encode(b"x" * shift + SECRET.encode()).decode()[4:20] not in redact(
+            base64.b64encode(b"x" * shift + SECRET.encode()).decode()
+        )
+    assert redact("short words stay") == "short words stay", "values under six characters are not masked"
+    telegram, discord = "7012345678:AA" + "b" * 33, "MTA1NjQ3ODkwMTIzNDU2Nzg5.GaBcDe." + "c" * 38
+    assert redact(f"t {telegram} d {discord} k sk-{'d' * 24}") == "t *** d *** k ***"
+    assert redact("task-" + "e" * 24) == "task-" + "e" * 24, "a word ending in sk- is no key"
+    assert redact.stream(f"the token is {SECRET[:9]}") == "the token is ", "a secret being written"
+    assert redact.stream("plain text") == "plain text"
+    assert redact.data(f"x{SECRET}y".encode()) == b"x" + b"*" * len(SECRET) + b"y"
+
+
+async def test_streamed_edits_files_buttons_and_answers_are_masked(tmp_path: Path) -> None:
+    """A secret streamed in small chunks never shows, even half-written, in an edit or a draft; a
+    file's name, caption and bytes, a button's label and value, a press's answer are masked."""
+    from agent.events import AgentEvent, Final, TextDelta
+    from channels.base import Action, ActionAnswer, Button, OutFile, Rendered
+    from tests.fakes.fake_channel import FakeChannel
+    from tests.fakes.fake_harness import Call
+    from tests.fakes.gateway_rig import USER, fake_rig, make_config, until
+
+    async def leaky(call: Call) -> AsyncIterator[AgentEvent]:
+        text = f"here it is: {SECRET} and done"
+        for i in range(0, len(text), 3):
+            yield TextDelta(text[i : i + 3])
+            await asyncio.sleep(0.03)
+        yield Final(text)
+
+    cfg = make_config(
+        channels={"telegram": {"enabled": True, "token": SECRET}},
+        access={"allow_users": [str(USER)]},
+        delivery={"first_edit_delay": 0.05},
+    )
+    channel = FakeChannel(drafts=True, buttons=True)
+    async with fake_rig(tmp_path, cfg, channel=channel) as rig:
+        rig.harness.on("leak", leaky)
+        msg = channel.message(USER, "leak")
+        await channel.deliver(msg)
+        await until(lambda: channel.replies_to(msg.message_id) == ["here it is: *** and done"], what="final")
+        shown = [t for m in channel.sent for t in m.texts] + [p.text for p in channel.platform.previews]
+        assert len(shown) > 2 and not [t for t in shown if SECRET[:6] in t], shown
+
+        target = msg.target
+        await channel.send_file(target, OutFile(f"{SECRET}.txt", f"k={SECRET}".encode()), f"c {SECRET}",
+                                idempotency_key="f")  # fmt: skip
+        sent_file = channel.files[-1]
+        assert sent_file.file is not None and sent_file.file.name == "***.txt"
+        assert SECRET.encode() not in sent_file.file.data and sent_file.text == "c ***"
+        mid = await channel.send_buttons(
+            target, Rendered(f"ok {SECRET}?"), [Button(f"yes {SECRET}", f"v:{SECRET}")], idempotency_key="b"
+        )
+        (button,) = channel.platform.messages[mid].buttons
+        assert (button.label, button.value, channel.platform.messages[mid].text) == (
+            "yes ***",
+            "v:***",
+            "ok ***?",
+        )
+
+        async def answer(action: Action) -> ActionAnswer:
+            return ActionAnswer(f"done with {SECRET}")
+
+        channel.on_action(answer)
+        assert (await channel.hand_action(Action("telegram", "1", "2", "v"))).text == "done with ***"
+
+
+async def test_readyz_metrics_and_the_status_socket_are_masked(tmp_path: Path) -> None:
+    import aiohttp
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from agent.redact import Redactor
+    from gateway.cli_status import fetch_status
+    from gateway.http import build_app
+    from gateway.metrics import Metrics
+    from gateway.status import StatusServer
+
+    class Leaky:
+        def readiness(self) -> dict[str, object]:
+            return {"ready": False, "why": [f"channel x: failed (401 for /bot{SECRET}/getMe)"]}
+
+    metrics = Metrics()
+    metrics.tokens.labels(f"model-{SECRET}", "prompt").inc()
+    async with TestClient(TestServer(build_app(Leaky(), metrics, Redactor([SECRET])))) as client:
+        readyz = await (await client.get("/readyz")).text()
+        scraped = await (await client.get("/metrics")).text()
+    assert "***" in readyz and "***" in scraped and SECRET not in readyz + scraped
+
+    async def snapshot() -> dict[str, object]:
+        return {"errors": [{"message": f"boom {SECRET}"}], "why": [quote(SECRET, safe="")]}
+
+    server = StatusServer(tmp_path / "status.sock", snapshot, Redactor([SECRET]))
+    await server.start()
+    try:
+        body = await fetch_status(tmp_path / "status.sock", 10)
+    finally:
+        await server.close()
+    assert "***" in json.dumps(body) and not leaks(json.dumps(body), [SECRET])
+    assert aiohttp  # the client the CLI uses
+
+
+async def test_sub_agent_tool_results_are_masked() -> None:
+    """A sub-agent's tool results go to the model provider in its own requests: masked there too,
+    a Command's messages included."""
+    from langchain_core.messages import ToolMessage
+    from langgraph.types import Command
+
+    from agent.safety import RedactToolResults
+
+    middleware = RedactToolResults([SECRET])
+    plain = ToolMessage(f"out {SECRET}", tool_call_id="1")
+    failed = ToolMessage(f"password: hunter22 {SECRET}", tool_call_id="2", status="error")
+    command = Command(update={"messages": [ToolMessage(f"wrote {SECRET}", tool_call_id="3")], "files": {}})
+
+    async def run(result: Any) -> Any:
+        async def handler(_: Any) -> Any:
+            return result
+
+        return await middleware.awrap_tool_call(None, handler)  # type: ignore[arg-type]
+
+    assert (await run(plain)).content == "out ***"
+    assert (await run(failed)).content == "password: *** ***"
+    masked = await run(command)
+    assert masked.update["messages"][0].content == "wrote ***" and "files" in masked.update
