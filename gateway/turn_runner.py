@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING, Any, cast
@@ -23,6 +24,7 @@ from agent.events import (
     ToolProgress,
     TurnFailed,
 )
+from agent.turn import TurnOptions
 from channels.base import Channel, ChannelError, Inbound
 
 from .approvals import WAITING_NOTE
@@ -33,6 +35,8 @@ from .store import JournalEntry, JournalState, StorageFull
 from .turn_options import turn_options
 
 if TYPE_CHECKING:
+    from agent.redact import Redactor
+
     from .agent_api import AgentHarness
     from .approvals import Approvals
     from .config import Config
@@ -68,6 +72,7 @@ class TurnRunner:
     turns: TurnQueue
     parking: Parking
     approvals: Approvals
+    redact: Redactor
     _inflight: set[str]
     _replies: dict[str, Reply]
 
@@ -221,8 +226,11 @@ class TurnRunner:
         inbound = entry.inbound
         text, final, outcome = "", "", "ok"
         message = uploads.message(inbound.text)  # with what a voice note said (gateway/media.py)
+        message = self.redact(message)  # the daemon's secrets never go to the model provider
         try:
-            options = await turn_options(cast("Gateway", self), entry, thread_id, uploads)
+            options = masked_context(
+                await turn_options(cast("Gateway", self), entry, thread_id, uploads), self.redact
+            )
             async with asyncio.timeout(self.config.concurrency.turn_timeout):
                 stream = self.approvals.events(
                     entry,
@@ -296,3 +304,14 @@ class TurnRunner:
             while True:
                 await reply.channel.typing(reply.target)
                 await asyncio.sleep(TYPING_EVERY)
+
+
+def masked_context(options: TurnOptions, redact: Redactor) -> TurnOptions:
+    """``options`` with the daemon's secrets masked in the thread context it quotes (someone may
+    have pasted a token into the thread; the model provider must not get it)."""
+    if not options.context:
+        return options
+    context = tuple(
+        dataclasses.replace(c, author=redact(c.author), text=redact(c.text)) for c in options.context
+    )
+    return dataclasses.replace(options, context=context)

@@ -153,7 +153,11 @@ def discord(dc: FakeDiscord) -> Platform:
 
     def sent() -> str:
         messages = [
-            {"now": dc.message(m.id), "files": [(n, d.decode(errors="replace")) for n, d in m.files]}
+            {
+                # The message as the bot made it: not the user's message it quotes in its reference.
+                "now": {k: v for k, v in dc.message(m.id).items() if k != "referenced_message"},
+                "files": [(n, d.decode(errors="replace")) for n, d in m.files],
+            }
             for m in dc.bot_messages()
         ]
         return json.dumps([messages, dc.interaction_responses], default=str, ensure_ascii=False)
@@ -269,7 +273,7 @@ async def test_no_secret_leaves_the_daemon(tmp_path: Path, model: FakeOpenAI, pl
     await daemon.start()
     try:
         await platform.connected()
-        await platform.ask("make the report and show me the keys")
+        await platform.ask(f"make the report and show me the keys (mine is {MODEL_KEY})")
         prompt = await platform.buttons()
         toast = await platform.press(prompt)
         await until_text(platform, "Done.")
@@ -285,7 +289,11 @@ async def test_no_secret_leaves_the_daemon(tmp_path: Path, model: FakeOpenAI, pl
             json.dumps(m.get("content")) for m in model.requests[-1]["messages"] if m["role"] == "tool"
         ]
         assert len(tool_results) == 3 and "***" in tool_results[-1], "the command ran; its output masked"
-        assert not leaks("\n".join(tool_results), secrets), "a tool result sent to the model holds a secret"
+        # What the model provider got besides its own words: the user's message, tool results.
+        given = [
+            json.dumps(m) for body in model.requests for m in body["messages"] if m["role"] != "assistant"
+        ]
+        assert not leaks("\n".join(given), secrets), "a request to the model holds a secret"
         assert base64.b64encode(secrets[0].encode()).decode()[:40] not in "\n".join(tool_results)
 
         code, status = await daemon.cli("status", "--json")
@@ -333,7 +341,12 @@ def test_every_kind_of_secret_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = parse_config(
         {
             "models": [
-                {"name": "default", "model": "x", "api_key": "cfg-model-key", "organization": "sk-plainorg-123"}
+                {
+                    "name": "default",
+                    "model": "x",
+                    "api_key": "cfg-model-key",
+                    "organization": "sk-plainorg-123",
+                }
             ],
             "channels": {"discord": {"token": "cfg-discord-token"}, "slack": {"bot_token": "cfg-bot-token"}},
             "storage": {
