@@ -73,7 +73,7 @@ class Platform:
     connected: Callable[[], Awaitable[None]]
 
 
-def telegram(tg: FakeTelegram) -> Platform:
+def on_telegram(tg: FakeTelegram) -> Platform:
     async def ask(text: str) -> Any:
         return tg.inject_message(USER_TG, USER_TG, text, first_name="Olga")
 
@@ -106,7 +106,7 @@ def telegram(tg: FakeTelegram) -> Platform:
     )
 
 
-def slack(fake: FakeSlack) -> Platform:
+def on_slack(fake: FakeSlack) -> Platform:
     dm = "D_FRIEND"
 
     async def ask(text: str) -> Any:
@@ -139,7 +139,7 @@ def slack(fake: FakeSlack) -> Platform:
     )
 
 
-def discord(dc: FakeDiscord) -> Platform:
+def on_discord(dc: FakeDiscord) -> Platform:
     async def ask(text: str) -> Any:
         return await dc.inject_dm(USER_DC, text)
 
@@ -175,7 +175,7 @@ def discord(dc: FakeDiscord) -> Platform:
     )
 
 
-def lark(fake: FakeLark) -> Platform:
+def on_lark(fake: FakeLark) -> Platform:
     p2p = "oc_p2p_friend"
 
     async def ask(text: str) -> Any:
@@ -247,9 +247,9 @@ def leaks(text: str, secrets: list[str]) -> list[str]:
 @pytest.fixture(params=["telegram", "slack", "discord", "lark"])
 def platform(request: pytest.FixtureRequest) -> Platform:
     name = request.param
-    fixture = {"telegram": "tg", "slack": "slack", "discord": "dc", "lark": "lark_fake"}[name]
+    fixture = {"telegram": "tg", "slack": "slack", "discord": "dc", "lark": "lark"}[name]
     fake = request.getfixturevalue(fixture)
-    return {"telegram": telegram, "slack": slack, "discord": discord, "lark": lark}[name](fake)
+    return {"telegram": on_telegram, "slack": on_slack, "discord": on_discord, "lark": on_lark}[name](fake)
 
 
 @pytest.mark.bwrap
