@@ -42,13 +42,7 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, budget: int) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = {
-        "enabled": True,
-        "token": tg.token,
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-        "poll_timeout": 2,
-    }
+    cfg["channels"]["telegram"] = tg.channel_settings()
     cfg["access"] = {"allow_users": [str(ME)], "group_policy": "free"}
     cfg["agent"]["memory"] = {"enabled": False}
     cfg["agent"]["max_steps"] = 40

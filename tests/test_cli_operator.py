@@ -229,13 +229,7 @@ async def test_the_bots_pairing_message_names_the_config(
     """The stranger's code and the admin's announcement come with a command that works from any
     directory: `chital -c /abs/config.yaml pairing approve CODE`."""
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = {
-        "enabled": True,
-        "token": tg.token,
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-        "poll_timeout": 2,
-    }
+    cfg["channels"]["telegram"] = tg.channel_settings()
     cfg["access"] = {"admins": ["1001"], "pairing": True}
     d = DaemonProcess(tmp_path, cfg)
     try:

@@ -50,12 +50,7 @@ def _config(
 
 
 def telegram_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
-    section = {
-        "token": tg.token,
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-        "poll_timeout": 2,
-    }
+    section = tg.channel_settings()
     return _config(tmp_path, model, "telegram", section, str(OWNER))
 
 

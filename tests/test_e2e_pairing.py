@@ -22,13 +22,7 @@ STRANGER = 6666
 
 def config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, **extra: Any) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = {
-        "enabled": True,
-        "token": tg.token,
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-        "poll_timeout": 2,
-    }
+    cfg["channels"]["telegram"] = tg.channel_settings()
     cfg["access"] = {"admins": [str(ADMIN)], "allow_users": [str(MEMBER)], "pairing": True}
     for section, values in extra.items():
         cfg.setdefault(section, {}).update(values)

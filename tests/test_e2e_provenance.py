@@ -80,10 +80,7 @@ async def page() -> AsyncIterator[str]:
 @pytest.fixture
 async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = {
-        "enabled": True, "token": tg.token, "base_url": tg.base_url, "base_file_url": tg.base_file_url,
-        "poll_timeout": 2,
-    }  # fmt: skip
+    cfg["channels"]["telegram"] = tg.channel_settings()
     cfg["access"] = {"allow_users": [str(OWNER)], "group_policy": "mention"}
     cfg["agent"]["memory"] = {"enabled": False}  # its model calls would meet the scripted brain
     cfg["agent"]["web"] = {"allow_hosts": ["127.0.0.1"]}

@@ -26,13 +26,7 @@ GROUP = -100200300
 
 def telegram_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = {
-        "enabled": True,
-        "token": tg.token,
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-        "poll_timeout": 2,
-    }
+    cfg["channels"]["telegram"] = tg.channel_settings()
     cfg["access"] = {
         "allow_users": [str(OWNER), f"telegram:{OTHER}"],
         "pairing": True,

@@ -84,12 +84,7 @@ TG_OWNER, TG_STRANGER, TG_GROUP = 1001, 6666, -100200300
 
 @pytest.fixture
 async def tg_daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    settings = {
-        "token": tg.token,
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-        "poll_timeout": 2,
-    }
+    settings = tg.channel_settings()
     d = await started(tmp_path, config(tmp_path, model, "telegram", settings, str(TG_OWNER)))
     yield d
     await d.close()

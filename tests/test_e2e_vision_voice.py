@@ -85,8 +85,7 @@ def four_platforms(
         "show_transcript": True,
     }
     channels = cfg["channels"]
-    channels["telegram"] = {"enabled": True, "token": tg.token, "base_url": tg.base_url,
-                            "base_file_url": tg.base_file_url, "poll_timeout": 2}  # fmt: skip
+    channels["telegram"] = tg.channel_settings()
     channels["slack"] = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
                          "api_base_url": slack.api_base_url, "ping_interval": 0.5}  # fmt: skip
     channels["discord"] = {"enabled": True, "token": dc.token, "api_base_url": dc.api_base_url,
@@ -300,8 +299,7 @@ async def tg_daemon(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram) -> Asyn
     cfg["agent"]["tools"] = False
     cfg["models"][0]["vision"] = True
     cfg["transcription"] = {"base_url": model.base_url, "model": "whisper-test", "retries": 0}
-    cfg["channels"]["telegram"] = {"enabled": True, "token": tg.token, "base_url": tg.base_url,
-                                   "base_file_url": tg.base_file_url, "poll_timeout": 2}  # fmt: skip
+    cfg["channels"]["telegram"] = tg.channel_settings()
     cfg["access"] = {"allow_users": [f"telegram:{TG_USER}"]}
     d = DaemonProcess(tmp_path, cfg)
     await d.start()
@@ -357,8 +355,7 @@ async def test_kill9_mid_turn_resumes_with_the_same_image_and_one_transcription(
 async def plain_daemon(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["agent"]["tools"] = False
-    cfg["channels"]["telegram"] = {"enabled": True, "token": tg.token, "base_url": tg.base_url,
-                                   "base_file_url": tg.base_file_url, "poll_timeout": 2}  # fmt: skip
+    cfg["channels"]["telegram"] = tg.channel_settings()
     cfg["access"] = {"allow_users": [f"telegram:{TG_USER}"]}
     d = DaemonProcess(tmp_path, cfg)
     await d.start()

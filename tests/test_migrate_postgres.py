@@ -25,13 +25,7 @@ ADMIN, MEMBER, STRANGER = 1001, 1002, 6666
 def sqlite_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["storage"].pop("url", None)  # the deployment before: SQLite, also in the PostgreSQL pass
-    cfg["channels"]["telegram"] = {
-        "enabled": True,
-        "token": tg.token,
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-        "poll_timeout": 2,
-    }
+    cfg["channels"]["telegram"] = tg.channel_settings()
     cfg["access"] = {"admins": [str(ADMIN)], "allow_users": [str(MEMBER)], "pairing": True}
     return cfg
 

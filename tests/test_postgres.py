@@ -110,13 +110,7 @@ async def test_password_never_in_the_startup_error(tmp_path: Path, model: FakeOp
 
 
 def _telegram(cfg: dict[str, Any], tg: FakeTelegram) -> None:
-    cfg["channels"]["telegram"] = {
-        "enabled": True,
-        "token": tg.token,
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-        "poll_timeout": 1,
-    }
+    cfg["channels"]["telegram"] = tg.channel_settings(poll_timeout=1)
     cfg["access"] = {"allow_users": ["*"], "pairing": False}
 
 

@@ -31,8 +31,7 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewr
 @pytest.fixture
 async def daemon(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = {"enabled": True, "token": tg.token, "base_url": tg.base_url,
-                                   "base_file_url": tg.base_file_url, "poll_timeout": 2}  # fmt: skip
+    cfg["channels"]["telegram"] = tg.channel_settings()
     cfg["access"] = {"allow_users": [f"telegram:{USER}"]}
     d = DaemonProcess(tmp_path, cfg)
     await d.start()

@@ -182,13 +182,7 @@ async def test_pacer_pool_is_capped_under_a_flood_of_chats() -> None:
 # -- the daemon prunes on its own ------------------------------------------------------------------
 async def test_daemon_prunes_on_a_timer(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> None:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = {
-        "enabled": True,
-        "token": tg.token,
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-        "poll_timeout": 1,
-    }
+    cfg["channels"]["telegram"] = tg.channel_settings(poll_timeout=1)
     cfg["access"] = {"allow_users": ["1001"]}
     cfg["storage"].update({"retention_days": 2 / DAY, "prune_interval": 0.5})  # 2 s, pruned twice a second
     d = DaemonProcess(tmp_path, cfg)

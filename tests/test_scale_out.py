@@ -44,10 +44,7 @@ def _config(
     cfg["storage"]["lease_seconds"] = LEASE
     cfg["agent"]["tools"] = False
     cfg["concurrency"]["max_turns"] = 16
-    cfg["channels"]["telegram"] = {
-        "enabled": True, "token": tg.token, "base_url": tg.base_url, "base_file_url": tg.base_file_url,
-        "poll_timeout": 1,
-    }  # fmt: skip
+    cfg["channels"]["telegram"] = tg.channel_settings(poll_timeout=1)
     cfg["channels"]["slack"] = {
         "enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
         "api_base_url": slack.api_base_url, "ping_interval": 0.5,

@@ -562,10 +562,7 @@ def model_brain(slow: dict[str, float]) -> Callable[[dict[str, Any]], Reply]:
 @pytest.fixture
 async def e2e(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = {
-        "enabled": True, "token": tg.token, "base_url": tg.base_url, "base_file_url": tg.base_file_url,
-        "poll_timeout": 2,
-    }  # fmt: skip
+    cfg["channels"]["telegram"] = tg.channel_settings()
     cfg["access"] = {"allow_users": [str(E2E_OWNER), str(E2E_OTHER)], "group_policy": "mention"}
     cfg["agent"]["memory"] = {"enabled": False}  # its model calls would meet the scripted brain
     d = DaemonProcess(tmp_path, cfg)

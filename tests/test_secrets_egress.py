@@ -96,7 +96,7 @@ def on_telegram(tg: FakeTelegram) -> Platform:
     return Platform(
         "telegram",
         [tg.token],
-        {"token": tg.token, "base_url": tg.base_url, "base_file_url": tg.base_file_url, "poll_timeout": 2},
+        tg.channel_settings(),
         f"telegram:{USER_TG}",
         ask,
         buttons,

@@ -35,8 +35,7 @@ def config(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, **transcription:
         "retries": 0,
         **transcription,
     }
-    cfg["channels"]["telegram"] = {"enabled": True, "token": tg.token, "base_url": tg.base_url,
-                                   "base_file_url": tg.base_file_url, "poll_timeout": 2}  # fmt: skip
+    cfg["channels"]["telegram"] = tg.channel_settings()
     cfg["access"] = {
         "allow_users": [f"telegram:{u}" for u in (A, B, C)],
         "allow_chats": [f"telegram:{GROUP}"],

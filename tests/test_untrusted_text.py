@@ -182,12 +182,7 @@ def _present(model: FakeOpenAI, name: str, done: str) -> None:
 
 @pytest.fixture
 async def tg_daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    settings = {
-        "token": tg.token,
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-        "poll_timeout": 2,
-    }
+    settings = tg.channel_settings()
     d = DaemonProcess(tmp_path, _config(tmp_path, model, "telegram", settings, str(OWNER)))
     await d.start()
     yield d

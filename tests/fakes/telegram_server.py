@@ -103,6 +103,17 @@ class FakeTelegram(BotApiMethods):
     def base_file_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/file/bot"
 
+    def channel_settings(self, poll_timeout: float = 2) -> dict[str, Any]:
+        """``channels.telegram`` of a config that talks to this fake: the one factory the tests
+        share (a token, this server's addresses, a short long-poll so a stop is quick)."""
+        return {
+            "enabled": True,
+            "token": self.token,
+            "base_url": self.base_url,
+            "base_file_url": self.base_file_url,
+            "poll_timeout": poll_timeout,
+        }
+
     @property
     def username(self) -> str:
         return str(self.bot_user["username"])
