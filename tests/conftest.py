@@ -19,6 +19,16 @@ from tests.fakes.telegram_server import FakeTelegram
 
 
 @pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fake listens on 127.0.0.1: a proxy from the environment (HTTP_PROXY, https_proxy,
+    ALL_PROXY, in any case) would take the SDKs' requests elsewhere. One fixture for the suite, so
+    every test sees the same environment; NO_PROXY goes too, having nothing left to except."""
+    for name in list(os.environ):
+        if "proxy" in name.lower():
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_model_http_clients() -> Iterator[None]:
     """langchain-openai keeps one httpx client per (base_url, timeout) for the whole process. Each
     test has its own event loop, and a fake model server's port can come round again in a later

@@ -34,12 +34,6 @@ CALL = PROMPT + COMPLETION
 STOP = "Stopped: your daily token budget of"
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(key, raising=False)
-
-
 def config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, budget: int) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["channels"]["telegram"] = tg.channel_settings()

@@ -13,12 +13,6 @@ from langchain_openai import ChatOpenAI
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(key, raising=False)
-
-
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeOpenAI]:
     async with FakeOpenAI() as server:

@@ -34,12 +34,6 @@ from tests.fakes.lark_server import FakeLark
 LIVENESS = 2.0
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-
-
 @pytest.fixture
 def fake() -> Iterator[FakeLark]:
     server = FakeLark(ping_interval=30, reconnect_interval=1).start()

@@ -38,12 +38,6 @@ BOB = "telegram:2002"
 AGENT = AgentSettings(model_retries=0, retry_backoff=0.0, model_timeout=10)
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.setenv(name, "")
-
-
 def is_extraction(body: dict[str, Any]) -> bool:
     return last_user_text(body).startswith(EXTRACTION_MARKER)
 

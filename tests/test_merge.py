@@ -25,12 +25,6 @@ from agent.safety import ToolErrors
 from tests.fakes.openai_server import FakeOpenAI
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeOpenAI]:
     async with FakeOpenAI() as server:

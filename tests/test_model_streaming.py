@@ -4,7 +4,6 @@ agents no one watches call the model without streaming."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,13 +15,6 @@ from pydantic import BaseModel
 from agent.config import AgentSettings, ModelSpec
 from agent.model import Unstreamed, build_chat_model, unstreamed
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
-
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if "proxy" in name.lower():
-            monkeypatch.delenv(name)
 
 
 @pytest.fixture

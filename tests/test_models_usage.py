@@ -52,12 +52,6 @@ PERSONA = "You are Zed, the support desk of Acme. Answer in one line."
 SKILL_BODY = "Always answer with a table. SKILL-BODY-MARKER."
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(key, raising=False)
-
-
 def system_text(body: dict[str, Any]) -> str:
     """The system prompt of a request (string or content blocks)."""
     parts: list[str] = []

@@ -34,12 +34,6 @@ PUBLIC = REPO / "skills" / "public"
 HAVE_BWRAP = shutil.which("bwrap") is not None
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-
-
 def write_skill(root: Path, name: str, description: str, body: str, **front: Any) -> Path:
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)

@@ -118,12 +118,6 @@ async def execute(command: str) -> str:
     return f"ran: {command}"
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-
-
 @pytest.fixture
 def fake() -> Iterator[SpyOpenAI]:
     server = SpyOpenAI.start_in_thread()

@@ -31,12 +31,6 @@ GROUP = -1001234567890
 USER = 4242
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-
-
 class Sink:
     """A list-appending sink that can be told to fail (the journal being down)."""
 

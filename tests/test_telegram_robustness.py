@@ -29,12 +29,6 @@ OTHER = 5151
 GROUP = -1009876
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-
-
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram() as server:

@@ -48,12 +48,6 @@ PAGE = """<!doctype html><html><head><title>Llama facts</title>
 <noscript>enable js</noscript><p>See <a href="/more">more facts</a>.</p></body></html>"""
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-
-
 class Site:
     """A test web site (on 127.0.0.1 unless told) that also plays SearXNG and Tavily."""
 

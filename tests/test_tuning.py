@@ -26,14 +26,6 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.fresh_python import run_python
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(key, raising=False)
-    for key in ("LANGSMITH_TRACING", "LANGCHAIN_TRACING_V2", "LANGCHAIN_TRACING"):
-        monkeypatch.delenv(key, raising=False)
-
-
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeOpenAI]:
     async with FakeOpenAI() as server:

@@ -18,7 +18,7 @@ from agent import tuning
 from agent.config import AgentSettings, ModelSpec
 from agent.model import build_chat_model
 from tests.fakes.openai_server import FakeOpenAI
-from tests.test_tuning import _no_proxy, agent_on, answer, fake, langsmith  # noqa: F401 (fixtures)
+from tests.test_tuning import agent_on, answer, fake, langsmith  # noqa: F401 (fixtures)
 
 MARK: contextvars.ContextVar[str] = contextvars.ContextVar("MARK", default="unset")
 
