@@ -54,6 +54,13 @@ async def model() -> AsyncIterator[FakeOpenAI]:
 
 
 @pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    """A fake model with no rules: each test scripts its own answers (``fake.script``, rules)."""
+    async with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture
 async def tg() -> AsyncIterator[FakeTelegram]:
     fake = FakeTelegram()
     await fake.start()

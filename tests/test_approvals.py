@@ -29,12 +29,6 @@ API_KEY = "sk-test-secret-0123456789"
 FAST = AgentSettings(retry_backoff=0.001, model_retries=0, model_timeout=5)
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
 RAN: list[str] = []
 
 

@@ -223,12 +223,6 @@ def test_a_write_batch_that_fails_whole_changes_nothing(
 
 
 # ---- the real agent -----------------------------------------------------------------------------
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
 RAN: list[str] = []
 RELEASE = asyncio.Event()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -51,12 +51,6 @@ from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_tex
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QUIET = ContextSettings(title="off", summarize_after_tokens=None)
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 def _spec(fake: FakeOpenAI) -> ModelSpec:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import openai
 import pytest
@@ -11,12 +10,6 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 def client(fake: FakeOpenAI, **kwargs: object) -> openai.AsyncOpenAI:

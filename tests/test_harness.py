@@ -29,12 +29,6 @@ API_KEY = "sk-test-secret-0123456789"
 FAST = AgentSettings(retry_backoff=0.001, model_retries=2, model_timeout=5)
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
 def spec(fake: FakeOpenAI) -> ModelSpec:
     return ModelSpec(model="fake-model", base_url=fake.base_url, api_key=API_KEY)
 

@@ -57,12 +57,6 @@ def _extractor(body: dict[str, Any]) -> Reply:
     return Reply(text="Sure! ```json\n" + json.dumps(plan) + "\n```")  # prose and a fence: tolerated
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
 def spec_for(fake: FakeOpenAI) -> ModelSpec:
     return ModelSpec(use="langchain_openai:ChatOpenAI", base_url=fake.base_url, api_key="k", model="m")
 

@@ -6,10 +6,9 @@ model received (system prompt order, tools) and the state the graph kept (a memb
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NotRequired
 
-import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentState, ModelRequest, ModelResponse
 from langchain.agents.middleware.types import AgentMiddleware, ExtendedModelResponse
@@ -23,12 +22,6 @@ from agent.merge import ModelCallGroup, merge_model_calls
 from agent.model import build_chat_model
 from agent.safety import ToolErrors
 from tests.fakes.openai_server import FakeOpenAI
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 class _Append(AgentMiddleware[Any, Any, Any]):

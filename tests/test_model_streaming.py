@@ -4,10 +4,8 @@ agents no one watches call the model without streaming."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessageChunk, HumanMessage
 from pydantic import BaseModel
@@ -15,12 +13,6 @@ from pydantic import BaseModel
 from agent.config import AgentSettings, ModelSpec
 from agent.model import Unstreamed, build_chat_model, unstreamed
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 def model_for(fake: FakeOpenAI) -> Any:

@@ -18,12 +18,12 @@ from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call
 from tests.fakes.gateway_rig import ADMIN, USER, dm, fake_rig, make_config, quiet, settled, until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
-from tests.test_approvals import _clear_ran, asks, buttoned, collect, fake, harness_for
+from tests.test_approvals import _clear_ran, asks, buttoned, collect, harness_for
 from tests.test_approvals import config as approvals_config
 from tests.test_schedules import OTHER, Clock, Scheduled, chat_posts, command, schedules_config
 
 STRANGER = 555
-__all__ = ["_clear_ran", "fake"]  # the approvals tests' fixtures, used here too
+__all__ = ["_clear_ran"]  # the approvals tests' fixtures, used here too
 
 
 # -- schedules ----------------------------------------------------------------------------------------

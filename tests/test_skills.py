@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -225,12 +225,6 @@ def test_shipped_public_skills_are_valid(tmp_path: Path, caplog: pytest.LogCaptu
 
 
 # ---- real turns ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 async def run_turn(

@@ -8,7 +8,7 @@ import asyncio
 import json
 import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
@@ -24,12 +24,6 @@ from agent.config import AgentSettings, ModelSpec
 from agent.model import build_chat_model
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fresh_python import run_python
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 class FakeLangSmith(BaseHTTPRequestHandler):

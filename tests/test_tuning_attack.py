@@ -18,13 +18,13 @@ from agent import tuning
 from agent.config import AgentSettings, ModelSpec
 from agent.model import build_chat_model
 from tests.fakes.openai_server import FakeOpenAI
-from tests.test_tuning import agent_on, answer, fake, langsmith  # noqa: F401 (fixtures)
+from tests.test_tuning import agent_on, answer, langsmith  # noqa: F401 (fixtures)
 
 MARK: contextvars.ContextVar[str] = contextvars.ContextVar("MARK", default="unset")
 
 
 async def test_a_disabled_branch_inside_a_traced_run_is_handled_as_langsmith_does(
-    fake: FakeOpenAI,  # noqa: F811
+    fake: FakeOpenAI,
     langsmith: tuple[str, list[bytes]],  # noqa: F811
 ) -> None:
     """``tracing_context(enabled=False)`` under a live run: LangSmith's wrapper still opens the
@@ -66,7 +66,7 @@ class Outer(AgentMiddleware[Any, Any]):
         return response
 
 
-async def test_a_sync_hook_runs_in_its_own_context_copy(fake: FakeOpenAI) -> None:  # noqa: F811
+async def test_a_sync_hook_runs_in_its_own_context_copy(fake: FakeOpenAI) -> None:
     """LangSmith's sync wrapper runs the hook in a copied context: what a hook sets in a context
     variable is gone when it returns, for the middleware around it too."""
     tuning.apply()
@@ -93,7 +93,7 @@ class Broken(AgentMiddleware[Any, Any]):
         return self.wrap_model_call(request, handler)  # type: ignore[arg-type]
 
 
-async def test_a_failing_hook_raises_as_under_langsmith(fake: FakeOpenAI) -> None:  # noqa: F811
+async def test_a_failing_hook_raises_as_under_langsmith(fake: FakeOpenAI) -> None:
     """Same exception, same cause, and no extra frame of ours in the traceback (LangSmith trims its
     wrapper's frame from it)."""
     tuning.apply()
@@ -129,7 +129,7 @@ class AsksForItsRun(AgentMiddleware[Any, Any]):
         return await handler(request)
 
 
-async def test_a_hook_that_asks_for_its_run_gets_it(fake: FakeOpenAI) -> None:  # noqa: F811
+async def test_a_hook_that_asks_for_its_run_gets_it(fake: FakeOpenAI) -> None:
     tuning.apply()
     spec = ModelSpec(model="fake-model", base_url=fake.base_url, api_key="sk-test")
     asks = AsksForItsRun()
