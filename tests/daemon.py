@@ -19,6 +19,22 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 
+def clean_env() -> dict[str, str]:
+    """The environment without chat tokens, a model key, a config path or a proxy: a shell where
+    nothing but what the test sets reaches chital."""
+    drop = (
+        "TELEGRAM_BOT_TOKEN",
+        "SLACK_BOT_TOKEN",
+        "SLACK_APP_TOKEN",
+        "DISCORD_BOT_TOKEN",
+        "LARK_APP_ID",
+        "LARK_APP_SECRET",
+        "OPENAI_API_KEY",
+        "CHITAL_CONFIG",
+    )
+    return {k: v for k, v in os.environ.items() if k not in drop and "proxy" not in k.lower()}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -185,7 +185,7 @@ async def assert_daemon_restart_keeps_sandbox(tg: Any, model: Any, provider: str
 
     from tests.daemon import DaemonProcess
     from tests.fakes.openai_server import Reply, ToolCall, last_user_text
-    from tests.test_e2e_telegram import OWNER, answered, telegram_config
+    from tests.telegram_daemon import OWNER, answered, telegram_config
 
     work = Path(tempfile.mkdtemp(prefix="chital-restart-", dir="/tmp"))
     os.chmod(work, 0o711)

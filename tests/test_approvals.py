@@ -430,8 +430,8 @@ import shutil  # noqa: E402
 
 from tests.daemon import DaemonProcess  # noqa: E402
 from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
-from tests.test_e2e_telegram import OTHER as TG_OTHER  # noqa: E402
-from tests.test_e2e_telegram import OWNER, telegram_config  # noqa: E402
+from tests.telegram_daemon import OTHER as TG_OTHER  # noqa: E402
+from tests.telegram_daemon import OWNER, telegram_config  # noqa: E402
 
 GROUP = -100777
 COMMAND = "echo approved-run > /mnt/user-data/outputs/flag.txt && cat /mnt/user-data/outputs/flag.txt"

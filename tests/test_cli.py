@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import sys
 from pathlib import Path
@@ -12,26 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.daemon import REPO, DaemonProcess, base_config, free_port
+from tests.daemon import REPO, DaemonProcess, base_config, clean_env, free_port
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
-
-
-def clean_env() -> dict[str, str]:
-    drop = (
-        "TELEGRAM_BOT_TOKEN",
-        "SLACK_BOT_TOKEN",
-        "SLACK_APP_TOKEN",
-        "DISCORD_BOT_TOKEN",
-        "LARK_APP_ID",
-        "LARK_APP_SECRET",
-        "OPENAI_API_KEY",
-        "CHITAL_CONFIG",
-    )
-    return {k: v for k, v in os.environ.items() if k not in drop and "proxy" not in k.lower()}
 
 
 async def run_cli(

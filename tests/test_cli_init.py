@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.daemon import REPO, DaemonProcess, free_port
+from tests.daemon import REPO, DaemonProcess, clean_env, free_port
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
-from tests.test_cli import clean_env
 
 TG_TOKEN = "123456:init-test-token"
 

@@ -33,7 +33,7 @@ import yaml
 
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.telegram_server import FakeTelegram
-from tests.test_e2e_telegram import OWNER, answered
+from tests.telegram_daemon import OWNER, answered
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = os.environ.get("CHITAL_TEST_BASE_IMAGE", "chital-base:bookworm")

@@ -18,7 +18,7 @@ from agent.memory import EXTRACTION_MARKER
 from tests.daemon import DaemonProcess
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
-from tests.test_e2e_telegram import OWNER, answered, replies_to, telegram_config
+from tests.telegram_daemon import OWNER, answered, replies_to, telegram_config
 
 
 @pytest.fixture

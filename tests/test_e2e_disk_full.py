@@ -18,7 +18,7 @@ import pytest
 from tests.daemon import DaemonProcess
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
-from tests.test_e2e_telegram import OTHER, OWNER, answered, telegram_config
+from tests.telegram_daemon import OTHER, OWNER, answered, telegram_config
 
 
 @pytest.fixture

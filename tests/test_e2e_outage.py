@@ -16,7 +16,7 @@ import pytest
 from tests.daemon import DaemonProcess
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.telegram_server import FakeTelegram
-from tests.test_e2e_telegram import OWNER, answered, replies_to, telegram_config
+from tests.telegram_daemon import OWNER, answered, replies_to, telegram_config
 
 SENDS = {"sendMessage", "editMessageText", "sendChatAction", "setMessageReaction"}
 

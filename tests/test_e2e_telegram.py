@@ -10,29 +10,22 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
-
-OWNER = 1001  # allowed by config
-OTHER = 1002  # allowed too
-STRANGER = 6666
-GROUP = -100200300
-
-
-def telegram_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
-    cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = tg.channel_settings()
-    cfg["access"] = {
-        "allow_users": [str(OWNER), f"telegram:{OTHER}"],
-        "pairing": True,
-        "group_policy": "mention",
-    }
-    return cfg
+from tests.telegram_daemon import (
+    GROUP,
+    OTHER,
+    OWNER,
+    STRANGER,
+    answered,
+    drafted,
+    replies_to,
+    telegram_config,
+)
 
 
 @pytest.fixture
@@ -41,30 +34,6 @@ async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIt
     await d.start()
     yield d
     await d.close()
-
-
-def drafted(tg: FakeTelegram, chat: int) -> list[str]:
-    """Texts of the draft previews streamed into ``chat`` so far."""
-    return [text for c, _, text in tg.drafts if c == chat]
-
-
-def replies_to(tg: FakeTelegram, chat: int, user_msg: int) -> list[Any]:
-    return [m for m in tg.bot_messages(chat) if m.reply_to == user_msg]
-
-
-async def answered(
-    tg: FakeTelegram, chat: int, update: dict[str, Any], needle: str, timeout: float = 15
-) -> Any:
-    """Wait until the reply to ``update`` shows ``needle``; return that reply message."""
-    mid = update["message"]["message_id"]
-
-    def check() -> Any:
-        for m in replies_to(tg, chat, mid):
-            if needle in m.text:
-                return m
-        return None
-
-    return await tg.wait_for(check, timeout=timeout, what=f"reply containing {needle!r}")
 
 
 async def test_dm_is_streamed_as_drafts_then_one_message(

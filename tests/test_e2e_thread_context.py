@@ -26,10 +26,10 @@ from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.telegram_daemon import answered as telegram_answered
 from tests.test_e2e_discord import answered as discord_answered
 from tests.test_e2e_lark import answered as lark_answered
 from tests.test_e2e_slack import thread_shows
-from tests.test_e2e_telegram import answered as telegram_answered
 
 CONTEXT = {"thread_messages": 3, "thread_chars": 8000, "message_chars": 200, "fetch_timeout": 4}
 """Small limits, so the tests see them bite."""

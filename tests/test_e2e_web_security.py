@@ -19,7 +19,7 @@ import pytest
 from tests.daemon import DaemonProcess
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.telegram_server import FakeTelegram
-from tests.test_e2e_telegram import OWNER, answered, telegram_config
+from tests.telegram_daemon import OWNER, answered, telegram_config
 from tests.test_tools_web import Canary
 
 ASK = "WEBSEC: read those status pages for me"

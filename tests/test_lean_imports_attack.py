@@ -640,7 +640,7 @@ async def test_a_working_daemon_still_leaves_the_unused_parts_out(tmp_path: Path
     from tests.daemon import DaemonProcess
     from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
     from tests.fakes.telegram_server import FakeTelegram
-    from tests.test_e2e_telegram import OWNER, answered, telegram_config
+    from tests.telegram_daemon import OWNER, answered, telegram_config
 
     async with FakeOpenAI() as model:
         tg = FakeTelegram()

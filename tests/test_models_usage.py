@@ -44,7 +44,7 @@ from tests.fakes.gateway_rig import (
 )
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
-from tests.test_e2e_telegram import OWNER, answered, telegram_config
+from tests.telegram_daemon import OWNER, answered, telegram_config
 
 API_KEY = "sk-test-secret-0123456789"
 FAST = AgentSettings(retry_backoff=0.001, model_retries=1, model_timeout=5, system_prompt="BASE PROMPT.")

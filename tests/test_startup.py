@@ -23,9 +23,8 @@ from gateway import app as app_module
 from gateway.app import Daemon
 from gateway.config import parse_config
 from gateway.lifecycle import Resources, StartupError
-from tests.daemon import REPO, DaemonProcess, base_config, free_port
+from tests.daemon import REPO, DaemonProcess, base_config, clean_env, free_port
 from tests.fakes.openai_server import FakeOpenAI
-from tests.test_cli import clean_env
 
 
 async def run_daemon_expecting_exit(

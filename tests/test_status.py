@@ -26,7 +26,7 @@ from gateway.summary import channel_lines, endpoint
 from tests.daemon import REPO, DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.telegram_server import FakeTelegram
-from tests.test_e2e_telegram import OWNER, answered, telegram_config
+from tests.telegram_daemon import OWNER, answered, telegram_config
 
 API_KEY = "sk-test-key-never-logged"
 
