@@ -33,9 +33,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, ToolMessage
-
 if TYPE_CHECKING:
+    from langchain_core.messages import AnyMessage, BaseMessage
+
     from agent.turn import ContextMessage
 
 PROVENANCE_KEY = "chital_provenance"
@@ -168,6 +168,10 @@ def untrusted_tool(name: str) -> bool:
 
 
 def of_messages(messages: Sequence[AnyMessage | BaseMessage]) -> Provenance:
+    # Imported here: the store (and with it every CLI command) imports this module for Provenance,
+    # and langchain-core's messages bring requests along before the CLI defers what it never uses.
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
     """The untrusted sources among ``messages`` (a thread's state, as the model sees it)."""
     calls: dict[str, Mapping[str, Any]] = {}
     found: list[Source] = []
@@ -197,6 +201,8 @@ def provenance_of_call(state: Any, message_id: str) -> Provenance:
     graph ``state`` (``ToolRuntime.state``) while answering ``message_id``. A state that does not
     hold that message is a sub-agent's (its task was written by the lead, from whatever the lead
     read) or unreadable: tainted, deny by default."""
+    from langchain_core.messages import HumanMessage
+
     messages = state.get("messages", ()) if isinstance(state, Mapping) else ()
     found = of_messages(messages)
     if not any(isinstance(m, HumanMessage) and m.id == message_id for m in messages):

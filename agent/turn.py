@@ -9,8 +9,10 @@ knows no chat platform: these are plain values, not platform objects.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from agent.provenance import Source
+if TYPE_CHECKING:  # agent.provenance imports langchain-core: not at config-loading time (the CLI)
+    from agent.provenance import Source
 
 
 @dataclass(frozen=True, slots=True)

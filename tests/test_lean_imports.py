@@ -79,3 +79,19 @@ def test_the_entry_point_installs_it_first() -> None:
         """
     )
     assert out.splitlines()[-1] == "True False"
+
+
+def test_the_cli_module_imports_no_library_the_hook_defers() -> None:
+    """``python -m gateway.cli`` runs the module's imports before ``main`` installs the hook: they
+    must not reach a deferred library (a store module importing langchain-core's messages once
+    brought requests and charset_normalizer in for every command)."""
+    out = run(
+        """
+        import sys
+        import gateway.cli
+        from agent.lean_imports import DEFERRED
+        early = [m for m in (*DEFERRED, "requests", "langchain_core", "openai", "httpx") if m in sys.modules]
+        print(early)
+        """
+    )
+    assert out == "[]"

@@ -32,6 +32,7 @@ async def first_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncI
         monkeypatch.delenv(name, raising=False)
     cfg = base_config(tmp_path / "data", "http://127.0.0.1:9/v1", free_port())
     del cfg["models"][0]["api_key"]
+    del cfg["models"][0]["base_url"]  # api.openai.com: a key is needed (a local server needs none)
     cfg["channels"]["telegram"] = {
         "enabled": True,
         "token": "123456:ABCdefGHIjklMNOpqrSTUvwxYZ0123456789",

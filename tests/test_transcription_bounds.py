@@ -131,7 +131,7 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
     from channels.base import Inbound
     from gateway.metrics import Metrics
     from gateway.store import JournalEntry, JournalKind
-    from gateway.turns import TurnQueue
+    from gateway.turns import Stop, TurnQueue
 
     release_slow, hold_others = asyncio.Event(), asyncio.Event()
     running: set[str] = set()
@@ -166,7 +166,7 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
     assert running == {"telegram:a:1", "telegram:b:1"}, "the slow turn's slot went to the others"
     release_slow.set()  # it now waits for a slot again, behind a and b
     await asyncio.sleep(0.05)
-    assert queue.stop("telegram:slow") is True
+    assert queue.stop("telegram:slow:1") is Stop.CANCELLED  # /stop names the message it stops
     hold_others.set()
     for _ in range(100):
         if queue.running_count == 0:
