@@ -223,7 +223,7 @@ def _q(value: str) -> str:
     return json.dumps(value)
 
 
-def render_config(a: Answers) -> str:
+def render_config(a: Answers, config: Path) -> str:
     lines = [
         f"# Written by `chital init` on {time.strftime('%Y-%m-%d')}. Secrets are in .env beside this file",
         "# (mode 0600), which chital loads at start without overriding variables already set; a value",
@@ -255,7 +255,8 @@ def render_config(a: Answers) -> str:
     lines += [
         "",
         "# Deny by default: whoever writes to the bot gets a pairing code, approved with",
-        "# `chital pairing approve CODE` (docs/access.md). Ids listed here skip pairing.",
+        f"# `chital -c {str(config.resolve()).replace(chr(10), ' ')} pairing approve CODE` (docs/access.md).",
+        "# Ids listed here skip pairing; admins (bare ids) approve from chat with /approve CODE.",
         "access:",
         "  allow_users: []",
         "  admins: []",
@@ -340,7 +341,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         config.parent.mkdir(parents=True, exist_ok=True)
         _write(env_file, render_env(answers), 0o600, replace=args.force)
         try:
-            _write(config, render_config(answers), 0o644, replace=args.force)
+            _write(config, render_config(answers, config), 0o644, replace=args.force)
         except BaseException:
             if not args.force:
                 env_file.unlink(missing_ok=True)  # ours: created just now with O_EXCL

@@ -72,6 +72,9 @@ async def test_init_from_stdin_writes_config_and_private_env_then_checks(
     text = config.read_text()
     assert TG_TOKEN not in text and "sk-init-key" not in text and TG_TOKEN not in out
     assert "sk-init-key" not in out
+    # The comment on access names a command that works from any directory (a bare `chital
+    # pairing approve` finds no config outside this one and refuses).
+    assert f"# `chital -c {config.resolve()} pairing approve CODE`" in text, text
     cfg = yaml.safe_load(text)
     assert cfg["models"][0] == {
         "name": "default",

@@ -375,6 +375,32 @@ async def test_data_directory_is_private_whatever_the_umask(tmp_path: Path, mode
         await d.close()
 
 
+@needs_root
+async def test_first_start_as_root_with_the_default_sandbox_root_warns_of_nothing(
+    tmp_path: Path, reachable: Path, model: FakeOpenAI
+) -> None:
+    """The README's layout as root: the sandbox root is ``data/sandboxes``, so the daemon opens the
+    data directory to 0711 for the sandbox uid. On a first start that is the expected mode, not a
+    privacy fix: no "made private" WARNING (it used to say "0700 → 0711", a widening, as a fix).
+    A directory an older version left 0755 is still narrowed to 0711, with the one WARNING."""
+    data = reachable / "data"
+    cfg = base_config(data, model.base_url, free_port())
+    del cfg["agent"]["sandbox"]["root"]  # the default: inside the data directory
+    d = DaemonProcess(tmp_path, cfg)
+    try:
+        await d.start()
+        await d.terminate()
+        assert mode(data) == 0o711, oct(mode(data))
+        assert "made private" not in d.logs(), d.logs()
+        data.chmod(0o755)
+        await d.start()
+        lines = [ln for ln in d.logs().split("--- run 2 ---")[1].splitlines() if "made private" in ln]
+        assert len(lines) == 1 and "WARNING" in lines[0] and "0755 → 0711" in lines[0], d.logs()
+        assert mode(data) == 0o711, oct(mode(data))
+    finally:
+        await d.close()
+
+
 # -- 8. no Pydantic deprecation from our own code ----------------------------------------------------
 def test_secrets_of_walks_the_config_without_deprecated_pydantic_access() -> None:
     from gateway.config import parse_config
