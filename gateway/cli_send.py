@@ -100,6 +100,20 @@ async def _send(config: Config, inbound: Inbound, text: str, wait: float | None)
             print(inbound.key)
         else:
             print(f"{inbound.key} (already journaled: not sent again)")
+        if not config.storage.database_url:
+            # Exit 0 and a key read as "sent" from cron; with no daemon on this SQLite file it is
+            # only queued, so say so (stderr: stdout stays the key for scripts). On PostgreSQL any
+            # daemon sharing the database may pick it up: nothing to tell from here.
+            from .status import _answers as socket_answers
+            from .status import socket_path
+
+            sock = socket_path(config.storage.path)
+            if not await asyncio.to_thread(socket_answers, sock):
+                print(
+                    f"chital: send: queued; no daemon is running on {sock}: it goes out at the next"
+                    " start (`chital run`)",
+                    file=sys.stderr,
+                )
         if wait is None:
             return EXIT_OK
         deadline = time.monotonic() + wait

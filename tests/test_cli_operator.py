@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from tests.daemon import REPO, DaemonProcess, base_config, free_port
+from tests.fakes.gateway_rig import skip_on_postgres
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -397,6 +398,45 @@ async def test_first_start_as_root_with_the_default_sandbox_root_warns_of_nothin
         lines = [ln for ln in d.logs().split("--- run 2 ---")[1].splitlines() if "made private" in ln]
         assert len(lines) == 1 and "WARNING" in lines[0] and "0755 → 0711" in lines[0], d.logs()
         assert mode(data) == 0o711, oct(mode(data))
+    finally:
+        await d.close()
+
+
+@skip_on_postgres("on PostgreSQL any daemon sharing the database may deliver it: no note")
+async def test_send_with_no_daemon_running_says_it_is_only_queued(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """`chital send` from cron exits 0 and prints a key either way; with no daemon on its SQLite
+    file the message only waits in the journal, and the operator is told so on stderr. The next
+    start delivers it; with the daemon up there is no such note."""
+    user = 4242
+    cfg = base_config(tmp_path / "data", model.base_url, free_port())
+    cfg["channels"]["telegram"] = {
+        "enabled": True,
+        "token": tg.token,
+        "base_url": tg.base_url,
+        "base_file_url": tg.base_file_url,
+        "poll_timeout": 1,
+    }
+    cfg["access"] = {"allow_users": [user]}
+    d = DaemonProcess(tmp_path, cfg)
+    try:
+        await d.start()
+        tg.inject_message(user, user, "hello")  # the chat exists on the fake Telegram
+        await tg.wait_for(lambda: "echo: hello" in tg.bot_texts(user), what="the first answer")
+        await d.terminate()
+        rc, out, err = await chital(
+            "-c", str(d.config_path), "send", f"telegram:{user}", "while down", cwd=tmp_path
+        )
+        assert rc == 0 and out.strip().startswith(f"telegram:{user}:push-"), (out, err)
+        assert "queued; no daemon is running on" in err and "next start" in err, err
+        await d.start()
+        await tg.wait_for(lambda: "while down" in tg.bot_texts(user), what="the queued push")
+        rc, out, err = await chital(
+            "-c", str(d.config_path), "send", f"telegram:{user}", "while up", cwd=tmp_path
+        )
+        assert rc == 0 and "no daemon" not in err, (out, err)
+        await tg.wait_for(lambda: "while up" in tg.bot_texts(user), what="the second push")
     finally:
         await d.close()
 
