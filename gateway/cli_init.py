@@ -363,8 +363,12 @@ def cmd_init(args: argparse.Namespace) -> int:
     print(f"\n$ chital check{' --online' if answers.online else ''}")
     code = cmd_check(argparse.Namespace(config=str(config), online=answers.online))
     where = "" if config == Path(DEFAULT_CONFIG) else f" -c {config}"
-    print(f"\nnext: `chital{where} run`; then write to the bot: it answers with a pairing code,")
-    print(f"      which `chital{where} pairing approve CODE` approves (docs/access.md)")
+    if answers.channels:
+        print(f"\nnext: `chital{where} run`; then write to the bot: it answers with a pairing code,")
+        print(f"      which `chital{where} pairing approve CODE` approves (docs/access.md)")
+    else:  # no bot to write to: the terminal is the one way in
+        print(f"\nnext: `chital{where} chat` talks to the agent in this terminal; to add a channel,")
+        print(f"      set its tokens in {env_file} and `enabled: true` in {config} (docs/setup/)")
     return code
 
 

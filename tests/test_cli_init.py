@@ -105,6 +105,8 @@ async def test_init_yes_takes_flags_and_environment(tmp_path: Path, model: FakeO
     assert "Channels" not in out  # nothing asked
     assert "model default    OK GET /models: 1 model(s); 'fake-model' listed" in out
     assert "no chat channel is ready" in out
+    # No bot to write to: the next step is the terminal chat, not a pairing code.
+    assert "next: `chital chat` talks to the agent" in out and "pairing code" not in out, out
     assert mode(tmp_path / ".env") == 0o600
     assert (tmp_path / ".env").read_text().count("OPENAI_API_KEY='sk-from-env'") == 1
 
