@@ -246,14 +246,36 @@ def _counts(response: LLMResult) -> tuple[int, int] | None:
             usage = message.usage_metadata if isinstance(message, AIMessage) else None
             if usage:
                 found = True
-                prompt += int(usage.get("input_tokens") or 0)
-                completion += int(usage.get("output_tokens") or 0)
+                said = _reported(usage.get("input_tokens")), _reported(usage.get("output_tokens"))
+                if said[0] is None or said[1] is None:
+                    return None
+                prompt, completion = prompt + said[0], completion + said[1]
     if found:
         return prompt, completion
     raw = (response.llm_output or {}).get("token_usage")
     if isinstance(raw, dict) and raw:
-        return int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0)
+        said = _reported(raw.get("prompt_tokens")), _reported(raw.get("completion_tokens"))
+        return None if said[0] is None or said[1] is None else (said[0], said[1])
     return None
+
+
+MAX_REPORTED = 10**9
+"""Tokens one call may say it used and be believed: more (or a negative count, which would give
+budget back) is a broken or hostile endpoint's number, and the call is counted by estimate."""
+
+
+def _reported(value: Any) -> int | None:
+    """A count the provider reported, or None when it is not a believable one (negative, absurd,
+    not a number: ``"lots"``, ``NaN``). Missing counts as 0, as before."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return None
+    try:
+        count = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return count if 0 <= count <= MAX_REPORTED else None
 
 
 @dataclass(slots=True)

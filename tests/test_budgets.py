@@ -294,3 +294,26 @@ async def test_two_daemons_on_one_postgresql_share_the_budget(pg_url: str) -> No
     finally:
         await first.close()
         await second.close()
+
+
+# ---- a provider whose reported usage cannot be true --------------------------------------------
+@pytest.mark.parametrize("usage", [(-50_000, 10), (10**15, 10**15)], ids=["negative", "absurd"])
+async def test_unbelievable_reported_usage_is_counted_by_estimate(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, started: list[DaemonProcess], usage: tuple[int, int]
+) -> None:
+    """A negative count would give budget back (the loop would never stop); one past any real
+    call overflows the database's integer. Either way the call is counted by estimate."""
+    d = await start(started, tmp_path, config(tmp_path, tg, model, 20_000))
+    ids = itertools.count()
+    model.add_rule(
+        lambda _: True,
+        lambda _: Reply(
+            tool_calls=[ToolCall("no_such_tool", {"n": (n := next(ids))}, id=f"c{n}")], usage=usage
+        ),
+    )
+    text = await reply_to(tg, ME, tg.inject_message(ME, ME, "loop, miscounted"), STOP)
+    assert "20,000 tokens is used up" in text
+    requests = len(model.requests)
+    assert requests < 40, "stopped by the budget, not by the step limit"
+    tokens, estimated, calls = await settled(d, requests)
+    assert calls == requests and tokens == estimated > 0
