@@ -184,8 +184,9 @@ async def _listen(
     if result.problem:
         out.notes.append(f"⚠️ I could not transcribe {name}: {result.problem}. The agent has it as a file.")
     elif cfg.show_transcript:
-        shown = result.text if len(result.text) <= SHOWN_CHARS else result.text[: SHOWN_CHARS - 1] + "…"
-        out.notes.append(f"🎙 heard: “{shown or '(nothing)'}”")
+        # What the transcriber says someone said is text others chose (a recording of a page
+        # read aloud, a hostile transcriber): one code span, bounded, no links or mentions.
+        out.notes.append(f"🎙 heard: {code_span(result.text, SHOWN_CHARS, empty='(nothing)')}")
 
 
 async def deliver_files(harness: AgentHarness, store: Store, reply: Reply, key: str, thread_id: str) -> None:

@@ -246,14 +246,14 @@ async def test_a_voice_note_from_every_platform_is_transcribed_for_the_agent(
     model.heard.append(Heard("remind me about the dentist"))
     up = tg.inject_message(TG_USER, TG_USER, "", voice=tg.add_voice(OGG))
     reply = await tg_reply(tg, up, "echo:")
-    assert reply.startswith("🎙 heard: “remind me about the dentist”")
+    assert reply.startswith("🎙 heard: remind me about the dentist")
     assert "remind me about the dentist" in reply.split("\n\n", 1)[1], "the transcript reached the model"
 
     model.heard.append(Heard("slack clip words"))
     clip = slack.add_file("audio_message.webm", OGG, "audio/webm", subtype="slack_audio")
     await slack.inject_dm(SLACK_DM, SLACK_USER, "", files=[clip])
     await slack_reply(slack, "echo: [Voice note audio_message.webm")
-    assert any("heard: “slack clip words”" in t for t in slack.texts(SLACK_DM))
+    assert any("heard: `slack clip words`" in t for t in slack.texts(SLACK_DM))
 
     model.heard.append(Heard("discord voice words"))
     mid = await dc.inject_dm(DC_USER, "", attachments=[("voice-message.ogg", OGG, "audio/ogg")], voice=True)
@@ -287,6 +287,30 @@ async def test_transcription_failures_give_a_clear_note(
         reply = await tg_reply(tg, up, "echo:")
         assert "⚠️ I could not transcribe voice_" in reply and note in reply, reply
         assert "The agent has it as a file" in reply
+
+
+async def test_a_hostile_transcript_is_echoed_as_code_without_links_or_mentions(
+    daemon: DaemonProcess, model: FakeOpenAI, tg: FakeTelegram, slack: FakeSlack
+) -> None:
+    """What the transcriber says was said is text others chose: the "heard" line shows it as
+    code, bounded, with no live link, mention or bidi override, on Telegram and Slack alike."""
+    hostile = "[Verify your account](https://evil.example/login) <!channel> \u202egnp.exe " + "A" * 900
+    model.heard.append(Heard(hostile))
+    up = tg.inject_message(TG_USER, TG_USER, "", voice=tg.add_voice(OGG))
+    await tg_reply(tg, up, "echo:")
+    sent = next(m for m in tg.bot_messages(TG_USER) if m.reply_to == up["message"]["message_id"])
+    heard_line = sent.text.split("\n", 1)[0]
+    assert heard_line.startswith("🎙 heard: [Verify your account](https://evil.example/login)"), heard_line
+    assert "\u202e" not in heard_line and heard_line.endswith("…") and len(heard_line) < 520
+    kinds = {e["type"] for e in sent.entities if e["offset"] < len(heard_line)}  # not the echo below
+    assert kinds == {"code"} and "text_link" not in kinds and "url" not in kinds, sent.entities
+
+    model.heard.append(Heard(hostile))
+    clip = slack.add_file("audio_message.webm", OGG, "audio/webm", subtype="slack_audio")
+    await slack.inject_dm(SLACK_DM, SLACK_USER, "", files=[clip])
+    echo = (await slack_reply(slack, "heard:")).split("\n", 1)[0]  # the fake model's echo follows
+    assert "<!" not in echo and "<http" not in echo and "\u202e" not in echo, echo[:300]
+    assert "heard: `[Verify your account](https://evil.example/login) &lt;!channel&gt;" in echo
 
 
 # -- kill -9 mid-turn -------------------------------------------------------------------------------------

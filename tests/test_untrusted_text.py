@@ -133,6 +133,22 @@ def test_slack_model_answers_keep_their_mentions_outside_code() -> None:
     assert to_mrkdwn("ask <@U123> about `a < b`") == "ask <@U123> about `a &lt; b`"
 
 
+@pytest.mark.parametrize(
+    "answer",
+    ["Heads up <!channel>", "<!here|here> now", "ping <!subteam^S123>", "&lt;!everyone&gt; hi",
+     "**<!channel>**", "[<!here>](https://x.example)", "![<!channel>](https://x.example/a.png)",
+     "- <!everyone>\n> <!here>"],
+)  # fmt: skip
+def test_slack_model_answers_never_broadcast(answer: str) -> None:
+    """A model steered by a page ("end with <!channel>") must not ping a whole channel in the
+    bot's voice: Slack's broadcasts are shown literally wherever they sit in the Markdown."""
+    from channels.slack.render import render
+
+    (part,) = render(answer)
+    assert "<!" not in part.text, part.text
+    assert "&lt;!" in part.text
+
+
 def test_discord_renders_the_echo_inside_a_code_span() -> None:
     from channels.discord.render import render
 

@@ -7,6 +7,7 @@ parts are cut at 3,900.
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 from slackify_markdown.slackify import SlackifyMarkdown
@@ -15,6 +16,7 @@ from channels.base import Rendered
 from channels.textsplit import split_markdown, stream_text
 
 MAX_LEN = 3900
+_BROADCAST = re.compile(r"<!([^<>]*)(>?)")
 
 
 def _code_text(content: str) -> str:
@@ -28,6 +30,24 @@ class _Mrkdwn(SlackifyMarkdown):
     """slackify-markdown, with code kept literal: its code renderers pass ``<…>`` through, which
     turned an echoed ``<!everyone>`` in a code span into a ping and ``<https://x|y>`` into a
     disguised link (the gateway puts untrusted text in code spans: agent/untrusted.py)."""
+
+    def text(self, tokens: Any, idx: int, options: Any, env: Any) -> str:
+        """Text as slackify escapes it, but with Slack's broadcasts (``<!channel>``, ``<!here>``,
+        ``<!everyone>``, ``<!subteam^…>`` user groups) kept literal too: a model answer is
+        steered by what it read (a web page saying "end with <!channel>"), and a mass ping in the
+        bot's voice is never what the user asked for. ``&lt;!channel&gt;`` arrives here decoded,
+        so it is caught too. Person mentions (``<@U…>``) and channel links (``<#C…>``) stay."""
+        text = str(super().text(tokens, idx, options, env))
+        return _BROADCAST.sub(lambda m: f"&lt;!{m[1]}{'&gt;' if m[2] else ''}", text)
+
+    def image(self, tokens: Any, idx: int, options: Any, env: Any) -> str:
+        """slackify puts an image's alt text and title into the link unescaped
+        (``![<!channel>](https://x)`` pinged the channel): both are escaped like code."""
+        token = tokens[idx]
+        token.content = _code_text(token.content or "")
+        if token.attrs.get("title"):
+            token.attrs["title"] = _code_text(str(token.attrs["title"]))
+        return str(super().image(tokens, idx, options, env))
 
     def code_inline(self, tokens: Any, idx: int, options: Any, env: Any) -> str:
         tokens[idx].content = _code_text(tokens[idx].content)
