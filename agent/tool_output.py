@@ -21,7 +21,8 @@ from langgraph.types import Command
 MAX_TEXT_CHARS = 100_000
 """Characters of text one tool result keeps (deepagents cuts a read_file page at about 80 K)."""
 MAX_BLOB_CHARS = 8 * 1024 * 1024
-"""Base64 characters of one image or file block a tool result keeps (about 6 MB of data)."""
+"""Base64 characters of the image or file blocks one tool result keeps, all together (about 6 MB
+of data)."""
 
 
 def _note(name: str, dropped: int) -> str:
@@ -40,7 +41,7 @@ def capped(message: ToolMessage) -> ToolMessage:
             return message
         cut = content[:MAX_TEXT_CHARS] + _note(name, len(content) - MAX_TEXT_CHARS)
         return message.model_copy(update={"content": cut})
-    budget, changed, blocks = MAX_TEXT_CHARS, False, []
+    budget, blobs, changed, blocks = MAX_TEXT_CHARS, MAX_BLOB_CHARS, False, []
     for block in content:
         if isinstance(block, str) or (isinstance(block, dict) and isinstance(block.get("text"), str)):
             text = block if isinstance(block, str) else str(block["text"])
@@ -49,15 +50,32 @@ def capped(message: ToolMessage) -> ToolMessage:
             budget = max(0, budget - len(text))
             blocks.append(text if isinstance(block, str) else {**block, "text": text})
             continue
-        blob = next((v for k, v in block.items() if k in ("base64", "data") and isinstance(v, str)), None)
-        if blob is not None and len(blob) > MAX_BLOB_CHARS:
+        # Any other block (an image as ``base64`` or as an ``image_url`` data URL, a JSON block,
+        # whatever a tool invents) is measured by all the text it holds, however nested, and
+        # the blocks of one result share one budget: ten 7 MB images are not "each small".
+        size = _chars(block)
+        if size > blobs:
             changed = True
-            size = len(blob) * 3 // 4
-            note = f"[{name} returned a file of {size:,} bytes, too large to show; use execute on it instead]"
+            note = f"[{name} returned a block of {size * 3 // 4:,} bytes, too large to show; use execute]"
             blocks.append({"type": "text", "text": note})
             continue
+        blobs -= size
         blocks.append(block)
     return message.model_copy(update={"content": blocks}) if changed else message
+
+
+def _chars(value: Any, depth: int = 0) -> int:
+    """Characters of text in ``value`` (strings, bytes, nested lists and dicts, their keys); a
+    structure nested deeper than any real block counts as too large."""
+    if isinstance(value, str | bytes):
+        return len(value)
+    if depth > 20:
+        return MAX_BLOB_CHARS + 1
+    if isinstance(value, dict):
+        return sum(len(str(k)) + _chars(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_chars(v, depth + 1) for v in value)
+    return len(str(value)) if isinstance(value, int | float | bool) or value is None else MAX_BLOB_CHARS + 1
 
 
 def _apply(result: ToolMessage | Command[Any]) -> ToolMessage | Command[Any]:

@@ -182,3 +182,23 @@ def test_any_tool_result_is_capped_before_it_joins_the_history() -> None:
     assert isinstance(parts, list) and "output cut" in str(parts[0]) and "too large to show" in str(parts[1])
     small = ToolMessage(content="fine", tool_call_id="c3", name="x")
     assert capped(small) is small
+
+
+def test_blocks_of_any_shape_share_one_cap() -> None:
+    """An image as a data URL (no ``base64`` key), a JSON block a tool invented, and many images
+    each under the cap: none of them carries more than the cap into the history."""
+    from langchain_core.messages import ToolMessage
+
+    from agent.tool_output import MAX_BLOB_CHARS, capped
+
+    data_url = "data:image/png;base64," + "A" * (MAX_BLOB_CHARS + 4)
+    shapes: list[Any] = [
+        [{"type": "image_url", "image_url": {"url": data_url}}],
+        [{"type": "json", "json": {"rows": ["r" * 1000] * (MAX_BLOB_CHARS // 1000 + 1)}}],
+        [{"type": "image", "base64": "B" * (MAX_BLOB_CHARS // 4), "mime_type": "image/png"}] * 10,
+    ]
+    for i, content in enumerate(shapes):
+        out = capped(ToolMessage(content=content, tool_call_id=f"s{i}", name="mcp_shot"))
+        kept = sum(len(str(b)) for b in out.content)
+        assert kept <= MAX_BLOB_CHARS + 1000, f"shape {i}: {kept:,} characters kept"
+        assert "too large to show" in str(out.content), f"shape {i}"
