@@ -281,3 +281,26 @@ def test_an_image_the_agent_reads_from_its_uploads_is_pixels_only(tmp_path: Path
         sent = base64.b64decode(result.file_data["content"])
         assert_pixels_only(mime, sent)
         assert_two_halves(sent)
+
+
+def test_an_image_whose_metadata_cannot_be_removed_is_not_read_to_the_model(tmp_path: Path) -> None:
+    """An iPhone photo (HEIC) sent as a document: Pillow cannot re-encode it, so read_file refuses
+    it with what to do instead, rather than handing the provider its GPS position."""
+    from agent.sandbox.backend import SandboxBackend
+    from agent.sandbox.files import HostFiles
+    from agent.sandbox.paths import PathMapper, ThreadDirs
+
+    dirs = ThreadDirs.for_thread(tmp_path / "sbx", "t1", None)
+    dirs.ensure(None)
+
+    class _Sandbox:
+        id = "t1"
+        files = HostFiles(PathMapper(dirs))
+
+    backend = SandboxBackend(_Sandbox())  # type: ignore[arg-type]
+    heic = b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + b"Exif\x00\x00GPS 48.8584N 2.2945E"
+    for name in ("IMG_0001.HEIC", "photo.heic", "scan.heif"):
+        (dirs.uploads / name).write_bytes(heic)
+        result = backend.read(f"/mnt/user-data/uploads/{name}")
+        assert result.file_data is None and result.error is not None, name
+        assert "convert it to JPEG or PNG" in result.error and "48.8584" not in result.error

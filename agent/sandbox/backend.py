@@ -51,6 +51,13 @@ _BINARY_SUFFIXES = frozenset(
     ".wav .mp3 .aiff .aac .ogg .flac .pdf .ppt .pptx".split()
 )
 _MAX_BINARY_READ = 20 * 1024 * 1024
+_UNCLEANABLE_IMAGES = frozenset({".heic", ".heif"})
+"""Images read_file would otherwise send as they are (an iPhone photo, its EXIF GPS position and
+all) but whose metadata cannot be removed here (Pillow decodes no HEIF): refused, not sent raw."""
+_UNCLEANABLE_NOTE = (
+    "HEIC/HEIF images are not shown to the model as they are (their metadata, such as the GPS "
+    "position, cannot be removed here); convert it to JPEG or PNG first (with execute) and read that"
+)
 TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` reports; the model knows it
 
 
@@ -123,6 +130,8 @@ class SandboxBackend(SandboxBackendProtocol):
             suffix = PurePosixPath(file_path).suffix.lower()
             if suffix in _BINARY_SUFFIXES:
                 raw = self.files.read_bytes(file_path, _MAX_BINARY_READ)
+                if suffix in _UNCLEANABLE_IMAGES:
+                    return ReadResult(error=f"{file_path}: {_UNCLEANABLE_NOTE}")
                 if suffix in FORMATS:  # pixels only to the model provider: no EXIF/GPS, comments, ICC
                     try:
                         raw = clean_image_file(raw, suffix)
