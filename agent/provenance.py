@@ -16,8 +16,10 @@ crash or an approval sees the same record, and ``/new`` (a new thread) starts cl
   schedule it runs (the gateway passes that in :class:`agent.turn.TurnOptions`). A user cannot set
   it: it is never read from text.
 - A **ToolMessage** is untrusted unless its tool is one of :data:`OWN_TOOLS`, whose results are the
-  bot's own bookkeeping. Deny by default: a tool added later (an MCP server, a skill's tool, a
-  background task) counts as reading untrusted content until it is listed here.
+  bot's own bookkeeping; an own tool that shows text an untrusted source wrote (``list_schedules``
+  on a tainted schedule) carries that text's sources in ``additional_kwargs[PROVENANCE_KEY]``.
+  Deny by default: a tool added later (an MCP server, a skill's tool, a background task) counts
+  as reading untrusted content until it is listed here.
 
 The scope is the whole thread the model sees, not only the current turn: a page fetched three
 messages ago is still in the context a later turn answers from. A lasting tool calls
@@ -180,8 +182,12 @@ def of_messages(messages: Sequence[AnyMessage | BaseMessage]) -> Provenance:
             calls.update({str(c.get("id")): c for c in message.tool_calls})
         elif isinstance(message, HumanMessage):
             found.extend(Provenance.from_json(message.additional_kwargs.get(PROVENANCE_KEY)).sources)
-        elif isinstance(message, ToolMessage) and untrusted_tool(str(message.name or "")):
-            found.append(_tool_source(str(message.name or ""), calls.get(message.tool_call_id)))
+        elif isinstance(message, ToolMessage):
+            if untrusted_tool(str(message.name or "")):
+                found.append(_tool_source(str(message.name or ""), calls.get(message.tool_call_id)))
+            # An own tool showing text an untrusted source wrote (list_schedules on a tainted
+            # schedule) says so; set by the tool itself, never read from the text.
+            found.extend(Provenance.from_json(message.additional_kwargs.get(PROVENANCE_KEY)).sources)
     return Provenance(_dedup(found))
 
 

@@ -72,7 +72,7 @@ def info_of(schedule: Schedule, defaulted: bool = False) -> ScheduleInfo:
     nxt = fmt(schedule.next_fire, tz) if schedule.next_fire is not None else None
     waits = schedule.provenance.describe() if schedule.unconfirmed else ""
     return ScheduleInfo(schedule.id, schedule.text, rule_text(schedule.cron), schedule.tz, nxt,
-                        schedule.creator, defaulted, waits)  # fmt: skip
+                        schedule.creator, defaulted, waits, schedule.provenance.sources)  # fmt: skip
 
 
 def _template(inbound: Inbound) -> Inbound:

@@ -218,3 +218,21 @@ async def test_a_schedule_from_the_owners_own_words_fires_unasked_and_unchanged(
         fired,
     ), fired
     assert not any("Confirm schedule" in t for t in tg.bot_texts(OWNER))
+
+
+async def test_listing_a_tainted_schedule_in_a_fresh_thread_keeps_its_provenance(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """A schedule's text is what the untrusted source wrote. After /new, the owner asks what is
+    scheduled: list_schedules hands that text back to the model, and a schedule it makes from it
+    waits for the owner too (listing does not launder the text into the user's own words)."""
+    said = tg.inject_message(GROUP, STRANGER, INJECTED, chat_type="supergroup", first_name="Mallory")
+    up = tg.inject_mention(GROUP, OWNER, "hm?", reply_to_message_id=said["message"]["message_id"])
+    await reply_to(tg, GROUP, up, "Done: Scheduled #1")
+    await reply_to(tg, GROUP, tg.inject_command(GROUP, OWNER, "new"), "")
+    model.script(Reply(tool_calls=[ToolCall("list_schedules", {})]))
+    asked = tg.inject_mention(GROUP, OWNER, "what is scheduled here?")
+    done = await reply_to(tg, GROUP, asked, "Done: Scheduled #2")
+    assert "will NOT run until the user confirms it" in done and "scheduled task #1" in done, done
+    listing = await reply_to(tg, GROUP, tg.inject_command(GROUP, OWNER, "schedules"), "Schedules here")
+    assert "waits for confirmation (/schedules confirm 2)" in listing

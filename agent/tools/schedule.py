@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from langchain.tools import ToolRuntime
+from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, Field
 
-from agent.provenance import UNTAINTED, Provenance, provenance_of_call
+from agent.provenance import PROVENANCE_KEY, SCHEDULED, UNTAINTED, Provenance, Source, provenance_of_call
 
 
 class ScheduleError(Exception):
@@ -76,6 +77,9 @@ class ScheduleInfo:
     unconfirmed: str = ""
     """Made after reading untrusted content and not yet confirmed by its owner: those sources in
     words (it does not run until confirmed). Empty: it runs as scheduled."""
+    sources: tuple[Source, ...] = ()
+    """Where its text came from when that was not the owner's own words (confirmed or not): a
+    tool that shows the text to the model carries these along (:func:`_shown`)."""
 
     def line(self) -> str:
         when = self.next_fire or "finished"
@@ -148,6 +152,20 @@ class _CancelArgs(BaseModel):
     schedule_id: int = Field(description="The schedule's number, as list_schedules shows it.")
 
 
+def _shown(text: str, infos: Sequence[ScheduleInfo], runtime: ToolRuntime) -> str | ToolMessage:
+    """A tool result showing schedules' texts: plain when all are the owner's own words; else a
+    ToolMessage carrying where those texts came from, so listing a schedule an untrusted source
+    wrote (in a fresh thread, say) keeps that thread tainted (agent/provenance.py)."""
+    sources = [s for info in infos for s in (Source(SCHEDULED, f"#{info.id}"), *info.sources) if info.sources]
+    if not sources:
+        return text
+    return ToolMessage(
+        content=text,
+        tool_call_id=str(runtime.tool_call_id or ""),
+        additional_kwargs={PROVENANCE_KEY: Provenance().merged(sources).to_json()},
+    )
+
+
 def build_schedule_tools(scheduler: Scheduler) -> list[BaseTool]:
     """``schedule_task``, ``list_schedules`` and ``cancel_schedule`` over ``scheduler``."""
 
@@ -182,21 +200,21 @@ def build_schedule_tools(scheduler: Scheduler) -> list[BaseTool]:
             )
         return done
 
-    async def list_schedules(runtime: ToolRuntime) -> str:
+    async def list_schedules(runtime: ToolRuntime) -> str | ToolMessage:
         try:
             found = await scheduler.list(caller_of(runtime))
         except ScheduleError as exc:
             raise ToolException(str(exc)) from None
         if not found:
             return "This conversation has no active schedules."
-        return "\n".join(info.line() for info in found)
+        return _shown("\n".join(info.line() for info in found), found, runtime)
 
-    async def cancel_schedule(schedule_id: int, runtime: ToolRuntime) -> str:
+    async def cancel_schedule(schedule_id: int, runtime: ToolRuntime) -> str | ToolMessage:
         try:
             info = await scheduler.cancel(caller_of(runtime), schedule_id)
         except ScheduleError as exc:
             raise ToolException(str(exc)) from None
-        return f"Cancelled #{info.id} ({info.rule}): {info.text}"
+        return _shown(f"Cancelled #{info.id} ({info.rule}): {info.text}", [info], runtime)
 
     zone = scheduler.default_timezone
     return [
