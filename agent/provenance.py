@@ -69,6 +69,12 @@ WEB_PAGE, WEB_SEARCH, MESSAGE, TOOL, SCHEDULED, SUBAGENT = (
     "scheduled task",
     "sub-agent",
 )
+FORWARDED_MESSAGE = "forwarded message"
+"""The turn's own message is someone else's words, forwarded or shared by the sender (its label:
+the original author). Unlike quoted context, it is the message itself: memory does not learn it
+as the user's words (agent/memory/service.py)."""
+NOT_THE_USERS_WORDS = frozenset({SCHEDULED, FORWARDED_MESSAGE})
+"""Kinds of source that make a turn's own message text someone else's, not the user's."""
 LABEL_CHARS = 120
 SHOWN_SOURCES = 5
 
@@ -98,6 +104,8 @@ class Source:
         label = clean_label(self.label)
         if self.kind == MESSAGE:
             return f"a message by {label or 'someone'}"
+        if self.kind == FORWARDED_MESSAGE:
+            return f"a message by {label or 'someone'} (forwarded)"
         if self.kind == WEB_PAGE:
             return f"the web page {label}" if label else "a web page"
         if self.kind == WEB_SEARCH:

@@ -19,7 +19,7 @@ import re
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
-from agent.provenance import MESSAGE, SCHEDULED, Provenance, Source, clean_label
+from agent.provenance import FORWARDED_MESSAGE, SCHEDULED, Provenance, Source, clean_label
 from agent.untrusted import code_span, one_line
 from channels.base import FORWARDED, Action, ActionAnswer, Button, Inbound, scrub
 
@@ -70,7 +70,7 @@ def forwarded_sources(inbound: Inbound) -> tuple[Source, ...]:
     if FORWARDED not in inbound.extra:
         return ()
     who = clean_label(str(inbound.extra.get(FORWARDED) or ""), 64)
-    return (Source(MESSAGE, f"{who or 'someone'} (forwarded)"),)
+    return (Source(FORWARDED_MESSAGE, who),)
 
 
 def firing_text(schedule: Schedule, rule: str, due: str) -> str:

@@ -43,7 +43,7 @@ from agent.memory.extraction import (
 from agent.memory.facts import Fact, FactStore, MemorySettings, PendingTurn, now_utc, trim_to_limit
 from agent.memory.inject import MemoryMiddleware, render_section
 from agent.middleware import is_retryable
-from agent.provenance import PROVENANCE_KEY, SCHEDULED, Provenance
+from agent.provenance import NOT_THE_USERS_WORDS, PROVENANCE_KEY, Provenance
 from agent.thread_context import without_context
 
 if TYPE_CHECKING:
@@ -57,9 +57,10 @@ _MAX_PARALLEL_EXTRACTIONS = 2
 
 
 def _from_elsewhere(message: HumanMessage) -> bool:
-    """A turn's message that is not the user's own words: a scheduled run of a tainted schedule."""
+    """A turn's message that is not the user's own words: a scheduled run of a tainted schedule,
+    a forwarded or shared message (someone else's words, whoever sent them on)."""
     sources = Provenance.from_json(message.additional_kwargs.get(PROVENANCE_KEY)).sources
-    return any(s.kind == SCHEDULED for s in sources)
+    return any(s.kind in NOT_THE_USERS_WORDS for s in sources)
 
 
 class MemoryNotStarted(RuntimeError):
