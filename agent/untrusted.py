@@ -18,8 +18,9 @@ can lie about themselves:
   pings; Lark cards get a zero-width space after ``<``, channels/lark/render.py);
 - **look-alike names**: ``уou (аssistant)`` with Cyrillic letters, fullwidth ``ｓｙｓｔｅｍ`` or
   ``y o u`` read as the assistant's own label to a model: :func:`poses_as_reserved` compares a
-  *skeleton* (NFKC, case-folded, Cyrillic/Greek/small-capital/digit look-alikes mapped to the
-  Latin letters they imitate, accents dropped) with the reserved names.
+  *skeleton* (NFKC, case-folded, Cyrillic/Greek/Armenian/Cherokee/Lisu/Coptic/small-capital/digit
+  look-alikes and letters named after Latin ones mapped to the Latin letters they imitate, accents
+  dropped) with the reserved names.
 
 Pure standard library and kept in ``agent/`` because both sides need it: the agent quotes thread
 context and names files for the model (agent must not import gateway or channels), the gateway
@@ -138,15 +139,41 @@ _LOOKALIKES = str.maketrans(
         "$": "s", "7": "t",
     }
 )  # fmt: skip
+_OTHER_SCRIPTS = str.maketrans(
+    {
+        # Cherokee capitals (small ones casefold to these), Lisu, Coptic (capitals casefold to small)
+        "Ꭺ": "a", "Ᏼ": "b", "Ꮟ": "b", "Ꮯ": "c", "Ꭰ": "d", "Ꭼ": "e", "Ꮐ": "g", "Ꮋ": "h", "Ꭵ": "i",
+        "Ꭻ": "j", "Ꮶ": "k", "Ꮮ": "l", "Ꮇ": "m", "Ꮲ": "p", "Ꭱ": "r", "Ꮢ": "r", "Ꮪ": "s", "Ꭲ": "t",
+        "Ꮩ": "v", "Ꮃ": "w", "Ꭹ": "y", "Ꮓ": "z",
+        "ꓮ": "a", "ꓐ": "b", "ꓚ": "c", "ꓓ": "d", "ꓰ": "e", "ꓝ": "f", "ꓖ": "g", "ꓧ": "h", "ꓲ": "i",
+        "ꓙ": "j", "ꓗ": "k", "ꓡ": "l", "ꓟ": "m", "ꓠ": "n", "ꓳ": "o", "ꓑ": "p", "ꓣ": "r", "ꓢ": "s",
+        "ꓔ": "t", "ꓴ": "u", "ꓦ": "v", "ꓪ": "w", "ꓫ": "x", "ꓬ": "y", "ꓜ": "z",
+        "ⲁ": "a", "ⲃ": "b", "ⲥ": "c", "ⲉ": "e", "ⲏ": "h", "ⲓ": "i", "ⲕ": "k", "ⲙ": "m", "ⲛ": "n",
+        "ⲟ": "o", "ⲣ": "p", "ⲧ": "t", "ⲩ": "y", "ⲭ": "x",
+    }
+)  # fmt: skip
+_LATIN_NAME = re.compile(r"\bLATIN (?:CAPITAL |SMALL )?LETTER (?:SMALL CAPITAL )?([A-Z])\b")
+"""A character named after a Latin letter that NFKC leaves alone (``🅰`` NEGATIVE SQUARED LATIN
+CAPITAL LETTER A, ``🅐``): read as that letter."""
 _DIGRAPHS = (("rn", "m"), ("vv", "w"))
+
+
+def _as_latin(ch: str) -> str:
+    if ch.isascii():
+        return ch
+    found = _LATIN_NAME.search(unicodedata.name(ch, ""))
+    return found.group(1).lower() if found else ch
 
 
 def skeleton(text: str) -> str:
     """What ``text`` looks like, reduced to Latin letters and spaces: invisible characters gone,
     NFKC (fullwidth and mathematical letters become ASCII), case folded, look-alikes mapped,
     accents dropped, everything else a space. Two names with the same skeleton read the same."""
-    folded = unicodedata.normalize("NFKC", visible(text)).casefold().translate(_LOOKALIKES)
-    bare = "".join(c for c in unicodedata.normalize("NFKD", folded) if not unicodedata.combining(c))
+    folded = unicodedata.normalize("NFKC", visible(text)).casefold().translate(_OTHER_SCRIPTS)
+    folded = folded.translate(_LOOKALIKES)
+    bare = "".join(
+        _as_latin(c) for c in unicodedata.normalize("NFKD", folded) if not unicodedata.combining(c)
+    )
     for pair, letter in _DIGRAPHS:
         bare = bare.replace(pair, letter)
     return " ".join(re.sub(r"[^a-z]+", " ", bare).split())

@@ -87,6 +87,12 @@ def test_visible_removes_tag_smuggling_and_zalgo_but_keeps_lines() -> None:
         "B0T",
         "αdmin",
         "systеm",
+        "\ua4eessistant",  # Lisu A
+        "\u13aassistant",  # Cherokee A
+        "\u13daystem",  # Cherokee S
+        "\u2c80ssistant",  # Coptic A
+        "\U0001f170ssistant",  # negative squared Latin A
+        "\ua4ec\ua4f3\ua4f4",  # Lisu Y O U
     ],
 )
 def test_names_posing_as_reserved_ones_are_caught(name: str) -> None:
@@ -94,7 +100,18 @@ def test_names_posing_as_reserved_ones_are_caught(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["Anna", "Youssef", "Badminton club", "ecosystem", "<@U024BE7LH>", "Борис", "Bob"]
+    "name",
+    [
+        "Anna",
+        "Youssef",
+        "Badminton club",
+        "ecosystem",
+        "<@U024BE7LH>",
+        "Борис",
+        "Bob",
+        "Αλέξης",
+        "\ua4e1\ua4f2\ua4e2\ua4f4",
+    ],
 )
 def test_ordinary_names_are_not_marked(name: str) -> None:
     assert not poses_as_reserved(name)
