@@ -214,6 +214,7 @@ async def test_pairing_list_without_a_config_fails_and_creates_nothing(tmp_path:
     assert list(elsewhere.iterdir()) == [], "a read-only command created files"
 
 
+@skip_on_postgres("a SQLite file is what a never-run daemon lacks; PostgreSQL's tables live in the server")
 async def test_pairing_list_on_a_daemon_that_never_ran_says_so(tmp_path: Path) -> None:
     cfg = base_config(tmp_path / "data", "http://127.0.0.1:9/v1", free_port())
     path = write(tmp_path / "conf" / "config.yaml", cfg)
@@ -343,6 +344,7 @@ async def test_a_configured_skills_folder_that_is_missing_is_a_warning(
 
 
 # -- 6. the data directory is private ----------------------------------------------------------------
+@skip_on_postgres("the databases whose modes it checks are SQLite files; on PostgreSQL they are not here")
 async def test_data_directory_is_private_whatever_the_umask(tmp_path: Path, model: FakeOpenAI) -> None:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     data = tmp_path / "data"
