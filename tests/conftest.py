@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.gateway_rig import Rig, fake_rig
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.slack_server import FakeSlack
@@ -51,6 +52,13 @@ async def model() -> AsyncIterator[FakeOpenAI]:
     await fake.start()
     yield fake
     await fake.aclose()
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    """The gateway in process with a fake channel and a fake harness (tests/fakes/gateway_rig.py)."""
+    async with fake_rig(tmp_path) as r:
+        yield r
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ end-to-end tests check per platform, without a subprocess or a model.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,6 @@ from tests.fakes.gateway_rig import ADMIN, USER, Rig, fake_rig, make_config, qui
 
 STRANGER = 7
 GROUP = "-100"
-
-
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    async with fake_rig(tmp_path) as r:
-        yield r
 
 
 async def test_allowed_message_is_journaled_before_the_adapter_may_ack(rig: Rig) -> None:

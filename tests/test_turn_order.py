@@ -34,12 +34,6 @@ def silent_until(release: asyncio.Event, answer: str) -> Script:
     return script
 
 
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    async with fake_rig(tmp_path) as r:
-        yield r
-
-
 async def test_a_stop_right_behind_its_message_stops_it_before_it_starts(rig: Rig) -> None:
     """The message and its /stop handed over back to back (one getUpdates batch): the turn's task
     exists but has not run a step when /stop cancels it."""

@@ -10,8 +10,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-
 from agent.events import AgentEvent, Final, TextDelta
 from tests.fakes.fake_harness import Call, Script
 from tests.fakes.gateway_rig import ADMIN, USER, Rig, fake_rig, make_config, quiet, replied, settled, until
@@ -28,12 +26,6 @@ def blocked_until(release: asyncio.Event, answer: str) -> Script:
         yield Final(answer)
 
     return script
-
-
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    async with fake_rig(tmp_path) as r:
-        yield r
 
 
 async def test_one_conversation_runs_in_arrival_order(rig: Rig) -> None:
