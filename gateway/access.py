@@ -139,10 +139,6 @@ async def admin_chats(policy: AccessPolicy, platform: str, store: Store) -> list
 
 
 # -- what people read ----------------------------------------------------------------------------
-def _minutes(seconds: float) -> str:
-    return about(seconds)
-
-
 def pairing_text(request: PairingRequest, now: float | None = None, cli: str = "chital") -> str:
     """What the stranger reads: their code, how long it lasts, how an admin approves it. ``cli``
     (``Config.cli()``: ``chital -c /abs/config.yaml``) makes the command work from any directory;
@@ -151,12 +147,12 @@ def pairing_text(request: PairingRequest, now: float | None = None, cli: str = "
     if request.denied:
         return (
             "🚫 An admin declined your request for access. "
-            f"You can ask again in about {_minutes(request.expires - now)}."
+            f"You can ask again in about {about(request.expires - now)}."
         )
     code = request.code
     return (
         f"👋 I don't know you yet, so I can't help here. Your pairing code is {code} "
-        f"(valid for {_minutes(request.expires - now)}). Ask the bot's admin to approve it: "
+        f"(valid for {about(request.expires - now)}). Ask the bot's admin to approve it: "
         f"they can send me /approve {code} or run\n\n{cli} pairing approve {code}\n\n"
         "Once approved, send your message again."
     )

@@ -222,7 +222,7 @@ async def _decide(gw: Gateway, entry: JournalEntry, name: str, args: str) -> str
         await store.pairing_deny(code, ttl)
         log.info("pairing: %s denied %s (code %s)", inbound.user, request.user, code)
         await gw.tell(request.platform, request.chat_id, f"denied-{code}", access.denied_text())
-        return f"🚫 Denied {request.chat_label()}. They get no new code for {_hours(ttl)}."
+        return f"🚫 Denied {request.chat_label()}. They get no new code for {in_words(ttl)}."
     if request.expired():
         return f"Code {code} has expired. Ask {request.chat_label()} to message me again for a new one."
     user = await store.pairing_approve(code)
@@ -289,7 +289,3 @@ async def _approved_list(gw: Gateway, entry: JournalEntry) -> str:
     more = f" (first {LIST_MAX})" if len(users) > LIST_MAX else ""
     shown = "\n".join(code_span(u) for u in users[:LIST_MAX])
     return f"Approved by code{more}:\n{shown}\nRevoke with /revoke USER."
-
-
-def _hours(seconds: float) -> str:
-    return in_words(seconds)
