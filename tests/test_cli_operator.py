@@ -413,13 +413,7 @@ async def test_send_with_no_daemon_running_says_it_is_only_queued(
     start delivers it; with the daemon up there is no such note."""
     user = 4242
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = {
-        "enabled": True,
-        "token": tg.token,
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-        "poll_timeout": 1,
-    }
+    cfg["channels"]["telegram"] = tg.channel_settings(poll_timeout=1)
     cfg["access"] = {"allow_users": [user]}
     d = DaemonProcess(tmp_path, cfg)
     try:
