@@ -1,6 +1,6 @@
 """Images as pixels only, for anything the model provider is sent (docs/media.md, "Privacy").
 
-Used by the gateway for images users send (gateway/media.py) and by the sandbox backend when the
+Used by the gateway for images users send (gateway/intake/media.py) and by the sandbox backend when the
 agent reads an image file with read_file (an upload is the user's original photo, GPS and all).
 Pillow is imported on first use, not with the daemon.
 """

@@ -41,7 +41,7 @@ and source work as before.
 ``importlib.util.LazyLoader`` does not fit: the import statement itself touches the module and
 loads it, and it cannot keep submodule imports from loading the parent.
 
-Importing this module changes nothing: the entry point calls :func:`install` (``gateway.cli.main``,
+Importing this module changes nothing: the entry point calls :func:`install` (``gateway.cli.main.main``,
 before it imports any library; the benches do the same), so a program that imports Chital's packages
 as a library gets its libraries exactly as they are. For a library already imported it changes
 nothing either. This is the one deferral mechanism in Chital (``sqlite_vec`` below was a second,

@@ -87,7 +87,7 @@ class AgentRuntime:
         ``usage`` receives the token usage of every model call (agent/usage.py); ``database_url``:
         checkpoints and memory in PostgreSQL instead of SQLite files under ``data_dir``;
         ``secrets``: every secret value the process holds (the gateway's tokens, keys, passwords:
-        gateway/secrets.py), masked in tool results and approval prompts besides the agent's own
+        gateway/config/secrets.py), masked in tool results and approval prompts besides the agent's own
         web and MCP credentials."""
         self.settings = settings
         self.secrets = [*secrets, *settings.web.secrets(), *settings.mcp.secrets()]

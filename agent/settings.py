@@ -1,6 +1,6 @@
 """Settings of the agent's features, in one light module.
 
-``agent.config`` (and so ``gateway.config`` and ``chital check``) needs these models but none of the
+``agent.config`` (and so ``gateway.config.schema`` and ``chital check``) needs these models but none of the
 libraries the features themselves import (deepagents, the MCP SDK, BeautifulSoup...). Each feature
 module re-exports its own settings from here.
 """

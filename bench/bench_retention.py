@@ -3,11 +3,11 @@
     python bench/bench_retention.py                       # the Store alone: 20,000 messages
     python bench/bench_retention.py --daemon 20000        # plus `chital run` with the fake Telegram
 
-Store mode drives the real :class:`gateway.store.Store` through the life of each message as the
+Store mode drives the real :class:`gateway.store.journal.Store` through the life of each message as the
 gateway does (journal, running, two outbox parts, a presented file for one in twenty, done), for
 ``--messages`` messages in ``--waves`` waves, from ``--conversations`` conversations plus a stranger
 asking for pairing every tenth message. Retention is ``--retention`` seconds; after each wave the
-bench waits for it and runs the daemon's own prune (:class:`gateway.retention.Retention`). The same
+bench waits for it and runs the daemon's own prune (:class:`gateway.store.retention.Retention`). The same
 workload without pruning runs first, as the baseline. Printed per wave: rows, database + WAL bytes,
 free pages, and this process's RSS.
 
@@ -35,9 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from channels.base import Inbound
-from gateway.config import StorageConfig
-from gateway.retention import DAY, Retention
-from gateway.store import Store
+from gateway.config.schema import StorageConfig
+from gateway.store.journal import Store
+from gateway.store.retention import DAY, Retention
 
 
 def rss_mb(pid: int | str = "self") -> float:

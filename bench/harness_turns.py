@@ -81,7 +81,7 @@ async def main() -> None:
             try:
                 await _turns(harness, 20, 20, "warm")  # imports, connection pool, caches
                 gc.collect()
-                gc.freeze()  # as gateway/app.py does after start-up
+                gc.freeze()  # as gateway/daemon/app.py does after start-up
                 gc.set_threshold(20_000, 20, 50)
                 scenarios = (("one thread", 1), ("20 threads", 20), ("fresh threads", args.turns))
                 for n, (label, threads) in enumerate(scenarios):

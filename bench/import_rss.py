@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = str(Path(__file__).resolve().parent.parent)
-DAEMON = ["gateway.cli", "gateway.app", "agent.harness", "agent.runtime", "channels.telegram.channel"]
+DAEMON = [
+    "gateway.cli.main",
+    "gateway.daemon.app",
+    "agent.harness",
+    "agent.runtime",
+    "channels.telegram.channel",
+]
 
 
 def rss_kb() -> int:

@@ -56,7 +56,7 @@ async def callgrind(pid: int, switch: str) -> None:
 async def measure(name: str, argv: list[str], tg: FakeTelegram, args: argparse.Namespace, cwd: Path) -> float:
     """M instructions per DM of ``argv`` run under callgrind; counted only during the load. Prints
     the Bot API calls per DM of the load: time-based work (the typing indicator 0.3 s into a turn,
-    ``gateway/turn_runner.py``) happens on every DM under valgrind's slowness, on few at native
+    ``gateway/turns/runner.py``) happens on every DM under valgrind's slowness, on few at native
     speed."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
@@ -119,7 +119,7 @@ async def chital(args: argparse.Namespace) -> float:
             cfg["concurrency"]["max_turns"] = 32
             daemon = DaemonProcess(Path(tmp), cfg)
             daemon.write_config()
-            argv = [sys.executable, "-m", "gateway.cli", "run", "-c", str(daemon.config_path)]
+            argv = [sys.executable, "-m", "gateway.cli.main", "run", "-c", str(daemon.config_path)]
             return await measure("chital", argv, tg, args, REPO)
     finally:
         await model.aclose()

@@ -89,7 +89,7 @@ async def child(mode: str, turns: int, plain_hooks: bool) -> None:
                 await turn(f"warm-{i % 20}", i)
             gc.collect()
             gc.freeze()
-            gc.set_threshold(20_000, 20, 50)  # as the daemon runs (gateway/app.py)
+            gc.set_threshold(20_000, 20, 50)  # as the daemon runs (gateway/daemon/app.py)
             for i in range(turns):
                 await turn(f"t{i % 20}", i)
             await close()

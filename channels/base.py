@@ -321,7 +321,7 @@ _CREDENTIAL = re.compile(
 def scrub(text: str, *secrets: str) -> str:
     """``text`` with ``secrets`` and whatever looks like a credential (``token=…``, ``ticket=…``,
     ``Bearer …``) replaced by ``***``. SDKs put request URLs, and so tokens, into their exception
-    texts and log lines: adapters scrub the texts they raise, gateway/logs.py every log record."""
+    texts and log lines: adapters scrub the texts they raise, gateway/ops/logs.py every log record."""
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
@@ -357,7 +357,7 @@ class TransientSendError(ChannelError):
         self.maybe_sent = maybe_sent
         """The request went out and its answer was lost (a read timeout, the connection closed
         without an answer): the platform may have acted on it. A send that the platform cannot
-        deduplicate is then not repeated blindly (gateway/delivery.py, docs/durability.md)."""
+        deduplicate is then not repeated blindly (gateway/delivery/reply.py, docs/durability.md)."""
 
 
 class PermanentSendError(ChannelError):

@@ -12,7 +12,7 @@ labels and values, a file's name, caption and bytes) for the parts the gateway b
 ``render``. Masking twice changes nothing: ``***`` holds no secret.
 
 The mask itself is the gateway's (``Channel.egress``, set when the channel is attached:
-gateway/secrets.py), since only the gateway knows the daemon's secrets; adapters import nothing of
+gateway/config/secrets.py), since only the gateway knows the daemon's secrets; adapters import nothing of
 ``agent/``. Unattached (a test driving an adapter alone), it is :data:`NO_EGRESS`.
 """
 

@@ -3,8 +3,8 @@
 A platform's settings are its own keys under ``channels.<platform>`` in config.yaml: credentials
 (``SecretStr``: masked in every log line, never echoed), endpoint overrides and timeouts. The model
 also declares what the channel cannot start without and which loggers its SDK brings, so the gateway
-judges readiness, redacts and quiets every platform with the same code (gateway/registry.py lists
-the platforms; gateway/config.py adds ``enabled`` and ``access`` to each). Each field is handed to
+judges readiness, redacts and quiets every platform with the same code (gateway/config/platforms.py lists
+the platforms; gateway/config/schema.py adds ``enabled`` and ``access`` to each). Each field is handed to
 the adapter's constructor parameter of the same name, so the settings model is the one place a
 default lives.
 """

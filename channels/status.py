@@ -1,6 +1,6 @@
 """A channel's health: the states /readyz and the metrics show, and the one object that holds them.
 
-The supervisor (gateway/supervisor.py) is the only writer of a :class:`ChannelStatus`. Adapters
+The supervisor (gateway/ops/supervisor.py) is the only writer of a :class:`ChannelStatus`. Adapters
 report through :meth:`~channels.base.Channel.report_connected` and
 :meth:`~channels.base.Channel.report_trouble` and never set a state, so a reconnecting adapter
 cannot overwrite what the supervisor decided (its backoff reason, FAILED, STOPPED).

@@ -114,7 +114,7 @@ class DaemonProcess:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "gateway.cli",
+            "gateway.cli.main",
             "run",
             "-c",
             str(self.config_path),
@@ -185,7 +185,7 @@ class DaemonProcess:
             self.proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(self.proc.wait(), timeout)
         # A stop must release every thread: one left over held `docker stop` for the CLI's 3 s
-        # grace (gateway/cli.py _exit_if_threads_linger), an idle quota pool among them.
+        # grace (gateway/cli/main.py _exit_if_threads_linger), an idle quota pool among them.
         lingering = [
             ln for ln in self.log_path.read_text(errors="replace").splitlines() if "did not finish" in ln
         ]
@@ -208,7 +208,7 @@ class DaemonProcess:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "gateway.cli",
+            "gateway.cli.main",
             *args,
             "-c",
             str(self.config_path),

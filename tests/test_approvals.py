@@ -22,7 +22,7 @@ from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, Final,
 from agent.harness import Harness
 from agent.safety import Redactor
 from agent.settings import ApprovalSettings
-from gateway.approvals import request_text
+from gateway.turns.approvals import request_text
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
 API_KEY = "sk-test-secret-0123456789"
@@ -203,7 +203,7 @@ async def test_sub_agents_refuse_gated_tools_and_the_stack_order() -> None:
 # The imports sit here to keep the agent tests above readable on their own.
 import asyncio  # noqa: E402
 
-from gateway.store import JournalState  # noqa: E402
+from gateway.store.journal import JournalState  # noqa: E402
 from tests.fakes.fake_channel import FakeChannel  # noqa: E402
 from tests.fakes.fake_harness import Call, FakeHarness  # noqa: E402
 from tests.fakes.gateway_rig import (  # noqa: E402
@@ -547,7 +547,7 @@ async def test_telegram_deny_does_not_run_the_command(
 async def test_telegram_timeout_tells_the_model_the_real_duration(
     tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
-    """A 15-second timeout is "15 seconds" to the model, not "1 minutes" (gateway/durations.py)."""
+    """A 15-second timeout is "15 seconds" to the model, not "1 minutes" (gateway/config/durations.py)."""
     model.script(
         Reply(tool_calls=[ToolCall("web_fetch", {"url": "https://example.org/"})]),
         Reply(text="Nobody approved the fetch."),

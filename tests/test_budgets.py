@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from agent.usage import BudgetRefused, PlannedCall
-from gateway.budget import Budgets, Hold
-from gateway.store import Store
+from gateway.store.journal import Store
+from gateway.turns.budget import Budgets, Hold
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.gateway_rig import daemon_rows, make_config, store_at
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text

@@ -25,7 +25,7 @@ async def run_cli(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.cli.main",
         *args,
         cwd=str(cwd),
         env=env or clean_env(),
@@ -270,8 +270,8 @@ async def test_builtin_defaults_keep_strangers_out(
 ) -> None:
     """A channel turned on by its token alone is deny-by-default: a stranger gets a pairing code,
     the model never sees the message. The model comes from the environment as well."""
-    from gateway.app import Daemon
-    from gateway.config import load_config
+    from gateway.config.schema import load_config
+    from gateway.daemon.app import Daemon
 
     for name, value in {
         "TELEGRAM_BOT_TOKEN": tg.token,
@@ -310,7 +310,7 @@ async def test_builtin_defaults_keep_strangers_out(
 # -- the command line itself -----------------------------------------------------------------------
 def commands() -> list[list[str]]:
     """Every command and subcommand, from the parser itself (a new one is covered as it is added)."""
-    from gateway.cli import build_parser
+    from gateway.cli.main import build_parser
 
     found: list[list[str]] = []
 

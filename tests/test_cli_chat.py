@@ -52,7 +52,7 @@ class Terminal:
         self._out = io.StringIO()
         self.child = pexpect.spawn(
             sys.executable,
-            ["-m", "gateway.cli", "chat", "-c", str(path)],
+            ["-m", "gateway.cli.main", "chat", "-c", str(path)],
             cwd=str(REPO),
             env=env(),
             encoding="utf-8",
@@ -262,7 +262,7 @@ def test_piped_input_answers_and_ends_at_eof(fake: FakeOpenAI, tmp_path: Path) -
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "chat", "-c", str(path)],
+        [sys.executable, "-m", "gateway.cli.main", "chat", "-c", str(path)],
         cwd=str(REPO),
         env=env(),
         input=b"one\n/status\ntwo",

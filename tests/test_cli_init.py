@@ -29,7 +29,7 @@ async def chital(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.cli.main",
         *args,
         cwd=str(cwd),
         env=env,
@@ -199,7 +199,7 @@ async def test_the_daemon_runs_on_what_init_wrote(
 
 
 def test_env_file_does_not_override_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.cli_common import load_env_file
+    from gateway.cli.common import load_env_file
 
     monkeypatch.setenv("CHITAL_T_SET", "from-env")
     monkeypatch.delenv("CHITAL_T_NEW", raising=False)
@@ -224,7 +224,7 @@ def test_at_a_terminal_secrets_are_not_echoed(tmp_path: Path, model: FakeOpenAI)
     master, slave = pty.openpty()
     env = clean_env() | {"PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "init", "--base-url", model.base_url, "--model", "fake-model"],
+        [sys.executable, "-m", "gateway.cli.main", "init", "--base-url", model.base_url, "--model", "fake-model"],
         stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path, env=env, start_new_session=True,
     )  # fmt: skip
     os.close(slave)

@@ -45,7 +45,7 @@ async def chital(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.cli.main",
         *args,
         cwd=str(cwd),
         env=environ or env(),
@@ -439,8 +439,8 @@ async def test_send_with_no_daemon_running_says_it_is_only_queued(
 
 # -- 8. no Pydantic deprecation from our own code ----------------------------------------------------
 def test_secrets_of_walks_the_config_without_deprecated_pydantic_access() -> None:
-    from gateway.config import parse_config
-    from gateway.logs import secrets_of
+    from gateway.config.schema import parse_config
+    from gateway.ops.logs import secrets_of
 
     cfg = parse_config(
         {"models": [{"name": "default", "api_key": "sk-walk-secret-123"}], "storage": {"path": "/tmp/x"}}

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 import yaml
 
-from gateway.config import HTTP_HOST_ENV, ConfigError, load_config, parse_config
+from gateway.config.schema import HTTP_HOST_ENV, ConfigError, load_config, parse_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,7 +95,7 @@ def test_cli_check_shows_the_line(tmp_path: Path) -> None:
     p = tmp_path / "config.yaml"
     p.write_text("access:\n  alow_users: [1]\n", encoding="utf-8")
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check", "-c", str(p)],
+        [sys.executable, "-m", "gateway.cli.main", "check", "-c", str(p)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
@@ -133,7 +133,7 @@ def test_cli_check_accepts_numeric_ids(tmp_path: Path) -> None:
         f"access:\n  allow_users: [123456]\nstorage:\n  path: {tmp_path / 'data'}\n", encoding="utf-8"
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check", "-c", str(p)],
+        [sys.executable, "-m", "gateway.cli.main", "check", "-c", str(p)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     # 1 = a readiness problem (no model key here), 2 = the file was refused.

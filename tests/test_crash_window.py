@@ -15,10 +15,10 @@ import pytest
 
 from channels.base import ChannelError, Rendered, ReplyTarget
 from channels.telegram import TelegramChannel
-from gateway.delivery import SENDING, Reply
-from gateway.metrics import Metrics
-from gateway.pacing import ChatPacer
-from gateway.store import Store
+from gateway.delivery.pacing import ChatPacer
+from gateway.delivery.reply import SENDING, Reply
+from gateway.ops.metrics import Metrics
+from gateway.store.journal import Store
 from tests.fakes.gateway_rig import store_at
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram

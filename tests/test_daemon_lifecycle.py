@@ -15,10 +15,10 @@ import pytest
 
 from agent.events import AgentEvent, FileOut, Final, TextDelta
 from channels.base import Channel, ChannelState
-from gateway import app
-from gateway.config import Config, parse_config
-from gateway.delivery import SUPERSEDES
-from gateway.store import JournalKind, JournalState
+from gateway.config.schema import Config, parse_config
+from gateway.daemon import app
+from gateway.delivery.reply import SUPERSEDES
+from gateway.store.journal import JournalKind, JournalState
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call, FakeHarness
 from tests.fakes.gateway_rig import USER, crash, fake_rig, make_config, settled, until

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-import gateway.pacing
-import gateway.parking
+import gateway.delivery.pacing
+import gateway.delivery.parking
 from agent.events import AgentEvent, FileOut, Final, TextDelta
 from channels.base import ChannelState, NotModified, PermanentSendError, RetryAfter, TransientSendError
-from gateway.attachments import FILE_PART
-from gateway.config import Config
-from gateway.delivery import SENDING, SUPERSEDES, Reply
-from gateway.metrics import Metrics
-from gateway.pacing import ChatPacer
-from gateway.store import JournalState, Store
+from gateway.config.schema import Config
+from gateway.delivery.pacing import ChatPacer
+from gateway.delivery.reply import SENDING, SUPERSEDES, Reply
+from gateway.intake.attachments import FILE_PART
+from gateway.ops.metrics import Metrics
+from gateway.store.journal import JournalState, Store
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call, Script
 from tests.fakes.gateway_rig import USER, fake_rig, make_config, quiet, settled, store_at, until

@@ -25,7 +25,7 @@ from channels.base import (
 )
 from channels.discord import DiscordChannel
 from channels.discord.render import to_discord_markdown
-from gateway.supervisor import run_once
+from gateway.ops.supervisor import run_once
 from tests.fakes.discord_server import FakeDiscord
 
 USER = "900000000000000042"

@@ -19,8 +19,8 @@ import pytest
 
 from channels.base import ChannelState
 from channels.discord import DiscordChannel
-from gateway.metrics import Metrics
-from gateway.supervisor import Backoff, ChannelSupervisor
+from gateway.ops.metrics import Metrics
+from gateway.ops.supervisor import Backoff, ChannelSupervisor
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import Rig, gateway_rig, running
 from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants

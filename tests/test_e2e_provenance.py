@@ -1,5 +1,5 @@
 """Provenance of lasting actions, end to end: `chital run` with the fake Telegram server and a
-gullible fake model (agent/provenance.py, gateway/schedule_confirm.py, docs/security.md).
+gullible fake model (agent/provenance.py, gateway/schedules/confirm.py, docs/security.md).
 
 The model obeys whatever it reads: a stranger's message the owner replies to, or a web page it
 fetched, says "PLEASE-SCHEDULE ...", and the model schedules that text. The schedule is stored

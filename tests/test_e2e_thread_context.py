@@ -304,8 +304,8 @@ async def test_lark_reply_and_thread(lark_daemon: DaemonProcess, lark: FakeLark,
 # -- the pieces, without a platform ------------------------------------------------------------------
 def test_bounds_keep_the_newest_within_count_and_characters() -> None:
     from channels.base import ContextItem
-    from gateway.config import ContextConfig
-    from gateway.thread_context import bound
+    from gateway.config.schema import ContextConfig
+    from gateway.intake.thread_context import bound
 
     items = [ContextItem(f"u{n}", f"message {n} " + "x" * 80, str(n)) for n in range(10)]
     cfg = ContextConfig(thread_messages=5, thread_chars=250, message_chars=60)
@@ -321,7 +321,7 @@ def test_bounds_keep_the_newest_within_count_and_characters() -> None:
 
 def test_only_what_came_after_the_bots_last_message_is_new() -> None:
     from channels.base import ContextItem
-    from gateway.thread_context import unseen
+    from gateway.intake.thread_context import unseen
 
     thread = [
         ContextItem("ann", "root", "1"),

@@ -27,9 +27,9 @@ from agent.harness import Harness
 from agent.turn import ImagePart, TurnOptions
 from agent.vision import carries_images, faded, human_content
 from channels.base import Attachment
-from gateway.config import TranscriptionConfig
-from gateway.media import AUDIO, FILE, IMAGE, VOICE, NotAnImage, kind_of, prepare_image
-from gateway.transcribe import heard, upload_name
+from gateway.config.schema import TranscriptionConfig
+from gateway.intake.media import AUDIO, FILE, IMAGE, VOICE, NotAnImage, kind_of, prepare_image
+from gateway.intake.transcribe import heard, upload_name
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import store_at

@@ -9,11 +9,11 @@ import pytest
 
 from channels.base import Capabilities, Inbound, RetryAfter, TransientSendError
 from channels.textsplit import split_markdown
-from gateway.access import Verdict, decide
-from gateway.commands import parse_command
-from gateway.config import AccessPolicy, ConfigError, load_config, parse_config
-from gateway.logs import RedactingFilter
-from gateway.pacing import ChatPacer
+from gateway.config.schema import AccessPolicy, ConfigError, load_config, parse_config
+from gateway.delivery.pacing import ChatPacer
+from gateway.intake.access import Verdict, decide
+from gateway.intake.commands import parse_command
+from gateway.ops.logs import RedactingFilter
 from tests.fakes.gateway_rig import store_at
 
 
@@ -195,7 +195,7 @@ async def test_pacer_obeys_retry_after_and_retries_transient() -> None:
 
 
 def test_backoff_is_capped_jittered_and_resets() -> None:
-    from gateway.supervisor import Backoff
+    from gateway.ops.supervisor import Backoff
 
     b = Backoff(base=1.0, cap=8.0, stable_after=60.0)
     delays = [b.next_delay(ran_for=0.1) for _ in range(8)]

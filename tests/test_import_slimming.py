@@ -17,7 +17,7 @@ def test_the_daemon_leaves_unused_library_parts_out() -> None:
         import sys
         from agent import lean_imports
         lean_imports.install()  # as gateway.cli.main does first
-        import gateway.cli, gateway.app, agent.harness, agent.runtime, channels.telegram.channel
+        import gateway.cli.main, gateway.app, agent.harness, agent.runtime, channels.telegram.channel
         unused = [
             "langgraph_sdk._async.client",  # the LangGraph server client
             "websockets",
@@ -108,8 +108,8 @@ def test_prometheus_and_httpx_cli_load_in_full_when_used() -> None:
         import sys
         import agent.lean_imports
         agent.lean_imports.install()
-        import gateway.metrics, httpx
-        from gateway.http import build_app
+        import gateway.ops.metrics, httpx
+        from gateway.ops.http import build_app
         before = "prometheus_client.exposition" in sys.modules, "click" in sys.modules
         import prometheus_client
         text = prometheus_client.generate_latest().decode()  # the global registry and its collectors

@@ -27,8 +27,8 @@ from channels.base import (
 )
 from channels.lark import LarkChannel, LarkConnectionError, LarkSettings
 from channels.lark import render as _format
-from gateway.logs import RedactingFilter, redact_loggers
-from gateway.supervisor import run_once
+from gateway.ops.logs import RedactingFilter, redact_loggers
+from gateway.ops.supervisor import run_once
 from tests.fakes.lark_server import FakeLark
 
 LIVENESS = 2.0
@@ -270,7 +270,7 @@ async def test_bad_app_secret_is_fatal_and_never_logged(caplog: pytest.LogCaptur
 
 
 async def test_sdk_log_lines_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
-    redact_loggers(LarkSettings.sdk_loggers, RedactingFilter())  # as gateway/logs.py's set-up does
+    redact_loggers(LarkSettings.sdk_loggers, RedactingFilter())  # as gateway/ops/logs.py's set-up does
     caplog.set_level(logging.DEBUG)
     logging.getLogger("Lark").warning("connected to wss://x/ws?device_id=1&access_key=AK123&ticket=TK456")
     logging.getLogger("websockets.client").debug("> GET %s HTTP/1.1", "/ws?service_id=2&ticket=TK789")

@@ -17,8 +17,8 @@ import pytest
 
 from channels.base import ChannelState
 from channels.lark import LarkChannel
-from gateway.metrics import Metrics
-from gateway.supervisor import Backoff, ChannelSupervisor
+from gateway.ops.metrics import Metrics
+from gateway.ops.supervisor import Backoff, ChannelSupervisor
 from tests.fakes.gateway_rig import Rig, gateway_rig, running
 from tests.fakes.lark_server import FakeLark, Injected
 from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants

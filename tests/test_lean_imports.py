@@ -58,7 +58,7 @@ def test_importing_modules_never_installs_the_hook() -> None:
     out = run(
         """
         import sys
-        import gateway.app, gateway.cli, agent.runtime, agent.lean_imports
+        import gateway.daemon.app, gateway.cli, agent.runtime, agent.lean_imports
         print(agent.lean_imports.installed())
         """
     )
@@ -69,7 +69,7 @@ def test_the_entry_point_installs_it_first() -> None:
     out = run(
         """
         import sys
-        from gateway.cli import main
+        from gateway.cli.main import main
         try:
             main(["pairing", "--help"])
         except SystemExit:
@@ -88,7 +88,7 @@ def test_the_cli_module_imports_no_library_the_hook_defers() -> None:
     out = run(
         """
         import sys
-        import gateway.cli
+        import gateway.cli.main
         from agent.lean_imports import DEFERRED
         early = [m for m in (*DEFERRED, "requests", "langchain_core", "openai", "httpx") if m in sys.modules]
         print(early)

@@ -470,7 +470,7 @@ def test_scans_of_every_module_do_not_load_deferred_bodies() -> None:
     out = run(
         """
         import inspect, pickle, sys, types
-        import gateway.cli, gateway.app, agent.harness, agent.runtime, channels.telegram.channel
+        import gateway.cli.main, gateway.app, agent.harness, agent.runtime, channels.telegram.channel
         import langchain_openai
         def f(): pass
         f.__module__ = None
@@ -539,7 +539,7 @@ if {plain!r}:  # without: gateway.cli's agent.lean_imports is a module whose ins
     sys.modules["agent.lean_imports"] = stub = types.ModuleType("agent.lean_imports")
     stub.install = lambda: None
 sys.argv = ["chital", *{argv!r}]
-from gateway.cli import main
+from gateway.cli.main import main
 try:
     code = main()
 except SystemExit as e:
@@ -674,7 +674,7 @@ def test_no_library_uses_a_stand_in_where_it_cannot_act_as_the_real_object() -> 
     out = run(
         """
         import ast, inspect, sys
-        import gateway.cli, gateway.app, agent.harness, agent.runtime
+        import gateway.cli.main, gateway.app, agent.harness, agent.runtime
         import channels.telegram.channel, channels.slack.channel, channels.discord.channel, channels.lark.channel
         from agent.lean_imports import _Proxy
         holders = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.limits import SlidingWindow
+from gateway.intake.limits import SlidingWindow
 from tests.fakes.gateway_rig import close_gateway, dm, make_config, make_gateway, quiet, until
 
 ADMIN = 100

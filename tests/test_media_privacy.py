@@ -21,7 +21,7 @@ import pytest
 from PIL import Image, ImageCms, PngImagePlugin
 
 from agent.config import VisionSettings
-from gateway.media import NotAnImage, prepare_image
+from gateway.intake.media import NotAnImage, prepare_image
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram

@@ -1,4 +1,4 @@
-"""``chital migrate`` (gateway/cli_migrate.py): a SQLite deployment's state moves into a
+"""``chital migrate`` (gateway/cli/migrate.py): a SQLite deployment's state moves into a
 real PostgreSQL server (tests/pg_server.py) and the daemon carries on from it."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from channels.base import Inbound
-from gateway.cli_migrate import Refused, migrate
-from gateway.store import JournalKind, Store
+from gateway.cli.migrate import Refused, migrate
+from gateway.store.journal import JournalKind, Store
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram

@@ -28,8 +28,8 @@ from agent.subagents import build_subagents
 from agent.turn import TurnOptions
 from agent.turn_overrides import TurnOverrides
 from agent.usage import TokenUsage, attach_usage
-from gateway.config import ConfigError, parse_config
-from gateway.usage import UsageRecorder
+from gateway.config.schema import ConfigError, parse_config
+from gateway.turns.usage import UsageRecorder
 from tests.daemon import DaemonProcess
 from tests.fakes.gateway_rig import (
     ADMIN,
@@ -216,7 +216,7 @@ MODELS = [{"name": "default", "model": "fake-model"}, {"name": "other", "model":
     ],
 )
 def test_profile_errors_name_the_field(tmp_path: Path, profiles: dict[str, Any], message: str) -> None:
-    from gateway.config import load_config
+    from gateway.config.schema import load_config
 
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps({"models": MODELS, "profiles": profiles}), encoding="utf-8")
@@ -547,8 +547,8 @@ async def test_model_and_skill_commands_through_slack_and_discord(tmp_path: Path
 
     from channels.discord import DiscordChannel
     from channels.slack import SlackChannel
-    from gateway.core import Gateway
-    from gateway.metrics import Metrics
+    from gateway.daemon.gateway import Gateway
+    from gateway.ops.metrics import Metrics
     from tests.fakes.discord_server import FakeDiscord
     from tests.fakes.fake_harness import FakeHarness
     from tests.fakes.gateway_rig import running

@@ -60,7 +60,7 @@ async def test_a_first_start_says_each_thing_once(first_start: DaemonProcess) ->
     log = await wait_for(first_start, "restarting in", count=4)
     lines = parsed(log)
     assert not [m for lvl, _, m in lines if lvl in ("ERROR", "CRITICAL")], log
-    schema = [m for _, name, m in lines if name == "gateway.store_schema"]
+    schema = [m for _, name, m in lines if name == "gateway.store.schema"]
     assert schema == [f"database schema created (version {_schema_version()})"], schema
     # Each channel that is off is named once (in the start-up summary), not three times.
     for name in ("slack", "discord", "lark"):
@@ -78,13 +78,13 @@ async def test_a_first_start_says_each_thing_once(first_start: DaemonProcess) ->
     states = [
         m.split(":", 1)[1].split()[0]
         for _, name, m in lines
-        if name == "gateway.app" and m.startswith("channel telegram:")
+        if name == "gateway.daemon.app" and m.startswith("channel telegram:")
     ]
     assert states and all(a != b for a, b in itertools.pairwise(states)), states
     others = [
         m
         for lvl, name, m in lines
-        if "telegram" in m and lvl == "WARNING" and name not in ("gateway.app", "gateway.summary")
+        if "telegram" in m and lvl == "WARNING" and name not in ("gateway.daemon.app", "gateway.ops.summary")
     ]
     assert others and all("restarting in" in m for m in others), others
 
@@ -109,6 +109,6 @@ async def test_status_into_a_closed_pipe_ends_quietly(first_start: DaemonProcess
 
 
 def _schema_version() -> int:
-    from gateway.store_schema import SCHEMA_VERSION
+    from gateway.store.schema import SCHEMA_VERSION
 
     return SCHEMA_VERSION

@@ -7,10 +7,10 @@ import asyncio
 import re
 from pathlib import Path
 
-from gateway import access, commands
-from gateway.access import GUESS_SPACE
-from gateway.store import JournalEntry, JournalKind
-from gateway.store_access import PAIRING_ALPHABET, PAIRING_CODE_LEN
+from gateway.intake import access, commands
+from gateway.intake.access import GUESS_SPACE
+from gateway.store.access import PAIRING_ALPHABET, PAIRING_CODE_LEN
+from gateway.store.journal import JournalEntry, JournalKind
 from tests.fakes.gateway_rig import (
     FakeHarness,
     close_gateway,

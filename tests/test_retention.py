@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 from channels.base import Capabilities, Inbound
-from gateway.config import StorageConfig
-from gateway.pacing import PacerPool
-from gateway.retention import Retention
-from gateway.store import Store
+from gateway.config.schema import StorageConfig
+from gateway.delivery.pacing import PacerPool
+from gateway.store.journal import Store
+from gateway.store.retention import Retention
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.gateway_rig import TEST_POSTGRES, daemon_rows, skip_on_postgres, store_at
 from tests.fakes.openai_server import FakeOpenAI

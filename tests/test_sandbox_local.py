@@ -472,7 +472,7 @@ def test_one_default_sandbox_root(tmp_path: Path) -> None:
     """Setting any sandbox key must not move the root: it is ``sandboxes`` under the storage path."""
     from agent.config import AgentSettings, ModelSpec
     from agent.runtime import AgentRuntime
-    from gateway.config import parse_config
+    from gateway.config.schema import parse_config
 
     data = tmp_path / "data"
     plain = parse_config({}).agent

@@ -22,10 +22,10 @@ import pytest
 
 from agent.events import AgentEvent, ApprovalRequested
 from channels.base import Attachment, ChannelState, TransientSendError
-from gateway.cluster import Cluster
-from gateway.core import Gateway
-from gateway.metrics import Metrics
-from gateway.store import Store
+from gateway.daemon.cluster import Cluster
+from gateway.daemon.gateway import Gateway
+from gateway.ops.metrics import Metrics
+from gateway.store.journal import Store
 from tests.fakes.fake_channel import FakeChannel, FakePlatform
 from tests.fakes.fake_harness import Call, FakeHarness
 from tests.fakes.gateway_rig import dm, make_config, running, until

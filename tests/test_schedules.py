@@ -1,4 +1,4 @@
-"""Schedules and pushes (gateway/schedules.py, gateway/cli_send.py, agent/tools/schedule.py).
+"""Schedules and pushes (gateway/schedules/runner.py, gateway/cli/send.py, agent/tools/schedule.py).
 
 In process: the real gateway, store and runner with a FakeChannel and a FakeHarness whose turns
 call the real :class:`GatewayScheduler`, and a clock the test moves. End to end (at the bottom): a
@@ -24,9 +24,9 @@ from agent.events import AgentEvent, Final
 from agent.provenance import MESSAGE, WEB_PAGE, Provenance, Source
 from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
 from channels.base import ChannelError, ChannelState, Inbound
-from gateway.cli_send import Refused, parse_target, push_inbound
-from gateway.config import Config
-from gateway.schedules import (
+from gateway.cli.send import Refused, parse_target, push_inbound
+from gateway.config.schema import Config
+from gateway.schedules.runner import (
     GatewayScheduler,
     ScheduleRunner,
     check_cron,
@@ -36,7 +36,7 @@ from gateway.schedules import (
     parse_delay,
     zone_of,
 )
-from gateway.store import JournalKind
+from gateway.store.journal import JournalKind
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call
@@ -452,8 +452,8 @@ async def test_firings_go_to_the_thread_they_were_made_in(tmp_path: Path) -> Non
 async def test_the_schedule_store_on_both_engines(
     engine: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """Every statement of gateway/store_schedules.py, on SQLite and (rewritten) on PostgreSQL."""
-    from gateway.store import Store
+    """Every statement of gateway/store/schedules.py, on SQLite and (rewritten) on PostgreSQL."""
+    from gateway.store.journal import Store
 
     if engine == "postgres":
         store = await Store.open_postgres(request.getfixturevalue("pg_url"))

@@ -323,8 +323,8 @@ SECRET = "tg-Secret-Value-0123456789abcdef"
 def test_every_kind_of_secret_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
     """One source: config SecretStr fields, model keys, URL passwords (the database URL's too),
     the environment variables the platforms declare, OPENAI_API_KEY, any ``*_TOKEN``-named one."""
-    from gateway.config import builtin_defaults, parse_config
-    from gateway.secrets import daemon_secrets
+    from gateway.config.schema import builtin_defaults, parse_config
+    from gateway.config.secrets import daemon_secrets
 
     env = {"TELEGRAM_BOT_TOKEN": "111111:AAenv-telegram-token", "SLACK_BOT_TOKEN": "xoxb-env-bot",
            "SLACK_APP_TOKEN": "xapp-env-app-tok", "DISCORD_BOT_TOKEN": "env-discord-token",
@@ -441,10 +441,10 @@ async def test_readyz_metrics_and_the_status_socket_are_masked(tmp_path: Path) -
     from aiohttp.test_utils import TestClient, TestServer
 
     from agent.redact import Redactor
-    from gateway.cli_status import fetch_status
-    from gateway.http import build_app
-    from gateway.metrics import Metrics
-    from gateway.status import StatusServer
+    from gateway.cli.status import fetch_status
+    from gateway.ops.http import build_app
+    from gateway.ops.metrics import Metrics
+    from gateway.ops.status import StatusServer
 
     class Leaky:
         def readiness(self) -> dict[str, object]:

@@ -13,7 +13,7 @@ from agent.approvals import ApprovalSettings
 from agent.events import AgentEvent, ApprovalRequested, Final
 from agent.tools.schedule import Caller, ScheduleError, ScheduleRequest
 from agent.usage import TokenUsage
-from gateway.cli_send import Refused, parse_target
+from gateway.cli.send import Refused, parse_target
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call
 from tests.fakes.gateway_rig import ADMIN, USER, dm, fake_rig, make_config, quiet, settled, until
@@ -131,9 +131,9 @@ def test_a_database_password_never_reaches_a_log_line() -> None:
     the ``@`` (a URL with no ``@``: all of it)."""
     import logging
 
-    from gateway.db import database_label
-    from gateway.lifecycle import redact_url
-    from gateway.logs import RedactingFilter, secrets_of
+    from gateway.daemon.lifecycle import redact_url
+    from gateway.ops.logs import RedactingFilter, secrets_of
+    from gateway.store.db import database_label
 
     for url, secret in [
         ("postgresql://chital:hunter2-secret@db:5432/chital", "hunter2-secret"),
@@ -245,7 +245,7 @@ def test_the_terminal_chat_prints_no_escape_sequences_from_the_model(tmp_path: P
         path = tmp_path / "config.yaml"
         path.write_text(yaml.safe_dump(base_config(tmp_path / "data", fake.base_url, free_port())))
         proc = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "chat", "-c", str(path)],
+            [sys.executable, "-m", "gateway.cli.main", "chat", "-c", str(path)],
             cwd=str(REPO), env=env(), input=b"hello", capture_output=True, timeout=120,
         )  # fmt: skip
     finally:
@@ -265,8 +265,8 @@ async def test_a_strangers_display_name_cannot_drive_the_operators_terminal(
     right-to-left override could disguise the line)."""
     import logging
 
-    from gateway.cli_pairing import _pairing
-    from gateway.logs import RedactingFilter
+    from gateway.cli.pairing import _pairing
+    from gateway.ops.logs import RedactingFilter
 
     lines: list[str] = []
 
@@ -315,7 +315,7 @@ def test_send_refuses_text_that_is_not_utf8(tmp_path: Path) -> None:
     command = [
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.cli.main",
         "send",
         "-c",
         str(tmp_path / "config.yaml"),

@@ -22,7 +22,7 @@ from channels.base import (
     TransientSendError,
 )
 from channels.slack import SlackChannel
-from gateway.supervisor import run_once
+from gateway.ops.supervisor import run_once
 from tests.fakes.slack_server import FakeSlack
 
 PING = 0.4  # small ping interval keeps reconnect tests fast

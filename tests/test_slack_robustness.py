@@ -16,8 +16,8 @@ import pytest
 
 from channels.base import ChannelState, FatalChannelError
 from channels.slack import SlackChannel
-from gateway.metrics import Metrics
-from gateway.supervisor import Backoff, ChannelSupervisor, run_once
+from gateway.ops.metrics import Metrics
+from gateway.ops.supervisor import Backoff, ChannelSupervisor, run_once
 from tests.fakes.gateway_rig import Rig, gateway_rig, running
 from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants
 from tests.fakes.slack_server import FakeSlack

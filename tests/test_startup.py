@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway import app as app_module
-from gateway.app import Daemon
-from gateway.config import parse_config
-from gateway.lifecycle import Resources, StartupError
+from gateway.config.schema import parse_config
+from gateway.daemon import app as app_module
+from gateway.daemon.app import Daemon
+from gateway.daemon.lifecycle import Resources, StartupError
 from tests.daemon import REPO, DaemonProcess, base_config, clean_env, free_port
 from tests.fakes.openai_server import FakeOpenAI
 
@@ -37,7 +37,7 @@ async def run_daemon_expecting_exit(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.cli.main",
         "run",
         "-c",
         str(path),

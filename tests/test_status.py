@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.logs import RedactingFilter
-from gateway.status import RecentErrors
-from gateway.summary import channel_lines, endpoint
+from gateway.ops.logs import RedactingFilter
+from gateway.ops.status import RecentErrors
+from gateway.ops.summary import channel_lines, endpoint
 from tests.daemon import REPO, DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.telegram_server import FakeTelegram
@@ -160,7 +160,7 @@ async def test_no_daemon_stale_socket_and_a_second_daemon(
         second.workdir.mkdir()
         second.write_config()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "run", "-c", str(second.config_path), cwd=str(REPO),
+            sys.executable, "-m", "gateway.cli.main", "run", "-c", str(second.config_path), cwd=str(REPO),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
         err, _ = await asyncio.wait_for(proc.communicate(), 60)

@@ -1,4 +1,4 @@
-"""The gateway's SQLite connection runs its statements on the event loop (gateway/db.py
+"""The gateway's SQLite connection runs its statements on the event loop (gateway/store/db.py
 ``SqliteConnection``). What that must not cost: another process holding the write lock (``chital
 send``, ``chital pairing approve``) never stalls the loop, and a write waits it out for as long as it
 did on aiosqlite's thread (5 s); long work runs on a thread while the other statements wait; a write
@@ -19,10 +19,10 @@ import pytest
 
 from agent.usage import TokenUsage
 from channels.base import Inbound
-from gateway.db import SqliteConnection
-from gateway.metrics import Metrics
-from gateway.store import Store
-from gateway.usage import UsageConfig, UsageRecorder
+from gateway.ops.metrics import Metrics
+from gateway.store.db import SqliteConnection
+from gateway.store.journal import Store
+from gateway.turns.usage import UsageConfig, UsageRecorder
 from tests.fakes.gateway_rig import TEST_POSTGRES, skip_on_postgres, store_at
 
 sqlite_only = skip_on_postgres("the SQLite connection itself")

@@ -1,4 +1,4 @@
-"""The gateway database's schema version and forward migrations (gateway/store_schema.py), and the
+"""The gateway database's schema version and forward migrations (gateway/store/schema.py), and the
 journal's enums reading the strings older versions wrote."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import aiosqlite
 import pytest
 
 from channels.base import Inbound
-from gateway.lifecycle import database_error
-from gateway.store import JournalKind, JournalState, Store
-from gateway.store_schema import MIGRATIONS, SCHEMA_VERSION, Migration, SchemaTooNew, migrate, user_version
+from gateway.daemon.lifecycle import database_error
+from gateway.store.journal import JournalKind, JournalState, Store
+from gateway.store.schema import MIGRATIONS, SCHEMA_VERSION, Migration, SchemaTooNew, migrate, user_version
 from tests.fakes.gateway_rig import store_at
 
 FIRST_SCHEMA = """

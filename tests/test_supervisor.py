@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from channels.base import ChannelState, FatalChannelError, Inbound
-from gateway.core import Gateway
-from gateway.metrics import Metrics
-from gateway.supervisor import Backoff, ChannelSupervisor
+from gateway.daemon.gateway import Gateway
+from gateway.ops.metrics import Metrics
+from gateway.ops.supervisor import Backoff, ChannelSupervisor
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import FakeHarness
 from tests.fakes.gateway_rig import USER, make_config, store_at, until

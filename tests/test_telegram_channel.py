@@ -24,7 +24,7 @@ from channels.base import (
     TransientSendError,
 )
 from channels.telegram import TelegramChannel
-from gateway.supervisor import run_once
+from gateway.ops.supervisor import run_once
 from tests.fakes.telegram_server import FakeTelegram, entity_text, utf16_len
 
 GROUP = -1001234567890

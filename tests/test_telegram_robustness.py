@@ -17,8 +17,8 @@ import pytest
 
 from channels.base import ChannelState, FatalChannelError
 from channels.telegram import TelegramChannel
-from gateway.metrics import Metrics
-from gateway.supervisor import Backoff, ChannelSupervisor, run_once
+from gateway.ops.metrics import Metrics
+from gateway.ops.supervisor import Backoff, ChannelSupervisor, run_once
 from tests.fakes import telegram_kinds as kinds
 from tests.fakes.gateway_rig import Rig, gateway_rig, running
 from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants

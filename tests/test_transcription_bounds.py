@@ -129,9 +129,9 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
     """Two slots; a turn waiting on its transcription gives its slot back, so two other turns run;
     /stop while it waits for its slot again leaves the queue with exactly two slots."""
     from channels.base import Inbound
-    from gateway.metrics import Metrics
-    from gateway.store import JournalEntry, JournalKind
-    from gateway.turns import Stop, TurnQueue
+    from gateway.ops.metrics import Metrics
+    from gateway.store.journal import JournalEntry, JournalKind
+    from gateway.turns.queue import Stop, TurnQueue
 
     release_slow, hold_others = asyncio.Event(), asyncio.Event()
     running: set[str] = set()

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from agent.events import AgentEvent, Final
-from gateway import stopping
-from gateway.queued_sign import WORKING
-from gateway.store import JournalEntry, JournalKind
+from gateway.store.journal import JournalEntry, JournalKind
+from gateway.turns import stopping
+from gateway.turns.queued_sign import WORKING
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call, Script
 from tests.fakes.gateway_rig import ADMIN, USER, Rig, fake_rig, make_config, settled, until

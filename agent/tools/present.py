@@ -92,7 +92,7 @@ def build_present_files(resolve: OutputsResolver) -> BaseTool:
         if problems:
             raise ToolException("nothing was sent: " + "; ".join(problems))
         get_stream_writer()({FILES_EVENT: [v for v, _ in found], "caption": caption})
-        # The names as the chat shows them (gateway/attachments.py): invisible characters gone.
+        # The names as the chat shows them (gateway/intake/attachments.py): invisible characters gone.
         listing = ", ".join(f"{file_name(posixpath.basename(v))} ({_size(n)})" for v, n in found)
         return f"Sent to the chat: {listing}."
 

@@ -1,7 +1,7 @@
 """Schedules: the agent's tools to run a prompt later, once or on a cron rule, in this conversation.
 
 The agent knows no chat platform and no database. It asks a :class:`Scheduler`, which the gateway
-implements over its store (``gateway/schedules.py``) and hands to the runtime; without one (the
+implements over its store (``gateway/schedules/runner.py``) and hands to the runtime; without one (the
 terminal chat) the runtime adds no schedule tools. Everything the scheduler refuses (a bad cron
 rule, an unknown time zone, too many schedules) comes back as a :class:`ScheduleError` whose text
 the model reads and can act on.
@@ -88,7 +88,7 @@ class ScheduleInfo:
 
 
 class Scheduler(Protocol):
-    """What the schedule tools need; the gateway implements it (``gateway/schedules.py``)."""
+    """What the schedule tools need; the gateway implements it (``gateway/schedules/runner.py``)."""
 
     @property
     def default_timezone(self) -> str:

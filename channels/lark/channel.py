@@ -72,7 +72,7 @@ from .settings import LarkSettings
 
 log = logging.getLogger(__name__)
 # lark-oapi attaches a stdout handler of its own at import: its lines would bypass the daemon's
-# handler (gateway/logs.py) and print twice.
+# handler (gateway/ops/logs.py) and print twice.
 logging.getLogger("Lark").handlers.clear()
 R = TypeVar("R")
 DEFAULTS = LarkSettings()

@@ -15,7 +15,7 @@ JSON names them) and the offset moves past it.
 Token errors: a 401/404 is confirmed before it is believed (see :meth:`TelegramChannel._get_me`).
 
 Logging: PTB and httpx put the request URL, which contains the token, into DEBUG/INFO records:
-gateway/logs.py keeps both loggers at WARNING and redacts every record; the error texts this module
+gateway/ops/logs.py keeps both loggers at WARNING and redacts every record; the error texts this module
 builds are scrubbed of the token (:func:`channels.base.scrub`).
 """
 
@@ -154,7 +154,7 @@ class TelegramChannel(Channel):
         try:
             bot = self._require_bot()
             await self._start(bot)
-            if not self.receive:  # a standby daemon: sends only; the leader polls (gateway/cluster.py)
+            if not self.receive:  # a standby daemon: sends only; the leader polls (gateway/daemon/cluster.py)
                 await asyncio.Event().wait()
             await self._poll(bot, sink)
         finally:

@@ -1,4 +1,4 @@
-"""The real :class:`gateway.core.Gateway` in the test's own process, for tests that assert what users see.
+"""The real :class:`gateway.daemon.gateway.Gateway` in the test's own process, for tests that assert what users see.
 
 A real store on the test's tmp_path (SQLite, or PostgreSQL with ``CHITAL_TEST_POSTGRES=1``: see
 :func:`store_at`) and the production intake, queue, delivery and metrics;
@@ -26,10 +26,10 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from channels.base import Channel, ChannelState, Inbound
-from gateway.config import Config, parse_config
-from gateway.core import Gateway
-from gateway.metrics import Metrics
-from gateway.store import Store
+from gateway.config.schema import Config, parse_config
+from gateway.daemon.gateway import Gateway
+from gateway.ops.metrics import Metrics
+from gateway.store.journal import Store
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import FakeHarness
 
@@ -142,12 +142,12 @@ async def store_at(path: Path, reserve_bytes: int = 0) -> Store:
 def daemon_rows(storage: dict[str, Any], sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """What a test reads from a daemon's database (its config's ``storage`` section): the SQLite
     file under ``storage.path``, or ``storage.url``; ``sql`` in the store's SQLite spelling
-    (rewritten for PostgreSQL by gateway/db.py, as the store's own statements are)."""
+    (rewritten for PostgreSQL by gateway/store/db.py, as the store's own statements are)."""
     url = storage.get("url")
     if url:
         import psycopg
 
-        from gateway.db import to_postgres
+        from gateway.store.db import to_postgres
 
         with psycopg.connect(url) as conn:
             return [tuple(row) for row in conn.execute(to_postgres(sql), params).fetchall()]
@@ -278,7 +278,7 @@ async def crash(rig: Rig) -> None:
     (their journal entries stay open), nothing more sent. The store stays open for the next rig."""
     await rig.gateway.close(0)
     for task in asyncio.all_tasks():
-        if task.get_name().startswith("stream:"):  # a reply's streaming loop (gateway/delivery.py)
+        if task.get_name().startswith("stream:"):  # a reply's streaming loop (gateway/delivery/reply.py)
             task.cancel()
 
 

@@ -1,0 +1,508 @@
+"""The daemon's lifecycle: start the store, the harness, the channels and the HTTP endpoint; on SIGTERM
+drain running turns within the grace period, then close everything in reverse order.
+
+Start-up acquires in this order: the data directory (checked writable, the disk reserve held), the
+HTTP endpoint (so a taken port fails in a second, before the agent stack is imported, and /healthz
+answers while the rest starts), the database, the agent, the gateway, the channels, then the
+background tasks. Each release is registered as its resource is acquired (:mod:`gateway.daemon.lifecycle`):
+a failure at any step releases what was opened, newest first, and ends in one :class:`StartupError`
+line instead of a traceback and a half-started process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from agent.events import AgentEvent, ApprovalDecision, OutputFile, TurnFailed
+from agent.turn import PLAIN, TurnOptions
+from channels.base import Channel, ChannelState
+from gateway.config import data_dir
+from gateway.config.platforms import PLATFORMS, build_channels
+from gateway.config.schema import Config
+from gateway.config.secrets import daemon_secrets, redactor_for
+from gateway.daemon.cluster import Cluster
+from gateway.daemon.gateway import Gateway
+from gateway.daemon.lifecycle import (
+    Resources,
+    StartupError,
+    database_error,
+    listen_error,
+    one_line,
+    postgres_error,
+    prepare_data_dir,
+)
+from gateway.ops.http import build_app, describe_state
+from gateway.ops.logs import RedactingFilter
+from gateway.ops.metrics import Metrics
+from gateway.ops.status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
+from gateway.ops.summary import log_summary
+from gateway.ops.supervisor import ChannelSupervisor
+from gateway.ops.systemd import Notifier
+from gateway.store.journal import Store
+from gateway.store.retention import Retention
+from gateway.turns.agent_api import AgentHarness, MemoryAccess
+from gateway.turns.usage import UsageRecorder
+
+if TYPE_CHECKING:
+    from agent.tools.schedule import Scheduler
+    from agent.usage import UsageSink
+
+log = logging.getLogger(__name__)
+
+
+class UnconfiguredHarness:
+    """Stands in when the model cannot be set up (no API key...), so the daemon still starts and every
+    message gets a clear answer instead of silence."""
+
+    memory: MemoryAccess | None = None
+
+    def __init__(self, reason: str, model_name: str = "(not configured)") -> None:
+        self.reason = reason
+        self.model_name = model_name
+
+    async def run(
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        text: str,
+        files: Sequence[str] = (),
+        options: TurnOptions = PLAIN,
+    ) -> AsyncIterator[AgentEvent]:
+        yield TurnFailed(f"The model is not configured: {self.reason}")
+
+    async def resume(
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        approval_id: str,
+        decision: ApprovalDecision,
+    ) -> AsyncIterator[AgentEvent]:
+        yield TurnFailed(f"The model is not configured: {self.reason}")
+
+    async def message_count(self, thread_id: str) -> int:
+        return 0
+
+    async def title(self, thread_id: str) -> str | None:
+        return None
+
+    async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
+        raise RuntimeError(f"the agent is not configured ({self.reason})")
+
+    async def read_output(self, thread_id: str, path: str, max_bytes: int) -> OutputFile:
+        raise RuntimeError(f"the agent is not configured ({self.reason})")
+
+    async def close(self) -> None:
+        return None
+
+
+async def open_harness(
+    config: Config, scheduler: Scheduler | None = None, usage: UsageSink | None = None
+) -> AgentHarness:
+    """The agent runtime, or an :class:`UnconfiguredHarness` explaining why not. ``scheduler``
+    gives the agent its schedule tools (gateway/schedules/runner.py); ``usage`` records the tokens of
+    every model call (gateway/turns/usage.py)."""
+    from agent.model import has_api_key, keyless_server
+    from agent.runtime import AgentRuntime
+
+    spec = config.model_spec()
+    if spec.use.startswith("langchain_openai:") and not has_api_key(spec) and not keyless_server(spec):
+        index = config.models.index(spec)
+        reason = f"no API key: set OPENAI_API_KEY (or models[{index}].api_key in config.yaml)"
+        # Expected before `chital init`: the summary says it once, as a warning with the fix.
+        log.debug("the agent's model %r is not configured: %s", spec.name, reason)
+        return UnconfiguredHarness(reason)
+    runtime = AgentRuntime(
+        config.agent,
+        spec,
+        config.storage.path,
+        models=config.models,
+        usage=usage,
+        database_url=config.storage.database_url,
+        secrets=daemon_secrets(config),
+    )
+    runtime.scheduler = scheduler
+    try:
+        await runtime.start()
+        return runtime
+    except BaseException as exc:  # the message of a config error, never the key itself
+        with contextlib.suppress(Exception):
+            await runtime.close()  # also when start-up is cancelled: nothing half-open stays behind
+        if not isinstance(exc, Exception):
+            raise
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        log.error("the agent could not be set up: %s", reason, exc_info=True)
+        return UnconfiguredHarness(reason)
+
+
+def sandbox_report(harness: object) -> dict[str, str]:
+    """``Daemon.sandbox_report`` for any harness (the terminal chat's too)."""
+    if harness is None:
+        return {"state": "starting", "detail": "the agent is being set up"}
+    state = getattr(harness, "sandbox_state", None)
+    if state is None:
+        return {"state": "not started", "detail": "the agent is not set up (see agent)"}
+    return dict(state().as_dict())
+
+
+class Daemon:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.store: Store | None = None
+        self.harness: AgentHarness | None = None
+        self.gateway: Gateway | None = None
+        self.supervisors: list[ChannelSupervisor] = []
+        self.cluster: Cluster | None = None
+        self.standby: set[ChannelSupervisor] = set()
+        """Leader-only channels (Telegram polling, Discord's gateway) waiting for leadership."""
+        self.off: dict[str, str] = {}
+        self._logged_state: dict[str, ChannelState] = {}
+        """The state last logged per channel: a change of reason alone is not a new event."""
+        self._runner: web.AppRunner | None = None
+        self.http_port: int | None = None
+        self.retention: Retention | None = None
+        self.status_server: StatusServer | None = None
+        """``chital status``'s Unix socket (gateway/ops/status.py); None when it could not be opened."""
+        self.recent_errors = RecentErrors(
+            RedactingFilter(redactor_for(config)), type(config.channels).model_fields
+        )
+        self.started: float | None = None
+        self.pid = os.getpid()
+        self.state = "new"
+        """new → starting → running → stopping → stopped (a failed start goes to stopped at once)."""
+        self._resources = Resources()
+        self._drained = False
+        self.metrics.ready.set_function(lambda: 1.0 if self.ready() else 0.0)
+
+    # -- status ---------------------------------------------------------------------------------
+    def channel_report(self) -> dict[str, dict[str, object]]:
+        report = {
+            s.channel.name: describe_state(s.channel.state, s.channel.reason, s.channel.state_since)
+            for s in self.supervisors
+        }
+        for sup in self.standby:
+            sends = sup.channel.can_send_only and sup.channel.state is ChannelState.CONNECTED
+            report[sup.channel.name] = {
+                "state": "standby",
+                "reason": "another daemon is the leader" + ("; connected for sending" if sends else ""),
+            }
+        for name, why in self.off.items():
+            report[name] = {"state": ChannelState.DISABLED.value, "reason": why}
+        return report
+
+    def _standby_leader_only(self) -> None:
+        """With several daemons, channels a platform allows once per bot run on the leader only:
+        started when this daemon becomes it, stopped when it stops being it."""
+        assert self.cluster is not None
+        single = {p.name for p in PLATFORMS if p.single_consumer}
+        leader_only = [s for s in self.supervisors if s.channel.name in single]
+        self.standby.update(leader_only)
+        for sup in leader_only:
+            if sup.channel.can_send_only:  # connected for sending: this daemon still delivers
+                sup.channel.receive = False
+                sup.start()
+
+        async def lead() -> None:
+            for sup in leader_only:
+                if sup in self.standby:
+                    if sup.channel.can_send_only:
+                        await sup.stop()
+                    sup.channel.receive = True
+                    self.standby.discard(sup)
+                    sup.start()
+
+        async def unlead() -> None:
+            for sup in leader_only:
+                if sup not in self.standby:
+                    await sup.stop()
+                    self.standby.add(sup)
+                    if sup.channel.can_send_only:
+                        sup.channel.receive = False
+                        sup.start()
+
+        self.cluster.on_lead.append(lead)
+        self.cluster.on_unlead.append(unlead)
+
+    def agent_report(self) -> dict[str, object]:
+        harness = self.harness
+        if harness is None:
+            return {"state": "starting", "reason": "the agent is being set up"}
+        if isinstance(harness, UnconfiguredHarness):
+            return {"state": "failed", "model": harness.model_name, "reason": harness.reason}
+        return {"state": "ready", "model": harness.model_name}
+
+    def sandbox_report(self) -> dict[str, str]:
+        """The sandbox as the agent's start-up probe found it (a command really ran isolated, or
+        why not): ``state`` ready, failed, unsandboxed, off, or starting/not started."""
+        return sandbox_report(self.harness)
+
+    def not_ready_reasons(self) -> list[str]:
+        """Why ``/readyz`` says not ready, one short line per cause; empty when ready."""
+        reasons: list[str] = []
+        if self.state != "running":
+            reasons.append(f"the daemon is {self.state}")
+        agent = self.agent_report()
+        if agent["state"] != "ready":
+            reasons.append(f"agent: {agent['reason']}")
+        if self.store is not None and self.store.disk_full:
+            reasons.append(f"storage: the disk under {self.config.storage.path} is full (reserve in use)")
+        for sup in self.supervisors:
+            ch = sup.channel
+            if sup not in self.standby and ch.state is not ChannelState.CONNECTED:
+                reasons.append(
+                    f"channel {ch.name}: {ch.state.value}" + (f" ({ch.reason})" if ch.reason else "")
+                )
+        return reasons
+
+    def ready(self) -> bool:
+        return not self.not_ready_reasons()
+
+    def readiness(self) -> dict[str, object]:
+        """The body of ``/readyz``: the verdict, why, and the state of each part."""
+        reasons = self.not_ready_reasons()
+        storage: dict[str, object] = {"path": str(self.config.storage.path), "open": self.store is not None}
+        if self.store is not None:
+            storage["disk_full"] = self.store.disk_full
+        if self.retention is not None and self.retention.last is not None:
+            storage["last_prune_rows"] = self.retention.last.journal
+        return {
+            "ready": not reasons,
+            "state": self.state,
+            "why": reasons,
+            "agent": self.agent_report(),
+            "sandbox": self.sandbox_report(),
+            "storage": storage,
+            "channels": self.channel_report(),
+        }
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Acquire everything in order. On any failure, or when cancelled (SIGTERM during start-up),
+        release what was acquired, newest first; a failure ends in :class:`StartupError`."""
+        if self.state != "new":
+            raise RuntimeError(f"Daemon.start() called while the daemon is {self.state}")
+        self.state = "starting"
+        try:
+            await self._acquire()
+        except BaseException as exc:
+            self.state = "stopping"
+            await self._resources.release_all()
+            self.state = "stopped"
+            if isinstance(exc, StartupError) or not isinstance(exc, Exception):
+                raise
+            log.debug("start-up failed", exc_info=True)
+            raise StartupError(f"start-up failed: {one_line(exc)}") from exc
+        self.state = "running"
+        self.started = time.time()
+        # The start-up heap (a couple of thousand modules) never becomes garbage: move it out of the
+        # collector's sight, and collect less often (turns allocate many short-lived objects; the
+        # default threshold runs a collection every few hundred allocations).
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 50)
+
+    async def _acquire(self) -> None:
+        cfg, res = self.config, self._resources
+        await asyncio.to_thread(prepare_data_dir, cfg.storage.path, cfg.storage.reserve_mb << 20)
+        fixed = await asyncio.to_thread(data_dir.secure, cfg)  # 0700, files 0600 (gateway/config/data_dir.py)
+        if fixed:
+            log.warning("%s", fixed)
+        if cfg.http.enabled:
+            await self._start_http()
+        await self._start_status()
+        db_path, url = self.db_path, cfg.storage.database_url
+        try:
+            if url:
+                self.store = await Store.open_postgres(url)
+            else:
+                self.store = await Store.open(db_path, cfg.storage.reserve_mb << 20)
+        except Exception as exc:
+            raise (postgres_error(url, exc) if url else database_error(db_path, exc)) from exc
+        res.push("the database", self._close_store)
+        ttls = [
+            getattr(cfg.access_for(name), "pairing_code_ttl", 0.0) for name in type(cfg.channels).model_fields
+        ]
+        self.retention = Retention(self.store, cfg.storage, self.metrics, ttls)
+        try:
+            await self.retention.start()
+        except Exception as exc:
+            raise database_error(db_path, exc) from exc
+
+        from gateway.schedules.runner import GatewayScheduler, ScheduleRunner
+
+        scheduler = GatewayScheduler(self.store, cfg) if cfg.schedules.enabled else None
+        from gateway.turns.budget import Budgets  # the agent's stack: imported as the agent is opened
+
+        recorder = UsageRecorder(self.store, self.metrics, cfg.usage, Budgets(self.store, cfg))
+        res.push("the usage records", recorder.close)  # after the agent closes, before the store
+        self.harness = await open_harness(cfg, scheduler, recorder)
+        res.push("the agent", self.harness.close)
+        self.gateway = Gateway(cfg, self.store, self.harness, self.metrics)
+        url = cfg.storage.database_url
+        if url:
+            # Released after the gateway drained: its heartbeat keeps our leases while turns finish.
+            self.cluster = Cluster(self.gateway, url, ttl=cfg.storage.lease_seconds)
+            self.gateway.cluster = self.cluster
+            res.push("the cluster", self.cluster.close)
+        res.push("the gateway", self._close_gateway)
+
+        channels, self.off = build_channels(cfg)  # the summary says which are off and why
+        for channel in channels:
+            sink = self.gateway.attach(channel)
+            channel.add_status_listener(self._on_channel_state)
+            sup = ChannelSupervisor(channel, sink, self.metrics)
+            self.supervisors.append(sup)
+            res.push(f"channel {channel.name}", sup.stop)
+        if self.cluster is not None:
+            self._standby_leader_only()
+        for sup in self.supervisors:
+            if sup not in self.standby:
+                sup.start()  # (send-only standbys were started by _standby_leader_only)
+        if self.cluster is not None:
+            self.cluster.start()
+        res.spawn(self.retention.run(), "retention")
+        res.spawn(ScheduleRunner(self.gateway, scheduler).run(), "schedules")  # and `chital send` pushes
+        res.spawn(log_summary(self), "startup-summary")
+
+    @property
+    def db_path(self) -> Path:
+        return self.config.storage.path / "gateway.sqlite"
+
+    async def _start_status(self) -> None:
+        """Recent errors are kept from here on; ``chital status`` reaches them on the socket."""
+        root = logging.getLogger()
+        root.addHandler(self.recent_errors)
+        self._resources.push("the recent-errors log", self._drop_recent_errors)
+        server = StatusServer(
+            socket_path(self.config.storage.path),
+            lambda: snapshot(self, self.recent_errors),
+            redactor_for(self.config),
+        )
+        try:
+            await server.start()
+        except StatusUnavailable as exc:
+            log.warning("%s; `chital status` will not reach this daemon", exc)
+            return
+        self.status_server = server
+        self._resources.push("the status socket", server.close)
+
+    async def _drop_recent_errors(self) -> None:
+        logging.getLogger().removeHandler(self.recent_errors)
+
+    async def _close_store(self) -> None:
+        store, self.store = self.store, None
+        if store is not None:
+            await store.close()
+
+    async def _close_gateway(self) -> None:
+        """Released on a failed start-up, or after :meth:`stop` drained it (then nothing is left)."""
+        if self.gateway is not None and not self._drained:
+            self._drained = True
+            await self.gateway.close(0)
+
+    def _on_channel_state(self, channel: Channel) -> None:
+        # One line per change of state. A reconnecting channel reports each step of each attempt
+        # (start-up failed, connection error, retrying in…): the supervisor logs one line per
+        # attempt with the delay, so repeats of the same state go to debug.
+        trouble = channel.state in (ChannelState.RECONNECTING, ChannelState.FAILED)
+        repeat = self._logged_state.get(channel.name) == channel.state
+        self._logged_state[channel.name] = channel.state
+        log.log(
+            logging.DEBUG if repeat else logging.WARNING if trouble else logging.INFO,
+            "channel %s: %s%s",
+            channel.name,
+            channel.state.value,
+            f" ({channel.reason})" if channel.reason else "",
+        )
+        # Resuming unfinished work on every (re)connect is the gateway's own (Gateway.attach).
+
+    async def _start_http(self) -> None:
+        host, port = self.config.http.host, self.config.http.port
+        app = build_app(self, self.metrics, redactor_for(self.config))
+        runner = self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._resources.push("the HTTP endpoint", runner.cleanup)
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise listen_error(host, port, exc) from None
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        self.http_port = sockets[0].getsockname()[1] if sockets else self.config.http.port
+        log.info("health and metrics on http://%s:%s/", self.config.http.host, self.http_port)
+
+    async def stop(self) -> list[tuple[str, BaseException]]:
+        """Drain running turns for ``shutdown_grace`` while the channels can still deliver, then
+        release everything newest first. Returns the releases that failed (each is logged)."""
+        if self.state in ("stopping", "stopped"):
+            return []
+        if self.state != "running":
+            raise RuntimeError(f"Daemon.stop() called while the daemon is {self.state}")
+        self.state = "stopping"
+        grace = self.config.concurrency.shutdown_grace
+        if self.gateway is not None and not self._drained:
+            self._drained = True
+            try:
+                cut = await self.gateway.close(grace)
+                if cut:
+                    log.warning("%d turn(s) cut off by shutdown; they resume at the next start", cut)
+            except Exception as exc:
+                log.error("draining the gateway failed: %s", one_line(exc))
+        errors = await self._resources.release_all()
+        self.state = "stopped"
+        return errors
+
+    async def run_forever(self) -> None:
+        """Start, run until SIGTERM/SIGINT, stop. A signal during start-up aborts the start (what
+        was opened is released). Raises :class:`StartupError` when the daemon cannot start."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        starting = asyncio.create_task(self.start(), name="start")
+        signalled = asyncio.create_task(stop.wait(), name="wait-for-signal")
+        await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            log.info("stop requested during start-up: releasing what was opened")
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            return
+        if starting.exception() is not None:
+            signalled.cancel()
+            starting.result()  # raises the StartupError
+        log.info("chital is running; SIGTERM or Ctrl-C stops it")
+        notifier = Notifier.from_environ()
+        watchdog: asyncio.Task[None] | None = None
+        if notifier is not None:
+            notifier.send("READY=1", f"STATUS=running, health on port {self.http_port}")
+            watchdog = asyncio.create_task(notifier.watchdog(), name="systemd-watchdog")
+        await signalled
+        log.info("stopping: draining running turns (up to %.0fs)", self.config.concurrency.shutdown_grace)
+        if notifier is not None:
+            notifier.send("STOPPING=1", "STATUS=stopping: draining running turns")
+        errors = await self.stop()
+        if watchdog is not None:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+        if errors:
+            log.error("stopped with %d error(s) while closing", len(errors))
+        else:
+            log.info("stopped cleanly")

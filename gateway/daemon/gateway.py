@@ -1,0 +1,478 @@
+"""The gateway proper: intake (access, commands, journal), turns through the harness, delivery.
+
+This is the one place where a channel's message meets the agent. The order of operations is the
+design's backbone: decide → journal → (only then may the adapter acknowledge) → queue → run → deliver →
+mark done. Whatever is journaled and not done is resumed at the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from channels.base import (
+    Action,
+    ActionAnswer,
+    Channel,
+    ChannelError,
+    ChannelState,
+    Inbound,
+    InboundSink,
+)
+from gateway.config import profiles
+from gateway.config.schema import Config
+from gateway.config.secrets import redactor_for
+from gateway.delivery.pacing import PacerPool
+from gateway.delivery.parking import Parking
+from gateway.delivery.reply import Reply
+from gateway.intake import access, commands
+from gateway.intake.access import Verdict, decide, is_admin
+from gateway.intake.limits import Throttles
+from gateway.intake.slow_lane import FairLane
+from gateway.ops.metrics import Metrics
+from gateway.schedules import confirm as schedule_confirm
+from gateway.store.journal import JournalEntry, JournalKind, JournalState, Store
+from gateway.turns import queued_sign, stopping, usage
+from gateway.turns.agent_api import AgentHarness
+from gateway.turns.approvals import Approvals
+from gateway.turns.queue import TurnQueue
+from gateway.turns.runner import TurnRunner
+
+if TYPE_CHECKING:
+    from gateway.daemon.cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+
+class Gateway(TurnRunner):
+    def __init__(self, config: Config, store: Store, harness: AgentHarness, metrics: Metrics) -> None:
+        self.config = config
+        self.store = store
+        self.harness = harness
+        self.metrics = metrics
+        self.channels: dict[str, Channel] = {}
+        self.redact = redactor_for(config)
+        """Masks the daemon's secrets; every attached channel sends through it (channels/egress.py)."""
+        self.turns = TurnQueue(
+            config.concurrency.max_turns, self._run_claimed, metrics, lambda e: stopping.show_stopped(self, e)
+        )
+        self.slow_lane = FairLane(config.transcription.concurrency, config.transcription.per_user)
+        """Transcriptions, outside the turn slots, fair per user (gateway/intake/slow_lane.py)."""
+        self._pacers = PacerPool()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.throttles = Throttles(config)
+        """Pairing reminders and announcements, wrong codes, the per-user rate (gateway/intake/limits.py)."""
+        self._replies: dict[str, Reply] = {}
+        """Live replies by journal key, shared by the queued sign and the turn."""
+        self.signs = queued_sign.SignOrder()
+        """Queued signs go out per conversation in order, below the answers ahead
+        (gateway/turns/queued_sign.py)."""
+        self._inflight: set[str] = set()
+        """Journal keys handled by this process right now (queued, running or sending)."""
+        self.parking = Parking(store, metrics, config.delivery.retry_window, self._dispatch)
+        self.approvals = Approvals(self)
+        """Tool calls waiting for a person's yes (gateway/turns/approvals.py)."""
+        self._connected: set[str] = set()
+        self.wake_schedules: Callable[[], None] = lambda: None
+        """Look at the schedules now (a confirmed one may be due); set by the ScheduleRunner."""
+        self.schedule_clock: Callable[[], float] = time.time
+        """The schedules' clock (a test moves it); set by the ScheduleRunner."""
+        self._closing = False
+        self.cluster: Cluster | None = None
+        """Several daemons on one database (gateway/daemon/cluster.py): an entry is worked on only by the
+        daemon holding its lease. None: this daemon is alone (SQLite), no lease is taken."""
+        self._claimed: dict[str, asyncio.Task[Any]] = {}
+        """Entries whose lease this daemon took and works on now, with the task doing the work."""
+
+    # -- wiring ---------------------------------------------------------------------------------
+    def attach(self, channel: Channel) -> InboundSink:
+        self.channels[channel.name] = channel
+        channel.egress = self.redact
+        channel.add_status_listener(self._on_channel_state)
+        channel.on_action(self._on_action)
+        malformed = self.metrics.malformed
+        channel.on_malformed(lambda kind: malformed.labels(channel.name, kind).inc())
+
+        async def sink(inbound: Inbound) -> None:
+            await self.accept(inbound)
+
+        return sink
+
+    async def _on_action(self, action: Action) -> ActionAnswer:
+        """A button press: a schedule's confirmation (gateway/schedules/confirm.py) or an approval."""
+        if action.value.startswith(f"{schedule_confirm.PREFIX}:"):
+            return await schedule_confirm.on_action(self, action)
+        return await self.approvals.on_action(action)
+
+    def _on_channel_state(self, channel: Channel) -> None:
+        """Every time a channel (re)connects, whatever waits for it goes out now: the previous
+        run's unfinished entries at start-up, and replies parked by an outage since."""
+        if channel.state is not ChannelState.CONNECTED:
+            self._connected.discard(channel.name)
+        elif channel.name not in self._connected and not self._closing:
+            self._connected.add(channel.name)
+            self._spawn(self.resume(channel.name), f"resume:{channel.name}")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _reply(self, entry: JournalEntry) -> Reply:
+        reply = self._replies.get(entry.key)
+        if reply is None:
+            reply = self._replies[entry.key] = self._new_reply(entry)
+        return reply
+
+    def _new_reply(self, entry: JournalEntry) -> Reply:
+        channel = self.channels[entry.inbound.platform]
+        rate_limited = self.metrics.rate_limited.labels(channel.name).inc
+        pacer = self._pacers.get(channel.name, entry.inbound.chat_id, channel.capabilities, rate_limited)
+        target = entry.inbound.target
+        if entry.inbound.extra.get(access.STARTED_BY_BOT):
+            # Nothing to reply to, unless a thread is reached only that way (access.THREAD_ANCHOR).
+            target = dataclasses.replace(target, reply_to=entry.inbound.extra.get(access.THREAD_ANCHOR))
+        return Reply(
+            channel,
+            target,
+            entry.key,
+            self.store,
+            pacer,
+            self.metrics,
+            stream=self.config.delivery.stream,
+            first_delay=self.config.delivery.first_edit_delay,
+        )
+
+    # -- intake ---------------------------------------------------------------------------------
+    async def accept(self, inbound: Inbound) -> None:
+        """The sink every channel calls. Returns once the message is journaled (or dropped)."""
+        name = inbound.platform
+        if self._closing:
+            # Not journaled and not acknowledged: the platform redelivers it after the restart.
+            raise ChannelError("gateway is shutting down")
+        if inbound.unreadable:
+            # An event the adapter could not parse or journal (and has skipped): counted here; the
+            # sender is told below, when the adapter recovered who and where it came from.
+            self.metrics.messages_ignored.labels(name, "malformed").inc()
+            if not (inbound.chat_id and inbound.sender_id and inbound.message_id):
+                return
+        policy = self.config.access_for(name)
+        engaged = False
+        if not inbound.is_direct and not inbound.addressed and inbound.thread_id:
+            engaged = await self.store.thread_get(inbound.conversation) is not None
+        decision = await decide(inbound, policy, self.store, engaged)
+
+        if decision.verdict is Verdict.IGNORE:
+            self.metrics.messages_ignored.labels(name, "not_for_bot").inc()
+            return
+        if decision.verdict is Verdict.PAIR:
+            await self._pairing(inbound)
+            return
+        if decision.verdict is Verdict.DENY:
+            await self._journal_notice(
+                inbound, "Sorry, I only answer people I know. Send me a direct message to ask for access."
+            )
+            return
+        admin = is_admin(policy, inbound)
+        if admin and inbound.is_direct:  # where to tell them of pairing requests (Discord, Lark)
+            await self.store.dm_chat_remember(inbound.user, inbound.chat_id)
+        if inbound.unsupported:
+            # Something the agent cannot use (a sticker, a game) or could not read: a journaled note
+            # says so, instead of the empty-message note or an agent turn on nothing.
+            kind = inbound.unsupported
+            if inbound.unreadable and self.throttles.unreadable_notes.hit(inbound.user):
+                self.metrics.messages_ignored.labels(name, "malformed_quiet").inc()
+                return  # told a moment ago: a flood of unreadable events gets no flood of notes
+            if inbound.unreadable:
+                note = ("⚠️ I couldn't read that message (it arrived in a form I can't parse); "
+                        "please send it again in another form.")  # fmt: skip
+            else:
+                what = kind if kind.endswith("s") or " " in kind else f"{kind}s"  # "sticker" too
+                note = f"I can't use {what} yet; please describe what you need in words."
+            await self._journal_notice(inbound, note)
+            return
+
+        answer = await self.approvals.text_answer(inbound)  # "approve CODE" where there are no buttons
+        if answer is not None:
+            await self._journal_notice(inbound, answer)
+            return
+        text = inbound.text.strip()
+        command = commands.parse_command(text)
+        if command is not None and not command.known and profiles.skill_for(self.config, text):
+            command = None  # `/<skill> text`: a turn with that skill (gateway/config/profiles.py)
+        if command is not None:
+            if command.known:
+                if await self._journal(inbound, JournalKind.COMMAND):
+                    entry = JournalEntry.new(inbound, JournalKind.COMMAND)
+                    self._dispatch(entry)
+            else:
+                await self._journal_notice(inbound, commands.unknown_text(command.name))
+            return
+        limit = self.config.limits.max_message_chars
+        if len(text) > limit:
+            await self._journal_notice(
+                inbound,
+                f"⚠️ Your message is {len(text):,} characters long; I take at most {limit:,}. "
+                "Please shorten it or send it as a file.",
+            )
+            return
+        if not text and not inbound.attachments:
+            await self._journal_notice(inbound, "I received an empty message. What can I do for you?")
+            return
+        _, waiting = self.turns.status(inbound.conversation)
+        refusal = self.throttles.refusal(inbound.user, waiting, admin)
+        if refusal is None:  # today's token budget spent (gateway/turns/usage.py)
+            refusal = await usage.budget_refusal(self.store, self.config, inbound.user, admin)
+        if refusal is not None:  # queue full or sending too fast: a note, journaled, sent once
+            await self._journal_notice(inbound, refusal)
+            return
+        if await self._journal(inbound, JournalKind.TURN):
+            entry = JournalEntry.new(inbound, JournalKind.TURN)
+            self._dispatch(entry)
+
+    async def _journal(self, inbound: Inbound, kind: JournalKind, note: str = "") -> bool:
+        fresh = await self.store.journal_add(inbound, kind, note, self._intake_lease())
+        if fresh:
+            self.metrics.messages_in.labels(inbound.platform).inc()
+        else:
+            self.metrics.messages_ignored.labels(inbound.platform, "duplicate").inc()
+            log.info("duplicate delivery of %s ignored", inbound.key)
+        return fresh
+
+    async def _journal_notice(self, inbound: Inbound, note: str) -> None:
+        if await self._journal(inbound, JournalKind.NOTICE, note):
+            entry = JournalEntry.new(inbound, JournalKind.NOTICE, note)
+            self._dispatch(entry)
+
+    async def _pairing(self, inbound: Inbound) -> None:
+        """A stranger in a DM gets their one pending code (a new one once it lapsed), again at most
+        once a minute; each new code is logged and announced to the channel's admins."""
+        policy = self.config.access_for(inbound.platform)
+        request, new = await self.store.pairing_request(
+            inbound.user,
+            inbound.sender_name,
+            inbound.chat_id,
+            ttl=policy.pairing_code_ttl,
+            max_pending=policy.pairing_max_pending,
+        )
+        reminders = self.throttles.reminders
+        if new:
+            reminders.reset(inbound.user)
+        if reminders.hit(inbound.user):
+            self.metrics.messages_ignored.labels(inbound.platform, "pairing_pending").inc()
+            return
+        await self._journal_notice(inbound, access.pairing_text(request, cli=self.config.cli()))
+        if not new:
+            return
+        log.info("pairing: %s asks for access; code %s", request.label(), request.code)
+        if self.throttles.announcements.hit(inbound.platform):
+            log.warning(
+                "pairing: too many requests on %s to announce; see `chital pairing list`", inbound.platform
+            )
+            return
+        chats = await access.admin_chats(policy, inbound.platform, self.store)
+        if not chats:
+            log.warning("pairing: no admin of %s can be told in chat (set access.admins)", inbound.platform)
+        for chat_id in chats:
+            await self.tell(
+                inbound.platform,
+                chat_id,
+                f"pairing-{request.code}",
+                access.announcement_text(request, self.config.cli()),
+            )
+
+    async def tell(self, platform: str, chat_id: str, tag: str, text: str) -> None:
+        """Send ``text`` into ``chat_id`` unprompted (an admin's DM, a stranger's), once per
+        ``tag``: journaled as a notice keyed by chat and tag, so a re-run or restart sends it once."""
+        if not chat_id or platform not in self.channels:
+            return
+        inbound = Inbound(
+            platform=platform,
+            chat_id=chat_id,
+            message_id=tag,
+            sender_id="",
+            text="",
+            is_direct=True,
+            addressed=True,
+            extra={access.STARTED_BY_BOT: True},
+        )
+        if await self.store.journal_add(inbound, JournalKind.NOTICE, text, self._intake_lease()):
+            self._dispatch(JournalEntry.new(inbound, JournalKind.NOTICE, text))
+
+    async def start_turn(
+        self, inbound: Inbound, note: str = "", kind: JournalKind = JournalKind.TURN
+    ) -> bool:
+        """Journal and run a turn the gateway starts itself (a schedule firing, gateway/schedules/runner.py),
+        once per key; ``note`` is shown above the answer (with ``kind`` NOTICE: it is the answer).
+        False when the key is already journaled, its channel is not here, or the gateway is closing
+        (then nothing is journaled)."""
+        if self._closing or inbound.platform not in self.channels:
+            return False
+        if not await self.store.journal_add(inbound, kind, note, self._intake_lease()):
+            return False
+        self._dispatch(JournalEntry.new(inbound, kind, note))
+        return True
+
+    def pick_up(self, entry: JournalEntry) -> bool:
+        """Handle an entry another process journaled (``chital send``, another daemon); False when
+        its channel is not connected here (the next connect resumes it) or this process already
+        handles it."""
+        return self.connected(entry.inbound.platform) and self._dispatch(entry)
+
+    def handles(self, key: str) -> bool:
+        """This process is handling ``key`` now (queued, running or sending)."""
+        return key in self._inflight
+
+    def connected(self, platform: str) -> bool:
+        """The channel is here and connected (what a resume waits for)."""
+        return platform in self._connected
+
+    def _submit(self, entry: JournalEntry) -> None:
+        ahead = self.turns.submit(entry)
+        if ahead:
+            self._spawn(queued_sign.show(self, entry, ahead), f"queued:{entry.key}")
+
+    # -- dispatch, retry and resume -------------------------------------------------------------
+    def _dispatch(self, entry: JournalEntry) -> bool:
+        """Start handling ``entry`` unless this process already is; False when it was."""
+        if entry.key in self._inflight or self._closing:
+            return False
+        self.parking.unpark(entry.key)
+        self._inflight.add(entry.key)
+        if entry.kind == JournalKind.TURN:
+            self._submit(entry)
+        elif entry.kind == JournalKind.NOTICE:
+            self._spawn(self._release_after(entry, self._send_notice), f"notice:{entry.key}")
+        else:
+            cmd = commands.parse_command(entry.inbound.text)
+            if cmd is None:
+                self._inflight.discard(entry.key)
+                return False
+            self._spawn(self._release_after(entry, lambda e: self._run_command(e, cmd)), f"cmd:{entry.key}")
+        return True
+
+    def _intake_lease(self) -> tuple[str, float] | None:
+        return self.cluster.intake_lease() if self.cluster is not None else None
+
+    async def _claim(self, entry: JournalEntry) -> bool:
+        """This daemon may work on ``entry`` (always, when it is alone)."""
+        if self.cluster is None:
+            return True
+        if await self.cluster.claim(entry):
+            task = asyncio.current_task()
+            if task is not None:
+                self._claimed[entry.key] = task
+            return True
+        log.debug("%s is another daemon's (or waits behind one's turn); left to it", entry.key)
+        await self.cluster.release(entry)  # taken at intake, maybe: let the others' sweeps have it
+        return False
+
+    async def _run_claimed(self, entry: JournalEntry) -> None:
+        try:
+            claimed = await self._claim(entry)
+        except Exception as exc:  # the database is unreachable: leave it to the next sweep
+            log.warning("could not claim %s: %s", entry.key, exc)
+            claimed = False
+        if claimed:
+            try:
+                await self._run_entry(entry)
+            finally:
+                self._claimed.pop(entry.key, None)
+        else:
+            self._inflight.discard(entry.key)
+
+    def claimed(self) -> set[str]:
+        """Keys of the entries this daemon holds the lease of and works on now (gateway/daemon/cluster.py)."""
+        return set(self._claimed)
+
+    def cut(self, keys: set[str]) -> int:
+        """Stop working on ``keys`` at once, silently: their leases lapsed or another daemon holds
+        them now, and that daemon answers. Their journal entries stay as they are (a shutdown's
+        cut). Returns how many were running here."""
+        cut = 0
+        for key in keys:
+            task = self._claimed.pop(key, None)
+            if task is None or task.done():
+                continue
+            reply = self._replies.get(key)
+            if reply is not None:
+                reply.abandon()  # its streaming edits stop too
+            task.cancel()
+            cut += 1
+        return cut
+
+    async def _keep(self, entry: JournalEntry) -> bool:
+        """Just before an answer goes out: still this daemon's to send (gateway/daemon/cluster.py)."""
+        return self.cluster is None or await self.cluster.keep(entry)
+
+    async def _release_after(
+        self, entry: JournalEntry, work: Callable[[JournalEntry], Awaitable[None]]
+    ) -> None:
+        try:
+            if await self._claim(entry):
+                await work(entry)
+        finally:
+            self._inflight.discard(entry.key)
+            self._claimed.pop(entry.key, None)
+
+    async def resume(self, platform: str) -> int:
+        """Dispatch the open entries of ``platform`` this process is not handling: what a previous
+        run left unfinished, and what an outage parked. Runs at every (re)connect. Returns how many."""
+        await self.approvals.restore(platform)
+        entries = [e for e in await self.store.journal_open() if e.inbound.platform == platform]
+        started = sum(self._dispatch(e) for e in entries)
+        if started:
+            log.info("resuming %d unfinished %s message(s) from the journal", started, platform)
+        return started
+
+    # -- commands and notices -------------------------------------------------------------------
+    async def _send_notice(self, entry: JournalEntry) -> None:
+        await self._deliver_fixed(entry, entry.note)
+
+    async def _deliver_fixed(self, entry: JournalEntry, text: str) -> None:
+        try:
+            reply = self._reply(entry)
+            await reply.load()
+            if not await self._keep(entry):
+                return
+            await reply.finish(text)
+            await self.store.journal_set(entry.key, JournalState.DONE)
+        except Exception as exc:
+            self.metrics.errors.labels(entry.inbound.platform, "delivery").inc()
+            if isinstance(exc, ChannelError) and await self.parking.park(entry, exc):
+                return
+            log.error("could not deliver a notice for %s: %s", entry.key, exc)
+            with contextlib.suppress(Exception):
+                await self.store.journal_set(entry.key, JournalState.FAILED)
+        finally:
+            self._replies.pop(entry.key, None)
+            self.parking.settled(entry.key)
+
+    async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:
+        """Run a command (gateway/intake/commands.py: once per journal key) and deliver its reply."""
+        try:
+            text = await commands.execute(self, entry, cmd)
+        except Exception as exc:
+            log.error("command /%s of %s failed: %s", cmd.name, entry.key, exc, exc_info=True)
+            text = f"⚠️ Something went wrong on my side running /{cmd.name}. Please try again."
+        await self._deliver_fixed(entry, text)
+        with contextlib.suppress(Exception):
+            await self.store.command_result_drop(entry.key)  # kept while the entry may run again
+
+    # -- shutdown -------------------------------------------------------------------------------
+    async def close(self, grace: float) -> int:
+        self._closing = True
+        self.parking.close()  # parked entries stay pending in the journal: the next start resumes them
+        self.approvals.close()  # waiting entries and their requests stay in the store
+        cut = await self.turns.drain(grace)
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        return cut

@@ -1,0 +1,133 @@
+"""Journal leases: which daemon works on an open entry, when several share one database.
+
+Every open journal entry may carry ``lease_owner`` (a daemon's node id) and ``lease_until`` (Unix
+time). A daemon works on an entry only after :meth:`LeaseTables.lease_claim` succeeded, renews all
+its leases on a heartbeat, and gives them back when it stops cleanly; a daemon that dies stops
+renewing, and once its leases lapse another daemon claims the entries and resumes them from the
+journal (and the shared checkpoints), editing the same reply through the outbox.
+
+Each claim is one ``UPDATE`` (atomic on both engines): two daemons racing for an entry cannot both
+win. A turn is claimable only when no earlier open turn of its conversation belongs to anyone else
+(or to no one yet), which keeps a conversation's turns in journal order across daemons.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.store.db import SqliteConnection
+
+LEASE_COLUMNS = {"lease_owner": "TEXT", "lease_until": "REAL"}
+LEASE_INDEX = (
+    "CREATE INDEX IF NOT EXISTS journal_conv_open ON journal(conversation)"
+    " WHERE state IN ('pending', 'running')"
+)
+_OPEN = "state IN ('pending', 'running')"
+_TURN_IN_ORDER = (
+    " AND (kind <> 'turn' OR NOT EXISTS (SELECT 1 FROM journal AS e"
+    " WHERE e.conversation = journal.conversation AND e.kind = 'turn' AND e.key <> journal.key"
+    f" AND e.{_OPEN} AND (e.lease_owner IS NULL OR e.lease_owner <> ? OR e.lease_until < ?)"
+    " AND (e.rowid < journal.rowid OR (e.state = 'running' AND e.lease_until >= ?))))"
+)
+"""A turn waits for its conversation's earlier open turns that are not this node's live ones (a
+lapsed one of this node's was cut by a fence, and runs again first), and for a later one another
+daemon is running now: a turn resumed after an approval (its entry was not open
+while it waited, so a later turn could start elsewhere) must not run beside it on the same agent
+thread; on one daemon it queues behind it."""
+
+
+class LeaseTables:
+    """The lease statements of :class:`gateway.store.journal.Store` (a mixin over its connection)."""
+
+    _db: SqliteConnection
+
+    async def _write(self, sql: str, params: tuple[object, ...] = ()) -> int:
+        raise NotImplementedError
+
+    async def lease_claim(self, key: str, node: str, ttl: float) -> bool:
+        """Take (or renew) the lease of the open entry ``key`` for ``node``; False when another
+        live daemon holds it, it is no longer open, or (a turn) an earlier turn of its
+        conversation is not this node's, or another daemon runs one of its turns now."""
+        now = time.time()
+        count = await self._write(
+            f"UPDATE journal SET lease_owner = ?, lease_until = ? WHERE key = ? AND {_OPEN}"
+            " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)" + _TURN_IN_ORDER,
+            (node, now + ttl, key, node, now, node, now, now),
+        )
+        return count == 1
+
+    async def lease_keep(self, key: str, node: str, ttl: float) -> bool:
+        """Renew ``node``'s lease on ``key``, which it is working on (taken again if it lapsed and
+        no other daemon took it meanwhile); False when another daemon holds it now, or it is no
+        longer open. Unlike a claim, no order check: the work started in order."""
+        now = time.time()
+        count = await self._write(
+            f"UPDATE journal SET lease_owner = ?, lease_until = ? WHERE key = ? AND {_OPEN}"
+            " AND (lease_owner = ? OR lease_owner IS NULL OR lease_until < ?)",
+            (node, now + ttl, key, node, now),
+        )
+        return count == 1
+
+    async def lease_renew(self, node: str, ttl: float) -> set[str]:
+        """Push back the expiry of every open entry ``node`` holds; returns their keys (an entry
+        this daemon works on that is not among them was taken over: gateway/daemon/cluster.py fences it)."""
+        async with self._db.execute(
+            f"UPDATE journal SET lease_until = ? WHERE lease_owner = ? AND {_OPEN} RETURNING key",
+            (time.time() + ttl, node),
+        ) as cur:
+            keys = {str(k) for (k,) in await cur.fetchall()}
+        await self._db.commit()
+        return keys
+
+    async def lease_owner(self, key: str) -> str | None:
+        """Who holds the live lease of ``key`` (None: nobody, or it lapsed)."""
+        async with self._db.execute(
+            "SELECT lease_owner FROM journal WHERE key = ? AND lease_until >= ?", (key, time.time())
+        ) as cur:
+            row = await cur.fetchone()
+        return str(row[0]) if row and row[0] else None
+
+    async def lease_release(self, key: str, node: str) -> None:
+        """Give back ``node``'s lease on ``key`` (it could not run it yet: another daemon may)."""
+        await self._write(
+            "UPDATE journal SET lease_owner = NULL, lease_until = NULL WHERE key = ? AND lease_owner = ?",
+            (key, node),
+        )
+
+    async def lease_release_all(self, node: str) -> int:
+        """Give back every lease of ``node`` (a clean stop: the others resume its entries at once)."""
+        return await self._write(
+            f"UPDATE journal SET lease_owner = NULL, lease_until = NULL WHERE lease_owner = ? AND {_OPEN}",
+            (node,),
+        )
+
+    async def lease_orphans(self, node: str, platforms: Sequence[str], limit: int = 200) -> list[str]:
+        """Keys of open entries of ``platforms`` no live daemon holds (never claimed, or their
+        owner's lease lapsed) that ``node`` could claim now, oldest first: what a sweep picks up.
+
+        ``node``'s own lapsed entries too: a daemon whose renewals failed stopped working on them
+        (gateway/daemon/cluster.py), and when it is the only one left nobody else would ever take them (a
+        dispatch skips what this daemon still runs). Only what ``node`` could claim, and only of
+        its connected platforms: else the ``limit`` oldest could all be turns waiting behind
+        another daemon's running turn, or another platform's, and newer work that an idle daemon
+        could take would never be seen."""
+        if not platforms:
+            return []
+        now = time.time()
+        mine = " OR ".join("conversation LIKE ?" for _ in platforms)
+        async with self._db.execute(
+            f"SELECT key FROM journal WHERE {_OPEN} AND (lease_owner IS NULL OR lease_until < ?)"
+            f" AND ({mine})" + _TURN_IN_ORDER + " ORDER BY rowid LIMIT ?",
+            (now, *(f"{p}:%" for p in platforms), node, now, now, limit),
+        ) as cur:
+            return [str(k) for (k,) in await cur.fetchall()]
+
+    async def lease_holders(self) -> dict[str, int]:
+        """Open entries per lease owner (``""``: none), for status pages and tests."""
+        async with self._db.execute(
+            f"SELECT COALESCE(lease_owner, ''), COUNT(*) FROM journal WHERE {_OPEN} GROUP BY 1"
+        ) as cur:
+            return {str(owner): int(n) for owner, n in await cur.fetchall()}

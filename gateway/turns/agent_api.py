@@ -1,0 +1,84 @@
+"""Everything the gateway asks of the agent, in one typed seam.
+
+``agent.runtime.AgentRuntime`` implements it, and so does ``gateway.daemon.app.UnconfiguredHarness`` (the
+stand-in when the model cannot be set up). A rename on either side fails the type check
+(``open_harness`` returns the runtime *as* an :class:`AgentHarness`), not a user's ``/memory`` at run
+time; no ``getattr`` probing anywhere in the gateway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from agent.events import AgentEvent, ApprovalDecision, OutputFile
+from agent.turn import PLAIN, TurnOptions
+
+
+class Remembered(Protocol):
+    """One thing the agent remembers about a user."""
+
+    @property
+    def text(self) -> str: ...
+
+
+class MemoryAccess(Protocol):
+    """What ``/memory`` and ``/forget`` need of the agent's long-term memory."""
+
+    async def list(self, user: str) -> Sequence[Remembered]: ...
+
+    async def forget(self, user: str) -> int: ...
+
+
+class AgentHarness(Protocol):
+    """The agent as the gateway uses it."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def memory(self) -> MemoryAccess | None:
+        """Long-term memory, or None when it is off."""
+        ...
+
+    def run(
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        text: str,
+        files: Sequence[str] = (),
+        options: TurnOptions = PLAIN,
+    ) -> AsyncIterator[AgentEvent]:
+        """One turn; safe to call again with the same ``message_id`` (replay / continue). A turn
+        that ends with ``ApprovalRequested`` events (and no Final) waits for :meth:`resume`."""
+        ...
+
+    def resume(
+        self,
+        thread_id: str,
+        *,
+        user_id: str,
+        message_id: str,
+        approval_id: str,
+        decision: ApprovalDecision,
+    ) -> AsyncIterator[AgentEvent]:
+        """Continue the turn of ``message_id`` paused on ``approval_id`` (safe to call again)."""
+        ...
+
+    async def message_count(self, thread_id: str) -> int: ...
+
+    async def title(self, thread_id: str) -> str | None:
+        """The conversation's short title, when it has one."""
+        ...
+
+    async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
+        """Store a user's file where the thread's agent sees it; returns the path it sees."""
+        ...
+
+    async def read_output(self, thread_id: str, path: str, max_bytes: int) -> OutputFile:
+        """Read a file the agent presented, safely (no links followed, regular, within size)."""
+        ...
+
+    async def close(self) -> None: ...

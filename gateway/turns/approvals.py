@@ -1,0 +1,431 @@
+"""Approval before risky actions, the gateway side (docs/approvals.md).
+
+A turn whose agent calls a gated tool ends with :class:`~agent.events.ApprovalRequested` events.
+For each, this module records a row (gateway/store/approvals.py), posts the exact call with
+Approve / Deny buttons (or, where the platform has none, asks for a text answer ``approve CODE``),
+parks the journal entry as ``waiting`` and arms the timeout. A press (an
+:class:`~channels.base.Action` from any adapter) or a text answer is checked (the requester or an
+admin), settled exactly once in the table, shown on the buttons message, and the turn is resumed:
+its journal entry runs again and :meth:`Approvals.events` continues the agent with the decision
+instead of starting a new run, delivering into the same reply (its outbox rows are kept).
+
+After a restart nothing is lost: the rows and the waiting entry are in SQLite, the timers are armed
+again when the channel connects, and a press on the old buttons works as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested
+from agent.untrusted import code_span
+from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendError, scrub
+from gateway.config.durations import in_words
+from gateway.delivery.reply import Reply
+from gateway.intake.access import Verdict, decide, is_admin
+from gateway.store.approvals import APPROVED, CANCELLED, DENIED, PENDING, TIMED_OUT, ApprovalRow
+from gateway.store.journal import JournalEntry, JournalState
+
+if TYPE_CHECKING:
+    from gateway.daemon.gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+ARGS_CHARS = 1500
+"""Characters of a call's arguments shown in the chat; the rest is cut (the agent has it all)."""
+VALUE_CHARS = 700
+"""Characters of one argument value shown."""
+CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+CODE_LEN = 8
+PREFIX = "appr"
+"""Button values are ``appr:approve:CODE`` / ``appr:deny:CODE`` (short: Telegram allows 64 bytes)."""
+_TEXT_ANSWER = re.compile(r"^\s*(approve|deny)\s+([A-Za-z0-9]{8})\s*$", re.IGNORECASE)
+WAITING_NOTE = "🔐 Waiting for approval (see below)."
+NEWER = "a newer message came first"
+SETTLED = {
+    APPROVED: "✅ Approved by {by}",
+    DENIED: "❌ Denied by {by}",
+    TIMED_OUT: "⌛ Timed out: not run",
+    CANCELLED: "❌ Cancelled: {by}",
+}
+
+
+def _code() -> str:
+    return "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LEN))
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_INVISIBLE = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]"
+)
+"""Characters that do not show as themselves: controls, zero-width and bidirectional marks (a
+right-to-left override makes ``rm -rf ~`` display as something else). Shown escaped."""
+
+
+def _visible(text: str) -> str:
+    return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _args_text(args: dict[str, Any], value_chars: int | None) -> str:
+    cut = {k: _cut(v, value_chars) if isinstance(v, str) and value_chars else v for k, v in args.items()}
+    if set(cut) == {"command"} and isinstance(cut["command"], str):
+        return _visible(cut["command"])  # a shell command reads best as itself
+    return _visible(json.dumps(cut, ensure_ascii=False, indent=2, default=str))
+
+
+def shown_args(args: dict[str, Any]) -> str:
+    """The call's arguments for the chat: each value cut, the whole cut, credentials masked
+    (the agent already masked configured secrets), characters that would not show as themselves
+    escaped, fences broken so the code block holds."""
+    return scrub(_cut(_args_text(args, VALUE_CHARS), ARGS_CHARS)).replace("```", "`\u200b``")
+
+
+def hidden_chars(args: dict[str, Any]) -> int:
+    """About how many characters of the call the chat does not show (cut off)."""
+    full = len(_args_text(args, None))
+    return max(0, full - len(_cut(_args_text(args, VALUE_CHARS), ARGS_CHARS))) if full > 0 else 0
+
+
+def request_text(event: ApprovalRequested, requester: str, timeout: float, code: str, buttons: bool) -> str:
+    """The request as the chat shows it (Markdown)."""
+    # The code is shown with buttons too: a Lark app without the card callback subscription shows
+    # buttons that reach no one, and typed answers always work.
+    how = f"\n{'Or reply' if buttons else 'Reply'} `approve {code}` or `deny {code}`."
+    hidden = hidden_chars(event.args)
+    warning = (
+        f"⚠️ Not all of it is shown: about {hidden:,} more characters were cut (at each …). "
+        "Approve only if you trust what you cannot see.\n"
+        if hidden
+        else ""
+    )
+    if event.untrusted:
+        warning += (
+            f"⚠️ It asks after reading content you did not write ({code_span(event.untrusted, 300)}): "
+            "the call may follow instructions from there.\n"
+        )
+    return (
+        f"🔐 **Approval needed**: the agent wants to run `{event.tool}`\n"
+        f"```\n{shown_args(event.args)}\n```\n{warning}"
+        f"Asked for {code_span(requester)}; only they or an admin can answer. "
+        f"Times out in {in_words(timeout)} (then it is denied).{how}"
+    )
+
+
+def decision_of(row: ApprovalRow, timeout: float) -> ApprovalDecision:
+    """What the agent is told of a settled request."""
+    if row.state == APPROVED:
+        return ApprovalDecision(True)
+    if row.state == TIMED_OUT:
+        return ApprovalDecision(False, f"no one approved it within {in_words(timeout)}")
+    return ApprovalDecision(False, f"denied by {row.decided_by or 'the user'}")
+
+
+class Approvals:
+    """Requests, presses, timeouts and resumes for one :class:`~gateway.daemon.gateway.Gateway`."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self.store = gateway.store
+        self._timers: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def timeout(self) -> float:
+        return self.gw.config.agent.approvals.timeout
+
+    # -- the turn ---------------------------------------------------------------------------------
+    async def events(
+        self,
+        entry: JournalEntry,
+        thread_id: str,
+        reply: Reply,
+        fresh: Callable[[], AsyncIterator[AgentEvent]],
+    ) -> AsyncIterator[AgentEvent]:
+        """The agent's events for ``entry``: the continuation with the decisions taken since it
+        paused, or ``fresh()`` (a new run) when there are none. Each ApprovalRequested is
+        recorded and posted here (once per request, however often a replay asks again) and
+        passed on, so the turn knows it paused."""
+        settled = [r for r in await self.store.approvals_for(entry.key) if r.state != PENDING]
+        todo = [r for r in settled if not r.resumed]
+        if not todo and not settled:
+            await self.cancel(entry.conversation, entry.inbound.platform, NEWER, keep=entry.key)
+        streams: list[Callable[[], AsyncIterator[AgentEvent]]] = []
+        for row in todo:
+            streams.append(self._resumer(entry, thread_id, row))
+        if not streams:
+            streams.append(fresh)
+        for stream in streams:
+            async for event in stream():
+                if isinstance(event, ApprovalRequested):
+                    if any(r.id == event.id for r in settled):
+                        continue  # decided already: the next resume answers it
+                    if not reply.has_message:  # the reply first, the buttons under it
+                        await reply.status(WAITING_NOTE)
+                    await self.request(entry, event, reply)
+                yield event
+        if todo:
+            await self.store.approvals_resumed([r.id for r in todo])
+
+    def _resumer(
+        self, entry: JournalEntry, thread_id: str, row: ApprovalRow
+    ) -> Callable[[], AsyncIterator[AgentEvent]]:
+        def stream() -> AsyncIterator[AgentEvent]:
+            return self.gw.harness.resume(
+                thread_id,
+                user_id=entry.inbound.user,
+                message_id=entry.inbound.key,
+                approval_id=row.id,
+                decision=decision_of(row, self.timeout),
+            )
+
+        return stream
+
+    async def request(self, entry: JournalEntry, event: ApprovalRequested, reply: Reply) -> None:
+        """Record and post one request (once), where the turn's reply goes, and arm its timeout."""
+        existing = await self.store.approval_get(event.id)
+        if existing is not None and existing.message_id:
+            self._arm(existing)
+            return
+        inbound = entry.inbound
+        channel = self.gw.channels[inbound.platform]
+        buttons = channel.capabilities.buttons
+        code = existing.code if existing else _code()
+        name = inbound.sender_name or inbound.sender_id
+        text = request_text(event, name, self.timeout, code, buttons)
+        row = existing or await self.store.approval_add(
+            event.id, code, entry.key, entry.conversation, reply.target, inbound.user, name,
+            event.tool, text, time.time() + self.timeout,
+        )  # fmt: skip
+        part = channel.render(row.text)[0]
+        key = f"approval:{row.id}"
+        message_id = ""
+        try:
+            if buttons:
+                message_id = await channel.send_buttons(
+                    row.target, part, _buttons(row.code), idempotency_key=key
+                )
+        except PermanentSendError as exc:
+            log.warning(
+                "approval %s: buttons refused on %s (%s); asking for text", row.code, channel.name, exc
+            )
+            text = request_text(event, name, self.timeout, code, False)
+            part = channel.render(text)[0]
+        if not message_id:
+            message_id = await channel.send(row.target, part, idempotency_key=key)
+        await self.store.approval_sent(row.id, message_id)
+        decided = await self.store.approval_get(row.id)
+        if decided is not None and decided.state != PENDING:
+            # Pressed before the message id was on record: the decision's own edit found no message.
+            self.gw._spawn(self._show(decided), f"approval-show:{row.code}")
+        self.gw.metrics.approvals.labels(channel.name, "asked").inc()
+        log.info(
+            "approval %s: %s asked in %s for %s", row.code, event.tool, entry.conversation, row.requester
+        )
+        self._arm(row)
+
+    async def pause(self, entry: JournalEntry) -> None:
+        """The turn ended waiting: park its entry (a pause is not a failed attempt). A press that
+        came before the turn had paused found nothing to resume, so that case goes on from here."""
+        await self.store.journal_pause(entry.key)
+        if not any(r.state == PENDING for r in await self.store.approvals_for(entry.key)):
+            self.gw._spawn(self._continue_when_free(entry.key), f"approval-continue:{entry.key}")
+
+    async def _continue_when_free(self, key: str) -> None:
+        """:meth:`_continue` once the paused run has left the gateway's in-flight set."""
+        for _ in range(3000):  # the run's own clean-up is a few statements away; 30 s at most
+            if key not in self.gw._inflight:
+                break
+            await asyncio.sleep(0.01)
+        await self._continue(key)
+
+    # -- presses and text answers -----------------------------------------------------------------
+    async def on_action(self, action: Action) -> ActionAnswer:
+        """A button press from any adapter: checked, settled once, answered to the presser."""
+        parts = action.value.split(":")
+        if len(parts) != 3 or parts[0] != PREFIX or parts[1] not in ("approve", "deny"):
+            return ActionAnswer("This button is not mine to answer.", refused=True)
+        row = await self.store.approval_by_code(parts[2])
+        if row is None or row.platform != action.platform:
+            return ActionAnswer("This request no longer exists.", refused=True)
+        if row.state != PENDING:
+            return ActionAnswer(f"Already settled: {self._settled_note(row)}.", refused=True)
+        if not self._may_answer(row, action):
+            asker = code_span(row.requester_name) if row.requester_name else "the requester"
+            who = "an admin" if self._admins_only else f"{asker} or an admin"
+            log.info("approval %s: %s may not answer it", row.code, action.user)
+            return ActionAnswer(f"⛔ Not yours to answer: only {who} can.", refused=True)
+        if not self._is_admin(action) and not await self._still_allowed(row):
+            log.info("approval %s: %s lost access since asking", row.code, action.user)
+            return ActionAnswer(
+                "⛔ You no longer have access to this bot; an admin can answer.", refused=True
+            )
+        approve = parts[1] == "approve"
+        mine = action.user == row.requester
+        by = action.sender_name or (row.requester_name if mine else "") or action.sender_id
+        if not await self.decide(row, APPROVED if approve else DENIED, by):
+            fresh = await self.store.approval_get(row.id)
+            return ActionAnswer(f"Already settled: {self._settled_note(fresh or row)}.", refused=True)
+        return ActionAnswer("✅ Approved; continuing." if approve else "❌ Denied; the agent is told.")
+
+    async def text_answer(self, inbound: Inbound) -> str | None:
+        """``approve CODE`` / ``deny CODE`` typed in the chat (the fallback where there are no
+        buttons, and always accepted): the note to send back, or None when it is no answer."""
+        match = _TEXT_ANSWER.match(inbound.text)
+        if not match:
+            return None
+        code = match.group(2).upper()
+        if await self.store.approval_by_code(code) is None:
+            return None
+        action = Action(
+            platform=inbound.platform,
+            chat_id=inbound.chat_id,
+            sender_id=inbound.sender_id,
+            value=f"{PREFIX}:{match.group(1).lower()}:{code}",
+            sender_name=inbound.sender_name,
+            thread_id=inbound.thread_id,
+        )
+        return (await self.on_action(action)).text
+
+    @property
+    def _admins_only(self) -> bool:
+        return self.gw.config.agent.approvals.approvers == "admins"
+
+    def _is_admin(self, action: Action) -> bool:
+        probe = Inbound(action.platform, action.chat_id, "", action.sender_id, "", False, False)
+        return is_admin(self.gw.config.access_for(action.platform), probe)
+
+    def _may_answer(self, row: ApprovalRow, action: Action) -> bool:
+        if self._is_admin(action):
+            return True
+        return not self._admins_only and action.user == row.requester
+
+    async def _still_allowed(self, row: ApprovalRow) -> bool:
+        """The requester may still talk to the bot where they asked: one revoked (or whose group
+        was removed from access) since must not approve their own pending call."""
+        asked = await self.store.journal_inbound(row.key)
+        if asked is None:
+            return False
+        decision = await decide(asked, self.gw.config.access_for(asked.platform), self.store, True)
+        return decision.verdict is Verdict.ALLOW
+
+    @staticmethod
+    def _settled_note(row: ApprovalRow) -> str:
+        """``✅ Approved by `Name` `` (the presser's display name is theirs to choose: a code
+        span, agent/untrusted.py); a cancellation's reason is the gateway's own sentence."""
+        by = row.decided_by or "someone"
+        return SETTLED.get(row.state, row.state).format(by=by if row.state == CANCELLED else code_span(by))
+
+    # -- settling ---------------------------------------------------------------------------------
+    async def decide(self, row: ApprovalRow, state: str, by: str) -> bool:
+        """Settle ``row`` (the first decision wins); then show it and resume the turn."""
+        if not await self.store.approval_decide(row.id, state, by):
+            return False
+        log.info("approval %s: %s by %s", row.code, state, by or "timeout")
+        self.gw.metrics.approvals.labels(row.platform, state).inc()
+        timer = self._timers.pop(row.id, None)
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()
+        settled = await self.store.approval_get(row.id)
+        self.gw._spawn(self._after(settled or row), f"approval:{row.code}")
+        return True
+
+    async def _after(self, row: ApprovalRow) -> None:
+        await self._show(row)
+        if row.state != CANCELLED:
+            await self._continue(row.key)
+
+    async def _show(self, row: ApprovalRow) -> None:
+        channel = self.gw.channels.get(row.platform)
+        if channel is None or not row.message_id:
+            return
+        part = channel.render(f"{row.text}\n\n{self._settled_note(row)}")[0]
+        try:
+            await channel.close_buttons(row.target, row.message_id, part)
+        except Exception as exc:  # the decision holds whether or not the message shows it
+            log.warning("approval %s: could not show the decision: %s", row.code, exc)
+
+    async def _continue(self, key: str) -> None:
+        """Run the paused turn again once none of its requests is pending."""
+        if any(r.state == PENDING for r in await self.store.approvals_for(key)):
+            return
+        if not await self.store.journal_unpause(key):
+            return  # not waiting (a restart already flipped it, or it was cancelled)
+        for entry in await self.store.journal_open():
+            if entry.key == key:
+                self.gw._dispatch(entry)
+
+    async def cancel(self, conversation: str, platform: str, why: str, *, keep: str = "") -> int:
+        """End the paused turns of ``conversation`` (but ``keep``): their requests are cancelled
+        (the buttons say ``why``), their replies say nothing was run, their entries are done. A new
+        turn there does this (the agent closes the paused call as stopped), and so does ``/stop``.
+        Returns how many requests were cancelled."""
+        cancelled = 0
+        for row in await self.store.approvals_pending(platform):
+            if row.conversation != conversation or row.key == keep:
+                continue
+            if not await self.store.approval_decide(row.id, CANCELLED, why):
+                continue
+            cancelled += 1
+            self.gw.metrics.approvals.labels(platform, CANCELLED).inc()
+            timer = self._timers.pop(row.id, None)
+            if timer is not None:
+                timer.cancel()
+            fresh = await self.store.approval_get(row.id)
+            self.gw._spawn(self._show(fresh or row), f"approval-cancel:{row.code}")
+            if await self.store.journal_unpause(row.key, JournalState.DONE.value):
+                self.gw._spawn(self._close_reply(row.key, why), f"approval-close:{row.code}")
+        return cancelled
+
+    async def _close_reply(self, key: str, why: str) -> None:
+        entry = await self.store.journal_entry(key)
+        if entry is None:
+            return
+        try:
+            reply = self.gw._reply(entry)
+            await reply.load()
+            await reply.finish(f"❌ Not run: the request was cancelled ({why}).")
+        except Exception as exc:  # the buttons message already says it
+            log.warning("approval: could not close the reply of %s: %s", key, exc)
+        finally:
+            self.gw._replies.pop(key, None)
+
+    # -- timeouts and restarts --------------------------------------------------------------------
+    def _arm(self, row: ApprovalRow) -> None:
+        if row.id in self._timers or row.state != PENDING:
+            return
+        self._timers[row.id] = asyncio.create_task(self._expire(row), name=f"approval-timeout:{row.code}")
+
+    async def _expire(self, row: ApprovalRow) -> None:
+        await asyncio.sleep(max(0.0, row.deadline - time.time()))
+        self._timers.pop(row.id, None)
+        await self.decide(row, TIMED_OUT, "")
+
+    async def restore(self, platform: str) -> None:
+        """At every (re)connect of ``platform``: arm the timers of its pending requests, and give
+        back to the journal a paused turn whose requests were all settled by a process that died
+        before it could resume it."""
+        for row in await self.store.approvals_pending(platform):
+            self._arm(row)
+        for key in await self.store.journal_paused_settled(platform):
+            await self.store.journal_unpause(key)
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+
+def _buttons(code: str) -> list[Button]:
+    return [
+        Button("✅ Approve", f"{PREFIX}:approve:{code}", "primary"),
+        Button("❌ Deny", f"{PREFIX}:deny:{code}", "danger"),
+    ]

@@ -1,0 +1,315 @@
+"""Running one journal entry's turn: the agent, its stream into the reply, the final answer and
+what follows it (files, the done mark, reactions), and every way a turn can end with the outcome
+the user sees. Split from gateway/daemon/gateway.py (intake, dispatch, shutdown), whose :class:`Gateway`
+is the one class that mixes this in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+from agent.events import (
+    AgentEvent,
+    ApprovalRequested,
+    Clarification,
+    FileOut,
+    Final,
+    StatusUpdate,
+    TextDelta,
+    ToolProgress,
+    TurnFailed,
+)
+from agent.turn import TurnOptions
+from channels.base import Channel, ChannelError, Inbound
+from gateway.config.durations import in_words
+from gateway.intake.attachments import Uploads, deliver_files, fetch_attachments
+from gateway.store.journal import JournalEntry, JournalState, StorageFull
+from gateway.turns.approvals import WAITING_NOTE
+from gateway.turns.options import turn_options
+from gateway.turns.stopping import STOPPED, stopped_notice
+
+if TYPE_CHECKING:
+    from agent.redact import Redactor
+    from gateway.config.schema import Config
+    from gateway.daemon.gateway import Gateway
+    from gateway.delivery.parking import Parking
+    from gateway.delivery.reply import Reply
+    from gateway.ops.metrics import Metrics
+    from gateway.store.journal import Store
+    from gateway.turns.agent_api import AgentHarness
+    from gateway.turns.approvals import Approvals
+    from gateway.turns.queue import TurnQueue
+
+log = logging.getLogger("gateway.daemon.gateway")  # the same name as before the split: operators filter on it
+
+TYPING_EVERY = 4.5
+TYPING_AFTER = 0.3
+"""An answer faster than this needs no typing indicator (saves a platform call per message)."""
+MAX_ATTEMPTS = 3
+AFTER_ANSWER_PART = 30_000
+"""Outbox part of the note under an answer when something failed after it (files use 10,000+)."""
+AFTER_ANSWER_NOTE = (
+    "⚠️ Something went wrong on my side after this answer: the answer above is complete, "
+    "but a file or a follow-up it announced may be missing."
+)
+
+
+class TurnRunner:
+    """The turn half of :class:`gateway.daemon.gateway.Gateway` (a mixin: the attributes below are the
+    gateway's)."""
+
+    config: Config
+    store: Store
+    harness: AgentHarness
+    metrics: Metrics
+    turns: TurnQueue
+    parking: Parking
+    approvals: Approvals
+    redact: Redactor
+    _inflight: set[str]
+    _replies: dict[str, Reply]
+
+    if TYPE_CHECKING:
+
+        def _reply(self, entry: JournalEntry) -> Reply: ...
+
+        async def _keep(self, entry: JournalEntry) -> bool: ...
+
+        def _spawn(self, coro: Any, name: str) -> None: ...
+
+    # -- turns ----------------------------------------------------------------------------------
+    async def _run_entry(self, entry: JournalEntry) -> None:
+        inbound = entry.inbound
+        started = time.monotonic()
+        reply = self._reply(entry)
+        typing: asyncio.Task[None] | None = None
+        outcome = "error"
+        answered = False
+        try:
+            if entry.from_journal:
+                await reply.load()
+            await self.store.journal_set(entry.key, JournalState.RUNNING)
+            entry.attempts += 1
+            if entry.attempts > MAX_ATTEMPTS:
+                await self._give_up(entry, reply)
+                outcome = "abandoned"
+                return
+            if entry.attempts > 1 and reply.has_message:
+                with contextlib.suppress(Exception):
+                    await reply.status("♻️ I was restarted while answering; picking up where I left off…")
+            picked_up = reply.channel.capabilities.picked_up_reaction
+            if picked_up:
+                self._spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
+            typing = asyncio.create_task(self._keep_typing(reply))
+            thread_id = await self.store.thread_for(inbound.conversation)
+            uploads = await fetch_attachments(cast("Gateway", self), reply.channel, entry, thread_id)
+            final, outcome = await self._agent_turn(entry, thread_id, uploads, reply)
+            typing.cancel()
+            if not await self._keep(entry):  # lost to another daemon meanwhile: it answers
+                outcome = "fenced"
+                return
+            if outcome == "waiting":  # paused for approval: resumed by gateway/turns/approvals.py
+                await reply.finish(final)
+                await self.approvals.pause(entry)
+                return
+            # From here /stop leaves the turn alone: its answer goes out whole (gateway/turns/stopping.py).
+            self.turns.finishing(entry.key)
+            if entry.note:  # the gateway's own word above the answer (a schedule firing late)
+                final = f"{entry.note}\n\n{final}"
+            await reply.finish(final)
+            answered = True
+            await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
+            await self.store.journal_set(entry.key, JournalState.DONE)
+            done = reply.channel.capabilities.done_reaction
+            if done:
+                await self._react(reply.channel, inbound, done)
+        except asyncio.CancelledError:
+            if typing is not None:
+                typing.cancel()
+            if not self.turns.was_stopped(entry.key):
+                raise  # shutdown: stays 'running' in the journal, resumed at next start
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            outcome = "stopped"
+            await self._show_stopped(entry, reply)
+        except Exception as exc:
+            if typing is not None:
+                typing.cancel()
+            self.metrics.errors.labels(inbound.platform, type(exc).__name__).inc()
+            expected = isinstance(exc, ChannelError | StorageFull)
+            log.error("turn %s failed: %s", entry.key, exc, exc_info=not expected)
+            parked = False
+            if isinstance(exc, ChannelError):
+                with contextlib.suppress(Exception):
+                    parked = await self.parking.park(entry, exc)
+            outcome = "parked" if parked else "error"  # the answer did not reach the user (yet)
+            if not parked and answered:
+                outcome = "ok"
+                await self._after_answer_failed(entry, reply)
+            elif not parked:
+                text = (
+                    "⚠️ My server's disk is full, so I could not finish this answer. "
+                    "I told the admin; please try again later."
+                    if isinstance(exc, StorageFull)
+                    else "⚠️ Something went wrong on my side while answering. Please try again."
+                )
+                with contextlib.suppress(Exception):
+                    await reply.finish(text)
+                with contextlib.suppress(Exception):
+                    await self.store.journal_set(entry.key, JournalState.FAILED)
+        finally:
+            self._inflight.discard(entry.key)
+            self._replies.pop(entry.key, None)
+            self.parking.settled(entry.key)
+            self.metrics.turns.labels(outcome).inc()
+            self.metrics.turn_seconds.observe(time.monotonic() - started)
+
+    async def _show_stopped(self, entry: JournalEntry, reply: Reply) -> None:
+        """The user stopped this turn, and the journal already says so (a pending notice,
+        gateway/turns/stopping.py): should this process die before the done mark, the restart shows
+        this same reply, once. A send that fails for a reason worth retrying is retried as that
+        notice: the stop never ends without a visible outcome."""
+        try:
+            if entry.from_journal:
+                await reply.load()  # the stop may have landed while it loaded: edit, not re-send
+            await reply.finish(STOPPED)
+        except ChannelError as exc:
+            log.warning("could not show that %s was stopped: %s", entry.key, exc)
+            with contextlib.suppress(Exception):
+                if await self.parking.park(stopped_notice(entry), exc):
+                    return
+            with contextlib.suppress(Exception):
+                await self.store.journal_set(entry.key, JournalState.FAILED)
+            return
+        except Exception as exc:  # the database: the notice stays pending, a restart shows it
+            log.warning("could not show that %s was stopped: %s", entry.key, exc)
+            return
+        with contextlib.suppress(Exception):
+            await self.store.journal_set(entry.key, JournalState.DONE)
+
+    async def _after_answer_failed(self, entry: JournalEntry, reply: Reply) -> None:
+        """Something failed after the answer went out (a file the platform refused, the database
+        marking the entry done). The answer stays as it is, never replaced by an error, and a note
+        under it says what is missing. The entry is done: running it again would answer twice. If
+        the database cannot say so now, it is retried in the background; should the daemon stop
+        first, the restarted turn finds its parts in the outbox and sends nothing new."""
+        with contextlib.suppress(Exception):
+            await reply.note(AFTER_ANSWER_PART, AFTER_ANSWER_NOTE)
+        try:
+            await self.store.journal_set(entry.key, JournalState.DONE)
+        except Exception as exc:
+            log.warning("could not mark %s done (%s); retrying in the background", entry.key, exc)
+            self._spawn(self._mark_done_later(entry.key), f"done:{entry.key}")
+
+    async def _mark_done_later(self, key: str, tries: int = 60, pause: float = 5.0) -> None:
+        for _ in range(tries):
+            await asyncio.sleep(pause)
+            try:
+                await self.store.journal_set(key, JournalState.DONE)
+            except Exception:
+                continue
+            log.info("%s marked done after the database came back", key)
+            return
+        log.error("could not mark %s done; it may run again after a restart", key)
+
+    async def _agent_turn(
+        self, entry: JournalEntry, thread_id: str, uploads: Uploads, reply: Reply
+    ) -> tuple[str, str]:
+        inbound = entry.inbound
+        text, final, outcome = "", "", "ok"
+        message = uploads.message(inbound.text)  # with what a voice note said (gateway/intake/media.py)
+        message = self.redact(message)  # the daemon's secrets never go to the model provider
+        try:
+            options = masked_context(
+                await turn_options(cast("Gateway", self), entry, thread_id, uploads), self.redact
+            )
+            async with asyncio.timeout(self.config.concurrency.turn_timeout):
+                stream = self.approvals.events(
+                    entry,
+                    thread_id,
+                    reply,
+                    lambda: self.harness.run(
+                        thread_id,
+                        user_id=inbound.user,
+                        message_id=inbound.key,
+                        text=message,
+                        files=uploads.files,
+                        options=options,
+                    ),
+                )
+                async for event in stream:
+                    if isinstance(event, FileOut):
+                        # Recorded before anything is sent: a replay after a crash still sends it.
+                        await self.store.files_add(entry.key, event.path, event.caption)
+                        continue
+                    text, final, outcome = self._on_event(event, text, final, outcome, reply)
+        except TimeoutError:
+            took = in_words(self.config.concurrency.turn_timeout)
+            final, outcome = f"⚠️ This took longer than {took}, so I stopped.", "timeout"
+        if outcome == "waiting":
+            final = (text + "\n\n" if text else "") + WAITING_NOTE
+        elif not final:
+            final, outcome = text or "⚠️ The agent ended without an answer.", outcome
+        if uploads.notes:
+            final = "\n".join(uploads.notes) + "\n\n" + final
+        return final, outcome
+
+    @staticmethod
+    def _on_event(
+        event: AgentEvent,
+        text: str,
+        final: str,
+        outcome: str,
+        reply: Reply,
+    ) -> tuple[str, str, str]:
+        if isinstance(event, TextDelta):
+            text += event.text
+            reply.stream(text)
+        elif isinstance(event, ToolProgress):
+            if event.phase == "start":
+                reply.stream((text + "\n\n" if text else "") + f"🔧 {event.name}…")
+        elif isinstance(event, StatusUpdate):
+            reply.stream((text + "\n\n" if text else "") + event.text)
+        elif isinstance(event, Clarification):
+            final = f"❓ {event.question}"
+        elif isinstance(event, Final):
+            final = final or event.text
+        elif isinstance(event, TurnFailed):
+            final, outcome = f"⚠️ {event.message}", "error"
+        elif isinstance(event, ApprovalRequested):
+            outcome = "waiting"
+        return text, final, outcome
+
+    async def _give_up(self, entry: JournalEntry, reply: Reply) -> None:
+        with contextlib.suppress(Exception):
+            await reply.finish("⚠️ I could not finish this answer after several tries. Please ask again.")
+        await self.store.journal_set(entry.key, JournalState.FAILED)
+
+    @staticmethod
+    async def _react(channel: Channel, inbound: Inbound, emoji: str) -> None:
+        with contextlib.suppress(Exception):
+            await channel.react(inbound.target, emoji)
+
+    async def _keep_typing(self, reply: Reply) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.sleep(TYPING_AFTER)
+            while True:
+                await reply.channel.typing(reply.target)
+                await asyncio.sleep(TYPING_EVERY)
+
+
+def masked_context(options: TurnOptions, redact: Redactor) -> TurnOptions:
+    """``options`` with the daemon's secrets masked in the thread context it quotes (someone may
+    have pasted a token into the thread; the model provider must not get it)."""
+    if not options.context:
+        return options
+    context = tuple(
+        dataclasses.replace(c, author=redact(c.author), text=redact(c.text)) for c in options.context
+    )
+    return dataclasses.replace(options, context=context)
