@@ -2,7 +2,7 @@
 
     python bench/import_rss.py                    # what `chital run` with Telegram imports
     python bench/import_rss.py --raw              # without agent/lean_imports.py (the "before")
-    python bench/import_rss.py --modules gateway.app channels.slack.channel --top 20
+    python bench/import_rss.py --modules gateway.daemon.app channels.slack.channel --top 20
     python bench/import_rss.py --why cryptography # who imports it (the first import chain)
 
 An import hook wraps every module's execution and reads VmRSS before and after it; a module's

@@ -48,9 +48,9 @@ def config(**delivery: object) -> Config:
 @pytest.fixture
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Parked retries after 0.1, 0.2, 0.4 s (no jitter); the pacer's quick retry after 0.25 s."""
-    monkeypatch.setattr(gateway.parking, "RETRY_FIRST", 0.1)
-    monkeypatch.setattr(gateway.parking, "random", types.SimpleNamespace(uniform=lambda a, b: b))
-    monkeypatch.setattr(gateway.pacing, "random", types.SimpleNamespace(random=lambda: 0.0))
+    monkeypatch.setattr(gateway.delivery.parking, "RETRY_FIRST", 0.1)
+    monkeypatch.setattr(gateway.delivery.parking, "random", types.SimpleNamespace(uniform=lambda a, b: b))
+    monkeypatch.setattr(gateway.delivery.pacing, "random", types.SimpleNamespace(random=lambda: 0.0))
 
 
 # -- streaming -------------------------------------------------------------------------------------
@@ -290,8 +290,8 @@ async def test_transient_failures_park_the_reply_and_retry_with_backoff(
 async def test_a_parked_reply_goes_out_at_once_when_its_channel_reconnects(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gateway.parking, "RETRY_FIRST", 60.0)  # only the reconnect can bring it
-    monkeypatch.setattr(gateway.pacing, "random", types.SimpleNamespace(random=lambda: 0.0))
+    monkeypatch.setattr(gateway.delivery.parking, "RETRY_FIRST", 60.0)  # only the reconnect can bring it
+    monkeypatch.setattr(gateway.delivery.pacing, "random", types.SimpleNamespace(random=lambda: 0.0))
     async with fake_rig(tmp_path, config()) as rig:
         ch = rig.channel
         ch.fail("send", TransientSendError("connection reset"), times=2)

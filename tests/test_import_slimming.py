@@ -17,7 +17,7 @@ def test_the_daemon_leaves_unused_library_parts_out() -> None:
         import sys
         from agent import lean_imports
         lean_imports.install()  # as gateway.cli.main does first
-        import gateway.cli.main, gateway.app, agent.harness, agent.runtime, channels.telegram.channel
+        import gateway.cli.main, gateway.daemon.app, agent.harness, agent.runtime, channels.telegram.channel
         unused = [
             "langgraph_sdk._async.client",  # the LangGraph server client
             "websockets",

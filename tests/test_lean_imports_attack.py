@@ -470,7 +470,7 @@ def test_scans_of_every_module_do_not_load_deferred_bodies() -> None:
     out = run(
         """
         import inspect, pickle, sys, types
-        import gateway.cli.main, gateway.app, agent.harness, agent.runtime, channels.telegram.channel
+        import gateway.cli.main, gateway.daemon.app, agent.harness, agent.runtime, channels.telegram.channel
         import langchain_openai
         def f(): pass
         f.__module__ = None
@@ -674,7 +674,7 @@ def test_no_library_uses_a_stand_in_where_it_cannot_act_as_the_real_object() -> 
     out = run(
         """
         import ast, inspect, sys
-        import gateway.cli.main, gateway.app, agent.harness, agent.runtime
+        import gateway.cli.main, gateway.daemon.app, agent.harness, agent.runtime
         import channels.telegram.channel, channels.slack.channel, channels.discord.channel, channels.lark.channel
         from agent.lean_imports import _Proxy
         holders = {}

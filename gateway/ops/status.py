@@ -72,7 +72,7 @@ class RecentErrors(logging.Handler):
     pushed the one ERROR that mattered (the sandbox that cannot run) out of ``chital status``
     within seconds. A logging handler, so every part of the daemon (and the SDKs' own loggers)
     feeds it without knowing it exists; redacted by the same
-    :class:`~gateway.logs.RedactingFilter` as the log."""
+    :class:`~gateway.ops.logs.RedactingFilter` as the log."""
 
     def __init__(self, redactor: RedactingFilter, channels: Iterable[str], kept: int = ERRORS_KEPT) -> None:
         super().__init__(logging.WARNING)

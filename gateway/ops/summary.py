@@ -1,7 +1,7 @@
 """The start-up summary: one short block in the log saying what this daemon actually runs.
 
 Read from the live objects, not from the configuration's spelling: the channels' supervised states,
-the harness the daemon opened (an :class:`~gateway.app.UnconfiguredHarness` when the model could not
+the harness the daemon opened (an :class:`~gateway.daemon.app.UnconfiguredHarness` when the model could not
 be set up), the sandbox provider the agent runtime created (and, for bubblewrap, a real sandboxed
 ``true`` run the way the sandbox runs it), the root logger's handlers, the HTTP socket bound.
 
