@@ -196,7 +196,9 @@ async def test_no_bubblewrap_is_said_loudly(
     try:
         await d.start()
         text = await summary_of(d)
-        assert "WARNING gateway.ops.summary:   sandbox   local WITHOUT bubblewrap: NOT ISOLATING" in text, text
+        assert "WARNING gateway.ops.summary:   sandbox   local WITHOUT bubblewrap: NOT ISOLATING" in text, (
+            text
+        )
         assert "channels: none is on" in text
         out = await status_until(d, "NOT ISOLATING")
         assert "recent warnings" in out
