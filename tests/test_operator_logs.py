@@ -84,7 +84,9 @@ async def test_a_first_start_says_each_thing_once(first_start: DaemonProcess) ->
     others = [
         m
         for lvl, name, m in lines
-        if "telegram" in m and lvl == "WARNING" and name not in ("gateway.daemon.app", "gateway.ops.summary")
+        if "telegram" in m
+        and lvl == "WARNING"
+        and name not in ("gateway.daemon.app", "gateway.daemon.summary")
     ]
     assert others and all("restarting in" in m for m in others), others
 

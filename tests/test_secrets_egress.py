@@ -442,9 +442,9 @@ async def test_readyz_metrics_and_the_status_socket_are_masked(tmp_path: Path) -
 
     from agent.redact import Redactor
     from gateway.cli.status import fetch_status
+    from gateway.daemon.status import StatusServer
     from gateway.ops.http import build_app
     from gateway.ops.metrics import Metrics
-    from gateway.ops.status import StatusServer
 
     class Leaky:
         def readiness(self) -> dict[str, object]:

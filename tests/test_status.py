@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.daemon.status import RecentErrors
+from gateway.daemon.summary import channel_lines, endpoint
 from gateway.ops.logs import RedactingFilter
-from gateway.ops.status import RecentErrors
-from gateway.ops.summary import channel_lines, endpoint
 from tests.daemon import REPO, DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.telegram_server import FakeTelegram
@@ -196,9 +196,9 @@ async def test_no_bubblewrap_is_said_loudly(
     try:
         await d.start()
         text = await summary_of(d)
-        assert "WARNING gateway.ops.summary:   sandbox   local WITHOUT bubblewrap: NOT ISOLATING" in text, (
-            text
-        )
+        assert (
+            "WARNING gateway.daemon.summary:   sandbox   local WITHOUT bubblewrap: NOT ISOLATING" in text
+        ), text
         assert "channels: none is on" in text
         out = await status_until(d, "NOT ISOLATING")
         assert "recent warnings" in out

@@ -38,9 +38,9 @@ from gateway.config.schema import Config
 
 if TYPE_CHECKING:
     from agent.events import AgentEvent
+    from gateway.agent_api import AgentHarness
     from gateway.intake.commands import Command
     from gateway.store.journal import Store
-    from gateway.turns.agent_api import AgentHarness
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """C0 and C1 control characters but tab and newline: with them the model's text (prompt-injected

@@ -48,7 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     setup_logging(cfg)
     # Which channels are on and why the others are off, the model and the sandbox: the start-up
-    # summary logs them once, after the daemon has tried them (gateway/ops/summary.py).
+    # summary logs them once, after the daemon has tried them (gateway/daemon/summary.py).
     code = 0
     try:
         asyncio.run(Daemon(cfg).run_forever())

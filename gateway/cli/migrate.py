@@ -35,8 +35,10 @@ from typing import Any
 
 from gateway.cli.common import add_command, load_config_arg
 from gateway.daemon.lifecycle import redact_url
-from gateway.ops.status import _answers as socket_answers  # the probe start-up uses against a second daemon
-from gateway.ops.status import socket_path
+from gateway.daemon.status import (
+    _answers as socket_answers,  # the probe start-up uses against a second daemon
+)
+from gateway.daemon.status import socket_path
 from gateway.store.db import is_postgres_url
 
 MARKS = (

@@ -1,6 +1,6 @@
 """``chital status``: ask the running daemon how it is doing (channels, queue, recent errors).
 
-It talks to the daemon's Unix socket in the data directory (gateway/ops/status.py), found through the
+It talks to the daemon's Unix socket in the data directory (gateway/daemon/status.py), found through the
 same configuration ``chital run`` uses. Exit codes: 0 the daemon answered, 1 no daemon answers (or
 it answered something unreadable), 2 the configuration is invalid.
 """
@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from gateway.cli.common import add_command, load_existing_config
-from gateway.ops.status import socket_path
+from gateway.daemon.status import socket_path
 
 TIMEOUT = 10.0
 

@@ -27,6 +27,7 @@ from aiohttp import web
 from agent.events import AgentEvent, ApprovalDecision, OutputFile, TurnFailed
 from agent.turn import PLAIN, TurnOptions
 from channels.base import Channel, ChannelState
+from gateway.agent_api import AgentHarness, MemoryAccess
 from gateway.config import data_dir
 from gateway.config.platforms import PLATFORMS, build_channels
 from gateway.config.schema import Config
@@ -42,16 +43,15 @@ from gateway.daemon.lifecycle import (
     postgres_error,
     prepare_data_dir,
 )
+from gateway.daemon.status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
+from gateway.daemon.summary import log_summary
 from gateway.ops.http import build_app, describe_state
 from gateway.ops.logs import RedactingFilter
 from gateway.ops.metrics import Metrics
-from gateway.ops.status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
-from gateway.ops.summary import log_summary
 from gateway.ops.supervisor import ChannelSupervisor
 from gateway.ops.systemd import Notifier
 from gateway.store.journal import Store
 from gateway.store.retention import Retention
-from gateway.turns.agent_api import AgentHarness, MemoryAccess
 from gateway.turns.usage import UsageRecorder
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class Daemon:
         self.http_port: int | None = None
         self.retention: Retention | None = None
         self.status_server: StatusServer | None = None
-        """``chital status``'s Unix socket (gateway/ops/status.py); None when it could not be opened."""
+        """``chital status``'s Unix socket (gateway/daemon/status.py); None when it could not be opened."""
         self.recent_errors = RecentErrors(
             RedactingFilter(redactor_for(config)), type(config.channels).model_fields
         )

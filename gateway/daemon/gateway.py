@@ -24,6 +24,7 @@ from channels.base import (
     Inbound,
     InboundSink,
 )
+from gateway.agent_api import AgentHarness
 from gateway.config import profiles
 from gateway.config.schema import Config
 from gateway.config.secrets import redactor_for
@@ -38,7 +39,6 @@ from gateway.ops.metrics import Metrics
 from gateway.schedules import confirm as schedule_confirm
 from gateway.store.journal import JournalEntry, JournalKind, JournalState, Store
 from gateway.turns import queued_sign, stopping, usage
-from gateway.turns.agent_api import AgentHarness
 from gateway.turns.approvals import Approvals
 from gateway.turns.queue import TurnQueue
 from gateway.turns.runner import TurnRunner

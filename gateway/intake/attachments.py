@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 from agent.untrusted import TEXT_CHARS, code_span, file_name
 from channels.base import Channel, ChannelError, OutFile
+from gateway.agent_api import AgentHarness
 from gateway.delivery.reply import Reply
 from gateway.intake import media
 from gateway.intake.transcribe import SHOWN_CHARS, Heard, heard
 from gateway.store.journal import JournalEntry, Store
-from gateway.turns.agent_api import AgentHarness
 
 if TYPE_CHECKING:
     from gateway.daemon.gateway import Gateway

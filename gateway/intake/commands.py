@@ -23,8 +23,8 @@ from gateway.turns import stopping
 
 if TYPE_CHECKING:
     from channels.base import Inbound
+    from gateway.agent_api import AgentHarness, MemoryAccess
     from gateway.daemon.gateway import Gateway
-    from gateway.turns.agent_api import AgentHarness, MemoryAccess
 
 log = logging.getLogger(__name__)
 

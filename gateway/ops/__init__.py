@@ -1,2 +1,3 @@
-"""What the operator sees of a running daemon: the HTTP probes and metrics, logs, the status socket,
-channel supervision, systemd notification and the start-up summary."""
+"""What the operator sees of a running daemon and what every part reports into: the HTTP probes and
+metrics, logs, channel supervision and systemd notification. Low in the layering: imports only
+gateway.config."""

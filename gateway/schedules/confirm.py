@@ -19,10 +19,11 @@ import re
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
-from agent.provenance import FORWARDED_MESSAGE, SCHEDULED, Provenance, Source, clean_label
+from agent.provenance import SCHEDULED, Provenance, Source, clean_label
 from agent.untrusted import code_span, one_line
-from channels.base import FORWARDED, Action, ActionAnswer, Button, Inbound, scrub
+from channels.base import Action, ActionAnswer, Button, Inbound, scrub
 from gateway.intake.access import is_admin
+from gateway.intake.provenance import PROVENANCE_EXTRA
 
 if TYPE_CHECKING:
     from gateway.daemon.gateway import Gateway
@@ -32,8 +33,6 @@ log = logging.getLogger(__name__)
 
 PREFIX = "schc"
 """Button values ``schc:ok:ID`` / ``schc:no:ID`` (short: Telegram allows 64 bytes)."""
-PROVENANCE_EXTRA = "chital_provenance"
-"""In a firing's ``Inbound.extra``: the sources its turn carries (gateway/turns/options.py)."""
 SHOWN_TEXT = 600
 """Characters of the scheduled text the confirmation request quotes."""
 END = "[End of the scheduled text.]"
@@ -56,20 +55,6 @@ def firing_extra(schedule: Schedule) -> dict[str, str]:
     if not schedule.provenance.tainted:
         return {}
     return {PROVENANCE_EXTRA: Provenance(origin_sources(schedule)).to_json() or ""}
-
-
-def inbound_sources(inbound: Inbound) -> tuple[Source, ...]:
-    """The sources a journaled firing carries (``()`` for anything else)."""
-    raw = inbound.extra.get(PROVENANCE_EXTRA)
-    return Provenance.from_json(raw).sources if raw else ()
-
-
-def forwarded_sources(inbound: Inbound) -> tuple[Source, ...]:
-    """A forwarded or shared message carries someone else's words (channels.base.FORWARDED)."""
-    if FORWARDED not in inbound.extra:
-        return ()
-    who = clean_label(str(inbound.extra.get(FORWARDED) or ""), 64)
-    return (Source(FORWARDED_MESSAGE, who),)
 
 
 def firing_text(schedule: Schedule, rule: str, due: str) -> str:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from agent.turn import PLAIN, TurnOptions
 from gateway.config.profiles import conversation_options
 from gateway.intake.media import shown_images
+from gateway.intake.provenance import forwarded_sources, inbound_sources
 from gateway.intake.thread_context import thread_context
-from gateway.schedules.confirm import forwarded_sources, inbound_sources
 
 if TYPE_CHECKING:
     from gateway.daemon.gateway import Gateway

@@ -35,13 +35,13 @@ from gateway.turns.stopping import STOPPED, stopped_notice
 
 if TYPE_CHECKING:
     from agent.redact import Redactor
+    from gateway.agent_api import AgentHarness
     from gateway.config.schema import Config
     from gateway.daemon.gateway import Gateway
     from gateway.delivery.parking import Parking
     from gateway.delivery.reply import Reply
     from gateway.ops.metrics import Metrics
     from gateway.store.journal import Store
-    from gateway.turns.agent_api import AgentHarness
     from gateway.turns.approvals import Approvals
     from gateway.turns.queue import TurnQueue
 

@@ -1,4 +1,4 @@
-"""A small agent for in-process gateway tests, implementing :class:`gateway.turns.agent_api.AgentHarness`.
+"""A small agent for in-process gateway tests, implementing :class:`gateway.agent_api.AgentHarness`.
 
 By default every turn answers ``echo: <text>`` (plus the names of the files it received). A test
 scripts other answers per message text with :meth:`FakeHarness.on`: an async generator of agent
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from agent.events import AgentEvent, ApprovalDecision, Final, OutputFile
 from agent.turn import PLAIN, TurnOptions
-from gateway.turns.agent_api import AgentHarness, MemoryAccess
+from gateway.agent_api import AgentHarness, MemoryAccess
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from channels.base import ChannelState
+from gateway.agent_api import AgentHarness
 from gateway.store.db import SQLITE
-from gateway.turns.agent_api import AgentHarness
 
 if TYPE_CHECKING:
     from agent.runtime import AgentRuntime
     from gateway.daemon.app import Daemon
 
-log = logging.getLogger("gateway.ops.summary")
+log = logging.getLogger("gateway.daemon.summary")
 
 Line = tuple[int, str]
 """(logging level, text) of one line of the summary."""
