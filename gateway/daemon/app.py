@@ -51,7 +51,7 @@ from gateway.ops.supervisor import ChannelSupervisor
 from gateway.ops.systemd import Notifier
 from gateway.store.journal import Store
 from gateway.store.retention import Retention
-from gateway.turns.agent_api import AgentHarness, MemoryAccess
+from gateway.turns.agent_api import AgentHarness, MemoryAccess, sandbox_report
 from gateway.turns.usage import UsageRecorder
 
 if TYPE_CHECKING:
@@ -147,16 +147,6 @@ async def open_harness(
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         log.error("the agent could not be set up: %s", reason, exc_info=True)
         return UnconfiguredHarness(reason)
-
-
-def sandbox_report(harness: object) -> dict[str, str]:
-    """``Daemon.sandbox_report`` for any harness (the terminal chat's too)."""
-    if harness is None:
-        return {"state": "starting", "detail": "the agent is being set up"}
-    state = getattr(harness, "sandbox_state", None)
-    if state is None:
-        return {"state": "not started", "detail": "the agent is not set up (see agent)"}
-    return dict(state().as_dict())
 
 
 class Daemon:
