@@ -84,3 +84,14 @@ class AgentHarness(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def sandbox_report(harness: object) -> dict[str, str]:
+    """``Daemon.sandbox_report`` for any harness (the terminal chat's and ``/status``'s too): the
+    sandbox as the agent's start-up probe found it, or why there is no probe (no agent yet)."""
+    if harness is None:
+        return {"state": "starting", "detail": "the agent is being set up"}
+    state = getattr(harness, "sandbox_state", None)
+    if state is None:
+        return {"state": "not started", "detail": "the agent is not set up (see agent)"}
+    return dict(state().as_dict())

@@ -242,7 +242,7 @@ async def test_new_cut_off_by_a_crash_opens_one_thread(tmp_path: Path) -> None:
     entry = JournalEntry.new(new, JournalKind.COMMAND)
     cmd = commands.parse_command(new.text)
     assert cmd is not None
-    await commands.execute(gw, entry, cmd)  # the effect happens ...
+    await commands.execute(gw.command_context(), entry, cmd)  # the effect happens ...
     made = await gw.store.thread_get(f"telegram:{ADMIN}")
     assert made and made != old_thread
     await close_gateway(gw)  # ... and the process is gone before the reply

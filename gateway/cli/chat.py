@@ -60,8 +60,6 @@ CANCEL_WAIT = 5.0
 """Seconds a cancelled turn may take to wind down (the harness waits for its checkpoint write)."""
 PROMPT = "you> "
 log = logging.getLogger(__name__)
-HERE = ("new", "status", "memory", "forget", "help")
-"""The gateway's chat commands that mean something here (/stop is Ctrl-C; the others need the daemon)."""
 
 
 # -- input ------------------------------------------------------------------------------------------
@@ -169,11 +167,11 @@ def model_endpoint(cfg: Config) -> str:
 
 
 def help_text() -> str:
-    """The gateway's command list, as it applies in a terminal."""
-    from gateway.intake.commands import COMMANDS
+    """The gateway's command list, as it applies in a terminal: the registry's rows marked
+    ``terminal`` (/stop is Ctrl-C here; the others need the daemon)."""
+    from gateway.intake.commands import REGISTRY
 
-    lines = ["Commands:"]
-    lines += [f"/{name} — {COMMANDS[name]}" for name in HERE if name in COMMANDS]
+    lines = REGISTRY.help_lines(rows=[row for row in REGISTRY.rows if row.terminal])
     lines += [
         "/quit, /exit — leave (so does Ctrl-D)",
         "Ctrl-C — cancel the answer being written (at the prompt: leave)",
@@ -275,9 +273,10 @@ class Chat:
         return True
 
     async def command(self, cmd: Command) -> bool:
-        from gateway.intake.commands import ADMIN_COMMANDS, memory_reply, new_text, thread_line
+        from gateway.intake.command_registry import Who
+        from gateway.intake.commands import REGISTRY, memory_reply, new_text, thread_line
 
-        name = cmd.name
+        name, row = cmd.name, REGISTRY.get(cmd.name)
         if name in ("quit", "exit"):
             return False
         if name == "help":
@@ -298,7 +297,7 @@ class Chat:
             print("\n".join(lines))
         elif name in ("memory", "forget"):
             print(printable(await memory_reply(self.harness.memory, self.user, name, direct=True)))
-        elif name in ADMIN_COMMANDS:
+        elif row is not None and row.who is Who.ADMIN:
             print(f"/{name} decides pairing requests in chats; here use `chital pairing` (docs/access.md).")
         else:
             print(f"/{name} works in the chats the daemon (`chital run`) serves, not in this terminal.")

@@ -171,14 +171,14 @@ def command_name(skill: str) -> str:
 
 
 def skill_for(config: Config, text: str) -> str | None:
-    """The skill that ``/<skill> text`` activates, or None. Built-in commands are never skills."""
-    from gateway.intake.commands import parse_command
+    """The skill that ``/<skill> text`` names, or None.
 
+    Built-in commands are never skills, and that is decided before this is asked: intake parses
+    the command registry's names first (gateway/intake/commands.py) and journals them as commands,
+    so a turn's text never starts with one (a schedule's firing starts with its header). So the
+    config needs no list of the commands, and does not import intake."""
     match = _SKILL_COMMAND.match(text.strip())
     if match is None:
-        return None
-    command = parse_command(text)
-    if command is not None and command.known:
         return None
     wanted = match.group(1).lower().replace("_", "-")
     return next((s.name for s in skills(config) if s.name == wanted), None)

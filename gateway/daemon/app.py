@@ -27,7 +27,7 @@ from aiohttp import web
 from agent.events import AgentEvent, ApprovalDecision, OutputFile, TurnFailed
 from agent.turn import PLAIN, TurnOptions
 from channels.base import Channel, ChannelState
-from gateway.agent_api import AgentHarness, MemoryAccess
+from gateway.agent_api import AgentHarness, MemoryAccess, sandbox_report
 from gateway.config import data_dir
 from gateway.config.platforms import PLATFORMS, build_channels
 from gateway.config.schema import Config
@@ -147,16 +147,6 @@ async def open_harness(
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         log.error("the agent could not be set up: %s", reason, exc_info=True)
         return UnconfiguredHarness(reason)
-
-
-def sandbox_report(harness: object) -> dict[str, str]:
-    """``Daemon.sandbox_report`` for any harness (the terminal chat's too)."""
-    if harness is None:
-        return {"state": "starting", "detail": "the agent is being set up"}
-    state = getattr(harness, "sandbox_state", None)
-    if state is None:
-        return {"state": "not started", "detail": "the agent is not set up (see agent)"}
-    return dict(state().as_dict())
 
 
 class Daemon:

@@ -24,7 +24,7 @@ from channels.base import (
     Inbound,
     InboundSink,
 )
-from gateway.agent_api import AgentHarness
+from gateway.agent_api import AgentHarness, sandbox_report
 from gateway.config import profiles
 from gateway.config.schema import Config
 from gateway.config.secrets import redactor_for
@@ -37,6 +37,7 @@ from gateway.intake.limits import Throttles
 from gateway.intake.slow_lane import FairLane
 from gateway.ops.metrics import Metrics
 from gateway.schedules import confirm as schedule_confirm
+from gateway.schedules import runner as schedules
 from gateway.store.journal import JournalEntry, JournalKind, JournalState, Store
 from gateway.turns import queued_sign, stopping, usage
 from gateway.turns.approvals import Approvals
@@ -453,10 +454,27 @@ class Gateway(TurnRunner):
             self._replies.pop(entry.key, None)
             self.parking.settled(entry.key)
 
+    def command_context(self) -> commands.CommandContext:
+        """What the command handlers may use (gateway/intake/command_registry.py): the narrow parts
+        of this Gateway, not the Gateway."""
+        return commands.CommandContext(
+            config=self.config,
+            store=self.store,
+            harness=self.harness,
+            bad_codes=self.throttles.bad_codes,
+            tell=self.tell,
+            stop=lambda entry: stopping.stop(self, entry),
+            cancel_approvals=self.approvals.cancel,
+            turn_status=self.turns.status,
+            running_turns=lambda: self.turns.running_count,
+            sandbox_state=lambda: sandbox_report(self.harness)["state"],
+            schedules=lambda entry, cmd: schedules.command(self, entry, cmd),
+        )
+
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:
         """Run a command (gateway/intake/commands.py: once per journal key) and deliver its reply."""
         try:
-            text = await commands.execute(self, entry, cmd)
+            text = await commands.execute(self.command_context(), entry, cmd)
         except Exception as exc:
             log.error("command /%s of %s failed: %s", cmd.name, entry.key, exc, exc_info=True)
             text = f"⚠️ Something went wrong on my side running /{cmd.name}. Please try again."

@@ -1,10 +1,11 @@
 """The chat commands about the agent itself: ``/model``, ``/usage``, ``/skills``, and the model and
-profile lines of ``/status``. Parsing, journaling and once-only replies are gateway/intake/commands.py's.
+profile lines of ``/status``. Their rows, journaling and once-only replies are gateway/intake/commands.py's.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent.untrusted import code_span
@@ -14,7 +15,7 @@ from gateway.intake import access
 if TYPE_CHECKING:
     from channels.base import Inbound
     from gateway.config.schema import Config
-    from gateway.daemon.gateway import Gateway
+    from gateway.intake.command_registry import CommandContext
     from gateway.turns.usage import Totals
 
 log = logging.getLogger(__name__)
@@ -31,13 +32,13 @@ def _model_label(config: Config, name: str) -> str:
 
 
 # -- /status -------------------------------------------------------------------------------------------
-async def status_lines(gw: Gateway, inbound: Inbound) -> list[str]:
+async def status_lines(ctx: CommandContext, inbound: Inbound) -> list[str]:
     """The model and profile lines of ``/status``."""
-    now = await profiles.in_use(gw.config, gw.store, inbound)
-    spec = next((m for m in gw.config.models if m.name == now.model), None)
+    now = await profiles.in_use(ctx.config, ctx.store, inbound)
+    spec = next((m for m in ctx.config.models if m.name == now.model), None)
     provider = spec.kwargs().get("model") if spec is not None else None
     if not isinstance(provider, str) or not provider:
-        provider = gw.harness.model_name if now.model == gw.config.agent.model else now.model
+        provider = ctx.harness.model_name if now.model == ctx.config.agent.model else now.model
     model = f"Model: {provider}" + (f" ({now.model})" if provider != now.model else "")
     if now.chosen:
         model += f" — chosen with /model (default here: {now.default_model})"
@@ -47,13 +48,11 @@ async def status_lines(gw: Gateway, inbound: Inbound) -> list[str]:
     return [model, profile]
 
 
-def sandbox_line(harness: object) -> str:
-    """``Sandbox: ...`` as the agent's start-up probe found it (not whether bubblewrap exists).
-    The detail names host paths: /status is for the bot's users, so only the state and, when it
-    failed, that the operator has the reason (``chital status``, the log)."""
-    from gateway.daemon.app import sandbox_report
-
-    state = sandbox_report(harness)["state"]
+def sandbox_line(state: str) -> str:
+    """``Sandbox: ...`` for the ``state`` the agent's start-up probe found (not whether bubblewrap
+    exists; :attr:`CommandContext.sandbox_state`). The probe's detail names host paths: /status is
+    for the bot's users, so only the state and, when it failed, that the operator has the reason
+    (``chital status``, the log)."""
     words = {
         "ready": "ready (commands run isolated)",
         "off": "off (agent.tools: false)",
@@ -64,11 +63,11 @@ def sandbox_line(harness: object) -> str:
 
 
 # -- /model ----------------------------------------------------------------------------------------------
-async def model_command(gw: Gateway, inbound: Inbound, args: str) -> str:
+async def model_command(ctx: CommandContext, inbound: Inbound, args: str) -> str:
     """``/model`` lists the models; ``/model NAME`` switches this conversation's model."""
-    config = gw.config
+    config = ctx.config
     names = [m.name for m in config.models]
-    now = await profiles.in_use(config, gw.store, inbound)
+    now = await profiles.in_use(config, ctx.store, inbound)
     if not args:
         lines = ["Models (✓ = this conversation's):"]
         for name in names:
@@ -93,7 +92,7 @@ async def model_command(gw: Gateway, inbound: Inbound, args: str) -> str:
     if wanted == now.model:
         return f"This conversation already uses {_model_label(config, wanted)}."
     choice = None if wanted == now.default_model else wanted
-    await gw.store.choose_model(inbound.conversation, choice, inbound.user)
+    await ctx.store.choose_model(inbound.conversation, choice, inbound.user)
     log.info("conversation %s: model %s chosen by %s", inbound.conversation, wanted, inbound.user)
     if choice is None:
         return f"↩️ Back to the default model here, {_model_label(config, wanted)}."
@@ -124,12 +123,12 @@ ESTIMATED_NOTE = (
 )
 
 
-async def usage_command(gw: Gateway, inbound: Inbound) -> str:
+async def usage_command(ctx: CommandContext, inbound: Inbound) -> str:
     """A user's own tokens per model (today, 7 and 30 days) and their budget; an admin in a direct
     message also sees everyone's totals per model and the top users."""
     from gateway.turns.usage import TOP_USERS, budget_of
 
-    config, store = gw.config, gw.store
+    config, store = ctx.config, ctx.store
     today = config.usage.today()
     policy = config.access_for(inbound.platform)
     admin = access.is_admin(policy, inbound)
@@ -171,13 +170,12 @@ async def usage_command(gw: Gateway, inbound: Inbound) -> str:
 
 
 # -- /skills ---------------------------------------------------------------------------------------------
-def skills_command(gw: Gateway) -> str:
-    """The skills, each with the command that activates it for one message."""
-    from gateway.intake.commands import parse_command
-
-    if not gw.config.agent.tools:
+def skills_command(config: Config, is_command: Callable[[str], bool]) -> str:
+    """The skills, each with the command that activates it for one message; a skill named like a
+    command (``is_command``: the registry's names) is not reachable that way."""
+    if not config.agent.tools:
         return "Skills are off (the agent runs without tools)."
-    found = profiles.skills(gw.config)
+    found = profiles.skills(config)
     if not found:
         return "No skills are installed."
     lines = ["Skills — send /name and your request to use one for that message:"]
@@ -185,8 +183,7 @@ def skills_command(gw: Gateway) -> str:
         # The name is checked ([a-z0-9-], agent/skills.py); the description is anyone's text.
         about = code_span(skill.description, DESCRIPTION_MAX, empty="(no description)")
         command = profiles.command_name(skill.name)
-        parsed = parse_command(f"/{command}")
-        if parsed is not None and parsed.known:
+        if is_command(command):
             lines.append(f"{skill.name} — {about} (its name is a command: ask for it in words)")
         else:
             lines.append(f"/{command} — {about}")
