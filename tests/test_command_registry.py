@@ -1,6 +1,6 @@
 """The command registry is the one list of commands: ``/help`` (a user's, an admin's, the terminal
 chat's) and the parser are derived from its rows, so a command added or removed there is added or
-removed everywhere, and a ``/word`` no row names is not a command (gateway/intake/command_registry.py)."""
+removed everywhere, and a ``/word`` no row names is not a command (gateway/commands/registry.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from gateway.cli.chat import Chat
 from gateway.cli.chat import help_text as terminal_help
-from gateway.intake.command_registry import CommandSpec, Registry, Who
-from gateway.intake.commands import REGISTRY, parse_command
+from gateway.commands.builtin import REGISTRY, parse_command
+from gateway.commands.registry import CommandSpec, Registry, Who
 from tests.fakes.fake_harness import FakeHarness
 from tests.fakes.gateway_rig import ADMIN, USER, Rig, make_config, store_at, until
 

@@ -9,10 +9,10 @@ import pytest
 
 from channels.base import Capabilities, Inbound, RetryAfter, TransientSendError
 from channels.textsplit import split_markdown
+from gateway.commands.builtin import parse_command
 from gateway.config.schema import AccessPolicy, ConfigError, load_config, parse_config
 from gateway.delivery.pacing import ChatPacer
 from gateway.intake.access import Verdict, decide
-from gateway.intake.commands import parse_command
 from gateway.ops.logs import RedactingFilter
 from tests.fakes.gateway_rig import store_at
 

@@ -7,7 +7,8 @@ import asyncio
 import re
 from pathlib import Path
 
-from gateway.intake import access, commands
+from gateway.commands import builtin as commands
+from gateway.intake import access
 from gateway.intake.access import GUESS_SPACE
 from gateway.store.access import PAIRING_ALPHABET, PAIRING_CODE_LEN
 from gateway.store.journal import JournalEntry, JournalKind

@@ -11,7 +11,7 @@ What makes it a REPL that behaves:
   leave with status 0. Line editing is the terminal's own (canonical mode), as it was.
 - **Quiet.** Log records (redacted, as the daemon's) and Python warnings go to ``<storage>/chat.log``,
   which the banner names; nothing prints over the conversation.
-- **The chat commands** are the gateway's texts and logic (gateway/intake/commands.py) where they apply.
+- **The chat commands** are the gateway's texts and logic (gateway/commands/builtin.py) where they apply.
 - **Failures say why.** A failed turn prints the user's message and, since whoever sits at this
   terminal is the operator, the cause and the model's URL (``TurnFailed.detail``).
 """
@@ -39,7 +39,7 @@ from gateway.config.schema import Config
 if TYPE_CHECKING:
     from agent.events import AgentEvent
     from gateway.agent_api import AgentHarness
-    from gateway.intake.commands import Command
+    from gateway.commands.builtin import Command
     from gateway.store.journal import Store
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -169,7 +169,7 @@ def model_endpoint(cfg: Config) -> str:
 def help_text() -> str:
     """The gateway's command list, as it applies in a terminal: the registry's rows marked
     ``terminal`` (/stop is Ctrl-C here; the others need the daemon)."""
-    from gateway.intake.commands import REGISTRY
+    from gateway.commands.builtin import REGISTRY
 
     lines = REGISTRY.help_lines(rows=[row for row in REGISTRY.rows if row.terminal])
     lines += [
@@ -261,7 +261,7 @@ class Chat:
 
     async def step(self, text: str) -> bool:
         """Handle one line; False to leave."""
-        from gateway.intake.commands import parse_command
+        from gateway.commands.builtin import parse_command
 
         cmd = parse_command(text)
         if cmd is not None and (cmd.known or cmd.name in ("quit", "exit")):
@@ -273,8 +273,8 @@ class Chat:
         return True
 
     async def command(self, cmd: Command) -> bool:
-        from gateway.intake.command_registry import Who
-        from gateway.intake.commands import REGISTRY, memory_reply, new_text, thread_line
+        from gateway.commands.builtin import REGISTRY, memory_reply, new_text, thread_line
+        from gateway.commands.registry import Who
 
         name, row = cmd.name, REGISTRY.get(cmd.name)
         if name in ("quit", "exit"):

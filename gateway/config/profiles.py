@@ -174,7 +174,7 @@ def skill_for(config: Config, text: str) -> str | None:
     """The skill that ``/<skill> text`` names, or None.
 
     Built-in commands are never skills, and that is decided before this is asked: intake parses
-    the command registry's names first (gateway/intake/commands.py) and journals them as commands,
+    the command registry's names first (gateway/commands/builtin.py) and journals them as commands,
     so a turn's text never starts with one (a schedule's firing starts with its header). So the
     config needs no list of the commands, and does not import intake."""
     match = _SKILL_COMMAND.match(text.strip())

@@ -25,13 +25,14 @@ from channels.base import (
     InboundSink,
 )
 from gateway.agent_api import AgentHarness, sandbox_report
+from gateway.commands import builtin as commands
 from gateway.config import profiles
 from gateway.config.schema import Config
 from gateway.config.secrets import redactor_for
 from gateway.delivery.pacing import PacerPool
 from gateway.delivery.parking import Parking
 from gateway.delivery.reply import Reply
-from gateway.intake import access, commands
+from gateway.intake import access
 from gateway.intake.access import Verdict, decide, is_admin
 from gateway.intake.limits import Throttles
 from gateway.intake.slow_lane import FairLane
@@ -455,7 +456,7 @@ class Gateway(TurnRunner):
             self.parking.settled(entry.key)
 
     def command_context(self) -> commands.CommandContext:
-        """What the command handlers may use (gateway/intake/command_registry.py): the narrow parts
+        """What the command handlers may use (gateway/commands/registry.py): the narrow parts
         of this Gateway, not the Gateway."""
         return commands.CommandContext(
             config=self.config,
@@ -472,7 +473,7 @@ class Gateway(TurnRunner):
         )
 
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:
-        """Run a command (gateway/intake/commands.py: once per journal key) and deliver its reply."""
+        """Run a command (gateway/commands/builtin.py: once per journal key) and deliver its reply."""
         try:
             text = await commands.execute(self.command_context(), entry, cmd)
         except Exception as exc:

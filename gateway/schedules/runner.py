@@ -49,8 +49,8 @@ from gateway.store.schedules import ACTIVE, PUSH_MARK, SCHEDULE_MARK, Schedule
 from gateway.turns import usage
 
 if TYPE_CHECKING:
+    from gateway.commands.builtin import Command
     from gateway.daemon.gateway import Gateway
-    from gateway.intake.commands import Command
 
 log = logging.getLogger(__name__)
 

@@ -104,7 +104,7 @@ class JournalKind(enum.StrEnum):
     TURN = "turn"
     """A message for the agent."""
     COMMAND = "command"
-    """A chat command (gateway/intake/commands.py)."""
+    """A chat command (gateway/commands/builtin.py)."""
     NOTICE = "notice"
     """A fixed reply: pairing, refusals, notes about what could not be used."""
 

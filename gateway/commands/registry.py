@@ -8,7 +8,7 @@ terminal chat's). There is no second list of names to forget when a command is a
 
 Handlers get a :class:`CommandContext`: the config, the store, the agent and the few callables
 commands use, not the Gateway (so a command cannot reach into the daemon's insides, and a test
-or the terminal chat can build one). The rows themselves are in gateway/intake/commands.py.
+or the terminal chat can build one). The rows themselves are in gateway/commands/builtin.py.
 
 This module sits low: it imports nothing of the gateway at run time.
 """
@@ -91,7 +91,7 @@ class CommandSpec:
     who: Who = Who.ANYONE
     recorded: bool = False
     """The reply is recorded (under the journal key) before it is sent, so a re-run after a crash or
-    a failed delivery repeats the reply instead of the effect (gateway/intake/commands.py)."""
+    a failed delivery repeats the reply instead of the effect (gateway/commands/builtin.py)."""
     args: str = ""
     """The words it takes, as its usage line writes them: ``CODE``, ``[NAME]`` (for the reader of
     the table and for a platform's command menu; ``/help`` keeps its one line)."""

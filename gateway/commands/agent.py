@@ -1,5 +1,5 @@
 """The chat commands about the agent itself: ``/model``, ``/usage``, ``/skills``, and the model and
-profile lines of ``/status``. Their rows, journaling and once-only replies are gateway/intake/commands.py's.
+profile lines of ``/status``. Their rows, journaling and once-only replies are gateway/commands/builtin.py's.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from gateway.intake import access
 
 if TYPE_CHECKING:
     from channels.base import Inbound
+    from gateway.commands.registry import CommandContext
     from gateway.config.schema import Config
-    from gateway.intake.command_registry import CommandContext
     from gateway.turns.usage import Totals
 
 log = logging.getLogger(__name__)

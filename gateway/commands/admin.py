@@ -1,6 +1,6 @@
 """The admin's chat commands: ``/approve``, ``/deny`` and ``/revoke`` of pairing (docs/access.md).
 
-Only admins reach these handlers (gateway/intake/commands.py checks the row's ``who``); each still
+Only admins reach these handlers (gateway/commands/builtin.py checks the row's ``who``); each still
 checks that the admin administers the platform a code or user belongs to.
 """
 
@@ -17,7 +17,7 @@ from gateway.intake import access
 from gateway.store.access import PAIRING_ALPHABET, PAIRING_CODE_LEN, normalize_code
 
 if TYPE_CHECKING:
-    from gateway.intake.command_registry import Command, CommandContext
+    from gateway.commands.registry import Command, CommandContext
     from gateway.store.journal import JournalEntry
 
 log = logging.getLogger(__name__)

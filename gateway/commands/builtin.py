@@ -1,10 +1,10 @@
 """Chat commands: the registry's rows, running them once per journal key, and the general ones.
 
-Every command is one row of :data:`REGISTRY` (the shape is gateway/intake/command_registry.py):
+Every command is one row of :data:`REGISTRY` (the shape is gateway/commands/registry.py):
 the parser, ``/help`` and the terminal chat's list are derived from the rows. The handlers are
 here (``/new``, ``/stop``, ``/status``, ``/memory``, ``/forget``, ``/help``), in
-gateway/intake/commands_agent.py (``/model``, ``/usage``, ``/skills``), in
-gateway/intake/commands_admin.py (``/approve``, ``/deny``, ``/revoke``) and, through the context,
+gateway/commands/agent.py (``/model``, ``/usage``, ``/skills``), in
+gateway/commands/admin.py (``/approve``, ``/deny``, ``/revoke``) and, through the context,
 in gateway/schedules/runner.py (``/schedules``, ``/unschedule``) and gateway/turns/stopping.py.
 
 A command is journaled like any message and may run more than once: after a crash (resume at the
@@ -19,8 +19,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from agent.untrusted import TEXT_CHARS, code_span
-from gateway.intake import access, commands_admin, commands_agent
-from gateway.intake.command_registry import Command, CommandContext, CommandSpec, Registry, Who
+from gateway.commands import admin as commands_admin
+from gateway.commands import agent as commands_agent
+from gateway.commands.registry import Command, CommandContext, CommandSpec, Registry, Who
+from gateway.intake import access
 
 if TYPE_CHECKING:
     from gateway.agent_api import AgentHarness, MemoryAccess
