@@ -88,7 +88,7 @@ class Budgets:
                 admins = self.config.access_for(platform).admins
             except (AttributeError, KeyError, ValueError):
                 admins = []
-            admin = access._matches(admins, platform, raw)
+            admin = access.matches(admins, platform, raw)
         return budget_of(self.config, user, admin)
 
     async def reserve(self, call: PlannedCall) -> Hold | None:
