@@ -12,7 +12,7 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parent.parent
 PINNED = {
-    "aiosqlite", "langchain", "langchain-core", "langchain-openai", "langgraph", "langgraph-checkpoint",
+    "aiohttp", "aiosqlite", "langchain", "langchain-core", "langchain-openai", "langgraph", "langgraph-checkpoint",
     "langgraph-checkpoint-sqlite", "deepagents", "openai", "python-telegram-bot", "discord.py", "lark-oapi",
 }  # fmt: skip
 """Held to one minor release (see the comments in pyproject.toml)."""
