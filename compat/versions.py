@@ -94,12 +94,6 @@ VERIFIED: dict[str, Verified] = {
             " the HTTP port is the configured one",
         ),
         Verified(
-            "aiosqlite",
-            ">=0.22,<0.23",
-            "compat/aiosqlite.py",
-            None,
-        ),
-        Verified(
             "python-telegram-bot",
             ">=22.8,<22.9",
             "channels/telegram/sdk.py",
