@@ -192,6 +192,42 @@ def test_private_names_of_packages_are_used_only_in_their_boundary_module() -> N
     assert not stale, f"no longer found, remove from the allowlist in this file: {stale}"
 
 
+def _private_members_used(cls_node: ast.ClassDef) -> set[str]:
+    """Private names a class body defines or reads through ``self``/``cls``/``super()``."""
+    used: set[str] = set()
+    for node in ast.walk(cls_node):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and _is_self(node.value):
+            used.add(node.attr)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _private(node.name):
+            used.add(node.name)
+    return used
+
+
+def test_no_class_outside_the_boundary_overrides_or_reads_a_library_bases_private_member() -> None:
+    """The reach the AST rules cannot see: a subclass of a library class overriding or calling its
+    private methods through ``self``/``super()`` (module-level classes, imported to read their MRO)."""
+    violations = []
+    for path in scanned():
+        if path.name == "__main__.py":
+            continue
+        rel = path.relative_to(REPO)
+        module = importlib.import_module(".".join(rel.with_suffix("").parts).removesuffix(".__init__"))
+        for node in ast.parse(path.read_text()).body:
+            cls = getattr(module, node.name, None) if isinstance(node, ast.ClassDef) else None
+            if not isinstance(cls, type) or not isinstance(node, ast.ClassDef):
+                continue
+            used = _private_members_used(node)
+            for base in cls.__mro__[1:]:
+                if _third_party(base.__module__) and base.__module__ != "builtins":
+                    violations += [
+                        f"{rel.as_posix()}: {node.name}.{name} ({base.__module__}.{base.__qualname__})"
+                        for name in sorted(used & set(vars(base)))
+                    ]
+    assert not violations, "a library base's private member used outside the vendor boundary:\n  " + (
+        "\n  ".join(violations)
+    )
+
+
 def test_the_scan_finds_each_kind_of_reach() -> None:
     """The rules above fire (a scan that finds nothing would pass any code)."""
     source = """
