@@ -90,14 +90,13 @@ VERIFIED: dict[str, Verified] = {
             "aiohttp",
             ">=3.14,<3.15",
             "compat/aiohttp.py",
-            "web_fetch checks addresses at the socket only (allow_hosts name entries then refuse),"
-            " the HTTP port is the configured one",
+            "web_fetch checks addresses at the socket only (allow_hosts name entries then refuse)",
         ),
         Verified(
             "python-telegram-bot",
             ">=22.8,<22.9",
             "channels/telegram/sdk.py",
-            None,
+            "raw Bot API calls go through the public Bot.do_api_request",
         ),
         Verified(
             "discord.py",

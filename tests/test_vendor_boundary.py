@@ -9,8 +9,10 @@ The scan is static (the AST of every .py under agent/, channels/ and gateway/). 
 reach: ``from pkg._x import``, ``from pkg import _x``, ``import pkg._x``, an attribute ``._x`` on
 anything but ``self``/``cls``/``super()``, ``getattr``/``hasattr``/``setattr``/``delattr`` with a
 ``"_x"`` literal, an assignment to an attribute of a name imported from a third-party package
-(its module globals or classes), and SQL text naming LangGraph's checkpoint tables. Our own private
-names count as well when used from another object or module: a private name is its module's.
+(its module globals or classes), and SQL text naming LangGraph's checkpoint tables; and, read
+from the imported classes, a subclass of a library class overriding or calling one of its private
+members through ``self``/``super()``. Our own private names count as well when used from another
+object or module: a private name is its module's.
 """
 
 from __future__ import annotations
