@@ -71,6 +71,7 @@ COPY pyproject.toml README.md /tmp/src/
 COPY gateway /tmp/src/gateway
 COPY channels /tmp/src/channels
 COPY agent /tmp/src/agent
+COPY compat /tmp/src/compat
 # --no-build-isolation: setuptools is already in the venv, so this step needs no index.
 RUN /opt/chital/bin/pip install -q --no-deps --no-build-isolation /tmp/src && rm -rf /tmp/src
 

@@ -53,6 +53,8 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from compat import langgraph as langgraph_compat
+
 HISTORY_CACHE = 64
 """Threads whose rebuilt history is kept (the most recently read): enough for as many conversations
 answered in turn (a cycle over more than this would miss every time)."""
@@ -197,7 +199,10 @@ class InlineSqliteSaver(SqliteSaver):
 
     def __init__(self, conn: sqlite3.Connection, *, history_cache: int = HISTORY_CACHE) -> None:
         super().__init__(conn)
-        self.history_cache = history_cache
+        # Outside the releases its table SQL was verified on, SqliteSaver's own path: no kept
+        # history, row-by-row writes (compat/langgraph.py).
+        self.own_sql = langgraph_compat.usable()
+        self.history_cache = history_cache if self.own_sql else 0
         self._known: OrderedDict[str, _Known] = OrderedDict()
         self._kept_bytes = 0
         self._data_version: int | None = None
@@ -270,17 +275,10 @@ class InlineSqliteSaver(SqliteSaver):
         # Writes already stored against the target (a paused or failed step's) are not part of its
         # history, but later checkpoints will chain through it.
         with self.cursor(transaction=False) as cur:
-            cur.execute(
-                "SELECT task_id, idx, task_path, channel, type, value FROM writes"
-                " WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?"
-                if self._has_task_path
-                else "SELECT task_id, idx, '', channel, type, value FROM writes"
-                " WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?",
-                (thread, target),
-            )
+            rows = langgraph_compat.stored_writes(cur, thread, target, with_path=self._task_path())
             stored = {
                 (task_id, idx): (path, ch, self.serde.loads_typed((kind, blob)) if ch in wanted else None)
-                for task_id, idx, path, ch, kind, blob in cur.fetchall()
+                for task_id, idx, path, ch, kind, blob in rows
             }
         if stored:
             known.writes[target] = stored
@@ -289,6 +287,9 @@ class InlineSqliteSaver(SqliteSaver):
         out = _handed_out(history)
         self._trim()
         return out
+
+    def _task_path(self) -> bool:
+        return langgraph_compat.has_task_path(self)
 
     def _drop(self, thread: str) -> None:
         known = self._known.pop(thread, None)
@@ -335,6 +336,9 @@ class InlineSqliteSaver(SqliteSaver):
         """``SqliteSaver.put_writes``, each value serialised once for the database and what is kept,
         so both hold the same bytes even if a node changes the object while this runs (the sync
         graph API calls this from a worker thread while the next step runs)."""
+        if not self.own_sql:
+            super().put_writes(config, writes, task_id, task_path)
+            return
         conf = config["configurable"]
         thread, ns, cid = str(conf["thread_id"]), str(conf["checkpoint_ns"]), str(conf["checkpoint_id"])
         dumps = self.serde.dumps_typed
@@ -351,12 +355,7 @@ class InlineSqliteSaver(SqliteSaver):
                 # (SqliteSaver's autocommit keeps the rows before the failing one).
                 cur.execute("BEGIN IMMEDIATE")
                 try:
-                    cur.executemany(
-                        f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO writes (thread_id,"
-                        " checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        rows,
-                    )
+                    langgraph_compat.insert_writes(cur, rows, replace=replace)
                     cur.execute("COMMIT")
                 except BaseException:
                     if self.conn.in_transaction:
@@ -378,7 +377,7 @@ class InlineSqliteSaver(SqliteSaver):
         # Writes may also come before their checkpoint's ``put`` (the sync graph API stores both
         # from worker threads): kept by id until a chain reaches it.
         stored = known.writes.setdefault(cid, {})
-        path = task_path if self._has_task_path else ""
+        path = task_path if self._task_path() else ""
         for _, _, _, _, _, idx, ch, kind, blob in rows:
             key = (task_id, idx)
             if key in stored and not replace:

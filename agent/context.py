@@ -58,6 +58,7 @@ from agent.settings import ContextSettings
 from agent.thread_context import without_context
 from agent.tool_output import ToolOutputCap
 from agent.tools.clarify import ClarificationMiddleware
+from compat import deepagents as deepagents_compat
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +312,7 @@ def build_summarization(
 
     Why deepagents' and not LangChain's: LangChain's is a ``before_model`` node that rewrites
     the whole history (``RemoveMessage(REMOVE_ALL_MESSAGES)``); deepagents' runs inside the model
-    call, keeps the raw history in state and records the cut in ``_summarization_event``, and
+    call, keeps the raw history in state and records the cut in ``_summarization_event`` (compat), and
     recovers from a provider's context-overflow error by summarizing.
 
     What we add: the summary call is tagged ``nostream`` (otherwise its tokens would stream as
@@ -355,15 +356,18 @@ def build_summarization(
         async def awrap_model_call(self, request: ModelRequest[Any], handler: Any) -> Any:
             # deepagents counts tokens (tool schemas included) on every model call; a thread that
             # was never summarised and is far below the trigger needs none of that work.
-            if not request.state.get("_summarization_event") and _clearly_short(
+            if not deepagents_compat.maybe_summarised(request.state) and _clearly_short(
                 request.messages, settings.summarize_after_tokens or 0
             ):
                 return await handler(request)
             try:
                 return await super().awrap_model_call(request, handler)
             except _SummaryFailed as exc:
+                messages = deepagents_compat.effective_messages(self, request)
+                if messages is None:
+                    raise
                 log.warning("summary call failed (%s); calling the model with the full history", exc)
-                return await handler(request.override(messages=self._get_effective_messages(request)))
+                return await handler(request.override(messages=messages))
 
     return ChitalSummarization(
         model=model,

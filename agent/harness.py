@@ -242,7 +242,7 @@ class Harness:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _require_graph(self) -> CompiledStateGraph[Any, Any, Any, Any]:
+    def require_graph(self) -> CompiledStateGraph[Any, Any, Any, Any]:
         if self._graph is None:
             raise HarnessNotStarted("Harness.start() was not called")
         return self._graph
@@ -257,7 +257,7 @@ class Harness:
 
     async def message_count(self, thread_id: str) -> int:
         """Messages in the thread's history (for /status)."""
-        snap = await self._require_graph().aget_state(self._config(thread_id))
+        snap = await self.require_graph().aget_state(self._config(thread_id))
         return len(snap.values.get("messages", ()))
 
     async def run(
@@ -277,7 +277,7 @@ class Harness:
         Turns of one thread are serialised. Consume it with ``contextlib.aclosing`` so that a
         consumer that stops early releases the thread at once rather than at garbage collection.
         """
-        graph = self._require_graph()
+        graph = self.require_graph()
         config = self._config(thread_id, user_id=user_id, message_id=message_id)
         try:
             choice = self._choice(options)
@@ -313,7 +313,7 @@ class Harness:
 
         Safe to call again (a crash after the decision, a redelivered click): when the thread no
         longer waits on that approval, the turn is continued or its answer replayed as by ``run``."""
-        graph = self._require_graph()
+        graph = self.require_graph()
         config = self._config(thread_id, user_id=user_id, message_id=message_id)
 
         async def prepare() -> dict[str, Any] | Command[Any] | Final | None:

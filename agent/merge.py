@@ -6,9 +6,10 @@ bookkeeping (LangSmith's run-tree and context-variable setup) whether tracing is
 Most of Chital's own middleware only rewrites the request or looks at the response. A run of such
 middleware, adjacent in model-call order, is handed to the factory as one :class:`ModelCallGroup`
 that chains them with LangChain's own composition (``_chain_async_model_call_handlers``, the
-function ``create_agent`` uses), so the order, the retry semantics of nested handlers and the
-``ExtendedModelResponse`` commands (a thread's title) are exactly as before; only the per-layer
-``traceable`` goes (with LangSmith tracing on, the group shows as one span).
+function ``create_agent`` uses, reached through compat/langchain.py), so the order, the retry
+semantics of nested handlers and the ``ExtendedModelResponse`` commands (a thread's title) are
+exactly as before; only the per-layer ``traceable`` goes (with LangSmith tracing on, the group
+shows as one span).
 
 A member's tools, state schema and stream transformers stay registered through a hook-less
 :class:`_Carrier` of the same name. Middleware with any other hook (before/after nodes, tool-call
@@ -21,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from langchain.agents.factory import _chain_async_model_call_handlers, _chain_model_call_handlers
 from langchain.agents.middleware import ModelRequest, ModelResponse
 from langchain.agents.middleware.types import AgentMiddleware
+
+from compat import langchain as lc_compat
 
 _MODEL_HOOKS = ("wrap_model_call", "awrap_model_call")
 _OTHER_HOOKS = (
@@ -73,8 +75,9 @@ class ModelCallGroup(AgentMiddleware[Any, Any, Any]):
         self._name = name
         # The sync chain calls each member's wrap_model_call, which raises NotImplementedError for
         # an async-only member, as create_agent's own chain would.
-        self._chain = _chain_model_call_handlers([m.wrap_model_call for m in self.members])
-        self._achain = _chain_async_model_call_handlers([m.awrap_model_call for m in self.members])
+        self._chain, self._achain = lc_compat.chain_model_calls(
+            [m.wrap_model_call for m in self.members], [m.awrap_model_call for m in self.members]
+        )
 
     @property
     def name(self) -> str:
@@ -102,7 +105,10 @@ def merge_model_calls(
 ) -> list[AgentMiddleware[Any, Any, Any]]:
     """``middleware`` with each run of two or more adjacent mergeable members (middleware without
     model-call hooks do not interrupt a run) replaced by one :class:`ModelCallGroup`, placed where
-    the run's first member was, plus a carrier for each member that has tools or state."""
+    the run's first member was, plus a carrier for each member that has tools or state. Unchanged
+    when LangChain's composition cannot be used (compat/langchain.py)."""
+    if not lc_compat.can_chain():
+        return list(middleware)
     out: list[AgentMiddleware[Any, Any, Any]] = []
     run: list[AgentMiddleware[Any, Any, Any]] = []
     groups = 0

@@ -17,7 +17,6 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from langchain.agents.middleware import ModelRequest, ModelResponse, ModelRetryMiddleware
-from langchain.agents.middleware._retry import calculate_delay
 from langchain.agents.middleware.types import AgentMiddleware
 from langchain_core.exceptions import (
     ModelAuthenticationError,
@@ -31,6 +30,8 @@ from langchain_core.exceptions import (
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langgraph.config import get_stream_writer
 from langgraph.errors import GraphBubbleUp
+
+from compat import langchain as lc_compat
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ class RetryModelCalls(ModelRetryMiddleware):
         )
 
     def _delay(self, attempt: int, exc: BaseException) -> float:
-        delay = calculate_delay(
+        delay = lc_compat.retry_delay(
             attempt,
             backoff_factor=self.backoff_factor,
             initial_delay=self.initial_delay,

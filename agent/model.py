@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-import functools
 import importlib
 import inspect
 import os
 import threading
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 from uuid import UUID
@@ -18,9 +16,11 @@ from langchain.agents.middleware.types import AgentMiddleware, ModelRequest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import Runnable
-from langchain_core.tracers._streaming import _StreamingCallbackHandler
 
 from agent.config import AgentSettings, ModelSpec
+from compat import langchain_core as lc_compat
+from compat import langchain_openai as openai_compat
+from compat.openai_client import stream_plain_chunks
 
 T = TypeVar("T")
 NOSTREAM = "nostream"
@@ -42,14 +42,6 @@ def _field_names(cls: type) -> set[str]:
 NO_KEY = "unused"
 """The API key passed to a keyless OpenAI-compatible server (the OpenAI client refuses none)."""
 _OPENAI_HOST = "api.openai.com"
-
-
-def _openai_class(cls: type) -> bool:
-    try:
-        from langchain_openai.chat_models.base import BaseChatOpenAI
-    except ImportError:
-        return False
-    return isinstance(cls, type) and issubclass(cls, BaseChatOpenAI)
 
 
 def openai_base_url(spec: ModelSpec) -> str:
@@ -99,98 +91,6 @@ def unknown_settings(spec: ModelSpec, cls: type) -> list[tuple[str, str]]:
     return out
 
 
-class _UntransformedBulk:
-    """Mixin for langchain-openai chat models: send ``messages`` and ``tools`` via ``extra_body``.
-
-    Why: ``openai``'s ``chat.completions.create`` walks the whole request against its TypedDict
-    unions before sending (``_transform_recursive``), measured at ~0.35 ms CPU per message here:
-    ~140 ms per model call for a 400-message thread, for a body that comes out byte-identical,
-    since langchain-openai already builds plain JSON dicts. ``extra_body`` is merged into the JSON
-    as is, overriding the placeholder ``messages=[]``. Structured-output calls (``response_format``)
-    keep the SDK path: its parse helpers read ``tools``.
-    """
-
-    def _get_request_payload(
-        self, input_: Any, *, stop: list[str] | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
-        payload: dict[str, Any] = super()._get_request_payload(input_, stop=stop, **kwargs)  # type: ignore[misc]
-        if "messages" not in payload or "response_format" in payload:
-            return payload
-        bulk = {"messages": payload["messages"]}
-        if "tools" in payload:
-            bulk["tools"] = payload.pop("tools")
-        payload["messages"] = []
-        payload["extra_body"] = {**(payload.get("extra_body") or {}), **bulk}
-        return payload
-
-
-def _plain_chunks(data: Any) -> Any:
-    """A streamed chat-completion chunk as the JSON the server sent, in the shape langchain-openai
-    reads (it indexes ``choice["delta"]``)."""
-    for choice in data.get("choices") or ():
-        if isinstance(choice, dict):
-            choice.setdefault("delta", {})
-    return data
-
-
-@functools.cache
-def _plain_chunk_client(cls: Any) -> type:
-    """``cls`` (an ``openai.AsyncOpenAI`` class) handing out streamed chat-completion chunks as the
-    JSON dicts they arrive as, instead of ``ChatCompletionChunk`` objects.
-
-    Why: the SDK builds each chunk with ``construct_type`` (walking the type's fields and unions:
-    ~35-45 % of a streamed answer's CPU in the daemon, measured with py-spy), and langchain-openai
-    turns every one straight back into a dict (``chunk.model_dump()``); it reads dicts as they are.
-    The SDK's own switch for "no model" is ``cast_to=object`` (``_process_response_data``); this
-    takes that path for the chunk type only. A request with ``response_format`` (structured
-    output, streamed through the SDK's typed ``beta`` helper) keeps typed chunks: that is checked
-    once per response, from the request body.
-    """
-    from openai.types.chat import ChatCompletionChunk
-
-    typed: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-
-    def wants_typed(response: Any) -> bool:
-        hit = typed.get(response)
-        if hit is None:
-            try:
-                hit = b'"response_format"' in (response.request.content or b"")
-            except Exception:  # no readable request body: keep the SDK's way
-                hit = True
-            typed[response] = hit
-        return hit
-
-    def _process_response_data(self: Any, *, data: object, cast_to: Any, response: Any) -> Any:
-        if cast_to is ChatCompletionChunk and isinstance(data, dict) and not wants_typed(response):
-            return _plain_chunks(data)
-        return cls._process_response_data(self, data=data, cast_to=cast_to, response=response)
-
-    return type(
-        cls.__name__, (cls,), {"_process_response_data": _process_response_data, "__module__": __name__}
-    )
-
-
-def _stream_plain_chunks(model: Any) -> None:
-    """Make a langchain-openai model's async client hand over plain chunks (see above)."""
-    client = getattr(model, "root_async_client", None)
-    cls: Any = type(client)
-    if client is None or not hasattr(cls, "_process_response_data"):
-        return
-    client.__class__ = _plain_chunk_client(cls)
-
-
-@functools.cache
-def _fast_class(cls: type) -> type:
-    """``cls`` with the ``_UntransformedBulk`` mixin when it is a langchain-openai chat model."""
-    try:
-        from langchain_openai.chat_models.base import BaseChatOpenAI
-    except ImportError:
-        return cls
-    if not issubclass(cls, BaseChatOpenAI) or issubclass(cls, _UntransformedBulk):
-        return cls
-    return type(cls.__name__, (_UntransformedBulk, cls), {"__module__": __name__, "__doc__": cls.__doc__})
-
-
 def build_chat_model(spec: ModelSpec, settings: AgentSettings) -> BaseChatModel:
     """Instantiate ``spec.use`` (``module:Class``) with ``spec.kwargs()``.
 
@@ -216,10 +116,10 @@ def build_chat_model(spec: ModelSpec, settings: AgentSettings) -> BaseChatModel:
     unknown = unknown_settings(spec, cls)
     if unknown:
         raise ValueError(f"model {spec.name!r}: " + "; ".join(f"{k!r} is {why}" for k, why in unknown))
-    cls = _fast_class(cls)
+    cls = openai_compat.fast_class(cls)
     kwargs: dict[str, Any] = spec.kwargs()
     fields = _field_names(cls)
-    if _openai_class(cls) and keyless_server(spec):
+    if openai_compat.is_openai_class(cls) and keyless_server(spec):
         kwargs["api_key"] = NO_KEY
     if "streaming" in fields:
         kwargs.setdefault("streaming", True)
@@ -245,8 +145,9 @@ def build_chat_model(spec: ModelSpec, settings: AgentSettings) -> BaseChatModel:
         ) from None
     if not isinstance(model, BaseChatModel):
         raise ValueError(f"model {spec.name!r}: {spec.use} is not a LangChain chat model")
-    if isinstance(model, _UntransformedBulk):
-        _stream_plain_chunks(model)
+    if openai_compat.is_fast(model):
+        # The SDK's chunks as plain dicts (compat/openai_client.py).
+        stream_plain_chunks(getattr(model, "root_async_client", None))
     return model
 
 
@@ -259,7 +160,7 @@ def model_display_name(spec: ModelSpec, model: BaseChatModel) -> str:
     return spec.name
 
 
-class TokenTap(BaseCallbackHandler, _StreamingCallbackHandler):
+class TokenTap(BaseCallbackHandler, lc_compat.StreamingCallbackHandler):
     """One turn's streamed answer text, handed straight to the turn's event loop.
 
     Why not LangGraph's ``stream_mode="messages"``: for every token it copies the chunk, then
@@ -272,7 +173,7 @@ class TokenTap(BaseCallbackHandler, _StreamingCallbackHandler):
     A model call that follows a failed one in the same graph task (same ``langgraph_checkpoint_ns``:
     a retry) first repeats what the failed attempt already said; those characters are not passed
     on again, only what is new. After a call that ended well, the next one starts afresh.
-    Being a ``_StreamingCallbackHandler``, it makes models without an explicit ``streaming``
+    Being a streaming handler (compat/langchain_core.py), it makes models without an explicit ``streaming``
     setting stream, as LangGraph's handler did; models whose tokens nobody reads (sub-agents,
     titles, summaries, memory extraction) are called with ``stream=False``.
     """

@@ -148,7 +148,7 @@ class AgentRuntime:
 
     async def title(self, thread_id: str) -> str | None:
         assert self.harness is not None
-        graph = self.harness._require_graph()
+        graph = self.harness.require_graph()
         snap = await graph.aget_state({"configurable": {"thread_id": thread_id}})
         return thread_title(snap.values)
 

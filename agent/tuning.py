@@ -22,9 +22,9 @@ daemon's throughput ceiling); none changes behaviour:
   wrapper's own arguments (``run_tree``, ``config``, ``langsmith_extra``, a forced ``enabled``);
   otherwise the hook itself, as the wrapper would run it (a sync hook in a copy of the context,
   errors without our frame). tests/test_tuning.py and tests/test_tuning_attack.py compare both.
-- ``langchain_core.messages.content._get_data_content_block_types`` re-derives a constant tuple with
-  ``typing.get_type_hints`` for every content block of every message of every model call; it is a
-  pure function of static types, so it is memoised.
+- ``langchain_core.messages.content._get_data_content_block_types`` (compat/langchain_core.py)
+  re-derives a constant tuple with ``typing.get_type_hints`` for every content block of every
+  message of every model call; it is a pure function of static types, so it is memoised.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ import inspect
 import logging
 import weakref
 from typing import Any
+
+from compat import langchain as lc_compat
+from compat import langchain_core as core_compat
+from compat import langchain_openai as openai_compat
 
 log = logging.getLogger(__name__)
 _applied = False
@@ -154,28 +158,13 @@ def apply() -> None:
         langsmith.set_runtime_overrides(aio_to_thread=_inline_when_not_tracing)
     except (ImportError, AttributeError) as exc:  # an older langsmith: keep its default
         log.debug("langsmith runtime override unavailable: %s", exc)
-    try:
-        from langchain.agents import factory
-
-        if not getattr(factory.traceable, "_chital_fast", False):
-            factory.traceable = _traced_only_when_tracing(factory.traceable)
-            factory.traceable._chital_fast = True  # type: ignore[attr-defined]
-    except (ImportError, AttributeError) as exc:
-        log.debug("middleware hooks keep LangSmith's wrapper: %s", exc)
-    try:
-        from langchain_openai.chat_models import base as openai_base
-
-        openai_base.convert_to_openai_tool = _memoised_tool_schema(openai_base.convert_to_openai_tool)
-    except (ImportError, AttributeError) as exc:
-        log.debug("tool schemas not memoised: %s", exc)
-    try:
-        from langchain_core.messages import content
-
-        original = content._get_data_content_block_types
-        if not hasattr(original, "cache_info"):
-            content._get_data_content_block_types = functools.cache(original)
-    except (ImportError, AttributeError) as exc:
-        log.debug("content block types not memoised: %s", exc)
+    # The module globals replaced live in compat/ (each skipped outside its verified releases).
+    if not lc_compat.wrap_factory_traceable(_traced_only_when_tracing):
+        log.debug("middleware hooks keep LangSmith's wrapper (langchain outside its verified releases)")
+    if not openai_compat.wrap_tool_schema(_memoised_tool_schema):
+        log.debug("tool schemas not memoised (langchain-openai outside its verified releases)")
+    if not core_compat.memoise_content_block_types():
+        log.debug("content block types not memoised (langchain-core outside its verified releases)")
 
 
 def _forget(cache: dict[Any, Any], key: Any, _ref: object) -> None:

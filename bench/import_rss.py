@@ -1,7 +1,7 @@
 """Resident memory each package adds when the daemon's modules are imported, in a fresh interpreter.
 
     python bench/import_rss.py                    # what `chital run` with Telegram imports
-    python bench/import_rss.py --raw              # without agent/lean_imports.py (the "before")
+    python bench/import_rss.py --raw              # without compat/lean_imports.py (the "before")
     python bench/import_rss.py --modules gateway.daemon.app channels.slack.channel --top 20
     python bench/import_rss.py --why cryptography # who imports it (the first import chain)
 
@@ -97,7 +97,7 @@ class _Timed(importlib.abc.Loader):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--modules", nargs="*", default=DAEMON)
-    ap.add_argument("--raw", action="store_true", help="without agent/lean_imports.py")
+    ap.add_argument("--raw", action="store_true", help="without compat/lean_imports.py")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--why", nargs="*", default=[], help="print the import chain of these modules")
     args = ap.parse_args()
@@ -105,7 +105,7 @@ def main() -> None:
     rec = Recorder()
     sys.meta_path.insert(0, rec)
     if not args.raw:
-        from agent import lean_imports
+        from compat import lean_imports
 
         lean_imports.install()  # as gateway.cli.main does first
     base = rss_kb()

@@ -38,9 +38,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import agent.lean_imports
+import compat.lean_imports
 
-agent.lean_imports.install()  # as the daemon's entry point does first
+compat.lean_imports.install()  # as the daemon's entry point does first
 
 from agent import tuning  # noqa: E402  (after the hook, as in the daemon)
 from agent.checkpoints import InlineSqliteSaver  # noqa: E402

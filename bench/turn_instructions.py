@@ -44,9 +44,9 @@ WARM = 40
 async def child(mode: str, turns: int, plain_hooks: bool) -> None:
     """The measured process: warm up, then ``turns`` turns."""
     sys.path.insert(0, str(ROOT))
-    import agent.lean_imports
+    import compat.lean_imports
 
-    agent.lean_imports.install()  # as the daemon's entry point does first
+    compat.lean_imports.install()  # as the daemon's entry point does first
     from agent import tuning
     from bench.harness_turns import fake_model
 

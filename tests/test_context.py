@@ -362,7 +362,7 @@ async def test_title_is_generated_once_and_reported(fake: FakeOpenAI, tmp_path: 
     async with _harness(fake, tmp_path, ctx, on_title=on_title) as harness:
         events = await _turn(harness, "plan a weekend in Lisbon for two", "m1", thread="trip")
         await _turn(harness, "and a day trip?", "m2", thread="trip")
-        graph = harness._require_graph()
+        graph = harness.require_graph()
         values = (await graph.aget_state({"configurable": {"thread_id": "trip"}})).values
     assert events[-1] == Final("echo: plan a weekend in Lisbon for two")  # the title is not the answer
     assert not any(isinstance(e, TextDelta) and "Lisbon." in e.text and "echo" not in e.text for e in events)

@@ -267,7 +267,7 @@ async def test_own_message_with_nothing_scheduled_goes_back_to_the_model(
     by hand) is continued by asking the model, not by appending the message again."""
     harness = await make()
     config = {"configurable": {"thread_id": "t1"}}
-    graph = harness._require_graph()
+    graph = harness.require_graph()
     await graph.aupdate_state(config, {"messages": [HumanMessage("stuck?", id="m1")]}, as_node="model")
     assert not (await graph.aget_state(config)).next
     assert (await turn(harness, "stuck?", "m1"))[-1] == Final("echo: stuck?")

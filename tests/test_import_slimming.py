@@ -1,4 +1,4 @@
-"""agent/lean_imports.py: the daemon does not load the parts of its libraries it never uses
+"""compat/lean_imports.py: the daemon does not load the parts of its libraries it never uses
 (docs/performance.md, "Memory"), and whoever does use them later gets the real thing. Each test
 runs in a fresh interpreter, since what matters is what the first import does."""
 
@@ -15,7 +15,7 @@ def test_the_daemon_leaves_unused_library_parts_out() -> None:
     out = run(
         """
         import sys
-        from agent import lean_imports
+        from compat import lean_imports
         lean_imports.install()  # as gateway.cli.main does first
         import gateway.cli.main, gateway.daemon.app, agent.harness, agent.runtime, channels.telegram.channel
         unused = [
@@ -38,8 +38,8 @@ def test_deferred_packages_give_the_real_objects_on_use() -> None:
     out = run(
         """
         import sys
-        import agent.lean_imports
-        agent.lean_imports.install()
+        import compat.lean_imports
+        compat.lean_imports.install()
         import openai
         from openai.types import ChatModel, Completion
         from openai.types.completion import Completion as Direct
@@ -57,8 +57,8 @@ def test_the_langgraph_server_client_still_works_when_asked_for() -> None:
     out = run(
         """
         import sys
-        import agent.lean_imports
-        agent.lean_imports.install()
+        import compat.lean_imports
+        compat.lean_imports.install()
         import deepagents  # binds langgraph_sdk's client names without loading the client
         from deepagents.middleware import async_subagents as sub
         loaded_before = "langgraph_sdk._async.client" in sys.modules
@@ -77,8 +77,8 @@ def test_telegram_passport_decryption_still_works() -> None:
     out = run(
         """
         import hashlib, os, sys
-        import agent.lean_imports
-        agent.lean_imports.install()
+        import compat.lean_imports
+        compat.lean_imports.install()
         from telegram._passport import credentials
         before = "cryptography.hazmat.bindings._rust" in sys.modules
 
@@ -106,8 +106,8 @@ def test_prometheus_and_httpx_cli_load_in_full_when_used() -> None:
     out = run(
         """
         import sys
-        import agent.lean_imports
-        agent.lean_imports.install()
+        import compat.lean_imports
+        compat.lean_imports.install()
         import gateway.ops.metrics, httpx
         from gateway.ops.http import build_app
         before = "prometheus_client.exposition" in sys.modules, "click" in sys.modules
@@ -123,8 +123,8 @@ def test_requests_still_guesses_a_charset() -> None:
     out = run(
         """
         import sys
-        import agent.lean_imports
-        agent.lean_imports.install()
+        import compat.lean_imports
+        compat.lean_imports.install()
         import langchain_core.utils.utils  # imports requests, which binds charset_normalizer
         import requests
         before = "charset_normalizer.api" in sys.modules
@@ -143,8 +143,8 @@ def test_httpx_keeps_its_command_line_tool() -> None:
     out = run(
         """
         import importlib.util, sys
-        import agent.lean_imports
-        agent.lean_imports.install()
+        import compat.lean_imports
+        compat.lean_imports.install()
         import httpx
         complete = all(importlib.util.find_spec(m) for m in ("click", "pygments", "rich"))
         loaded = "click" in sys.modules
@@ -163,8 +163,8 @@ def test_threads_using_a_deferred_module_at_once_see_it_whole() -> None:
     out = run(
         """
         import threading
-        import agent.lean_imports
-        agent.lean_imports.install()
+        import compat.lean_imports
+        compat.lean_imports.install()
         import prometheus_client.registry  # the package itself is not run yet
         import prometheus_client
         got, start = [], threading.Barrier(8)
@@ -188,8 +188,8 @@ def test_http_clients_under_asyncio_leave_trio_and_tiktoken_unloaded_and_both_wo
     out = run(
         """
         import asyncio, sys
-        import agent.lean_imports
-        agent.lean_imports.install()
+        import compat.lean_imports
+        compat.lean_imports.install()
         import httpx, httpx2
         from langchain_openai import ChatOpenAI
 

@@ -1,4 +1,4 @@
-"""What a daemon does not load until it is used (agent/lean_imports.py, installed by the entry
+"""What a daemon does not load until it is used (compat/lean_imports.py, installed by the entry
 point): the memory store's vector extension, and with it numpy, stays out of a daemon whose memory
 has no vector index; the deferred module still gives the real one to whoever uses it. And the hook
 is installed only by the entry point, never as a side effect of importing a module."""
@@ -18,7 +18,7 @@ def test_memory_keeps_facts_without_loading_numpy(tmp_path: Path) -> None:
     out = run(
         f"""
         import asyncio, sys
-        from agent import lean_imports
+        from compat import lean_imports
         lean_imports.install()  # as gateway.cli.main does first
         from agent.memory.facts import MemorySettings
         from agent.memory.service import MemoryService
@@ -40,7 +40,7 @@ def test_the_stand_in_loads_the_real_module_on_use() -> None:
     out = run(
         """
         import sys
-        from agent import lean_imports
+        from compat import lean_imports
         lean_imports.install()
         import importlib.util
         import sqlite_vec
@@ -58,8 +58,8 @@ def test_importing_modules_never_installs_the_hook() -> None:
     out = run(
         """
         import sys
-        import gateway.daemon.app, gateway.cli, agent.runtime, agent.lean_imports
-        print(agent.lean_imports.installed())
+        import gateway.daemon.app, gateway.cli, agent.runtime, compat.lean_imports
+        print(compat.lean_imports.installed())
         """
     )
     assert out == "False"
@@ -74,7 +74,7 @@ def test_the_entry_point_installs_it_first() -> None:
             main(["pairing", "--help"])
         except SystemExit:
             pass
-        from agent import lean_imports
+        from compat import lean_imports
         print(lean_imports.installed(), "openai.types" in sys.modules)
         """
     )
@@ -89,7 +89,7 @@ def test_the_cli_module_imports_no_library_the_hook_defers() -> None:
         """
         import sys
         import gateway.cli.main
-        from agent.lean_imports import DEFERRED
+        from compat.lean_imports import DEFERRED
         early = [m for m in (*DEFERRED, "requests", "langchain_core", "openai", "httpx") if m in sys.modules]
         print(early)
         """

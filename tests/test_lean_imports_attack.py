@@ -1,6 +1,6 @@
-"""agent/lean_imports.py under attack: every path through the daemon's libraries that touches a
+"""compat/lean_imports.py under attack: every path through the daemon's libraries that touches a
 deferred module or a stand-in behaves as it does without lean imports. Each test runs the same code
-twice in fresh interpreters, once with ``agent.lean_imports`` imported first (as ``chital run``
+twice in fresh interpreters, once with ``compat.lean_imports`` imported first (as ``chital run``
 does) and once without, and compares what comes out: values, exception types and messages."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.fresh_python import REPO, run_python
 
-LEAN = "import agent.lean_imports  # noqa\nagent.lean_imports.install()\n"
+LEAN = "import compat.lean_imports  # noqa\ncompat.lean_imports.install()\n"
 
 
 def run(code: str, *, lean: bool, env: dict[str, str] | None = None, cwd: Path = REPO) -> str:
@@ -160,8 +160,8 @@ def test_the_chat_model_paths_are_the_same_with_deferred_openai_types() -> None:
 STAND_INS = """
 import copy, importlib, inspect, pickle, sys
 sys.path.insert(0, {pkgs!r})
-if "agent.lean_imports" in sys.modules:
-    from agent import lean_imports
+if "compat.lean_imports" in sys.modules:
+    from compat import lean_imports
     sys.meta_path.insert(0, lean_imports._Finder({{"goodpkg": ("Thing", "make"), "badpkg": (), "trypkg": ()}}))
 
 def attempt(label, f):
@@ -287,8 +287,8 @@ FIRST_USES = [
 FIRST_USE = """
 import copy, inspect, pickle, sys, types
 sys.path.insert(0, {pkgs!r})
-if "agent.lean_imports" in sys.modules:
-    from agent import lean_imports
+if "compat.lean_imports" in sys.modules:
+    from compat import lean_imports
     sys.meta_path.insert(0, lean_imports._Finder({{"goodpkg": ("Thing", "make")}}))
 from goodpkg import Thing, make
 real = lambda name: getattr(sys.modules["goodpkg"], name)
@@ -487,8 +487,8 @@ def test_scans_of_every_module_do_not_load_deferred_bodies() -> None:
 CIRCULAR = """
 import sys, threading
 sys.path.insert(0, {root!r})
-if "agent.lean_imports" in sys.modules:
-    from agent import lean_imports
+if "compat.lean_imports" in sys.modules:
+    from compat import lean_imports
     sys.meta_path.insert(0, lean_imports._Finder({{"apkg": ()}}))
     import apkg  # deferred: its body runs on first use, in thread one
 import coord
@@ -535,8 +535,8 @@ def test_threads_whose_bodies_need_each_other_do_not_hang(tmp_path: Path) -> Non
 
 CLI = """
 import sys, types
-if {plain!r}:  # without: gateway.cli's agent.lean_imports is a module whose install does nothing
-    sys.modules["agent.lean_imports"] = stub = types.ModuleType("agent.lean_imports")
+if {plain!r}:  # without: gateway.cli's compat.lean_imports is a module whose install does nothing
+    sys.modules["compat.lean_imports"] = stub = types.ModuleType("compat.lean_imports")
     stub.install = lambda: None
 sys.argv = ["chital", *{argv!r}]
 from gateway.cli.main import main
@@ -588,7 +588,7 @@ def test_no_stand_in_is_an_exception_class_and_each_is_what_its_module_binds() -
     out = run(
         """
         import importlib
-        from agent.lean_imports import DEFERRED
+        from compat.lean_imports import DEFERRED
         bad = []
         for module, names in DEFERRED.items():
             try:
@@ -676,7 +676,7 @@ def test_no_library_uses_a_stand_in_where_it_cannot_act_as_the_real_object() -> 
         import ast, inspect, sys
         import gateway.cli.main, gateway.daemon.app, agent.harness, agent.runtime
         import channels.telegram.channel, channels.slack.channel, channels.discord.channel, channels.lark.channel
-        from agent.lean_imports import _Proxy
+        from compat.lean_imports import _Proxy
         holders = {}
         for name, module in list(sys.modules.items()):
             held = {k for k, v in list(vars(module).items()) if type(v) is _Proxy}

@@ -12,7 +12,7 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parent.parent
 PINNED = {
-    "aiosqlite", "langchain", "langchain-core", "langchain-openai", "langgraph", "langgraph-checkpoint",
+    "aiohttp", "aiosqlite", "langchain", "langchain-core", "langchain-openai", "langgraph", "langgraph-checkpoint",
     "langgraph-checkpoint-sqlite", "deepagents", "openai", "python-telegram-bot", "discord.py", "lark-oapi",
 }  # fmt: skip
 """Held to one minor release (see the comments in pyproject.toml)."""
@@ -41,7 +41,7 @@ def test_the_installed_versions_are_the_pinned_ones() -> None:
 
 def test_no_top_level_folder_shadows_an_installed_package() -> None:
     installed = set(packages_distributions())
-    ours = {"gateway", "channels", "agent", "tests", "bench", "skills", "docs", "scripts"}
+    ours = {"gateway", "channels", "agent", "compat", "tests", "bench", "skills", "docs", "scripts"}
     folders = {p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".")}
     assert not (folders - ours) & installed, "a folder named like a package hides it from mypy"
     assert (REPO / "sandbox-image" / "Dockerfile").is_file()

@@ -119,7 +119,7 @@ class MemoryService:
             self._facts = FactStore(pg_store)
         else:
             # langgraph.store.sqlite imports sqlite_vec (and numpy, ~10 MB) for vector indexes,
-            # which facts do not use: the daemon defers it (agent/lean_imports.py, DEFERRED).
+            # which facts do not use: the daemon defers it (compat/lean_imports.py, DEFERRED).
             from agent.memory.store import InlineSqliteStore
 
             store = InlineSqliteStore.open(self.db_path)

@@ -16,7 +16,7 @@ So the one check that matters runs on the socket address, in :class:`GuardedConn
    aiohappyeyeballs): aiohttp calls it with the final ``sockaddr`` of *every* connection attempt,
    whether the host was an IP literal (for which aiohttp never calls a resolver) or a name, and
    before ``connect()``. A refused address gets no SYN, let alone a request.
-2. ``_create_connection`` (the hook ``BaseConnector.connect`` calls; stable across aiohttp 3.x):
+2. ``_create_connection`` (the hook ``BaseConnector.connect`` calls; overridden in compat/aiohttp.py):
    after the connection is made and before ``connect`` returns it to the request, the transport's
    peer address is checked again (belt and braces, and the whole guard on an aiohttp without
    ``socket_factory``). Proxied requests are refused here outright.
@@ -54,6 +54,8 @@ from aiohttp.client_proto import ResponseHandler
 from aiohttp.resolver import DefaultResolver
 from langchain_core.tools import ToolException
 from yarl import URL
+
+from compat.aiohttp import CheckedConnector, Connect
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -338,7 +340,7 @@ class GuardedResolver(AbstractResolver):
 _HAS_SOCKET_FACTORY = "socket_factory" in inspect.signature(aiohttp.TCPConnector.__init__).parameters
 
 
-class GuardedConnector(aiohttp.TCPConnector):
+class GuardedConnector(CheckedConnector):
     """A ``TCPConnector`` whose every connection is to an address the policy allows (see the
     module docstring for the two hooks and why). ``refusals`` keeps the messages of refused
     connects, so the caller can tell "refused" from "could not connect"."""
@@ -350,6 +352,8 @@ class GuardedConnector(aiohttp.TCPConnector):
         kwargs["resolver"] = GuardedResolver(policy, kwargs.get("resolver"))
         if _HAS_SOCKET_FACTORY:
             kwargs["socket_factory"] = self._guarded_socket
+        elif not self.hooked:  # neither check can run on this aiohttp: fail closed
+            raise UrlRefused("refused: this aiohttp release offers no way to check the addresses")
         super().__init__(**kwargs)
 
     def _refuse(self, ip: IPAddress, host: str | None) -> str:
@@ -365,13 +369,13 @@ class GuardedConnector(aiohttp.TCPConnector):
             raise AddressRefusedError(self._refuse(ip, host))
         return socket.socket(family=family, type=type_, proto=proto)
 
-    async def _create_connection(self, req: Any, *args: Any, **kwargs: Any) -> ResponseHandler:
+    async def checked_connection(self, req: Any, connect: Connect) -> ResponseHandler:
         if req.proxy:
             raise UrlRefused("refused: web_fetch never goes through a proxy")
         host = req.url.raw_host
         token = _CONNECT_HOST.set(host)
         try:
-            proto = await super()._create_connection(req, *args, **kwargs)
+            proto = await connect()
         finally:
             _CONNECT_HOST.reset(token)
         peer = proto.transport.get_extra_info("peername") if proto.transport is not None else None

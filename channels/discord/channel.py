@@ -29,14 +29,12 @@ import asyncio
 import hashlib
 import io
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import aiohttp
 import discord
-import discord.gateway
-import discord.http
-import yarl
 
 from channels import malformed
 from channels.base import (
@@ -60,7 +58,7 @@ from channels.base import (
 )
 from channels.limits import check_size, header, retry_after
 
-from . import interactions, render
+from . import interactions, render, sdk
 from .inbound import context_item, recover_ids, to_action, to_inbound
 from .render import MAX_LEN
 from .settings import DiscordSettings
@@ -92,28 +90,37 @@ def _nonce(idempotency_key: str) -> str:
     return hashlib.blake2b(idempotency_key.encode(), digest_size=12).hexdigest()[:NONCE_LEN]
 
 
+@dataclass(frozen=True, slots=True)
+class _Events:
+    """What the client forwards to its adapter (bound methods: the client needs nothing else)."""
+
+    live: Callable[[], None]
+    lost: Callable[[], None]
+    message: Callable[[discord.Message], Awaitable[None]]
+    interaction: Callable[[discord.Interaction[Any]], Awaitable[None]]
+
+
 class _Client(discord.Client):
     """discord.py dispatches to ``on_*`` methods; this forwards them to the adapter."""
 
-    def __init__(self, adapter: DiscordChannel, **options: Any) -> None:
+    def __init__(self, events: _Events, **options: Any) -> None:
         super().__init__(**options)
-        self._adapter = adapter
+        self.events = events
 
     async def on_connect(self) -> None:  # READY (a fresh session)
-        self._adapter._live()
+        self.events.live()
 
     async def on_resumed(self) -> None:
-        self._adapter._live()
+        self.events.live()
 
     async def on_disconnect(self) -> None:
-        if not self._adapter._stopping:
-            self._adapter.report_trouble("gateway connection lost")
+        self.events.lost()
 
     async def on_message(self, message: discord.Message) -> None:
-        await self._adapter._on_message(message)
+        await self.events.message(message)
 
     async def on_interaction(self, interaction: discord.Interaction[Any]) -> None:
-        await self._adapter._on_interaction(interaction)
+        await self.events.interaction(interaction)
 
 
 class DiscordChannel(Channel):
@@ -154,21 +161,6 @@ class DiscordChannel(Channel):
         return f"DiscordChannel(api_base_url={self._api_base_url!r}, state={self.state.value})"
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def _apply_endpoints(self) -> None:
-        """discord.py has no per-client base URL: both are process-wide class attributes, read when
-        a request or a websocket is made. Set them before login; one Discord bot per process.
-        (``discord.http._set_api_version()`` would reset Route.BASE; we never call it.)"""
-        discord.http.Route.BASE = self._api_base_url
-        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self._gateway_url)
-
-    def _guard_parsers(self, client: _Client) -> None:
-        """Wrap discord.py's dispatch parsers (see the module docstring). ``parsers`` is the one
-        dict every websocket of this client reads (``ws._discord_parsers``): private, pinned 2.7."""
-        parsers: dict[str, Callable[[Any], None]] = client._connection.parsers
-        for event, parse in list(parsers.items()):
-            if event not in ("READY", "RESUMED"):
-                parsers[event] = self._guarded(event, parse)
-
     def _guarded(self, event: str, parse: Callable[[Any], None]) -> Callable[[Any], None]:
         def guarded(data: Any) -> None:
             try:
@@ -201,14 +193,14 @@ class DiscordChannel(Channel):
 
     def _make_client(self) -> _Client:
         # We never use voice: silence discord.py's one-time "voice will NOT be supported" warnings.
-        discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
+        sdk.quiet_voice_warnings()
         intents = discord.Intents.none()
         intents.guilds = True
         intents.guild_messages = True
         intents.dm_messages = True
         intents.message_content = True  # privileged: must be enabled in the developer portal
         client = _Client(
-            self,
+            _Events(self._live, self._lost, self._on_message, self._on_interaction),
             intents=intents,
             max_ratelimit_timeout=30.0,  # discord.py's minimum; longer waits surface as RetryAfter
             heartbeat_timeout=self._heartbeat_timeout,
@@ -218,12 +210,13 @@ class DiscordChannel(Channel):
                 everyone=False, users=False, roles=False, replied_user=True
             ),
         )
-        self._guard_parsers(client)
+        # Every dispatch parser but READY/RESUMED guarded (see the module docstring; sdk.py).
+        sdk.guard_parsers(client, self._guarded, keep=("READY", "RESUMED"))
         return client
 
     async def run(self, sink: InboundSink) -> None:
         self._sink, self._stopping = sink, False
-        self._apply_endpoints()
+        sdk.set_endpoints(self._api_base_url, self._gateway_url)
         client = self._client = self._make_client()
         try:
             if self.receive:
@@ -253,6 +246,10 @@ class DiscordChannel(Channel):
     def _live(self) -> None:
         if not self._stopping:
             self.report_connected()
+
+    def _lost(self) -> None:
+        if not self._stopping:
+            self.report_trouble("gateway connection lost")
 
     async def close(self) -> None:
         self._stopping = True

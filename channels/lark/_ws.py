@@ -29,6 +29,13 @@ code during a reconnect ends the task and nothing else notices), and it only pin
   A thread stuck in the SDK's blocking endpoint request (it has no timeout) cannot be interrupted; it
   is abandoned as a daemon thread, and because the runner refuses events once stopping, it can never
   deliver a message next to its successor.
+
+This module is the adapter's one module for lark-oapi's private names (the vendor boundary,
+docs/design.md): the client's ``_handle_message``, ``_handle_data_frame``, ``_ping_loop``,
+``_reconnect`` and ``_write_message`` overridden, its ``_conn`` and ``_auto_reconnect`` read and
+set, ``_new_ping_frame`` called, the module-global loop replaced. The releases it was verified on
+are in compat/versions.py; there is no public fallback (the SDK's public ``start()`` cannot be
+embedded or stopped), so outside them the daemon refuses to start.
 """
 
 from __future__ import annotations

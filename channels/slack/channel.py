@@ -40,7 +40,7 @@ import collections
 import logging
 import re
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -293,6 +293,16 @@ class SlackChannel(Channel):
             if inbound is not None:
                 await self._refusing(state, self.hand_over(self._sink, inbound, ref=ref))
 
+    async def skip_envelope(self, kind: str, ids: Callable[[], dict[str, Any]], error: Exception) -> None:
+        """An envelope with no readable event (channels/slack/envelopes.py): skipped in arrival
+        order like an unreadable event, only counted while nothing receives."""
+        sink = self._sink
+        if sink is None:
+            self.count_malformed(kind)
+            return
+        async with self._sink_lock:
+            await self.skip_unreadable(sink, error, kind=kind, **ids())
+
     @staticmethod
     async def _refusing(state: envelopes.Dispatch, call: Awaitable[None]) -> None:
         """``call``; when it raises, the envelope is left unacknowledged for Slack to redeliver."""
@@ -318,9 +328,9 @@ class SlackChannel(Channel):
             state.refused = True  # the gateway is shutting down: Slack delivers the press again
             raise
         if answer.refused and answer.text:
-            await self._ephemeral(action.chat_id, action.sender_id, answer.text, action.thread_id)
+            await self.ephemeral(action.chat_id, action.sender_id, answer.text, action.thread_id)
 
-    async def _ephemeral(self, channel: str, user: str, text: str, thread_ts: str | None) -> None:
+    async def ephemeral(self, channel: str, user: str, text: str, thread_ts: str | None) -> None:
         """A note only ``user`` sees (chat.postEphemeral)."""
         try:
             await self._call(

@@ -190,14 +190,11 @@ async def _skip(
     answer: dict[str, Any] | None = None
     if kind == malformed.MESSAGE or kind == malformed.ENVELOPE:
         event = body.get("event")
-        sink = channel._sink
-        if sink is None:
-            channel.count_malformed(kind)
-        else:
-            async with channel._sink_lock:
-                ids = recover_ids(ref, event, channel.bot_user_id)
-                error = ValueError("an envelope without a readable event")
-                await channel.skip_unreadable(sink, error, kind=kind, **ids)
+        await channel.skip_envelope(
+            kind,
+            lambda: recover_ids(ref, event, channel.bot_user_id),
+            ValueError("an envelope without a readable event"),
+        )
     elif kind == malformed.COMMAND:
         channel.count_malformed(kind)
         log.warning("slack: slash command envelope %s refused (the app registers none)", envelope_id)
@@ -225,7 +222,7 @@ async def refuse(channel: SlackChannel, body: dict[str, Any], text: str) -> None
         message = body.get("message")
         thread = message.get("thread_ts") if isinstance(message, dict) else None
         thread_ts = thread if malformed.is_id(thread) else None
-        await channel._ephemeral(str(channel_id), str(user_id), text, thread_ts)
+        await channel.ephemeral(str(channel_id), str(user_id), text, thread_ts)
 
 
 async def _ack(

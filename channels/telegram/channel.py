@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import warnings
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
@@ -59,6 +58,7 @@ from channels.base import (
 )
 from channels.limits import check_size, retry_after
 
+from . import sdk
 from .inbound import recover_ids, reject_nulls, to_action, to_inbound, update_body
 from .render import MAX_CAPTION_UTF16, MAX_MESSAGE_UTF16, render_markdown, truncate
 from .settings import TelegramSettings
@@ -223,11 +223,11 @@ class TelegramChannel(Channel):
         )
 
     async def _fetch(self, bot: Bot) -> list[Any]:
-        """One getUpdates long poll, unparsed (see the module docstring for why). ``Bot._post`` is
-        what ``get_updates`` itself calls: private, but stable across PTB 22.x (pinned < 23)."""
+        """One getUpdates long poll, unparsed (see the module docstring for why; the raw call is
+        channels/telegram/sdk.py's)."""
         read_timeout = (self._poll_request.read_timeout or 0) + self._poll_timeout
         params = {"offset": self._offset, "timeout": self._poll_timeout, "allowed_updates": ALLOWED_UPDATES}
-        result = await bot._post("getUpdates", params, read_timeout=read_timeout)
+        result = await sdk.post(bot, "getUpdates", params, read_timeout=read_timeout)
         if not isinstance(result, list):
             raise tg.NetworkError("getUpdates answered something other than a list")
         return result
@@ -517,11 +517,8 @@ def _check_download(name: str, size: int | None, limit: int) -> None:
 
 
 async def _post(bot: Bot, endpoint: str, params: dict[str, Any]) -> Any:
-    """A Bot API call whose answer stays raw JSON. A sent or edited message comes back with the
-    message it replies to, in whatever shape the server uses; parsing it (as ``send_message``
-    does) would fail a delivered reply to a message PTB cannot read, and the retry would post it
-    twice. We only need the new ``message_id``. (``Bot._post``: see ``TelegramChannel._fetch``.)"""
-    return await bot._post(endpoint, dict(params))
+    """A Bot API call whose answer stays raw JSON (channels/telegram/sdk.py says why)."""
+    return await sdk.post(bot, endpoint, params)
 
 
 def _chat(chat_id: str) -> int | str:
@@ -530,12 +527,7 @@ def _chat(chat_id: str) -> int | str:
 
 
 def _retry_seconds(exc: tg.RetryAfter) -> float:
-    value = getattr(exc, "_retry_after", None)  # PTB ≥22.2 keeps a timedelta here
-    if value is None:
-        with warnings.catch_warnings():  # the public property warns about its type changing
-            warnings.simplefilter("ignore")
-            value = exc.retry_after
-    return retry_after(value)
+    return retry_after(sdk.retry_after_value(exc))
 
 
 __all__ = ["TelegramChannel"]

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from agent import lean_imports
+from compat import lean_imports
 from gateway.cli import init as cli_init
 from gateway.cli import migrate as cli_migrate
 from gateway.cli import send as cli_send
@@ -121,6 +121,19 @@ def print_skills(cfg: Config) -> int:
     return 0
 
 
+def print_vendor_check() -> int:
+    """One line per library installed outside the releases Chital's reaches into it were verified
+    on (compat/versions.py), or one line saying all are. Returns how many would stop the daemon."""
+    from compat.versions import check_all
+
+    problems = check_all()
+    if not problems:
+        print("vendor internals: verified")
+    for problem in problems:
+        print(problem.line())
+    return sum(problem.fatal for problem in problems)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate the config, build each model, say which channels are ready; with ``--online`` also
     ask each service whether the credentials work. Non-zero when anything would fail at run time."""
@@ -150,6 +163,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             "  WARNING storage.retention_days is under 1: Telegram redelivers an unconfirmed update for"
             " up to 24 h, which would then be answered twice (docs/durability.md)"
         )
+    failed = len(problems)
+    failed += print_vendor_check()
     print("channels:")
     ready = 0
     for name, (ok, why) in channel_readiness(cfg).items():
@@ -157,7 +172,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"  {name:<9} {'ready' if ok else 'off  '}  {why}")
     if not ready:
         print("no chat channel is ready: `chital run` still starts; `chital chat` talks to the agent here")
-    failed = len(problems)
     sandbox = check_sandbox(cfg)  # one real command in the sandbox: agent/sandbox/probe.py
     if sandbox.state == "failed":
         failed += 1
@@ -275,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     # First, before any command imports its libraries: defer the parts of them Chital never uses
-    # (agent/lean_imports.py; ~20 MB of a daemon's resident memory, docs/performance.md). Explicit
+    # (compat/lean_imports.py; ~20 MB of a daemon's resident memory, docs/performance.md). Explicit
     # here, in the entry point, so importing Chital's modules never changes how libraries load.
     lean_imports.install()
     parser = build_parser()

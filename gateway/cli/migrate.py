@@ -33,12 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from compat import langgraph as langgraph_compat
 from gateway.cli.common import add_command, load_config_arg
 from gateway.daemon.lifecycle import redact_url
 from gateway.daemon.status import (
-    _answers as socket_answers,  # the probe start-up uses against a second daemon
+    socket_answers,  # the probe start-up uses against a second daemon
+    socket_path,
 )
-from gateway.daemon.status import socket_path
 from gateway.store.db import is_postgres_url
 
 MARKS = (
@@ -46,7 +47,7 @@ MARKS = (
     " copied BIGINT NOT NULL, finished DOUBLE PRECISION NOT NULL)"
 )
 """One row per part copied (``table:<name>``, ``checkpoints``, ``memory``): what a re-run skips."""
-AGENT_TABLES = ("checkpoints", "checkpoint_writes", "store")
+AGENT_TABLES = langgraph_compat.POSTGRES_TABLES
 """LangGraph's tables whose rows mean the target already holds an agent's state."""
 BATCH = 1000
 
@@ -144,7 +145,6 @@ async def _copy_checkpoints(path: Path, url: str) -> tuple[int, int, int]:
     try:
         source = SqliteSaver(conn)
         source.setup()  # the copy, brought to this version's tables
-        has_path = "task_path" in {str(r[1]) for r in conn.execute("PRAGMA table_info(writes)")}
         checkpoints = writes = 0
         threads: set[str] = set()
         for item in source.list(None):
@@ -163,14 +163,8 @@ async def _copy_checkpoints(path: Path, url: str) -> tuple[int, int, int]:
             by_task: dict[str, list[tuple[str, Any]]] = {}
             for task_id, channel, value in item.pending_writes or ():
                 by_task.setdefault(task_id, []).append((channel, value))
-            paths: dict[str, str] = {}
-            if has_path and by_task:
-                rows = conn.execute(
-                    "SELECT task_id, task_path FROM writes WHERE thread_id = ? AND checkpoint_ns = ?"
-                    " AND checkpoint_id = ?",
-                    (thread, ns, cid),
-                )
-                paths = {str(t): str(p or "") for t, p in rows}
+            # Each write's task_path (the public ``list`` does not return it): compat/langgraph.py.
+            paths = langgraph_compat.task_paths(conn, thread, ns, cid) if by_task else {}
             own = {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": cid}}
             for task_id, task_writes in by_task.items():
                 await target.aput_writes(own, task_writes, task_id, paths.get(task_id, ""))

@@ -103,8 +103,7 @@ async def _send(config: Config, inbound: Inbound, text: str, wait: float | None)
             # Exit 0 and a key read as "sent" from cron; with no daemon on this SQLite file it is
             # only queued, so say so (stderr: stdout stays the key for scripts). On PostgreSQL any
             # daemon sharing the database may pick it up: nothing to tell from here.
-            from gateway.daemon.status import _answers as socket_answers
-            from gateway.daemon.status import socket_path
+            from gateway.daemon.status import socket_answers, socket_path
 
             sock = socket_path(config.storage.path)
             if not await asyncio.to_thread(socket_answers, sock):

@@ -314,6 +314,10 @@ class Config(_Strict):
     def source(self) -> Path | None:
         return self._source
 
+    @source.setter
+    def source(self, path: Path | None) -> None:
+        self._source = path
+
     def cli(self) -> str:
         """``chital -c /abs/config.yaml``: the command prefix that acts on this daemon's data from
         any directory (bare ``chital`` when it runs on the built-in defaults)."""
@@ -513,7 +517,7 @@ def load_config(path: str | Path | None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: cannot read: {exc}") from None
     cfg = parse_config(data, str(p), node)
-    cfg._source = p.resolve()
+    cfg.source = p.resolve()
     # Relative paths in the file mean "beside this file", wherever the daemon is started from.
     base = p.parent
     if not cfg.storage.path.is_absolute():

@@ -27,6 +27,7 @@ from aiohttp import web
 from agent.events import AgentEvent, ApprovalDecision, OutputFile, TurnFailed
 from agent.turn import PLAIN, TurnOptions
 from channels.base import Channel, ChannelState
+from compat.versions import check_all
 from gateway.agent_api import AgentHarness, MemoryAccess, sandbox_report
 from gateway.config import data_dir
 from gateway.config.platforms import PLATFORMS, build_channels
@@ -147,6 +148,20 @@ async def open_harness(
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         log.error("the agent could not be set up: %s", reason, exc_info=True)
         return UnconfiguredHarness(reason)
+
+
+def vendor_check() -> None:
+    """Libraries installed outside the releases Chital's reaches into them were verified on
+    (compat/versions.py): one line each; the daemon goes on with the public path where there is
+    one, and does not start where there is none."""
+    refused = []
+    for problem in check_all():
+        if problem.fatal:
+            refused.append(problem.line())
+        else:
+            log.warning("%s", problem.line())
+    if refused:
+        raise StartupError("; ".join(refused))
 
 
 class Daemon:
@@ -308,6 +323,7 @@ class Daemon:
 
     async def _acquire(self) -> None:
         cfg, res = self.config, self._resources
+        vendor_check()
         await asyncio.to_thread(prepare_data_dir, cfg.storage.path, cfg.storage.reserve_mb << 20)
         fixed = await asyncio.to_thread(data_dir.secure, cfg)  # 0700, files 0600 (gateway/config/data_dir.py)
         if fixed:
@@ -432,9 +448,9 @@ class Daemon:
             await site.start()
         except OSError as exc:
             raise listen_error(host, port, exc) from None
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        self.http_port = sockets[0].getsockname()[1] if sockets else self.config.http.port
+        # The bound port (``port: 0`` picks one): the runner's public list of listening addresses.
+        addresses = runner.addresses
+        self.http_port = int(addresses[0][1]) if addresses else self.config.http.port
         log.info("health and metrics on http://%s:%s/", self.config.http.host, self.http_port)
 
     async def stop(self) -> list[tuple[str, BaseException]]:

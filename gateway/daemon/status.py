@@ -156,7 +156,7 @@ class StatusUnavailable(Exception):
     """The status socket cannot be opened; the daemon runs on without ``chital status``."""
 
 
-def _answers(path: Path) -> bool:
+def socket_answers(path: Path) -> bool:
     """True when a process accepts connections on the Unix socket ``path``."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(1.0)
@@ -174,7 +174,7 @@ def bind_private(path: Path) -> socket.socket:
     (which also replaces a stale socket of a killed daemon). Raises :class:`StartupError` when a
     live daemon answers on ``path``, :class:`StatusUnavailable` when the socket cannot be made."""
     if path.exists() or path.is_symlink():
-        if path.is_socket() and _answers(path):
+        if path.is_socket() and socket_answers(path):
             raise StartupError(
                 f"another chital daemon is running on {path.parent} (its status socket {path} answers); "
                 "stop it first, or give this one its own storage.path"

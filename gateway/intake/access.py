@@ -48,12 +48,12 @@ class Decision:
     reason: str = ""
 
 
-def _matches(ids: list[str], platform: str, raw_id: str) -> bool:
+def matches(ids: list[str], platform: str, raw_id: str) -> bool:
     return raw_id in ids or f"{platform}:{raw_id}" in ids or "*" in ids or f"{platform}:*" in ids
 
 
 def is_admin(policy: AccessPolicy, inbound: Inbound) -> bool:
-    return _matches(policy.admins, inbound.platform, inbound.sender_id)
+    return matches(policy.admins, inbound.platform, inbound.sender_id)
 
 
 async def decide(inbound: Inbound, policy: AccessPolicy, store: Store, engaged: bool) -> Decision:
@@ -65,15 +65,15 @@ async def decide(inbound: Inbound, policy: AccessPolicy, store: Store, engaged: 
     if not inbound.is_direct:
         if policy.group_policy == "off":
             return Decision(Verdict.IGNORE, "groups are off")
-        free = policy.group_policy == "free" or _matches(
+        free = policy.group_policy == "free" or matches(
             policy.free_response_chats, inbound.platform, inbound.chat_id
         )
         if not (inbound.addressed or free or engaged):
             return Decision(Verdict.IGNORE, "not addressed")
 
-    if _matches(policy.allow_users, inbound.platform, inbound.sender_id) or is_admin(policy, inbound):
+    if matches(policy.allow_users, inbound.platform, inbound.sender_id) or is_admin(policy, inbound):
         return Decision(Verdict.ALLOW)
-    if not inbound.is_direct and _matches(policy.allow_chats, inbound.platform, inbound.chat_id):
+    if not inbound.is_direct and matches(policy.allow_chats, inbound.platform, inbound.chat_id):
         return Decision(Verdict.ALLOW)
     if await store.is_approved(inbound.user):
         return Decision(Verdict.ALLOW)
@@ -91,7 +91,7 @@ def may_administer(config: Config, actor: Inbound, platform: str) -> bool:
     in that channel's ``admins`` (a bare id in a shared top-level list counts on every platform)."""
     if platform not in PLATFORMS:
         return False
-    return _matches(config.access_for(platform).admins, actor.platform, actor.sender_id)
+    return matches(config.access_for(platform).admins, actor.platform, actor.sender_id)
 
 
 def qualify_user(text: str, platform: str) -> str | None:
@@ -113,7 +113,7 @@ def config_allowed(config: Config, user: str) -> bool:
     if platform not in PLATFORMS:
         return False
     policy = config.access_for(platform)
-    return _matches(policy.allow_users, platform, raw) or _matches(policy.admins, platform, raw)
+    return matches(policy.allow_users, platform, raw) or matches(policy.admins, platform, raw)
 
 
 async def admin_chats(policy: AccessPolicy, platform: str, store: Store) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 # The submodules, not the package: prometheus_client/__init__ also imports its HTTP exposition
 # servers (wsgiref, http.server) and the global registry's collectors, which Chital does not use
-# (the package is deferred by agent/lean_imports.py; /metrics imports the exposition when asked).
+# (the package is deferred by compat/lean_imports.py; /metrics imports the exposition when asked).
 from prometheus_client.metrics import Counter, Gauge, Histogram
 from prometheus_client.registry import CollectorRegistry
 

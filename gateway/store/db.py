@@ -360,10 +360,10 @@ class _SqliteResult:
         self._conn, self._sql, self._params = conn, sql, params
 
     def __await__(self) -> Generator[Any, None, SqliteCursor]:
-        return self._conn._execute(self._sql, self._params).__await__()
+        return self._conn.run_statement(self._sql, self._params).__await__()
 
     async def __aenter__(self) -> SqliteCursor:
-        return await self._conn._execute(self._sql, self._params)
+        return await self._conn.run_statement(self._sql, self._params)
 
     async def __aexit__(self, *exc: object) -> None:
         return None
@@ -426,7 +426,8 @@ class SqliteConnection:
         while (held := self._held) is not None and not held.done():
             await asyncio.wait((held,))
 
-    async def _execute(self, sql: str, params: Sequence[Any]) -> SqliteCursor:
+    async def run_statement(self, sql: str, params: Sequence[Any]) -> SqliteCursor:
+        """One statement, inline (what :meth:`execute` awaits)."""
         if _ON_THREAD.get():
             return await self.run(functools.partial(_step, sql, params))
         held = self._held
@@ -455,7 +456,7 @@ class SqliteConnection:
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """``rows`` in one transaction (one commit for them all), inline: meant for a few rows."""
         rows = list(rows)
-        await self._execute("BEGIN IMMEDIATE", ())  # waits out another process's lock like any statement
+        await self.run_statement("BEGIN IMMEDIATE", ())  # waits out another process's lock like any statement
         try:
             self.raw.executemany(sql, rows)
             self.raw.commit()

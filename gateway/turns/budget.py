@@ -38,7 +38,7 @@ from zoneinfo import ZoneInfo
 
 from agent.usage import BudgetRefused, PlannedCall
 from gateway.intake import access
-from gateway.turns.usage import _duration, budget_of
+from gateway.turns.usage import budget_of, renewal_in
 
 if TYPE_CHECKING:
     from gateway.config.schema import Config
@@ -88,7 +88,7 @@ class Budgets:
                 admins = self.config.access_for(platform).admins
             except (AttributeError, KeyError, ValueError):
                 admins = []
-            admin = access._matches(admins, platform, raw)
+            admin = access.matches(admins, platform, raw)
         return budget_of(self.config, user, admin)
 
     async def reserve(self, call: PlannedCall) -> Hold | None:
@@ -139,7 +139,7 @@ class Budgets:
         midnight = datetime(now.year, now.month, now.day, tzinfo=zone) + timedelta(days=1)
         renews = f"{midnight:%H:%M} {usage.timezone}"
         renewal = (
-            f"It renews at {renews}, in {_duration(usage.seconds_to_midnight())}; /usage shows what "
+            f"It renews at {renews}, in {renewal_in(usage.seconds_to_midnight())}; /usage shows what "
             "you used, and an admin can raise the budget."
         )
         if used >= budget or not held:

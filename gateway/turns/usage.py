@@ -375,10 +375,10 @@ async def budget_refusal(store: Store, config: Config, user: str, admin: bool) -
     return (
         f"⚠️ You have used your token budget for today ({used:,} of {budget:,} tokens), so I did not "
         f"pass this message to the agent. The budget renews at midnight ({config.usage.timezone}), "
-        f"in {_duration(config.usage.seconds_to_midnight())}; send it again then, or ask an admin "
+        f"in {renewal_in(config.usage.seconds_to_midnight())}; send it again then, or ask an admin "
         "for a larger budget. /usage shows what you used."
     )
 
 
-def _duration(seconds: float) -> str:
+def renewal_in(seconds: float) -> str:
     return about(seconds)

@@ -1,0 +1,83 @@
+"""Reaches into LangGraph's checkpointers: their tables, whose layout is private, read and written
+with Chital's own SQL, and ``SqliteSaver``'s private ``_has_task_path``.
+
+Why (agent/checkpoints.py ``InlineSqliteSaver``): the saver keeps recent threads' message history
+in memory and must see, when it first reads a thread, the writes already stored against the
+checkpoint it read (a paused or failed step's); and it writes a step's writes in one transaction
+(``SqliteSaver.put_writes`` commits row by row, so a batch failing halfway on a full disk would
+leave rows LangGraph then counts as the whole step). ``chital migrate`` (gateway/cli/migrate.py)
+reads each write's ``task_path``, which the savers' public ``list`` does not return, and asks
+whether a PostgreSQL target already holds an agent's state by its tables' names.
+
+Public fallback for the SQLite saver (outside :data:`compat.versions.VERIFIED`'s
+``langgraph-checkpoint-sqlite`` set): no history kept in memory (every read walks the database,
+as ``SqliteSaver`` does) and ``SqliteSaver``'s own ``put_writes``; :func:`usable` says which.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from compat.versions import usable as _usable
+
+DISTRIBUTION = "langgraph-checkpoint-sqlite"
+
+POSTGRES_TABLES = ("checkpoints", "checkpoint_writes", "store")
+"""The PostgreSQL checkpointer's and store's tables whose rows mean an agent's state is there
+(langgraph-checkpoint-postgres, pinned in the ``postgres`` extra)."""
+
+
+def usable() -> bool:
+    """Whether the SQLite saver's tables may be read and written with :func:`stored_writes` and
+    :func:`insert_writes` (the installed release is a verified one)."""
+    return _usable(DISTRIBUTION)
+
+
+def has_task_path(saver: Any) -> bool:
+    """Whether ``saver``'s (a ``SqliteSaver``'s) writes table has the ``task_path`` column
+    (it is added by a later migration; the saver keeps the answer privately)."""
+    return bool(saver._has_task_path)
+
+
+def stored_writes(
+    cur: sqlite3.Cursor, thread: str, checkpoint_id: str, *, with_path: bool
+) -> list[tuple[str, int, str, str, str, bytes]]:
+    """The writes stored against one checkpoint of ``thread`` (root namespace), as rows of
+    (task_id, idx, task_path, channel, type, value); ``task_path`` is "" without the column."""
+    cur.execute(
+        "SELECT task_id, idx, task_path, channel, type, value FROM writes"
+        " WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?"
+        if with_path
+        else "SELECT task_id, idx, '', channel, type, value FROM writes"
+        " WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?",
+        (thread, checkpoint_id),
+    )
+    return list(cur.fetchall())
+
+
+def insert_writes(cur: sqlite3.Cursor, rows: Sequence[tuple[Any, ...]], *, replace: bool) -> None:
+    """Store a step's writes as ``SqliteSaver.put_writes`` does (``INSERT OR REPLACE`` when every
+    channel is a special one, else ``INSERT OR IGNORE``); rows are (thread_id, checkpoint_ns,
+    checkpoint_id, task_id, task_path, idx, channel, type, value). The caller holds the
+    transaction."""
+    cur.executemany(
+        f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO writes (thread_id,"
+        " checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+
+
+def task_paths(conn: sqlite3.Connection, thread: str, ns: str, checkpoint_id: str) -> dict[str, str]:
+    """``{task_id: task_path}`` of the writes stored against one checkpoint of a SQLite saver's
+    file; empty when its writes table has no ``task_path`` column."""
+    if "task_path" not in {str(r[1]) for r in conn.execute("PRAGMA table_info(writes)")}:
+        return {}
+    rows = conn.execute(
+        "SELECT task_id, task_path FROM writes"
+        " WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
+        (thread, ns, checkpoint_id),
+    )
+    return {str(t): str(p or "") for t, p in rows}
