@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from channels.base import Inbound
-from gateway.config.schema import StorageConfig
+from gateway.config.sections import StorageConfig
 from gateway.store.journal import Store
 from gateway.store.retention import DAY, Retention
 

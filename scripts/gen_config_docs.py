@@ -36,7 +36,8 @@ OUTPUT = REPO / "docs" / "config-reference.md"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from gateway.config.schema import HTTP_HOST_ENV, Config, PlatformId, models_in  # noqa: E402
+from gateway.config.schema import HTTP_HOST_ENV, Config, models_in  # noqa: E402
+from gateway.config.sections import PlatformId  # noqa: E402
 
 PREAMBLE = f"""\
 # Configuration reference

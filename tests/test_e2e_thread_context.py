@@ -304,7 +304,7 @@ async def test_lark_reply_and_thread(lark_daemon: DaemonProcess, lark: FakeLark,
 # -- the pieces, without a platform ------------------------------------------------------------------
 def test_bounds_keep_the_newest_within_count_and_characters() -> None:
     from channels.base import ContextItem
-    from gateway.config.schema import ContextConfig
+    from gateway.config.sections import ContextConfig
     from gateway.intake.thread_context import bound
 
     items = [ContextItem(f"u{n}", f"message {n} " + "x" * 80, str(n)) for n in range(10)]

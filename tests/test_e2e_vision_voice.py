@@ -27,7 +27,7 @@ from agent.harness import Harness
 from agent.turn import ImagePart, TurnOptions
 from agent.vision import carries_images, faded, human_content
 from channels.base import Attachment
-from gateway.config.schema import TranscriptionConfig
+from gateway.config.sections import TranscriptionConfig
 from gateway.intake.media import AUDIO, FILE, IMAGE, VOICE, NotAnImage, kind_of, prepare_image
 from gateway.intake.transcribe import heard, upload_name
 from tests.daemon import DaemonProcess, base_config, free_port

@@ -10,7 +10,8 @@ import pytest
 from channels.base import Capabilities, Inbound, RetryAfter, TransientSendError
 from channels.textsplit import split_markdown
 from gateway.commands.builtin import parse_command
-from gateway.config.schema import AccessPolicy, ConfigError, load_config, parse_config
+from gateway.config.schema import ConfigError, load_config, parse_config
+from gateway.config.sections import AccessPolicy
 from gateway.delivery.pacing import ChatPacer
 from gateway.intake.access import Verdict, decide
 from gateway.ops.logs import RedactingFilter

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from channels.base import Capabilities, Inbound
-from gateway.config.schema import StorageConfig
+from gateway.config.sections import StorageConfig
 from gateway.delivery.pacing import PacerPool
 from gateway.store.journal import Store
 from gateway.store.retention import Retention

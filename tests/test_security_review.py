@@ -131,9 +131,9 @@ def test_a_database_password_never_reaches_a_log_line() -> None:
     the ``@`` (a URL with no ``@``: all of it)."""
     import logging
 
+    from gateway.config.urls import database_label
     from gateway.daemon.lifecycle import redact_url
     from gateway.ops.logs import RedactingFilter, secrets_of
-    from gateway.store.db import database_label
 
     for url, secret in [
         ("postgresql://chital:hunter2-secret@db:5432/chital", "hunter2-secret"),

@@ -19,10 +19,11 @@ import pytest
 
 from agent.usage import TokenUsage
 from channels.base import Inbound
+from gateway.config.sections import UsageConfig
 from gateway.ops.metrics import Metrics
 from gateway.store.db import SqliteConnection
 from gateway.store.journal import Store
-from gateway.turns.usage import UsageConfig, UsageRecorder
+from gateway.turns.usage import UsageRecorder
 from tests.fakes.gateway_rig import TEST_POSTGRES, skip_on_postgres, store_at
 
 sqlite_only = skip_on_postgres("the SQLite connection itself")

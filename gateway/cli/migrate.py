@@ -35,12 +35,12 @@ from typing import Any
 
 from compat import langgraph as langgraph_compat
 from gateway.cli.common import add_command, load_config_arg
+from gateway.config.urls import is_postgres_url
 from gateway.daemon.lifecycle import redact_url
 from gateway.daemon.status import (
     socket_answers,  # the probe start-up uses against a second daemon
     socket_path,
 )
-from gateway.store.db import is_postgres_url
 
 MARKS = (
     "CREATE TABLE IF NOT EXISTS chital_migration (part TEXT PRIMARY KEY, source TEXT NOT NULL,"

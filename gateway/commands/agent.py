@@ -9,14 +9,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent.untrusted import code_span
-from gateway.config import profiles
-from gateway.intake import access
+from gateway.intake import access, profiles
 
 if TYPE_CHECKING:
     from channels.base import Inbound
     from gateway.commands.registry import CommandContext
     from gateway.config.schema import Config
-    from gateway.turns.usage import Totals
+    from gateway.store.usage import Totals
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +108,7 @@ def _row(totals: Totals) -> str:
 
 
 def _sum(rows: list[Totals], name: str) -> Totals:
-    from gateway.turns.usage import Totals
+    from gateway.store.usage import Totals
 
     return Totals(
         name, sum(r.today for r in rows), sum(r.week for r in rows), sum(r.month for r in rows),

@@ -28,7 +28,7 @@ from pydantic import BaseModel, SecretStr
 from agent.redact import MIN_SECRET_CHARS, Redactor
 from gateway.config.platforms import PLATFORMS
 from gateway.config.schema import Config
-from gateway.store.db import url_passwords
+from gateway.config.urls import url_passwords
 
 ALWAYS_SECRET_ENV = ("OPENAI_API_KEY", "CHITAL_DATABASE_URL")
 """Read by the daemon (or its model SDK) straight from the environment, whatever the config says."""

@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.store.db import POSTGRES, PgConnection
+from gateway.store.db import PgConnection
 from gateway.store.journal import JournalEntry, JournalState, Store
 
 if TYPE_CHECKING:
@@ -194,9 +194,7 @@ class Cluster:
         On a connection of its own: on the store's, shared by every turn, a renewal waits behind
         their statements, and under load that alone would let the leases lapse."""
         if self._beat is None:
-            beat = Store(await PgConnection.connect(self.url), Path("heartbeat"))  # type: ignore[arg-type]
-            beat.dialect = POSTGRES
-            self._beat = beat
+            self._beat = Store(await PgConnection.connect(self.url), Path("heartbeat"))
         beat = self._beat
         sent = time.monotonic()
         working = self.gateway.claimed()

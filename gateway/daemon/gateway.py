@@ -26,13 +26,12 @@ from channels.base import (
 )
 from gateway.agent_api import AgentHarness, sandbox_report
 from gateway.commands import builtin as commands
-from gateway.config import profiles
 from gateway.config.schema import Config
 from gateway.config.secrets import redactor_for
 from gateway.delivery.pacing import PacerPool
 from gateway.delivery.parking import Parking
 from gateway.delivery.reply import Reply
-from gateway.intake import access
+from gateway.intake import access, profiles
 from gateway.intake.access import Verdict, decide, is_admin
 from gateway.intake.limits import Throttles
 from gateway.intake.slow_lane import FairLane
@@ -206,7 +205,7 @@ class Gateway(TurnRunner):
         text = inbound.text.strip()
         command = commands.parse_command(text)
         if command is not None and not command.known and profiles.skill_for(self.config, text):
-            command = None  # `/<skill> text`: a turn with that skill (gateway/config/profiles.py)
+            command = None  # `/<skill> text`: a turn with that skill (gateway/intake/profiles.py)
         if command is not None:
             if command.known:
                 if await self._journal(inbound, JournalKind.COMMAND):

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from gateway.store.db import mask_url_query
-from gateway.store.journal import DiskReserve
+from gateway.config.urls import mask_url_query
+from gateway.store.disk import DiskReserve
 
 log = logging.getLogger(__name__)
 

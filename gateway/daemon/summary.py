@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from channels.base import ChannelState
 from gateway.agent_api import AgentHarness
-from gateway.store.db import SQLITE
+from gateway.store.connection import SQLITE
 
 if TYPE_CHECKING:
     from agent.runtime import AgentRuntime

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from channels.base import Inbound
 from gateway.config.durations import about, in_words
-from gateway.config.schema import AccessPolicy, ChannelsConfig, Config
+from gateway.config.schema import ChannelsConfig, Config
+from gateway.config.sections import AccessPolicy
 from gateway.store.access import PAIRING_ALPHABET, PAIRING_CODE_LEN, PairingRequest
 from gateway.store.journal import Store
 

@@ -31,7 +31,7 @@ from agent.turn import ContextMessage
 from channels.base import ContextItem, Inbound
 
 if TYPE_CHECKING:
-    from gateway.config.schema import ContextConfig
+    from gateway.config.sections import ContextConfig
     from gateway.daemon.gateway import Gateway
     from gateway.store.journal import JournalEntry
 

@@ -17,7 +17,7 @@ import posixpath
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from gateway.config.schema import TranscriptionConfig
+from gateway.config.sections import TranscriptionConfig
 from gateway.store.journal import Store
 
 log = logging.getLogger(__name__)

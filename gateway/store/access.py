@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.untrusted import code_span
-from gateway.store.db import SqliteConnection
+from gateway.store.connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def normalize_code(text: str) -> str:
 class AccessTables:
     """Pairing, approvals, DM chats and command results (mixed into ``Store``)."""
 
-    _db: SqliteConnection
+    _db: Connection
     _dm_chats: dict[str, str]
 
     async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:

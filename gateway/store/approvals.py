@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from channels.base import ReplyTarget
-from gateway.store.db import SqliteConnection
+from gateway.store.connection import Connection
 
 APPROVAL_TABLES = (
     """CREATE TABLE IF NOT EXISTS approvals (
@@ -84,7 +84,7 @@ def _row(row: Any) -> ApprovalRow:
 
 
 class ApprovalTables:
-    _db: SqliteConnection
+    _db: Connection
 
     async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
         raise NotImplementedError  # the Store's

@@ -1,9 +1,10 @@
-"""One connection API for both databases the gateway can keep its state in.
+"""The two engines of the store's connection protocol (:mod:`gateway.store.connection`).
 
-The store (gateway/store*.py) is written once, against a small connection API (aiosqlite's shape):
-``execute`` (awaited, or as ``async with`` for a cursor), ``commit``, ``rollback``, ``close``.
-For SQLite it is :class:`SqliteConnection`, which runs each statement inline on the event loop
-(see its docstring for why). For PostgreSQL, :class:`PgConnection` offers the same calls over
+The store (gateway/store/) is written once, against a small connection API (aiosqlite's shape):
+``execute`` (awaited, or as ``async with`` for a cursor), ``commit``, ``rollback``, ``transaction``,
+``on_thread``, ``close``, and the ``dialect`` the connection speaks. For SQLite it is
+:class:`SqliteConnection`, which runs each statement inline on the event loop (see its docstring
+for why). For PostgreSQL, :class:`PgConnection` offers the same calls over
 psycopg and rewrites each statement from the SQLite spelling the store uses into PostgreSQL's, once
 per distinct statement (cached):
 
@@ -31,63 +32,12 @@ import functools
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import Any, TypeVar
 
-SQLITE = "sqlite"
-POSTGRES = "postgres"
-
-
-class Cursor(Protocol):
-    @property
-    def rowcount(self) -> int: ...
-
-    async def fetchone(self) -> Any: ...
-
-    async def fetchall(self) -> Iterable[Any]: ...
-
-
-def dialect_of(db: object) -> str:
-    """Which engine a connection speaks (SQLite when it does not say: an aiosqlite connection)."""
-    return str(getattr(db, "dialect", SQLITE))
-
-
-def is_postgres_url(url: str) -> bool:
-    return url.startswith(("postgresql://", "postgres://"))
-
-
-_URL_SECRET_PARAMS = ("password", "sslpassword")
-_QUERY_SECRET = re.compile(r"(?i)((?:^|[?&])(?:ssl)?password=)[^&#]*")
-
-
-def url_passwords(url: str | None) -> list[str]:
-    """The passwords a PostgreSQL URL carries, as written and decoded: its ``user:password`` part
-    and libpq's ``?password=`` (and ``sslpassword``) parameters. For the log redactor."""
-    if not url:
-        return []
-    parts = urlsplit(url)
-    creds = parts.netloc.rpartition("@")[0]
-    found = [creds.partition(":")[2]] if ":" in creds else []
-    found += [m.group(0).split("=", 1)[1] for m in _QUERY_SECRET.finditer(parts.query)]
-    found += [v for k, v in parse_qsl(parts.query) if k.lower() in _URL_SECRET_PARAMS]
-    return [s for s in {*found, *map(unquote, found)} if s]
-
-
-def mask_url_query(url: str) -> str:
-    """``url`` with its ``?password=`` (and ``sslpassword``) parameters masked."""
-    head, sep, query = url.partition("?")
-    return head + sep + _QUERY_SECRET.sub(r"\1***", query) if sep else url
-
-
-def database_label(url: str) -> str:
-    """Where a PostgreSQL URL points, fit to show: hosts, ports and database only (no user, no
-    password, no query: libpq takes ``?password=`` there too)."""
-    parts = urlsplit(url)
-    return parts.netloc.rpartition("@")[2] + parts.path
-
+from gateway.store.connection import Connection, Dialect
 
 # -- statement rewriting ------------------------------------------------------------------------
 _LITERAL = re.compile(r"('(?:[^']|'')*')")
@@ -230,7 +180,7 @@ class PgConnection:
     effect stands alone (that is also what keeps it crash-safe on SQLite); where steps must go
     together (a schema step), :meth:`transaction` makes them one."""
 
-    dialect = POSTGRES
+    dialect = Dialect.POSTGRES
 
     def __init__(self, raw: Any, url: str) -> None:
         self.raw = raw
@@ -286,7 +236,7 @@ class PgConnection:
     async def rollback(self) -> None:
         return None
 
-    def transaction(self) -> Any:
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """``async with db.transaction():`` the statements inside commit together or not at all."""
         return self.raw.transaction()
 
@@ -397,7 +347,7 @@ class SqliteConnection:
       across an ``await`` of another task.
     """
 
-    dialect = SQLITE
+    dialect = Dialect.SQLITE
 
     def __init__(self, conn: sqlite3.Connection, busy_wait: float = BUSY_WAIT) -> None:
         self.raw = conn
@@ -474,6 +424,18 @@ class SqliteConnection:
         if self.raw.in_transaction:
             self.raw.rollback()
 
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """``async with db.transaction():`` the statements inside commit together or not at all
+        (``BEGIN IMMEDIATE``: no other writer slips in between a read and the write it decides)."""
+        await self.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            await self.commit()
+        except BaseException:
+            await self.rollback()
+            raise
+
     @contextlib.contextmanager
     def on_thread(self) -> Iterator[None]:
         """``with db.on_thread():`` this task's statements run on a worker thread (see the class
@@ -514,3 +476,11 @@ def _step(sql: str, params: Sequence[Any], conn: sqlite3.Connection) -> SqliteCu
 def _retrieved(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+def _sqlite_is_a_connection(db: SqliteConnection) -> Connection:
+    return db  # mypy checks the SQLite engine against the store's protocol here
+
+
+def _postgres_is_a_connection(db: PgConnection) -> Connection:
+    return db  # and the PostgreSQL one

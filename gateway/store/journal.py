@@ -1,11 +1,12 @@
 """The gateway's durable state in SQLite: journal, outbox, threads, pairing.
 
 One SQLite connection in WAL mode with ``synchronous=NORMAL``, in autocommit and run inline on the
-event loop (gateway/store/db.py ``SqliteConnection``): a write is committed when its ``await`` returns, and a
+event loop (gateway/store/db.py ``SqliteConnection``; PostgreSQL through the same protocol,
+gateway/store/connection.py): a write is committed when its ``await`` returns, and a
 committed row survives ``kill -9`` of the daemon (only an OS crash can lose the last transactions),
 which is the failure this journal guards against, at a fraction of the cost of an fsync per message.
 
-The class is the seam for a later Postgres store: the gateway only calls the methods below.
+Everything the gateway keeps goes through the methods below, on either engine.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import errno
 import json
 import logging
-import os
 import sqlite3
 import time
 import uuid
@@ -25,77 +24,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from channels.base import Attachment, Inbound
+from gateway.config.urls import database_label
 from gateway.store.access import AccessTables
 from gateway.store.approvals import ApprovalTables
-from gateway.store.db import POSTGRES, SQLITE, PgConnection, SqliteConnection, database_label
+from gateway.store.connection import Connection, Dialect
+from gateway.store.db import PgConnection, SqliteConnection
+from gateway.store.disk import DEFAULT_RESERVE, DiskReserve, StorageFull, is_full
 from gateway.store.leases import LeaseTables
 from gateway.store.schedules import ScheduleTables
 from gateway.store.schema import migrate
-from gateway.turns.usage import ModelUsageTables
+from gateway.store.upkeep import FileUpkeep
+from gateway.store.usage import ModelUsageTables
 
 if TYPE_CHECKING:
-    from gateway.config.schema import StorageConfig
+    from gateway.config.sections import StorageConfig
 
 log = logging.getLogger(__name__)
 
-WAL_SIZE_LIMIT = 8 * 1024 * 1024
-"""What the WAL file may keep after a checkpoint (SQLite's default keeps its largest size forever);
-about two auto-checkpoints' worth (1,000 pages each)."""
 THREAD_CACHE_MAX = 10_000
 """Conversations whose thread id is cached in memory before the cache is emptied."""
-RESERVE_NAME = ".chital-reserve"
-DEFAULT_RESERVE = 64 * 1024 * 1024
-"""Disk space kept aside in the data dir for the journal itself (see :class:`DiskReserve`)."""
-
-
-class StorageFull(Exception):
-    """The disk under the data dir is full, even after giving up the reserve."""
-
-
-class DiskReserve:
-    """A file of pre-allocated blocks beside the database, given back when SQLite finds the disk
-    full, so the journal can still record what is going on (a turn's failure, new messages) while
-    an operator frees space. Re-taken once there is room again.
-
-    Why a file and not a free-space check: anything on the same filesystem (a sandbox, logs,
-    another program) can fill it between two checks; blocks we already own cannot be taken."""
-
-    def __init__(self, folder: Path, size: int) -> None:
-        self.path = folder / RESERVE_NAME
-        self.size = size
-
-    def take(self) -> bool:
-        """Allocate the reserve if it is missing; False when the disk has no room for it."""
-        if self.size <= 0:
-            return True
-        with contextlib.suppress(FileNotFoundError):
-            if self.path.stat().st_size >= self.size:
-                return True
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, self.size)
-            finally:
-                os.close(fd)
-            return True
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
-            return False
-
-    def release(self) -> bool:
-        """Give the reserved blocks back; True when there was something to give."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            return False
-        return True
-
-
-def _is_full(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc).lower()
 
 
 class JournalKind(enum.StrEnum):
@@ -161,10 +108,11 @@ def inbound_from_json(raw: str) -> tuple[Inbound, str]:
     return Inbound(**data), note
 
 
-class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, LeaseTables):
-    """SQLite-backed gateway state. Create with :meth:`open`."""
+class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, LeaseTables, FileUpkeep):
+    """The gateway's state on SQLite or PostgreSQL (any :class:`Connection`). Create with
+    :meth:`open` or :meth:`open_postgres`."""
 
-    def __init__(self, db: SqliteConnection, path: Path, reserve: DiskReserve | None = None) -> None:
+    def __init__(self, db: Connection, path: Path, reserve: DiskReserve | None = None) -> None:
         self._db = db
         self.path = path
         self.reserve = reserve or DiskReserve(path.parent, 0)
@@ -173,7 +121,11 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
         self._threads: dict[str, str] = {}
         """conversation → thread id, read through: one daemon owns its SQLite file."""
         self._dm_chats: dict[str, str] = {}
-        self.dialect = SQLITE
+
+    @property
+    def dialect(self) -> Dialect:
+        """The engine the store's connection speaks (set when the connection was made)."""
+        return self._db.dialect
 
     @classmethod
     async def open(cls, path: Path, reserve_bytes: int = DEFAULT_RESERVE) -> Store:
@@ -199,14 +151,12 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
         :mod:`gateway.store.db`; there is no disk reserve (the database server owns its disk)."""
         db = await PgConnection.connect(url)
         try:
-            await migrate(db)  # type: ignore[arg-type]  # PgConnection speaks the same calls
+            await migrate(db)
             await db.load_keys()
         except BaseException:
             await db.close()
             raise
-        store = cls(db, Path(database_label(url)))  # type: ignore[arg-type]
-        store.dialect = POSTGRES
-        return store
+        return cls(db, Path(database_label(url)))
 
     async def close(self) -> None:
         await self._db.close()
@@ -231,7 +181,7 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
             except sqlite3.OperationalError as exc:
                 with contextlib.suppress(Exception):
                     await self._db.rollback()
-                if not _is_full(exc):
+                if not is_full(exc):
                     raise
                 if attempt == 1 and self.reserve.release():
                     self.disk_full = True
@@ -444,7 +394,7 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
         self._threads.pop(conversation, None)  # read back: the row may belong to a later /new
         return thread_id
 
-    # -- retention and size (docs/durability.md) -------------------------------------------------
+    # -- retention (docs/durability.md) ------------------------------------------------------------
     async def pairing_prune(self, older_than: float) -> int:
         """Delete pairing requests older than ``older_than`` seconds, answered or not: a flood of
         strangers must not grow the table without bound. A code's own validity (checked when it
@@ -453,90 +403,6 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
             cur = await self._db.execute("DELETE FROM pairing WHERE created < ?", (time.time() - older_than,))
         await self._db.commit()
         return cur.rowcount
-
-    async def vacuum_mode(self) -> str:
-        """SQLite's ``auto_vacuum`` setting: ``none``, ``full`` or ``incremental``."""
-        if self.dialect == POSTGRES:
-            return "postgres"  # the server's autovacuum looks after it
-        async with self._db.execute("PRAGMA auto_vacuum") as cur:
-            row = await cur.fetchone()
-        return {0: "none", 1: "full", 2: "incremental"}.get(int(row[0]) if row else 0, "none")
-
-    async def use_incremental_vacuum(self, wal_limit: int = WAL_SIZE_LIMIT) -> bool:
-        """Switch the database to ``auto_vacuum=INCREMENTAL`` so :meth:`shrink` can give freed pages
-        back to the file system; returns True when it had to convert the file.
-
-        ``auto_vacuum`` only takes effect on an empty database or through a ``VACUUM``, and
-        :meth:`open` creates the tables first, so this rewrites the file once (for a new database
-        a few pages; for an old one, call it after a prune so it copies only what is kept). A
-        ``VACUUM`` needs free space about the size of the database: when it fails the mode stays as
-        it was and the next start tries again. Also caps what the WAL file keeps after a
-        checkpoint (``journal_size_limit``), or one burst would leave a large WAL for good."""
-        if self.dialect == POSTGRES:
-            return False
-        await self._db.execute(f"PRAGMA journal_size_limit={int(wal_limit)}")
-        if await self.vacuum_mode() == "incremental":
-            return False
-        await self._db.run(_vacuum_incremental)  # copies the whole file: on a thread
-        return await self.vacuum_mode() == "incremental"
-
-    async def shrink(self) -> int:
-        """Return the free pages to the file system (``incremental_vacuum``, only with
-        :meth:`use_incremental_vacuum` on) and checkpoint the WAL down to nothing when no one reads
-        it. Returns the pages released (0 when it had to wait for a better moment).
-
-        Why one function on the shared connection, on a worker thread (``SqliteConnection.run``):
-        freeing many pages and truncating the WAL can take longer than the loop may be held, and a
-        second connection writing instead would make the shared one's read snapshots stale. While
-        it runs every other statement waits, so nothing interleaves; the pass is skipped inside an
-        explicit transaction (a schema step), and the TRUNCATE checkpoint does not wait for readers
-        (which could only be this connection's own)."""
-        if self.dialect == POSTGRES:
-            return 0
-        return await self._db.run(self._shrink_now)
-
-    def _shrink_now(self, conn: sqlite3.Connection) -> int:
-        if conn.in_transaction:
-            return 0
-        free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
-        incremental = int(conn.execute("PRAGMA auto_vacuum").fetchone()[0]) == 2
-        released = 0
-        if free and incremental:
-            try:
-                # sqlite3_exec (executescript) steps the pragma to the end; a cursor steps it
-                # once and frees a single page.
-                conn.executescript("PRAGMA incremental_vacuum;")
-                released = free
-            except sqlite3.OperationalError as exc:  # another process holds the lock
-                log.debug("incremental vacuum postponed: %s", exc)
-        timeout = conn.execute("PRAGMA busy_timeout").fetchone()[0]
-        conn.execute("PRAGMA busy_timeout=0")
-        try:
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        except sqlite3.OperationalError as exc:  # another process is reading or writing
-            log.debug("WAL checkpoint postponed: %s", exc)
-        finally:
-            conn.execute(f"PRAGMA busy_timeout={int(timeout)}")
-        return released
-
-    async def size_info(self) -> dict[str, int]:
-        """Bytes on disk (database, WAL), pages (total, free) and rows per table."""
-        info: dict[str, int] = {}
-        for name in ("page_size", "page_count", "freelist_count") if self.dialect == SQLITE else ():
-            async with self._db.execute(f"PRAGMA {name}") as cur:
-                row = await cur.fetchone()
-            info[name] = int(row[0]) if row else 0
-        for table in ("journal", "outbox", "files_out", "threads", "pairing"):
-            with self._db.on_thread():  # a count reads the whole table
-                async with self._db.execute(f"SELECT COUNT(*) FROM {table}") as cur:
-                    row = await cur.fetchone()
-            info[f"rows_{table}"] = int(row[0]) if row else 0
-        for suffix, key in (("", "file_bytes"), ("-wal", "wal_bytes")):
-            try:
-                info[key] = os.stat(f"{self.path}{suffix}").st_size
-            except FileNotFoundError:
-                info[key] = 0
-        return info
 
     def trim_caches(self, max_threads: int = THREAD_CACHE_MAX) -> int:
         """Empty the conversation → thread cache once it holds more than ``max_threads`` entries
@@ -547,16 +413,6 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
             return 0
         self._threads.clear()
         return count
-
-
-def _vacuum_incremental(conn: sqlite3.Connection) -> None:
-    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
-    try:
-        conn.execute("VACUUM")
-    except sqlite3.OperationalError:
-        with contextlib.suppress(Exception):
-            conn.execute("PRAGMA auto_vacuum=NONE")
-        raise
 
 
 async def open_store(storage: StorageConfig) -> Store:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.store.db import SqliteConnection
+    from gateway.store.connection import Connection
 
 LEASE_COLUMNS = {"lease_owner": "TEXT", "lease_until": "REAL"}
 LEASE_INDEX = (
@@ -42,7 +42,7 @@ thread; on one daemon it queues behind it."""
 class LeaseTables:
     """The lease statements of :class:`gateway.store.journal.Store` (a mixin over its connection)."""
 
-    _db: SqliteConnection
+    _db: Connection
 
     async def _write(self, sql: str, params: tuple[object, ...] = ()) -> int:
         raise NotImplementedError

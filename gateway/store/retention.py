@@ -13,9 +13,11 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
-from gateway.config.schema import StorageConfig
-from gateway.ops.metrics import Metrics
+from prometheus_client.metrics import Counter, Gauge
+
+from gateway.config.sections import StorageConfig
 from gateway.store.journal import Store
 
 log = logging.getLogger(__name__)
@@ -23,6 +25,14 @@ log = logging.getLogger(__name__)
 RESERVE_CHECK_EVERY = 60.0
 """Seconds between two attempts to re-take a disk reserve given up while the disk was full."""
 DAY = 86_400.0
+
+
+class RetentionMetrics(Protocol):
+    """The two metrics retention feeds (:class:`gateway.ops.metrics.Metrics` has them): named here
+    so the store does not import ops/, which sits above it."""
+
+    pruned: Counter
+    db_bytes: Gauge
 
 
 @dataclass(slots=True)
@@ -41,7 +51,7 @@ class Retention:
         self,
         store: Store,
         storage: StorageConfig,
-        metrics: Metrics | None = None,
+        metrics: RetentionMetrics | None = None,
         code_ttls: Iterable[float] = (),
     ) -> None:
         """``code_ttls``: every channel's pairing-code validity (seconds). A request is kept at least

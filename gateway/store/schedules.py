@@ -22,7 +22,7 @@ from typing import Any
 
 from agent.provenance import UNTAINTED, Provenance
 from channels.base import Inbound
-from gateway.store.db import SqliteConnection
+from gateway.store.connection import Connection
 
 SCHEDULE_TABLES = (
     """CREATE TABLE IF NOT EXISTS schedules (
@@ -125,7 +125,7 @@ def _row(row: Any) -> Schedule:
 class ScheduleTables:
     """Schedule rows and the journal reads of :mod:`gateway.schedules.runner` and ``chital send``."""
 
-    _db: SqliteConnection
+    _db: Connection
 
     async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:  # Store's
         raise NotImplementedError

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from gateway.store.access import ACCESS_TABLES, PAIRING_COLUMNS
 from gateway.store.approvals import APPROVAL_TABLES
-from gateway.store.db import POSTGRES, SqliteConnection, dialect_of
+from gateway.store.connection import POSTGRES, Connection
 from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX
 from gateway.store.schedules import PROVENANCE_COLUMNS, SCHEDULE_TABLES
 
@@ -86,7 +86,7 @@ class SchemaTooNew(sqlite3.DatabaseError):
     the daemon refuses; as a ``DatabaseError`` it ends in the usual one-line start-up error."""
 
 
-Step = Callable[[SqliteConnection], Awaitable[None]]
+Step = Callable[[Connection], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +97,8 @@ class Migration:
     run: Step
 
 
-async def _columns(db: SqliteConnection, table: str) -> set[str]:
-    if dialect_of(db) == POSTGRES:
+async def _columns(db: Connection, table: str) -> set[str]:
+    if db.dialect == POSTGRES:
         sql = "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
         async with db.execute(f"{sql} AND table_name = ?", (table,)) as cur:
             return {str(row[0]) for row in await cur.fetchall()}
@@ -106,7 +106,7 @@ async def _columns(db: SqliteConnection, table: str) -> set[str]:
         return {str(row[1]) for row in await cur.fetchall()}
 
 
-async def _v1_baseline(db: SqliteConnection) -> None:
+async def _v1_baseline(db: Connection) -> None:
     """Any pre-versioning file (or a new one) → the schema of version 1."""
     for statement in (*GATEWAY_TABLES, *ACCESS_TABLES):
         await db.execute(statement)
@@ -118,7 +118,7 @@ async def _v1_baseline(db: SqliteConnection) -> None:
     await db.execute("UPDATE pairing SET expires = created + 3600 WHERE expires = 0")
 
 
-async def _v2_schedules(db: SqliteConnection) -> None:
+async def _v2_schedules(db: Connection) -> None:
     """The ``schedules`` table (gateway/store/schedules.py)."""
     for statement in SCHEDULE_TABLES:
         await db.execute(statement)
@@ -144,23 +144,23 @@ MODELS_USAGE_TABLES = (
 )""",
     "CREATE INDEX IF NOT EXISTS token_usage_day ON token_usage(day)",
 )
-"""A conversation's chosen model (``/model``, gateway/config/profiles.py) and token usage summed per
-user, day, conversation, model and purpose (gateway/turns/usage.py): one row per combination and day,
+"""A conversation's chosen model (``/model``, gateway/intake/profiles.py) and token usage summed per
+user, day, conversation, model and purpose (gateway/store/usage.py): one row per combination and day,
 not per call, so the table stays small however busy the bot is."""
 
 
-async def _v3_models_usage(db: SqliteConnection) -> None:
+async def _v3_models_usage(db: Connection) -> None:
     for statement in MODELS_USAGE_TABLES:
         await db.execute(statement)
 
 
-async def _v4_approvals(db: SqliteConnection) -> None:
+async def _v4_approvals(db: Connection) -> None:
     """The ``approvals`` table (gateway/store/approvals.py)."""
     for statement in APPROVAL_TABLES:
         await db.execute(statement)
 
 
-async def _v5_leases(db: SqliteConnection) -> None:
+async def _v5_leases(db: Connection) -> None:
     """Journal leases for several daemons on one database (gateway/store/leases.py)."""
     have = await _columns(db, "journal")
     for name, decl in LEASE_COLUMNS.items():
@@ -181,7 +181,7 @@ BUDGET_LEDGER_TABLE = """CREATE TABLE IF NOT EXISTS token_ledger (
 ``UPDATE`` on both engines, shared by every daemon on the database."""
 
 
-async def _v6_budget_ledger(db: SqliteConnection) -> None:
+async def _v6_budget_ledger(db: Connection) -> None:
     """``token_ledger``, and ``token_usage.estimated_tokens``: the part of a row's tokens that are
     our estimate because the provider reported none (gateway/turns/usage.py)."""
     if "estimated_tokens" not in await _columns(db, "token_usage"):
@@ -189,7 +189,7 @@ async def _v6_budget_ledger(db: SqliteConnection) -> None:
     await db.execute(BUDGET_LEDGER_TABLE)
 
 
-async def _v7_schedule_provenance(db: SqliteConnection) -> None:
+async def _v7_schedule_provenance(db: Connection) -> None:
     """Schedules remember the untrusted sources they were made after, and who confirmed them
     (gateway/store/schedules.py). Existing rows stay untainted: NULL."""
     have = await _columns(db, "schedules")
@@ -216,8 +216,8 @@ PG_MIGRATION_LOCK = 0x43484954414C
 """The advisory lock key ("CHITAL") daemons starting together take around each schema step."""
 
 
-async def user_version(db: SqliteConnection) -> int:
-    if dialect_of(db) == POSTGRES:
+async def user_version(db: Connection) -> int:
+    if db.dialect == POSTGRES:
         async with db.execute("SELECT MAX(version) FROM chital_schema") as cur:
             row = await cur.fetchone()
         return int(row[0]) if row and row[0] is not None else 0
@@ -226,7 +226,7 @@ async def user_version(db: SqliteConnection) -> int:
     return int(row[0]) if row else 0
 
 
-async def migrate(db: SqliteConnection, steps: Sequence[Migration] = MIGRATIONS) -> int:
+async def migrate(db: Connection, steps: Sequence[Migration] = MIGRATIONS) -> int:
     """Bring the file up to the last of ``steps``; returns the version it had before.
 
     Each step and its ``user_version`` commit together (``BEGIN IMMEDIATE``: no other writer can
@@ -235,7 +235,7 @@ async def migrate(db: SqliteConnection, steps: Sequence[Migration] = MIGRATIONS)
         if step.version != i:
             raise ValueError(f"migration steps must be numbered 1, 2, ...; step {i} says {step.version}")
     target = steps[-1].version if steps else 0
-    if dialect_of(db) == POSTGRES:
+    if db.dialect == POSTGRES:
         return await _migrate_postgres(db, steps, target)
     start = await user_version(db)
     if start > target:
@@ -246,13 +246,11 @@ async def migrate(db: SqliteConnection, steps: Sequence[Migration] = MIGRATIONS)
     await db.commit()  # a step's BEGIN must not nest in an implicit transaction
     ran: list[Migration] = []
     for step in steps[start:]:
-        await db.execute("BEGIN IMMEDIATE")
         try:
-            await step.run(db)
-            await db.execute(f"PRAGMA user_version = {int(step.version)}")
-            await db.commit()
+            async with db.transaction():  # BEGIN IMMEDIATE on SQLite
+                await step.run(db)
+                await db.execute(f"PRAGMA user_version = {int(step.version)}")
         except BaseException:
-            await db.rollback()
             _log_migrated(start, ran)
             raise
         ran.append(step)
@@ -272,11 +270,11 @@ def _log_migrated(start: int, ran: Sequence[Migration]) -> None:
         log.info("database schema migrated from version %d to %d (%s)", start, ran[-1].version, steps)
 
 
-async def _migrate_postgres(db: SqliteConnection, steps: Sequence[Migration], target: int) -> int:
+async def _migrate_postgres(db: Connection, steps: Sequence[Migration], target: int) -> int:
     """The same steps on PostgreSQL (their statements rewritten by gateway/store/db.py). Several daemons
     may start at once: each step runs under a transaction-scoped advisory lock and re-reads the
     version inside it, so exactly one of them runs it; PostgreSQL's DDL is transactional too."""
-    async with db.transaction():  # type: ignore[attr-defined]
+    async with db.transaction():
         # Under the lock too: two CREATE TABLE IF NOT EXISTS at once can both try to create it.
         await db.execute("SELECT pg_advisory_xact_lock(?)", (PG_MIGRATION_LOCK,))
         await db.execute(PG_VERSION_TABLE)
@@ -288,7 +286,7 @@ async def _migrate_postgres(db: SqliteConnection, steps: Sequence[Migration], ta
         )
     ran: list[Migration] = []
     for step in steps[start:]:
-        async with db.transaction():  # type: ignore[attr-defined]  # PgConnection's
+        async with db.transaction():
             await db.execute("SELECT pg_advisory_xact_lock(?)", (PG_MIGRATION_LOCK,))
             if await user_version(db) >= step.version:
                 continue  # another daemon ran it while we waited for the lock

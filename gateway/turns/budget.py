@@ -9,7 +9,7 @@ first asks :meth:`Budgets.reserve` through the usage callback on the chat model
 - **Before the call**: the request's estimated size plus its answer's bound (the model's
   ``max_tokens``, else ``usage.reserve_output_tokens``) is added to the user's ``held`` tokens
   in ``token_ledger``, on the condition that spent + held is still under the budget. That is one
-  ``UPDATE`` of one row (:meth:`gateway.turns.usage.ModelUsageTables.ledger_hold`): atomic on SQLite
+  ``UPDATE`` of one row (:meth:`gateway.store.usage.ModelUsageTables.ledger_hold`): atomic on SQLite
   and on PostgreSQL, so concurrent turns of one user, in one daemon or in several daemons on one
   database, cannot all pass on the same remainder.
 - **After the call**: the recorder (gateway/turns/usage.py) adds what it cost (reported, or estimated

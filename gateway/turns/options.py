@@ -12,8 +12,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from agent.turn import PLAIN, TurnOptions
-from gateway.config.profiles import conversation_options
 from gateway.intake.media import shown_images
+from gateway.intake.profiles import conversation_options
 from gateway.intake.provenance import forwarded_sources, inbound_sources
 from gateway.intake.thread_context import thread_context
 

@@ -28,7 +28,8 @@ from agent.turn import TurnOptions
 from channels.base import Channel, ChannelError, Inbound
 from gateway.config.durations import in_words
 from gateway.intake.attachments import Uploads, deliver_files, fetch_attachments
-from gateway.store.journal import JournalEntry, JournalState, StorageFull
+from gateway.store.disk import StorageFull
+from gateway.store.journal import JournalEntry, JournalState
 from gateway.turns.approvals import WAITING_NOTE
 from gateway.turns.options import turn_options
 from gateway.turns.stopping import STOPPED, stopped_notice
