@@ -7,11 +7,12 @@ import sqlite3
 import time
 from pathlib import Path
 
-import aiosqlite
 import pytest
 
 from channels.base import Inbound
 from gateway.daemon.lifecycle import database_error
+from gateway.store.connection import Connection
+from gateway.store.db import SqliteConnection
 from gateway.store.journal import JournalKind, JournalState, Store
 from gateway.store.schema import MIGRATIONS, SCHEMA_VERSION, Migration, SchemaTooNew, migrate, user_version
 from tests.fakes.gateway_rig import store_at
@@ -124,7 +125,8 @@ async def test_an_unversioned_database_of_the_current_shape_keeps_everything(tmp
 async def test_the_baseline_step_is_idempotent(tmp_path: Path) -> None:
     path = tmp_path / "g.sqlite"
     old_database(path)
-    async with aiosqlite.connect(path) as db:
+    db = await SqliteConnection.connect(path)
+    try:
         await migrate(db)
         for _ in range(2):  # a step re-run (after a crash before its commit) changes nothing
             await MIGRATIONS[0].run(db)
@@ -133,17 +135,20 @@ async def test_the_baseline_step_is_idempotent(tmp_path: Path) -> None:
         async with db.execute("PRAGMA table_info(pairing)") as cur:
             columns = [row[1] for row in await cur.fetchall()]
         assert columns == ["code", "user", "name", "created", "expires", "chat_id", "denied"]
+    finally:
+        await db.close()
 
 
 async def test_a_failing_step_leaves_the_previous_version_and_runs_again(tmp_path: Path) -> None:
-    async def broken(db: aiosqlite.Connection) -> None:
+    async def broken(db: Connection) -> None:
         await db.execute("CREATE TABLE half_done (x INTEGER)")
         raise RuntimeError("disk said no")
 
-    async def fixed(db: aiosqlite.Connection) -> None:
+    async def fixed(db: Connection) -> None:
         await db.execute("CREATE TABLE half_done (x INTEGER)")
 
-    async with aiosqlite.connect(tmp_path / "g.sqlite") as db:
+    db = await SqliteConnection.connect(tmp_path / "g.sqlite")
+    try:
         with pytest.raises(RuntimeError):
             await migrate(db, (*MIGRATIONS, Migration(SCHEMA_VERSION + 1, "broken", broken)))
         assert await user_version(db) == SCHEMA_VERSION
@@ -152,12 +157,17 @@ async def test_a_failing_step_leaves_the_previous_version_and_runs_again(tmp_pat
         fixed_step = Migration(SCHEMA_VERSION + 1, "fixed", fixed)
         assert await migrate(db, (*MIGRATIONS, fixed_step)) == SCHEMA_VERSION
         assert await user_version(db) == SCHEMA_VERSION + 1
+    finally:
+        await db.close()
 
 
 async def test_steps_must_be_numbered_in_order(tmp_path: Path) -> None:
-    async with aiosqlite.connect(tmp_path / "g.sqlite") as db:
+    db = await SqliteConnection.connect(tmp_path / "g.sqlite")
+    try:
         with pytest.raises(ValueError, match="numbered"):
             await migrate(db, (Migration(2, "skips one", MIGRATIONS[0].run),))
+    finally:
+        await db.close()
 
 
 async def test_a_database_from_a_newer_version_is_refused_in_one_line(tmp_path: Path) -> None:
