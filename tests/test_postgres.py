@@ -89,7 +89,7 @@ async def test_pairing_and_access_behave_the_same(store: Store) -> None:
 async def test_schema_is_current_and_two_daemons_migrate_at_once(pg_url: str) -> None:
     first, second = await asyncio.gather(Store.open_postgres(pg_url), Store.open_postgres(pg_url))
     try:
-        assert await user_version(first._db) == SCHEMA_VERSION  # type: ignore[arg-type]
+        assert await user_version(first._db) == SCHEMA_VERSION
         await first.journal_add(_msg("1"), JournalKind.TURN)
         assert [e.key for e in await second.journal_open()] == ["telegram:1:1"]
     finally:

@@ -66,4 +66,5 @@ class DiskReserve:
 
 
 def is_full(exc: BaseException) -> bool:
+    """SQLite's "database or disk is full" (SQLITE_FULL), which the reserve is given back for."""
     return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc).lower()

@@ -4,8 +4,9 @@ system, checkpointing the WAL down, and the file's size (docs/durability.md).
 A mixin of :class:`gateway.store.journal.Store`, apart from the journal's statements because none of
 it is a statement of the store's tables: it works on the SQLite file itself, through
 :meth:`gateway.store.db.SqliteConnection.run` (on a worker thread). On PostgreSQL the server's
-autovacuum owns all of this and each call says so (no-op); the engine is told by the connection's
-class, which is also what lets mypy check the SQLite-only calls.
+autovacuum owns all of this and each call does nothing; the calls that need ``run`` narrow the
+store's :class:`~gateway.store.connection.Connection` to the SQLite engine with ``isinstance``,
+which is also what lets mypy check them.
 """
 
 from __future__ import annotations
