@@ -34,9 +34,9 @@ from gateway.config.sections import (
     LimitsConfig,
     SchedulesConfig,
     StorageConfig,
+    Strict,
     TranscriptionConfig,
     UsageConfig,
-    _Strict,
 )
 
 _ENV_REF = re.compile(r"\$(\{)?([A-Za-z_][A-Za-z0-9_]*)(?(1)\})")
@@ -50,7 +50,7 @@ class ConfigError(Exception):
     """config.yaml is unreadable or invalid. The message names the file and the field."""
 
 
-class ChannelBase(_Strict):
+class ChannelBase(Strict):
     enabled: bool = True
     access: AccessPolicy | None = None
     """Overrides the top-level ``access`` for this channel."""
@@ -75,23 +75,23 @@ def _off(section: type[ChannelBase]) -> Callable[[], ChannelBase]:
     return lambda: section(enabled=False)
 
 
-def _channels_config() -> type[_Strict]:
+def _channels_config() -> type[Strict]:
     """The ``channels`` section: one key per platform of gateway/config/platforms.py, off when absent."""
     sections = {p.name: _channel_section(p.settings) for p in PLATFORMS}
     fields: dict[str, Any] = {name: (s, Field(default_factory=_off(s))) for name, s in sections.items()}
-    return create_model("ChannelsConfig", __base__=_Strict, __module__=__name__, **fields)
+    return create_model("ChannelsConfig", __base__=Strict, __module__=__name__, **fields)
 
 
 if TYPE_CHECKING:
 
-    class ChannelsConfig(_Strict):
+    class ChannelsConfig(Strict):
         def __getattr__(self, name: str) -> Any: ...
 
 else:
     ChannelsConfig = _channels_config()
 
 
-class Config(_Strict):
+class Config(Strict):
     models: list[ModelSpec] = Field(default_factory=lambda: [ModelSpec()])
     agent: AgentSettings = Field(default_factory=AgentSettings)
     channels: ChannelsConfig = Field(default_factory=ChannelsConfig)

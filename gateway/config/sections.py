@@ -24,7 +24,9 @@ from pydantic import (
 )
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """A config section: an unknown key is an error (a typo must not be silently ignored)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
@@ -40,7 +42,7 @@ PlatformId = Annotated[str, BeforeValidator(_id_as_str)]
 """A user or chat id: a bare platform id or ``platform:id``; YAML integers are accepted."""
 
 
-class AccessPolicy(_Strict):
+class AccessPolicy(Strict):
     """Who may talk to the bot. Deny by default: unknown DM senders get the pairing path."""
 
     allow_users: list[PlatformId] = Field(default_factory=list)
@@ -70,7 +72,7 @@ class AccessPolicy(_Strict):
     direct message the user always may."""
 
 
-class ContextConfig(_Strict):
+class ContextConfig(Strict):
     """The thread a message was written in, given to the agent as context (docs/thread-context.md):
     the earlier messages of a Slack, Discord or Lark thread, the message a Telegram, Discord or
     Lark reply answers."""
@@ -87,7 +89,7 @@ class ContextConfig(_Strict):
     message is answered without context."""
 
 
-class StorageConfig(_Strict):
+class StorageConfig(Strict):
     path: Path = Path("./data")
     """Directory for the SQLite databases and per-thread files."""
     url: str | None = None
@@ -127,7 +129,7 @@ class StorageConfig(_Strict):
     code."""
 
 
-class ConcurrencyConfig(_Strict):
+class ConcurrencyConfig(Strict):
     max_turns: int = Field(32, ge=1, le=1024)
     """Agent turns running at once across all conversations (turns mostly wait on the model)."""
     max_queue_per_conversation: int = Field(50, ge=1)
@@ -137,7 +139,7 @@ class ConcurrencyConfig(_Strict):
     """Seconds SIGTERM waits for running turns before cancelling them (they resume on next start)."""
 
 
-class LimitsConfig(_Strict):
+class LimitsConfig(Strict):
     max_message_chars: int = Field(32_000, ge=1)
     """Longer inbound messages are refused with a clear note instead of being sent to the model."""
     max_attachment_bytes: int = Field(20 * 1024 * 1024, ge=0)
@@ -146,7 +148,7 @@ class LimitsConfig(_Strict):
     with a note. 0: no limit. Admins are exempt; commands are not counted."""
 
 
-class TranscriptionConfig(_Strict):
+class TranscriptionConfig(Strict):
     """Voice notes and audio files, turned into text through an OpenAI-compatible
     ``/audio/transcriptions`` endpoint (OpenAI, or a self-hosted Whisper server; docs/media.md).
     On when ``base_url`` or ``api_key`` is set."""
@@ -180,7 +182,7 @@ class TranscriptionConfig(_Strict):
         return bool(self.base_url or self.api_key)
 
 
-class HttpConfig(_Strict):
+class HttpConfig(Strict):
     enabled: bool = True
     """Serve ``/healthz``, ``/readyz`` and ``/metrics``."""
     host: str = "127.0.0.1"
@@ -190,7 +192,7 @@ class HttpConfig(_Strict):
     """TCP port; 0 picks a free one (tests)."""
 
 
-class DeliveryConfig(_Strict):
+class DeliveryConfig(Strict):
     stream: bool = True
     """Edit one message as text arrives; off: send the final answer only."""
     first_edit_delay: float = Field(0.6, ge=0)
@@ -202,7 +204,7 @@ class DeliveryConfig(_Strict):
     it is marked failed."""
 
 
-class SchedulesConfig(_Strict):
+class SchedulesConfig(Strict):
     """Work the agent schedules for later (docs/schedules.md): reminders, cron rules."""
 
     enabled: bool = True
