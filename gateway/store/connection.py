@@ -4,11 +4,12 @@ The store (its journal and every table mixin, the schema steps, the usage tables
 heartbeat) holds a :class:`Connection`, never a concrete engine's class. Two classes implement it:
 :class:`gateway.store.db.SqliteConnection` (inline on the event loop) and
 :class:`gateway.store.db.PgConnection` (psycopg, statements rewritten from the SQLite spelling).
-Both are checked against it by mypy (:data:`_CHECKED`), so a call the store makes that one engine
-lacks is a type error, not a failure at run time on the engine the tests ran less.
+Both are checked against it by mypy (the two one-line functions at the end of db.py), so a call
+the store makes that one engine lacks is a type error, not a failure at run time on the engine
+the tests ran less.
 
-Why a protocol and not a base class: the two share no code (a base class would be empty), and a
-protocol lets the tests and ``chital migrate`` hand the store anything of that shape.
+Why a protocol and not a base class: the two share no code (a base class would be empty), and each
+engine keeps what only it has (SQLite's ``run``, PostgreSQL's ``load_keys``) outside the protocol.
 
 Why the dialect is part of it: a few statements have no common spelling (the schema version, a
 table's columns, SQLite's file upkeep), and the store must know which engine it speaks before
