@@ -52,29 +52,13 @@ CHECKPOINT_SQL = re.compile(
 )
 CHECKPOINT_TABLE_NAMES = {"checkpoint_writes", "checkpoint_blobs", "checkpoint_migrations"}
 
-BEING_REMOVED = {
-    # being removed by the Gateway composition (issue 21 item 3): the collaborators reach into
-    # Gateway's private members; they get narrow callables instead.
-    ("gateway/turns/approvals.py", "self.gw._spawn"),
-    ("gateway/turns/approvals.py", "self.gw._inflight"),
-    ("gateway/turns/approvals.py", "self.gw._reply"),
-    ("gateway/turns/approvals.py", "self.gw._dispatch"),
-    ("gateway/turns/approvals.py", "self.gw._replies"),
-    ("gateway/turns/queued_sign.py", "gw._reply"),
-    ("gateway/turns/queued_sign.py", "gw._replies"),
-    ("gateway/turns/stopping.py", "gw._spawn"),
-    ("gateway/turns/stopping.py", "gw._inflight"),
-    ("gateway/turns/stopping.py", "gw._release_after"),
-    ("gateway/turns/stopping.py", "gw._send_notice"),
-    ("gateway/schedules/runner.py", "self.gateway._spawn"),
-}
 STDLIB = {
     # argparse has no public hook for the help listing of subcommands; versioned with the
     # interpreter, and renamed, the listing falls back to argparse's own (see the class).
     ("gateway/cli/common.py", "action._get_subactions"),
     ("gateway/cli/common.py", "argparse._SubParsersAction"),
 }
-ALLOWED = BEING_REMOVED | STDLIB
+ALLOWED = STDLIB
 
 
 def _private(name: str) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import gc
 import logging
 import os
@@ -164,6 +165,17 @@ def vendor_check() -> None:
         raise StartupError("; ".join(refused))
 
 
+class DaemonState(enum.StrEnum):
+    """Where the daemon is in its life (``/readyz``'s and ``chital status``'s ``state``; the values
+    are what they show). Only forward: new → starting → running → stopping → stopped."""
+
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
 class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -188,7 +200,7 @@ class Daemon:
         )
         self.started: float | None = None
         self.pid = os.getpid()
-        self.state = "new"
+        self.state = DaemonState.NEW
         """new → starting → running → stopping → stopped (a failed start goes to stopped at once)."""
         self._resources = Resources()
         self._drained = False
@@ -259,7 +271,7 @@ class Daemon:
     def not_ready_reasons(self) -> list[str]:
         """Why ``/readyz`` says not ready, one short line per cause; empty when ready."""
         reasons: list[str] = []
-        if self.state != "running":
+        if self.state is not DaemonState.RUNNING:
             reasons.append(f"the daemon is {self.state}")
         agent = self.agent_report()
         if agent["state"] != "ready":
@@ -299,20 +311,20 @@ class Daemon:
     async def start(self) -> None:
         """Acquire everything in order. On any failure, or when cancelled (SIGTERM during start-up),
         release what was acquired, newest first; a failure ends in :class:`StartupError`."""
-        if self.state != "new":
+        if self.state is not DaemonState.NEW:
             raise RuntimeError(f"Daemon.start() called while the daemon is {self.state}")
-        self.state = "starting"
+        self.state = DaemonState.STARTING
         try:
             await self._acquire()
         except BaseException as exc:
-            self.state = "stopping"
+            self.state = DaemonState.STOPPING
             await self._resources.release_all()
-            self.state = "stopped"
+            self.state = DaemonState.STOPPED
             if isinstance(exc, StartupError) or not isinstance(exc, Exception):
                 raise
             log.debug("start-up failed", exc_info=True)
             raise StartupError(f"start-up failed: {one_line(exc)}") from exc
-        self.state = "running"
+        self.state = DaemonState.RUNNING
         self.started = time.time()
         # The start-up heap (a couple of thousand modules) never becomes garbage: move it out of the
         # collector's sight, and collect less often (turns allocate many short-lived objects; the
@@ -456,11 +468,11 @@ class Daemon:
     async def stop(self) -> list[tuple[str, BaseException]]:
         """Drain running turns for ``shutdown_grace`` while the channels can still deliver, then
         release everything newest first. Returns the releases that failed (each is logged)."""
-        if self.state in ("stopping", "stopped"):
+        if self.state in (DaemonState.STOPPING, DaemonState.STOPPED):
             return []
-        if self.state != "running":
+        if self.state is not DaemonState.RUNNING:
             raise RuntimeError(f"Daemon.stop() called while the daemon is {self.state}")
-        self.state = "stopping"
+        self.state = DaemonState.STOPPING
         grace = self.config.concurrency.shutdown_grace
         if self.gateway is not None and not self._drained:
             self._drained = True
@@ -471,7 +483,7 @@ class Daemon:
             except Exception as exc:
                 log.error("draining the gateway failed: %s", one_line(exc))
         errors = await self._resources.release_all()
-        self.state = "stopped"
+        self.state = DaemonState.STOPPED
         return errors
 
     async def run_forever(self) -> None:

@@ -36,11 +36,13 @@ from gateway.intake.access import Verdict, decide, is_admin
 from gateway.intake.limits import Throttles
 from gateway.intake.slow_lane import FairLane
 from gateway.ops.metrics import Metrics
+from gateway.ops.tasks import TaskTracker
 from gateway.schedules import confirm as schedule_confirm
 from gateway.schedules import runner as schedules
 from gateway.store.journal import JournalEntry, JournalKind, JournalState, Store
 from gateway.turns import queued_sign, stopping, usage
 from gateway.turns.approvals import Approvals
+from gateway.turns.inflight import InFlight
 from gateway.turns.queue import TurnQueue
 from gateway.turns.runner import TurnRunner
 
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Gateway(TurnRunner):
+class Gateway:
     def __init__(self, config: Config, store: Store, harness: AgentHarness, metrics: Metrics) -> None:
         self.config = config
         self.store = store
@@ -65,19 +67,27 @@ class Gateway(TurnRunner):
         self.slow_lane = FairLane(config.transcription.concurrency, config.transcription.per_user)
         """Transcriptions, outside the turn slots, fair per user (gateway/intake/slow_lane.py)."""
         self._pacers = PacerPool()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.tasks = TaskTracker()
+        """Every background task of the gateway: kept alive, its failure logged (gateway/ops/tasks.py)."""
         self.throttles = Throttles(config)
         """Pairing reminders and announcements, wrong codes, the per-user rate (gateway/intake/limits.py)."""
-        self._replies: dict[str, Reply] = {}
-        """Live replies by journal key, shared by the queued sign and the turn."""
+        self.inflight = InFlight(self._new_reply)
+        """Journal keys handled by this process right now (queued, running or sending) and their live
+        replies, shared by the queued sign, the turn, approvals and /stop (gateway/turns/inflight.py)."""
         self.signs = queued_sign.SignOrder()
         """Queued signs go out per conversation in order, below the answers ahead
         (gateway/turns/queued_sign.py)."""
-        self._inflight: set[str] = set()
-        """Journal keys handled by this process right now (queued, running or sending)."""
         self.parking = Parking(store, metrics, config.delivery.retry_window, self._dispatch)
-        self.approvals = Approvals(self)
+        self.approvals = Approvals(
+            config, store, harness, metrics, self.channels, self.inflight, self.tasks, self._dispatch
+        )
         """Tool calls waiting for a person's yes (gateway/turns/approvals.py)."""
+        self.runner = TurnRunner(
+            config=config, store=store, harness=harness, metrics=metrics, turns=self.turns,
+            inflight=self.inflight, approvals=self.approvals, parking=self.parking, tasks=self.tasks,
+            redact=self.redact, keep=self._keep, host=self,
+        )  # fmt: skip
+        """Runs each claimed turn (gateway/turns/runner.py)."""
         self._connected: set[str] = set()
         self.wake_schedules: Callable[[], None] = lambda: None
         """Look at the schedules now (a confirmed one may be due); set by the ScheduleRunner."""
@@ -117,18 +127,7 @@ class Gateway(TurnRunner):
             self._connected.discard(channel.name)
         elif channel.name not in self._connected and not self._closing:
             self._connected.add(channel.name)
-            self._spawn(self.resume(channel.name), f"resume:{channel.name}")
-
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _reply(self, entry: JournalEntry) -> Reply:
-        reply = self._replies.get(entry.key)
-        if reply is None:
-            reply = self._replies[entry.key] = self._new_reply(entry)
-        return reply
+            self.tasks.spawn(self.resume(channel.name), f"resume:{channel.name}")
 
     def _new_reply(self, entry: JournalEntry) -> Reply:
         channel = self.channels[entry.inbound.platform]
@@ -327,7 +326,7 @@ class Gateway(TurnRunner):
 
     def handles(self, key: str) -> bool:
         """This process is handling ``key`` now (queued, running or sending)."""
-        return key in self._inflight
+        return key in self.inflight
 
     def connected(self, platform: str) -> bool:
         """The channel is here and connected (what a resume waits for)."""
@@ -336,25 +335,26 @@ class Gateway(TurnRunner):
     def _submit(self, entry: JournalEntry) -> None:
         ahead = self.turns.submit(entry)
         if ahead:
-            self._spawn(queued_sign.show(self, entry, ahead), f"queued:{entry.key}")
+            self.tasks.spawn(queued_sign.show(self, entry, ahead), f"queued:{entry.key}")
 
     # -- dispatch, retry and resume -------------------------------------------------------------
     def _dispatch(self, entry: JournalEntry) -> bool:
         """Start handling ``entry`` unless this process already is; False when it was."""
-        if entry.key in self._inflight or self._closing:
+        if self._closing or not self.inflight.take(entry.key):
             return False
         self.parking.unpark(entry.key)
-        self._inflight.add(entry.key)
         if entry.kind == JournalKind.TURN:
             self._submit(entry)
         elif entry.kind == JournalKind.NOTICE:
-            self._spawn(self._release_after(entry, self._send_notice), f"notice:{entry.key}")
+            self.tasks.spawn(self.release_after(entry, self.send_notice), f"notice:{entry.key}")
         else:
             cmd = commands.parse_command(entry.inbound.text)
             if cmd is None:
-                self._inflight.discard(entry.key)
+                self.inflight.release(entry.key)
                 return False
-            self._spawn(self._release_after(entry, lambda e: self._run_command(e, cmd)), f"cmd:{entry.key}")
+            self.tasks.spawn(
+                self.release_after(entry, lambda e: self._run_command(e, cmd)), f"cmd:{entry.key}"
+            )
         return True
 
     def _intake_lease(self) -> tuple[str, float] | None:
@@ -381,11 +381,11 @@ class Gateway(TurnRunner):
             claimed = False
         if claimed:
             try:
-                await self._run_entry(entry)
+                await self.runner.run(entry)
             finally:
                 self._claimed.pop(entry.key, None)
         else:
-            self._inflight.discard(entry.key)
+            self.inflight.release(entry.key)
 
     def claimed(self) -> set[str]:
         """Keys of the entries this daemon holds the lease of and works on now (gateway/daemon/cluster.py)."""
@@ -400,25 +400,30 @@ class Gateway(TurnRunner):
             task = self._claimed.pop(key, None)
             if task is None or task.done():
                 continue
-            reply = self._replies.get(key)
+            reply = self.inflight.live(key)
             if reply is not None:
                 reply.abandon()  # its streaming edits stop too
             task.cancel()
             cut += 1
         return cut
 
+    async def holds(self, entry: JournalEntry) -> bool:
+        """This daemon holds ``entry``'s lease (always, when it is alone)."""
+        return self.cluster is None or await self.cluster.holds(entry)
+
     async def _keep(self, entry: JournalEntry) -> bool:
         """Just before an answer goes out: still this daemon's to send (gateway/daemon/cluster.py)."""
         return self.cluster is None or await self.cluster.keep(entry)
 
-    async def _release_after(
+    async def release_after(
         self, entry: JournalEntry, work: Callable[[JournalEntry], Awaitable[None]]
     ) -> None:
+        """Claim ``entry``, do ``work`` on it, and let go of it here whatever happens."""
         try:
             if await self._claim(entry):
                 await work(entry)
         finally:
-            self._inflight.discard(entry.key)
+            self.inflight.release(entry.key)
             self._claimed.pop(entry.key, None)
 
     async def resume(self, platform: str) -> int:
@@ -432,12 +437,13 @@ class Gateway(TurnRunner):
         return started
 
     # -- commands and notices -------------------------------------------------------------------
-    async def _send_notice(self, entry: JournalEntry) -> None:
+    async def send_notice(self, entry: JournalEntry) -> None:
+        """Deliver a notice entry: its note is the whole reply."""
         await self._deliver_fixed(entry, entry.note)
 
     async def _deliver_fixed(self, entry: JournalEntry, text: str) -> None:
         try:
-            reply = self._reply(entry)
+            reply = self.inflight.reply(entry)
             await reply.load()
             if not await self._keep(entry):
                 return
@@ -451,7 +457,7 @@ class Gateway(TurnRunner):
             with contextlib.suppress(Exception):
                 await self.store.journal_set(entry.key, JournalState.FAILED)
         finally:
-            self._replies.pop(entry.key, None)
+            self.inflight.drop_reply(entry.key)
             self.parking.settled(entry.key)
 
     def command_context(self) -> commands.CommandContext:
@@ -488,9 +494,5 @@ class Gateway(TurnRunner):
         self.parking.close()  # parked entries stay pending in the journal: the next start resumes them
         self.approvals.close()  # waiting entries and their requests stay in the store
         cut = await self.turns.drain(grace)
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self.tasks.close()
         return cut

@@ -28,7 +28,7 @@ from gateway.intake.transcribe import SHOWN_CHARS, Heard, heard
 from gateway.store.journal import JournalEntry, Store
 
 if TYPE_CHECKING:
-    from gateway.daemon.gateway import Gateway
+    from gateway.intake.host import IntakeHost
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Uploads:
 
 
 async def fetch_attachments(
-    gateway: Gateway, channel: Channel, entry: JournalEntry, thread_id: str
+    gateway: IntakeHost, channel: Channel, entry: JournalEntry, thread_id: str
 ) -> Uploads:
     """Save the message's files where the thread's sandbox sees them (its uploads dir), keep the
     images for the model and transcribe the recordings (gateway/intake/media.py,
@@ -101,7 +101,7 @@ async def fetch_attachments(
 
 
 async def _fetch_all(
-    gateway: Gateway, channel: Channel, entry: JournalEntry, thread_id: str, out: Uploads
+    gateway: IntakeHost, channel: Channel, entry: JournalEntry, thread_id: str, out: Uploads
 ) -> None:
     inbound = entry.inbound
     limit = gateway.config.limits.max_attachment_bytes
@@ -144,7 +144,7 @@ async def _fetch_all(
 
 
 async def _save_once(
-    gateway: Gateway, entry: JournalEntry, index: int, thread_id: str, name: str, data: bytes
+    gateway: IntakeHost, entry: JournalEntry, index: int, thread_id: str, name: str, data: bytes
 ) -> str:
     """Save the ``index``-th attachment of ``entry`` in the thread's uploads, once: the path is
     recorded under the journal key, so a turn run again (a crash, a retry) finds the file it saved
@@ -163,7 +163,13 @@ async def _save_once(
 
 
 async def _listen(
-    gateway: Gateway, entry: JournalEntry, out: Uploads, index: int, name: str, data: bytes, mime: str | None
+    gateway: IntakeHost,
+    entry: JournalEntry,
+    out: Uploads,
+    index: int,
+    name: str,
+    data: bytes,
+    mime: str | None,
 ) -> None:
     """Transcribe one recording (the ``index``-th attachment) into ``out.heard``, with the note the
     user gets about it."""

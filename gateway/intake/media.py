@@ -28,8 +28,8 @@ from channels.base import Attachment
 if TYPE_CHECKING:
     from PIL import Image
 
-    from gateway.daemon.gateway import Gateway
     from gateway.intake.attachments import Uploads
+    from gateway.intake.host import IntakeHost
 
 log = logging.getLogger(__name__)
 
@@ -138,12 +138,12 @@ def takes_images(spec: ModelSpec | None) -> bool:
     return spec is not None and spec.vision
 
 
-def _spec(gateway: Gateway, name: str | None) -> ModelSpec | None:
+def _spec(gateway: IntakeHost, name: str | None) -> ModelSpec | None:
     wanted = name or gateway.config.agent.model
     return next((m for m in gateway.config.models if m.name == wanted), None)
 
 
-async def shown_images(gateway: Gateway, uploads: Uploads, model: str | None) -> tuple[ImagePart, ...]:
+async def shown_images(gateway: IntakeHost, uploads: Uploads, model: str | None) -> tuple[ImagePart, ...]:
     """The images of ``uploads`` to show the turn's model (``model``: its name, None for the
     default), prepared within ``agent.vision``; () when that model does not take images. An image
     that cannot be shown gets a note for the user in ``uploads.notes`` and stays a plain file."""

@@ -33,7 +33,7 @@ from gateway.config.profiles import Profile, profile_for
 if TYPE_CHECKING:
     from channels.base import Inbound
     from gateway.config.schema import Config
-    from gateway.daemon.gateway import Gateway
+    from gateway.intake.host import IntakeHost
     from gateway.store.journal import JournalEntry, Store
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def skill_for(config: Config, text: str) -> str | None:
 
 
 # -- the turn ------------------------------------------------------------------------------------
-async def conversation_options(gateway: Gateway, entry: JournalEntry, options: TurnOptions) -> TurnOptions:
+async def conversation_options(gateway: IntakeHost, entry: JournalEntry, options: TurnOptions) -> TurnOptions:
     """``options`` with the conversation's model and persona and the skill the message asks for."""
     now = await in_use(gateway.config, gateway.store, entry.inbound)
     model = now.model if now.model != gateway.config.agent.model else None

@@ -32,7 +32,7 @@ from channels.base import ContextItem, Inbound
 
 if TYPE_CHECKING:
     from gateway.config.sections import ContextConfig
-    from gateway.daemon.gateway import Gateway
+    from gateway.intake.host import IntakeHost
     from gateway.store.journal import JournalEntry
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 ELLIPSIS = "…"
 
 
-async def thread_context(gateway: Gateway, entry: JournalEntry) -> tuple[ContextMessage, ...]:
+async def thread_context(gateway: IntakeHost, entry: JournalEntry) -> tuple[ContextMessage, ...]:
     """The context messages for the turn answering ``entry``, oldest first; ``()`` when there are
     none or they could not be fetched."""
     inbound = entry.inbound
@@ -69,7 +69,7 @@ def unseen(items: Sequence[ContextItem]) -> list[ContextItem]:
     return [i for n, i in enumerate(items) if n > last_own or i.replied_to]
 
 
-async def _journaled(gateway: Gateway, inbound: Inbound, item: ContextItem) -> bool:
+async def _journaled(gateway: IntakeHost, inbound: Inbound, item: ContextItem) -> bool:
     if not item.message_id or item.is_self:
         return False
     return await gateway.store.journal_seen(f"{inbound.platform}:{inbound.chat_id}:{item.message_id}")

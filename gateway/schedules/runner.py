@@ -224,7 +224,7 @@ class ScheduleRunner:
 
     def _ask(self, schedule: Schedule, info: ScheduleInfo) -> None:
         ask = schedule_confirm.ask(self.gateway, schedule, info.rule, info.next_fire or "")
-        self.gateway._spawn(ask, f"schedule-confirm:{schedule.id}")
+        self.gateway.tasks.spawn(ask, f"schedule-confirm:{schedule.id}")
 
     def _on_channel_state(self, channel: Channel) -> None:
         if channel.state is ChannelState.CONNECTED:

@@ -16,12 +16,13 @@ again when the channel connects, and a press on the old buttons works as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested
@@ -34,7 +35,13 @@ from gateway.store.approvals import APPROVED, CANCELLED, DENIED, PENDING, TIMED_
 from gateway.store.journal import JournalEntry, JournalState
 
 if TYPE_CHECKING:
-    from gateway.daemon.gateway import Gateway
+    from channels.base import Channel
+    from gateway.agent_api import AgentHarness
+    from gateway.config.schema import Config
+    from gateway.ops.metrics import Metrics
+    from gateway.ops.tasks import TaskTracker
+    from gateway.store.journal import Store
+    from gateway.turns.inflight import InFlight
 
 log = logging.getLogger(__name__)
 
@@ -131,16 +138,37 @@ def decision_of(row: ApprovalRow, timeout: float) -> ApprovalDecision:
 
 
 class Approvals:
-    """Requests, presses, timeouts and resumes for one :class:`~gateway.daemon.gateway.Gateway`."""
+    """Requests, presses, timeouts and resumes of one daemon's paused turns.
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gw = gateway
-        self.store = gateway.store
-        self._timers: dict[str, asyncio.Task[None]] = {}
+    Given what it uses, not the Gateway: the channels by name (the Gateway's live mapping: adapters
+    attach after this is made), the in-flight registry (a paused run must have left before its
+    continuation is dispatched), the task tracker, and ``dispatch``, which starts handling a journal
+    entry again."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        harness: AgentHarness,
+        metrics: Metrics,
+        channels: Mapping[str, Channel],
+        inflight: InFlight,
+        tasks: TaskTracker,
+        dispatch: Callable[[JournalEntry], bool],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.harness = harness
+        self.metrics = metrics
+        self.channels = channels
+        self.inflight = inflight
+        self.tasks = tasks
+        self.dispatch = dispatch
+        self._timers: dict[str, asyncio.Task[Any]] = {}
 
     @property
     def timeout(self) -> float:
-        return self.gw.config.agent.approvals.timeout
+        return self.config.agent.approvals.timeout
 
     # -- the turn ---------------------------------------------------------------------------------
     async def events(
@@ -179,7 +207,7 @@ class Approvals:
         self, entry: JournalEntry, thread_id: str, row: ApprovalRow
     ) -> Callable[[], AsyncIterator[AgentEvent]]:
         def stream() -> AsyncIterator[AgentEvent]:
-            return self.gw.harness.resume(
+            return self.harness.resume(
                 thread_id,
                 user_id=entry.inbound.user,
                 message_id=entry.inbound.key,
@@ -196,7 +224,7 @@ class Approvals:
             self._arm(existing)
             return
         inbound = entry.inbound
-        channel = self.gw.channels[inbound.platform]
+        channel = self.channels[inbound.platform]
         buttons = channel.capabilities.buttons
         code = existing.code if existing else _code()
         name = inbound.sender_name or inbound.sender_id
@@ -225,8 +253,8 @@ class Approvals:
         decided = await self.store.approval_get(row.id)
         if decided is not None and decided.state != PENDING:
             # Pressed before the message id was on record: the decision's own edit found no message.
-            self.gw._spawn(self._show(decided), f"approval-show:{row.code}")
-        self.gw.metrics.approvals.labels(channel.name, "asked").inc()
+            self.tasks.spawn(self._show(decided), f"approval-show:{row.code}")
+        self.metrics.approvals.labels(channel.name, "asked").inc()
         log.info(
             "approval %s: %s asked in %s for %s", row.code, event.tool, entry.conversation, row.requester
         )
@@ -237,14 +265,15 @@ class Approvals:
         came before the turn had paused found nothing to resume, so that case goes on from here."""
         await self.store.journal_pause(entry.key)
         if not any(r.state == PENDING for r in await self.store.approvals_for(entry.key)):
-            self.gw._spawn(self._continue_when_free(entry.key), f"approval-continue:{entry.key}")
+            self.tasks.spawn(self._continue_when_free(entry.key), f"approval-continue:{entry.key}")
 
     async def _continue_when_free(self, key: str) -> None:
-        """:meth:`_continue` once the paused run has left the gateway's in-flight set."""
-        for _ in range(3000):  # the run's own clean-up is a few statements away; 30 s at most
-            if key not in self.gw._inflight:
-                break
-            await asyncio.sleep(0.01)
+        """:meth:`_continue` once the paused run has left this process's in-flight registry (its own
+        clean-up is a few statements away; the registry wakes this when it lets go of ``key``). 30 s
+        at most, as before: a run stuck there must not keep its continuation waiting for ever."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(30):
+                await self.inflight.released(key)
         await self._continue(key)
 
     # -- presses and text answers -----------------------------------------------------------------
@@ -297,11 +326,11 @@ class Approvals:
 
     @property
     def _admins_only(self) -> bool:
-        return self.gw.config.agent.approvals.approvers == "admins"
+        return self.config.agent.approvals.approvers == "admins"
 
     def _is_admin(self, action: Action) -> bool:
         probe = Inbound(action.platform, action.chat_id, "", action.sender_id, "", False, False)
-        return is_admin(self.gw.config.access_for(action.platform), probe)
+        return is_admin(self.config.access_for(action.platform), probe)
 
     def _may_answer(self, row: ApprovalRow, action: Action) -> bool:
         if self._is_admin(action):
@@ -314,7 +343,7 @@ class Approvals:
         asked = await self.store.journal_inbound(row.key)
         if asked is None:
             return False
-        decision = await decide(asked, self.gw.config.access_for(asked.platform), self.store, True)
+        decision = await decide(asked, self.config.access_for(asked.platform), self.store, True)
         return decision.verdict is Verdict.ALLOW
 
     @staticmethod
@@ -330,12 +359,12 @@ class Approvals:
         if not await self.store.approval_decide(row.id, state, by):
             return False
         log.info("approval %s: %s by %s", row.code, state, by or "timeout")
-        self.gw.metrics.approvals.labels(row.platform, state).inc()
+        self.metrics.approvals.labels(row.platform, state).inc()
         timer = self._timers.pop(row.id, None)
         if timer is not None and timer is not asyncio.current_task():
             timer.cancel()
         settled = await self.store.approval_get(row.id)
-        self.gw._spawn(self._after(settled or row), f"approval:{row.code}")
+        self.tasks.spawn(self._after(settled or row), f"approval:{row.code}")
         return True
 
     async def _after(self, row: ApprovalRow) -> None:
@@ -344,7 +373,7 @@ class Approvals:
             await self._continue(row.key)
 
     async def _show(self, row: ApprovalRow) -> None:
-        channel = self.gw.channels.get(row.platform)
+        channel = self.channels.get(row.platform)
         if channel is None or not row.message_id:
             return
         part = channel.render(f"{row.text}\n\n{self._settled_note(row)}")[0]
@@ -361,7 +390,7 @@ class Approvals:
             return  # not waiting (a restart already flipped it, or it was cancelled)
         for entry in await self.store.journal_open():
             if entry.key == key:
-                self.gw._dispatch(entry)
+                self.dispatch(entry)
 
     async def cancel(self, conversation: str, platform: str, why: str, *, keep: str = "") -> int:
         """End the paused turns of ``conversation`` (but ``keep``): their requests are cancelled
@@ -375,14 +404,14 @@ class Approvals:
             if not await self.store.approval_decide(row.id, CANCELLED, why):
                 continue
             cancelled += 1
-            self.gw.metrics.approvals.labels(platform, CANCELLED).inc()
+            self.metrics.approvals.labels(platform, CANCELLED).inc()
             timer = self._timers.pop(row.id, None)
             if timer is not None:
                 timer.cancel()
             fresh = await self.store.approval_get(row.id)
-            self.gw._spawn(self._show(fresh or row), f"approval-cancel:{row.code}")
+            self.tasks.spawn(self._show(fresh or row), f"approval-cancel:{row.code}")
             if await self.store.journal_unpause(row.key, JournalState.DONE.value):
-                self.gw._spawn(self._close_reply(row.key, why), f"approval-close:{row.code}")
+                self.tasks.spawn(self._close_reply(row.key, why), f"approval-close:{row.code}")
         return cancelled
 
     async def _close_reply(self, key: str, why: str) -> None:
@@ -390,19 +419,19 @@ class Approvals:
         if entry is None:
             return
         try:
-            reply = self.gw._reply(entry)
+            reply = self.inflight.reply(entry)
             await reply.load()
             await reply.finish(f"❌ Not run: the request was cancelled ({why}).")
         except Exception as exc:  # the buttons message already says it
             log.warning("approval: could not close the reply of %s: %s", key, exc)
         finally:
-            self.gw._replies.pop(key, None)
+            self.inflight.drop_reply(key)
 
     # -- timeouts and restarts --------------------------------------------------------------------
     def _arm(self, row: ApprovalRow) -> None:
         if row.id in self._timers or row.state != PENDING:
             return
-        self._timers[row.id] = asyncio.create_task(self._expire(row), name=f"approval-timeout:{row.code}")
+        self._timers[row.id] = self.tasks.spawn(self._expire(row), f"approval-timeout:{row.code}")
 
     async def _expire(self, row: ApprovalRow) -> None:
         await asyncio.sleep(max(0.0, row.deadline - time.time()))

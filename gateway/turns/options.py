@@ -18,13 +18,13 @@ from gateway.intake.provenance import forwarded_sources, inbound_sources
 from gateway.intake.thread_context import thread_context
 
 if TYPE_CHECKING:
-    from gateway.daemon.gateway import Gateway
     from gateway.intake.attachments import Uploads
+    from gateway.intake.host import IntakeHost
     from gateway.store.journal import JournalEntry
 
 
 async def turn_options(
-    gateway: Gateway, entry: JournalEntry, thread_id: str, uploads: Uploads
+    gateway: IntakeHost, entry: JournalEntry, thread_id: str, uploads: Uploads
 ) -> TurnOptions:
     """The extras for the turn answering ``entry``; ``uploads`` are its files, already saved where
     the agent sees them (gateway/intake/attachments.py)."""

@@ -18,16 +18,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from gateway.daemon.gateway import Gateway
     from gateway.store.journal import JournalEntry
+    from gateway.turns.inflight import InFlight
+    from gateway.turns.queue import TurnQueue
 
 QUEUED_SIGN_AFTER = 0.4
 """A message still waiting this long gets a visible "queued" sign (a turn about to start needs none)."""
 WORKING = "💭 Working on it…"
 """The running answer's first message when a sign must go out below it before it has any text."""
+
+
+class SignHost(Protocol):
+    """What the queued sign uses of the daemon (the Gateway is one)."""
+
+    turns: TurnQueue
+    signs: SignOrder
+    inflight: InFlight
+
+    async def holds(self, entry: JournalEntry) -> bool:
+        """Only the holder of ``entry``'s lease speaks for it (always true for a lone daemon)."""
+        ...
 
 
 class SignOrder:
@@ -51,12 +64,12 @@ class SignOrder:
                 self._locks[conversation] = (lock, users - 1)
 
 
-async def show(gw: Gateway, entry: JournalEntry, ahead: int) -> None:
+async def show(gw: SignHost, entry: JournalEntry, ahead: int) -> None:
     """Post ``entry``'s queued sign if it still waits after the grace, below what it waits for."""
     await asyncio.sleep(QUEUED_SIGN_AFTER)
     if not gw.turns.is_queued(entry.key):
         return  # it started (or finished, or was stopped) meanwhile
-    if gw.cluster is not None and not await gw.cluster.holds(entry):
+    if not await gw.holds(entry):
         return  # another daemon may run it: only the holder of its lease speaks for it
     async with gw.signs.turn(entry.conversation):
         if not gw.turns.is_queued(entry.key):
@@ -66,7 +79,7 @@ async def show(gw: Gateway, entry: JournalEntry, ahead: int) -> None:
             return  # its sign would read above an answer it waits behind: no sign
         count = len(before) + (running is not None) or ahead
         what = "the current answer" if count == 1 else f"{count} messages"
-        reply = gw._reply(entry)
+        reply = gw.inflight.reply(entry)
         if entry.from_journal:
             await reply.load()
         with contextlib.suppress(Exception):
@@ -75,15 +88,15 @@ async def show(gw: Gateway, entry: JournalEntry, ahead: int) -> None:
             )
 
 
-async def _ahead_in_chat(gw: Gateway, running: JournalEntry | None, before: list[JournalEntry]) -> bool:
+async def _ahead_in_chat(gw: SignHost, running: JournalEntry | None, before: list[JournalEntry]) -> bool:
     """Every answer ahead has a message in the chat now (the running one is given one)."""
     for waiting in before:  # shown (their signs went out first, under the same lock) or not at all
-        reply = gw._replies.get(waiting.key)
+        reply = gw.inflight.live(waiting.key)
         if reply is None or not reply.has_message:
             return False
     if running is None:
         return True  # waiting for a free slot, not for an answer of this conversation
-    reply = gw._reply(running)
+    reply = gw.inflight.reply(running)
     try:
         if running.from_journal:
             await reply.load()

@@ -1,7 +1,7 @@
 """Running one journal entry's turn: the agent, its stream into the reply, the final answer and
 what follows it (files, the done mark, reactions), and every way a turn can end with the outcome
-the user sees. Split from gateway/daemon/gateway.py (intake, dispatch, shutdown), whose :class:`Gateway`
-is the one class that mixes this in.
+the user sees. Split from gateway/daemon/gateway.py (intake, dispatch, shutdown), which makes one and hands it
+each claimed turn.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import contextlib
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from agent.events import (
     AgentEvent,
@@ -32,18 +33,21 @@ from gateway.store.disk import StorageFull
 from gateway.store.journal import JournalEntry, JournalState
 from gateway.turns.approvals import WAITING_NOTE
 from gateway.turns.options import turn_options
+from gateway.turns.outcome import TurnOutcome
 from gateway.turns.stopping import STOPPED, stopped_notice
 
 if TYPE_CHECKING:
     from agent.redact import Redactor
     from gateway.agent_api import AgentHarness
     from gateway.config.schema import Config
-    from gateway.daemon.gateway import Gateway
     from gateway.delivery.parking import Parking
     from gateway.delivery.reply import Reply
+    from gateway.intake.host import IntakeHost
     from gateway.ops.metrics import Metrics
+    from gateway.ops.tasks import TaskTracker
     from gateway.store.journal import Store
     from gateway.turns.approvals import Approvals
+    from gateway.turns.inflight import InFlight
     from gateway.turns.queue import TurnQueue
 
 log = logging.getLogger("gateway.daemon.gateway")  # the same name as before the split: operators filter on it
@@ -61,35 +65,41 @@ AFTER_ANSWER_NOTE = (
 
 
 class TurnRunner:
-    """The turn half of :class:`gateway.daemon.gateway.Gateway` (a mixin: the attributes below are the
-    gateway's)."""
+    """Runs journal entries' turns. An object with the dependencies it declares, made by the Gateway
+    (gateway/daemon/gateway.py) after the parts it needs: the journal, the agent seam, the turn
+    queue (to know a /stop), the in-flight registry (the live reply, and letting go of the key),
+    approvals, parking, the task tracker, the secret masker, ``keep`` (whether this daemon still
+    holds the entry's lease before an answer goes out) and ``host``, what intake's per-turn helpers
+    read (attachments, thread context, images, profile: gateway/intake/host.py)."""
 
-    config: Config
-    store: Store
-    harness: AgentHarness
-    metrics: Metrics
-    turns: TurnQueue
-    parking: Parking
-    approvals: Approvals
-    redact: Redactor
-    _inflight: set[str]
-    _replies: dict[str, Reply]
-
-    if TYPE_CHECKING:
-
-        def _reply(self, entry: JournalEntry) -> Reply: ...
-
-        async def _keep(self, entry: JournalEntry) -> bool: ...
-
-        def _spawn(self, coro: Any, name: str) -> None: ...
+    def __init__(
+        self,
+        *,
+        config: Config,
+        store: Store,
+        harness: AgentHarness,
+        metrics: Metrics,
+        turns: TurnQueue,
+        inflight: InFlight,
+        approvals: Approvals,
+        parking: Parking,
+        tasks: TaskTracker,
+        redact: Redactor,
+        keep: Callable[[JournalEntry], Awaitable[bool]],
+        host: IntakeHost,
+    ) -> None:
+        self.config, self.store, self.harness, self.metrics = config, store, harness, metrics
+        self.turns, self.inflight, self.approvals, self.parking = turns, inflight, approvals, parking
+        self.tasks, self.redact, self._keep, self.host = tasks, redact, keep, host
 
     # -- turns ----------------------------------------------------------------------------------
-    async def _run_entry(self, entry: JournalEntry) -> None:
+    async def run(self, entry: JournalEntry) -> None:
+        """Run ``entry``'s turn to one of its outcomes; the key is let go of here at the end."""
         inbound = entry.inbound
         started = time.monotonic()
-        reply = self._reply(entry)
+        reply = self.inflight.reply(entry)
         typing: asyncio.Task[None] | None = None
-        outcome = "error"
+        outcome: TurnOutcome = TurnOutcome.ERROR
         answered = False
         try:
             if entry.from_journal:
@@ -98,23 +108,23 @@ class TurnRunner:
             entry.attempts += 1
             if entry.attempts > MAX_ATTEMPTS:
                 await self._give_up(entry, reply)
-                outcome = "abandoned"
+                outcome = TurnOutcome.ABANDONED
                 return
             if entry.attempts > 1 and reply.has_message:
                 with contextlib.suppress(Exception):
                     await reply.status("♻️ I was restarted while answering; picking up where I left off…")
             picked_up = reply.channel.capabilities.picked_up_reaction
             if picked_up:
-                self._spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
+                self.tasks.spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
             typing = asyncio.create_task(self._keep_typing(reply))
             thread_id = await self.store.thread_for(inbound.conversation)
-            uploads = await fetch_attachments(cast("Gateway", self), reply.channel, entry, thread_id)
+            uploads = await fetch_attachments(self.host, reply.channel, entry, thread_id)
             final, outcome = await self._agent_turn(entry, thread_id, uploads, reply)
             typing.cancel()
             if not await self._keep(entry):  # lost to another daemon meanwhile: it answers
-                outcome = "fenced"
+                outcome = TurnOutcome.FENCED
                 return
-            if outcome == "waiting":  # paused for approval: resumed by gateway/turns/approvals.py
+            if outcome is TurnOutcome.WAITING:  # paused for approval: resumed by gateway/turns/approvals.py
                 await reply.finish(final)
                 await self.approvals.pause(entry)
                 return
@@ -137,7 +147,7 @@ class TurnRunner:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            outcome = "stopped"
+            outcome = TurnOutcome.STOPPED
             await self._show_stopped(entry, reply)
         except Exception as exc:
             if typing is not None:
@@ -149,9 +159,10 @@ class TurnRunner:
             if isinstance(exc, ChannelError):
                 with contextlib.suppress(Exception):
                     parked = await self.parking.park(entry, exc)
-            outcome = "parked" if parked else "error"  # the answer did not reach the user (yet)
+            # the answer did not reach the user (yet)
+            outcome = TurnOutcome.PARKED if parked else TurnOutcome.ERROR
             if not parked and answered:
-                outcome = "ok"
+                outcome = TurnOutcome.OK
                 await self._after_answer_failed(entry, reply)
             elif not parked:
                 text = (
@@ -165,8 +176,8 @@ class TurnRunner:
                 with contextlib.suppress(Exception):
                     await self.store.journal_set(entry.key, JournalState.FAILED)
         finally:
-            self._inflight.discard(entry.key)
-            self._replies.pop(entry.key, None)
+            self.inflight.release(entry.key)
+            self.inflight.drop_reply(entry.key)
             self.parking.settled(entry.key)
             self.metrics.turns.labels(outcome).inc()
             self.metrics.turn_seconds.observe(time.monotonic() - started)
@@ -206,7 +217,7 @@ class TurnRunner:
             await self.store.journal_set(entry.key, JournalState.DONE)
         except Exception as exc:
             log.warning("could not mark %s done (%s); retrying in the background", entry.key, exc)
-            self._spawn(self._mark_done_later(entry.key), f"done:{entry.key}")
+            self.tasks.spawn(self._mark_done_later(entry.key), f"done:{entry.key}")
 
     async def _mark_done_later(self, key: str, tries: int = 60, pause: float = 5.0) -> None:
         for _ in range(tries):
@@ -221,15 +232,13 @@ class TurnRunner:
 
     async def _agent_turn(
         self, entry: JournalEntry, thread_id: str, uploads: Uploads, reply: Reply
-    ) -> tuple[str, str]:
+    ) -> tuple[str, TurnOutcome]:
         inbound = entry.inbound
-        text, final, outcome = "", "", "ok"
+        text, final, outcome = "", "", TurnOutcome.OK
         message = uploads.message(inbound.text)  # with what a voice note said (gateway/intake/media.py)
         message = self.redact(message)  # the daemon's secrets never go to the model provider
         try:
-            options = masked_context(
-                await turn_options(cast("Gateway", self), entry, thread_id, uploads), self.redact
-            )
+            options = masked_context(await turn_options(self.host, entry, thread_id, uploads), self.redact)
             async with asyncio.timeout(self.config.concurrency.turn_timeout):
                 stream = self.approvals.events(
                     entry,
@@ -252,8 +261,8 @@ class TurnRunner:
                     text, final, outcome = self._on_event(event, text, final, outcome, reply)
         except TimeoutError:
             took = in_words(self.config.concurrency.turn_timeout)
-            final, outcome = f"⚠️ This took longer than {took}, so I stopped.", "timeout"
-        if outcome == "waiting":
+            final, outcome = f"⚠️ This took longer than {took}, so I stopped.", TurnOutcome.TIMEOUT
+        if outcome == TurnOutcome.WAITING:
             final = (text + "\n\n" if text else "") + WAITING_NOTE
         elif not final:
             final, outcome = text or "⚠️ The agent ended without an answer.", outcome
@@ -266,9 +275,9 @@ class TurnRunner:
         event: AgentEvent,
         text: str,
         final: str,
-        outcome: str,
+        outcome: TurnOutcome,
         reply: Reply,
-    ) -> tuple[str, str, str]:
+    ) -> tuple[str, str, TurnOutcome]:
         if isinstance(event, TextDelta):
             text += event.text
             reply.stream(text)
@@ -282,9 +291,9 @@ class TurnRunner:
         elif isinstance(event, Final):
             final = final or event.text
         elif isinstance(event, TurnFailed):
-            final, outcome = f"⚠️ {event.message}", "error"
+            final, outcome = f"⚠️ {event.message}", TurnOutcome.ERROR
         elif isinstance(event, ApprovalRequested):
-            outcome = "waiting"
+            outcome = TurnOutcome.WAITING
         return text, final, outcome
 
     async def _give_up(self, entry: JournalEntry, reply: Reply) -> None:

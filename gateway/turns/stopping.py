@@ -22,13 +22,37 @@ docs/durability.md describes the windows a kill -9 can hit.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.store.journal import JournalEntry, JournalKind
+from gateway.turns.outcome import TurnOutcome
 from gateway.turns.queue import Stop
 
 if TYPE_CHECKING:
-    from gateway.daemon.gateway import Gateway
+    from gateway.ops.metrics import Metrics
+    from gateway.ops.tasks import TaskTracker
+    from gateway.store.journal import Store
+    from gateway.turns.inflight import InFlight
+    from gateway.turns.queue import TurnQueue
+
+
+class StopHost(Protocol):
+    """What /stop uses of the daemon (the Gateway is one): the journal, the turn queue, the
+    in-flight registry, the task tracker, and how a notice entry is delivered and let go of."""
+
+    store: Store
+    turns: TurnQueue
+    metrics: Metrics
+    inflight: InFlight
+    tasks: TaskTracker
+
+    async def send_notice(self, entry: JournalEntry) -> None: ...
+
+    async def release_after(
+        self, entry: JournalEntry, work: Callable[[JournalEntry], Awaitable[None]]
+    ) -> None: ...
+
 
 STOPPED = "⏹ Stopped."
 """The stopped message's reply."""
@@ -42,7 +66,7 @@ def stopped_notice(entry: JournalEntry) -> JournalEntry:
     return dataclasses.replace(entry, kind=JournalKind.NOTICE, note=STOPPED)
 
 
-async def stop(gw: Gateway, entry: JournalEntry) -> str | None:
+async def stop(gw: StopHost, entry: JournalEntry) -> str | None:
     """Stop the current answer of ``entry``'s conversation for the /stop ``entry``; returns the
     /stop's reply, or None when there was no turn to stop (approvals are asked next)."""
     marker = f"{entry.key}#stopped"
@@ -62,7 +86,7 @@ async def stop(gw: Gateway, entry: JournalEntry) -> str | None:
     journaled = await gw.store.journal_stop(target, STOPPED)
     if done is Stop.REMOVED:
         if not journaled:  # no longer an open turn (another daemon answered it): nothing to show
-            gw._inflight.discard(key)
+            gw.inflight.release(key)
             return TOO_LATE
         show_stopped(gw, target)
     # CANCELLED: the turn's handler shows "Stopped" (gateway/turns/queue.py calls show_stopped if the
@@ -70,9 +94,9 @@ async def stop(gw: Gateway, entry: JournalEntry) -> str | None:
     return STOPPING
 
 
-def show_stopped(gw: Gateway, entry: JournalEntry) -> None:
+def show_stopped(gw: StopHost, entry: JournalEntry) -> None:
     """Deliver the stopped turn ``entry``'s outcome as its notice (its queued sign, if shown,
     is edited into it). ``entry`` is still among the keys this process handles."""
     notice = stopped_notice(entry)
-    gw.metrics.turns.labels("stopped").inc()
-    gw._spawn(gw._release_after(notice, gw._send_notice), f"stopped:{entry.key}")
+    gw.metrics.turns.labels(TurnOutcome.STOPPED).inc()
+    gw.tasks.spawn(gw.release_after(notice, gw.send_notice), f"stopped:{entry.key}")
