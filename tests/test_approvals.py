@@ -203,7 +203,7 @@ async def test_sub_agents_refuse_gated_tools_and_the_stack_order() -> None:
 # The imports sit here to keep the agent tests above readable on their own.
 import asyncio  # noqa: E402
 
-from gateway.store.journal import JournalState  # noqa: E402
+from gateway.store.entries import JournalState  # noqa: E402
 from tests.fakes.fake_channel import FakeChannel  # noqa: E402
 from tests.fakes.fake_harness import Call, FakeHarness  # noqa: E402
 from tests.fakes.gateway_rig import (  # noqa: E402

@@ -18,7 +18,7 @@ from channels.base import Channel, ChannelState
 from gateway.config.schema import Config, parse_config
 from gateway.daemon import app
 from gateway.delivery.reply import SUPERSEDES
-from gateway.store.journal import JournalKind, JournalState
+from gateway.store.entries import JournalKind, JournalState
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call, FakeHarness
 from tests.fakes.gateway_rig import USER, crash, fake_rig, make_config, settled, until

@@ -23,7 +23,8 @@ from gateway.delivery.pacing import ChatPacer
 from gateway.delivery.reply import SENDING, SUPERSEDES, Reply
 from gateway.intake.attachments import FILE_PART
 from gateway.ops.metrics import Metrics
-from gateway.store.journal import JournalState, Store
+from gateway.store.entries import JournalState
+from gateway.store.journal import Store
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call, Script
 from tests.fakes.gateway_rig import USER, fake_rig, make_config, quiet, settled, store_at, until

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from channels.base import ChannelError, Inbound
-from gateway.store.journal import JournalKind, JournalState
+from gateway.store.entries import JournalKind, JournalState
 from tests.fakes.gateway_rig import ADMIN, USER, Rig, fake_rig, make_config, quiet, replies, until
 
 STRANGER = 7

@@ -14,7 +14,8 @@ import pytest
 
 from channels.base import Inbound
 from gateway.cli.migrate import Refused, migrate
-from gateway.store.journal import JournalKind, Store
+from gateway.store.entries import JournalKind
+from gateway.store.journal import Store
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram

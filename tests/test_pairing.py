@@ -11,7 +11,7 @@ from gateway.commands import builtin as commands
 from gateway.intake import access
 from gateway.intake.access import GUESS_SPACE
 from gateway.store.access import PAIRING_ALPHABET, PAIRING_CODE_LEN
-from gateway.store.journal import JournalEntry, JournalKind
+from gateway.store.entries import JournalEntry, JournalKind
 from tests.fakes.gateway_rig import (
     FakeHarness,
     close_gateway,

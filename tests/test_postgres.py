@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from channels.base import Inbound
-from gateway.store.journal import JournalKind, JournalState, Store
+from gateway.store.entries import JournalKind, JournalState
+from gateway.store.journal import Store
 from gateway.store.schema import SCHEMA_VERSION, user_version
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI

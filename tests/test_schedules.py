@@ -36,7 +36,7 @@ from gateway.schedules.runner import (
     parse_delay,
     zone_of,
 )
-from gateway.store.journal import JournalKind
+from gateway.store.entries import JournalKind
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call

@@ -13,7 +13,8 @@ from channels.base import Inbound
 from gateway.daemon.lifecycle import database_error
 from gateway.store.connection import Connection
 from gateway.store.db import SqliteConnection
-from gateway.store.journal import JournalKind, JournalState, Store
+from gateway.store.entries import JournalKind, JournalState
+from gateway.store.journal import Store
 from gateway.store.schema import MIGRATIONS, SCHEMA_VERSION, Migration, SchemaTooNew, migrate, user_version
 from tests.fakes.gateway_rig import store_at
 

@@ -130,7 +130,7 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
     /stop while it waits for its slot again leaves the queue with exactly two slots."""
     from channels.base import Inbound
     from gateway.ops.metrics import Metrics
-    from gateway.store.journal import JournalEntry, JournalKind
+    from gateway.store.entries import JournalEntry, JournalKind
     from gateway.turns.queue import Stop, TurnQueue
 
     release_slow, hold_others = asyncio.Event(), asyncio.Event()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.events import AgentEvent, Final
-from gateway.store.journal import JournalEntry, JournalKind
+from gateway.store.entries import JournalEntry, JournalKind
 from gateway.turns import stopping
 from gateway.turns.queued_sign import WORKING
 from tests.fakes.fake_channel import FakeChannel

@@ -89,7 +89,7 @@ def push_inbound(platform: str, chat: str, thread: str | None, tag: str) -> Inbo
 
 
 async def _send(config: Config, inbound: Inbound, text: str, wait: float | None) -> int:
-    from gateway.store.journal import JournalKind
+    from gateway.store.entries import JournalKind
 
     # PostgreSQL (docs/scale-out.md): any daemon sharing it picks the push up. SQLite: the
     # daemon's file only; a push into a database no daemon reads would never be delivered.

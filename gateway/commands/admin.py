@@ -18,7 +18,7 @@ from gateway.store.access import PAIRING_ALPHABET, PAIRING_CODE_LEN, normalize_c
 
 if TYPE_CHECKING:
     from gateway.commands.registry import Command, CommandContext
-    from gateway.store.journal import JournalEntry
+    from gateway.store.entries import JournalEntry
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from gateway.intake import access
 
 if TYPE_CHECKING:
     from gateway.agent_api import AgentHarness, MemoryAccess
-    from gateway.store.journal import JournalEntry
+    from gateway.store.entries import JournalEntry
 
 __all__ = ["REGISTRY", "Command", "CommandContext", "execute", "help_text", "parse_command", "unknown_text"]
 

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from gateway.agent_api import AgentHarness
     from gateway.config.schema import Config
     from gateway.intake.limits import SlidingWindow
-    from gateway.store.journal import JournalEntry, Store
+    from gateway.store.entries import JournalEntry
+    from gateway.store.journal import Store
 
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]{0,31})(?:@\S+)?(?:\s+(.*))?$", re.DOTALL)
 """``/name``, ``/name@bot`` (Telegram's form in groups), then the arguments."""

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.store.db import PgConnection
-from gateway.store.journal import JournalEntry, JournalState, Store
+from gateway.store.entries import JournalEntry, JournalState
+from gateway.store.journal import Store
 
 if TYPE_CHECKING:
     from gateway.daemon.gateway import Gateway

@@ -39,7 +39,8 @@ from gateway.ops.metrics import Metrics
 from gateway.ops.tasks import TaskTracker
 from gateway.schedules import confirm as schedule_confirm
 from gateway.schedules import runner as schedules
-from gateway.store.journal import JournalEntry, JournalKind, JournalState, Store
+from gateway.store.entries import JournalEntry, JournalKind, JournalState
+from gateway.store.journal import Store
 from gateway.turns import queued_sign, stopping, usage
 from gateway.turns.approvals import Approvals
 from gateway.turns.inflight import InFlight

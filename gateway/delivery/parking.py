@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from channels.base import ChannelError, PermanentSendError
 from gateway.ops.metrics import Metrics
-from gateway.store.journal import JournalEntry, Store
+from gateway.store.entries import JournalEntry
+from gateway.store.journal import Store
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,8 @@ from gateway.agent_api import AgentHarness
 from gateway.delivery.reply import Reply
 from gateway.intake import media
 from gateway.intake.transcribe import SHOWN_CHARS, Heard, heard
-from gateway.store.journal import JournalEntry, Store
+from gateway.store.entries import JournalEntry
+from gateway.store.journal import Store
 
 if TYPE_CHECKING:
     from gateway.intake.host import IntakeHost

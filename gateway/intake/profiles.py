@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from channels.base import Inbound
     from gateway.config.schema import Config
     from gateway.intake.host import IntakeHost
-    from gateway.store.journal import JournalEntry, Store
+    from gateway.store.entries import JournalEntry
+    from gateway.store.journal import Store
 
 log = logging.getLogger(__name__)
 

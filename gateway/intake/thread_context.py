@@ -33,7 +33,7 @@ from channels.base import ContextItem, Inbound
 if TYPE_CHECKING:
     from gateway.config.sections import ContextConfig
     from gateway.intake.host import IntakeHost
-    from gateway.store.journal import JournalEntry
+    from gateway.store.entries import JournalEntry
 
 log = logging.getLogger(__name__)
 

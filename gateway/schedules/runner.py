@@ -44,7 +44,8 @@ from gateway.schedules.times import (
     rule_text,
     zone_of,
 )
-from gateway.store.journal import JournalEntry, JournalKind, JournalState, Store
+from gateway.store.entries import JournalEntry, JournalKind, JournalState
+from gateway.store.journal import Store
 from gateway.store.schedules import ACTIVE, PUSH_MARK, SCHEDULE_MARK, Schedule
 from gateway.turns import usage
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from channels.base import ReplyTarget
 from gateway.store.connection import Connection
+from gateway.store.entries import JournalEntry, JournalKind, JournalState, inbound_from_json
 
 APPROVAL_TABLES = (
     """CREATE TABLE IF NOT EXISTS approvals (
@@ -186,15 +187,8 @@ class ApprovalTables:
         )
         return count == 1
 
-    async def journal_entry(self, key: str) -> Any:
-        """The journal entry ``key`` (a :class:`gateway.store.journal.JournalEntry`), or None."""
-        from gateway.store.journal import (  # the Store's own module
-            JournalEntry,
-            JournalKind,
-            JournalState,
-            inbound_from_json,
-        )
-
+    async def journal_entry(self, key: str) -> JournalEntry | None:
+        """The journal entry ``key``, or None."""
         async with self._db.execute(
             "SELECT key, conversation, kind, payload, state, attempts FROM journal WHERE key = ?", (key,)
         ) as cur:

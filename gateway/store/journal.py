@@ -13,23 +13,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import json
 import logging
 import sqlite3
 import time
 import uuid
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from channels.base import Attachment, Inbound
+from channels.base import Inbound
 from gateway.config.urls import database_label
 from gateway.store.access import AccessTables
 from gateway.store.approvals import ApprovalTables
 from gateway.store.connection import Connection, Dialect
 from gateway.store.db import PgConnection, SqliteConnection
 from gateway.store.disk import DEFAULT_RESERVE, DiskReserve, StorageFull, is_full
+from gateway.store.entries import (
+    OPEN_STATES,
+    JournalEntry,
+    JournalKind,
+    JournalState,
+    inbound_from_json,
+    inbound_to_json,
+)
 from gateway.store.leases import LeaseTables
 from gateway.store.schedules import ScheduleTables
 from gateway.store.schema import migrate
@@ -45,67 +50,7 @@ THREAD_CACHE_MAX = 10_000
 """Conversations whose thread id is cached in memory before the cache is emptied."""
 
 
-class JournalKind(enum.StrEnum):
-    """What a journal entry asks of the gateway (stored as its value: the strings never change)."""
-
-    TURN = "turn"
-    """A message for the agent."""
-    COMMAND = "command"
-    """A chat command (gateway/commands/builtin.py)."""
-    NOTICE = "notice"
-    """A fixed reply: pairing, refusals, notes about what could not be used."""
-
-
-class JournalState(enum.StrEnum):
-    """Where an entry is: ``pending`` → ``running`` → ``done`` or ``failed``; a delivery retry
-    puts it back to ``pending``. Stored as its value (older rows read unchanged)."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    WAITING = "waiting"
-    """The turn paused for a person's approval (gateway/turns/approvals.py resumes it): not resumed at
-    start-up like an open entry; the approvals table holds what it waits for."""
-
-
-OPEN_STATES = (JournalState.PENDING, JournalState.RUNNING)
-"""States a restart resumes and retention never prunes."""
 _OPEN_SQL = ", ".join(f"'{state.value}'" for state in OPEN_STATES)
-
-
-@dataclass(slots=True)
-class JournalEntry:
-    key: str
-    conversation: str
-    kind: JournalKind
-    inbound: Inbound
-    state: JournalState
-    attempts: int = 0
-    note: str = ""
-    """For ``notice`` entries: the text to send."""
-    from_journal: bool = False
-    """Read back from the journal at start-up (a previous run may have sent part of its reply)."""
-
-    @classmethod
-    def new(cls, inbound: Inbound, kind: JournalKind, note: str = "") -> JournalEntry:
-        """The entry :meth:`Store.journal_add` just recorded for ``inbound`` (pending)."""
-        return cls(inbound.key, inbound.conversation, kind, inbound, JournalState.PENDING, note=note)
-
-
-def inbound_to_json(inbound: Inbound, note: str = "") -> str:
-    data = asdict(inbound)
-    data["attachments"] = [asdict(a) for a in inbound.attachments]
-    if note:
-        data["_note"] = note
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-
-
-def inbound_from_json(raw: str) -> tuple[Inbound, str]:
-    data: dict[str, Any] = json.loads(raw)
-    note = data.pop("_note", "")
-    data["attachments"] = tuple(Attachment(**a) for a in data.get("attachments", ()))
-    return Inbound(**data), note
 
 
 class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, LeaseTables, FileUpkeep):

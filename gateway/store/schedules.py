@@ -23,6 +23,7 @@ from typing import Any
 from agent.provenance import UNTAINTED, Provenance
 from channels.base import Inbound
 from gateway.store.connection import Connection
+from gateway.store.entries import inbound_from_json
 
 SCHEDULE_TABLES = (
     """CREATE TABLE IF NOT EXISTS schedules (
@@ -240,10 +241,6 @@ class ScheduleTables:
     # -- journal reads ----------------------------------------------------------------------------
     async def journal_inbound(self, key: str) -> Inbound | None:
         """The message journaled under ``key`` (None when there is none)."""
-        from gateway.store.journal import (
-            inbound_from_json,  # the journal's own format (store.py imports this module)
-        )
-
         async with self._db.execute("SELECT payload FROM journal WHERE key = ?", (key,)) as cur:
             row = await cur.fetchone()
         return inbound_from_json(str(row[0]))[0] if row else None
@@ -262,7 +259,6 @@ class ScheduleTables:
         """(rowid, message, note) of pending entries of ``kind`` journaled after ``rowid``: what
         another process (``chital send``) added since the last look. A range scan on the rowid,
         cheap enough to run every second."""
-        from gateway.store.journal import inbound_from_json
 
         async with self._db.execute(
             "SELECT rowid, payload FROM journal WHERE rowid > ? AND kind = ? AND state = 'pending'"

@@ -32,7 +32,7 @@ from gateway.config.durations import in_words
 from gateway.delivery.reply import Reply
 from gateway.intake.access import Verdict, decide, is_admin
 from gateway.store.approvals import APPROVED, CANCELLED, DENIED, PENDING, TIMED_OUT, ApprovalRow
-from gateway.store.journal import JournalEntry, JournalState
+from gateway.store.entries import JournalEntry, JournalState
 
 if TYPE_CHECKING:
     from channels.base import Channel

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gateway.delivery.reply import Reply
-    from gateway.store.journal import JournalEntry
+    from gateway.store.entries import JournalEntry
 
 
 class InFlight:

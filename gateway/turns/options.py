@@ -20,7 +20,7 @@ from gateway.intake.thread_context import thread_context
 if TYPE_CHECKING:
     from gateway.intake.attachments import Uploads
     from gateway.intake.host import IntakeHost
-    from gateway.store.journal import JournalEntry
+    from gateway.store.entries import JournalEntry
 
 
 async def turn_options(

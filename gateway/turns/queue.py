@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.ops.metrics import Metrics
-from gateway.store.journal import JournalEntry
+from gateway.store.entries import JournalEntry
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from gateway.store.journal import JournalEntry
+    from gateway.store.entries import JournalEntry
     from gateway.turns.inflight import InFlight
     from gateway.turns.queue import TurnQueue
 

@@ -30,7 +30,7 @@ from channels.base import Channel, ChannelError, Inbound
 from gateway.config.durations import in_words
 from gateway.intake.attachments import Uploads, deliver_files, fetch_attachments
 from gateway.store.disk import StorageFull
-from gateway.store.journal import JournalEntry, JournalState
+from gateway.store.entries import JournalEntry, JournalState
 from gateway.turns.approvals import WAITING_NOTE
 from gateway.turns.options import turn_options
 from gateway.turns.outcome import TurnOutcome

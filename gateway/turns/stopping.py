@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.store.journal import JournalEntry, JournalKind
+from gateway.store.entries import JournalEntry, JournalKind
 from gateway.turns.outcome import TurnOutcome
 from gateway.turns.queue import Stop
 
