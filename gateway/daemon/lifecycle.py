@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.config.urls import mask_url_query
+from gateway.ops.tasks import TaskTracker
 from gateway.store.disk import DiskReserve
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,9 @@ class Resources:
 
     def __init__(self) -> None:
         self._stack: list[tuple[str, Release]] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskTracker()
+        """The daemon's own background loops (retention, schedules, …): the same tracker as the
+        Gateway's (gateway/ops/tasks.py), so every failed background task is logged one way."""
         self._closed = False
 
     def push(self, name: str, release: Release) -> None:
@@ -57,28 +60,15 @@ class Resources:
         if self._closed:
             coro.close()
             raise RuntimeError(f"cannot start task {name}: the daemon is already closed")
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            log.error("background task %s died: %s", task.get_name(), exc, exc_info=exc)
+        return self._tasks.spawn(coro, name)
 
     @property
     def tasks(self) -> frozenset[asyncio.Task[Any]]:
-        return frozenset(self._tasks)
+        return self._tasks.running
 
     async def cancel_tasks(self) -> None:
         """Cancel every tracked task and wait until each has finished."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()
 
     async def release_all(self) -> list[tuple[str, BaseException]]:
         """Cancel the tasks, then release every resource newest first. Returns the failures."""

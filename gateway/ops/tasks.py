@@ -45,6 +45,11 @@ class TaskTracker:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    @property
+    def running(self) -> frozenset[asyncio.Task[Any]]:
+        """The tasks not finished yet."""
+        return frozenset(self._tasks)
+
     async def close(self) -> None:
         """Cancel every task still running and wait for them (shutdown)."""
         self._closed = True
