@@ -6,13 +6,17 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from tests.fakes.canary_server import Canary
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import Rig, fake_rig
+from tests.fakes.langsmith_server import FakeLangSmith
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.slack_server import FakeSlack
@@ -42,6 +46,37 @@ def _fresh_model_http_clients() -> Iterator[None]:
         clear = getattr(getattr(_client_utils, cached, None), "cache_clear", None)
         if clear is not None:
             clear()
+
+
+@pytest.fixture
+def clear_ran() -> None:
+    """Empties the log of what the approval tests' tools ran (``tests.approvals_support.RAN``), so
+    each test sees only its own calls. Modules using those tools apply it with ``pytestmark``."""
+    from tests.approvals_support import RAN
+
+    RAN.clear()
+
+
+@pytest.fixture
+async def canary() -> AsyncIterator[Canary]:
+    """A loopback server counting connections and requests: a refused fetch leaves both at zero."""
+    c = await Canary().start()
+    try:
+        yield c
+    finally:
+        await c.stop()
+
+
+@pytest.fixture
+def langsmith() -> Iterator[tuple[str, list[bytes]]]:
+    """(endpoint URL, bodies posted to it)."""
+    posts: list[bytes] = []
+    handler = type("Handler", (FakeLangSmith,), {"posts": posts})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", posts
+    server.shutdown()
+    server.server_close()
 
 
 @pytest.fixture

@@ -35,6 +35,13 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop and "proxy" not in k.lower()}
 
 
+def chat_env() -> dict[str, str]:
+    """The environment for a ``chital chat`` subprocess: no model key, model, base URL or config path
+    from the developer's shell (the test's config must be what the chat uses), and no proxy."""
+    drop = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CHITAL_CONFIG", "CHITAL_MODEL")
+    return {k: v for k, v in os.environ.items() if k not in drop and "proxy" not in k.lower()}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,64 +9,28 @@ from __future__ import annotations
 
 import html
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.tools import tool
 
 from agent.approvals import with_approvals
-from agent.config import AgentSettings, ModelSpec
 from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, Final, ToolProgress
-from agent.harness import Harness
-from agent.safety import Redactor
 from agent.settings import ApprovalSettings
 from gateway.turns.approvals import request_text
+from tests.approvals_support import (
+    CALL,
+    OTHER,
+    RAN,
+    asks,
+    buttoned,
+    collect,
+    config,
+    harness_for,
+)
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
-API_KEY = "sk-test-secret-0123456789"
-FAST = AgentSettings(retry_backoff=0.001, model_retries=0, model_timeout=5)
-
-
-RAN: list[str] = []
-
-
-@tool
-def shell(command: str) -> str:
-    """Run a shell command."""
-    RAN.append(command)
-    return f"output of {command}"
-
-
-@tool
-def wipe(path: str) -> str:
-    """Delete a path."""
-    RAN.append(f"wipe {path}")
-    return "wiped"
-
-
-@pytest.fixture(autouse=True)
-def _clear_ran() -> None:
-    RAN.clear()
-
-
-def harness_for(fake: FakeOpenAI, path: Path, policy: ApprovalSettings) -> Harness:
-    spec = ModelSpec(model="fake-model", base_url=fake.base_url, api_key=API_KEY)
-    middleware = with_approvals([], policy, ["shell", "wipe"])
-    return Harness(
-        FAST,
-        spec,
-        path,
-        extra_tools=[shell, wipe],
-        extra_middleware=middleware,
-        redact=Redactor(["hunter2-secret"]),
-    )
-
-
-async def collect(events: AsyncIterator[AgentEvent]) -> list[AgentEvent]:
-    async with aclosing(events) as run:  # type: ignore[type-var]
-        return [event async for event in run]
+pytestmark = pytest.mark.usefixtures("clear_ran")
 
 
 async def test_a_gated_call_pauses_and_an_approval_runs_it(fake: FakeOpenAI, tmp_path: Path) -> None:
@@ -212,33 +176,10 @@ from tests.fakes.gateway_rig import (  # noqa: E402
     crash,
     dm,
     fake_rig,
-    make_config,
     quiet,
     store_at,
     until,
 )
-
-OTHER = 300
-CALL = ApprovalRequested(
-    "intr-1", "execute", {"command": "rm -rf /tmp/cache"}, "The agent wants to run execute."
-)
-
-
-def config(timeout: float = 600, approvers: str = "requester") -> Any:
-    return make_config(
-        access={"admins": [str(ADMIN)], "allow_users": [str(USER), str(OTHER)]},
-        delivery={"first_edit_delay": 0.0},
-        agent={"approvals": {"tools": ["execute"], "timeout": timeout, "approvers": approvers}},
-    )
-
-
-async def asks(call: Call) -> AsyncIterator[AgentEvent]:
-    yield ToolProgress("execute", "start")
-    yield CALL
-
-
-def buttoned(channel: FakeChannel) -> Any:
-    return next((m for m in channel.sent if m.buttons), None)
 
 
 async def paused(channel: FakeChannel, harness: FakeHarness, user: int = USER) -> tuple[Any, Any]:
@@ -571,8 +512,8 @@ async def test_telegram_timeout_tells_the_model_the_real_duration(
 
 # ---- end to end: `chital run` with slack-bolt over Socket Mode -----------------------------------
 from tests.fakes.slack_server import FakeSlack  # noqa: E402
-from tests.test_e2e_slack import CHANNEL as SLACK_CHANNEL  # noqa: E402
-from tests.test_e2e_slack import FRIEND  # noqa: E402
+from tests.slack_daemon import CHANNEL as SLACK_CHANNEL  # noqa: E402
+from tests.slack_daemon import FRIEND  # noqa: E402
 
 SLACK_OTHER = "U_OTHER"
 
@@ -663,8 +604,8 @@ async def thread_shows_slack(slack: FakeSlack, thread_ts: str, needle: str, time
 
 
 # ---- end to end: `chital run` with discord.py (components, INTERACTION_CREATE) -------------------
+from tests.discord_daemon import FRIEND as DC_FRIEND  # noqa: E402
 from tests.fakes.discord_server import FakeDiscord  # noqa: E402
-from tests.test_e2e_discord import FRIEND as DC_FRIEND  # noqa: E402
 
 DC_OTHER = "515151515151515151"
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from agent.memory import EXTRACTION_MARKER
-from tests.daemon import REPO, base_config, free_port
+from tests.daemon import REPO, base_config, chat_env, free_port
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 
 PROMPT = "you> "
@@ -33,11 +33,6 @@ def fake() -> Iterator[FakeOpenAI]:
     server = FakeOpenAI.start_in_thread()
     yield server
     server.stop()
-
-
-def env() -> dict[str, str]:
-    drop = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CHITAL_CONFIG", "CHITAL_MODEL")
-    return {k: v for k, v in os.environ.items() if k not in drop and "proxy" not in k.lower()}
 
 
 class Terminal:
@@ -54,7 +49,7 @@ class Terminal:
             sys.executable,
             ["-m", "gateway.cli.main", "chat", "-c", str(path)],
             cwd=str(REPO),
-            env=env(),
+            env=chat_env(),
             encoding="utf-8",
             codec_errors="replace",
             timeout=60,
@@ -264,7 +259,7 @@ def test_piped_input_answers_and_ends_at_eof(fake: FakeOpenAI, tmp_path: Path) -
     proc = subprocess.run(
         [sys.executable, "-m", "gateway.cli.main", "chat", "-c", str(path)],
         cwd=str(REPO),
-        env=env(),
+        env=chat_env(),
         input=b"one\n/status\ntwo",
         capture_output=True,
         timeout=60,

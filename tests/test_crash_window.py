@@ -22,7 +22,7 @@ from gateway.store.journal import Store
 from tests.fakes.gateway_rig import store_at
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
-from tests.test_slack_channel import Sink, running
+from tests.slack_channel_rig import Sink, running
 
 KEY = "x:chat:msg-1"
 

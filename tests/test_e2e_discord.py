@@ -9,11 +9,9 @@ from typing import Any
 import pytest
 
 from tests.daemon import DaemonProcess, base_config, free_port
-from tests.fakes.discord_server import FakeDiscord, PostedMessage
+from tests.discord_daemon import FRIEND, STRANGER, answered, replies
+from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
-
-FRIEND = "424242424242424242"
-STRANGER = "666666666666666666"
 
 
 @pytest.fixture
@@ -31,24 +29,6 @@ async def daemon(tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI) -> AsyncIte
     await dc.wait_connected()
     yield d
     await d.close()
-
-
-def replies(dc: FakeDiscord, mid: str) -> list[PostedMessage]:
-    """The bot's messages answering ``mid``: the first part references it, later parts follow it."""
-    first = [m for m in dc.bot_messages() if m.reply_to == mid]
-    if not first:
-        return []
-    after = [
-        m for m in dc.bot_messages(first[0].channel_id) if int(m.id) > int(first[0].id) and m.reply_to is None
-    ]
-    return first + after
-
-
-async def answered(dc: FakeDiscord, mid: str, needle: str, timeout: float = 15) -> PostedMessage:
-    def check() -> PostedMessage | None:
-        return next((m for m in replies(dc, mid) if needle in m.content), None)
-
-    return await dc.wait_for(check, timeout=timeout)
 
 
 async def test_mention_answered_and_chatter_ignored(

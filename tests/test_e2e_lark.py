@@ -9,13 +9,9 @@ from typing import Any
 import pytest
 
 from tests.daemon import DaemonProcess, base_config, free_port
-from tests.fakes.lark_server import FakeLark, FakeMessage, Injected
+from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
-
-FRIEND = "ou_friend"
-STRANGER = "ou_stranger"
-P2P = "oc_p2p_friend"
-GROUP = "oc_group"
+from tests.lark_daemon import FRIEND, GROUP, P2P, STRANGER, answered, replies
 
 
 @pytest.fixture
@@ -41,17 +37,6 @@ async def daemon(tmp_path: Path, lark: FakeLark, model: FakeOpenAI) -> AsyncIter
     await d.start()
     yield d
     await d.close()
-
-
-def replies(lark: FakeLark, inj: Injected) -> list[FakeMessage]:
-    return [m for m in lark.bot_messages() if m.parent_id == inj.message_id]
-
-
-async def answered(lark: FakeLark, inj: Injected, needle: str, timeout: float = 15) -> FakeMessage:
-    def check(_: FakeLark) -> FakeMessage | None:
-        return next((m for m in replies(lark, inj) if needle in m.text), None)
-
-    return await lark.wait_for_async(check, timeout=timeout)
 
 
 async def test_group_mention_answered_and_chatter_ignored(daemon: DaemonProcess, lark: FakeLark) -> None:

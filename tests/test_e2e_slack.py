@@ -11,11 +11,7 @@ import pytest
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.slack_server import FakeSlack
-
-FRIEND = "U_FRIEND"
-STRANGER = "U_STRANGER"
-CHANNEL = "C_GENERAL"
-DM = "D_FRIEND"
+from tests.slack_daemon import CHANNEL, DM, FRIEND, STRANGER, thread_shows
 
 
 @pytest.fixture
@@ -34,16 +30,6 @@ async def daemon(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> AsyncIt
     await slack.wait_connected()
     yield d
     await d.close()
-
-
-async def thread_shows(
-    slack: FakeSlack, channel: str, thread_ts: str | None, needle: str, timeout: float = 15
-) -> dict[str, str]:
-    def check() -> dict[str, str] | None:
-        msgs = slack.thread(channel, thread_ts)
-        return msgs if any(needle in t for t in msgs.values()) else None
-
-    return await slack.wait_for(check, timeout=timeout)
 
 
 async def test_mention_answered_in_thread_once(daemon: DaemonProcess, slack: FakeSlack) -> None:

@@ -20,16 +20,16 @@ from agent.thread_context import END, HEAD, SELF
 from agent.untrusted import POSE_MARK
 from channels.base import Inbound
 from tests.daemon import DaemonProcess, base_config, free_port
+from tests.discord_daemon import answered as discord_answered
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import USER, FakeChannel, dm, fake_rig, make_config, replies, until
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.lark_daemon import answered as lark_answered
+from tests.slack_daemon import thread_shows
 from tests.telegram_daemon import answered as telegram_answered
-from tests.test_e2e_discord import answered as discord_answered
-from tests.test_e2e_lark import answered as lark_answered
-from tests.test_e2e_slack import thread_shows
 
 CONTEXT = {"thread_messages": 3, "thread_chars": 8000, "message_chars": 200, "fetch_timeout": 4}
 """Small limits, so the tests see them bite."""

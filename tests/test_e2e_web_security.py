@@ -17,22 +17,13 @@ from typing import Any
 import pytest
 
 from tests.daemon import DaemonProcess
+from tests.fakes.canary_server import Canary
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.telegram_server import FakeTelegram
 from tests.telegram_daemon import OWNER, answered, telegram_config
-from tests.test_tools_web import Canary
 
 ASK = "WEBSEC: read those status pages for me"
 ANSWER = "I could not read those pages: they are on private addresses."
-
-
-@pytest.fixture
-async def canary() -> AsyncIterator[Canary]:
-    c = await Canary().start()
-    try:
-        yield c
-    finally:
-        await c.stop()
 
 
 @pytest.fixture

@@ -20,14 +20,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from agent.events import AgentEvent, Final
 from agent.provenance import MESSAGE, WEB_PAGE, Provenance, Source
-from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
+from agent.tools.schedule import ScheduleError
 from channels.base import ChannelError, ChannelState, Inbound
 from gateway.cli.send import Refused, parse_target, push_inbound
-from gateway.config.schema import Config
 from gateway.schedules.runner import (
-    GatewayScheduler,
     ScheduleRunner,
     check_cron,
     latest_run,
@@ -39,13 +36,12 @@ from gateway.schedules.runner import (
 from gateway.store.entries import JournalKind
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.fake_channel import FakeChannel
-from tests.fakes.fake_harness import Call
-from tests.fakes.gateway_rig import ADMIN, USER, Rig, crash, dm, fake_rig, make_config, quiet, settled, until
+from tests.fakes.gateway_rig import ADMIN, USER, crash, dm, fake_rig, make_config, quiet, settled, until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
+from tests.schedules_support import OTHER, Clock, Scheduled, chat_posts, command, schedules_config
 
 BERLIN = ZoneInfo("Europe/Berlin")
-OTHER = 300
 
 
 # -- the time rules ---------------------------------------------------------------------------------
@@ -98,85 +94,10 @@ def test_cron_runs_keep_local_time_across_daylight_saving() -> None:
 
 
 # -- in process ---------------------------------------------------------------------------------------
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def schedules_config(**limits: Any) -> Config:
-    return make_config(
-        access={"admins": [str(ADMIN)], "allow_users": [str(USER), str(OTHER)]},
-        delivery={"first_edit_delay": 0.05},
-        schedules={"timezone": "Europe/Berlin", **limits},
-    )
-
-
-class Scheduled:
-    """A rig with the real scheduler and runner, and a fake agent that schedules on request:
-    a message ``schedule <json>`` makes its turn call :meth:`GatewayScheduler.add` with that
-    request (as the schedule tool does) and answer with what came back."""
-
-    def __init__(self, rig: Rig, clock: Clock) -> None:
-        self.rig, self.clock = rig, clock
-        self.scheduler = GatewayScheduler(rig.store, rig.gateway.config, clock)
-        self.runner = ScheduleRunner(rig.gateway, self.scheduler, clock=clock)
-        self.calls = 0
-        rig.harness.scripts = _Scripts(self)
-
-    async def ask(self, user: int, request: dict[str, Any]) -> str:
-        inbound = dm(user, "schedule " + json.dumps(request))
-        await self.rig.channel.deliver(inbound)
-
-        def answers() -> list[str]:  # a confirmation request replies to the message too
-            return [
-                str(t) for t in self.rig.channel.replies_to(inbound.message_id) if "Confirm" not in str(t)
-            ]
-
-        (answer,) = await until(answers, what="the answer")
-        return answer
-
-    async def fire(self) -> int:
-        return await self.runner.fire_due()
-
-
-class _Scripts(dict[str, Callable[[Call], AsyncIterator[AgentEvent]]]):
-    def __init__(self, owner: Scheduled) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def get(self, text: str, default: Any = None) -> Any:  # type: ignore[override]
-        if not text.startswith("schedule "):
-            return default
-        return self._schedule
-
-    async def _schedule(self, call: Call) -> AsyncIterator[AgentEvent]:
-        owner = self.owner
-        owner.calls += 1
-        asked = json.loads(call.text.removeprefix("schedule "))
-        read = asked.pop("after_reading", None)  # as if the model had read that web page first
-        request = ScheduleRequest(**asked)
-        provenance = Provenance((Source(WEB_PAGE, read),)) if read else Provenance()
-        caller = Caller(call.thread_id, call.user_id, call.message_id, f"call-{call.message_id}", provenance)
-        try:
-            info: ScheduleInfo = await owner.scheduler.add(caller, request)
-        except ScheduleError as exc:
-            yield Final(f"refused: {exc}")
-            return
-        yield Final(f"scheduled #{info.id} for {info.next_fire} ({info.timezone})")
-
-
 @pytest.fixture
 async def sched(tmp_path: Path) -> AsyncIterator[Scheduled]:
     async with fake_rig(tmp_path, schedules_config()) as rig:
         yield Scheduled(rig, Clock())
-
-
-def chat_posts(rig: Rig, user: int) -> list[str]:
-    """What the bot posted into ``user``'s DM that replies to nothing (the bot's own messages)."""
-    return [m.text for m in rig.channel.sent if m.target.chat_id == str(user) and m.target.reply_to is None]
 
 
 async def test_a_reminder_fires_once_as_a_new_message_in_its_chat(sched: Scheduled) -> None:
@@ -332,13 +253,6 @@ async def test_requests_are_checked_and_limited(tmp_path: Path) -> None:
         listing = await command(rig, USER, "/schedules")
         assert listing.startswith("Schedules here (2):")
         assert "#2 — next " in listing and "EST — once — by telegram:200: `a`" in listing
-
-
-async def command(rig: Rig, user: int, text: str) -> str:
-    inbound = dm(user, text)
-    await rig.channel.deliver(inbound)
-    (answer,) = await until(lambda: rig.channel.replies_to(inbound.message_id), what=text)
-    return str(answer)
 
 
 async def test_only_the_creator_or_an_admin_may_cancel(sched: Scheduled) -> None:

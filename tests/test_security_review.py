@@ -14,16 +14,16 @@ from agent.events import AgentEvent, ApprovalRequested, Final
 from agent.tools.schedule import Caller, ScheduleError, ScheduleRequest
 from agent.usage import TokenUsage
 from gateway.cli.send import Refused, parse_target
+from tests.approvals_support import asks, buttoned, collect, harness_for
+from tests.approvals_support import config as approvals_config
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call
 from tests.fakes.gateway_rig import ADMIN, USER, dm, fake_rig, make_config, quiet, settled, until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
-from tests.test_approvals import _clear_ran, asks, buttoned, collect, harness_for
-from tests.test_approvals import config as approvals_config
-from tests.test_schedules import OTHER, Clock, Scheduled, chat_posts, command, schedules_config
+from tests.schedules_support import OTHER, Clock, Scheduled, chat_posts, command, schedules_config
 
 STRANGER = 555
-__all__ = ["_clear_ran"]  # the approvals tests' fixtures, used here too
+pytestmark = pytest.mark.usefixtures("clear_ran")  # the approvals tests' tools record what ran
 
 
 # -- schedules ----------------------------------------------------------------------------------------
@@ -235,8 +235,7 @@ def test_the_terminal_chat_prints_no_escape_sequences_from_the_model(tmp_path: P
 
     import yaml
 
-    from tests.daemon import REPO, base_config, free_port
-    from tests.test_cli_chat import env
+    from tests.daemon import REPO, base_config, chat_env, free_port
 
     evil = "safe answer\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\x07\x1b[2J\x9b31m done\r\n"
     fake = FakeOpenAI.start_in_thread()
@@ -246,7 +245,7 @@ def test_the_terminal_chat_prints_no_escape_sequences_from_the_model(tmp_path: P
         path.write_text(yaml.safe_dump(base_config(tmp_path / "data", fake.base_url, free_port())))
         proc = subprocess.run(
             [sys.executable, "-m", "gateway.cli.main", "chat", "-c", str(path)],
-            cwd=str(REPO), env=env(), input=b"hello", capture_output=True, timeout=120,
+            cwd=str(REPO), env=chat_env(), input=b"hello", capture_output=True, timeout=120,
         )  # fmt: skip
     finally:
         fake.stop()

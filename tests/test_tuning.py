@@ -7,92 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
-from collections.abc import Awaitable, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
-from langchain.agents import create_agent
-from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.tracers.langchain import LangChainTracer
 from langsmith import Client
-from langsmith.run_helpers import get_current_run_tree, trace, tracing_context
+from langsmith.run_helpers import trace, tracing_context
 
 from agent import tuning
-from agent.config import AgentSettings, ModelSpec
-from agent.model import build_chat_model
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fresh_python import run_python
-
-
-class FakeLangSmith(BaseHTTPRequestHandler):
-    """Takes LangSmith's uploads (``posts``: the request bodies) and answers its info request."""
-
-    posts: ClassVar[list[bytes]] = []
-
-    def do_POST(self) -> None:
-        self.posts.append(self.rfile.read(int(self.headers.get("content-length", 0))))
-        self._json({})
-
-    def do_GET(self) -> None:
-        self._json({"batch_ingest_config": {}, "instance_flags": {}})
-
-    def _json(self, body: dict[str, Any]) -> None:
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.end_headers()
-        self.wfile.write(json.dumps(body).encode())
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def langsmith() -> Iterator[tuple[str, list[bytes]]]:
-    """(endpoint URL, bodies posted to it)."""
-    posts: list[bytes] = []
-    handler = type("Handler", (FakeLangSmith,), {"posts": posts})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", posts
-    server.shutdown()
-    server.server_close()
-
-
-class Watch(AgentMiddleware[Any, Any]):
-    """Records, for every model call, the LangSmith run the hook ran in (None: no wrapper)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.runs: list[str | None] = []
-
-    def _seen(self) -> None:
-        run = get_current_run_tree()
-        self.runs.append(None if run is None else run.name)
-
-    def wrap_model_call(
-        self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]
-    ) -> ModelResponse:
-        self._seen()
-        return handler(request)
-
-    async def awrap_model_call(
-        self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
-    ) -> ModelResponse:
-        self._seen()
-        return await handler(request)
-
-
-def agent_on(fake: Any) -> tuple[Any, Watch]:
-    tuning.apply()
-    spec = ModelSpec(model="fake-model", base_url=fake.base_url, api_key="sk-test")
-    watch = Watch()
-    return create_agent(build_chat_model(spec, AgentSettings()), [], middleware=[watch]), watch
-
-
-def answer(result: dict[str, Any]) -> str:
-    return str(result["messages"][-1].content)
+from tests.tuning_support import agent_on, answer
 
 
 async def test_hook_runs_without_langsmith_while_tracing_is_off(fake: FakeOpenAI) -> None:
@@ -134,7 +59,7 @@ async def test_hook_is_traced_when_the_environment_turns_tracing_on(
         run_python,
         f"""
         import asyncio, json
-        from tests.test_tuning import Watch, agent_on, answer
+        from tests.tuning_support import Watch, agent_on, answer
         from langsmith import Client
 
         class Remote:

@@ -18,14 +18,14 @@ from agent import tuning
 from agent.config import AgentSettings, ModelSpec
 from agent.model import build_chat_model
 from tests.fakes.openai_server import FakeOpenAI
-from tests.test_tuning import agent_on, answer, langsmith  # noqa: F401 (fixtures)
+from tests.tuning_support import agent_on, answer
 
 MARK: contextvars.ContextVar[str] = contextvars.ContextVar("MARK", default="unset")
 
 
 async def test_a_disabled_branch_inside_a_traced_run_is_handled_as_langsmith_does(
     fake: FakeOpenAI,
-    langsmith: tuple[str, list[bytes]],  # noqa: F811
+    langsmith: tuple[str, list[bytes]],
 ) -> None:
     """``tracing_context(enabled=False)`` under a live run: LangSmith's wrapper still opens the
     hook's own (unposted) child run, so the hook never sees the outer run as its current one."""
@@ -140,7 +140,7 @@ async def test_a_hook_that_asks_for_its_run_gets_it(fake: FakeOpenAI) -> None:
 
 
 async def test_traceable_forced_on_traces_with_tracing_off(
-    langsmith: tuple[str, list[bytes]],  # noqa: F811
+    langsmith: tuple[str, list[bytes]],
 ) -> None:
     """``traceable(enabled=True)`` traces whatever the context says (the factory's ``traceable``
     is LangSmith's to anyone who passes it that)."""
