@@ -1,5 +1,7 @@
-"""Fixtures shared by the end-to-end tests: the fake model and the fake Telegram, Slack, Discord
-and Lark servers (a test module may define its own ``lark`` with other settings)."""
+"""Fixtures the tests share, each defined once here: the fake model, the fake Telegram, Slack, Discord
+and Lark servers, the in-process gateway rig, the loopback canary and the fake LangSmith endpoint.
+A test module uses these rather than writing its own copy (tests/test_suite_shape.py keeps modules
+from importing each other's helpers; support modules hold the plain helpers)."""
 
 from __future__ import annotations
 

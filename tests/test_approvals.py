@@ -682,19 +682,10 @@ async def test_discord_component_approval_across_a_restart(
 
 
 # ---- end to end: `chital run` with lark-oapi (card.action.trigger over the long connection) --------
-from collections.abc import Iterator  # noqa: E402
 
 from tests.fakes.lark_server import FakeLark  # noqa: E402
 
 LARK_FRIEND, LARK_OTHER, LARK_GROUP = "ou_friend", "ou_other", "oc_group"
-
-
-@pytest.fixture
-def lark() -> Iterator[FakeLark]:
-    fake = FakeLark(ping_interval=1)
-    fake.start()
-    yield fake
-    fake.stop()
 
 
 @pytest.mark.bwrap

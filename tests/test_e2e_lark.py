@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +12,6 @@ from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.lark_daemon import FRIEND, GROUP, P2P, STRANGER, answered, replies
-
-
-@pytest.fixture
-def lark() -> Iterator[FakeLark]:
-    fake = FakeLark(ping_interval=1)
-    fake.start()  # its own thread: the SDK's blocking calls must never meet a test's loop
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture

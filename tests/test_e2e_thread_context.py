@@ -10,7 +10,7 @@ no context.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -236,14 +236,6 @@ async def test_discord_reply_and_thread_history(
 
 # -- Lark: parent message get and thread message list ----------------------------------------------
 LK_FRIEND, LK_GROUP = "ou_friend", "oc_group"
-
-
-@pytest.fixture
-def lark() -> Iterator[FakeLark]:
-    fake = FakeLark(ping_interval=1)
-    fake.start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import asyncio
 import base64
 import io
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +59,6 @@ PHOTO, SCREENSHOT, CHART = photo_bytes(), photo_bytes(fmt="PNG"), photo_bytes(fm
 
 
 # -- the daemon with all four platforms ---------------------------------------------------------------
-
-
-@pytest.fixture
-def lark() -> Iterator[FakeLark]:
-    fake = FakeLark(ping_interval=1)
-    fake.start()  # its own thread: the SDK's blocking calls must never meet a test's loop
-    yield fake
-    fake.stop()
 
 
 def four_platforms(

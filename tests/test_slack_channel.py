@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,12 +23,6 @@ from channels.slack import SlackChannel
 from gateway.ops.supervisor import run_once
 from tests.fakes.slack_server import FakeSlack
 from tests.slack_channel_rig import Sink, make_channel, running
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
 
 
 async def acked(fake: FakeSlack, *envelopes: dict) -> None:

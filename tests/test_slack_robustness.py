@@ -27,12 +27,6 @@ DM = "D_ALICE"
 
 
 @pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
-
-
-@pytest.fixture
 def channel(slack: FakeSlack) -> SlackChannel:
     return SlackChannel(slack.bot_token, slack.app_token, api_base_url=slack.api_base_url, ping_interval=0.5)
 
