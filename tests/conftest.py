@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.daemon import DaemonProcess
 from tests.fakes.canary_server import Canary
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import Rig, fake_rig
@@ -23,6 +24,7 @@ from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.telegram_daemon import telegram_config
 
 
 @pytest.fixture(autouse=True)
@@ -111,6 +113,18 @@ async def tg() -> AsyncIterator[FakeTelegram]:
     await fake.start()
     yield fake
     await fake.stop()
+
+
+@pytest.fixture
+async def telegram_daemon(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> AsyncIterator[DaemonProcess]:
+    """``chital run`` as a subprocess on the fake Telegram and the fake model, with the users and
+    settings of tests/telegram_daemon.py; stopped after the test."""
+    d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
+    await d.start()
+    yield d
+    await d.close()
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,15 +16,7 @@ from agent.memory import EXTRACTION_MARKER
 from tests.daemon import DaemonProcess
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
-from tests.telegram_daemon import OWNER, answered, replies_to, telegram_config
-
-
-@pytest.fixture
-async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
-    await d.start()
-    yield d
-    await d.close()
+from tests.telegram_daemon import OWNER, answered, replies_to
 
 
 def system_text(body: dict[str, Any]) -> str:
@@ -36,7 +26,7 @@ def system_text(body: dict[str, Any]) -> str:
 @pytest.mark.bwrap
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 async def test_uploaded_file_is_read_and_a_produced_file_delivered(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     model.script(
         Reply(
@@ -69,7 +59,7 @@ async def test_uploaded_file_is_read_and_a_produced_file_delivered(
 
 
 async def test_memory_learned_used_in_new_conversation_and_forgotten(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     plan = {"add": ["The user's name is Bob and he loves Rust."], "update": [], "delete": []}
     model.add_rule(lambda t: EXTRACTION_MARKER in t, Reply(text=json.dumps(plan)))

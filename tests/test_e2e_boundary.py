@@ -8,7 +8,6 @@ user sees in the chat, and what exists on the host afterwards, is asserted; neve
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -27,14 +26,6 @@ OUT = "/mnt/user-data/outputs"
 UP = "/mnt/user-data/uploads"
 
 
-@pytest.fixture
-async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
-    await d.start()
-    yield d
-    await d.close()
-
-
 def _all_bytes_sent(tg: FakeTelegram) -> bytes:
     """Everything the bot put in the chat: texts, captions and the contents of every file."""
     out = b""
@@ -48,7 +39,7 @@ def _all_bytes_sent(tg: FakeTelegram) -> bytes:
 
 
 async def test_presented_file_swapped_for_links_and_fifos_sends_no_host_data(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI, tmp_path: Path
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI, tmp_path: Path
 ) -> None:
     """Attack 1: present files, then swap them (and a directory on their path) for links to the
     daemon's environment, its config, the host's shadow file, and for a FIFO that would block."""
@@ -61,7 +52,7 @@ async def test_presented_file_swapped_for_links_and_fifos_sends_no_host_data(
         [
             f"cd {OUT}",
             "ln -sf /proc/self/environ environ.txt",
-            f"ln -sf {daemon.config_path} config.txt",
+            f"ln -sf {telegram_daemon.config_path} config.txt",
             "ln -sf /etc/shadow shadow.txt",
             f"ln -sf {secret} canary.txt",
             "ln -sf ../../../../../../../../../../../.." + str(secret) + " rel.txt",
@@ -97,7 +88,7 @@ async def test_presented_file_swapped_for_links_and_fifos_sends_no_host_data(
 
 
 async def test_file_replaced_after_present_sends_what_is_there_at_delivery(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     """A regular file rewritten after present_files is sent as it is when opened, once."""
     model.script(
@@ -115,7 +106,7 @@ async def test_file_replaced_after_present_sends_what_is_there_at_delivery(
 
 
 async def test_upload_onto_planted_links_never_writes_through_them(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI, tmp_path: Path
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI, tmp_path: Path
 ) -> None:
     """Attack 2: the sandbox plants a dangling link, a link to an existing host file and a FIFO
     under the names of files the user then sends; the daemon must write none of them."""
@@ -148,7 +139,7 @@ async def test_upload_onto_planted_links_never_writes_through_them(
         stem, ext = name.rsplit(".", 1)
         # The file landed under a fresh name beside the planted entry, and the agent was told so.
         assert f"{UP}/{stem}-2.{ext}" in told
-        host = daemon.sandbox_root / "threads"
+        host = telegram_daemon.sandbox_root / "threads"
         [thread] = list(host.iterdir())
         saved = thread / "uploads" / f"{stem}-2.{ext}"
         assert saved.read_bytes() == body and not saved.is_symlink()

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from tests.daemon import DaemonProcess
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.telegram_server import FakeTelegram
-from tests.telegram_daemon import OWNER, answered, replies_to, telegram_config
+from tests.telegram_daemon import OWNER, answered, replies_to
 
 pytestmark = [
     pytest.mark.bwrap,
@@ -25,16 +23,8 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
-    await d.start()
-    yield d
-    await d.close()
-
-
 async def test_kill9_between_text_and_file_delivers_the_file_once(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     model.script(
         Reply(tool_calls=[ToolCall("execute", {"command": "echo 42 > /mnt/user-data/outputs/r.txt"})]),
@@ -45,10 +35,10 @@ async def test_kill9_between_text_and_file_delivers_the_file_once(
     up = tg.inject_message(OWNER, OWNER, "compute it")
     await answered(tg, OWNER, up, "Here is r.txt.", timeout=40)
     await tg.wait_for(lambda: tg.calls_to("sendDocument"), timeout=15, what="an upload attempt")
-    daemon.kill9()
-    await daemon.wait_exit()
+    telegram_daemon.kill9()
+    await telegram_daemon.wait_exit()
     tg.down_methods.clear()
-    await daemon.start()
+    await telegram_daemon.start()
     docs = await tg.wait_for(
         lambda: [m for m in tg.bot_messages(OWNER) if m.document], timeout=30, what="the file after restart"
     )

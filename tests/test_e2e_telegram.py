@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from tests.daemon import DaemonProcess
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
@@ -28,16 +25,8 @@ from tests.telegram_daemon import (
 )
 
 
-@pytest.fixture
-async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
-    await d.start()
-    yield d
-    await d.close()
-
-
 async def test_dm_is_streamed_as_drafts_then_one_message(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     """In a private chat the answer streams as an ephemeral draft (sendMessageDraft): a crash
     mid-stream leaves nothing behind; only the final text becomes a message, sent once."""
@@ -53,11 +42,11 @@ async def test_dm_is_streamed_as_drafts_then_one_message(
     assert len(sends) == 1 and msg.edits == 0
     assert msg.text.strip() == "".join(words).strip()
     assert tg.calls_to("sendChatAction"), "a typing action was shown while working"
-    metrics = await daemon.metrics()
+    metrics = await telegram_daemon.metrics()
     assert 'chital_messages_in_total{channel="telegram"} 1.0' in metrics
 
 
-async def test_group_needs_a_mention(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+async def test_group_needs_a_mention(telegram_daemon: DaemonProcess, tg: FakeTelegram) -> None:
     quiet = tg.inject_message(GROUP, OWNER, "just chatting with friends", chat_type="supergroup")
     loud = tg.inject_mention(GROUP, OWNER, "what is up")
     reply = await answered(tg, GROUP, loud, "echo: what is up")
@@ -67,7 +56,7 @@ async def test_group_needs_a_mention(daemon: DaemonProcess, tg: FakeTelegram) ->
     assert all("just chatting" not in m.text for m in tg.bot_messages(GROUP))
 
 
-async def test_commands_new_status_stop(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+async def test_commands_new_status_stop(telegram_daemon: DaemonProcess, tg: FakeTelegram) -> None:
     status1 = await answered(
         tg, OWNER, tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None), "Thread:"
     )
@@ -101,7 +90,9 @@ async def test_commands_new_status_stop(daemon: DaemonProcess, tg: FakeTelegram)
     assert "/help" in unknown.text
 
 
-async def test_long_answer_is_split_without_breaking_code(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+async def test_long_answer_is_split_without_breaking_code(
+    telegram_daemon: DaemonProcess, tg: FakeTelegram
+) -> None:
     up = tg.inject_message(OWNER, OWNER, "LONG please")
     mid = up["message"]["message_id"]
     await tg.wait_for(lambda: len(replies_to(tg, OWNER, mid)) >= 3 or None, timeout=20, what="3+ parts")
@@ -114,30 +105,30 @@ async def test_long_answer_is_split_without_breaking_code(daemon: DaemonProcess,
     assert "```" not in joined, "Markdown was rendered, not sent raw"
 
 
-async def test_redelivered_update_is_answered_once(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+async def test_redelivered_update_is_answered_once(telegram_daemon: DaemonProcess, tg: FakeTelegram) -> None:
     up = tg.inject_message(OWNER, OWNER, "only once")
     await answered(tg, OWNER, up, "echo: only once")
     tg.redeliver(up)
     after = tg.inject_message(OWNER, OWNER, "next one")
     await answered(tg, OWNER, after, "echo: next one")
     assert len(replies_to(tg, OWNER, up["message"]["message_id"])) == 1
-    assert 'reason="duplicate"' in await daemon.metrics()
+    assert 'reason="duplicate"' in await telegram_daemon.metrics()
 
 
 async def test_kill9_mid_turn_resumes_once(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     up = tg.inject_message(OWNER, OWNER, "SLOW crash test")
     mid = up["message"]["message_id"]
     # Kill while the answer streams: in a DM it is an ephemeral draft, so nothing half-written
     # stays in the chat and the resumed answer is the one and only message.
     await tg.wait_for(lambda: len(drafted(tg, OWNER)) >= 2, timeout=10, what="streamed drafts")
-    daemon.kill9()
-    await daemon.wait_exit()
+    telegram_daemon.kill9()
+    await telegram_daemon.wait_exit()
     model.add_rule(lambda t: True, lambda body: Reply(text=f"resumed answer to {last_user_text(body)}"))
     # Rules are checked in order: put the catch-all first so the SLOW rule does not fire again.
     model._rules.insert(0, model._rules.pop())
-    await daemon.start()
+    await telegram_daemon.start()
     await answered(tg, OWNER, up, "resumed answer to SLOW crash test", timeout=20)
     replies = replies_to(tg, OWNER, mid)
     assert len(replies) == 1, [r.text for r in replies]
@@ -145,19 +136,19 @@ async def test_kill9_mid_turn_resumes_once(
 
 
 async def test_stranger_gets_pairing_code_never_the_agent(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     up = tg.inject_message(STRANGER, STRANGER, "hello bot, secret question")
     reply = await answered(tg, STRANGER, up, "pairing code")
     assert all("secret question" not in last_user_text(r) for r in model.requests)
     code = re.search(r"pairing code is ([A-Z0-9]{8})", reply.text).group(1)  # type: ignore[union-attr]
-    rc, out = await daemon.cli("pairing", "approve", code)
+    rc, out = await telegram_daemon.cli("pairing", "approve", code)
     assert rc == 0 and f"telegram:{STRANGER}" in out, out
     again = tg.inject_message(STRANGER, STRANGER, "now may I")
     await answered(tg, STRANGER, again, "echo: now may I")
 
 
-async def test_bad_input_gets_clear_answers(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+async def test_bad_input_gets_clear_answers(telegram_daemon: DaemonProcess, tg: FakeTelegram) -> None:
     huge = tg.inject_message(OWNER, OWNER, "x" * 40_000)
     await answered(tg, OWNER, huge, "characters long")
     rate = tg.inject_message(OWNER, OWNER, "FAIL429 now")
@@ -167,25 +158,25 @@ async def test_bad_input_gets_clear_answers(daemon: DaemonProcess, tg: FakeTeleg
     await answered(tg, OWNER, odd, "echo: héllo")
 
 
-async def test_revoked_token_shows_in_readyz(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+async def test_revoked_token_shows_in_readyz(telegram_daemon: DaemonProcess, tg: FakeTelegram) -> None:
     tg.revoke_token()
-    info = await daemon.wait_channel_state("telegram", "failed", timeout=15)
+    info = await telegram_daemon.wait_channel_state("telegram", "failed", timeout=15)
     assert "401" in (info.get("reason") or "")
-    status, body = await daemon.get("/readyz")
+    status, body = await telegram_daemon.get("/readyz")
     assert status == 503 and body["ready"] is False
     assert tg.token not in str(body)
-    assert tg.token not in daemon.logs()
+    assert tg.token not in telegram_daemon.logs()
 
 
-async def test_sigterm_exits_cleanly(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+async def test_sigterm_exits_cleanly(telegram_daemon: DaemonProcess, tg: FakeTelegram) -> None:
     await answered(tg, OWNER, tg.inject_message(OWNER, OWNER, "hi"), "echo: hi")
-    rc = await daemon.terminate()
-    assert rc == 0, daemon.logs()
-    assert "stopped cleanly" in daemon.logs()
+    rc = await telegram_daemon.terminate()
+    assert rc == 0, telegram_daemon.logs()
+    assert "stopped cleanly" in telegram_daemon.logs()
 
 
 async def test_busy_chat_queues_visibly_and_blocks_no_one_else(
-    daemon: DaemonProcess, tg: FakeTelegram
+    telegram_daemon: DaemonProcess, tg: FakeTelegram
 ) -> None:
     tg.inject_message(OWNER, OWNER, "SLOW first")
     await tg.wait_for(lambda: drafted(tg, OWNER), timeout=10, what="slow started (a draft preview)")
@@ -202,22 +193,22 @@ async def test_busy_chat_queues_visibly_and_blocks_no_one_else(
     assert len(replies_to(tg, OWNER, second["message"]["message_id"])) == 1
 
 
-async def test_platform_429_is_honoured(daemon: DaemonProcess, tg: FakeTelegram) -> None:
+async def test_platform_429_is_honoured(telegram_daemon: DaemonProcess, tg: FakeTelegram) -> None:
     tg.fail_next("sendMessage", 429, retry_after=1)
     up = tg.inject_message(OWNER, OWNER, "despite limits")
     await answered(tg, OWNER, up, "echo: despite limits")
     assert len(replies_to(tg, OWNER, up["message"]["message_id"])) == 1
-    assert 'chital_platform_429_total{channel="telegram"} 1.0' in await daemon.metrics()
+    assert 'chital_platform_429_total{channel="telegram"} 1.0' in await telegram_daemon.metrics()
 
 
 async def test_sigterm_lets_a_running_turn_finish(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     model.add_rule(lambda t: "take your time" in t, Reply(text="finished calmly", chunks=4, chunk_delay=0.5))
     up = tg.inject_message(OWNER, OWNER, "take your time")
     await tg.wait_for(lambda: tg.calls_to("sendChatAction") or None, timeout=10, what="turn started")
-    rc = await daemon.terminate()  # grace is 5 s; the answer needs about 2 s
-    assert rc == 0, daemon.logs()
+    rc = await telegram_daemon.terminate()  # grace is 5 s; the answer needs about 2 s
+    assert rc == 0, telegram_daemon.logs()
     assert replies_to(tg, OWNER, up["message"]["message_id"])[-1].text == "finished calmly"
 
 

@@ -15,7 +15,6 @@ import shutil
 import stat
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,6 @@ from tests.fakes.telegram_server import FakeTelegram
 from tests.telegram_daemon import OWNER, answered, telegram_config
 
 API_KEY = "sk-test-key-never-logged"
-
-
-@pytest.fixture
-async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
-    await d.start()
-    yield d
-    await d.close()
 
 
 def sock_of(d: DaemonProcess) -> Path:
@@ -68,10 +59,10 @@ async def status_until(d: DaemonProcess, needle: str, timeout: float = 20.0) -> 
 
 
 async def test_summary_then_status_as_telegram_goes_down(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
-    text = await summary_of(daemon)
-    data = Path(daemon.config["storage"]["path"])
+    text = await summary_of(telegram_daemon)
+    data = Path(telegram_daemon.config["storage"]["path"])
     model_port = model.base_url.split("://", 1)[1].split("/", 1)[0]
     assert "channel telegram  connected" in text
     assert "channel slack     off: " in text and "channel discord   off: " in text
@@ -83,18 +74,20 @@ async def test_summary_then_status_as_telegram_goes_down(
         ), text
     else:
         assert "sandbox   local, bubblewrap NOT INSTALLED: the agent's commands are refused" in text
-    url = daemon.config["storage"].get("url")  # the PostgreSQL pass: its server and database, no user
+    url = telegram_daemon.config["storage"].get(
+        "url"
+    )  # the PostgreSQL pass: its server and database, no user
     database = f"postgres at {url.split('@')[-1]}" if url else data / "gateway.sqlite"
-    assert f"data      {data}; database {database}; sandboxes {daemon.sandbox_root}" in text
+    assert f"data      {data}; database {database}; sandboxes {telegram_daemon.sandbox_root}" in text
     assert "logs      stderr" in text
-    assert f"http      http://127.0.0.1:{daemon.port}/ (healthz, readyz, metrics)" in text
+    assert f"http      http://127.0.0.1:{telegram_daemon.port}/ (healthz, readyz, metrics)" in text
     assert f"status    `chital status` (socket {data / 'status.sock'})" in text
-    assert API_KEY not in daemon.logs() and tg.token not in daemon.logs()
+    assert API_KEY not in telegram_daemon.logs() and tg.token not in telegram_daemon.logs()
 
-    mode = stat.S_IMODE(os.stat(sock_of(daemon)).st_mode)
-    assert stat.S_ISSOCK(os.stat(sock_of(daemon)).st_mode) and mode == 0o600, oct(mode)
+    mode = stat.S_IMODE(os.stat(sock_of(telegram_daemon)).st_mode)
+    assert stat.S_ISSOCK(os.stat(sock_of(telegram_daemon)).st_mode) and mode == 0o600, oct(mode)
 
-    code, out = await daemon.cli("status")
+    code, out = await telegram_daemon.cli("status")
     assert code == 0, out
     assert "daemon: running, ready" in out
     assert "agent: ready, model fake-model" in out
@@ -105,13 +98,13 @@ async def test_summary_then_status_as_telegram_goes_down(
 
     await tg.stop()  # the Bot API goes away under a running daemon
     try:
-        out = await status_until(daemon, "reconnecting")
+        out = await status_until(telegram_daemon, "reconnecting")
         line = next(ln for ln in out.splitlines() if ln.strip().startswith("telegram"))
         assert "reconnecting" in line and "Telegram" in line, line
         assert "daemon: running, NOT ready" in out
         warnings = out[out.index("recent warnings") :]
         assert "telegram" in warnings and "reconnecting" in warnings, out
-        code, raw = await daemon.cli("status", "--json")
+        code, raw = await telegram_daemon.cli("status", "--json")
         body = json.loads(raw)
         assert body["channels"]["telegram"]["state"] == "reconnecting"
         assert body["channels"]["telegram"]["reason"]
@@ -120,11 +113,11 @@ async def test_summary_then_status_as_telegram_goes_down(
             assert tg.token not in shown and tg.token.split(":")[1] not in shown and API_KEY not in shown
     finally:
         await tg.start()
-    await status_until(daemon, "connected")
+    await status_until(telegram_daemon, "connected")
 
 
 async def test_status_counts_a_held_turn_and_the_one_queued_behind_it(
-    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+    telegram_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     # Held for 15 s (under the model timeout of 20 s): long enough for a few `chital status` runs
     # on a loaded machine.
@@ -132,14 +125,14 @@ async def test_status_counts_a_held_turn_and_the_one_queued_behind_it(
     first = tg.inject_message(OWNER, OWNER, "hold on please")
     await tg.wait_for(lambda: model.requests or None, timeout=15, what="the held turn reached the model")
     second = tg.inject_message(OWNER, OWNER, "and then this")
-    out = await status_until(daemon, "queue: 1 pending, 1 running")
+    out = await status_until(telegram_daemon, "queue: 1 pending, 1 running")
     assert "turns in flight: 1 running, 1 waiting" in out
-    body = json.loads((await daemon.cli("status", "--json"))[1])
+    body = json.loads((await telegram_daemon.cli("status", "--json"))[1])
     assert body["queue"]["running"] == 1 and body["queue"]["pending"] == 1, body["queue"]
     assert body["queue"]["turns_running"] == 1 and body["queue"]["turns_waiting"] == 1
     await answered(tg, OWNER, first, "held answer", timeout=40)
     await answered(tg, OWNER, second, "echo: and then this")
-    out = await status_until(daemon, "queue: 0 pending, 0 running")
+    out = await status_until(telegram_daemon, "queue: 0 pending, 0 running")
     assert "turns in flight: 0 running, 0 waiting" in out
 
 
