@@ -17,12 +17,7 @@ from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 @pytest.fixture
 async def daemon(tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["discord"] = {
-        "enabled": True,
-        "token": dc.token,
-        "api_base_url": dc.api_base_url,
-        "gateway_url": dc.gateway_url,
-    }
+    cfg["channels"]["discord"] = dc.channel_settings()
     cfg["access"] = {"allow_users": [f"discord:{FRIEND}"], "group_policy": "mention"}
     d = DaemonProcess(tmp_path, cfg)
     await d.start()

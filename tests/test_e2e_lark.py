@@ -17,13 +17,7 @@ from tests.lark_daemon import FRIEND, GROUP, P2P, STRANGER, answered, replies
 @pytest.fixture
 async def daemon(tmp_path: Path, lark: FakeLark, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["lark"] = {
-        "enabled": True,
-        "app_id": lark.app_id,
-        "app_secret": lark.app_secret,
-        "domain": lark.base_url,
-        "liveness_timeout": 6,
-    }
+    cfg["channels"]["lark"] = lark.channel_settings()
     cfg["access"] = {"allow_users": [f"lark:{FRIEND}"], "group_policy": "mention"}
     d = DaemonProcess(tmp_path, cfg)
     await d.start()

@@ -17,13 +17,7 @@ from tests.slack_daemon import CHANNEL, DM, FRIEND, STRANGER, thread_shows
 @pytest.fixture
 async def daemon(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["slack"] = {
-        "enabled": True,
-        "bot_token": slack.bot_token,
-        "app_token": slack.app_token,
-        "api_base_url": slack.api_base_url,
-        "ping_interval": 0.5,
-    }
+    cfg["channels"]["slack"] = slack.channel_settings()
     cfg["access"] = {"allow_users": [f"slack:{FRIEND}"], "group_policy": "mention"}
     d = DaemonProcess(tmp_path, cfg)
     await d.start()
@@ -106,13 +100,7 @@ async def test_bad_token_channel_stays_down_others_serve(
     tg = FakeTelegram()
     await tg.start()
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["slack"] = {
-        "enabled": True,
-        "bot_token": slack.bot_token,
-        "app_token": slack.app_token,
-        "api_base_url": slack.api_base_url,
-        "ping_interval": 0.5,
-    }
+    cfg["channels"]["slack"] = slack.channel_settings()
     cfg["channels"]["telegram"] = {
         "enabled": True,
         "token": "999:wrong-token-for-this-bot",

@@ -127,8 +127,7 @@ SL_FRIEND, SL_CHANNEL = "U_FRIEND", "C_GENERAL"
 
 @pytest.fixture
 async def slack_daemon(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    settings = {"bot_token": slack.bot_token, "app_token": slack.app_token,
-                "api_base_url": slack.api_base_url, "ping_interval": 0.5}  # fmt: skip
+    settings = slack.channel_settings()
     d = await started(tmp_path, config(tmp_path, model, "slack", settings, SL_FRIEND))
     await slack.wait_connected()
     yield d
@@ -188,7 +187,7 @@ DC_FRIEND, DC_OTHER = "424242424242424242", "515151515151515151"
 
 @pytest.fixture
 async def dc_daemon(tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    settings = {"token": dc.token, "api_base_url": dc.api_base_url, "gateway_url": dc.gateway_url}
+    settings = dc.channel_settings()
     d = await started(tmp_path, config(tmp_path, model, "discord", settings, DC_FRIEND))
     await dc.wait_connected()
     yield d
@@ -240,8 +239,7 @@ LK_FRIEND, LK_GROUP = "ou_friend", "oc_group"
 
 @pytest.fixture
 async def lark_daemon(tmp_path: Path, lark: FakeLark, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    settings = {"app_id": lark.app_id, "app_secret": lark.app_secret, "domain": lark.base_url,
-                "liveness_timeout": 6}  # fmt: skip
+    settings = lark.channel_settings()
     d = await started(tmp_path, config(tmp_path, model, "lark", settings, LK_FRIEND))
     await lark.wait_for_async(lambda f: f.live_connections >= 1 or None, timeout=15)
     yield d

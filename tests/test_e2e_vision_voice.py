@@ -78,12 +78,9 @@ def four_platforms(
     }
     channels = cfg["channels"]
     channels["telegram"] = tg.channel_settings()
-    channels["slack"] = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
-                         "api_base_url": slack.api_base_url, "ping_interval": 0.5}  # fmt: skip
-    channels["discord"] = {"enabled": True, "token": dc.token, "api_base_url": dc.api_base_url,
-                           "gateway_url": dc.gateway_url}  # fmt: skip
-    channels["lark"] = {"enabled": True, "app_id": lark.app_id, "app_secret": lark.app_secret,
-                        "domain": lark.base_url, "liveness_timeout": 6}  # fmt: skip
+    channels["slack"] = slack.channel_settings()
+    channels["discord"] = dc.channel_settings()
+    channels["lark"] = lark.channel_settings()
     cfg["access"] = {
         "allow_users": [
             f"telegram:{TG_USER}",

@@ -261,8 +261,7 @@ async def test_telegram_echoes_files_and_quoted_names(
 
 @pytest.fixture
 async def slack_daemon(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    settings = {"bot_token": slack.bot_token, "app_token": slack.app_token,
-                "api_base_url": slack.api_base_url, "ping_interval": 0.5}  # fmt: skip
+    settings = slack.channel_settings()
     d = DaemonProcess(tmp_path, _config(tmp_path, model, "slack", settings, "U_FRIEND"))
     await d.start()
     await slack.wait_connected()
@@ -305,7 +304,7 @@ async def test_slack_echoes_files_and_quoted_names(
 
 @pytest.fixture
 async def dc_daemon(tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    settings = {"token": dc.token, "api_base_url": dc.api_base_url, "gateway_url": dc.gateway_url}
+    settings = dc.channel_settings()
     d = DaemonProcess(tmp_path, _config(tmp_path, model, "discord", settings, DC_FRIEND))
     await d.start()
     await dc.wait_connected()
@@ -341,8 +340,7 @@ async def test_discord_echoes_files_and_quoted_names(
 
 @bwrap
 async def test_lark_echoes_files_and_quoted_names(tmp_path: Path, lark: FakeLark, model: FakeOpenAI) -> None:
-    settings = {"app_id": lark.app_id, "app_secret": lark.app_secret, "domain": lark.base_url,
-                "liveness_timeout": 6}  # fmt: skip
+    settings = lark.channel_settings()
     daemon = DaemonProcess(tmp_path, _config(tmp_path, model, "lark", settings, "ou_friend"))
     await daemon.start()
     try:

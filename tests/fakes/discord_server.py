@@ -191,6 +191,16 @@ class FakeDiscord:
     def gateway_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/gateway/"
 
+    def channel_settings(self) -> dict[str, Any]:
+        """``channels.discord`` of a config that talks to this fake: the one factory the tests share
+        (its token, its REST and gateway addresses)."""
+        return {
+            "enabled": True,
+            "token": self.token,
+            "api_base_url": self.api_base_url,
+            "gateway_url": self.gateway_url,
+        }
+
     def new_id(self) -> str:
         """A real-looking snowflake (its timestamp is now), strictly increasing."""
         snowflake = (int(time.time() * 1000) - DISCORD_EPOCH_MS) << 22

@@ -212,6 +212,17 @@ class FakeLark:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def channel_settings(self, liveness_timeout: float = 6) -> dict[str, Any]:
+        """``channels.lark`` of a config that talks to this fake: the one factory the tests share
+        (its app credentials, its address, a liveness timeout short enough for the outage tests)."""
+        return {
+            "enabled": True,
+            "app_id": self.app_id,
+            "app_secret": self.app_secret,
+            "domain": self.base_url,
+            "liveness_timeout": liveness_timeout,
+        }
+
     def _serve(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)

@@ -226,6 +226,17 @@ class FakeSlack:
     def api_base_url(self) -> str:
         return f"{self.url}/api/"
 
+    def channel_settings(self, ping_interval: float = 0.5) -> dict[str, Any]:
+        """``channels.slack`` of a config that talks to this fake: the one factory the tests share
+        (its tokens, its API address, a short ping so a dropped socket is noticed quickly)."""
+        return {
+            "enabled": True,
+            "bot_token": self.bot_token,
+            "app_token": self.app_token,
+            "api_base_url": self.api_base_url,
+            "ping_interval": ping_interval,
+        }
+
     # -- failure injection --------------------------------------------------------------------
     def fail(
         self,
