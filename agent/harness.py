@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -35,12 +34,10 @@ from typing import Any, Literal
 from deepagents import DeepAgentState
 from langchain.agents import create_agent
 from langchain.agents.middleware.types import AgentMiddleware
-from langchain_core.exceptions import ContextOverflowError
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph.errors import GraphRecursionError
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, StreamMode
 
@@ -58,15 +55,17 @@ from agent.events import (
     ToolProgress,
     TurnFailed,
 )
+from agent.failures import turn_failure
+from agent.history import brief, earlier_answer, messages_of, tool_patches, with_files
 from agent.merge import merge_model_calls
-from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget, diagnose, is_retryable
+from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget
 from agent.model import TokenTap, build_chat_model, model_display_name
 from agent.provenance import PROVENANCE_KEY, Provenance, Source, of_context, of_messages
 from agent.safety import Redactor
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
 from agent.turn_overrides import TurnChoice, TurnOverrides, choose, skill_section
-from agent.usage import BudgetRefused, UsageSink, attach_usage
+from agent.usage import UsageSink, attach_usage
 from agent.vision import IMAGES_KEY, carries_images, faded, human_content, image_index
 
 TurnScope = Callable[[str], AbstractAsyncContextManager[Any]]
@@ -369,7 +368,7 @@ class Harness:
                     final = await self._final_from_state(graph, config)
             except Exception as exc:
                 self._settled.pop(thread_id, None)
-                yield _failure(exc)
+                yield turn_failure(exc)
                 return
             except BaseException:  # cancelled (/stop) or closed early: the history may dangle
                 self._settled.pop(thread_id, None)
@@ -398,7 +397,7 @@ class Harness:
         untrusted sources it carries (``provenance`` and the context's authors, agent/provenance.py)."""
         sources = Provenance(tuple(provenance)).merged(of_context(context)).to_json()
         human = HumanMessage(
-            content=human_content(_with_files(with_context(text, context), files), images),
+            content=human_content(with_files(with_context(text, context), files), images),
             id=message_id,
             additional_kwargs={
                 "user_id": user_id,
@@ -420,14 +419,14 @@ class Harness:
             return {"messages": [human]}
         snap = await graph.aget_state(config)
         messages: list[AnyMessage] = list(snap.values.get("messages", ()))
-        earlier = _earlier_answer(messages, message_id)
+        earlier = earlier_answer(messages, message_id)
         if earlier is not None:
             log.info("thread %s: message %s was answered before later ones; replaying", thread_id, message_id)
             return earlier
         last_human = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
         # Messages a step stored as writes but whose checkpoint was not stored (a full disk): the
         # state shows them, a run with new input drops them, a run with no input applies them.
-        pending = {m.id for task in snap.tasks if task.result for m in _messages_of(task.result)}
+        pending = {m.id for task in snap.tasks if task.result for m in messages_of(task.result)}
         if last_human is not None and last_human.id == message_id:
             if pending and not snap.next:
                 log.info("thread %s: finishing the stored step of message %s", thread_id, message_id)
@@ -447,11 +446,11 @@ class Harness:
             if not snap.next:
                 # Nothing scheduled (an unusual stop): run the agent again from its start, with
                 # the message already in place and any dangling tool call answered.
-                return {"messages": _tool_patches(messages)}
+                return {"messages": tool_patches(messages)}
             return None
         if pending:  # the messages as of the step's start: what a run with new input builds on
             messages = list((await graph.aget_state(snap.config)).values.get("messages", ()))
-        patches = _tool_patches(messages)
+        patches = tool_patches(messages)
         if patches:
             log.info("thread %s: closing %d tool call(s) left by a stopped turn", thread_id, len(patches))
         # Images shown long enough fade; all of them when this turn's model takes none (a /model
@@ -514,11 +513,11 @@ class Harness:
                         if request is not None:
                             yield dataclasses.replace(request, untrusted=untrusted)
                     for node, update in part.items():
-                        for message in _messages_of(update):
+                        for message in messages_of(update):
                             if node == _LEAD_NODE and isinstance(message, AIMessage):
                                 final = message
                                 for call in message.tool_calls:
-                                    yield ToolProgress(call["name"], "start", _brief(call.get("args")))
+                                    yield ToolProgress(call["name"], "start", brief(call.get("args")))
                             elif isinstance(message, ToolMessage):
                                 phase = "error" if message.status == "error" else "end"
                                 yield ToolProgress(message.name or "tool", phase)
@@ -576,128 +575,6 @@ class Harness:
         raise RuntimeError("the agent finished without an answer")
 
 
-def _earlier_answer(messages: Sequence[AnyMessage], message_id: str) -> Final | None:
-    """The answer to ``message_id`` when later messages followed it in the thread (its reply was
-    retried after the conversation moved on): the last model text before the next user message.
-    None when the message is the thread's latest or not in it."""
-    start = next(
-        (i for i, m in enumerate(messages) if isinstance(m, HumanMessage) and m.id == message_id), None
-    )
-    if start is None:
-        return None
-    segment: list[AnyMessage] = []
-    for m in messages[start + 1 :]:
-        if isinstance(m, HumanMessage):
-            break
-        segment.append(m)
-    else:
-        return None  # the latest message: the usual replay / continue logic applies
-    answer = next((m for m in reversed(segment) if isinstance(m, AIMessage) and not m.tool_calls), None)
-    if answer is None:
-        return Final("⚠️ I lost the answer to this message while the conversation went on; please ask again.")
-    return Final(answer.text)
-
-
 def _is_lead(meta: dict[str, Any]) -> bool:
     """Tokens of the lead agent's model node; not a model called inside a tool or a sub-agent."""
     return meta.get("langgraph_node") == _LEAD_NODE and "|" not in meta.get("langgraph_checkpoint_ns", "")
-
-
-def _with_files(text: str, files: Sequence[str]) -> str:
-    if not files:
-        return text
-    listing = "\n".join(f"- {path}" for path in files)
-    return f"{text}\n\nAttached files:\n{listing}"
-
-
-def _messages_of(update: Any) -> list[Any]:
-    """Messages in one node's update (a dict, a list of them, or None for hooks that wrote nothing)."""
-    if isinstance(update, dict):
-        messages = update.get("messages")
-        if isinstance(messages, list):
-            return messages
-        return [messages] if messages is not None else []
-    if isinstance(update, list | tuple):
-        return [m for item in update for m in _messages_of(item)]
-    return []
-
-
-def _tool_patches(messages: Sequence[AnyMessage]) -> list[ToolMessage]:
-    """ToolMessages answering the tool calls of the last AIMessage that got no result.
-
-    Only the tail can dangle: every turn closes the previous one's calls before it starts.
-    deepagents' PatchToolCallsMiddleware does this for the whole history on every turn (one more
-    graph node and a full rewrite of the messages); here it costs nothing when nothing dangles.
-    """
-    answered: set[str] = set()
-    for message in reversed(messages):
-        if isinstance(message, ToolMessage):
-            answered.add(message.tool_call_id)
-        elif isinstance(message, AIMessage):
-            return [
-                ToolMessage(
-                    content=f"Tool call {call['name']} was stopped before it finished; no result.",
-                    name=call["name"],
-                    tool_call_id=call["id"],
-                    status="error",
-                )
-                for call in message.tool_calls
-                if call.get("id") and call["id"] not in answered
-            ]
-        else:
-            return []
-    return []
-
-
-def _brief(args: Any, limit: int = 200) -> str:
-    if not args:
-        return ""
-    try:
-        text = json.dumps(args, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        text = str(args)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _failure(exc: Exception) -> TurnFailed:
-    """A user-safe TurnFailed for an exception, plus the operator's ``detail`` (the cause and the
-    model's URL, from :func:`agent.middleware.diagnose`), which is logged here. Known model errors
-    are described in our own words (provider text can quote request data); anything else is our bug
-    and keeps its traceback. ``retryable``: the same message may succeed later (model retries were
-    already spent)."""
-    if isinstance(exc, BudgetRefused):  # the user's token budget stopped a model call mid-turn
-        log.info("turn stopped by the user's token budget")
-        return TurnFailed(exc.message, retryable=False, detail="the user's daily token budget is used up")
-    failure = diagnose(exc)
-    detail = failure.detail()
-    if isinstance(exc, ContextOverflowError):
-        message, retryable = "This conversation is too long for the model; please start a new one.", False
-        detail = "the conversation exceeds the model's context window"
-    elif isinstance(exc, GraphRecursionError):
-        message, retryable = "This task needed too many steps and was stopped.", False
-        detail = "the turn hit the graph's recursion limit (agent.max_steps)"
-    elif failure.kind == "rate_limited":
-        message, retryable = "The model is rate-limited right now. Please try again in a minute.", True
-    elif failure.kind == "timeout":
-        message, retryable = "The model did not answer in time. Please try again.", True
-    elif failure.kind in ("auth", "forbidden"):
-        message, retryable = (
-            "The model service refused our credentials; ask the admin to check the API key.",
-            False,
-        )
-    elif failure.kind == "not_found":
-        message = "The model service does not know the configured model; ask the admin to check it."
-        retryable = False
-    elif failure.unreachable:
-        message, retryable = "The model service cannot be reached right now. Please try again later.", True
-    elif is_retryable(exc):
-        message, retryable = "The model service failed. Please try again later.", True
-    else:
-        log.error("turn failed with an unexpected %s", type(exc).__name__, exc_info=exc)
-        return TurnFailed(
-            "Something went wrong while answering; the error was logged.",
-            retryable=False,
-            detail=detail or f"unexpected {type(exc).__name__} (the traceback is in the log)",
-        )
-    log.warning("turn failed: %s (%s)", detail or "model error", type(exc).__name__)
-    return TurnFailed(message, retryable=retryable, detail=detail)
