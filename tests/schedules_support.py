@@ -43,8 +43,10 @@ class Scheduled:
 
     def __init__(self, rig: Rig, clock: Clock) -> None:
         self.rig, self.clock = rig, clock
-        self.scheduler = GatewayScheduler(rig.store, rig.gateway.config, clock)
-        self.runner = ScheduleRunner(rig.gateway, self.scheduler, clock=clock)
+        shared = rig.gateway.schedule_clock  # fake_rig(clock=clock): the gateway's reads the test's
+        assert shared.now is clock
+        self.scheduler = GatewayScheduler(rig.store, rig.gateway.config, shared)
+        self.runner = ScheduleRunner(rig.gateway, rig.store, rig.gateway.config, shared, self.scheduler)
         self.calls = 0
         rig.harness.scripts = _Scripts(self)
 

@@ -96,8 +96,8 @@ def test_cron_runs_keep_local_time_across_daylight_saving() -> None:
 # -- in process ---------------------------------------------------------------------------------------
 @pytest.fixture
 async def sched(tmp_path: Path) -> AsyncIterator[Scheduled]:
-    async with fake_rig(tmp_path, schedules_config()) as rig:
-        yield Scheduled(rig, Clock())
+    async with fake_rig(tmp_path, schedules_config(), clock=(clock := Clock())) as rig:
+        yield Scheduled(rig, clock)
 
 
 async def test_a_reminder_fires_once_as_a_new_message_in_its_chat(sched: Scheduled) -> None:
@@ -126,8 +126,8 @@ async def test_a_tainted_schedule_waits_for_its_owner_and_then_runs_from_now(tmp
     a stranger's press is refused; once confirmed, a cron rule starts at its next run (the runs it
     waited through are not made up) and a one-time schedule past its time runs at once."""
     channel = FakeChannel(buttons=True)
-    async with fake_rig(tmp_path, schedules_config(), channel=channel) as rig:
-        sched = Scheduled(rig, Clock())
+    async with fake_rig(tmp_path, schedules_config(), channel=channel, clock=(clock := Clock())) as rig:
+        sched = Scheduled(rig, clock)
         page = "https://pages.example/x"
         answer = await sched.ask(USER, {"text": "post the PRs", "cron": "0 9 * * *", "after_reading": page})
         assert answer.startswith("scheduled #1")
@@ -165,7 +165,8 @@ async def test_a_tainted_schedule_waits_for_its_owner_and_then_runs_from_now(tmp
 
 async def test_two_runners_racing_fire_it_once(sched: Scheduled) -> None:
     await sched.ask(USER, {"text": "ping", "delay": "1m"})
-    other = ScheduleRunner(sched.rig.gateway, None, clock=sched.clock)
+    rig = sched.rig
+    other = ScheduleRunner(rig.gateway, rig.store, rig.gateway.config, rig.gateway.schedule_clock, None)
     sched.clock.now += 61
     counts = await asyncio.gather(sched.fire(), other.fire_due(), sched.fire())
     assert sum(counts) >= 1
@@ -179,7 +180,7 @@ async def test_a_crash_between_claiming_and_moving_on_fires_once(tmp_path: Path)
     """The claim (the journal entry) is made, then the process dies before the schedule is moved
     on: the next process resumes that firing from the journal and does not claim another."""
     config, clock = schedules_config(), Clock()
-    async with fake_rig(tmp_path, config) as rig:
+    async with fake_rig(tmp_path, config, clock=clock) as rig:
         first = Scheduled(rig, clock)
         await first.ask(USER, {"text": "water the plants", "cron": "0 9 * * *"})
         (schedule,) = await rig.store.schedules_active(f"telegram:{USER}")
@@ -198,7 +199,7 @@ async def test_a_crash_between_claiming_and_moving_on_fires_once(tmp_path: Path)
         await until(lambda: len(rig.harness.calls) == 2, what="the firing's turn started")
         await crash(rig)
         store, channel = rig.store, rig.channel
-        async with fake_rig(tmp_path, config, store=store, channel=channel.restarted()) as rig2:
+        async with fake_rig(tmp_path, config, store=store, channel=channel.restarted(), clock=clock) as rig2:
             second = Scheduled(rig2, clock)
             clock.now += 3600
             assert await second.fire() == 1
@@ -229,8 +230,10 @@ async def test_missed_runs_fire_the_latest_once_late_and_skip_the_rest(sched: Sc
 
 
 async def test_requests_are_checked_and_limited(tmp_path: Path) -> None:
-    async with fake_rig(tmp_path, schedules_config(max_per_conversation=2, max_text_chars=50)) as rig:
-        sched = Scheduled(rig, Clock())
+    async with fake_rig(
+        tmp_path, schedules_config(max_per_conversation=2, max_text_chars=50), clock=(clock := Clock())
+    ) as rig:
+        sched = Scheduled(rig, clock)
         assert "refused: unknown time zone 'Atlantis'" in await sched.ask(
             USER, {"text": "x", "cron": "0 9 * * *", "timezone": "Atlantis"}
         )
@@ -347,7 +350,9 @@ async def test_firings_go_to_the_thread_they_were_made_in(tmp_path: Path) -> Non
     so there the firing replies to the message that made the schedule."""
     clock = Clock()
     for name, thread in (("telegram", "77"), ("lark", "omt_9")):
-        async with fake_rig(tmp_path / name, schedules_config(), channel=FakeChannel(name)) as rig:
+        async with fake_rig(
+            tmp_path / name, schedules_config(), channel=FakeChannel(name), clock=clock
+        ) as rig:
             sched = Scheduled(rig, clock)
             request = json.dumps({"text": "standup", "delay": "1m"})
             made = Inbound(name, "chat-1", "m-1", str(USER), f"schedule {request}", False, True, thread)

@@ -30,8 +30,8 @@ pytestmark = pytest.mark.usefixtures("clear_ran")  # the approvals tests' tools 
 async def test_a_revoked_users_schedule_stops_running_the_agent(tmp_path: Path) -> None:
     """A paired user makes a daily schedule, then an admin revokes them: the schedule must not go
     on running the agent in their name (it did: firings checked no access)."""
-    async with fake_rig(tmp_path, schedules_config()) as rig:
-        sched = Scheduled(rig, Clock())
+    async with fake_rig(tmp_path, schedules_config(), clock=(clock := Clock())) as rig:
+        sched = Scheduled(rig, clock)
         request, _ = await rig.store.pairing_request(
             f"telegram:{STRANGER}", "Mallory", str(STRANGER), ttl=3600, max_pending=10
         )
@@ -53,8 +53,8 @@ async def test_a_schedule_spends_the_creators_budget_like_a_message(tmp_path: Pa
     """With the daily token budget spent, a message is refused at intake; a firing ran anyway."""
     config = schedules_config()
     config = config.model_copy(update={"usage": config.usage.model_copy(update={"daily_tokens": 1000})})
-    async with fake_rig(tmp_path, config) as rig:
-        sched = Scheduled(rig, Clock())
+    async with fake_rig(tmp_path, config, clock=(clock := Clock())) as rig:
+        sched = Scheduled(rig, clock)
         assert "scheduled #1" in await sched.ask(OTHER, {"text": "burn tokens", "cron": "0 * * * *"})
         config = rig.gateway.config
         await rig.store.usage_add(
@@ -76,8 +76,8 @@ async def test_a_schedule_spends_the_creators_budget_like_a_message(tmp_path: Pa
 async def test_a_firing_cannot_chain_one_shots_faster_than_cron_allows(tmp_path: Path) -> None:
     """A prompt-injected firing schedules 'this again in 1 second' for ever: min_interval, which
     refuses a cron rule every second, did not apply to one-shots made by a firing."""
-    async with fake_rig(tmp_path, schedules_config()) as rig:
-        sched = Scheduled(rig, Clock())
+    async with fake_rig(tmp_path, schedules_config(), clock=(clock := Clock())) as rig:
+        sched = Scheduled(rig, clock)
         assert "scheduled #1" in await sched.ask(
             USER, {"text": "do it and schedule this again", "delay": "1s"}
         )
@@ -181,8 +181,8 @@ async def test_an_approval_request_shows_what_it_hides(tmp_path: Path) -> None:
 async def test_parallel_tool_calls_cannot_pass_the_schedule_limits(tmp_path: Path) -> None:
     """One model message with many schedule_task calls: the tools run concurrently, and each
     counted the schedules before any of the others was inserted (limit 2: 11 were made)."""
-    async with fake_rig(tmp_path, schedules_config(max_per_conversation=2)) as rig:
-        sched = Scheduled(rig, Clock())
+    async with fake_rig(tmp_path, schedules_config(max_per_conversation=2), clock=(clock := Clock())) as rig:
+        sched = Scheduled(rig, clock)
         assert "scheduled #1" in await sched.ask(USER, {"text": "a", "delay": "1h"})
         turn = rig.harness.calls[-1]
 
@@ -375,8 +375,8 @@ def test_a_thread_author_cannot_pose_as_the_assistant_with_lookalike_names() -> 
 async def test_unschedule_with_a_huge_number_is_a_clear_refusal(tmp_path: Path) -> None:
     """``/unschedule 999…9`` (30 digits) overflowed SQLite's integer and answered "Something went
     wrong on my side" (an internal error) instead of saying there is no such schedule."""
-    async with fake_rig(tmp_path, schedules_config()) as rig:
-        sched = Scheduled(rig, Clock())
+    async with fake_rig(tmp_path, schedules_config(), clock=(clock := Clock())) as rig:
+        sched = Scheduled(rig, clock)
         for number in ("9" * 30, "0"):
             answer = await command(rig, USER, f"/unschedule {number}")
             assert answer == (

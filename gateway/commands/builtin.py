@@ -5,7 +5,8 @@ the parser, ``/help`` and the terminal chat's list are derived from the rows. Th
 here (``/new``, ``/stop``, ``/status``, ``/memory``, ``/forget``, ``/help``), in
 gateway/commands/agent.py (``/model``, ``/usage``, ``/skills``), in
 gateway/commands/admin.py (``/approve``, ``/deny``, ``/revoke``) and, through the context,
-in gateway/schedules/runner.py (``/schedules``, ``/unschedule``) and gateway/turns/stopping.py.
+in gateway/commands/schedules.py (``/schedules``, ``/unschedule``) and, through the context,
+gateway/turns/stopping.py.
 
 A command is journaled like any message and may run more than once: after a crash (resume at the
 next start) or when its reply could not be delivered (a retry). So every command with an effect is
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from agent.untrusted import TEXT_CHARS, code_span
 from gateway.commands import admin as commands_admin
 from gateway.commands import agent as commands_agent
+from gateway.commands import schedules as commands_schedules
 from gateway.commands.registry import Command, CommandContext, CommandSpec, Registry, Who
 from gateway.intake import access
 
@@ -75,10 +77,6 @@ async def _help(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
     return help_text(access.is_admin(ctx.config.access_for(inbound.platform), inbound))
 
 
-async def _schedules(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
-    return await ctx.schedules(entry, cmd)
-
-
 async def _model(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
     return await commands_agent.model_command(ctx, entry.inbound, cmd.args)
 
@@ -103,9 +101,11 @@ REGISTRY = Registry(
         CommandSpec("forget", "erase everything I remember about you", _memory, recorded=True,
                     terminal=True),
         CommandSpec("schedules", "list this conversation's schedules (/schedules cancel ID cancels one; "
-                    "/schedules confirm ID lets one that waits for your confirmation run)", _schedules,
+                    "/schedules confirm ID lets one that waits for your confirmation run)",
+                    commands_schedules.command,
                     recorded=True, args="[cancel ID | confirm ID]"),
-        CommandSpec("unschedule", "cancel a schedule: /unschedule ID (its creator or an admin)", _schedules,
+        CommandSpec("unschedule", "cancel a schedule: /unschedule ID (its creator or an admin)",
+                    commands_schedules.command,
                     recorded=True, args="ID"),
         CommandSpec("model", "list the models (alone) or switch this conversation's: /model NAME", _model,
                     recorded=True, args="[NAME]"),

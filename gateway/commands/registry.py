@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from gateway.agent_api import AgentHarness
     from gateway.config.schema import Config
     from gateway.intake.limits import SlidingWindow
+    from gateway.schedules.confirm import Confirmations
     from gateway.store.entries import JournalEntry
     from gateway.store.journal import Store
 
@@ -73,8 +74,8 @@ class CommandContext:
     """Turns running in all chats."""
     sandbox_state: Callable[[], str]
     """The sandbox's state as the agent's start-up probe found it (``ready``, ``failed``, ...)."""
-    schedules: Callable[[JournalEntry, Command], Awaitable[str]]
-    """``/schedules`` and ``/unschedule`` (gateway/schedules/runner.py)."""
+    schedules: Confirmations
+    """``/schedules confirm``: settles a confirmation and wakes the runner (gateway/schedules/confirm.py)."""
 
 
 Handler = Callable[[CommandContext, "JournalEntry", Command], Awaitable[str]]

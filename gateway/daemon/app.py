@@ -361,16 +361,20 @@ class Daemon:
         except Exception as exc:
             raise database_error(db_path, exc) from exc
 
+        from gateway.schedules.clock import ScheduleClock
         from gateway.schedules.runner import GatewayScheduler, ScheduleRunner
 
-        scheduler = GatewayScheduler(self.store, cfg) if cfg.schedules.enabled else None
+        # Made first and handed to each (docs/design.md, "Composition"): the scheduler and the
+        # gateway wake the runner through it, and all three read one clock.
+        clock = ScheduleClock()
+        scheduler = GatewayScheduler(self.store, cfg, clock) if cfg.schedules.enabled else None
         from gateway.turns.budget import Budgets  # the agent's stack: imported as the agent is opened
 
         recorder = UsageRecorder(self.store, self.metrics, cfg.usage, Budgets(self.store, cfg))
         res.push("the usage records", recorder.close)  # after the agent closes, before the store
         self.harness = await open_harness(cfg, scheduler, recorder)
         res.push("the agent", self.harness.close)
-        self.gateway = Gateway(cfg, self.store, self.harness, self.metrics)
+        self.gateway = Gateway(cfg, self.store, self.harness, self.metrics, schedule_clock=clock)
         url = cfg.storage.database_url
         if url:
             # Released after the gateway drained: its heartbeat keeps our leases while turns finish.
@@ -394,7 +398,8 @@ class Daemon:
         if self.cluster is not None:
             self.cluster.start()
         res.spawn(self.retention.run(), "retention")
-        res.spawn(ScheduleRunner(self.gateway, scheduler).run(), "schedules")  # and `chital send` pushes
+        schedules = ScheduleRunner(self.gateway, self.store, cfg, clock, scheduler)
+        res.spawn(schedules.run(), "schedules")  # and `chital send` pushes
         res.spawn(log_summary(self), "startup-summary")
 
     @property

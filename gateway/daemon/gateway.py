@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +37,7 @@ from gateway.intake.slow_lane import FairLane
 from gateway.ops.metrics import Metrics
 from gateway.ops.tasks import TaskTracker
 from gateway.schedules import confirm as schedule_confirm
-from gateway.schedules import runner as schedules
+from gateway.schedules.clock import ScheduleClock
 from gateway.store.entries import JournalEntry, JournalKind, JournalState
 from gateway.store.journal import Store
 from gateway.turns import queued_sign, stopping, usage
@@ -54,7 +53,15 @@ log = logging.getLogger(__name__)
 
 
 class Gateway:
-    def __init__(self, config: Config, store: Store, harness: AgentHarness, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        harness: AgentHarness,
+        metrics: Metrics,
+        *,
+        schedule_clock: ScheduleClock | None = None,
+    ) -> None:
         self.config = config
         self.store = store
         self.harness = harness
@@ -90,10 +97,11 @@ class Gateway:
         )  # fmt: skip
         """Runs each claimed turn (gateway/turns/runner.py)."""
         self._connected: set[str] = set()
-        self.wake_schedules: Callable[[], None] = lambda: None
-        """Look at the schedules now (a confirmed one may be due); set by the ScheduleRunner."""
-        self.schedule_clock: Callable[[], float] = time.time
-        """The schedules' clock (a test moves it); set by the ScheduleRunner."""
+        self.schedule_clock = schedule_clock or ScheduleClock()
+        """The schedules' clock and the runner's wake-up (gateway/schedules/clock.py), shared with
+        the ScheduleRunner: a confirmed schedule may be due now."""
+        self.confirmations = schedule_confirm.Confirmations(store, config, self.channels, self.schedule_clock)
+        """Schedules waiting for their owner (gateway/schedules/confirm.py): buttons, /schedules confirm."""
         self._closing = False
         self.cluster: Cluster | None = None
         """Several daemons on one database (gateway/daemon/cluster.py): an entry is worked on only by the
@@ -118,7 +126,7 @@ class Gateway:
     async def _on_action(self, action: Action) -> ActionAnswer:
         """A button press: a schedule's confirmation (gateway/schedules/confirm.py) or an approval."""
         if action.value.startswith(f"{schedule_confirm.PREFIX}:"):
-            return await schedule_confirm.on_action(self, action)
+            return await self.confirmations.on_action(action)
         return await self.approvals.on_action(action)
 
     def _on_channel_state(self, channel: Channel) -> None:
@@ -475,7 +483,7 @@ class Gateway:
             turn_status=self.turns.status,
             running_turns=lambda: self.turns.running_count,
             sandbox_state=lambda: sandbox_report(self.harness)["state"],
-            schedules=lambda entry, cmd: schedules.command(self, entry, cmd),
+            schedules=self.confirmations,
         )
 
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:

@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from agent.provenance import SCHEDULED, Provenance, Source, clean_label
 from agent.untrusted import code_span, one_line
-from channels.base import Action, ActionAnswer, Button, Inbound, scrub
+from channels.base import Action, ActionAnswer, Button, Channel, Inbound, scrub
 from gateway.intake.access import is_admin
 from gateway.intake.provenance import PROVENANCE_EXTRA
+from gateway.schedules.clock import ScheduleClock
+from gateway.schedules.times import fmt, next_run, rule_text
 
 if TYPE_CHECKING:
-    from gateway.daemon.gateway import Gateway
+    from gateway.config.schema import Config
+    from gateway.store.journal import Store
     from gateway.store.schedules import Schedule
 
 log = logging.getLogger(__name__)
@@ -96,99 +101,103 @@ def _buttons(schedule_id: int) -> list[Button]:
     ]
 
 
-async def ask(gw: Gateway, schedule: Schedule, rule: str, next_fire: str) -> None:
-    """Post the confirmation request where the schedule was made, as a reply to that message."""
-    channel = gw.channels.get(schedule.template.platform)
-    if channel is None:
-        return
-    target = schedule.template.target
-    key = f"schedule-confirm:{schedule.id}"
-    buttons = channel.capabilities.buttons
-    try:
-        if buttons:
-            part = channel.render(request_text(schedule, rule, next_fire, True))[0]
-            try:
-                await channel.send_buttons(target, part, _buttons(schedule.id), idempotency_key=key)
-                log.info("schedule #%d: confirmation asked of %s", schedule.id, schedule.creator)
-                return
-            except Exception as exc:  # buttons refused (a Lark app without cards): ask for text
-                log.warning("schedule #%d: buttons refused (%s); asking for text", schedule.id, exc)
-        part = channel.render(request_text(schedule, rule, next_fire, False))[0]
-        await channel.send(target, part, idempotency_key=key)
-        log.info("schedule #%d: confirmation asked of %s", schedule.id, schedule.creator)
-    except Exception as exc:  # /schedules still shows it waiting, with how to confirm
-        log.warning("schedule #%d: could not ask for confirmation: %s", schedule.id, exc)
+@dataclass(frozen=True, slots=True)
+class Confirmations:
+    """What asking for and settling a confirmation uses: the store, the config (who is an admin),
+    the channels (where the request is posted and its buttons closed) and the schedules' clock
+    (a confirmed schedule's next run; the runner is woken). The Gateway makes one for button
+    presses, the command context hands it to ``/schedules confirm``, the runner asks with it."""
 
+    store: Store
+    config: Config
+    channels: Mapping[str, Channel]
+    clock: ScheduleClock
 
-def may_answer(gw: Gateway, schedule: Schedule, platform: str, sender_id: str, chat_id: str) -> bool:
-    """Its creator or an admin of the platform."""
-    if f"{platform}:{sender_id}" == schedule.creator:
-        return True
-    probe = Inbound(platform, chat_id, "", sender_id, "", False, False)
-    return is_admin(gw.config.access_for(platform), probe)
+    async def ask(self, schedule: Schedule, rule: str, next_fire: str) -> None:
+        """Post the confirmation request where the schedule was made, as a reply to that message."""
+        channel = self.channels.get(schedule.template.platform)
+        if channel is None:
+            return
+        target = schedule.template.target
+        key = f"schedule-confirm:{schedule.id}"
+        buttons = channel.capabilities.buttons
+        try:
+            if buttons:
+                part = channel.render(request_text(schedule, rule, next_fire, True))[0]
+                try:
+                    await channel.send_buttons(target, part, _buttons(schedule.id), idempotency_key=key)
+                    log.info("schedule #%d: confirmation asked of %s", schedule.id, schedule.creator)
+                    return
+                except Exception as exc:  # buttons refused (a Lark app without cards): ask for text
+                    log.warning("schedule #%d: buttons refused (%s); asking for text", schedule.id, exc)
+            part = channel.render(request_text(schedule, rule, next_fire, False))[0]
+            await channel.send(target, part, idempotency_key=key)
+            log.info("schedule #%d: confirmation asked of %s", schedule.id, schedule.creator)
+        except Exception as exc:  # /schedules still shows it waiting, with how to confirm
+            log.warning("schedule #%d: could not ask for confirmation: %s", schedule.id, exc)
 
+    def may_answer(self, schedule: Schedule, platform: str, sender_id: str, chat_id: str) -> bool:
+        """Its creator or an admin of the platform."""
+        if f"{platform}:{sender_id}" == schedule.creator:
+            return True
+        probe = Inbound(platform, chat_id, "", sender_id, "", False, False)
+        return is_admin(self.config.access_for(platform), probe)
 
-async def on_action(gw: Gateway, action: Action) -> ActionAnswer:
-    """A press on a confirmation request: checked, settled once, answered to the presser. Only
-    the schedule's creator or an admin may answer (where the button sits does not matter: a
-    Discord thread's press names the thread, the schedule its parent channel)."""
-    parts = action.value.split(":")
-    if len(parts) != 3 or parts[1] not in ("ok", "no") or not re.fullmatch(r"[0-9]{1,18}", parts[2]):
-        return ActionAnswer("This button is not mine to answer.", refused=True)
-    schedule = await gw.store.schedule_get(int(parts[2]))
-    if schedule is None or schedule.template.platform != action.platform:
-        return ActionAnswer("This schedule no longer exists.", refused=True)
-    if not may_answer(gw, schedule, action.platform, action.sender_id, action.chat_id):
-        return ActionAnswer(f"⛔ Not yours to answer: only {schedule.creator} or an admin can.", refused=True)
-    by = action.sender_name or action.user
-    note = await decide(gw, schedule, parts[1] == "ok", by)
-    if note.startswith("✅") or note.startswith("🗑"):
-        await _close(gw, schedule, action, note)
-        return ActionAnswer(note)
-    return ActionAnswer(note, refused=True)
+    async def on_action(self, action: Action) -> ActionAnswer:
+        """A press on a confirmation request: checked, settled once, answered to the presser. Only
+        the schedule's creator or an admin may answer (where the button sits does not matter: a
+        Discord thread's press names the thread, the schedule its parent channel)."""
+        parts = action.value.split(":")
+        if len(parts) != 3 or parts[1] not in ("ok", "no") or not re.fullmatch(r"[0-9]{1,18}", parts[2]):
+            return ActionAnswer("This button is not mine to answer.", refused=True)
+        schedule = await self.store.schedule_get(int(parts[2]))
+        if schedule is None or schedule.template.platform != action.platform:
+            return ActionAnswer("This schedule no longer exists.", refused=True)
+        if not self.may_answer(schedule, action.platform, action.sender_id, action.chat_id):
+            refusal = f"⛔ Not yours to answer: only {schedule.creator} or an admin can."
+            return ActionAnswer(refusal, refused=True)
+        by = action.sender_name or action.user
+        note = await self.decide(schedule, parts[1] == "ok", by)
+        if note.startswith("✅") or note.startswith("🗑"):
+            await self._close(schedule, action, note)
+            return ActionAnswer(note)
+        return ActionAnswer(note, refused=True)
 
-
-async def decide(gw: Gateway, schedule: Schedule, run: bool, by: str) -> str:
-    """Confirm (``run``) or cancel an unconfirmed schedule; the note for the person who answered."""
-    from gateway.schedules.runner import fmt, next_run  # schedules.py imports this module
-
-    by = clean_label(by, 64) or "someone"  # a display name: it is shown to the model on each run
-    if schedule.state != "active":
-        return f"Schedule #{schedule.id} is no longer active."
-    if not schedule.unconfirmed:
-        return (
-            f"Already settled: #{schedule.id} was confirmed by {code_span(schedule.confirmed or 'someone')}."
-        )
-    if not run:
-        if not await gw.store.schedule_cancel(schedule.id):
+    async def decide(self, schedule: Schedule, run: bool, by: str) -> str:
+        """Confirm (``run``) or cancel an unconfirmed schedule; the note for the person who answered."""
+        by = clean_label(by, 64) or "someone"  # a display name: it is shown to the model on each run
+        if schedule.state != "active":
             return f"Schedule #{schedule.id} is no longer active."
-        log.info("schedule #%d cancelled at confirmation by %s", schedule.id, by)
-        return f"🗑 Cancelled #{schedule.id} by {code_span(by)}: it will not run."
-    now, tz = gw.schedule_clock(), ZoneInfo(schedule.tz)
-    due = schedule.next_fire if schedule.next_fire is not None else now
-    if due < now:  # it waited past its time: a one-shot runs now, a cron rule from its next run
-        due = now if schedule.cron is None else next_run(schedule.cron, tz, now)
-    if not await gw.store.schedule_confirm(schedule.id, by, due):
-        fresh = await gw.store.schedule_get(schedule.id)
-        if fresh is not None and fresh.state == "active" and fresh.confirmed:
-            return f"Already settled: #{schedule.id} was confirmed by {code_span(fresh.confirmed)}."
-        return f"Schedule #{schedule.id} is no longer active."
-    log.info("schedule #%d confirmed by %s", schedule.id, by)
-    gw.wake_schedules()
-    return f"✅ Confirmed #{schedule.id} by {code_span(by)}: it runs {fmt(due, tz)}."
+        if not schedule.unconfirmed:
+            by_whom = code_span(schedule.confirmed or "someone")
+            return f"Already settled: #{schedule.id} was confirmed by {by_whom}."
+        if not run:
+            if not await self.store.schedule_cancel(schedule.id):
+                return f"Schedule #{schedule.id} is no longer active."
+            log.info("schedule #%d cancelled at confirmation by %s", schedule.id, by)
+            return f"🗑 Cancelled #{schedule.id} by {code_span(by)}: it will not run."
+        now, tz = self.clock.now(), ZoneInfo(schedule.tz)
+        due = schedule.next_fire if schedule.next_fire is not None else now
+        if due < now:  # it waited past its time: a one-shot runs now, a cron rule from its next run
+            due = now if schedule.cron is None else next_run(schedule.cron, tz, now)
+        if not await self.store.schedule_confirm(schedule.id, by, due):
+            fresh = await self.store.schedule_get(schedule.id)
+            if fresh is not None and fresh.state == "active" and fresh.confirmed:
+                return f"Already settled: #{schedule.id} was confirmed by {code_span(fresh.confirmed)}."
+            return f"Schedule #{schedule.id} is no longer active."
+        log.info("schedule #%d confirmed by %s", schedule.id, by)
+        self.clock.poke()
+        return f"✅ Confirmed #{schedule.id} by {code_span(by)}: it runs {fmt(due, tz)}."
 
-
-async def _close(gw: Gateway, schedule: Schedule, action: Action, note: str) -> None:
-    """Show the decision in place of the buttons."""
-    channel = gw.channels.get(action.platform)
-    if channel is None or not action.message_id:
-        return
-    from gateway.schedules.runner import info_of
-
-    info = info_of(schedule)
-    text = request_text(schedule, info.rule, info.next_fire or "", False).split("\n```\n")[0]
-    part = channel.render(f"{text}\n\n{note}")[0]
-    try:
-        await channel.close_buttons(schedule.template.target, action.message_id, part)
-    except Exception as exc:  # the decision holds whether or not the message shows it
-        log.warning("schedule #%d: could not show the decision: %s", schedule.id, exc)
+    async def _close(self, schedule: Schedule, action: Action, note: str) -> None:
+        """Show the decision in place of the buttons."""
+        channel = self.channels.get(action.platform)
+        if channel is None or not action.message_id:
+            return
+        nxt = fmt(schedule.next_fire, ZoneInfo(schedule.tz)) if schedule.next_fire is not None else ""
+        text = request_text(schedule, rule_text(schedule.cron), nxt, False).split("\n```\n")[0]
+        part = channel.render(f"{text}\n\n{note}")[0]
+        try:
+            await channel.close_buttons(schedule.template.target, action.message_id, part)
+        except Exception as exc:  # the decision holds whether or not the message shows it
+            log.warning("schedule #%d: could not show the decision: %s", schedule.id, exc)

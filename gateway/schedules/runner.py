@@ -7,7 +7,7 @@
   journal entry keyed by (schedule, fire time): the insert is the claim, so a firing happens once
   even when the daemon dies between claiming it and moving the schedule on, and the turn then
   runs (and resumes after a crash) like any message, with the outbox keeping its reply single.
-- ``/schedules`` and ``/unschedule`` (:func:`command`).
+- ``/schedules`` and ``/unschedule`` are gateway/commands/schedules.py (with :func:`cancel`).
 - A schedule made after the model read untrusted content waits for its owner's confirmation and
   runs with its text quoted as data (gateway/schedules/confirm.py).
 
@@ -18,22 +18,20 @@ once, late, and skips the ones before it. Either way the answer starts with a no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 from zoneinfo import ZoneInfo
 
 from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRequest
-from agent.untrusted import code_span
 from channels.base import Channel, ChannelState, Inbound
 from gateway.config.durations import in_words
 from gateway.config.schema import Config
 from gateway.intake.access import STARTED_BY_BOT, THREAD_ANCHOR, Verdict, decide, is_admin
+from gateway.ops.tasks import TaskTracker
 from gateway.schedules import confirm as schedule_confirm
+from gateway.schedules.clock import ScheduleClock
 from gateway.schedules.times import (
     check_cron,
     fmt,
@@ -49,10 +47,6 @@ from gateway.store.journal import Store
 from gateway.store.schedules import ACTIVE, PUSH_MARK, SCHEDULE_MARK, Schedule
 from gateway.turns import usage
 
-if TYPE_CHECKING:
-    from gateway.commands.builtin import Command
-    from gateway.daemon.gateway import Gateway
-
 log = logging.getLogger(__name__)
 
 LATE_AFTER = 120.0
@@ -62,7 +56,6 @@ MAX_SLEEP = 60.0
 PUSH_EVERY = 1.0
 """Seconds between two looks for pushes journaled by ``chital send``."""
 MAX_AHEAD = timedelta(days=5 * 366)
-LIST_TEXT = 120
 REPLY_INTO_THREAD = frozenset({"lark"})
 """Platforms whose API posts into a thread only as a reply to one of its messages: a firing there
 replies to the message that made the schedule (elsewhere it is a new message in the thread)."""
@@ -90,19 +83,15 @@ def _template(inbound: Inbound) -> Inbound:
 class GatewayScheduler:
     """:class:`agent.tools.schedule.Scheduler` over the gateway's store."""
 
-    def __init__(self, store: Store, config: Config, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Store, config: Config, clock: ScheduleClock) -> None:
         self.store = store
         self.config = config
         self.clock = clock
-        self._changed: Callable[[], None] = lambda: None
+        """The schedules' clock; poked when a schedule is added (the runner then looks again)."""
         self._unconfirmed: Callable[[Schedule, ScheduleInfo], None] = lambda s, i: None
         self._adding = asyncio.Lock()
         """Count and insert as one step: a model's parallel tool calls (one message asking for 200
         schedules) run concurrently and all counted before any was inserted."""
-
-    def on_change(self, wake: Callable[[], None]) -> None:
-        """``wake`` is called when a schedule is added (the runner then looks again)."""
-        self._changed = wake
 
     def on_unconfirmed(self, ask: Callable[[Schedule, ScheduleInfo], None]) -> None:
         """``ask`` is called with each new schedule that waits for its owner's confirmation."""
@@ -132,7 +121,7 @@ class GatewayScheduler:
         if len(given) != 1:
             raise ScheduleError("give exactly one of cron (repeating), at (a date and time) or delay")
         tz, defaulted = zone_of(request.timezone, limits.timezone)
-        now = self.clock()
+        now = self.clock.now()
         cron = request.cron.strip() if request.cron and request.cron.strip() else None
         if cron is not None:
             first = check_cron(cron, tz, limits.min_interval, now)
@@ -166,7 +155,7 @@ class GatewayScheduler:
         if new:
             log.info("schedule #%d added in %s (%s)%s", schedule.id, schedule.conversation, rule_text(cron),
                      " waiting for confirmation" if schedule.unconfirmed else "")  # fmt: skip
-            self._changed()
+            self.clock.poke()
             if schedule.unconfirmed:
                 self._unconfirmed(schedule, info)
         return info
@@ -197,35 +186,55 @@ async def cancel(store: Store, config: Config, requester: Inbound, schedule_id: 
 
 
 # -- firing -----------------------------------------------------------------------------------------
+class Host(Protocol):
+    """What the runner uses of the gateway (gateway/daemon/gateway.py has it): the channels, where
+    a firing starts its turn and a push is picked up, and the task tracker a confirmation request
+    runs on."""
+
+    @property
+    def channels(self) -> Mapping[str, Channel]: ...
+
+    async def start_turn(self, inbound: Inbound, note: str = ..., kind: JournalKind = ...) -> bool: ...
+
+    def pick_up(self, entry: JournalEntry) -> bool: ...
+
+    @property
+    def tasks(self) -> TaskTracker: ...
+
+
 class ScheduleRunner:
     """Fires due schedules (sleeping until the next is due, woken by new ones) and delivers
-    ``chital send`` pushes. Runs as one of the daemon's background tasks until cancelled."""
+    ``chital send`` pushes. Runs as one of the daemon's background tasks until cancelled.
+
+    Made after the gateway, with the :class:`~gateway.schedules.clock.ScheduleClock` made before
+    both: the gateway wakes the runner through it, the runner needs the gateway's ``start_turn``."""
 
     def __init__(
         self,
-        gateway: Gateway,
+        host: Host,
+        store: Store,
+        config: Config,
+        clock: ScheduleClock,
         scheduler: GatewayScheduler | None,
         *,
-        clock: Callable[[], float] = time.time,
         push_every: float = PUSH_EVERY,
     ) -> None:
-        self.gateway = gateway
-        self.store = gateway.store
+        self.host = host
+        self.store = store
+        self.config = config
         self.clock = clock
+        self.confirmations = schedule_confirm.Confirmations(store, config, host.channels, clock)
         self.push_every = push_every
         self.enabled = scheduler is not None
-        self._wake = asyncio.Event()
         self._push_seen = 0
         if scheduler is not None:
-            scheduler.on_change(self.poke)
             scheduler.on_unconfirmed(self._ask)
-        gateway.wake_schedules, gateway.schedule_clock = self.poke, clock
-        for channel in gateway.channels.values():
+        for channel in host.channels.values():
             channel.add_status_listener(self._on_channel_state)
 
     def _ask(self, schedule: Schedule, info: ScheduleInfo) -> None:
-        ask = schedule_confirm.ask(self.gateway, schedule, info.rule, info.next_fire or "")
-        self.gateway.tasks.spawn(ask, f"schedule-confirm:{schedule.id}")
+        ask = self.confirmations.ask(schedule, info.rule, info.next_fire or "")
+        self.host.tasks.spawn(ask, f"schedule-confirm:{schedule.id}")
 
     def _on_channel_state(self, channel: Channel) -> None:
         if channel.state is ChannelState.CONNECTED:
@@ -233,11 +242,11 @@ class ScheduleRunner:
 
     def _live(self) -> list[str]:
         """Channels connected now: firings and pushes wait for theirs (a reconnect wakes us)."""
-        return [name for name, ch in self.gateway.channels.items() if ch.state is ChannelState.CONNECTED]
+        return [name for name, ch in self.host.channels.items() if ch.state is ChannelState.CONNECTED]
 
     def poke(self) -> None:
         """Look at the schedules again now (one was added, or a test moved the clock)."""
-        self._wake.set()
+        self.clock.poke()
 
     async def run(self) -> None:
         loops = [self._push_loop(), self._prune_loop()]
@@ -247,7 +256,7 @@ class ScheduleRunner:
 
     async def _prune_loop(self) -> None:
         """Finished schedules go after ``storage.retention_days``, at the journal's pace."""
-        storage = self.gateway.config.storage
+        storage = self.config.storage
         while True:
             try:
                 gone = await self.store.schedules_prune(storage.retention_days * 86400)
@@ -259,22 +268,19 @@ class ScheduleRunner:
 
     async def _fire_loop(self) -> None:
         while True:
-            self._wake.clear()
             try:
                 await self.fire_due()
                 due = await self.store.schedule_next_time(self._live())
             except Exception as exc:  # the database may be busy or full: try again in a while
                 log.error("schedules: %s", exc, exc_info=True)
                 due = None
-            wait = MAX_SLEEP if due is None else min(MAX_SLEEP, due - self.clock())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
+            await self.clock.sleep(MAX_SLEEP if due is None else min(MAX_SLEEP, due - self.clock.now()))
 
     async def fire_due(self) -> int:
         """Fire every due schedule of the channels connected now (the others wait for theirs to
         connect, or to be switched on), once each. Returns how many fired."""
         fired = 0
-        for schedule in await self.store.schedules_due(self.clock(), self._live()):
+        for schedule in await self.store.schedules_due(self.clock.now(), self._live()):
             if not await self._fire(schedule):
                 break  # the gateway is closing
             fired += 1
@@ -282,7 +288,7 @@ class ScheduleRunner:
 
     async def _fire(self, schedule: Schedule) -> bool:
         assert schedule.next_fire is not None
-        now, due, tz = self.clock(), schedule.next_fire, ZoneInfo(schedule.tz)
+        now, due, tz = self.clock.now(), schedule.next_fire, ZoneInfo(schedule.tz)
         fire_at, after, skipped = due, None, 0
         if schedule.cron is not None:
             fire_at = max(due, latest_run(schedule.cron, tz, now))
@@ -302,7 +308,7 @@ class ScheduleRunner:
         refusal = await self._budget_refusal(inbound)
         if refusal is not None:  # the note instead of the turn, once for this run
             kind, note = JournalKind.NOTICE, f"⏰ Scheduled task #{schedule.id} was not run. {refusal}"
-        if not await self.gateway.start_turn(inbound, note, kind):
+        if not await self.host.start_turn(inbound, note, kind):
             if not await self.store.journal_seen(inbound.key):
                 return False  # closing: not claimed, the next start fires it
         log.info("schedule #%d fired (%s)", schedule.id, inbound.key)
@@ -313,7 +319,7 @@ class ScheduleRunner:
         """The creator may still talk to the bot there (a revoked user's, or a group's that was
         removed from access, schedules must not go on running the agent in their name): else the
         schedule is cancelled."""
-        policy = self.gateway.config.access_for(inbound.platform)
+        policy = self.config.access_for(inbound.platform)
         decision = await decide(inbound, policy, self.store, True)
         if decision.verdict is Verdict.ALLOW:
             return True
@@ -326,7 +332,7 @@ class ScheduleRunner:
 
     async def _budget_refusal(self, inbound: Inbound) -> str | None:
         """A firing spends the creator's daily token budget like a message they send."""
-        config = self.gateway.config
+        config = self.config
         admin = is_admin(config.access_for(inbound.platform), inbound)
         return await usage.budget_refusal(self.store, config, inbound.user, admin)
 
@@ -369,7 +375,7 @@ class ScheduleRunner:
             if inbound.platform not in self._live():
                 # Left pending: the gateway's resume sends it when the channel (re)connects.
                 log.info("push %s waits for channel %s", inbound.key, inbound.platform)
-            elif self.gateway.pick_up(entry):
+            elif self.host.pick_up(entry):
                 started += 1
         return started
 
@@ -408,86 +414,3 @@ def _late_note(fire_at: float, now: float, tz: ZoneInfo, skipped: int) -> str:
     if skipped:
         note += f" {skipped} earlier run(s) missed meanwhile were skipped."
     return note
-
-
-# -- /schedules, /unschedule ------------------------------------------------------------------------
-async def command(gw: Gateway, entry: JournalEntry, cmd: Command) -> str:
-    """``/schedules`` lists this conversation's schedules; ``/schedules cancel ID`` and
-    ``/unschedule ID`` cancel one (its creator or an admin)."""
-    args = cmd.args.split()
-    confirm = False
-    if cmd.name == "schedules" and args and args[0].lower() in ("cancel", "delete", "rm", "stop", "confirm"):
-        confirm, args = args[0].lower() == "confirm", args[1:]
-    elif cmd.name == "schedules":
-        if args:
-            return "Usage: /schedules, /schedules cancel ID or /schedules confirm ID"
-        return await _listing(gw.store, entry.conversation)
-    verb = "/schedules confirm" if confirm else "/unschedule"
-    if len(args) != 1:
-        return f"Usage: {verb} ID (the number /schedules shows)"
-    try:
-        number = schedule_number(args[0])
-        if confirm:
-            return await _confirm(gw, entry.inbound, number)
-        done = await cancel(gw.store, gw.config, entry.inbound, number)
-    except ScheduleError as exc:
-        return f"Cannot {'confirm' if confirm else 'cancel'}: {exc}."
-    return f"🗑 Cancelled #{done.id} ({rule_text(done.cron)}): {_short(done.text)}"
-
-
-_NUMBER = re.compile(r"#?([0-9]+)")
-MAX_ID = 2**63 - 1
-"""SQL's largest integer: a number beyond it names no schedule."""
-
-
-def schedule_number(text: str) -> int:
-    """A schedule's number as typed (``3`` or ``#3``): ASCII digits only (``str.isdigit`` takes
-    ``²`` and ``①``, which ``int`` then refuses), within SQL's integers, else a ScheduleError
-    saying what is wrong with it."""
-    shown = code_span(text, 40)  # what they typed, shown literally (agent/untrusted.py)
-    match = _NUMBER.fullmatch(text.strip())
-    if match is None:
-        return _bad_number(f"{shown} is not a schedule number: write it in the digits 0-9, like 3")
-    number = int(match.group(1))
-    if number == 0 or number > MAX_ID:
-        return _bad_number(f"{shown} is not a schedule number: they run from 1 to {MAX_ID}")
-    return number
-
-
-def _bad_number(why: str) -> int:
-    raise ScheduleError(why)
-
-
-async def _confirm(gw: Gateway, requester: Inbound, schedule_id: int) -> str:
-    """``/schedules confirm ID``: its creator or an admin lets a schedule made after reading
-    untrusted content run."""
-    schedule = await gw.store.schedule_get(schedule_id)
-    if schedule is None or schedule.conversation != requester.conversation or schedule.state != ACTIVE:
-        raise ScheduleError(f"there is no active schedule #{schedule_id} in this conversation")
-    if not schedule.unconfirmed:
-        return f"#{schedule_id} needs no confirmation: it runs as scheduled."
-    who = (requester.platform, requester.sender_id, requester.chat_id)
-    if not schedule_confirm.may_answer(gw, schedule, *who):
-        raise ScheduleError(f"only {schedule.creator}, who made #{schedule_id}, or an admin can confirm it")
-    return await schedule_confirm.decide(gw, schedule, True, requester.sender_name or requester.user)
-
-
-async def _listing(store: Store, conversation: str) -> str:
-    found = await store.schedules_active(conversation)
-    if not found:
-        return "No schedules in this conversation. Ask me, e.g. “remind me in 2 hours to …”."
-    lines = [f"Schedules here ({len(found)}):"]
-    for s in found:
-        info = info_of(s)
-        waits = f" — ⚠️ waits for confirmation (/schedules confirm {s.id})" if s.unconfirmed else ""
-        lines.append(
-            f"#{s.id} — next {info.next_fire} — {info.rule} — by {s.creator}{waits}: {_short(s.text)}"
-        )
-    lines.append("Cancel one with /unschedule ID.")
-    return "\n".join(lines)
-
-
-def _short(text: str) -> str:
-    """A schedule's text in a listing: one line, bounded, in a code span (it is the user's or the
-    model's text: agent/untrusted.py)."""
-    return code_span(text, LIST_TEXT)

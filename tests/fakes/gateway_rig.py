@@ -29,6 +29,7 @@ from channels.base import Channel, ChannelState, Inbound
 from gateway.config.schema import Config, parse_config
 from gateway.daemon.gateway import Gateway
 from gateway.ops.metrics import Metrics
+from gateway.schedules.clock import ScheduleClock
 from gateway.store.journal import Store
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import FakeHarness
@@ -253,17 +254,19 @@ async def fake_rig(
     channel: FakeChannel | None = None,
     harness: FakeHarness | None = None,
     store: Store | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[Rig]:
     """A gateway with a :class:`FakeChannel` connected through its sink, so that
     ``rig.channel.deliver(...)`` takes an adapter's path. Pass the ``store`` (and
-    ``channel.restarted()``) of an earlier rig to play the next process after a crash."""
+    ``channel.restarted()``) of an earlier rig to play the next process after a crash, and a
+    ``clock`` the test moves for its schedules (``rig.gateway.schedule_clock`` reads it)."""
     config = config or make_config(
         access={"admins": [str(ADMIN)], "allow_users": [str(USER)]}, delivery={"first_edit_delay": 0.05}
     )
     own_store = store is None
     store = store or await store_at(tmp_path / "gateway.sqlite")
     metrics, harness, channel = Metrics(), harness or FakeHarness(), channel or FakeChannel()
-    gateway = Gateway(config, store, harness, metrics)
+    gateway = Gateway(config, store, harness, metrics, schedule_clock=ScheduleClock(clock))
     try:
         async with running(channel, gateway):
             yield Rig(gateway, harness, metrics, channel)
