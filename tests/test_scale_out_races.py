@@ -22,7 +22,7 @@ import pytest
 
 from agent.events import AgentEvent, ApprovalRequested
 from channels.base import Attachment, ChannelState, TransientSendError
-from gateway.daemon.cluster import Cluster
+from gateway.daemon.cluster import Cluster, Leases
 from gateway.daemon.gateway import Gateway
 from gateway.ops.metrics import Metrics
 from gateway.store.journal import Store
@@ -110,9 +110,9 @@ async def node(
     )
     store = await Store.open_postgres(db_url or url)
     harness = FakeHarness()
-    gateway = Gateway(config, store, harness, Metrics())
-    cluster = Cluster(gateway, db_url or url, ttl=TTL, sweep_every=0.2, leader_every=0.3, node=name)
-    gateway.cluster = cluster
+    leases = Leases(store, ttl=TTL, node=name)
+    gateway = Gateway(config, store, harness, Metrics(), cluster=leases)
+    cluster = Cluster(leases, gateway, db_url or url, sweep_every=0.2, leader_every=0.3)
     channel = FakeChannel(platform=platform, buttons=True)
     try:
         async with running(channel, gateway):

@@ -34,7 +34,7 @@ from gateway.config import data_dir
 from gateway.config.platforms import PLATFORMS, build_channels
 from gateway.config.schema import Config
 from gateway.config.secrets import daemon_secrets, redactor_for
-from gateway.daemon.cluster import Cluster
+from gateway.daemon.cluster import Cluster, Leases
 from gateway.daemon.gateway import Gateway
 from gateway.daemon.lifecycle import (
     Resources,
@@ -374,12 +374,16 @@ class Daemon:
         res.push("the usage records", recorder.close)  # after the agent closes, before the store
         self.harness = await open_harness(cfg, scheduler, recorder)
         res.push("the agent", self.harness.close)
-        self.gateway = Gateway(cfg, self.store, self.harness, self.metrics, schedule_clock=clock)
         url = cfg.storage.database_url
-        if url:
+        # In dependency order, nothing assigned afterwards (docs/design.md, "Composition"): the
+        # leases first, the gateway that claims them, then the cluster's loops over both.
+        leases = Leases(self.store, ttl=cfg.storage.lease_seconds) if url else None
+        self.gateway = Gateway(
+            cfg, self.store, self.harness, self.metrics, schedule_clock=clock, cluster=leases
+        )
+        if leases is not None and url:
             # Released after the gateway drained: its heartbeat keeps our leases while turns finish.
-            self.cluster = Cluster(self.gateway, url, ttl=cfg.storage.lease_seconds)
-            self.gateway.cluster = self.cluster
+            self.cluster = Cluster(leases, self.gateway, url)
             res.push("the cluster", self.cluster.close)
         res.push("the gateway", self._close_gateway)
 

@@ -21,7 +21,7 @@ What each daemon does (docs/scale-out.md):
   renewal shows an entry it works on now belongs to another daemon, stops that work at once,
   silently, without touching the journal (as a shutdown cuts a turn), and gives the lease back when
   it can: whoever holds the lease then answers, in the same message, once. The last check is made
-  again just before an answer goes out (:meth:`Cluster.keep`).
+  again just before an answer goes out (:meth:`Leases.keep`).
 - **A dead lock connection** (a half-open TCP connection, the server restarted): the leader's
   ``SELECT 1`` has a deadline, so a leader that cannot reach the server steps down within
   ``leader_every`` + that deadline, well before the server drops the session (and the lock) on its
@@ -36,16 +36,14 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from channels.base import Channel
 from gateway.store.db import PgConnection
 from gateway.store.entries import JournalEntry, JournalState
 from gateway.store.journal import Store
-
-if TYPE_CHECKING:
-    from gateway.daemon.gateway import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -58,27 +56,101 @@ LOCK_KEEPALIVE = "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; 
 went silent, not the operating system's default two hours."""
 
 
+class Leases:
+    """This daemon's leases on journal entries: what the Gateway asks before it works on an entry
+    and before its answer goes out. Made first, from the store alone, and handed to both the
+    Gateway (which claims) and the :class:`Cluster` (which renews, fences and sweeps): so neither
+    needs the other to exist first (docs/design.md, "Composition")."""
+
+    def __init__(self, store: Store, *, ttl: float = 15.0, node: str | None = None) -> None:
+        self.store = store
+        self.ttl = ttl
+        self.node = node or uuid.uuid4().hex[:12]
+        self.fenced: set[str] = set()
+        """Keys whose work this daemon stopped, to give back at the next renewal that goes through."""
+
+    def intake_lease(self, busy: bool) -> tuple[str, float] | None:
+        """The lease a message journaled here starts with: this daemon's while it has room for
+        another turn (``busy`` False: the reply goes out from where the message came in, at once),
+        none when it is busy, so that an idle daemon's sweep takes the message instead."""
+        return None if busy else (self.node, self.ttl)
+
+    async def claim(self, entry: JournalEntry, working: set[str]) -> bool:
+        """Take the lease of ``entry``; ``working``: the keys this daemon works on now."""
+        await self.give_back(self.store, working)  # a fenced earlier turn must not read as ours and live
+        return await self.store.lease_claim(entry.key, self.node, self.ttl)
+
+    async def give_back(self, store: Store, working: set[str]) -> None:
+        """Release the leases of fenced entries this daemon has not taken up again."""
+        for key in list(self.fenced):
+            if key not in working:
+                await store.lease_release(key, self.node)
+            self.fenced.discard(key)
+
+    async def holds(self, entry: JournalEntry) -> bool:
+        """This daemon holds the lease of ``entry`` now (no other may run it meanwhile)."""
+        return await self.store.lease_owner(entry.key) == self.node
+
+    async def release(self, entry: JournalEntry) -> None:
+        await self.store.lease_release(entry.key, self.node)
+
+    async def keep(self, entry: JournalEntry) -> bool:
+        """Just before an answer goes out: this daemon still holds the lease of ``entry`` (taken
+        again if it lapsed and nobody else took it). False: another daemon has it, or the database
+        cannot say; the entry is then fenced, and its caller gives the work up and sends nothing."""
+        try:
+            if await self.store.lease_keep(entry.key, self.node, self.ttl):
+                return True
+        except Exception as exc:
+            log.warning("cluster: could not check the lease of %s: %s", entry.key, exc)
+        self.fenced.add(entry.key)
+        return False
+
+
+class Parked(Protocol):
+    def is_parked(self, key: str) -> bool: ...
+
+
+class LocalWork(Protocol):
+    """What the cluster's loops read of this daemon's own work, and what they do to it (the
+    Gateway has it): which channels are here and connected, which entries it handles, works on
+    under a lease or has parked; stop some (``cut``), pick one up."""
+
+    @property
+    def channels(self) -> Mapping[str, Channel]: ...
+    @property
+    def parking(self) -> Parked: ...
+
+    def claimed(self) -> set[str]: ...
+
+    def cut(self, keys: set[str]) -> int: ...
+
+    def connected(self, platform: str) -> bool: ...
+
+    def handles(self, key: str) -> bool: ...
+
+    def pick_up(self, entry: JournalEntry) -> bool: ...
+
+
 class Cluster:
-    """This daemon's part in the cluster. ``start()`` after the gateway exists, ``close()`` before
-    the store closes."""
+    """This daemon's part in the cluster: the loops over its :class:`Leases`. Made after the
+    gateway (its ``work``), ``start()`` once the channels are attached, ``close()`` before the
+    store closes."""
 
     def __init__(
         self,
-        gateway: Gateway,
+        leases: Leases,
+        work: LocalWork,
         url: str,
         *,
-        ttl: float = 15.0,
         sweep_every: float = 1.0,
         leader_every: float = 2.0,
-        node: str | None = None,
     ) -> None:
-        self.gateway = gateway
-        self.store = gateway.store
+        self.leases = leases
+        self.work = work
         self.url = url
-        self.ttl = ttl
         self.sweep_every = sweep_every
         self.leader_every = leader_every
-        self.node = node or uuid.uuid4().hex[:12]
         self.is_leader = False
         self.on_lead: list[LeaderHook] = []
         """Called when this daemon becomes the leader (start the leader-only channels)."""
@@ -94,56 +166,25 @@ class Cluster:
         """When the renewal under way was started (monotonic); None: none is."""
         self._failing = False
         """The last renewal failed (or timed out)."""
-        self._fenced: set[str] = set()
-        """Keys whose work this daemon stopped, to give back at the next renewal that goes through."""
 
-    # -- claims -----------------------------------------------------------------------------------
-    def intake_lease(self) -> tuple[str, float] | None:
-        """The lease a message journaled here starts with: this daemon's while it has room for
-        another turn (the reply goes out from where the message came in, at once), none when it is
-        busy, so that an idle daemon's sweep takes the message instead."""
-        turns = self.gateway.turns
-        if turns.running_count + turns.queued_count >= self.gateway.config.concurrency.max_turns:
-            return None
-        return self.node, self.ttl
+    @property
+    def store(self) -> Store:
+        return self.leases.store
 
-    async def claim(self, entry: JournalEntry) -> bool:
-        await self._give_back(self.store)  # a fenced earlier turn must not read as ours and live
-        return await self.store.lease_claim(entry.key, self.node, self.ttl)
+    @property
+    def node(self) -> str:
+        return self.leases.node
 
-    async def _give_back(self, store: Store) -> None:
-        """Release the leases of fenced entries this daemon has not taken up again."""
-        working = self.gateway.claimed()
-        for key in list(self._fenced):
-            if key not in working:
-                await store.lease_release(key, self.node)
-            self._fenced.discard(key)
-
-    async def holds(self, entry: JournalEntry) -> bool:
-        """This daemon holds the lease of ``entry`` now (no other may run it meanwhile)."""
-        return await self.store.lease_owner(entry.key) == self.node
-
-    async def release(self, entry: JournalEntry) -> None:
-        await self.store.lease_release(entry.key, self.node)
-
-    async def keep(self, entry: JournalEntry) -> bool:
-        """Just before an answer goes out: this daemon still holds the lease of ``entry`` (taken
-        again if it lapsed and nobody else took it). False: another daemon has it, or the database
-        cannot say; the work is then given up (:meth:`fence`), and nothing more is sent."""
-        try:
-            if await self.store.lease_keep(entry.key, self.node, self.ttl):
-                return True
-        except Exception as exc:
-            log.warning("cluster: could not check the lease of %s: %s", entry.key, exc)
-        self.fence([entry.key])
-        return False
+    @property
+    def ttl(self) -> float:
+        return self.leases.ttl
 
     def fence(self, keys: Iterable[str]) -> int:
         """Stop working on ``keys`` now (their leases lapsed or were taken over); returns how many
         were running here. Their leases are given back at the next renewal that goes through."""
         keys = set(keys)
-        self._fenced |= keys
-        cut = self.gateway.cut(keys)
+        self.leases.fenced |= keys
+        cut = self.work.cut(keys)
         if cut:
             log.warning("cluster: stopped %d entr(ies) whose lease this daemon lost", cut)
         return cut
@@ -198,8 +239,8 @@ class Cluster:
             self._beat = Store(await PgConnection.connect(self.url), Path("heartbeat"))
         beat = self._beat
         sent = time.monotonic()
-        working = self.gateway.claimed()
-        await self._give_back(beat)
+        working = self.work.claimed()
+        await self.leases.give_back(beat, working)
         renewed = await beat.lease_renew(self.node, self.ttl)
         self._renewed = sent
         # Held but not worked on: given back, for the sweeps. A parked reply, or a queued turn, for
@@ -208,14 +249,14 @@ class Cluster:
         # window. Anything else this daemon neither handles nor has parked (a write that failed
         # after the lease was taken, as when the connection dropped): else renewed for ever, and
         # never run.
-        gw = self.gateway
+        gw = self.work
         for key in renewed - working:
             if key in gw.claimed():
                 continue
             down = not gw.connected(key.split(":", 1)[0])
             if down or not (gw.handles(key) or gw.parking.is_parked(key)):
                 await beat.lease_release(key, self.node)
-        lost = [k for k in working & self.gateway.claimed() if k not in renewed]
+        lost = [k for k in working & gw.claimed() if k not in renewed]
         # Not renewed: finished meanwhile (its lease still reads as ours), or taken over.
         lost = [k for k in lost if await beat.lease_owner(k) != self.node]
         if lost:
@@ -231,7 +272,7 @@ class Cluster:
             now = time.monotonic()
             trouble = self._failing or (self._trying is not None and now - self._trying >= self.ttl / 4)
             if trouble and now - self._renewed >= self.ttl * FENCE_AFTER:
-                working = self.gateway.claimed()
+                working = self.work.claimed()
                 if working:
                     log.warning("cluster: leases not renewed for %.1fs", time.monotonic() - self._renewed)
                     self.fence(working)
@@ -246,7 +287,7 @@ class Cluster:
 
     async def sweep_once(self) -> int:
         """Dispatch the open entries no live daemon holds, for channels connected here."""
-        gw = self.gateway
+        gw = self.work
         platforms = [name for name in gw.channels if gw.connected(name)]
         started = 0
         for key in await self.store.lease_orphans(self.node, platforms):

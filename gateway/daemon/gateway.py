@@ -47,7 +47,7 @@ from gateway.turns.queue import TurnQueue
 from gateway.turns.runner import TurnRunner
 
 if TYPE_CHECKING:
-    from gateway.daemon.cluster import Cluster
+    from gateway.daemon.cluster import Leases
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class Gateway:
         metrics: Metrics,
         *,
         schedule_clock: ScheduleClock | None = None,
+        cluster: Leases | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -103,9 +104,9 @@ class Gateway:
         self.confirmations = schedule_confirm.Confirmations(store, config, self.channels, self.schedule_clock)
         """Schedules waiting for their owner (gateway/schedules/confirm.py): buttons, /schedules confirm."""
         self._closing = False
-        self.cluster: Cluster | None = None
-        """Several daemons on one database (gateway/daemon/cluster.py): an entry is worked on only by the
-        daemon holding its lease. None: this daemon is alone (SQLite), no lease is taken."""
+        self.cluster = cluster
+        """Several daemons on one database: this daemon's leases (gateway/daemon/cluster.py); an entry
+        is worked on only by the daemon holding its lease. None: it is alone (SQLite), none is taken."""
         self._claimed: dict[str, asyncio.Task[Any]] = {}
         """Entries whose lease this daemon took and works on now, with the task doing the work."""
 
@@ -367,13 +368,16 @@ class Gateway:
         return True
 
     def _intake_lease(self) -> tuple[str, float] | None:
-        return self.cluster.intake_lease() if self.cluster is not None else None
+        if self.cluster is None:
+            return None
+        busy = self.turns.running_count + self.turns.queued_count >= self.config.concurrency.max_turns
+        return self.cluster.intake_lease(busy)
 
     async def _claim(self, entry: JournalEntry) -> bool:
         """This daemon may work on ``entry`` (always, when it is alone)."""
         if self.cluster is None:
             return True
-        if await self.cluster.claim(entry):
+        if await self.cluster.claim(entry, self.claimed()):
             task = asyncio.current_task()
             if task is not None:
                 self._claimed[entry.key] = task
@@ -422,7 +426,11 @@ class Gateway:
 
     async def _keep(self, entry: JournalEntry) -> bool:
         """Just before an answer goes out: still this daemon's to send (gateway/daemon/cluster.py)."""
-        return self.cluster is None or await self.cluster.keep(entry)
+        if self.cluster is None or await self.cluster.keep(entry):
+            return True
+        if self.cut({entry.key}):  # fenced: the daemon holding the lease answers
+            log.warning("cluster: stopped 1 entr(ies) whose lease this daemon lost")
+        return False
 
     async def release_after(
         self, entry: JournalEntry, work: Callable[[JournalEntry], Awaitable[None]]
