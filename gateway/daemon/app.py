@@ -364,9 +364,7 @@ class Daemon:
         from gateway.schedules.clock import ScheduleClock
         from gateway.schedules.runner import GatewayScheduler, ScheduleRunner
 
-        # Made first and handed to each (docs/design.md, "Composition"): the scheduler and the
-        # gateway wake the runner through it, and all three read one clock.
-        clock = ScheduleClock()
+        clock = ScheduleClock()  # made first: scheduler, gateway and runner share it (docs/design.md)
         scheduler = GatewayScheduler(self.store, cfg, clock) if cfg.schedules.enabled else None
         from gateway.turns.budget import Budgets  # the agent's stack: imported as the agent is opened
 
@@ -375,9 +373,7 @@ class Daemon:
         self.harness = await open_harness(cfg, scheduler, recorder)
         res.push("the agent", self.harness.close)
         url = cfg.storage.database_url
-        # In dependency order, nothing assigned afterwards (docs/design.md, "Composition"): the
-        # leases first, the gateway that claims them, then the cluster's loops over both.
-        leases = Leases(self.store, ttl=cfg.storage.lease_seconds) if url else None
+        leases = Leases(self.store, ttl=cfg.storage.lease_seconds) if url else None  # before the gateway
         self.gateway = Gateway(
             cfg, self.store, self.harness, self.metrics, schedule_clock=clock, cluster=leases
         )
@@ -402,8 +398,8 @@ class Daemon:
         if self.cluster is not None:
             self.cluster.start()
         res.spawn(self.retention.run(), "retention")
-        schedules = ScheduleRunner(self.gateway, self.store, cfg, clock, scheduler)
-        res.spawn(schedules.run(), "schedules")  # and `chital send` pushes
+        runner = ScheduleRunner(self.gateway, self.store, cfg, clock, scheduler)
+        res.spawn(runner.run(), "schedules")  # and `chital send` pushes
         res.spawn(log_summary(self), "startup-summary")
 
     @property

@@ -103,6 +103,7 @@ class Leases:
                 return True
         except Exception as exc:
             log.warning("cluster: could not check the lease of %s: %s", entry.key, exc)
+        log.warning("cluster: %s is not this daemon's any more; its work here is given up", entry.key)
         self.fenced.add(entry.key)
         return False
 

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from channels.base import (
     Action,
@@ -27,6 +27,7 @@ from gateway.agent_api import AgentHarness, sandbox_report
 from gateway.commands import builtin as commands
 from gateway.config.schema import Config
 from gateway.config.secrets import redactor_for
+from gateway.daemon.cluster import Leases
 from gateway.delivery.pacing import PacerPool
 from gateway.delivery.parking import Parking
 from gateway.delivery.reply import Reply
@@ -46,23 +47,13 @@ from gateway.turns.inflight import InFlight
 from gateway.turns.queue import TurnQueue
 from gateway.turns.runner import TurnRunner
 
-if TYPE_CHECKING:
-    from gateway.daemon.cluster import Leases
-
 log = logging.getLogger(__name__)
 
 
 class Gateway:
-    def __init__(
-        self,
-        config: Config,
-        store: Store,
-        harness: AgentHarness,
-        metrics: Metrics,
-        *,
-        schedule_clock: ScheduleClock | None = None,
-        cluster: Leases | None = None,
-    ) -> None:
+    def __init__(self, config: Config, store: Store, harness: AgentHarness, metrics: Metrics,
+                 *, schedule_clock: ScheduleClock | None = None, cluster: Leases | None = None,
+                 ) -> None:  # fmt: skip
         self.config = config
         self.store = store
         self.harness = harness
@@ -98,15 +89,11 @@ class Gateway:
         )  # fmt: skip
         """Runs each claimed turn (gateway/turns/runner.py)."""
         self._connected: set[str] = set()
-        self.schedule_clock = schedule_clock or ScheduleClock()
-        """The schedules' clock and the runner's wake-up (gateway/schedules/clock.py), shared with
-        the ScheduleRunner: a confirmed schedule may be due now."""
+        self.schedule_clock = schedule_clock or ScheduleClock()  # shared with the ScheduleRunner
         self.confirmations = schedule_confirm.Confirmations(store, config, self.channels, self.schedule_clock)
-        """Schedules waiting for their owner (gateway/schedules/confirm.py): buttons, /schedules confirm."""
         self._closing = False
         self.cluster = cluster
-        """Several daemons on one database: this daemon's leases (gateway/daemon/cluster.py); an entry
-        is worked on only by the daemon holding its lease. None: it is alone (SQLite), none is taken."""
+        """This daemon's leases, several sharing one database (gateway/daemon/cluster.py); None: alone."""
         self._claimed: dict[str, asyncio.Task[Any]] = {}
         """Entries whose lease this daemon took and works on now, with the task doing the work."""
 
@@ -368,10 +355,8 @@ class Gateway:
         return True
 
     def _intake_lease(self) -> tuple[str, float] | None:
-        if self.cluster is None:
-            return None
         busy = self.turns.running_count + self.turns.queued_count >= self.config.concurrency.max_turns
-        return self.cluster.intake_lease(busy)
+        return None if self.cluster is None else self.cluster.intake_lease(busy)
 
     async def _claim(self, entry: JournalEntry) -> bool:
         """This daemon may work on ``entry`` (always, when it is alone)."""
@@ -428,8 +413,7 @@ class Gateway:
         """Just before an answer goes out: still this daemon's to send (gateway/daemon/cluster.py)."""
         if self.cluster is None or await self.cluster.keep(entry):
             return True
-        if self.cut({entry.key}):  # fenced: the daemon holding the lease answers
-            log.warning("cluster: stopped 1 entr(ies) whose lease this daemon lost")
+        self.cut({entry.key})  # fenced (logged there): the daemon holding the lease answers
         return False
 
     async def release_after(
