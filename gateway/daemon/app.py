@@ -364,7 +364,7 @@ class Daemon:
         from gateway.schedules.clock import ScheduleClock
         from gateway.schedules.runner import GatewayScheduler, ScheduleRunner
 
-        clock = ScheduleClock()  # made first: scheduler, gateway and runner share it (docs/design.md)
+        clock = ScheduleClock()  # made first: scheduler, gateway and runner (fires, pushes) share it
         scheduler = GatewayScheduler(self.store, cfg, clock) if cfg.schedules.enabled else None
         from gateway.turns.budget import Budgets  # the agent's stack: imported as the agent is opened
 
@@ -398,8 +398,7 @@ class Daemon:
         if self.cluster is not None:
             self.cluster.start()
         res.spawn(self.retention.run(), "retention")
-        runner = ScheduleRunner(self.gateway, self.store, cfg, clock, scheduler)
-        res.spawn(runner.run(), "schedules")  # and `chital send` pushes
+        res.spawn(ScheduleRunner(self.gateway, self.store, cfg, clock, scheduler).run(), "schedules")
         res.spawn(log_summary(self), "startup-summary")
 
     @property
