@@ -297,19 +297,16 @@ class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, Leas
 
     # -- conversations → agent threads ------------------------------------------------------------
     async def thread_for(self, conversation: str) -> str:
-        cached = self._threads.get(conversation)
-        if cached is not None:
-            return cached
-        async with self._db.execute(
-            "SELECT thread_id FROM threads WHERE conversation = ?", (conversation,)
-        ) as cur:
-            row = await cur.fetchone()
-        if row:
-            self._threads[conversation] = str(row[0])
-            return str(row[0])
-        return await self.new_thread(conversation)
+        """The agent thread of ``conversation``, made on first use (and kept in the cache)."""
+        found = await self.thread_get(conversation)
+        if found is None:
+            return await self.new_thread(conversation)
+        self._threads[conversation] = found
+        return found
 
     async def thread_get(self, conversation: str) -> str | None:
+        """The agent thread of ``conversation`` if it has one (the cache is read, not filled: intake
+        asks this of every unaddressed group message)."""
         cached = self._threads.get(conversation)
         if cached is not None:
             return cached
