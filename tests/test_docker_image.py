@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import tomllib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -110,6 +111,14 @@ def test_dockerignore_keeps_the_context_small() -> None:
     files = [p.relative_to(REPO) for p in context_files(REPO)]
     tops = {p.parts[0] for p in files}
     assert {"gateway", "channels", "agent", "skills", "pyproject.toml", "config.yaml"} <= tops
+    # Every package pyproject.toml installs reaches the context and is copied into the image (a new
+    # top-level package, compat/, once did not: the image build failed on its COPY).
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    dockerfile = (REPO / "Dockerfile").read_text()
+    for pattern in packages["include"]:
+        name = pattern.rstrip("*")
+        assert name in tops, f"{name}/ is installed but .dockerignore keeps it out of the build context"
+        assert f"COPY {name} /tmp/src/{name}" in dockerfile, f"the Dockerfile does not copy {name}/"
     for never in (".git", ".venv", "data", "tests", "bench", "docs", "build"):
         assert never not in tops, f"{never} must not reach the build context"
     assert not [p for p in files if "__pycache__" in p.parts or p.suffix == ".pyc"]
