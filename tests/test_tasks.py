@@ -11,7 +11,7 @@ import pytest
 
 from channels.base import ChannelState
 from gateway.ops.tasks import TaskTracker
-from tests.fakes.gateway_rig import make_config, make_gateway, until
+from tests.fakes.gateway_rig import make_config, make_gateway, skip_on_postgres, until
 
 
 async def test_a_failed_task_is_logged_with_its_name(caplog: pytest.LogCaptureFixture) -> None:
@@ -47,6 +47,9 @@ async def test_close_cancels_what_still_runs_and_logs_no_failure(caplog: pytest.
     assert not [r for r in caplog.records if r.name == "gateway.ops.tasks"]
 
 
+@skip_on_postgres(
+    "the failure is made by closing the SQLite store under the gateway (on PostgreSQL a closed store's query did not fail within the wait in CI); the tracker is the same on both"
+)
 async def test_a_resume_that_fails_at_reconnect_is_logged_not_lost(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
