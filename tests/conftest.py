@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+import discord.gateway
+import discord.http
 import pytest
 
-from tests.daemon import DaemonProcess
+from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.canary_server import Canary
 from tests.fakes.discord_server import FakeDiscord
-from tests.fakes.gateway_rig import Rig, fake_rig
+from tests.fakes.gateway_rig import Rig, fake_rig, gateway_rig
 from tests.fakes.langsmith_server import FakeLangSmith
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI
@@ -108,6 +111,15 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 
 
 @pytest.fixture
+def threaded_model() -> Iterator[FakeOpenAI]:
+    """A fake model with no rules on a thread of its own, for tests that block their loop
+    (pexpect, subprocess.run) while the model must keep answering."""
+    server = FakeOpenAI.start_in_thread()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 async def tg() -> AsyncIterator[FakeTelegram]:
     fake = FakeTelegram()
     await fake.start()
@@ -121,10 +133,8 @@ async def telegram_daemon(
 ) -> AsyncIterator[DaemonProcess]:
     """``chital run`` as a subprocess on the fake Telegram and the fake model, with the users and
     settings of tests/telegram_daemon.py; stopped after the test."""
-    d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
-    await d.start()
-    yield d
-    await d.close()
+    async with started_daemon(tmp_path, telegram_config(tmp_path, tg, model)) as d:
+        yield d
 
 
 @pytest.fixture
@@ -136,19 +146,56 @@ async def slack() -> AsyncIterator[FakeSlack]:
 
 
 @pytest.fixture
-async def dc() -> AsyncIterator[FakeDiscord]:
-    fake = FakeDiscord(heartbeat_interval=1.0)
+def dc_heartbeat() -> float:
+    """Seconds between the fake Discord's heartbeats. The adapter tests override this fixture with
+    0.5 s, so a stalled connection is noticed within their 1.5 s heartbeat timeout."""
+    return 1.0
+
+
+@pytest.fixture
+async def dc(dc_heartbeat: float) -> AsyncIterator[FakeDiscord]:
+    fake = FakeDiscord(heartbeat_interval=dc_heartbeat)
     await fake.start()
     yield fake
     await fake.stop()
 
 
 @pytest.fixture
-def lark() -> Iterator[FakeLark]:
-    fake = FakeLark(ping_interval=1)
+def discord_endpoints_restored() -> Iterator[None]:
+    """The Discord adapter points process-wide discord.py class attributes at its configured
+    addresses; put them back after a test that builds the adapter in this process."""
+    base, gateway = discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
+    yield
+    discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = base, gateway
+
+
+@pytest.fixture
+def lark_ping() -> int:
+    """Seconds between the SDK's pings that the fake Lark asks for. The adapter tests override it
+    with 30, so pings do not interleave with the frames they count."""
+    return 1
+
+
+@pytest.fixture
+def lark(lark_ping: int) -> Iterator[FakeLark]:
+    fake = FakeLark(ping_interval=lark_ping)
     fake.start()  # its own thread: the SDK's blocking calls must never meet a test's loop
     yield fake
     fake.stop()
+
+
+@pytest.fixture
+def allowed_users() -> list[str]:
+    """Who :func:`adapter_rig`'s gateway lets in; a module overrides it with its own users."""
+    return []
+
+
+@pytest.fixture
+async def adapter_rig(tmp_path: Path, allowed_users: list[str]) -> AsyncIterator[Rig]:
+    """A real gateway (fake harness) for a real adapter under test, allowing ``allowed_users``;
+    attach the adapter with ``tests.fakes.gateway_rig.running``."""
+    async with gateway_rig(tmp_path, allowed_users) as r:
+        yield r
 
 
 @pytest.fixture
@@ -161,6 +208,40 @@ def root() -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def demo_skills(root: Path) -> Path:
+    """A skills folder under the sandbox root with one skill, ``demo``, readable by the sandbox user."""
+    s = root / "skills"
+    (s / "demo").mkdir(parents=True)
+    (s / "demo" / "SKILL.md").write_text("# Demo\n")
+    os.chmod(s, 0o755)
+    return s
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Mounts a tmpfs of a given size (``tmpfs("2m")``) under the test's folder, unmounted after
+    the test; skips the test where this machine cannot mount one (it needs CAP_SYS_ADMIN)."""
+    mounts: list[Path] = []
+
+    def mount(size: str) -> Path:
+        at = tmp_path / f"disk{len(mounts)}"
+        at.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(at)], capture_output=True
+        )
+        if done.returncode:
+            pytest.skip("this machine cannot mount a tmpfs (it needs root or CAP_SYS_ADMIN)")
+        mounts.append(at)
+        return at
+
+    try:
+        yield mount
+    finally:
+        for at in mounts:
+            subprocess.run(["umount", "-l", str(at)], check=False)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -10,8 +11,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import aiohttp
 import yaml
@@ -19,27 +21,74 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 
+CHAT_TOKENS = (
+    "TELEGRAM_BOT_TOKEN",
+    "SLACK_BOT_TOKEN",
+    "SLACK_APP_TOKEN",
+    "DISCORD_BOT_TOKEN",
+    "LARK_APP_ID",
+    "LARK_APP_SECRET",
+)
+MODEL_SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CHITAL_CONFIG", "CHITAL_DATA", "CHITAL_MODEL")
+"""What the developer's shell may set that would change which model, config or data a child uses."""
+
+
+def env_without(*names: str, **extra: str) -> dict[str, str]:
+    """This process's environment for a child: without ``names`` and without any proxy variable
+    (the fakes are on 127.0.0.1 and a proxy would swallow them), plus ``extra``. The one place
+    the tests decide what of the developer's shell reaches a chital subprocess."""
+    env = {k: v for k, v in os.environ.items() if k not in names and "proxy" not in k.lower()}
+    env.update(extra)
+    return env
+
+
 def clean_env() -> dict[str, str]:
     """The environment without chat tokens, a model key, a config path or a proxy: a shell where
     nothing but what the test sets reaches chital."""
-    drop = (
-        "TELEGRAM_BOT_TOKEN",
-        "SLACK_BOT_TOKEN",
-        "SLACK_APP_TOKEN",
-        "DISCORD_BOT_TOKEN",
-        "LARK_APP_ID",
-        "LARK_APP_SECRET",
-        "OPENAI_API_KEY",
-        "CHITAL_CONFIG",
-    )
-    return {k: v for k, v in os.environ.items() if k not in drop and "proxy" not in k.lower()}
+    return env_without(*CHAT_TOKENS, "OPENAI_API_KEY", "CHITAL_CONFIG")
 
 
 def chat_env() -> dict[str, str]:
     """The environment for a ``chital chat`` subprocess: no model key, model, base URL or config path
     from the developer's shell (the test's config must be what the chat uses), and no proxy."""
-    drop = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CHITAL_CONFIG", "CHITAL_MODEL")
-    return {k: v for k, v in os.environ.items() if k not in drop and "proxy" not in k.lower()}
+    return env_without("OPENAI_API_KEY", "OPENAI_BASE_URL", "CHITAL_CONFIG", "CHITAL_MODEL")
+
+
+class Finished(NamedTuple):
+    """What a ``chital`` command left: its exit code and what it printed."""
+
+    code: int
+    out: str
+    err: str
+    """Empty unless the command ran with ``stderr_apart``."""
+
+
+async def run_chital(
+    *args: str,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+    stdin: bytes = b"",
+    timeout: float = 60,
+    stderr_apart: bool = False,
+    umask: int = -1,
+) -> Finished:
+    """``chital ARGS`` as an operator runs it: a fresh interpreter, stdin piped (no terminal),
+    ``env`` (default: :func:`clean_env`) and stderr folded into stdout unless ``stderr_apart``.
+    The one way the tests start a chital command that ends by itself."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway.cli.main",
+        *args,
+        cwd=str(cwd),
+        env=env if env is not None else clean_env(),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE if stderr_apart else asyncio.subprocess.STDOUT,
+        umask=umask,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    return Finished(int(proc.returncode or 0), out.decode(), (err or b"").decode())
 
 
 def free_port() -> int:
@@ -115,8 +164,7 @@ class DaemonProcess:
         self.write_config()
         self.runs += 1
         self.log_path = self.workdir / f"daemon-{self.runs}.log"
-        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-        env["PYTHONUNBUFFERED"] = "1"
+        env = env_without(PYTHONUNBUFFERED="1")
         log = self.log_path.open("wb")
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -212,21 +260,65 @@ class DaemonProcess:
         return "\n".join(parts)
 
     async def cli(self, *args: str) -> tuple[int, str]:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "gateway.cli.main",
-            *args,
-            "-c",
-            str(self.config_path),
-            cwd=str(REPO),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await proc.communicate()
-        return int(proc.returncode or 0), out.decode()
+        """``chital ARGS -c <this daemon's config>``: (exit code, output)."""
+        done = await run_chital(*args, "-c", str(self.config_path), env=env_without())
+        return done.code, done.out
 
     async def close(self) -> None:
         if self.proc and self.proc.returncode is None:
             self.proc.send_signal(signal.SIGKILL)
             await self.proc.wait()
+
+
+class ChatFake(Protocol):
+    """What the daemon helpers need of a fake platform server (tests/fakes/*_server.py)."""
+
+    platform: str
+
+    def channel_settings(self) -> dict[str, Any]: ...
+
+
+class Connects(Protocol):
+    """A fake whose server sees the daemon's connection (Slack's Socket Mode, Discord's gateway)."""
+
+    async def wait_connected(self) -> None: ...
+
+
+def chat_config(
+    tmp_path: Path,
+    model_base_url: str,
+    *fakes: ChatFake,
+    allow: Iterable[str] = (),
+    group_policy: str | None = None,
+    **sections: dict[str, Any],
+) -> dict[str, Any]:
+    """:func:`base_config` with each fake's channel on, ``allow`` as the allowed users, and each
+    keyword a config section whose keys are merged over the base's (``agent={"tools": False}``
+    keeps the base's other agent settings). The one factory for a daemon's config, so a test
+    states only what it changes."""
+    cfg = base_config(tmp_path / "data", model_base_url, free_port())
+    for fake in fakes:
+        cfg["channels"][fake.platform] = fake.channel_settings()
+    access: dict[str, Any] = {"allow_users": list(allow)}
+    if group_policy is not None:
+        access["group_policy"] = group_policy
+    cfg["access"] = access
+    for section, values in sections.items():
+        cfg.setdefault(section, {}).update(values)
+    return cfg
+
+
+@contextlib.asynccontextmanager
+async def started_daemon(
+    workdir: Path, config: dict[str, Any], *connected: Connects
+) -> AsyncIterator[DaemonProcess]:
+    """``chital run`` started on ``config`` and, for each fake in ``connected``, connected to it;
+    killed when the block ends (a test that wants a clean stop calls ``terminate`` itself)."""
+    d = DaemonProcess(workdir, config)
+    try:
+        await d.start()
+        for fake in connected:
+            await fake.wait_connected()
+        yield d
+    finally:
+        await d.close()

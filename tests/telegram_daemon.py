@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.daemon import base_config, free_port
+from tests.daemon import chat_config
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -17,13 +17,10 @@ GROUP = -100200300
 
 
 def telegram_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
-    cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = tg.channel_settings()
-    cfg["access"] = {
-        "allow_users": [str(OWNER), f"telegram:{OTHER}"],
-        "pairing": True,
-        "group_policy": "mention",
-    }
+    cfg = chat_config(
+        tmp_path, model.base_url, tg, allow=[str(OWNER), f"telegram:{OTHER}"], group_policy="mention"
+    )
+    cfg["access"]["pairing"] = True
     return cfg
 
 

@@ -524,8 +524,7 @@ async def slack_daemon(
     from tests.daemon import base_config, free_port
 
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["slack"] = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
-                                "api_base_url": slack.api_base_url, "ping_interval": 0.5}  # fmt: skip
+    cfg["channels"]["slack"] = slack.channel_settings()
     cfg["access"] = {"allow_users": [f"slack:{FRIEND}", f"slack:{SLACK_OTHER}"], "group_policy": "mention"}
     cfg["agent"]["approvals"] = {"tools": ["execute"], "timeout": timeout}
     daemon = DaemonProcess(tmp_path, cfg)
@@ -614,8 +613,7 @@ def dc_daemon(tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI) -> DaemonProce
     from tests.daemon import base_config, free_port
 
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["discord"] = {"enabled": True, "token": dc.token, "api_base_url": dc.api_base_url,
-                                  "gateway_url": dc.gateway_url}  # fmt: skip
+    cfg["channels"]["discord"] = dc.channel_settings()
     cfg["access"] = {
         "allow_users": [f"discord:{DC_FRIEND}", f"discord:{DC_OTHER}"],
         "group_policy": "mention",
@@ -698,8 +696,7 @@ async def test_lark_card_buttons_deny(tmp_path: Path, lark: FakeLark, model: Fak
         Reply(text="Understood, I did not run it."),
     )
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["lark"] = {"enabled": True, "app_id": lark.app_id, "app_secret": lark.app_secret,
-                               "domain": lark.base_url, "liveness_timeout": 6}  # fmt: skip
+    cfg["channels"]["lark"] = lark.channel_settings()
     cfg["access"] = {"allow_users": [f"lark:{LARK_FRIEND}", f"lark:{LARK_OTHER}"], "group_policy": "mention"}
     cfg["agent"]["approvals"] = {"tools": ["execute"], "timeout": 600}
     daemon = DaemonProcess(tmp_path, cfg)

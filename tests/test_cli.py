@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.daemon import REPO, DaemonProcess, base_config, clean_env, free_port
+from tests.daemon import REPO, DaemonProcess, base_config, clean_env, free_port, run_chital
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI
@@ -22,19 +21,8 @@ from tests.fakes.telegram_server import FakeTelegram
 async def run_cli(
     *args: str, stdin: bytes = b"", env: dict[str, str] | None = None, cwd: Path = REPO
 ) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli.main",
-        *args,
-        cwd=str(cwd),
-        env=env or clean_env(),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(stdin), 60)
-    return int(proc.returncode or 0), out.decode()
+    done = await run_chital(*args, stdin=stdin, env=env or clean_env(), cwd=cwd)
+    return done.code, done.out
 
 
 async def test_check_reports_channels_off_and_why() -> None:
@@ -131,7 +119,7 @@ async def test_check_passes_for_a_good_model(tmp_path: Path) -> None:
 
 async def test_check_online_telegram_and_model(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> None:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = {"enabled": True, "token": tg.token, "base_url": tg.base_url}
+    cfg["channels"]["telegram"] = tg.channel_settings()
     path = write_config(tmp_path, cfg)
     rc, out = await run_cli("check", "--online", "-c", path)
     assert rc == 0, out
@@ -163,22 +151,7 @@ async def test_check_online_slack_discord_lark(tmp_path: Path, model: FakeOpenAI
     lark.start()
     try:
         good = base_config(tmp_path / "data", model.base_url, free_port())
-        good["channels"] = {
-            "telegram": {"enabled": False},
-            "slack": {
-                "enabled": True,
-                "bot_token": slack.bot_token,
-                "app_token": slack.app_token,
-                "api_base_url": slack.api_base_url,
-            },
-            "discord": {"enabled": True, "token": discord.token, "api_base_url": discord.api_base_url},
-            "lark": {
-                "enabled": True,
-                "app_id": lark.app_id,
-                "app_secret": lark.app_secret,
-                "domain": lark.base_url,
-            },
-        }
+        good["channels"] |= {fake.platform: fake.channel_settings() for fake in (slack, discord, lark)}
         rc, out = await run_cli("check", "--online", "-c", write_config(tmp_path, good))
         assert rc == 0, out
         assert probe_line(out, "slack") == (

@@ -27,14 +27,6 @@ PROMPT = "you> "
 KEY = "sk-test-key-never-logged"
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    """The fake model on a thread of its own: pexpect blocks, so it cannot share the test's loop."""
-    server = FakeOpenAI.start_in_thread()
-    yield server
-    server.stop()
-
-
 class Terminal:
     """One ``chital chat`` on a pseudo-terminal; ``shown`` is everything it printed so far."""
 
@@ -106,11 +98,11 @@ def open_chat(terminals: list[Terminal], tmp_path: Path, base_url: str, **agent:
 
 
 def test_answers_commands_and_a_quiet_terminal(
-    fake: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]
+    threaded_model: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]
 ) -> None:
-    t = open_chat(terminals, tmp_path, fake.base_url)
+    t = open_chat(terminals, tmp_path, threaded_model.base_url)
     banner = t.shown
-    assert "fake-model" in banner and fake.base_url in banner, banner
+    assert "fake-model" in banner and threaded_model.base_url in banner, banner
     assert "sandbox: local" in banner
     assert f"logs:    {t.data / 'chat.log'}" in banner
 
@@ -123,12 +115,12 @@ def test_answers_commands_and_a_quiet_terminal(
 
     status = t.ask("/status")
     assert re.search(r"Thread: [0-9a-f]{8} — 2 messages", status), status
-    assert f"fake-model at {fake.base_url}" in status
+    assert f"fake-model at {threaded_model.base_url}" in status
 
     assert "Started a fresh conversation" in t.ask("/new")
     assert re.search(r"Thread: [0-9a-f]{8} — 0 messages", t.ask("/status"))
     assert "echo: second" in t.ask("second")
-    last = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "user"]
+    last = [m["content"] for m in threaded_model.requests[-1]["messages"] if m["role"] == "user"]
     assert last == ["second"], "after /new the model sees only the new conversation"
 
     assert "Unknown command /frobnicate" in t.ask("/frobnicate")
@@ -142,10 +134,10 @@ def test_answers_commands_and_a_quiet_terminal(
     t.assert_clean()
 
 
-def test_memory_and_forget(fake: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]) -> None:
+def test_memory_and_forget(threaded_model: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]) -> None:
     plan = {"add": ["Likes green tea."], "update": [], "delete": []}
-    fake.add_rule(lambda text: text.startswith(EXTRACTION_MARKER), Reply(text=json.dumps(plan)))
-    t = open_chat(terminals, tmp_path, fake.base_url)
+    threaded_model.add_rule(lambda text: text.startswith(EXTRACTION_MARKER), Reply(text=json.dumps(plan)))
+    t = open_chat(terminals, tmp_path, threaded_model.base_url)
     assert "I don't remember anything about you yet." in t.ask("/memory")
     assert "echo: I like green tea" in t.ask("I like green tea")
     deadline = time.monotonic() + 20
@@ -161,12 +153,12 @@ def test_memory_and_forget(fake: FakeOpenAI, tmp_path: Path, terminals: list[Ter
 
 
 def test_ctrl_c_cancels_the_answer_and_the_thread_goes_on(
-    fake: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]
+    threaded_model: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]
 ) -> None:
-    fake.add_rule(
+    threaded_model.add_rule(
         lambda text: "SLOW" in text, Reply(text="slow words keep coming " * 10, chunks=60, chunk_delay=0.5)
     )
-    t = open_chat(terminals, tmp_path, fake.base_url)
+    t = open_chat(terminals, tmp_path, threaded_model.base_url)
     t.child.sendline("SLOW please")
     t.child.expect_exact("slow words")
     started = time.monotonic()
@@ -177,7 +169,7 @@ def test_ctrl_c_cancels_the_answer_and_the_thread_goes_on(
     assert "slow words keep coming " * 10 not in t.shown, "the answer was not cut short"
 
     assert "echo: and now?" in t.ask("and now?")
-    users = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "user"]
+    users = [m["content"] for m in threaded_model.requests[-1]["messages"] if m["role"] == "user"]
     assert users == ["SLOW please", "and now?"], "the thread goes on after the cancelled turn"
 
     t.child.sendintr()  # Ctrl-C at the prompt leaves
@@ -185,9 +177,11 @@ def test_ctrl_c_cancels_the_answer_and_the_thread_goes_on(
     t.assert_clean()
 
 
-def test_two_quick_ctrl_c_leave_cleanly(fake: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]) -> None:
-    fake.add_rule(lambda text: "SLOW" in text, Reply(text="tick " * 60, chunks=60, chunk_delay=0.5))
-    t = open_chat(terminals, tmp_path, fake.base_url)
+def test_two_quick_ctrl_c_leave_cleanly(
+    threaded_model: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]
+) -> None:
+    threaded_model.add_rule(lambda text: "SLOW" in text, Reply(text="tick " * 60, chunks=60, chunk_delay=0.5))
+    t = open_chat(terminals, tmp_path, threaded_model.base_url)
     t.child.sendline("SLOW again")
     t.child.expect_exact("tick")
     os.kill(t.child.pid, signal.SIGINT)
@@ -216,23 +210,27 @@ def test_a_model_that_is_down_is_named_with_its_cause_within_seconds(
     t.assert_clean()
 
 
-def test_a_refused_key_is_named(fake: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]) -> None:
-    fake.add_rule(lambda text: True, Reply(status=401, error_message=f"Incorrect API key provided: {KEY}"))
-    t = open_chat(terminals, tmp_path, fake.base_url)
+def test_a_refused_key_is_named(
+    threaded_model: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]
+) -> None:
+    threaded_model.add_rule(
+        lambda text: True, Reply(status=401, error_message=f"Incorrect API key provided: {KEY}")
+    )
+    t = open_chat(terminals, tmp_path, threaded_model.base_url)
     shown = t.ask("hello?")
     assert "refused our credentials" in shown, shown
-    assert "HTTP 401" in shown and "the API key was refused" in shown and fake.base_url in shown
-    assert len(fake.requests) == 1, "a refused key is not retried"
+    assert "HTTP 401" in shown and "the API key was refused" in shown and threaded_model.base_url in shown
+    assert len(threaded_model.requests) == 1, "a refused key is not retried"
     t.child.sendeof()
     assert t.wait_exit() == 0
     t.assert_clean()
 
 
 def test_wrong_model_name_and_unknown_host(
-    fake: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]
+    threaded_model: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]
 ) -> None:
-    fake.add_rule(lambda text: "model?" in text, Reply(status=404))
-    t = open_chat(terminals, tmp_path, fake.base_url)
+    threaded_model.add_rule(lambda text: "model?" in text, Reply(status=404))
+    t = open_chat(terminals, tmp_path, threaded_model.base_url)
     shown = t.ask("which model?")
     assert "does not know the configured model" in shown and "HTTP 404" in shown, shown
     assert "wrong model name or base URL" in shown
@@ -249,11 +247,11 @@ def test_wrong_model_name_and_unknown_host(
     t2.assert_clean()
 
 
-def test_piped_input_answers_and_ends_at_eof(fake: FakeOpenAI, tmp_path: Path) -> None:
+def test_piped_input_answers_and_ends_at_eof(threaded_model: FakeOpenAI, tmp_path: Path) -> None:
     """Not a terminal: lines come from a pipe, the last one without a newline, then end of input."""
     import subprocess
 
-    cfg = base_config(tmp_path / "data", fake.base_url, free_port())
+    cfg = base_config(tmp_path / "data", threaded_model.base_url, free_port())
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.run(
@@ -268,9 +266,11 @@ def test_piped_input_answers_and_ends_at_eof(fake: FakeOpenAI, tmp_path: Path) -
     assert proc.returncode == 0, out
     assert "echo: one" in out and "echo: two" in out and "Thread:" in out
     assert "Traceback" not in out
-    assert [last_user_text(r) for r in fake.requests if not last_user_text(r).startswith(EXTRACTION_MARKER)][
-        -2:
-    ] == ["one", "two"]
+    assert [
+        last_user_text(r)
+        for r in threaded_model.requests
+        if not last_user_text(r).startswith(EXTRACTION_MARKER)
+    ][-2:] == ["one", "two"]
 
 
 async def test_chat_users_get_the_failure_without_the_url(tmp_path: Path) -> None:
@@ -301,18 +301,22 @@ async def test_chat_users_get_the_failure_without_the_url(tmp_path: Path) -> Non
     for text in [*notes, failed.message]:
         assert "127.0.0.1" not in text and str(port) not in text
 
-    fake = FakeOpenAI()
-    fake.script(*[Reply(status=503)] * 4)
-    await fake.start()
-    harness = Harness(settings, ModelSpec(model="m", base_url=fake.base_url, api_key=KEY), tmp_path / "cp2")
+    threaded_model = FakeOpenAI()
+    threaded_model.script(*[Reply(status=503)] * 4)
+    await threaded_model.start()
+    harness = Harness(
+        settings, ModelSpec(model="m", base_url=threaded_model.base_url, api_key=KEY), tmp_path / "cp2"
+    )
     await harness.start()
     try:
         async with aclosing(harness.run("t1", user_id="u1", message_id="m1", text="hi")) as run:
             events = [event async for event in run]
     finally:
         await harness.close()
-        await fake.aclose()
+        await threaded_model.aclose()
     notes = [e.text for e in events if isinstance(e, StatusUpdate)]
     assert notes[0] == "The model service failed (HTTP 503); retrying (1/3)…" and len(notes) == 3
     assert events[-1] == TurnFailed("The model service failed. Please try again later.", retryable=True)
-    assert isinstance(events[-1], TurnFailed) and "HTTP 503 from " + fake.base_url in events[-1].detail
+    assert (
+        isinstance(events[-1], TurnFailed) and "HTTP 503 from " + threaded_model.base_url in events[-1].detail
+    )

@@ -3,7 +3,6 @@ written, then `chital check`, `chital run` and a stranger's pairing code work fr
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import stat
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.daemon import REPO, DaemonProcess, clean_env, free_port
+from tests.daemon import REPO, DaemonProcess, clean_env, free_port, run_chital
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -24,22 +23,9 @@ async def chital(
     *args: str, cwd: Path, stdin: str = "", env: dict[str, str] | None = None, umask: int = 0o022
 ) -> tuple[int, str]:
     """``chital ARGS`` in ``cwd`` (PYTHONPATH points at the checkout), stdin piped: no terminal."""
-    env = dict(env if env is not None else clean_env())
-    env["PYTHONPATH"] = str(REPO)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli.main",
-        *args,
-        cwd=str(cwd),
-        env=env,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        umask=umask,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(stdin.encode()), 60)
-    return int(proc.returncode or 0), out.decode()
+    environ = {**(env if env is not None else clean_env()), "PYTHONPATH": str(REPO)}
+    done = await run_chital(*args, cwd=cwd, env=environ, stdin=stdin.encode(), umask=umask)
+    return done.code, done.out
 
 
 def mode(path: Path) -> int:

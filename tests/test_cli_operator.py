@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import stat
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.daemon import REPO, DaemonProcess, base_config, free_port
+from tests.daemon import MODEL_SETTINGS, REPO, DaemonProcess, base_config, env_without, free_port, run_chital
 from tests.fakes.gateway_rig import skip_on_postgres
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
@@ -31,30 +30,15 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
 
 
 def env(**extra: str) -> dict[str, str]:
-    drop = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CHITAL_CONFIG", "CHITAL_DATA", "CHITAL_MODEL")
-    out = {k: v for k, v in os.environ.items() if k not in drop and "proxy" not in k.lower()}
-    out["PYTHONPATH"] = str(REPO)
-    out.update(extra)
-    return out
+    return env_without(*MODEL_SETTINGS, **{"PYTHONPATH": str(REPO), **extra})
 
 
 async def chital(
     *args: str, cwd: Path, environ: dict[str, str] | None = None, stdin: bytes = b""
 ) -> tuple[int, str, str]:
     """``chital ARGS`` from ``cwd``: (exit code, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli.main",
-        *args,
-        cwd=str(cwd),
-        env=environ or env(),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(stdin), 120)
-    return int(proc.returncode or 0), out.decode(), err.decode()
+    done = await run_chital(*args, cwd=cwd, env=environ or env(), stdin=stdin, timeout=120, stderr_apart=True)
+    return done.code, done.out, done.err
 
 
 def write(path: Path, cfg: dict[str, Any]) -> Path:

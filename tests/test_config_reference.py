@@ -14,8 +14,7 @@ import pytest
 import yaml
 
 from gateway.config.schema import HTTP_HOST_ENV, ConfigError, load_config, parse_config
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.daemon import REPO
 
 
 def _generator() -> ModuleType:

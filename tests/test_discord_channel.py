@@ -8,8 +8,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import discord.gateway
-import discord.http
 import pytest
 
 from channels.base import (
@@ -30,19 +28,13 @@ from tests.fakes.discord_server import FakeDiscord
 
 USER = "900000000000000042"
 
-
-@pytest.fixture(autouse=True)
-def _restore_discord_endpoints() -> object:
-    """The adapter sets process-wide discord.py class attributes; put them back after each test."""
-    base, gateway = discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
-    yield
-    discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = base, gateway
+# The adapter points discord.py's process-wide class attributes at the fake.
+pytestmark = pytest.mark.usefixtures("discord_endpoints_restored")
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeDiscord]:
-    async with FakeDiscord(heartbeat_interval=0.5) as server:
-        yield server
+def dc_heartbeat() -> float:
+    return 0.5  # the stalled-connection tests time out after 1.5 s
 
 
 @dataclass
@@ -52,23 +44,21 @@ class Bot:
     inbox: list[Inbound] = field(default_factory=list)
 
 
-async def _start(fake: FakeDiscord, **kwargs: float) -> Bot:
-    channel = DiscordChannel(
-        fake.token, api_base_url=fake.api_base_url, gateway_url=fake.gateway_url, **kwargs
-    )
+async def _start(dc: FakeDiscord, **kwargs: float) -> Bot:
+    channel = DiscordChannel(dc.token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url, **kwargs)
     inbox: list[Inbound] = []
 
     async def sink(message: Inbound) -> None:
         inbox.append(message)
 
     bot = Bot(channel, asyncio.create_task(run_once(channel, sink)), inbox)
-    await fake.wait_for(lambda: channel.state is ChannelState.CONNECTED and fake.connected, 10)
+    await dc.wait_for(lambda: channel.state is ChannelState.CONNECTED and dc.connected, 10)
     return bot
 
 
 @pytest.fixture
-async def bot(fake: FakeDiscord) -> AsyncIterator[Bot]:
-    bot = await _start(fake)
+async def bot(dc: FakeDiscord) -> AsyncIterator[Bot]:
+    bot = await _start(dc)
     yield bot
     bot.task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -77,104 +67,104 @@ async def bot(fake: FakeDiscord) -> AsyncIterator[Bot]:
     assert bot.channel.state is ChannelState.STOPPED
 
 
-async def _next(fake: FakeDiscord, bot: Bot, count: int) -> Inbound:
-    await fake.wait_for(lambda: len(bot.inbox) >= count)
+async def _next(dc: FakeDiscord, bot: Bot, count: int) -> Inbound:
+    await dc.wait_for(lambda: len(bot.inbox) >= count)
     return bot.inbox[count - 1]
 
 
 # -- inbound -------------------------------------------------------------------------------------
 
 
-async def test_guild_mention_is_addressed_and_stripped(fake: FakeDiscord, bot: Bot) -> None:
-    assert fake.intents is not None and fake.intents & (1 << 15)  # message_content asked for
-    mid = await fake.inject_message(None, USER, "what's the weather?", mention_bot=True)
-    m = await _next(fake, bot, 1)
-    assert (m.platform, m.chat_id, m.message_id, m.sender_id) == ("discord", fake.channel_id, mid, USER)
+async def test_guild_mention_is_addressed_and_stripped(dc: FakeDiscord, bot: Bot) -> None:
+    assert dc.intents is not None and dc.intents & (1 << 15)  # message_content asked for
+    mid = await dc.inject_message(None, USER, "what's the weather?", mention_bot=True)
+    m = await _next(dc, bot, 1)
+    assert (m.platform, m.chat_id, m.message_id, m.sender_id) == ("discord", dc.channel_id, mid, USER)
     assert m.text == "what's the weather?"
     assert m.addressed and not m.is_direct and m.thread_id is None
     assert "#general" in m.chat_title
 
 
-async def test_unmentioned_guild_message_is_not_addressed(fake: FakeDiscord, bot: Bot) -> None:
-    await fake.inject_message(None, USER, "just chatting")
-    m = await _next(fake, bot, 1)
+async def test_unmentioned_guild_message_is_not_addressed(dc: FakeDiscord, bot: Bot) -> None:
+    await dc.inject_message(None, USER, "just chatting")
+    m = await _next(dc, bot, 1)
     assert m.text == "just chatting" and not m.addressed and not m.is_direct
 
 
-async def test_dm_is_direct_and_addressed(fake: FakeDiscord, bot: Bot) -> None:
-    await fake.inject_dm(USER, "hi bot")
-    m = await _next(fake, bot, 1)
-    assert m.is_direct and m.addressed and m.chat_id == fake.dm_channel(USER) and m.text == "hi bot"
+async def test_dm_is_direct_and_addressed(dc: FakeDiscord, bot: Bot) -> None:
+    await dc.inject_dm(USER, "hi bot")
+    m = await _next(dc, bot, 1)
+    assert m.is_direct and m.addressed and m.chat_id == dc.dm_channel(USER) and m.text == "hi bot"
     await bot.channel.send(m.target, Rendered("hello!"), idempotency_key="dm-1")
-    assert fake.bot_messages(fake.dm_channel(USER))[0].content == "hello!"
+    assert dc.bot_messages(dc.dm_channel(USER))[0].content == "hello!"
 
 
-async def test_reply_to_bot_is_addressed_and_own_posts_ignored(fake: FakeDiscord, bot: Bot) -> None:
-    first = await fake.inject_message(None, USER, "hey", mention_bot=True)
-    m = await _next(fake, bot, 1)
+async def test_reply_to_bot_is_addressed_and_own_posts_ignored(dc: FakeDiscord, bot: Bot) -> None:
+    first = await dc.inject_message(None, USER, "hey", mention_bot=True)
+    m = await _next(dc, bot, 1)
     bot_msg = await bot.channel.send(m.target, Rendered("I am here"), idempotency_key="k1")
-    assert fake.posted[0].reply_to == first
-    await fake.inject_message(None, USER, "and another thing", reply_to_message_id=bot_msg)
-    reply = await _next(fake, bot, 2)
+    assert dc.posted[0].reply_to == first
+    await dc.inject_message(None, USER, "and another thing", reply_to_message_id=bot_msg)
+    reply = await _next(dc, bot, 2)
     assert reply.addressed and reply.text == "and another thing"
-    await fake.inject_message(None, USER, "replying to myself", reply_to_message_id=first)
-    assert not (await _next(fake, bot, 3)).addressed
+    await dc.inject_message(None, USER, "replying to myself", reply_to_message_id=first)
+    assert not (await _next(dc, bot, 3)).addressed
     # The echo of the bot's own post (dispatched before these) never reached the sink.
     assert all(x.sender_id == USER for x in bot.inbox) and len(bot.inbox) == 3
 
 
-async def test_thread_message_is_keyed_to_the_thread(fake: FakeDiscord, bot: Bot) -> None:
-    await fake.inject_message(None, USER, "in a thread", mention_bot=True, thread=True)
-    m = await _next(fake, bot, 1)
-    assert (m.chat_id, m.thread_id) == (fake.channel_id, fake.thread_id)
-    assert m.conversation == f"discord:{fake.channel_id}:{fake.thread_id}"
+async def test_thread_message_is_keyed_to_the_thread(dc: FakeDiscord, bot: Bot) -> None:
+    await dc.inject_message(None, USER, "in a thread", mention_bot=True, thread=True)
+    m = await _next(dc, bot, 1)
+    assert (m.chat_id, m.thread_id) == (dc.channel_id, dc.thread_id)
+    assert m.conversation == f"discord:{dc.channel_id}:{dc.thread_id}"
     await bot.channel.send(m.target, Rendered("answer"), idempotency_key="t1")
-    assert [p.content for p in fake.bot_messages(fake.thread_id)] == ["answer"]
-    assert fake.bot_messages(fake.channel_id) == []
+    assert [p.content for p in dc.bot_messages(dc.thread_id)] == ["answer"]
+    assert dc.bot_messages(dc.channel_id) == []
 
 
 # -- connection loss -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("mode", ["close", "abort"])
-async def test_resume_replays_events_missed_while_down(fake: FakeDiscord, bot: Bot, mode: str) -> None:
-    m1 = await fake.inject_message(None, USER, "before", mention_bot=True)
-    await _next(fake, bot, 1)
-    await fake.drop_connection(mode)  # type: ignore[arg-type]
-    m2 = await fake.inject_message(None, USER, "while down", mention_bot=True)
-    second = await _next(fake, bot, 2)
-    assert fake.resumes == 1 and fake.identifies == 1
+async def test_resume_replays_events_missed_while_down(dc: FakeDiscord, bot: Bot, mode: str) -> None:
+    m1 = await dc.inject_message(None, USER, "before", mention_bot=True)
+    await _next(dc, bot, 1)
+    await dc.drop_connection(mode)  # type: ignore[arg-type]
+    m2 = await dc.inject_message(None, USER, "while down", mention_bot=True)
+    second = await _next(dc, bot, 2)
+    assert dc.resumes == 1 and dc.identifies == 1
     assert second.message_id == m2 and second.text == "while down"
-    await fake.wait_for(lambda: bot.channel.state is ChannelState.CONNECTED)
+    await dc.wait_for(lambda: bot.channel.state is ChannelState.CONNECTED)
     # A second delivery of the same post carries the same key, so the journal drops it.
-    await fake.redeliver(m1)
-    again = await _next(fake, bot, 3)
+    await dc.redeliver(m1)
+    again = await _next(dc, bot, 3)
     assert again.key == bot.inbox[0].key and again.message_id == m1
 
 
-async def test_stalled_connection_is_noticed_and_resumed(fake: FakeDiscord) -> None:
-    bot = await _start(fake, heartbeat_timeout=1.5)
+async def test_stalled_connection_is_noticed_and_resumed(dc: FakeDiscord) -> None:
+    bot = await _start(dc, heartbeat_timeout=1.5)
     try:
-        await fake.drop_connection("stall")
-        await fake.inject_message(None, USER, "during stall", mention_bot=True)
-        m = await _next(fake, bot, 1)
-        assert m.text == "during stall" and fake.resumes == 1
+        await dc.drop_connection("stall")
+        await dc.inject_message(None, USER, "during stall", mention_bot=True)
+        m = await _next(dc, bot, 1)
+        assert m.text == "during stall" and dc.resumes == 1
     finally:
         bot.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await bot.task
 
 
-async def test_invalid_session_identifies_again(fake: FakeDiscord, bot: Bot) -> None:
-    await fake.invalidate_session()
-    await fake.wait_for(lambda: fake.identifies == 2 and fake.connected, 10)  # discord.py waits 5 s
-    await fake.inject_message(None, USER, "after re-identify", mention_bot=True)
-    assert (await _next(fake, bot, 1)).text == "after re-identify"
+async def test_invalid_session_identifies_again(dc: FakeDiscord, bot: Bot) -> None:
+    await dc.invalidate_session()
+    await dc.wait_for(lambda: dc.identifies == 2 and dc.connected, 10)  # discord.py waits 5 s
+    await dc.inject_message(None, USER, "after re-identify", mention_bot=True)
+    assert (await _next(dc, bot, 1)).text == "after re-identify"
 
 
-async def test_bad_token_is_fatal_and_not_leaked(fake: FakeDiscord) -> None:
+async def test_bad_token_is_fatal_and_not_leaked(dc: FakeDiscord) -> None:
     secret = "MTIz.bad.token-value"
-    channel = DiscordChannel(secret, api_base_url=fake.api_base_url, gateway_url=fake.gateway_url)
+    channel = DiscordChannel(secret, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url)
 
     async def sink(_: Inbound) -> None:
         raise AssertionError("no message expected")
@@ -216,52 +206,52 @@ def test_markdown_conversion_for_discord() -> None:
     assert out.endswith("```\n| a |\n```")  # code blocks untouched
 
 
-async def test_same_idempotency_key_posts_once(fake: FakeDiscord, bot: Bot) -> None:
-    target = ReplyTarget("discord", fake.channel_id)
+async def test_same_idempotency_key_posts_once(dc: FakeDiscord, bot: Bot) -> None:
+    target = ReplyTarget("discord", dc.channel_id)
     first = await bot.channel.send(target, Rendered("only once"), idempotency_key="turn-7:part-0")
     second = await bot.channel.send(target, Rendered("only once"), idempotency_key="turn-7:part-0")
-    assert first == second and [p.content for p in fake.posted] == ["only once"]
-    assert fake.posted[0].nonce is not None and len(fake.posted[0].nonce) <= 25
+    assert first == second and [p.content for p in dc.posted] == ["only once"]
+    assert dc.posted[0].nonce is not None and len(dc.posted[0].nonce) <= 25
 
 
-async def test_edit_typing_and_react(fake: FakeDiscord, bot: Bot) -> None:
-    await fake.inject_message(None, USER, "go", mention_bot=True)
-    m = await _next(fake, bot, 1)
+async def test_edit_typing_and_react(dc: FakeDiscord, bot: Bot) -> None:
+    await dc.inject_message(None, USER, "go", mention_bot=True)
+    m = await _next(dc, bot, 1)
     mid = await bot.channel.send(m.target, Rendered("thinking…"), idempotency_key="e1")
     await bot.channel.edit(m.target, mid, Rendered("done: 42"))
     await bot.channel.typing(m.target)
     await bot.channel.react(m.target, "👀")
-    assert fake.posted[0].content == "done: 42" and fake.posted[0].edits == 1
-    assert fake.typing[fake.channel_id] == 1
-    assert fake.reactions == [(fake.channel_id, m.message_id, "👀")]
+    assert dc.posted[0].content == "done: 42" and dc.posted[0].edits == 1
+    assert dc.typing[dc.channel_id] == 1
+    assert dc.reactions == [(dc.channel_id, m.message_id, "👀")]
 
 
-async def test_error_mapping(fake: FakeDiscord, bot: Bot) -> None:
-    target = ReplyTarget("discord", fake.channel_id)
-    fake.fail_next(429, method="POST", path_contains="/messages", retry_after=60.0)
+async def test_error_mapping(dc: FakeDiscord, bot: Bot) -> None:
+    target = ReplyTarget("discord", dc.channel_id)
+    dc.fail_next(429, method="POST", path_contains="/messages", retry_after=60.0)
     with pytest.raises(RetryAfter) as info:
         await bot.channel.send(target, Rendered("x"), idempotency_key="r1")
     assert info.value.seconds == pytest.approx(60.0)
     # A short 429 is waited out by discord.py itself: one message, no error.
-    fake.fail_next(429, method="POST", path_contains="/messages", retry_after=0.1)
+    dc.fail_next(429, method="POST", path_contains="/messages", retry_after=0.1)
     await bot.channel.send(target, Rendered("after short limit"), idempotency_key="r2")
-    assert [p.content for p in fake.posted] == ["after short limit"]
-    fake.fail_next(503, method="POST", path_contains="/messages")
+    assert [p.content for p in dc.posted] == ["after short limit"]
+    dc.fail_next(503, method="POST", path_contains="/messages")
     with pytest.raises(TransientSendError):
         await bot.channel.send(target, Rendered("x"), idempotency_key="r3")
     with pytest.raises(PermanentSendError, match="50035"):
         await bot.channel.send(target, Rendered("x" * 2001), idempotency_key="r4")
-    fake.forbidden_channels.add(fake.channel_id)
+    dc.forbidden_channels.add(dc.channel_id)
     with pytest.raises(PermanentSendError, match="403"):
         await bot.channel.send(target, Rendered("x"), idempotency_key="r5")
 
 
-async def test_attachment_download_and_send_file(fake: FakeDiscord, bot: Bot, tmp_path: Path) -> None:
+async def test_attachment_download_and_send_file(dc: FakeDiscord, bot: Bot, tmp_path: Path) -> None:
     payload = b"col1,col2\n1,2\n"
-    await fake.inject_message(
+    await dc.inject_message(
         None, USER, "see file", mention_bot=True, attachments=[("data.csv", payload, "text/csv")]
     )
-    m = await _next(fake, bot, 1)
+    m = await _next(dc, bot, 1)
     (att,) = m.attachments
     assert (att.name, att.mime_type, att.size) == ("data.csv", "text/csv", len(payload))
     assert await bot.channel.download(att, limit=1024) == payload
@@ -272,6 +262,6 @@ async def test_attachment_download_and_send_file(fake: FakeDiscord, bot: Bot, tm
     mid = await bot.channel.send_file(
         m.target, OutFile(report.name, report.read_bytes()), caption="here you go", idempotency_key="k#1"
     )
-    posted = fake.bot_messages()[-1]
+    posted = dc.bot_messages()[-1]
     assert posted.id == mid and posted.content == "here you go"
     assert posted.files == [("report.txt", b"the report")] and posted.reply_to == m.message_id

@@ -9,12 +9,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
-import discord.gateway
-import discord.http
 import pytest
 
 from channels.base import ChannelState
@@ -22,38 +18,32 @@ from channels.discord import DiscordChannel
 from gateway.ops.metrics import Metrics
 from gateway.ops.supervisor import Backoff, ChannelSupervisor
 from tests.fakes.discord_server import FakeDiscord
-from tests.fakes.gateway_rig import Rig, gateway_rig, running
+from tests.fakes.gateway_rig import Rig, running
 from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants
 
 USER = "900000000000000042"
 
-
-@pytest.fixture(autouse=True)
-def _restore_discord_endpoints() -> Iterator[None]:
-    base, gateway = discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
-    yield
-    discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = base, gateway
+# The adapter points discord.py's process-wide class attributes at the fake.
+pytestmark = pytest.mark.usefixtures("discord_endpoints_restored")
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeDiscord]:
-    async with FakeDiscord(heartbeat_interval=0.5) as server:
-        yield server
+def dc_heartbeat() -> float:
+    return 0.5  # the stalled-connection tests time out after 1.5 s
 
 
 @pytest.fixture
-def channel(fake: FakeDiscord) -> DiscordChannel:
-    return DiscordChannel(fake.token, api_base_url=fake.api_base_url, gateway_url=fake.gateway_url)
+def allowed_users() -> list[str]:
+    return [USER]
 
 
 @pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    async with gateway_rig(tmp_path, [USER]) as r:
-        yield r
+def channel(dc: FakeDiscord) -> DiscordChannel:
+    return DiscordChannel(dc.token, api_base_url=dc.api_base_url, gateway_url=dc.gateway_url)
 
 
-def says(fake: FakeDiscord, needle: str) -> list[str]:
-    return [m.content for m in fake.bot_messages() if needle in (m.content or "")]
+def says(dc: FakeDiscord, needle: str) -> list[str]:
+    return [m.content for m in dc.bot_messages() if needle in (m.content or "")]
 
 
 # -- malformed MESSAGE_CREATE --------------------------------------------------------------------
@@ -67,25 +57,25 @@ MALFORMED: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("shape", list(MALFORMED))
 async def test_malformed_message_is_skipped_and_its_sender_told(
-    shape: str, fake: FakeDiscord, channel: DiscordChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+    shape: str, dc: FakeDiscord, channel: DiscordChannel, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    async with running(channel, rig):
-        connections = (fake.identifies, fake.resumes)
-        await fake.inject_dm(USER, "first good one")
-        bad = await fake.inject_malformed(USER, **MALFORMED[shape])
-        await fake.inject_dm(USER, "second good one")
-        await fake.wait_for(lambda: says(fake, "echo: second good one"), 10)
-        notes = await fake.wait_for(lambda: says(fake, "couldn't read that message"), 10)
-        assert says(fake, "echo: first good one")
-        assert channel.state is ChannelState.CONNECTED and (fake.identifies, fake.resumes) == connections, (
+    async with running(channel, adapter_rig):
+        connections = (dc.identifies, dc.resumes)
+        await dc.inject_dm(USER, "first good one")
+        bad = await dc.inject_malformed(USER, **MALFORMED[shape])
+        await dc.inject_dm(USER, "second good one")
+        await dc.wait_for(lambda: says(dc, "echo: second good one"), 10)
+        notes = await dc.wait_for(lambda: says(dc, "couldn't read that message"), 10)
+        assert says(dc, "echo: first good one")
+        assert channel.state is ChannelState.CONNECTED and (dc.identifies, dc.resumes) == connections, (
             "no reconnect"
         )
     assert len(notes) == 1
-    (note,) = [m for m in fake.bot_messages() if "couldn't read" in (m.content or "")]
+    (note,) = [m for m in dc.bot_messages() if "couldn't read" in (m.content or "")]
     assert note.channel_id == bad["channel_id"]
     assert note.reply_to is None, "no quote: Discord would echo the unreadable original back"
-    assert rig.metric("chital_messages_ignored_total", channel="discord", reason="malformed") == 1
+    assert adapter_rig.metric("chital_messages_ignored_total", channel="discord", reason="malformed") == 1
     critical = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
     assert critical and bad["id"] in critical[0] and bad["channel_id"] in critical[0]
     for record in caplog.records:
@@ -97,16 +87,16 @@ async def test_malformed_message_is_skipped_and_its_sender_told(
     [{"drop": ("author",)}, {"drop": ("id",)}, {"drop": ("channel_id",)}, {"override": {"author": "x"}}],
 )
 async def test_message_without_recoverable_sender_is_only_counted(
-    broken: dict[str, Any], fake: FakeDiscord, channel: DiscordChannel, rig: Rig
+    broken: dict[str, Any], dc: FakeDiscord, channel: DiscordChannel, adapter_rig: Rig
 ) -> None:
-    async with running(channel, rig):
-        connections = (fake.identifies, fake.resumes)
-        await fake.inject_malformed(USER, **broken)
-        await fake.inject_dm(USER, "after it")
-        await fake.wait_for(lambda: says(fake, "echo: after it"), 10)
-        assert channel.state is ChannelState.CONNECTED and (fake.identifies, fake.resumes) == connections
-    assert not says(fake, "couldn't read")
-    assert rig.metric("chital_messages_ignored_total", channel="discord", reason="malformed") == 1
+    async with running(channel, adapter_rig):
+        connections = (dc.identifies, dc.resumes)
+        await dc.inject_malformed(USER, **broken)
+        await dc.inject_dm(USER, "after it")
+        await dc.wait_for(lambda: says(dc, "echo: after it"), 10)
+        assert channel.state is ChannelState.CONNECTED and (dc.identifies, dc.resumes) == connections
+    assert not says(dc, "couldn't read")
+    assert adapter_rig.metric("chital_messages_ignored_total", channel="discord", reason="malformed") == 1
 
 
 # -- non-text posts ------------------------------------------------------------------------------
@@ -131,67 +121,67 @@ SNAPSHOT = {"message": {"content": "the deploy is done", "embeds": [], "attachme
     ids=["poll", "embed", "forward"],
 )  # fmt: skip
 async def test_usable_non_text_posts_become_text(
-    fields: dict[str, Any], agent_reads: str, fake: FakeDiscord, channel: DiscordChannel, rig: Rig
+    fields: dict[str, Any], agent_reads: str, dc: FakeDiscord, channel: DiscordChannel, adapter_rig: Rig
 ) -> None:
-    async with running(channel, rig):
-        await fake.inject_dm(USER, "", fields=fields)
-        await fake.wait_for(lambda: says(fake, "echo: "), 10)
-    assert rig.harness.seen == [(agent_reads, [])]
+    async with running(channel, adapter_rig):
+        await dc.inject_dm(USER, "", fields=fields)
+        await dc.wait_for(lambda: says(dc, "echo: "), 10)
+    assert adapter_rig.harness.seen == [(agent_reads, [])]
     # A forward is someone else's words: the turn carries that provenance (agent/provenance.py).
-    forwarded = [s.describe() for s in rig.harness.calls[-1].options.provenance]
+    forwarded = [s.describe() for s in adapter_rig.harness.calls[-1].options.provenance]
     assert forwarded == (["a message by someone (forwarded)"] if "message_snapshots" in fields else [])
 
 
-async def test_sticker_gets_a_plain_note(fake: FakeDiscord, channel: DiscordChannel, rig: Rig) -> None:
-    async with running(channel, rig):
-        mid = await fake.inject_dm(
+async def test_sticker_gets_a_plain_note(dc: FakeDiscord, channel: DiscordChannel, adapter_rig: Rig) -> None:
+    async with running(channel, adapter_rig):
+        mid = await dc.inject_dm(
             USER, "", fields={"sticker_items": [{"id": "5", "name": "wave", "format_type": 1}]}
         )
-        (note,) = await fake.wait_for(lambda: fake.bot_messages(), 10)
+        (note,) = await dc.wait_for(lambda: dc.bot_messages(), 10)
     assert note.content == "I can't use stickers yet; please describe what you need in words."
-    assert note.reply_to == mid and rig.harness.seen == []
+    assert note.reply_to == mid and adapter_rig.harness.seen == []
 
 
 async def test_voice_message_reaches_the_agent_as_a_file(
-    fake: FakeDiscord, channel: DiscordChannel, rig: Rig
+    dc: FakeDiscord, channel: DiscordChannel, adapter_rig: Rig
 ) -> None:
-    async with running(channel, rig):
-        await fake.inject_dm(USER, "", attachments=[("voice-message.ogg", b"OggS" + b"\0" * 60, "audio/ogg")],
+    async with running(channel, adapter_rig):
+        await dc.inject_dm(USER, "", attachments=[("voice-message.ogg", b"OggS" + b"\0" * 60, "audio/ogg")],
                              fields={"flags": 1 << 13})  # fmt: skip
-        (reply,) = await fake.wait_for(lambda: says(fake, "echo: "), 10)
+        (reply,) = await dc.wait_for(lambda: says(dc, "echo: "), 10)
     assert reply.endswith("[files: voice-message.ogg]")
 
 
 async def test_sticker_chatter_in_a_guild_is_not_answered(
-    fake: FakeDiscord, channel: DiscordChannel, rig: Rig
+    dc: FakeDiscord, channel: DiscordChannel, adapter_rig: Rig
 ) -> None:
-    async with running(channel, rig):
-        await fake.inject_message(
+    async with running(channel, adapter_rig):
+        await dc.inject_message(
             None, USER, "", fields={"sticker_items": [{"id": "5", "name": "w", "format_type": 1}]}
         )
-        await fake.inject_message(None, USER, "hello", mention_bot=True)
-        await fake.wait_for(lambda: says(fake, "echo: hello"), 10)
-    assert [m.content for m in fake.bot_messages()] == ["echo: hello"]
+        await dc.inject_message(None, USER, "hello", mention_bot=True)
+        await dc.wait_for(lambda: says(dc, "echo: hello"), 10)
+    assert [m.content for m in dc.bot_messages()] == ["echo: hello"]
 
 
 # -- fatal vs transient ---------------------------------------------------------------------------
-async def test_login_5xx_is_retried_and_401_is_fatal(fake: FakeDiscord, channel: DiscordChannel) -> None:
+async def test_login_5xx_is_retried_and_401_is_fatal(dc: FakeDiscord, channel: DiscordChannel) -> None:
     # discord.py itself retries a 502 after 1 s; a 503 it raises at once: the supervisor retries.
-    fake.fail_next(503, method="GET", path_contains="/users/@me", times=2)
-    fake.fail_next(502, method="GET", path_contains="/users/@me", times=1)
+    dc.fail_next(503, method="GET", path_contains="/users/@me", times=2)
+    dc.fail_next(502, method="GET", path_contains="/users/@me", times=1)
     sup = ChannelSupervisor(channel, lambda _i: asyncio.sleep(0), Metrics(), Backoff(base=0.05, cap=0.1))
     sup.start()
     try:
-        await fake.wait_for(lambda: channel.state is ChannelState.CONNECTED, 20)
-        assert len([p for _m, p in fake.rest_calls if p.endswith("/users/@me")]) == 4
+        await dc.wait_for(lambda: channel.state is ChannelState.CONNECTED, 20)
+        assert len([p for _m, p in dc.rest_calls if p.endswith("/users/@me")]) == 4
     finally:
         await sup.stop()
 
-    revoked = DiscordChannel("revoked-token", api_base_url=fake.api_base_url, gateway_url=fake.gateway_url)
+    revoked = DiscordChannel("revoked-token", api_base_url=dc.api_base_url, gateway_url=dc.gateway_url)
     sup = ChannelSupervisor(revoked, lambda _i: asyncio.sleep(0), Metrics(), Backoff(base=0.05, cap=0.1))
     sup.start()
     try:
-        await fake.wait_for(lambda: revoked.state is ChannelState.FAILED, 10)
+        await dc.wait_for(lambda: revoked.state is ChannelState.FAILED, 10)
         assert "rejected the bot token" in (revoked.reason or "")
     finally:
         await sup.stop()
@@ -219,46 +209,44 @@ INTERACTION_CASES = variants({
 })  # fmt: skip
 
 
-async def serves_after(fake: FakeDiscord) -> None:
-    await fake.inject_dm(USER, "still there?")
-    await fake.wait_for(lambda: says(fake, "echo: still there?"), 10)
+async def serves_after(dc: FakeDiscord) -> None:
+    await dc.inject_dm(USER, "still there?")
+    await dc.wait_for(lambda: says(dc, "echo: still there?"), 10)
 
 
 @pytest.mark.parametrize("case", MESSAGE_CASES, ids=lambda c: c.id)
 async def test_every_malformed_message_is_counted_answered_and_keeps_the_connection(
-    case: Case, fake: FakeDiscord, channel: DiscordChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+    case: Case, dc: FakeDiscord, channel: DiscordChannel, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    async with running(channel, rig):
-        connections = (fake.identifies, fake.resumes)
-        await fake.inject_raw(
-            "MESSAGE_CREATE", put(fake.message_template(USER, SECRET), case.path, case.value)
-        )
+    async with running(channel, adapter_rig):
+        connections = (dc.identifies, dc.resumes)
+        await dc.inject_raw("MESSAGE_CREATE", put(dc.message_template(USER, SECRET), case.path, case.value))
         if case.told:
-            await fake.wait_for(lambda: says(fake, "couldn't read that message"), 10)
-        await serves_after(fake)
+            await dc.wait_for(lambda: says(dc, "couldn't read that message"), 10)
+        await serves_after(dc)
         assert channel.state is ChannelState.CONNECTED
-        assert (fake.identifies, fake.resumes) == connections, "no reconnect"
-    assert malformed_total(rig, "discord") == 1
-    assert bool(says(fake, "couldn't read")) is case.told
+        assert (dc.identifies, dc.resumes) == connections, "no reconnect"
+    assert malformed_total(adapter_rig, "discord") == 1
+    assert bool(says(dc, "couldn't read")) is case.told
     assert not leaked(caplog.records)
 
 
 @pytest.mark.parametrize("case", INTERACTION_CASES, ids=lambda c: c.id)
 async def test_every_malformed_interaction_is_counted_and_answered(
-    case: Case, fake: FakeDiscord, channel: DiscordChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+    case: Case, dc: FakeDiscord, channel: DiscordChannel, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    async with running(channel, rig):
-        connections = (fake.identifies, fake.resumes)
-        template = fake.interaction_template(USER)
-        await fake.inject_interaction(put(template, case.path, case.value))
+    async with running(channel, adapter_rig):
+        connections = (dc.identifies, dc.resumes)
+        template = dc.interaction_template(USER)
+        await dc.inject_interaction(put(template, case.path, case.value))
         if case.told:
-            await fake.wait_for(lambda: fake.interaction_responses, 10)
-        await serves_after(fake)
-        assert (fake.identifies, fake.resumes) == connections, "no reconnect"
-    assert malformed_total(rig, "discord") == 1
-    answers = list(fake.interaction_responses.values())
+            await dc.wait_for(lambda: dc.interaction_responses, 10)
+        await serves_after(dc)
+        assert (dc.identifies, dc.resumes) == connections, "no reconnect"
+    assert malformed_total(adapter_rig, "discord") == 1
+    answers = list(dc.interaction_responses.values())
     assert bool(answers) is case.told
     for answer in answers:
         content = answer["data"]["content"]
@@ -268,14 +256,14 @@ async def test_every_malformed_interaction_is_counted_and_answered(
 
 
 async def test_a_slash_command_interaction_is_refused(
-    fake: FakeDiscord, channel: DiscordChannel, rig: Rig
+    dc: FakeDiscord, channel: DiscordChannel, adapter_rig: Rig
 ) -> None:
-    async with running(channel, rig):
-        command = fake.interaction_template(USER)
+    async with running(channel, adapter_rig):
+        command = dc.interaction_template(USER)
         command.update(type=2, data={"id": "1", "name": "new", "type": 1})
-        await fake.inject_interaction(command)
-        await fake.wait_for(lambda: fake.interaction_responses, 10)
-        await serves_after(fake)
-    (answer,) = fake.interaction_responses.values()
+        await dc.inject_interaction(command)
+        await dc.wait_for(lambda: dc.interaction_responses, 10)
+        await serves_after(dc)
+    (answer,) = dc.interaction_responses.values()
     assert "can't handle that" in answer["data"]["content"]
-    assert rig.metric("chital_malformed_events_total", platform="discord", kind="interaction") == 1
+    assert adapter_rig.metric("chital_malformed_events_total", platform="discord", kind="interaction") == 1

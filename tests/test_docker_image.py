@@ -32,11 +32,11 @@ import aiohttp
 import pytest
 import yaml
 
+from tests.daemon import REPO
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.telegram_server import FakeTelegram
 from tests.telegram_daemon import OWNER, answered
 
-REPO = Path(__file__).resolve().parent.parent
 BASE = os.environ.get("CHITAL_TEST_BASE_IMAGE", "chital-base:bookworm")
 TAG = "chital:test"
 HOST_ALIAS = "host.docker.internal"

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.discord_daemon import FRIEND, STRANGER, answered, replies
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
@@ -16,14 +15,9 @@ from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 
 @pytest.fixture
 async def daemon(tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["discord"] = dc.channel_settings()
-    cfg["access"] = {"allow_users": [f"discord:{FRIEND}"], "group_policy": "mention"}
-    d = DaemonProcess(tmp_path, cfg)
-    await d.start()
-    await dc.wait_connected()
-    yield d
-    await d.close()
+    cfg = chat_config(tmp_path, model.base_url, dc, allow=[f"discord:{FRIEND}"], group_policy="mention")
+    async with started_daemon(tmp_path, cfg, dc) as d:
+        yield d
 
 
 async def test_mention_answered_and_chatter_ignored(

@@ -7,52 +7,21 @@ the test fills to the last byte (as a runaway log or another program would). The
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from tests.daemon import DaemonProcess
+from tests.disks import fill
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
 from tests.telegram_daemon import OTHER, OWNER, answered, telegram_config
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], check=False)
-    if done.returncode != 0:
-        pytest.skip("this machine cannot mount a tmpfs")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Write until the filesystem refuses another byte."""
-    filler = disk / "runaway.log"
-    chunk = b"x" * (1 << 20)
-    with filler.open("wb", buffering=0) as f:
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(chunk)
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(b"x" * 4096)
-    return filler
-
-
 async def test_full_disk_every_message_still_answered(
-    tmp_path: Path, small_disk: Path, tg: FakeTelegram, model: FakeOpenAI
+    tmp_path: Path, tmpfs: Callable[[str], Path], tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
+    small_disk = tmpfs("48m")
     cfg = telegram_config(tmp_path, tg, model)
     cfg["storage"] = {"path": str(small_disk / "data"), "reserve_mb": 8}
     cfg["agent"]["tools"] = False

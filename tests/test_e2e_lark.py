@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.lark_daemon import FRIEND, GROUP, P2P, STRANGER, answered, replies
@@ -16,13 +15,9 @@ from tests.lark_daemon import FRIEND, GROUP, P2P, STRANGER, answered, replies
 
 @pytest.fixture
 async def daemon(tmp_path: Path, lark: FakeLark, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["lark"] = lark.channel_settings()
-    cfg["access"] = {"allow_users": [f"lark:{FRIEND}"], "group_policy": "mention"}
-    d = DaemonProcess(tmp_path, cfg)
-    await d.start()
-    yield d
-    await d.close()
+    cfg = chat_config(tmp_path, model.base_url, lark, allow=[f"lark:{FRIEND}"], group_policy="mention")
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
 
 
 async def test_group_mention_answered_and_chatter_ignored(daemon: DaemonProcess, lark: FakeLark) -> None:

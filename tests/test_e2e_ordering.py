@@ -16,14 +16,13 @@ answers it nor shows the outcome twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import daemon_rows
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
@@ -40,28 +39,9 @@ QUEUED = "Queued behind"
 STOPPED = "⏹ Stopped."
 
 
-def _config(
-    tmp_path: Path, model: FakeOpenAI, name: str, section: dict[str, Any], allow: str
-) -> dict[str, Any]:
-    cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"][name] = {"enabled": True, **section}
-    cfg["access"] = {"allow_users": [allow], "group_policy": "mention"}
-    return cfg
-
-
-def telegram_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
-    section = tg.channel_settings()
-    return _config(tmp_path, model, "telegram", section, str(OWNER))
-
-
-@contextlib.asynccontextmanager
-async def running_daemon(tmp_path: Path, cfg: dict[str, Any]) -> AsyncIterator[DaemonProcess]:
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    try:
-        yield daemon
-    finally:
-        await daemon.close()
+def owner_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
+    """Telegram on, only OWNER allowed (no pairing)."""
+    return chat_config(tmp_path, model.base_url, tg, allow=[str(OWNER)], group_policy="mention")
 
 
 def held_first_answer(model: FakeOpenAI) -> asyncio.Event:
@@ -106,7 +86,7 @@ async def test_telegram_queued_sign_never_reads_above_the_answer_it_waits_for(
     def bot(chat_id: int) -> list[Seen]:
         return tg.bot_messages(chat_id)
 
-    async with running_daemon(tmp_path, telegram_config(tmp_path, tg, model)):
+    async with started_daemon(tmp_path, owner_config(tmp_path, tg, model)):
         m0 = send(FIRST)
         await asked(model, FIRST)
         m1 = send(SECOND)
@@ -133,15 +113,8 @@ async def test_slack_queued_sign_never_reads_above_the_answer_it_waits_for(
     tmp_path: Path, slack: FakeSlack, model: FakeOpenAI
 ) -> None:
     release = held_first_answer(model)
-    section = {
-        "bot_token": slack.bot_token,
-        "app_token": slack.app_token,
-        "api_base_url": slack.api_base_url,
-        "ping_interval": 0.5,
-    }
-    cfg = _config(tmp_path, model, "slack", section, f"slack:{SLACK_USER}")
-    async with running_daemon(tmp_path, cfg):
-        await slack.wait_connected()
+    cfg = chat_config(tmp_path, model.base_url, slack, allow=[f"slack:{SLACK_USER}"], group_policy="mention")
+    async with started_daemon(tmp_path, cfg, slack):
 
         def posted() -> list[tuple[int, str]]:
             return [(i, p.text) for i, p in enumerate(slack.posts) if p.channel == SLACK_DM]
@@ -160,10 +133,8 @@ async def test_discord_queued_sign_never_reads_above_the_answer_it_waits_for(
     tmp_path: Path, dc: FakeDiscord, model: FakeOpenAI
 ) -> None:
     release = held_first_answer(model)
-    section = {"token": dc.token, "api_base_url": dc.api_base_url, "gateway_url": dc.gateway_url}
-    cfg = _config(tmp_path, model, "discord", section, f"discord:{DISCORD_USER}")
-    async with running_daemon(tmp_path, cfg):
-        await dc.wait_connected()
+    cfg = chat_config(tmp_path, model.base_url, dc, allow=[f"discord:{DISCORD_USER}"], group_policy="mention")
+    async with started_daemon(tmp_path, cfg, dc):
         channel = dc.dm_channel(DISCORD_USER)
 
         def posted() -> list[tuple[int, str]]:
@@ -228,8 +199,8 @@ async def still_unanswered_after_a_later_turn(
 async def test_stop_in_the_same_batch_is_the_messages_outcome_and_a_restart_keeps_it(
     tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
-    cfg = telegram_config(tmp_path, tg, model)
-    async with running_daemon(tmp_path, cfg) as daemon:
+    cfg = owner_config(tmp_path, tg, model)
+    async with started_daemon(tmp_path, cfg) as daemon:
         question = tg.inject_message(OWNER, OWNER, "please stop me")
         stop = stop_command(tg)  # no await in between: one getUpdates batch carries both
         assert [u["update_id"] for u in tg.pending_updates][-2:] == [question["update_id"], stop["update_id"]]
@@ -253,7 +224,7 @@ async def test_kill_between_a_stop_and_its_outcome_shows_it_once_after_the_resta
 ) -> None:
     hold = asyncio.Event()
     model.add_rule(lambda t: t.endswith("please stop me"), Reply(text="never shown", hold=hold))
-    async with running_daemon(tmp_path, telegram_config(tmp_path, tg, model)) as daemon:
+    async with started_daemon(tmp_path, owner_config(tmp_path, tg, model)) as daemon:
         killed = asyncio.Event()
         tg.before_call = kill_at_the_outcome(daemon, tg, killed)
         question = tg.inject_message(OWNER, OWNER, "please stop me")
@@ -292,8 +263,8 @@ async def test_a_lost_stopped_reply_is_retried_and_a_kill_meanwhile_does_not_los
     forgotten; a kill -9 while the retry waits leaves it to the restart, which shows it once."""
     hold = asyncio.Event()
     model.add_rule(lambda t: t.endswith("please stop me"), Reply(text="never shown", hold=hold))
-    cfg = telegram_config(tmp_path, tg, model)
-    async with running_daemon(tmp_path, cfg) as daemon:
+    cfg = owner_config(tmp_path, tg, model)
+    async with started_daemon(tmp_path, cfg) as daemon:
         dropped = asyncio.Event()
 
         def drop_once(method: str, params: dict[str, Any]) -> None:

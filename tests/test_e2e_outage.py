@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon import DaemonProcess
+from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.telegram_server import FakeTelegram
 from tests.telegram_daemon import OWNER, answered, replies_to, telegram_config
@@ -25,10 +25,8 @@ SENDS = {"sendMessage", "editMessageText", "sendChatAction", "setMessageReaction
 async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     cfg = telegram_config(tmp_path, tg, model)
     cfg["agent"]["tools"] = False
-    d = DaemonProcess(tmp_path, cfg)
-    await d.start()
-    yield d
-    await d.close()
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
 
 
 async def test_twelve_502s_in_a_row_do_not_park_the_answer(

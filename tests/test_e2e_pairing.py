@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.fakes.gateway_rig import daemon_rows
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
@@ -21,29 +21,17 @@ STRANGER = 6666
 
 
 def config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, **extra: Any) -> dict[str, Any]:
-    cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = tg.channel_settings()
-    cfg["access"] = {"admins": [str(ADMIN)], "allow_users": [str(MEMBER)], "pairing": True}
-    for section, values in extra.items():
-        cfg.setdefault(section, {}).update(values)
+    cfg = chat_config(tmp_path, model.base_url, tg, allow=[str(MEMBER)], **extra)
+    cfg["access"].update(admins=[str(ADMIN)], pairing=True)
     return cfg
 
 
 @pytest.fixture
 async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    d = DaemonProcess(
-        tmp_path,
-        config(
-            tmp_path,
-            tg,
-            model,
-            concurrency={"max_queue_per_conversation": 1},
-            limits={"user_messages_per_minute": 3},
-        ),
-    )
-    await d.start()
-    yield d
-    await d.close()
+    limits = {"max_queue_per_conversation": 1}
+    cfg = config(tmp_path, tg, model, concurrency=limits, limits={"user_messages_per_minute": 3})
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
 
 
 def bot_texts_matching(tg: FakeTelegram, chat: int, needle: str) -> list[Any]:

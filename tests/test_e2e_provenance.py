@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess, chat_config, free_port, started_daemon
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -79,16 +79,18 @@ async def page() -> AsyncIterator[str]:
 
 @pytest.fixture
 async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    cfg = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = tg.channel_settings()
-    cfg["access"] = {"allow_users": [str(OWNER)], "group_policy": "mention"}
-    cfg["agent"]["memory"] = {"enabled": False}  # its model calls would meet the scripted brain
-    cfg["agent"]["web"] = {"allow_hosts": ["127.0.0.1"]}
+    cfg = chat_config(
+        tmp_path,
+        model.base_url,
+        tg,
+        allow=[str(OWNER)],
+        group_policy="mention",
+        # memory's model calls would meet the scripted brain
+        agent={"memory": {"enabled": False}, "web": {"allow_hosts": ["127.0.0.1"]}},
+    )
     model.add_rule(lambda _text: True, gullible)
-    d = DaemonProcess(tmp_path, cfg)
-    await d.start()
-    yield d
-    await d.close()
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
 
 
 async def reply_to(tg: FakeTelegram, chat: int, update: dict[str, Any], needle: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess, base_config, chat_config, free_port, started_daemon
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.slack_server import FakeSlack
 from tests.slack_daemon import CHANNEL, DM, FRIEND, STRANGER, thread_shows
@@ -16,14 +16,9 @@ from tests.slack_daemon import CHANNEL, DM, FRIEND, STRANGER, thread_shows
 
 @pytest.fixture
 async def daemon(tmp_path: Path, slack: FakeSlack, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
-    cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["slack"] = slack.channel_settings()
-    cfg["access"] = {"allow_users": [f"slack:{FRIEND}"], "group_policy": "mention"}
-    d = DaemonProcess(tmp_path, cfg)
-    await d.start()
-    await slack.wait_connected()
-    yield d
-    await d.close()
+    cfg = chat_config(tmp_path, model.base_url, slack, allow=[f"slack:{FRIEND}"], group_policy="mention")
+    async with started_daemon(tmp_path, cfg, slack) as d:
+        yield d
 
 
 async def test_mention_answered_in_thread_once(daemon: DaemonProcess, slack: FakeSlack) -> None:
@@ -101,12 +96,7 @@ async def test_bad_token_channel_stays_down_others_serve(
     await tg.start()
     cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["channels"]["slack"] = slack.channel_settings()
-    cfg["channels"]["telegram"] = {
-        "enabled": True,
-        "token": "999:wrong-token-for-this-bot",
-        "base_url": tg.base_url,
-        "base_file_url": tg.base_file_url,
-    }
+    cfg["channels"]["telegram"] = {**tg.channel_settings(), "token": "999:wrong-token-for-this-bot"}
     cfg["access"] = {"allow_users": [f"slack:{FRIEND}"]}
     d = DaemonProcess(tmp_path, cfg)
     try:

@@ -30,7 +30,7 @@ from channels.base import Attachment
 from gateway.config.sections import TranscriptionConfig
 from gateway.intake.media import AUDIO, FILE, IMAGE, VOICE, NotAnImage, kind_of, prepare_image
 from gateway.intake.transcribe import heard, upload_name
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess, base_config, chat_config, free_port, started_daemon
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import store_at
 from tests.fakes.lark_server import FakeLark
@@ -96,12 +96,8 @@ def four_platforms(
 async def daemon(
     tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, slack: FakeSlack, dc: FakeDiscord, lark: FakeLark
 ) -> AsyncIterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path, four_platforms(tmp_path, model, tg, slack, dc, lark))
-    await d.start()
-    await slack.wait_connected()
-    await dc.wait_connected()
-    yield d
-    await d.close()
+    async with started_daemon(tmp_path, four_platforms(tmp_path, model, tg, slack, dc, lark), slack, dc) as d:
+        yield d
 
 
 # -- what the user sees, what the model got -------------------------------------------------------------
@@ -308,16 +304,17 @@ async def test_a_hostile_transcript_is_echoed_as_code_without_links_or_mentions(
 @pytest.fixture
 async def tg_daemon(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram) -> AsyncIterator[DaemonProcess]:
     """Telegram only, a vision model, the fake transcriber."""
-    cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["agent"]["tools"] = False
+    cfg = chat_config(
+        tmp_path,
+        model.base_url,
+        tg,
+        allow=[f"telegram:{TG_USER}"],
+        agent={"tools": False},
+        transcription={"base_url": model.base_url, "model": "whisper-test", "retries": 0},
+    )
     cfg["models"][0]["vision"] = True
-    cfg["transcription"] = {"base_url": model.base_url, "model": "whisper-test", "retries": 0}
-    cfg["channels"]["telegram"] = tg.channel_settings()
-    cfg["access"] = {"allow_users": [f"telegram:{TG_USER}"]}
-    d = DaemonProcess(tmp_path, cfg)
-    await d.start()
-    yield d
-    await d.close()
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
 
 
 async def crash_mid_answer(daemon: DaemonProcess, model: FakeOpenAI, needle: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon import DaemonProcess
+from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.canary_server import Canary
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.telegram_server import FakeTelegram
@@ -32,10 +32,8 @@ async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIt
     cfg["agent"]["memory"] = {"enabled": False}  # no background model calls in the recording
     # An allowlist that opens other internal hosts must not open these.
     cfg["agent"]["web"] = {"allow_hosts": ["wiki.internal", "10.1.2.3", "192.168.50.0/24"]}
-    d = DaemonProcess(tmp_path, cfg)
-    await d.start()
-    yield d
-    await d.close()
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
 
 
 def tool_results(body: dict[str, Any]) -> dict[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import sys
 import time
@@ -22,9 +21,9 @@ from langchain_openai import ChatOpenAI
 from agent.config import AgentSettings, ModelSpec
 from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
 from agent.harness import Harness
+from tests.daemon import REPO, env_without
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
-REPO = Path(__file__).resolve().parents[1]
 API_KEY = "sk-test-secret-0123456789"
 FAST = AgentSettings(retry_backoff=0.001, model_retries=2, model_timeout=5)
 
@@ -302,8 +301,7 @@ asyncio.run(main())
 
 async def crash_mid_turn(fake: FakeOpenAI, db: Path, started: Callable[[], bool]) -> None:
     """Run turn m1 in a child process and SIGKILL it once ``started()`` says it is mid-turn."""
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    env["PYTHONPATH"] = str(REPO)
+    env = env_without(PYTHONPATH=str(REPO))
     marker = db.with_suffix(".started")
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-c", CHILD, fake.base_url, str(db), str(marker), cwd=REPO, env=env

@@ -8,7 +8,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -35,14 +35,12 @@ LIVENESS = 2.0
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeLark]:
-    server = FakeLark(ping_interval=30, reconnect_interval=1).start()
-    yield server
-    server.stop()
+def lark_ping() -> int:
+    return 30  # no pings among the frames these tests count
 
 
-def make_channel(fake: FakeLark, liveness_timeout: float = LIVENESS) -> LarkChannel:
-    return LarkChannel(fake.app_id, fake.app_secret, domain=fake.base_url, liveness_timeout=liveness_timeout)
+def make_channel(lark: FakeLark, liveness_timeout: float = LIVENESS) -> LarkChannel:
+    return LarkChannel(lark.app_id, lark.app_secret, domain=lark.base_url, liveness_timeout=liveness_timeout)
 
 
 class Sink:
@@ -96,27 +94,27 @@ def lark_threads() -> list[threading.Thread]:
 # -- inbound -----------------------------------------------------------------------------------
 
 
-async def test_direct_message_is_acked_only_after_the_sink_returned(fake: FakeLark) -> None:
-    channel, sink = make_channel(fake), Sink()
+async def test_direct_message_is_acked_only_after_the_sink_returned(lark: FakeLark) -> None:
+    channel, sink = make_channel(lark), Sink()
     sink.gate = asyncio.Event()
     async with running(channel, sink):
-        event = fake.inject_message("oc_dm", "ou_alice", "hello there")
+        event = lark.inject_message("oc_dm", "ou_alice", "hello there")
         await asyncio.wait_for(sink.entered.wait(), 10)
-        assert fake.acks_for(event) == []  # the SDK thread is still inside our handler
+        assert lark.acks_for(event) == []  # the SDK thread is still inside our handler
         sink.gate.set()
-        await fake.wait_for_async(lambda f: f.acks_for(event))
-        assert fake.acks_for(event) == [200]
+        await lark.wait_for_async(lambda f: f.acks_for(event))
+        assert lark.acks_for(event) == [200]
     [msg] = sink.got
     assert (msg.platform, msg.chat_id, msg.message_id) == ("lark", "oc_dm", event.message_id)
     assert (msg.sender_id, msg.text, msg.is_direct, msg.addressed) == ("ou_alice", "hello there", True, True)
     assert msg.thread_id is None
 
 
-async def test_group_messages_are_addressed_only_by_mention(fake: FakeLark) -> None:
-    channel, sink = make_channel(fake), Sink()
+async def test_group_messages_are_addressed_only_by_mention(lark: FakeLark) -> None:
+    channel, sink = make_channel(lark), Sink()
     async with running(channel, sink):
-        plain = fake.inject_message("oc_group", "ou_bob", "just chatting", chat_type="group")
-        mentioned = fake.inject_message(
+        plain = lark.inject_message("oc_group", "ou_bob", "just chatting", chat_type="group")
+        mentioned = lark.inject_message(
             "oc_group",
             "ou_bob",
             "what is up",
@@ -124,10 +122,10 @@ async def test_group_messages_are_addressed_only_by_mention(fake: FakeLark) -> N
             mention_bot=True,
             mentions=[("ou_carol", "Carol")],
         )
-        other = fake.inject_message(
+        other = lark.inject_message(
             "oc_group", "ou_bob", "ping", chat_type="group", mentions=[("ou_carol", "Carol")]
         )
-        await fake.wait_for_async(lambda f: all(f.acks_for(e) for e in (plain, mentioned, other)))
+        await lark.wait_for_async(lambda f: all(f.acks_for(e) for e in (plain, mentioned, other)))
     by_id = {m.message_id: m for m in sink.got}
     assert by_id[plain.message_id].addressed is False
     assert by_id[plain.message_id].is_direct is False
@@ -135,41 +133,41 @@ async def test_group_messages_are_addressed_only_by_mention(fake: FakeLark) -> N
     assert by_id[mentioned.message_id].text == "what is up @Carol"
     assert by_id[other.message_id].addressed is False
     assert by_id[other.message_id].text == "ping @Carol"
-    assert channel.bot_open_id == fake.bot_open_id
+    assert channel.bot_open_id == lark.bot_open_id
 
 
-async def test_failing_sink_acks_500_and_redelivery_keeps_the_key(fake: FakeLark) -> None:
-    channel, sink = make_channel(fake), Sink()
+async def test_failing_sink_acks_500_and_redelivery_keeps_the_key(lark: FakeLark) -> None:
+    channel, sink = make_channel(lark), Sink()
     sink.fail = 1
     async with running(channel, sink):
-        event = fake.inject_message("oc_dm", "ou_alice", "important")
-        await fake.wait_for_async(lambda f: f.acks_for(event))
-        assert fake.acks_for(event) == [500]
+        event = lark.inject_message("oc_dm", "ou_alice", "important")
+        await lark.wait_for_async(lambda f: f.acks_for(event))
+        assert lark.acks_for(event) == [500]
         assert sink.got == []
-        fake.redeliver(event)
-        await fake.wait_for_async(lambda f: len(f.acks_for(event)) == 2)
-        fake.redeliver(event)  # a second, already journaled, delivery: same key
-        await fake.wait_for_async(lambda f: len(f.acks_for(event)) == 3)
-    assert fake.acks_for(event) == [500, 200, 200]
+        lark.redeliver(event)
+        await lark.wait_for_async(lambda f: len(f.acks_for(event)) == 2)
+        lark.redeliver(event)  # a second, already journaled, delivery: same key
+        await lark.wait_for_async(lambda f: len(f.acks_for(event)) == 3)
+    assert lark.acks_for(event) == [500, 200, 200]
     assert [m.key for m in sink.got] == [f"lark:oc_dm:{event.message_id}"] * 2
 
 
-async def test_topic_messages_form_their_own_conversation(fake: FakeLark) -> None:
-    channel, sink = make_channel(fake), Sink()
+async def test_topic_messages_form_their_own_conversation(lark: FakeLark) -> None:
+    channel, sink = make_channel(lark), Sink()
     async with running(channel, sink):
-        event = fake.inject_message(
+        event = lark.inject_message(
             "oc_topics", "ou_bob", "in a topic", chat_type="group", mention_bot=True, thread_id="omt_1"
         )
         await until(lambda: sink.got)
         msg = sink.got[0]
         assert msg.thread_id == "omt_1" and msg.conversation == "lark:oc_topics:omt_1"
         await channel.send(msg.target, channel.render("answer")[0], idempotency_key="t1")
-    [reply] = fake.bot_messages("oc_topics")
+    [reply] = lark.bot_messages("oc_topics")
     assert reply.parent_id == event.message_id and reply.thread_id == "omt_1"
 
 
-async def test_post_and_file_messages(fake: FakeLark) -> None:
-    channel, sink = make_channel(fake), Sink()
+async def test_post_and_file_messages(lark: FakeLark) -> None:
+    channel, sink = make_channel(lark), Sink()
     post = {
         "title": "Report",
         "content": [
@@ -181,10 +179,10 @@ async def test_post_and_file_messages(fake: FakeLark) -> None:
             [{"tag": "img", "image_key": "img_in_post"}],
         ],
     }
-    mention = {"key": "@_user_1", "id": {"open_id": fake.bot_open_id}, "name": "Chital"}
+    mention = {"key": "@_user_1", "id": {"open_id": lark.bot_open_id}, "name": "Chital"}
     async with running(channel, sink):
-        fake.inject_event("oc_g", "ou_bob", "post", post, chat_type="group", mentions=[mention])
-        sent = fake.inject_file("oc_dm", "ou_alice", "notes.txt", b"file body")
+        lark.inject_event("oc_g", "ou_bob", "post", post, chat_type="group", mentions=[mention])
+        sent = lark.inject_file("oc_dm", "ou_alice", "notes.txt", b"file body")
         await until(lambda: len(sink.got) == 2)
         rich, filed = sink.got
         assert rich.addressed and rich.text == "Report\nsee docs (https://example.com)"
@@ -202,22 +200,22 @@ async def test_post_and_file_messages(fake: FakeLark) -> None:
 
 
 @pytest.mark.parametrize("mode", ["close", "abort"])
-async def test_sdk_reconnects_after_a_drop(fake: FakeLark, mode: str) -> None:
-    channel, sink = make_channel(fake, liveness_timeout=5.0), Sink()
+async def test_sdk_reconnects_after_a_drop(lark: FakeLark, mode: str) -> None:
+    channel, sink = make_channel(lark, liveness_timeout=5.0), Sink()
     async with running(channel, sink) as task:
-        fake.drop_connection(mode)
-        await fake.wait_for_async(lambda f: f.connections >= 2 and f.live_connections)
-        event = fake.inject_message("oc_dm", "ou_alice", "after the drop")
-        await fake.wait_for_async(lambda f: f.acks_for(event) == [200])
+        lark.drop_connection(mode)
+        await lark.wait_for_async(lambda f: f.connections >= 2 and f.live_connections)
+        event = lark.inject_message("oc_dm", "ou_alice", "after the drop")
+        await lark.wait_for_async(lambda f: f.acks_for(event) == [200])
         assert not task.done()
         await until(lambda: channel.state is ChannelState.CONNECTED)
     assert [m.text for m in sink.got] == ["after the drop"]
 
 
-async def test_half_open_connection_is_noticed_by_the_watchdog(fake: FakeLark) -> None:
-    channel, sink = make_channel(fake), Sink()
+async def test_half_open_connection_is_noticed_by_the_watchdog(lark: FakeLark) -> None:
+    channel, sink = make_channel(lark), Sink()
     async with running(channel, sink) as task:
-        fake.drop_connection("stall")
+        lark.drop_connection("stall")
         started = time.monotonic()
         with pytest.raises(LarkConnectionError, match="no frame"):
             await asyncio.wait_for(task, LIVENESS * 3 + 5)
@@ -226,16 +224,16 @@ async def test_half_open_connection_is_noticed_by_the_watchdog(fake: FakeLark) -
     await until(lambda: not lark_threads(), 10)
     # What the supervisor does next: run the same channel again; the stalled socket stays unused.
     async with running(channel, sink):
-        event = fake.inject_message("oc_dm", "ou_alice", "after the restart")
-        await fake.wait_for_async(lambda f: f.acks_for(event) == [200])
+        event = lark.inject_message("oc_dm", "ou_alice", "after the restart")
+        await lark.wait_for_async(lambda f: f.acks_for(event) == [200])
     assert [m.text for m in sink.got] == ["after the restart"]
 
 
-async def test_endpoint_error_that_ends_the_sdk_client_is_noticed(fake: FakeLark) -> None:
-    channel, sink = make_channel(fake, liveness_timeout=30.0), Sink()
+async def test_endpoint_error_that_ends_the_sdk_client_is_noticed(lark: FakeLark) -> None:
+    channel, sink = make_channel(lark, liveness_timeout=30.0), Sink()
     async with running(channel, sink) as task:
-        fake.endpoint_error(1000040350)  # a client error code: the SDK's reconnect gives up
-        fake.drop_connection("close")
+        lark.endpoint_error(1000040350)  # a client error code: the SDK's reconnect gives up
+        lark.drop_connection("close")
         started = time.monotonic()
         with pytest.raises(LarkConnectionError, match="1000040350"):
             await asyncio.wait_for(task, 15)
@@ -245,15 +243,15 @@ async def test_endpoint_error_that_ends_the_sdk_client_is_noticed(fake: FakeLark
         await asyncio.wait_for(run_once(channel, sink), 15)
 
 
-async def test_retryable_endpoint_error_is_ridden_out_by_the_sdk(fake: FakeLark) -> None:
-    channel, sink = make_channel(fake, liveness_timeout=30.0), Sink()
+async def test_retryable_endpoint_error_is_ridden_out_by_the_sdk(lark: FakeLark) -> None:
+    channel, sink = make_channel(lark, liveness_timeout=30.0), Sink()
     async with running(channel, sink) as task:
-        fake.endpoint_error(1)  # "system busy": the SDK retries every ReconnectInterval
-        fake.drop_connection("close")
-        await fake.wait_for_async(lambda f: f.endpoint_calls >= 3)
-        fake.endpoint_error(None)
-        event = fake.inject_message("oc_dm", "ou_alice", "still here")
-        await fake.wait_for_async(lambda f: f.acks_for(event) == [200])
+        lark.endpoint_error(1)  # "system busy": the SDK retries every ReconnectInterval
+        lark.drop_connection("close")
+        await lark.wait_for_async(lambda f: f.endpoint_calls >= 3)
+        lark.endpoint_error(None)
+        event = lark.inject_message("oc_dm", "ou_alice", "still here")
+        await lark.wait_for_async(lambda f: f.acks_for(event) == [200])
         assert not task.done()
 
 
@@ -278,16 +276,16 @@ async def test_sdk_log_lines_are_redacted(caplog: pytest.LogCaptureFixture) -> N
     assert not any(s in caplog.text for s in ("AK123", "TK456", "TK789"))
 
 
-async def test_cancel_winds_down_and_a_new_channel_takes_over(fake: FakeLark) -> None:
-    first, first_sink = make_channel(fake), Sink()
+async def test_cancel_winds_down_and_a_new_channel_takes_over(lark: FakeLark) -> None:
+    first, first_sink = make_channel(lark), Sink()
     async with running(first, first_sink):
         assert len(lark_threads()) == 1
     assert first.state is ChannelState.STOPPED
-    await until(lambda: not lark_threads() and not fake.live_connections, 10)
-    second, second_sink = make_channel(fake), Sink()
+    await until(lambda: not lark_threads() and not lark.live_connections, 10)
+    second, second_sink = make_channel(lark), Sink()
     async with running(second, second_sink):
-        event = fake.inject_message("oc_dm", "ou_alice", "for the new one")
-        await fake.wait_for_async(lambda f: f.acks_for(event) == [200])
+        event = lark.inject_message("oc_dm", "ou_alice", "for the new one")
+        await lark.wait_for_async(lambda f: f.acks_for(event) == [200])
     assert first_sink.got == [] and [m.text for m in second_sink.got] == ["for the new one"]
     await until(lambda: not lark_threads(), 10)
 
@@ -295,17 +293,17 @@ async def test_cancel_winds_down_and_a_new_channel_takes_over(fake: FakeLark) ->
 # -- outbound ------------------------------------------------------------------------------------
 
 
-async def test_send_edit_split_and_uuid_dedupe(fake: FakeLark) -> None:
-    channel, sink = make_channel(fake), Sink()
+async def test_send_edit_split_and_uuid_dedupe(lark: FakeLark) -> None:
+    channel, sink = make_channel(lark), Sink()
     async with running(channel, sink):
-        fake.inject_message("oc_dm", "ou_alice", "write a lot")
+        lark.inject_message("oc_dm", "ou_alice", "write a lot")
         await until(lambda: sink.got)
         target = sink.got[0].target
         first = channel.render_stream("Working on it")
         mid = await channel.send(target, first, idempotency_key="turn1:0")
         assert await channel.send(target, first, idempotency_key="turn1:0") == mid  # a retry
         await channel.edit(target, mid, channel.render_stream("Working on it, **half** done\n```py\nx = 1"))
-        [shown] = fake.bot_messages("oc_dm")
+        [shown] = lark.bot_messages("oc_dm")
         assert shown.edits == 1 and "**half** done" in shown.text and shown.text.endswith("```")
         answer = "# Result\n\n" + "\n\n".join(f"Paragraph {i} " + "word " * 60 for i in range(60))
         answer += "\n\n```python\n" + "print('x')\n" * 400 + "```\n"
@@ -315,7 +313,7 @@ async def test_send_edit_split_and_uuid_dedupe(fake: FakeLark) -> None:
         await channel.edit(target, mid, parts[0])
         for i, part in enumerate(parts[1:], 1):
             await channel.send(target, part, idempotency_key=f"turn1:{i}")
-    shown = fake.bot_messages("oc_dm")
+    shown = lark.bot_messages("oc_dm")
     assert len(shown) == len(parts)
     assert shown[0].text.startswith("# Result")
     assert all(m.parent_id == sink.got[0].message_id for m in shown)
@@ -323,45 +321,45 @@ async def test_send_edit_split_and_uuid_dedupe(fake: FakeLark) -> None:
     assert all(t.count("```") % 2 == 0 for t in code_parts)
 
 
-async def test_send_without_a_message_to_reply_to_posts_into_the_chat(fake: FakeLark) -> None:
-    channel = make_channel(fake)
+async def test_send_without_a_message_to_reply_to_posts_into_the_chat(lark: FakeLark) -> None:
+    channel = make_channel(lark)
     mid = await channel.send(
         ReplyTarget("lark", "oc_notice"), Rendered("Restarted, **back** now"), idempotency_key="notice-1"
     )
-    [msg] = fake.bot_messages("oc_notice")
+    [msg] = lark.bot_messages("oc_notice")
     assert msg.message_id == mid and msg.msg_type == "interactive" and "**back**" in msg.text
     await channel.close()
 
 
-async def test_api_errors_are_mapped(fake: FakeLark) -> None:
-    channel = make_channel(fake)
+async def test_api_errors_are_mapped(lark: FakeLark) -> None:
+    channel = make_channel(lark)
     target = ReplyTarget("lark", "oc_x")
     part = channel.render("hi")[0]
-    fake.rate_limit_next("POST", r"/im/v1/messages$", reset=3)
+    lark.rate_limit_next("POST", r"/im/v1/messages$", reset=3)
     with pytest.raises(RetryAfter) as limited:
         await channel.send(target, part, idempotency_key="a")
     assert limited.value.seconds == 3
-    fake.fail_next("POST", r"/im/v1/messages$", status=503)
+    lark.fail_next("POST", r"/im/v1/messages$", status=503)
     with pytest.raises(TransientSendError):
         await channel.send(target, part, idempotency_key="a")
-    fake.fail_next("POST", r"/im/v1/messages$", status=400, code=230002, msg="bot not in chat")
+    lark.fail_next("POST", r"/im/v1/messages$", status=400, code=230002, msg="bot not in chat")
     with pytest.raises(PermanentSendError, match="230002"):
         await channel.send(target, part, idempotency_key="a")
     with pytest.raises(PermanentSendError):
         await channel.edit(target, "om_missing", part)
     await channel.send(target, part, idempotency_key="a")  # and then it works
-    assert len(fake.bot_messages("oc_x")) == 1
+    assert len(lark.bot_messages("oc_x")) == 1
     await channel.close()
 
 
-async def test_send_file_and_react(fake: FakeLark, tmp_path: Path) -> None:
-    channel, sink = make_channel(fake), Sink()
+async def test_send_file_and_react(lark: FakeLark, tmp_path: Path) -> None:
+    channel, sink = make_channel(lark), Sink()
     report = tmp_path / "report.pdf"
     report.write_bytes(b"%PDF-1.4 fake")
     chart = tmp_path / "chart.png"
     chart.write_bytes(b"\x89PNG fake")
     async with running(channel, sink):
-        event = fake.inject_message("oc_dm", "ou_alice", "make a report")
+        event = lark.inject_message("oc_dm", "ou_alice", "make a report")
         await until(lambda: sink.got)
         target = sink.got[0].target
         await channel.react(target, "👍")
@@ -374,13 +372,13 @@ async def test_send_file_and_react(fake: FakeLark, tmp_path: Path) -> None:
         image_mid = await channel.send_file(
             target, OutFile(chart.name, chart.read_bytes()), idempotency_key="k#2"
         )
-    kinds = {m.message_id: m for m in fake.bot_messages("oc_dm")}
+    kinds = {m.message_id: m for m in lark.bot_messages("oc_dm")}
     assert kinds[file_mid].msg_type == "file" and kinds[image_mid].msg_type == "image"
     file_key = json.loads(kinds[file_mid].content)["file_key"]
-    assert fake.uploads[file_key] == ("report.pdf", b"%PDF-1.4 fake")
-    assert fake.uploads[json.loads(kinds[image_mid].content)["image_key"]][1] == b"\x89PNG fake"
+    assert lark.uploads[file_key] == ("report.pdf", b"%PDF-1.4 fake")
+    assert lark.uploads[json.loads(kinds[image_mid].content)["image_key"]][1] == b"\x89PNG fake"
     assert any("Here is the report" in m.text for m in kinds.values())
-    assert fake.reactions == [(event.message_id, "THUMBSUP")]
+    assert lark.reactions == [(event.message_id, "THUMBSUP")]
 
 
 # -- formatting ----------------------------------------------------------------------------------

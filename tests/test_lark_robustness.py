@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,38 +18,37 @@ from channels.base import ChannelState
 from channels.lark import LarkChannel
 from gateway.ops.metrics import Metrics
 from gateway.ops.supervisor import Backoff, ChannelSupervisor
-from tests.fakes.gateway_rig import Rig, gateway_rig, running
+from tests.fakes.gateway_rig import Rig, running
 from tests.fakes.lark_server import FakeLark, Injected
 from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants
 
 ALICE = "ou_alice"
+
+
+@pytest.fixture
+def lark_ping() -> int:
+    return 30  # no pings among the frames these tests count
+
+
+@pytest.fixture
+def allowed_users() -> list[str]:
+    return [ALICE]
+
+
 CHAT = "oc_alice"
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeLark]:
-    server = FakeLark(ping_interval=30, reconnect_interval=1).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def channel(fake: FakeLark) -> LarkChannel:
-    return LarkChannel(fake.app_id, fake.app_secret, domain=fake.base_url, liveness_timeout=5.0)
-
-
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    async with gateway_rig(tmp_path, [ALICE]) as r:
-        yield r
+def channel(lark: FakeLark) -> LarkChannel:
+    return LarkChannel(lark.app_id, lark.app_secret, domain=lark.base_url, liveness_timeout=5.0)
 
 
 def says(needle: str) -> Callable[[FakeLark], list[Any]]:
     return lambda f: [m for m in f.bot_messages(CHAT) if needle in m.text]
 
 
-async def acked(fake: FakeLark, *events: Injected) -> None:
-    await fake.wait_for_async(lambda f: all(f.acks_for(e) for e in events))
+async def acked(lark: FakeLark, *events: Injected) -> None:
+    await lark.wait_for_async(lambda f: all(f.acks_for(e) for e in events))
 
 
 def drop_sender(body: dict[str, Any]) -> None:
@@ -67,22 +65,22 @@ BAD_CONTENT: dict[str, tuple[str, str]] = {
 
 @pytest.mark.parametrize("shape", list(BAD_CONTENT))
 async def test_bad_content_is_skipped_acked_and_its_sender_told(
-    shape: str, fake: FakeLark, channel: LarkChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+    shape: str, lark: FakeLark, channel: LarkChannel, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     msg_type, content = BAD_CONTENT[shape]
-    async with running(channel, rig):
-        first = fake.inject_message(CHAT, ALICE, "first good one")
-        bad = fake.inject_event(CHAT, ALICE, msg_type, content)
-        second = fake.inject_message(CHAT, ALICE, "second good one")
-        await fake.wait_for_async(says("echo: second good one"))
-        (note,) = await fake.wait_for_async(says("couldn't read that message"))
-        assert await fake.wait_for_async(says("echo: first good one"))
-        await acked(fake, first, bad, second)
+    async with running(channel, adapter_rig):
+        first = lark.inject_message(CHAT, ALICE, "first good one")
+        bad = lark.inject_event(CHAT, ALICE, msg_type, content)
+        second = lark.inject_message(CHAT, ALICE, "second good one")
+        await lark.wait_for_async(says("echo: second good one"))
+        (note,) = await lark.wait_for_async(says("couldn't read that message"))
+        assert await lark.wait_for_async(says("echo: first good one"))
+        await acked(lark, first, bad, second)
         assert channel.state is ChannelState.CONNECTED
-    assert fake.acks_for(bad) == [200], "acked as handled: never redelivered"
+    assert lark.acks_for(bad) == [200], "acked as handled: never redelivered"
     assert note.parent_id == bad.message_id
-    assert rig.metric("chital_messages_ignored_total", channel="lark", reason="malformed") == 1
+    assert adapter_rig.metric("chital_messages_ignored_total", channel="lark", reason="malformed") == 1
     critical = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
     assert critical and bad.message_id in critical[0] and CHAT in critical[0]
     for record in caplog.records:
@@ -90,32 +88,32 @@ async def test_bad_content_is_skipped_acked_and_its_sender_told(
 
 
 async def test_unparseable_frames_are_acked_and_counted(
-    fake: FakeLark, channel: LarkChannel, rig: Rig
+    lark: FakeLark, channel: LarkChannel, adapter_rig: Rig
 ) -> None:
     other_type = {"schema": "2.0", "header": {"event_id": "ev_read", "event_type": "im.message.message_read_v1"},
                   "event": {}}  # fmt: skip
-    async with running(channel, rig):
-        not_json = fake.inject_payload(b"secret words, not JSON")
-        no_header = fake.inject_payload(json.dumps({"schema": "2.0", "event": {}}).encode())
-        no_sender = fake.inject_event(CHAT, ALICE, "text", {"text": "who am I"}, mutate=drop_sender)
-        read_receipt = fake.inject_payload(json.dumps(other_type).encode())
-        after = fake.inject_message(CHAT, ALICE, "after them")
-        await fake.wait_for_async(says("echo: after them"))
-        await acked(fake, not_json, no_header, no_sender, read_receipt, after)
+    async with running(channel, adapter_rig):
+        not_json = lark.inject_payload(b"secret words, not JSON")
+        no_header = lark.inject_payload(json.dumps({"schema": "2.0", "event": {}}).encode())
+        no_sender = lark.inject_event(CHAT, ALICE, "text", {"text": "who am I"}, mutate=drop_sender)
+        read_receipt = lark.inject_payload(json.dumps(other_type).encode())
+        after = lark.inject_message(CHAT, ALICE, "after them")
+        await lark.wait_for_async(says("echo: after them"))
+        await acked(lark, not_json, no_header, no_sender, read_receipt, after)
         assert channel.state is ChannelState.CONNECTED
     for event in (not_json, no_header, no_sender, read_receipt):
-        assert fake.acks_for(event) == [200]
-    assert not says("couldn't read")(fake), "no sender could be recovered: nobody to tell"
+        assert lark.acks_for(event) == [200]
+    assert not says("couldn't read")(lark), "no sender could be recovered: nobody to tell"
     # the read receipt is another event type: acked and ignored, not counted as malformed
-    assert rig.metric("chital_messages_ignored_total", channel="lark", reason="malformed") == 3
+    assert adapter_rig.metric("chital_messages_ignored_total", channel="lark", reason="malformed") == 3
 
 
 async def test_lone_surrogate_is_replaced_and_answered(
-    fake: FakeLark, channel: LarkChannel, rig: Rig
+    lark: FakeLark, channel: LarkChannel, adapter_rig: Rig
 ) -> None:
-    async with running(channel, rig):
-        fake.inject_event(CHAT, ALICE, "text", '{"text": "bad \\ud800 char"}')
-        (reply,) = await fake.wait_for_async(says("echo: "))
+    async with running(channel, adapter_rig):
+        lark.inject_event(CHAT, ALICE, "text", '{"text": "bad \\ud800 char"}')
+        (reply,) = await lark.wait_for_async(says("echo: "))
     assert reply.text == "echo: bad \ufffd char"
 
 
@@ -132,12 +130,17 @@ async def test_lone_surrogate_is_replaced_and_answered(
     ids=["location", "vote", "calendar", "video_chat"],
 )  # fmt: skip
 async def test_usable_kinds_become_text(
-    msg_type: str, content: dict[str, Any], agent_reads: str, fake: FakeLark, channel: LarkChannel, rig: Rig
+    msg_type: str,
+    content: dict[str, Any],
+    agent_reads: str,
+    lark: FakeLark,
+    channel: LarkChannel,
+    adapter_rig: Rig,
 ) -> None:
-    async with running(channel, rig):
-        fake.inject_event(CHAT, ALICE, msg_type, content)
-        await fake.wait_for_async(says("echo: "))
-    assert rig.harness.seen == [(agent_reads, [])]
+    async with running(channel, adapter_rig):
+        lark.inject_event(CHAT, ALICE, msg_type, content)
+        await lark.wait_for_async(says("echo: "))
+    assert adapter_rig.harness.seen == [(agent_reads, [])]
 
 
 @pytest.mark.parametrize(
@@ -151,13 +154,13 @@ async def test_usable_kinds_become_text(
     ids=["sticker", "share_chat", "merge_forward", "unknown"],
 )
 async def test_unusable_kinds_get_a_plain_note(
-    msg_type: str, content: dict[str, Any], kind: str, fake: FakeLark, channel: LarkChannel, rig: Rig
+    msg_type: str, content: dict[str, Any], kind: str, lark: FakeLark, channel: LarkChannel, adapter_rig: Rig
 ) -> None:
-    async with running(channel, rig):
-        sent = fake.inject_event(CHAT, ALICE, msg_type, content)
-        (note,) = await fake.wait_for_async(says("I can't use"))
+    async with running(channel, adapter_rig):
+        sent = lark.inject_event(CHAT, ALICE, msg_type, content)
+        (note,) = await lark.wait_for_async(says("I can't use"))
     assert note.text == f"I can't use {kind} yet; please describe what you need in words."
-    assert note.parent_id == sent.message_id and rig.harness.seen == []
+    assert note.parent_id == sent.message_id and adapter_rig.harness.seen == []
 
 
 # -- fatal vs transient ---------------------------------------------------------------------------
@@ -229,57 +232,57 @@ def breaking(case: Case) -> Callable[[dict[str, Any]], None]:
     return mutate
 
 
-async def serves_after(fake: FakeLark) -> None:
-    fake.inject_message(CHAT, ALICE, "still there?")
-    await fake.wait_for_async(says("echo: still there?"))
+async def serves_after(lark: FakeLark) -> None:
+    lark.inject_message(CHAT, ALICE, "still there?")
+    await lark.wait_for_async(says("echo: still there?"))
 
 
 @pytest.mark.parametrize("case", EVENT_CASES, ids=lambda c: c.id)
 async def test_every_malformed_event_is_acked_counted_and_answered(
-    case: Case, fake: FakeLark, channel: LarkChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+    case: Case, lark: FakeLark, channel: LarkChannel, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    async with running(channel, rig):
-        bad = fake.inject_event(CHAT, ALICE, "text", {"text": SECRET}, mutate=breaking(case))
-        await acked(fake, bad)
+    async with running(channel, adapter_rig):
+        bad = lark.inject_event(CHAT, ALICE, "text", {"text": SECRET}, mutate=breaking(case))
+        await acked(lark, bad)
         if case.told:
-            await fake.wait_for_async(says("couldn't read that message"))
-        await serves_after(fake)
+            await lark.wait_for_async(says("couldn't read that message"))
+        await serves_after(lark)
         assert channel.state is ChannelState.CONNECTED
-    assert fake.acks_for(bad) == [200], "acked as handled: never redelivered"
-    assert malformed_total(rig, "lark") == 1
-    assert bool(says("couldn't read")(fake)) is case.told
+    assert lark.acks_for(bad) == [200], "acked as handled: never redelivered"
+    assert malformed_total(adapter_rig, "lark") == 1
+    assert bool(says("couldn't read")(lark)) is case.told
     assert not leaked(caplog.records)
 
 
 @pytest.mark.parametrize("case", PRESS_CASES, ids=lambda c: c.id)
 async def test_every_malformed_card_press_is_acked_counted_and_refused(
-    case: Case, fake: FakeLark, channel: LarkChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+    case: Case, lark: FakeLark, channel: LarkChannel, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    body = fake.card_press_body("om_card", CHAT, ALICE, {"chital": "chital:approve:ZZ", "note": SECRET})
-    async with running(channel, rig):
-        bad = fake.inject_payload(json.dumps(put(body, case.path, case.value)).encode())
-        await acked(fake, bad)
-        await serves_after(fake)
-    assert fake.acks_for(bad) == [200]
-    toast = (fake.ack_data(bad) or {}).get("toast") or {}
+    body = lark.card_press_body("om_card", CHAT, ALICE, {"chital": "chital:approve:ZZ", "note": SECRET})
+    async with running(channel, adapter_rig):
+        bad = lark.inject_payload(json.dumps(put(body, case.path, case.value)).encode())
+        await acked(lark, bad)
+        await serves_after(lark)
+    assert lark.acks_for(bad) == [200]
+    toast = (lark.ack_data(bad) or {}).get("toast") or {}
     assert toast.get("type") == "error" and "couldn't read that button" in toast.get("content", "")
-    assert malformed_total(rig, "lark") == 1
+    assert malformed_total(adapter_rig, "lark") == 1
     assert not leaked(caplog.records)
 
 
 @pytest.mark.parametrize("frame", list(FRAMES))
 async def test_frames_the_sdk_would_drop_are_acked_and_counted(
-    frame: str, fake: FakeLark, channel: LarkChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+    frame: str, lark: FakeLark, channel: LarkChannel, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     payload, headers = FRAMES[frame]
-    async with running(channel, rig):
-        bad = fake.inject_frame(payload, headers)
-        await acked(fake, bad)
-        await serves_after(fake)
+    async with running(channel, adapter_rig):
+        bad = lark.inject_frame(payload, headers)
+        await acked(lark, bad)
+        await serves_after(lark)
         assert channel.state is ChannelState.CONNECTED
-    assert fake.acks_for(bad) == [200]
-    assert malformed_total(rig, "lark") == 1
+    assert lark.acks_for(bad) == [200]
+    assert malformed_total(adapter_rig, "lark") == 1
     assert not leaked(caplog.records)

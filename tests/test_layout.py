@@ -10,7 +10,8 @@ from pathlib import Path
 
 import grimp
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.daemon import REPO
+
 ROOTS = ("gateway", "channels", "agent", "compat")
 MAX_LINES = 500
 LONGER: dict[str, tuple[int, str]] = {

@@ -22,7 +22,7 @@ from PIL import Image, ImageCms, PngImagePlugin
 
 from agent.config import VisionSettings
 from gateway.intake.media import NotAnImage, prepare_image
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -173,15 +173,11 @@ def assert_two_halves(data: bytes) -> None:
 
 @pytest.fixture
 async def daemon(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram) -> AsyncIterator[DaemonProcess]:
-    cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["agent"]["tools"] = False  # every model request is a user's turn
+    # no tools: every model request is a user's turn
+    cfg = chat_config(tmp_path, model.base_url, tg, allow=[f"telegram:{USER}"], agent={"tools": False})
     cfg["models"][0]["vision"] = True
-    cfg["channels"]["telegram"] = tg.channel_settings()
-    cfg["access"] = {"allow_users": [f"telegram:{USER}"]}
-    d = DaemonProcess(tmp_path, cfg)
-    await d.start()
-    yield d
-    await d.close()
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
 
 
 def _images_sent(model: FakeOpenAI, needle: str) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:

@@ -30,7 +30,7 @@ from agent.turn_overrides import TurnOverrides
 from agent.usage import TokenUsage, attach_usage
 from gateway.config.schema import ConfigError, parse_config
 from gateway.turns.usage import UsageRecorder
-from tests.daemon import DaemonProcess
+from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.gateway_rig import (
     ADMIN,
     USER,
@@ -450,10 +450,8 @@ async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIt
     cfg["agent"]["memory"] = {"enabled": False}
     cfg["profiles"] = {"desk": {"system_prompt": PERSONA, "chats": [f"telegram:{OWNER}"]}}
     cfg["usage"] = {"daily_tokens": 2000}
-    d = DaemonProcess(tmp_path, cfg)
-    await d.start()
-    yield d
-    await d.close()
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
 
 
 def usage_rows(d: DaemonProcess) -> list[tuple[Any, ...]]:
@@ -551,7 +549,7 @@ async def test_model_and_skill_commands_through_slack_and_discord(tmp_path: Path
     from gateway.ops.metrics import Metrics
     from tests.fakes.discord_server import FakeDiscord
     from tests.fakes.fake_harness import FakeHarness
-    from tests.fakes.gateway_rig import running
+    from tests.fakes.gateway_rig import started_daemon
     from tests.fakes.slack_server import FakeSlack
 
     alice, dm, bob = "U_ALICE", "D_ALICE", "900000000000000042"
@@ -568,7 +566,7 @@ async def test_model_and_skill_commands_through_slack_and_discord(tmp_path: Path
                 api_base_url=fake_discord.api_base_url,
                 gateway_url=fake_discord.gateway_url,
             )
-            async with running(slack_channel, gateway), running(discord_channel, gateway):
+            async with started_daemon(slack_channel, gateway), started_daemon(discord_channel, gateway):
                 # Slack's message box keeps a leading "/" for its own commands: a space first.
                 await slack.inject_dm(dm, alice, " /model other")
                 await slack.wait_for(

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import tomllib
 from importlib.metadata import packages_distributions, version
-from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.daemon import REPO
+
 PINNED = {
     "aiohttp", "aiosqlite", "langchain", "langchain-core", "langchain-openai", "langgraph", "langgraph-checkpoint",
     "langgraph-checkpoint-sqlite", "deepagents", "openai", "python-telegram-bot", "discord.py", "lark-oapi",

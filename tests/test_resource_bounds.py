@@ -19,7 +19,7 @@ import pytest
 from agent.sandbox import bounded
 from agent.sandbox.files import HostFiles
 from agent.sandbox.paths import PathMapper, ThreadDirs
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -30,13 +30,9 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewr
 
 @pytest.fixture
 async def daemon(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram) -> AsyncIterator[DaemonProcess]:
-    cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["channels"]["telegram"] = tg.channel_settings()
-    cfg["access"] = {"allow_users": [f"telegram:{USER}"]}
-    d = DaemonProcess(tmp_path, cfg)
-    await d.start()
-    yield d
-    await d.close()
+    cfg = chat_config(tmp_path, model.base_url, tg, allow=[f"telegram:{USER}"])
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
 
 
 def tool_results(model: FakeOpenAI) -> dict[str, str]:
@@ -105,57 +101,57 @@ async def test_hostile_files_reach_the_model_capped_and_marked(
 
 
 @pytest.fixture
-def files(tmp_path: Path) -> HostFiles:
+def host_files(tmp_path: Path) -> HostFiles:
     dirs = ThreadDirs.for_thread(tmp_path / "sbx", "t1", None)
     dirs.ensure(None)
     return HostFiles(PathMapper(dirs))
 
 
-def test_a_window_stops_at_its_byte_budget_and_says_where_to_go_on(files: HostFiles) -> None:
-    host = files.mapper.resolve(f"{WS}/many.txt").host
+def test_a_window_stops_at_its_byte_budget_and_says_where_to_go_on(host_files: HostFiles) -> None:
+    host = host_files.mapper.resolve(f"{WS}/many.txt").host
     line = "x" * 1000 + "\n"
     Path(host).write_text(line * 2000)
-    window = files.read_text(f"{WS}/many.txt", 0, 2000)
+    window = host_files.read_text(f"{WS}/many.txt", 0, 2000)
     assert window.end_line < 2000 and len(window.text) <= bounded.MAX_WINDOW_BYTES + len(line)
     assert window.total_lines == 2000
 
 
 def test_an_offset_beyond_the_scan_budget_is_refused_with_advice(
-    files: HostFiles, monkeypatch: pytest.MonkeyPatch
+    host_files: HostFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(bounded, "MAX_SCAN_BYTES", 64 * 1024)
-    host = files.mapper.resolve(f"{WS}/log.txt").host
+    host = host_files.mapper.resolve(f"{WS}/log.txt").host
     Path(host).write_text("entry\n" * 100_000)
     with pytest.raises(Exception, match="lies beyond the first .* use execute"):
-        files.read_text(f"{WS}/log.txt", 90_000, 10)
-    window = files.read_text(f"{WS}/log.txt", 0, 5)
+        host_files.read_text(f"{WS}/log.txt", 90_000, 10)
+    window = host_files.read_text(f"{WS}/log.txt", 0, 5)
     assert window.text == "entry\n" * 5 and window.total_lines is None  # not counted to the end
 
 
-def test_a_huge_directory_is_listed_in_part(files: HostFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_huge_directory_is_listed_in_part(host_files: HostFiles, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bounded, "MAX_LS_ENTRIES", 50)
-    host = Path(files.mapper.resolve(f"{WS}").host)
+    host = Path(host_files.mapper.resolve(f"{WS}").host)
     for i in range(80):
         (host / f"f{i}").write_text("")
-    entries = files.ls(WS)
+    entries = host_files.ls(WS)
     assert len(entries) == 51 and any("listing cut at 50 entries" in e.path for e in entries)
 
 
-def test_device_nodes_and_sockets_are_refused(files: HostFiles) -> None:
+def test_device_nodes_and_sockets_are_refused(host_files: HostFiles) -> None:
     import socket
 
-    host = Path(files.mapper.resolve(WS).host)
+    host = Path(host_files.mapper.resolve(WS).host)
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(host / "sock"))
     os.mkfifo(host / "fifo")
     try:
         for name in ("sock", "fifo"):
             with pytest.raises(Exception, match="not a regular file|No such device"):
-                files.read_bytes(f"{WS}/{name}")
+                host_files.read_bytes(f"{WS}/{name}")
             with pytest.raises(Exception, match="not a regular file|No such device"):
-                files.read_text(f"{WS}/{name}")
+                host_files.read_text(f"{WS}/{name}")
             with pytest.raises(Exception, match="not a regular file|No such device"):
-                files.write(f"{WS}/{name}", "x")
+                host_files.write(f"{WS}/{name}", "x")
     finally:
         sock.close()
 

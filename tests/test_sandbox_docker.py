@@ -50,17 +50,9 @@ _WHY_NOT = _engine()
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")]
 
 
-@pytest.fixture
-def skills(root: Path) -> Path:
-    s = root / "skills"
-    (s / "demo").mkdir(parents=True)
-    (s / "demo" / "SKILL.md").write_text("# Demo\n")
-    return s
-
-
-def make(root: Path, skills: Path | None, **kw: object) -> DockerProvider:
+def make(root: Path, demo_skills: Path | None, **kw: object) -> DockerProvider:
     kw.setdefault("limits", SandboxLimits(pids=64, memory_mb=256))
-    return DockerProvider(root / "sbx", skills, image=IMAGE, **kw)  # type: ignore[arg-type]
+    return DockerProvider(root / "sbx", demo_skills, image=IMAGE, **kw)  # type: ignore[arg-type]
 
 
 def cleanup(root: Path, name: str = "sbx") -> None:
@@ -75,8 +67,8 @@ def cleanup(root: Path, name: str = "sbx") -> None:
 
 
 @pytest.fixture
-async def provider(root: Path, skills: Path) -> AsyncIterator[DockerProvider]:
-    p = make(root, skills)
+async def docker_provider(root: Path, demo_skills: Path) -> AsyncIterator[DockerProvider]:
+    p = make(root, demo_skills)
     await p.ping()
     await p.reconcile()
     yield p
@@ -85,8 +77,8 @@ async def provider(root: Path, skills: Path) -> AsyncIterator[DockerProvider]:
 
 
 @pytest.fixture
-async def sb(provider: DockerProvider) -> DockerSandbox:
-    return await provider.acquire("slack:T1/C1")
+async def docker_sb(docker_provider: DockerProvider) -> DockerSandbox:
+    return await docker_provider.acquire("slack:T1/C1")
 
 
 def inspect(cid: str) -> dict:
@@ -99,8 +91,8 @@ def inspect(cid: str) -> dict:
         client.close()
 
 
-async def test_container_is_locked_down(sb: DockerSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
-    info = await asyncio.to_thread(inspect, sb.container_id)
+async def test_container_is_locked_down(docker_sb: DockerSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = await asyncio.to_thread(inspect, docker_sb.container_id)
     host = info["HostConfig"]
     assert info["Name"] == "/" + container_name("slack:T1/C1")
     assert info["Config"]["Labels"]["chital.sandbox"] == "1"
@@ -123,19 +115,21 @@ async def test_container_is_locked_down(sb: DockerSandbox, monkeypatch: pytest.M
     assert env_keys <= {"PATH", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE", "CHITAL_EXEC"}
 
 
-async def test_echo_user_and_secret_env(provider: DockerProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_echo_user_and_secret_env(
+    docker_provider: DockerProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CHITAL_TEST_SECRET", "hunter2-docker")
-    sb = await provider.acquire("secret-thread")
-    res = await sb.exec("echo hello; pwd; id -u; grep CapEff /proc/self/status; env; exit 3")
+    docker_sb = await docker_provider.acquire("secret-thread")
+    res = await docker_sb.exec("echo hello; pwd; id -u; grep CapEff /proc/self/status; env; exit 3")
     lines = res.output.splitlines()
     assert res.exit_code == 3 and lines[:3] == ["hello", WS, "1000"]
     assert lines[3].split() == ["CapEff:", "0000000000000000"]
     assert "hunter2" not in res.output
 
 
-async def test_host_files_invisible(sb: DockerSandbox, root: Path) -> None:
+async def test_host_files_invisible(docker_sb: DockerSandbox, root: Path) -> None:
     (root / "host-secret.txt").write_text("do not leak")
-    res = await sb.exec(
+    res = await docker_sb.exec(
         "for p in /work /root/.pyenv /home/cloudsdk " + str(root) + "; do "
         'if [ -e "$p" ]; then echo "VISIBLE $p"; fi; done; cat /etc/shadow 2>&1 | head -c 200'
     )
@@ -143,64 +137,64 @@ async def test_host_files_invisible(sb: DockerSandbox, root: Path) -> None:
     assert "Permission denied" in res.output  # the image's own shadow, unreadable for uid 1000
 
 
-async def test_no_network(sb: DockerSandbox) -> None:
-    await assert_no_network(sb)
+async def test_no_network(docker_sb: DockerSandbox) -> None:
+    await assert_no_network(docker_sb)
 
 
-async def test_pids_limit_contains_fork_bomb(sb: DockerSandbox) -> None:
-    await assert_fork_limited(sb)
+async def test_pids_limit_contains_fork_bomb(docker_sb: DockerSandbox) -> None:
+    await assert_fork_limited(docker_sb)
     started = time.monotonic()
-    await sb.exec("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", timeout=6)
+    await docker_sb.exec("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", timeout=6)
     assert time.monotonic() - started < 30
-    left = await sb.exec("ps -eo args | grep -c '[b]omb' || true")
+    left = await docker_sb.exec("ps -eo args | grep -c '[b]omb' || true")
     assert left.output.strip() == "0"
 
 
-async def test_timeout_kills_process_tree(sb: DockerSandbox) -> None:
+async def test_timeout_kills_process_tree(docker_sb: DockerSandbox) -> None:
     started = time.monotonic()
-    res = await sb.exec("sleep 101 & (setsid sleep 102 &); echo started; sleep 103", timeout=1.5)
+    res = await docker_sb.exec("sleep 101 & (setsid sleep 102 &); echo started; sleep 103", timeout=1.5)
     assert res.timed_out and res.exit_code is None and res.output == "started\n"
     assert time.monotonic() - started < 15
-    ps = await sb.exec("ps -eo args")
+    ps = await docker_sb.exec("ps -eo args")
     assert "sleep 10" not in ps.output
     # Background children of a command that finished normally die with it too.
-    await sb.exec("sleep 104 & setsid sleep 105 & echo bg")
-    assert "sleep 10" not in (await sb.exec("ps -eo args")).output
+    await docker_sb.exec("sleep 104 & setsid sleep 105 & echo bg")
+    assert "sleep 10" not in (await docker_sb.exec("ps -eo args")).output
 
 
-async def test_straggler_without_marker_is_killed(provider: DockerProvider) -> None:
+async def test_straggler_without_marker_is_killed(docker_provider: DockerProvider) -> None:
     """A process that sheds its environment escapes the marker sweep; the timeout path still
     kills it (and the container restarts on the next acquire)."""
-    sb = await provider.acquire("straggler")
-    res = await sb.exec("env -i /bin/sleep 106", timeout=1)
+    docker_sb = await docker_provider.acquire("straggler")
+    res = await docker_sb.exec("env -i /bin/sleep 106", timeout=1)
     assert res.timed_out
-    sb2 = await provider.acquire("straggler")
+    sb2 = await docker_provider.acquire("straggler")
     assert "sleep 106" not in (await sb2.exec("ps -eo args")).output
 
 
-async def test_cancel_kills_command(sb: DockerSandbox) -> None:
+async def test_cancel_kills_command(docker_sb: DockerSandbox) -> None:
     """A cancelled turn (/stop) kills its command; a concurrent command in the same sandbox lives."""
-    task = asyncio.create_task(sb.exec("sleep 107", timeout=60))
-    other = asyncio.create_task(sb.exec("sleep 1.5; echo other-done", timeout=60))
+    task = asyncio.create_task(docker_sb.exec("sleep 107", timeout=60))
+    other = asyncio.create_task(docker_sb.exec("sleep 1.5; echo other-done", timeout=60))
     deadline = time.monotonic() + 10
-    while "sleep 107" not in (await sb.exec("ps -eo args")).output and time.monotonic() < deadline:
+    while "sleep 107" not in (await docker_sb.exec("ps -eo args")).output and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert "sleep 107" not in (await sb.exec("ps -eo args")).output
+    assert "sleep 107" not in (await docker_sb.exec("ps -eo args")).output
     assert (await other).output == "other-done\n"
 
 
-async def test_huge_output_truncated(sb: DockerSandbox) -> None:
-    res = await sb.exec("head -c 3000000 /dev/zero | tr '\\0' a; echo; echo END", max_output=10_000)
+async def test_huge_output_truncated(docker_sb: DockerSandbox) -> None:
+    res = await docker_sb.exec("head -c 3000000 /dev/zero | tr '\\0' a; echo; echo END", max_output=10_000)
     assert res.truncated and res.exit_code == 0
     assert "[... output truncated: 2990005 more bytes ...]" in res.output
     assert res.output.endswith("END\n")
 
 
-async def test_writes_only_inside_mounts(sb: DockerSandbox) -> None:
-    res = await sb.exec(
+async def test_writes_only_inside_mounts(docker_sb: DockerSandbox) -> None:
+    res = await docker_sb.exec(
         "for p in /usr/x /x /etc/x /mnt/skills/x /mnt/user-data/x; do "
         '(echo pwned > "$p") 2>/dev/null && echo "WROTE $p"; done; '
         "echo tmp > /tmp/t && cat /tmp/t; echo ws > ws.txt; echo out > /mnt/user-data/outputs/o.txt; "
@@ -208,27 +202,27 @@ async def test_writes_only_inside_mounts(sb: DockerSandbox) -> None:
     )
     assert "WROTE" not in res.output
     assert "tmp\n" in res.output and "# Demo" in res.output
-    assert (sb.dirs.workspace / "ws.txt").read_text() == "ws\n"
-    assert (sb.dirs.outputs / "o.txt").read_text() == "out\n"
+    assert (docker_sb.dirs.workspace / "ws.txt").read_text() == "ws\n"
+    assert (docker_sb.dirs.outputs / "o.txt").read_text() == "out\n"
     # Files the daemon writes are usable by the sandbox user, and vice versa.
-    await sb.write_file("from-host/note.txt", "n")
-    res = await sb.exec("echo more >> from-host/note.txt && cat from-host/note.txt")
+    await docker_sb.write_file("from-host/note.txt", "n")
+    res = await docker_sb.exec("echo more >> from-host/note.txt && cat from-host/note.txt")
     assert res.output == "nmore\n"
 
 
-async def test_container_reused_across_acquires(provider: DockerProvider) -> None:
-    a = await provider.acquire("reuse")
+async def test_container_reused_across_acquires(docker_provider: DockerProvider) -> None:
+    a = await docker_provider.acquire("reuse")
     await a.exec("echo 1 > /tmp/state")
-    await provider.release("reuse")
-    b = await provider.acquire("reuse")
+    await docker_provider.release("reuse")
+    b = await docker_provider.acquire("reuse")
     assert b is a and b.container_id == a.container_id
     assert (await b.exec("cat /tmp/state")).output == "1\n"  # same container, same tmpfs
 
 
-async def test_reaped_when_idle(root: Path, skills: Path) -> None:
-    p = make(root, skills, idle_timeout=0.3)
+async def test_reaped_when_idle(root: Path, demo_skills: Path) -> None:
+    p = make(root, demo_skills, idle_timeout=0.3)
     try:
-        sb = await p.acquire("idle")
+        docker_sb = await p.acquire("idle")
         await p.release("idle")
         deadline = time.monotonic() + 10
         reaped: list[str] = []
@@ -240,24 +234,24 @@ async def test_reaped_when_idle(root: Path, skills: Path) -> None:
 
         client = docker.from_env()
         with pytest.raises(docker.errors.NotFound):
-            client.containers.get(sb.container_id)
+            client.containers.get(docker_sb.container_id)
         client.close()
         again = await p.acquire("idle")  # a fresh container on demand; files survive
-        assert again.container_id != sb.container_id
+        assert again.container_id != docker_sb.container_id
     finally:
         await p.close()
         await asyncio.to_thread(cleanup, root)
 
 
-async def test_busy_sandbox_not_reaped(root: Path, skills: Path) -> None:
-    p = make(root, skills, idle_timeout=0.2)
+async def test_busy_sandbox_not_reaped(root: Path, demo_skills: Path) -> None:
+    p = make(root, demo_skills, idle_timeout=0.2)
     try:
-        sb = await p.acquire("busy")
-        task = asyncio.create_task(sb.exec("sleep 1.5; echo finished", timeout=10))
+        docker_sb = await p.acquire("busy")
+        task = asyncio.create_task(docker_sb.exec("sleep 1.5; echo finished", timeout=10))
         deadline = time.monotonic() + 5
-        while not sb.busy and time.monotonic() < deadline:
+        while not docker_sb.busy and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        sb.last_used -= 10  # looks idle by the clock, but a command is running
+        docker_sb.last_used -= 10  # looks idle by the clock, but a command is running
         assert await p.reap_idle() == []
         assert (await task).output == "finished\n"
     finally:
@@ -265,10 +259,10 @@ async def test_busy_sandbox_not_reaped(root: Path, skills: Path) -> None:
         await asyncio.to_thread(cleanup, root)
 
 
-async def test_reconcile_at_start(root: Path, skills: Path) -> None:
+async def test_reconcile_at_start(root: Path, demo_skills: Path) -> None:
     import docker
 
-    first = make(root, skills)
+    first = make(root, demo_skills)
     try:
         keep = await first.acquire("keep")
         stopped = await first.acquire("stopped")
@@ -277,7 +271,7 @@ async def test_reconcile_at_start(root: Path, skills: Path) -> None:
         client.containers.get(stopped.container_id).stop(timeout=0)
         shutil.rmtree(gone.dirs.base)  # the thread was deleted while the daemon was down
         # An older config (different limits) left running: must be replaced, not adopted.
-        old = make(root, skills, limits=SandboxLimits(pids=99))
+        old = make(root, demo_skills, limits=SandboxLimits(pids=99))
         stale = await old.acquire("stale")
         # A different daemon (other root) on the same engine: must be left alone.
         other_root = root / "other"
@@ -285,7 +279,7 @@ async def test_reconcile_at_start(root: Path, skills: Path) -> None:
         foreign = await other.acquire("foreign")
 
         # "Crash": a new provider on the same root starts without the old one's memory.
-        second = make(root, skills)
+        second = make(root, demo_skills)
         await second.reconcile()
         assert set(second._sandboxes) == {"keep"}
         adopted = await second.acquire("keep")
@@ -304,8 +298,8 @@ async def test_reconcile_at_start(root: Path, skills: Path) -> None:
         await asyncio.to_thread(cleanup, root / "other")
 
 
-async def test_backend_execute_on_docker(sb: DockerSandbox) -> None:
-    be = SandboxBackend(sb, max_output=2000)
+async def test_backend_execute_on_docker(docker_sb: DockerSandbox) -> None:
+    be = SandboxBackend(docker_sb, max_output=2000)
     ok = await be.aexecute("echo hi; exit 2")
     assert (ok.output, ok.exit_code) == ("hi\n", 2)
     slow = await be.aexecute("sleep 30", timeout=1)
@@ -317,11 +311,11 @@ async def test_backend_execute_on_docker(sb: DockerSandbox) -> None:
 # --- process limits are per container ------------------------------------------------------------
 
 
-async def test_fork_bomb_does_not_starve_other_sandboxes(provider: DockerProvider) -> None:
+async def test_fork_bomb_does_not_starve_other_sandboxes(docker_provider: DockerProvider) -> None:
     """Every container runs as host uid 1000; the pids cgroup (per container) is the limit, never
     an nproc ulimit (per host uid, shared by all containers)."""
-    a = await provider.acquire("bomber")
-    b = await provider.acquire("bystander")
+    a = await docker_provider.acquire("bomber")
+    b = await docker_provider.acquire("bystander")
     info = await asyncio.to_thread(inspect, a.container_id)
     assert info["HostConfig"]["PidsLimit"] == 64
     assert "nproc" not in {u["Name"] for u in info["HostConfig"]["Ulimits"] or []}
@@ -336,11 +330,11 @@ async def test_fork_bomb_does_not_starve_other_sandboxes(provider: DockerProvide
 async def test_disk_quota(root: Path) -> None:
     p = make(root, None, limits=SandboxLimits(pids=64, memory_mb=256, disk_mb=5))
     try:
-        sb = await p.acquire("filler")
-        info = await asyncio.to_thread(inspect, sb.container_id)
+        docker_sb = await p.acquire("filler")
+        info = await asyncio.to_thread(inspect, docker_sb.container_id)
         fsize = {u["Name"]: u["Hard"] for u in info["HostConfig"]["Ulimits"]}["fsize"]
         assert fsize == 5 * 1024 * 1024  # no single file beyond the quota
-        await assert_disk_quota(sb, quota_mb=5)
+        await assert_disk_quota(docker_sb, quota_mb=5)
     finally:
         await p.close()
         await asyncio.to_thread(cleanup, root)
@@ -367,29 +361,29 @@ async def test_free_space_floor(root: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the sandbox uid differs from the daemon's)")
-async def test_second_start_on_same_root(root: Path, skills: Path) -> None:
+async def test_second_start_on_same_root(root: Path, demo_skills: Path) -> None:
     """Clean stop then start, and crash then start (containers left running are adopted by
     reconcile): both times commands work, and the root keeps the mode the first start gave it."""
     try:
-        first = make(root, skills)
+        first = make(root, demo_skills)
         await first.reconcile()
-        sb = await first.acquire("t")
-        assert (await sb.exec("echo one > f; cat f")).output == "one\n"
+        docker_sb = await first.acquire("t")
+        assert (await docker_sb.exec("echo one > f; cat f")).output == "one\n"
         await first.close()
         assert (root / "sbx").stat().st_mode & 0o777 == 0o711
 
-        second = make(root, skills)
+        second = make(root, demo_skills)
         await second.reconcile()
-        sb = await second.acquire("t")
-        assert (await sb.exec("cat f; echo two")).output == "one\ntwo\n"
-        left_running = sb.container_id  # "crash": no close(), the container stays
+        docker_sb = await second.acquire("t")
+        assert (await docker_sb.exec("cat f; echo two")).output == "one\ntwo\n"
+        left_running = docker_sb.container_id  # "crash": no close(), the container stays
 
-        third = make(root, skills)
+        third = make(root, demo_skills)
         await third.reconcile()
         assert set(third._sandboxes) == {"t"}
-        sb = await third.acquire("t")
-        assert sb.container_id == left_running
-        res = await sb.exec("cat f; echo three; cat /mnt/skills/demo/SKILL.md")
+        docker_sb = await third.acquire("t")
+        assert docker_sb.container_id == left_running
+        res = await docker_sb.exec("cat f; echo three; cat /mnt/skills/demo/SKILL.md")
         assert res.output == "one\nthree\n# Demo\n"
         await third.close()
     finally:

@@ -39,25 +39,16 @@ WS = "/mnt/user-data/workspace"
 
 
 @pytest.fixture
-def skills(root: Path) -> Path:
-    s = root / "skills"
-    (s / "demo").mkdir(parents=True)
-    (s / "demo" / "SKILL.md").write_text("# Demo\n")
-    os.chmod(s, 0o755)
-    return s
-
-
-@pytest.fixture
-async def provider(root: Path, skills: Path) -> AsyncIterator[LocalProvider]:
-    p = LocalProvider(root / "sbx", skills, limits=SandboxLimits(pids=64))
+async def local_provider(root: Path, demo_skills: Path) -> AsyncIterator[LocalProvider]:
+    p = LocalProvider(root / "sbx", demo_skills, limits=SandboxLimits(pids=64))
     await p.reconcile()
     yield p
     await p.close()
 
 
 @pytest.fixture
-async def sb(provider: LocalProvider) -> LocalSandbox:
-    return await provider.acquire("telegram:42")
+async def local_sb(local_provider: LocalProvider) -> LocalSandbox:
+    return await local_provider.acquire("telegram:42")
 
 
 def procs_with(marker: str) -> list[str]:
@@ -94,21 +85,21 @@ def unique_seconds(base: int) -> str:
 
 async def test_exec_refused_without_bwrap(root: Path) -> None:
     p = LocalProvider(root / "sbx", None, bwrap=None)
-    sb = await p.acquire("t1")
+    local_sb = await p.acquire("t1")
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
-        await sb.exec("echo hi")
-    res = await SandboxBackend(sb).aexecute("echo hi")
+        await local_sb.exec("echo hi")
+    res = await SandboxBackend(local_sb).aexecute("echo hi")
     assert "bubblewrap" in res.output and res.exit_code is None
 
 
 async def test_unsandboxed_only_when_allowed(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHITAL_TEST_SECRET", "hunter2-unsandboxed")
     p = LocalProvider(root / "sbx", None, bwrap=None, allow_unsandboxed=True)
-    sb = await p.acquire("t1")
-    res = await sb.exec("echo hi > f.txt; cat f.txt; env")
+    local_sb = await p.acquire("t1")
+    res = await local_sb.exec("echo hi > f.txt; cat f.txt; env")
     assert res.exit_code == 0 and res.output.startswith("hi\n")
     assert "hunter2" not in res.output  # even unsandboxed, the daemon's env stays out
-    assert (sb.dirs.workspace / "f.txt").read_text() == "hi\n"
+    assert (local_sb.dirs.workspace / "f.txt").read_text() == "hi\n"
 
 
 # --- bubblewrap ------------------------------------------------------------------------------------
@@ -116,8 +107,8 @@ async def test_unsandboxed_only_when_allowed(root: Path, monkeypatch: pytest.Mon
 
 @bwrap
 @needs_bwrap
-async def test_echo_and_environment(sb: LocalSandbox) -> None:
-    res = await sb.exec("echo hello; pwd; echo $HOME; id -u; grep CapEff /proc/self/status; exit 3")
+async def test_echo_and_environment(local_sb: LocalSandbox) -> None:
+    res = await local_sb.exec("echo hello; pwd; echo $HOME; id -u; grep CapEff /proc/self/status; exit 3")
     lines = res.output.splitlines()
     assert res.exit_code == 3 and not res.timed_out and not res.truncated
     assert lines[:3] == ["hello", WS, WS]
@@ -126,21 +117,25 @@ async def test_echo_and_environment(sb: LocalSandbox) -> None:
 
 @bwrap
 @needs_bwrap
-async def test_parent_secret_env_invisible(provider: LocalProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_parent_secret_env_invisible(
+    local_provider: LocalProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CHITAL_TEST_SECRET", "hunter2-local")
-    sb = await provider.acquire("secret-thread")
-    res = await sb.exec("env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; cat /proc/1/cmdline")
+    local_sb = await local_provider.acquire("secret-thread")
+    res = await local_sb.exec(
+        "env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; cat /proc/1/cmdline"
+    )
     assert res.exit_code == 0
     assert "hunter2" not in res.output
     assert "PATH=" in res.output and f"HOME={WS}" in res.output
-    assert str(provider.root) not in res.output  # bwrap's options (host paths) are not exposed
+    assert str(local_provider.root) not in res.output  # bwrap's options (host paths) are not exposed
 
 
 @bwrap
 @needs_bwrap
-async def test_host_files_invisible(sb: LocalSandbox, root: Path) -> None:
+async def test_host_files_invisible(local_sb: LocalSandbox, root: Path) -> None:
     (root / "host-secret.txt").write_text("do not leak")
-    res = await sb.exec(
+    res = await local_sb.exec(
         "for p in /etc/shadow /root /work /home /var " + str(root) + "; do "
         'if [ -e "$p" ]; then echo "VISIBLE $p"; fi; done; '
         "cat /etc/passwd; ls /etc"
@@ -154,32 +149,34 @@ async def test_host_files_invisible(sb: LocalSandbox, root: Path) -> None:
 
 @bwrap
 @needs_bwrap
-async def test_no_network(sb: LocalSandbox) -> None:
-    await assert_no_network(sb)
+async def test_no_network(local_sb: LocalSandbox) -> None:
+    await assert_no_network(local_sb)
 
 
 @bwrap
 @needs_bwrap
-async def test_pids_limit_contains_fork_bomb(sb: LocalSandbox) -> None:
+async def test_pids_limit_contains_fork_bomb(local_sb: LocalSandbox) -> None:
     """Forking stops at the process limit (64 here), and a real bomb ends with the command."""
-    await assert_fork_limited(sb)
+    await assert_fork_limited(local_sb)
     marker = f"bomb{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
-    res = await sb.exec(
+    res = await local_sb.exec(
         f"{marker}() {{ {marker} | {marker} & }}; {marker}; sleep 2; echo survived", timeout=6
     )
     assert time.monotonic() - started < 15
     assert "survived" in res.output or res.timed_out
     assert await wait_gone(marker) == []
-    assert (await sb.exec("echo alive")).output == "alive\n"
+    assert (await local_sb.exec("echo alive")).output == "alive\n"
 
 
 @bwrap
 @needs_bwrap
-async def test_timeout_kills_process_tree(sb: LocalSandbox) -> None:
+async def test_timeout_kills_process_tree(local_sb: LocalSandbox) -> None:
     tag = unique_seconds(100)
     started = time.monotonic()
-    res = await sb.exec(f"sleep {tag}1 & (setsid sleep {tag}2 &); echo started; sleep {tag}3", timeout=1.5)
+    res = await local_sb.exec(
+        f"sleep {tag}1 & (setsid sleep {tag}2 &); echo started; sleep {tag}3", timeout=1.5
+    )
     elapsed = time.monotonic() - started
     assert res.timed_out and res.exit_code is None
     assert res.output == "started\n"
@@ -189,9 +186,9 @@ async def test_timeout_kills_process_tree(sb: LocalSandbox) -> None:
 
 @bwrap
 @needs_bwrap
-async def test_cancel_kills_command(sb: LocalSandbox) -> None:
+async def test_cancel_kills_command(local_sb: LocalSandbox) -> None:
     tag = unique_seconds(200)
-    task = asyncio.create_task(sb.exec(f"sleep {tag}", timeout=60))
+    task = asyncio.create_task(local_sb.exec(f"sleep {tag}", timeout=60))
     end = time.monotonic() + 10
     while not any("bwrap" not in p for p in procs_with(tag)) and time.monotonic() < end:
         await asyncio.sleep(0.02)
@@ -204,8 +201,8 @@ async def test_cancel_kills_command(sb: LocalSandbox) -> None:
 
 @bwrap
 @needs_bwrap
-async def test_huge_output_truncated(sb: LocalSandbox) -> None:
-    res = await sb.exec("head -c 3000000 /dev/zero | tr '\\0' a; echo; echo END", max_output=10_000)
+async def test_huge_output_truncated(local_sb: LocalSandbox) -> None:
+    res = await local_sb.exec("head -c 3000000 /dev/zero | tr '\\0' a; echo; echo END", max_output=10_000)
     assert res.truncated and res.exit_code == 0
     assert "[... output truncated: 2990005 more bytes ...]" in res.output
     assert res.output.startswith("a" * 5000) and res.output.endswith("END\n")
@@ -214,8 +211,8 @@ async def test_huge_output_truncated(sb: LocalSandbox) -> None:
 
 @bwrap
 @needs_bwrap
-async def test_writes_only_inside_mounts(sb: LocalSandbox) -> None:
-    res = await sb.exec(
+async def test_writes_only_inside_mounts(local_sb: LocalSandbox) -> None:
+    res = await local_sb.exec(
         "for p in /usr/x /x /etc/x /mnt/skills/x /mnt/user-data/x /proc/x; do "
         '(echo pwned > "$p") 2>/dev/null && echo "WROTE $p"; done; '
         "echo tmp > /tmp/t && cat /tmp/t; echo ws > ws.txt; echo out > /mnt/user-data/outputs/o.txt; "
@@ -223,29 +220,29 @@ async def test_writes_only_inside_mounts(sb: LocalSandbox) -> None:
     )
     assert "WROTE" not in res.output
     assert "tmp\n" in res.output and "# Demo" in res.output
-    assert (sb.dirs.workspace / "ws.txt").read_text() == "ws\n"
-    assert (sb.dirs.outputs / "o.txt").read_text() == "out\n"
-    assert (await sb.read_file("/mnt/user-data/outputs/o.txt")).text == "out\n"
+    assert (local_sb.dirs.workspace / "ws.txt").read_text() == "ws\n"
+    assert (local_sb.dirs.outputs / "o.txt").read_text() == "out\n"
+    assert (await local_sb.read_file("/mnt/user-data/outputs/o.txt")).text == "out\n"
     # /tmp is private to each command.
-    assert "No such file" in (await sb.exec("cat /tmp/t")).output
+    assert "No such file" in (await local_sb.exec("cat /tmp/t")).output
 
 
 @bwrap
 @needs_bwrap
 async def test_file_size_limit(root: Path) -> None:
     p = LocalProvider(root / "sbx2", None, limits=SandboxLimits(file_size_mb=1))
-    sb = await p.acquire("t")
-    res = await sb.exec("head -c 2000000 /dev/zero > big.bin; echo rc=$?")
+    local_sb = await p.acquire("t")
+    res = await local_sb.exec("head -c 2000000 /dev/zero > big.bin; echo rc=$?")
     assert "rc=0" not in res.output
-    assert (sb.dirs.workspace / "big.bin").stat().st_size <= 1024 * 1024
+    assert (local_sb.dirs.workspace / "big.bin").stat().st_size <= 1024 * 1024
 
 
 @bwrap
 @needs_bwrap
-async def test_sandboxes_are_per_thread(provider: LocalProvider) -> None:
-    a = await provider.acquire("thread-a")
-    b = await provider.acquire("thread-b")
-    assert a is await provider.acquire("thread-a")
+async def test_sandboxes_are_per_thread(local_provider: LocalProvider) -> None:
+    a = await local_provider.acquire("thread-a")
+    b = await local_provider.acquire("thread-b")
+    assert a is await local_provider.acquire("thread-a")
     await a.exec("echo a > mine.txt")
     assert "No such file" in (await b.exec("cat mine.txt")).output
     assert a.dirs.base != b.dirs.base
@@ -253,9 +250,9 @@ async def test_sandboxes_are_per_thread(provider: LocalProvider) -> None:
 
 @bwrap
 @needs_bwrap
-async def test_long_command_refused(sb: LocalSandbox) -> None:
+async def test_long_command_refused(local_sb: LocalSandbox) -> None:
     with pytest.raises(SandboxError, match="longer than"):
-        await sb.exec("echo " + "x" * 200_000)
+        await local_sb.exec("echo " + "x" * 200_000)
 
 
 # --- deepagents adapter: execute, and the real middleware tools end to end ------------------------
@@ -263,8 +260,8 @@ async def test_long_command_refused(sb: LocalSandbox) -> None:
 
 @bwrap
 @needs_bwrap
-async def test_backend_execute(sb: LocalSandbox) -> None:
-    be = SandboxBackend(sb, max_output=2000)
+async def test_backend_execute(local_sb: LocalSandbox) -> None:
+    be = SandboxBackend(local_sb, max_output=2000)
     ok = await be.aexecute("echo hi; exit 2")
     assert (ok.output, ok.exit_code, ok.truncated) == ("hi\n", 2, False)
     slow = await be.aexecute("sleep 30", timeout=1)
@@ -279,7 +276,7 @@ async def test_backend_execute(sb: LocalSandbox) -> None:
 @bwrap
 @needs_bwrap
 async def test_filesystem_middleware_tools_on_sandbox(
-    sb: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+    local_sb: LocalSandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real langchain agent + deepagents' FilesystemMiddleware, the model faked over HTTP."""
     from deepagents.middleware.filesystem import FilesystemMiddleware
@@ -307,11 +304,11 @@ async def test_filesystem_middleware_tools_on_sandbox(
             Reply(text="done"),
         )
         model = ChatOpenAI(base_url=fake.base_url, api_key="k", model="m", max_retries=0)
-        agent = create_agent(model, middleware=[FilesystemMiddleware(backend=SandboxBackend(sb))])
+        agent = create_agent(model, middleware=[FilesystemMiddleware(backend=SandboxBackend(local_sb))])
         result = await agent.ainvoke({"messages": [{"role": "user", "content": "make a report"}]})
     tools = [m for m in result["messages"] if isinstance(m, ToolMessage)]
     by_name = {m.name: str(m.content) for m in tools}
-    assert (sb.dirs.outputs / "report.md").read_text() == "# Report\nvalue: 42\n"
+    assert (local_sb.dirs.outputs / "report.md").read_text() == "# Report\nvalue: 42\n"
     assert "1\n2" in by_name["execute"] and "exit code 0" in by_name["execute"]
     assert "outside the sandbox" in by_name["read_file"] and "root:" not in by_name["read_file"]
     assert out in by_name["glob"] and out in by_name["ls"]
@@ -320,10 +317,10 @@ async def test_filesystem_middleware_tools_on_sandbox(
 
 @bwrap
 @needs_bwrap
-async def test_dev_is_read_only_and_shm_capped(sb: LocalSandbox) -> None:
+async def test_dev_is_read_only_and_shm_capped(local_sb: LocalSandbox) -> None:
     """bwrap's /dev is a tmpfs of half the RAM owned by the sandbox user: it must not be a place
     to park data. Device nodes still work."""
-    res = await sb.exec(
+    res = await local_sb.exec(
         "echo x > /dev/null && echo null-ok; (echo x > /dev/parked) 2>&1; "
         "df -k --output=size /dev/shm | tail -1; head -c 300M /dev/zero > /dev/shm/big; echo rc=$?"
     )
@@ -338,23 +335,23 @@ async def test_dev_is_read_only_and_shm_capped(sb: LocalSandbox) -> None:
 
 @bwrap
 @needs_bwrap
-async def test_fork_bomb_does_not_starve_other_sandboxes(provider: LocalProvider) -> None:
+async def test_fork_bomb_does_not_starve_other_sandboxes(local_provider: LocalProvider) -> None:
     """All local sandboxes run as one host uid; RLIMIT_NPROC is set inside each one's own user
     namespace, so a full sandbox cannot make another one's bwrap fail to start or fork."""
-    a = await provider.acquire("bomber")
-    b = await provider.acquire("bystander")
+    a = await local_provider.acquire("bomber")
+    b = await local_provider.acquire("bystander")
     await assert_fork_bomb_isolated(a, b, pids=64)
 
 
 @bwrap
 @needs_bwrap
-async def test_process_limit_set_inside_the_sandbox(sb: LocalSandbox) -> None:
-    res = await sb.exec("grep -E 'Max processes|Max pending signals' /proc/self/limits")
+async def test_process_limit_set_inside_the_sandbox(local_sb: LocalSandbox) -> None:
+    res = await local_sb.exec("grep -E 'Max processes|Max pending signals' /proc/self/limits")
     limits = {" ".join(line.split()[:-3]): line.split()[-3:-1] for line in res.output.splitlines()}
     assert limits["Max processes"] == ["64", "64"]
     assert limits["Max pending signals"] == ["4096", "4096"]
     # Raising it back is refused (no CAP_SYS_RESOURCE in the host's user namespace).
-    res = await sb.exec("prlimit --pid $$ --nproc=100000:100000 2>&1; echo rc=$?")
+    res = await local_sb.exec("prlimit --pid $$ --nproc=100000:100000 2>&1; echo rc=$?")
     assert "rc=0" not in res.output
 
 
@@ -397,39 +394,41 @@ async def test_quota_counts_what_hides_and_not_what_is_elsewhere(small: LocalPro
     """Data in a dir its owner made unreadable still counts (the daemon measures as root); a
     symlink to a big host dir counts as a link, not as the dir; a sparse file counts its blocks;
     a tree too deep to measure is refused rather than ignored."""
-    sb = await small.acquire("hider")
-    await sb.exec("ln -s /usr usr-link; truncate -s 10G sparse.bin; mkdir hide")
-    assert measure(sb.dirs).bytes < MB
-    res = await sb.exec("head -c 6M /dev/urandom > hide/a; head -c 1M /dev/zero > hide/b; chmod 000 hide")
+    local_sb = await small.acquire("hider")
+    await local_sb.exec("ln -s /usr usr-link; truncate -s 10G sparse.bin; mkdir hide")
+    assert measure(local_sb.dirs).bytes < MB
+    res = await local_sb.exec(
+        "head -c 6M /dev/urandom > hide/a; head -c 1M /dev/zero > hide/b; chmod 000 hide"
+    )
     assert "disk quota exceeded" in res.output
     with pytest.raises(QuotaExceeded):
-        await sb.exec("true")
+        await local_sb.exec("true")
     # Its owner locked even the file tools out (they act with its rights): the operator cleans up.
-    shutil.rmtree(sb.dirs.workspace / "hide")
-    await sb.exec("true")
-    res = await sb.exec("d=.; for i in $(seq 140); do d=$d/d; done; mkdir -p $d; echo made")
+    shutil.rmtree(local_sb.dirs.workspace / "hide")
+    await local_sb.exec("true")
+    res = await local_sb.exec("d=.; for i in $(seq 140); do d=$d/d; done; mkdir -p $d; echo made")
     assert "nested more than 128 levels" in res.output
     with pytest.raises(QuotaExceeded, match="nested more than 128 levels"):
-        await sb.exec("true")
-    await sb.delete("d")
-    assert (await sb.exec("echo fine")).output == "fine\n"
+        await local_sb.exec("true")
+    await local_sb.delete("d")
+    assert (await local_sb.exec("echo fine")).output == "fine\n"
 
 
 async def test_check_room_for_uploads(root: Path) -> None:
     """What the gateway calls before saving a user's upload: a path inside the thread's dir is
     enough; the message is safe to show (virtual paths only)."""
     p = LocalProvider(root / "up", None, limits=SandboxLimits(disk_mb=5), bwrap=None)
-    sb = await p.acquire("uploader")
-    check_room(sb.dirs.uploads, 4 * MB)
-    (sb.dirs.uploads / "a.bin").write_bytes(b"x" * 4 * MB)
+    local_sb = await p.acquire("uploader")
+    check_room(local_sb.dirs.uploads, 4 * MB)
+    (local_sb.dirs.uploads / "a.bin").write_bytes(b"x" * 4 * MB)
     with pytest.raises(QuotaExceeded) as err:
-        check_room(sb.dirs.uploads, 2 * MB)
+        check_room(local_sb.dirs.uploads, 2 * MB)
     assert isinstance(err.value, SandboxError)
     text = str(err.value)
     assert "disk quota exceeded: 4 MB used of 5 MB, and 2 MB more do not fit" in text
     assert "/mnt/user-data/uploads" in text and str(root) not in text
-    check_room(sb.dirs, 512 * 1024)  # still fits
-    check_room(sb.dirs, -MB)  # shrinking is never refused
+    check_room(local_sb.dirs, 512 * 1024)  # still fits
+    check_room(local_sb.dirs, -MB)  # shrinking is never refused
     # A thread the gateway saves a first upload for, before any sandbox exists (nor the root).
     check_room(root / "not-yet" / "threads" / "t-0123" / "uploads", MB)
 
@@ -513,15 +512,15 @@ async def test_uid_per_thread(root: Path) -> None:
 @needs_root
 async def test_uid_range_takes_over_existing_thread(root: Path) -> None:
     old = LocalProvider(root / "mig", None)
-    sb = await old.acquire("t")
-    await sb.exec("mkdir -p deep/er && echo old > deep/er/f && ln -s /etc/shadow link")
+    local_sb = await old.acquire("t")
+    await local_sb.exec("mkdir -p deep/er && echo old > deep/er/f && ln -s /etc/shadow link")
     new = LocalProvider(root / "mig", None, uid_range=RANGE)
-    sb = await new.acquire("t")
+    local_sb = await new.acquire("t")
     uid = RANGE[0]
-    for path in (sb.dirs.base, sb.dirs.workspace / "deep", sb.dirs.workspace / "deep/er/f"):
+    for path in (local_sb.dirs.base, local_sb.dirs.workspace / "deep", local_sb.dirs.workspace / "deep/er/f"):
         assert path.lstat().st_uid == uid
     assert os.stat("/etc/shadow").st_uid == 0  # the link was not followed
-    assert (await sb.exec("echo more >> deep/er/f && cat deep/er/f")).output == "old\nmore\n"
+    assert (await local_sb.exec("echo more >> deep/er/f && cat deep/er/f")).output == "old\nmore\n"
 
 
 # --- through the daemon ----------------------------------------------------------------------------

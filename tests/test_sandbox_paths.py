@@ -23,7 +23,7 @@ WS = "/mnt/user-data/workspace"
 
 
 @pytest.fixture
-def skills(root: Path) -> Path:
+def public_skills(root: Path) -> Path:
     s = root / "skills"
     (s / "public" / "demo").mkdir(parents=True)
     (s / "public" / "demo" / "SKILL.md").write_text("# Demo skill\nuse it wisely\n")
@@ -31,8 +31,8 @@ def skills(root: Path) -> Path:
 
 
 @pytest.fixture
-async def sb(root: Path, skills: Path) -> LocalSandbox:
-    provider = LocalProvider(root / "sbx", skills, bwrap=None)
+async def plain_sb(root: Path, public_skills: Path) -> LocalSandbox:
+    provider = LocalProvider(root / "sbx", public_skills, bwrap=None)
     return await provider.acquire("slack:T1/C1:1700000000.0001")
 
 
@@ -66,143 +66,143 @@ def test_thread_dirs_layout(root: Path) -> None:
         "bad\x00name",
     ],
 )
-async def test_traversal_refused(sb: LocalSandbox, path: str) -> None:
+async def test_traversal_refused(plain_sb: LocalSandbox, path: str) -> None:
     with pytest.raises(PathRefused):
-        sb.mapper.resolve(path)
+        plain_sb.mapper.resolve(path)
     with pytest.raises(SandboxError):
-        await sb.read_file(path)
+        await plain_sb.read_file(path)
     with pytest.raises(SandboxError):
-        await sb.write_file(path, "x")
+        await plain_sb.write_file(path, "x")
 
 
-async def test_absolute_host_path_refused(sb: LocalSandbox) -> None:
+async def test_absolute_host_path_refused(plain_sb: LocalSandbox) -> None:
     """A host path is meaningless inside the sandbox, even the thread's own workspace."""
-    (sb.dirs.workspace / "a.txt").write_text("hi")
+    (plain_sb.dirs.workspace / "a.txt").write_text("hi")
     with pytest.raises(PathRefused):
-        await sb.read_file(str(sb.dirs.workspace / "a.txt"))
+        await plain_sb.read_file(str(plain_sb.dirs.workspace / "a.txt"))
     with pytest.raises(PathRefused):
-        await sb.write_file(str(sb.dirs.workspace / "b.txt"), "x")
-    assert (await sb.read_file(f"{WS}/a.txt")).text == "hi"
-    assert (await sb.read_file("a.txt")).text == "hi"  # relative means the workspace
+        await plain_sb.write_file(str(plain_sb.dirs.workspace / "b.txt"), "x")
+    assert (await plain_sb.read_file(f"{WS}/a.txt")).text == "hi"
+    assert (await plain_sb.read_file("a.txt")).text == "hi"  # relative means the workspace
 
 
-async def test_symlink_escape_refused(sb: LocalSandbox) -> None:
-    ws = sb.dirs.workspace
+async def test_symlink_escape_refused(plain_sb: LocalSandbox) -> None:
+    ws = plain_sb.dirs.workspace
     (ws / "etc").symlink_to("/etc")
     (ws / "passwd").symlink_to("/etc/passwd")
     (ws / "up").symlink_to("../..")
     for p in ("etc/passwd", "passwd", "up/threads", "etc"):
         with pytest.raises(PathRefused):
-            await sb.read_file(p)
+            await plain_sb.read_file(p)
     with pytest.raises(PathRefused):
-        await sb.write_file("etc/evil.conf", "x")
+        await plain_sb.write_file("etc/evil.conf", "x")
     with pytest.raises(PathRefused):
-        await sb.write_file("passwd", "x")
+        await plain_sb.write_file("passwd", "x")
     with pytest.raises(PathRefused):
-        await sb.ls("etc")
+        await plain_sb.ls("etc")
     assert not Path("/etc/evil.conf").exists()
     # Escaping links are not even listed, nor walked by glob/grep.
-    names = {e.path for e in await sb.ls(WS)}
+    names = {e.path for e in await plain_sb.ls(WS)}
     assert names == set()
-    assert await sb.glob("**/passwd", WS) == []
-    assert await sb.grep("root:", WS) == []
+    assert await plain_sb.glob("**/passwd", WS) == []
+    assert await plain_sb.grep("root:", WS) == []
 
 
-async def test_symlink_inside_sandbox_allowed(sb: LocalSandbox) -> None:
-    await sb.write_file("real/data.txt", "payload\n")
-    (sb.dirs.workspace / "alias").symlink_to("real")
-    assert (await sb.read_file("alias/data.txt")).text == "payload\n"
-    assert [e.path for e in await sb.ls(WS)] == [f"{WS}/alias", f"{WS}/real"]
+async def test_symlink_inside_sandbox_allowed(plain_sb: LocalSandbox) -> None:
+    await plain_sb.write_file("real/data.txt", "payload\n")
+    (plain_sb.dirs.workspace / "alias").symlink_to("real")
+    assert (await plain_sb.read_file("alias/data.txt")).text == "payload\n"
+    assert [e.path for e in await plain_sb.ls(WS)] == [f"{WS}/alias", f"{WS}/real"]
 
 
-async def test_symlink_swapped_in_after_check_is_refused(sb: LocalSandbox) -> None:
+async def test_symlink_swapped_in_after_check_is_refused(plain_sb: LocalSandbox) -> None:
     """TOCTOU: the sandbox swaps a checked directory for a symlink before we open it."""
-    await sb.write_file("d/f.txt", "ok")
-    resolved = sb.mapper.resolve("d/f.txt", write=True)
-    shutil.rmtree(sb.dirs.workspace / "d")
-    (sb.dirs.workspace / "d").symlink_to("/etc")
+    await plain_sb.write_file("d/f.txt", "ok")
+    resolved = plain_sb.mapper.resolve("d/f.txt", write=True)
+    shutil.rmtree(plain_sb.dirs.workspace / "d")
+    (plain_sb.dirs.workspace / "d").symlink_to("/etc")
     with pytest.raises(PathRefused):
-        sb.files._open_file(resolved, os.O_RDONLY)
-    target = sb.mapper.resolve("f.txt", write=True)
-    (sb.dirs.workspace / "f.txt").symlink_to("/etc/hostname")
+        plain_sb.files._open_file(resolved, os.O_RDONLY)
+    target = plain_sb.mapper.resolve("f.txt", write=True)
+    (plain_sb.dirs.workspace / "f.txt").symlink_to("/etc/hostname")
     with pytest.raises(PathRefused):
-        sb.files._open_file(target, os.O_WRONLY | os.O_TRUNC)
+        plain_sb.files._open_file(target, os.O_WRONLY | os.O_TRUNC)
 
 
-async def test_skills_read_only(sb: LocalSandbox) -> None:
-    assert "Demo skill" in (await sb.read_file("/mnt/skills/public/demo/SKILL.md")).text
-    assert [e.path for e in await sb.ls("/mnt/skills")] == ["/mnt/skills/public"]
+async def test_skills_read_only(plain_sb: LocalSandbox) -> None:
+    assert "Demo skill" in (await plain_sb.read_file("/mnt/skills/public/demo/SKILL.md")).text
+    assert [e.path for e in await plain_sb.ls("/mnt/skills")] == ["/mnt/skills/public"]
     for op in (
-        sb.write_file("/mnt/skills/public/demo/SKILL.md", "pwned"),
-        sb.write_file("/mnt/skills/new.md", "x"),
-        sb.edit("/mnt/skills/public/demo/SKILL.md", "Demo", "Evil"),
-        sb.delete("/mnt/skills/public"),
+        plain_sb.write_file("/mnt/skills/public/demo/SKILL.md", "pwned"),
+        plain_sb.write_file("/mnt/skills/new.md", "x"),
+        plain_sb.edit("/mnt/skills/public/demo/SKILL.md", "Demo", "Evil"),
+        plain_sb.delete("/mnt/skills/public"),
     ):
         with pytest.raises(PathRefused, match="read-only"):
             await op
-    assert "Demo skill" in (await sb.read_file("/mnt/skills/public/demo/SKILL.md")).text
+    assert "Demo skill" in (await plain_sb.read_file("/mnt/skills/public/demo/SKILL.md")).text
 
 
-async def test_mount_roots_cannot_be_deleted(sb: LocalSandbox) -> None:
+async def test_mount_roots_cannot_be_deleted(plain_sb: LocalSandbox) -> None:
     with pytest.raises(PathRefused):
-        await sb.delete(WS)
-    await sb.write_file("x/y.txt", "1")
-    await sb.delete("x")
-    assert not (sb.dirs.workspace / "x").exists()
+        await plain_sb.delete(WS)
+    await plain_sb.write_file("x/y.txt", "1")
+    await plain_sb.delete("x")
+    assert not (plain_sb.dirs.workspace / "x").exists()
 
 
-async def test_synthetic_dirs(sb: LocalSandbox) -> None:
-    assert [e.path for e in await sb.ls("/")] == ["/mnt"]
-    assert [e.path for e in await sb.ls("/mnt/user-data")] == [
+async def test_synthetic_dirs(plain_sb: LocalSandbox) -> None:
+    assert [e.path for e in await plain_sb.ls("/")] == ["/mnt"]
+    assert [e.path for e in await plain_sb.ls("/mnt/user-data")] == [
         "/mnt/user-data/workspace",
         "/mnt/user-data/uploads",
         "/mnt/user-data/outputs",
     ]
     with pytest.raises(SandboxError):
-        await sb.write_file("/mnt/user-data/x.txt", "x")
+        await plain_sb.write_file("/mnt/user-data/x.txt", "x")
 
 
-async def test_read_paging(sb: LocalSandbox) -> None:
-    await sb.write_file(
+async def test_read_paging(plain_sb: LocalSandbox) -> None:
+    await plain_sb.write_file(
         "lines.txt", "".join(f"line {i}\r\n" if i == 3 else f"line {i}\n" for i in range(1, 11))
     )
-    w = await sb.read_file("lines.txt", offset=2, limit=3)
+    w = await plain_sb.read_file("lines.txt", offset=2, limit=3)
     assert (w.start_line, w.end_line, w.total_lines) == (3, 5, 10)
     assert w.text == "line 3\r\nline 4\nline 5\n"
-    tail = await sb.read_file("lines.txt", offset=8, limit=100)
+    tail = await plain_sb.read_file("lines.txt", offset=8, limit=100)
     assert (tail.start_line, tail.end_line, tail.text) == (9, 10, "line 9\nline 10\n")
     with pytest.raises(SandboxError, match="past the end"):
-        await sb.read_file("lines.txt", offset=10)
-    await sb.write_file("empty.txt", "")
-    assert (await sb.read_file("empty.txt")).total_lines == 0
-    await sb.write_file("blob.bin", b"\x00\x01\x02")
+        await plain_sb.read_file("lines.txt", offset=10)
+    await plain_sb.write_file("empty.txt", "")
+    assert (await plain_sb.read_file("empty.txt")).total_lines == 0
+    await plain_sb.write_file("blob.bin", b"\x00\x01\x02")
     with pytest.raises(SandboxError, match="binary"):
-        await sb.read_file("blob.bin")
+        await plain_sb.read_file("blob.bin")
     with pytest.raises(SandboxError, match="no such file"):
-        await sb.read_file("missing.txt")
+        await plain_sb.read_file("missing.txt")
     with pytest.raises(SandboxError, match="is a directory"):
-        await sb.read_file(WS)
+        await plain_sb.read_file(WS)
 
 
-async def test_edit_rules(sb: LocalSandbox) -> None:
-    await sb.write_file("e.txt", "alpha beta alpha\n")
+async def test_edit_rules(plain_sb: LocalSandbox) -> None:
+    await plain_sb.write_file("e.txt", "alpha beta alpha\n")
     with pytest.raises(SandboxError, match="not found"):
-        await sb.edit("e.txt", "gamma", "x")
+        await plain_sb.edit("e.txt", "gamma", "x")
     with pytest.raises(SandboxError, match="2 times"):
-        await sb.edit("e.txt", "alpha", "x")
-    assert await sb.edit("e.txt", "beta", "BETA") == 1
-    assert await sb.edit("e.txt", "alpha", "A", replace_all=True) == 2
-    assert (sb.dirs.workspace / "e.txt").read_text() == "A BETA A\n"
+        await plain_sb.edit("e.txt", "alpha", "x")
+    assert await plain_sb.edit("e.txt", "beta", "BETA") == 1
+    assert await plain_sb.edit("e.txt", "alpha", "A", replace_all=True) == 2
+    assert (plain_sb.dirs.workspace / "e.txt").read_text() == "A BETA A\n"
 
 
-async def test_concurrent_edits_are_serialized(sb: LocalSandbox) -> None:
+async def test_concurrent_edits_are_serialized(plain_sb: LocalSandbox) -> None:
     """Each edit reads, replaces and writes back; without the per-file lock updates get lost."""
-    await sb.write_file("c.txt", " ".join(f"<{i}>" for i in range(40)))
+    await plain_sb.write_file("c.txt", " ".join(f"<{i}>" for i in range(40)))
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
         try:
-            sb.files.edit("c.txt", f"<{i}>", f"[{i}]")
+            plain_sb.files.edit("c.txt", f"<{i}>", f"[{i}]")
         except BaseException as e:  # pragma: no cover - reported below
             errors.append(e)
 
@@ -212,30 +212,30 @@ async def test_concurrent_edits_are_serialized(sb: LocalSandbox) -> None:
     for t in threads:
         t.join()
     assert not errors
-    assert (sb.dirs.workspace / "c.txt").read_text() == " ".join(f"[{i}]" for i in range(40))
+    assert (plain_sb.dirs.workspace / "c.txt").read_text() == " ".join(f"[{i}]" for i in range(40))
 
 
-async def test_glob_and_grep(sb: LocalSandbox) -> None:
-    await sb.write_file("src/app/main.py", "print('TODO: x')\n")
-    await sb.write_file("top.py", "x = 1  # TODO(a+b)\n")
-    await sb.write_file("notes.md", "nothing\nTODO(a+b) later\n")
-    await sb.write_file("/mnt/user-data/uploads/data.csv", "a,b\n")
-    await sb.write_file("bin.dat", b"TODO\x00\x00")
-    assert sorted(await sb.glob("*.py", WS)) == [f"{WS}/src/app/main.py", f"{WS}/top.py"]
-    assert await sb.glob("/*.py", WS) == [f"{WS}/top.py"]
-    assert await sb.glob("src/**/*.py", WS) == [f"{WS}/src/app/main.py"]
-    assert await sb.glob("**/*.csv") == ["/mnt/user-data/uploads/data.csv"]
+async def test_glob_and_grep(plain_sb: LocalSandbox) -> None:
+    await plain_sb.write_file("src/app/main.py", "print('TODO: x')\n")
+    await plain_sb.write_file("top.py", "x = 1  # TODO(a+b)\n")
+    await plain_sb.write_file("notes.md", "nothing\nTODO(a+b) later\n")
+    await plain_sb.write_file("/mnt/user-data/uploads/data.csv", "a,b\n")
+    await plain_sb.write_file("bin.dat", b"TODO\x00\x00")
+    assert sorted(await plain_sb.glob("*.py", WS)) == [f"{WS}/src/app/main.py", f"{WS}/top.py"]
+    assert await plain_sb.glob("/*.py", WS) == [f"{WS}/top.py"]
+    assert await plain_sb.glob("src/**/*.py", WS) == [f"{WS}/src/app/main.py"]
+    assert await plain_sb.glob("**/*.csv") == ["/mnt/user-data/uploads/data.csv"]
     with pytest.raises(PathRefused):
-        await sb.glob("../*", WS)
-    hits = await sb.grep("TODO(a+b)", WS)  # literal, not a regex
+        await plain_sb.glob("../*", WS)
+    hits = await plain_sb.grep("TODO(a+b)", WS)  # literal, not a regex
     assert [(h.path, h.line) for h in hits] == [(f"{WS}/notes.md", 2), (f"{WS}/top.py", 1)]
-    assert [h.path for h in await sb.grep("TODO", WS, glob="*.py")] == [
+    assert [h.path for h in await plain_sb.grep("TODO", WS, glob="*.py")] == [
         f"{WS}/top.py",
         f"{WS}/src/app/main.py",
     ]
-    found, truncated = sb.files.grep("TODO", WS, max_count=1)
+    found, truncated = plain_sb.files.grep("TODO", WS, max_count=1)
     assert len(found) == 1 and truncated
-    assert [h.line for h in await sb.grep("later", f"{WS}/notes.md")] == [2]
+    assert [h.line for h in await plain_sb.grep("later", f"{WS}/notes.md")] == [2]
 
 
 def test_output_cap_marks_truncation() -> None:
@@ -256,18 +256,22 @@ def test_output_cap_marks_truncation() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 async def test_files_written_for_sandbox_user(root: Path) -> None:
     provider = LocalProvider(root / "sbx", None, bwrap=None, uid=1000, gid=1000)
-    sb = await provider.acquire("t")
-    await sb.write_file("deep/dir/f.txt", "x")
-    for p in (sb.dirs.workspace, sb.dirs.workspace / "deep", sb.dirs.workspace / "deep/dir/f.txt"):
+    plain_sb = await provider.acquire("t")
+    await plain_sb.write_file("deep/dir/f.txt", "x")
+    for p in (
+        plain_sb.dirs.workspace,
+        plain_sb.dirs.workspace / "deep",
+        plain_sb.dirs.workspace / "deep/dir/f.txt",
+    ):
         assert (p.stat().st_uid, p.stat().st_gid) == (1000, 1000)
-    assert (sb.dirs.base.stat().st_mode & 0o777) == 0o700
+    assert (plain_sb.dirs.base.stat().st_mode & 0o777) == 0o700
 
 
 # --- deepagents backend adapter: file half ---------------------------------------------------
 
 
-async def test_backend_file_ops(sb: LocalSandbox) -> None:
-    be = SandboxBackend(sb)
+async def test_backend_file_ops(plain_sb: LocalSandbox) -> None:
+    be = SandboxBackend(plain_sb)
     assert be.write(f"{WS}/a.txt", "one\ntwo\nthree\n").path == f"{WS}/a.txt"
     r = await be.aread(f"{WS}/a.txt", offset=1, limit=1)
     assert r.error is None and r.file_data is not None
@@ -295,8 +299,8 @@ async def test_backend_file_ops(sb: LocalSandbox) -> None:
     assert be.delete(f"{WS}/sub").path == f"{WS}/sub"
 
 
-async def test_backend_refuses_escapes(sb: LocalSandbox) -> None:
-    be = SandboxBackend(sb)
+async def test_backend_refuses_escapes(plain_sb: LocalSandbox) -> None:
+    be = SandboxBackend(plain_sb)
     assert "outside the sandbox" in (be.read("/etc/passwd").error or "")
     assert be.write("/etc/chital-test", "x").error
     assert not Path("/etc/chital-test").exists()
@@ -309,7 +313,7 @@ async def test_backend_refuses_escapes(sb: LocalSandbox) -> None:
     assert [d.error for d in down] == [None, "file_not_found", "is_directory", "permission_denied"]
 
 
-async def test_backend_reads_images_as_base64(sb: LocalSandbox) -> None:
+async def test_backend_reads_images_as_base64(plain_sb: LocalSandbox) -> None:
     """Images go to the model as base64, re-encoded to pixels only (docs/media.md, "Privacy");
     bytes that only look like a PNG are an error, not passed through."""
     import io
@@ -320,13 +324,13 @@ async def test_backend_reads_images_as_base64(sb: LocalSandbox) -> None:
     info.add_text("Comment", "where I live")
     out = io.BytesIO()
     Image.new("RGB", (8, 8), (10, 200, 30)).save(out, "PNG", pnginfo=info)
-    await sb.write_file("/mnt/user-data/uploads/pic.png", out.getvalue())
-    r = SandboxBackend(sb).read("/mnt/user-data/uploads/pic.png")
+    await plain_sb.write_file("/mnt/user-data/uploads/pic.png", out.getvalue())
+    r = SandboxBackend(plain_sb).read("/mnt/user-data/uploads/pic.png")
     assert r.file_data is not None and r.file_data["encoding"] == "base64"
     sent = base64.b64decode(r.file_data["content"])
     assert b"where I live" not in sent and Image.open(io.BytesIO(sent)).getpixel((4, 4)) == (10, 200, 30)
-    await sb.write_file("/mnt/user-data/uploads/fake.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 16)
-    bad = SandboxBackend(sb).read("/mnt/user-data/uploads/fake.png")
+    await plain_sb.write_file("/mnt/user-data/uploads/fake.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 16)
+    bad = SandboxBackend(plain_sb).read("/mnt/user-data/uploads/fake.png")
     assert bad.error is not None and "not a readable PNG image" in bad.error
 
 

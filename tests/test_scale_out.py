@@ -28,7 +28,7 @@ LEASE = 3.0
 
 
 @pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
+async def spread_slack() -> AsyncIterator[FakeSlack]:
     fake = FakeSlack()
     fake.spread = True
     await fake.start()
@@ -37,7 +37,7 @@ async def slack() -> AsyncIterator[FakeSlack]:
 
 
 def _config(
-    root: Path, n: int, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, slack: FakeSlack
+    root: Path, n: int, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, spread_slack: FakeSlack
 ) -> dict[str, Any]:
     cfg = base_config(root / f"data-{n}", model.base_url, free_port())
     cfg["storage"]["url"] = pg_url
@@ -45,20 +45,17 @@ def _config(
     cfg["agent"]["tools"] = False
     cfg["concurrency"]["max_turns"] = 16
     cfg["channels"]["telegram"] = tg.channel_settings(poll_timeout=1)
-    cfg["channels"]["slack"] = {
-        "enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
-        "api_base_url": slack.api_base_url, "ping_interval": 0.5,
-    }  # fmt: skip
+    cfg["channels"]["slack"] = spread_slack.channel_settings()
     cfg["access"] = {"allow_users": ["*"], "pairing": False}
     return cfg
 
 
 async def _cluster(
-    tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, slack: FakeSlack, count: int = 3
+    tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, spread_slack: FakeSlack, count: int = 3
 ) -> list[DaemonProcess]:
     daemons = []
     for n in range(count):
-        d = DaemonProcess(tmp_path / f"d{n}", _config(tmp_path, n, pg_url, model, tg, slack))
+        d = DaemonProcess(tmp_path / f"d{n}", _config(tmp_path, n, pg_url, model, tg, spread_slack))
         d.workdir.mkdir(parents=True, exist_ok=True)
         daemons.append(d)
     # Readiness needs Slack connected on each; Telegram is "standby" on all but the leader.
@@ -100,8 +97,8 @@ def _tg_answers(tg: FakeTelegram, chat: int) -> list[str]:
     return [a for t in tg.bot_texts(chat) if (a := _answer(t))]
 
 
-def _slack_answers(slack: FakeSlack, channel: str) -> list[str]:
-    return [a for t in slack.texts(channel) if (a := _answer(t))]
+def _slack_answers(spread_slack: FakeSlack, channel: str) -> list[str]:
+    return [a for t in spread_slack.texts(channel) if (a := _answer(t))]
 
 
 async def _wait(predicate: Any, timeout: float, what: str, show: Any = None) -> None:
@@ -113,9 +110,9 @@ async def _wait(predicate: Any, timeout: float, what: str, show: Any = None) -> 
 
 
 async def test_three_daemons_answer_300_messages_once_in_order(
-    tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, slack: FakeSlack
+    tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, spread_slack: FakeSlack
 ) -> None:
-    daemons = await _cluster(tmp_path, pg_url, model, tg, slack)
+    daemons = await _cluster(tmp_path, pg_url, model, tg, spread_slack)
     try:
         await _leader(daemons)
         tg_chats = [7000 + i for i in range(15)]
@@ -124,20 +121,20 @@ async def test_three_daemons_answer_300_messages_once_in_order(
             for chat in tg_chats:
                 tg.inject_message(chat, chat, f"t{chat} m{i}")
             for ch in slack_chats:
-                await slack.inject_dm(ch, f"U{ch}", f"s{ch} m{i}")
+                await spread_slack.inject_dm(ch, f"U{ch}", f"s{ch} m{i}")
 
         def all_in() -> bool:
             return all(len(_tg_answers(tg, c)) >= 10 for c in tg_chats) and all(
-                len(_slack_answers(slack, c)) >= 10 for c in slack_chats
+                len(_slack_answers(spread_slack, c)) >= 10 for c in slack_chats
             )
 
         def missing() -> str:
             short = {c: 10 - len(_tg_answers(tg, c)) for c in tg_chats if len(_tg_answers(tg, c)) < 10}
             short.update(
                 {
-                    c: 10 - len(_slack_answers(slack, c))
+                    c: 10 - len(_slack_answers(spread_slack, c))
                     for c in slack_chats
-                    if len(_slack_answers(slack, c)) < 10
+                    if len(_slack_answers(spread_slack, c)) < 10
                 }
             )
             texts = {c: tg.bot_texts(c) for c in short if isinstance(c, int)}
@@ -151,12 +148,12 @@ async def test_three_daemons_answer_300_messages_once_in_order(
             got = sorted(_tg_answers(tg, chat))
             assert got == sorted(f"echo: t{chat} m{i}" for i in range(10)), (chat, got)
         for ch in slack_chats:
-            got = sorted(_slack_answers(slack, ch))
+            got = sorted(_slack_answers(spread_slack, ch))
             assert got == sorted(f"echo: s{ch} m{i}" for i in range(10)), (ch, got)
         # Every "queued" sign was turned into its answer, none left behind by a daemon that lost
         # the message to another; and no answer says it replaces a cut-off one (nothing was cut).
         posts = [t for c in tg_chats for t in tg.bot_texts(c)] + [
-            t for c in slack_chats for t in slack.texts(c)
+            t for c in slack_chats for t in spread_slack.texts(c)
         ]
         assert not [t for t in posts if t.startswith("⏳")], "a queued sign was left behind"
         assert not [t for t in posts if t.startswith("↪️")], "an answer claims to replace a cut-off one"
@@ -178,7 +175,7 @@ async def test_three_daemons_answer_300_messages_once_in_order(
 
 
 async def test_kill_9_of_the_leader_and_of_a_daemon_mid_turn(
-    tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, slack: FakeSlack
+    tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, spread_slack: FakeSlack
 ) -> None:
     # "LAGGY" answers stream for ~4 s: long enough to kill the daemon writing one.
     model.add_rule(
@@ -187,7 +184,7 @@ async def test_kill_9_of_the_leader_and_of_a_daemon_mid_turn(
             text=f"echo: {last_user_text(body)} " + "and more " * 20, chunks=40, chunk_delay=0.1
         ),
     )
-    daemons = await _cluster(tmp_path, pg_url, model, tg, slack)
+    daemons = await _cluster(tmp_path, pg_url, model, tg, spread_slack)
     try:
         leader = await _leader(daemons)
         # 1. Kill -9 the leader right after it took a message: another daemon polls within
@@ -209,13 +206,13 @@ async def test_kill_9_of_the_leader_and_of_a_daemon_mid_turn(
 
         # 2. Kill -9 whichever daemon is writing a Slack answer: another one finishes it in the
         # same message once the lease lapses.
-        await slack.inject_dm("D9000", "U9000", "LAGGY slack turn")
+        await spread_slack.inject_dm("D9000", "U9000", "LAGGY slack turn")
         holder: DaemonProcess | None = None
         for _ in range(100):
             for d in survivors:
                 if "LAGGY slack turn" in d.log_path.read_text(errors="replace"):
                     holder = d
-            started = [p for p in slack.texts("D9000")]
+            started = [p for p in spread_slack.texts("D9000")]
             if started:
                 break
             await asyncio.sleep(0.05)
@@ -227,12 +224,12 @@ async def test_kill_9_of_the_leader_and_of_a_daemon_mid_turn(
         holder.kill9()
         await holder.wait_exit()
         await _wait(
-            lambda: any("LAGGY slack turn" in t and t.rstrip().endswith("more") for t in slack.texts("D9000")),
+            lambda: any("LAGGY slack turn" in t and t.rstrip().endswith("more") for t in spread_slack.texts("D9000")),
             60, "the Slack answer finished by another daemon",
         )  # fmt: skip
         await asyncio.sleep(LEASE)
-        slow = [t for t in slack.texts("D9000") if "LAGGY slack turn" in t]
-        assert len(slow) == 1, slack.texts("D9000")
+        slow = [t for t in spread_slack.texts("D9000") if "LAGGY slack turn" in t]
+        assert len(slow) == 1, spread_slack.texts("D9000")
         tg_slow = [t for t in tg.bot_texts(8001) if "LAGGY while the leader dies" in t]
         assert len(tg_slow) == 1, tg.bot_texts(8001)
         assert [t for t in _tg_answers(tg, 8001) if "kill" in t and "LAGGY" not in t] == [

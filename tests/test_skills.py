@@ -27,9 +27,9 @@ from agent.events import AgentEvent, Final, ToolProgress
 from agent.harness import Harness
 from agent.skills import SkillCatalog, SkillsSettings, build_skills
 from agent.skills_prompt import SkillsListing, load_skill_text
+from tests.daemon import REPO
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
-REPO = Path(__file__).resolve().parent.parent
 PUBLIC = REPO / "skills" / "public"
 HAVE_BWRAP = shutil.which("bwrap") is not None
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,23 +16,24 @@ from channels.base import ChannelState, FatalChannelError
 from channels.slack import SlackChannel
 from gateway.ops.metrics import Metrics
 from gateway.ops.supervisor import Backoff, ChannelSupervisor, run_once
-from tests.fakes.gateway_rig import Rig, gateway_rig, running
+from tests.fakes.gateway_rig import Rig, running
 from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants
 from tests.fakes.slack_server import FakeSlack
 
 ALICE = "U_ALICE"
+
+
+@pytest.fixture
+def allowed_users() -> list[str]:
+    return [ALICE]
+
+
 DM = "D_ALICE"
 
 
 @pytest.fixture
 def channel(slack: FakeSlack) -> SlackChannel:
     return SlackChannel(slack.bot_token, slack.app_token, api_base_url=slack.api_base_url, ping_interval=0.5)
-
-
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    async with gateway_rig(tmp_path, [ALICE]) as r:
-        yield r
 
 
 def dm_event(slack: FakeSlack, **fields: Any) -> dict[str, Any]:
@@ -58,10 +57,10 @@ MALFORMED_EVENTS: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("shape", list(MALFORMED_EVENTS))
 async def test_malformed_event_is_skipped_acked_and_its_sender_told(
-    shape: str, slack: FakeSlack, channel: SlackChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+    shape: str, slack: FakeSlack, channel: SlackChannel, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    async with running(channel, rig):
+    async with running(channel, adapter_rig):
         first = await slack.inject_dm(DM, ALICE, "first good one")
         bad = await slack.send_event(dm_event(slack, **MALFORMED_EVENTS[shape]))
         second = await slack.inject_dm(DM, ALICE, "second good one")
@@ -71,7 +70,7 @@ async def test_malformed_event_is_skipped_acked_and_its_sender_told(
         await slack.wait_for(lambda: all(slack.is_acked(e) for e in (first.envelope, bad, second.envelope)))
         assert channel.state is ChannelState.CONNECTED
     assert len(notes) == 1
-    assert rig.metric("chital_messages_ignored_total", channel="slack", reason="malformed") == 1
+    assert adapter_rig.metric("chital_messages_ignored_total", channel="slack", reason="malformed") == 1
     critical = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
     assert critical and DM in critical[0] and bad["payload"]["event_id"] in critical[0]
     for record in caplog.records:
@@ -79,9 +78,9 @@ async def test_malformed_event_is_skipped_acked_and_its_sender_told(
 
 
 async def test_malformed_envelopes_are_acked_and_counted(
-    slack: FakeSlack, channel: SlackChannel, rig: Rig
+    slack: FakeSlack, channel: SlackChannel, adapter_rig: Rig
 ) -> None:
-    async with running(channel, rig):
+    async with running(channel, adapter_rig):
         good = await slack.send_event(dm_event(slack, text="good one"))
         template = await slack.send_event(dm_event(slack, text="template"))
         no_event = {
@@ -118,49 +117,49 @@ async def test_malformed_envelopes_are_acked_and_counted(
     assert says(slack, "echo: good one") and says(slack, "echo: template")
     assert not says(slack, "couldn't read"), "no sender could be recovered: nobody to tell"
     # the envelope with no payload never reaches bolt; the other five are counted by the gateway
-    assert rig.metric("chital_messages_ignored_total", channel="slack", reason="malformed") == 6
+    assert adapter_rig.metric("chital_messages_ignored_total", channel="slack", reason="malformed") == 6
     assert channel.unreadable_events == 6
 
 
 # -- non-text posts ------------------------------------------------------------------------------
 async def test_file_share_without_text_reaches_the_agent(
-    slack: FakeSlack, channel: SlackChannel, rig: Rig
+    slack: FakeSlack, channel: SlackChannel, adapter_rig: Rig
 ) -> None:
     shared = slack.add_file("notes.txt", b"hello", "text/plain")
-    async with running(channel, rig):
+    async with running(channel, adapter_rig):
         await slack.inject_dm(DM, ALICE, "", files=[shared])
         (reply,) = await slack.wait_for(lambda: slack.texts(DM))
     assert reply.startswith("echo: ") and reply.endswith("[files: notes.txt]")
-    assert rig.harness.seen[0][1] == ["/mnt/user-data/uploads/notes.txt"]
+    assert adapter_rig.harness.seen[0][1] == ["/mnt/user-data/uploads/notes.txt"]
 
 
 async def test_file_slack_will_not_serve_gets_a_note(
-    slack: FakeSlack, channel: SlackChannel, rig: Rig
+    slack: FakeSlack, channel: SlackChannel, adapter_rig: Rig
 ) -> None:
     hidden = {"id": "F_HIDDEN", "mode": "hidden_by_limit"}
-    async with running(channel, rig):
+    async with running(channel, adapter_rig):
         await slack.send_event(dm_event(slack, text="", files=[hidden], subtype="file_share"))
         (reply,) = await slack.wait_for(lambda: slack.texts(DM))
     assert reply == "I can't use files shared this way yet; please describe what you need in words."
-    assert rig.harness.seen == []
+    assert adapter_rig.harness.seen == []
 
 
-async def test_shared_message_becomes_text(slack: FakeSlack, channel: SlackChannel, rig: Rig) -> None:
+async def test_shared_message_becomes_text(slack: FakeSlack, channel: SlackChannel, adapter_rig: Rig) -> None:
     share = {"is_share": True, "author_name": "Bob", "text": "the build is red", "fallback": "[x] the build"}
-    async with running(channel, rig):
+    async with running(channel, adapter_rig):
         await slack.send_event(dm_event(slack, text="", attachments=[share]))
         await slack.wait_for(lambda: slack.texts(DM))
-    assert rig.harness.seen == [("(shared message from Bob) the build is red", [])]
+    assert adapter_rig.harness.seen == [("(shared message from Bob) the build is red", [])]
     # Bob's words, not the sender's: the turn carries that provenance (agent/provenance.py).
-    assert [s.describe() for s in rig.harness.calls[-1].options.provenance] == [
+    assert [s.describe() for s in adapter_rig.harness.calls[-1].options.provenance] == [
         "a message by Bob (forwarded)"
     ]
 
 
 async def test_lone_surrogate_is_replaced_and_answered(
-    slack: FakeSlack, channel: SlackChannel, rig: Rig
+    slack: FakeSlack, channel: SlackChannel, adapter_rig: Rig
 ) -> None:
-    async with running(channel, rig):
+    async with running(channel, adapter_rig):
         await slack.send_event(dm_event(slack, text="bad \ud800 char"))
         (reply,) = await slack.wait_for(lambda: slack.texts(DM))
     assert reply == "echo: bad \ufffd char"
@@ -250,37 +249,37 @@ async def serves_after(slack: FakeSlack) -> None:
 
 @pytest.mark.parametrize("case", EVENT_CASES, ids=lambda c: c.id)
 async def test_every_malformed_event_is_acked_counted_and_answered(
-    case: Case, slack: FakeSlack, channel: SlackChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+    case: Case, slack: FakeSlack, channel: SlackChannel, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="channels")
     caplog.set_level(logging.INFO)
     good = events_envelope(slack, dm_event(slack, text=SECRET))
     bad = put(good, case.path, case.value)
-    async with running(channel, rig):
+    async with running(channel, adapter_rig):
         await slack.send_envelope(bad)
         await slack.wait_for(lambda: slack.is_acked(bad), 10)
         if case.told:
             await slack.wait_for(lambda: says(slack, "couldn't read that message"), 10)
         await serves_after(slack)
-    assert malformed_total(rig, "slack") == 1
-    assert rig.metric("chital_malformed_events_total", platform="slack", kind="message") == 1
+    assert malformed_total(adapter_rig, "slack") == 1
+    assert adapter_rig.metric("chital_malformed_events_total", platform="slack", kind="message") == 1
     assert bool(says(slack, "couldn't read")) is case.told
     assert not leaked(caplog.records)
 
 
 @pytest.mark.parametrize("case", PRESS_CASES, ids=lambda c: c.id)
 async def test_every_malformed_press_is_acked_counted_and_refused(
-    case: Case, slack: FakeSlack, channel: SlackChannel, rig: Rig, caplog: pytest.LogCaptureFixture
+    case: Case, slack: FakeSlack, channel: SlackChannel, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     bad = put(press_envelope(slack), case.path, case.value)
-    async with running(channel, rig):
+    async with running(channel, adapter_rig):
         await slack.send_envelope(bad)
         await slack.wait_for(lambda: slack.is_acked(bad), 10)
         if case.told:
             await slack.wait_for(lambda: slack.ephemerals, 10)
         await serves_after(slack)
-    assert malformed_total(rig, "slack") == 1
+    assert malformed_total(adapter_rig, "slack") == 1
     refusals = [e for e in slack.ephemerals if e["user"] == ALICE and e["channel"] == DM]
     assert bool(refusals) is case.told
     assert all("couldn't read that button" in e["text"] or "can't handle that" in e["text"] for e in refusals)
@@ -288,20 +287,20 @@ async def test_every_malformed_press_is_acked_counted_and_refused(
 
 
 async def test_the_issue_examples_a_numeric_user_and_a_null_payload(
-    slack: FakeSlack, channel: SlackChannel, rig: Rig
+    slack: FakeSlack, channel: SlackChannel, adapter_rig: Rig
 ) -> None:
     numeric = events_envelope(slack, dm_event(slack, user=12345))
     null_payload = {**events_envelope(slack, dm_event(slack)), "payload": None}
-    async with running(channel, rig):
+    async with running(channel, adapter_rig):
         for envelope in (numeric, null_payload):
             await slack.send_envelope(envelope)
         await slack.wait_for(lambda: slack.is_acked(numeric) and slack.is_acked(null_payload), 10)
         await serves_after(slack)
-    assert rig.metric("chital_malformed_events_total", platform="slack", kind="message") == 2
+    assert adapter_rig.metric("chital_malformed_events_total", platform="slack", kind="message") == 2
 
 
 async def test_slash_commands_and_shortcuts_are_acked_with_a_refusal(
-    slack: FakeSlack, channel: SlackChannel, rig: Rig
+    slack: FakeSlack, channel: SlackChannel, adapter_rig: Rig
 ) -> None:
     command = {"envelope_id": "env-cmd", "type": "slash_commands", "accepts_response_payload": True,
                "payload": {"command": "/new", "text": SECRET, "user_id": ALICE, "channel_id": DM,
@@ -310,22 +309,22 @@ async def test_slash_commands_and_shortcuts_are_acked_with_a_refusal(
     shortcut = {"envelope_id": "env-sc", "type": "interactive", "accepts_response_payload": False,
                 "payload": {"type": "shortcut", "callback_id": "x", "user": {"id": ALICE},
                             "team": {"id": slack.team_id}}}  # fmt: skip
-    async with running(channel, rig):
+    async with running(channel, adapter_rig):
         for envelope in (command, broken, shortcut):
             await slack.send_envelope(envelope)
         await slack.wait_for(lambda: all(slack.is_acked(e) for e in (command, broken, shortcut)), 10)
         await serves_after(slack)
     assert "no slash commands" in slack.ack_payloads["env-cmd"]["text"]
-    assert rig.metric("chital_malformed_events_total", platform="slack", kind="command") == 2
-    assert rig.metric("chital_malformed_events_total", platform="slack", kind="interaction") == 1
+    assert adapter_rig.metric("chital_malformed_events_total", platform="slack", kind="command") == 2
+    assert adapter_rig.metric("chital_malformed_events_total", platform="slack", kind="interaction") == 1
 
 
 async def test_unreadable_notes_are_rate_limited_per_sender(
-    slack: FakeSlack, channel: SlackChannel, rig: Rig
+    slack: FakeSlack, channel: SlackChannel, adapter_rig: Rig
 ) -> None:
-    async with running(channel, rig):
+    async with running(channel, adapter_rig):
         bad = [await slack.send_event(dm_event(slack, text={"n": i})) for i in range(6)]
         await slack.wait_for(lambda: all(slack.is_acked(e) for e in bad), 10)
         await serves_after(slack)
-    assert rig.metric("chital_malformed_events_total", platform="slack", kind="message") == 6
+    assert adapter_rig.metric("chital_malformed_events_total", platform="slack", kind="message") == 6
     assert len(says(slack, "couldn't read")) == 3, "three notes a minute, then quiet"

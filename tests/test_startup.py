@@ -5,14 +5,13 @@ be built; and that a failed start releases what it opened, newest first."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from gateway.daemon import app as app_module
 from gateway.daemon.app import Daemon
 from gateway.daemon.lifecycle import Resources, StartupError
 from tests.daemon import REPO, DaemonProcess, base_config, clean_env, free_port
+from tests.disks import fill
 from tests.fakes.openai_server import FakeOpenAI
 
 
@@ -122,21 +122,8 @@ async def test_read_only_data_dir_exits_with_one_line(tmp_path: Path, immutable_
     assert not (immutable_dir / "gateway.sqlite").exists()
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MB tmpfs (needs CAP_SYS_ADMIN), or a skip."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-async def test_full_disk_exits_with_one_line(tmp_path: Path, small_disk: Path) -> None:
+async def test_full_disk_exits_with_one_line(tmp_path: Path, tmpfs: Callable[[str], Path]) -> None:
+    small_disk = tmpfs("2m")
     # Room for the database, none for the journal's reserve (4 MB of 2).
     cfg = offline_config(tmp_path, free_port(), small_disk / "data")
     cfg["storage"]["reserve_mb"] = 4
@@ -144,18 +131,11 @@ async def test_full_disk_exits_with_one_line(tmp_path: Path, small_disk: Path) -
     assert rc != 0
     assert_one_clear_line(err, str(small_disk / "data"), "full", "storage.reserve_mb")
     # And a disk without even room for a small file.
-    _fill(small_disk / "filler")
+    fill(small_disk)
     cfg["storage"]["reserve_mb"] = 0
     rc, _, err, _ = await run_daemon_expecting_exit(cfg, tmp_path)
     assert rc != 0
     assert_one_clear_line(err, "not writable", "the disk is full")
-
-
-def _fill(path: Path) -> None:
-    with path.open("wb") as f, contextlib.suppress(OSError):
-        while True:
-            f.write(b"\0" * 65536)
-            f.flush()
 
 
 # -- the release discipline ------------------------------------------------------------------------

@@ -119,7 +119,7 @@ async def execute(command: str) -> str:
 
 
 @pytest.fixture
-def fake() -> Iterator[SpyOpenAI]:
+def spy_model() -> Iterator[SpyOpenAI]:
     server = SpyOpenAI.start_in_thread()
     try:
         yield server  # type: ignore[misc]
@@ -137,12 +137,12 @@ def status_events(part: Any) -> list[AgentEvent]:
 
 
 @pytest.fixture
-async def make_harness(fake: SpyOpenAI, tmp_path: Path) -> AsyncIterator[Factory]:
+async def make_harness(spy_model: SpyOpenAI, tmp_path: Path) -> AsyncIterator[Factory]:
     harnesses: list[Harness] = []
 
     async def make(sub_middleware: Sequence[Any] = (), **limits: Any) -> tuple[Harness, ChitalSubAgents]:
         settings = AgentSettings(model_retries=0, retry_backoff=0, model_timeout=10, max_steps=6)
-        spec = ModelSpec(name="fake", base_url=fake.base_url, api_key="test-key", model="fake-model")
+        spec = ModelSpec(name="fake", base_url=spy_model.base_url, api_key="test-key", model="fake-model")
         model = build_chat_model(spec, settings)
         [middleware] = build_subagents(model, [execute], SubagentSettings(**limits), sub_middleware)
         assert isinstance(middleware, ChitalSubAgents)
@@ -181,10 +181,16 @@ def answer(events: list[AgentEvent]) -> str:
 
 
 # ---- the tests ---------------------------------------------------------------------------------
-async def test_three_run_in_parallel_and_a_fourth_is_refused(fake: SpyOpenAI, make_harness: Factory) -> None:
-    fake.barrier = 3
-    fake.add_rule(lambda t: t.startswith("job"), lambda body: Reply(text=f"result of {last_user_text(body)}"))
-    fake.add_rule(lambda t: True, delegating_lead(["job 1", "job 2", "job 3", "job 4"], "All jobs handled."))
+async def test_three_run_in_parallel_and_a_fourth_is_refused(
+    spy_model: SpyOpenAI, make_harness: Factory
+) -> None:
+    spy_model.barrier = 3
+    spy_model.add_rule(
+        lambda t: t.startswith("job"), lambda body: Reply(text=f"result of {last_user_text(body)}")
+    )
+    spy_model.add_rule(
+        lambda t: True, delegating_lead(["job 1", "job 2", "job 3", "job 4"], "All jobs handled.")
+    )
     harness, _ = await make_harness()
 
     events = await turn(harness, "Do four jobs", "m1")
@@ -192,9 +198,9 @@ async def test_three_run_in_parallel_and_a_fourth_is_refused(fake: SpyOpenAI, ma
     assert answer(events) == "All jobs handled."
     # Sub-agent tokens never pose as the lead's answer.
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "All jobs handled."
-    assert fake.barrier_met and fake.max_in_flight == 3
-    assert len(fake.bodies(sub=True)) == 3
-    results = tool_results(fake.bodies(sub=False)[-1])
+    assert spy_model.barrier_met and spy_model.max_in_flight == 3
+    assert len(spy_model.bodies(sub=True)) == 3
+    results = tool_results(spy_model.bodies(sub=False)[-1])
     assert len(results) == 4 and results.count(refusal_text(3)) == 1
     ran = {r for r in results if r != refusal_text(3)}
     assert len(ran) == 3 and ran < {f"result of job {i}" for i in range(1, 5)}
@@ -203,28 +209,28 @@ async def test_three_run_in_parallel_and_a_fourth_is_refused(fake: SpyOpenAI, ma
     )
 
 
-async def test_subagent_sees_only_its_task(fake: SpyOpenAI, make_harness: Factory) -> None:
-    fake.add_rule(lambda t: t.startswith("job"), Reply(text="counted 3 files"))
-    fake.add_rule(lambda t: "PELICAN" in t, Reply(text="Noted."))
-    fake.add_rule(lambda t: True, delegating_lead(["job: count the files"], "There are 3 files."))
+async def test_subagent_sees_only_its_task(spy_model: SpyOpenAI, make_harness: Factory) -> None:
+    spy_model.add_rule(lambda t: t.startswith("job"), Reply(text="counted 3 files"))
+    spy_model.add_rule(lambda t: "PELICAN" in t, Reply(text="Noted."))
+    spy_model.add_rule(lambda t: True, delegating_lead(["job: count the files"], "There are 3 files."))
     harness, _ = await make_harness()
 
     assert answer(await turn(harness, "The code word is PELICAN.", "m1")) == "Noted."
     assert answer(await turn(harness, "How many files are there?", "m2")) == "There are 3 files."
 
-    [sub] = fake.bodies(sub=True)
+    [sub] = spy_model.bodies(sub=True)
     assert [m["role"] for m in sub["messages"]] == ["system", "user"]
     assert sub["messages"][1]["content"] == "job: count the files"
     assert "PELICAN" not in str(sub) and "How many files" not in str(sub)
     assert {t["function"]["name"] for t in sub["tools"]} == {"execute"}  # no task: no recursion
     # The lead's own history is intact and got the sub-agent's report as the tool result.
-    lead = fake.bodies(sub=False)[-1]
+    lead = spy_model.bodies(sub=False)[-1]
     assert "PELICAN" in str(lead["messages"]) and tool_results(lead) == ["counted 3 files"]
 
 
-async def test_timeout_is_reported_to_the_lead(fake: SpyOpenAI, make_harness: Factory) -> None:
-    fake.add_rule(lambda t: t.startswith("job"), slow_reply)
-    fake.add_rule(lambda t: True, delegating_lead(["job: a long build"], "The build took too long."))
+async def test_timeout_is_reported_to_the_lead(spy_model: SpyOpenAI, make_harness: Factory) -> None:
+    spy_model.add_rule(lambda t: t.startswith("job"), slow_reply)
+    spy_model.add_rule(lambda t: True, delegating_lead(["job: a long build"], "The build took too long."))
     harness, middleware = await make_harness(timeout_seconds=0.5)
 
     started = time.monotonic()
@@ -232,50 +238,53 @@ async def test_timeout_is_reported_to_the_lead(fake: SpyOpenAI, make_harness: Fa
 
     assert answer(events) == "The build took too long."
     assert time.monotonic() - started < 8
-    assert tool_results(fake.bodies(sub=False)[-1]) == [timeout_text(GENERAL_PURPOSE, 0.5)]
+    assert tool_results(spy_model.bodies(sub=False)[-1]) == [timeout_text(GENERAL_PURPOSE, 0.5)]
     assert "timed out after 0.5 s" in timeout_text(GENERAL_PURPOSE, 0.5)
     # The sub-agent's model call was cancelled: its connection is closed.
     await until(
-        lambda: all(r.transport is None for r in fake.sub_requests), "the sub-agent's connection to close"
+        lambda: all(r.transport is None for r in spy_model.sub_requests),
+        "the sub-agent's connection to close",
     )
     assert middleware.running("t1") == 0
 
 
-async def test_step_cap_makes_the_last_call_answer(fake: SpyOpenAI, make_harness: Factory) -> None:
+async def test_step_cap_makes_the_last_call_answer(spy_model: SpyOpenAI, make_harness: Factory) -> None:
     def sub(body: dict[str, Any]) -> Reply:
         if body.get("tool_choice") == "none":
             return Reply(text="partial report")
         return Reply(tool_calls=[ToolCall("execute", {"command": "make"})])
 
-    fake.add_rule(lambda t: t.startswith("job"), sub)
-    fake.add_rule(lambda t: True, delegating_lead(["job: loop forever"], "Got a partial report."))
+    spy_model.add_rule(lambda t: t.startswith("job"), sub)
+    spy_model.add_rule(lambda t: True, delegating_lead(["job: loop forever"], "Got a partial report."))
     harness, _ = await make_harness(max_steps=2)
 
     assert answer(await turn(harness, "Go", "m1")) == "Got a partial report."
-    subs = fake.bodies(sub=True)
+    subs = spy_model.bodies(sub=True)
     assert len(subs) == 2 and subs[-1]["tool_choice"] == "none"
-    assert tool_results(fake.bodies(sub=False)[-1]) == ["partial report"]
+    assert tool_results(spy_model.bodies(sub=False)[-1]) == ["partial report"]
 
 
-async def test_failed_subagent_does_not_fail_the_turn(fake: SpyOpenAI, make_harness: Factory) -> None:
-    fake.add_rule(lambda t: t.startswith("job"), Reply(status=400, error_message="secret-ish provider text"))
-    fake.add_rule(lambda t: True, delegating_lead(["job: x"], "I will do it myself."))
+async def test_failed_subagent_does_not_fail_the_turn(spy_model: SpyOpenAI, make_harness: Factory) -> None:
+    spy_model.add_rule(
+        lambda t: t.startswith("job"), Reply(status=400, error_message="secret-ish provider text")
+    )
+    spy_model.add_rule(lambda t: True, delegating_lead(["job: x"], "I will do it myself."))
     harness, _ = await make_harness()
 
     assert answer(await turn(harness, "Go", "m1")) == "I will do it myself."
-    [result] = tool_results(fake.bodies(sub=False)[-1])
+    [result] = tool_results(spy_model.bodies(sub=False)[-1])
     assert result.startswith("Sub-agent 'general-purpose' failed (error: ") and "HTTP 400" in result
     assert "secret-ish" not in result
 
 
-async def test_progress_reaches_the_chat_as_status(fake: SpyOpenAI, make_harness: Factory) -> None:
+async def test_progress_reaches_the_chat_as_status(spy_model: SpyOpenAI, make_harness: Factory) -> None:
     def sub(body: dict[str, Any]) -> Reply:
         if tool_results(body):
             return Reply(text="listed")
         return Reply(tool_calls=[ToolCall("execute", {"command": "ls -la"})])
 
-    fake.add_rule(lambda t: t.startswith("job"), sub)
-    fake.add_rule(lambda t: True, delegating_lead(["job: list the workspace"], "Listed.", kind=BASH))
+    spy_model.add_rule(lambda t: t.startswith("job"), sub)
+    spy_model.add_rule(lambda t: True, delegating_lead(["job: list the workspace"], "Listed.", kind=BASH))
     harness, _ = await make_harness()
 
     events = await turn(harness, "List it", "m1")
@@ -294,28 +303,28 @@ async def test_progress_reaches_the_chat_as_status(fake: SpyOpenAI, make_harness
     assert shown[4:] == [ToolProgress("task", "end")]  # the sub-agent's own tool is not the lead's
 
 
-async def test_subagent_retries_stay_out_of_the_chat(fake: SpyOpenAI, make_harness: Factory) -> None:
+async def test_subagent_retries_stay_out_of_the_chat(spy_model: SpyOpenAI, make_harness: Factory) -> None:
     """RetryModelCalls inside a sub-agent: its retry events must not reach the lead's stream (where
     the harness would say "retrying" and treat the lead's streamed text as repeated)."""
     failures = iter([Reply(status=503)])
 
-    fake.add_rule(lambda t: t.startswith("job"), lambda body: next(failures, Reply(text="fine now")))
-    fake.add_rule(lambda t: True, delegating_lead(["job: flaky"], "It worked."))
+    spy_model.add_rule(lambda t: t.startswith("job"), lambda body: next(failures, Reply(text="fine now")))
+    spy_model.add_rule(lambda t: True, delegating_lead(["job: flaky"], "It worked."))
     harness, _ = await make_harness([RetryModelCalls(max_retries=2, initial_delay=0)])
 
     events = await turn(harness, "Go", "m1")
 
     assert answer(events) == "It worked."
-    assert len(fake.bodies(sub=True)) == 2
-    assert tool_results(fake.bodies(sub=False)[-1]) == ["fine now"]
+    assert len(spy_model.bodies(sub=True)) == 2
+    assert tool_results(spy_model.bodies(sub=False)[-1]) == ["fine now"]
     assert not [e for e in events if isinstance(e, StatusUpdate) and "retrying" in e.text]
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "It worked."
 
 
-async def test_stop_cancels_running_subagents(fake: SpyOpenAI, make_harness: Factory) -> None:
-    fake.add_rule(lambda t: t.startswith("job"), slow_reply)
-    fake.add_rule(lambda t: "again" in t, Reply(text="Back."))
-    fake.add_rule(lambda t: True, delegating_lead(["job: slow 1", "job: slow 2"], "never"))
+async def test_stop_cancels_running_subagents(spy_model: SpyOpenAI, make_harness: Factory) -> None:
+    spy_model.add_rule(lambda t: t.startswith("job"), slow_reply)
+    spy_model.add_rule(lambda t: "again" in t, Reply(text="Back."))
+    spy_model.add_rule(lambda t: True, delegating_lead(["job: slow 1", "job: slow 2"], "never"))
     harness, middleware = await make_harness()
     before = asyncio.all_tasks()
 
@@ -323,23 +332,24 @@ async def test_stop_cancels_running_subagents(fake: SpyOpenAI, make_harness: Fac
         return await turn(harness, "Start the slow jobs", "m1")
 
     consumer = asyncio.create_task(consume())
-    await until(lambda: len(fake.sub_requests) == 2, "both sub-agents to call the model")
-    requests_at_stop = len(fake.requests)
+    await until(lambda: len(spy_model.sub_requests) == 2, "both sub-agents to call the model")
+    requests_at_stop = len(spy_model.requests)
     stopped = time.monotonic()
     consumer.cancel()
     with pytest.raises(asyncio.CancelledError):
         await consumer
 
     await until(
-        lambda: all(r.transport is None for r in fake.sub_requests), "the sub-agents' connections to close"
+        lambda: all(r.transport is None for r in spy_model.sub_requests),
+        "the sub-agents' connections to close",
     )
     assert time.monotonic() - stopped < 5
     await until(lambda: not (asyncio.all_tasks() - before - {asyncio.current_task()}), "no leaked tasks")
     assert middleware.running("t1") == 0
-    assert len(fake.requests) == requests_at_stop
+    assert len(spy_model.requests) == requests_at_stop
     # The thread stays usable: the stopped task calls are closed and the next turn answers.
     assert answer(await turn(harness, "Are you there again?", "m2")) == "Back."
-    results = tool_results(fake.requests[-1])
+    results = tool_results(spy_model.requests[-1])
     assert len(results) == 2 and all("stopped before it finished" in r for r in results)
 
 

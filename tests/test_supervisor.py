@@ -93,7 +93,7 @@ async def test_a_fatal_error_keeps_the_channel_failed_with_its_reason(when: str)
         assert metric(metrics, "chital_errors_total", channel="telegram", kind="fatal") == 1
         assert metric(metrics, "chital_reconnects_total", channel="telegram") == 0
         assert (ch.disconnects, ch.closes) == (0, 1), "down for good: everything released"
-        assert sup._task is not None and sup._task.done()
+        assert not sup.running, "the loop ended: nothing restarts it"
     assert ch.state is ChannelState.STOPPED
 
 

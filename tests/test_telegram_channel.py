@@ -55,15 +55,9 @@ class Sink:
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as server:
-        yield server
-
-
-@pytest.fixture
-async def channel(fake: FakeTelegram) -> AsyncIterator[TelegramChannel]:
+async def channel(tg: FakeTelegram) -> AsyncIterator[TelegramChannel]:
     ch = TelegramChannel(
-        fake.token, base_url=fake.base_url, base_file_url=fake.base_file_url, poll_timeout=2,
+        tg.token, base_url=tg.base_url, base_file_url=tg.base_file_url, poll_timeout=2,
         auth_recheck_delay=0.05,
     )  # fmt: skip
     yield ch
@@ -94,8 +88,8 @@ async def one(channel: TelegramChannel) -> Inbound:
 
 
 # -- inbound mapping -----------------------------------------------------------------------------
-async def test_direct_message_is_addressed(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    fake.inject_message(USER, USER, "hello there", first_name="Ada")
+async def test_direct_message_is_addressed(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    tg.inject_message(USER, USER, "hello there", first_name="Ada")
     msg = await one(channel)
     assert (msg.platform, msg.chat_id, msg.sender_id) == ("telegram", str(USER), str(USER))
     assert msg.text == "hello there"
@@ -105,18 +99,18 @@ async def test_direct_message_is_addressed(fake: FakeTelegram, channel: Telegram
 
 
 async def test_group_message_without_mention_is_not_addressed(
-    fake: FakeTelegram, channel: TelegramChannel
+    tg: FakeTelegram, channel: TelegramChannel
 ) -> None:
-    fake.inject_message(GROUP, USER, "just chatting", chat_type="supergroup", chat_title="Team")
+    tg.inject_message(GROUP, USER, "just chatting", chat_type="supergroup", chat_title="Team")
     msg = await one(channel)
     assert not msg.is_direct and not msg.addressed
     assert msg.chat_title == "Team" and msg.text == "just chatting"
 
 
-async def test_group_mention_is_addressed_and_stripped(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    fake.inject_mention(GROUP, USER, "what is 2+2?")
-    fake.inject_message(GROUP, USER, "hey @chital_bot, look 👀 here", chat_type="supergroup")
-    fake.inject_message(GROUP, USER, "ask @someone_else", chat_type="supergroup")
+async def test_group_mention_is_addressed_and_stripped(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    tg.inject_mention(GROUP, USER, "what is 2+2?")
+    tg.inject_message(GROUP, USER, "hey @chital_bot, look 👀 here", chat_type="supergroup")
+    tg.inject_message(GROUP, USER, "ask @someone_else", chat_type="supergroup")
     sink = Sink()
     async with running(channel, sink):
         first, second, third = await sink.wait(3)
@@ -125,18 +119,18 @@ async def test_group_mention_is_addressed_and_stripped(fake: FakeTelegram, chann
     assert not third.addressed and third.text == "ask @someone_else"
 
 
-async def test_reply_to_bot_is_addressed(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    fake.inject_message(GROUP, USER, "and then?", chat_type="supergroup", reply_to_bot=True)
+async def test_reply_to_bot_is_addressed(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    tg.inject_message(GROUP, USER, "and then?", chat_type="supergroup", reply_to_bot=True)
     msg = await one(channel)
     assert msg.addressed and msg.text == "and then?"
 
 
 async def test_commands_are_normalised_and_other_bots_commands_ignored(
-    fake: FakeTelegram, channel: TelegramChannel
+    tg: FakeTelegram, channel: TelegramChannel
 ) -> None:
-    fake.inject_command(GROUP, USER, "new", "fresh start")
-    fake.inject_command(GROUP, USER, "stop", at=None)
-    fake.inject_command(GROUP, USER, "start", "x", at="other_bot")
+    tg.inject_command(GROUP, USER, "new", "fresh start")
+    tg.inject_command(GROUP, USER, "stop", at=None)
+    tg.inject_command(GROUP, USER, "start", "x", at="other_bot")
     sink = Sink()
     async with running(channel, sink):
         ours, bare, theirs = await sink.wait(3)
@@ -145,10 +139,10 @@ async def test_commands_are_normalised_and_other_bots_commands_ignored(
     assert not theirs.addressed and theirs.text == "/start@other_bot x"
 
 
-async def test_forum_topic_sets_thread_id(fake: FakeTelegram, channel: TelegramChannel) -> None:
+async def test_forum_topic_sets_thread_id(tg: FakeTelegram, channel: TelegramChannel) -> None:
     # Topic messages "reply" to the topic's creation message: that must not count as addressing.
-    fake.inject_message(GROUP, USER, "in topic", chat_type="supergroup", message_thread_id=77, is_topic=True)
-    fake.inject_mention(GROUP, USER, "help", message_thread_id=77, is_topic=True)
+    tg.inject_message(GROUP, USER, "in topic", chat_type="supergroup", message_thread_id=77, is_topic=True)
+    tg.inject_mention(GROUP, USER, "help", message_thread_id=77, is_topic=True)
     sink = Sink()
     async with running(channel, sink):
         plain, mention = await sink.wait(2)
@@ -159,12 +153,12 @@ async def test_forum_topic_sets_thread_id(fake: FakeTelegram, channel: TelegramC
 
 
 async def test_bots_edits_and_service_messages_are_skipped(
-    fake: FakeTelegram, channel: TelegramChannel
+    tg: FakeTelegram, channel: TelegramChannel
 ) -> None:
-    fake.inject_message(GROUP, 999, "I am a bot", chat_type="supergroup", from_bot=True)
-    edit = fake.inject_message(USER, USER, "original")
-    fake.push_update({"edited_message": {**edit["message"], "text": "edited", "edit_date": 1}})
-    fake.push_update(
+    tg.inject_message(GROUP, 999, "I am a bot", chat_type="supergroup", from_bot=True)
+    edit = tg.inject_message(USER, USER, "original")
+    tg.push_update({"edited_message": {**edit["message"], "text": "edited", "edit_date": 1}})
+    tg.push_update(
         {
             "message": {
                 "message_id": 50,
@@ -175,18 +169,18 @@ async def test_bots_edits_and_service_messages_are_skipped(
             }
         }
     )
-    fake.inject_message(USER, USER, "last")
+    tg.inject_message(USER, USER, "last")
     sink = Sink()
     async with running(channel, sink):
         await sink.wait(2)
-        await fake.wait_for(lambda: not fake.pending_updates, what="all updates confirmed")
+        await tg.wait_for(lambda: not tg.pending_updates, what="all updates confirmed")
     assert [m.text for m in sink.items] == ["original", "last"]
 
 
-async def test_attachments_are_listed(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    doc = fake.add_file(b"a,b\n1,2\n", file_name="data.csv", mime_type="text/csv")
-    fake.inject_message(USER, USER, "see file", document=doc)
-    fake.inject_message(USER, USER, "", photo=fake.add_photo(b"\xff\xd8" * 500))
+async def test_attachments_are_listed(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    doc = tg.add_file(b"a,b\n1,2\n", file_name="data.csv", mime_type="text/csv")
+    tg.inject_message(USER, USER, "see file", document=doc)
+    tg.inject_message(USER, USER, "", photo=tg.add_photo(b"\xff\xd8" * 500))
     sink = Sink()
     async with running(channel, sink):
         with_doc, with_photo = await sink.wait(2)
@@ -197,72 +191,72 @@ async def test_attachments_are_listed(fake: FakeTelegram, channel: TelegramChann
 
 
 # -- durability ----------------------------------------------------------------------------------
-async def test_offset_not_advanced_when_sink_raises(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    update = fake.inject_message(USER, USER, "do not lose me")
+async def test_offset_not_advanced_when_sink_raises(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    update = tg.inject_message(USER, USER, "do not lose me")
     sink = Sink()
     sink.fail_times = 1
     with pytest.raises(RuntimeError, match="journal unavailable"):
         await asyncio.wait_for(run_once(channel, sink), 5)
-    assert fake.pending_updates == [update]  # never confirmed
+    assert tg.pending_updates == [update]  # never confirmed
     async with running(channel, sink):
         (msg,) = await sink.wait(1)
-        await fake.wait_for(lambda: not fake.pending_updates, what="update confirmed")
+        await tg.wait_for(lambda: not tg.pending_updates, what="update confirmed")
     assert msg.text == "do not lose me"
-    polls = fake.calls_to("getUpdates")
+    polls = tg.calls_to("getUpdates")
     assert polls[-1].params["offset"] == update["update_id"] + 1
     assert polls[0].params["allowed_updates"] == ["message", "callback_query"]  # presses of our buttons
     assert polls[0].params["timeout"] == 2
 
 
 async def test_unparseable_update_reaches_the_sink_as_a_marker(
-    fake: FakeTelegram, channel: TelegramChannel
+    tg: FakeTelegram, channel: TelegramChannel
 ) -> None:
-    fake.inject_message(USER, USER, "one")
-    bad = fake.inject_malformed(GROUP, USER, "@chital_bot hi", drop=("date",), chat_type="supergroup")
-    fake.inject_message(USER, USER, "two")
+    tg.inject_message(USER, USER, "one")
+    bad = tg.inject_malformed(GROUP, USER, "@chital_bot hi", drop=("date",), chat_type="supergroup")
+    tg.inject_message(USER, USER, "two")
     sink = Sink()
     async with running(channel, sink):
         one_, marker, two = await sink.wait(3)
-        await fake.wait_for(lambda: not fake.pending_updates, what="all confirmed")
+        await tg.wait_for(lambda: not tg.pending_updates, what="all confirmed")
         assert channel.state is ChannelState.CONNECTED
     assert (one_.text, two.text) == ("one", "two")
     assert marker.unreadable and marker.text == "" and not marker.is_direct and marker.addressed
     assert (marker.chat_id, marker.sender_id) == (str(GROUP), str(USER))
     assert marker.message_id == str(bad["message"]["message_id"])
-    assert fake.calls_to("getUpdates")[-1].params["offset"] > bad["update_id"]
+    assert tg.calls_to("getUpdates")[-1].params["offset"] > bad["update_id"]
 
 
-async def test_redelivered_update_gives_the_same_key(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    update = fake.inject_message(GROUP, USER, "once", chat_type="supergroup")
+async def test_redelivered_update_gives_the_same_key(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    update = tg.inject_message(GROUP, USER, "once", chat_type="supergroup")
     sink = Sink()
     async with running(channel, sink):
         await sink.wait(1)
-        fake.redeliver(update)
+        tg.redeliver(update)
         first, again = await sink.wait(2)
     assert first.key == again.key == f"telegram:{GROUP}:{update['message']['message_id']}"
 
 
-async def test_cancelled_run_stops_cleanly(fake: FakeTelegram, channel: TelegramChannel) -> None:
+async def test_cancelled_run_stops_cleanly(tg: FakeTelegram, channel: TelegramChannel) -> None:
     sink = Sink()
     async with running(channel, sink) as task:
-        await fake.wait_for(lambda: fake.calls_to("getUpdates"))
+        await tg.wait_for(lambda: tg.calls_to("getUpdates"))
     assert task.cancelled() and channel.state is ChannelState.STOPPED
 
 
 # -- connection failures -------------------------------------------------------------------------
-async def test_revoked_token_during_polling_is_fatal(fake: FakeTelegram, channel: TelegramChannel) -> None:
+async def test_revoked_token_during_polling_is_fatal(tg: FakeTelegram, channel: TelegramChannel) -> None:
     task = asyncio.create_task(run_once(channel, Sink()))
-    await fake.wait_for(lambda: fake.calls_to("getUpdates"))
-    fake.revoke_token()
+    await tg.wait_for(lambda: tg.calls_to("getUpdates"))
+    tg.revoke_token()
     with pytest.raises(FatalChannelError) as info:
         await asyncio.wait_for(task, 5)
-    assert "401" in str(info.value) and fake.token not in str(info.value)
+    assert "401" in str(info.value) and tg.token not in str(info.value)
     assert channel.state is ChannelState.FAILED and channel.reason == str(info.value)
 
 
-async def test_rejected_token_at_start_is_fatal(fake: FakeTelegram) -> None:
+async def test_rejected_token_at_start_is_fatal(tg: FakeTelegram) -> None:
     ch = TelegramChannel(
-        "999:wrong", base_url=fake.base_url, base_file_url=fake.base_file_url, auth_recheck_delay=0.05
+        "999:wrong", base_url=tg.base_url, base_file_url=tg.base_file_url, auth_recheck_delay=0.05
     )
     try:
         with pytest.raises(FatalChannelError, match="rejected the bot token"):
@@ -272,17 +266,17 @@ async def test_rejected_token_at_start_is_fatal(fake: FakeTelegram) -> None:
         await ch.close()
 
 
-async def test_getme_network_failure_is_not_fatal(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    fake.fail_next("getMe", 0)  # connection dropped without an answer
+async def test_getme_network_failure_is_not_fatal(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    tg.fail_next("getMe", 0)  # connection dropped without an answer
     with pytest.raises(ConnectionError) as info:
         await asyncio.wait_for(run_once(channel, Sink()), 5)
-    assert not isinstance(info.value, FatalChannelError) and fake.token not in str(info.value)
+    assert not isinstance(info.value, FatalChannelError) and tg.token not in str(info.value)
     assert channel.state is ChannelState.RECONNECTING
     # Nothing listening at all: still an ordinary, retryable error.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dead = TelegramChannel(fake.token, base_url=f"http://127.0.0.1:{port}/bot", base_file_url="x")
+    dead = TelegramChannel(tg.token, base_url=f"http://127.0.0.1:{port}/bot", base_file_url="x")
     try:
         with pytest.raises(ConnectionError):
             await asyncio.wait_for(run_once(dead, Sink()), 5)
@@ -290,13 +284,13 @@ async def test_getme_network_failure_is_not_fatal(fake: FakeTelegram, channel: T
         await dead.close()
 
 
-async def test_poll_conflict_reconnects_and_recovers(fake: FakeTelegram, channel: TelegramChannel) -> None:
+async def test_poll_conflict_reconnects_and_recovers(tg: FakeTelegram, channel: TelegramChannel) -> None:
     reasons: list[str | None] = []
     channel.add_status_listener(lambda ch: reasons.append(ch.reason))
     sink = Sink()
-    fake.fail_next("getUpdates", 409)
+    tg.fail_next("getUpdates", 409)
     async with running(channel, sink):
-        fake.inject_message(USER, USER, "after the conflict")
+        tg.inject_message(USER, USER, "after the conflict")
         await sink.wait(1, within=8)
         assert channel.state is ChannelState.CONNECTED
     assert "another poller is using this token" in reasons
@@ -329,81 +323,79 @@ def test_render_never_empty_and_stream_is_capped(channel: TelegramChannel) -> No
 
 
 # -- outbound ------------------------------------------------------------------------------------
-async def test_send_edit_and_error_mapping(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    user_msg = fake.inject_message(USER, USER, "question")["message"]
+async def test_send_edit_and_error_mapping(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    user_msg = tg.inject_message(USER, USER, "question")["message"]
     target = ReplyTarget("telegram", str(USER), reply_to=str(user_msg["message_id"]))
     (part,) = channel.render("The **answer**")
     mid = await channel.send(target, part, idempotency_key="k1")
-    seen = fake.message(USER, int(mid))
+    seen = tg.message(USER, int(mid))
     assert seen.text == "The answer" and seen.spans("bold") == ["answer"]
     assert seen.reply_to == user_msg["message_id"]
 
     await channel.edit(target, mid, Rendered("The answer, revised"))
-    assert fake.message(USER, int(mid)).text == "The answer, revised"
-    assert fake.message(USER, int(mid)).edits == 1
+    assert tg.message(USER, int(mid)).text == "The answer, revised"
+    assert tg.message(USER, int(mid)).edits == 1
     with pytest.raises(NotModified):
         await channel.edit(target, mid, Rendered("The answer, revised"))
 
-    fake.fail_next("sendMessage", 429, retry_after=7)
+    tg.fail_next("sendMessage", 429, retry_after=7)
     with pytest.raises(RetryAfter) as info:
         await channel.send(target, part, idempotency_key="k2")
     assert info.value.seconds == 7
-    fake.fail_next("editMessageText", 502)
+    tg.fail_next("editMessageText", 502)
     with pytest.raises(TransientSendError):
         await channel.edit(target, mid, Rendered("x"))
     with pytest.raises(PermanentSendError, match=r"(?i)message to edit not found"):
         await channel.edit(target, "9999", Rendered("x"))
-    fake.block_chat(USER)
+    tg.block_chat(USER)
     with pytest.raises(PermanentSendError, match="blocked"):
         await channel.send(target, part, idempotency_key="k3")
-    fake.revoke_token()
+    tg.revoke_token()
     with pytest.raises(FatalChannelError) as fatal:
         await channel.send(ReplyTarget("telegram", str(GROUP)), part, idempotency_key="k4")
-    assert fake.token not in str(fatal.value)
-    assert fake.bot_texts(USER) == ["The answer, revised"]
+    assert tg.token not in str(fatal.value)
+    assert tg.bot_texts(USER) == ["The answer, revised"]
 
 
-async def test_send_to_topic_and_reply_to_missing_message(
-    fake: FakeTelegram, channel: TelegramChannel
-) -> None:
-    fake.inject_message(GROUP, USER, "hi", chat_type="supergroup", message_thread_id=77, is_topic=True)
+async def test_send_to_topic_and_reply_to_missing_message(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    tg.inject_message(GROUP, USER, "hi", chat_type="supergroup", message_thread_id=77, is_topic=True)
     target = ReplyTarget("telegram", str(GROUP), thread_id="77", reply_to="12345")  # reply target gone
     mid = await channel.send(target, Rendered("in topic"), idempotency_key="k")
-    seen = fake.message(GROUP, int(mid))
+    seen = tg.message(GROUP, int(mid))
     assert seen.thread_id == 77 and seen.text == "in topic" and seen.reply_to is None
 
 
-async def test_refused_entities_fall_back_to_plain_text(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    fake.inject_message(USER, USER, "q")
+async def test_refused_entities_fall_back_to_plain_text(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    tg.inject_message(USER, USER, "q")
     bad = Rendered("short", {"entities": [{"type": "bold", "offset": 0, "length": 50}]})
     mid = await channel.send(ReplyTarget("telegram", str(USER)), bad, idempotency_key="k")
-    assert fake.message(USER, int(mid)).entities == [] and fake.bot_texts(USER) == ["short"]
+    assert tg.message(USER, int(mid)).entities == [] and tg.bot_texts(USER) == ["short"]
 
 
-async def test_typing_and_reactions(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    update = fake.inject_message(GROUP, USER, "q", chat_type="supergroup", message_thread_id=5, is_topic=True)
+async def test_typing_and_reactions(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    update = tg.inject_message(GROUP, USER, "q", chat_type="supergroup", message_thread_id=5, is_topic=True)
     target = ReplyTarget("telegram", str(GROUP), thread_id="5", reply_to=str(update["message"]["message_id"]))
     await channel.typing(target)
-    (action,) = fake.calls_to("sendChatAction")
+    (action,) = tg.calls_to("sendChatAction")
     assert action.params["action"] == "typing" and action.params["message_thread_id"] == 5
     await channel.react(target, "✅")  # not an allowed Telegram reaction: mapped
-    assert fake.message(GROUP, int(target.reply_to or 0)).reactions == ["👌"]
+    assert tg.message(GROUP, int(target.reply_to or 0)).reactions == ["👌"]
     await channel.react(target, "🦜")  # unmappable: skipped, no call
-    assert len(fake.calls_to("setMessageReaction")) == 1
-    fake.fail_next("sendChatAction", 500)
-    fake.fail_next("setMessageReaction", 400)
+    assert len(tg.calls_to("setMessageReaction")) == 1
+    tg.fail_next("sendChatAction", 500)
+    tg.fail_next("setMessageReaction", 400)
     await channel.typing(target)  # failures are swallowed
     await channel.react(target, "👀")
 
 
-async def test_download_respects_limit(fake: FakeTelegram, channel: TelegramChannel) -> None:
-    doc = fake.add_file(b"x" * 1000, file_name="a.bin")
+async def test_download_respects_limit(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    doc = tg.add_file(b"x" * 1000, file_name="a.bin")
     att = Attachment(doc["file_id"], "a.bin", size=1000)
     assert await channel.download(att, limit=1000) == b"x" * 1000
-    calls = len(fake.calls)
+    calls = len(tg.calls)
     with pytest.raises(PermanentSendError, match="over the 999-byte limit"):
         await channel.download(att, limit=999)
-    assert len(fake.calls) == calls  # refused before asking Telegram
+    assert len(tg.calls) == calls  # refused before asking Telegram
     unknown = Attachment(doc["file_id"], "a.bin", size=None)
     with pytest.raises(PermanentSendError, match="limit"):
         await channel.download(unknown, limit=10)
@@ -413,20 +405,20 @@ async def test_download_respects_limit(fake: FakeTelegram, channel: TelegramChan
 
 
 async def test_send_file_as_document_and_photo(
-    fake: FakeTelegram, channel: TelegramChannel, tmp_path: Path
+    tg: FakeTelegram, channel: TelegramChannel, tmp_path: Path
 ) -> None:
-    fake.inject_message(USER, USER, "make a report")
+    tg.inject_message(USER, USER, "make a report")
     target = ReplyTarget("telegram", str(USER), reply_to="1")
     report = tmp_path / "report.csv"
     report.write_bytes(b"a,b\n1,2\n")
     mid = await channel.send_file(
         target, OutFile(report.name, report.read_bytes()), caption="Your report", idempotency_key="k#1"
     )
-    seen = fake.message(USER, int(mid))
+    seen = tg.message(USER, int(mid))
     assert seen.document is not None and seen.document["file_name"] == "report.csv"
-    assert fake.file_bytes(seen.document["file_id"]) == b"a,b\n1,2\n" and seen.text == "Your report"
+    assert tg.file_bytes(seen.document["file_id"]) == b"a,b\n1,2\n" and seen.text == "Your report"
     chart = tmp_path / "chart.png"
     chart.write_bytes(b"\x89PNG fake image")
     pid = await channel.send_file(target, OutFile(chart.name, chart.read_bytes()), idempotency_key="k#2")
-    assert fake.message(USER, int(pid)).photo is not None
-    assert [c.method for c in fake.calls[-2:]] == ["sendDocument", "sendPhoto"]
+    assert tg.message(USER, int(pid)).photo is not None
+    assert [c.method for c in tg.calls[-2:]] == ["sendDocument", "sendPhoto"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.fakes.openai_server import FakeOpenAI, Heard
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -26,29 +26,24 @@ GENERIC = "Something went wrong on my side"
 
 
 def config(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, **transcription: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = base_config(tmp_path / "data", model.base_url, free_port())
-    cfg["agent"]["tools"] = False
-    cfg["concurrency"]["max_turns"] = 2  # fewer slots than stalled recordings
-    cfg["transcription"] = {
-        "base_url": model.base_url,
-        "model": "whisper-test",
-        "retries": 0,
-        **transcription,
-    }
-    cfg["channels"]["telegram"] = tg.channel_settings()
-    cfg["access"] = {
-        "allow_users": [f"telegram:{u}" for u in (A, B, C)],
-        "allow_chats": [f"telegram:{GROUP}"],
-    }
+    cfg = chat_config(
+        tmp_path,
+        model.base_url,
+        tg,
+        allow=[f"telegram:{u}" for u in (A, B, C)],
+        agent={"tools": False},
+        concurrency={"max_turns": 2},  # fewer slots than stalled recordings
+        transcription={"base_url": model.base_url, "model": "whisper-test", "retries": 0, **transcription},
+    )
+    cfg["access"]["allow_chats"] = [f"telegram:{GROUP}"]
     return cfg
 
 
 @pytest.fixture
 async def daemon(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram) -> AsyncIterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path, config(tmp_path, model, tg, timeout=120, concurrency=4, per_user=1))
-    await d.start()
-    yield d
-    await d.close()
+    cfg = config(tmp_path, model, tg, timeout=120, concurrency=4, per_user=1)
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
 
 
 def answer(tg: FakeTelegram, chat: int, update: dict[str, Any], needle: str = "echo:") -> str | None:
@@ -134,7 +129,7 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
     from gateway.turns.queue import Stop, TurnQueue
 
     release_slow, hold_others = asyncio.Event(), asyncio.Event()
-    running: set[str] = set()
+    started_daemon: set[str] = set()
     peak = 0
     queue: TurnQueue
 
@@ -143,12 +138,12 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
         if entry.conversation.endswith("slow"):
             async with queue.released():
                 await release_slow.wait()
-        running.add(entry.key)
-        peak = max(peak, len(running))
+        started_daemon.add(entry.key)
+        peak = max(peak, len(started_daemon))
         try:
             await hold_others.wait()
         finally:
-            running.discard(entry.key)
+            started_daemon.discard(entry.key)
 
     def entry(chat: str) -> JournalEntry:
         inbound = Inbound("telegram", chat, "1", "u", "hi", is_direct=True, addressed=True)
@@ -160,10 +155,10 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
     queue.submit(entry("a"))
     queue.submit(entry("b"))
     for _ in range(100):
-        if len(running) == 2:
+        if len(started_daemon) == 2:
             break
         await asyncio.sleep(0.02)
-    assert running == {"telegram:a:1", "telegram:b:1"}, "the slow turn's slot went to the others"
+    assert started_daemon == {"telegram:a:1", "telegram:b:1"}, "the slow turn's slot went to the others"
     release_slow.set()  # it now waits for a slot again, behind a and b
     await asyncio.sleep(0.05)
     assert queue.stop("telegram:slow:1") is Stop.CANCELLED  # /stop names the message it stops
@@ -177,10 +172,10 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
     for chat in ("c", "d", "e"):
         queue.submit(entry(chat))
     for _ in range(100):
-        if len(running) == 2:
+        if len(started_daemon) == 2:
             break
         await asyncio.sleep(0.02)
     await asyncio.sleep(0.05)
-    assert len(running) == 2, "exactly two slots: none leaked, none lost"
+    assert len(started_daemon) == 2, "exactly two slots: none leaked, none lost"
     hold_others.set()
     await queue.drain(1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from langsmith import Client
 from langsmith.run_helpers import trace, tracing_context
 
 from agent import tuning
+from tests.daemon import env_without
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fresh_python import run_python
 from tests.tuning_support import agent_on, answer
@@ -72,7 +72,7 @@ async def test_hook_is_traced_when_the_environment_turns_tracing_on(
         """,
         timeout=120,
         env={
-            **{k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
+            **env_without(),
             "LANGSMITH_TRACING": "true",
             "LANGSMITH_ENDPOINT": url,
             "LANGSMITH_API_KEY": "ls-test",

@@ -32,8 +32,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from compat.versions import VERIFIED, check_all
+from tests.daemon import MODEL_SETTINGS, REPO, env_without
 
-REPO = Path(__file__).resolve().parents[1]
 ROOTS = ("agent", "channels", "gateway")
 OWN = {"agent", "channels", "gateway", "compat", "tests", "bench"}
 BOUNDARY = {v.module for v in VERIFIED.values()}
@@ -298,9 +298,7 @@ def _chital(
             info.mkdir(parents=True)
             (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {release}\n")
         paths.insert(0, str(site))
-    drop = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CHITAL_CONFIG", "CHITAL_DATA", "CHITAL_MODEL")
-    environ = {k: v for k, v in os.environ.items() if k not in drop and "proxy" not in k.lower()}
-    environ["PYTHONPATH"] = os.pathsep.join(paths)
+    environ = env_without(*MODEL_SETTINGS, PYTHONPATH=os.pathsep.join(paths))
     return subprocess.run(
         [sys.executable, "-m", "gateway.cli.main", *args],
         cwd=tmp_path,

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from channels.base import Channel
+from gateway.ops.tasks import TaskTracker
 from gateway.store.db import PgConnection
 from gateway.store.entries import JournalEntry, JournalState
 from gateway.store.journal import Store
@@ -146,6 +147,7 @@ class Cluster:
         *,
         sweep_every: float = 1.0,
         leader_every: float = 2.0,
+        tasks: TaskTracker | None = None,
     ) -> None:
         self.leases = leases
         self.work = work
@@ -157,7 +159,8 @@ class Cluster:
         """Called when this daemon becomes the leader (start the leader-only channels)."""
         self.on_unlead: list[LeaderHook] = []
         """Called when it stops being the leader (stop them)."""
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = tasks or TaskTracker()
+        """The cluster's four loops: a loop that fails is logged at once (gateway/ops/tasks.py)."""
         self._lock_conn: Any = None
         self._renewed = time.monotonic()
         """When the last renewal that went through was sent (monotonic)."""
@@ -193,20 +196,14 @@ class Cluster:
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         log.info("cluster: this daemon is node %s (lease %gs)", self.node, self.ttl)
-        self._tasks = [
-            asyncio.create_task(self._heartbeat(), name="cluster:heartbeat"),
-            asyncio.create_task(self._watch(), name="cluster:fence"),
-            asyncio.create_task(self._sweep(), name="cluster:sweep"),
-            asyncio.create_task(self._lead(), name="cluster:leader"),
-        ]
+        self._tasks.spawn(self._heartbeat(), "cluster:heartbeat")
+        self._tasks.spawn(self._watch(), "cluster:fence")
+        self._tasks.spawn(self._sweep(), "cluster:sweep")
+        self._tasks.spawn(self._lead(), "cluster:leader")
 
     async def close(self) -> None:
         """Stop the loops, give up leadership and every lease (the others take over at once)."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._tasks.close()
         await self._step_down()
         beat, self._beat = self._beat, None
         if beat is not None:

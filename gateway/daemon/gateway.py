@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 class Gateway:
     def __init__(self, config: Config, store: Store, harness: AgentHarness, metrics: Metrics,
                  *, schedule_clock: ScheduleClock | None = None, cluster: Leases | None = None,
+                 tasks: TaskTracker | None = None,
                  ) -> None:  # fmt: skip
         self.config = config
         self.store = store
@@ -67,8 +68,9 @@ class Gateway:
         self.slow_lane = FairLane(config.transcription.concurrency, config.transcription.per_user)
         """Transcriptions, outside the turn slots, fair per user (gateway/intake/slow_lane.py)."""
         self._pacers = PacerPool()
-        self.tasks = TaskTracker()
-        """Every background task of the gateway: kept alive, its failure logged (gateway/ops/tasks.py)."""
+        self.tasks = tasks or TaskTracker()
+        """Every background task of the gateway: kept alive, its failure logged (gateway/ops/tasks.py);
+        in the daemon, a child of the daemon's one tracker."""
         self.throttles = Throttles(config)
         """Pairing reminders and announcements, wrong codes, the per-user rate (gateway/intake/limits.py)."""
         self.inflight = InFlight(self._new_reply)

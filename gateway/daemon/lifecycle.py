@@ -42,11 +42,11 @@ class StartupError(Exception):
 class Resources:
     """A stack of (name, release) pairs plus the background tasks of the daemon."""
 
-    def __init__(self) -> None:
+    def __init__(self, tasks: TaskTracker | None = None) -> None:
         self._stack: list[tuple[str, Release]] = []
-        self._tasks = TaskTracker()
-        """The daemon's own background loops (retention, schedules, …): the same tracker as the
-        Gateway's (gateway/ops/tasks.py), so every failed background task is logged one way."""
+        self._tasks = tasks or TaskTracker()
+        """The daemon's own background loops (retention, schedules, …): a child of the daemon's one
+        tracker (gateway/ops/tasks.py), so every failed background task is logged one way."""
         self._closed = False
 
     def push(self, name: str, release: Release) -> None:

@@ -17,6 +17,7 @@ import time
 
 from channels.base import Channel, ChannelState, FatalChannelError, InboundSink
 from gateway.ops.metrics import Metrics
+from gateway.ops.tasks import TaskTracker
 
 log = logging.getLogger(__name__)
 
@@ -81,20 +82,31 @@ async def run_once(channel: Channel, sink: InboundSink, *, restart: bool = False
 
 class ChannelSupervisor:
     def __init__(
-        self, channel: Channel, sink: InboundSink, metrics: Metrics, backoff: Backoff | None = None
+        self,
+        channel: Channel,
+        sink: InboundSink,
+        metrics: Metrics,
+        backoff: Backoff | None = None,
+        tasks: TaskTracker | None = None,
     ) -> None:
         self.channel = channel
         self._sink = sink
         self._metrics = metrics
         self._backoff = backoff or Backoff()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = tasks or TaskTracker()
+        """Holds the channel's loop; a loop that dies of a bug is logged with the channel's name."""
         channel.add_status_listener(self._on_state)
 
     def _on_state(self, channel: Channel) -> None:
         self._metrics.channel_up.labels(channel.name).set(1 if channel.state is ChannelState.CONNECTED else 0)
 
+    @property
+    def running(self) -> bool:
+        """Whether the channel's loop is still going (it ends for good on a fatal error)."""
+        return bool(self._tasks.running)
+
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name=f"channel:{self.channel.name}")
+        self._tasks.spawn(self._loop(), f"channel:{self.channel.name}")
 
     async def _loop(self) -> None:
         ch = self.channel
@@ -120,12 +132,7 @@ class ChannelSupervisor:
             await asyncio.sleep(delay)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await self._tasks.close()
         await _safe_close(self.channel)
         self.channel.status.set(ChannelState.STOPPED)
 

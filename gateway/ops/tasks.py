@@ -7,6 +7,13 @@ others each kept their own set, and the Gateway's dropped a failed task's except
 that failed when a channel reconnected was lost silently. Here every task is held until it ends,
 its exception is retrieved and logged once with the task's name, and ``close()`` cancels and awaits
 whatever is still running, in one place at shutdown.
+
+The daemon has one root tracker (``App.tasks``). Each part that stops at its own moment of the
+shutdown (the background loops, the Gateway, the cluster, each channel's supervisor) spawns through a
+:meth:`TaskTracker.child` of it: the child cancels only its own tasks when its owner stops, and every
+task is still held by the root, whose ``close()`` at the very end finds any that outlived their
+owner. Tasks that a coroutine starts and awaits itself (a reply's loader and flusher, the usage
+writer that ``close()`` waits for) are not background tasks: their owner retrieves their result.
 """
 
 from __future__ import annotations
@@ -23,16 +30,31 @@ log = logging.getLogger(__name__)
 class TaskTracker:
     """Spawns named background tasks, keeps them alive, logs each failure once."""
 
-    def __init__(self) -> None:
+    def __init__(self, parent: TaskTracker | None = None) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self._parent = parent
+
+    def child(self) -> TaskTracker:
+        """A tracker for one part of the daemon: its tasks are this tracker's too, and its
+        ``close()`` cancels only its own."""
+        return TaskTracker(self)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run ``coro`` as a task named ``name`` (what its failure is logged with)."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._done)
+        if self._parent is not None:
+            self._parent.adopt(task)
         return task
+
+    def adopt(self, task: asyncio.Task[Any]) -> None:
+        """Hold ``task``, spawned and logged by a child, until it ends (and up the chain)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if self._parent is not None:
+            self._parent.adopt(task)
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

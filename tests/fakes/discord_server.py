@@ -98,6 +98,9 @@ class FakeDiscord:
     """The fake service. ``await start()``, point discord.py at :attr:`api_base_url` and
     :attr:`gateway_url`, then inject user messages and inspect :attr:`posted`."""
 
+    platform = "discord"
+    """The channel name in the config and in user ids (``discord:<id>``)."""
+
     def __init__(self, token: str = "fake-discord-token", *, heartbeat_interval: float = 41.25) -> None:
         self.token = token
         self.heartbeat_interval = heartbeat_interval

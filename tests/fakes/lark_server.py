@@ -146,6 +146,9 @@ class _Conn:
 class FakeLark:
     """The fake platform. ``start()`` it, point the SDK's ``domain`` at :attr:`base_url`."""
 
+    platform = "lark"
+    """The channel name in the config and in user ids (``lark:<id>``)."""
+
     def __init__(
         self,
         *,
@@ -274,6 +277,10 @@ class FakeLark:
                 if left <= 0:
                     raise TimeoutError("condition not met in time")
                 self._cond.wait(min(left, 0.5))
+
+    async def wait_connected(self, timeout: float = 15.0) -> None:
+        """Until the SDK holds a websocket to this fake (a daemon's Lark channel is up)."""
+        await self.wait_for_async(lambda f: f.live_connections >= 1 or None, timeout=timeout)
 
     async def wait_for_async(self, predicate: Callable[[FakeLark], T], timeout: float = 10.0) -> T:
         """``wait_for`` for coroutines: never blocks the caller's event loop."""

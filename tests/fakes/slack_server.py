@@ -132,6 +132,9 @@ def _channel_type(channel: str) -> str:
 class FakeSlack:
     """The fake server. ``async with FakeSlack() as slack:`` starts and stops it."""
 
+    platform = "slack"
+    """The channel name in the config and in user ids (``slack:<id>``)."""
+
     def __init__(
         self,
         *,

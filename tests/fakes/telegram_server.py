@@ -47,6 +47,9 @@ T = TypeVar("T")
 class FakeTelegram(BotApiMethods):
     """An aiohttp Bot API server on 127.0.0.1 with helpers to script users and inspect the bot."""
 
+    platform = "telegram"
+    """The channel name in the config and in user ids (``telegram:<id>``)."""
+
     def __init__(
         self,
         token: str = "123456789:TEST-fake-token_abcdefghijklmnopqrs",
