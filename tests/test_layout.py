@@ -20,13 +20,6 @@ LONGER: dict[str, tuple[int, str]] = {
         "the run loop; the replay decision (_prepare) and the stream translation "
         "share the graph and its config: next to move out with a turn-state object",
     ),
-    "channels/slack/channel.py": (
-        590,
-        "one adapter class; its file and thread-history calls are the next "
-        "split (as Telegram's inbound/render already are)",
-    ),
-    "channels/lark/channel.py": (560, "one adapter class; its media download/upload is the next split"),
-    "channels/telegram/channel.py": (540, "one adapter class; drafts (sendMessageDraft) are the next split"),
     "gateway/daemon/app.py": (
         530,
         "start-up and shutdown in order; the harness opening and the status report are the next split",

@@ -1,4 +1,6 @@
-"""The Feishu/Lark adapter: lark-oapi's long connection in, its im.v1 API out (see package docstring)."""
+"""The Feishu/Lark adapter: lark-oapi's long connection in, its im.v1 API out (see package docstring).
+
+The requests it sends are built in :mod:`channels.lark.im`; this module runs them and maps failures."""
 
 from __future__ import annotations
 
@@ -16,25 +18,7 @@ from typing import Any, TypeVar
 
 import lark_oapi as lark
 import requests
-from lark_oapi.api.im.v1 import (
-    CreateFileRequest,
-    CreateFileRequestBody,
-    CreateImageRequest,
-    CreateImageRequestBody,
-    CreateMessageReactionRequest,
-    CreateMessageReactionRequestBody,
-    CreateMessageRequest,
-    CreateMessageRequestBody,
-    Emoji,
-    GetMessageRequest,
-    GetMessageResourceRequest,
-    ListMessageRequest,
-    P2ImMessageReceiveV1,
-    PatchMessageRequest,
-    PatchMessageRequestBody,
-    ReplyMessageRequest,
-    ReplyMessageRequestBody,
-)
+from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 from lark_oapi.core.enum import AccessTokenType, HttpMethod, LogLevel
 from lark_oapi.core.exception import ObtainAccessTokenException
 from lark_oapi.core.json import JSON
@@ -65,9 +49,9 @@ from channels.base import (
 )
 from channels.limits import check_size, header, retry_after
 
-from . import render
+from . import im, render
 from ._ws import WsRunner, refusal_toast
-from .inbound import BUTTON_VALUE_KEY, context_item, parse_attachment_id, recover_ids, to_action, to_inbound
+from .inbound import context_item, recover_ids, to_action, to_inbound
 from .settings import LarkSettings
 
 log = logging.getLogger(__name__)
@@ -84,30 +68,6 @@ DOMAINS = {"feishu": lark.FEISHU_DOMAIN, "lark": lark.LARK_DOMAIN}
 _BAD_CREDENTIAL_CODES = {10003, 10012, 10014, 1000040344}
 _RATE_LIMIT_CODES = {99991400, 230020}  # app frequency limit; per-chat/message frequency limit
 _WITHDRAWN_CODES = {230011}  # replying to a message the user withdrew: post into the chat instead
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tiff", ".ico", ".heic"}
-_FILE_TYPES = {
-    ".pdf": "pdf",
-    ".doc": "doc",
-    ".docx": "doc",
-    ".xls": "xls",
-    ".xlsx": "xls",
-    ".ppt": "ppt",
-    ".pptx": "ppt",
-    ".mp4": "mp4",
-    ".opus": "opus",
-}
-_MAX_IMAGE_BYTES = 10 * 1024 * 1024
-_EMOJI = {
-    "👍": "THUMBSUP",
-    "👌": "OK",
-    "✅": "DONE",
-    "🙏": "THANKS",
-    "👏": "APPLAUSE",
-    "💪": "MUSCLE",
-    "😄": "SMILE",
-    "🙂": "SMILE",
-    "➕": "JIAYI",
-}
 
 
 class LarkConnectionError(ChannelError):
@@ -327,7 +287,7 @@ class LarkChannel(Channel):
 
     # -- outbound ------------------------------------------------------------------------------
     async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
-        msg_type, content = _payload(part)
+        msg_type, content = im.payload(part)
         # The platform de-duplicates creates and replies on uuid (<= 50 chars) for about an hour.
         uuid = hashlib.sha256(idempotency_key.encode()).hexdigest()[:40]
         if target.reply_to:
@@ -346,64 +306,29 @@ class LarkChannel(Channel):
     ) -> str:
         """A card with the text and one row of callback buttons (JSON 2.0 ``behaviors``); the
         decision replaces the whole card (a PATCH without the buttons: the default close)."""
-        card = render.card(part.text)
-        columns = [
-            {"tag": "column", "width": "auto", "elements": [{
-                "tag": "button", "text": {"tag": "plain_text", "content": b.label},
-                "type": {"primary": "primary", "danger": "danger"}.get(b.style, "default"),
-                "behaviors": [{"type": "callback", "value": {BUTTON_VALUE_KEY: b.value}}],
-            }]}
-            for b in buttons
-        ]  # fmt: skip
-        card["body"]["elements"].append({"tag": "column_set", "columns": columns})
-        content = json.dumps(card, ensure_ascii=False)
-        payload = Rendered(text=part.text, payload={"msg_type": "interactive", "content": content})
+        payload = im.buttons_part(part, buttons)
         return await self.send(target, payload, idempotency_key=idempotency_key)
 
     async def _reply(self, target: ReplyTarget, msg_type: str, content: str, uuid: str | None) -> str:
-        body = ReplyMessageRequestBody.builder().content(content).msg_type(msg_type)
-        if uuid:
-            body = body.uuid(uuid)
-        if target.thread_id:
-            body = body.reply_in_thread(True)
-        req = ReplyMessageRequest.builder().message_id(target.reply_to).request_body(body.build()).build()
+        req = im.reply_request(target.reply_to, msg_type, content, uuid, in_thread=bool(target.thread_id))
         resp = await self._call("reply", self._api.im.v1.message.reply, req, raw=True)
         return str(resp.data.message_id)
 
     async def _create(self, chat_id: str, msg_type: str, content: str, uuid: str | None) -> str:
-        body = CreateMessageRequestBody.builder().receive_id(chat_id).msg_type(msg_type).content(content)
-        if uuid:
-            body = body.uuid(uuid)
-        req = CreateMessageRequest.builder().receive_id_type("chat_id").request_body(body.build()).build()
+        req = im.create_request(chat_id, msg_type, content, uuid)
         resp = await self._call("send", self._api.im.v1.message.create, req)
         return str(resp.data.message_id)
 
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
-        msg_type, content = _payload(part)
+        msg_type, content = im.payload(part)
         if msg_type != "interactive":
             raise PermanentSendError("only cards can be edited on Lark by this adapter")
-        req = (
-            PatchMessageRequest.builder()
-            .message_id(message_id)
-            .request_body(PatchMessageRequestBody.builder().content(content).build())
-            .build()
-        )
-        await self._call("edit", self._api.im.v1.message.patch, req)
+        await self._call("edit", self._api.im.v1.message.patch, im.patch_request(message_id, content))
 
     async def react(self, target: ReplyTarget, emoji: str) -> None:
         if not target.reply_to:
             return
-        emoji_type = _EMOJI.get(emoji) or (emoji if emoji.isascii() and emoji.isalpha() else "OK")
-        req = (
-            CreateMessageReactionRequest.builder()
-            .message_id(target.reply_to)
-            .request_body(
-                CreateMessageReactionRequestBody.builder()
-                .reaction_type(Emoji.builder().emoji_type(emoji_type).build())
-                .build()
-            )
-            .build()
-        )
+        req = im.reaction_request(target.reply_to, emoji)
         try:
             await self._call("react", self._api.im.v1.message_reaction.create, req)
         except (ChannelError, _LarkApiError) as e:  # a missing reaction is cosmetic
@@ -411,11 +336,7 @@ class LarkChannel(Channel):
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         check_size(attachment.name, attachment.size, limit)
-        try:
-            message_id, kind, key = parse_attachment_id(attachment.file_id)
-        except ValueError:
-            raise PermanentSendError("not a Lark attachment") from None
-        req = GetMessageResourceRequest.builder().message_id(message_id).file_key(key).type(kind).build()
+        req = im.resource_request(attachment.file_id)
         # The SDK reads the whole body; Lark caps a message's file at 100 MB.
         resp = await self._call("download", self._api.im.v1.message_resource.get, req)
         data = resp.file.read() if resp.file is not None else b""
@@ -432,30 +353,10 @@ class LarkChannel(Channel):
         data = io.BytesIO(file.data)
         if caption:
             await self.send(target, render.rendered_card(caption), idempotency_key=f"caption:{key}")
-        if file.suffix in _IMAGE_SUFFIXES and size <= _MAX_IMAGE_BYTES:
-            req: Any = (
-                CreateImageRequest.builder()
-                .request_body(CreateImageRequestBody.builder().image_type("message").image(data).build())
-                .build()
-            )
-            resp = await self._call("upload", self._api.im.v1.image.create, req)
-            msg_type, content = "image", {"image_key": resp.data.image_key}
-        else:
-            file_type = _FILE_TYPES.get(file.suffix, "stream")
-            req = (
-                CreateFileRequest.builder()
-                .request_body(
-                    CreateFileRequestBody.builder()
-                    .file_type(file_type)
-                    .file_name(file.name)
-                    .file(data)
-                    .build()
-                )
-                .build()
-            )
-            resp = await self._call("upload", self._api.im.v1.file.create, req)
-            msg_type, content = "file", {"file_key": resp.data.file_key}
-        part = Rendered(text=file.name, payload={"msg_type": msg_type, "content": json.dumps(content)})
+        kind, req = im.upload_request(file, data)
+        upload = self._api.im.v1.image.create if kind == "image" else self._api.im.v1.file.create
+        resp = await self._call("upload", upload, req)
+        part = im.uploaded_part(file, kind, resp)
         return await self.send(target, part, idempotency_key=f"file:{key}")
 
     # -- thread context --------------------------------------------------------------------------
@@ -470,8 +371,7 @@ class LarkChannel(Channel):
         if inbound.thread_id:
             items = await self._thread_messages(inbound, limit)
         if isinstance(parent_id, str) and parent_id and all(i.message_id != parent_id for i in items):
-            req = GetMessageRequest.builder().message_id(parent_id).with_sender_name(True).build()
-            resp = await self._call("context", self._api.im.v1.message.get, req)
+            resp = await self._call("context", self._api.im.v1.message.get, im.message_request(parent_id))
             found = (resp.data.items or [None])[0] if resp.data is not None else None
             parent = context_item(found, self.app_id, self.bot_open_id or "")
             if parent is not None:
@@ -480,15 +380,7 @@ class LarkChannel(Channel):
 
     async def _thread_messages(self, inbound: Inbound, limit: int) -> list[ContextItem]:
         before = _int(inbound.extra.get("create_time"))
-        req = (
-            ListMessageRequest.builder()
-            .container_id_type("thread")
-            .container_id(str(inbound.thread_id))
-            .sort_type("ByCreateTimeDesc")
-            .page_size(min(50, limit + 1))
-            .with_sender_name(True)
-            .build()
-        )
+        req = im.thread_request(str(inbound.thread_id), limit)
         resp = await self._call("context", self._api.im.v1.message.list, req)
         items: list[ContextItem] = []
         for message in (resp.data.items if resp.data is not None else None) or []:
@@ -547,10 +439,3 @@ def _int(value: Any) -> int:
         return int(value)
     except (TypeError, ValueError):
         return 0
-
-
-def _payload(part: Rendered) -> tuple[str, str]:
-    """(msg_type, content) of a part; plain parts (notices) become cards so they stay editable."""
-    if part.payload.get("msg_type") and part.payload.get("content"):
-        return str(part.payload["msg_type"]), str(part.payload["content"])
-    return "interactive", render.card_content(part.text)

@@ -13,7 +13,8 @@ id, a slash command, a shortcut), a post the adapter cannot read, a press it can
 counted, skipped through :meth:`Channel.skip_unreadable` or refused to the presser, and acked; Slack
 would otherwise retry it, and after enough failures turn event delivery off for the app. The
 routing lives in :mod:`channels.slack.envelopes`, parsing in :mod:`channels.slack.inbound`,
-formatting in :mod:`channels.slack.render`.
+formatting in :mod:`channels.slack.render`, and the Web API's reads and failures (thread history, files,
+error mapping) in :mod:`channels.slack.webapi`.
 
 Authorization. We call ``auth.test`` ourselves before connecting (a revoked token becomes a
 :class:`FatalChannelError` at once) and hand bolt the result through its ``authorize`` hook. Bolt's
@@ -42,13 +43,11 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import aiohttp
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
-from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -60,46 +59,25 @@ from channels.base import (
     Channel,
     ChannelError,
     ContextItem,
-    FatalChannelError,
     Inbound,
     InboundSink,
     OutFile,
     PermanentSendError,
     Rendered,
     ReplyTarget,
-    RetryAfter,
-    TransientSendError,
 )
-from channels.limits import check_size, header, retry_after
+from channels.limits import check_size
 
-from . import envelopes, render
-from .inbound import context_item, recover_ids
+from . import envelopes, render, webapi
+from .inbound import recover_ids
 from .inbound import to_action as slack_action
 from .inbound import to_inbound as event_to_inbound
 from .settings import SlackSettings
+from .webapi import REPLY_EVENT, map_api_error
 
 log = logging.getLogger(__name__)
 
-CONTEXT_PAGES = 3
-"""conversations.replies pages read for one message's thread context (200 messages each)."""
-REPLY_EVENT = "chital_reply"
-"""Metadata event type of the bot's replies; the payload's ``key`` is the part's idempotency key."""
 T = TypeVar("T")
-
-AUTH_ERRORS = frozenset(
-    {
-        "invalid_auth",
-        "not_authed",
-        "account_inactive",
-        "token_revoked",
-        "token_expired",
-        "not_allowed_token_type",
-    }
-)
-TRANSIENT_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
-SDK_RETRIED = (aiohttp.ServerConnectionError, aiohttp.ClientOSError)
-"""Failures slack_sdk's default AsyncConnectionErrorRetryHandler already retried once (a pooled
-connection the server dropped); the pacer does not retry them again (docs/channels.md)."""
 
 # Reactions are named on Slack; the gateway may speak in Unicode.
 EMOJI_NAMES = {
@@ -404,57 +382,19 @@ class SlackChannel(Channel):
         """The bot's recent message carrying ``idempotency_key`` in its metadata, if any: read
         from the thread (conversations.replies) or the channel (conversations.history)."""
         thread_ts = _thread_ts(target)
-        since = target.reply_to or thread_ts
-        if thread_ts:
-            call = self._client.conversations_replies(
-                channel=target.chat_id, ts=thread_ts, limit=200, include_all_metadata=True
-            )
-            resp = await self._call(call, "conversations.replies")
-        else:
-            call = self._client.conversations_history(
-                channel=target.chat_id, oldest=since or None, limit=200, include_all_metadata=True
-            )
-            resp = await self._call(call, "conversations.history")
-        for msg in resp.get("messages") or []:
-            meta = msg.get("metadata") or {}
-            payload = meta.get("event_payload") or {}
-            if meta.get("event_type") == REPLY_EVENT and payload.get("key") == idempotency_key:
-                return str(msg.get("ts"))
-        return None
+        self._http()  # the calls below use the pooled session
+        return await webapi.find_reply(
+            self._client, target.chat_id, thread_ts, target.reply_to or thread_ts, idempotency_key
+        )
 
     async def thread_context(self, inbound: Inbound, limit: int, max_chars: int) -> Sequence[ContextItem]:
         """The thread's parent and its newest replies before this message (conversations.replies,
-        oldest first, read for at most :data:`CONTEXT_PAGES` pages: Slack pages from the parent
-        on, and apps outside the Marketplace get one call a minute). Nothing for a post that
-        starts its thread, or a DM outside threads."""
-        thread_ts = inbound.extra.get("thread_ts")
-        if not isinstance(thread_ts, str) or thread_ts == inbound.message_id or limit <= 0:
-            return ()
-        parent: ContextItem | None = None
-        recent: collections.deque[ContextItem] = collections.deque(maxlen=limit)
+        oldest first, read for at most :data:`webapi.CONTEXT_PAGES` pages: Slack pages from the
+        parent on, and apps outside the Marketplace get one call a minute). Nothing for a post
+        that starts its thread, or a DM outside threads."""
         bot_id = self._auth.bot_id if self._auth is not None else None
-        cursor: str | None = None
-        for _ in range(CONTEXT_PAGES):
-            call = self._client.conversations_replies(
-                channel=inbound.chat_id, ts=thread_ts, latest=inbound.message_id, inclusive=False,
-                limit=200, cursor=cursor,
-            )  # fmt: skip
-            resp = await self._call(call, "conversations.replies")
-            for msg in resp.get("messages") or []:
-                item = context_item(msg, self.bot_user_id, bot_id)
-                if item is None or not _before(item.message_id, inbound.message_id):
-                    continue
-                if item.message_id == thread_ts:
-                    parent = item
-                else:
-                    recent.append(item)
-            cursor = (resp.get("response_metadata") or {}).get("next_cursor") or None
-            if not resp.get("has_more") or not cursor:
-                break
-        replies = list(recent)
-        if parent is None:
-            return replies
-        return [parent, *replies[len(replies) - limit + 1 :]] if limit > 1 else [parent]
+        self._http()
+        return await webapi.thread_context(self._client, inbound, limit, self.bot_user_id, bot_id)
 
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         await self._call(
@@ -488,26 +428,10 @@ class SlackChannel(Channel):
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         check_size(attachment.name, attachment.size, limit)
-        url = attachment.file_id
-        if not self._trusted(url):
-            raise PermanentSendError(f"refusing to send the bot token to {urlsplit(url).hostname}")
-        try:
-            async with self._http().get(
-                url, headers={"Authorization": f"Bearer {self._bot_token}"}, proxy=self._client.proxy
-            ) as resp:
-                if resp.status == 429 or resp.status >= 500:
-                    raise TransientSendError(f"slack file download: HTTP {resp.status}")
-                if resp.status != 200:
-                    raise PermanentSendError(f"slack file download: HTTP {resp.status}")
-                if resp.content_type == "text/html":  # Slack's login page: token lacks files:read
-                    raise PermanentSendError("slack file download answered a login page (files:read scope?)")
-                data = bytearray()
-                async for chunk in resp.content.iter_chunked(64 * 1024):
-                    data += chunk
-                    check_size(attachment.name, len(data), limit)
-                return bytes(data)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise TransientSendError(f"slack file download failed ({type(exc).__name__})") from None
+        return await webapi.download(
+            self._http(), attachment.file_id, token=self._bot_token, api_base_url=self._base_url,
+            proxy=self._client.proxy, name=attachment.name, limit=limit,
+        )  # fmt: skip
 
     async def send_file(
         self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
@@ -528,53 +452,10 @@ class SlackChannel(Channel):
         return str(files[0].get("id", ""))
 
     # -- errors ---------------------------------------------------------------------------------
-    def _trusted(self, url: str) -> bool:
-        """The bot token goes only to the API's own host or Slack's file hosts."""
-        host = (urlsplit(url).hostname or "").lower()
-        api_host = (urlsplit(self._base_url).hostname or "").lower()
-        return bool(host) and (
-            host == api_host or host.endswith((".slack.com", ".slack-gov.com")) or host in ("slack.com",)
-        )
-
     async def _call(self, call: Awaitable[T], what: str) -> T:
-        """Await one SDK call and map its failures onto the channel errors delivery acts on."""
+        """Await one SDK call on the pooled session, its failures mapped (:func:`webapi.call`)."""
         self._http()  # the call has not started yet: it will use the pooled session
-        try:
-            return await call
-        except SlackApiError as exc:
-            raise map_api_error(exc, what) from None
-        except SlackRequestError as exc:
-            # files_upload_v2 raises this when the upload step (not a Web API method) fails.
-            raise TransientSendError(f"slack {what}: upload failed") from exc
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            raise TransientSendError(
-                f"slack {what}: network error ({type(exc).__name__})", retried=isinstance(exc, SDK_RETRIED)
-            ) from None
-
-
-def map_api_error(exc: SlackApiError, what: str) -> ChannelError:
-    """SlackApiError → RetryAfter / Fatal / Transient / Permanent. Never carries the token."""
-    resp = exc.response
-    status = getattr(resp, "status_code", None) or getattr(resp, "status", None) or 0
-    data = getattr(resp, "data", None)
-    error = data.get("error") if isinstance(data, dict) else None
-    headers = getattr(resp, "headers", None) or {}
-    if status == 429 or error == "ratelimited":
-        return RetryAfter(retry_after(header(headers, "Retry-After")), f"slack {what} rate limited")
-    if error in AUTH_ERRORS:
-        return FatalChannelError(f"slack rejected the token ({error}); update it in the config")
-    if status >= 500 or error in TRANSIENT_ERRORS:
-        return TransientSendError(f"slack {what}: {error or 'HTTP ' + str(status)}")
-    needed = f" (needs scope {data.get('needed')})" if isinstance(data, dict) and data.get("needed") else ""
-    return PermanentSendError(f"slack {what}: {error or 'HTTP ' + str(status)}{needed}")
-
-
-def _before(ts: str, current: str) -> bool:
-    """Slack timestamps compare as decimals ("1712.000200" < "1712.001")."""
-    try:
-        return float(ts) < float(current)
-    except ValueError:
-        return False
+        return await webapi.call(call, what)
 
 
 def _section(text: str) -> dict[str, Any]:

@@ -17,6 +17,8 @@ Token errors: a 401/404 is confirmed before it is believed (see :meth:`TelegramC
 Logging: PTB and httpx put the request URL, which contains the token, into DEBUG/INFO records:
 gateway/ops/logs.py keeps both loggers at WARNING and redacts every record; the error texts this module
 builds are scrubbed of the token (:func:`channels.base.scrub`).
+
+Bot API parameters, reactions and the mapping of PTB's errors live in :mod:`channels.telegram.botapi`.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from typing import Any, TypeVar
 
 import httpx
 import telegram
-from telegram import Bot, InputFile, LinkPreviewOptions, MessageEntity, ReplyParameters, Update
+from telegram import Bot, InputFile, MessageEntity, ReplyParameters, Update
 from telegram import error as tg
-from telegram.constants import ChatAction, ReactionEmoji
+from telegram.constants import ChatAction
 from telegram.request import HTTPXRequest
 
 from channels import malformed
@@ -46,19 +48,16 @@ from channels.base import (
     FatalChannelError,
     Inbound,
     InboundSink,
-    NotModified,
     OutFile,
     PermanentSendError,
     Rendered,
     ReplyTarget,
-    RetryAfter,
-    TransientSendError,
     replied_item,
-    scrub,
 )
-from channels.limits import check_size, retry_after
+from channels.limits import check_size
 
-from . import sdk
+from . import botapi, sdk
+from .botapi import NO_PREVIEW, TOKEN_REJECTED, check_download, post, retry_seconds, where
 from .inbound import recover_ids, reject_nulls, to_action, to_inbound, update_body
 from .render import MAX_CAPTION_UTF16, MAX_MESSAGE_UTF16, render_markdown, truncate
 from .settings import TelegramSettings
@@ -68,21 +67,14 @@ DEFAULTS = TelegramSettings()
 
 T = TypeVar("T")
 
-TOKEN_REJECTED = "Telegram rejected the bot token (401)"
 START_RETRIES = 3
 """getMe answers that are errors (5xx, 429) retried inside one start before the supervisor's turn."""
 # Only new messages: an edit would re-run a turn the agent already answered (one inbound message, at
 # most one reply thread), so edited_message is deliberately not requested.
 ALLOWED_UPDATES = ("message", "callback_query")  # callback_query: presses of our buttons
-GETFILE_LIMIT = 20 * 1024 * 1024  # the Bot API serves bots files up to 20 MB
-UPLOAD_LIMIT = 50 * 1024 * 1024  # and accepts uploads up to 50 MB
+UPLOAD_LIMIT = 50 * 1024 * 1024  # the Bot API accepts uploads up to 50 MB
 PHOTO_LIMIT = 10 * 1024 * 1024
 _PHOTO_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp"})
-# Reactions must come from Telegram's fixed list; common status emoji map to the nearest allowed one.
-_REACTIONS = {e.value.replace("\ufe0f", ""): e.value for e in ReactionEmoji}
-_REACTION_ALIASES = {"✅": "👌", "✔": "👌", "☑": "👌", "⏳": "👀", "⌛": "👀", "🔄": "👀", "❌": "👎",
-                     "🚫": "👎", "💭": "🤔"}  # fmt: skip
-_NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
 POLL_RETRY_CAP = 5.0
 
 
@@ -182,7 +174,7 @@ class TelegramChannel(Channel):
             except tg.InvalidToken:  # deleteWebhook after a good getMe: the token is fine
                 reason = "Telegram start-up failed: deleteWebhook answered 401/404"
             except tg.RetryAfter as exc:
-                reason, delay = "Telegram start-up rate limited", max(delay, _retry_seconds(exc))
+                reason, delay = "Telegram start-up rate limited", max(delay, retry_seconds(exc))
             except tg.TelegramError as exc:
                 reason = f"Telegram start-up failed: {self._scrub(exc)}"
                 if isinstance(exc, tg.TimedOut) or str(exc).startswith("httpx."):
@@ -251,7 +243,7 @@ class TelegramChannel(Channel):
                     reason = "Telegram poll answered 401 once; the token checks out"
                 self.report_trouble(reason)
             except tg.RetryAfter as exc:
-                delay = _retry_seconds(exc)
+                delay = retry_seconds(exc)
                 self.report_trouble(f"Telegram rate limit; retrying in {delay:.0f}s")
             except tg.TimedOut:
                 delay = 0.0
@@ -323,7 +315,7 @@ class TelegramChannel(Channel):
         if answer.text:
             params.update(text=answer.text[:200], show_alert=answer.refused)
         try:
-            await self._api(_post(self._require_bot(), "answerCallbackQuery", params))
+            await self._api(post(self._require_bot(), "answerCallbackQuery", params))
         except ChannelError as exc:  # the press counted; only the toast is lost
             log.warning("telegram: could not answer a button press: %s", exc)
 
@@ -339,13 +331,13 @@ class TelegramChannel(Channel):
     async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
         """Telegram has no idempotency key: exactly-once relies on the gateway's outbox."""
         bot = self._require_bot()
-        kwargs: dict[str, Any] = {**self._where(target), "link_preview_options": _NO_PREVIEW}
+        kwargs: dict[str, Any] = {**where(target), "link_preview_options": NO_PREVIEW}
         if target.reply_to and target.reply_to.isdigit():  # unreadable messages may have none
             kwargs["reply_parameters"] = ReplyParameters(
                 message_id=int(target.reply_to), allow_sending_without_reply=True
             )
         result = await self._with_entity_fallback(
-            part, lambda text, ents: _post(bot, "sendMessage", {**kwargs, "text": text, "entities": ents})
+            part, lambda text, ents: post(bot, "sendMessage", {**kwargs, "text": text, "entities": ents})
         )
         return str(result.get("message_id", "")) if isinstance(result, dict) else ""
 
@@ -356,10 +348,10 @@ class TelegramChannel(Channel):
         ``close_buttons`` is a plain edit: editMessageText without ``reply_markup`` drops them."""
         bot = self._require_bot()
         markup = {"inline_keyboard": [[{"text": b.label, "callback_data": b.value} for b in buttons]]}
-        kwargs: dict[str, Any] = {**self._where(target), "link_preview_options": _NO_PREVIEW}
+        kwargs: dict[str, Any] = {**where(target), "link_preview_options": NO_PREVIEW}
         kwargs["reply_markup"] = markup
         result = await self._with_entity_fallback(
-            part, lambda text, ents: _post(bot, "sendMessage", {**kwargs, "text": text, "entities": ents})
+            part, lambda text, ents: post(bot, "sendMessage", {**kwargs, "text": text, "entities": ents})
         )
         return str(result.get("message_id", "")) if isinstance(result, dict) else ""
 
@@ -373,54 +365,53 @@ class TelegramChannel(Channel):
         is then sent as the one real message."""
         bot = self._require_bot()
         draft_id = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest()) % (2**31 - 1) + 1
-        params = {**self._where(target), "draft_id": draft_id}
+        params = {**where(target), "draft_id": draft_id}
         await self._with_entity_fallback(
             part,
-            lambda text, ents: _post(bot, "sendMessageDraft", {**params, "text": text, "entities": ents}),
+            lambda text, ents: post(bot, "sendMessageDraft", {**params, "text": text, "entities": ents}),
         )
 
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         bot = self._require_bot()
         await self._with_entity_fallback(
             part,
-            lambda text, ents: _post(bot, "editMessageText", {
-                "text": text, "entities": ents, "chat_id": _chat(target.chat_id),
-                "message_id": int(message_id), "link_preview_options": _NO_PREVIEW,
+            lambda text, ents: post(bot, "editMessageText", {
+                "text": text, "entities": ents, "chat_id": botapi.chat(target.chat_id),
+                "message_id": int(message_id), "link_preview_options": NO_PREVIEW,
             }),
         )  # fmt: skip
 
     async def typing(self, target: ReplyTarget) -> None:
         """Best effort: a missing typing indicator must never fail a turn."""
         try:
-            await self._require_bot().send_chat_action(action=ChatAction.TYPING, **self._where(target))
+            await self._require_bot().send_chat_action(action=ChatAction.TYPING, **where(target))
         except tg.TelegramError as exc:
             log.debug("telegram: typing failed: %s", self._scrub(exc))
 
     async def react(self, target: ReplyTarget, emoji: str) -> None:
         """Best effort, and only with the reactions Telegram allows (others map or are skipped)."""
-        key = emoji.replace("\ufe0f", "")
-        allowed = _REACTIONS.get(key) or _REACTIONS.get(_REACTION_ALIASES.get(key, ""))
+        allowed = botapi.reaction(emoji)
         if not target.reply_to or not target.reply_to.isdigit() or allowed is None:
             return
         try:
             await self._require_bot().set_message_reaction(
-                chat_id=_chat(target.chat_id), message_id=int(target.reply_to), reaction=allowed
+                chat_id=botapi.chat(target.chat_id), message_id=int(target.reply_to), reaction=allowed
             )
         except tg.TelegramError as exc:
             log.debug("telegram: reaction failed: %s", self._scrub(exc))
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """Refuses before downloading when the announced size is over ``limit`` (or Telegram's 20 MB)."""
-        _check_download(attachment.name, attachment.size, limit)
+        check_download(attachment.name, attachment.size, limit)
         file = await self._api(self._require_bot().get_file(attachment.file_id))
-        _check_download(attachment.name, file.file_size, limit)
+        check_download(attachment.name, file.file_size, limit)
         try:
             data = bytes(await self._api(file.download_as_bytearray()))
         except FatalChannelError:
             # PTB maps any 404 to InvalidToken, but on the file server a 404 means the file path
             # expired (they live an hour) or the file is gone, not that the token was revoked.
             raise PermanentSendError(f"{attachment.name} could not be downloaded (not found)") from None
-        _check_download(attachment.name, len(data), limit)
+        check_download(attachment.name, len(data), limit)
         return data
 
     async def send_file(
@@ -431,7 +422,7 @@ class TelegramChannel(Channel):
         bot = self._require_bot()
         data, size = file.data, file.size
         check_size(file.name, size, UPLOAD_LIMIT, "Telegram bots upload at most 50 MB")
-        kwargs: dict[str, Any] = {**self._where(target)}
+        kwargs: dict[str, Any] = {**where(target)}
         if caption:
             kwargs["caption"] = truncate(caption, MAX_CAPTION_UTF16)
         if target.reply_to:
@@ -458,13 +449,6 @@ class TelegramChannel(Channel):
             raise FatalChannelError("no Telegram bot token is configured")
         return self._bot
 
-    @staticmethod
-    def _where(target: ReplyTarget) -> dict[str, Any]:
-        where: dict[str, Any] = {"chat_id": _chat(target.chat_id)}
-        if target.thread_id:
-            where["message_thread_id"] = int(target.thread_id)
-        return where
-
     async def _with_entity_fallback(self, part: Rendered, call: Any) -> Any:
         """Send with entities; if Telegram refuses them (a bad link, an entity it cannot parse),
         send the same text once more without formatting rather than lose the message."""
@@ -485,49 +469,10 @@ class TelegramChannel(Channel):
         try:
             return await call
         except tg.TelegramError as exc:
-            raise self._map_error(exc) from None
-
-    def _map_error(self, exc: tg.TelegramError) -> ChannelError:
-        text = self._scrub(exc)
-        if isinstance(exc, tg.RetryAfter):
-            return RetryAfter(_retry_seconds(exc), "Telegram rate limit")
-        if isinstance(exc, tg.InvalidToken):
-            return FatalChannelError(TOKEN_REJECTED)
-        if isinstance(exc, tg.BadRequest):  # before NetworkError: BadRequest subclasses it
-            if "message is not modified" in text.lower():
-                return NotModified(text)
-            return PermanentSendError(text)
-        if isinstance(exc, tg.Forbidden | tg.ChatMigrated):
-            return PermanentSendError(text)
-        return TransientSendError(text, maybe_sent=isinstance(exc.__cause__, _ANSWER_LOST))
+            raise botapi.map_error(exc, self._token) from None
 
     def _scrub(self, exc: BaseException | str) -> str:
-        return scrub(str(exc) or type(exc).__name__, self._token)
-
-
-_ANSWER_LOST = (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError)
-"""httpx failures after the request was written: Telegram may have acted on it (PTB keeps the
-httpx error as the ``__cause__`` of its TimedOut / NetworkError). A refused or timed-out connect, a
-full pool or an error answer (5xx) mean it did not."""
-
-
-def _check_download(name: str, size: int | None, limit: int) -> None:
-    check_size(name, size, limit)
-    check_size(name, size, GETFILE_LIMIT, "Telegram lets bots download at most 20 MB")
-
-
-async def _post(bot: Bot, endpoint: str, params: dict[str, Any]) -> Any:
-    """A Bot API call whose answer stays raw JSON (channels/telegram/sdk.py says why)."""
-    return await sdk.post(bot, endpoint, params)
-
-
-def _chat(chat_id: str) -> int | str:
-    """Numeric chat ids as ints; ``@channelusername`` stays a string."""
-    return int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id
-
-
-def _retry_seconds(exc: tg.RetryAfter) -> float:
-    return retry_after(sdk.retry_after_value(exc))
+        return botapi.error_text(exc, self._token)
 
 
 __all__ = ["TelegramChannel"]
