@@ -1,7 +1,7 @@
 """The agent core: one LangChain ``create_agent`` graph, checkpointed in SQLite, run turn by turn.
 
-``Harness.run`` turns a LangGraph run into Chital's ``AgentEvent`` stream. What it adds on top of
-the library:
+``Harness.run`` turns a LangGraph run into Chital's ``AgentEvent`` stream (the part-by-part
+translation is agent/stream_events.py). What it adds on top of the library:
 
 - **Exactly-once turns.** The HumanMessage of a turn carries the chat message id. Before running,
   the thread's checkpoint says whether that message was already answered (replay the answer, no
@@ -23,26 +23,25 @@ the library:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, suppress
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from deepagents import DeepAgentState
 from langchain.agents import create_agent
 from langchain.agents.middleware.types import AgentMiddleware
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import Command, StreamMode
+from langgraph.types import Command
 
 from agent import tuning
-from agent.approvals import approval_event, resume_value
+from agent.approvals import resume_value
 from agent.checkpoints import InlineSqliteSaver
 from agent.config import AgentSettings, ModelSpec
 from agent.events import (
@@ -50,18 +49,16 @@ from agent.events import (
     ApprovalDecision,
     ApprovalRequested,
     Final,
-    StatusUpdate,
-    TextDelta,
-    ToolProgress,
     TurnFailed,
 )
 from agent.failures import turn_failure
-from agent.history import brief, earlier_answer, messages_of, tool_patches, with_files
+from agent.history import earlier_answer, messages_of, tool_patches, with_files
 from agent.merge import merge_model_calls
-from agent.middleware import RETRY_EVENT, RetryModelCalls, StepBudget
-from agent.model import TokenTap, build_chat_model, model_display_name
-from agent.provenance import PROVENANCE_KEY, Provenance, Source, of_context, of_messages
+from agent.middleware import RetryModelCalls, StepBudget
+from agent.model import build_chat_model, model_display_name
+from agent.provenance import PROVENANCE_KEY, Provenance, Source, of_context
 from agent.safety import Redactor
+from agent.stream_events import CustomEventConverter, stream_events
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
 from agent.turn_overrides import TurnChoice, TurnOverrides, choose, skill_section
@@ -70,19 +67,11 @@ from agent.vision import IMAGES_KEY, carries_images, faded, human_content, image
 
 TurnScope = Callable[[str], AbstractAsyncContextManager[Any]]
 """Entered around each turn of a thread (e.g. acquire and bind the thread's sandbox)."""
-CustomEventConverter = Callable[[Any], Sequence[AgentEvent]]
-"""Maps one ``custom`` stream part (tools' and middleware's own events) to agent events."""
 SkillText = Callable[[str], str | None]
 """The instructions of a skill by name (None when there is no such skill)."""
 
 log = logging.getLogger(__name__)
 
-DURABILITY: Literal["sync"] = "sync"
-"""Checkpoint durability of every run; see the module docstring for why."""
-
-_LEAD_NODE = "model"
-_STREAM_MODES: list[StreamMode] = ["updates", "custom"]
-"""No "messages": the lead's tokens come from a TokenTap (agent/model.py), at a fraction of the cost."""
 _SETTLED_CACHE = 4096
 
 
@@ -354,7 +343,11 @@ class Harness:
                     scope.enter_context(choose(choice))
                     if self._turn_scope is not None:
                         await scope.enter_async_context(self._turn_scope(thread_id))
-                    async with aclosing(self._stream(graph, inp, config)) as events:
+                    events = stream_events(
+                        graph, inp, config, redact=self._redact, custom_events=self._custom_events,
+                        model_retries=self.settings.model_retries,
+                    )  # fmt: skip
+                    async with aclosing(events):
                         async for event in events:
                             if isinstance(event, Final):
                                 final = event.text
@@ -473,95 +466,6 @@ class Harness:
             self._answered.pop(next(iter(self._answered)))
         self._answered[message_id] = None
 
-    async def _untrusted(self, graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig) -> str:
-        """The untrusted sources in the thread now, in words, for an approval request: the person
-        deciding should know the call may come from what a page or a stranger said."""
-        try:
-            snap = await graph.aget_state(config)
-        except Exception:  # the request still goes out; it says nothing of provenance then
-            return ""
-        return self._redact(of_messages(snap.values.get("messages", ())).describe())
-
-    # ---- the run -------------------------------------------------------------------------------
-    async def _stream(
-        self,
-        graph: CompiledStateGraph[Any, Any, Any, Any],
-        inp: dict[str, Any] | Command[Any] | None,
-        config: RunnableConfig,
-    ) -> AsyncGenerator[AgentEvent, None]:
-        """Map LangGraph stream parts to events; yields a Final (no tool calls) when the lead's
-        last model step is known from the stream."""
-        final: AIMessage | None = None
-        # The lead's text comes from a TokenTap (agent/model.py) on this loop, the graph's updates
-        # and custom events from a task that runs the graph; both land in one queue, in order.
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        tap = TokenTap(queue.put_nowait, _is_lead)
-        config = {**config, "callbacks": [*(config.get("callbacks") or ()), tap]}  # type: ignore[misc]
-        runner = asyncio.create_task(self._run_graph(graph, inp, config, queue))
-        runner.add_done_callback(lambda _: queue.put_nowait(None))
-        try:
-            while (item := await queue.get()) is not None:
-                if isinstance(item, str):
-                    yield TextDelta(item)
-                    continue
-                mode, part = item
-                if mode == "updates":
-                    pauses = part.get("__interrupt__", ())
-                    untrusted = await self._untrusted(graph, config) if pauses else ""
-                    for pause in pauses:
-                        request = approval_event(pause.id, pause.value, self._redact)
-                        if request is not None:
-                            yield dataclasses.replace(request, untrusted=untrusted)
-                    for node, update in part.items():
-                        for message in messages_of(update):
-                            if node == _LEAD_NODE and isinstance(message, AIMessage):
-                                final = message
-                                for call in message.tool_calls:
-                                    yield ToolProgress(call["name"], "start", brief(call.get("args")))
-                            elif isinstance(message, ToolMessage):
-                                phase = "error" if message.status == "error" else "end"
-                                yield ToolProgress(message.name or "tool", phase)
-                elif mode == "custom" and isinstance(part, dict) and RETRY_EVENT in part:
-                    info = part[RETRY_EVENT]
-                    attempt = f"{info['attempt']}/{info.get('of', self.settings.model_retries)}"
-                    cause = info.get("cause", "failed")
-                    yield StatusUpdate(f"The model service {cause}; retrying ({attempt})…")
-                elif mode == "custom":
-                    for convert in self._custom_events:
-                        for event in convert(part):
-                            yield event
-            runner.result()  # the graph's error, if any
-        finally:
-            if not runner.done():  # cancelled (/stop) or closed early: stop the graph, let it settle
-                runner.cancel()
-                with suppress(BaseException):
-                    await asyncio.wait_for(asyncio.shield(runner), 10)
-        if final is not None and not final.tool_calls:
-            yield Final(final.text)
-
-    @staticmethod
-    async def _run_graph(
-        graph: CompiledStateGraph[Any, Any, Any, Any],
-        inp: dict[str, Any] | Command[Any] | None,
-        config: RunnableConfig,
-        queue: asyncio.Queue[Any],
-    ) -> None:
-        """Run the graph, putting its (mode, part) pairs on ``queue``."""
-        try:
-            # (mode, part) pairs: LangGraph's overloads type this call's items too loosely to help.
-            stream: Any = graph.astream(inp, config, stream_mode=_STREAM_MODES, durability=DURABILITY)
-            async with aclosing(stream):
-                async for item in stream:
-                    queue.put_nowait(item)
-        except asyncio.CancelledError as exc:
-            # LangGraph hands over the task that finishes writing the checkpoint; wait for it so
-            # the next turn reads a settled history.
-            for arg in exc.args:
-                if isinstance(arg, asyncio.Future):
-                    with suppress(BaseException):
-                        await asyncio.wait_for(asyncio.shield(arg), 5)
-            raise
-
     async def _final_from_state(
         self, graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig
     ) -> str:
@@ -573,8 +477,3 @@ class Harness:
             if isinstance(message, AIMessage) and not message.tool_calls:
                 return message.text
         raise RuntimeError("the agent finished without an answer")
-
-
-def _is_lead(meta: dict[str, Any]) -> bool:
-    """Tokens of the lead agent's model node; not a model called inside a tool or a sub-agent."""
-    return meta.get("langgraph_node") == _LEAD_NODE and "|" not in meta.get("langgraph_checkpoint_ns", "")

@@ -1,11 +1,12 @@
 """Everything the gateway asks of the agent, in one typed seam.
 
-``agent.runtime.AgentRuntime`` implements it, and so does ``gateway.daemon.app.UnconfiguredHarness`` (the
-stand-in when the model cannot be set up). A rename on either side fails the type check
-(``open_harness`` returns the runtime *as* an :class:`AgentHarness`), not a user's ``/memory`` at run
-time; no ``getattr`` probing anywhere in the gateway. At the root of ``gateway`` rather than in one of
-its layers: intake, turns, commands and the daemon all hold the agent through it, and it imports
-nothing of the gateway (a contract in pyproject.toml).
+``agent.runtime.AgentRuntime`` implements it, and so does
+``gateway.daemon.agent_setup.UnconfiguredHarness`` (the stand-in when the model cannot be set up). A
+rename on either side fails the type check (``open_harness`` returns the runtime *as* an
+:class:`AgentHarness`), not a user's ``/memory`` at run time; no ``getattr`` probing anywhere in the
+gateway. At the root of ``gateway`` rather than in one of its layers: intake, turns, commands and the
+daemon all hold the agent through it, and it imports nothing of the gateway (a contract in
+pyproject.toml).
 """
 
 from __future__ import annotations

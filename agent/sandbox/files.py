@@ -27,6 +27,7 @@ from wcmatch import glob as wcglob
 
 from . import bounded
 from .creds import can_switch, fs_identity
+from .nofollow import DIR_FLAGS, FILE_FLAGS, exists_at, is_link_at, numbered_names
 from .paths import Mount, PathMapper, PathRefused, Resolved, SandboxError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -43,11 +44,6 @@ def _as_owner(method: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-"""Added to every file open: no link followed at the last component, and a FIFO or device the
-sandbox planted fails or returns at once instead of blocking a daemon thread (O_NONBLOCK has no
-effect on regular files)."""
 _MAX_READ_BYTES = 64 * 1024 * 1024  # read_bytes without a cap of its own (downloads)
 _WALK_LIMIT = 50_000  # files visited per glob/grep call, so a huge tree cannot hang a tool call
 _EDIT_LOCKS = [threading.Lock() for _ in range(64)]  # striped: bounded memory, per-file exclusion
@@ -112,19 +108,19 @@ class HostFiles:
             os.chmod(name, 0o777 if is_dir else 0o666, dir_fd=dir_fd, follow_symlinks=False)
 
     def _open_dir(self, r: Resolved, parts: tuple[str, ...], *, create: bool = False) -> int:
-        fd = os.open(r.root, _DIR_FLAGS)
+        fd = os.open(r.root, DIR_FLAGS)
         try:
             for part in parts:
                 try:
-                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    nfd = os.open(part, DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
                         raise
                     os.mkdir(part, 0o755, dir_fd=fd)
                     self._give(part, fd, True)
-                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    nfd = os.open(part, DIR_FLAGS, dir_fd=fd)
                 except OSError as e:
-                    if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(part, fd):
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR) and is_link_at(part, fd):
                         raise PathRefused(f"{r.virtual}: a symlink appeared in the path; refused") from e
                     raise
                 os.close(fd)
@@ -140,9 +136,9 @@ class HostFiles:
         dfd = self._open_dir(r, r.parts[:-1], create=create_parents)
         try:
             name = r.parts[-1]
-            existed = flags & os.O_CREAT and _exists(name, dfd)
+            existed = flags & os.O_CREAT and exists_at(name, dfd)
             try:
-                fd = os.open(name, flags | _FILE_FLAGS, 0o644, dir_fd=dfd)
+                fd = os.open(name, flags | FILE_FLAGS, 0o644, dir_fd=dfd)
             except OSError as e:
                 if e.errno == errno.ELOOP:
                     raise PathRefused(f"{r.virtual}: a symlink appeared in the path; refused") from e
@@ -263,9 +259,9 @@ class HostFiles:
         with self._errors(r.virtual):
             dfd = self._open_dir(r, r.parts, create=True)
             try:
-                for candidate in _numbered(name):
+                for candidate in numbered_names(name):
                     try:
-                        fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o644,
+                        fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o644,
                                      dir_fd=dfd)  # fmt: skip
                     except FileExistsError:
                         continue
@@ -469,35 +465,10 @@ class HostFiles:
             for mount, parts, rel, name, dfd in self._walk(path, budget):
                 if include is not None and not include(rel):
                     continue
-                for lineno, line in bounded.grep_file(name, dfd, rx, budget, _FILE_FLAGS):
+                for lineno, line in bounded.grep_file(name, dfd, rx, budget, FILE_FLAGS):
                     if max_count is not None and len(out) >= max_count:
                         return out, True
                     out.append(GrepMatch(self.mapper.to_virtual(mount, parts), lineno, line))
                 if budget.cut:
                     break
         return out, budget.cut
-
-
-def _is_link(name: str, dir_fd: int) -> bool:
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
-def _exists(name: str, dir_fd: int) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _numbered(name: str, tries: int = 1000) -> Iterator[str]:
-    """``name``, then ``stem-2.ext``, ``stem-3.ext``... (``tries`` names in all)."""
-    yield name
-    stem, dot, ext = name.rpartition(".")
-    if not dot or not stem:
-        stem, ext = name, ""
-    for n in range(2, tries + 1):
-        yield f"{stem}-{n}.{ext}" if ext else f"{stem}-{n}"

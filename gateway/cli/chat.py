@@ -220,7 +220,7 @@ class Chat:
         return found.ok, label + found.detail
 
     def banner(self) -> str:
-        from gateway.daemon.app import UnconfiguredHarness
+        from gateway.daemon.agent_setup import UnconfiguredHarness
 
         spec = self.cfg.model_spec()
         if isinstance(self.harness, UnconfiguredHarness):
@@ -394,7 +394,7 @@ def log_to_file(cfg: Config) -> Path | None:
 async def _chat(cfg: Config, log_path: Path | None) -> int:
     from channels.base import scrub
     from gateway.config.data_dir import secure
-    from gateway.daemon.app import open_harness
+    from gateway.daemon.agent_setup import open_harness
     from gateway.daemon.lifecycle import database_error, one_line
     from gateway.ops.logs import secrets_of
     from gateway.store.journal import open_store

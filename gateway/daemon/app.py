@@ -3,10 +3,10 @@ drain running turns within the grace period, then close everything in reverse or
 
 Start-up acquires in this order: the data directory (checked writable, the disk reserve held), the
 HTTP endpoint (so a taken port fails in a second, before the agent stack is imported, and /healthz
-answers while the rest starts), the database, the agent, the gateway, the channels, then the
-background tasks. Each release is registered as its resource is acquired (:mod:`gateway.daemon.lifecycle`):
-a failure at any step releases what was opened, newest first, and ends in one :class:`StartupError`
-line instead of a traceback and a half-started process.
+answers while the rest starts), the database, the agent (gateway/daemon/agent_setup.py), the gateway,
+the channels, then the background tasks. Each release is registered as its resource is acquired
+(:mod:`gateway.daemon.lifecycle`): a failure at any step releases what was opened, newest first, and
+ends in one :class:`StartupError` line instead of a traceback and a half-started process.
 """
 
 from __future__ import annotations
@@ -19,21 +19,18 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from agent.events import AgentEvent, ApprovalDecision, OutputFile, TurnFailed
-from agent.turn import PLAIN, TurnOptions
 from channels.base import Channel, ChannelState
 from compat.versions import check_all
-from gateway.agent_api import AgentHarness, MemoryAccess, sandbox_report
+from gateway.agent_api import AgentHarness, sandbox_report
 from gateway.config import data_dir
 from gateway.config.platforms import PLATFORMS, build_channels
 from gateway.config.schema import Config
-from gateway.config.secrets import daemon_secrets, redactor_for
+from gateway.config.secrets import redactor_for
+from gateway.daemon.agent_setup import UnconfiguredHarness, open_harness
 from gateway.daemon.cluster import Cluster, Leases
 from gateway.daemon.gateway import Gateway
 from gateway.daemon.lifecycle import (
@@ -56,99 +53,7 @@ from gateway.store.journal import Store
 from gateway.store.retention import Retention
 from gateway.turns.usage import UsageRecorder
 
-if TYPE_CHECKING:
-    from agent.tools.schedule import Scheduler
-    from agent.usage import UsageSink
-
 log = logging.getLogger(__name__)
-
-
-class UnconfiguredHarness:
-    """Stands in when the model cannot be set up (no API key...), so the daemon still starts and every
-    message gets a clear answer instead of silence."""
-
-    memory: MemoryAccess | None = None
-
-    def __init__(self, reason: str, model_name: str = "(not configured)") -> None:
-        self.reason = reason
-        self.model_name = model_name
-
-    async def run(
-        self,
-        thread_id: str,
-        *,
-        user_id: str,
-        message_id: str,
-        text: str,
-        files: Sequence[str] = (),
-        options: TurnOptions = PLAIN,
-    ) -> AsyncIterator[AgentEvent]:
-        yield TurnFailed(f"The model is not configured: {self.reason}")
-
-    async def resume(
-        self,
-        thread_id: str,
-        *,
-        user_id: str,
-        message_id: str,
-        approval_id: str,
-        decision: ApprovalDecision,
-    ) -> AsyncIterator[AgentEvent]:
-        yield TurnFailed(f"The model is not configured: {self.reason}")
-
-    async def message_count(self, thread_id: str) -> int:
-        return 0
-
-    async def title(self, thread_id: str) -> str | None:
-        return None
-
-    async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
-        raise RuntimeError(f"the agent is not configured ({self.reason})")
-
-    async def read_output(self, thread_id: str, path: str, max_bytes: int) -> OutputFile:
-        raise RuntimeError(f"the agent is not configured ({self.reason})")
-
-    async def close(self) -> None:
-        return None
-
-
-async def open_harness(
-    config: Config, scheduler: Scheduler | None = None, usage: UsageSink | None = None
-) -> AgentHarness:
-    """The agent runtime, or an :class:`UnconfiguredHarness` explaining why not. ``scheduler``
-    gives the agent its schedule tools (gateway/schedules/runner.py); ``usage`` records the tokens of
-    every model call (gateway/turns/usage.py)."""
-    from agent.model import has_api_key, keyless_server
-    from agent.runtime import AgentRuntime
-
-    spec = config.model_spec()
-    if spec.use.startswith("langchain_openai:") and not has_api_key(spec) and not keyless_server(spec):
-        index = config.models.index(spec)
-        reason = f"no API key: set OPENAI_API_KEY (or models[{index}].api_key in config.yaml)"
-        # Expected before `chital init`: the summary says it once, as a warning with the fix.
-        log.debug("the agent's model %r is not configured: %s", spec.name, reason)
-        return UnconfiguredHarness(reason)
-    runtime = AgentRuntime(
-        config.agent,
-        spec,
-        config.storage.path,
-        models=config.models,
-        usage=usage,
-        database_url=config.storage.database_url,
-        secrets=daemon_secrets(config),
-    )
-    runtime.scheduler = scheduler
-    try:
-        await runtime.start()
-        return runtime
-    except BaseException as exc:  # the message of a config error, never the key itself
-        with contextlib.suppress(Exception):
-            await runtime.close()  # also when start-up is cancelled: nothing half-open stays behind
-        if not isinstance(exc, Exception):
-            raise
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-        log.error("the agent could not be set up: %s", reason, exc_info=True)
-        return UnconfiguredHarness(reason)
 
 
 def vendor_check() -> None:

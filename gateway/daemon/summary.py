@@ -1,9 +1,9 @@
 """The start-up summary: one short block in the log saying what this daemon actually runs.
 
 Read from the live objects, not from the configuration's spelling: the channels' supervised states,
-the harness the daemon opened (an :class:`~gateway.daemon.app.UnconfiguredHarness` when the model could not
-be set up), the sandbox provider the agent runtime created (and, for bubblewrap, a real sandboxed
-``true`` run the way the sandbox runs it), the root logger's handlers, the HTTP socket bound.
+the harness the daemon opened (an :class:`~gateway.daemon.agent_setup.UnconfiguredHarness` when the
+model could not be set up), the sandbox provider the agent runtime created (and, for bubblewrap, a real
+sandboxed ``true`` run the way the sandbox runs it), the root logger's handlers, the HTTP socket bound.
 
 A sandbox that does not isolate is said loudly, at WARNING (so it also shows in ``chital status``).
 """
@@ -72,7 +72,7 @@ def endpoint(base_url: object) -> str:
 
 
 def model_line(daemon: Daemon) -> Line:
-    from gateway.daemon.app import UnconfiguredHarness
+    from gateway.daemon.agent_setup import UnconfiguredHarness
 
     spec = daemon.config.model_spec()
     harness = daemon.harness
@@ -121,7 +121,7 @@ async def bwrap_problem(bwrap: str, run_as: tuple[int, int] | None) -> str | Non
 def runtime_of(harness: AgentHarness | None) -> AgentRuntime | None:
     """The agent runtime behind ``harness``; None for the stand-in of an unconfigured model (then
     the agent stack, never imported, stays so)."""
-    from gateway.daemon.app import UnconfiguredHarness
+    from gateway.daemon.agent_setup import UnconfiguredHarness
 
     if harness is None or isinstance(harness, UnconfiguredHarness):
         return None
