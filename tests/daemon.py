@@ -241,10 +241,13 @@ class DaemonProcess:
         code = await asyncio.wait_for(self.proc.wait(), timeout)
         # A stop must release every thread: one left over held `docker stop` for the CLI's 3 s
         # grace (gateway/cli/main.py _exit_if_threads_linger), an idle quota pool among them.
+        # Nor a background task: each part cancels its own (gateway/ops/tasks.py).
         lingering = [
-            ln for ln in self.log_path.read_text(errors="replace").splitlines() if "did not finish" in ln
+            ln
+            for ln in self.log_path.read_text(errors="replace").splitlines()
+            if "did not finish" in ln or "still running after shutdown" in ln
         ]
-        assert not lingering, f"the daemon's stop left threads behind: {lingering}"
+        assert not lingering, f"the daemon's stop left threads or tasks behind: {lingering}"
         return code
 
     async def wait_exit(self, timeout: float = 10.0) -> int:

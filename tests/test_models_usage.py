@@ -549,7 +549,7 @@ async def test_model_and_skill_commands_through_slack_and_discord(tmp_path: Path
     from gateway.ops.metrics import Metrics
     from tests.fakes.discord_server import FakeDiscord
     from tests.fakes.fake_harness import FakeHarness
-    from tests.fakes.gateway_rig import started_daemon
+    from tests.fakes.gateway_rig import running
     from tests.fakes.slack_server import FakeSlack
 
     alice, dm, bob = "U_ALICE", "D_ALICE", "900000000000000042"
@@ -566,7 +566,7 @@ async def test_model_and_skill_commands_through_slack_and_discord(tmp_path: Path
                 api_base_url=fake_discord.api_base_url,
                 gateway_url=fake_discord.gateway_url,
             )
-            async with started_daemon(slack_channel, gateway), started_daemon(discord_channel, gateway):
+            async with running(slack_channel, gateway), running(discord_channel, gateway):
                 # Slack's message box keeps a leading "/" for its own commands: a space first.
                 await slack.inject_dm(dm, alice, " /model other")
                 await slack.wait_for(

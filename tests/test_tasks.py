@@ -47,6 +47,35 @@ async def test_close_cancels_what_still_runs_and_logs_no_failure(caplog: pytest.
     assert not [r for r in caplog.records if r.name == "gateway.ops.tasks"]
 
 
+async def test_a_part_stops_only_its_own_tasks_and_the_root_holds_them_all(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    root = TaskTracker()
+    cluster, channel = root.child(), root.child()
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def dies() -> None:
+        raise RuntimeError("a bug in the sweep")
+
+    beat = cluster.spawn(forever(), "cluster:heartbeat")
+    loop = channel.spawn(forever(), "channel:telegram")
+    with caplog.at_level(logging.ERROR, logger="gateway.ops.tasks"):
+        sweep = cluster.spawn(dies(), "cluster:sweep")
+        await asyncio.wait([sweep])
+        await asyncio.sleep(0)
+    logged = [r.getMessage() for r in caplog.records if r.name == "gateway.ops.tasks"]
+    assert logged == ["background task cluster:sweep failed: a bug in the sweep"], "logged once, by name"
+    assert root.running == {beat, loop}
+
+    await cluster.close()
+    assert beat.cancelled() and not loop.done(), "the cluster's close leaves the channel's loop"
+    assert root.running == {loop}
+    await root.close()
+    assert loop.cancelled() and len(root) == 0
+
+
 @skip_on_postgres(
     "the failure is made by closing the SQLite store under the gateway (on PostgreSQL a closed store's query did not fail within the wait in CI); the tracker is the same on both"
 )

@@ -49,6 +49,7 @@ from gateway.ops.logs import RedactingFilter
 from gateway.ops.metrics import Metrics
 from gateway.ops.supervisor import ChannelSupervisor
 from gateway.ops.systemd import Notifier
+from gateway.ops.tasks import TaskTracker
 from gateway.store.journal import Store
 from gateway.store.retention import Retention
 from gateway.turns.usage import UsageRecorder
@@ -107,7 +108,10 @@ class Daemon:
         self.pid = os.getpid()
         self.state = DaemonState.NEW
         """new → starting → running → stopping → stopped (a failed start goes to stopped at once)."""
-        self._resources = Resources()
+        self.tasks = TaskTracker()
+        """The daemon's one task tracker. Each part spawns through a child of it and cancels its own
+        at its moment of the shutdown; what is left at the end outlived its owner."""
+        self._resources = Resources(self.tasks.child())
         self._drained = False
         self.metrics.ready.set_function(lambda: 1.0 if self.ready() else 0.0)
 
@@ -224,6 +228,7 @@ class Daemon:
         except BaseException as exc:
             self.state = DaemonState.STOPPING
             await self._resources.release_all()
+            await self._end_tasks()
             self.state = DaemonState.STOPPED
             if isinstance(exc, StartupError) or not isinstance(exc, Exception):
                 raise
@@ -280,11 +285,12 @@ class Daemon:
         url = cfg.storage.database_url
         leases = Leases(self.store, ttl=cfg.storage.lease_seconds) if url else None  # before the gateway
         self.gateway = Gateway(
-            cfg, self.store, self.harness, self.metrics, schedule_clock=clock, cluster=leases
-        )
+            cfg, self.store, self.harness, self.metrics, schedule_clock=clock, cluster=leases,
+            tasks=self.tasks.child(),
+        )  # fmt: skip
         if leases is not None and url:
             # Released after the gateway drained: its heartbeat keeps our leases while turns finish.
-            self.cluster = Cluster(leases, self.gateway, url)
+            self.cluster = Cluster(leases, self.gateway, url, tasks=self.tasks.child())
             res.push("the cluster", self.cluster.close)
         res.push("the gateway", self._close_gateway)
 
@@ -292,7 +298,7 @@ class Daemon:
         for channel in channels:
             sink = self.gateway.attach(channel)
             channel.add_status_listener(self._on_channel_state)
-            sup = ChannelSupervisor(channel, sink, self.metrics)
+            sup = ChannelSupervisor(channel, sink, self.metrics, tasks=self.tasks.child())
             self.supervisors.append(sup)
             res.push(f"channel {channel.name}", sup.stop)
         if self.cluster is not None:
@@ -392,8 +398,16 @@ class Daemon:
             except Exception as exc:
                 log.error("draining the gateway failed: %s", one_line(exc))
         errors = await self._resources.release_all()
+        await self._end_tasks()
         self.state = DaemonState.STOPPED
         return errors
+
+    async def _end_tasks(self) -> None:
+        """Every part has stopped its tasks; one still running outlived its owner: say which."""
+        left = sorted(task.get_name() for task in self.tasks.running)
+        if left:
+            log.warning("background task(s) still running after shutdown, cancelled: %s", ", ".join(left))
+        await self.tasks.close()
 
     async def run_forever(self) -> None:
         """Start, run until SIGTERM/SIGINT, stop. A signal during start-up aborts the start (what

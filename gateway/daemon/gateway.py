@@ -69,8 +69,7 @@ class Gateway:
         """Transcriptions, outside the turn slots, fair per user (gateway/intake/slow_lane.py)."""
         self._pacers = PacerPool()
         self.tasks = tasks or TaskTracker()
-        """Every background task of the gateway: kept alive, its failure logged (gateway/ops/tasks.py);
-        in the daemon, a child of the daemon's one tracker."""
+        """The gateway's background tasks: a child of the daemon's one tracker (gateway/ops/tasks.py)."""
         self.throttles = Throttles(config)
         """Pairing reminders and announcements, wrong codes, the per-user rate (gateway/intake/limits.py)."""
         self.inflight = InFlight(self._new_reply)
