@@ -301,11 +301,11 @@ async def test_chat_users_get_the_failure_without_the_url(tmp_path: Path) -> Non
     for text in [*notes, failed.message]:
         assert "127.0.0.1" not in text and str(port) not in text
 
-    threaded_model = FakeOpenAI()
-    threaded_model.script(*[Reply(status=503)] * 4)
-    await threaded_model.start()
+    failing_model = FakeOpenAI()
+    failing_model.script(*[Reply(status=503)] * 4)
+    await failing_model.start()
     harness = Harness(
-        settings, ModelSpec(model="m", base_url=threaded_model.base_url, api_key=KEY), tmp_path / "cp2"
+        settings, ModelSpec(model="m", base_url=failing_model.base_url, api_key=KEY), tmp_path / "cp2"
     )
     await harness.start()
     try:
@@ -313,10 +313,10 @@ async def test_chat_users_get_the_failure_without_the_url(tmp_path: Path) -> Non
             events = [event async for event in run]
     finally:
         await harness.close()
-        await threaded_model.aclose()
+        await failing_model.aclose()
     notes = [e.text for e in events if isinstance(e, StatusUpdate)]
     assert notes[0] == "The model service failed (HTTP 503); retrying (1/3)…" and len(notes) == 3
     assert events[-1] == TurnFailed("The model service failed. Please try again later.", retryable=True)
     assert (
-        isinstance(events[-1], TurnFailed) and "HTTP 503 from " + threaded_model.base_url in events[-1].detail
+        isinstance(events[-1], TurnFailed) and "HTTP 503 from " + failing_model.base_url in events[-1].detail
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -207,7 +208,7 @@ def daemon_config(tmp_path: Path, grace: float) -> Config:
 
 
 async def test_the_daemon_cuts_a_turn_at_stop_and_the_next_one_answers_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     channel, harness = FakeChannel(), FakeHarness()
     harness.gate.clear()
@@ -215,10 +216,16 @@ async def test_the_daemon_cuts_a_turn_at_stop_and_the_next_one_answers_it(
     daemon = app.Daemon(daemon_config(tmp_path, grace=0.1))
     await daemon.start()
     await until(daemon.ready, what="ready")
+    # One tracker holds every part's background work: the loops, the channel's supervisor, the turn.
+    names = {task.get_name() for task in daemon.tasks.running}
+    assert {"retention", "schedules", f"channel:{channel.name}"} <= names, names
     msg = channel.message(USER, "long job")
     await channel.deliver(msg)
     await until(lambda: harness.calls, what="turn running")
-    assert await daemon.stop() == []
+    with caplog.at_level(logging.WARNING, logger="gateway.daemon.app"):
+        assert await daemon.stop() == []
+    assert not daemon.tasks.running
+    assert not [r for r in caplog.records if "still running after shutdown" in r.getMessage()]
     assert daemon.state == "stopped" and channel.state is ChannelState.STOPPED
     assert channel.closes == 1 and harness.closed and daemon.store is None
 

@@ -57,10 +57,10 @@ async def test_prune_drops_old_finished_entries_only(tmp_path: Path) -> None:
         old_failed = await add_finished(store, 2, "failed")
         pending = message(3)
         await store.journal_add(pending, "turn")
-        started_daemon = message(4)
-        await store.journal_add(started_daemon, "turn")
-        await store.journal_set(started_daemon.key, "running")
-        await store.outbox_put(started_daemon.key, 0, "half-sent")
+        running = message(4)
+        await store.journal_add(running, "turn")
+        await store.journal_set(running.key, "running")
+        await store.outbox_put(running.key, 0, "half-sent")
         await age(store, 10 * DAY)
         recent = await add_finished(store, 5, "done")
 
@@ -69,9 +69,7 @@ async def test_prune_drops_old_finished_entries_only(tmp_path: Path) -> None:
         assert counts == {"pending": 1, "running": 1, "done": 1}, "open entries are kept however old"
         assert await store.outbox_get(old_done) == {} and await store.outbox_get(old_failed) == {}
         assert await store.files_get(old_done) == []
-        assert await store.outbox_get(started_daemon.key) == {0: "half-sent"}, (
-            "a resumed turn still edits its reply"
-        )
+        assert await store.outbox_get(running.key) == {0: "half-sent"}, "a resumed turn still edits its reply"
         assert await store.outbox_get(recent) == {0: "m5", 1: "m5b"}
         # Inside the window a redelivery is still recognised; the kept entry is not re-journaled.
         assert not await store.journal_add(message(5), "turn")

@@ -174,6 +174,22 @@ async def test_three_daemons_answer_300_messages_once_in_order(
         await asyncio.gather(*(d.close() for d in daemons))
 
 
+async def test_a_leader_stops_cleanly_and_restarts_no_channel_on_its_way_out(
+    tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, spread_slack: FakeSlack
+) -> None:
+    """Stepping down while stopping used to start Telegram again, send-only, after its channel and
+    the gateway had closed: a poller left behind a daemon that says it stopped."""
+    (d,) = await _cluster(tmp_path, pg_url, model, tg, spread_slack, count=1)
+    try:
+        await _leader([d])
+        assert await d.terminate() == 0  # fails on a task "still running after shutdown"
+        log = d.log_path.read_text(errors="replace")
+        after_stop = log[log.index("stopping: draining") :]
+        assert "channel telegram: starting" not in after_stop, after_stop
+    finally:
+        await d.close()
+
+
 async def test_kill_9_of_the_leader_and_of_a_daemon_mid_turn(
     tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, spread_slack: FakeSlack
 ) -> None:

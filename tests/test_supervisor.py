@@ -19,6 +19,7 @@ from channels.base import ChannelState, FatalChannelError, Inbound
 from gateway.daemon.gateway import Gateway
 from gateway.ops.metrics import Metrics
 from gateway.ops.supervisor import Backoff, ChannelSupervisor
+from gateway.ops.tasks import TaskTracker
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import FakeHarness
 from tests.fakes.gateway_rig import USER, make_config, store_at, until
@@ -85,6 +86,7 @@ async def test_a_fatal_error_keeps_the_channel_failed_with_its_reason(when: str)
     async with supervised(ch, metrics) as sup:
         if when == "connected":
             await until(lambda: ch.state is ChannelState.CONNECTED, what="connected")
+            assert sup.running
             ch.drop(FatalChannelError("token revoked: set TELEGRAM_BOT_TOKEN"))
         await until(lambda: ch.state is ChannelState.FAILED, what="failed")
         await asyncio.sleep(0.3)  # several backoff periods: no restart happens
@@ -102,6 +104,27 @@ async def test_stop_closes_the_channel() -> None:
     async with supervised(ch):
         await until(lambda: ch.state is ChannelState.CONNECTED, what="connected")
     assert ch.state is ChannelState.STOPPED and (ch.disconnects, ch.closes) == (0, 1)
+
+
+async def test_a_closed_supervisor_starts_nothing_and_the_daemon_tracker_holds_its_loop() -> None:
+    root = TaskTracker()
+
+    async def sink(inbound: Inbound) -> None:
+        return None
+
+    ch = FakeChannel()
+    sup = ChannelSupervisor(ch, sink, Metrics(), Backoff(0.05, 0.4), tasks=root.child())
+    sup.start()
+    await until(lambda: ch.state is ChannelState.CONNECTED, what="connected")
+    assert [t.get_name() for t in root.running] == ["channel:telegram"], "the daemon's tracker holds it"
+    await sup.stop()
+    sup.start()  # a leader change: stopped, then started again
+    await until(lambda: ch.runs == 2 and ch.state is ChannelState.CONNECTED, what="restarted")
+    await sup.close()
+    sup.start()  # a cluster's step-down during shutdown
+    await asyncio.sleep(0.2)
+    assert ch.runs == 2 and not sup.running and ch.state is ChannelState.STOPPED
+    assert not root.running
 
 
 def test_backoff_grows_to_its_cap_and_restarts_after_a_stable_run() -> None:

@@ -74,6 +74,9 @@ async def test_a_part_stops_only_its_own_tasks_and_the_root_holds_them_all(
     assert root.running == {loop}
     await root.close()
     assert loop.cancelled() and len(root) == 0
+    late = cluster.spawn(forever(), "resume:telegram")  # its owner has stopped
+    await asyncio.sleep(0)
+    assert late.cancelled() and not root.running, "a closed tracker starts nothing"
 
 
 @skip_on_postgres(

@@ -129,7 +129,7 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
     from gateway.turns.queue import Stop, TurnQueue
 
     release_slow, hold_others = asyncio.Event(), asyncio.Event()
-    started_daemon: set[str] = set()
+    running: set[str] = set()
     peak = 0
     queue: TurnQueue
 
@@ -138,12 +138,12 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
         if entry.conversation.endswith("slow"):
             async with queue.released():
                 await release_slow.wait()
-        started_daemon.add(entry.key)
-        peak = max(peak, len(started_daemon))
+        running.add(entry.key)
+        peak = max(peak, len(running))
         try:
             await hold_others.wait()
         finally:
-            started_daemon.discard(entry.key)
+            running.discard(entry.key)
 
     def entry(chat: str) -> JournalEntry:
         inbound = Inbound("telegram", chat, "1", "u", "hi", is_direct=True, addressed=True)
@@ -155,10 +155,10 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
     queue.submit(entry("a"))
     queue.submit(entry("b"))
     for _ in range(100):
-        if len(started_daemon) == 2:
+        if len(running) == 2:
             break
         await asyncio.sleep(0.02)
-    assert started_daemon == {"telegram:a:1", "telegram:b:1"}, "the slow turn's slot went to the others"
+    assert running == {"telegram:a:1", "telegram:b:1"}, "the slow turn's slot went to the others"
     release_slow.set()  # it now waits for a slot again, behind a and b
     await asyncio.sleep(0.05)
     assert queue.stop("telegram:slow:1") is Stop.CANCELLED  # /stop names the message it stops
@@ -172,10 +172,10 @@ async def test_a_released_slot_comes_back_exactly_even_when_stopped_while_waitin
     for chat in ("c", "d", "e"):
         queue.submit(entry(chat))
     for _ in range(100):
-        if len(started_daemon) == 2:
+        if len(running) == 2:
             break
         await asyncio.sleep(0.02)
     await asyncio.sleep(0.05)
-    assert len(started_daemon) == 2, "exactly two slots: none leaked, none lost"
+    assert len(running) == 2, "exactly two slots: none leaked, none lost"
     hold_others.set()
     await queue.drain(1)

@@ -300,7 +300,7 @@ class Daemon:
             channel.add_status_listener(self._on_channel_state)
             sup = ChannelSupervisor(channel, sink, self.metrics, tasks=self.tasks.child())
             self.supervisors.append(sup)
-            res.push(f"channel {channel.name}", sup.stop)
+            res.push(f"channel {channel.name}", sup.close)
         if self.cluster is not None:
             self._standby_leader_only()
         for sup in self.supervisors:

@@ -159,7 +159,7 @@ class Cluster:
         """Called when this daemon becomes the leader (start the leader-only channels)."""
         self.on_unlead: list[LeaderHook] = []
         """Called when it stops being the leader (stop them)."""
-        self._tasks = tasks or TaskTracker()
+        self._tasks = tasks if tasks is not None else TaskTracker()
         """The cluster's four loops: a loop that fails is logged at once (gateway/ops/tasks.py)."""
         self._lock_conn: Any = None
         self._renewed = time.monotonic()

@@ -68,7 +68,7 @@ class Gateway:
         self.slow_lane = FairLane(config.transcription.concurrency, config.transcription.per_user)
         """Transcriptions, outside the turn slots, fair per user (gateway/intake/slow_lane.py)."""
         self._pacers = PacerPool()
-        self.tasks = tasks or TaskTracker()
+        self.tasks = tasks if tasks is not None else TaskTracker()
         """The gateway's background tasks: a child of the daemon's one tracker (gateway/ops/tasks.py)."""
         self.throttles = Throttles(config)
         """Pairing reminders and announcements, wrong codes, the per-user rate (gateway/intake/limits.py)."""

@@ -44,7 +44,7 @@ class Resources:
 
     def __init__(self, tasks: TaskTracker | None = None) -> None:
         self._stack: list[tuple[str, Release]] = []
-        self._tasks = tasks or TaskTracker()
+        self._tasks = tasks if tasks is not None else TaskTracker()
         """The daemon's own background loops (retention, schedules, …): a child of the daemon's one
         tracker (gateway/ops/tasks.py), so every failed background task is logged one way."""
         self._closed = False

@@ -93,7 +93,7 @@ class ChannelSupervisor:
         self._sink = sink
         self._metrics = metrics
         self._backoff = backoff or Backoff()
-        self._tasks = tasks or TaskTracker()
+        self._tasks = tasks if tasks is not None else TaskTracker()
         """Holds the channel's loop; a loop that dies of a bug is logged with the channel's name."""
         channel.add_status_listener(self._on_state)
 
@@ -131,8 +131,14 @@ class ChannelSupervisor:
             log.warning("channel %s: %s; restarting in %.1fs", ch.name, reason, delay)
             await asyncio.sleep(delay)
 
-    async def stop(self) -> None:
+    async def close(self) -> None:
+        """Stop for good (shutdown): a later :meth:`start`, such as a cluster's step-down making
+        the channel send-only again while the daemon stops, starts nothing."""
         await self._tasks.close()
+        await self.stop()
+
+    async def stop(self) -> None:
+        await self._tasks.cancel_running()  # open: a leader change stops and starts it again
         await _safe_close(self.channel)
         self.channel.status.set(ChannelState.STOPPED)
 

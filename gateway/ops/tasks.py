@@ -41,8 +41,14 @@ class TaskTracker:
         return TaskTracker(self)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        """Run ``coro`` as a task named ``name`` (what its failure is logged with)."""
+        """Run ``coro`` as a task named ``name`` (what its failure is logged with). On a closed
+        tracker (its owner has stopped) the task is cancelled before it runs: a channel that
+        reconnects during shutdown must not start a resume behind a gateway that has closed."""
         task = asyncio.create_task(coro, name=name)
+        if self._closed:
+            task.cancel()
+            log.debug("task %s not started: its owner has stopped", name)
+            return task
         self._tasks.add(task)
         task.add_done_callback(self._done)
         if self._parent is not None:
@@ -72,9 +78,18 @@ class TaskTracker:
         """The tasks not finished yet."""
         return frozenset(self._tasks)
 
+    def __bool__(self) -> bool:
+        """A tracker is a tracker even with no task running (``len()`` counts its tasks)."""
+        return True
+
     async def close(self) -> None:
-        """Cancel every task still running and wait for them (shutdown)."""
+        """Cancel every task still running and wait for them; later spawns are cancelled (shutdown)."""
         self._closed = True
+        await self.cancel_running()
+
+    async def cancel_running(self) -> None:
+        """Cancel the tasks running now and wait for them; the tracker stays open (a part that
+        stops to start again, such as a supervisor whose channel goes send-only)."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
