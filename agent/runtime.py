@@ -48,6 +48,7 @@ from agent.tools import (
     outputs_resolver,
 )
 from agent.tools.schedule import Scheduler, build_schedule_tools
+from agent.tools.search import CITE_PROMPT
 from agent.turn import PLAIN, TurnOptions
 from agent.turn_overrides import TurnOverrides
 from agent.usage import UsageSink, attach_usage
@@ -307,7 +308,7 @@ class AgentRuntime:
             ),
         ]
         self.harness = Harness(
-            s.model_copy(update={"system_prompt": s.system_prompt + LEAD_PROMPT}),
+            s.model_copy(update={"system_prompt": s.system_prompt + LEAD_PROMPT + CITE_PROMPT}),
             self.spec,
             self.data_dir / "checkpoints.sqlite",
             checkpoint_url=self.database_url,

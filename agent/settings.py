@@ -194,17 +194,31 @@ class McpSettings(BaseModel):
 
 
 class WebSettings(BaseModel):
-    """Web tools. ``search_provider`` "none" keeps ``web_search`` answering that it is off."""
+    """Web tools. ``web_search`` works with no key (DuckDuckGo's HTML page); ``search_provider``
+    picks another provider, "none" keeps ``web_search`` answering that it is off (docs/search.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    search_provider: Literal["none", "searxng", "tavily"] = "none"
+    search_provider: Literal["duckduckgo", "brave", "searxng", "exa", "tavily", "jina", "none"] = "duckduckgo"
+    """Who answers ``web_search``: ``duckduckgo`` needs no key; ``brave``, ``exa``, ``tavily`` and
+    ``jina`` need ``api_key``; ``searxng`` needs ``base_url`` (your instance)."""
     api_key: SecretStr | None = None
-    """Tavily key (sent as a Bearer token); SearXNG needs none. Never logged or shown."""
+    """The key of a keyed provider (Brave: X-Subscription-Token, Exa: x-api-key, Tavily and Jina:
+    a Bearer token). Sent only to that provider; never logged, shown or given to the model."""
     base_url: str | None = None
-    """SearXNG: the instance URL (required). Tavily: override of https://api.tavily.com."""
+    """The provider's address, overriding its public one (SearXNG: the instance URL, required;
+    others: a proxy or a test fake). Provider requests may reach this host even when it is not
+    public; ``web_fetch`` may not, unless ``allow_hosts`` lists it."""
     max_results: int = Field(5, ge=1, le=20)
     search_timeout: float = Field(15.0, gt=0)
+    """Seconds one provider request may take in total."""
+    max_search_bytes: int = Field(2 * 1024 * 1024, ge=16 * 1024)
+    """Bytes of a provider's answer read at most; a larger answer is an error (a search answer
+    is a few KB: more is a broken or hostile endpoint), and is never read whole."""
+    search_cache_ttl: float = Field(300.0, ge=0)
+    """Seconds a provider's answer to a query is reused (per provider and query); 0: no cache."""
+    search_cache_size: int = Field(256, ge=1)
+    """Queries kept in the search cache; the least recently used goes first."""
     fetch_timeout: float = Field(20.0, gt=0)
     """Seconds one ``web_fetch`` may take in total, redirects included."""
     max_fetch_bytes: int = Field(2_000_000, ge=1024)
@@ -217,6 +231,20 @@ class WebSettings(BaseModel):
     """Internal hosts ``web_fetch`` may reach although they are not public: exact names
     (``wiki.internal``, only for URLs naming that host), ``*.corp.example`` (any name under it),
     IP addresses (``10.1.2.3``) and networks (``10.0.0.0/8``, ``fd00::/8``). Empty: public only."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("base_url is not an http(s) URL with a host")
+        if parts.username or parts.password:
+            raise ValueError("base_url must not carry credentials: put the key in api_key")
+        return value.strip()
 
     @field_validator("allow_hosts")
     @classmethod

@@ -689,7 +689,7 @@ async def _search(settings: WebSettings, query: str) -> ToolMessage:
 
 
 async def test_search_off_says_so() -> None:
-    msg = await _search(WebSettings(), "llamas")
+    msg = await _search(WebSettings(search_provider="none"), "llamas")
     assert "not configured" in msg.text and msg.status != "error"
 
 

@@ -17,18 +17,16 @@ Redirects are followed by hand (``allow_redirects=False``) so each hop gets the 
 proxies from the environment are ignored (``trust_env=False``): a proxy would make the connect
 address invisible to the check.
 
-``web_search`` talks only to the provider URL the operator configured (``web.base_url`` or
-Tavily's); the result URLs it returns are not fetched unless the model calls ``web_fetch``.
+``web_search`` (agent/tools/search.py) goes through the same guard for its provider requests; the
+result URLs it returns are fetched only when the model calls ``web_fetch``, guarded like any other.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
-from collections.abc import Collection, Sequence
-from typing import Any
+from collections.abc import Collection
 from urllib.parse import urljoin
 
 import aiohttp
@@ -37,6 +35,7 @@ from pydantic import BaseModel, Field
 from yarl import URL
 
 from agent.settings import WebSettings
+from agent.tools.search import WebSearch
 from agent.tools.web_guard import (
     AddressPolicy,
     GuardedConnector,
@@ -72,7 +71,6 @@ _TEXT_TYPES = frozenset(
 )
 _DROP_TAGS = ("script", "style", "noscript", "template", "svg", "iframe", "object", "embed", "head")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-TAVILY_URL = "https://api.tavily.com"
 
 
 def html_to_markdown(html: bytes | str, base_url: str = "") -> tuple[str, str]:
@@ -190,102 +188,6 @@ async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes,
     return b"".join(chunks), False
 
 
-# ---- search -------------------------------------------------------------------------------------
-class WebSearch:
-    """One query against the configured provider, formatted as a Markdown list for the model."""
-
-    def __init__(self, settings: WebSettings) -> None:
-        self.settings = settings
-
-    async def search(self, query: str) -> str:
-        s = self.settings
-        if s.search_provider == "none":
-            return (
-                "Web search is not configured on this Chital instance (web.search_provider is 'none'). "
-                "Tell the user, or use web_fetch on a URL you already know."
-            )
-        try:
-            async with aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=s.search_timeout)
-            ) as session:
-                if s.search_provider == "searxng":
-                    results = await self._searxng(session, query)
-                else:
-                    results = await self._tavily(session, query)
-        except TimeoutError:
-            raise ToolException(f"the {s.search_provider} search timed out") from None
-        except aiohttp.ClientError as exc:
-            raise ToolException(f"the {s.search_provider} search failed: {type(exc).__name__}") from None
-        return format_results(query, results[: s.max_results])
-
-    async def _searxng(self, session: aiohttp.ClientSession, query: str) -> list[dict[str, Any]]:
-        if not self.settings.base_url:
-            raise ToolException("SearXNG search needs web.base_url (the instance URL); ask the admin")
-        url = self.settings.base_url.rstrip("/") + "/search"
-        params = {"q": query, "format": "json"}
-        async with session.get(url, params=params, headers={"Accept": "application/json"}) as resp:
-            data = await _json_or_error(resp, "searxng")
-        return [
-            {"title": r.get("title", ""), "url": r.get("url", ""), "snippet": r.get("content", "")}
-            for r in data.get("results") or ()
-            if isinstance(r, dict)
-        ]
-
-    async def _tavily(self, session: aiohttp.ClientSession, query: str) -> list[dict[str, Any]]:
-        key = self.settings.api_key
-        if key is None:
-            raise ToolException("Tavily search needs web.api_key; ask the admin")
-        url = (self.settings.base_url or TAVILY_URL).rstrip("/") + "/search"
-        body = {"query": query, "max_results": self.settings.max_results, "search_depth": "basic"}
-        headers = {"Authorization": f"Bearer {key.get_secret_value()}"}
-        async with session.post(url, json=body, headers=headers) as resp:
-            data = await _json_or_error(resp, "tavily")
-        return [
-            {"title": r.get("title", ""), "url": r.get("url", ""), "snippet": r.get("content", "")}
-            for r in data.get("results") or ()
-            if isinstance(r, dict)
-        ]
-
-
-_MAX_SEARCH_ANSWER = 2 * 1024 * 1024
-"""Bytes of a search provider's answer read at most (streamed, like a fetched page)."""
-
-
-async def _json_or_error(resp: aiohttp.ClientResponse, provider: str) -> dict[str, Any]:
-    # Status only: a provider's error body may echo the request, key included.
-    if resp.status == 401 or resp.status == 403:
-        raise ToolException(
-            f"the {provider} search refused our credentials (HTTP {resp.status}); ask the admin"
-        )
-    if resp.status >= 400:
-        raise ToolException(f"the {provider} search failed (HTTP {resp.status})")
-    body, cut = await _read_capped(resp, _MAX_SEARCH_ANSWER)
-    if cut:  # a search answer is a few KB; this much is a broken or hostile endpoint
-        raise ToolException(f"the {provider} search sent back more than {_MAX_SEARCH_ANSWER} bytes")
-    try:
-        data = json.loads(body)
-    except ValueError:
-        raise ToolException(f"the {provider} search returned something that is not JSON") from None
-    if not isinstance(data, dict):
-        raise ToolException(f"the {provider} search returned an unexpected answer")
-    return data
-
-
-def format_results(query: str, results: Sequence[dict[str, Any]]) -> str:
-    if not results:
-        return f"No results for {query!r}."
-    lines = [f"Results for {query!r}:"]
-    for i, r in enumerate(results, 1):
-        snippet = " ".join(str(r.get("snippet") or "").split())
-        if len(snippet) > 500:
-            snippet = snippet[:499] + "…"
-        lines.append(
-            f"{i}. [{r.get('title') or r.get('url')}]({r.get('url')})"
-            + (f"\n   {snippet}" if snippet else "")
-        )
-    return "\n".join(lines)
-
-
 # ---- the tools ----------------------------------------------------------------------------------
 class _FetchArgs(BaseModel):
     url: str = Field(description="The http(s) URL to read.")
@@ -299,7 +201,9 @@ def build_web_tools(
     settings: WebSettings, *, allow_private_for_tests: Collection[str] = ()
 ) -> list[BaseTool]:
     """``web_fetch`` and ``web_search``. Their failures come back as error ToolMessages
-    (``handle_tool_error``): the text is ours, safe to show, and the model can try another way."""
+    (``handle_tool_error``): the text is ours, safe to show, and the model can try another way.
+    One ``WebSearch`` (and so one search cache) per call: the runtime builds them once and hands
+    the same tools to the lead and its sub-agents."""
     fetcher = WebFetcher(settings, allow_private_for_tests=allow_private_for_tests)
     searcher = WebSearch(settings)
     fetch = StructuredTool.from_function(
@@ -315,7 +219,10 @@ def build_web_tools(
     search = StructuredTool.from_function(
         coroutine=searcher.search,
         name="web_search",
-        description="Search the web; returns titles, URLs and snippets. Read a result with web_fetch.",
+        description=(
+            "Search the web; returns numbered results with titles, URLs and snippets. Read a result "
+            "with web_fetch. Cite the sources you use in your answer as Markdown links to their URLs."
+        ),
         args_schema=_SearchArgs,
         handle_tool_error=True,
     )
