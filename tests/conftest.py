@@ -1,5 +1,6 @@
 """Fixtures the tests share, each defined once here: the fake model, the fake Telegram, Slack, Discord
-and Lark servers, the in-process gateway rig, the loopback canary and the fake LangSmith endpoint.
+and Lark servers, the in-process gateway rig, the loopback canary, the fake search providers and the
+fake LangSmith endpoint.
 A test module uses these rather than writing its own copy (tests/test_suite_shape.py keeps modules
 from importing each other's helpers; support modules hold the plain helpers)."""
 
@@ -25,6 +26,7 @@ from tests.fakes.gateway_rig import Rig, fake_rig, gateway_rig
 from tests.fakes.langsmith_server import FakeLangSmith
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.search_server import FakeSearch
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 from tests.telegram_daemon import telegram_config
@@ -72,6 +74,16 @@ async def canary() -> AsyncIterator[Canary]:
         yield c
     finally:
         await c.stop()
+
+
+@pytest.fixture
+async def search() -> AsyncIterator[FakeSearch]:
+    """The fake search providers (DuckDuckGo HTML, Brave, SearXNG, Exa, Tavily, Jina) on loopback."""
+    fake = await FakeSearch().start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
 
 
 @pytest.fixture
