@@ -256,6 +256,15 @@ async def test_hostile_titles_and_snippets_stay_data(search: FakeSearch) -> None
     assert max(len(line) for line in lines) < 800
 
 
+async def test_cached_results_are_bounded_whatever_the_provider_sends(search: FakeSearch) -> None:
+    search.results = [Result("t" * 50_000, f"https://example.com/{i}", "s" * 100_000) for i in range(10)]
+    web = WebSearch(settings_for(search, "searxng", max_results=3))
+    text = await web.search("big fields")
+    assert text.count("https://example.com/") == 3 and len(text) < 5000
+    [(_, hits)] = web.cache._entries.values()
+    assert len(hits) == 3 and sum(len(h.title) + len(h.snippet) for h in hits) < 10_000
+
+
 def test_settings_are_checked_at_start() -> None:
     with pytest.raises(ValidationError):
         WebSettings(search_provider="google")

@@ -148,7 +148,7 @@ class WebSearch:
         if hits is None:
             request = provider.build(self.base, query, s.max_results, key)
             self.requests += 1
-            hits = provider.parse(await self._exchange(provider, request))
+            hits = _trimmed(provider.parse(await self._exchange(provider, request)), s.max_results)
             self.cache.put(cache_key, hits)
         return format_results(query, hits[: s.max_results], provider.label, self.fetch_policy)
 
@@ -218,6 +218,16 @@ class WebSearch:
                 raise ToolException(f"the {label} search sent back more than {limit} bytes; not read")
             chunks.append(chunk)
         return b"".join(chunks)
+
+
+def _trimmed(hits: Sequence[Hit], count: int) -> list[Hit]:
+    """The first ``count`` hits with their fields cut to what can be shown (plus room for the
+    invisible characters cleaning removes): what the cache keeps stays small whatever the
+    provider sent."""
+    return [
+        Hit(h.title[: TITLE_CHARS * 4], h.url[: URL_CHARS + 1], h.snippet[: SNIPPET_CHARS * 4])
+        for h in hits[:count]
+    ]
 
 
 def _clean_text(text: str, limit: int) -> str:
