@@ -148,6 +148,25 @@ async def test_a_50_mb_answer_is_never_read_whole(search: FakeSearch, provider: 
     assert search.sent < HUGE, "the whole 50 MB answer was read"
 
 
+@pytest.mark.parametrize("provider", ["duckduckgo", "exa"])
+async def test_connection_lost_mid_answer_is_named_and_not_cached(search: FakeSearch, provider: str) -> None:
+    search.mode = "drop"
+    s = settings_for(search, provider)
+    tools = {t.name: t for t in build_web_tools(s)}
+    call_ = {"name": "web_search", "args": {"query": "q"}, "id": "c1", "type": "tool_call"}
+    msg = await tools["web_search"].ainvoke(call_)
+    assert msg.status == "error" and "broke off before answering in full" in msg.text
+    search.mode = "ok"
+    assert "1. [Llama - Wikipedia]" in (await tools["web_search"].ainvoke(call_)).text
+
+
+async def test_unreachable_provider_is_named() -> None:
+    msg = await call(
+        WebSettings(search_provider="searxng", base_url="http://127.0.0.1:9/"), "web_search", query="q"
+    )
+    assert msg.status == "error" and "could not reach the SearXNG search" in msg.text
+
+
 async def test_slow_provider_times_out(search: FakeSearch) -> None:
     search.mode = "slow"
     msg = await call(settings_for(search, "brave", search_timeout=0.5), "web_search", query="slow")

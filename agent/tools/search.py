@@ -183,7 +183,11 @@ class WebSearch:
             if connector.refusals:
                 raise ToolException(f"the {label} search was not sent: {connector.refusals[0]}") from None
             log.warning("%s search failed: %s", provider.name, type(exc).__name__)
-            raise ToolException(f"could not reach the {label} search ({type(exc).__name__})") from None
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                raise ToolException(f"could not reach the {label} search ({type(exc).__name__})") from None
+            raise ToolException(
+                f"the {label} search broke off before answering in full ({type(exc).__name__}); try again"
+            ) from None
         finally:
             await connector.close()
 

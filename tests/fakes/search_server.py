@@ -17,7 +17,7 @@ left), ``huge_announced`` declares it in Content-Length, ``malformed`` answers a
 content type that does not parse, ``status:<n>`` answers that HTTP status with the request's key
 echoed in the body (a real provider's error page may), ``bot`` is DuckDuckGo's bot check,
 ``redirect`` sends a 302 to the metadata address, ``slow`` never answers, ``wrong_shape`` is valid
-JSON of the wrong shape. ``results`` is what a
+JSON of the wrong shape, ``drop`` cuts the connection mid-answer. ``results`` is what a
 good answer lists; ``requests`` records every request (provider, headers, query, body).
 """
 
@@ -145,6 +145,14 @@ class FakeSearch:
             if ctype == "text/html":
                 return web.Response(text="<html><body>No list</body></html>", content_type=ctype)
             return web.json_response({"results": "none", "web": {"results": 7}, "data": {"x": 1}})
+        if mode == "drop":  # the connection dies mid-answer
+            resp = web.StreamResponse(headers={"Content-Type": ctype})
+            resp.content_length = 10_000
+            await resp.prepare(request)
+            await resp.write(b'{"results": [')
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
         if mode == "bot":
             page = '<html><body><div class="anomaly-modal">Unfortunately, bots use DuckDuckGo too.</div></body></html>'
             return web.Response(status=200, text=page, content_type="text/html")
