@@ -30,6 +30,22 @@ class StatusUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class PlanItem:
+    """One step of the agent's plan (agent/plan.py). ``status``: pending | in_progress | completed.
+    ``text`` is the model's words: untrusted, shown only through the gateway's safe rendering."""
+
+    text: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlanUpdated:
+    """The agent wrote its plan (``write_todos``): the whole list, as it stands now."""
+
+    items: tuple[PlanItem, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Clarification:
     """The agent ends the turn asking the user a question."""
 
@@ -105,5 +121,13 @@ class TurnFailed:
 
 
 AgentEvent = (
-    TextDelta | ToolProgress | StatusUpdate | Clarification | FileOut | Final | TurnFailed | ApprovalRequested
+    TextDelta
+    | ToolProgress
+    | StatusUpdate
+    | PlanUpdated
+    | Clarification
+    | FileOut
+    | Final
+    | TurnFailed
+    | ApprovalRequested
 )

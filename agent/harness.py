@@ -49,6 +49,7 @@ from agent.events import (
     ApprovalDecision,
     ApprovalRequested,
     Final,
+    PlanItem,
     TurnFailed,
 )
 from agent.failures import turn_failure
@@ -56,6 +57,7 @@ from agent.history import earlier_answer, messages_of, tool_patches, with_files
 from agent.merge import merge_model_calls
 from agent.middleware import RetryModelCalls, StepBudget
 from agent.model import build_chat_model, model_display_name
+from agent.plan import plan_of
 from agent.provenance import PROVENANCE_KEY, Provenance, Source, of_context
 from agent.safety import Redactor
 from agent.stream_events import CustomEventConverter, stream_events
@@ -247,6 +249,12 @@ class Harness:
         """Messages in the thread's history (for /status)."""
         snap = await self.require_graph().aget_state(self._config(thread_id))
         return len(snap.values.get("messages", ()))
+
+    async def plan(self, thread_id: str) -> tuple[PlanItem, ...]:
+        """The thread's current plan (``write_todos``, agent/plan.py) from its checkpoint, for
+        ``/plan`` and for closing a resumed turn's checklist; empty when none was written."""
+        snap = await self.require_graph().aget_state(self._config(thread_id))
+        return plan_of(snap.values)
 
     async def run(
         self,

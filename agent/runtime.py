@@ -23,11 +23,12 @@ from deepagents.middleware import FilesystemMiddleware
 from agent.approvals import subagent_guardrail, tool_name, with_approvals
 from agent.config import AgentSettings, ModelSpec
 from agent.context import build_context_middleware, thread_title
-from agent.events import AgentEvent, ApprovalDecision, OutputFile
+from agent.events import AgentEvent, ApprovalDecision, OutputFile, PlanItem
 from agent.harness import Harness
 from agent.memory import MemoryService
 from agent.middleware import RetryModelCalls
 from agent.model import build_chat_model
+from agent.plan import PlanMode, plan_events
 from agent.safety import GuardrailMiddleware, Redactor, RedactToolResults
 from agent.sandbox import SandboxError, SandboxProvider, create_provider
 from agent.sandbox.backend import SandboxBackend
@@ -146,6 +147,10 @@ class AgentRuntime:
     async def message_count(self, thread_id: str) -> int:
         assert self.harness is not None
         return await self.harness.message_count(thread_id)
+
+    async def plan(self, thread_id: str) -> tuple[PlanItem, ...]:
+        assert self.harness is not None
+        return await self.harness.plan(thread_id)
 
     async def title(self, thread_id: str) -> str | None:
         assert self.harness is not None
@@ -278,10 +283,12 @@ class AgentRuntime:
         if self.scheduler is not None:
             tools += build_schedule_tools(self.scheduler)
         secrets = self.secrets
+        plan = PlanMode()  # write_todos, the plan in the thread's state (agent/plan.py)
         context = build_context_middleware(s.context, model, secrets=secrets)
         sub_middleware.append(RedactToolResults(secrets))  # the lead's are masked by ToolErrors
         if s.approvals.tools or s.approvals.deny:
-            names = [*tools, *sandbox_tools, *(t for m in context for t in getattr(m, "tools", ()))]
+            own = [*plan.tools, *(t for m in context for t in getattr(m, "tools", ()))]
+            names = [*tools, *sandbox_tools, *own]
             context = with_approvals(
                 context,
                 s.approvals,
@@ -291,6 +298,7 @@ class AgentRuntime:
             guard = subagent_guardrail(s.approvals)
             sub_middleware.append(GuardrailMiddleware([guard], timeout=s.context.guardrail_timeout))
         middleware += [
+            plan,
             *context,
             filesystem,
             *skill_mw,
@@ -315,7 +323,7 @@ class AgentRuntime:
             extra_tools=tools,
             extra_middleware=middleware,
             turn_scope=self._sandbox_scope,
-            custom_events=[events_from_custom, _status_events],
+            custom_events=[events_from_custom, _status_events, plan_events],
             redact=Redactor(secrets),
             models=self.models,
             usage=self.usage,

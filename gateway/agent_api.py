@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from agent.events import AgentEvent, ApprovalDecision, OutputFile
+from agent.events import AgentEvent, ApprovalDecision, OutputFile, PlanItem
 from agent.turn import PLAIN, TurnOptions
 
 
@@ -74,6 +74,11 @@ class AgentHarness(Protocol):
 
     async def title(self, thread_id: str) -> str | None:
         """The conversation's short title, when it has one."""
+        ...
+
+    async def plan(self, thread_id: str) -> tuple[PlanItem, ...]:
+        """The conversation's current plan (the agent's ``write_todos`` list, agent/plan.py), as
+        its checkpoint holds it; empty when the agent wrote none."""
         ...
 
     async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:

@@ -2,7 +2,7 @@
 
 Every command is one row of :data:`REGISTRY` (the shape is gateway/commands/registry.py):
 the parser, ``/help`` and the terminal chat's list are derived from the rows. The handlers are
-here (``/new``, ``/stop``, ``/status``, ``/memory``, ``/forget``, ``/help``), in
+here (``/new``, ``/stop``, ``/status``, ``/plan``, ``/memory``, ``/forget``, ``/help``), in
 gateway/commands/agent.py (``/model``, ``/usage``, ``/skills``), in
 gateway/commands/admin.py (``/approve``, ``/deny``, ``/revoke``) and, through the context,
 in gateway/commands/schedules.py (``/schedules``, ``/unschedule``) and, through the context,
@@ -24,6 +24,8 @@ from gateway.commands import admin as commands_admin
 from gateway.commands import agent as commands_agent
 from gateway.commands import schedules as commands_schedules
 from gateway.commands.registry import Command, CommandContext, CommandSpec, Registry, Who
+from gateway.config.secrets import redactor_for
+from gateway.delivery.plan import plan_text
 from gateway.intake import access
 
 if TYPE_CHECKING:
@@ -72,6 +74,18 @@ async def _memory(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str
     return await memory_reply(ctx.harness.memory, inbound.user, cmd.name, direct=inbound.is_direct)
 
 
+async def _plan(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
+    """The conversation's plan as the checkpoint holds it (the agent's ``write_todos``): the same
+    safe, bounded checklist the turn shows (gateway/delivery/plan.py), secrets masked before cut."""
+    thread_id = await ctx.store.thread_get(entry.conversation)
+    items = await ctx.harness.plan(thread_id) if thread_id else ()
+    if not items:
+        return "No plan in this conversation yet: the agent writes one when a task takes several steps."
+    running, _ = ctx.turn_status(entry.conversation)
+    text = plan_text(items, redactor_for(ctx.config))
+    return text if running else text + "\n(as the last answer left it)"
+
+
 async def _help(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
     inbound = entry.inbound
     return help_text(access.is_admin(ctx.config.access_for(inbound.platform), inbound))
@@ -96,6 +110,7 @@ REGISTRY = Registry(
                     terminal=True),
         CommandSpec("stop", "cancel the answer being worked on", _stop, recorded=True),
         CommandSpec("status", "show this conversation's thread, model and queue", _status, terminal=True),
+        CommandSpec("plan", "show the agent's plan (to-do list) for this conversation", _plan),
         CommandSpec("memory", "show what I remember about you (in a direct message)", _memory,
                     terminal=True),
         CommandSpec("forget", "erase everything I remember about you", _memory, recorded=True,

@@ -16,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from agent.events import AgentEvent, ApprovalDecision, OutputFile, TurnFailed
+from agent.events import AgentEvent, ApprovalDecision, OutputFile, PlanItem, TurnFailed
 from agent.turn import PLAIN, TurnOptions
 from gateway.agent_api import AgentHarness, MemoryAccess
 from gateway.config.schema import Config
@@ -67,6 +67,9 @@ class UnconfiguredHarness:
 
     async def title(self, thread_id: str) -> str | None:
         return None
+
+    async def plan(self, thread_id: str) -> tuple[PlanItem, ...]:
+        return ()
 
     async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
         raise RuntimeError(f"the agent is not configured ({self.reason})")

@@ -184,6 +184,12 @@ class Reply:
             )
             await self._record(part_no, message_id)
 
+    async def show(self, part_no: int, markdown: str) -> None:
+        """A message of its own beside the answer (the plan's checklist, gateway/delivery/plan.py):
+        sent once, then edited in place; its id is in the outbox like every part's, so a restarted
+        turn edits the same message. One message: what does not fit the first part is left out."""
+        await self._put(part_no, self.channel.render(markdown)[0])
+
     async def note(self, part_no: int, text: str) -> None:
         """A separate message after the answer (e.g. files that could not be sent), sent once."""
         for i, part in enumerate(self.channel.render(text)):

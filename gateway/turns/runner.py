@@ -20,14 +20,17 @@ from agent.events import (
     Clarification,
     FileOut,
     Final,
+    PlanUpdated,
     StatusUpdate,
     TextDelta,
     ToolProgress,
     TurnFailed,
 )
+from agent.plan import TOOL as PLAN_TOOL
 from agent.turn import TurnOptions
 from channels.base import Channel, ChannelError, Inbound
 from gateway.config.durations import in_words
+from gateway.delivery.plan import PlanMessage
 from gateway.intake.attachments import Uploads, deliver_files, fetch_attachments
 from gateway.store.disk import StorageFull
 from gateway.store.entries import JournalEntry, JournalState
@@ -101,6 +104,7 @@ class TurnRunner:
         typing: asyncio.Task[None] | None = None
         outcome: TurnOutcome = TurnOutcome.ERROR
         answered = False
+        plan: PlanMessage | None = None
         try:
             if entry.from_journal:
                 await reply.load()
@@ -118,18 +122,21 @@ class TurnRunner:
                 self.tasks.spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
             typing = asyncio.create_task(self._keep_typing(reply))
             thread_id = await self.store.thread_for(inbound.conversation)
+            plan = self._plan(reply, thread_id)
             uploads = await fetch_attachments(self.host, reply.channel, entry, thread_id)
-            final, outcome = await self._agent_turn(entry, thread_id, uploads, reply)
+            final, outcome = await self._agent_turn(entry, thread_id, uploads, reply, plan)
             typing.cancel()
             if not await self._keep(entry):  # lost to another daemon meanwhile: it answers
                 outcome = TurnOutcome.FENCED
                 return
             if outcome is TurnOutcome.WAITING:  # paused for approval: resumed by gateway/turns/approvals.py
+                await plan.stop()  # the plan goes on when the turn does
                 await reply.finish(final)
                 await self.approvals.pause(entry)
                 return
             # From here /stop leaves the turn alone: its answer goes out whole (gateway/turns/stopping.py).
             self.turns.finishing(entry.key)
+            await self._close_plan(plan)
             if entry.note:  # the gateway's own word above the answer (a schedule firing late)
                 final = f"{entry.note}\n\n{final}"
             await reply.finish(final)
@@ -148,6 +155,7 @@ class TurnRunner:
             if task is not None:
                 task.uncancel()
             outcome = TurnOutcome.STOPPED
+            await self._close_plan(plan)
             await self._show_stopped(entry, reply)
         except Exception as exc:
             if typing is not None:
@@ -165,6 +173,7 @@ class TurnRunner:
                 outcome = TurnOutcome.OK
                 await self._after_answer_failed(entry, reply)
             elif not parked:
+                await self._close_plan(plan)
                 text = (
                     "⚠️ My server's disk is full, so I could not finish this answer. "
                     "I told the admin; please try again later."
@@ -176,11 +185,28 @@ class TurnRunner:
                 with contextlib.suppress(Exception):
                     await self.store.journal_set(entry.key, JournalState.FAILED)
         finally:
+            if plan is not None:
+                plan.abandon()  # shutdown or fenced: a send under way completes, nothing new starts
             self.inflight.release(entry.key)
             self.inflight.drop_reply(entry.key)
             self.parking.settled(entry.key)
             self.metrics.turns.labels(outcome).inc()
             self.metrics.turn_seconds.observe(time.monotonic() - started)
+
+    def _plan(self, reply: Reply, thread_id: str) -> PlanMessage:
+        """The turn's checklist (gateway/delivery/plan.py): nothing is sent unless the agent plans."""
+        return PlanMessage(reply, self.redact, lambda: self.harness.plan(thread_id))
+
+    @staticmethod
+    async def _close_plan(plan: PlanMessage | None) -> None:
+        """The checklist in its final state before the answer; a failure here costs the checklist
+        its last edit, never the answer."""
+        if plan is None:
+            return
+        try:
+            await plan.close()
+        except Exception as exc:
+            log.warning("could not close the plan's checklist: %s", exc)
 
     async def _show_stopped(self, entry: JournalEntry, reply: Reply) -> None:
         """The user stopped this turn, and the journal already says so (a pending notice,
@@ -231,7 +257,7 @@ class TurnRunner:
         log.error("could not mark %s done; it may run again after a restart", key)
 
     async def _agent_turn(
-        self, entry: JournalEntry, thread_id: str, uploads: Uploads, reply: Reply
+        self, entry: JournalEntry, thread_id: str, uploads: Uploads, reply: Reply, plan: PlanMessage
     ) -> tuple[str, TurnOutcome]:
         inbound = entry.inbound
         text, final, outcome = "", "", TurnOutcome.OK
@@ -258,6 +284,9 @@ class TurnRunner:
                         # Recorded before anything is sent: a replay after a crash still sends it.
                         await self.store.files_add(entry.key, event.path, event.caption)
                         continue
+                    if isinstance(event, PlanUpdated):
+                        plan.update(event.items)
+                        continue
                     text, final, outcome = self._on_event(event, text, final, outcome, reply)
         except TimeoutError:
             took = in_words(self.config.concurrency.turn_timeout)
@@ -282,7 +311,7 @@ class TurnRunner:
             text += event.text
             reply.stream(text)
         elif isinstance(event, ToolProgress):
-            if event.phase == "start":
+            if event.phase == "start" and event.name != PLAN_TOOL:  # the checklist shows the plan
                 reply.stream((text + "\n\n" if text else "") + f"🔧 {event.name}…")
         elif isinstance(event, StatusUpdate):
             reply.stream((text + "\n\n" if text else "") + event.text)

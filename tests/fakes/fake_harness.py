@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from agent.events import AgentEvent, ApprovalDecision, Final, OutputFile
+from agent.events import AgentEvent, ApprovalDecision, Final, OutputFile, PlanItem
 from agent.turn import PLAIN, TurnOptions
 from gateway.agent_api import AgentHarness, MemoryAccess
 
@@ -93,6 +93,8 @@ class FakeHarness:
         self.uploads: dict[str, bytes] = {}
         """Users' files saved by :meth:`save_upload`, by the path returned."""
         self.titles: dict[str, str] = {}
+        self.plans: dict[str, tuple[PlanItem, ...]] = {}
+        """The plan ``/plan`` shows per thread (set by a test)."""
         self._memory = memory
         self.closed = False
 
@@ -155,6 +157,9 @@ class FakeHarness:
 
     async def title(self, thread_id: str) -> str | None:
         return self.titles.get(thread_id)
+
+    async def plan(self, thread_id: str) -> tuple[PlanItem, ...]:
+        return self.plans.get(thread_id, ())
 
     async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
         path = f"/mnt/user-data/uploads/{name}"
