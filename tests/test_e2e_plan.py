@@ -30,7 +30,8 @@ def todos(*items: tuple[str, str]) -> ToolCall:
 
 def plan(*texts: str) -> Reply:
     """One model step that writes the plan: ``texts`` are "status:content"."""
-    return Reply(tool_calls=[todos(*(tuple(reversed(t.split(":", 1))) for t in texts))])  # type: ignore[misc]
+    pairs = [t.split(":", 1) for t in texts]
+    return Reply(tool_calls=[todos(*((content, status) for status, content in pairs))])
 
 
 def tool_results(model: FakeOpenAI, start: int = 0) -> list[str]:
@@ -221,11 +222,14 @@ HUGE = Reply(tool_calls=[todos(*((f"step {i}", "pending") for i in range(10_000)
 async def test_telegram_huge_and_hostile_plans_are_refused_or_shown_inert(
     tg_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
-    model.script(HUGE, hostile(SECRET), Reply(text="Plan written."))
+    parallel = Reply(tool_calls=[todos(("a", "pending")), todos(("b", "pending"))])
+    model.script(HUGE, parallel, hostile(SECRET), Reply(text="Plan written."))
     up = tg.inject_message(OWNER, OWNER, "plan something big")
     mid = up["message"]["message_id"]
     await answered(tg, OWNER, up, "Plan written.", timeout=30)
-    assert any("at most 25 are allowed" in r for r in tool_results(model)), "the model was told the bound"
+    results = tool_results(model)
+    assert any("at most 25 are allowed" in r for r in results), "the model was told the bound"
+    assert sum("multiple times in parallel" in r for r in results) >= 2, "parallel plans: both refused"
     lists = await tg.wait_for(
         lambda: [m for m in checklists_tg(tg, mid) if "not finished" in m.text] or None, timeout=10
     )

@@ -1,0 +1,87 @@
+"""Plan mode's parts on their own: the graph the tool adds to, the plan events the stream carries
+from untrusted shapes, and the checklist's text (bounded, inert, secrets masked before the cut).
+The end-to-end behaviour is tests/test_e2e_plan.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain.agents.middleware import TodoListMiddleware
+from langchain_core.tools import tool
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+from agent.events import PlanItem, PlanUpdated
+from agent.plan import MAX_ITEM_CHARS, MAX_ITEMS, PLAN_EVENT, PlanMode, plan_events, plan_of
+from agent.redact import Redactor
+from gateway.delivery.plan import BUDGET, plan_text
+
+
+@tool
+def other_tool(x: str) -> str:
+    """Any tool: the agent of the test has a tool node either way."""
+    return x
+
+
+def test_plan_mode_adds_its_tool_and_no_graph_node() -> None:
+    """Turns without a plan pay nothing for plan mode: no after-model node (a super-step and a
+    checkpoint write per model call), only the tool and the prompt."""
+    model = GenericFakeChatModel(messages=iter(()))
+    with_plan = create_agent(model, [other_tool], middleware=[PlanMode()])
+    without = create_agent(model, [other_tool])
+    assert set(with_plan.get_graph().nodes) == set(without.get_graph().nodes)
+    assert set(create_agent(model, [other_tool], middleware=[TodoListMiddleware()]).get_graph().nodes) > set(
+        without.get_graph().nodes
+    ), "the library's own middleware would add one (what this test guards against)"
+    assert [t.name for t in PlanMode().tools] == ["write_todos"]
+
+
+def test_plan_events_skip_what_is_not_a_plan() -> None:
+    assert plan_events({"other": 1}) == []
+    assert plan_events("text") == []
+    assert plan_events({PLAN_EVENT: "not a list"}) == [PlanUpdated(())]
+    part: dict[str, Any] = {
+        PLAN_EVENT: [
+            {"content": "ok", "status": "pending"},
+            {"content": "bad status", "status": "done"},
+            {"content": 7, "status": "pending"},
+            "not a dict",
+            {"content": "z" * 1000, "status": "completed"},
+        ]
+    }
+    (event,) = plan_events(part)
+    assert isinstance(event, PlanUpdated)
+    assert event.items == (PlanItem("ok", "pending"), PlanItem("z" * MAX_ITEM_CHARS, "completed"))
+
+
+def test_a_stored_plan_is_bounded_too() -> None:
+    """A checkpoint written before the bounds (or by hand) still gives at most MAX_ITEMS items."""
+    todos = [{"content": f"step {i}", "status": "pending"} for i in range(10_000)]
+    assert len(plan_of({"todos": todos})) == MAX_ITEMS
+    assert plan_of({}) == ()
+
+
+def test_checklist_fits_one_message_of_every_platform() -> None:
+    items = tuple(PlanItem("w" * MAX_ITEM_CHARS, "pending") for _ in range(MAX_ITEMS))
+    for final in (False, True):
+        text = plan_text(items, Redactor(), final=final)
+        assert len(text) <= BUDGET
+        assert "more" in text.splitlines()[-1]
+
+
+def test_secret_is_masked_before_the_item_is_cut() -> None:
+    """A secret straddling the cut would leave its first half unmasked if cut first."""
+    secret = "tok-abcdefghijklmnopqrstuvwxyz0123456789"
+    item = PlanItem("a" * 80 + secret, "pending")
+    text = plan_text((item,), Redactor([secret]))
+    assert secret[:15] not in text
+
+
+def test_final_state_marks_every_unfinished_item() -> None:
+    items = (PlanItem("one", "completed"), PlanItem("two", "in_progress"), PlanItem("three", "pending"))
+    live = plan_text(items, Redactor())
+    assert "(1/3 done)" in live and "◐ `two`" in live
+    final = plan_text(items, Redactor(), final=True)
+    assert "1 of 3 steps done" in final and "◐" not in final
+    assert "☐ `two` (not done)" in final and "☐ `three` (not done)" in final and "☑ `one`" in final
+    assert "all 1 steps done" in plan_text(items[:1], Redactor(), final=True)
