@@ -8,8 +8,8 @@ from typing import Any
 
 from langchain.agents import create_agent
 from langchain.agents.middleware import TodoListMiddleware
-from langchain_core.tools import tool
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.tools import tool
 
 from agent.events import PlanItem, PlanUpdated
 from agent.plan import MAX_ITEM_CHARS, MAX_ITEMS, PLAN_EVENT, PlanMode, plan_events, plan_of
