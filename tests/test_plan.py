@@ -85,3 +85,24 @@ def test_final_state_marks_every_unfinished_item() -> None:
     assert "1 of 3 steps done" in final and "◐" not in final
     assert "☐ `two` (not done)" in final and "☐ `three` (not done)" in final and "☑ `one`" in final
     assert "all 1 steps done" in plan_text(items[:1], Redactor(), final=True)
+
+
+def test_the_largest_checklist_is_one_message_on_all_four_platforms() -> None:
+    """``Reply.show`` sends the first rendered part only: the checklist must never need two, and
+    a hostile item stays inert in each platform's own formatting."""
+    from channels.discord import render as discord
+    from channels.lark import render as lark
+    from channels.slack import render as slack
+    from channels.telegram import render as telegram
+
+    items = tuple(
+        PlanItem("<!everyone> @here [x](https://evil.example) " + "w" * 150, "pending") for _ in range(25)
+    )
+    text = plan_text(items, Redactor(), final=True)
+    for render in (discord.render, lark.render, slack.render, telegram.render_markdown):
+        parts = render(text)
+        assert len(parts) == 1, render
+    (slack_part,) = slack.render(text)
+    assert "<!everyone>" not in slack_part.text and "<https://evil" not in slack_part.text
+    (tg_part,) = telegram.render_markdown(text)
+    assert all(e["type"] in ("code", "bold") for e in (tg_part.payload or {}).get("entities", ()))
