@@ -60,7 +60,8 @@ TYPING_AFTER = 0.3
 """An answer faster than this needs no typing indicator (saves a platform call per message)."""
 MAX_ATTEMPTS = 3
 AFTER_ANSWER_PART = 30_000
-"""Outbox part of the note under an answer when something failed after it (files use 10,000+)."""
+"""Outbox part of the note under an answer when something failed after it (files use 10,000+, the
+plan's checklist 20,000: gateway/delivery/plan.py)."""
 AFTER_ANSWER_NOTE = (
     "⚠️ Something went wrong on my side after this answer: the answer above is complete, "
     "but a file or a follow-up it announced may be missing."
