@@ -156,6 +156,31 @@ async def test_a_plan_abandoned_halfway_ends_marked_not_done(
     assert len(checklists_tg(tg, mid)) == 1
 
 
+async def test_a_plan_stopped_with_stop_ends_marked_not_done(
+    tg_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    held = asyncio.Event()
+    model.script(
+        plan("completed:open the page", "in_progress:read it", "pending:sum it up"),
+        Reply(text="never seen", hold=held),
+    )
+    up = tg.inject_message(OWNER, OWNER, "sum up the page")
+    mid = up["message"]["message_id"]
+    try:
+        await tg.wait_for(lambda: checklists_tg(tg, mid) or None, timeout=30, what="the checklist")
+        await tg.wait_for(lambda: len(model.requests) >= 2 or None, timeout=15, what="the second model call")
+        tg.inject_message(OWNER, OWNER, "/stop")
+        lists = await tg.wait_for(
+            lambda: [m for m in checklists_tg(tg, mid) if "not finished" in m.text] or None,
+            timeout=15,
+            what="the checklist's final state after /stop",
+        )
+    finally:
+        held.set()
+    assert "1 of 3 steps done" in lists[0].text and "◐" not in lists[0].text
+    assert len(checklists_tg(tg, mid)) == 1
+
+
 # -- a crash in the middle --------------------------------------------------------------------------
 async def test_kill9_mid_plan_continues_the_same_plan_in_the_same_message(
     tg_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI

@@ -144,6 +144,8 @@ class PlanMessage:
             if not self._reply.sent(PLAN_PART):
                 return
             items = await self._stored()
+            if not items:  # the thread's plan is gone (a /new since): leave the checklist as it is
+                return
         await self._reply.show(PLAN_PART, plan_text(items, self._redact, final=True))
 
     def abandon(self) -> None:

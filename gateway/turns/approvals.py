@@ -29,6 +29,8 @@ from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested
 from agent.untrusted import code_span
 from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendError, scrub
 from gateway.config.durations import in_words
+from gateway.config.secrets import redactor_for
+from gateway.delivery.plan import PlanMessage
 from gateway.delivery.reply import Reply
 from gateway.intake.access import Verdict, decide, is_admin
 from gateway.store.approvals import APPROVED, CANCELLED, DENIED, PENDING, TIMED_OUT, ApprovalRow
@@ -421,6 +423,10 @@ class Approvals:
         try:
             reply = self.inflight.reply(entry)
             await reply.load()
+            thread_id = await self.store.thread_for(entry.inbound.conversation)
+            plan = PlanMessage(reply, redactor_for(self.config), lambda: self.harness.plan(thread_id))
+            with contextlib.suppress(Exception):  # the plan's checklist, if any, ends unfinished
+                await plan.close()
             await reply.finish(f"❌ Not run: the request was cancelled ({why}).")
         except Exception as exc:  # the buttons message already says it
             log.warning("approval: could not close the reply of %s: %s", key, exc)
