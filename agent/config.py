@@ -15,6 +15,7 @@ from agent.settings import (
     MemorySettings,
     SkillsSettings,
     SubagentSettings,
+    ToolSearchSettings,
     WebSettings,
 )
 
@@ -87,6 +88,8 @@ class AgentSettings(BaseModel):
     context: ContextSettings = Field(default_factory=ContextSettings)
     web: WebSettings = Field(default_factory=WebSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
+    tool_search: ToolSearchSettings = Field(default_factory=ToolSearchSettings)
+    """Deferred tools: which tools are bound up front, the rest found with ``tool_search``."""
     vision: VisionSettings = Field(default_factory=VisionSettings)
     approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
     """Tool calls that need a person's yes in the chat, and tools never run (docs/approvals.md)."""

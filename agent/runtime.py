@@ -41,6 +41,7 @@ from agent.skills import build_skills
 from agent.skills_prompt import load_skill_text
 from agent.subagents import TASK_TOOL, build_subagents, subagent_event_to_status
 from agent.tool_output import ToolOutputCap
+from agent.tool_search import TOOL_SEARCH, ToolCatalog, build_tool_search
 from agent.tools import (
     build_present_files,
     build_web_tools,
@@ -106,6 +107,9 @@ class AgentRuntime:
         self.harness: Harness | None = None
         self._skills_dir: Path | None = None
         self._sandbox_problem = ""
+        self.mcp_tools = ToolCatalog()
+        """The MCP servers' tools now: deferred behind ``tool_search`` (agent/tool_search.py) when
+        ``agent.tool_search.enabled``; whoever reloads the servers replaces its list."""
         self.scheduler: Scheduler | None = None
         """The gateway's schedules (agent/tools/schedule.py), set before ``start()``; without it
         (the terminal chat) the agent has no schedule tools."""
@@ -279,7 +283,11 @@ class AgentRuntime:
         web = build_web_tools(s.web)
         present = build_present_files(outputs_resolver(self.thread_files))
         mcp = await load_mcp_tools(s.mcp)
-        tools += [*skill_tools, *web, present, *mcp]
+        self.mcp_tools.replace(mcp)
+        deferral = build_tool_search(s.tool_search, self.mcp_tools)
+        # Deferred MCP tools are not bound to the graph: the tool_search middleware hands them over
+        # once found (and the approval and deny rules below still name them).
+        tools += [*skill_tools, *web, present, *([] if deferral else mcp)]
         if self.scheduler is not None:
             tools += build_schedule_tools(self.scheduler)
         secrets = self.secrets
@@ -289,10 +297,16 @@ class AgentRuntime:
         if s.approvals.tools or s.approvals.deny:
             own = [*plan.tools, *(t for m in context for t in getattr(m, "tools", ()))]
             names = [*tools, *sandbox_tools, *own]
+            if deferral:
+                names += mcp
             context = with_approvals(
                 context,
                 s.approvals,
-                [*map(tool_name, names), *([TASK_TOOL] if s.subagents.enabled else [])],
+                [
+                    *map(tool_name, names),
+                    *([TASK_TOOL] if s.subagents.enabled else []),
+                    *([TOOL_SEARCH] if deferral else []),
+                ],
                 guardrail_timeout=s.context.guardrail_timeout,
             )
             guard = subagent_guardrail(s.approvals)
@@ -314,6 +328,7 @@ class AgentRuntime:
                     ToolOutputCap(),  # a sub-agent's tool results are bounded like the lead's
                 ],
             ),
+            *deferral,  # innermost: sees the final tool list, hands deferred tools to the ToolNode
         ]
         self.harness = Harness(
             s.model_copy(update={"system_prompt": s.system_prompt + LEAD_PROMPT + CITE_PROMPT}),

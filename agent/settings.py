@@ -193,6 +193,27 @@ class McpSettings(BaseModel):
         return [s for server in self.servers.values() for s in server.secrets()]
 
 
+class ToolSearchSettings(BaseModel):
+    """Deferred tools (docs/tools-and-mcp.md): only the core tools are bound to every model call;
+    the others (MCP tools first) are found with ``tool_search`` and callable once found."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    """Off: every tool, MCP ones included, is bound to every model call (and no ``tool_search``)."""
+    core: list[str] = Field(default_factory=lambda: ["@builtin"])
+    """Tools always bound: names or fnmatch patterns (``mcp_github_*``); ``@builtin`` stands for
+    every tool that is not from an MCP server. Without ``@builtin``, built-in tools not listed are
+    deferred too."""
+    remember: Literal["turn", "thread"] = "turn"
+    """How long a found tool stays callable: the rest of the turn, or the whole conversation (kept
+    in the thread's checkpoint)."""
+    max_results: int = Field(5, ge=1, le=20)
+    """Tools one search returns (and makes callable)."""
+    description_chars: int = Field(200, ge=40, le=1000)
+    """Characters of a tool's description a search result shows (the text comes from the server)."""
+
+
 class WebSettings(BaseModel):
     """Web tools. ``web_search`` works with no key (DuckDuckGo's HTML page); ``search_provider``
     picks another provider, "none" keeps ``web_search`` answering that it is off (docs/search.md)."""
