@@ -228,7 +228,7 @@ class ToolSearch(AgentMiddleware[ToolSearchState, Any, Any]):
         kept: list[Any] = []
         for tool in request.tools:
             name = _name(tool)
-            if name == TOOL_SEARCH:
+            if name == TOOL_SEARCH and isinstance(tool, BaseTool):
                 if deferred:
                     count = f"{len(deferred)} tool(s) are not loaded now."
                     kept.append(tool.model_copy(update={"description": DESCRIPTION.format(count=count)}))

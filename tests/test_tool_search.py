@@ -21,7 +21,16 @@ from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, Final
 from agent.harness import Harness
 from agent.model import build_chat_model
 from agent.settings import ApprovalSettings, ToolSearchSettings
-from agent.tool_search import END, HEAD, QUERY_CHARS, TOOL_SEARCH, ToolCatalog, build_tool_search, rank, render
+from agent.tool_search import (
+    END,
+    HEAD,
+    QUERY_CHARS,
+    TOOL_SEARCH,
+    ToolCatalog,
+    build_tool_search,
+    rank,
+    render,
+)
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
 QUIET = ContextSettings(title="off", summarize_after_tokens=None)
@@ -84,7 +93,7 @@ def test_rank_finds_by_name_and_description_and_bounds_the_count() -> None:
     tools = _catalog()()
     assert [t.name for t in rank("weather", tools, 5)] == ["weather_lookup"]
     assert [t.name for t in rank("commit history", tools, 5)] == ["git_log"]
-    assert [t.name for t in rank("git_log", tools, 5)][0] == "git_log"  # the exact name first
+    assert rank("git_log", tools, 5)[0].name == "git_log"  # the exact name first
     many = [_tool(f"mcp_tool_{i}", "does a thing") for i in range(50)]
     assert len(rank("thing", many, 5)) == 5
     assert rank("teleport", tools, 5) == []
@@ -166,7 +175,9 @@ async def test_found_tools_last_the_turn_or_the_thread(fake: FakeOpenAI, tmp_pat
         assert ("jira_create_issue" in _tool_names(fake.requests[2])) is kept, remember
 
 
-async def test_a_gated_deferred_tool_still_asks_and_runs_after_approval(fake: FakeOpenAI, tmp_path: Path) -> None:
+async def test_a_gated_deferred_tool_still_asks_and_runs_after_approval(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
     ran: list[str] = []
     fake.script(
         Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "create jira issue"}, id="s1")]),
@@ -179,7 +190,9 @@ async def test_a_gated_deferred_tool_still_asks_and_runs_after_approval(fake: Fa
         (ask,) = [e for e in events if isinstance(e, ApprovalRequested)]
         assert ask.tool == "jira_create_issue" and ran == []
         async with aclosing(
-            harness.resume("t", user_id="u1", message_id="m1", approval_id=ask.id, decision=ApprovalDecision(True))
+            harness.resume(
+                "t", user_id="u1", message_id="m1", approval_id=ask.id, decision=ApprovalDecision(True)
+            )
         ) as run:
             events = [e async for e in run]
     assert events[-1] == Final("Filed.") and ran == ["jira_create_issue:bug"]
@@ -208,7 +221,12 @@ async def test_the_catalog_may_change_while_running_and_core_can_defer_builtins(
     fake.script(
         Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "translate"}, id="s1")]),
         Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "ping a host"}, id="s2")]),
-        Reply(tool_calls=[ToolCall("translate_text", {"text": "hola"}, id="t1"), ToolCall("ping", {"text": "h"})]),
+        Reply(
+            tool_calls=[
+                ToolCall("translate_text", {"text": "hola"}, id="t1"),
+                ToolCall("ping", {"text": "h"}),
+            ]
+        ),
         Reply(text="done"),
     )
     async with _harness(fake, tmp_path, catalog, settings=settings, bound=bound) as harness:
