@@ -30,6 +30,7 @@ def _config(tmp_path: Path, model: FakeOpenAI, fake: ChatFake, allow: str) -> di
     cfg = chat_config(tmp_path, model.base_url, fake, allow=[f"{fake.platform}:{allow}"])
     cfg["agent"]["memory"] = {"enabled": False}  # no background model calls in the recording
     cfg["agent"]["context"] = {"title": "off"}
+    cfg["agent"]["approvals"] = {"tools": ["run_*"], "timeout": 600}
     cfg["agent"]["mcp"] = {
         "servers": {"many": {"command": sys.executable, "args": [str(FIXTURE), "--filler", "30"]}}
     }
@@ -53,7 +54,13 @@ def _script(model: FakeOpenAI) -> None:
             return Reply(tool_calls=[ToolCall("stock_quote", {"symbol": "acme"}, id="q1")])
         return Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "stock price quote"}, id="s1")])
 
+    def probe(body: dict[str, Any]) -> Reply:
+        if "p1" in _results(body):
+            return Reply(tool_calls=[ToolCall("run_probe", {"target": "db.internal"}, id="r1")])
+        return Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "probe a network target"}, id="p1")])
+
     model.add_rule(lambda text: text.startswith("TOOLSEARCH"), reply)
+    model.add_rule(lambda text: text.startswith("PROBE"), probe)
 
 
 def _check_requests(model: FakeOpenAI) -> None:
@@ -83,7 +90,16 @@ async def test_telegram_user_gets_the_answer_of_a_deferred_mcp_tool(
             (m for m in tg.bot_messages(OWNER) if QUOTE in m.text), None
         )
         await tg.wait_for(found, timeout=60, what="the quote in the bot's reply")
-    _check_requests(model)
+        _check_requests(model)
+        # A found tool that the approval policy names still waits for a person's yes.
+        tg.inject_message(OWNER, OWNER, "PROBE db.internal please")
+        ask = await tg.wait_for(
+            lambda: next((m for m in tg.bot_messages(OWNER) if tg.buttons(OWNER, m.message_id)), None),
+            timeout=60,
+            what="the approval buttons",
+        )
+        assert "run_probe" in ask.text
+    assert not any("r1" in _results(r) for r in model.requests), "the gated tool ran unapproved"
 
 
 async def test_slack_user_gets_the_answer_of_a_deferred_mcp_tool(
