@@ -5,7 +5,7 @@ model call: that costs prompt tokens on each step and makes the model pick worse
 sees the core tools (by default every built-in one) plus ``tool_search``; the other tools (MCP tools
 first) stay out of the request until a search names them. The names found are kept in the graph
 state (``found_tools``), so they survive a checkpoint, an approval pause and a restart; with
-``remember: turn`` the list is cleared when the next turn starts, with ``thread`` it stays.
+``remember: turn`` only those found since the turn's user message count, with ``thread`` all do.
 
 Design choices (docs/tools-and-mcp.md, "Deferred tools and tool_search"):
 
@@ -33,10 +33,11 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Annotated, Any, NotRequired
 
 from langchain.agents.middleware.types import AgentMiddleware, AgentState, ModelRequest, ModelResponse
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool
+from langgraph.prebuilt import InjectedState
 from langgraph.prebuilt.tool_node import ToolCallRequest
-from langgraph.types import Command, Overwrite
+from langgraph.types import Command
 from pydantic import BaseModel, Field
 
 from agent.settings import ToolSearchSettings
@@ -73,26 +74,42 @@ class ToolCatalog:
         self._tools = list(tools)
 
 
-def _merge_found(left: list[str] | None, right: list[str] | None) -> list[str]:
-    """Reducer of ``found_tools``: names add up (several searches in one step); a turn's reset
-    uses ``Overwrite``."""
-    return list(dict.fromkeys([*(left or []), *(right or [])]))
+def _merge_found(left: dict[str, str] | None, right: dict[str, str] | None) -> dict[str, str]:
+    """Reducer of ``found_tools``: found names add up (several searches in one step), each with
+    the turn that found it last."""
+    return {**(left or {}), **(right or {})}
 
 
 class ToolSearchState(AgentState[Any]):
-    found_tools: Annotated[NotRequired[list[str]], _merge_found]
-    """Deferred tools the model found with ``tool_search`` (this turn, or the whole thread)."""
+    found_tools: Annotated[NotRequired[dict[str, str]], _merge_found]
+    """Deferred tools the model found with ``tool_search``: name -> the id of the user message
+    of the turn that found it (``remember: turn`` counts only the current turn's)."""
 
 
 class _SearchArgs(BaseModel):
     query: str = Field(description="What the tool should do, or its name (a few words).")
     tool_call_id: Annotated[str, InjectedToolCallId]
+    state: Annotated[Any, InjectedState]
 
 
 DESCRIPTION = (
     "Find tools that are not loaded yet (for example those of connected MCP servers) by name or "
     "by what they do. The tools found become callable right after this call. {count}"
 )
+
+
+def _get(state: Any, key: str) -> Any:
+    return state.get(key) if isinstance(state, dict) else getattr(state, key, None)
+
+
+def current_turn(state: Any) -> str:
+    """The id of the turn's user message: what ``remember: turn`` ties a found tool to. Read from
+    the state rather than reset by a ``before_agent`` hook, which would add a graph node (a
+    super-step and a checkpoint write) to every turn."""
+    for message in reversed(_get(state, "messages") or ()):
+        if isinstance(message, HumanMessage):
+            return str(message.id or "")
+    return ""
 
 
 def _name(tool: Any) -> str:
@@ -194,31 +211,28 @@ class ToolSearch(AgentMiddleware[ToolSearchState, Any, Any]):
                 out.setdefault(name, tool)
         return out
 
-    @staticmethod
-    def found(state: Any) -> list[str]:
-        value = state.get("found_tools") if isinstance(state, dict) else getattr(state, "found_tools", None)
-        return [str(n) for n in value or ()]
+    def found(self, state: Any) -> list[str]:
+        """The tools found so far that are callable now (this turn's, or the thread's)."""
+        value = _get(state, "found_tools")
+        if not isinstance(value, dict):
+            return []
+        if self.settings.remember == "thread":
+            return [str(n) for n in value]
+        turn = current_turn(state)
+        return [str(n) for n, found_in in value.items() if found_in == turn]
 
     # -- the tool -----------------------------------------------------------------------------------
-    async def _search(self, query: str, tool_call_id: str) -> Command[Any]:
+    async def _search(self, query: str, tool_call_id: str, state: Any = None) -> Command[Any]:
         deferred = self.deferred()
         hits = rank(str(query), list(deferred.values()), self.settings.max_results)
         text = render(str(query), hits, self.settings.description_chars, len(deferred))
         names = [t.name for t in hits]
         log.info("tool_search: %d of %d deferred tool(s) found", len(names), len(deferred))
         message = ToolMessage(text, tool_call_id=tool_call_id, name=TOOL_SEARCH)
-        return Command(update={"found_tools": names, "messages": [message]})
+        turn = current_turn(state)
+        return Command(update={"found_tools": dict.fromkeys(names, turn), "messages": [message]})
 
     # -- hooks --------------------------------------------------------------------------------------
-    def before_agent(self, state: ToolSearchState, runtime: Any) -> dict[str, Any] | None:
-        """A new turn forgets the tools the last one found (``remember: turn``)."""
-        if self.settings.remember == "turn" and self.found(state):
-            return {"found_tools": Overwrite([])}
-        return None
-
-    async def abefore_agent(self, state: ToolSearchState, runtime: Any) -> dict[str, Any] | None:
-        return self.before_agent(state, runtime)
-
     def _request(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
         for tool in request.tools:
             if isinstance(tool, BaseTool):

@@ -241,3 +241,33 @@ async def test_the_catalog_may_change_while_running_and_core_can_defer_builtins(
 async def test_off_binds_nothing_extra(fake: FakeOpenAI, tmp_path: Path) -> None:
     assert build_tool_search(ToolSearchSettings(enabled=False), _catalog()) == []
     assert QUERY_CHARS <= 1000
+
+
+async def test_parallel_searches_add_up_and_an_unknown_tool_is_a_tool_error(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    ran: list[str] = []
+    fake.script(
+        Reply(
+            tool_calls=[
+                ToolCall(TOOL_SEARCH, {"query": "weather"}, id="s1"),
+                ToolCall(TOOL_SEARCH, {"query": "jira issue"}, id="s2"),
+                ToolCall("no_such_tool", {"text": "x"}, id="n1"),
+            ]
+        ),
+        Reply(
+            tool_calls=[
+                ToolCall("weather_lookup", {"text": "Oslo"}, id="w1"),
+                ToolCall("jira_create_issue", {"text": "bug"}, id="j1"),
+            ]
+        ),
+        Reply(text="both done"),
+    )
+    async with _harness(fake, tmp_path, _catalog(ran)) as harness:
+        events = await _turn(harness, "weather and a ticket", "m1")
+    assert events[-1] == Final("both done")
+    second = fake.requests[1]
+    assert {"weather_lookup", "jira_create_issue"} <= set(_tool_names(second))
+    assert "git_log" not in _tool_names(second)
+    assert "no_such_tool" in _results(second)["n1"] and "not a valid tool" in _results(second)["n1"]
+    assert sorted(ran) == ["jira_create_issue:bug", "weather_lookup:Oslo"]
