@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -105,8 +106,7 @@ async def _measure(
 ) -> dict[str, Any]:
     fake.add_rule(lambda text: text.startswith("plain"), plain)
     fake.add_rule(lambda text: text.startswith("use"), one_tool)
-    data = tmp / f"{count}-{deferred}"
-    data.mkdir()
+    data = Path(tempfile.mkdtemp(prefix=f"{count}-{deferred}-", dir=tmp))
     os.chmod(data, 0o755)
     spec = ModelSpec(model="bench-model", base_url=fake.base_url, api_key="sk-bench")
     runtime = AgentRuntime(settings(count if count else 0, deferred), spec, data)
@@ -121,7 +121,10 @@ async def _measure(
             async for event in runtime.run(f"p{i}", user_id="u", message_id=f"p{i}", text=f"plain {i}"):
                 final = event
             assert isinstance(final, Final), final
-            if i:  # the first turn warms imports, pools and caches
+            if not i:  # the first turn warms imports, pools and caches; then GC as the daemon sets it
+                gc.collect()
+                gc.freeze()
+            else:
                 walls.append(time.perf_counter() - t0)
                 firsts.append(arrived[0] - t0)
         first = fake.requests[0]
@@ -133,6 +136,7 @@ async def _measure(
         used = [r for r in fake.requests if last_user_text(r).startswith("use")]
     finally:
         await runtime.close()
+        gc.unfreeze()
     return {
         "tools": len(first.get("tools") or []),
         "tool_tokens": tokens(json.dumps(first.get("tools") or [])),
