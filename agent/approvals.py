@@ -22,7 +22,7 @@ import fnmatch
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from langchain.agents.middleware import HumanInTheLoopMiddleware, InterruptOnConfig
 from langchain.agents.middleware.types import AgentMiddleware
@@ -72,13 +72,49 @@ def _description(tool_call: ToolCall, state: Any, runtime: Any) -> str:
     return f"The agent wants to run {tool_call['name']}."
 
 
+class _GatedByPattern(dict[str, InterruptOnConfig]):
+    """The gated names known at start, plus any tool whose name the policy's patterns match when
+    it is called: a tool that appears later (an MCP server reloaded, a deferred tool found with
+    ``tool_search``, agent/tool_search.py) asks like the others. ``HumanInTheLoopMiddleware``
+    looks each call up here by name."""
+
+    def __init__(
+        self, known: Iterable[str], config: InterruptOnConfig, patterns: Sequence[str], deny: Sequence[str]
+    ) -> None:
+        super().__init__({name: config for name in known})
+        self._config = config
+        self._patterns = list(patterns)
+        self._deny = list(deny)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        if matches(key, self._patterns) and not matches(key, self._deny):
+            return self._config
+        return default
+
+    def __getitem__(self, key: str) -> InterruptOnConfig:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return cast(InterruptOnConfig, value)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+
 class ChitalApprovals(HumanInTheLoopMiddleware[Any, Any, Any]):
     """``HumanInTheLoopMiddleware`` in ``per_call`` mode for the gated tools: approve or reject only
-    (no edit: a chat button cannot carry edited arguments)."""
+    (no edit: a chat button cannot carry edited arguments). ``patterns`` (``approvals.tools``)
+    also gate tools that appear after start."""
 
-    def __init__(self, tool_names: Iterable[str]) -> None:
+    def __init__(
+        self, tool_names: Iterable[str], patterns: Sequence[str] = (), deny: Sequence[str] = ()
+    ) -> None:
         config = InterruptOnConfig(allowed_decisions=["approve", "reject"], description=_description)
-        super().__init__({name: config for name in tool_names}, interrupt_mode="per_call")
+        names = list(tool_names)
+        super().__init__({name: config for name in names}, interrupt_mode="per_call")
+        self.interrupt_on = _GatedByPattern(names, config, patterns, deny)
 
 
 def tool_name(tool: Any) -> str:
@@ -107,9 +143,9 @@ def with_approvals(
     if settings.deny:
         added.append(GuardrailMiddleware([policy_guardrail(settings)], timeout=guardrail_timeout))
     gated = gated_tools(settings, names)
-    if gated:
-        added.append(ChitalApprovals(gated))
-        log.info("tool calls needing approval: %s", ", ".join(gated))
+    if gated or settings.tools:  # patterns may name tools that appear later (MCP reload, tool_search)
+        added.append(ChitalApprovals(gated, settings.tools, settings.deny))
+        log.info("tool calls needing approval: %s", ", ".join(gated) or "none yet")
     unknown = [p for p in settings.tools if not any(matches(n, [p]) for n in names)]
     if unknown:
         log.warning("agent.approvals.tools names no tool the agent has: %s", ", ".join(unknown))
