@@ -211,6 +211,15 @@ class ToolSearch(AgentMiddleware[ToolSearchState, Any, Any]):
                 out.setdefault(name, tool)
         return out
 
+    def always_bound(self) -> dict[str, BaseTool]:
+        """Catalog tools that ``core`` names (``mcp_github_*``): bound to every call although the
+        graph was built without them."""
+        return {
+            tool.name: tool
+            for tool in self.catalog()
+            if tool.name not in self._registered and self.is_core(tool.name, from_catalog=True)
+        }
+
     def found(self, state: Any) -> list[str]:
         """The tools found so far that are callable now (this turn's, or the thread's)."""
         value = _get(state, "found_tools")
@@ -249,7 +258,8 @@ class ToolSearch(AgentMiddleware[ToolSearchState, Any, Any]):
             elif name not in deferred or name in found:
                 kept.append(tool)
         bound = {_name(t) for t in kept}
-        kept += [tool for name, tool in deferred.items() if name in found and name not in bound]
+        extra = {**self.always_bound(), **{n: t for n, t in deferred.items() if n in found}}
+        kept += [tool for name, tool in extra.items() if name not in bound]
         return request.override(tools=kept)
 
     def wrap_model_call(
@@ -271,7 +281,10 @@ class ToolSearch(AgentMiddleware[ToolSearchState, Any, Any]):
         deferred = self.deferred()
         tool = deferred.get(name)
         if tool is None:
-            return request  # a bound tool, or one that does not exist (the ToolNode says so)
+            pinned = self.always_bound().get(name) if request.tool is None else None
+            # A core catalog tool is handed over; a bound tool, or one that does not exist (the
+            # ToolNode says so), goes on as it is.
+            return request if pinned is None else request.override(tool=pinned)
         if name not in self.found(request.state):
             return ToolMessage(
                 f"Error: {one_line(name, NAME_CHARS)} is not loaded. Call {TOOL_SEARCH} first with "

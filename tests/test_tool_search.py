@@ -324,3 +324,17 @@ async def test_a_tool_that_appears_after_start_is_gated_by_the_policys_pattern(
             events = [e async for e in run]
     assert ran == [] and events[-1] == Final("Deployed.")
     assert "no" in _results(fake.requests[-1])["d1"]
+
+
+async def test_catalog_tools_named_in_core_are_bound_without_a_search(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    ran: list[str] = []
+    fake.script(Reply(tool_calls=[ToolCall("git_log", {"text": "main"}, id="g1")]), Reply(text="history"))
+    settings = ToolSearchSettings(core=["@builtin", "git_*"])
+    async with _harness(fake, tmp_path, _catalog(ran), settings=settings) as harness:
+        events = await _turn(harness, "show history", "m1")
+    assert events[-1] == Final("history") and ran == ["git_log:main"]
+    first = fake.requests[0]
+    assert "git_log" in _tool_names(first) and "weather_lookup" not in _tool_names(first)
+    assert "2 tool(s) are not loaded" in str(first["tools"])
