@@ -237,7 +237,8 @@ class AgentRuntime:
         sub_middleware: list[Any] = []
 
         skill_tools, skill_mw, catalog = build_skills(s.skills)
-        self._skills_dir = catalog.skills_dir_for_sandbox(self.sandbox_root) if len(catalog) else None
+        # Built even with no skill yet: one installed later (agent/skill_install.py) appears in it.
+        self._skills_dir = catalog.skills_dir_for_sandbox(self.sandbox_root)
         sandbox_settings = s.sandbox.model_copy(
             update={"root": self.sandbox_root, "skills_dir": self._skills_dir}
         )

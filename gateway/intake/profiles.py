@@ -84,9 +84,11 @@ def _catalog(
     enabled: tuple[str, ...] | None,
     disabled: tuple[str, ...],
     configured: frozenset[str] = frozenset(),
+    reload_seconds: float = 2.0,
 ) -> SkillCatalog:
     settings = SkillsSettings.model_construct(
         set(configured),  # which folders the config names: only those are missing with a warning
+        reload_seconds=reload_seconds,
         public_dir=public_dir,
         custom_dir=custom_dir,
         enabled=list(enabled) if enabled is not None else None,
@@ -96,13 +98,15 @@ def _catalog(
 
 
 def skills(config: Config) -> list[Skill]:
-    """The skills the agent offers (none when ``agent.tools`` is off), read once per process."""
+    """The skills the agent offers (none when ``agent.tools`` is off), re-read when the folders change."""
     if not config.agent.tools:
         return []
     s = config.agent.skills
     enabled = tuple(s.enabled) if s.enabled is not None else None
     fields = frozenset(s.model_fields_set)
-    return _catalog(s.public(), Path(s.custom_dir), enabled, tuple(s.disabled), fields).skills
+    catalog = _catalog(s.public(), Path(s.custom_dir), enabled, tuple(s.disabled), fields, s.reload_seconds)
+    catalog.refresh()  # installed or removed since: throttled stat calls (agent/skills.py)
+    return catalog.skills
 
 
 def command_name(skill: str) -> str:
