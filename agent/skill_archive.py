@@ -123,7 +123,7 @@ class _Budget:
     def __init__(self) -> None:
         self.total = 0
 
-    def read(self, stream: IO[bytes] | None, name: str) -> bytes:
+    def read(self, stream: IO[bytes] | gzip.GzipFile | None, name: str) -> bytes:
         if stream is None:
             raise ArchiveError(f"cannot read {ascii(name)[:80]} from the archive")
         chunks: list[bytes] = []
@@ -156,7 +156,7 @@ def _from_zip(data: bytes) -> list[tuple[str, bytes | None, bool]]:
                 if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
                     what = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
                     raise ArchiveError(
-                        f"{ascii(info.filename)[:80]} is {what}; only files and folders are allowed"
+                        f"{ascii(info.filename)[:80]} is {what}; only regular files and folders are allowed"
                     )
                 if info.flag_bits & 0x1:
                     raise ArchiveError("the archive is encrypted")
@@ -193,7 +193,7 @@ def _from_tar_gz(data: bytes) -> list[tuple[str, bytes | None, bool]]:
                 if not info.isreg():
                     what = "a link" if info.issym() or info.islnk() else "a device, FIFO or special entry"
                     raise ArchiveError(
-                        f"{ascii(info.name)[:80]} is {what}; only files and folders are allowed"
+                        f"{ascii(info.name)[:80]} is {what}; only regular files and folders are allowed"
                     )
                 check_path(info.name)
                 if info.size > MAX_FILE_BYTES:
