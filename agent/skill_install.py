@@ -22,6 +22,7 @@ scripts listed for review) in ``.chital-install.json`` inside its folder; the ca
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import hashlib
@@ -359,6 +360,7 @@ __all__ = [
     "approve_draft",
     "check_archive",
     "clean_origin",
+    "download_archive",
     "draft_skill",
     "install_archive",
     "list_skills",
@@ -366,3 +368,59 @@ __all__ = [
     "reject_draft",
     "remove_skill",
 ]
+
+
+# -- from a URL ----------------------------------------------------------------------------------------
+DOWNLOAD_SECONDS = 60.0
+MAX_REDIRECTS = 5
+
+
+async def download_archive(url: str, allow_hosts: Collection[str] = ()) -> bytes:
+    """The archive at ``url`` (http/https), through the same address guard as ``web_fetch``
+    (agent/tools/web_guard.py: no internal address, at any redirect or socket, unless
+    ``allow_hosts`` opens it), at most ``MAX_ARCHIVE_BYTES`` (more is refused, not cut) and
+    ``DOWNLOAD_SECONDS``. Errors are SkillError with the URL's credentials left out."""
+    import aiohttp
+    from yarl import URL
+
+    from agent.skill_archive import MAX_ARCHIVE_BYTES
+    from agent.tools.web_guard import AddressPolicy, GuardedConnector, UrlRefused, check_target
+
+    shown = clean_origin(url)
+    policy = AddressPolicy(allow_hosts)
+    connector = GuardedConnector(policy)
+    current: str | URL = url
+    try:
+        async with (
+            asyncio.timeout(DOWNLOAD_SECONDS),
+            aiohttp.ClientSession(connector=connector, connector_owner=False, trust_env=False) as session,
+        ):
+            for _ in range(MAX_REDIRECTS + 1):
+                target = check_target(current, policy)
+                async with session.get(target, allow_redirects=False) as resp:
+                    if resp.status in (301, 302, 303, 307, 308) and "Location" in resp.headers:
+                        current = resp.url.join(URL(resp.headers["Location"]))
+                        continue
+                    if resp.status >= 400:
+                        raise SkillError(f"HTTP {resp.status} from {shown}")
+                    if (resp.content_length or 0) > MAX_ARCHIVE_BYTES:
+                        raise ArchiveError(f"the archive is larger than {MAX_ARCHIVE_BYTES:,} bytes")
+                    chunks: list[bytes] = []
+                    size = 0
+                    async for chunk in resp.content.iter_chunked(64 * 1024):
+                        size += len(chunk)
+                        if size > MAX_ARCHIVE_BYTES:
+                            raise ArchiveError(f"the archive is larger than {MAX_ARCHIVE_BYTES:,} bytes")
+                        chunks.append(chunk)
+                    return b"".join(chunks)
+            raise SkillError(f"too many redirects from {shown}")
+    except TimeoutError:
+        raise SkillError(f"downloading {shown} took longer than {DOWNLOAD_SECONDS:g} s") from None
+    except UrlRefused as exc:
+        raise SkillError(str(exc)) from None
+    except (aiohttp.ClientError, ValueError, UnicodeError) as exc:
+        if connector.refusals:
+            raise SkillError(connector.refusals[0]) from None
+        raise SkillError(f"could not download {shown}: {type(exc).__name__}") from None
+    finally:
+        await connector.close()
