@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from channels.base import Attachment, Inbound
     from gateway.agent_api import AgentHarness
     from gateway.config.schema import Config
     from gateway.intake.limits import SlidingWindow
@@ -76,6 +77,9 @@ class CommandContext:
     """The sandbox's state as the agent's start-up probe found it (``ready``, ``failed``, ...)."""
     schedules: Confirmations
     """``/schedules confirm``: settles a confirmation and wakes the runner (gateway/schedules/confirm.py)."""
+    download: Callable[[Inbound, Attachment, int], Awaitable[bytes]] | None = None
+    """(message, one of its files, byte limit): the file's bytes from its platform, for a command
+    that takes a file (``/skills install``); None where there is no platform (a test's context)."""
 
 
 Handler = Callable[[CommandContext, "JournalEntry", Command], Awaitable[str]]

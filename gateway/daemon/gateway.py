@@ -17,6 +17,7 @@ from typing import Any
 from channels.base import (
     Action,
     ActionAnswer,
+    Attachment,
     Channel,
     ChannelError,
     ChannelState,
@@ -477,7 +478,12 @@ class Gateway:
             running_turns=lambda: self.turns.running_count,
             sandbox_state=lambda: sandbox_report(self.harness)["state"],
             schedules=self.confirmations,
+            download=self._download,
         )
+
+    async def _download(self, inbound: Inbound, attachment: Attachment, limit: int) -> bytes:
+        """One file of ``inbound`` from its platform (``/skills install``), at most ``limit`` bytes."""
+        return await self.channels[inbound.platform].download(attachment, limit)
 
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:
         """Run a command (gateway/commands/builtin.py: once per journal key) and deliver its reply."""

@@ -97,16 +97,26 @@ def _catalog(
     return SkillCatalog(settings)
 
 
+def _current(config: Config) -> SkillCatalog:
+    s = config.agent.skills
+    enabled = tuple(s.enabled) if s.enabled is not None else None
+    fields = frozenset(s.model_fields_set)
+    return _catalog(s.public(), Path(s.custom_dir), enabled, tuple(s.disabled), fields, s.reload_seconds)
+
+
 def skills(config: Config) -> list[Skill]:
     """The skills the agent offers (none when ``agent.tools`` is off), re-read when the folders change."""
     if not config.agent.tools:
         return []
-    s = config.agent.skills
-    enabled = tuple(s.enabled) if s.enabled is not None else None
-    fields = frozenset(s.model_fields_set)
-    catalog = _catalog(s.public(), Path(s.custom_dir), enabled, tuple(s.disabled), fields, s.reload_seconds)
+    catalog = _current(config)
     catalog.refresh()  # installed or removed since: throttled stat calls (agent/skills.py)
     return catalog.skills
+
+
+def reload_skills(config: Config) -> None:
+    """Re-read the skill folders now (after an install or removal in chat), not at the next look."""
+    if config.agent.tools:
+        _current(config).reload()
 
 
 def command_name(skill: str) -> str:
