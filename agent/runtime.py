@@ -37,7 +37,7 @@ from agent.sandbox.paths import OUTPUTS, UPLOADS, PathMapper, PathRefused, Threa
 from agent.sandbox.probe import SandboxState, close_quietly, run_probe
 from agent.sandbox.quota import check_room, release_walkers
 from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
-from agent.skills import build_skills
+from agent.skills import SkillCatalog, build_skills
 from agent.skills_prompt import load_skill_text
 from agent.subagents import TASK_TOOL, build_subagents, subagent_event_to_status
 from agent.tool_output import ToolOutputCap
@@ -329,7 +329,7 @@ class AgentRuntime:
             models=self.models,
             usage=self.usage,
             persona_base=s.system_prompt,
-            skill_text=lambda name: load_skill_text(catalog, name) if catalog.get(name) else None,
+            skill_text=lambda name: _skill_text(catalog, name),
         )
         await self.harness.start()
 
@@ -366,6 +366,12 @@ class AgentRuntime:
         if self.provider is not None:
             await self.provider.close()
         release_walkers()
+
+
+def _skill_text(catalog: SkillCatalog, name: str) -> str | None:
+    """The body of the skill ``/<name>`` asks for; a skill installed a moment ago counts too."""
+    catalog.refresh()
+    return load_skill_text(catalog, name) if catalog.get(name) else None
 
 
 def _status_events(part: Any) -> list[AgentEvent]:
