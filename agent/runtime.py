@@ -37,6 +37,7 @@ from agent.sandbox.paths import OUTPUTS, UPLOADS, PathMapper, PathRefused, Threa
 from agent.sandbox.probe import SandboxState, close_quietly, run_probe
 from agent.sandbox.quota import check_room, release_walkers
 from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
+from agent.skill_tools import build_skill_tools
 from agent.skills import SkillCatalog, build_skills
 from agent.skills_prompt import load_skill_text
 from agent.subagents import TASK_TOOL, build_subagents, subagent_event_to_status
@@ -281,6 +282,8 @@ class AgentRuntime:
         present = build_present_files(outputs_resolver(self.thread_files))
         mcp = await load_mcp_tools(s.mcp)
         tools += [*skill_tools, *web, present, *mcp]
+        if s.skills.drafting:  # the lead only: a sub-agent's task text is the lead's, not the user's
+            tools += build_skill_tools(s.skills)
         if self.scheduler is not None:
             tools += build_schedule_tools(self.scheduler)
         secrets = self.secrets

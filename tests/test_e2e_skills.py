@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.daemon import DaemonProcess, chat_config, run_chital, started_daemon
-from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 from tests.skill_archives import Entry, good_entries, make_tar_gz, make_zip, skill_md
@@ -88,7 +88,10 @@ async def test_telegram_admin_installs_from_a_file_and_everyone_can_use_it(
     # Everyone sees it, with its source, state and installer.
     up = tg.inject_message(USER, USER, "/skills")
     listing = await tg_answer(tg, USER, up, "Skills")
-    assert f"/house_style — Write in the house style. · custom, active, installed by telegram:{ADMIN} (Ann)" in listing
+    assert (
+        f"/house_style — Write in the house style. · custom, active, installed by telegram:{ADMIN} (Ann)"
+        in listing
+    )
     assert "/deep_research — " in listing and "· public, active" in listing
     # ...and can use it at once: the model gets its body.
     up = tg.inject_message(USER, USER, "/house_style draft the memo")
@@ -163,10 +166,54 @@ async def test_cli_install_is_picked_up_by_a_running_daemon(
 async def test_cli_refuses_a_malicious_archive_and_an_internal_url(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text(f"agent:\n  skills:\n    custom_dir: {tmp_path / 'custom'}\n")
     bad = tmp_path / "bad.tar.gz"
-    bad.write_bytes(make_tar_gz([Entry("SKILL.md", skill_md("x")), Entry("link", kind="symlink", target="/etc")]))
+    bad.write_bytes(
+        make_tar_gz([Entry("SKILL.md", skill_md("x")), Entry("link", kind="symlink", target="/etc")])
+    )
     cfg = str(tmp_path / "config.yaml")
     done = await run_chital("skills", "install", str(bad), "-c", cfg)
     assert done.code == 1 and "only regular files and folders" in done.out
     url = await run_chital("skills", "install", "http://user:s3cret@127.0.0.1:9/x.zip", "-c", cfg)
     assert url.code == 1 and "refused" in url.out and "s3cret" not in url.out
     assert not (tmp_path / "custom").exists() or custom(tmp_path) == []
+
+
+async def test_a_drafted_skill_waits_for_an_admin(
+    tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, tg_daemon: DaemonProcess
+) -> None:
+    body = "DRAFT-BODY-MARKER: 1. fetch the numbers 2. chart them"
+    model.script(
+        Reply(
+            tool_calls=[
+                ToolCall(
+                    "draft_skill", {"name": "weekly-chart", "description": "Weekly chart.", "body": body}
+                )
+            ]
+        ),
+        Reply(text="I drafted it; an admin must approve it."),
+    )
+    up = tg.inject_message(USER, USER, "remember how we did this as a skill")
+    await tg_answer(tg, USER, up, "approve")
+    tool_result = str(model.requests[-1])
+    assert "NOT usable yet" in tool_result
+    assert custom(tmp_path) == [".drafts"]  # not among the skills the catalog reads
+    # Not offered to the model, not usable as /weekly_chart.
+    up = tg.inject_message(USER, USER, "hello")
+    await tg_answer(tg, USER, up, "")
+    system = str(model.requests[-1]["messages"][0]["content"])
+    assert "deep-research" in system and "weekly-chart" not in system  # not in the skills listing
+    up = tg.inject_message(USER, USER, "/skills")
+    listing = await tg_answer(tg, USER, up, "Skills")
+    assert "weekly-chart — Weekly chart. · drafted, awaiting approval" in listing
+    assert "the agent (asked by telegram:" in listing
+    # A user cannot approve it (nor read it through /skills show); the admin reads the full text, then approves.
+    up = tg.inject_message(USER, USER, "/skills approve weekly-chart")
+    assert "only an admin" in await tg_answer(tg, USER, up, "admin")
+    up = tg.inject_message(ADMIN, ADMIN, "/skills show weekly-chart")
+    shown = await tg_answer(tg, ADMIN, up, "Draft")
+    assert body in shown and "/skills approve weekly-chart" in shown
+    up = tg.inject_message(ADMIN, ADMIN, "/skills approve weekly-chart")
+    assert "everyone can use it" in await tg_answer(tg, ADMIN, up, "Approved")
+    up = tg.inject_message(USER, USER, "/weekly_chart this week")
+    await tg_answer(tg, USER, up, "")
+    assert "**weekly-chart**" in str(model.requests[-1]["messages"][0]["content"])
+    assert str(model.requests[-1]).count(body) >= 2  # the body, loaded for the turn, besides the old call

@@ -15,19 +15,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent.settings import SkillsSettings
 from agent.skill_archive import MAX_ARCHIVE_BYTES
 from agent.skill_install import (
     Listed,
     approve_draft,
     install_archive,
     list_skills,
+    pending_drafts,
     reject_draft,
     remove_skill,
 )
-from agent.skills import SkillError
-from agent.untrusted import TEXT_CHARS, code_span
+from agent.skills import SKILL_FILE, SkillError, scan_skills
+from agent.untrusted import TEXT_CHARS, code_span, visible
 from channels.base import ChannelError
 from gateway.intake import access, profiles
 
@@ -41,7 +44,9 @@ DESCRIPTION_MAX = 160
 """Characters of a skill's description ``/skills`` shows (the agent sees all of it)."""
 SCRIPTS_SHOWN = 25
 DOWNLOAD_SECONDS = 120.0
-ADMIN_ACTIONS = ("install", "remove", "approve", "reject")
+ADMIN_ACTIONS = ("install", "remove", "show", "approve", "reject")
+SHOW_CHARS = 12_000
+"""Characters of a skill's SKILL.md ``/skills show`` posts (the delivery splits long replies)."""
 
 
 def listing(ctx: CommandContext, is_command: Callable[[str], bool]) -> str:
@@ -69,7 +74,9 @@ def _line(skill: Listed, is_command: Callable[[str], bool]) -> str:
         where += f", installed by {code_span(skill.installed_by, TEXT_CHARS)}"
     command = profiles.command_name(skill.name)
     if skill.state == "awaiting approval":
-        return f"{skill.name} — {about} · {where} (an admin: /skills approve {skill.name})"
+        return (
+            f"{skill.name} — {about} · {where} (an admin: /skills show {skill.name}, then approve or reject)"
+        )
     if is_command(command):
         return f"{skill.name} — {about} (its name is a command: ask for it in words) · {where}"
     return f"/{command} — {about} · {where}"
@@ -107,6 +114,8 @@ async def command(ctx: CommandContext, entry: JournalEntry, cmd: Command, comman
             what = await asyncio.to_thread(remove_skill, settings, name)
             profiles.reload_skills(ctx.config)
             return f"🗑 Removed the {what} {code_span(name)}."
+        if action == "show":
+            return await asyncio.to_thread(_show, settings, name)
         if action == "approve":
             skill = await asyncio.to_thread(approve_draft, settings, name, _installer(entry))
             profiles.reload_skills(ctx.config)
@@ -116,6 +125,25 @@ async def command(ctx: CommandContext, entry: JournalEntry, cmd: Command, comman
         return f"There is no draft named {code_span(name)}."
     except SkillError as exc:
         return f"⚠️ {code_span(str(exc), 300)}"
+
+
+def _show(settings: SkillsSettings, name: str) -> str:
+    """The whole SKILL.md of a draft (or a custom skill), for the admin to read before approving:
+    one fenced block, so nothing in it is a live link, mention or formatting."""
+    drafts = pending_drafts(settings)
+    skill = drafts.get(name) or scan_skills(Path(settings.custom_dir), "custom").get(name)
+    if skill is None:
+        return f"There is no draft or custom skill named {code_span(name)}."
+    with (skill.dir / SKILL_FILE).open("rb") as fh:
+        text = fh.read(SHOW_CHARS + 1).decode("utf-8", "replace")
+    cut = len(text) > SHOW_CHARS
+    text = visible(text[:SHOW_CHARS], lines=True).replace("```", "ˋˋˋ")
+    head = f"{'Draft' if name in drafts else 'Custom skill'} {code_span(name)}"
+    if skill.origin:
+        head += f", {code_span(skill.origin, 300)}"
+    tail = "\n(cut here: read the whole file on the server)" if cut else ""
+    action = f"\n/skills approve {name} or /skills reject {name}" if name in drafts else ""
+    return f"{head}:\n```\n{text}\n```{tail}{action}"
 
 
 async def _install(
