@@ -211,8 +211,27 @@ async def test_a_drafted_skill_waits_for_an_admin(
     up = tg.inject_message(ADMIN, ADMIN, "/skills show weekly-chart")
     shown = await tg_answer(tg, ADMIN, up, "Draft")
     assert body in shown and "/skills approve weekly-chart" in shown
-    up = tg.inject_message(ADMIN, ADMIN, "/skills approve weekly-chart")
-    assert "everyone can use it" in await tg_answer(tg, ADMIN, up, "Approved")
+    # Approve / Reject buttons, as for a tool's approval: a non-admin's press and a replay are refused.
+    buttons = await tg.wait_for(
+        lambda: next((m for m in tg.bot_messages(ADMIN) if "Approve the draft skill" in m.text), None),
+        timeout=30,
+        what="the approval buttons",
+    )
+    press = tg.press_button(ADMIN, buttons.message_id, USER, "Approve")
+    qid = press["callback_query"]["id"]
+    answer = await tg.wait_for(lambda: tg.answered_queries.get(qid), timeout=30, what="the refusal")
+    assert "Only an admin" in str(answer)
+    assert custom(tmp_path) == [".drafts"]
+    press = tg.press_button(ADMIN, buttons.message_id, ADMIN, "Approve")
+    qid = press["callback_query"]["id"]
+    answer = await tg.wait_for(lambda: tg.answered_queries.get(qid), timeout=30, what="the approval")
+    assert "everyone can use it" in str(answer)
+    assert "weekly-chart" in custom(tmp_path)
+    press = tg.press_button(ADMIN, buttons.message_id, ADMIN, "Reject")
+    qid = press["callback_query"]["id"]
+    answer = await tg.wait_for(lambda: tg.answered_queries.get(qid), timeout=30, what="the replay's answer")
+    assert "already approved or rejected" in str(answer)
+    assert "weekly-chart" in custom(tmp_path)
     up = tg.inject_message(USER, USER, "/weekly_chart this week")
     await tg_answer(tg, USER, up, "")
     assert "**weekly-chart**" in str(model.requests[-1]["messages"][0]["content"])

@@ -31,11 +31,12 @@ from agent.skill_install import (
 )
 from agent.skills import SKILL_FILE, SkillError, scan_skills
 from agent.untrusted import TEXT_CHARS, code_span, visible
-from channels.base import ChannelError
+from channels.base import Action, ActionAnswer, Button, ChannelError, Inbound
 from gateway.intake import access, profiles
 
 if TYPE_CHECKING:
     from gateway.commands.registry import Command, CommandContext
+    from gateway.config.schema import Config
     from gateway.store.entries import JournalEntry
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ DESCRIPTION_MAX = 160
 SCRIPTS_SHOWN = 25
 DOWNLOAD_SECONDS = 120.0
 ADMIN_ACTIONS = ("install", "remove", "show", "approve", "reject")
+PREFIX = "skl"
+"""Button values are ``skl:ok:NAME`` / ``skl:no:NAME`` (Telegram allows 64 bytes: a name too long
+for that gets the text answer only)."""
 SHOW_CHARS = 12_000
 """Characters of a skill's SKILL.md ``/skills show`` posts (the delivery splits long replies)."""
 
@@ -115,7 +119,10 @@ async def command(ctx: CommandContext, entry: JournalEntry, cmd: Command, comman
             profiles.reload_skills(ctx.config)
             return f"🗑 Removed the {what} {code_span(name)}."
         if action == "show":
-            return await asyncio.to_thread(_show, settings, name)
+            text = await asyncio.to_thread(_show, settings, name)
+            if name in await asyncio.to_thread(pending_drafts, settings):
+                await _offer_buttons(ctx, entry, name)
+            return text
         if action == "approve":
             skill = await asyncio.to_thread(approve_draft, settings, name, _installer(entry))
             profiles.reload_skills(ctx.config)
@@ -125,6 +132,44 @@ async def command(ctx: CommandContext, entry: JournalEntry, cmd: Command, comman
         return f"There is no draft named {code_span(name)}."
     except SkillError as exc:
         return f"⚠️ {code_span(str(exc), 300)}"
+
+
+async def _offer_buttons(ctx: CommandContext, entry: JournalEntry, name: str) -> None:
+    """Approve / Reject under a draft, as for a tool's approval; the text answer works anyway."""
+    buttons = [
+        Button("✅ Approve", f"{PREFIX}:ok:{name}", "primary"),
+        Button("🗑 Reject", f"{PREFIX}:no:{name}", "danger"),
+    ]
+    if ctx.buttons is None or any(len(b.value.encode()) > 64 for b in buttons):
+        return
+    text = f"Approve the draft skill {code_span(name)}? Only an admin can answer."
+    await ctx.buttons(entry.inbound, text, buttons, f"{entry.key}#skill-buttons")
+
+
+async def on_action(config: Config, action: Action) -> ActionAnswer:
+    """A press on a draft's Approve / Reject: an admin of that platform only; a press after the
+    decision (or on a draft that is gone) changes nothing and says so."""
+    parts = action.value.split(":", 2)
+    if len(parts) != 3 or parts[1] not in ("ok", "no"):
+        return ActionAnswer("This button is not mine to answer.", refused=True)
+    name = parts[2]
+    probe = Inbound(action.platform, action.chat_id, "", action.sender_id, "", False, False)
+    if not access.is_admin(config.access_for(action.platform), probe):
+        return ActionAnswer("⛔ Only an admin of this bot can approve or reject a skill.", refused=True)
+    settings = config.agent.skills
+    by = f"{action.user} ({' '.join(action.sender_name.split())[:60]})" if action.sender_name else action.user
+    try:
+        if parts[1] == "ok":
+            await asyncio.to_thread(approve_draft, settings, name, by)
+            profiles.reload_skills(config)
+            log.info("skills: %s approved the draft %r", action.user, name)
+            return ActionAnswer(f"✅ Approved the skill {code_span(name)}: everyone can use it now.")
+        if await asyncio.to_thread(reject_draft, settings, name):
+            log.info("skills: %s rejected the draft %r", action.user, name)
+            return ActionAnswer(f"🗑 Rejected the draft {code_span(name)}.")
+    except SkillError:
+        pass
+    return ActionAnswer(f"The draft {code_span(name)} was already approved or rejected.", refused=True)
 
 
 def _show(settings: SkillsSettings, name: str) -> str:

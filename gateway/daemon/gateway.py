@@ -17,7 +17,6 @@ from typing import Any
 from channels.base import (
     Action,
     ActionAnswer,
-    Attachment,
     Channel,
     ChannelError,
     ChannelState,
@@ -26,8 +25,10 @@ from channels.base import (
 )
 from gateway.agent_api import AgentHarness, sandbox_report
 from gateway.commands import builtin as commands
+from gateway.commands import skills as commands_skills
 from gateway.config.schema import Config
 from gateway.config.secrets import redactor_for
+from gateway.daemon import command_io
 from gateway.daemon.cluster import Leases
 from gateway.delivery.pacing import PacerPool
 from gateway.delivery.parking import Parking
@@ -117,6 +118,8 @@ class Gateway:
         """A button press: a schedule's confirmation (gateway/schedules/confirm.py) or an approval."""
         if action.value.startswith(f"{schedule_confirm.PREFIX}:"):
             return await self.confirmations.on_action(action)
+        if action.value.startswith(f"{commands_skills.PREFIX}:"):  # a draft skill's approval
+            return await commands_skills.on_action(self.config, action)
         return await self.approvals.on_action(action)
 
     def _on_channel_state(self, channel: Channel) -> None:
@@ -478,12 +481,9 @@ class Gateway:
             running_turns=lambda: self.turns.running_count,
             sandbox_state=lambda: sandbox_report(self.harness)["state"],
             schedules=self.confirmations,
-            download=self._download,
+            download=command_io.downloader(self.channels),
+            buttons=command_io.button_poster(self.channels),
         )
-
-    async def _download(self, inbound: Inbound, attachment: Attachment, limit: int) -> bytes:
-        """One file of ``inbound`` from its platform (``/skills install``), at most ``limit`` bytes."""
-        return await self.channels[inbound.platform].download(attachment, limit)
 
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:
         """Run a command (gateway/commands/builtin.py: once per journal key) and deliver its reply."""
