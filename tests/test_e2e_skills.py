@@ -226,9 +226,21 @@ async def test_a_drafted_skill_waits_for_an_admin(
     qid = press["callback_query"]["id"]
     answer = await tg.wait_for(lambda: tg.answered_queries.get(qid), timeout=30, what="the approval")
     assert "everyone can use it" in str(answer)
+    await tg.wait_for(
+        lambda: (
+            any(
+                m.message_id == buttons.message_id and "everyone can use it" in m.text
+                for m in tg.bot_messages(ADMIN)
+            )
+            or None
+        ),
+        timeout=30,
+        what="the closed buttons",
+    )
     assert "weekly-chart" in custom(tmp_path)
-    press = tg.press_button(ADMIN, buttons.message_id, ADMIN, "Reject")
-    qid = press["callback_query"]["id"]
+    stale = dict(press["callback_query"], id="Q-stale", data="skl:no:weekly-chart")  # an old client's press
+    tg.push_update({"callback_query": stale})
+    qid = "Q-stale"
     answer = await tg.wait_for(lambda: tg.answered_queries.get(qid), timeout=30, what="the replay's answer")
     assert "already approved or rejected" in str(answer)
     assert "weekly-chart" in custom(tmp_path)
@@ -236,3 +248,48 @@ async def test_a_drafted_skill_waits_for_an_admin(
     await tg_answer(tg, USER, up, "")
     assert "**weekly-chart**" in str(model.requests[-1]["messages"][0]["content"])
     assert str(model.requests[-1]).count(body) >= 2  # the body, loaded for the turn, besides the old call
+
+
+async def test_slack_draft_approved_with_the_button_by_an_admin_only(
+    tmp_path: Path, model: FakeOpenAI, slack: FakeSlack
+) -> None:
+    model.script(
+        Reply(tool_calls=[ToolCall("draft_skill", {"name": "standup", "description": "Standup <!here> notes.",
+                                                   "body": "STANDUP-BODY [login](https://evil.example)"})]),
+        Reply(text="Drafted; an admin must approve it."),
+    )  # fmt: skip
+    async with started_daemon(tmp_path, config(tmp_path, model, slack), slack):
+        await slack.inject_dm(SLACK_DM2, SLACK_USER, "remember this as a skill")
+        await slack.wait_for(
+            lambda: [t for t in slack.texts(SLACK_DM2) if "admin must approve" in t], timeout=30
+        )
+        await slack.inject_dm(SLACK_DM, SLACK_ADMIN, "/skills show standup")
+        shown = await slack.wait_for(
+            lambda: next((t for t in slack.texts(SLACK_DM) if "STANDUP-BODY" in t), None), timeout=30
+        )
+        assert "```" in shown and "<!here>" not in shown  # one fenced block, no @here
+        post = await slack.wait_for(lambda: next((p for p in slack.posts if p.buttons()), None), timeout=30)
+        assert post.buttons() == ["✅ Approve", "🗑 Reject"]
+        stranger = await slack.press_button(SLACK_DM, post.ts, SLACK_USER, "Approve", name="mallory")
+        await slack.wait_for(lambda: slack.is_acked(stranger) or None, timeout=10)
+        note = await slack.wait_for(lambda: next(iter(slack.ephemerals), None), timeout=10)
+        assert "Only an admin" in note["text"] and custom(tmp_path) == [".drafts"]
+        press = await slack.press_button(SLACK_DM, post.ts, SLACK_ADMIN, "Approve", name="boss")
+        await slack.wait_for(lambda: slack.is_acked(press) or None, timeout=10)
+        await slack.wait_for(
+            lambda: (not post.buttons() and "everyone can use it" in post.text) or None, timeout=10
+        )
+        assert "by `boss`" in post.text or "boss" in post.text
+        assert "standup" in custom(tmp_path)
+        again = await slack.press_button(
+            SLACK_DM, post.ts, SLACK_ADMIN, "Reject", name="boss"
+        )  # a stale client
+        await slack.wait_for(lambda: slack.is_acked(again) or None, timeout=10)
+        await slack.wait_for(lambda: len(slack.ephemerals) >= 2 or None, timeout=10)
+        assert "already approved or rejected" in slack.ephemerals[-1]["text"]
+        assert "standup" in custom(tmp_path)
+        await slack.inject_dm(SLACK_DM2, SLACK_USER, "/skills")
+        listing = await slack.wait_for(
+            lambda: next((t for t in slack.texts(SLACK_DM2) if "/standup" in t), None), timeout=30
+        )
+        assert "drafted, active" in listing

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +31,7 @@ from agent.skill_install import (
 )
 from agent.skills import SKILL_FILE, SkillError, scan_skills
 from agent.untrusted import TEXT_CHARS, code_span, visible
-from channels.base import Action, ActionAnswer, Button, ChannelError, Inbound
+from channels.base import Action, ActionAnswer, Button, Channel, ChannelError, Inbound, ReplyTarget
 from gateway.intake import access, profiles
 
 if TYPE_CHECKING:
@@ -146,9 +146,22 @@ async def _offer_buttons(ctx: CommandContext, entry: JournalEntry, name: str) ->
     await ctx.buttons(entry.inbound, text, buttons, f"{entry.key}#skill-buttons")
 
 
-async def on_action(config: Config, action: Action) -> ActionAnswer:
+async def on_action(config: Config, channels: Mapping[str, Channel], action: Action) -> ActionAnswer:
     """A press on a draft's Approve / Reject: an admin of that platform only; a press after the
-    decision (or on a draft that is gone) changes nothing and says so."""
+    decision (or on a draft that is gone) changes nothing and says so. The decision replaces the
+    buttons on the message (Slack tells a presser only of refusals)."""
+    answer = await _decide(config, action)
+    channel = channels.get(action.platform)
+    if not answer.refused and channel is not None and action.message_id:
+        target = ReplyTarget(action.platform, action.chat_id, action.thread_id)
+        try:
+            await channel.close_buttons(target, action.message_id, channel.render(answer.text)[0])
+        except Exception as exc:  # the decision holds whether or not the message shows it
+            log.warning("skills: could not show the decision on the buttons: %s", exc)
+    return answer
+
+
+async def _decide(config: Config, action: Action) -> ActionAnswer:
     parts = action.value.split(":", 2)
     if len(parts) != 3 or parts[1] not in ("ok", "no"):
         return ActionAnswer("This button is not mine to answer.", refused=True)
@@ -163,10 +176,12 @@ async def on_action(config: Config, action: Action) -> ActionAnswer:
             await asyncio.to_thread(approve_draft, settings, name, by)
             profiles.reload_skills(config)
             log.info("skills: %s approved the draft %r", action.user, name)
-            return ActionAnswer(f"✅ Approved the skill {code_span(name)}: everyone can use it now.")
+            return ActionAnswer(
+                f"✅ Approved the skill {code_span(name)} by {code_span(by)}: everyone can use it now."
+            )
         if await asyncio.to_thread(reject_draft, settings, name):
             log.info("skills: %s rejected the draft %r", action.user, name)
-            return ActionAnswer(f"🗑 Rejected the draft {code_span(name)}.")
+            return ActionAnswer(f"🗑 Rejected the draft {code_span(name)} by {code_span(by)}.")
     except SkillError:
         pass
     return ActionAnswer(f"The draft {code_span(name)} was already approved or rejected.", refused=True)

@@ -119,7 +119,7 @@ class Gateway:
         if action.value.startswith(f"{schedule_confirm.PREFIX}:"):
             return await self.confirmations.on_action(action)
         if action.value.startswith(f"{commands_skills.PREFIX}:"):  # a draft skill's approval
-            return await commands_skills.on_action(self.config, action)
+            return await commands_skills.on_action(self.config, self.channels, action)
         return await self.approvals.on_action(action)
 
     def _on_channel_state(self, channel: Channel) -> None:
