@@ -38,9 +38,9 @@ from urllib.parse import urlsplit, urlunsplit
 from agent.settings import SkillsSettings
 from agent.skill_archive import Archive, ArchiveError, Member, read_archive
 from agent.skills import (
-    _NAME_RE,
     MAX_NAME,
     MAX_SKILL_BYTES,
+    NAME_RE,
     PROVENANCE_FILE,
     SKILL_FILE,
     Skill,
@@ -99,7 +99,7 @@ def clean_origin(origin: str) -> str:
 def check_name(name: str, settings: SkillsSettings, reserved: Collection[str] = ()) -> None:
     """A new custom skill's name: the spec's form (ASCII lower case, digits, single hyphens; so no
     look-alike letters), not a shipped skill's, not a reserved word (the chat commands)."""
-    if len(name) > MAX_NAME or not _NAME_RE.match(name):
+    if len(name) > MAX_NAME or not NAME_RE.match(name):
         raise SkillError(
             f"name {ascii(name)[:80]} is not valid: use at most {MAX_NAME} lowercase ASCII letters, "
             "digits and single hyphens"
@@ -232,7 +232,7 @@ def install_archive(
 def remove_skill(settings: SkillsSettings, name: str) -> str:
     """Remove the custom skill (or the draft) ``name``; returns what was removed, raises
     SkillError when there is no such custom skill (a shipped one is disabled in the config)."""
-    if not _NAME_RE.match(name) or len(name) > MAX_NAME:
+    if not NAME_RE.match(name) or len(name) > MAX_NAME:
         raise SkillError(f"there is no custom skill named {ascii(name)[:80]}")
     root = Path(settings.custom_dir)
     for folder, what in ((root / name, "custom skill"), (root / DRAFTS / name, "draft")):
@@ -302,7 +302,7 @@ def approve_draft(settings: SkillsSettings, name: str, approved_by: str) -> Skil
 
 def reject_draft(settings: SkillsSettings, name: str) -> bool:
     folder = Path(settings.custom_dir) / DRAFTS / name
-    if not _NAME_RE.match(name) or not folder.is_dir() or folder.is_symlink():
+    if not NAME_RE.match(name) or not folder.is_dir() or folder.is_symlink():
         return False
     _remove(folder)
     return True

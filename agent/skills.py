@@ -52,7 +52,8 @@ VIEW_DIR = "skills-view"
 VIEW_MARKER = ".chital-skills-view"
 """``skills_dir_for_sandbox`` only ever manages a folder that holds this marker (or is empty)."""
 
-_NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+"""The Agent Skills spec's name: ASCII lower case, digits, single hyphens (so no look-alikes)."""
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)(?:\r?\n)?^---[ \t]*(?:\r?\n|\Z)", re.DOTALL | re.MULTILINE)
 PROVENANCE_FILE = ".chital-install.json"
 """Who installed a custom skill, from where and when (agent/skill_install.py); never copied into
@@ -179,7 +180,7 @@ def parse_skill(
     name = _text_field(meta, "name")
     if not name:
         raise SkillError("the front matter has no 'name'")
-    if len(name) > MAX_NAME or not _NAME_RE.match(name):
+    if len(name) > MAX_NAME or not NAME_RE.match(name):
         raise SkillError(
             f"name {name!r} is not valid: use at most {MAX_NAME} lowercase letters, digits and single hyphens"
         )
