@@ -414,6 +414,8 @@ async def download_archive(url: str, allow_hosts: Collection[str] = ()) -> bytes
                         chunks.append(chunk)
                     return b"".join(chunks)
             raise SkillError(f"too many redirects from {shown}")
+    except SkillError:  # our own refusals (a ValueError too): as they are
+        raise
     except TimeoutError:
         raise SkillError(f"downloading {shown} took longer than {DOWNLOAD_SECONDS:g} s") from None
     except UrlRefused as exc:

@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from agent.settings import SkillsSettings
 from agent.skill_archive import MAX_FILES, ArchiveError
 from agent.skill_install import (
     approve_draft,
+    download_archive,
     draft_skill,
     install_archive,
     list_skills,
@@ -188,3 +190,56 @@ def test_draft_is_never_offered_before_approval(cfg: SkillsSettings) -> None:
     assert "web-recipe" in catalog.names
     listed = {s.name: s for s in list_skills(cfg)}
     assert (listed["web-recipe"].source, listed["web-recipe"].state) == ("drafted", "active")
+
+
+# -- from a URL: the address guard, the size cap, redirects --------------------------------------------
+@pytest.fixture
+async def archive_server() -> Any:
+    from aiohttp import web
+
+    good = make_zip(good_entries())
+    routes = web.RouteTableDef()
+
+    @routes.get("/good.zip")
+    async def _good(request: web.Request) -> web.Response:
+        return web.Response(body=good, content_type="application/zip")
+
+    @routes.get("/huge.zip")
+    async def _huge(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()  # no Content-Length: the cap must hold while reading
+        await resp.prepare(request)
+        for _ in range(12):
+            await resp.write(b"PK\x03\x04" + bytes(1024 * 1024))
+        return resp
+
+    @routes.get("/redirect")
+    async def _redirect(request: web.Request) -> web.Response:
+        raise web.HTTPFound("http://169.254.169.254/latest/meta-data")
+
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def test_url_install_goes_through_the_address_guard(cfg: SkillsSettings, archive_server: str) -> None:
+    # Internal addresses are refused unless the operator opened them (agent.web.allow_hosts).
+    with pytest.raises(SkillError, match="refused"):
+        await download_archive(f"{archive_server}/good.zip")
+    data = await download_archive(f"{archive_server}/good.zip", ["127.0.0.1"])
+    assert (
+        install_archive(data, cfg, installed_by="cli:x", origin=f"{archive_server}/good.zip").name
+        == "house-style"
+    )
+    with pytest.raises(ArchiveError, match="larger than"):
+        await download_archive(f"{archive_server}/huge.zip", ["127.0.0.1"])
+    with pytest.raises(SkillError, match="refused"):  # a redirect to the metadata address
+        await download_archive(f"{archive_server}/redirect", ["127.0.0.1"])
+    with pytest.raises(SkillError) as info:
+        await download_archive("http://user:s3cret@127.0.0.1:9/x.zip?token=t0ken")
+    assert "s3cret" not in str(info.value) and "t0ken" not in str(info.value)
