@@ -37,7 +37,8 @@ from agent.sandbox.paths import OUTPUTS, UPLOADS, PathMapper, PathRefused, Threa
 from agent.sandbox.probe import SandboxState, close_quietly, run_probe
 from agent.sandbox.quota import check_room, release_walkers
 from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
-from agent.skills import build_skills
+from agent.skill_tools import build_skill_tools
+from agent.skills import SkillCatalog, build_skills
 from agent.skills_prompt import load_skill_text
 from agent.subagents import TASK_TOOL, build_subagents, subagent_event_to_status
 from agent.tool_output import ToolOutputCap
@@ -241,7 +242,8 @@ class AgentRuntime:
         sub_middleware: list[Any] = []
 
         skill_tools, skill_mw, catalog = build_skills(s.skills)
-        self._skills_dir = catalog.skills_dir_for_sandbox(self.sandbox_root) if len(catalog) else None
+        # Built even with no skill yet: one installed later (agent/skill_install.py) appears in it.
+        self._skills_dir = catalog.skills_dir_for_sandbox(self.sandbox_root)
         sandbox_settings = s.sandbox.model_copy(
             update={"root": self.sandbox_root, "skills_dir": self._skills_dir}
         )
@@ -288,6 +290,8 @@ class AgentRuntime:
         # Deferred MCP tools are not bound to the graph: the tool_search middleware hands them over
         # once found (and the approval and deny rules below still name them).
         tools += [*skill_tools, *web, present, *([] if deferral else mcp)]
+        if s.skills.drafting:  # the lead only: a sub-agent's task text is the lead's, not the user's
+            tools += build_skill_tools(s.skills)
         if self.scheduler is not None:
             tools += build_schedule_tools(self.scheduler)
         secrets = self.secrets
@@ -343,7 +347,7 @@ class AgentRuntime:
             models=self.models,
             usage=self.usage,
             persona_base=s.system_prompt,
-            skill_text=lambda name: load_skill_text(catalog, name) if catalog.get(name) else None,
+            skill_text=lambda name: _skill_text(catalog, name),
         )
         await self.harness.start()
 
@@ -380,6 +384,12 @@ class AgentRuntime:
         if self.provider is not None:
             await self.provider.close()
         release_walkers()
+
+
+def _skill_text(catalog: SkillCatalog, name: str) -> str | None:
+    """The body of the skill ``/<name>`` asks for; a skill installed a moment ago counts too."""
+    catalog.refresh()
+    return load_skill_text(catalog, name) if catalog.get(name) else None
 
 
 def _status_events(part: Any) -> list[AgentEvent]:

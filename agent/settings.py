@@ -109,7 +109,14 @@ class SkillsSettings(BaseModel):
     source tree Chital runs from, or beside the config file, as in the Docker image), wherever
     the config file lives."""
     custom_dir: Path = Path("skills/custom")
-    """The operator's skills; one here replaces the public skill of the same name."""
+    """The operator's skills; one here replaces the public skill of the same name. ``chital skills
+    install`` and an admin's ``/skills install`` put skills here."""
+    drafting: bool = True
+    """Give the agent the ``draft_skill`` tool: it can write a new skill from a conversation, which
+    waits in ``custom_dir/.drafts`` until an admin approves it (never offered before)."""
+    reload_seconds: float = Field(2.0, ge=0)
+    """How often, at most, the skill folders are looked at for changes (a few ``stat`` calls when a
+    model call or a ``/skill`` message needs the list); a change is loaded without a restart."""
 
     def public(self) -> Path:
         """``public_dir``, or the shipped skills when it is unset."""

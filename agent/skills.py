@@ -16,10 +16,12 @@ A malformed SKILL.md is skipped with a warning naming the file and the problem; 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -50,9 +52,14 @@ VIEW_DIR = "skills-view"
 VIEW_MARKER = ".chital-skills-view"
 """``skills_dir_for_sandbox`` only ever manages a folder that holds this marker (or is empty)."""
 
-_NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+"""The Agent Skills spec's name: ASCII lower case, digits, single hyphens (so no look-alikes)."""
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)(?:\r?\n)?^---[ \t]*(?:\r?\n|\Z)", re.DOTALL | re.MULTILINE)
-_SKIPPED_NAMES = frozenset({"__pycache__", ".git", ".DS_Store", ".ipynb_checkpoints"})
+PROVENANCE_FILE = ".chital-install.json"
+"""Who installed a custom skill, from where and when (agent/skill_install.py); never copied into
+the sandbox view."""
+MAX_PROVENANCE_BYTES = 16 * 1024
+_SKIPPED_NAMES = frozenset({"__pycache__", ".git", ".DS_Store", ".ipynb_checkpoints", PROVENANCE_FILE})
 
 
 class SkillError(ValueError):
@@ -74,6 +81,14 @@ class Skill:
     version: str | None = None
     files: tuple[str, ...] = ()
     """Supporting files, relative to ``dir`` (POSIX separators), SKILL.md excluded."""
+    installed_by: str | None = None
+    """Who installed it (``chital skills install``, an admin in chat, an approved draft): the
+    provenance file's ``installed_by``; None for skills copied in by hand."""
+    origin: str | None = None
+    """Where it came from (a file name, a URL without credentials, ``drafted in <conversation>``)."""
+    installed_at: str | None = None
+    drafted: bool = False
+    """The agent drafted it and an admin approved it (agent/skill_install.py)."""
 
     @property
     def virtual_dir(self) -> str:
@@ -130,12 +145,20 @@ def _supporting_files(skill_dir: Path) -> tuple[str, ...]:
     return tuple(found)
 
 
-def parse_skill(skill_md: Path, source: str) -> Skill:
-    """Parse one ``<dir>/SKILL.md``; raises :class:`SkillError` saying what is wrong."""
-    try:
-        raw = skill_md.read_bytes()
-    except OSError as exc:
-        raise SkillError(f"cannot read it ({exc.strerror or type(exc).__name__})") from None
+def parse_skill(
+    skill_md: Path, source: str, *, raw: bytes | None = None, files: tuple[str, ...] | None = None
+) -> Skill:
+    """Parse one ``<dir>/SKILL.md``; raises :class:`SkillError` saying what is wrong.
+
+    ``raw`` and ``files``: the file's bytes and the supporting files when they are not on disk yet
+    (an archive being checked before it is installed, agent/skill_install.py); the folder-name
+    rule is then not checked (the install names the folder after the skill)."""
+    on_disk = raw is None
+    if raw is None:
+        try:
+            raw = skill_md.read_bytes()
+        except OSError as exc:
+            raise SkillError(f"cannot read it ({exc.strerror or type(exc).__name__})") from None
     if len(raw) > MAX_SKILL_BYTES:
         raise SkillError(f"the file is {len(raw)} bytes; the limit is {MAX_SKILL_BYTES}")
     try:
@@ -157,12 +180,12 @@ def parse_skill(skill_md: Path, source: str) -> Skill:
     name = _text_field(meta, "name")
     if not name:
         raise SkillError("the front matter has no 'name'")
-    if len(name) > MAX_NAME or not _NAME_RE.match(name):
+    if len(name) > MAX_NAME or not NAME_RE.match(name):
         raise SkillError(
             f"name {name!r} is not valid: use at most {MAX_NAME} lowercase letters, digits and single hyphens"
         )
     folder = skill_md.parent.name
-    if name != folder:
+    if on_disk and name != folder:
         raise SkillError(f"name {name!r} does not match its folder name {folder!r}")
     description = " ".join((_text_field(meta, "description") or "").split())
     if not description:
@@ -187,8 +210,29 @@ def parse_skill(skill_md: Path, source: str) -> Skill:
         allowed_tools=tools,
         license=license_,
         version=version,
-        files=_supporting_files(skill_md.parent),
+        files=files if files is not None else _supporting_files(skill_md.parent),
+        **(_provenance(skill_md.parent) if on_disk and source == "custom" else {}),
     )
+
+
+def _provenance(skill_dir: Path) -> dict[str, Any]:
+    """The provenance file's fields for :class:`Skill`; a missing or unreadable one is nothing
+    (a skill copied in by hand), never an error."""
+    path = skill_dir / PROVENANCE_FILE
+    try:
+        if path.is_symlink() or not path.is_file():
+            return {}
+        with path.open("rb") as fh:
+            meta = json.loads(fh.read(MAX_PROVENANCE_BYTES + 1)[:MAX_PROVENANCE_BYTES])
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(meta, dict):
+        return {}
+    out: dict[str, Any] = {
+        key: str(meta[key])[:300] for key in ("installed_by", "origin", "installed_at") if meta.get(key)
+    }
+    out["drafted"] = meta.get("how") == "drafted"
+    return out
 
 
 def scan_skills(root: Path, source: str, *, expected: bool = False) -> dict[str, Skill]:
@@ -238,10 +282,52 @@ class SkillCatalog:
         self._views: set[Path] = set()
         self.generation = 0
         """Bumped by every ``reload()``; the prompt middleware re-renders when it changes."""
+        self._signature: tuple[tuple[str, int, int], ...] = ()
+        self._checked = 0.0
         self.reload()
+
+    def _stamp(self) -> tuple[tuple[str, int, int], ...]:
+        """What changes when a skill is added, removed, replaced or its SKILL.md edited: the
+        modification times of both folders, of each skill folder and of each SKILL.md. A few
+        dozen ``stat`` calls, no reads (an edit to a supporting file alone is seen at the next
+        change of its folder or SKILL.md, or at ``reload()``)."""
+        out: list[tuple[str, int, int]] = []
+        for root in (self.settings.public(), Path(self.settings.custom_dir)):
+            try:
+                st = root.stat()
+                out.append((str(root), st.st_mtime_ns, 0))
+                with os.scandir(root) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError:
+                out.append((str(root), -1, 0))
+                continue
+            for entry in entries:
+                if entry.name.startswith(".") and entry.name != ".drafts":
+                    continue
+                for path in (entry.path, os.path.join(entry.path, SKILL_FILE)):
+                    try:
+                        st = os.stat(path, follow_symlinks=False)
+                        out.append((path, st.st_mtime_ns, st.st_size))
+                    except OSError:
+                        out.append((path, -1, 0))
+        return tuple(out)
+
+    def refresh(self) -> bool:
+        """Reload when the folders changed since the last look (``reload_seconds`` apart at most):
+        skills installed, removed or edited are picked up without a restart. True when it did."""
+        now = time.monotonic()
+        if self._checked and now - self._checked < self.settings.reload_seconds:
+            return False
+        self._checked = now
+        if self._stamp() == self._signature:
+            return False
+        log.info("skills: the skill folders changed; reloading")
+        self.reload()
+        return True
 
     def reload(self) -> None:
         """Re-read both folders (and refresh any sandbox view built before)."""
+        self._signature = self._stamp()
         public = scan_skills(self.settings.public(), "public", expected=True)
         configured = "custom_dir" in self.settings.model_fields_set
         custom = scan_skills(Path(self.settings.custom_dir), "custom", expected=configured)

@@ -118,6 +118,9 @@ class SkillsListing(RequestRewriter):
         return text
 
     def apply(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
+        # Skills installed, removed or edited on disk since the last look (throttled stat calls;
+        # a reload happens only when something changed): no restart needed.
+        self.catalog.refresh()
         names = {_tool_name(t) for t in request.tools}
         if not len(self.catalog):
             if self.load_tool in names:

@@ -23,6 +23,7 @@ from compat import lean_imports
 from gateway.cli import init as cli_init
 from gateway.cli import migrate as cli_migrate
 from gateway.cli import send as cli_send
+from gateway.cli import skills as cli_skills
 from gateway.cli import status as cli_status
 from gateway.cli.chat import cmd_chat
 from gateway.cli.common import Formatter, add_command, add_config_option, config_path, load_config_arg
@@ -283,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pairing_parser(sub)
     cli_status.add_parser(sub)
     cli_send.add_parser(sub)
+    cli_skills.add_parser(sub)
     cli_migrate.add_parser(sub)
     return parser
 

@@ -1,11 +1,11 @@
-"""The chat commands about the agent itself: ``/model``, ``/usage``, ``/skills``, and the model and
-profile lines of ``/status``. Their rows, journaling and once-only replies are gateway/commands/builtin.py's.
+"""The chat commands about the agent itself: ``/model``, ``/usage`` (``/skills`` is
+gateway/commands/skills.py), and the model and profile lines of ``/status``. Their rows,
+journaling and once-only replies are gateway/commands/builtin.py's.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent.untrusted import code_span
@@ -18,9 +18,6 @@ if TYPE_CHECKING:
     from gateway.store.usage import Totals
 
 log = logging.getLogger(__name__)
-
-DESCRIPTION_MAX = 160
-"""Characters of a skill's description ``/skills`` shows (the agent sees all of it)."""
 
 
 def _model_label(config: Config, name: str) -> str:
@@ -165,26 +162,4 @@ async def usage_command(ctx: CommandContext, inbound: Inbound) -> str:
                 lines.append(ESTIMATED_NOTE)
     elif admin:
         lines.append("(Everyone's usage: send me /usage in a direct message.)")
-    return "\n".join(lines)
-
-
-# -- /skills ---------------------------------------------------------------------------------------------
-def skills_command(config: Config, is_command: Callable[[str], bool]) -> str:
-    """The skills, each with the command that activates it for one message; a skill named like a
-    command (``is_command``: the registry's names) is not reachable that way."""
-    if not config.agent.tools:
-        return "Skills are off (the agent runs without tools)."
-    found = profiles.skills(config)
-    if not found:
-        return "No skills are installed."
-    lines = ["Skills — send /name and your request to use one for that message:"]
-    for skill in found:
-        # The name is checked ([a-z0-9-], agent/skills.py); the description is anyone's text.
-        about = code_span(skill.description, DESCRIPTION_MAX, empty="(no description)")
-        command = profiles.command_name(skill.name)
-        if is_command(command):
-            lines.append(f"{skill.name} — {about} (its name is a command: ask for it in words)")
-        else:
-            lines.append(f"/{command} — {about}")
-    lines.append("I also pick a skill myself when a request matches one.")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ from agent.untrusted import TEXT_CHARS, code_span
 from gateway.commands import admin as commands_admin
 from gateway.commands import agent as commands_agent
 from gateway.commands import schedules as commands_schedules
+from gateway.commands import skills as commands_skills
 from gateway.commands.registry import Command, CommandContext, CommandSpec, Registry, Who
 from gateway.config.secrets import redactor_for
 from gateway.delivery.plan import plan_text
@@ -100,7 +101,8 @@ async def _usage(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
 
 
 async def _skills(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
-    return commands_agent.skills_command(ctx.config, REGISTRY.known)
+    names = frozenset(name for row in REGISTRY.rows for name in (row.name, *row.aliases))
+    return await commands_skills.command(ctx, entry, cmd, names)
 
 
 # -- the registry --------------------------------------------------------------------------------
@@ -125,7 +127,9 @@ REGISTRY = Registry(
         CommandSpec("model", "list the models (alone) or switch this conversation's: /model NAME", _model,
                     recorded=True, args="[NAME]"),
         CommandSpec("usage", "show the tokens you used (today, 7 and 30 days) and your daily budget", _usage),
-        CommandSpec("skills", "list the skills; /<skill> text uses one for that message", _skills),
+        CommandSpec("skills", "list the skills; /<skill> text uses one for that message (an admin: "
+                    "/skills install with an archive, /skills remove|approve|reject NAME)", _skills,
+                    recorded=True, args="[install | remove NAME | approve NAME | reject NAME]"),
         CommandSpec("help", "list the commands", _help, terminal=True),
         CommandSpec("approve", "approve a pairing code (alone: list the pending requests)",
                     commands_admin.decide, who=Who.ADMIN, recorded=True, args="[CODE]"),

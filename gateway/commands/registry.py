@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from channels.base import Attachment, Button, Inbound
     from gateway.agent_api import AgentHarness
     from gateway.config.schema import Config
     from gateway.intake.limits import SlidingWindow
@@ -76,6 +77,13 @@ class CommandContext:
     """The sandbox's state as the agent's start-up probe found it (``ready``, ``failed``, ...)."""
     schedules: Confirmations
     """``/schedules confirm``: settles a confirmation and wakes the runner (gateway/schedules/confirm.py)."""
+    download: Callable[[Inbound, Attachment, int], Awaitable[bytes]] | None = None
+    """(message, one of its files, byte limit): the file's bytes from its platform, for a command
+    that takes a file (``/skills install``); None where there is no platform (a test's context)."""
+    buttons: Callable[[Inbound, str, Sequence[Button], str], Awaitable[bool]] | None = None
+    """(message, text, buttons, idempotency key): post ``text`` with ``buttons`` in reply to the
+    message, once per key; False where the platform has none (the caller says how to answer in
+    text instead). ``/skills show`` puts Approve / Reject under a draft."""
 
 
 Handler = Callable[[CommandContext, "JournalEntry", Command], Awaitable[str]]

@@ -25,8 +25,10 @@ from channels.base import (
 )
 from gateway.agent_api import AgentHarness, sandbox_report
 from gateway.commands import builtin as commands
+from gateway.commands import skills as commands_skills
 from gateway.config.schema import Config
 from gateway.config.secrets import redactor_for
+from gateway.daemon import command_io
 from gateway.daemon.cluster import Leases
 from gateway.delivery.pacing import PacerPool
 from gateway.delivery.parking import Parking
@@ -76,8 +78,7 @@ class Gateway:
         """Journal keys handled by this process right now (queued, running or sending) and their live
         replies, shared by the queued sign, the turn, approvals and /stop (gateway/turns/inflight.py)."""
         self.signs = queued_sign.SignOrder()
-        """Queued signs go out per conversation in order, below the answers ahead
-        (gateway/turns/queued_sign.py)."""
+        """Queued signs go out per conversation in order, below the answers ahead (turns/queued_sign.py)."""
         self.parking = Parking(store, metrics, config.delivery.retry_window, self._dispatch)
         self.approvals = Approvals(
             config, store, harness, metrics, self.channels, self.inflight, self.tasks, self._dispatch
@@ -106,16 +107,14 @@ class Gateway:
         channel.on_action(self._on_action)
         malformed = self.metrics.malformed
         channel.on_malformed(lambda kind: malformed.labels(channel.name, kind).inc())
-
-        async def sink(inbound: Inbound) -> None:
-            await self.accept(inbound)
-
-        return sink
+        return self.accept
 
     async def _on_action(self, action: Action) -> ActionAnswer:
         """A button press: a schedule's confirmation (gateway/schedules/confirm.py) or an approval."""
         if action.value.startswith(f"{schedule_confirm.PREFIX}:"):
             return await self.confirmations.on_action(action)
+        if action.value.startswith(f"{commands_skills.PREFIX}:"):  # a draft skill's approval
+            return await commands_skills.on_action(self.config, self.channels, action)
         return await self.approvals.on_action(action)
 
     def _on_channel_state(self, channel: Channel) -> None:
@@ -463,8 +462,7 @@ class Gateway:
             self.parking.settled(entry.key)
 
     def command_context(self) -> commands.CommandContext:
-        """What the command handlers may use (gateway/commands/registry.py): the narrow parts
-        of this Gateway, not the Gateway."""
+        """What command handlers may use (gateway/commands/registry.py): narrow parts, not the Gateway."""
         return commands.CommandContext(
             config=self.config,
             store=self.store,
@@ -477,6 +475,8 @@ class Gateway:
             running_turns=lambda: self.turns.running_count,
             sandbox_state=lambda: sandbox_report(self.harness)["state"],
             schedules=self.confirmations,
+            download=command_io.downloader(self.channels),
+            buttons=command_io.button_poster(self.channels),
         )
 
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:

@@ -84,9 +84,11 @@ def _catalog(
     enabled: tuple[str, ...] | None,
     disabled: tuple[str, ...],
     configured: frozenset[str] = frozenset(),
+    reload_seconds: float = 2.0,
 ) -> SkillCatalog:
     settings = SkillsSettings.model_construct(
         set(configured),  # which folders the config names: only those are missing with a warning
+        reload_seconds=reload_seconds,
         public_dir=public_dir,
         custom_dir=custom_dir,
         enabled=list(enabled) if enabled is not None else None,
@@ -95,14 +97,26 @@ def _catalog(
     return SkillCatalog(settings)
 
 
-def skills(config: Config) -> list[Skill]:
-    """The skills the agent offers (none when ``agent.tools`` is off), read once per process."""
-    if not config.agent.tools:
-        return []
+def _current(config: Config) -> SkillCatalog:
     s = config.agent.skills
     enabled = tuple(s.enabled) if s.enabled is not None else None
     fields = frozenset(s.model_fields_set)
-    return _catalog(s.public(), Path(s.custom_dir), enabled, tuple(s.disabled), fields).skills
+    return _catalog(s.public(), Path(s.custom_dir), enabled, tuple(s.disabled), fields, s.reload_seconds)
+
+
+def skills(config: Config) -> list[Skill]:
+    """The skills the agent offers (none when ``agent.tools`` is off), re-read when the folders change."""
+    if not config.agent.tools:
+        return []
+    catalog = _current(config)
+    catalog.refresh()  # installed or removed since: throttled stat calls (agent/skills.py)
+    return catalog.skills
+
+
+def reload_skills(config: Config) -> None:
+    """Re-read the skill folders now (after an install or removal in chat), not at the next look."""
+    if config.agent.tools:
+        _current(config).reload()
 
 
 def command_name(skill: str) -> str:
