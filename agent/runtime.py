@@ -44,10 +44,11 @@ from agent.subagents import TASK_TOOL, build_subagents, subagent_event_to_status
 from agent.tool_output import ToolOutputCap
 from agent.tool_search import TOOL_SEARCH, ToolCatalog, build_tool_search
 from agent.tools import (
+    McpCatalog,
+    McpToolsMiddleware,
     build_present_files,
     build_web_tools,
     events_from_custom,
-    load_mcp_tools,
     outputs_resolver,
 )
 from agent.tools.schedule import Scheduler, build_schedule_tools
@@ -110,7 +111,9 @@ class AgentRuntime:
         self._sandbox_problem = ""
         self.mcp_tools = ToolCatalog()
         """The MCP servers' tools now: deferred behind ``tool_search`` (agent/tool_search.py) when
-        ``agent.tool_search.enabled``; whoever reloads the servers replaces its list."""
+        ``agent.tool_search.enabled``; kept current by :attr:`mcp_catalog` (a reload, a server back)."""
+        self.mcp_catalog: McpCatalog | None = None
+        """The MCP servers' live tools (agent/tools/mcp.py); None without tools."""
         self.scheduler: Scheduler | None = None
         """The gateway's schedules (agent/tools/schedule.py), set before ``start()``; without it
         (the terminal chat) the agent has no schedule tools."""
@@ -119,6 +122,11 @@ class AgentRuntime:
     @property
     def model_name(self) -> str:
         return self.harness.model_name if self.harness else self.spec.name
+
+    @property
+    def mcp(self) -> McpCatalog | None:
+        """The MCP catalog ``/mcp`` lists and reloads; None when the agent has no tools."""
+        return self.mcp_catalog
 
     def run(
         self,
@@ -284,12 +292,16 @@ class AgentRuntime:
 
         web = build_web_tools(s.web)
         present = build_present_files(outputs_resolver(self.thread_files))
-        mcp = await load_mcp_tools(s.mcp)
-        self.mcp_tools.replace(mcp)
+        # MCP tools are never bound at build time: deferred behind tool_search when it is on,
+        # else McpToolsMiddleware adds the catalog's current ones to every model call, so /mcp
+        # reload and a reconnected server change them live (docs/tools-and-mcp.md).
+        self.mcp_catalog = catalog_mcp = McpCatalog(s.mcp)
+        await catalog_mcp.start()
+        self.mcp_tools.replace(catalog_mcp.tools())
+        catalog_mcp.subscribe(self.mcp_tools.replace)
         deferral = build_tool_search(s.tool_search, self.mcp_tools)
-        # Deferred MCP tools are not bound to the graph: the tool_search middleware hands them over
-        # once found (and the approval and deny rules below still name them).
-        tools += [*skill_tools, *web, present, *([] if deferral else mcp)]
+        mcp_tools = McpToolsMiddleware(catalog_mcp)
+        tools += [*skill_tools, *web, present]
         if s.skills.drafting:  # the lead only: a sub-agent's task text is the lead's, not the user's
             tools += build_skill_tools(s.skills)
         if self.scheduler is not None:
@@ -300,9 +312,7 @@ class AgentRuntime:
         sub_middleware.append(RedactToolResults(secrets))  # the lead's are masked by ToolErrors
         if s.approvals.tools or s.approvals.deny:
             own = [*plan.tools, *(t for m in context for t in getattr(m, "tools", ()))]
-            names = [*tools, *sandbox_tools, *own]
-            if deferral:
-                names += mcp
+            names = [*tools, *sandbox_tools, *own, *catalog_mcp.tools()]
             context = with_approvals(
                 context,
                 s.approvals,
@@ -320,13 +330,15 @@ class AgentRuntime:
             *context,
             filesystem,
             *skill_mw,
+            *([] if deferral else [mcp_tools]),
             *build_subagents(
                 model,
-                [*sandbox_tools, *skill_tools, *web, *mcp],
+                [*sandbox_tools, *skill_tools, *web],
                 s.subagents,
                 extra_middleware_for_subagents=[
                     TurnOverrides(lead=False),  # the conversation's model (/model) for sub-agents too
                     *skill_mw,
+                    mcp_tools,
                     *sub_middleware,
                     RetryModelCalls(max_retries=s.model_retries, initial_delay=s.retry_backoff),
                     ToolOutputCap(),  # a sub-agent's tool results are bounded like the lead's
@@ -377,6 +389,8 @@ class AgentRuntime:
                     await self.provider.release(thread_id)
 
     async def close(self) -> None:
+        if self.mcp_catalog is not None:
+            await self.mcp_catalog.close()
         if self.harness is not None:
             await self.harness.close()
         if self.memory is not None:

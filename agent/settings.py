@@ -159,6 +159,8 @@ class McpServer(BaseModel):
     """HTTP headers (e.g. Authorization); kept as secrets, never logged."""
     timeout: float = Field(30.0, gt=0)
     """Seconds the server may take to start and list its tools."""
+    call_timeout: float = Field(300.0, gt=0)
+    """Seconds one tool call may take; the model then gets a tool error naming the server."""
     enabled: bool = True
 
     @model_validator(mode="after")
@@ -194,6 +196,11 @@ class McpSettings(BaseModel):
     servers: dict[str, McpServer] = Field(default_factory=dict)
     tool_name_prefix: bool = False
     """Name tools ``<server>_<tool>``: set it when two servers offer tools of the same name."""
+    max_response_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    """Bytes one HTTP response of an MCP server may have; reading stops past it and the call gets
+    a tool error (what reaches the model is cut further by the tool output cap)."""
+    reconnect_backoff: float = Field(2.0, gt=0)
+    """Seconds before the first retry of a failed server; doubled each time, up to 5 minutes."""
 
     def secrets(self) -> list[str]:
         """Configured secret values, for redaction of tool error texts."""

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from agent.events import AgentEvent, ApprovalDecision, OutputFile, PlanItem
+from agent.mcp_view import McpServerView
+from agent.settings import McpSettings
 from agent.turn import PLAIN, TurnOptions
 
 
@@ -33,6 +35,18 @@ class MemoryAccess(Protocol):
     async def forget(self, user: str) -> int: ...
 
 
+class McpAccess(Protocol):
+    """What ``/mcp`` (and SIGHUP) need of the agent's MCP servers (agent/tools/mcp.py)."""
+
+    def servers(self) -> Sequence[McpServerView]:
+        """Every configured server: its state and the tools it offers now."""
+        ...
+
+    async def reload(self, settings: McpSettings) -> Sequence[McpServerView]:
+        """Apply a new ``agent.mcp`` section without a restart; the servers as they are after."""
+        ...
+
+
 class AgentHarness(Protocol):
     """The agent as the gateway uses it."""
 
@@ -42,6 +56,11 @@ class AgentHarness(Protocol):
     @property
     def memory(self) -> MemoryAccess | None:
         """Long-term memory, or None when it is off."""
+        ...
+
+    @property
+    def mcp(self) -> McpAccess | None:
+        """The MCP servers, or None when the agent has no tools (or is not set up)."""
         ...
 
     def run(

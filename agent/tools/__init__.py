@@ -18,7 +18,8 @@ from .clarify import (
     clarification_from_custom,
     is_clarification,
 )
-from .mcp import McpServer, McpSettings, load_mcp_tools
+from .mcp import McpCatalog, McpServer, McpSettings, load_mcp_tools
+from .mcp_middleware import McpToolsMiddleware
 from .present import FILES_EVENT, OutputsResolver, build_present_files, files_from_custom, outputs_resolver
 from .web import UrlRefused, WebSettings, build_web_tools
 
@@ -27,8 +28,10 @@ __all__ = [
     "CLARIFICATION_EVENT",
     "FILES_EVENT",
     "ClarificationMiddleware",
+    "McpCatalog",
     "McpServer",
     "McpSettings",
+    "McpToolsMiddleware",
     "OutputsResolver",
     "UrlRefused",
     "WebSettings",

@@ -1,25 +1,70 @@
-"""MCP servers from config, as LangChain tools, through ``langchain-mcp-adapters``.
+"""MCP servers from config, as LangChain tools, behind one live catalog (:class:`McpCatalog`).
 
-``MultiServerMCPClient`` is stateless by default and we keep it so: each tool call opens a fresh
-session (for stdio: starts the server process), so a crashed or restarted server heals by itself
-and no process outlives the call. The cost is a process start per call for stdio servers; a
-server that is slow to start is better run as ``streamable_http``.
+The interface other parts build on (the lead's tools middleware, ``/mcp``, a deferred
+``tool_search``) is small on purpose:
+
+- ``catalog.tools()``: the MCP tools callable right now (a fresh list; the objects stay the same
+  until a server's tool list changes), each a ``StructuredTool`` whose ``metadata["mcp_server"]``
+  names its server;
+- ``catalog.servers()``: one :class:`~agent.mcp_view.McpServerView` per configured server;
+- ``await catalog.reload(settings)``: apply a new ``agent.mcp`` section (servers added, removed,
+  changed; unchanged connected servers are kept as they are);
+- ``catalog.subscribe(callback)``: called with the new tool list whenever it changes (a reload, a
+  server that came back).
+
+Sessions stay stateless (``langchain-mcp-adapters``' default): each tool call opens a fresh session
+(for stdio: starts the server process), so no process outlives a call. What the catalog adds is
+state per server: a server whose transport fails (at start or in a call) is marked ``failed`` with
+a reason in Chital's own words and retried in the background with exponential backoff; meanwhile
+its tools answer at once with that reason, so the model gets a tool error, never a crashed or hung
+turn. A server that refuses its credentials (HTTP 401/403) is not retried: it is reported once and
+waits for an admin's ``/mcp reload``.
+
+Untrusted input: tool names and descriptions come from the server. A name the model API would
+refuse is skipped; descriptions are cut to :data:`DESCRIPTION_CHARS` with invisible characters
+removed. Error texts of transports (which may quote URLs or headers) are never passed on: only the
+exception's type or the HTTP status.
 
 stdio servers get the MCP SDK's minimal environment (PATH, HOME, USER, SHELL, TERM, LOGNAME) plus
 the ``env`` configured here, never the daemon's own environment, so chat tokens and model keys do
-not reach them.
+not reach them. HTTP responses are read through :mod:`agent.tools.mcp_http`, which stops reading
+one past ``agent.mcp.max_response_bytes``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from langchain_core.tools import BaseTool
+from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
+from agent.mcp_view import McpServerView, McpState
 from agent.settings import McpServer, McpSettings
+from agent.tools.mcp_http import ResponseTooLarge, capped_client_factory
+from agent.untrusted import visible
 
 log = logging.getLogger(__name__)
+
+DESCRIPTION_CHARS = 2000
+"""Characters of a tool's description (server-provided) that reach the model."""
+BACKOFF_MAX = 300.0
+"""Longest wait between two reconnection attempts, in seconds."""
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What the model APIs accept as a function name."""
+
+
+def _flatten(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [e for sub in exc.exceptions for e in _flatten(sub)]
+    out = [exc]
+    if exc.__cause__ is not None:
+        out += _flatten(exc.__cause__)
+    return out
 
 
 def _brief_error(exc: BaseException) -> str:
@@ -29,41 +74,292 @@ def _brief_error(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-async def load_mcp_tools(settings: McpSettings) -> list[BaseTool]:
-    """Tools of every enabled server; a server that fails to start or list is logged and skipped.
+def classify(exc: BaseException) -> tuple[str, bool]:
+    """(reason in Chital's words, worth retrying). Never the exception's text: it may hold a URL
+    with a token, a header, or whatever the server chose to say."""
+    import httpx
 
-    Servers are loaded concurrently, each within its own ``timeout``. A tool whose name is
-    already taken (by an earlier server) is skipped with a warning.
-    """
-    servers = {name: s for name, s in settings.servers.items() if s.enabled}
-    if not servers:
-        return []
-    from langchain_mcp_adapters.client import MultiServerMCPClient  # only when servers are configured
+    found = _flatten(exc)
+    for e in found:
+        if isinstance(e, ResponseTooLarge):
+            return str(e), True
+        if isinstance(e, httpx.HTTPStatusError):
+            status = e.response.status_code
+            if status in (401, 403):
+                return f"credentials refused (HTTP {status}): check its token or headers", False
+            return f"HTTP {status}", True
+    for e in found:
+        if isinstance(e, httpx.TransportError | ConnectionError | OSError):
+            return f"cannot connect ({type(e).__name__})", True
+    return f"failed ({_brief_error(exc)})", True
 
-    client = MultiServerMCPClient(
-        {name: s.connection() for name, s in servers.items()},  # type: ignore[misc]
-        tool_name_prefix=settings.tool_name_prefix,
+
+@dataclass(eq=False)
+class _Server:
+    """A configured server and what the catalog knows of it."""
+
+    name: str
+    config: McpServer
+    state: McpState = "connecting"
+    reason: str = ""
+    retryable: bool = True
+    tools: list[BaseTool] = field(default_factory=list)
+    failures: int = 0
+    retry_at: float = 0.0
+    task: asyncio.Task[None] | None = None
+
+    def view(self, tools: list[BaseTool]) -> McpServerView:
+        return McpServerView(
+            self.name, self.config.transport, self.state, self.reason, tuple(t.name for t in tools)
+        )
+
+
+class McpCatalog:
+    """The MCP tools of the configured servers, kept current (module docstring)."""
+
+    def __init__(self, settings: McpSettings, *, reconnect: bool = True) -> None:
+        """``reconnect``: retry failed servers in the background (off for one-shot loading)."""
+        self.settings = settings
+        self._reconnect = reconnect
+        self._servers: dict[str, _Server] = {}
+        self._tools: list[BaseTool] = []
+        self._owner: dict[str, _Server] = {}
+        """Which server each tool of :attr:`_tools` belongs to."""
+        self._lock = asyncio.Lock()
+        self._subscribers: list[Callable[[list[BaseTool]], None]] = []
+        self._closed = False
+
+    # -- the interface --------------------------------------------------------------------------
+    def tools(self) -> list[BaseTool]:
+        """The MCP tools callable now (a failed server's last known tools answer with its reason)."""
+        return list(self._tools)
+
+    def servers(self) -> list[McpServerView]:
+        """Every configured server, in config order, with the tools it contributes now."""
+        return [
+            s.view([t for t in self._tools if self._owner.get(t.name) is s]) for s in self._servers.values()
+        ]
+
+    def subscribe(self, callback: Callable[[list[BaseTool]], None]) -> None:
+        """Call ``callback(tools)`` after every change of the tool list."""
+        self._subscribers.append(callback)
+
+    async def start(self) -> None:
+        """Connect to every enabled server (concurrently, each within its ``timeout``)."""
+        await self.reload(self.settings)
+
+    async def reload(self, settings: McpSettings) -> list[McpServerView]:
+        """Apply ``settings``: servers whose config is unchanged and that are connected are kept;
+        the others are (re)connected; removed ones are dropped (their tools answer that they are
+        gone). Returns the servers as :meth:`servers` then sees them."""
+        async with self._lock:
+            same_naming = settings.tool_name_prefix == self.settings.tool_name_prefix
+            old, new = self._servers, {}
+            fresh: list[_Server] = []
+            for name, config in settings.servers.items():
+                prev = old.get(name)
+                if prev is not None and same_naming and prev.config == config and prev.state == "connected":
+                    new[name] = prev
+                    continue
+                server = _Server(name, config, state="connecting" if config.enabled else "disabled")
+                new[name] = server
+                if config.enabled:
+                    fresh.append(server)
+            for name, prev in old.items():
+                if new.get(name) is not prev:
+                    _cancel(prev)
+            self.settings, self._servers = settings, new
+            await asyncio.gather(*(self._connect(s) for s in fresh))
+            self._rebuild()
+            return self.servers()
+
+    async def close(self) -> None:
+        """Stop the background reconnections."""
+        self._closed = True
+        for server in self._servers.values():
+            _cancel(server)
+
+    # -- connecting -----------------------------------------------------------------------------
+    async def _list(self, server: _Server) -> list[BaseTool]:
+        """The server's tools, listed over a fresh session, wrapped for :meth:`_call`."""
+        from langchain_mcp_adapters.client import MultiServerMCPClient  # only when servers are configured
+
+        connection = server.config.connection()
+        if server.config.transport != "stdio":
+            connection["httpx_client_factory"] = capped_client_factory(self.settings.max_response_bytes)
+        connections: dict[str, Any] = {server.name: connection}
+        client = MultiServerMCPClient(connections, tool_name_prefix=self.settings.tool_name_prefix)
+        raw = await asyncio.wait_for(client.get_tools(server_name=server.name), server.config.timeout)
+        tools: list[BaseTool] = []
+        for tool in raw:
+            if not _TOOL_NAME.fullmatch(tool.name):
+                log.warning(
+                    "MCP server %r: a tool with an invalid name (%r) is skipped", server.name, tool.name[:80]
+                )
+                continue
+            tools.append(self._wrap(server, tool))
+        return tools
+
+    async def _connect(self, server: _Server) -> None:
+        try:
+            server.tools = await self._list(server)
+        except TimeoutError:
+            log.warning(
+                "MCP server %r did not start within %gs; its tools are skipped",
+                server.name,
+                server.config.timeout,
+            )
+            self._failed(server, f"did not start within {server.config.timeout:g}s", True, quiet=True)
+            return
+        except Exception as exc:
+            reason, retryable = classify(exc)
+            log.warning("MCP server %r failed to start (%s); its tools are skipped", server.name, reason)
+            self._failed(server, reason, retryable, quiet=True)
+            return
+        server.state, server.reason, server.failures = "connected", "", 0
+        log.info("MCP server %r: %d tool(s)", server.name, len(server.tools))
+
+    def _failed(
+        self, server: _Server, reason: str, retryable: bool, *, quiet: bool = False, schedule: bool = True
+    ) -> None:
+        """Mark ``server`` failed and schedule its reconnection (with backoff) when worth it."""
+        if server.state != "failed" and not quiet:
+            log.warning("MCP server %r failed: %s", server.name, reason)
+        server.state, server.reason, server.retryable = "failed", reason, retryable
+        server.failures += 1
+        delay = min(BACKOFF_MAX, self.settings.reconnect_backoff * 2 ** (server.failures - 1))
+        server.retry_at = asyncio.get_running_loop().time() + delay
+        running = server.task is not None and not server.task.done()
+        if schedule and retryable and self._reconnect and not self._closed and not running:
+            server.task = asyncio.create_task(
+                self._reconnect_loop(server), name=f"mcp-reconnect-{server.name}"
+            )
+
+    async def _reconnect_loop(self, server: _Server) -> None:
+        loop = asyncio.get_running_loop()
+        while self._servers.get(server.name) is server and server.state == "failed" and server.retryable:
+            await asyncio.sleep(max(0.0, server.retry_at - loop.time()))
+            try:
+                tools = await self._list(server)
+            except Exception as exc:
+                reason, retryable = (
+                    classify(exc) if not isinstance(exc, TimeoutError) else ("no answer", True)
+                )
+                log.debug("MCP server %r: reconnection failed (%s)", server.name, reason)
+                self._failed(server, reason, retryable, quiet=True, schedule=False)
+                continue
+            if self._servers.get(server.name) is not server:
+                return
+            server.tools, server.state, server.reason, server.failures = tools, "connected", "", 0
+            log.info("MCP server %r is back: %d tool(s)", server.name, len(tools))
+            self._rebuild()
+            return
+
+    def _rebuild(self) -> None:
+        tools: list[BaseTool] = []
+        owner: dict[str, _Server] = {}
+        for server in self._servers.values():
+            if server.state == "disabled":
+                continue
+            for tool in server.tools:
+                if tool.name in owner:
+                    log.warning("MCP server %r: tool %r is already defined; skipped", server.name, tool.name)
+                    continue
+                owner[tool.name] = server
+                tools.append(tool)
+        changed = [t.name for t in tools] != [t.name for t in self._tools] or any(
+            a is not b for a, b in zip(tools, self._tools, strict=False)
+        )
+        self._tools, self._owner = tools, owner
+        if changed:
+            for callback in self._subscribers:
+                callback(list(tools))
+
+    # -- calling --------------------------------------------------------------------------------
+    def _wrap(self, server: _Server, tool: BaseTool) -> BaseTool:
+        """``tool`` (the adapter's) behind :meth:`_call`, with its description bounded."""
+        inner = getattr(tool, "coroutine", None)
+        assert inner is not None, "langchain-mcp-adapters tools are async"
+
+        async def call(**arguments: Any) -> Any:
+            return await self._call(server, tool.name, inner, arguments)
+
+        description = visible(tool.description or "", lines=True)
+        if len(description) > DESCRIPTION_CHARS:
+            description = description[:DESCRIPTION_CHARS] + " […]"
+        return StructuredTool(
+            name=tool.name,
+            description=description,
+            args_schema=tool.args_schema,
+            coroutine=call,
+            response_format=tool.response_format,
+            metadata={**(tool.metadata or {}), "mcp_server": server.name},
+        )
+
+    async def _call(
+        self, server: _Server, tool: str, inner: Callable[..., Awaitable[Any]], arguments: dict[str, Any]
+    ) -> Any:
+        """One tool call: refused at once while the server is down, bounded in time, and any
+        transport failure turned into a :class:`ToolException` naming the server."""
+        name = server.name
+        if self._servers.get(name) is not server:
+            raise ToolException(
+                f"MCP server {name!r} was reconfigured or removed; its tool {tool!r} is gone."
+            )
+        if server.state == "failed":
+            if not server.retryable:
+                raise ToolException(
+                    f"MCP server {name!r} is unavailable: {server.reason}. An admin must fix its "
+                    "configuration and run /mcp reload."
+                )
+            wait = server.retry_at - asyncio.get_running_loop().time()
+            if wait > 0 or (server.task is not None and not server.task.done()):
+                raise ToolException(
+                    f"MCP server {name!r} is unavailable ({server.reason}); Chital is reconnecting "
+                    f"(next try in about {max(wait, 0):.0f}s). Go on without it or try later."
+                )
+        timeout = server.config.call_timeout
+        try:
+            return await asyncio.wait_for(inner(**arguments), timeout)
+        except TimeoutError:
+            raise ToolException(f"MCP server {name!r} did not answer {tool!r} within {timeout:g}s.") from None
+        except ToolException:
+            raise
+        except Exception as exc:
+            reason, retryable = classify(exc)
+            if any(isinstance(e, ResponseTooLarge) for e in _flatten(exc)):
+                raise ToolException(
+                    f"MCP server {name!r}: the result of {tool!r} {reason}; nothing was kept."
+                ) from None
+            if _is_protocol_error(exc):
+                raise ToolException(
+                    f"MCP server {name!r} answered {tool!r} with an invalid or error JSON-RPC message "
+                    f"({_brief_error(exc)})."
+                ) from None
+            self._failed(server, reason, retryable)
+            raise ToolException(f"MCP server {name!r} failed during {tool!r}: {reason}.") from None
+
+
+def _is_protocol_error(exc: BaseException) -> bool:
+    from mcp.shared.exceptions import McpError
+    from pydantic import ValidationError
+
+    return any(isinstance(e, McpError | ValidationError | ValueError) for e in _flatten(exc)) and not any(
+        isinstance(e, OSError) for e in _flatten(exc)
     )
 
-    async def one(name: str, server: McpServer) -> list[BaseTool]:
-        try:
-            return await asyncio.wait_for(client.get_tools(server_name=name), server.timeout)
-        except TimeoutError:
-            log.warning("MCP server %r did not start within %gs; its tools are skipped", name, server.timeout)
-        except Exception as exc:
-            log.warning("MCP server %r failed to start (%s); its tools are skipped", name, _brief_error(exc))
-        return []
 
-    loaded = await asyncio.gather(*(one(name, s) for name, s in servers.items()))
-    tools: list[BaseTool] = []
-    seen: set[str] = set()
-    for name, server_tools in zip(servers, loaded, strict=True):
-        for tool in server_tools:
-            if tool.name in seen:
-                log.warning("MCP server %r: tool %r is already defined; skipped", name, tool.name)
-                continue
-            seen.add(tool.name)
-            tools.append(tool)
-        if server_tools:
-            log.info("MCP server %r: %d tool(s)", name, len(server_tools))
-    return tools
+def _cancel(server: _Server) -> None:
+    if server.task is not None and not server.task.done():
+        server.task.cancel()
+    server.task = None
+
+
+async def load_mcp_tools(settings: McpSettings) -> list[BaseTool]:
+    """Tools of every enabled server, loaded once (no background reconnection); a server that
+    fails to start or list is logged and skipped. Prefer :class:`McpCatalog`."""
+    catalog = McpCatalog(settings, reconnect=False)
+    await catalog.start()
+    with contextlib.suppress(Exception):
+        await catalog.close()
+    return catalog.tools()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from agent.untrusted import TEXT_CHARS, code_span
 from gateway.commands import admin as commands_admin
 from gateway.commands import agent as commands_agent
+from gateway.commands import mcp as commands_mcp
 from gateway.commands import schedules as commands_schedules
 from gateway.commands import skills as commands_skills
 from gateway.commands.registry import Command, CommandContext, CommandSpec, Registry, Who
@@ -130,6 +131,8 @@ REGISTRY = Registry(
         CommandSpec("skills", "list the skills; /<skill> text uses one for that message (an admin: "
                     "/skills install with an archive, /skills remove|approve|reject NAME)", _skills,
                     recorded=True, args="[install | remove NAME | approve NAME | reject NAME]"),
+        CommandSpec("mcp", "list the MCP servers, their state and tools (admins: /mcp reload)",
+                    commands_mcp.mcp_command, args="[reload]"),
         CommandSpec("help", "list the commands", _help, terminal=True),
         CommandSpec("approve", "approve a pairing code (alone: list the pending requests)",
                     commands_admin.decide, who=Who.ADMIN, recorded=True, args="[CODE]"),

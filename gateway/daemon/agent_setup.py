@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from agent.events import AgentEvent, ApprovalDecision, OutputFile, PlanItem, TurnFailed
 from agent.turn import PLAIN, TurnOptions
-from gateway.agent_api import AgentHarness, MemoryAccess
+from gateway.agent_api import AgentHarness, McpAccess, MemoryAccess
 from gateway.config.schema import Config
 from gateway.config.secrets import daemon_secrets
 
@@ -34,6 +34,7 @@ class UnconfiguredHarness:
     message gets a clear answer instead of silence."""
 
     memory: MemoryAccess | None = None
+    mcp: McpAccess | None = None
 
     def __init__(self, reason: str, model_name: str = "(not configured)") -> None:
         self.reason = reason

@@ -26,6 +26,7 @@ from aiohttp import web
 from channels.base import Channel, ChannelState
 from compat.versions import check_all
 from gateway.agent_api import AgentHarness, sandbox_report
+from gateway.commands.mcp import reload_mcp
 from gateway.config import data_dir
 from gateway.config.platforms import PLATFORMS, build_channels
 from gateway.config.schema import Config
@@ -409,6 +410,19 @@ class Daemon:
             log.warning("background task(s) still running after shutdown, cancelled: %s", ", ".join(left))
         await self.tasks.close()
 
+    def _reload_on_hangup(self) -> None:
+        """SIGHUP: re-read the MCP servers from the config file, as an admin's ``/mcp reload``
+        does (gateway/commands/mcp.py); nothing else of the config is re-applied."""
+        if self.state is not DaemonState.RUNNING:
+            log.warning("SIGHUP ignored: the daemon is not running yet (or stopping)")
+            return
+
+        async def reload() -> None:
+            text = await reload_mcp(self.config, self.harness)
+            log.info("SIGHUP: %s", text.replace("\n", "; "))
+
+        self._resources.spawn(reload(), "mcp-reload")
+
     async def run_forever(self) -> None:
         """Start, run until SIGTERM/SIGINT, stop. A signal during start-up aborts the start (what
         was opened is released). Raises :class:`StartupError` when the daemon cannot start."""
@@ -416,6 +430,7 @@ class Daemon:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_on_hangup)
         starting = asyncio.create_task(self.start(), name="start")
         signalled = asyncio.create_task(stop.wait(), name="wait-for-signal")
         await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)

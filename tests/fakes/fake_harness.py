@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from agent.events import AgentEvent, ApprovalDecision, Final, OutputFile, PlanItem
 from agent.turn import PLAIN, TurnOptions
-from gateway.agent_api import AgentHarness, MemoryAccess
+from gateway.agent_api import AgentHarness, McpAccess, MemoryAccess
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +96,8 @@ class FakeHarness:
         self.plans: dict[str, tuple[PlanItem, ...]] = {}
         """The plan ``/plan`` shows per thread (set by a test)."""
         self._memory = memory
+        self.mcp_access: McpAccess | None = None
+        """What ``mcp`` answers (None: the agent has no MCP servers)."""
         self.closed = False
 
     # -- what tests read -------------------------------------------------------------------------
@@ -117,6 +119,10 @@ class FakeHarness:
     @property
     def memory(self) -> MemoryAccess | None:
         return self._memory
+
+    @property
+    def mcp(self) -> McpAccess | None:
+        return self.mcp_access
 
     def run(
         self,
