@@ -45,7 +45,13 @@ from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
 from agent.mcp_view import McpServerView, McpState
 from agent.settings import McpServer, McpSettings
-from agent.tools.mcp_http import ResponseTooLarge, capped_client_factory
+from agent.tools.mcp_http import (
+    InvalidMessage,
+    ResponseTooLarge,
+    capped_client_factory,
+    guarded,
+    message_handler,
+)
 from agent.untrusted import visible
 
 log = logging.getLogger(__name__)
@@ -78,19 +84,27 @@ def classify(exc: BaseException) -> tuple[str, bool]:
     """(reason in Chital's words, worth retrying). Never the exception's text: it may hold a URL
     with a token, a header, or whatever the server chose to say."""
     import httpx
+    from mcp.shared.exceptions import McpError
+    from mcp.types import CONNECTION_CLOSED
 
     found = _flatten(exc)
     for e in found:
         if isinstance(e, ResponseTooLarge):
             return str(e), True
+        if isinstance(e, InvalidMessage):
+            return f"sent a message that is not valid JSON-RPC ({e})", True
+        if isinstance(e, McpError) and e.error.code == CONNECTION_CLOSED:
+            return "the connection closed (the server exited?)", True
         if isinstance(e, httpx.HTTPStatusError):
             status = e.response.status_code
             if status in (401, 403):
                 return f"credentials refused (HTTP {status}): check its token or headers", False
             return f"HTTP {status}", True
     for e in found:
-        if isinstance(e, httpx.TransportError | ConnectionError | OSError):
+        if isinstance(e, httpx.ConnectError | httpx.ConnectTimeout | ConnectionRefusedError):
             return f"cannot connect ({type(e).__name__})", True
+        if isinstance(e, httpx.TransportError | ConnectionError | OSError):
+            return f"connection lost ({type(e).__name__})", True
     return f"failed ({_brief_error(exc)})", True
 
 
@@ -185,11 +199,12 @@ class McpCatalog:
         from langchain_mcp_adapters.client import MultiServerMCPClient  # only when servers are configured
 
         connection = server.config.connection()
+        connection["session_kwargs"] = {"message_handler": message_handler}
         if server.config.transport != "stdio":
             connection["httpx_client_factory"] = capped_client_factory(self.settings.max_response_bytes)
         connections: dict[str, Any] = {server.name: connection}
         client = MultiServerMCPClient(connections, tool_name_prefix=self.settings.tool_name_prefix)
-        raw = await asyncio.wait_for(client.get_tools(server_name=server.name), server.config.timeout)
+        raw = await guarded(lambda: client.get_tools(server_name=server.name), limit=server.config.timeout)
         tools: list[BaseTool] = []
         for tool in raw:
             if not _TOOL_NAME.fullmatch(tool.name):
@@ -320,7 +335,7 @@ class McpCatalog:
                 )
         timeout = server.config.call_timeout
         try:
-            return await asyncio.wait_for(inner(**arguments), timeout)
+            return await guarded(lambda: inner(**arguments), limit=timeout)
         except TimeoutError:
             raise ToolException(f"MCP server {name!r} did not answer {tool!r} within {timeout:g}s.") from None
         except ToolException:
@@ -332,21 +347,23 @@ class McpCatalog:
                     f"MCP server {name!r}: the result of {tool!r} {reason}; nothing was kept."
                 ) from None
             if _is_protocol_error(exc):
-                raise ToolException(
-                    f"MCP server {name!r} answered {tool!r} with an invalid or error JSON-RPC message "
-                    f"({_brief_error(exc)})."
-                ) from None
+                raise ToolException(f"MCP server {name!r} answered {tool!r} badly: {reason}.") from None
             self._failed(server, reason, retryable)
             raise ToolException(f"MCP server {name!r} failed during {tool!r}: {reason}.") from None
 
 
 def _is_protocol_error(exc: BaseException) -> bool:
+    """The server is there but its answer is wrong (not a dead transport): not worth a reconnect."""
     from mcp.shared.exceptions import McpError
+    from mcp.types import CONNECTION_CLOSED
     from pydantic import ValidationError
 
-    return any(isinstance(e, McpError | ValidationError | ValueError) for e in _flatten(exc)) and not any(
-        isinstance(e, OSError) for e in _flatten(exc)
-    )
+    found = _flatten(exc)
+    if any(isinstance(e, OSError) for e in found):
+        return False
+    if any(isinstance(e, McpError) and e.error.code == CONNECTION_CLOSED for e in found):
+        return False
+    return any(isinstance(e, InvalidMessage | McpError | ValidationError | ValueError) for e in found)
 
 
 def _cancel(server: _Server) -> None:
