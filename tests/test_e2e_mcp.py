@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
-from tests.daemon import DaemonProcess, started_daemon
+from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.fakes.mcp_servers import McpHttpServer, stdio_config
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.slack_daemon import DM, FRIEND
 from tests.telegram_daemon import OTHER, OWNER, answered, telegram_config
 
 HTTP_TOKEN = "mcp-http-token-51c0ffee"
@@ -172,3 +174,31 @@ async def test_reload_by_admin_and_sighup_change_the_tools_and_a_dying_server_is
             assert "MCP server 'web' failed during 'web_die'" in tool_results(model)["d1"]
             text = await command(tg, OWNER, "mcp", "MCP servers (2)")
             assert "failed: connection lost" in text
+
+
+async def test_slack_lists_mcp_servers_refuses_a_non_admin_reload_and_calls_a_tool(
+    tmp_path: Path, slack: FakeSlack, model: FakeOpenAI
+) -> None:
+    async with McpHttpServer("streamable_http", token=HTTP_TOKEN) as web:
+        cfg = chat_config(tmp_path, model.base_url, slack, allow=[f"slack:{FRIEND}"])
+        cfg["agent"]["mcp"] = {"servers": {"web": web.config(HTTP_TOKEN)}, "tool_name_prefix": True}
+        async with started_daemon(tmp_path, cfg, slack) as d:
+
+            async def dm(text: str, needle: str) -> str:
+                await slack.inject_dm(DM, FRIEND, text)
+                found = await slack.wait_for(
+                    lambda: next((t for t in slack.texts(DM) if needle in t), None), timeout=60
+                )
+                return str(found)
+
+            listed = await dm("/mcp", "MCP servers (1)")
+            assert "connected" in listed and "web_echo" in listed
+            await dm("/mcp reload", "only an admin")
+            model.script(
+                Reply(tool_calls=[ToolCall("web_echo", {"text": "from slack"}, id="s1")]),
+                Reply(text="Slack used the MCP tool."),
+            )
+            await dm("echo it over mcp", "Slack used the MCP tool")
+            assert "echo: from slack" in tool_results(model)["s1"]
+            for text in (json.dumps(model.requests), "\n".join(slack.texts(DM)), full_logs(d)):
+                assert HTTP_TOKEN not in text
