@@ -106,6 +106,9 @@ async def test_servers_of_every_transport_serve_a_turn_and_mcp_lists_them(
                     ToolCall("feed_add", {"a": 2, "b": 40}, id="t2"),
                     ToolCall("local_env_probe", {"name": "LOCAL_TOKEN"}, id="t3"),
                     ToolCall("local_env_probe", {"name": "OPENAI_API_KEY"}, id="t4"),
+                    ToolCall("local_huge", {}, id="t5"),  # 50 MB over stdio: dropped as it streams
+                    ToolCall("local_sized", {"chars": 300_000}, id="t7"),  # bounded for the model
+                    ToolCall("web_huge", {}, id="t6"),  # 50 MB over HTTP: not read past the cap
                 ]
             ),
             Reply(text="All done with the tools."),
@@ -120,6 +123,10 @@ async def test_servers_of_every_transport_serve_a_turn_and_mcp_lists_them(
         results = tool_results(model)
         assert "echo: over http" in results["t1"] and "42" in results["t2"]
         assert "set" in results["t3"] and "unset" in results["t4"]  # its env only, never the daemon's
+        assert "larger than 16,777,216 bytes" in results["t5"] and len(results["t5"]) < 1000
+        # Bounded before the model sees it (deepagents parks it, or ToolOutputCap cuts it).
+        assert 0 < len(results["t7"]) < 120_000
+        assert "larger than 16,777,216 bytes" in results["t6"] and len(results["t6"]) < 1000
 
         text = await command(tg, OWNER, "mcp", "MCP servers (5)")
         assert "connected" in text and "web_echo" in text and "feed_add" in text and "local_echo" in text

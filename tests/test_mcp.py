@@ -79,7 +79,15 @@ async def test_http_transports_list_and_call_with_a_bearer_token(
         c = await started(catalog, settings(good=srv.config(TOKEN), bad=srv.config("wrong-token-123456")))
         assert state(c, "good") == ("connected", "")
         names = sorted(t.name for t in c.tools())
-        assert names == ["good_add", "good_die", "good_echo", "good_env_probe", "good_huge", "good_notes"]
+        assert names == [
+            "good_add",
+            "good_die",
+            "good_echo",
+            "good_env_probe",
+            "good_huge",
+            "good_notes",
+            "good_sized",
+        ]
         assert await call(c, "good_echo", {"text": "hi"}) == "echo: hi"
         assert await call(c, "good_add", {"a": 2, "b": 40}) == "42"
         # The wrong token: a clear reason naming the cause, no tools, and no retry loop.
@@ -137,6 +145,14 @@ async def test_a_fifty_megabyte_answer_is_not_read_past_the_cap(catalog: list[Mc
         assert "larger than 1,048,576 bytes" in out and "nothing was kept" in out
         assert state(c, "web") == ("connected", "")  # a big answer is not a dead server
         assert await call(c, "web_echo", {"text": "still here"}) == "echo: still here"
+
+
+async def test_a_fifty_megabyte_answer_over_stdio_is_dropped_as_it_streams(catalog: list[McpCatalog]) -> None:
+    s = settings(s=stdio_config()).model_copy(update={"max_response_bytes": 1024 * 1024})
+    c = await started(catalog, s)
+    out = await call(c, "s_huge")
+    assert "larger than 1,048,576 bytes" in out and "nothing was kept" in out
+    assert await call(c, "s_echo", {"text": "still here"}) == "echo: still here"
 
 
 async def test_invalid_json_rpc_gives_a_clear_error(catalog: list[McpCatalog]) -> None:

@@ -37,12 +37,15 @@ import asyncio
 import contextlib
 import logging
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
+from agent.mcp_stdio_guard import TOO_LARGE
 from agent.mcp_view import McpServerView, McpState
 from agent.settings import McpServer, McpSettings
 from agent.tools.mcp_http import (
@@ -60,6 +63,7 @@ DESCRIPTION_CHARS = 2000
 """Characters of a tool's description (server-provided) that reach the model."""
 BACKOFF_MAX = 300.0
 """Longest wait between two reconnection attempts, in seconds."""
+_GUARD = Path(__file__).resolve().parent.parent / "mcp_stdio_guard.py"
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What the model APIs accept as a function name."""
 
@@ -80,7 +84,7 @@ def _brief_error(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def classify(exc: BaseException) -> tuple[str, bool]:
+def classify(exc: BaseException, limit: int = 0) -> tuple[str, bool]:
     """(reason in Chital's words, worth retrying). Never the exception's text: it may hold a URL
     with a token, a header, or whatever the server chose to say."""
     import httpx
@@ -93,6 +97,8 @@ def classify(exc: BaseException) -> tuple[str, bool]:
             return str(e), True
         if isinstance(e, InvalidMessage):
             return f"sent a message that is not valid JSON-RPC ({e})", True
+        if isinstance(e, McpError) and e.error.code == TOO_LARGE:
+            return f"was larger than {limit:,} bytes (agent.mcp.max_response_bytes)", True
         if isinstance(e, McpError) and e.error.code == CONNECTION_CLOSED:
             return "the connection closed (the server exited?)", True
         if isinstance(e, httpx.HTTPStatusError):
@@ -200,8 +206,12 @@ class McpCatalog:
 
         connection = server.config.connection()
         connection["session_kwargs"] = {"message_handler": message_handler}
+        limit = self.settings.max_response_bytes
+        if server.config.transport == "stdio":  # through the line-bounding relay (its docstring)
+            args = [str(limit), "--", connection["command"], *connection["args"]]
+            connection["command"], connection["args"] = sys.executable, [str(_GUARD), *args]
         if server.config.transport != "stdio":
-            connection["httpx_client_factory"] = capped_client_factory(self.settings.max_response_bytes)
+            connection["httpx_client_factory"] = capped_client_factory(limit)
         connections: dict[str, Any] = {server.name: connection}
         client = MultiServerMCPClient(connections, tool_name_prefix=self.settings.tool_name_prefix)
         raw = await guarded(lambda: client.get_tools(server_name=server.name), limit=server.config.timeout)
@@ -341,8 +351,8 @@ class McpCatalog:
         except ToolException:
             raise
         except Exception as exc:
-            reason, retryable = classify(exc)
-            if any(isinstance(e, ResponseTooLarge) for e in _flatten(exc)):
+            reason, retryable = classify(exc, self.settings.max_response_bytes)
+            if _too_large(exc):
                 raise ToolException(
                     f"MCP server {name!r}: the result of {tool!r} {reason}; nothing was kept."
                 ) from None
@@ -350,6 +360,15 @@ class McpCatalog:
                 raise ToolException(f"MCP server {name!r} answered {tool!r} badly: {reason}.") from None
             self._failed(server, reason, retryable)
             raise ToolException(f"MCP server {name!r} failed during {tool!r}: {reason}.") from None
+
+
+def _too_large(exc: BaseException) -> bool:
+    from mcp.shared.exceptions import McpError
+
+    return any(
+        isinstance(e, ResponseTooLarge) or (isinstance(e, McpError) and e.error.code == TOO_LARGE)
+        for e in _flatten(exc)
+    )
 
 
 def _is_protocol_error(exc: BaseException) -> bool:
