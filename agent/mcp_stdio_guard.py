@@ -55,7 +55,11 @@ def _too_large(head: bytes, limit: int) -> bytes:
 def main() -> int:
     limit = int(sys.argv[1])
     command = sys.argv[3:] if sys.argv[2] == "--" else sys.argv[2:]
-    server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    except OSError as exc:
+        sys.stderr.write(f"mcp_stdio_guard: cannot start the MCP server: {type(exc).__name__}\n")
+        return 127
     threading.Thread(target=_pump, args=(server,), daemon=True).start()
     assert server.stdout is not None
     out = sys.stdout.buffer
