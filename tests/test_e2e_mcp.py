@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from agent.tool_search import TOOL_SEARCH
 from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.fakes.mcp_servers import McpHttpServer, stdio_config
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
@@ -211,3 +212,22 @@ async def test_slack_lists_mcp_servers_refuses_a_non_admin_reload_and_calls_a_to
             assert "echo: from slack" in tool_results(model)["s1"]
             for text in (json.dumps(model.requests), "\n".join(slack.texts(DM)), full_logs(d)):
                 assert HTTP_TOKEN not in text
+
+
+async def test_a_tool_added_by_reload_is_found_by_tool_search(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    cfg = mcp_config(tmp_path, tg, model, {"local": stdio_config()})
+    cfg["agent"]["tool_search"] = {"enabled": True}  # deferral: MCP tools only once found
+    async with started_daemon(tmp_path, cfg) as d:
+        d.config["agent"]["mcp"]["servers"]["extra"] = stdio_config(extra=True)
+        d.write_config()
+        assert "extra_weather" in await command(tg, OWNER, "mcp reload", "Reloaded the MCP servers")
+        model.script(
+            Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "weather in a city"}, id="q1")]),
+            Reply(tool_calls=[ToolCall("extra_weather", {"city": "Oslo"}, id="w1")]),
+            Reply(text="Weather found."),
+        )
+        await answered(tg, OWNER, tg.inject_message(OWNER, OWNER, "weather?"), "Weather found", timeout=60)
+        assert "extra_weather" in tool_results(model)["q1"]
+        assert "sunny in Oslo" in tool_results(model)["w1"]
