@@ -5,7 +5,8 @@ The MCP SDK's stdio client reads a server's stdout by concatenating chunks until
 Chital starts a stdio server through this script (``python mcp_stdio_guard.py LIMIT -- cmd
 args``): requests pass through unchanged; an answer line longer than LIMIT bytes is dropped as it
 streams (never held) and replaced by a JSON-RPC error for the same request id (read from the line's
-first bytes), which the catalog reports as "larger than LIMIT bytes".
+first bytes when it is one Chital asked and has no answer to yet, else the only such request: some
+SDKs write the id after the result), which the catalog reports as "larger than LIMIT bytes".
 
 Standard library only, run by path (not ``-m``): it starts once per call and must start fast. It
 passes its environment on unchanged (the SDK's minimal one plus the server's ``env``). The SDK
@@ -27,11 +28,33 @@ _ID = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
 _HEAD = 512
 
 
+_pending: dict[str, object] = {}
+"""Requests sent and not answered yet: their id as JSON text -> the id."""
+_lock = threading.Lock()
+
+
+def _note_requests(data: bytes) -> None:
+    for line in data.splitlines():
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(message, dict) and "method" in message and "id" in message:
+            with _lock:
+                _pending[json.dumps(message["id"])] = message["id"]
+
+
 def _pump(dst: subprocess.Popen[bytes]) -> None:
-    """Our stdin to the server's, as it comes; closes the server's when ours ends."""
+    """Our stdin to the server's, as it comes (noting the requests' ids); closes the server's when
+    ours ends."""
     assert dst.stdin is not None
+    buffered = b""
     try:
         while chunk := os.read(0, 65536):
+            buffered += chunk
+            if b"\n" in buffered:  # requests are Chital's own, small: parse whole lines
+                done, _, buffered = buffered.rpartition(b"\n")
+                _note_requests(done)
             dst.stdin.write(chunk)
             dst.stdin.flush()
     except OSError:
@@ -43,12 +66,25 @@ def _pump(dst: subprocess.Popen[bytes]) -> None:
             pass
 
 
-def _too_large(head: bytes, limit: int) -> bytes:
+def _answered(head: bytes) -> None:
     found = _ID.search(head)
-    if found is None:
-        return b""
+    if found is not None:
+        with _lock:
+            _pending.pop(found.group(1).decode(errors="replace"), None)
+
+
+def _too_large(head: bytes, limit: int) -> bytes:
+    """The error answer standing in for a dropped line (nothing when whose it was is unknown)."""
+    found = _ID.search(head)
+    key = found.group(1).decode(errors="replace") if found else None
+    with _lock:
+        if key not in _pending:
+            key = next(iter(_pending)) if len(_pending) == 1 else None
+        if key is None:
+            return b""
+        request_id = _pending.pop(key)
     error = {"code": TOO_LARGE, "message": f"answer larger than {limit} bytes, dropped"}
-    message = {"jsonrpc": "2.0", "id": json.loads(found.group(1)), "error": error}
+    message = {"jsonrpc": "2.0", "id": request_id, "error": error}
     return json.dumps(message).encode() + b"\n"
 
 
@@ -78,6 +114,8 @@ def main() -> int:
             if not dropping:
                 line.append(part)
             if end >= 0:
+                if not dropping:
+                    _answered(head)
                 out.write(_too_large(head, limit) if dropping else b"".join(line))
                 out.flush()
                 line, size, head, dropping = [], 0, b"", False

@@ -153,6 +153,13 @@ async def test_a_fifty_megabyte_answer_over_stdio_is_dropped_as_it_streams(catal
     out = await call(c, "s_huge")
     assert "larger than 1,048,576 bytes" in out and "nothing was kept" in out
     assert await call(c, "s_echo", {"text": "still here"}) == "echo: still here"
+    # A server that writes the id after the result: the relay answers the one pending request.
+    late = settings(late=garbage_config("idlast", call_timeout=60)).model_copy(
+        update={"max_response_bytes": 1024 * 1024}
+    )
+    c = await started(catalog, late)
+    out = await call(c, "late_broken")
+    assert "larger than 1,048,576 bytes" in out, out
 
 
 async def test_invalid_json_rpc_gives_a_clear_error(catalog: list[McpCatalog]) -> None:
