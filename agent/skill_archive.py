@@ -180,6 +180,7 @@ def _from_tar_gz(data: bytes) -> list[tuple[str, bytes | None, bool]]:
     except (OSError, EOFError, zlib.error) as exc:
         raise ArchiveError(f"the gzip stream is damaged ({type(exc).__name__})") from None
     out: list[tuple[str, bytes | None, bool]] = []
+    members = _Budget()
     try:
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tf:
             count = 0
@@ -196,10 +197,13 @@ def _from_tar_gz(data: bytes) -> list[tuple[str, bytes | None, bool]]:
                         f"{ascii(info.name)[:80]} is {what}; only regular files and folders are allowed"
                     )
                 check_path(info.name)
+                if info.issparse():  # a few stored bytes that expand to gigabytes when read
+                    raise ArchiveError(f"{ascii(info.name)[:80]} is a sparse file: not allowed")
                 if info.size > MAX_FILE_BYTES:
                     raise ArchiveError(f"{ascii(info.name)[:80]} is larger than {MAX_FILE_BYTES // 2**20} MB")
-                body = tf.extractfile(info)
-                out.append((info.name, body.read() if body is not None else b"", bool(info.mode & 0o111)))
+                # Counted as read, like a zip's members, whatever the header says.
+                body = members.read(tf.extractfile(info), info.name)
+                out.append((info.name, body, bool(info.mode & 0o111)))
     except tarfile.TarError as exc:
         raise ArchiveError(f"the tar archive is damaged ({type(exc).__name__})") from None
     return out

@@ -50,6 +50,8 @@ from agent.skills import (
 )
 
 DRAFTS = ".drafts"
+MAX_PENDING_DRAFTS = 20
+"""Drafts that may wait at once: the model cannot fill the disk with them."""
 """Drafted skills wait here (hidden: the catalog skips it) for an admin's approval."""
 
 
@@ -262,10 +264,18 @@ def draft_skill(
     reserved: Collection[str] = (),
 ) -> Skill:
     """Write a draft (``custom_dir/.drafts/<name>/SKILL.md``) that waits for an admin; never offered
-    to anyone before :func:`approve_draft`. An existing draft of the same name is replaced."""
+    to anyone before :func:`approve_draft`. A pending draft is never replaced: what an admin read
+    must be what they approve (and :func:`approve_draft` checks its fingerprint too)."""
     check_name(name, settings, reserved)
     if (Path(settings.custom_dir) / name).exists():
         raise SkillError(f"a custom skill named {name!r} is installed already; choose another name")
+    pending = pending_drafts(settings)
+    if name in pending or (Path(settings.custom_dir) / DRAFTS / name).exists():
+        raise SkillError(f"a draft named {name!r} already waits for an admin; choose another name")
+    if len(pending) >= MAX_PENDING_DRAFTS:
+        raise SkillError(
+            f"{len(pending)} drafts already wait for an admin: ask one to approve or reject them"
+        )
     front = json.dumps({"name": name, "description": " ".join(description.split())}, ensure_ascii=False)
     text = f"---\n{front}\n---\n\n{body.strip()}\n".encode()
     skill = parse_skill(Path(name) / SKILL_FILE, "custom", raw=text, files=())  # the same rules as any skill
@@ -281,12 +291,29 @@ def pending_drafts(settings: SkillsSettings) -> dict[str, Skill]:
     return scan_skills(Path(settings.custom_dir) / DRAFTS, "custom")
 
 
-def approve_draft(settings: SkillsSettings, name: str, approved_by: str) -> Skill:
-    """Move the draft ``name`` into ``custom_dir``: from now on it is offered like any skill."""
+def draft_fingerprint(settings: SkillsSettings, name: str) -> str | None:
+    """The first 8 hex digits of the SHA-256 of a pending draft's SKILL.md: shown with the draft,
+    carried by its Approve button and the approve command, so an approval names the text read."""
+    draft = pending_drafts(settings).get(name)
+    if draft is None:
+        return None
+    with (draft.dir / SKILL_FILE).open("rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()[:8]
+
+
+def approve_draft(
+    settings: SkillsSettings, name: str, approved_by: str, fingerprint: str | None = None
+) -> Skill:
+    """Move the draft ``name`` into ``custom_dir``: from now on it is offered like any skill. With
+    ``fingerprint`` (chat approvals), only if the draft is still the text that fingerprint names."""
     drafts = pending_drafts(settings)
     draft = drafts.get(name)
     if draft is None:
         raise SkillError(f"there is no draft named {ascii(name)[:80]} waiting for approval")
+    if fingerprint is not None and draft_fingerprint(settings, name) != fingerprint.lower():
+        raise SkillError(
+            f"the draft {name!r} is not the text that was shown; read it again with /skills show"
+        )
     target = Path(settings.custom_dir) / name
     if target.exists():
         raise SkillError(f"a custom skill named {name!r} is installed already")
@@ -354,6 +381,7 @@ def _scripts_of(skill: Skill) -> list[str]:
 
 __all__ = [
     "DRAFTS",
+    "MAX_PENDING_DRAFTS",
     "ArchiveError",
     "Installed",
     "Listed",
@@ -361,6 +389,7 @@ __all__ = [
     "check_archive",
     "clean_origin",
     "download_archive",
+    "draft_fingerprint",
     "draft_skill",
     "install_archive",
     "list_skills",

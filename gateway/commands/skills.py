@@ -23,6 +23,7 @@ from agent.skill_archive import MAX_ARCHIVE_BYTES
 from agent.skill_install import (
     Listed,
     approve_draft,
+    draft_fingerprint,
     install_archive,
     list_skills,
     pending_drafts,
@@ -111,8 +112,11 @@ async def command(ctx: CommandContext, entry: JournalEntry, cmd: Command, comman
     try:
         if action == "install":
             return await _install(ctx, entry, words[1:], commands)
-        if len(words) != 2:
-            return f"Name one skill: /skills {action} NAME"
+        if action == "approve" and len(words) == 2:
+            shown = code_span(words[1].lower(), 64)
+            return f"Read it first: /skills show {shown}, then approve it with the fingerprint shown."
+        if len(words) != (3 if action == "approve" else 2):
+            return f"Name one skill: /skills {action} NAME" + (" FINGERPRINT" if action == "approve" else "")
         name = words[1].lower()
         if action == "remove":
             what = await asyncio.to_thread(remove_skill, settings, name)
@@ -120,11 +124,11 @@ async def command(ctx: CommandContext, entry: JournalEntry, cmd: Command, comman
             return f"🗑 Removed the {what} {code_span(name)}."
         if action == "show":
             text = await asyncio.to_thread(_show, settings, name)
-            if name in await asyncio.to_thread(pending_drafts, settings):
-                await _offer_buttons(ctx, entry, name)
+            if (fingerprint := await asyncio.to_thread(draft_fingerprint, settings, name)) is not None:
+                await _offer_buttons(ctx, entry, name, fingerprint)
             return text
         if action == "approve":
-            skill = await asyncio.to_thread(approve_draft, settings, name, _installer(entry))
+            skill = await asyncio.to_thread(approve_draft, settings, name, _installer(entry), words[2])
             profiles.reload_skills(ctx.config)
             return f"✅ Approved the skill {code_span(skill.name)}: everyone can use it now."
         if await asyncio.to_thread(reject_draft, settings, name):
@@ -134,10 +138,11 @@ async def command(ctx: CommandContext, entry: JournalEntry, cmd: Command, comman
         return f"⚠️ {code_span(str(exc), 300)}"
 
 
-async def _offer_buttons(ctx: CommandContext, entry: JournalEntry, name: str) -> None:
-    """Approve / Reject under a draft, as for a tool's approval; the text answer works anyway."""
+async def _offer_buttons(ctx: CommandContext, entry: JournalEntry, name: str, shown: str) -> None:
+    """Approve / Reject under a draft, as for a tool's approval; the text answer works anyway. The
+    Approve button carries the fingerprint of the text shown: it approves that text or nothing."""
     buttons = [
-        Button("✅ Approve", f"{PREFIX}:ok:{name}", "primary"),
+        Button("✅ Approve", f"{PREFIX}:ok:{name}:{shown}", "primary"),
         Button("🗑 Reject", f"{PREFIX}:no:{name}", "danger"),
     ]
     if ctx.buttons is None or any(len(b.value.encode()) > 64 for b in buttons):
@@ -162,10 +167,10 @@ async def on_action(config: Config, channels: Mapping[str, Channel], action: Act
 
 
 async def _decide(config: Config, action: Action) -> ActionAnswer:
-    parts = action.value.split(":", 2)
-    if len(parts) != 3 or parts[1] not in ("ok", "no"):
+    parts = action.value.split(":")
+    if not ((len(parts) == 4 and parts[1] == "ok") or (len(parts) == 3 and parts[1] == "no")):
         return ActionAnswer("This button is not mine to answer.", refused=True)
-    name = parts[2]
+    name, shown = parts[2], parts[3] if parts[1] == "ok" else None
     probe = Inbound(action.platform, action.chat_id, "", action.sender_id, "", False, False)
     if not access.is_admin(config.access_for(action.platform), probe):
         return ActionAnswer("⛔ Only an admin of this bot can approve or reject a skill.", refused=True)
@@ -173,7 +178,7 @@ async def _decide(config: Config, action: Action) -> ActionAnswer:
     by = f"{action.user} ({' '.join(action.sender_name.split())[:60]})" if action.sender_name else action.user
     try:
         if parts[1] == "ok":
-            await asyncio.to_thread(approve_draft, settings, name, by)
+            await asyncio.to_thread(approve_draft, settings, name, by, shown)
             profiles.reload_skills(config)
             log.info("skills: %s approved the draft %r", action.user, name)
             return ActionAnswer(
@@ -182,8 +187,9 @@ async def _decide(config: Config, action: Action) -> ActionAnswer:
         if await asyncio.to_thread(reject_draft, settings, name):
             log.info("skills: %s rejected the draft %r", action.user, name)
             return ActionAnswer(f"🗑 Rejected the draft {code_span(name)} by {code_span(by)}.")
-    except SkillError:
-        pass
+    except SkillError as exc:
+        if "not the text that was shown" in str(exc):
+            return ActionAnswer(f"⚠️ {code_span(str(exc), 300)}", refused=True)
     return ActionAnswer(f"The draft {code_span(name)} was already approved or rejected.", refused=True)
 
 
@@ -202,7 +208,8 @@ def _show(settings: SkillsSettings, name: str) -> str:
     if skill.origin:
         head += f", {code_span(skill.origin, 300)}"
     tail = "\n(cut here: read the whole file on the server)" if cut else ""
-    action = f"\n/skills approve {name} or /skills reject {name}" if name in drafts else ""
+    fingerprint = draft_fingerprint(settings, name) if name in drafts else None
+    action = f"\n/skills approve {name} {fingerprint} or /skills reject {name}" if fingerprint else ""
     return f"{head}:\n```\n{text}\n```{tail}{action}"
 
 
