@@ -198,8 +198,9 @@ async def test_a_daemon_whose_lease_was_taken_while_it_was_busy_sends_nothing_mo
         msg = dm(43, "hi there")
         await a.channel.deliver(msg)
         await until(lambda: a.harness.calls, what="A started the turn")
-        a.cluster._tasks[0].cancel()  # A's heartbeat is stuck (the loop is busy elsewhere)
-        a.cluster._tasks[1].cancel()  # and so is everything else that would notice
+        loops = {task.get_name(): task for task in a.cluster.tasks.running}
+        loops["cluster:heartbeat"].cancel()  # A's heartbeat is stuck (the loop is busy elsewhere)
+        loops["cluster:fence"].cancel()  # and so is everything else that would notice
         async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
             await conn.execute("UPDATE journal SET lease_until = 0 WHERE key = %s", (msg.key,))
         await until(lambda: platform.messages, timeout=5, what="B's answer")

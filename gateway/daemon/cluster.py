@@ -159,7 +159,7 @@ class Cluster:
         """Called when this daemon becomes the leader (start the leader-only channels)."""
         self.on_unlead: list[LeaderHook] = []
         """Called when it stops being the leader (stop them)."""
-        self._tasks = tasks if tasks is not None else TaskTracker()
+        self.tasks = tasks if tasks is not None else TaskTracker()
         """The cluster's four loops: a loop that fails is logged at once (gateway/ops/tasks.py)."""
         self._lock_conn: Any = None
         self._renewed = time.monotonic()
@@ -196,14 +196,14 @@ class Cluster:
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         log.info("cluster: this daemon is node %s (lease %gs)", self.node, self.ttl)
-        self._tasks.spawn(self._heartbeat(), "cluster:heartbeat")
-        self._tasks.spawn(self._watch(), "cluster:fence")
-        self._tasks.spawn(self._sweep(), "cluster:sweep")
-        self._tasks.spawn(self._lead(), "cluster:leader")
+        self.tasks.spawn(self._heartbeat(), "cluster:heartbeat")
+        self.tasks.spawn(self._watch(), "cluster:fence")
+        self.tasks.spawn(self._sweep(), "cluster:sweep")
+        self.tasks.spawn(self._lead(), "cluster:leader")
 
     async def close(self) -> None:
         """Stop the loops, give up leadership and every lease (the others take over at once)."""
-        await self._tasks.close()
+        await self.tasks.close()
         await self._step_down()
         beat, self._beat = self._beat, None
         if beat is not None:
