@@ -8,12 +8,13 @@ that failed when a channel reconnected was lost silently. Here every task is hel
 its exception is retrieved and logged once with the task's name, and ``close()`` cancels and awaits
 whatever is still running, in one place at shutdown.
 
-The daemon has one root tracker (``Daemon.tasks``, gateway/daemon/app.py). Each part that stops at its own moment of the
-shutdown (the background loops, the Gateway, the cluster, each channel's supervisor) spawns through a
-:meth:`TaskTracker.child` of it: the child cancels only its own tasks when its owner stops, and every
-task is still held by the root, whose ``close()`` at the very end finds any that outlived their
-owner. Tasks that a coroutine starts and awaits itself (a reply's loader and flusher, the usage
-writer that ``close()`` waits for) are not background tasks: their owner retrieves their result.
+The daemon has one root tracker (``Daemon.tasks``, gateway/daemon/app.py). Each part that stops at
+its own moment of the shutdown (the background loops, the Gateway, the cluster, each channel's
+supervisor) spawns through a :meth:`TaskTracker.child` of it: the child cancels only its own tasks
+when its owner stops, and every task is still held by the root, whose ``close()`` at the very end
+finds any that outlived their owner. Tasks that a coroutine starts and awaits itself (a reply's
+loader and flusher, the usage writer that ``close()`` waits for) are not background tasks: their
+owner retrieves their result.
 """
 
 from __future__ import annotations
