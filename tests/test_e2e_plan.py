@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from gateway.delivery.plan import PLAN_PART
 from tests.daemon import DaemonProcess, chat_config, started_daemon
+from tests.fakes.gateway_rig import daemon_rows
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.slack_server import FakeSlack, Post
 from tests.fakes.telegram_server import FakeTelegram
@@ -197,6 +199,9 @@ async def test_kill9_mid_plan_continues_the_same_plan_in_the_same_message(
     mid = up["message"]["message_id"]
     await tg.wait_for(lambda: checklists_tg(tg, mid) or None, timeout=30, what="the first checklist")
     await tg.wait_for(lambda: len(model.requests) >= 2 or None, timeout=15, what="the second model call")
+    # Killed once the checklist's id is recorded: a kill between Telegram's answer and that write
+    # is the send window docs/durability.md describes (sendMessage has no idempotency key).
+    await _until_recorded(tg_daemon.config["storage"])
     before = len(model.requests)
     tg_daemon.kill9()
     await tg_daemon.wait_exit()
@@ -293,3 +298,13 @@ async def test_slack_huge_long_and_hostile_plans_never_ping_link_or_leak(
         assert SECRET not in text
         assert "\u202e" not in text and "y" * 300 not in text
         assert len(text) < 2000
+
+
+async def _until_recorded(storage: dict[str, Any], timeout: float = 15.0) -> None:
+    """Until the daemon's outbox holds the checklist's message id (part PLAN_PART)."""
+    sql = "SELECT message_id FROM outbox WHERE part = ?"
+    for _ in range(int(timeout / 0.05)):
+        if await asyncio.to_thread(daemon_rows, storage, sql, (PLAN_PART,)):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the checklist's message id was never recorded")
