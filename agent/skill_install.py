@@ -295,8 +295,10 @@ def draft_fingerprint(settings: SkillsSettings, name: str) -> str | None:
     """The first 8 hex digits of the SHA-256 of a pending draft's SKILL.md: shown with the draft,
     carried by its Approve button and the approve command, so an approval names the text read."""
     draft = pending_drafts(settings).get(name)
-    if draft is None:
-        return None
+    return None if draft is None else _fingerprint(draft)
+
+
+def _fingerprint(draft: Skill) -> str:
     with (draft.dir / SKILL_FILE).open("rb") as fh:
         return hashlib.sha256(fh.read()).hexdigest()[:8]
 
@@ -310,7 +312,7 @@ def approve_draft(
     draft = drafts.get(name)
     if draft is None:
         raise SkillError(f"there is no draft named {ascii(name)[:80]} waiting for approval")
-    if fingerprint is not None and draft_fingerprint(settings, name) != fingerprint.lower():
+    if fingerprint is not None and _fingerprint(draft) != fingerprint.lower():
         raise SkillError(
             f"the draft {name!r} is not the text that was shown; read it again with /skills show"
         )
