@@ -143,6 +143,25 @@ class SubagentSettings(BaseModel):
     """Model calls one sub-agent run may make; the last one must answer in text."""
 
 
+class McpOAuth(BaseModel):
+    """OAuth client credentials of an HTTP MCP server that asks for OAuth (docs/tools-and-mcp.md):
+    the grant of machine-to-machine clients, as a daemon has no browser."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    client_id: str = Field(min_length=1)
+    """The client id the authorization server issued to Chital."""
+    client_secret: SecretStr
+    """The client's secret (``${VAR}`` is expanded); never logged."""
+    issuer: str = Field(pattern=r"^https?://")
+    """The authorization server's issuer URL: the credentials are only ever sent to the server
+    whose RFC 8414 metadata names exactly this issuer, whatever the MCP server advertises."""
+    scopes: str | None = None
+    """Space-separated scopes to ask for (default: none requested)."""
+    token_endpoint_auth_method: Literal["client_secret_basic", "client_secret_post"] = "client_secret_basic"
+    """How the secret is presented at the token endpoint."""
+
+
 class McpServer(BaseModel):
     """One MCP server: ``command``/``args``/``env`` for stdio, ``url``/``headers`` for HTTP."""
 
@@ -157,6 +176,9 @@ class McpServer(BaseModel):
     url: str | None = None
     headers: dict[str, SecretStr] | None = None
     """HTTP headers (e.g. Authorization); kept as secrets, never logged."""
+    oauth: McpOAuth | None = None
+    """OAuth client credentials (HTTP transports): tokens are fetched, stored in the data directory
+    (0600) and refreshed by the MCP SDK's OAuth client."""
     timeout: float = Field(30.0, gt=0)
     """Seconds the server may take to start and list its tools."""
     call_timeout: float = Field(300.0, gt=0)
@@ -169,6 +191,10 @@ class McpServer(BaseModel):
             raise ValueError("a stdio MCP server needs 'command'")
         if self.transport != "stdio" and not self.url:
             raise ValueError(f"a {self.transport} MCP server needs 'url'")
+        if self.oauth is not None and self.transport == "stdio":
+            raise ValueError("'oauth' is for streamable_http and sse servers")
+        if self.oauth is not None and any(k.lower() == "authorization" for k in self.headers or {}):
+            raise ValueError("give a server either 'oauth' or an Authorization header, not both")
         return self
 
     def connection(self) -> dict[str, Any]:
@@ -187,6 +213,8 @@ class McpServer(BaseModel):
 
     def secrets(self) -> list[str]:
         values = [*(self.env or {}).values(), *(self.headers or {}).values()]
+        if self.oauth is not None:
+            values.append(self.oauth.client_secret)
         return [v.get_secret_value() for v in values if len(v.get_secret_value()) >= 6]
 
 

@@ -55,6 +55,7 @@ from agent.tools.mcp_http import (
     guarded,
     message_handler,
 )
+from agent.tools.mcp_oauth import build_auth, oauth_error
 from agent.untrusted import visible
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ def classify(exc: BaseException, limit: int = 0) -> tuple[str, bool]:
 
     found = _flatten(exc)
     for e in found:
+        if (oauth := oauth_error(e)) is not None:
+            return oauth
         if isinstance(e, ResponseTooLarge):
             return str(e), True
         if isinstance(e, InvalidMessage):
@@ -127,6 +130,8 @@ class _Server:
     failures: int = 0
     retry_at: float = 0.0
     task: asyncio.Task[None] | None = None
+    auth: Any = None
+    """The server's OAuth provider (an ``httpx.Auth`` holding its tokens), made on first connect."""
 
     def view(self, tools: list[BaseTool]) -> McpServerView:
         return McpServerView(
@@ -137,9 +142,11 @@ class _Server:
 class McpCatalog:
     """The MCP tools of the configured servers, kept current (module docstring)."""
 
-    def __init__(self, settings: McpSettings, *, reconnect: bool = True) -> None:
-        """``reconnect``: retry failed servers in the background (off for one-shot loading)."""
+    def __init__(self, settings: McpSettings, *, reconnect: bool = True, token_dir: Path | None = None) -> None:
+        """``reconnect``: retry failed servers in the background (off for one-shot loading);
+        ``token_dir``: where OAuth tokens are kept (0600 files; None: in memory only)."""
         self.settings = settings
+        self._token_dir = token_dir
         self._reconnect = reconnect
         self._servers: dict[str, _Server] = {}
         self._tools: list[BaseTool] = []
@@ -212,6 +219,10 @@ class McpCatalog:
             connection["command"], connection["args"] = sys.executable, [str(_GUARD), *args]
         if server.config.transport != "stdio":
             connection["httpx_client_factory"] = capped_client_factory(limit)
+        if server.config.oauth is not None:
+            if server.auth is None:
+                server.auth = build_auth(server.name, server.config, self._token_dir)
+            connection["auth"] = server.auth
         connections: dict[str, Any] = {server.name: connection}
         client = MultiServerMCPClient(connections, tool_name_prefix=self.settings.tool_name_prefix)
         raw = await guarded(lambda: client.get_tools(server_name=server.name), limit=server.config.timeout)

@@ -73,8 +73,10 @@ def report(exc: BaseException) -> None:
 
 async def message_handler(message: Any) -> None:
     """The ``ClientSession``'s message handler: the SDK hands it what it could not parse or send."""
-    if isinstance(message, httpx.TransportError | OSError | ResponseTooLarge):
-        report(message)
+    from mcp.client.auth import OAuthFlowError
+
+    if isinstance(message, httpx.TransportError | OSError | ResponseTooLarge | OAuthFlowError):
+        report(message)  # an OAuth failure keeps its type: the catalog does not retry a refused grant
     elif isinstance(message, Exception):
         report(InvalidMessage(type(message).__name__))
 

@@ -22,6 +22,7 @@ from tests.daemon import free_port
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SERVER = FIXTURES / "mcp_test_server.py"
 GARBAGE = FIXTURES / "mcp_garbage_server.py"
+OAUTH = FIXTURES / "mcp_oauth_server.py"
 HttpTransport = Literal["streamable_http", "sse"]
 
 
@@ -65,9 +66,7 @@ class McpHttpServer:
             env["MCP_TEST_TOKEN"] = self.token
         if self.extra:
             env["MCP_TEST_EXTRA"] = "1"
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(SERVER), self.transport, str(self.port), env=env
-        )
+        self.proc = await asyncio.create_subprocess_exec(*self._argv(), env=env)
         for _ in range(300):  # up to ~30 s on a loaded machine
             if self.proc.returncode is not None:
                 raise RuntimeError(f"the MCP test server exited with {self.proc.returncode}")
@@ -77,6 +76,9 @@ class McpHttpServer:
                 return self
             await asyncio.sleep(0.1)
         raise RuntimeError("the MCP test server did not start listening")
+
+    def _argv(self) -> list[str]:
+        return [sys.executable, str(SERVER), self.transport, str(self.port)]
 
     async def wait_exit(self) -> int:
         assert self.proc is not None
@@ -96,3 +98,35 @@ class McpHttpServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+class McpOAuthServer(McpHttpServer):
+    """tests/fixtures/mcp_oauth_server.py: an MCP server asking for OAuth and its authorization
+    server (client credentials, refresh tokens) on one port; :meth:`admin` drives the latter."""
+
+    def __init__(self, transport: HttpTransport, *, client_id: str, client_secret: str) -> None:
+        super().__init__(transport)
+        self.client_id, self.client_secret = client_id, client_secret
+
+    @property
+    def issuer(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _argv(self) -> list[str]:
+        return [sys.executable, str(OAUTH), self.transport, str(self.port), self.client_id, self.client_secret]
+
+    def oauth_config(self, secret: str | None = None, **kw: Any) -> dict[str, Any]:
+        """This server's entry in ``agent.mcp.servers``, with its OAuth client credentials."""
+        oauth = {"client_id": self.client_id, "client_secret": secret or self.client_secret, "issuer": self.issuer}
+        return {"transport": self.transport, "url": self.url, "oauth": oauth, **kw}
+
+    async def admin(self, action: str = "stats", **params: Any) -> dict[str, Any]:
+        """``ttl`` (seconds=), ``revoke_refresh``, ``revoke_client``, ``expire_access``, ``stats``:
+        returns the token endpoint's hit counts and every token issued."""
+        import httpx
+
+        async with httpx.AsyncClient(trust_env=False) as client:
+            r = await client.post(f"{self.issuer}/_admin/{action}", params=params)
+            r.raise_for_status()
+            data: dict[str, Any] = r.json()
+            return data

@@ -1,0 +1,164 @@
+"""OAuth for HTTP MCP servers (agent/tools/mcp_oauth.py) against a real FastMCP resource server
+and a test authorization server on 127.0.0.1 (tests/fixtures/mcp_oauth_server.py).
+
+Asserted: what the model gets from a tool call, what ``/mcp`` shows (``servers()``), how often the
+token endpoint was hit (by grant), the token file's permissions, and that no secret or token
+appears in the operator's log or in a tool's text."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.tools import ToolException
+from pydantic import ValidationError
+
+from agent.settings import McpServer, McpSettings
+from agent.tools.mcp import McpCatalog
+from tests.fakes.mcp_servers import McpOAuthServer
+
+CLIENT_ID = "chital-m2m"
+SECRET = "cs-7f3e9a1b2c4d5e6f-oauth"
+
+
+@pytest.fixture
+async def made() -> AsyncIterator[list[McpCatalog]]:
+    catalogs: list[McpCatalog] = []
+    yield catalogs
+    for c in catalogs:
+        await c.close()
+
+
+async def start(made: list[McpCatalog], token_dir: Path | None, **servers: dict[str, Any]) -> McpCatalog:
+    s = McpSettings.model_validate({"servers": servers, "tool_name_prefix": True, "reconnect_backoff": 0.2})
+    c = McpCatalog(s, token_dir=token_dir)
+    made.append(c)
+    await c.start()
+    return c
+
+
+async def call(c: McpCatalog, name: str, text: str = "hi") -> str:
+    """What the model gets: the tool's text, or ``ERROR: `` and the tool error's text."""
+    tool = next(t for t in c.tools() if t.name == name)
+    try:
+        out = await tool.ainvoke({"type": "tool_call", "id": "c1", "name": name, "args": {"text": text}})
+    except ToolException as exc:
+        return f"ERROR: {exc}"
+    content = out.content
+    if isinstance(content, list):
+        return "".join(b["text"] if isinstance(b, dict) else str(b) for b in content)
+    return str(content)
+
+
+def state(c: McpCatalog, name: str) -> tuple[str, str]:
+    view = next(v for v in c.servers() if v.name == name)
+    return view.state, view.reason
+
+
+def assert_no_secrets(texts: list[str], issued: list[str]) -> None:
+    for text in texts:
+        assert SECRET not in text
+        for token in issued:
+            assert token not in text
+
+
+@pytest.mark.parametrize("transport", ["streamable_http", "sse"])
+async def test_tokens_are_issued_stored_0600_and_used(
+    transport: Any, made: list[McpCatalog], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    tokens = tmp_path / "mcp-oauth"
+    async with McpOAuthServer(transport, client_id=CLIENT_ID, client_secret=SECRET) as srv:
+        c = await start(made, tokens, svc=srv.oauth_config())
+        assert state(c, "svc") == ("connected", "")
+        assert await call(c, "svc_echo", "one") == "echo: one"
+        stats = await srv.admin()
+        assert stats["hits"]["client_credentials"] == 1  # one grant, reused by the later session
+        files = list(tokens.iterdir())
+        assert len(files) == 1
+        assert stat.S_IMODE(files[0].stat().st_mode) == 0o600
+        assert stat.S_IMODE(tokens.stat().st_mode) == 0o700
+        assert stats["issued"][0] in files[0].read_text()  # the access token is what is stored
+
+        # a restarted daemon reuses the stored token: no new grant
+        again = await start(made, tokens, svc=srv.oauth_config())
+        assert await call(again, "svc_echo", "two") == "echo: two"
+        assert (await srv.admin())["hits"]["client_credentials"] == 1
+
+        # a wrong secret: refused, the server failed (not retried), the secret never shown
+        wrong = await start(made, tmp_path / "other", bad=srv.oauth_config("wrong-secret-123456"))
+        st, reason = state(wrong, "bad")
+        assert st == "failed" and "authorization refused or revoked" in reason
+        assert "wrong-secret-123456" not in caplog.text
+    assert_no_secrets([caplog.text], stats["issued"])
+
+
+async def test_an_expired_token_is_refreshed_with_the_refresh_token(
+    made: list[McpCatalog], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with McpOAuthServer("streamable_http", client_id=CLIENT_ID, client_secret=SECRET) as srv:
+        await srv.admin("ttl", seconds=1)  # tokens that live one second
+        c = await start(made, tmp_path, svc=srv.oauth_config())
+        assert state(c, "svc") == ("connected", "")
+        await asyncio.sleep(1.5)  # the access token has expired (client and server side)
+        assert await call(c, "svc_echo", "after") == "echo: after"
+        stats = await srv.admin()
+        assert stats["hits"]["refresh_token"] >= 1
+        assert state(c, "svc") == ("connected", "")
+
+        # the refresh token revoked alone: the SDK falls back to a new client-credentials grant
+        await srv.admin("ttl", seconds=3600)
+        await srv.admin("revoke_refresh")
+        await asyncio.sleep(1.5)
+        assert await call(c, "svc_echo", "fresh") == "echo: fresh"
+        assert (await srv.admin())["hits"]["client_credentials"] >= 2
+    assert_no_secrets([caplog.text], stats["issued"])
+
+
+async def test_a_revoked_client_is_reported_once_and_never_retried_in_a_loop(
+    made: list[McpCatalog], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with McpOAuthServer("streamable_http", client_id=CLIENT_ID, client_secret=SECRET) as srv:
+        await srv.admin("ttl", seconds=1)
+        c = await start(made, tmp_path, svc=srv.oauth_config())
+        assert state(c, "svc") == ("connected", "")
+        await srv.admin("revoke_client")
+        await asyncio.sleep(1.5)
+        first = await call(c, "svc_echo")
+        assert first.startswith("ERROR: MCP server 'svc' failed during 'svc_echo': authorization refused")
+        st, reason = state(c, "svc")
+        assert st == "failed" and "authorization refused or revoked" in reason
+        hits = (await srv.admin())["hits"]
+
+        # more calls and many backoff periods (0.2 s doubling) later: no token request at all
+        texts = [await call(c, "svc_echo") for _ in range(5)]
+        await asyncio.sleep(2.0)
+        texts.append(await call(c, "svc_echo"))
+        assert all("An admin must fix its configuration and run /mcp reload" in t for t in texts)
+        stats = await srv.admin()
+        assert stats["hits"] == hits
+        reports = [r for r in caplog.records if "MCP server 'svc' failed" in r.getMessage()]
+        assert len(reports) == 1
+    assert_no_secrets([caplog.text, first, *texts], stats["issued"])
+
+
+def test_oauth_config_is_checked() -> None:
+    base = {"client_id": "c", "client_secret": "s", "issuer": "https://auth.example"}
+    with pytest.raises(ValidationError, match="'oauth' is for streamable_http and sse"):
+        McpServer.model_validate({"command": "x", "oauth": base})
+    with pytest.raises(ValidationError, match="not both"):
+        McpServer.model_validate(
+            {"transport": "sse", "url": "http://x/sse", "oauth": base, "headers": {"authorization": "Bearer t"}}
+        )
+    with pytest.raises(ValidationError):  # the issuer is required: the secret goes only there
+        McpServer.model_validate({"transport": "sse", "url": "http://x/sse", "oauth": {"client_id": "c", "client_secret": "s"}})
+    cfg = McpServer.model_validate({"transport": "sse", "url": "http://x/sse", "oauth": {**base, "client_secret": SECRET}})
+    assert SECRET in cfg.secrets()  # masked in tool results like header values
+    assert SECRET not in repr(cfg)
