@@ -155,10 +155,19 @@ def test_oauth_config_is_checked() -> None:
         McpServer.model_validate({"command": "x", "oauth": base})
     with pytest.raises(ValidationError, match="not both"):
         McpServer.model_validate(
-            {"transport": "sse", "url": "http://x/sse", "oauth": base, "headers": {"authorization": "Bearer t"}}
+            {
+                "transport": "sse",
+                "url": "http://x/sse",
+                "oauth": base,
+                "headers": {"authorization": "Bearer t"},
+            }
         )
     with pytest.raises(ValidationError):  # the issuer is required: the secret goes only there
-        McpServer.model_validate({"transport": "sse", "url": "http://x/sse", "oauth": {"client_id": "c", "client_secret": "s"}})
-    cfg = McpServer.model_validate({"transport": "sse", "url": "http://x/sse", "oauth": {**base, "client_secret": SECRET}})
+        McpServer.model_validate(
+            {"transport": "sse", "url": "http://x/sse", "oauth": {"client_id": "c", "client_secret": "s"}}
+        )
+    cfg = McpServer.model_validate(
+        {"transport": "sse", "url": "http://x/sse", "oauth": {**base, "client_secret": SECRET}}
+    )
     assert SECRET in cfg.secrets()  # masked in tool results like header values
     assert SECRET not in repr(cfg)

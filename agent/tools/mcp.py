@@ -142,7 +142,9 @@ class _Server:
 class McpCatalog:
     """The MCP tools of the configured servers, kept current (module docstring)."""
 
-    def __init__(self, settings: McpSettings, *, reconnect: bool = True, token_dir: Path | None = None) -> None:
+    def __init__(
+        self, settings: McpSettings, *, reconnect: bool = True, token_dir: Path | None = None
+    ) -> None:
         """``reconnect``: retry failed servers in the background (off for one-shot loading);
         ``token_dir``: where OAuth tokens are kept (0600 files; None: in memory only)."""
         self.settings = settings

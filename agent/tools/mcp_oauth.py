@@ -149,7 +149,10 @@ def oauth_error(exc: BaseException) -> tuple[str, bool] | None:
             False,
         )
     if isinstance(exc, OAuthFlowError):
-        return "OAuth discovery failed (its authorization server metadata is missing or does not match oauth.issuer)", True
+        return (
+            "OAuth discovery failed (no authorization server metadata matching oauth.issuer)",
+            True,
+        )
     return None
 
 
@@ -171,4 +174,3 @@ class _QuietSdkLog(logging.Filter):
             record.msg, record.args = f"{record.getMessage()} ({kind})", None
             record.exc_info, record.exc_text = None, None
         return True
-

@@ -113,11 +113,22 @@ class McpOAuthServer(McpHttpServer):
         return f"http://127.0.0.1:{self.port}"
 
     def _argv(self) -> list[str]:
-        return [sys.executable, str(OAUTH), self.transport, str(self.port), self.client_id, self.client_secret]
+        return [
+            sys.executable,
+            str(OAUTH),
+            self.transport,
+            str(self.port),
+            self.client_id,
+            self.client_secret,
+        ]
 
     def oauth_config(self, secret: str | None = None, **kw: Any) -> dict[str, Any]:
         """This server's entry in ``agent.mcp.servers``, with its OAuth client credentials."""
-        oauth = {"client_id": self.client_id, "client_secret": secret or self.client_secret, "issuer": self.issuer}
+        oauth = {
+            "client_id": self.client_id,
+            "client_secret": secret or self.client_secret,
+            "issuer": self.issuer,
+        }
         return {"transport": self.transport, "url": self.url, "oauth": oauth, **kw}
 
     async def admin(self, action: str = "stats", **params: Any) -> dict[str, Any]:
