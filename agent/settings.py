@@ -144,22 +144,37 @@ class SubagentSettings(BaseModel):
 
 
 class McpOAuth(BaseModel):
-    """OAuth client credentials of an HTTP MCP server that asks for OAuth (docs/tools-and-mcp.md):
-    the grant of machine-to-machine clients, as a daemon has no browser."""
+    """OAuth of an HTTP MCP server that asks for it (docs/tools-and-mcp.md). A daemon has no
+    browser: ``client_credentials`` (machine to machine, the default) needs ``client_id``,
+    ``client_secret`` and ``issuer``; ``authorization_code`` is authorized once by an operator
+    with ``chital mcp login NAME`` and then refreshed by the daemon."""
 
     model_config = ConfigDict(extra="forbid")
 
-    client_id: str = Field(min_length=1)
-    """The client id the authorization server issued to Chital."""
-    client_secret: SecretStr
+    grant: Literal["client_credentials", "authorization_code"] = "client_credentials"
+    """``client_credentials``, or ``authorization_code`` (one-time ``chital mcp login NAME``)."""
+    client_id: str | None = Field(None, min_length=1)
+    """The client id the authorization server issued to Chital (``authorization_code``: optional,
+    else Chital registers itself, RFC 7591)."""
+    client_secret: SecretStr | None = None
     """The client's secret (``${VAR}`` is expanded); never logged."""
-    issuer: str = Field(pattern=r"^https?://")
-    """The authorization server's issuer URL: the credentials are only ever sent to the server
-    whose RFC 8414 metadata names exactly this issuer, whatever the MCP server advertises."""
+    issuer: str | None = Field(None, pattern=r"^https?://")
+    """The authorization server's issuer URL (required for ``client_credentials``): the secret is
+    only ever sent to the server whose RFC 8414 metadata names exactly this issuer, whatever the
+    MCP server advertises."""
     scopes: str | None = None
     """Space-separated scopes to ask for (default: none requested)."""
     token_endpoint_auth_method: Literal["client_secret_basic", "client_secret_post"] = "client_secret_basic"
     """How the secret is presented at the token endpoint."""
+    redirect_port: int = Field(33418, ge=1024, le=65535)
+    """``authorization_code``: the loopback port ``chital mcp login`` receives the code on
+    (``http://127.0.0.1:PORT/callback``, the redirect URI registered with the server)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> McpOAuth:
+        if self.grant == "client_credentials" and not (self.client_id and self.client_secret and self.issuer):
+            raise ValueError("the client_credentials grant needs client_id, client_secret and issuer")
+        return self
 
 
 class McpServer(BaseModel):
@@ -213,7 +228,7 @@ class McpServer(BaseModel):
 
     def secrets(self) -> list[str]:
         values = [*(self.env or {}).values(), *(self.headers or {}).values()]
-        if self.oauth is not None:
+        if self.oauth is not None and self.oauth.client_secret is not None:
             values.append(self.oauth.client_secret)
         return [v.get_secret_value() for v in values if len(v.get_secret_value()) >= 6]
 

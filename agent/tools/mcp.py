@@ -55,7 +55,7 @@ from agent.tools.mcp_http import (
     guarded,
     message_handler,
 )
-from agent.tools.mcp_oauth import build_auth, oauth_error
+from agent.tools.mcp_oauth import LoginRequired, build_auth, has_tokens, oauth_error, storage_for
 from agent.untrusted import visible
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,10 @@ class McpCatalog:
             connection["httpx_client_factory"] = capped_client_factory(limit)
         if server.config.oauth is not None:
             if server.auth is None:
-                server.auth = build_auth(server.name, server.config, self._token_dir)
+                storage = storage_for(server.name, server.config, self._token_dir)
+                if server.config.oauth.grant == "authorization_code" and not await has_tokens(storage):
+                    raise LoginRequired(server.name)  # never logged in: nothing to ask a server
+                server.auth = build_auth(server.name, server.config, storage)
             connection["auth"] = server.auth
         connections: dict[str, Any] = {server.name: connection}
         client = MultiServerMCPClient(connections, tool_name_prefix=self.settings.tool_name_prefix)
