@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from compat import lean_imports
 from gateway.cli import init as cli_init
+from gateway.cli import mcp as cli_mcp
 from gateway.cli import migrate as cli_migrate
 from gateway.cli import send as cli_send
 from gateway.cli import skills as cli_skills
@@ -285,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_status.add_parser(sub)
     cli_send.add_parser(sub)
     cli_skills.add_parser(sub)
+    cli_mcp.add_parser(sub)
     cli_migrate.add_parser(sub)
     return parser
 
