@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -102,9 +103,9 @@ class FileTokenStorage(TokenStorage):
             return {}
         return data if isinstance(data, dict) else {}
 
-    def _write(self, key: str, value: dict[str, Any]) -> None:
+    def _write(self, **values: Any) -> None:
         data = self._read()
-        data[key] = value
+        data.update(values)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with contextlib.suppress(OSError):
             os.chmod(self.path.parent, 0o700)
@@ -116,14 +117,23 @@ class FileTokenStorage(TokenStorage):
         os.replace(tmp, self.path)
 
     async def get_tokens(self) -> OAuthToken | None:
-        raw = self._read().get("tokens")
+        data = self._read()
         try:
-            return OAuthToken.model_validate(raw) if raw else None
+            tokens = OAuthToken.model_validate(data["tokens"]) if data.get("tokens") else None
         except ValueError:
             return None
+        expires_at = data.get("expires_at")
+        if tokens is not None and isinstance(expires_at, int | float) and expires_at <= time.time() + 30:
+            # The SDK's provider only knows the expiry of tokens it fetched in this process: handed
+            # a stored one, it would send it and, on the 401, start a full authorization (for the
+            # authorization code grant: a login the daemon cannot do). Without its access token,
+            # an expired token is refreshed first (or, with no refresh token, fetched anew).
+            return tokens.model_copy(update={"access_token": "", "expires_in": None})
+        return tokens
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
-        self._write("tokens", tokens.model_dump(mode="json", exclude_none=True))
+        expires_at = time.time() + tokens.expires_in if tokens.expires_in is not None else None
+        self._write(tokens=tokens.model_dump(mode="json", exclude_none=True), expires_at=expires_at)
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:
         raw = self._read().get("client")
@@ -133,7 +143,7 @@ class FileTokenStorage(TokenStorage):
             return None
 
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self._write("client", client_info.model_dump(mode="json", exclude_none=True))
+        self._write(client=client_info.model_dump(mode="json", exclude_none=True))
 
 
 class LoginRequired(OAuthFlowError):
