@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import stat
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 
 from agent.settings import McpServer, McpSettings
 from agent.tools.mcp import McpCatalog
+from tests.daemon import free_port
 from tests.fakes.mcp_servers import McpOAuthServer
 
 CLIENT_ID = "chital-m2m"
@@ -171,3 +173,136 @@ def test_oauth_config_is_checked() -> None:
     )
     assert SECRET in cfg.secrets()  # masked in tool results like header values
     assert SECRET not in repr(cfg)
+
+
+async def login_cli(srv: McpOAuthServer, tmp_path: Path, port: int) -> tuple[int, str]:
+    """``chital mcp login svc`` as an operator runs it; the test plays the browser: it opens the
+    printed URL (the authorization server consents at once and redirects to the loopback)."""
+    import httpx
+    import yaml
+
+    from tests.daemon import REPO, clean_env
+
+    cfg = tmp_path / "config.yaml"
+    oauth = {"grant": "authorization_code", "redirect_port": port}
+    server = {"transport": srv.transport, "url": srv.url, "oauth": oauth}
+    data = {"storage": {"path": str(tmp_path / "data")}, "agent": {"mcp": {"servers": {"svc": server}}}}
+    cfg.write_text(yaml.safe_dump(data))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway.cli.main",
+        "mcp",
+        "login",
+        "svc",
+        "-c",
+        str(cfg),
+        cwd=str(REPO),
+        env=clean_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    out = ""
+    try:
+        while "http://" not in out or "Waiting" not in out:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            assert line, f"login ended before printing a URL: {out}"
+            out += line
+        url = next(w for w in out.split() if w.startswith(f"{srv.issuer}/authorize?"))
+        async with httpx.AsyncClient(trust_env=False, follow_redirects=True) as browser:
+            page = await browser.get(url)
+        rest = await asyncio.wait_for(proc.stdout.read(), 60)
+        out += page.text + rest.decode()
+        return await proc.wait(), out
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_login_then_refresh_then_a_revoked_refresh_token_is_reported_once(
+    made: list[McpCatalog], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    port = free_port()
+    tokens = tmp_path / "data" / "mcp-oauth"
+    async with McpOAuthServer("streamable_http", client_id=CLIENT_ID, client_secret=SECRET) as srv:
+        config = {
+            "transport": "streamable_http",
+            "url": srv.url,
+            "oauth": {"grant": "authorization_code", "redirect_port": port},
+        }
+
+        # never logged in: failed at once, nothing asked of the authorization server
+        c0 = await start(made, tokens, svc=config)
+        assert state(c0, "svc") == (
+            "failed",
+            "authorization revoked or missing: run chital mcp login svc, then /mcp reload",
+        )
+        assert (await srv.admin())["hits"]["register"] == 0
+
+        await srv.admin("ttl", seconds=2)  # the login's tokens expire at once (for the daemon)
+        code, out = await login_cli(srv, tmp_path, port)
+        assert code == 0, out
+        assert "Logged in to MCP server 'svc': 1 tool(s)" in out
+        assert "authorization received" in out  # what the browser showed
+        stats = await srv.admin()
+        assert stats["hits"]["register"] == 1 and stats["hits"]["authorization_code"] == 1
+        assert_no_secrets([out], stats["issued"])
+        (file,) = tokens.iterdir()
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600
+
+        # the daemon (after /mcp reload) uses the stored tokens: expired, so refreshed first
+        await srv.admin("ttl", seconds=3600)
+        c1 = await start(made, tokens, svc=config)
+        assert state(c1, "svc") == ("connected", "")
+        assert await call(c1, "svc_echo", "x") == "echo: x"
+        stats = await srv.admin()
+        assert stats["hits"]["refresh_token"] == 1 and stats["hits"]["authorization_code"] == 1
+
+        # a second login, then its refresh token revoked: failed once, not retried
+        await srv.admin("ttl", seconds=2)
+        code, out = await login_cli(srv, tmp_path, port)
+        assert code == 0, out
+        await srv.admin("ttl", seconds=3600)
+        await srv.admin("revoke_refresh")
+        before = (await srv.admin())["hits"]
+        c2 = await start(made, tokens, svc=config)
+        st, reason = state(c2, "svc")
+        assert (st, reason) == (
+            "failed",
+            "authorization revoked or missing: run chital mcp login svc, then /mcp reload",
+        )
+        hits = (await srv.admin())["hits"]
+        assert hits["refresh_token"] == before["refresh_token"] + 1  # one refresh tried, refused
+        await asyncio.sleep(2.0)  # many backoff periods (0.2 s doubling): no retry
+        assert (await srv.admin())["hits"] == hits
+
+        # the running daemon (c1) whose token the server no longer accepts: it cannot log in
+        # by itself, so the call fails once with the instruction and nothing is retried
+        await srv.admin("expire_access")
+        first = await call(c1, "svc_echo")
+        assert first.startswith("ERROR: MCP server 'svc' failed during 'svc_echo': authorization revoked")
+        assert "run chital mcp login svc" in first
+        hits = (await srv.admin())["hits"]
+        texts = [first, *[await call(c1, "svc_echo") for _ in range(3)]]
+        await asyncio.sleep(2.0)
+        assert all("run chital mcp login svc" in t for t in texts)
+        stats = await srv.admin()
+        assert stats["hits"] == hits
+        reports = [r for r in caplog.records if "MCP server 'svc' failed" in r.getMessage()]
+        assert len(reports) == 3  # c0 (never logged in), c2 (revoked), c1 (token refused): once each
+    assert_no_secrets([caplog.text, *texts], stats["issued"])
+
+
+async def test_login_refused_in_the_browser_says_so(tmp_path: Path) -> None:
+    port = free_port()
+    async with McpOAuthServer("streamable_http", client_id=CLIENT_ID, client_secret=SECRET) as srv:
+        await srv.admin("deny")
+        code, out = await login_cli(srv, tmp_path, port)
+        assert code == 1
+        assert "chital: mcp login svc: the authorization server refused: access_denied" in out
+        assert not (tmp_path / "data" / "mcp-oauth").exists() or not any(
+            "tokens" in p.read_text() for p in (tmp_path / "data" / "mcp-oauth").iterdir()
+        )

@@ -83,6 +83,7 @@ async def login(name: str, config: McpServer, token_dir: Path, say: Callable[[st
     if oauth is None or oauth.grant != "authorization_code":
         raise LoginFailed(f"MCP server {name!r} has no oauth section with grant: authorization_code")
     storage = FileTokenStorage(token_path(token_dir, name, config))
+    storage.forget_tokens()  # the operator asks for a fresh authorization (e.g. after a revocation)
     async with _Loopback(oauth.redirect_port) as loopback:
 
         async def redirect(url: str) -> None:

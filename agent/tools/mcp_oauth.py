@@ -135,6 +135,11 @@ class FileTokenStorage(TokenStorage):
         expires_at = time.time() + tokens.expires_in if tokens.expires_in is not None else None
         self._write(tokens=tokens.model_dump(mode="json", exclude_none=True), expires_at=expires_at)
 
+    def forget_tokens(self) -> None:
+        """Drop the stored tokens (a login authorizes anew), keeping the client registration."""
+        if self.path.exists():
+            self._write(tokens=None, expires_at=None)
+
     async def get_client_info(self) -> OAuthClientInformationFull | None:
         raw = self._read().get("client")
         try:
