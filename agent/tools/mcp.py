@@ -18,7 +18,8 @@ state per server: a server whose transport fails (at start or in a call) is mark
 a reason in Chital's own words and retried in the background with exponential backoff; meanwhile
 its tools answer at once with that reason, so the model gets a tool error, never a crashed or hung
 turn. A server that refuses its credentials (HTTP 401/403) is not retried: it is reported once and
-waits for an admin's ``/mcp reload``.
+waits for an admin's ``/mcp reload``. So is an OAuth server whose authorization server refuses the
+client or its grant, or that needs an operator's ``chital mcp login`` (agent/tools/mcp_oauth.py).
 
 Untrusted input: tool names and descriptions come from the server. A name the model API would
 refuse is skipped; descriptions are cut to :data:`DESCRIPTION_CHARS` with invisible characters
