@@ -290,7 +290,9 @@ async def test_a_turn_given_up_after_its_last_attempt_ends_its_checklist_not_don
     try:
         for run, held in enumerate(holds):
             await tg.wait_for(
-                lambda n=run: len(model.requests) >= n + 2 or None, timeout=40, what=f"model call of run {run + 1}"
+                lambda n=run: len(model.requests) >= n + 2 or None,
+                timeout=40,
+                what=f"model call of run {run + 1}",
             )
             tg_daemon.kill9()
             await tg_daemon.wait_exit()

@@ -19,7 +19,9 @@ LARK_FRIEND, LARK_CHAT = "ou_friend", "oc_p2p"
 def plan(*texts: str) -> Reply:
     """One model step that writes the plan: ``texts`` are "status:content"."""
     pairs = [t.split(":", 1) for t in texts]
-    return Reply(tool_calls=[ToolCall("write_todos", {"todos": [{"content": c, "status": s} for s, c in pairs]})])
+    return Reply(
+        tool_calls=[ToolCall("write_todos", {"todos": [{"content": c, "status": s} for s, c in pairs]})]
+    )
 
 
 def script(model: FakeOpenAI, answer: str) -> None:
@@ -49,7 +51,11 @@ async def test_discord_plan_is_one_message_edited_to_done_and_plan_shows_it(
         assert len(lists) == 1, "one checklist message per turn"
         checklist = lists[0]
         assert checklist.edits >= 1, "sent once, then edited in place"
-        assert checklist.content.count("☑") == 3 and "☐" not in checklist.content and "◐" not in checklist.content
+        assert (
+            checklist.content.count("☑") == 3
+            and "☐" not in checklist.content
+            and "◐" not in checklist.content
+        )
         for item in ("`gather the figures`", "`draw the chart`", "`write the summary`"):
             assert item in checklist.content, checklist.content
         assert len(dc.bot_messages()) == 2, "the checklist and the answer, nothing else"
