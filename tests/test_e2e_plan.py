@@ -183,6 +183,52 @@ async def test_a_plan_stopped_with_stop_ends_marked_not_done(
     assert len(checklists_tg(tg, mid)) == 1
 
 
+@pytest.mark.parametrize("cancel", ["/stop", "never mind, something else"])
+async def test_a_paused_plan_whose_approval_is_cancelled_ends_marked_not_done(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, cancel: str
+) -> None:
+    """A turn paused for an approval keeps its live checklist; cancelling the request (``/stop``, or a
+    newer message) closes the checklist as unfinished in the same message, and the gated call never runs."""
+    model.script(
+        plan("completed:fetch the page", "in_progress:summarise it", "pending:send it"),
+        Reply(tool_calls=[ToolCall("web_fetch", {"url": "https://example.org/"})]),
+        Reply(text="Something else, then."),  # the newer message's own turn
+    )
+    agent = {**NO_MEMORY, "approvals": {"tools": ["web_fetch"], "timeout": 600}}
+    cfg = chat_config(tmp_path, model.base_url, tg, allow=[str(OWNER)], agent=agent)
+    async with started_daemon(tmp_path, cfg) as d:
+        up = tg.inject_message(OWNER, OWNER, "summarise the page")
+        mid = up["message"]["message_id"]
+        await tg.wait_for(
+            lambda: next((m for m in tg.bot_messages(OWNER) if tg.buttons(OWNER, m.message_id)), None),
+            timeout=30,
+            what="the approval buttons",
+        )
+        for _ in range(600):  # the turn has paused (not merely asked): the cancel finds it waiting
+            if 'chital_turns_total{outcome="waiting"} 1.0' in await d.metrics():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the turn never paused")
+        live = checklists_tg(tg, mid)
+        assert len(live) == 1 and "◐" in live[0].text, "paused: the checklist stays live"
+        tg.inject_message(OWNER, OWNER, cancel)
+        lists = await tg.wait_for(
+            lambda: [m for m in checklists_tg(tg, mid) if "not finished" in m.text] or None,
+            timeout=20,
+            what="the checklist's final state after the cancel",
+        )
+        await tg.wait_for(
+            lambda: any("Not run: the request was cancelled" in m.text for m in replies_to(tg, OWNER, mid)),
+            timeout=20,
+            what="the paused reply closed as cancelled",
+        )
+    assert "1 of 3 steps done" in lists[0].text and "◐" not in lists[0].text
+    assert lists[0].text.count("(not done)") == 2
+    assert len(checklists_tg(tg, mid)) == 1, "closed in place, not posted again"
+    assert not any("example.org" in r for r in tool_results(model)), "the gated call never ran"
+
+
 # -- a crash in the middle --------------------------------------------------------------------------
 async def test_kill9_mid_plan_continues_the_same_plan_in_the_same_message(
     tg_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
@@ -226,6 +272,83 @@ async def test_kill9_mid_plan_continues_the_same_plan_in_the_same_message(
     shown = tg.inject_message(OWNER, OWNER, "/plan")
     reply = await answered(tg, OWNER, shown, "Plan", timeout=15)
     assert reply.text.count("☑") == 3
+
+
+async def test_a_turn_given_up_after_its_last_attempt_ends_its_checklist_not_done(
+    tg_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """Killed three times mid-plan: the fourth start gives the turn up with a note, and the
+    checklist the first run posted is closed from the checkpoint's plan, not left "in progress"."""
+    holds = [asyncio.Event() for _ in range(3)]
+    model.script(
+        plan("completed:open the file", "in_progress:parse it", "pending:report on it"),
+        *(Reply(text="never seen", hold=held) for held in holds),
+    )
+    up = tg.inject_message(OWNER, OWNER, "parse my file")
+    mid = up["message"]["message_id"]
+    await tg.wait_for(lambda: checklists_tg(tg, mid) or None, timeout=30, what="the checklist")
+    try:
+        for run, held in enumerate(holds):
+            await tg.wait_for(
+                lambda n=run: len(model.requests) >= n + 2 or None,
+                timeout=40,
+                what=f"model call of run {run + 1}",
+            )
+            tg_daemon.kill9()
+            await tg_daemon.wait_exit()
+            held.set()
+            await tg_daemon.start()
+        await answered(tg, OWNER, up, "could not finish this answer after several tries", timeout=40)
+    finally:
+        for held in holds:
+            held.set()
+    lists = await tg.wait_for(
+        lambda: [m for m in checklists_tg(tg, mid) if "not finished" in m.text] or None,
+        timeout=10,
+        what="the checklist's final state after the turn was given up",
+    )
+    assert "1 of 3 steps done" in lists[0].text and "◐" not in lists[0].text
+    assert lists[0].text.count("(not done)") == 2
+    assert len(checklists_tg(tg, mid)) == 1, "closed in place, not posted again"
+
+
+async def test_a_parked_reply_closes_its_checklist_when_it_is_delivered(
+    tg_daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """The platform goes down as the answer is ready: the reply is parked, and when it finally goes
+    out the checklist goes to its final state with it, in the same message."""
+    held = asyncio.Event()
+    model.script(
+        plan("completed:look it up", "in_progress:write it down"),
+        Reply(text="Here is what I found.", hold=held),
+        Reply(text="Here is what I found."),  # should the retried turn ask the model again
+    )
+    up = tg.inject_message(OWNER, OWNER, "find it for me")
+    mid = up["message"]["message_id"]
+    try:
+        await tg.wait_for(lambda: checklists_tg(tg, mid) or None, timeout=30, what="the checklist")
+        await tg.wait_for(lambda: len(model.requests) >= 2 or None, timeout=15, what="the second model call")
+        tg.down_methods |= {"sendMessage", "editMessageText", "sendChatAction", "setMessageReaction"}
+        held.set()
+        for _ in range(600):  # parked: the daemon counts a delivery retry
+            if "chital_delivery_retries_total{" in await tg_daemon.metrics():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the reply was never parked")
+        assert not [m for m in checklists_tg(tg, mid) if "not finished" in m.text], "still live while down"
+    finally:
+        held.set()
+        tg.down_methods.clear()
+    await answered(tg, OWNER, up, "Here is what I found.", timeout=60)
+    lists = await tg.wait_for(
+        lambda: [m for m in checklists_tg(tg, mid) if "not finished" in m.text] or None,
+        timeout=15,
+        what="the checklist's final state once the parked reply went out",
+    )
+    assert "1 of 2 steps done" in lists[0].text and "◐" not in lists[0].text
+    assert len(checklists_tg(tg, mid)) == 1
+    assert len([m for m in replies_to(tg, OWNER, mid) if "Here is what I found." in m.text]) == 1
 
 
 # -- the model's text is untrusted ------------------------------------------------------------------

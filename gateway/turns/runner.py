@@ -327,6 +327,11 @@ class TurnRunner:
         return text, final, outcome
 
     async def _give_up(self, entry: JournalEntry, reply: Reply) -> None:
+        """The turn kept dying: a note instead of an answer, and the checklist a run before posted
+        (if any) closed from the checkpoint's plan, so it does not look as if work went on."""
+        with contextlib.suppress(Exception):
+            thread_id = await self.store.thread_for(entry.inbound.conversation)
+            await self._close_plan(self._plan(reply, thread_id))
         with contextlib.suppress(Exception):
             await reply.finish("⚠️ I could not finish this answer after several tries. Please ask again.")
         await self.store.journal_set(entry.key, JournalState.FAILED)
