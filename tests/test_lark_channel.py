@@ -29,6 +29,7 @@ from channels.lark import LarkChannel, LarkConnectionError, LarkSettings
 from channels.lark import render as _format
 from gateway.ops.logs import RedactingFilter, redact_loggers
 from gateway.ops.supervisor import run_once
+from tests.fakes.gateway_rig import until
 from tests.fakes.lark_server import FakeLark
 
 LIVENESS = 2.0
@@ -60,14 +61,6 @@ class Sink:
             self.fail -= 1
             raise RuntimeError("journal unavailable")
         self.got.append(msg)
-
-
-async def until(predicate: Callable[[], object], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager

@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from langchain_core.tools import BaseTool, ToolException
 
 from agent.settings import McpSettings
 from agent.tools.mcp import McpCatalog
+from tests.fakes.gateway_rig import until
 from tests.fakes.mcp_servers import McpHttpServer, garbage_config, stdio_config
+from tests.mcp_calls import call, state, tool
 
 TOKEN = "mcp-bearer-9f8e7d6c5b4a"
 
@@ -39,35 +40,6 @@ async def started(made: list[McpCatalog], s: McpSettings) -> McpCatalog:
     made.append(c)
     await c.start()
     return c
-
-
-def tool(c: McpCatalog, name: str) -> BaseTool:
-    return next(t for t in c.tools() if t.name == name)
-
-
-async def call(c: McpCatalog, name: str, args: dict[str, Any] | None = None) -> str:
-    """What the model gets: the text of the tool's result (a ToolException's text on failure)."""
-    try:
-        out = await tool(c, name).ainvoke({"type": "tool_call", "id": "c1", "name": name, "args": args or {}})
-    except ToolException as exc:
-        return f"ERROR: {exc}"
-    content = out.content
-    if isinstance(content, list):
-        return "".join(b["text"] if isinstance(b, dict) else str(b) for b in content)
-    return str(content)
-
-
-def state(c: McpCatalog, name: str) -> tuple[str, str]:
-    view = next(v for v in c.servers() if v.name == name)
-    return view.state, view.reason
-
-
-async def until(predicate: Any, what: str, timeout: float = 30) -> None:
-    for _ in range(int(timeout * 20)):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.parametrize("transport", ["streamable_http", "sse"])
@@ -132,7 +104,7 @@ async def test_a_server_that_dies_mid_call_gives_a_tool_error_and_is_reconnected
         assert "MCP server 'web' is unavailable" in down and "reconnecting" in down
         assert caplog.text.count("MCP server 'web' failed:") == 1  # reported once, not per retry
         await srv.start()  # back on the same port: the backoff loop finds it
-        await until(lambda: state(c, "web")[0] == "connected", "the reconnection")
+        await until(lambda: state(c, "web")[0] == "connected", 30, "the reconnection")
         assert await call(c, "web_echo", {"text": "back"}) == "echo: back"
         assert seen and "web_echo" in seen[-1]
 

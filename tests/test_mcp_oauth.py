@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.tools import ToolException
 from pydantic import ValidationError
 
 from agent.settings import McpServer, McpSettings
 from agent.tools.mcp import McpCatalog
 from tests.daemon import free_port
 from tests.fakes.mcp_servers import McpOAuthServer
+from tests.mcp_calls import call, state
 
 CLIENT_ID = "chital-m2m"
 SECRET = "cs-7f3e9a1b2c4d5e6f-oauth"
@@ -44,24 +44,6 @@ async def start(made: list[McpCatalog], token_dir: Path | None, **servers: dict[
     return c
 
 
-async def call(c: McpCatalog, name: str, text: str = "hi") -> str:
-    """What the model gets: the tool's text, or ``ERROR: `` and the tool error's text."""
-    tool = next(t for t in c.tools() if t.name == name)
-    try:
-        out = await tool.ainvoke({"type": "tool_call", "id": "c1", "name": name, "args": {"text": text}})
-    except ToolException as exc:
-        return f"ERROR: {exc}"
-    content = out.content
-    if isinstance(content, list):
-        return "".join(b["text"] if isinstance(b, dict) else str(b) for b in content)
-    return str(content)
-
-
-def state(c: McpCatalog, name: str) -> tuple[str, str]:
-    view = next(v for v in c.servers() if v.name == name)
-    return view.state, view.reason
-
-
 def assert_no_secrets(texts: list[str], issued: list[str]) -> None:
     for text in texts:
         assert SECRET not in text
@@ -78,7 +60,7 @@ async def test_tokens_are_issued_stored_0600_and_used(
     async with McpOAuthServer(transport, client_id=CLIENT_ID, client_secret=SECRET) as srv:
         c = await start(made, tokens, svc=srv.oauth_config())
         assert state(c, "svc") == ("connected", "")
-        assert await call(c, "svc_echo", "one") == "echo: one"
+        assert await call(c, "svc_echo", {"text": "one"}) == "echo: one"
         stats = await srv.admin()
         assert stats["hits"]["client_credentials"] == 1  # one grant, reused by the later session
         files = list(tokens.iterdir())
@@ -89,7 +71,7 @@ async def test_tokens_are_issued_stored_0600_and_used(
 
         # a restarted daemon reuses the stored token: no new grant
         again = await start(made, tokens, svc=srv.oauth_config())
-        assert await call(again, "svc_echo", "two") == "echo: two"
+        assert await call(again, "svc_echo", {"text": "two"}) == "echo: two"
         assert (await srv.admin())["hits"]["client_credentials"] == 1
 
         # a wrong secret: refused, the server failed (not retried), the secret never shown
@@ -109,7 +91,7 @@ async def test_an_expired_token_is_refreshed_with_the_refresh_token(
         c = await start(made, tmp_path, svc=srv.oauth_config())
         assert state(c, "svc") == ("connected", "")
         await asyncio.sleep(1.5)  # the access token has expired (client and server side)
-        assert await call(c, "svc_echo", "after") == "echo: after"
+        assert await call(c, "svc_echo", {"text": "after"}) == "echo: after"
         stats = await srv.admin()
         assert stats["hits"]["refresh_token"] >= 1
         assert state(c, "svc") == ("connected", "")
@@ -118,7 +100,7 @@ async def test_an_expired_token_is_refreshed_with_the_refresh_token(
         await srv.admin("ttl", seconds=3600)
         await srv.admin("revoke_refresh")
         await asyncio.sleep(1.5)
-        assert await call(c, "svc_echo", "fresh") == "echo: fresh"
+        assert await call(c, "svc_echo", {"text": "fresh"}) == "echo: fresh"
         assert (await srv.admin())["hits"]["client_credentials"] >= 2
     assert_no_secrets([caplog.text], stats["issued"])
 
@@ -133,16 +115,16 @@ async def test_a_revoked_client_is_reported_once_and_never_retried_in_a_loop(
         assert state(c, "svc") == ("connected", "")
         await srv.admin("revoke_client")
         await asyncio.sleep(1.5)
-        first = await call(c, "svc_echo")
+        first = await call(c, "svc_echo", {"text": "hi"})
         assert first.startswith("ERROR: MCP server 'svc' failed during 'svc_echo': authorization refused")
         st, reason = state(c, "svc")
         assert st == "failed" and "authorization refused or revoked" in reason
         hits = (await srv.admin())["hits"]
 
         # more calls and many backoff periods (0.2 s doubling) later: no token request at all
-        texts = [await call(c, "svc_echo") for _ in range(5)]
+        texts = [await call(c, "svc_echo", {"text": "hi"}) for _ in range(5)]
         await asyncio.sleep(2.0)
-        texts.append(await call(c, "svc_echo"))
+        texts.append(await call(c, "svc_echo", {"text": "hi"}))
         assert all("An admin must fix its configuration and run /mcp reload" in t for t in texts)
         stats = await srv.admin()
         assert stats["hits"] == hits
@@ -257,7 +239,7 @@ async def test_login_then_refresh_then_a_revoked_refresh_token_is_reported_once(
         await srv.admin("ttl", seconds=3600)
         c1 = await start(made, tokens, svc=config)
         assert state(c1, "svc") == ("connected", "")
-        assert await call(c1, "svc_echo", "x") == "echo: x"
+        assert await call(c1, "svc_echo", {"text": "x"}) == "echo: x"
         stats = await srv.admin()
         assert stats["hits"]["refresh_token"] == 1 and stats["hits"]["authorization_code"] == 1
 
@@ -282,11 +264,11 @@ async def test_login_then_refresh_then_a_revoked_refresh_token_is_reported_once(
         # the running daemon (c1) whose token the server no longer accepts: it cannot log in
         # by itself, so the call fails once with the instruction and nothing is retried
         await srv.admin("expire_access")
-        first = await call(c1, "svc_echo")
+        first = await call(c1, "svc_echo", {"text": "hi"})
         assert first.startswith("ERROR: MCP server 'svc' failed during 'svc_echo': authorization revoked")
         assert "run chital mcp login svc" in first
         hits = (await srv.admin())["hits"]
-        texts = [first, *[await call(c1, "svc_echo") for _ in range(3)]]
+        texts = [first, *[await call(c1, "svc_echo", {"text": "hi"}) for _ in range(3)]]
         await asyncio.sleep(2.0)
         assert all("run chital mcp login svc" in t for t in texts)
         stats = await srv.admin()

@@ -31,6 +31,7 @@ from agent.memory.facts import Fact, now_utc
 from agent.memory.inject import HEADER, estimate_tokens
 from agent.model import build_chat_model
 from agent.turn import ContextMessage, TurnOptions
+from tests.fakes.gateway_rig import until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 
 ALICE = "telegram:1001"
@@ -103,13 +104,6 @@ async def turn(harness: Harness, thread: str, user: str, text: str) -> str:
         seen = [event async for event in events]
     assert isinstance(seen[-1], Final), seen[-1]
     return seen[-1].text
-
-
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    """Poll ``check`` until true, failing after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.02)
 
 
 async def facts_of(mem: MemoryService, user: str) -> set[str]:

@@ -37,6 +37,7 @@ from agent.subagents import (
     subagent_event_to_status,
     timeout_text,
 )
+from tests.fakes.gateway_rig import until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 
 DEADLINE = 10.0
@@ -167,14 +168,6 @@ async def turn(harness: Harness, text: str, message_id: str, thread: str = "t1")
         return [event async for event in events]
 
 
-async def until(condition: Callable[[], bool], what: str, deadline: float = DEADLINE) -> None:
-    end = time.monotonic() + deadline
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 def answer(events: list[AgentEvent]) -> str:
     assert isinstance(events[-1], Final), events[-1]
     return events[-1].text
@@ -243,6 +236,7 @@ async def test_timeout_is_reported_to_the_lead(spy_model: SpyOpenAI, make_harnes
     # The sub-agent's model call was cancelled: its connection is closed.
     await until(
         lambda: all(r.transport is None for r in spy_model.sub_requests),
+        DEADLINE,
         "the sub-agent's connection to close",
     )
     assert middleware.running("t1") == 0
@@ -332,7 +326,7 @@ async def test_stop_cancels_running_subagents(spy_model: SpyOpenAI, make_harness
         return await turn(harness, "Start the slow jobs", "m1")
 
     consumer = asyncio.create_task(consume())
-    await until(lambda: len(spy_model.sub_requests) == 2, "both sub-agents to call the model")
+    await until(lambda: len(spy_model.sub_requests) == 2, DEADLINE, "both sub-agents to call the model")
     requests_at_stop = len(spy_model.requests)
     stopped = time.monotonic()
     consumer.cancel()
@@ -341,10 +335,13 @@ async def test_stop_cancels_running_subagents(spy_model: SpyOpenAI, make_harness
 
     await until(
         lambda: all(r.transport is None for r in spy_model.sub_requests),
+        DEADLINE,
         "the sub-agents' connections to close",
     )
     assert time.monotonic() - stopped < 5
-    await until(lambda: not (asyncio.all_tasks() - before - {asyncio.current_task()}), "no leaked tasks")
+    await until(
+        lambda: not (asyncio.all_tasks() - before - {asyncio.current_task()}), DEADLINE, "no leaked tasks"
+    )
     assert middleware.running("t1") == 0
     assert len(spy_model.requests) == requests_at_stop
     # The thread stays usable: the stopped task calls are closed and the next turn answers.

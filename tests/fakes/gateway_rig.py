@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import inspect
 import itertools
 import os
 import re
@@ -335,11 +336,18 @@ def replies(channel: FakeChannel, inbound: Inbound) -> Callable[[], list[str]]:
     return lambda: channel.replies_to(inbound.message_id)
 
 
-async def until(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "") -> Any:
-    """Poll ``predicate`` until it is truthy; return its value."""
+async def until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+    """Poll ``predicate`` until it is truthy; return its value.
+
+    The one polling helper of the suite: a predicate may be a coroutine function (a store or
+    memory query), whose result is awaited. Tests wait on state, never on time (no sleeps as
+    assertions), so a loaded CI machine only makes them slower, not flaky.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if time.monotonic() > deadline:
