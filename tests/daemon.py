@@ -63,19 +63,18 @@ class Finished(NamedTuple):
     """Empty unless the command ran with ``stderr_apart``."""
 
 
-async def run_chital(
+async def start_chital(
     *args: str,
     cwd: Path = REPO,
     env: dict[str, str] | None = None,
-    stdin: bytes = b"",
-    timeout: float = 60,
     stderr_apart: bool = False,
     umask: int = -1,
-) -> Finished:
-    """``chital ARGS`` as an operator runs it: a fresh interpreter, stdin piped (no terminal),
-    ``env`` (default: :func:`clean_env`) and stderr folded into stdout unless ``stderr_apart``.
-    The one way the tests start a chital command that ends by itself."""
-    proc = await asyncio.create_subprocess_exec(
+) -> asyncio.subprocess.Process:
+    """``chital ARGS`` started as an operator starts it: a fresh interpreter, pipes instead of a
+    terminal, ``env`` (default: :func:`clean_env`), stderr folded into stdout unless
+    ``stderr_apart``. For a command the test talks to while it runs (``chital mcp login``, a
+    daemon that must exit by itself); :func:`run_chital` is the one that just runs to its end."""
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "gateway.cli.main",
@@ -87,6 +86,20 @@ async def run_chital(
         stderr=asyncio.subprocess.PIPE if stderr_apart else asyncio.subprocess.STDOUT,
         umask=umask,
     )
+
+
+async def run_chital(
+    *args: str,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+    stdin: bytes = b"",
+    timeout: float = 60,
+    stderr_apart: bool = False,
+    umask: int = -1,
+) -> Finished:
+    """``chital ARGS`` run to its end (:func:`start_chital`), with ``stdin`` as its input. The one
+    way the tests run a chital command that ends by itself."""
+    proc = await start_chital(*args, cwd=cwd, env=env, stderr_apart=stderr_apart, umask=umask)
     out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
     return Finished(int(proc.returncode or 0), out.decode(), (err or b"").decode())
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import stat
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from pydantic import ValidationError
 
 from agent.settings import McpServer, McpSettings
 from agent.tools.mcp import McpCatalog
-from tests.daemon import free_port
+from tests.daemon import free_port, start_chital
 from tests.fakes.mcp_servers import McpOAuthServer
 from tests.mcp_calls import call, state
 
@@ -163,27 +162,12 @@ async def login_cli(srv: McpOAuthServer, tmp_path: Path, port: int) -> tuple[int
     import httpx
     import yaml
 
-    from tests.daemon import REPO, clean_env
-
     cfg = tmp_path / "config.yaml"
     oauth = {"grant": "authorization_code", "redirect_port": port}
     server = {"transport": srv.transport, "url": srv.url, "oauth": oauth}
     data = {"storage": {"path": str(tmp_path / "data")}, "agent": {"mcp": {"servers": {"svc": server}}}}
     cfg.write_text(yaml.safe_dump(data))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli.main",
-        "mcp",
-        "login",
-        "svc",
-        "-c",
-        str(cfg),
-        cwd=str(REPO),
-        env=clean_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
+    proc = await start_chital("mcp", "login", "svc", "-c", str(cfg))
     assert proc.stdout is not None
     out = ""
     try:

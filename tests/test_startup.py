@@ -8,7 +8,6 @@ import asyncio
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from gateway.config.schema import parse_config
 from gateway.daemon import app as app_module
 from gateway.daemon.app import Daemon
 from gateway.daemon.lifecycle import Resources, StartupError
-from tests.daemon import REPO, DaemonProcess, base_config, clean_env, free_port
+from tests.daemon import DaemonProcess, base_config, free_port, start_chital
 from tests.disks import fill
 from tests.fakes.openai_server import FakeOpenAI
 
@@ -34,18 +33,7 @@ async def run_daemon_expecting_exit(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli.main",
-        "run",
-        "-c",
-        str(path),
-        cwd=str(REPO),
-        env=clean_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await start_chital("run", "-c", str(path), stderr_apart=True)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
