@@ -29,6 +29,7 @@ from gateway.commands.registry import Command, CommandContext, CommandSpec, Regi
 from gateway.config.secrets import redactor_for
 from gateway.delivery.plan import plan_text
 from gateway.intake import access
+from gateway.turns import stopping
 
 if TYPE_CHECKING:
     from gateway.agent_api import AgentHarness, MemoryAccess
@@ -49,13 +50,15 @@ async def _new(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
 
 async def _stop(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
     stopped = await ctx.stop(entry)
-    if stopped is not None:
+    if stopped is not None and stopped != stopping.TOO_LATE:
         return stopped
+    # No turn to stop, or one that ended just now: it may have ended paused for an approval (it
+    # left the queue a moment after pausing), so waiting requests are cancelled either way.
     inbound = entry.inbound
     who = code_span(inbound.sender_name or inbound.sender_id)
     if await ctx.cancel_approvals(entry.conversation, inbound.platform, f"stopped by {who}"):
         return "⏹ Cancelled the request waiting for approval; nothing was run."  # docs/approvals.md
-    return "Nothing is running."
+    return stopped or "Nothing is running."
 
 
 async def _status(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import secrets
@@ -27,14 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested
 from agent.untrusted import code_span
-from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendError, scrub
+from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendError
 from gateway.config.durations import in_words
 from gateway.config.secrets import redactor_for
 from gateway.delivery.plan import PlanMessage
 from gateway.delivery.reply import Reply
 from gateway.intake.access import Verdict, decide, is_admin
 from gateway.store.approvals import APPROVED, CANCELLED, DENIED, PENDING, TIMED_OUT, ApprovalRow
-from gateway.store.entries import JournalEntry, JournalState
+from gateway.store.entries import JournalEntry, JournalKind, JournalState
+from gateway.turns.approval_text import request_text
 
 if TYPE_CHECKING:
     from channels.base import Channel
@@ -47,10 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ARGS_CHARS = 1500
-"""Characters of a call's arguments shown in the chat; the rest is cut (the agent has it all)."""
-VALUE_CHARS = 700
-"""Characters of one argument value shown."""
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
 CODE_LEN = 8
 PREFIX = "appr"
@@ -58,6 +54,9 @@ PREFIX = "appr"
 _TEXT_ANSWER = re.compile(r"^\s*(approve|deny)\s+([A-Za-z0-9]{8})\s*$", re.IGNORECASE)
 WAITING_NOTE = "🔐 Waiting for approval (see below)."
 NEWER = "a newer message came first"
+STOPPED_WHY = "the answer was stopped"
+"""Why a request is withdrawn when its turn was stopped and no one is named (the runner's side)."""
+ENDED_WHY = "the answer it belonged to has ended"
 SETTLED = {
     APPROVED: "✅ Approved by {by}",
     DENIED: "❌ Denied by {by}",
@@ -68,66 +67,6 @@ SETTLED = {
 
 def _code() -> str:
     return "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LEN))
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-_INVISIBLE = re.compile(
-    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]"
-)
-"""Characters that do not show as themselves: controls, zero-width and bidirectional marks (a
-right-to-left override makes ``rm -rf ~`` display as something else). Shown escaped."""
-
-
-def _visible(text: str) -> str:
-    return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-
-
-def _args_text(args: dict[str, Any], value_chars: int | None) -> str:
-    cut = {k: _cut(v, value_chars) if isinstance(v, str) and value_chars else v for k, v in args.items()}
-    if set(cut) == {"command"} and isinstance(cut["command"], str):
-        return _visible(cut["command"])  # a shell command reads best as itself
-    return _visible(json.dumps(cut, ensure_ascii=False, indent=2, default=str))
-
-
-def shown_args(args: dict[str, Any]) -> str:
-    """The call's arguments for the chat: each value cut, the whole cut, credentials masked
-    (the agent already masked configured secrets), characters that would not show as themselves
-    escaped, fences broken so the code block holds."""
-    return scrub(_cut(_args_text(args, VALUE_CHARS), ARGS_CHARS)).replace("```", "`\u200b``")
-
-
-def hidden_chars(args: dict[str, Any]) -> int:
-    """About how many characters of the call the chat does not show (cut off)."""
-    full = len(_args_text(args, None))
-    return max(0, full - len(_cut(_args_text(args, VALUE_CHARS), ARGS_CHARS))) if full > 0 else 0
-
-
-def request_text(event: ApprovalRequested, requester: str, timeout: float, code: str, buttons: bool) -> str:
-    """The request as the chat shows it (Markdown)."""
-    # The code is shown with buttons too: a Lark app without the card callback subscription shows
-    # buttons that reach no one, and typed answers always work.
-    how = f"\n{'Or reply' if buttons else 'Reply'} `approve {code}` or `deny {code}`."
-    hidden = hidden_chars(event.args)
-    warning = (
-        f"⚠️ Not all of it is shown: about {hidden:,} more characters were cut (at each …). "
-        "Approve only if you trust what you cannot see.\n"
-        if hidden
-        else ""
-    )
-    if event.untrusted:
-        warning += (
-            f"⚠️ It asks after reading content you did not write ({code_span(event.untrusted, 300)}): "
-            "the call may follow instructions from there.\n"
-        )
-    return (
-        f"🔐 **Approval needed**: the agent wants to run `{event.tool}`\n"
-        f"```\n{shown_args(event.args)}\n```\n{warning}"
-        f"Asked for {code_span(requester)}; only they or an admin can answer. "
-        f"Times out in {in_words(timeout)} (then it is denied).{how}"
-    )
 
 
 def decision_of(row: ApprovalRow, timeout: float) -> ApprovalDecision:
@@ -287,7 +226,12 @@ class Approvals:
         row = await self.store.approval_by_code(parts[2])
         if row is None or row.platform != action.platform:
             return ActionAnswer("This request no longer exists.", refused=True)
+        if row.state == PENDING and await self._orphaned(row):
+            # Its turn was stopped (or ended) while the buttons were live: nothing may run now.
+            await self._settle_orphan(row)
+            row = await self.store.approval_get(row.id) or row
         if row.state != PENDING:
+            self._withdraw_pressed(row, action)
             return ActionAnswer(f"Already settled: {self._settled_note(row)}.", refused=True)
         if not self._may_answer(row, action):
             asker = code_span(row.requester_name) if row.requester_name else "the requester"
@@ -355,6 +299,48 @@ class Approvals:
         by = row.decided_by or "someone"
         return SETTLED.get(row.state, row.state).format(by=by if row.state == CANCELLED else code_span(by))
 
+    # -- a turn stopped while its buttons were live ----------------------------------------------
+    async def withdraw(self, key: str, why: str) -> int:
+        """Cancel the pending requests of the turn ``key`` (stopped with ``/stop`` while it was
+        asking, before it had paused): each is settled as cancelled, so no press can approve it,
+        and its buttons are replaced by ``why``. The turn's reply is left to the turn (it says
+        "Stopped"). Returns how many were cancelled."""
+        cancelled = 0
+        for row in await self.store.approvals_for(key):
+            if row.state != PENDING or not await self.store.approval_decide(row.id, CANCELLED, why):
+                continue
+            cancelled += 1
+            self.metrics.approvals.labels(row.platform, CANCELLED).inc()
+            timer = self._timers.pop(row.id, None)
+            if timer is not None and timer is not asyncio.current_task():
+                timer.cancel()
+            fresh = await self.store.approval_get(row.id)
+            self.tasks.spawn(self._show(fresh or row), f"approval-withdraw:{row.code}")
+            log.info("approval %s: withdrawn (%s)", row.code, why)
+        return cancelled
+
+    async def _orphaned(self, row: ApprovalRow) -> bool:
+        """The turn that asked is no longer a turn that can go on (stopped: its entry is a notice
+        now; or finished, failed, gone), yet the request is pending: a stop that landed between
+        the buttons and the pause, or a crash between the stop's steps."""
+        entry = await self.store.journal_entry(row.key)
+        if entry is None or entry.kind is not JournalKind.TURN:
+            return True
+        return entry.state in (JournalState.DONE, JournalState.FAILED)
+
+    async def _settle_orphan(self, row: ApprovalRow) -> None:
+        entry = await self.store.journal_entry(row.key)
+        why = STOPPED_WHY if entry is None or entry.kind is not JournalKind.TURN else ENDED_WHY
+        await self.withdraw(row.key, why)
+
+    def _withdraw_pressed(self, row: ApprovalRow, action: Action) -> None:
+        """A press on a settled request whose buttons message is not the one on record (its send
+        was cut short by a stop, so its id was never recorded): take the buttons off the message
+        pressed, which shows the decision instead."""
+        if not action.message_id or row.message_id == action.message_id:
+            return
+        self.tasks.spawn(self._show(row, action.message_id), f"approval-late:{row.code}")
+
     # -- settling ---------------------------------------------------------------------------------
     async def decide(self, row: ApprovalRow, state: str, by: str) -> bool:
         """Settle ``row`` (the first decision wins); then show it and resume the turn."""
@@ -374,13 +360,14 @@ class Approvals:
         if row.state != CANCELLED:
             await self._continue(row.key)
 
-    async def _show(self, row: ApprovalRow) -> None:
+    async def _show(self, row: ApprovalRow, message_id: str = "") -> None:
         channel = self.channels.get(row.platform)
-        if channel is None or not row.message_id:
+        message_id = message_id or row.message_id
+        if channel is None or not message_id:
             return
         part = channel.render(f"{row.text}\n\n{self._settled_note(row)}")[0]
         try:
-            await channel.close_buttons(row.target, row.message_id, part)
+            await channel.close_buttons(row.target, message_id, part)
         except Exception as exc:  # the decision holds whether or not the message shows it
             log.warning("approval %s: could not show the decision: %s", row.code, exc)
 
@@ -449,6 +436,9 @@ class Approvals:
         back to the journal a paused turn whose requests were all settled by a process that died
         before it could resume it."""
         for row in await self.store.approvals_pending(platform):
+            if await self._orphaned(row):  # a crash between a /stop's steps: withdrawn now
+                await self._settle_orphan(row)
+                continue
             self._arm(row)
         for key in await self.store.journal_paused_settled(platform):
             await self.store.journal_unpause(key)

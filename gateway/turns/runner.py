@@ -34,7 +34,7 @@ from gateway.delivery.plan import PlanMessage
 from gateway.intake.attachments import Uploads, deliver_files, fetch_attachments
 from gateway.store.disk import StorageFull
 from gateway.store.entries import JournalEntry, JournalState
-from gateway.turns.approvals import WAITING_NOTE
+from gateway.turns.approvals import STOPPED_WHY, WAITING_NOTE
 from gateway.turns.options import turn_options
 from gateway.turns.outcome import TurnOutcome
 from gateway.turns.stopping import STOPPED, stopped_notice
@@ -156,6 +156,10 @@ class TurnRunner:
             if task is not None:
                 task.uncancel()
             outcome = TurnOutcome.STOPPED
+            # Buttons posted while the stop was landing (a send under way when /stop withdrew the
+            # turn's requests) are withdrawn now: the turn can post nothing more.
+            with contextlib.suppress(Exception):
+                await self.approvals.withdraw(entry.key, STOPPED_WHY)
             await self._close_plan(plan)
             await self._show_stopped(entry, reply)
         except Exception as exc:

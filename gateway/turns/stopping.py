@@ -13,6 +13,9 @@ for a free slot). Turns behind it still run. The order of steps is what makes a 
 3. The journal entry becomes a pending notice reading "⏹ Stopped." (:meth:`Store.journal_stop`):
    whatever the process does next, a restart delivers that notice, through the outbox (the same
    message, edited; never a second one), and never runs the turn again.
+   Approval buttons the turn posted before it paused are withdrawn here too (their requests
+   cancelled, the buttons replaced by "Cancelled: stopped by ..."), and once more by the turn when
+   its cancellation lands (gateway/turns/approvals.py ``withdraw``).
 4. The outcome is shown: by the turn's own handler when it saw the cancellation, else here as the
    notice (a turn cancelled before it ran a step, or one taken off the queue).
 
@@ -25,6 +28,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
+from agent.untrusted import code_span
 from gateway.store.entries import JournalEntry, JournalKind
 from gateway.turns.outcome import TurnOutcome
 from gateway.turns.queue import Stop
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
     from gateway.ops.metrics import Metrics
     from gateway.ops.tasks import TaskTracker
     from gateway.store.journal import Store
+    from gateway.turns.approvals import Approvals
     from gateway.turns.inflight import InFlight
     from gateway.turns.queue import TurnQueue
 
@@ -46,6 +51,7 @@ class StopHost(Protocol):
     metrics: Metrics
     inflight: InFlight
     tasks: TaskTracker
+    approvals: Approvals
 
     async def send_notice(self, entry: JournalEntry) -> None: ...
 
@@ -83,6 +89,12 @@ async def stop(gw: StopHost, entry: JournalEntry) -> str | None:
     done = gw.turns.stop(key)
     if done in (Stop.LATE, Stop.ABSENT):
         return TOO_LATE
+    if done is Stop.CANCELLED:
+        # The turn may have posted approval buttons and not paused yet: withdrawn at once, before
+        # anything else awaits, so no press in between can approve a call of a stopped turn (the
+        # turn withdraws again when its cancellation lands, for a post that was under way).
+        inbound = entry.inbound
+        await gw.approvals.withdraw(key, f"stopped by {code_span(inbound.sender_name or inbound.sender_id)}")
     journaled = await gw.store.journal_stop(target, STOPPED)
     if done is Stop.REMOVED:
         if not journaled:  # no longer an open turn (another daemon answered it): nothing to show

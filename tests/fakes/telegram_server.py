@@ -30,6 +30,7 @@ from tests.fakes.telegram_wire import (
     ApiError,
     Call,
     Failure,
+    Held,
     Seen,
     StoredFile,
     auto_entities,
@@ -75,6 +76,7 @@ class FakeTelegram(BotApiMethods):
         self._files: dict[str, StoredFile] = {}
         self._failures: dict[str, list[Failure]] = {}
         self._lost: dict[str, int] = {}
+        self._held: list[Held] = []
         self.drafts: list[tuple[int, int, str]] = []
         self.answered_queries: dict[str, dict[str, Any]] = {}
         """answerCallbackQuery parameters by callback query id (the presser's toast or alert)."""
@@ -384,6 +386,22 @@ class FakeTelegram(BotApiMethods):
         the connection drops before the answer: the bot cannot know the call succeeded."""
         self._lost[method] = self._lost.get(method, 0) + times
 
+    def hold_answer(
+        self, method: str, when: Callable[[dict[str, Any]], bool] = lambda params: True, *, skip: int = 0
+    ) -> asyncio.Event:
+        """The next call of ``method`` for which ``when(params)`` holds (after ``skip`` such calls)
+        takes effect (a sent message is in the chat), but its answer is held until the returned
+        event is set: the bot is caught between a call and its result for as long as the test needs
+        (a /stop landing while approval buttons are being posted), with no timing guess."""
+        held = Held(method, when, skip, asyncio.Event())
+        self._held.append(held)
+        return held.release
+
+    @property
+    def holding(self) -> int:
+        """How many answers are held back right now."""
+        return sum(1 for h in self._held if h.waiting)
+
     def revoke_token(self, revoked: bool = True) -> None:
         """From now on every call answers 401 Unauthorized (BotFather revoked the token)."""
         self._revoked = revoked
@@ -552,6 +570,15 @@ class FakeTelegram(BotApiMethods):
             result = await handler(params, files)
             if self.after_call is not None:
                 self.after_call(method, params)  # e.g. kill the bot before it reads the answer
+            held = next((h for h in self._held if h.takes(method, params)), None)
+            if held is not None:
+                held.waiting = True
+                self._bump()
+                try:
+                    await held.release.wait()
+                finally:
+                    held.waiting = False
+                    self._held.remove(held)
             if self._lost.get(method, 0) > 0:  # it took effect; the answer never reaches the bot
                 self._lost[method] -= 1
                 call.status = 0

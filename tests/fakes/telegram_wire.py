@@ -5,8 +5,10 @@ Split from :mod:`tests.fakes.telegram_server` to keep each module small; import 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +97,26 @@ class Failure:
     times: int
     retry_after: int | None
     description: str | None
+
+
+@dataclass(slots=True)
+class Held:
+    """An answer the fake holds back (FakeTelegram.hold_answer): the call took effect, the bot waits."""
+
+    method: str
+    when: Callable[[dict[str, Any]], bool]
+    skip: int
+    release: asyncio.Event
+    waiting: bool = False
+
+    def takes(self, method: str, params: dict[str, Any]) -> bool:
+        """True for the call this hold is for (counting down ``skip`` matching calls first)."""
+        if self.waiting or method != self.method or not self.when(params):
+            return False
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        return True
 
 
 @dataclass(slots=True)
