@@ -46,6 +46,15 @@ class PlanUpdated:
 
 
 @dataclass(frozen=True, slots=True)
+class SkillDrafted:
+    """The agent drafted a skill (``draft_skill``, agent/skill_tools.py) that now waits for an
+    admin: the gateway tells the admins (docs/skills.md). ``name`` is checked (the spec's form);
+    the draft itself is read from disk, never carried here."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class Clarification:
     """The agent ends the turn asking the user a question."""
 
@@ -125,6 +134,7 @@ AgentEvent = (
     | ToolProgress
     | StatusUpdate
     | PlanUpdated
+    | SkillDrafted
     | Clarification
     | FileOut
     | Final

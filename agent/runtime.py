@@ -37,7 +37,7 @@ from agent.sandbox.paths import OUTPUTS, UPLOADS, PathMapper, PathRefused, Threa
 from agent.sandbox.probe import SandboxState, close_quietly, run_probe
 from agent.sandbox.quota import check_room, release_walkers
 from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
-from agent.skill_tools import build_skill_tools
+from agent.skill_tools import build_skill_tools, draft_events
 from agent.skills import SkillCatalog, build_skills
 from agent.skills_prompt import load_skill_text
 from agent.subagents import TASK_TOOL, build_subagents, subagent_event_to_status
@@ -354,7 +354,7 @@ class AgentRuntime:
             extra_tools=tools,
             extra_middleware=middleware,
             turn_scope=self._sandbox_scope,
-            custom_events=[events_from_custom, _status_events, plan_events],
+            custom_events=[events_from_custom, _status_events, plan_events, draft_events],
             redact=Redactor(secrets),
             models=self.models,
             usage=self.usage,

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection
+from typing import Any
 
 from langchain.tools import ToolRuntime
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, Field
 
+from agent.events import AgentEvent, SkillDrafted
 from agent.provenance import provenance_of_call
 from agent.settings import SkillsSettings
 from agent.skill_install import draft_skill
@@ -26,6 +28,8 @@ from agent.skills import SkillError
 
 DRAFT_SKILL = "draft_skill"
 MAX_BODY_CHARS = 20_000
+DRAFT_EVENT = "chital_skill_drafted"
+"""Custom stream key of a new draft (:func:`draft_events` makes it a SkillDrafted)."""
 
 
 class _DraftArgs(BaseModel):
@@ -65,6 +69,8 @@ def build_skill_tools(settings: SkillsSettings, reserved: Collection[str] = ()) 
             )
         except SkillError as exc:
             raise ToolException(str(exc)) from None
+        if runtime.stream_writer is not None:  # the gateway tells the admins a draft waits
+            runtime.stream_writer({DRAFT_EVENT: name.strip()})
         return (
             f"Drafted the skill {name.strip()!r}. It is NOT usable yet: an admin must read and approve it "
             f"(/skills show {name.strip()}, then /skills approve {name.strip()}). Tell the user so."
@@ -82,3 +88,10 @@ def build_skill_tools(settings: SkillsSettings, reserved: Collection[str] = ()) 
             handle_tool_error=True,
         )
     ]
+
+
+def draft_events(part: Any) -> list[AgentEvent]:
+    """A ``custom_events`` converter (agent/stream_events.py): a draft just written."""
+    if isinstance(part, dict) and isinstance(part.get(DRAFT_EVENT), str):
+        return [SkillDrafted(part[DRAFT_EVENT])]
+    return []

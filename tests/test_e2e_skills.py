@@ -268,7 +268,9 @@ async def test_slack_draft_approved_with_the_button_by_an_admin_only(
             lambda: next((t for t in slack.texts(SLACK_DM) if "STANDUP-BODY" in t), None), timeout=30
         )
         assert "```" in shown and "<!here>" not in shown  # one fenced block, no @here
-        post = await slack.wait_for(lambda: next((p for p in slack.posts if p.buttons()), None), timeout=30)
+        post = await slack.wait_for(
+            lambda: next((p for p in slack.posts if p.buttons() and p.channel == SLACK_DM), None), timeout=30
+        )  # (the draft's notice to the admin has buttons too: tests/test_e2e_skill_drafts.py)
         assert post.buttons() == ["✅ Approve", "🗑 Reject"]
         stranger = await slack.press_button(SLACK_DM, post.ts, SLACK_USER, "Approve", name="mallory")
         await slack.wait_for(lambda: slack.is_acked(stranger) or None, timeout=10)

@@ -32,8 +32,10 @@ from agent.skill_install import (
 )
 from agent.skills import SKILL_FILE, SkillError, scan_skills
 from agent.untrusted import TEXT_CHARS, code_span, visible
-from channels.base import Action, ActionAnswer, Button, Channel, ChannelError, Inbound, ReplyTarget
+from channels.base import Action, ActionAnswer, Channel, ChannelError, Inbound, ReplyTarget
 from gateway.intake import access, profiles
+from gateway.turns.skill_drafts import PREFIX as PREFIX  # the daemon routes presses by it
+from gateway.turns.skill_drafts import draft_buttons
 
 if TYPE_CHECKING:
     from gateway.commands.registry import Command, CommandContext
@@ -47,9 +49,8 @@ DESCRIPTION_MAX = 160
 SCRIPTS_SHOWN = 25
 DOWNLOAD_SECONDS = 120.0
 ADMIN_ACTIONS = ("install", "remove", "show", "approve", "reject")
-PREFIX = "skl"
-"""Button values are ``skl:ok:NAME`` / ``skl:no:NAME`` (Telegram allows 64 bytes: a name too long
-for that gets the text answer only)."""
+ALREADY = "The draft"
+"""How a press on a decided draft's buttons is answered (then its buttons come off)."""
 SHOW_CHARS = 12_000
 """Characters of a skill's SKILL.md ``/skills show`` posts (the delivery splits long replies)."""
 
@@ -141,11 +142,8 @@ async def command(ctx: CommandContext, entry: JournalEntry, cmd: Command, comman
 async def _offer_buttons(ctx: CommandContext, entry: JournalEntry, name: str, shown: str) -> None:
     """Approve / Reject under a draft, as for a tool's approval; the text answer works anyway. The
     Approve button carries the fingerprint of the text shown: it approves that text or nothing."""
-    buttons = [
-        Button("✅ Approve", f"{PREFIX}:ok:{name}:{shown}", "primary"),
-        Button("🗑 Reject", f"{PREFIX}:no:{name}", "danger"),
-    ]
-    if ctx.buttons is None or any(len(b.value.encode()) > 64 for b in buttons):
+    buttons = draft_buttons(name, shown)
+    if ctx.buttons is None or buttons is None:
         return
     text = f"Approve the draft skill {code_span(name)}? Only an admin can answer."
     await ctx.buttons(entry.inbound, text, buttons, f"{entry.key}#skill-buttons")
@@ -157,7 +155,10 @@ async def on_action(config: Config, channels: Mapping[str, Channel], action: Act
     buttons on the message (Slack tells a presser only of refusals)."""
     answer = await _decide(config, action)
     channel = channels.get(action.platform)
-    if not answer.refused and channel is not None and action.message_id:
+    # Buttons come off once the draft is decided: here, and on any other admin's copy of the
+    # notice at its first press (the press is refused, the message then says why).
+    settled = not answer.refused or answer.text.startswith(ALREADY)
+    if settled and channel is not None and action.message_id:
         target = ReplyTarget(action.platform, action.chat_id, action.thread_id)
         try:
             await channel.close_buttons(target, action.message_id, channel.render(answer.text)[0])
@@ -190,7 +191,7 @@ async def _decide(config: Config, action: Action) -> ActionAnswer:
     except SkillError as exc:
         if "not the text that was shown" in str(exc):
             return ActionAnswer(f"⚠️ {code_span(str(exc), 300)}", refused=True)
-    return ActionAnswer(f"The draft {code_span(name)} was already approved or rejected.", refused=True)
+    return ActionAnswer(f"{ALREADY} {code_span(name)} was already approved or rejected.", refused=True)
 
 
 def _show(settings: SkillsSettings, name: str) -> str:

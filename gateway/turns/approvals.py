@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested
+from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, SkillDrafted
 from agent.untrusted import code_span
 from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendError
 from gateway.config.durations import in_words
@@ -34,6 +34,7 @@ from gateway.delivery.reply import Reply
 from gateway.intake.access import Verdict, decide, is_admin
 from gateway.store.approvals import APPROVED, CANCELLED, DENIED, PENDING, TIMED_OUT, ApprovalRow
 from gateway.store.entries import JournalEntry, JournalKind, JournalState
+from gateway.turns import skill_drafts
 from gateway.turns.approval_text import request_text
 
 if TYPE_CHECKING:
@@ -134,6 +135,12 @@ class Approvals:
             streams.append(fresh)
         for stream in streams:
             async for event in stream():
+                if isinstance(event, SkillDrafted):  # the admins are told a draft waits for them
+                    notice = skill_drafts.notify(
+                        self.config, self.store, self.channels, entry.inbound, event.name,
+                        redactor_for(self.config),
+                    )  # fmt: skip
+                    self.tasks.spawn(notice, f"skill-draft:{event.name}")
                 if isinstance(event, ApprovalRequested):
                     if any(r.id == event.id for r in settled):
                         continue  # decided already: the next resume answers it
