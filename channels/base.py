@@ -28,6 +28,7 @@ from channels.errors import (
 from channels.messages import (
     FORWARDED,
     REPLIED,
+    REPLIED_FILE,
     REPLIED_MAX_CHARS,
     UNREADABLE,
     Action,
@@ -43,6 +44,8 @@ from channels.messages import (
     ReplyTarget,
     clean_text,
     replied_extra,
+    replied_file,
+    replied_file_extra,
     replied_item,
 )
 from channels.status import ChannelState, ChannelStatus, Report, StatusListener
@@ -53,6 +56,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "FORWARDED",
     "REPLIED",
+    "REPLIED_FILE",
     "REPLIED_MAX_CHARS",
     "UNREADABLE",
     "Action",
@@ -76,6 +80,8 @@ __all__ = [
     "TransientSendError",
     "clean_text",
     "replied_extra",
+    "replied_file",
+    "replied_file_extra",
     "replied_item",
     "scrub",
 ]

@@ -187,6 +187,38 @@ def replied_extra(item: ContextItem) -> dict[str, Any]:
                       "self": item.is_self, "bot": item.is_bot}}  # fmt: skip
 
 
+REPLIED_FILE = "replied_file"
+""":attr:`Inbound.extra` key of the file the replied-to message carries, where the platform's event
+includes it (Telegram's ``reply_to_message.document``): ``/skills install`` sent as a reply to an
+archive installs that archive. Never a turn's attachment: only a command that asks reads it."""
+
+
+def replied_file_extra(attachment: Attachment, sender: str, *, from_bot: bool) -> dict[str, Any]:
+    """``{REPLIED_FILE: ...}`` for :attr:`Inbound.extra`: the replied-to file, JSON-safe, bounded;
+    ``sender``: who sent that message (platform-qualified), for the installer's provenance;
+    ``from_bot``: a bot (this one included) or an unknown sender sent it."""
+    return {REPLIED_FILE: {"file_id": attachment.file_id[:512], "name": attachment.name[:255],
+                           "mime": attachment.mime_type, "size": attachment.size,
+                           "sender": sender[:100], "bot": from_bot}}  # fmt: skip
+
+
+def replied_file(inbound: Inbound) -> tuple[Attachment, str] | None:
+    """The file and its sender an adapter stored with :func:`replied_file_extra` (the sender is
+    ``"bot"`` when a bot or no known person sent it); None when there is none or it is not shaped
+    as stored (the journal is read back, so check the types)."""
+    data = inbound.extra.get(REPLIED_FILE)
+    if not isinstance(data, dict):
+        return None
+    file_id, name, mime, size = data.get("file_id"), data.get("name"), data.get("mime"), data.get("size")
+    if not (isinstance(file_id, str) and file_id and isinstance(name, str)):
+        return None
+    size = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+    mime = mime if isinstance(mime, str) else None
+    sender = data.get("sender")
+    sender = "bot" if data.get("bot") is not False else sender if isinstance(sender, str) else ""
+    return Attachment(file_id, name or "document", mime, size), sender
+
+
 def replied_item(inbound: Inbound) -> ContextItem | None:
     """The replied-to message an adapter stored with :func:`replied_extra`, if any."""
     data = inbound.extra.get(REPLIED)

@@ -295,3 +295,33 @@ async def test_slack_draft_approved_with_the_button_by_an_admin_only(
             lambda: next((t for t in slack.texts(SLACK_DM2) if "/standup" in t), None), timeout=30
         )
         assert "drafted, active" in listing
+
+
+async def test_telegram_install_as_a_reply_to_the_archive(
+    tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, tg_daemon: DaemonProcess
+) -> None:
+    """``/skills install`` replying to the message that carries the archive (Telegram's reply event
+    carries the replied-to file): installed for an admin with the file's sender on record; refused
+    for a non-admin, for a file a bot sent, and for a malicious archive (nothing written)."""
+    good = make_zip([Entry("SKILL.md", skill_md("replied-skill", "From a reply.", BODY))])
+    sent = tg.inject_message(USER, USER, "", document=tg.add_file(good, file_name="r.zip"))
+    up = tg.inject_message(USER, USER, "/skills install", reply_to_message_id=sent["message"]["message_id"])
+    assert "only an admin" in await tg_answer(tg, USER, up, "admin")
+    # A file a bot sent (the agent's own output, or another bot's): drafted and reviewed, not installed.
+    botfile = tg.inject_message(ADMIN, 4242, "", document=tg.add_file(good, file_name="b.zip"), from_bot=True)
+    up = tg.inject_message(
+        ADMIN, ADMIN, "/skills install", reply_to_message_id=botfile["message"]["message_id"]
+    )
+    assert "sent by a bot" in await tg_answer(tg, ADMIN, up, "⚠️")
+    evil = make_zip([Entry("SKILL.md", skill_md("evil")), Entry("/etc/cron.d/x", b"x")])
+    bad = tg.inject_message(ADMIN, ADMIN, "", document=tg.add_file(evil, file_name="e.zip"))
+    up = tg.inject_message(ADMIN, ADMIN, "/skills install", reply_to_message_id=bad["message"]["message_id"])
+    assert "absolute" in await tg_answer(tg, ADMIN, up, "⚠️")
+    assert custom(tmp_path) == []
+    # The admin replies to the archive they (or anyone in the chat) sent: installed.
+    doc = tg.inject_message(ADMIN, ADMIN, "", document=tg.add_file(good, file_name="r.zip"))
+    up = tg.inject_message(ADMIN, ADMIN, "/skills install", reply_to_message_id=doc["message"]["message_id"])
+    assert "Installed the skill replied-skill" in await tg_answer(tg, ADMIN, up, "Installed")
+    assert custom(tmp_path) == ["replied-skill"]
+    origin = (tmp_path / "custom" / "replied-skill" / ".chital-install.json").read_text()
+    assert f"replied to; sent by telegram:{ADMIN}" in origin and "r.zip" in origin

@@ -17,7 +17,16 @@ from telegram import Message, MessageEntity, Update
 from telegram.constants import ChatType
 
 from channels import malformed
-from channels.base import FORWARDED, Action, Attachment, ContextItem, Inbound, clean_text, replied_extra
+from channels.base import (
+    FORWARDED,
+    Action,
+    Attachment,
+    ContextItem,
+    Inbound,
+    clean_text,
+    replied_extra,
+    replied_file_extra,
+)
 
 PLATFORM = "telegram"
 GETFILE_MAX = 20 * 1024 * 1024
@@ -78,6 +87,8 @@ def to_inbound(update: Update, bot_id: int, bot_username: str) -> Inbound | None
     )
     addressed = is_direct or ((mentioned or command or replied) and not other_bots_command)
     extra = _replied(msg, bot_id)
+    if reply is not None and reply.forum_topic_created is None:
+        extra.update(_replied_file(reply))
     if msg.forward_origin is not None:  # someone else's words, forwarded by the sender
         extra[FORWARDED] = _origin_name(msg.forward_origin)
 
@@ -182,6 +193,20 @@ def _replied(msg: Message, bot_id: int) -> dict[str, Any]:
     item = ContextItem(author or "someone", text, str(reply.message_id), is_self,
                        sender is not None and sender.is_bot, replied_to=True)  # fmt: skip
     return replied_extra(item)
+
+
+def _replied_file(reply: Message) -> dict[str, Any]:
+    """The replied-to message's document, for ``/skills install`` sent as a reply to an archive
+    (channels/messages.py ``REPLIED_FILE``); nothing when it has none or its fields have the wrong
+    types (PTB does not check them)."""
+    d, by = reply.document, reply.from_user
+    if d is None or not isinstance(d.file_id, str) or not isinstance(d.file_name, str | None):
+        return {}
+    size = d.file_size if isinstance(d.file_size, int) else None
+    mime = d.mime_type if isinstance(d.mime_type, str) else None
+    found = Attachment(d.file_id, d.file_name or "document", mime, size)
+    sender = f"{PLATFORM}:{by.id}" if by is not None else ""
+    return replied_file_extra(found, sender, from_bot=by is None or by.is_bot is not False)
 
 
 _REPLY_KINDS = ("photo", "document", "voice", "audio", "video", "sticker", "poll", "location")

@@ -1,7 +1,8 @@
 """``/skills``: the skills with their source, state and installer; and for an admin, installing one
 from an archive sent with the command, removing one, approving or rejecting a draft.
 
-``/skills install`` goes with a file: a document whose caption is ``/skills install``. The archive
+``/skills install`` goes with a file: a document whose caption is ``/skills install``, or (on
+Telegram, whose reply events carry the replied-to file) a reply to the message that carries it. The archive
 is downloaded (capped at the archive limit before a byte is fetched when the platform says the
 size), checked entirely in memory and only then written (agent/skill_install.py, the same code as
 ``chital skills install``). The reply lists the scripts in it for the admin to review.
@@ -32,7 +33,7 @@ from agent.skill_install import (
 )
 from agent.skills import SKILL_FILE, SkillError, scan_skills
 from agent.untrusted import TEXT_CHARS, code_span, visible
-from channels.base import Action, ActionAnswer, Channel, ChannelError, Inbound, ReplyTarget
+from channels.base import Action, ActionAnswer, Channel, ChannelError, Inbound, ReplyTarget, replied_file
 from gateway.intake import access, profiles
 from gateway.turns.skill_drafts import PREFIX as PREFIX  # the daemon routes presses by it
 from gateway.turns.skill_drafts import draft_buttons
@@ -49,6 +50,12 @@ DESCRIPTION_MAX = 160
 SCRIPTS_SHOWN = 25
 DOWNLOAD_SECONDS = 120.0
 ADMIN_ACTIONS = ("install", "remove", "show", "approve", "reject")
+REPLY_PLATFORMS = frozenset({"telegram"})
+"""Where ``/skills install`` may be a reply to the archive's message: the platform's event carries
+the replied-to file (channels/messages.py ``REPLIED_FILE``). Slack's and Lark's reply events carry
+only the parent's id (its files need another API call, with its own scopes), and Discord's
+``referenced_message`` is not read for files yet: there, the archive goes with the command."""
+REPLY_PLATFORMS_NOTE = " (here, as the caption: a reply does not bring the file along on this platform)"
 ALREADY = "The draft"
 """How a press on a decided draft's buttons is answered (then its buttons come off)."""
 SHOW_CHARS = 12_000
@@ -223,12 +230,20 @@ async def _install(
         return (
             "Send the archive (zip or tar.gz) with the caption /skills install (or /skills install replace)."
         )
-    if len(inbound.attachments) != 1:
+    replied = replied_file(inbound) if not inbound.attachments else None
+    if len(inbound.attachments) != 1 and replied is None:
         return (
-            "Send the skill's archive (zip or tar.gz) as a file with the caption /skills install; "
+            "Send the skill's archive (zip or tar.gz) as a file with the caption /skills install, "
+            "or reply /skills install to the message that carries it"
+            f"{REPLY_PLATFORMS_NOTE if inbound.platform not in REPLY_PLATFORMS else ''}; "
             f"this message has {len(inbound.attachments)} file(s)."
         )
-    att = inbound.attachments[0]
+    att, sent_by = replied if replied is not None else (inbound.attachments[0], "")
+    if sent_by == "bot":  # what the agent (or another bot) made is drafted and reviewed, not installed
+        return (
+            "⚠️ That file was sent by a bot (perhaps me), so I will not install it: install an "
+            "archive a person sent, or ask me to draft the skill (an admin then reviews it)."
+        )
     if att.size is not None and att.size > MAX_ARCHIVE_BYTES:
         return f"⚠️ That file is {att.size:,} bytes; a skill archive may be at most {MAX_ARCHIVE_BYTES:,}."
     if ctx.download is None:
@@ -245,7 +260,8 @@ async def _install(
         data,
         ctx.config.agent.skills,
         installed_by=_installer(entry),
-        origin=f"{inbound.platform} chat {inbound.chat_id}, file {att.name[:100]}",
+        origin=f"{inbound.platform} chat {inbound.chat_id}, file {att.name[:100]}"
+        + (f" (replied to; sent by {sent_by})" if replied is not None else ""),
         reserved=commands,
         replace=replace,
     )
