@@ -320,3 +320,42 @@ async def test_chat_users_get_the_failure_without_the_url(tmp_path: Path) -> Non
     assert (
         isinstance(events[-1], TurnFailed) and "HTTP 503 from " + failing_model.base_url in events[-1].detail
     )
+
+
+def test_the_plan_checklist_is_printed_as_it_changes_bounded_and_inert(
+    threaded_model: FakeOpenAI, tmp_path: Path, terminals: list[Terminal]
+) -> None:
+    """The agent's ``write_todos`` plan shows in the terminal as in the chats: printed when it
+    changes, each item one bounded line, with no escape sequence, bidi or zero-width character and
+    no secret; ``/plan`` shows it afterwards; the tool's own progress line is not printed."""
+    from tests.fakes.openai_server import ToolCall
+
+    hostile = [
+        "open the page \x1b]52;c;ZXZpbA==\x07 now",  # OSC 52: would set the clipboard
+        f"read it \u202eexe.txt with key {KEY} \u200bhidden",
+        "@everyone <!channel> " + "x" * 170,  # within the tool's 200, over the 100 shown
+    ]
+
+    def todos(*statuses: str) -> Reply:
+        items = [{"content": c, "status": s} for c, s in zip(hostile, statuses, strict=True)]
+        return Reply(tool_calls=[ToolCall("write_todos", {"todos": items})])
+
+    threaded_model.script(
+        todos("in_progress", "pending", "pending"),
+        todos("completed", "completed", "in_progress"),
+        Reply(text="ANSWER-TEXT"),
+    )
+    t = open_chat(terminals, tmp_path, threaded_model.base_url, memory={"enabled": False})
+    out = t.ask("plan and do it")
+    assert "ANSWER-TEXT" in out
+    assert out.count("Plan (0/3 done)") == 1 and out.count("Plan (2/3 done)") == 1, out
+    assert "[write_todos" not in out
+    assert "\x1b]52" not in out and "\x07" not in out and "\u202e" not in out and "\u200b" not in out
+    assert KEY not in out
+    items = [ln for ln in out.splitlines() if ln.lstrip().startswith(("☐", "◐", "☑"))]
+    assert len(items) == 9 and all(len(ln) <= 120 for ln in items), items  # 2 updates + the final state
+    # Unfinished when the turn ended: the final state says so.
+    assert "2 of 3 steps done; the rest was not finished" in out and "(not done)" in out
+    shown = t.ask("/plan")
+    assert "Plan (2/3 done)" in shown and "as the last answer left it" in shown and KEY not in shown
+    t.assert_clean()

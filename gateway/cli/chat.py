@@ -37,7 +37,7 @@ from gateway.cli.common import load_config_arg, sandbox_note
 from gateway.config.schema import Config
 
 if TYPE_CHECKING:
-    from agent.events import AgentEvent
+    from agent.events import AgentEvent, PlanItem
     from gateway.agent_api import AgentHarness
     from gateway.commands.builtin import Command
     from gateway.store.journal import Store
@@ -284,6 +284,8 @@ class Chat:
         elif name == "new":
             self.thread_id = await self.store.new_thread(self.user)
             print(new_text(self.thread_id))
+        elif name == "plan":
+            print(printable(await self.plan_reply()))
         elif name == "stop":
             print("Nothing is running: Ctrl-C cancels an answer while it is being written.")
         elif name == "status":
@@ -302,6 +304,20 @@ class Chat:
         else:
             print(f"/{name} works in the chats the daemon (`chital run`) serves, not in this terminal.")
         return True
+
+    async def plan_reply(self) -> str:
+        """``/plan``: the thread's plan as its checkpoint holds it, as the turn prints it."""
+        from gateway.delivery.plan import plan_plain
+
+        items = await self.harness.plan(self.thread_id) if self.thread_id else ()
+        if not items:
+            return "No plan in this conversation yet: the agent writes one when a task takes several steps."
+        return plan_plain(items, self._redact) + "\n(as the last answer left it)"
+
+    def _redact(self, text: str) -> str:
+        from channels.base import scrub
+
+        return scrub(text, *self.secrets)
 
     async def ask(self, text: str) -> None:
         """Run one turn as a task that Ctrl-C can cancel, and wait for it (or for the user leaving)."""
@@ -329,30 +345,44 @@ class Chat:
             await asyncio.wait({turn}, timeout=CANCEL_WAIT)
 
     async def _answer(self, text: str) -> None:
-        from agent.events import TextDelta
+        from agent.events import PlanUpdated, TextDelta
+        from gateway.delivery.plan import plan_plain
 
         sys.stdout.write("chital> ")
         sys.stdout.flush()
         streamed = False
+        plan: tuple[PlanItem, ...] | None = None
         # Cancelling this task raises inside the harness' generator, which closes the turn.
         events = self.harness.run(
             self.thread_id, user_id=self.user, message_id=f"cli-{time.time_ns()}", text=text
         )
-        async for ev in events:
-            sys.stdout.write(printable(self._shown(ev, streamed)))
-            sys.stdout.flush()
-            streamed = streamed or isinstance(ev, TextDelta)
+        try:
+            async for ev in events:
+                if isinstance(ev, PlanUpdated):  # the checklist, printed when it changes
+                    if ev.items != plan:
+                        plan = ev.items
+                        sys.stdout.write(f"\n{printable(plan_plain(plan, self._redact))}\n")
+                        sys.stdout.flush()
+                    continue
+                sys.stdout.write(printable(self._shown(ev, streamed)))
+                sys.stdout.flush()
+                streamed = streamed or isinstance(ev, TextDelta)
+        finally:
+            if plan and any(item.status != "completed" for item in plan):
+                # A plan left unfinished (abandoned, failed, Ctrl-C) says so, as in the chats.
+                sys.stdout.write(f"\n{printable(plan_plain(plan, self._redact, final=True))}")
         sys.stdout.write("\n")
         sys.stdout.flush()
 
     def _shown(self, ev: AgentEvent, streamed: bool) -> str:
         """What the terminal prints for one event of a turn (``streamed``: text was printed)."""
         from agent.events import Clarification, Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
+        from agent.plan import TOOL as PLAN_TOOL
         from channels.base import scrub
 
         if isinstance(ev, TextDelta):
             return ev.text
-        if isinstance(ev, ToolProgress) and ev.phase == "start":
+        if isinstance(ev, ToolProgress) and ev.phase == "start" and ev.name != PLAN_TOOL:  # checklist instead
             return f"\n  [{ev.name}{' ' + ev.detail if ev.detail else ''}]\n"
         if isinstance(ev, StatusUpdate):
             return f"\n  [{ev.text}]\n"

@@ -116,7 +116,7 @@ REGISTRY = Registry(
                     terminal=True),
         CommandSpec("stop", "cancel the answer being worked on", _stop, recorded=True),
         CommandSpec("status", "show this conversation's thread, model and queue", _status, terminal=True),
-        CommandSpec("plan", "show the agent's plan (to-do list) for this conversation", _plan),
+        CommandSpec("plan", "show the agent's plan (to-do list) for this conversation", _plan, terminal=True),
         CommandSpec("memory", "show what I remember about you (in a direct message)", _memory,
                     terminal=True),
         CommandSpec("forget", "erase everything I remember about you", _memory, recorded=True,

@@ -69,6 +69,21 @@ def plan_text(items: Sequence[PlanItem], redact: Callable[[str], str], *, final:
     return "\n".join(lines)
 
 
+def plan_plain(items: Sequence[PlanItem], redact: Callable[[str], str], *, final: bool = False) -> str:
+    """The checklist for a terminal (``chital chat``): :func:`plan_text`'s lines and bounds in plain
+    text, each item one line made visible (no control, zero-width or bidi character: the model's
+    words must not drive the terminal or hide what they say), secrets masked before the cut."""
+    lines = plan_text(items, redact, final=final).splitlines()
+    out = [lines[0].replace("**", "")] if lines else []
+    for line in lines[1:]:
+        mark, _, rest = line.partition(" ")
+        if rest.startswith("`"):  # an item: "<mark> `text`[ (not done)]"
+            text, _, tail = rest[1:].partition("`")
+            line = f"{mark} {text}{tail}"
+        out.append(f"  {line}")
+    return "\n".join(out)
+
+
 class PlanMessage:
     """One turn's checklist (see the module docstring). Costs nothing until a plan arrives."""
 
