@@ -4,6 +4,7 @@ The end-to-end behaviour is tests/test_e2e_plan.py."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from langchain.agents import create_agent
@@ -106,3 +107,57 @@ def test_the_largest_checklist_is_one_message_on_all_four_platforms() -> None:
     assert "<!everyone>" not in slack_part.text and "<https://evil" not in slack_part.text
     (tg_part,) = telegram.render_markdown(text)
     assert all(e["type"] in ("code", "bold") for e in (tg_part.payload or {}).get("entities", ()))
+
+
+HOSTILE_ITEMS = (
+    "@everyone @here <!channel> <!everyone> <!here|here> <@U123> <@&42> <#C1>",
+    '<at id=all></at> <at user_id="ou_1">boss</at> <font color=red>x</font>',
+    "[login](https://evil.example) <https://evil.example|click> https://evil.example/p",
+    "<b>bold</b> <a href='https://evil.example'>a</a> **b** __u__ ~~s~~ ||spoiler|| ``` fence",
+    "`tick` ``double`` \\`escaped",
+    "zero\u200bwidth \u202eexe.txt\u202c \u2066iso\u2069 \ufeffbom \u00adshy",
+    "key tok-SECRET-0123456789abcdefghij in the plan",
+    "w" * 190,
+)
+
+
+def test_hostile_plan_items_are_inert_on_all_four_platforms() -> None:
+    """Every class of hostile item text (mass and user mentions of each platform, Lark at-tags,
+    Markdown and HTML injection, fence and backtick escapes, invisible and bidi characters, a
+    secret by value, a very long item), rendered by each platform's own renderer as the checklist
+    message is: no mention or link comes alive, the secret and the invisible characters are gone,
+    each item stays one bounded code span."""
+    from channels.discord import render as discord
+    from channels.lark import render as lark
+    from channels.slack import render as slack
+    from channels.telegram import render as telegram
+
+    secret = "tok-SECRET-0123456789abcdefghij"
+    items = tuple(
+        PlanItem(text, "in_progress" if i % 2 else "pending") for i, text in enumerate(HOSTILE_ITEMS)
+    )
+    for final in (False, True):
+        text = plan_text(items, Redactor([secret]), final=final)
+        assert secret not in text and "SECRET" not in text
+        for ch in "\u200b\u202e\u202c\u2066\u2069\ufeff\u00ad":
+            assert ch not in text, repr(ch)
+        for line in text.splitlines()[1:]:  # one code span per item, bounded
+            rest = line.partition(" ")[2]
+            assert rest.startswith("`") and rest.count("`") == 2, line
+            assert len(rest.split("`")[1]) <= 100, line
+
+        (slack_part,) = slack.render(text)
+        for live in ("<!channel>", "<!everyone>", "<!here", "<@U123>", "<@&42>", "<#C1>", "<https://"):
+            assert live not in slack_part.text, live
+
+        (lark_part,) = lark.render(text)
+        card = json.loads(str((lark_part.payload or {})["content"]))["body"]["elements"][0]["content"]
+        assert "<at " not in card and "<font" not in card and "<\u200bat" in card
+
+        (discord_part,) = discord.render(text)
+        for line in discord_part.text.splitlines()[1:]:
+            assert line.split(" ", 1)[1].startswith("`"), line  # mentions only inside code spans
+
+        (tg_part,) = telegram.render_markdown(text)
+        kinds = {e["type"] for e in (tg_part.payload or {}).get("entities", ())}
+        assert kinds <= {"code", "bold"}, kinds
