@@ -25,3 +25,6 @@ class McpServerView:
     state: McpState
     reason: str = ""
     tools: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    """What the server's last tool listing left out or cut (a schema too large, too many tools,
+    a description cut), in Chital's words (agent/tools/mcp_bounds.py)."""

@@ -20,7 +20,7 @@ from typing import Any
 from deepagents.backends import CompositeBackend, StateBackend
 from deepagents.middleware import FilesystemMiddleware
 
-from agent.approvals import subagent_guardrail, tool_name, with_approvals
+from agent.approvals import matches, subagent_guardrail, tool_name, with_approvals
 from agent.config import AgentSettings, ModelSpec
 from agent.context import build_context_middleware, thread_title
 from agent.events import AgentEvent, ApprovalDecision, OutputFile, PlanItem
@@ -299,7 +299,15 @@ class AgentRuntime:
         await catalog_mcp.start()
         self.mcp_tools.replace(catalog_mcp.tools())
         catalog_mcp.subscribe(self.mcp_tools.replace)
-        deferral = build_tool_search(s.tool_search, self.mcp_tools)
+        denied = s.approvals.deny
+        deferral = build_tool_search(s.tool_search, self.mcp_tools, lambda n: matches(n, denied))
+
+        def sub_deferral() -> list[Any]:
+            """A sub-agent's own tool_search (agent/tool_search.py); it hides the gated tools
+            too, since a sub-agent cannot ask a person (agent/approvals.py)."""
+            gated = [*denied, *s.approvals.tools]
+            return build_tool_search(s.tool_search, self.mcp_tools, lambda n: matches(n, gated))
+
         mcp_tools = McpToolsMiddleware(catalog_mcp)
         tools += [*skill_tools, *web, present]
         if s.skills.drafting:  # the lead only: a sub-agent's task text is the lead's, not the user's
@@ -338,11 +346,12 @@ class AgentRuntime:
                 extra_middleware_for_subagents=[
                     TurnOverrides(lead=False),  # the conversation's model (/model) for sub-agents too
                     *skill_mw,
-                    mcp_tools,
+                    *([] if deferral else [mcp_tools]),  # deferred: per_subagent's tool_search
                     *sub_middleware,
                     RetryModelCalls(max_retries=s.model_retries, initial_delay=s.retry_backoff),
                     ToolOutputCap(),  # a sub-agent's tool results are bounded like the lead's
                 ],
+                per_subagent=sub_deferral,
             ),
             *deferral,  # innermost: sees the final tool list, hands deferred tools to the ToolNode
         ]

@@ -244,6 +244,12 @@ class McpSettings(BaseModel):
     a tool error (what reaches the model is cut further by the tool output cap)."""
     reconnect_backoff: float = Field(2.0, gt=0)
     """Seconds before the first retry of a failed server; doubled each time, up to 5 minutes."""
+    max_schema_chars: int = Field(10_000, ge=500, le=200_000)
+    """Characters of a tool's input schema (as JSON) at most: a larger tool is left out when the
+    server's tools are listed (noted in ``/mcp`` and the log), since a schema cannot be cut and
+    stay valid, and it would land in every request that binds the tool."""
+    max_tools_per_server: int = Field(1000, ge=1, le=10_000)
+    """Tools taken from one server at most; the rest are left out (noted in ``/mcp`` and the log)."""
 
     def secrets(self) -> list[str]:
         """Configured secret values, for redaction of tool error texts."""
@@ -269,6 +275,9 @@ class ToolSearchSettings(BaseModel):
     """Tools one search returns (and makes callable)."""
     description_chars: int = Field(200, ge=40, le=1000)
     """Characters of a tool's description a search result shows (the text comes from the server)."""
+    max_loaded: int = Field(20, ge=1, le=100)
+    """Found tools bound to a model call at most: past it, the ones found longest ago are
+    unloaded (a search finds them again), so searches cannot grow the request without end."""
 
 
 class WebSettings(BaseModel):

@@ -55,6 +55,7 @@ from agent.merge import merge_model_calls
 from agent.middleware import StepBudget
 from agent.model import Unstreamed
 from agent.settings import SubagentSettings
+from agent.tool_search import FOUND_TOOLS
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,9 @@ class ChitalSubAgents(SubAgentMiddleware[Any, Any]):
             backend=StateBackend(),
             subagents=subagents,
             system_prompt=_lead_prompt(settings),
+            # Each agent finds its own deferred tools: the lead's found ones are not handed to a
+            # sub-agent, nor a sub-agent's back (agent/tool_search.py).
+            private_state_keys=frozenset({FOUND_TOOLS}),
         )
         self.settings = settings
         # Running sub-agents per thread id. Turns of one thread are serialised by the harness,
@@ -272,6 +276,7 @@ def build_subagents(
     tools: Sequence[BaseTool | Callable[..., Any]],
     settings: SubagentSettings,
     extra_middleware_for_subagents: Sequence[AgentMiddleware[Any, Any, Any]] = (),
+    per_subagent: Callable[[], Sequence[AgentMiddleware[Any, Any, Any]]] = tuple,
 ) -> list[AgentMiddleware[Any, Any, Any]]:
     """The middleware to add to the lead (``Harness(extra_middleware=...)``); empty when disabled.
 
@@ -282,18 +287,22 @@ def build_subagents(
     ``RetryModelCalls``: its retry events stay inside the sub-agent's stream and never reach the
     chat or the lead's replay guard; or the sandbox's ``FilesystemMiddleware``, whose tools then
     count as given). The instances are shared by all sub-agents: pass stateless middleware.
+    ``per_subagent()`` is called once per sub-agent for middleware that must not be shared and
+    goes innermost (the deferred tools' ``tool_search``, which remembers the tools its agent binds).
     """
     if not settings.enabled:
         return []
     extra = extra_middleware_for_subagents
     own = [t for t in tools if _tool_name(t) != TASK_TOOL]
     gp_about = DEFAULT_GENERAL_PURPOSE_DESCRIPTION
-    specs = [_compile(GENERAL_PURPOSE, gp_about, DEFAULT_SUBAGENT_PROMPT, model, own, settings, extra)]
+    gp_extra = [*extra, *per_subagent()]
+    specs = [_compile(GENERAL_PURPOSE, gp_about, DEFAULT_SUBAGENT_PROMPT, model, own, settings, gp_extra)]
     shell = [t for t in own if _tool_name(t) in BASH_TOOL_NAMES]
     # The sandbox's tools may come as a list or from a middleware (deepagents' FilesystemMiddleware).
     given = [*shell, *(t for m in extra for t in getattr(m, "tools", ()))]
     if any(_tool_name(t) == "execute" for t in given):
-        specs.append(_compile(BASH, BASH_DESCRIPTION, BASH_PROMPT, model, shell, settings, extra))
+        bash_extra = [*extra, *per_subagent()]
+        specs.append(_compile(BASH, BASH_DESCRIPTION, BASH_PROMPT, model, shell, settings, bash_extra))
     return [ChitalSubAgents(specs, settings)]
 
 

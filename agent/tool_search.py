@@ -16,7 +16,18 @@ Design choices (docs/tools-and-mcp.md, "Deferred tools and tool_search"):
   answered, by name), so they hold for a deferred tool exactly as for a bound one; the error,
   redaction and output-cap middleware sit outside this one and wrap its result alike.
 - A call of a deferred tool not searched for gets a tool error telling the model to call
-  ``tool_search`` first, never a crash; a search that matches nothing says so.
+  ``tool_search`` first, never a crash; a search that matches nothing says so, and so does an
+  empty query, a query naming a tool that is already callable, and one naming a tool the policy
+  hides (``hidden``: the deny list, and for a sub-agent the tools that need a person's approval,
+  which it cannot ask for). Hidden tools are never listed, counted or made callable.
+- Bounds: the query is cut to :data:`QUERY_CHARS`; a search returns at most ``max_results`` lines
+  of at most ``description_chars``; at most ``max_loaded`` found tools are bound at once (the ones
+  found longest ago are unloaded first), so repeated searches (with ``remember: thread``, over
+  many turns) cannot grow the request without end. Each tool's own schema is bounded where the
+  catalog loads it (agent/tools/mcp.py).
+- Sub-agents get their own instance (agent/runtime.py, ``build_subagents(per_subagent=...)``): the
+  tools they see are their own, and ``found_tools`` is private to each graph (the ``task`` tool
+  neither passes the lead's in nor the sub-agent's back).
 - Tool names and descriptions come from MCP servers: untrusted text shown to the model. A result
   lists each one on one line, invisible characters removed, bounded in length, brackets and
   quotes replaced so it cannot close the list or open a block of its own, between a header and an
@@ -46,6 +57,8 @@ from agent.untrusted import one_line, visible
 log = logging.getLogger(__name__)
 
 TOOL_SEARCH = "tool_search"
+FOUND_TOOLS = "found_tools"
+"""The state key of the tools found (private to each agent: see ``ChitalSubAgents``)."""
 BUILTIN = "@builtin"
 """A ``core`` entry standing for every tool that is not from the catalog (the built-in ones)."""
 QUERY_CHARS = 200
@@ -76,8 +89,13 @@ class ToolCatalog:
 
 def _merge_found(left: dict[str, str] | None, right: dict[str, str] | None) -> dict[str, str]:
     """Reducer of ``found_tools``: found names add up (several searches in one step), each with
-    the turn that found it last."""
-    return {**(left or {}), **(right or {})}
+    the turn that found it last; a name found again moves to the end (the most recent), so
+    ``max_loaded`` unloads the ones found longest ago."""
+    out = dict(left or {})
+    for name, turn in (right or {}).items():
+        out.pop(name, None)
+        out[name] = turn
+    return out
 
 
 class ToolSearchState(AgentState[Any]):
@@ -175,10 +193,18 @@ class ToolSearch(AgentMiddleware[ToolSearchState, Any, Any]):
 
     state_schema = ToolSearchState
 
-    def __init__(self, settings: ToolSearchSettings, catalog: Callable[[], Sequence[BaseTool]]) -> None:
+    def __init__(
+        self,
+        settings: ToolSearchSettings,
+        catalog: Callable[[], Sequence[BaseTool]],
+        hidden: Callable[[str], bool] | None = None,
+    ) -> None:
+        """``hidden(name)``: tools this agent may not use (the approval policy's deny list; for a
+        sub-agent also the gated tools): never listed, counted or handed to the ToolNode."""
         super().__init__()
         self.settings = settings
         self.catalog = catalog
+        self.hidden = hidden or (lambda _name: False)
         self._core = list(settings.core)
         self._builtin_core = BUILTIN in self._core
         self._registered: dict[str, BaseTool] = {}
@@ -209,7 +235,7 @@ class ToolSearch(AgentMiddleware[ToolSearchState, Any, Any]):
         for name, tool in self._registered.items():
             if not self.is_core(name, from_catalog=False):
                 out.setdefault(name, tool)
-        return out
+        return {name: tool for name, tool in out.items() if not self.hidden(name)}
 
     def always_bound(self) -> dict[str, BaseTool]:
         """Catalog tools that ``core`` names (``mcp_github_*``): bound to every call although the
@@ -217,7 +243,9 @@ class ToolSearch(AgentMiddleware[ToolSearchState, Any, Any]):
         return {
             tool.name: tool
             for tool in self.catalog()
-            if tool.name not in self._registered and self.is_core(tool.name, from_catalog=True)
+            if tool.name not in self._registered
+            and self.is_core(tool.name, from_catalog=True)
+            and not self.hidden(tool.name)
         }
 
     def found(self, state: Any) -> list[str]:
@@ -226,20 +254,40 @@ class ToolSearch(AgentMiddleware[ToolSearchState, Any, Any]):
         if not isinstance(value, dict):
             return []
         if self.settings.remember == "thread":
-            return [str(n) for n in value]
-        turn = current_turn(state)
-        return [str(n) for n, found_in in value.items() if found_in == turn]
+            names = [str(n) for n in value]
+        else:
+            turn = current_turn(state)
+            names = [str(n) for n, found_in in value.items() if found_in == turn]
+        return names[-self.settings.max_loaded :]  # the most recently found (the reducer's order)
 
     # -- the tool -----------------------------------------------------------------------------------
     async def _search(self, query: str, tool_call_id: str, state: Any = None) -> Command[Any]:
         deferred = self.deferred()
-        hits = rank(str(query), list(deferred.values()), self.settings.max_results)
-        text = render(str(query), hits, self.settings.description_chars, len(deferred))
+        query = str(query)[:QUERY_CHARS]
+        hits = rank(query, list(deferred.values()), self.settings.max_results)
+        text = render(query, hits, self.settings.description_chars, len(deferred))
+        if not hits:
+            text = self._no_match(query) or text
         names = [t.name for t in hits]
         log.info("tool_search: %d of %d deferred tool(s) found", len(names), len(deferred))
         message = ToolMessage(text, tool_call_id=tool_call_id, name=TOOL_SEARCH)
         turn = current_turn(state)
         return Command(update={"found_tools": dict.fromkeys(names, turn), "messages": [message]})
+
+    def _no_match(self, query: str) -> str | None:
+        """A clearer answer than "no tool matches" when the query is empty, names a tool that is
+        callable already, or names one this agent may not use (said without its description)."""
+        wanted = query.strip()
+        if not _words(wanted):
+            return "Error: the query is empty. Say what the tool should do, or part of its name."
+        name = one_line(wanted, NAME_CHARS).translate(_QUOTES)
+        bound = {*self._registered, *self.always_bound()}
+        if wanted in bound and not self.hidden(wanted) and wanted not in self.deferred():
+            return f"{name} is already loaded: call it directly."
+        known = wanted in bound or any(t.name == wanted for t in self.catalog())
+        if known and self.hidden(wanted):
+            return f"{name} is not available to you: this deployment's policy does not allow it."
+        return None
 
     # -- hooks --------------------------------------------------------------------------------------
     def _request(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
@@ -311,7 +359,10 @@ class ToolSearch(AgentMiddleware[ToolSearchState, Any, Any]):
 
 
 def build_tool_search(
-    settings: ToolSearchSettings, catalog: Callable[[], Sequence[BaseTool]]
+    settings: ToolSearchSettings,
+    catalog: Callable[[], Sequence[BaseTool]],
+    hidden: Callable[[str], bool] | None = None,
 ) -> list[AgentMiddleware[Any, Any, Any]]:
-    """The middleware for the lead's stack (none when deferral is off)."""
-    return [ToolSearch(settings, catalog)] if settings.enabled else []
+    """The middleware for one agent's stack (none when deferral is off): call it once per agent
+    (the lead, each sub-agent), since an instance remembers the tools its agent binds."""
+    return [ToolSearch(settings, catalog, hidden)] if settings.enabled else []

@@ -21,9 +21,11 @@ turn. A server that refuses its credentials (HTTP 401/403) is not retried: it is
 waits for an admin's ``/mcp reload``. So is an OAuth server whose authorization server refuses the
 client or its grant, or that needs an operator's ``chital mcp login`` (agent/tools/mcp_oauth.py).
 
-Untrusted input: tool names and descriptions come from the server. A name the model API would
-refuse is skipped; descriptions are cut to :data:`DESCRIPTION_CHARS` with invisible characters
-removed. Error texts of transports (which may quote URLs or headers) are never passed on: only the
+Untrusted input: tool names, descriptions and input schemas come from the server. They are
+screened when listed (agent/tools/mcp_bounds.py): a name the model API would refuse, a schema over
+``max_schema_chars`` and tools past ``max_tools_per_server`` are left out, descriptions are cut
+(2,000 characters) with invisible characters removed; what was left out is logged and noted in
+``/mcp``. Error texts of transports (which may quote URLs or headers) are never passed on: only the
 exception's type or the HTTP status.
 
 stdio servers get the MCP SDK's minimal environment (PATH, HOME, USER, SHELL, TERM, LOGNAME) plus
@@ -37,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from agent.mcp_stdio_guard import TOO_LARGE
 from agent.mcp_view import McpServerView, McpState
 from agent.settings import McpServer, McpSettings
+from agent.tools.mcp_bounds import bounded_description, cleaned_schema, screen
 from agent.tools.mcp_http import (
     InvalidMessage,
     ResponseTooLarge,
@@ -57,17 +59,12 @@ from agent.tools.mcp_http import (
     message_handler,
 )
 from agent.tools.mcp_oauth import LoginRequired, build_auth, has_tokens, oauth_error, storage_for
-from agent.untrusted import visible
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION_CHARS = 2000
-"""Characters of a tool's description (server-provided) that reach the model."""
 BACKOFF_MAX = 300.0
 """Longest wait between two reconnection attempts, in seconds."""
 _GUARD = Path(__file__).resolve().parent.parent / "mcp_stdio_guard.py"
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-"""What the model APIs accept as a function name."""
 
 
 def _flatten(exc: BaseException) -> list[BaseException]:
@@ -133,10 +130,17 @@ class _Server:
     task: asyncio.Task[None] | None = None
     auth: Any = None
     """The server's OAuth provider (an ``httpx.Auth`` holding its tokens), made on first connect."""
+    notes: list[str] = field(default_factory=list)
+    """What its last listing left out or cut (agent/tools/mcp_bounds.py), for ``/mcp``."""
 
     def view(self, tools: list[BaseTool]) -> McpServerView:
         return McpServerView(
-            self.name, self.config.transport, self.state, self.reason, tuple(t.name for t in tools)
+            self.name,
+            self.config.transport,
+            self.state,
+            self.reason,
+            tuple(t.name for t in tools),
+            tuple(self.notes),
         )
 
 
@@ -232,15 +236,8 @@ class McpCatalog:
         connections: dict[str, Any] = {server.name: connection}
         client = MultiServerMCPClient(connections, tool_name_prefix=self.settings.tool_name_prefix)
         raw = await guarded(lambda: client.get_tools(server_name=server.name), limit=server.config.timeout)
-        tools: list[BaseTool] = []
-        for tool in raw:
-            if not _TOOL_NAME.fullmatch(tool.name):
-                log.warning(
-                    "MCP server %r: a tool with an invalid name (%r) is skipped", server.name, tool.name[:80]
-                )
-                continue
-            tools.append(self._wrap(server, tool))
-        return tools
+        kept, server.notes = screen(server.name, raw, self.settings)  # bounds: agent/tools/mcp_bounds.py
+        return [self._wrap(server, tool) for tool in kept]
 
     async def _connect(self, server: _Server) -> None:
         try:
@@ -326,13 +323,11 @@ class McpCatalog:
         async def call(**arguments: Any) -> Any:
             return await self._call(server, tool.name, inner, arguments)
 
-        description = visible(tool.description or "", lines=True)
-        if len(description) > DESCRIPTION_CHARS:
-            description = description[:DESCRIPTION_CHARS] + " […]"
+        schema = tool.args_schema
         return StructuredTool(
             name=tool.name,
-            description=description,
-            args_schema=tool.args_schema,
+            description=bounded_description(tool.description or ""),
+            args_schema=cleaned_schema(schema) if isinstance(schema, dict) else schema,
             coroutine=call,
             response_format=tool.response_format,
             metadata={**(tool.metadata or {}), "mcp_server": server.name},

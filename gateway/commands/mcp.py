@@ -87,4 +87,5 @@ def servers_text(views: Sequence[McpServerView]) -> str:
             lines.append(f"  tools: {shown}{more}")
         elif v.state == "connected":
             lines.append("  tools: none")
+        lines += [f"  ⚠️ {cut(note, 300)}" for note in v.notes]
     return "\n".join(lines)
