@@ -7,9 +7,11 @@ provider's ``base_url`` points at the fake on 127.0.0.1.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -242,6 +244,86 @@ async def test_cache_per_provider_and_query_with_ttl_and_lru(search: FakeSearch)
     await off.search("x")
     await off.search("x")
     assert off.requests == 2
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    """Yield to the loop until ``condition`` holds (bounded; no timing is asserted)."""
+    for _ in range(6000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def test_identical_searches_in_flight_share_one_request(search: FakeSearch) -> None:
+    """Two turns (or sub-agents) asking the same thing at once: one provider request, both get
+    the answer; another query is not merged; the shared web_search tool does it for everyone."""
+    search.hold = asyncio.Event()
+    tool = next(t for t in build_web_tools(settings_for(search, "brave")) if t.name == "web_search")
+
+    async def ask(query: str, call_id: str) -> ToolMessage:
+        msg = await tool.ainvoke(
+            {"name": "web_search", "args": {"query": query}, "id": call_id, "type": "tool_call"}
+        )
+        assert isinstance(msg, ToolMessage)
+        return msg
+
+    runs = [
+        asyncio.create_task(ask("llama facts", "a")),
+        asyncio.create_task(ask("  LLAMA   facts ", "b")),
+        asyncio.create_task(ask("alpaca facts", "c")),
+    ]
+    await _until(lambda: len(search.requests) >= 2, "both distinct queries sent")
+    for _ in range(20):  # time for a third (unshared) request to be recorded, were there one
+        await asyncio.sleep(0)
+    search.hold.set()
+    first, second, other = await asyncio.gather(*runs)
+    assert [r.query.get("q") for r in search.requests] in (
+        ["llama facts", "alpaca facts"],
+        ["alpaca facts", "llama facts"],
+    )
+    for msg in (first, second, other):
+        assert msg.status != "error" and "Llama - Wikipedia" in msg.text
+    await ask("llama facts", "d")  # and now from the cache
+    assert len(search.requests) == 2
+
+
+async def test_a_shared_failure_reaches_every_waiter_and_is_not_cached(search: FakeSearch) -> None:
+    search.hold, search.mode = asyncio.Event(), "status:503"
+    web = WebSearch(settings_for(search, "brave"))
+    runs = [asyncio.create_task(web.search("llama facts")) for _ in range(3)]
+    await _until(lambda: len(search.requests) >= 1, "the request sent")
+    search.hold.set()
+    outcomes = await asyncio.gather(*runs, return_exceptions=True)
+    assert all(isinstance(o, Exception) and "HTTP 503" in str(o) for o in outcomes), outcomes
+    assert len(search.requests) == 1 and web.requests == 1
+    search.mode = "ok"
+    assert "Llama - Wikipedia" in await web.search("llama facts")
+    assert len(search.requests) == 2
+
+
+async def test_a_cancelled_waiter_leaves_the_others_and_the_last_one_drops_the_request(
+    search: FakeSearch,
+) -> None:
+    search.hold = asyncio.Event()
+    web = WebSearch(settings_for(search, "brave"))
+    stopped = asyncio.create_task(web.search("llama facts"))
+    kept = asyncio.create_task(web.search("llama facts"))
+    await _until(lambda: len(search.requests) == 1, "the request sent")
+    stopped.cancel()  # one turn is stopped: the other still gets its answer
+    search.hold.set()
+    assert "Llama - Wikipedia" in await kept
+    assert stopped.cancelled() and len(search.requests) == 1
+
+    search.hold = asyncio.Event()
+    alone = asyncio.create_task(web.search("alpaca facts"))
+    await _until(lambda: len(search.requests) == 2, "the second request sent")
+    alone.cancel()  # no one waits any more: the request is dropped, a later search starts afresh
+    with pytest.raises(asyncio.CancelledError):
+        await alone
+    search.hold.set()
+    assert "Llama - Wikipedia" in await web.search("alpaca facts")
+    assert len(search.requests) == 3 and web.requests == 3
 
 
 _LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]*)\)")

@@ -20,7 +20,10 @@ all:
   an exception's text (aiohttp's may carry the URL).
 - **A cache** per (provider, address, query) for ``search_cache_ttl`` seconds, least recently used
   out first past ``search_cache_size``: a model that repeats a search, or sub-agents that search
-  the same thing, cost one provider request.
+  the same thing, cost one provider request. Identical queries **in flight** at once (two turns,
+  parallel sub-agents) share one request too: the first starts it in a task of its own, the others
+  wait for it; its failure is each waiter's error and is not cached. A waiter that is cancelled
+  (``/stop``) leaves the others waiting; the request is cancelled when no one waits any more.
 - **Untrusted text, cited**: titles and snippets were written by web pages. The model gets them
   in a delimited block that says so, numbered with their URLs and asked to cite them; invisible
   characters are removed, brackets cannot forge a link or close the block, every field is bounded.
@@ -103,6 +106,14 @@ class SearchCache:
             self._entries.popitem(last=False)
 
 
+class _Shared:
+    """A provider request in flight and how many searches wait for it."""
+
+    def __init__(self, task: asyncio.Task[list[Hit]]) -> None:
+        self.task = task
+        self.waiters = 0
+
+
 def _allowed_base(base_url: str | None) -> list[str]:
     """The configured ``base_url``'s host as an ``allow_hosts`` entry (for provider requests)."""
     if not base_url:
@@ -123,6 +134,7 @@ class WebSearch:
         self.cache = SearchCache(settings.search_cache_ttl, settings.search_cache_size, clock)
         self.requests = 0
         """Provider requests made (the cache's misses): for tests and status."""
+        self._inflight: dict[tuple[str, str, str], _Shared] = {}
 
     async def search(self, query: str) -> str:
         s, provider = self.settings, self.provider
@@ -146,11 +158,45 @@ class WebSearch:
         cache_key = (provider.name, self.base, query.casefold())
         hits = self.cache.get(cache_key)
         if hits is None:
-            request = provider.build(self.base, query, s.max_results, key)
-            self.requests += 1
-            hits = _trimmed(provider.parse(await self._exchange(provider, request)), s.max_results)
-            self.cache.put(cache_key, hits)
+            hits = await self._shared(cache_key, provider, query, key)
         return format_results(query, hits[: s.max_results], provider.label, self.fetch_policy)
+
+    async def _shared(
+        self, cache_key: tuple[str, str, str], provider: Provider, query: str, key: str | None
+    ) -> list[Hit]:
+        """The hits of ``query``: from the request already in flight for it, or a new one."""
+        shared = self._inflight.get(cache_key)
+        if shared is None:
+            task = asyncio.create_task(self._fetch(cache_key, provider, query, key), name="web-search")
+            shared = self._inflight[cache_key] = _Shared(task)
+            task.add_done_callback(lambda _: self._drop(cache_key, shared))
+        shared.waiters += 1
+        try:
+            return await asyncio.shield(shared.task)
+        finally:
+            shared.waiters -= 1
+            if shared.waiters == 0 and not shared.task.done():
+                # Everyone who asked was cancelled (/stop): no one wants it, and a later search
+                # must start afresh rather than join a request being cancelled.
+                self._drop(cache_key, shared)
+                shared.task.cancel()
+
+    def _drop(self, cache_key: tuple[str, str, str], shared: _Shared) -> None:
+        if self._inflight.get(cache_key) is shared:
+            del self._inflight[cache_key]
+        task = shared.task
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: a failure whose waiters all left is not "never retrieved"
+
+    async def _fetch(
+        self, cache_key: tuple[str, str, str], provider: Provider, query: str, key: str | None
+    ) -> list[Hit]:
+        s = self.settings
+        request = provider.build(self.base or "", query, s.max_results, key)
+        self.requests += 1
+        hits = _trimmed(provider.parse(await self._exchange(provider, request)), s.max_results)
+        self.cache.put(cache_key, hits)
+        return hits
 
     async def _exchange(self, provider: Provider, request: ProviderRequest) -> bytes:
         """The provider's answer body, within the guard, the time limit and the size cap."""

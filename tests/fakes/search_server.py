@@ -18,7 +18,8 @@ content type that does not parse, ``status:<n>`` answers that HTTP status with t
 echoed in the body (a real provider's error page may), ``bot`` is DuckDuckGo's bot check,
 ``redirect`` sends a 302 to the metadata address, ``slow`` never answers, ``wrong_shape`` is valid
 JSON of the wrong shape, ``drop`` cuts the connection mid-answer. ``results`` is what a
-good answer lists; ``requests`` records every request (provider, headers, query, body).
+good answer lists; ``requests`` records every request (provider, headers, query, body);
+``hold`` keeps every answer back until the test sets it.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ class FakeSearch:
     pages: dict[str, str] = field(default_factory=dict)
     sent: int = 0
     """Bytes of a ``huge`` answer written before the client went away."""
+    hold: asyncio.Event | None = None
+    """When set to an event: every request is recorded, then waits for it before it is answered
+    (so a test can have several searches in flight at once without relying on timing)."""
     port: int = 0
     _runner: web.AppRunner | None = None
 
@@ -123,6 +127,8 @@ class FakeSearch:
             provider, request.method, request.path, dict(request.query), dict(request.headers), body
         )
         self.requests.append(rec)
+        if self.hold is not None:
+            await self.hold.wait()
         return rec
 
     async def _misbehave(
