@@ -1,0 +1,112 @@
+"""A hostile MCP server's tool list (tests/fixtures/mcp_hostile_tools.py, built with the official
+SDK) cannot put unbounded text in the model's prompt: schemas over ``max_schema_chars`` and tools
+past ``max_tools_per_server`` are left out, descriptions are cut (agent/tools/mcp_bounds.py);
+``/mcp`` and the log say what was left out. Through a real turn with deferred tools, the request
+the fake model receives after ``tool_search`` carries the found tool's bounded schema only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import AgentSettings, ModelSpec
+from agent.context import ContextSettings, build_context_middleware
+from agent.events import Final
+from agent.harness import Harness
+from agent.model import build_chat_model
+from agent.settings import McpSettings, ToolSearchSettings
+from agent.tool_search import HEAD, TOOL_SEARCH, ToolCatalog, build_tool_search
+from agent.tools.mcp import McpCatalog
+from gateway.commands.mcp import servers_text
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+
+HOSTILE = Path(__file__).parent / "fixtures" / "mcp_hostile_tools.py"
+
+
+def _settings(filler: int = 5, **limits: Any) -> McpSettings:
+    server = {
+        "transport": "stdio",
+        "command": sys.executable,
+        "args": [str(HOSTILE), "--filler", str(filler)],
+    }
+    return McpSettings.model_validate({"servers": {"hostile": server}, **limits})
+
+
+@pytest.fixture
+async def hostile(caplog: pytest.LogCaptureFixture) -> AsyncIterator[McpCatalog]:
+    caplog.set_level(logging.WARNING, logger="agent.tools.mcp_bounds")
+    catalog = McpCatalog(_settings(max_tools_per_server=6), reconnect=False)
+    await catalog.start()
+    yield catalog
+    await catalog.close()
+
+
+def _tool_defs(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["function"]["name"]: t["function"] for t in body.get("tools") or []}
+
+
+def _results(body: dict[str, Any]) -> dict[str, str]:
+    return {m["tool_call_id"]: str(m["content"]) for m in body["messages"] if m["role"] == "tool"}
+
+
+async def test_oversized_tools_are_left_out_or_cut_and_mcp_and_the_log_say_so(
+    hostile: McpCatalog, caplog: pytest.LogCaptureFixture
+) -> None:
+    names = [t.name for t in hostile.tools()]
+    assert "giant_schema" not in names  # ~300 KB schema: left out, not cut
+    assert names[:2] == ["long_story", "plain_lookup"] and len(names) == 6  # the count cap
+    story = next(t for t in hostile.tools() if t.name == "long_story")
+    assert len(story.description) <= 2010 and "\u202e" not in story.description
+    schema = story.args_schema
+    assert isinstance(schema, dict)
+    topic = schema["properties"]["topic"]["description"]
+    assert len(topic) <= 510 and "\u200b" not in topic and schema["required"] == ["topic"]
+    assert len(json.dumps(schema)) < 2000
+
+    (view,) = hostile.servers()
+    assert view.state == "connected"
+    shown = servers_text(hostile.servers())
+    assert "input schema over 10,000 characters" in shown and "giant_schema" in shown
+    assert "more than 6 tools" in shown and "extra_004" in shown
+    assert "description(s) cut to 2,000 characters" in shown and "long_story" in shown
+    logged = "\n".join(r.getMessage() for r in caplog.get_records("setup"))  # logged at listing
+    assert "'hostile'" in logged and "giant_schema" in logged and "max_tools_per_server" in logged
+    assert "vvvvvvvvvv" not in logged and "ssssssssss" not in logged  # the server's text is not logged
+
+
+async def test_after_a_search_the_request_carries_only_the_bounded_schema(
+    fake: FakeOpenAI, tmp_path: Path, hostile: McpCatalog
+) -> None:
+    fake.script(
+        Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "giant_schema"}, id="g1")]),
+        Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "tell a long story"}, id="s1")]),
+        Reply(tool_calls=[ToolCall("long_story", {"topic": "llamas"}, id="c1")]),
+        Reply(text="Told."),
+    )
+    agent = AgentSettings(model_retries=0)
+    spec = ModelSpec(base_url=fake.base_url, api_key="k", model="m")
+    stack = build_context_middleware(
+        ContextSettings(title="off", summarize_after_tokens=None), build_chat_model(spec, agent), secrets=[]
+    )
+    stack += build_tool_search(ToolSearchSettings(max_results=3), ToolCatalog(hostile.tools()))
+    async with Harness(agent, spec, tmp_path / "cp.sqlite", extra_middleware=stack) as harness:
+        async with aclosing(harness.run("t", user_id="u", message_id="m1", text="a story")) as run:
+            events = [e async for e in run]
+    assert events[-1] == Final("Told.")
+    for body in fake.requests:  # the left-out tool never reaches the model, in any form
+        assert "giant_schema" not in _tool_defs(body) and "vvvvvvvvvv" not in json.dumps(body)
+    assert _results(fake.requests[1])["g1"].startswith("No tool matches")
+    after = fake.requests[2]
+    assert _results(after)["s1"].startswith(HEAD)
+    assert _results(after)["s1"].count("\n- ") <= 3  # max_results
+    story = _tool_defs(after)["long_story"]
+    assert len(json.dumps(story)) < 2000 + 2000  # description (2,000) + schema, all bounded
+    assert "story about llamas" in _results(fake.requests[3])["c1"]
