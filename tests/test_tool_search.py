@@ -7,14 +7,14 @@ results) and at what the user gets (events).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool
 
-from agent.approvals import with_approvals
+from agent.approvals import matches, with_approvals
 from agent.config import AgentSettings, ModelSpec
 from agent.context import ContextSettings, build_context_middleware
 from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, Final
@@ -64,6 +64,7 @@ def _harness(
     bound: Sequence[BaseTool] = (),
     approvals: ApprovalSettings | None = None,
     secrets: Sequence[str] = (),
+    hidden: Callable[[str], bool] | None = None,
 ) -> Harness:
     agent = AgentSettings(model_retries=0)
     spec = ModelSpec(base_url=fake.base_url, api_key="k", model="m")
@@ -72,7 +73,7 @@ def _harness(
     if approvals is not None:
         names = [*(t.name for t in bound), *(t.name for t in catalog()), TOOL_SEARCH]
         stack = with_approvals(stack, approvals, names)
-    stack += build_tool_search(settings or ToolSearchSettings(), catalog)
+    stack += build_tool_search(settings or ToolSearchSettings(), catalog, hidden)
     return Harness(agent, spec, tmp_path / "cp.sqlite", extra_tools=list(bound), extra_middleware=stack)
 
 
@@ -338,3 +339,62 @@ async def test_catalog_tools_named_in_core_are_bound_without_a_search(
     first = fake.requests[0]
     assert "git_log" in _tool_names(first) and "weather_lookup" not in _tool_names(first)
     assert "2 tool(s) are not loaded" in str(first["tools"])
+
+
+# ---- bounds and clear answers (hostile review) ----------------------------------------------------
+async def test_empty_already_loaded_and_policy_hidden_queries_get_clear_answers(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The lead hides what the deny list forbids (agent/runtime.py passes the same predicate): a
+    denied tool is neither listed, counted, nor callable, and a search naming it says why."""
+    ran: list[str] = []
+    policy = ApprovalSettings(deny=["git_*"])
+    fake.script(
+        Reply(
+            tool_calls=[
+                ToolCall(TOOL_SEARCH, {"query": "  \u200b "}, id="e1"),
+                ToolCall(TOOL_SEARCH, {"query": "always_here"}, id="a1"),
+                ToolCall(TOOL_SEARCH, {"query": "git_log"}, id="d1"),
+                ToolCall(TOOL_SEARCH, {"query": "commit history of a repository"}, id="d2"),
+            ]
+        ),
+        Reply(tool_calls=[ToolCall("git_log", {"text": "x"}, id="g1")]),
+        Reply(text="done"),
+    )
+    bound = [_tool("always_here", "A core tool.", ran)]
+    hide = lambda name: matches(name, policy.deny)  # noqa: E731
+    async with _harness(fake, tmp_path, _catalog(ran), bound=bound, approvals=policy, hidden=hide) as h:
+        events = await _turn(h, "show the git history", "m1")
+    assert events[-1] == Final("done") and ran == []
+    assert "2 tool(s) are not loaded" in str(fake.requests[0]["tools"])  # git_log not counted
+    results = _results(fake.requests[1])
+    assert results["e1"].startswith("Error: the query is empty")
+    assert results["a1"] == "always_here is already loaded: call it directly."
+    assert results["d1"] == "git_log is not available to you: this deployment's policy does not allow it."
+    assert results["d2"].startswith("No tool matches") and "git_log" not in results["d2"]
+    assert "git_log" not in _tool_names(fake.requests[1])
+    assert "policy does not allow git_log" in _results(fake.requests[2])["g1"]
+
+
+async def test_results_and_loaded_tools_are_bounded(fake: FakeOpenAI, tmp_path: Path) -> None:
+    """50 tools with 100 KB descriptions: a search lists max_results lines of bounded length, and
+    with max_loaded=3 only the three found last stay bound (one found earlier is unloaded and a
+    call of it says to search again)."""
+    many = ToolCatalog([_tool(f"ledger_{i:02d}", f"Ledger number {i}. " + "d" * 100_000) for i in range(50)])
+    settings = ToolSearchSettings(max_results=2, max_loaded=3, description_chars=100)
+    fake.script(
+        Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "ledger"}, id="s1")]),
+        Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "ledger_10 ledger_11"}, id="s2")]),
+        Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "ledger_20 ledger_21"}, id="s3")]),
+        Reply(tool_calls=[ToolCall("ledger_00", {"text": "a"}, id="c1")]),
+        Reply(text="bounded"),
+    )
+    async with _harness(fake, tmp_path, many, settings=settings) as harness:
+        events = await _turn(harness, "ledgers", "m1")
+    assert events[-1] == Final("bounded")
+    first = _results(fake.requests[1])["s1"]
+    assert first.count("\n- ") == 2 and len(first) < len(HEAD) + len(END) + 2 * 200
+    loaded = [n for n in _tool_names(fake.requests[3]) if n.startswith("ledger_")]
+    assert sorted(loaded) == ["ledger_11", "ledger_20", "ledger_21"]  # the three found last
+    assert "call tool_search first" in _results(fake.requests[4])["c1"].lower()
+    assert max(len(str(m.get("content") or "")) for r in fake.requests for m in r["messages"]) < 1000
