@@ -2,7 +2,9 @@
 SDK) cannot put unbounded text in the model's prompt: schemas over ``max_schema_chars`` and tools
 past ``max_tools_per_server`` are left out, descriptions are cut (agent/tools/mcp_bounds.py);
 ``/mcp`` and the log say what was left out. Through a real turn with deferred tools, the request
-the fake model receives after ``tool_search`` carries the found tool's bounded schema only.
+the fake model receives after ``tool_search`` carries the found tool's bounded schema only; a found
+tool whose server answers invalid JSON-RPC or 50 MB gives the model a clear, short tool error and
+the turn still answers.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from agent.events import Final
 from agent.harness import Harness
 from agent.model import build_chat_model
 from agent.settings import McpSettings, ToolSearchSettings
-from agent.tool_search import HEAD, TOOL_SEARCH, ToolCatalog, build_tool_search
+from agent.tool_search import HEAD, TOOL_SEARCH, build_tool_search
 from agent.tools.mcp import McpCatalog
 from gateway.commands.mcp import servers_text
+from tests.fakes.mcp_servers import garbage_config, stdio_config
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
 HOSTILE = Path(__file__).parent / "fixtures" / "mcp_hostile_tools.py"
@@ -47,6 +50,16 @@ async def hostile(caplog: pytest.LogCaptureFixture) -> AsyncIterator[McpCatalog]
     await catalog.start()
     yield catalog
     await catalog.close()
+
+
+def _harness(fake: FakeOpenAI, tmp_path: Path, catalog: McpCatalog, **search: Any) -> Harness:
+    """The real harness with deferred tools over ``catalog`` (no title or summary calls)."""
+    agent = AgentSettings(model_retries=0)
+    spec = ModelSpec(base_url=fake.base_url, api_key="k", model="m")
+    quiet = ContextSettings(title="off", summarize_after_tokens=None)
+    stack = build_context_middleware(quiet, build_chat_model(spec, agent), secrets=[])
+    stack += build_tool_search(ToolSearchSettings(**search), catalog.tools)
+    return Harness(agent, spec, tmp_path / "cp.sqlite", extra_middleware=stack)
 
 
 def _tool_defs(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -91,13 +104,7 @@ async def test_after_a_search_the_request_carries_only_the_bounded_schema(
         Reply(tool_calls=[ToolCall("long_story", {"topic": "llamas"}, id="c1")]),
         Reply(text="Told."),
     )
-    agent = AgentSettings(model_retries=0)
-    spec = ModelSpec(base_url=fake.base_url, api_key="k", model="m")
-    stack = build_context_middleware(
-        ContextSettings(title="off", summarize_after_tokens=None), build_chat_model(spec, agent), secrets=[]
-    )
-    stack += build_tool_search(ToolSearchSettings(max_results=3), ToolCatalog(hostile.tools()))
-    async with Harness(agent, spec, tmp_path / "cp.sqlite", extra_middleware=stack) as harness:
+    async with _harness(fake, tmp_path, hostile, max_results=3) as harness:
         async with aclosing(harness.run("t", user_id="u", message_id="m1", text="a story")) as run:
             events = [e async for e in run]
     assert events[-1] == Final("Told.")
@@ -110,3 +117,36 @@ async def test_after_a_search_the_request_carries_only_the_bounded_schema(
     story = _tool_defs(after)["long_story"]
     assert len(json.dumps(story)) < 2000 + 2000  # description (2,000) + schema, all bounded
     assert "story about llamas" in _results(fake.requests[3])["c1"]
+
+
+async def test_a_found_tool_answering_garbage_or_50_mb_is_a_clear_tool_error(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    settings = McpSettings.model_validate(
+        {
+            "servers": {"junk": garbage_config("list", call_timeout=30), "local": stdio_config()},
+            "tool_name_prefix": True,
+        }
+    )
+    catalog = McpCatalog(settings, reconnect=False)
+    await catalog.start()
+    fake.script(
+        Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "junk_broken"}, id="s1")]),
+        Reply(tool_calls=[ToolCall("junk_broken", {}, id="b1")]),
+        Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "local_huge"}, id="s2")]),
+        Reply(tool_calls=[ToolCall("local_huge", {}, id="h1")]),
+        Reply(text="Recovered from both."),
+    )
+    try:
+        async with _harness(fake, tmp_path, catalog) as harness:
+            async with aclosing(harness.run("t", user_id="u", message_id="m1", text="try them")) as run:
+                events = [e async for e in run]
+    finally:
+        await catalog.close()
+    assert events[-1] == Final("Recovered from both.")
+    results = {k: v for body in fake.requests for k, v in _results(body).items()}
+    assert "MCP server 'junk' answered 'junk_broken' badly" in results["b1"]
+    assert "not valid JSON-RPC" in results["b1"]
+    assert "larger than 16,777,216 bytes" in results["h1"] and "nothing was kept" in results["h1"]
+    assert max(len(results["b1"]), len(results["h1"])) < 1000
+    assert all(len(json.dumps(body)) < 200_000 for body in fake.requests)
