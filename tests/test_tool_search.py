@@ -23,10 +23,12 @@ from agent.model import build_chat_model
 from agent.settings import ApprovalSettings, ToolSearchSettings
 from agent.tool_search import (
     END,
+    FOUND_KEPT,
     HEAD,
     QUERY_CHARS,
     TOOL_SEARCH,
     ToolCatalog,
+    _merge_found,
     build_tool_search,
     rank,
     render,
@@ -398,3 +400,35 @@ async def test_results_and_loaded_tools_are_bounded(fake: FakeOpenAI, tmp_path: 
     assert sorted(loaded) == ["ledger_11", "ledger_20", "ledger_21"]  # the three found last
     assert "call tool_search first" in _results(fake.requests[4])["c1"].lower()
     assert max(len(str(m.get("content") or "")) for r in fake.requests for m in r["messages"]) < 1000
+
+
+async def test_malformed_search_arguments_are_a_tool_error_and_the_turn_answers(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    fake.script(
+        Reply(
+            tool_calls=[
+                ToolCall(TOOL_SEARCH, {}, id="m1"),
+                ToolCall(TOOL_SEARCH, {"query": ["weather", 3]}, id="m2"),
+            ]
+        ),
+        Reply(text="Could not search."),
+    )
+    async with _harness(fake, tmp_path, _catalog()) as harness:
+        events = await _turn(harness, "weather?", "m1")
+    assert events[-1] == Final("Could not search.")
+    results = _results(fake.requests[-1])
+    for call_id in ("m1", "m2"):
+        assert "error" in results[call_id].lower() and len(results[call_id]) < 2000, results[call_id]
+    assert "weather_lookup" not in _tool_names(fake.requests[-1])
+
+
+def test_found_names_keep_the_order_found_and_the_state_stays_bounded() -> None:
+    found: dict[str, str] = {}
+    for i in range(FOUND_KEPT + 200):
+        found = _merge_found(found, {f"tool_{i}": "turn"})
+    assert (
+        len(found) == FOUND_KEPT and "tool_0" not in found and list(found)[-1] == f"tool_{FOUND_KEPT + 199}"
+    )
+    found = _merge_found(found, {"tool_300": "again"})  # found again: now the most recent
+    assert list(found)[-1] == "tool_300" and found["tool_300"] == "again" and len(found) == FOUND_KEPT
