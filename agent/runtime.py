@@ -295,7 +295,9 @@ class AgentRuntime:
         # MCP tools are never bound at build time: deferred behind tool_search when it is on,
         # else McpToolsMiddleware adds the catalog's current ones to every model call, so /mcp
         # reload and a reconnected server change them live (docs/tools-and-mcp.md).
-        self.mcp_catalog = catalog_mcp = McpCatalog(s.mcp, token_dir=self.data_dir / "mcp-oauth")
+        self.mcp_catalog = catalog_mcp = McpCatalog(
+            s.mcp, token_dir=self.data_dir / "mcp-oauth", redact=Redactor(self.secrets)
+        )
         await catalog_mcp.start()
         self.mcp_tools.replace(catalog_mcp.tools())
         catalog_mcp.subscribe(self.mcp_tools.replace)

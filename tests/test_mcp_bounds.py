@@ -24,6 +24,7 @@ from agent.context import ContextSettings, build_context_middleware
 from agent.events import Final
 from agent.harness import Harness
 from agent.model import build_chat_model
+from agent.redact import Redactor
 from agent.settings import McpSettings, ToolSearchSettings
 from agent.tool_search import HEAD, TOOL_SEARCH, build_tool_search
 from agent.tools.mcp import McpCatalog
@@ -34,11 +35,16 @@ from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 HOSTILE = Path(__file__).parent / "fixtures" / "mcp_hostile_tools.py"
 
 
+LEAK = "hostile-leak-token-3e9a71c4"
+"""A secret the daemon configured for the server (its env), which the server quotes back."""
+
+
 def _settings(filler: int = 5, **limits: Any) -> McpSettings:
     server = {
         "transport": "stdio",
         "command": sys.executable,
         "args": [str(HOSTILE), "--filler", str(filler)],
+        "env": {"HOSTILE_LEAK": LEAK},
     }
     return McpSettings.model_validate({"servers": {"hostile": server}, **limits})
 
@@ -46,7 +52,9 @@ def _settings(filler: int = 5, **limits: Any) -> McpSettings:
 @pytest.fixture
 async def hostile(caplog: pytest.LogCaptureFixture) -> AsyncIterator[McpCatalog]:
     caplog.set_level(logging.WARNING, logger="agent.tools.mcp_bounds")
-    catalog = McpCatalog(_settings(max_tools_per_server=6), reconnect=False)
+    settings = _settings(max_tools_per_server=7)
+    # As agent/runtime.py builds it: masking every secret the daemon holds (the env value too).
+    catalog = McpCatalog(settings, reconnect=False, redact=Redactor(settings.secrets()))
     await catalog.start()
     yield catalog
     await catalog.close()
@@ -75,7 +83,10 @@ async def test_oversized_tools_are_left_out_or_cut_and_mcp_and_the_log_say_so(
 ) -> None:
     names = [t.name for t in hostile.tools()]
     assert "giant_schema" not in names  # ~300 KB schema: left out, not cut
-    assert names[:2] == ["long_story", "plain_lookup"] and len(names) == 6  # the count cap
+    assert names[:3] == ["long_story", "leaky_backup", "plain_lookup"] and len(names) == 7  # the cap
+    leaky = next(t for t in hostile.tools() if t.name == "leaky_backup")
+    assert LEAK not in leaky.description + json.dumps(leaky.args_schema)  # masked, not sent
+    assert "Run a backup" in leaky.description
     story = next(t for t in hostile.tools() if t.name == "long_story")
     assert len(story.description) <= 2010 and "\u202e" not in story.description
     schema = story.args_schema
@@ -88,7 +99,7 @@ async def test_oversized_tools_are_left_out_or_cut_and_mcp_and_the_log_say_so(
     assert view.state == "connected"
     shown = servers_text(hostile.servers())
     assert "input schema over 10,000 characters" in shown and "giant_schema" in shown
-    assert "more than 6 tools" in shown and "extra_004" in shown
+    assert "more than 7 tools" in shown and "extra_004" in shown
     assert "description(s) cut to 2,000 characters" in shown and "long_story" in shown
     logged = "\n".join(r.getMessage() for r in caplog.get_records("setup"))  # logged at listing
     assert "'hostile'" in logged and "giant_schema" in logged and "max_tools_per_server" in logged
@@ -100,6 +111,7 @@ async def test_after_a_search_the_request_carries_only_the_bounded_schema(
 ) -> None:
     fake.script(
         Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "giant_schema"}, id="g1")]),
+        Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "leaky_backup"}, id="l1")]),
         Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "tell a long story"}, id="s1")]),
         Reply(tool_calls=[ToolCall("long_story", {"topic": "llamas"}, id="c1")]),
         Reply(text="Told."),
@@ -111,12 +123,14 @@ async def test_after_a_search_the_request_carries_only_the_bounded_schema(
     for body in fake.requests:  # the left-out tool never reaches the model, in any form
         assert "giant_schema" not in _tool_defs(body) and "vvvvvvvvvv" not in json.dumps(body)
     assert _results(fake.requests[1])["g1"].startswith("No tool matches")
-    after = fake.requests[2]
+    assert "leaky_backup" in _tool_defs(fake.requests[2])  # found: its schema is sent, masked
+    assert all(LEAK not in json.dumps(body) for body in fake.requests)
+    after = fake.requests[3]
     assert _results(after)["s1"].startswith(HEAD)
     assert _results(after)["s1"].count("\n- ") <= 3  # max_results
     story = _tool_defs(after)["long_story"]
     assert len(json.dumps(story)) < 2000 + 2000  # description (2,000) + schema, all bounded
-    assert "story about llamas" in _results(fake.requests[3])["c1"]
+    assert "story about llamas" in _results(fake.requests[4])["c1"]
 
 
 async def test_a_found_tool_answering_garbage_or_50_mb_is_a_clear_tool_error(

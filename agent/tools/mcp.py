@@ -148,11 +148,19 @@ class McpCatalog:
     """The MCP tools of the configured servers, kept current (module docstring)."""
 
     def __init__(
-        self, settings: McpSettings, *, reconnect: bool = True, token_dir: Path | None = None
+        self,
+        settings: McpSettings,
+        *,
+        reconnect: bool = True,
+        token_dir: Path | None = None,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         """``reconnect``: retry failed servers in the background (off for one-shot loading);
-        ``token_dir``: where OAuth tokens are kept (0600 files; None: in memory only)."""
+        ``token_dir``: where OAuth tokens are kept (0600 files; None: in memory only);
+        ``redact``: masks the daemon's secrets in the tools' descriptions and schemas (they go to
+        the model provider with every request that binds the tool)."""
         self.settings = settings
+        self._redact = redact or (lambda text: text)
         self._token_dir = token_dir
         self._reconnect = reconnect
         self._servers: dict[str, _Server] = {}
@@ -326,8 +334,8 @@ class McpCatalog:
         schema = tool.args_schema
         return StructuredTool(
             name=tool.name,
-            description=bounded_description(tool.description or ""),
-            args_schema=cleaned_schema(schema) if isinstance(schema, dict) else schema,
+            description=self._redact(bounded_description(tool.description or "")),
+            args_schema=cleaned_schema(schema, self._redact) if isinstance(schema, dict) else schema,
             coroutine=call,
             response_format=tool.response_format,
             metadata={**(tool.metadata or {}), "mcp_server": server.name},

@@ -11,7 +11,9 @@ careless server could otherwise put megabytes of text in every prompt. Chosen bo
 - **input schema**: at most ``max_schema_chars`` as JSON, else the tool is **left out** (a cut
   schema is not valid JSON Schema, and a schema that large is not meant for a model); the
   ``description`` and ``title`` texts inside it are cleaned and cut like the tool's description;
-- **count**: at most ``max_tools_per_server`` tools per server, the rest left out.
+- **count**: at most ``max_tools_per_server`` tools per server, the rest left out;
+- **secrets**: the daemon's secret values are masked in the description and in every string of
+  the schema (the catalog's ``redact``), since the tools array goes to the model provider.
 
 What was left out or cut is said once per listing in the log (server name, counts, the first
 names) and kept as notes that ``/mcp`` shows next to the server, in Chital's words.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from langchain_core.tools import BaseTool
@@ -59,9 +61,15 @@ def schema_size(schema: Any) -> int:
         return 10**9  # not serialisable: treated as too large
 
 
-def cleaned_schema(schema: Any, depth: int = 0) -> Any:
-    """``schema`` with the prose inside it (``description``, ``title``) visible and bounded; the
-    structure and every other value as they were. A copy: the adapter's tool is not changed."""
+def _same(text: str) -> str:
+    return text
+
+
+def cleaned_schema(schema: Any, redact: Callable[[str], str] = _same, depth: int = 0) -> Any:
+    """``schema`` with the prose inside it (``description``, ``title``) visible and bounded, and
+    the daemon's secrets masked in every string value (``redact``: a careless server may quote
+    its token in an example or a default); the structure and the keys as they were. A copy: the
+    adapter's tool is not changed."""
     if depth > 64:
         return schema
     if isinstance(schema, dict):
@@ -69,13 +77,14 @@ def cleaned_schema(schema: Any, depth: int = 0) -> Any:
         for key, value in schema.items():
             if key in ("description", "title") and isinstance(value, str):
                 text = visible(value, lines=True)
-                out[key] = text[:SCHEMA_TEXT_CHARS] + " […]" if len(text) > SCHEMA_TEXT_CHARS else text
+                text = text[:SCHEMA_TEXT_CHARS] + " […]" if len(text) > SCHEMA_TEXT_CHARS else text
+                out[key] = redact(text)
             else:
-                out[key] = cleaned_schema(value, depth + 1)
+                out[key] = cleaned_schema(value, redact, depth + 1)
         return out
     if isinstance(schema, list):
-        return [cleaned_schema(v, depth + 1) for v in schema]
-    return schema
+        return [cleaned_schema(v, redact, depth + 1) for v in schema]
+    return redact(schema) if isinstance(schema, str) else schema
 
 
 def _names(names: Sequence[str]) -> str:
