@@ -98,7 +98,7 @@ async def test_oversized_tools_are_left_out_or_cut_and_mcp_and_the_log_say_so(
     (view,) = hostile.servers()
     assert view.state == "connected"
     shown = servers_text(hostile.servers())
-    assert "input schema over 10,000 characters" in shown and "giant_schema" in shown
+    assert "input schema over 10,000 characters" in shown and "`giant_schema`" in shown  # a code span
     assert "more than 7 tools" in shown and "extra_004" in shown
     assert "description(s) cut to 2,000 characters" in shown and "long_story" in shown
     logged = "\n".join(r.getMessage() for r in caplog.get_records("setup"))  # logged at listing

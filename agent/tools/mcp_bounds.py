@@ -30,7 +30,7 @@ from typing import Any
 from langchain_core.tools import BaseTool
 
 from agent.settings import McpSettings
-from agent.untrusted import visible
+from agent.untrusted import code_span, visible
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,9 @@ def cleaned_schema(schema: Any, redact: Callable[[str], str] = _same, depth: int
 
 
 def _names(names: Sequence[str]) -> str:
-    shown = ", ".join(names[:NAMES_NOTED])
+    """Names as code spans: a note is shown as Markdown in ``/mcp`` (``extra_1, extra_2`` would
+    turn italic); they passed :data:`TOOL_NAME`, so no backtick is inside."""
+    shown = ", ".join(code_span(n) for n in names[:NAMES_NOTED])
     return shown + (f" and {len(names) - NAMES_NOTED} more" if len(names) > NAMES_NOTED else "")
 
 
@@ -116,12 +118,12 @@ def screen(server: str, tools: Sequence[BaseTool], settings: McpSettings) -> tup
     if too_big:
         notes.append(
             f"{len(too_big)} tool(s) left out: input schema over {settings.max_schema_chars:,} characters "
-            f"(agent.mcp.max_schema_chars): {_names(too_big)}"
+            f"(`agent.mcp.max_schema_chars`): {_names(too_big)}"
         )
     if over:
         notes.append(
             f"{len(over)} tool(s) left out: more than {settings.max_tools_per_server:,} tools "
-            f"(agent.mcp.max_tools_per_server): {_names(over)}"
+            f"(`agent.mcp.max_tools_per_server`): {_names(over)}"
         )
     if cut:
         notes.append(f"{len(cut)} tool description(s) cut to {DESCRIPTION_CHARS:,} characters: {_names(cut)}")

@@ -87,5 +87,5 @@ def servers_text(views: Sequence[McpServerView]) -> str:
             lines.append(f"  tools: {shown}{more}")
         elif v.state == "connected":
             lines.append("  tools: none")
-        lines += [f"  ⚠️ {cut(note, 300)}" for note in v.notes]
+        lines += [f"  ⚠️ {cut(note, 800)}" for note in v.notes]  # agent/tools/mcp_bounds.py: bounded
     return "\n".join(lines)
