@@ -56,6 +56,7 @@ from agent.middleware import StepBudget
 from agent.model import Unstreamed
 from agent.settings import SubagentSettings
 from agent.tool_search import FOUND_TOOLS
+from agent.untrusted import one_line
 
 log = logging.getLogger(__name__)
 
@@ -409,8 +410,9 @@ def _duration(seconds: float) -> str:
 
 
 def _brief_text(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """A task or a tool call for a chat status line: written by the model (possibly steered by
+    what it read), so visible (no bidi override or zero-width character), one line, bounded."""
+    return one_line(text, limit)
 
 
 def _brief(args: Any, limit: int) -> str:

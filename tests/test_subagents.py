@@ -297,6 +297,29 @@ async def test_progress_reaches_the_chat_as_status(spy_model: SpyOpenAI, make_ha
     assert shown[4:] == [ToolProgress("task", "end")]  # the sub-agent's own tool is not the lead's
 
 
+async def test_status_lines_show_the_models_text_visible_and_bounded(
+    spy_model: SpyOpenAI, make_harness: Factory
+) -> None:
+    """A task and a sub-agent's tool call are the model's text: a bidi override or a zero-width
+    character in them does not reach the chat's status line, and a long one is cut."""
+
+    def sub(body: dict[str, Any]) -> Reply:
+        if tool_results(body):
+            return Reply(text="done")
+        return Reply(tool_calls=[ToolCall("execute", {"command": "cat \u202etxt.exe" + " x" * 500})])
+
+    spy_model.add_rule(lambda t: t.startswith("job"), sub)
+    task = "job: read\u200b the \u202efile" + " y" * 200
+    spy_model.add_rule(lambda t: True, delegating_lead([task], "Read.", kind=BASH))
+    harness, _ = await make_harness()
+    events = await turn(harness, "Read it", "m1")
+    assert answer(events) == "Read."
+    lines = [e.text for e in events if isinstance(e, StatusUpdate)]
+    assert any("execute" in line and "cat txt.exe" in line for line in lines), lines
+    assert not any("\u202e" in line or "\u200b" in line for line in lines)
+    assert max(map(len, lines)) < 250
+
+
 async def test_subagent_retries_stay_out_of_the_chat(spy_model: SpyOpenAI, make_harness: Factory) -> None:
     """RetryModelCalls inside a sub-agent: its retry events must not reach the lead's stream (where
     the harness would say "retrying" and treat the lead's streamed text as repeated)."""
