@@ -29,8 +29,11 @@ from agent.settings import McpSettings, ToolSearchSettings
 from agent.tool_search import HEAD, TOOL_SEARCH, build_tool_search
 from agent.tools.mcp import McpCatalog
 from gateway.commands.mcp import servers_text
+from tests.daemon import started_daemon
 from tests.fakes.mcp_servers import garbage_config, stdio_config
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+from tests.fakes.telegram_server import FakeTelegram
+from tests.telegram_daemon import OWNER, answered, telegram_config
 
 HOSTILE = Path(__file__).parent / "fixtures" / "mcp_hostile_tools.py"
 
@@ -164,3 +167,33 @@ async def test_a_found_tool_answering_garbage_or_50_mb_is_a_clear_tool_error(
     assert "larger than 16,777,216 bytes" in results["h1"] and "nothing was kept" in results["h1"]
     assert max(len(results["b1"]), len(results["h1"])) < 1000
     assert all(len(json.dumps(body)) < 200_000 for body in fake.requests)
+
+
+async def test_through_the_daemon_mcp_shows_the_notes_and_no_request_carries_the_servers_secret(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """``chital run`` on Telegram with the hostile server (deferred tools on, the default): ``/mcp``
+    says what was left out, the log names it, and after the model finds ``leaky_backup`` its
+    schema reaches the model with the server's configured token masked (the runtime's redactor)."""
+    cfg = telegram_config(tmp_path, tg, model)
+    hostile = _settings(filler=2).servers["hostile"].model_dump(mode="json")
+    hostile["env"] = {"HOSTILE_LEAK": LEAK}
+    cfg["agent"]["mcp"] = {"servers": {"hostile": hostile}}
+    async with started_daemon(tmp_path, cfg) as d:
+        up = tg.inject_command(OWNER, OWNER, "mcp", "", chat_type="private", at=None)
+        listed = (await answered(tg, OWNER, up, "MCP servers (1)", timeout=60)).text
+        assert "left out: input schema over 10,000 characters" in listed and "giant_schema" in listed
+        assert "description(s) cut to 2,000 characters" in listed
+        model.script(
+            Reply(tool_calls=[ToolCall(TOOL_SEARCH, {"query": "leaky_backup"}, id="l1")]),
+            Reply(tool_calls=[ToolCall("leaky_backup", {"target": "s3://x"}, id="b1")]),
+            Reply(text="Backed up."),
+        )
+        await answered(tg, OWNER, tg.inject_message(OWNER, OWNER, "back it up"), "Backed up", timeout=60)
+        logs = "\n".join(p.read_text(errors="replace") for p in sorted(d.workdir.glob("daemon-*.log")))
+    found = next(body for body in model.requests if "l1" in _results(body))
+    assert "leaky_backup" in _tool_defs(found) and "giant_schema" not in _tool_defs(found)
+    assert "backed up s3://x" in _results(model.requests[-1])["b1"]
+    assert "giant_schema" in logs and "max_schema_chars" in logs
+    for where in (json.dumps(model.requests), logs, "\n".join(m.text for m in tg.bot_messages(OWNER))):
+        assert LEAK not in where
