@@ -150,20 +150,7 @@ def _delegating(model: FakeOpenAI) -> None:
     model.add_rule(lambda text: text.startswith("SUBTASK"), sub)
 
 
-async def test_a_sub_agent_finds_and_calls_a_deferred_mcp_tool_without_every_schema(
-    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
-) -> None:
-    _delegating(model)
-    cfg = _config(tmp_path, model, tg, str(OWNER))
-    cfg["agent"]["tool_search"] = {"remember": "thread"}  # a leak of found tools would show
-    async with started_daemon(tmp_path, cfg):
-        tg.inject_message(OWNER, OWNER, "DELEGATE: get me the ACME quote")
-        await tg.wait_for(
-            lambda: next((m for m in tg.bot_messages(OWNER) if "Lead reports" in m.text), None),
-            timeout=90,
-            what="the lead's answer",
-        )
-        assert QUOTE in next(m.text for m in tg.bot_messages(OWNER) if "Lead reports" in m.text)
+def _check_subagent_requests(model: FakeOpenAI) -> None:
     subs = [r for r in model.requests if last_user_text(r).startswith("SUBTASK")]
     leads = [r for r in model.requests if last_user_text(r).startswith("DELEGATE")]
     first = subs[0]
@@ -179,3 +166,34 @@ async def test_a_sub_agent_finds_and_calls_a_deferred_mcp_tool_without_every_sch
     assert QUOTE in _results(next(r for r in subs if "q2" in _results(r)))["q2"]
     # What the sub-agent found stays its own: the lead never had the quote tool bound.
     assert all("stock_quote" not in _names(r) for r in leads) and len(leads) == 2
+
+
+async def test_a_sub_agent_finds_and_calls_a_deferred_mcp_tool_without_every_schema(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    _delegating(model)
+    cfg = _config(tmp_path, model, tg, str(OWNER))
+    cfg["agent"]["tool_search"] = {"remember": "thread"}  # a leak of found tools would show
+    async with started_daemon(tmp_path, cfg):
+        tg.inject_message(OWNER, OWNER, "DELEGATE: get me the ACME quote")
+        await tg.wait_for(
+            lambda: next((m for m in tg.bot_messages(OWNER) if "Lead reports" in m.text), None),
+            timeout=90,
+            what="the lead's answer",
+        )
+        assert QUOTE in next(m.text for m in tg.bot_messages(OWNER) if "Lead reports" in m.text)
+    _check_subagent_requests(model)
+
+
+async def test_a_sub_agent_on_slack_finds_and_calls_a_deferred_mcp_tool(
+    tmp_path: Path, slack: FakeSlack, model: FakeOpenAI
+) -> None:
+    _delegating(model)
+    cfg = _config(tmp_path, model, slack, "U_FRIEND")
+    cfg["agent"]["tool_search"] = {"remember": "thread"}
+    async with started_daemon(tmp_path, cfg, slack):
+        await slack.inject_dm("D_FRIEND", "U_FRIEND", "DELEGATE: get me the ACME quote")
+        await slack.wait_for(
+            lambda: [t for t in slack.texts("D_FRIEND") if "Lead reports" in t and QUOTE in t], timeout=90
+        )
+    _check_subagent_requests(model)
