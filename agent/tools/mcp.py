@@ -58,13 +58,21 @@ from agent.tools.mcp_http import (
     guarded,
     message_handler,
 )
-from agent.tools.mcp_oauth import LoginRequired, build_auth, has_tokens, oauth_error, storage_for
 
 log = logging.getLogger(__name__)
 
 BACKOFF_MAX = 300.0
 """Longest wait between two reconnection attempts, in seconds."""
 _GUARD = Path(__file__).resolve().parent.parent / "mcp_stdio_guard.py"
+
+
+def _oauth_error() -> Callable[[BaseException], tuple[str, bool] | None]:
+    """agent.tools.mcp_oauth's classifier, imported when a failure is classified: that module
+    pulls in the MCP SDK's OAuth client (PyJWT, cryptography), which a daemon without OAuth
+    servers never needs at start (tests/test_import_slimming.py)."""
+    from agent.tools.mcp_oauth import oauth_error
+
+    return oauth_error
 
 
 def _flatten(exc: BaseException) -> list[BaseException]:
@@ -91,6 +99,7 @@ def classify(exc: BaseException, limit: int = 0) -> tuple[str, bool]:
     from mcp.types import CONNECTION_CLOSED
 
     found = _flatten(exc)
+    oauth_error = _oauth_error()
     for e in found:
         if (oauth := oauth_error(e)) is not None:
             return oauth
@@ -235,6 +244,8 @@ class McpCatalog:
         if server.config.transport != "stdio":
             connection["httpx_client_factory"] = capped_client_factory(limit)
         if server.config.oauth is not None:
+            from agent.tools.mcp_oauth import LoginRequired, build_auth, has_tokens, storage_for
+
             if server.auth is None:
                 storage = storage_for(server.name, server.config, self._token_dir)
                 if server.config.oauth.grant == "authorization_code" and not await has_tokens(storage):
