@@ -53,14 +53,14 @@ from agent.events import (
     TurnFailed,
 )
 from agent.failures import turn_failure
-from agent.history import earlier_answer, messages_of, tool_patches, turn_start, with_files
+from agent.history import earlier_answer, messages_of, tool_patches, with_files
 from agent.merge import merge_model_calls
 from agent.middleware import RetryModelCalls, StepBudget
 from agent.model import build_chat_model, model_display_name
 from agent.plan import plan_of
 from agent.provenance import PROVENANCE_KEY, Provenance, Source, of_context
 from agent.safety import Redactor
-from agent.steering import Inbox, SteerInbox, receiving
+from agent.steering import Inbox, SteerInbox, receiving, steered_after, turn_start
 from agent.stream_events import CustomEventConverter, stream_events
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
@@ -436,6 +436,8 @@ class Harness:
         # state shows them, a run with new input drops them, a run with no input applies them.
         pending = {m.id for task in snap.tasks if task.result for m in messages_of(task.result)}
         if last_human is not None and last_human.id == message_id:
+            # Messages steered into this turn: their own runs must read the history (agent/history.py).
+            self._answered.update(dict.fromkeys(steered_after(messages, last_human)))
             if pending and not snap.next:
                 log.info("thread %s: finishing the stored step of message %s", thread_id, message_id)
                 return None

@@ -12,18 +12,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 
 from agent.events import Final
-from agent.steering import STEERED_KEY
-
-
-def steered(message: AnyMessage) -> bool:
-    """A user's message that reached a running turn by steering (agent/steering.py): part of that
-    turn, not the start of a turn of its own."""
-    return isinstance(message, HumanMessage) and bool(message.additional_kwargs.get(STEERED_KEY))
-
-
-def turn_start(message: AnyMessage) -> bool:
-    """The message that started a turn (a user's, not one steered into a running turn)."""
-    return isinstance(message, HumanMessage) and not steered(message)
+from agent.steering import steered, turn_start
 
 
 def earlier_answer(messages: Sequence[AnyMessage], message_id: str) -> Final | None:

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from langchain.agents.middleware import ModelRequest, ModelResponse
 from langchain.agents.middleware.types import AgentMiddleware
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 
 STEERED_KEY = "chital_steered"
 """Marks a HumanMessage that reached a running turn by steering (in ``additional_kwargs``)."""
@@ -71,6 +71,22 @@ def steered_message(message: SteerMessage) -> HumanMessage:
         id=message.message_id,
         additional_kwargs={"user_id": message.user_id, STEERED_KEY: True},
     )
+
+
+def steered(message: AnyMessage) -> bool:
+    """A user's message that reached a running turn by steering (agent/steering.py): part of that
+    turn, not the start of a turn of its own."""
+    return isinstance(message, HumanMessage) and bool(message.additional_kwargs.get(STEERED_KEY))
+
+
+def steered_after(messages: Sequence[AnyMessage], start: AnyMessage) -> list[str]:
+    """Ids of the messages steered into the turn ``start`` began (a continued turn's)."""
+    return [m.id for m in messages[messages.index(start) + 1 :] if steered(m) and m.id]
+
+
+def turn_start(message: AnyMessage) -> bool:
+    """The message that started a turn (a user's, not one steered into a running turn)."""
+    return isinstance(message, HumanMessage) and not steered(message)
 
 
 class SteerInbox(AgentMiddleware[Any, Any, Any]):
