@@ -81,7 +81,8 @@ def steered(message: AnyMessage) -> bool:
 
 def steered_after(messages: Sequence[AnyMessage], start: AnyMessage) -> list[str]:
     """Ids of the messages steered into the turn ``start`` began (a continued turn's)."""
-    return [m.id for m in messages[messages.index(start) + 1 :] if steered(m) and m.id]
+    at = next((i for i, m in enumerate(messages) if m is start), len(messages))
+    return [m.id for m in messages[at + 1 :] if steered(m) and m.id]
 
 
 def turn_start(message: AnyMessage) -> bool:
