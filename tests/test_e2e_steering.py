@@ -250,3 +250,32 @@ async def test_steer_and_queue_commands_override_the_mode_for_one_message(
         await tg.wait_for(lambda: replies(tg, OWNER, task) == [TASK_ANSWER], 30, "the task's answer")
         await tg.wait_for(lambda: replies(tg, OWNER, queued) == ["later answer"], 30, "queued answered")
         assert replies(tg, OWNER, steer) == [ADDED]
+
+
+async def test_slack_steer_reaches_the_running_turn_and_says_so(
+    tmp_path: Path, slack: FakeSlack, model: FakeOpenAI
+) -> None:
+    first, second = two_calls(model, TASK, TASK_ANSWER)
+    model.add_rule(lambda t: t.endswith(STEER), Reply(text=TASK_ANSWER, hold=second))
+    cfg = chat_config(
+        tmp_path, model.base_url, slack, allow=[f"slack:{SLACK_USER}"], group_policy="mention",
+        agent={"memory": {"enabled": False}},
+    )  # fmt: skip
+    cfg["channels"]["slack"]["busy_mode"] = "steer"
+    async with started_daemon(tmp_path, cfg, slack):
+
+        def posted() -> list[str]:
+            return [p.text for p in slack.posts if p.channel == SLACK_DM]
+
+        await slack.inject_dm(SLACK_DM, SLACK_USER, TASK)
+        await until(lambda: requests_with(model, TASK), "the task's first call")
+        await slack.inject_dm(SLACK_DM, SLACK_USER, STEER)
+        await slack.wait_for(lambda: any(QUEUED in t for t in posted()), timeout=30)
+        first.set()
+        call = await until(lambda: requests_with(model, STEER), "the second call, with the steer")
+        said = [m for m in call[0]["messages"] if STEER in _content(m)]
+        assert [(m["role"], _content(m)) for m in said] == [("user", STEER)]
+        second.set()
+        await slack.wait_for(lambda: TASK_ANSWER in posted() and ADDED in posted(), timeout=30)
+        await until(lambda: set(journal(cfg).values()) == {"done"}, "both done")
+        assert sorted(posted()) == sorted([TASK_ANSWER, ADDED]), posted()
