@@ -246,3 +246,34 @@ async def test_a_bare_steer_command_says_how_to_use_it(rig: Rig) -> None:
     text = (await until(lambda: ch.replies_to(bare.message_id), what="usage"))[0]
     assert "/steer <your message>" in text
     assert rig.harness.calls == []
+
+
+async def test_the_daemons_secrets_are_masked_in_steered_and_interrupted_text(tmp_path: Path) -> None:
+    """A user pastes the bot's token into a steer and into a message that gets interrupted: the
+    model provider gets neither."""
+    token = "123456789:AAHsecretTokenValue_do_not_leak_0987"
+    cfg = make_config(
+        access={"admins": [str(ADMIN)], "allow_users": [str(USER)]},
+        channels={"telegram": {"enabled": True, "token": token, "busy_mode": "steer"}},
+    )
+    async with fake_rig(tmp_path, cfg) as rig:
+        ch, harness = rig.channel, rig.harness
+        first = asyncio.Event()
+        took: list[list[SteerMessage]] = []
+        harness.on("task", taking([first], took, "task answer"))
+        await ch.deliver(ch.message(USER, "task"))
+        await until(lambda: harness.calls, what="running")
+        await ch.deliver(ch.message(USER, f"the key is {token}"))
+        first.set()
+        await until(lambda: took, what="taken")
+        assert token not in took[0][0].text and "the key is" in took[0][0].text
+        await settled(rig.store)
+        harness.gate.clear()  # every turn now waits after being recorded
+        await ch.deliver(ch.message(USER, f"please use {token}"))
+        await until(lambda: len(harness.calls) == 2, what="the turn with the token running")
+        await ch.deliver(ch.message(USER, "/interrupt now"))
+        await until(lambda: len(harness.calls) == 3, what="the interrupting turn")
+        quoted = harness.calls[-1].options.context
+        harness.gate.set()
+        assert [c.text for c in quoted] and all(token not in c.text for c in quoted), quoted
+        assert "please use" in quoted[0].text
