@@ -219,6 +219,13 @@ class Busy:
     def with_inbox(self, entry: JournalEntry, options: TurnOptions) -> TurnOptions:
         """The turn of ``entry``'s options with what it needs: its inbox (busy mode ``steer``;
         a turn started by the bot, a schedule's, takes none) and the message it interrupted."""
+        if self._waiting:  # offered to a turn that ended before taking it: it runs on its own now
+            for key, offered in list(self._waiting.items()):
+                kept = [e for e in offered if e.key != entry.key]
+                if len(kept) != len(offered):
+                    self._waiting[key] = kept
+                    if not kept:
+                        del self._waiting[key]
         interrupted = entry.inbound.extra.get(INTERRUPTS_KEY)
         if isinstance(interrupted, dict):
             quoted = ContextMessage(
