@@ -60,6 +60,7 @@ from agent.model import build_chat_model, model_display_name
 from agent.plan import plan_of
 from agent.provenance import PROVENANCE_KEY, Provenance, Source, of_context
 from agent.safety import Redactor
+from agent.steering import Inbox, SteerInbox, receiving, steered_after, turn_start
 from agent.stream_events import CustomEventConverter, stream_events
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
@@ -153,6 +154,7 @@ class Harness:
         return [
             TurnOverrides(self._persona_base),
             StepBudget(self.settings.max_steps),
+            SteerInbox(),  # before the others: they see the steered messages as the model will
             *self.extra_middleware,
             RetryModelCalls(
                 max_retries=self.settings.model_retries, initial_delay=self.settings.retry_backoff
@@ -291,7 +293,8 @@ class Harness:
                 self._takes_images(options.model), options.provenance,
             )  # fmt: skip
 
-        async with aclosing(self._drive(graph, config, thread_id, message_id, prepare, choice)) as events:
+        drive = self._drive(graph, config, thread_id, message_id, prepare, choice, options.inbox)
+        async with aclosing(drive) as events:
             async for event in events:
                 yield event
 
@@ -333,6 +336,7 @@ class Harness:
         message_id: str,
         prepare: Callable[[], Awaitable[dict[str, Any] | Command[Any] | Final | None]],
         choice: TurnChoice | None = None,
+        inbox: Inbox | None = None,
     ) -> AsyncGenerator[AgentEvent, None]:
         """One turn on the thread's lock: the input ``prepare`` decides, the stream, then one Final
         or TurnFailed (or none when the turn paused on approval requests)."""
@@ -349,6 +353,7 @@ class Harness:
                 paused = False
                 async with AsyncExitStack() as scope:
                     scope.enter_context(choose(choice))
+                    scope.enter_context(receiving(inbox))  # messages steered into the turn
                     if self._turn_scope is not None:
                         await scope.enter_async_context(self._turn_scope(thread_id))
                     events = stream_events(
@@ -424,11 +429,15 @@ class Harness:
         if earlier is not None:
             log.info("thread %s: message %s was answered before later ones; replaying", thread_id, message_id)
             return earlier
-        last_human = next((m for m in reversed(messages) if isinstance(m, HumanMessage)), None)
+        # The message that started the latest turn; messages steered into it (agent/steering.py) are
+        # part of it, so a turn killed after taking one continues instead of counting as answered.
+        last_human = next((m for m in reversed(messages) if turn_start(m)), None)
         # Messages a step stored as writes but whose checkpoint was not stored (a full disk): the
         # state shows them, a run with new input drops them, a run with no input applies them.
         pending = {m.id for task in snap.tasks if task.result for m in messages_of(task.result)}
         if last_human is not None and last_human.id == message_id:
+            # Messages steered into this turn: their own runs must read the history (agent/history.py).
+            self._answered.update(dict.fromkeys(steered_after(messages, last_human)))
             if pending and not snap.next:
                 log.info("thread %s: finishing the stored step of message %s", thread_id, message_id)
                 return None

@@ -12,12 +12,16 @@ from typing import Any
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 
 from agent.events import Final
+from agent.steering import steered, turn_start
 
 
 def earlier_answer(messages: Sequence[AnyMessage], message_id: str) -> Final | None:
     """The answer to ``message_id`` when later messages followed it in the thread (its reply was
     retried after the conversation moved on): the last model text before the next user message.
-    None when the message is the thread's latest or not in it."""
+    None when the message is the thread's latest or not in it.
+
+    A steered message belongs to the turn it was added to: it ends no segment, and its own answer
+    is that turn's (a restart that finds it in the history replays that answer, never asks again)."""
     start = next(
         (i for i, m in enumerate(messages) if isinstance(m, HumanMessage) and m.id == message_id), None
     )
@@ -25,11 +29,14 @@ def earlier_answer(messages: Sequence[AnyMessage], message_id: str) -> Final | N
         return None
     segment: list[AnyMessage] = []
     for m in messages[start + 1 :]:
-        if isinstance(m, HumanMessage):
+        if turn_start(m):
             break
         segment.append(m)
     else:
-        return None  # the latest message: the usual replay / continue logic applies
+        if not steered(messages[start]):
+            return None  # the latest message: the usual replay / continue logic applies
+        if not segment or not isinstance(segment[-1], AIMessage) or segment[-1].tool_calls:
+            return None  # its turn is unfinished: the turn that took it continues
     answer = next((m for m in reversed(segment) if isinstance(m, AIMessage) and not m.tool_calls), None)
     if answer is None:
         return Final("⚠️ I lost the answer to this message while the conversation went on; please ask again.")

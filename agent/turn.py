@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # agent.provenance imports langchain-core: not at config-loading time (the CLI)
     from agent.provenance import Source
+    from agent.steering import Inbox
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,9 @@ class TurnOptions:
     provenance: tuple[Source, ...] = ()
     """Untrusted sources the turn's input carries besides its thread context: a firing of a
     schedule made in a conversation that had read untrusted content (agent/provenance.py)."""
+    inbox: Inbox | None = None
+    """Messages the user sends while the turn runs, given to it at its next model call (busy mode
+    ``steer``, agent/steering.py); None: the turn takes none."""
 
 
 PLAIN = TurnOptions()

@@ -42,6 +42,7 @@ PAYLOAD = (
 TABLES = {
     "journal", "outbox", "files_out", "threads", "pairing", "approved_users", "command_results", "dm_chats",
     "schedules", "sqlite_sequence", "conversation_models", "token_usage", "approvals", "token_ledger",
+    "conversation_busy",
 }  # fmt: skip
 
 

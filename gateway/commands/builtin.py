@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from agent.untrusted import TEXT_CHARS, code_span
 from gateway.commands import admin as commands_admin
 from gateway.commands import agent as commands_agent
+from gateway.commands import busy as commands_busy
 from gateway.commands import mcp as commands_mcp
 from gateway.commands import schedules as commands_schedules
 from gateway.commands import skills as commands_skills
@@ -115,6 +116,12 @@ REGISTRY = Registry(
         CommandSpec("new", "start a fresh conversation (the agent forgets this chat's history)", _new,
                     terminal=True),
         CommandSpec("stop", "cancel the answer being worked on", _stop, recorded=True),
+        CommandSpec("queue", "answer this message after the current answer: /queue text",
+                    commands_busy.one_off, args="TEXT"),
+        CommandSpec("steer", "add this message to the current answer: /steer text",
+                    commands_busy.one_off, args="TEXT"),
+        CommandSpec("interrupt", "stop the current answer and answer this instead: /interrupt text",
+                    commands_busy.one_off, args="TEXT"),
         CommandSpec("status", "show this conversation's thread, model and queue", _status, terminal=True),
         CommandSpec("plan", "show the agent's plan (to-do list) for this conversation", _plan, terminal=True),
         CommandSpec("memory", "show what I remember about you (in a direct message)", _memory,
@@ -143,6 +150,9 @@ REGISTRY = Registry(
                     args="CODE"),
         CommandSpec("revoke", "take back a user's access granted by code (alone: list them)",
                     commands_admin.revoke, who=Who.ADMIN, recorded=True, args="[USER]"),
+        CommandSpec("busy", "what a message sent while I work does here: /busy interrupt|queue|steer "
+                    "(default: the channel's)", commands_busy.busy, who=Who.ADMIN,
+                    args="[interrupt | queue | steer | default]"),
     ]
 )  # fmt: skip
 """Every chat command, in ``/help``'s order. A ``/word`` no row names is not a command."""

@@ -84,6 +84,8 @@ class CommandContext:
     """(message, text, buttons, idempotency key): post ``text`` with ``buttons`` in reply to the
     message, once per key; False where the platform has none (the caller says how to answer in
     text instead). ``/skills show`` puts Approve / Reject under a draft."""
+    busy_changed: Callable[[str], None] | None = None
+    """(conversation): ``/busy`` changed its mode; the daemon reads it again (gateway/turns/busy.py)."""
 
 
 Handler = Callable[[CommandContext, "JournalEntry", Command], Awaitable[str]]

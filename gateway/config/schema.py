@@ -27,6 +27,7 @@ from gateway.config.platforms import PLATFORMS
 from gateway.config.profiles import Profile, check_profiles
 from gateway.config.sections import (
     AccessPolicy,
+    BusyMode,
     ConcurrencyConfig,
     ContextConfig,
     DeliveryConfig,
@@ -56,6 +57,12 @@ class ChannelBase(Strict):
     """Overrides the top-level ``access`` for this channel."""
     context: ContextConfig | None = None
     """Overrides the top-level ``context`` for this channel."""
+    busy_mode: BusyMode = "queue"
+    """What a message does when it arrives while a turn runs in its conversation: ``queue`` waits
+    for the turn and is answered after it; ``interrupt`` stops the turn and is answered with the
+    stopped message as context; ``steer`` is given to the running turn at its next model call.
+    An admin's ``/busy`` sets it per conversation; ``/queue``, ``/steer`` and ``/interrupt`` before
+    a message set it for that message (docs/steering.md)."""
 
 
 def _channel_section(settings: type[ChannelSettings]) -> type[ChannelBase]:

@@ -42,6 +42,11 @@ PlatformId = Annotated[str, BeforeValidator(_id_as_str)]
 """A user or chat id: a bare platform id or ``platform:id``; YAML integers are accepted."""
 
 
+BusyMode = Literal["queue", "interrupt", "steer"]
+"""What a message sent while a turn runs in its conversation does (docs/steering.md)."""
+BUSY_MODES: tuple[BusyMode, ...] = ("queue", "interrupt", "steer")
+
+
 class AccessPolicy(Strict):
     """Who may talk to the bot. Deny by default: unknown DM senders get the pairing path."""
 

@@ -43,7 +43,7 @@ from gateway.schedules import confirm as schedule_confirm
 from gateway.schedules.clock import ScheduleClock
 from gateway.store.entries import JournalEntry, JournalKind, JournalState
 from gateway.store.journal import Store
-from gateway.turns import queued_sign, stopping, usage
+from gateway.turns import busy, queued_sign, stopping, usage
 from gateway.turns.approvals import Approvals
 from gateway.turns.inflight import InFlight
 from gateway.turns.queue import TurnQueue
@@ -84,10 +84,11 @@ class Gateway:
             config, store, harness, metrics, self.channels, self.inflight, self.tasks, self._dispatch
         )
         """Tool calls waiting for a person's yes (gateway/turns/approvals.py)."""
+        self.busy = busy.Busy(self)  # a message for a conversation whose turn runs (gateway/turns/busy.py)
         self.runner = TurnRunner(
             config=config, store=store, harness=harness, metrics=metrics, turns=self.turns,
             inflight=self.inflight, approvals=self.approvals, parking=self.parking, tasks=self.tasks,
-            redact=self.redact, keep=self._keep, host=self,
+            redact=self.redact, keep=self._keep, host=self, busy=self.busy,
         )  # fmt: skip
         """Runs each claimed turn (gateway/turns/runner.py)."""
         self._connected: set[str] = set()
@@ -200,6 +201,7 @@ class Gateway:
             return
         text = inbound.text.strip()
         command = commands.parse_command(text)
+        command, asked, inbound = busy.one_off(command, inbound)  # `/steer text`: a turn in that mode
         if command is not None and not command.known and profiles.skill_for(self.config, text):
             command = None  # `/<skill> text`: a turn with that skill (gateway/intake/profiles.py)
         if command is not None:
@@ -228,8 +230,10 @@ class Gateway:
         if refusal is not None:  # queue full or sending too fast: a note, journaled, sent once
             await self._journal_notice(inbound, refusal)
             return
+        inbound, route = await self.busy.route(inbound, admin, asked)  # at once when nothing runs there
         if await self._journal(inbound, JournalKind.TURN):
             entry = JournalEntry.new(inbound, JournalKind.TURN)
+            await self.busy.journaled(entry, route)
             self._dispatch(entry)
 
     async def _journal(self, inbound: Inbound, kind: JournalKind, note: str = "") -> bool:
@@ -477,6 +481,7 @@ class Gateway:
             schedules=self.confirmations,
             download=command_io.downloader(self.channels),
             buttons=command_io.button_poster(self.channels),
+            busy_changed=self.busy.forget,
         )
 
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:

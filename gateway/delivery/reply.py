@@ -116,6 +116,11 @@ class Reply:
     def has_message(self) -> bool:
         return 0 in self._parts
 
+    @property
+    def partial(self) -> str:
+        """The text streamed so far (what an interrupted answer keeps above its note)."""
+        return self._latest
+
     # -- low level ------------------------------------------------------------------------------
     async def _put(self, part_no: int, part: Rendered) -> None:
         """Send part ``part_no`` or edit it if it already exists."""

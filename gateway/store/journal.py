@@ -24,6 +24,7 @@ from channels.base import Inbound
 from gateway.config.urls import database_label
 from gateway.store.access import AccessTables
 from gateway.store.approvals import ApprovalTables
+from gateway.store.busy import BusyTables
 from gateway.store.connection import Connection, Dialect
 from gateway.store.db import PgConnection, SqliteConnection
 from gateway.store.disk import DEFAULT_RESERVE, DiskReserve, StorageFull, is_full
@@ -53,7 +54,9 @@ THREAD_CACHE_MAX = 10_000
 _OPEN_SQL = ", ".join(f"'{state.value}'" for state in OPEN_STATES)
 
 
-class Store(AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, LeaseTables, FileUpkeep):
+class Store(
+    AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, LeaseTables, BusyTables, FileUpkeep
+):
     """The gateway's state on SQLite or PostgreSQL (any :class:`Connection`). Create with
     :meth:`open` or :meth:`open_postgres`."""
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from gateway.store.access import ACCESS_TABLES, PAIRING_COLUMNS
 from gateway.store.approvals import APPROVAL_TABLES
+from gateway.store.busy import BUSY_TABLES
 from gateway.store.connection import POSTGRES, Connection
 from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX
 from gateway.store.schedules import PROVENANCE_COLUMNS, SCHEDULE_TABLES
@@ -198,6 +199,12 @@ async def _v7_schedule_provenance(db: Connection) -> None:
             await db.execute(f"ALTER TABLE schedules ADD COLUMN {name} {decl}")
 
 
+async def _v8_busy_modes(db: Connection) -> None:
+    """``conversation_busy``: the busy mode ``/busy`` chose per conversation (gateway/store/busy.py)."""
+    for statement in BUSY_TABLES:
+        await db.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
@@ -206,6 +213,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "journal leases (several daemons on one database)", _v5_leases),
     Migration(6, "token budget ledger and estimated usage", _v6_budget_ledger),
     Migration(7, "schedule provenance and confirmation", _v7_schedule_provenance),
+    Migration(8, "busy mode per conversation", _v8_busy_modes),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -65,7 +65,8 @@ class TurnQueue:
         self._on_stopped = on_stopped
         self._metrics = metrics
         self._convs: dict[str, _Conversation] = {}
-        self._stopped: set[str] = set()
+        self._stopped: dict[str, str | None] = {}
+        """Turns cancelled by a user (/stop, or a message interrupting them) and their note."""
         self._closing = False
 
     # -- intake ---------------------------------------------------------------------------------
@@ -144,15 +145,16 @@ class TurnQueue:
             if conv.running is not None and conv.running.key == key:
                 conv.finishing = True
 
-    def stop(self, key: str) -> Stop:
+    def stop(self, key: str, note: str | None = None) -> Stop:
         """Stop the turn ``key`` (the user's /stop): cancel it if it runs, take it off the queue if
-        it waits. Turns behind it still run."""
+        it waits. Turns behind it still run. ``note``: what its reply says instead of "Stopped"
+        (a message interrupted it: gateway/turns/busy.py)."""
         for conv in self._convs.values():
             if conv.running is not None and conv.running.key == key:
                 task = conv.running_task
                 if conv.finishing or task is None or task.done():
                     return Stop.LATE
-                self._stopped.add(key)
+                self._stopped[key] = note
                 task.cancel()
                 return Stop.CANCELLED
             for entry in conv.queue:
@@ -165,6 +167,10 @@ class TurnQueue:
     def was_stopped(self, key: str) -> bool:
         """True when the turn ``key`` was cancelled by /stop (not by shutdown)."""
         return key in self._stopped
+
+    def stop_note(self, key: str) -> str | None:
+        """The note the stopped turn ``key`` shows instead of "Stopped" (None: /stop's own)."""
+        return self._stopped.get(key)
 
     @contextlib.asynccontextmanager
     async def released(self) -> AsyncIterator[None]:
@@ -212,7 +218,7 @@ class TurnQueue:
                             # Cancelled before its handler could say so (it had not started yet):
                             # the stop's outcome is shown from here.
                             self._stopped_outside(entry)
-                        self._stopped.discard(entry.key)
+                        self._stopped.pop(entry.key, None)
                         conv.running = None
                         conv.running_task = None
                         conv.finishing = False

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from gateway.ops.tasks import TaskTracker
     from gateway.store.journal import Store
     from gateway.turns.approvals import Approvals
+    from gateway.turns.busy import Busy
     from gateway.turns.inflight import InFlight
     from gateway.turns.queue import TurnQueue
 
@@ -91,10 +92,13 @@ class TurnRunner:
         redact: Redactor,
         keep: Callable[[JournalEntry], Awaitable[bool]],
         host: IntakeHost,
+        busy: Busy | None = None,
     ) -> None:
         self.config, self.store, self.harness, self.metrics = config, store, harness, metrics
         self.turns, self.inflight, self.approvals, self.parking = turns, inflight, approvals, parking
         self.tasks, self.redact, self._keep, self.host = tasks, redact, keep, host
+        self.busy = busy
+        """Busy modes: the turn's inbox of steered messages, what it interrupted (gateway/turns/busy.py)."""
 
     # -- turns ----------------------------------------------------------------------------------
     async def run(self, entry: JournalEntry) -> None:
@@ -104,7 +108,7 @@ class TurnRunner:
         reply = self.inflight.reply(entry)
         typing: asyncio.Task[None] | None = None
         outcome: TurnOutcome = TurnOutcome.ERROR
-        answered = False
+        answered = cut = False
         plan: PlanMessage | None = None
         try:
             if entry.from_journal:
@@ -151,6 +155,7 @@ class TurnRunner:
             if typing is not None:
                 typing.cancel()
             if not self.turns.was_stopped(entry.key):
+                cut = True
                 raise  # shutdown: stays 'running' in the journal, resumed at next start
             task = asyncio.current_task()
             if task is not None:
@@ -192,6 +197,8 @@ class TurnRunner:
         finally:
             if plan is not None:
                 plan.abandon()  # shutdown or fenced: a send under way completes, nothing new starts
+            if self.busy is not None:  # the messages steered into it are done with it, or run next
+                await self.busy.settle(entry.key, None if cut or outcome is TurnOutcome.FENCED else outcome)
             self.inflight.release(entry.key)
             self.inflight.drop_reply(entry.key)
             self.parking.settled(entry.key)
@@ -218,14 +225,16 @@ class TurnRunner:
         gateway/turns/stopping.py): should this process die before the done mark, the restart shows
         this same reply, once. A send that fails for a reason worth retrying is retried as that
         notice: the stop never ends without a visible outcome."""
+        note = self.turns.stop_note(entry.key)  # a message interrupted it: under its text so far
+        text = STOPPED if note is None else f"{reply.partial}\n\n{note}" if reply.partial.strip() else note
         try:
             if entry.from_journal:
                 await reply.load()  # the stop may have landed while it loaded: edit, not re-send
-            await reply.finish(STOPPED)
+            await reply.finish(text)
         except ChannelError as exc:
             log.warning("could not show that %s was stopped: %s", entry.key, exc)
             with contextlib.suppress(Exception):
-                if await self.parking.park(stopped_notice(entry), exc):
+                if await self.parking.park(stopped_notice(entry, note or STOPPED), exc):
                     return
             with contextlib.suppress(Exception):
                 await self.store.journal_set(entry.key, JournalState.FAILED)
@@ -270,6 +279,8 @@ class TurnRunner:
         message = self.redact(message)  # the daemon's secrets never go to the model provider
         try:
             options = masked_context(await turn_options(self.host, entry, thread_id, uploads), self.redact)
+            if self.busy is not None:
+                options = self.busy.with_inbox(entry, options)
             async with asyncio.timeout(self.config.concurrency.turn_timeout):
                 stream = self.approvals.events(
                     entry,

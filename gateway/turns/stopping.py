@@ -67,9 +67,10 @@ STOPPING = "⏹ Stopping the current answer."
 TOO_LATE = "The current answer was already being sent, so there was nothing left to stop."
 
 
-def stopped_notice(entry: JournalEntry) -> JournalEntry:
-    """``entry`` as what the journal holds once it was stopped: a notice reading :data:`STOPPED`."""
-    return dataclasses.replace(entry, kind=JournalKind.NOTICE, note=STOPPED)
+def stopped_notice(entry: JournalEntry, note: str = STOPPED) -> JournalEntry:
+    """``entry`` as what the journal holds once it was stopped: a notice reading :data:`STOPPED`
+    (or the note of what stopped it: a message interrupting it, gateway/turns/busy.py)."""
+    return dataclasses.replace(entry, kind=JournalKind.NOTICE, note=note)
 
 
 async def stop(gw: StopHost, entry: JournalEntry) -> str | None:
@@ -109,6 +110,6 @@ async def stop(gw: StopHost, entry: JournalEntry) -> str | None:
 def show_stopped(gw: StopHost, entry: JournalEntry) -> None:
     """Deliver the stopped turn ``entry``'s outcome as its notice (its queued sign, if shown,
     is edited into it). ``entry`` is still among the keys this process handles."""
-    notice = stopped_notice(entry)
+    notice = stopped_notice(entry, gw.turns.stop_note(entry.key) or STOPPED)
     gw.metrics.turns.labels(TurnOutcome.STOPPED).inc()
     gw.tasks.spawn(gw.release_after(notice, gw.send_notice), f"stopped:{entry.key}")
