@@ -1,0 +1,193 @@
+"""One delegation: start the agent's adapter in the sandbox, speak ACP to it, end it for sure.
+
+The session is the official SDK's (``acp.connect_to_agent`` over the process's pipes); what this
+module adds is the boundary around it. The adapter is started by the sandbox provider
+(:meth:`~agent.sandbox.base.Sandbox.spawn`: bubblewrap, the workspace as its working directory,
+an environment holding only what its config entry names), and every way the session can end
+(answer, ``/stop``, timeout, a silent or flooding or crashing agent, an escape attempt, the disk
+quota) ends the same way: ``session/cancel`` when a session is open, then the whole process group
+killed, and a specific :class:`DelegationError` for the model. Nothing is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from acp import PROTOCOL_VERSION, RequestError, connect_to_agent, text_block
+from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
+
+from agent.acp.client import Asker, ChitalClient, Progress
+from agent.acp.settings import AcpAgent
+from agent.sandbox import quota as disk
+from agent.sandbox.base import Sandbox, kill_group
+from agent.sandbox.paths import WORKSPACE
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CANCEL_GRACE = 2.0
+"""Seconds the agent gets to wind down after ``session/cancel`` before it is killed."""
+
+
+class DelegationError(Exception):
+    """The delegation failed; the text says how, in words the model can act on (no secrets)."""
+
+
+@dataclass(frozen=True)
+class Delegation:
+    """What came back: the agent's answer (untrusted text), why it stopped, what it wrote."""
+
+    answer: str
+    stop_reason: str
+    written: tuple[str, ...]
+    permissions: tuple[tuple[str, bool], ...]
+    updates: int
+
+
+async def delegate(
+    sandbox: Sandbox,
+    name: str,
+    settings: AcpAgent,
+    task: str,
+    *,
+    ask: Asker,
+    progress: Progress,
+) -> Delegation:
+    """Run ``task`` with agent ``name`` in ``sandbox``'s workspace; see the module docstring."""
+    env = {k: v.get_secret_value() for k, v in settings.env.items()}
+    try:
+        proc = await sandbox.spawn(
+            [settings.command, *settings.args],
+            env,
+            network=settings.network,
+            memory_mb=settings.memory_mb,
+            max_line=settings.max_message_bytes,
+        )
+    except OSError as exc:
+        raise DelegationError(f"the coding agent {name} could not be started: {exc.strerror or exc}") from None
+    assert proc.stdin is not None and proc.stdout is not None
+    client = ChitalClient(name, settings, sandbox.files, ask, progress)
+    conn = connect_to_agent(client, proc.stdin, proc.stdout)
+    phase = "start"
+    session_open = False
+    try:
+        async with asyncio.timeout(settings.timeout):
+            phase = "initialize"
+            await _step(
+                client,
+                proc,
+                conn.initialize(
+                    protocol_version=PROTOCOL_VERSION,
+                    client_capabilities=ClientCapabilities(
+                        fs=FileSystemCapabilities(read_text_file=True, write_text_file=True), terminal=False
+                    ),
+                    client_info=Implementation(name="chital", version="1"),
+                ),
+                settings.init_timeout,
+                name,
+                phase,
+            )
+            phase = "session/new"
+            session = await _step(
+                client, proc, conn.new_session(cwd=WORKSPACE, mcp_servers=[]), settings.init_timeout, name, phase
+            )
+            client.session_id = session.session_id
+            session_open = True
+            phase = "session/prompt"
+            response = await _step(
+                client, proc, conn.prompt(session_id=session.session_id, prompt=[text_block(task)]), None, name,
+                phase, quota=sandbox,
+            )  # fmt: skip
+    except TimeoutError:
+        raise DelegationError(
+            f"the coding agent {name} did not finish within {settings.timeout:g} s (during {phase}); "
+            "its session was cancelled and its processes killed"
+        ) from None
+    finally:
+        client.flush()
+        await _end(conn, proc, client.session_id if session_open else "")
+    return Delegation(
+        answer=client.answer.text(),
+        stop_reason=str(response.stop_reason),
+        written=tuple(client.written),
+        permissions=tuple(client.permissions),
+        updates=client.updates,
+    )
+
+
+async def _step(
+    client: ChitalClient,
+    proc: asyncio.subprocess.Process,
+    call: Awaitable[T],
+    limit: float | None,
+    name: str,
+    phase: str,
+    *,
+    quota: Sandbox | None = None,
+) -> T:
+    """Await one request while watching for a fault, the process's exit and the disk quota."""
+    request = asyncio.ensure_future(call)
+    fault = asyncio.ensure_future(client.faulted.wait())
+    exited = asyncio.ensure_future(proc.wait())
+    dog = asyncio.ensure_future(disk.watch(quota.dirs, quota.quota)) if quota is not None else None
+    waiters = {request, fault, exited, *([dog] if dog else [])}
+    try:
+        done, _ = await asyncio.wait(waiters, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        if client.fault is not None:
+            raise DelegationError(str(client.fault))
+        if request in done:
+            try:
+                return request.result()
+            except RequestError as exc:
+                raise DelegationError(
+                    f"the coding agent {name} answered {phase} with an error: {str(exc)[:300]}"
+                ) from None
+            except (ConnectionError, ValueError, asyncio.LimitOverrunError) as exc:
+                raise _exited(name, phase, proc, exc) from None
+        if dog is not None and dog in done:
+            raise DelegationError(f"the coding agent {name} was stopped: {dog.result()}")
+        if exited in done:
+            raise _exited(name, phase, proc, None)
+        raise DelegationError(
+            f"the coding agent {name} did not answer {phase} within {limit:g} s; it was stopped"
+        )
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+def _exited(name: str, phase: str, proc: asyncio.subprocess.Process, exc: BaseException | None) -> DelegationError:
+    if isinstance(exc, ValueError | asyncio.LimitOverrunError):
+        return DelegationError(f"the coding agent {name} sent a message larger than allowed during {phase}")
+    code = proc.returncode
+    how = f" (exit status {code})" if code is not None else ""
+    return DelegationError(f"the coding agent {name} exited during {phase}{how} before answering")
+
+
+async def _end(conn: object, proc: asyncio.subprocess.Process, session_id: str) -> None:
+    """``session/cancel`` (when a session is open and the agent still runs), a short grace, then
+    the process group killed and reaped; shielded, so a ``/stop`` cannot leave it half done."""
+
+    async def finish() -> None:
+        if session_id and proc.returncode is None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.cancel(session_id=session_id), 1)  # type: ignore[attr-defined]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), CANCEL_GRACE)
+        kill_group(proc)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(conn.close(), 2)  # type: ignore[attr-defined]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 10)
+
+    ending = asyncio.ensure_future(finish())
+    try:
+        await asyncio.shield(ending)
+    except asyncio.CancelledError:
+        await ending  # /stop: still nothing left running when the turn's task ends
+        raise
