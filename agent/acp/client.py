@@ -35,7 +35,7 @@ from acp.schema import (
 
 from agent.acp.settings import AcpAgent
 from agent.sandbox.files import HostFiles
-from agent.sandbox.paths import WORKSPACE, SandboxError
+from agent.sandbox.paths import WORKSPACE, PathRefused, SandboxError
 from agent.untrusted import code_span, one_line
 
 Asker = Callable[[str, str], Awaitable[bool]]
@@ -164,9 +164,13 @@ class ChitalClient:
         approved = allow is not None and await self.ask(title, detail)
         self.permissions.append((title, approved))
         if approved and allow is not None:
-            return RequestPermissionResponse(outcome=AllowedOutcome(option_id=allow.option_id, outcome="selected"))
+            return RequestPermissionResponse(
+                outcome=AllowedOutcome(option_id=allow.option_id, outcome="selected")
+            )
         if reject is not None:
-            return RequestPermissionResponse(outcome=AllowedOutcome(option_id=reject.option_id, outcome="selected"))
+            return RequestPermissionResponse(
+                outcome=AllowedOutcome(option_id=reject.option_id, outcome="selected")
+            )
         return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
 
     def _confined(self, path: str, verb: str) -> str:
@@ -195,8 +199,10 @@ class ChitalClient:
         try:
             await asyncio.to_thread(self.files.write, virtual, data)
         except SandboxError as exc:
-            if "outside" in str(exc) or "symlink" in str(exc):
-                raise self._refuse(f"write {one_line(path, 200)!r} through a link out of the workspace") from None
+            if isinstance(exc, PathRefused):
+                raise self._refuse(
+                    f"write {one_line(path, 200)!r} through a link out of the workspace"
+                ) from None
             raise RequestError.invalid_params({"path": str(exc)}) from None
         if virtual not in self.written and len(self.written) < 200:
             self.written.append(virtual)
@@ -214,8 +220,10 @@ class ChitalClient:
         except UnicodeDecodeError:
             raise RequestError.invalid_params({"path": "not a UTF-8 text file"}) from None
         except SandboxError as exc:
-            if "outside" in str(exc) or "symlink" in str(exc):
-                raise self._refuse(f"read {one_line(path, 200)!r} through a link out of the workspace") from None
+            if isinstance(exc, PathRefused):
+                raise self._refuse(
+                    f"read {one_line(path, 200)!r} through a link out of the workspace"
+                ) from None
             raise RequestError.invalid_params({"path": str(exc)}) from None
         if line is not None or limit is not None:
             lines = text.splitlines(keepends=True)

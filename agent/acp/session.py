@@ -16,9 +16,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
-from acp import PROTOCOL_VERSION, RequestError, connect_to_agent, text_block
+from acp import PROTOCOL_VERSION, Client, RequestError, connect_to_agent, text_block
 from acp.schema import ClientCapabilities, FileSystemCapabilities, Implementation
 
 from agent.acp.client import Asker, ChitalClient, Progress
@@ -69,10 +69,12 @@ async def delegate(
             max_line=settings.max_message_bytes,
         )
     except OSError as exc:
-        raise DelegationError(f"the coding agent {name} could not be started: {exc.strerror or exc}") from None
+        raise DelegationError(
+            f"the coding agent {name} could not be started: {exc.strerror or exc}"
+        ) from None
     assert proc.stdin is not None and proc.stdout is not None
     client = ChitalClient(name, settings, sandbox.files, ask, progress)
-    conn = connect_to_agent(client, proc.stdin, proc.stdout)
+    conn = connect_to_agent(cast(Client, client), proc.stdin, proc.stdout)
     phase = "start"
     session_open = False
     try:
@@ -94,15 +96,18 @@ async def delegate(
             )
             phase = "session/new"
             session = await _step(
-                client, proc, conn.new_session(cwd=WORKSPACE, mcp_servers=[]), settings.init_timeout, name, phase
+                client,
+                proc,
+                conn.new_session(cwd=WORKSPACE, mcp_servers=[]),
+                settings.init_timeout,
+                name,
+                phase,
             )
             client.session_id = session.session_id
             session_open = True
             phase = "session/prompt"
-            response = await _step(
-                client, proc, conn.prompt(session_id=session.session_id, prompt=[text_block(task)]), None, name,
-                phase, quota=sandbox,
-            )  # fmt: skip
+            asked = conn.prompt(session_id=session.session_id, prompt=[text_block(task)])
+            response = await _step(client, proc, asked, None, name, phase, quota=sandbox)
     except TimeoutError:
         raise DelegationError(
             f"the coding agent {name} did not finish within {settings.timeout:g} s (during {phase}); "
@@ -161,7 +166,9 @@ async def _step(
             waiter.cancel()
 
 
-def _exited(name: str, phase: str, proc: asyncio.subprocess.Process, exc: BaseException | None) -> DelegationError:
+def _exited(
+    name: str, phase: str, proc: asyncio.subprocess.Process, exc: BaseException | None
+) -> DelegationError:
     if isinstance(exc, ValueError | asyncio.LimitOverrunError):
         return DelegationError(f"the coding agent {name} sent a message larger than allowed during {phase}")
     code = proc.returncode

@@ -70,22 +70,37 @@ def run_prompt(session):
         if "say" in step:
             say(session, step["say"])
         elif "tool" in step:
-            update(session, {"sessionUpdate": "tool_call", "toolCallId": "t1", "title": step["tool"],
-                             "kind": "edit", "status": "in_progress"})
+            update(
+                session,
+                {
+                    "sessionUpdate": "tool_call",
+                    "toolCallId": "t1",
+                    "title": step["tool"],
+                    "kind": "edit",
+                    "status": "in_progress",
+                },
+            )
             update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"})
         elif "plan" in step:
             entries = [{"content": t, "priority": "medium", "status": "pending"} for t in step["plan"]]
             update(session, {"sessionUpdate": "plan", "entries": entries})
         elif "ask" in step:
-            answer = call("session/request_permission", {
-                "sessionId": session,
-                "toolCall": {"toolCallId": "p1", "title": step["ask"], "kind": "edit",
-                             "rawInput": {"file": step.get("file", "")}},
-                "options": [
-                    {"optionId": "yes", "name": "Allow", "kind": "allow_once"},
-                    {"optionId": "no", "name": "Reject", "kind": "reject_once"},
-                ],
-            })
+            answer = call(
+                "session/request_permission",
+                {
+                    "sessionId": session,
+                    "toolCall": {
+                        "toolCallId": "p1",
+                        "title": step["ask"],
+                        "kind": "edit",
+                        "rawInput": {"file": step.get("file", "")},
+                    },
+                    "options": [
+                        {"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "no", "name": "Reject", "kind": "reject_once"},
+                    ],
+                },
+            )
             outcome = (answer.get("result") or {}).get("outcome") or {}
             allowed = outcome.get("outcome") == "selected" and outcome.get("optionId") == "yes"
             say(session, f"[permission {'granted' if allowed else 'refused'}] ")
@@ -93,8 +108,10 @@ def run_prompt(session):
             if step.get("if_allowed") and not allowed:
                 say(session, "[not written] ")
                 continue
-            answer = call("fs/write_text_file", {"sessionId": session, "path": step["write"],
-                                                 "content": step.get("content", "")})
+            answer = call(
+                "fs/write_text_file",
+                {"sessionId": session, "path": step["write"], "content": step.get("content", "")},
+            )
             say(session, "[write error] " if "error" in answer else "[written] ")
         elif "read" in step:
             answer = call("fs/read_text_file", {"sessionId": session, "path": step["read"]})
@@ -136,8 +153,13 @@ def main():
                 continue
             if init == "crash":
                 os._exit(7)
-            send({"jsonrpc": "2.0", "id": rid, "result": {
-                "protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": rid,
+                    "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []},
+                }
+            )
         elif method == "session/new":
             send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": session, "cwd": msg["params"]["cwd"]}})
         elif method == "session/prompt":
