@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
@@ -74,7 +74,13 @@ async def delegate(
         ) from None
     assert proc.stdin is not None and proc.stdout is not None
     client = ChitalClient(name, settings, sandbox.files, ask, progress)
-    conn = connect_to_agent(cast(Client, client), proc.stdin, proc.stdout)
+    limit = settings.max_message_bytes
+
+    def too_big() -> None:
+        client.fail(f"the coding agent {name} sent a message larger than {limit} bytes; it was stopped")
+
+    stdout, pump = _bounded(proc.stdout, limit, too_big)
+    conn = connect_to_agent(cast(Client, client), proc.stdin, stdout)
     phase = "start"
     session_open = False
     try:
@@ -116,6 +122,7 @@ async def delegate(
     finally:
         client.flush()
         await _end(conn, proc, client.session_id if session_open else "")
+        pump.cancel()
     return Delegation(
         answer=client.answer.text(),
         stop_reason=str(response.stop_reason),
@@ -153,11 +160,11 @@ async def _step(
                     f"the coding agent {name} answered {phase} with an error: {str(exc)[:300]}"
                 ) from None
             except (ConnectionError, ValueError, asyncio.LimitOverrunError) as exc:
-                raise _exited(name, phase, proc, exc) from None
+                raise await _exited(name, phase, proc, exc) from None
         if dog is not None and dog in done:
             raise DelegationError(f"the coding agent {name} was stopped: {dog.result()}")
         if exited in done:
-            raise _exited(name, phase, proc, None)
+            raise await _exited(name, phase, proc, None)
         raise DelegationError(
             f"the coding agent {name} did not answer {phase} within {limit:g} s; it was stopped"
         )
@@ -166,11 +173,37 @@ async def _step(
             waiter.cancel()
 
 
-def _exited(
+def _bounded(
+    source: asyncio.StreamReader, limit: int, over: Callable[[], None]
+) -> tuple[asyncio.StreamReader, asyncio.Task[None]]:
+    """The agent's stdout with every line bounded: the SDK's reader joins the pieces of an
+    over-long line without limit, so a line that never ends would grow our memory. A line past
+    ``limit`` calls ``over`` (the session ends) and nothing more is passed on."""
+    out = asyncio.StreamReader(limit=limit + 1)
+
+    async def pump() -> None:
+        pending = 0
+        try:
+            while chunk := await source.read(65536):
+                newline = chunk.rfind(b"\n")
+                pending = len(chunk) - newline - 1 if newline >= 0 else pending + len(chunk)
+                if pending > limit:
+                    over()
+                    return
+                out.feed_data(chunk)
+        finally:
+            out.feed_eof()
+
+    return out, asyncio.ensure_future(pump())
+
+
+async def _exited(
     name: str, phase: str, proc: asyncio.subprocess.Process, exc: BaseException | None
 ) -> DelegationError:
     if isinstance(exc, ValueError | asyncio.LimitOverrunError):
         return DelegationError(f"the coding agent {name} sent a message larger than allowed during {phase}")
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.wait(), 2)  # the pipe closes a moment before the exit is seen
     code = proc.returncode
     how = f" (exit status {code})" if code is not None else ""
     return DelegationError(f"the coding agent {name} exited during {phase}{how} before answering")

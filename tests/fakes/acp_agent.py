@@ -17,8 +17,9 @@ agent's configured environment, which also shows that environment reaches the ag
 - ``{"env": [names]}``: says which of those variables it sees, and the whole environment's names
 - ``{"flood": n}``: n updates as fast as it can
 - ``{"crash": code}``: exits at once
+- ``{"big": n}``: one message of n bytes (past the client's line limit)
 - ``{"hang": true}``: waits for ``session/cancel`` (answers the prompt ``cancelled`` then), or
-  ``{"hang": "forever"}``: ignores it; both first start a child ``sleep`` with ``ACP_CHILD`` in argv
+  ``{"hang": "forever"}``: ignores it; both first start a child shell with ``marker`` in argv
 """
 
 import json
@@ -130,10 +131,13 @@ def run_prompt(session):
         elif "flood" in step:
             for i in range(int(step["flood"])):
                 say(session, f"flood {i} ")
+        elif "big" in step:
+            say(session, "x" * int(step["big"]))
         elif "crash" in step:
             os._exit(int(step["crash"]))
         elif "hang" in step:
-            subprocess.Popen(["/bin/sleep", "3600", "ACP_CHILD"])
+            marker = step.get("marker", "ACP_CHILD")
+            subprocess.Popen(["/bin/sh", "-c", f"sleep 3600; true {marker}"])
             while step["hang"] == "forever" or not _cancelled[0]:
                 msg = read()
                 if msg.get("method") == "session/cancel":
@@ -169,4 +173,14 @@ def main():
             send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "method not found"}})
 
 
-main()
+def agent_entry(script, marker="fake-acp", **extra):
+    """An ``agent.acp_agents`` entry (a config dict) that starts this fake with ``script``; the
+    ``marker`` in its argv lets a test find its processes. For tests, never run inside the fake."""
+    with open(__file__, encoding="utf-8") as f:
+        source = f.read()
+    env = {"FAKE_ACP_SCRIPT": json.dumps(script), **extra.pop("env", {})}
+    return {"command": "/usr/bin/python3", "args": ["-c", source, marker], "env": env, **extra}
+
+
+if __name__ == "__main__":
+    main()
