@@ -312,7 +312,7 @@ class AgentRuntime:
         if self.scheduler is not None:
             tools += build_schedule_tools(self.scheduler)
         if s.acp_agents:  # the lead only: permission prompts need a person, sub-agents have none
-            tools.append(build_acp_tool(s.acp_agents, self.acp_relay))
+            tools.append(build_acp_tool(s.acp_agents, self.acp_relay, Redactor(self.secrets)))
         secrets = self.secrets
         plan = PlanMode()  # write_todos, the plan in the thread's state (agent/plan.py)
         context = build_context_middleware(s.context, model, secrets=secrets)

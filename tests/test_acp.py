@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from agent.acp.session import DelegationError, delegate
 from agent.acp.settings import AcpAgent
 from agent.config import AgentSettings
+from agent.safety import Redactor
 from agent.sandbox.local import LocalProvider, LocalSandbox
 from tests.fakes.acp_agent import agent_entry
 
@@ -81,14 +82,17 @@ def entry(script: dict[str, Any], marker: str, **extra: Any) -> AcpAgent:
     return AcpAgent.model_validate(agent_entry(script, marker, **{"init_timeout": 10, **extra}))
 
 
-async def run(sandbox: LocalSandbox, script: dict[str, Any], chat: Chat | None = None, **extra: Any) -> Any:
+async def run(
+    sandbox: LocalSandbox, script: dict[str, Any], chat: Chat | None = None, mask: Any = None, **extra: Any
+) -> Any:
     marker = f"acp-{uuid.uuid4().hex[:10]}"
     chat = chat or Chat()
     settings = entry(script, marker, **extra)
     try:
         return await delegate(
-            sandbox, "coder", settings, "make hello.py", ask=chat.ask, progress=chat.progress
-        )
+            sandbox, "coder", settings, "make hello.py", ask=chat.ask, progress=chat.progress,
+            mask=mask or (lambda text: text),
+        )  # fmt: skip
     finally:
         assert await gone(marker) == [], "a process of the session outlived it"
 
@@ -129,6 +133,18 @@ async def test_a_delegation_streams_asks_writes_and_answers(sandbox: LocalSandbo
     # The sandbox's other commands never see the agent's key.
     res = await sandbox.exec("env")
     assert KEY not in res.output and "CODER_API_KEY" not in res.output
+
+
+async def test_secrets_are_masked_before_anything_is_cut(sandbox: LocalSandbox) -> None:
+    """A key cut in half by a length limit would not be recognised: masked first, cut after."""
+    chat = Chat()
+    long = "x" * 490 + KEY + "y" * 150  # the key straddles both the 500-char result cut and the progress tail
+    script = {"steps": [{"tool": "t" * 70 + KEY}, {"say": long}, {"ask": "a" * 190 + KEY}]}
+    result = await run(sandbox, script, chat, mask=Redactor([KEY]), max_result_chars=500)
+    shown = " ".join([*chat.lines, result.answer, *(t + d for t, d in chat.asked)])
+    for part in (KEY[:8], KEY[-8:], KEY[10:18]):
+        assert part not in shown
+    assert "more characters cut" in result.answer
 
 
 async def test_a_refused_permission_is_returned_to_the_agent(sandbox: LocalSandbox) -> None:

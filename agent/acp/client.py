@@ -51,17 +51,23 @@ class SessionFault(Exception):
     """The agent broke the session's rules; the text is safe to show the model."""
 
 
+SLACK = 1024
+"""Characters kept past a limit before masking: a secret cut in half by the limit would not be
+recognised, and its first half would show. Masked first, cut after."""
+
+
 @dataclass
 class _Answer:
     """The agent's own words for its final answer, bounded as they stream in."""
 
     limit: int
+    mask: Callable[[str], str]
     parts: list[str] = field(default_factory=list)
     size: int = 0
     dropped: int = 0
 
     def add(self, text: str) -> None:
-        room = self.limit - self.size
+        room = self.limit + SLACK - self.size
         if room <= 0:
             self.dropped += len(text)
             return
@@ -69,17 +75,29 @@ class _Answer:
         self.size += min(len(text), room)
         self.dropped += max(0, len(text) - room)
 
+    def raw(self) -> str:
+        return self.mask("".join(self.parts))
+
     def text(self) -> str:
-        out = "".join(self.parts)
-        return out + (f"\n[... {self.dropped} more characters cut ...]" if self.dropped else "")
+        out = self.raw()
+        dropped = self.dropped + max(0, len(out) - self.limit)
+        return out[: self.limit] + (f"\n[... {dropped} more characters cut ...]" if dropped else "")
 
 
 class ChitalClient:
     """The ACP ``Client`` of one delegation (one session)."""
 
     def __init__(
-        self, name: str, settings: AcpAgent, files: HostFiles, ask: Asker, progress: Progress
+        self,
+        name: str,
+        settings: AcpAgent,
+        files: HostFiles,
+        ask: Asker,
+        progress: Progress,
+        mask: Callable[[str], str] = lambda text: text,
     ) -> None:
+        """``mask`` hides the daemon's secrets (and the agent's own key) by value: applied to
+        whatever the agent wrote before it is cut and shown or asked about."""
         self.name = name
         self.settings = settings
         self.files = files
@@ -87,13 +105,14 @@ class ChitalClient:
         self.progress = progress
         self.session_id = ""
         self.updates = 0
-        self.answer = _Answer(settings.max_result_chars)
+        self.mask = mask
+        self.answer = _Answer(settings.max_result_chars, mask)
         self.written: list[str] = []
         self.fault: SessionFault | None = None
         self.faulted = asyncio.Event()
         self.permissions: list[tuple[str, bool]] = []
         self._last_shown = 0.0
-        self._pending = ""
+        self._pending: str | Callable[[], str] = ""
         self._tools: dict[str, str] = {}
 
     # -- faults and progress ----------------------------------------------------------------------
@@ -104,18 +123,23 @@ class ChitalClient:
             self.faulted.set()
         return self.fault
 
-    def _show(self, line: str, *, force: bool = False) -> None:
-        """One progress line, at most one per ``progress_interval``; the latest in between waits."""
+    def _show(self, line: str | Callable[[], str], *, force: bool = False) -> None:
+        """One progress line, at most one per ``progress_interval``; the latest in between waits
+        (made only when shown)."""
         now = time.monotonic()
         self._pending = line
         if force or now - self._last_shown >= self.settings.progress_interval:
             self._last_shown = now
-            self.progress(self._pending)
-            self._pending = ""
+            pending, self._pending = self._pending, ""
+            self.progress(pending() if callable(pending) else pending)
 
     def flush(self) -> None:
         if self._pending:
             self._show(self._pending, force=True)
+
+    def _span(self, text: str, limit: int) -> str:
+        """The agent's ``text`` for the chat: masked, then cut, as an inline code span."""
+        return code_span(self.mask(text[: limit + SLACK]), limit)
 
     def _check_session(self, session_id: str) -> None:
         if self.session_id and session_id != self.session_id:
@@ -137,12 +161,13 @@ class ChitalClient:
             content = update.content
             if isinstance(content, TextContentBlock):
                 self.answer.add(content.text)
-                self._show(f"{who}: {code_span(self.answer.text()[-PROGRESS_CHARS:], PROGRESS_CHARS)}")
+                self._show(lambda: f"{who}: {code_span(self.answer.raw()[-PROGRESS_CHARS:], PROGRESS_CHARS)}")
         elif isinstance(update, ToolCallStart):
-            self._tools[update.tool_call_id[:100]] = code_span(update.title, 80)
+            title = self._span(update.title, 80)
+            self._tools[update.tool_call_id[:100]] = title
             if len(self._tools) > 500:
                 self._tools.pop(next(iter(self._tools)))
-            self._show(f"{who} 🔧 {code_span(update.title, 80)}")
+            self._show(f"{who} 🔧 {title}")
         elif isinstance(update, ToolCallProgress) and update.status in ("completed", "failed"):
             title = self._tools.get(update.tool_call_id[:100], "a step")
             self._show(f"{who} {'✔' if update.status == 'completed' else '✖'} {title}")
@@ -154,8 +179,9 @@ class ChitalClient:
         self, session_id: str, tool_call: ToolCallUpdate, options: list[PermissionOption], **kwargs: Any
     ) -> RequestPermissionResponse:
         self._check_session(session_id)
-        title = one_line(tool_call.title or tool_call.kind or "an action", 200)
-        detail = _describe(tool_call)
+        raw_title = tool_call.title or tool_call.kind or "an action"
+        title = one_line(self.mask(raw_title[: 200 + SLACK]), 200)
+        detail = self.mask(_describe(tool_call))[:1500]
         allow = next((o for o in options if o.kind == "allow_once"), None) or next(
             (o for o in options if o.kind == "allow_always"), None
         )
@@ -206,7 +232,7 @@ class ChitalClient:
             raise RequestError.invalid_params({"path": str(exc)}) from None
         if virtual not in self.written and len(self.written) < 200:
             self.written.append(virtual)
-        self._show(f"🤖 {self.name} ✏️ wrote {code_span(virtual[len(WORKSPACE) + 1 :], 100)}")
+        self._show(f"🤖 {self.name} ✏️ wrote {self._span(virtual[len(WORKSPACE) + 1 :], 100)}")
         return WriteTextFileResponse()
 
     async def read_text_file(
@@ -247,5 +273,5 @@ def _describe(tool_call: ToolCallUpdate) -> str:
             raw = json.dumps(tool_call.raw_input, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             raw = str(tool_call.raw_input)
-        parts.append(f"input: {raw[:1500]}")
+        parts.append(f"input: {raw[: 1500 + SLACK]}")
     return "\n".join(parts)

@@ -57,8 +57,10 @@ async def delegate(
     *,
     ask: Asker,
     progress: Progress,
+    mask: Callable[[str], str] = lambda text: text,
 ) -> Delegation:
-    """Run ``task`` with agent ``name`` in ``sandbox``'s workspace; see the module docstring."""
+    """Run ``task`` with agent ``name`` in ``sandbox``'s workspace; see the module docstring.
+    ``mask`` hides secrets by value in what the agent says before it is cut and shown."""
     env = {k: v.get_secret_value() for k, v in settings.env.items()}
     try:
         proc = await sandbox.spawn(
@@ -73,7 +75,7 @@ async def delegate(
             f"the coding agent {name} could not be started: {exc.strerror or exc}"
         ) from None
     assert proc.stdin is not None and proc.stdout is not None
-    client = ChitalClient(name, settings, sandbox.files, ask, progress)
+    client = ChitalClient(name, settings, sandbox.files, ask, progress, mask)
     limit = settings.max_message_bytes
 
     def too_big() -> None:

@@ -81,8 +81,11 @@ class _Args(BaseModel):
     )
 
 
-def build_acp_tool(agents: dict[str, AcpAgent], relay: PermissionRelay) -> BaseTool:
-    """The tool over ``agents`` (non-empty); permission requests go through ``relay``."""
+def build_acp_tool(
+    agents: dict[str, AcpAgent], relay: PermissionRelay, mask: Callable[[str], str] = lambda text: text
+) -> BaseTool:
+    """The tool over ``agents`` (non-empty); permission requests go through ``relay``; ``mask``
+    hides secrets by value in the agent's words before they are cut for the chat or the model."""
     listing = "; ".join(f"{n}" + (f" ({a.description})" if a.description else "") for n, a in agents.items())
 
     async def delegate_to_coding_agent(agent: str, task: str, runtime: ToolRuntime) -> str:
@@ -113,6 +116,7 @@ def build_acp_tool(agents: dict[str, AcpAgent], relay: PermissionRelay) -> BaseT
                 task,
                 ask=ask,
                 progress=lambda line: writer({ACP_EVENT: line}),
+                mask=mask,
             )
         except (DelegationError, SandboxError) as exc:
             writer({ACP_EVENT: f"🤖 Coding agent {agent} failed"})

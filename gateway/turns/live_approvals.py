@@ -44,6 +44,8 @@ async def ask_live(approvals: Approvals, request: PermissionAsk) -> bool:
         description=f"The coding agent {request.agent} asks for permission.",
     )
     try:
+        if not reply.has_message:  # the reply first, the buttons under it (as for paused turns)
+            await reply.status(f"🔐 The coding agent {request.agent} asks for permission (see below).")
         await approvals.request(entry, event, reply)
         async with asyncio.timeout(approvals.timeout + 30):
             while True:
