@@ -23,6 +23,7 @@ from agent.acp.session import DelegationError, delegate
 from agent.acp.settings import AcpAgent
 from agent.config import AgentSettings
 from agent.safety import Redactor
+from agent.sandbox import SandboxUnavailable
 from agent.sandbox.local import LocalProvider, LocalSandbox
 from tests.fakes.acp_agent import agent_entry
 
@@ -237,3 +238,30 @@ def test_settings_refuse_bad_names_and_reserved_env() -> None:
         AcpAgent.model_validate({"command": "x", "env": {"PATH": "/tmp"}})
     agent = AcpAgent.model_validate({"command": "x", "env": {"K": KEY}})
     assert KEY not in repr(agent) and agent.secrets() == [KEY]
+
+
+async def test_the_agent_sees_no_host_files_and_no_network_unless_opted_in(
+    sandbox: LocalSandbox, root: Path
+) -> None:
+    host = root / "host-only.txt"
+    host.write_text("host only\n")
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        steps = [{"open": str(host)}, {"connect": ["127.0.0.1", port]}]
+        closed = await run(sandbox, {"steps": steps})
+        assert "[open error 2]" in closed.answer and "host only" not in closed.answer
+        assert "[connected]" not in closed.answer and "[connect error" in closed.answer
+        opened = await run(sandbox, {"steps": [{"connect": ["127.0.0.1", port]}]}, network=True)
+        assert "[connected]" in opened.answer  # the per-agent opt-in shares the host's network
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_no_coding_agent_without_bubblewrap(root: Path) -> None:
+    provider = LocalProvider(root / "plain", None, bwrap=None, allow_unsandboxed=True)
+    sandbox = await provider.acquire("telegram:plain")
+    with pytest.raises(SandboxUnavailable, match="coding agents need bubblewrap"):
+        await run(sandbox, {"steps": []})
+    await provider.close()

@@ -140,7 +140,9 @@ async def test_telegram_denied_permission_and_a_crashing_agent(
     tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     marker = f"acp-e2e-{uuid.uuid4().hex[:8]}"
-    script = {"steps": [{"ask": ASK}, {"write": f"{WS}/hello.py", "content": "x", "if_allowed": True}, {"crash": 9}]}
+    script = {
+        "steps": [{"ask": ASK}, {"write": f"{WS}/hello.py", "content": "x", "if_allowed": True}, {"crash": 9}]
+    }
     model.script(DELEGATE, Reply(text="The coding agent failed."))
     daemon = DaemonProcess(tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker))
     await daemon.start()
@@ -199,7 +201,9 @@ async def test_slack_delegation_with_block_kit_approval(
     await slack.wait_connected()
     try:
         post = await slack.inject_mention(CHANNEL, FRIEND, "use the coding agent to write hello.py")
-        request = await slack.wait_for(lambda: next((p for p in slack.posts if p.buttons()), None), timeout=60)
+        request = await slack.wait_for(
+            lambda: next((p for p in slack.posts if p.buttons()), None), timeout=60
+        )
         section = html.unescape(request.blocks[0]["text"]["text"])
         assert request.thread_ts == post.ts and "coder" in section and ASK in section
         press = await slack.press_button(CHANNEL, request.ts, FRIEND, "Approve", name="friend")

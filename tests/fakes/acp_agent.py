@@ -17,6 +17,7 @@ agent's configured environment, which also shows that environment reaches the ag
 - ``{"env": [names]}``: says which of those variables it sees, and the whole environment's names
 - ``{"flood": n}``: n updates as fast as it can
 - ``{"crash": code}``: exits at once
+- ``{"open": path}`` / ``{"connect": [host, port]}``: tries it itself, says what happened
 - ``{"big": n}``: one message of n bytes (past the client's line limit)
 - ``{"hang": true}``: waits for ``session/cancel`` (answers the prompt ``cancelled`` then), or
   ``{"hang": "forever"}``: ignores it; both first start a child shell with ``marker`` in argv
@@ -131,6 +132,20 @@ def run_prompt(session):
         elif "flood" in step:
             for i in range(int(step["flood"])):
                 say(session, f"flood {i} ")
+        elif "open" in step:  # straight from its own sandbox, not through the client
+            try:
+                with open(step["open"]) as f:
+                    say(session, "[opened: " + f.read(100) + "] ")
+            except OSError as e:
+                say(session, f"[open error {e.errno}] ")
+        elif "connect" in step:
+            import socket
+
+            try:
+                socket.create_connection(tuple(step["connect"]), timeout=3).close()
+                say(session, "[connected] ")
+            except OSError as e:
+                say(session, f"[connect error {e.errno}] ")
         elif "big" in step:
             say(session, "x" * int(step["big"]))
         elif "crash" in step:
