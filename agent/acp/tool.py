@@ -18,7 +18,6 @@ from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from langgraph.config import get_stream_writer
 from pydantic import BaseModel, Field
 
-from agent.acp.session import DelegationError, delegate
 from agent.acp.settings import AcpAgent
 from agent.events import AgentEvent, StatusUpdate
 from agent.sandbox.backend import SandboxBackend
@@ -106,6 +105,10 @@ def build_acp_tool(
 
         async def ask(title: str, detail: str) -> bool:
             return await relay.ask(PermissionAsk(thread_id, user_id, message_id, agent, title, detail))
+
+        # The SDK (and the telemetry packages it imports) loads at the first delegation, not with
+        # the daemon: most daemons configure no coding agent (docs/performance.md, "Memory").
+        from agent.acp.session import DelegationError, delegate
 
         writer({ACP_EVENT: f"🤖 Starting coding agent {agent}…"})
         try:
