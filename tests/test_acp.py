@@ -195,6 +195,20 @@ async def test_an_agent_that_floods_updates_is_stopped(sandbox: LocalSandbox) ->
     assert len(chat.lines) < 10  # rate-limited: a flood is not a flood of chat edits
 
 
+async def test_a_flood_of_garbage_lines_is_stopped(sandbox: LocalSandbox) -> None:
+    with pytest.raises(DelegationError, match="flooded the session with more than 1100 messages"):
+        await run(sandbox, {"steps": [{"garbage": 50_000}]}, max_updates=50)
+
+
+async def test_the_agents_words_are_shown_inert(sandbox: LocalSandbox) -> None:
+    chat = Chat()
+    words = "<!everyone> @channel [click](http://evil.example) \u202egnp.exe\u200b `x`"
+    await run(sandbox, {"steps": [{"tool": words}, {"say": words}]}, chat, progress_interval=0.2)
+    for line in chat.lines[1:]:
+        assert line.startswith("🤖 coder") and line.endswith("`") and line.count("`") == 2, line
+        assert "\u202e" not in line and "\u200b" not in line and "\n" not in line
+
+
 async def test_an_oversized_message_ends_the_session(sandbox: LocalSandbox) -> None:
     with pytest.raises(DelegationError, match="sent a message larger than 65536 bytes"):
         await run(sandbox, {"steps": [{"big": 200_000}]}, max_message_bytes=65_536)

@@ -76,12 +76,17 @@ async def delegate(
         ) from None
     assert proc.stdin is not None and proc.stdout is not None
     client = ChitalClient(name, settings, sandbox.files, ask, progress, mask)
-    limit = settings.max_message_bytes
+    limit, most = settings.max_message_bytes, 2 * settings.max_updates + 1000
 
-    def too_big() -> None:
-        client.fail(f"the coding agent {name} sent a message larger than {limit} bytes; it was stopped")
+    def too_much(big: bool) -> None:
+        if big:
+            client.fail(f"the coding agent {name} sent a message larger than {limit} bytes; it was stopped")
+        else:
+            client.fail(
+                f"the coding agent {name} flooded the session with more than {most} messages; it was stopped"
+            )
 
-    stdout, pump = _bounded(proc.stdout, limit, too_big)
+    stdout, pump = _bounded(proc.stdout, limit, most, too_much)
     conn = connect_to_agent(cast(Client, client), proc.stdin, stdout)
     phase = "start"
     session_open = False
@@ -123,8 +128,8 @@ async def delegate(
         ) from None
     finally:
         client.flush()
-        await _end(conn, proc, client.session_id if session_open else "")
         pump.cancel()
+        await _end(conn, proc, client.session_id if session_open else "")
     return Delegation(
         answer=client.answer.text(),
         stop_reason=str(response.stop_reason),
@@ -176,21 +181,24 @@ async def _step(
 
 
 def _bounded(
-    source: asyncio.StreamReader, limit: int, over: Callable[[], None]
+    source: asyncio.StreamReader, limit: int, most: int, over: Callable[[bool], None]
 ) -> tuple[asyncio.StreamReader, asyncio.Task[None]]:
     """The agent's stdout with every line bounded: the SDK's reader joins the pieces of an
     over-long line without limit, so a line that never ends would grow our memory. A line past
-    ``limit`` calls ``over`` (the session ends) and nothing more is passed on."""
+    ``limit`` calls ``over(True)``; more than ``most`` lines in all (garbage lines included, which
+    the SDK skips with a log line each, so they never count as updates) ``over(False)``; the
+    session ends and nothing more is passed on."""
     out = asyncio.StreamReader(limit=limit + 1)
 
     async def pump() -> None:
-        pending = 0
+        pending = lines = 0
         try:
             while chunk := await source.read(65536):
                 newline = chunk.rfind(b"\n")
                 pending = len(chunk) - newline - 1 if newline >= 0 else pending + len(chunk)
-                if pending > limit:
-                    over()
+                lines += chunk.count(b"\n")
+                if pending > limit or lines > most:
+                    over(pending > limit)
                     return
                 out.feed_data(chunk)
         finally:
@@ -211,6 +219,11 @@ async def _exited(
     return DelegationError(f"the coding agent {name} exited during {phase}{how} before answering")
 
 
+async def _drain(stream: asyncio.StreamReader | None) -> None:
+    while stream is not None and await stream.read(65536):
+        pass
+
+
 async def _end(conn: object, proc: asyncio.subprocess.Process, session_id: str) -> None:
     """``session/cancel`` (when a session is open and the agent still runs), a short grace, then
     the process group killed and reaped; shielded, so a ``/stop`` cannot leave it half done."""
@@ -226,6 +239,8 @@ async def _end(conn: object, proc: asyncio.subprocess.Process, session_id: str) 
             await asyncio.wait_for(conn.close(), 2)  # type: ignore[attr-defined]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), 10)
+        with contextlib.suppress(Exception):  # read its pipe to the end, so the transport closes
+            await asyncio.wait_for(_drain(proc.stdout), 5)
 
     ending = asyncio.ensure_future(finish())
     try:

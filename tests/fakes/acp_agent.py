@@ -18,6 +18,7 @@ agent's configured environment, which also shows that environment reaches the ag
 - ``{"flood": n}``: n updates as fast as it can
 - ``{"crash": code}``: exits at once
 - ``{"open": path}`` / ``{"connect": [host, port]}``: tries it itself, says what happened
+- ``{"garbage": n}``: n lines that are not JSON
 - ``{"big": n}``: one message of n bytes (past the client's line limit)
 - ``{"hang": true}``: waits for ``session/cancel`` (answers the prompt ``cancelled`` then), or
   ``{"hang": "forever"}``: ignores it; both first start a child shell with ``marker`` in argv
@@ -146,6 +147,10 @@ def run_prompt(session):
                 say(session, "[connected] ")
             except OSError as e:
                 say(session, f"[connect error {e.errno}] ")
+        elif "garbage" in step:
+            for _ in range(int(step["garbage"])):
+                sys.stdout.write("this is not json {\n")
+            sys.stdout.flush()
         elif "big" in step:
             say(session, "x" * int(step["big"]))
         elif "crash" in step:
