@@ -143,7 +143,8 @@ async def test_telegram_denied_permission_and_a_crashing_agent(
     script = {
         "steps": [{"ask": ASK}, {"write": f"{WS}/hello.py", "content": "x", "if_allowed": True}, {"crash": 9}]
     }
-    model.script(DELEGATE, Reply(text="The coding agent failed."))
+    unknown = Reply(tool_calls=[ToolCall("delegate_to_coding_agent", {"agent": "nope", "task": TASK})])
+    model.script(unknown, DELEGATE, Reply(text="The coding agent failed."))
     daemon = DaemonProcess(tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker))
     await daemon.start()
     try:
@@ -159,7 +160,8 @@ async def test_telegram_denied_permission_and_a_crashing_agent(
             timeout=60,
             what="the answer",
         )
-        result = tool_result(model)
+        assert "no coding agent named 'nope'; configured: coder" in tool_result(model, 1)
+        result = tool_result(model, 2)
         assert "coder exited during session/prompt (exit status 9)" in result
         assert not workspace_file(daemon, "hello.py")
         assert procs_with(marker) == []
