@@ -185,6 +185,11 @@ async def test_an_agent_that_never_answers_initialize(sandbox: LocalSandbox) -> 
         await run(sandbox, {"init": "silent"}, init_timeout=2)
 
 
+async def test_a_malformed_answer_is_a_specific_error(sandbox: LocalSandbox) -> None:
+    with pytest.raises(DelegationError, match="answered initialize with something that is not ACP"):
+        await run(sandbox, {"init": "malformed"})
+
+
 async def test_an_agent_that_floods_updates_is_stopped(sandbox: LocalSandbox) -> None:
     chat = Chat()
     with pytest.raises(DelegationError, match="flooded the session with more than 50 updates"):

@@ -166,12 +166,16 @@ async def _step(
                 raise DelegationError(
                     f"the coding agent {name} answered {phase} with an error: {str(exc)[:300]}"
                 ) from None
-            except (ConnectionError, ValueError, asyncio.LimitOverrunError) as exc:
-                raise await _exited(name, phase, proc, exc) from None
+            except ConnectionError:
+                raise await _exited(name, phase, proc) from None
+            except Exception:  # a result that is not what the protocol says (ValidationError...)
+                raise DelegationError(
+                    f"the coding agent {name} answered {phase} with something that is not ACP"
+                ) from None
         if dog is not None and dog in done:
             raise DelegationError(f"the coding agent {name} was stopped: {dog.result()}")
         if exited in done:
-            raise await _exited(name, phase, proc, None)
+            raise await _exited(name, phase, proc)
         raise DelegationError(
             f"the coding agent {name} did not answer {phase} within {limit:g} s; it was stopped"
         )
@@ -207,11 +211,7 @@ def _bounded(
     return out, asyncio.ensure_future(pump())
 
 
-async def _exited(
-    name: str, phase: str, proc: asyncio.subprocess.Process, exc: BaseException | None
-) -> DelegationError:
-    if isinstance(exc, ValueError | asyncio.LimitOverrunError):
-        return DelegationError(f"the coding agent {name} sent a message larger than allowed during {phase}")
+async def _exited(name: str, phase: str, proc: asyncio.subprocess.Process) -> DelegationError:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(proc.wait(), 2)  # the pipe closes a moment before the exit is seen
     code = proc.returncode

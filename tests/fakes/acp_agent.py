@@ -5,7 +5,7 @@ the daemon's site-packages (and so the SDK) are not visible. Tests start it as
 ``/usr/bin/python3 -c <this file's text>`` and script it through ``FAKE_ACP_SCRIPT`` (JSON) in the
 agent's configured environment, which also shows that environment reaches the agent:
 
-``{"init": "answer" | "silent" | "crash", "steps": [...]}``; steps run at ``session/prompt``:
+``{"init": "answer" | "silent" | "crash" | "malformed", "steps": [...]}``; steps run at ``session/prompt``:
 
 - ``{"say": text}``: an ``agent_message_chunk``
 - ``{"tool": title}`` / ``{"plan": [texts]}``: a ``tool_call`` (then its completion) / a plan
@@ -177,6 +177,15 @@ def main():
                 continue
             if init == "crash":
                 os._exit(7)
+            if init == "malformed":
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": rid,
+                        "result": {"protocolVersion": "one", "agentCapabilities": 3},
+                    }
+                )
+                continue
             send(
                 {
                     "jsonrpc": "2.0",
