@@ -230,17 +230,29 @@ async def test_a_timeout_kills_the_agent_and_its_children(sandbox: LocalSandbox)
     assert await gone(marker)
 
 
+async def test_a_timeout_sends_session_cancel_first(sandbox: LocalSandbox) -> None:
+    note = f"{WS}/cancelled.txt"
+    with pytest.raises(DelegationError, match="did not finish within 3 s"):
+        await run(sandbox, {"steps": [{"hang": True, "note": note}]}, timeout=3)
+    assert (sandbox.dirs.workspace / "cancelled.txt").read_text() == "session/cancel received"
+
+
 async def test_cancel_sends_session_cancel_then_kills(sandbox: LocalSandbox) -> None:
     marker = f"child-{uuid.uuid4().hex[:8]}"
     chat = Chat()
     task = asyncio.ensure_future(
-        run(sandbox, {"steps": [{"say": "busy"}, {"hang": "forever", "marker": marker}]}, chat)
+        run(
+            sandbox,
+            {"steps": [{"say": "busy"}, {"hang": True, "marker": marker, "note": f"{WS}/stopped.txt"}]},
+            chat,
+        )
     )
     await until(lambda: procs_with(marker), 30, "the agent's child process")
     task.cancel()  # what /stop does to the turn
     with pytest.raises(asyncio.CancelledError):
         await task
     assert procs_with(marker) == []  # gone by the time the cancelled call returns
+    assert (sandbox.dirs.workspace / "stopped.txt").read_text() == "session/cancel received"
 
 
 def test_settings_refuse_bad_names_and_reserved_env() -> None:

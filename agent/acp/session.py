@@ -128,8 +128,7 @@ async def delegate(
         ) from None
     finally:
         client.flush()
-        pump.cancel()
-        await _end(conn, proc, client.session_id if session_open else "")
+        await _end(conn, proc, client.session_id if session_open else "", pump)
     return Delegation(
         answer=client.answer.text(),
         stop_reason=str(response.stop_reason),
@@ -224,7 +223,9 @@ async def _drain(stream: asyncio.StreamReader | None) -> None:
         pass
 
 
-async def _end(conn: object, proc: asyncio.subprocess.Process, session_id: str) -> None:
+async def _end(
+    conn: object, proc: asyncio.subprocess.Process, session_id: str, pump: asyncio.Task[None]
+) -> None:
     """``session/cancel`` (when a session is open and the agent still runs), a short grace, then
     the process group killed and reaped; shielded, so a ``/stop`` cannot leave it half done."""
 
@@ -235,6 +236,7 @@ async def _end(conn: object, proc: asyncio.subprocess.Process, session_id: str) 
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), CANCEL_GRACE)
         kill_group(proc)
+        pump.cancel()  # only now: its end of file would close the connection before the cancel
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.close(), 2)  # type: ignore[attr-defined]
         with contextlib.suppress(TimeoutError):

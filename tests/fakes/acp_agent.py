@@ -21,7 +21,8 @@ agent's configured environment, which also shows that environment reaches the ag
 - ``{"garbage": n}``: n lines that are not JSON
 - ``{"big": n}``: one message of n bytes (past the client's line limit)
 - ``{"hang": true}``: waits for ``session/cancel`` (answers the prompt ``cancelled`` then), or
-  ``{"hang": "forever"}``: ignores it; both first start a child shell with ``marker`` in argv
+  ``{"hang": "forever"}``: ignores it; both first start a child shell with ``marker`` in argv;
+  ``"note": path`` writes there when the cancel came
 """
 
 import json
@@ -162,6 +163,9 @@ def run_prompt(session):
                 msg = read()
                 if msg.get("method") == "session/cancel":
                     _cancelled[0] = True
+            if step.get("note"):  # proof, on the host, that session/cancel arrived
+                with open(step["note"], "w") as f:
+                    f.write("session/cancel received")
             return "cancelled"
     return "end_turn"
 
