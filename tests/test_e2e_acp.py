@@ -174,7 +174,9 @@ async def test_stop_ends_the_session_and_its_processes(
 ) -> None:
     marker = f"acp-e2e-{uuid.uuid4().hex[:8]}"
     child = f"child-{uuid.uuid4().hex[:8]}"
-    script = {"steps": [{"say": "working on it"}, {"hang": "forever", "marker": child}]}
+    script = {
+        "steps": [{"say": "working on it"}, {"hang": True, "marker": child, "note": f"{WS}/stopped.txt"}]
+    }
     model.script(DELEGATE, Reply(text="unused"))
     daemon = DaemonProcess(tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker))
     await daemon.start()
@@ -184,6 +186,7 @@ async def test_stop_ends_the_session_and_its_processes(
         tg.inject_command(GROUP, OWNER, "/stop")
         await tg.wait_for(lambda: (not procs_with(child) and not procs_with(marker)) or None, timeout=30,
                           what="every process of the session gone")  # fmt: skip
+        assert [p.read_text() for p in workspace_file(daemon, "stopped.txt")] == ["session/cancel received"]
         await asyncio.sleep(0.5)
         assert len(model.requests) == 1  # the stopped turn never reached the model again
     finally:
