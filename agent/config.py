@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agent.acp.settings import AcpAgent, check_names
 from agent.sandbox.config import SandboxSettings
 from agent.settings import (
     ApprovalSettings,
@@ -93,3 +94,12 @@ class AgentSettings(BaseModel):
     vision: VisionSettings = Field(default_factory=VisionSettings)
     approvals: ApprovalSettings = Field(default_factory=ApprovalSettings)
     """Tool calls that need a person's yes in the chat, and tools never run (docs/approvals.md)."""
+    acp_agents: dict[str, AcpAgent] = Field(default_factory=dict)
+    """External coding agents (Claude Code, Codex, any ACP agent) the lead may hand a task to with
+    ``delegate_to_coding_agent``, each run inside the conversation's sandboxed workspace
+    (docs/coding-agents.md). Needs ``tools``; empty: no such tool."""
+
+    @field_validator("acp_agents")
+    @classmethod
+    def _acp_names(cls, value: dict[str, AcpAgent]) -> dict[str, AcpAgent]:
+        return check_names(value)

@@ -20,6 +20,7 @@ from typing import Any
 from deepagents.backends import CompositeBackend, StateBackend
 from deepagents.middleware import FilesystemMiddleware
 
+from agent.acp.tool import PermissionRelay, acp_events, build_acp_tool
 from agent.approvals import matches, subagent_guardrail, tool_name, with_approvals
 from agent.config import AgentSettings, ModelSpec
 from agent.context import build_context_middleware, thread_title
@@ -95,7 +96,8 @@ class AgentRuntime:
         gateway/config/secrets.py), masked in tool results and approval prompts besides the agent's own
         web and MCP credentials."""
         self.settings = settings
-        self.secrets = [*secrets, *settings.web.secrets(), *settings.mcp.secrets()]
+        acp_keys = [k for a in settings.acp_agents.values() for k in a.secrets()]
+        self.secrets = [*secrets, *settings.web.secrets(), *settings.mcp.secrets(), *acp_keys]
         self.spec = model
         self.models = list(models)
         self.usage = usage
@@ -117,6 +119,9 @@ class AgentRuntime:
         self.scheduler: Scheduler | None = None
         """The gateway's schedules (agent/tools/schedule.py), set before ``start()``; without it
         (the terminal chat) the agent has no schedule tools."""
+        self.acp_relay = PermissionRelay()
+        """Where coding agents' permission requests go (agent/acp/tool.py); the gateway points
+        it at its approval buttons once it exists. Unset: every request is rejected."""
 
     # -- what the gateway uses ------------------------------------------------------------------
     @property
@@ -316,6 +321,8 @@ class AgentRuntime:
             tools += build_skill_tools(s.skills)
         if self.scheduler is not None:
             tools += build_schedule_tools(self.scheduler)
+        if s.acp_agents:  # the lead only: permission prompts need a person, sub-agents have none
+            tools.append(build_acp_tool(s.acp_agents, self.acp_relay, Redactor(self.secrets)))
         secrets = self.secrets
         plan = PlanMode()  # write_todos, the plan in the thread's state (agent/plan.py)
         context = build_context_middleware(s.context, model, secrets=secrets)
@@ -365,7 +372,7 @@ class AgentRuntime:
             extra_tools=tools,
             extra_middleware=middleware,
             turn_scope=self._sandbox_scope,
-            custom_events=[events_from_custom, _status_events, plan_events, draft_events],
+            custom_events=[events_from_custom, _status_events, plan_events, draft_events, acp_events],
             redact=Redactor(secrets),
             models=self.models,
             usage=self.usage,

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .files import Entry, GrepMatch, HostFiles, TextWindow
@@ -125,6 +129,25 @@ class Sandbox(abc.ABC):
         """Run ``command`` with ``bash -c`` in the workspace. Every process it started is dead
         when this returns (timeout or not)."""
 
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        network: bool = False,
+        memory_mb: int | None = None,
+        max_line: int = 1024 * 1024,
+    ) -> asyncio.subprocess.Process:
+        """Start a long-lived process in this sandbox with stdin and stdout as pipes (stderr
+        discarded), in the workspace, in a process group of its own: end it with
+        :func:`kill_group`, which takes every process it started along. ``env`` is its whole
+        environment besides PATH, HOME and LANG; ``network`` gives it the host's network.
+        ``max_line`` bounds one line read from its stdout. Providers that cannot refuse."""
+        raise SandboxUnavailable(
+            f"the {type(self).__name__} provider cannot run a coding agent; use the local "
+            "(bubblewrap) sandbox provider"
+        )
+
     # File operations: blocking host I/O runs in a worker thread so the event loop stays free.
 
     async def ls(self, path: str = "/mnt/user-data/workspace") -> list[Entry]:
@@ -159,6 +182,13 @@ class Sandbox(abc.ABC):
         max_count: int | None = 1000,
     ) -> list[GrepMatch]:
         return (await asyncio.to_thread(self.files.grep, pattern, path, glob, max_count))[0]
+
+
+def kill_group(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL the process group :meth:`Sandbox.spawn` started (a sandbox's namespace dies with
+    its first process, so nothing inside outlives this)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 class SandboxProvider(abc.ABC):

@@ -24,7 +24,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +198,50 @@ class LocalSandbox(Sandbox):
             os.close(rfd)
         return await self._noted(res)
 
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        network: bool = False,
+        memory_mb: int | None = None,
+        max_line: int = 1024 * 1024,
+    ) -> asyncio.subprocess.Process:
+        """A long-lived process under the same bubblewrap boundary as ``exec`` (docs/sandbox.md):
+        only bubblewrap, never unsandboxed (a coding agent on the bare host would see everything).
+        Its options, the environment's values included, go through a pipe, never argv."""
+        self.touch()
+        p = self.provider
+        if p.bwrap is None:
+            raise SandboxUnavailable(
+                "coding agents need bubblewrap (bwrap), which is not installed on this host"
+            )
+        await disk.before_command(self.dirs, self.quota)
+        kwargs: dict[str, Any] = {"env": dict(_HOST_ENV), "cwd": "/"}
+        if self.owner is not None:
+            kwargs.update(user=self.owner[0], group=self.owner[1], extra_groups=[])
+        options = "\0".join(p.bwrap_options(self.dirs, env=env, network=network)) + "\0"
+        rfd, wfd = os.pipe()
+        try:
+            os.write(wfd, options.encode())
+        finally:
+            os.close(wfd)
+        inner = [_PRLIMIT, *p.counted_limits(), "--", *argv]
+        outer = [*p.prlimit_args(memory_mb), "--", p.bwrap, "--args", str(rfd), *inner]
+        try:
+            return await asyncio.create_subprocess_exec(
+                *outer,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+                limit=max_line,
+                pass_fds=(rfd,),
+                **kwargs,
+            )
+        finally:
+            os.close(rfd)
+
     async def _noted(self, res: ExecResult) -> ExecResult:
         """Tell the model at once when this command left the thread without room."""
         if res.stopped is not None:
@@ -263,6 +307,7 @@ class LocalProvider(SandboxProvider):
             "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n",
             "hostname": "sandbox\n",
             "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+            "nsswitch-net.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
         }
         for name, text in files.items():
             path = etc / name
@@ -272,7 +317,7 @@ class LocalProvider(SandboxProvider):
         os.chmod(etc, 0o755)
         return etc
 
-    def prlimit_args(self) -> list[str]:
+    def prlimit_args(self, memory_mb: int | None = None) -> list[str]:
         """Per-process rlimits, set before bwrap (and inherited by everything in the sandbox).
 
         Not the process count: RLIMIT_NPROC is counted per user, so set out here it would be one
@@ -285,7 +330,7 @@ class LocalProvider(SandboxProvider):
             _PRLIMIT,
             f"--fsize={min(lim.file_size_mb, lim.disk_mb) * mb}",
             f"--cpu={lim.cpu_seconds}",
-            f"--as={lim.memory_mb * mb}",
+            f"--as={(memory_mb or lim.memory_mb) * mb}",
             f"--nofile={lim.open_files}",
             "--core=0",
         ]
@@ -300,7 +345,11 @@ class LocalProvider(SandboxProvider):
         """
         return [f"--nproc={self.limits.pids}", f"--sigpending={_SIGPENDING}", f"--msgqueue={_MSGQUEUE}"]
 
-    def bwrap_options(self, dirs: ThreadDirs) -> list[str]:
+    def bwrap_options(
+        self, dirs: ThreadDirs, *, env: Mapping[str, str] | None = None, network: bool = False
+    ) -> list[str]:
+        """``env``: more variables for the process (a coding agent's own key, never a command's);
+        ``network``: keep the host's network namespace (and resolve names with its DNS)."""
         opts = [
             "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -314,7 +363,10 @@ class LocalProvider(SandboxProvider):
             elif os.path.isdir(d):
                 opts += ["--ro-bind", d, d]
         for name in ("passwd", "group", "hosts", "hostname", "nsswitch.conf"):
-            opts += ["--ro-bind", str(self._etc / name), f"/etc/{name}"]
+            source = "nsswitch-net.conf" if network and name == "nsswitch.conf" else name
+            opts += ["--ro-bind", str(self._etc / source), f"/etc/{name}"]
+        if network:
+            opts += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
         for name in _ETC_FILES:
             opts += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         mb = 1024 * 1024
@@ -332,7 +384,7 @@ class LocalProvider(SandboxProvider):
         if dirs.skills is not None:
             opts += ["--ro-bind", str(dirs.skills), SKILLS]
         opts += ["--remount-ro", "/", "--chdir", WORKSPACE, "--clearenv"]
-        for key, value in sandbox_env().items():
+        for key, value in {**(env or {}), **sandbox_env()}.items():
             opts += ["--setenv", key, value]
         return opts
 

@@ -23,6 +23,7 @@ from gateway.config.schema import Config
 from gateway.config.secrets import daemon_secrets
 
 if TYPE_CHECKING:
+    from agent.acp.tool import PermissionRelay
     from agent.tools.schedule import Scheduler
     from agent.usage import UsageSink
 
@@ -83,11 +84,15 @@ class UnconfiguredHarness:
 
 
 async def open_harness(
-    config: Config, scheduler: Scheduler | None = None, usage: UsageSink | None = None
+    config: Config,
+    scheduler: Scheduler | None = None,
+    usage: UsageSink | None = None,
+    acp_relay: PermissionRelay | None = None,
 ) -> AgentHarness:
     """The agent runtime, or an :class:`UnconfiguredHarness` explaining why not. ``scheduler``
     gives the agent its schedule tools (gateway/schedules/runner.py); ``usage`` records the tokens of
-    every model call (gateway/turns/usage.py)."""
+    every model call (gateway/turns/usage.py); ``acp_relay`` carries coding agents' permission
+    requests to the approval buttons once the gateway exists (gateway/turns/live_approvals.py)."""
     from agent.model import has_api_key, keyless_server
     from agent.runtime import AgentRuntime
 
@@ -108,6 +113,8 @@ async def open_harness(
         secrets=daemon_secrets(config),
     )
     runtime.scheduler = scheduler
+    if acp_relay is not None:
+        runtime.acp_relay = acp_relay
     try:
         await runtime.start()
         return runtime

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import gc
 import logging
 import os
@@ -281,7 +282,10 @@ class Daemon:
 
         recorder = UsageRecorder(self.store, self.metrics, cfg.usage, Budgets(self.store, cfg))
         res.push("the usage records", recorder.close)  # after the agent closes, before the store
-        self.harness = await open_harness(cfg, scheduler, recorder)
+        from agent.acp.tool import PermissionRelay  # coding agents' permission requests
+
+        acp_relay = PermissionRelay()
+        self.harness = await open_harness(cfg, scheduler, recorder, acp_relay)
         res.push("the agent", self.harness.close)
         url = cfg.storage.database_url
         leases = Leases(self.store, ttl=cfg.storage.lease_seconds) if url else None  # before the gateway
@@ -289,6 +293,9 @@ class Daemon:
             cfg, self.store, self.harness, self.metrics, schedule_clock=clock, cluster=leases,
             tasks=self.tasks.child(),
         )  # fmt: skip
+        from gateway.turns.live_approvals import ask_live
+
+        acp_relay.target = functools.partial(ask_live, self.gateway.approvals)
         if leases is not None and url:
             # Released after the gateway drained: its heartbeat keeps our leases while turns finish.
             self.cluster = Cluster(leases, self.gateway, url, tasks=self.tasks.child())

@@ -410,6 +410,17 @@ class Approvals:
                 self.tasks.spawn(self._close_reply(row.key, why), f"approval-close:{row.code}")
         return cancelled
 
+    async def close_request(self, approval_id: str, why: str) -> None:
+        """Cancel one pending request whose asker is gone (a stopped turn's live request,
+        gateway/turns/live_approvals.py): its buttons say ``why``."""
+        if await self.store.approval_decide(approval_id, CANCELLED, why):
+            timer = self._timers.pop(approval_id, None)
+            if timer is not None:
+                timer.cancel()
+            row = await self.store.approval_get(approval_id)
+            if row is not None:
+                self.tasks.spawn(self._show(row), f"approval-cancel:{row.code}")
+
     async def _close_reply(self, key: str, why: str) -> None:
         entry = await self.store.journal_entry(key)
         if entry is None:
