@@ -51,6 +51,7 @@ from agent.tools import (
     events_from_custom,
     outputs_resolver,
 )
+from agent.tools.background import BackgroundStarter, build_background_tools
 from agent.tools.schedule import Scheduler, build_schedule_tools
 from agent.tools.search import CITE_PROMPT
 from agent.turn import PLAIN, TurnOptions
@@ -117,6 +118,9 @@ class AgentRuntime:
         self.scheduler: Scheduler | None = None
         """The gateway's schedules (agent/tools/schedule.py), set before ``start()``; without it
         (the terminal chat) the agent has no schedule tools."""
+        self.background: BackgroundStarter | None = None
+        """The gateway's background tasks (agent/tools/background.py), set before ``start()``; without
+        it the lead agent has no ``start_background_task``."""
 
     # -- what the gateway uses ------------------------------------------------------------------
     @property
@@ -316,6 +320,8 @@ class AgentRuntime:
             tools += build_skill_tools(s.skills)
         if self.scheduler is not None:
             tools += build_schedule_tools(self.scheduler)
+        if self.background is not None:  # the lead's only, like the schedule tools
+            tools += build_background_tools(self.background)
         secrets = self.secrets
         plan = PlanMode()  # write_todos, the plan in the thread's state (agent/plan.py)
         context = build_context_middleware(s.context, model, secrets=secrets)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from agent.untrusted import TEXT_CHARS, code_span
 from gateway.commands import admin as commands_admin
 from gateway.commands import agent as commands_agent
+from gateway.commands import background as commands_background
 from gateway.commands import busy as commands_busy
 from gateway.commands import mcp as commands_mcp
 from gateway.commands import schedules as commands_schedules
@@ -77,6 +78,8 @@ async def _status(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str
 
 async def _memory(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
     inbound = entry.inbound
+    if cmd.name == "forget" and ctx.background is not None:  # their tasks carry their words too
+        await ctx.background.forget(inbound.user)
     return await memory_reply(ctx.harness.memory, inbound.user, cmd.name, direct=inbound.is_direct)
 
 
@@ -128,6 +131,11 @@ REGISTRY = Registry(
                     terminal=True),
         CommandSpec("forget", "erase everything I remember about you", _memory, recorded=True,
                     terminal=True),
+        CommandSpec("bg", "run a task in the background while we go on talking: /bg TASK",
+                    commands_background.bg_command, recorded=True, args="TASK"),
+        CommandSpec("tasks", "list this conversation's background tasks and their progress "
+                    "(/tasks stop ID stops one)", commands_background.tasks_command, recorded=True,
+                    args="[stop ID]"),
         CommandSpec("schedules", "list this conversation's schedules (/schedules cancel ID cancels one; "
                     "/schedules confirm ID lets one that waits for your confirmation run)",
                     commands_schedules.command,

@@ -23,6 +23,7 @@ from gateway.config.schema import Config
 from gateway.config.secrets import daemon_secrets
 
 if TYPE_CHECKING:
+    from agent.tools.background import BackgroundStarter
     from agent.tools.schedule import Scheduler
     from agent.usage import UsageSink
 
@@ -83,11 +84,15 @@ class UnconfiguredHarness:
 
 
 async def open_harness(
-    config: Config, scheduler: Scheduler | None = None, usage: UsageSink | None = None
+    config: Config,
+    scheduler: Scheduler | None = None,
+    usage: UsageSink | None = None,
+    background: BackgroundStarter | None = None,
 ) -> AgentHarness:
     """The agent runtime, or an :class:`UnconfiguredHarness` explaining why not. ``scheduler``
     gives the agent its schedule tools (gateway/schedules/runner.py); ``usage`` records the tokens of
-    every model call (gateway/turns/usage.py)."""
+    every model call (gateway/turns/usage.py); ``background`` the lead agent's
+    ``start_background_task`` (gateway/turns/background.py)."""
     from agent.model import has_api_key, keyless_server
     from agent.runtime import AgentRuntime
 
@@ -108,6 +113,7 @@ async def open_harness(
         secrets=daemon_secrets(config),
     )
     runtime.scheduler = scheduler
+    runtime.background = background
     try:
         await runtime.start()
         return runtime

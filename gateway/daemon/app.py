@@ -281,7 +281,11 @@ class Daemon:
 
         recorder = UsageRecorder(self.store, self.metrics, cfg.usage, Budgets(self.store, cfg))
         res.push("the usage records", recorder.close)  # after the agent closes, before the store
-        self.harness = await open_harness(cfg, scheduler, recorder)
+        from gateway.turns.background import BackgroundTasks
+
+        background = BackgroundTasks(self.store, cfg, redactor_for(cfg))  # bound to the gateway below
+        starter = background if cfg.background.enabled else None
+        self.harness = await open_harness(cfg, scheduler, recorder, starter)
         res.push("the agent", self.harness.close)
         url = cfg.storage.database_url
         leases = Leases(self.store, ttl=cfg.storage.lease_seconds) if url else None  # before the gateway
@@ -289,6 +293,8 @@ class Daemon:
             cfg, self.store, self.harness, self.metrics, schedule_clock=clock, cluster=leases,
             tasks=self.tasks.child(),
         )  # fmt: skip
+        background.bind(self.gateway)
+        self.gateway.runner.background = background
         if leases is not None and url:
             # Released after the gateway drained: its heartbeat keeps our leases while turns finish.
             self.cluster = Cluster(leases, self.gateway, url, tasks=self.tasks.child())

@@ -443,8 +443,7 @@ class Gateway:
 
     # -- commands and notices -------------------------------------------------------------------
     async def send_notice(self, entry: JournalEntry) -> None:
-        """Deliver a notice entry: its note is the whole reply."""
-        await self._deliver_fixed(entry, entry.note)
+        await self._deliver_fixed(entry, entry.note)  # a notice's note is its whole reply
 
     async def _deliver_fixed(self, entry: JournalEntry, text: str) -> None:
         try:
@@ -482,6 +481,7 @@ class Gateway:
             download=command_io.downloader(self.channels),
             buttons=command_io.button_poster(self.channels),
             busy_changed=self.busy.forget,
+            background=self.runner.background,
         )
 
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:
