@@ -25,6 +25,8 @@ from tests.telegram_daemon import replies_to
 
 ADMIN = 1001
 MEMBER = 1002
+OTHER = 1003
+STRANGER = 6666
 GROUP = -100500600
 SECRET = "sk-test-backgroundsecret-9f8e7d6c5b4a"
 NO_MEMORY = {"memory": {"enabled": False}}
@@ -33,7 +35,7 @@ NO_MEMORY = {"memory": {"enabled": False}}
 
 def tg_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, **sections: Any) -> dict[str, Any]:
     sections.setdefault("agent", NO_MEMORY)
-    cfg = chat_config(tmp_path, model.base_url, tg, allow=[str(MEMBER)], **sections)
+    cfg = chat_config(tmp_path, model.base_url, tg, allow=[str(MEMBER), str(OTHER)], **sections)
     cfg["access"].update(admins=[str(ADMIN)], pairing=True, group_policy="mention")
     cfg["models"][0]["api_key"] = SECRET  # a secret of the daemon's: never shown in chat
     return cfg
@@ -111,3 +113,150 @@ async def test_bg_runs_while_the_chat_is_answered_and_reports_once_as_a_reply(
     results = [m for m in replies_to(tg, MEMBER, ask["message"]["message_id"]) if "42 rows" in m.text]
     assert len(results) == 1
     assert len(asked(model, "BGJOB")) == 1
+
+
+async def test_the_agent_starts_a_background_task_with_its_tool_on_the_lead_only(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """The chat's turn calls ``start_background_task`` and answers at once; the task's own agent
+    may not start another (no fan-out), and works from the user's words quoted with the task."""
+
+    def task(body: dict[str, Any]) -> Reply:
+        if body["messages"][-1].get("role") == "tool":
+            return Reply(text="Market study: three competitors found.")
+        return Reply(tool_calls=[ToolCall("start_background_task", {"task": "TOOLJOB nested"})])
+
+    def chat(body: dict[str, Any]) -> Reply:
+        if body["messages"][-1].get("role") == "tool":
+            return Reply(text="I started that in the background.")
+        return Reply(tool_calls=[ToolCall("start_background_task", {"task": "TOOLJOB study the market"})])
+
+    model.add_rule(lambda t: "TOOLJOB" in t, task)  # first: the task's message quotes the user's too
+    model.add_rule(lambda t: "please research" in t, chat)
+    ask = say(tg, MEMBER, "please research the market for me")
+    await reply(tg, MEMBER, ask, "I started that in the background.")
+    result = await reply(tg, MEMBER, ask, "three competitors found")
+    assert result.text.startswith("🧵 Background task #1:")
+
+    first = asked(model, "TOOLJOB")[0]
+    text = last_user_text(first)
+    assert "> please research the market for me" in text and text.endswith("TOOLJOB study the market")
+    tools = [t["function"]["name"] for t in first.get("tools", [])]
+    assert "start_background_task" in tools, "the lead agent has the tool"
+    refused = [m["content"] for b in asked(model, "TOOLJOB") for m in b["messages"] if m.get("role") == "tool"]
+    assert any("background task already" in str(c) for c in refused), refused
+    listing = await reply(tg, MEMBER, say(tg, MEMBER, "/tasks"), "Background tasks here")
+    assert "#1 ✅ finished" in listing.text and "#2" not in listing.text
+
+
+async def test_tasks_stop_is_the_owners_or_an_admins_and_slash_stop_leaves_tasks_alone(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    held = held_task(model, "STOPJOB", "STOPJOB result that must never show")
+    ask = say(tg, MEMBER, "/bg STOPJOB crunch the numbers", GROUP)
+    await reply(tg, GROUP, ask, "Started background task #1")
+    await tg.wait_for(lambda: asked(model, "STOPJOB") or None, what="the task's model call")
+
+    stop = await reply(tg, GROUP, say(tg, MEMBER, "/stop", GROUP), "Nothing is running")
+    assert "/tasks stop" in stop.text, "/stop says background tasks go on and how to stop one"
+    not_yours = await reply(tg, GROUP, say(tg, OTHER, "/tasks stop 1", GROUP), "Only")
+    assert not_yours.text == "Only telegram:1002, who started #1, or an admin can stop it."
+    assert not_yours.spans("code") == ["telegram:1002"]
+    await reply(tg, GROUP, say(tg, MEMBER, "/tasks stop 99", GROUP), "There is no background task #99")
+    bad = await reply(tg, GROUP, say(tg, MEMBER, "/tasks stop ²", GROUP), "is not a task number")
+    assert "digits 0-9" in bad.text
+    still = await reply(tg, GROUP, say(tg, MEMBER, "/tasks", GROUP), "Background tasks here")
+    assert "1 running" in still.text
+
+    await reply(tg, GROUP, say(tg, ADMIN, "/tasks stop 1", GROUP), "⏹ Stopping background task #1.")
+    await reply(tg, GROUP, ask, "⏹ Stopped.")
+    held.set()
+    listing = await reply(tg, GROUP, say(tg, MEMBER, "/tasks", GROUP), "Background tasks here")
+    assert "#1 ⏹ stopped by telegram:1001" in listing.text, listing.text
+    again = await reply(tg, GROUP, say(tg, MEMBER, "/tasks stop 1", GROUP), "already ended")
+    assert "stopped by telegram:1001" in again.text
+    await reply(tg, GROUP, say(tg, MEMBER, "a sync point", GROUP), "echo: a sync point")
+    assert not any("must never show" in m.text for m in tg.bot_messages(GROUP))
+
+
+async def test_the_per_user_cap_refuses_with_a_note(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    cfg = tg_config(tmp_path, tg, model, background={"max_per_user": 1})
+    async with started_daemon(tmp_path, cfg):
+        held = held_task(model, "CAPJOB", "first done")
+        first = say(tg, MEMBER, "/bg CAPJOB one")
+        await reply(tg, MEMBER, first, "Started background task #1")
+        second = await reply(tg, MEMBER, say(tg, MEMBER, "/bg CAPJOB two"), "Not started")
+        assert second.text == (
+            "⚠️ Not started: you already have 1 background task(s) running, the most one person may "
+            "have at once (1); /tasks lists them and /tasks stop ID stops one."
+        )
+        other = await reply(tg, OTHER, say(tg, OTHER, "/bg CAPJOB theirs"), "Started background task #2")
+        assert other is not None, "the cap is per user"
+        held.set()
+        await reply(tg, MEMBER, first, "first done")
+        await reply(tg, MEMBER, say(tg, MEMBER, "/bg CAPJOB three"), "Started background task #3")
+        long = await reply(tg, MEMBER, say(tg, MEMBER, "/bg " + "x" * 4001), "Not started")
+        assert "4,001 characters long" in long.text and "at most 4,000" in long.text
+        empty = await reply(tg, MEMBER, say(tg, MEMBER, "/bg"), "Usage: /bg TASK")
+        assert empty is not None
+
+
+async def test_a_task_text_is_shown_inert_bounded_and_without_secrets(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    held = held_task(model, "UNTRUSTED", "ok")
+    text = f"UNTRUSTED use {SECRET} \u202egnp.exe [click](https://evil.example) `x` @channel " + "y" * 300
+    await reply(tg, MEMBER, say(tg, MEMBER, f"/bg {text}"), "Started background task #1")
+    listing = await reply(tg, MEMBER, say(tg, MEMBER, "/tasks"), "Background tasks here")
+    held.set()
+    spans = listing.spans("code")
+    shown = next(s for s in spans if "UNTRUSTED" in s)
+    assert SECRET not in listing.text and "\u202e" not in listing.text
+    assert len(shown) <= 80 and shown.endswith("…")
+    assert not [e for e in listing.entities if e["type"] in ("text_link", "url", "mention")]
+    assert SECRET not in json.dumps(model.requests), "the model provider never gets the daemon's secret"
+
+
+async def test_a_failing_task_reports_a_specific_error_without_secrets(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    model.add_rule(
+        lambda t: "FAILJOB" in t,
+        Reply(status=400, error_message=f"maximum context length exceeded (key {SECRET})"),
+    )
+    ask = say(tg, MEMBER, "/bg FAILJOB summarise everything")
+    await reply(tg, MEMBER, ask, "Started background task #1")
+    failed = await reply(tg, MEMBER, ask, "🧵 Background task #1:")
+    assert "⚠️" in failed.text and "Something went wrong on my side" not in failed.text, failed.text
+    assert SECRET not in "".join(tg.bot_texts(MEMBER))
+    listing = await reply(tg, MEMBER, say(tg, MEMBER, "/tasks"), "Background tasks here")
+    assert "#1 ✅ finished" in listing.text or "#1 ⚠️ failed" in listing.text
+
+
+async def test_a_revoked_owners_task_ends_without_a_word_to_the_chat(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    import re
+
+    await reply(tg, ADMIN, say(tg, ADMIN, "hi"), "echo: hi")  # the admin's DM exists
+    code_text = await reply(tg, STRANGER, say(tg, STRANGER, "let me in"), "pairing code is")
+    code = re.search(r"pairing code is ([A-Z0-9]{8})", code_text.text).group(1)  # type: ignore[union-attr]
+    await reply(tg, ADMIN, say(tg, ADMIN, f"/approve {code}"), "Approved")
+    held = held_task(model, "REVOKEJOB", "REVOKEJOB secret findings")
+    ask = say(tg, STRANGER, "/bg REVOKEJOB dig up the findings")
+    await reply(tg, STRANGER, ask, "Started background task #1")
+    await tg.wait_for(lambda: asked(model, "REVOKEJOB") or None, what="the task's model call")
+    await reply(tg, ADMIN, say(tg, ADMIN, f"/revoke {STRANGER}"), "Revoked")
+    held.set()
+    storage = daemon.config["storage"]
+    sql = "SELECT t.ended, j.state FROM background_tasks t JOIN journal j ON j.key = t.key WHERE t.id = 1"
+    for _ in range(400):
+        rows = await asyncio.to_thread(daemon_rows, storage, sql)
+        if rows and rows[0][1] == "done":
+            break
+        await asyncio.sleep(0.05)
+    assert rows == [("its owner may no longer use the bot here", "done")], rows
+    assert not any("secret findings" in m.text for m in tg.bot_messages(STRANGER))
+    assert not any("secret findings" in t for _, _, t in tg.drafts)

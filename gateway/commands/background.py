@@ -73,6 +73,18 @@ async def tasks_command(ctx: CommandContext, entry: JournalEntry, cmd: Command) 
     return f"⏹ Stopping background task #{number}."
 
 
+async def stop_hint(ctx: CommandContext, entry: JournalEntry) -> str:
+    """What ``/stop`` adds when background tasks run here: they go on (``/stop`` ends the chat's
+    current answer only; a task is stopped by its number)."""
+    if ctx.background is None:
+        return ""
+    running = [t for t in await ctx.store.background_list(entry.conversation, 50) if t.running]
+    if not running:
+        return ""
+    numbers = ", ".join(f"#{t.id}" for t in running)
+    return f" Background task(s) {numbers} go on; /tasks stop ID stops one."
+
+
 async def _listing(ctx: CommandContext, entry: JournalEntry) -> str:
     limit = ctx.config.background.listed
     tasks = await ctx.store.background_list(entry.conversation, limit)

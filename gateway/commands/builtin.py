@@ -51,6 +51,10 @@ async def _new(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
 
 
 async def _stop(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
+    return await _stop_answer(ctx, entry) + await commands_background.stop_hint(ctx, entry)
+
+
+async def _stop_answer(ctx: CommandContext, entry: JournalEntry) -> str:
     stopped = await ctx.stop(entry)
     if stopped is not None and stopped != stopping.TOO_LATE:
         return stopped
