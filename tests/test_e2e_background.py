@@ -198,7 +198,7 @@ async def test_tasks_stop_is_the_owners_or_an_admins_and_slash_stop_leaves_tasks
 async def test_the_per_user_cap_refuses_with_a_note(
     tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
-    cfg = tg_config(tmp_path, tg, model, background={"max_per_user": 1})
+    cfg = tg_config(tmp_path, tg, model, tasks={"max_per_user": 1})
     async with started_daemon(tmp_path, cfg):
         held = held_task(model, "CAPJOB", "first done")
         first = say(tg, MEMBER, "/bg CAPJOB one")

@@ -33,7 +33,7 @@ USAGE = "Usage: /tasks lists this conversation's background tasks; /tasks stop I
 
 async def bg_command(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
     """``/bg TASK``: start TASK in the background; the chat stays free."""
-    if ctx.background is None or not ctx.config.background.enabled:
+    if ctx.background is None or not ctx.config.tasks.enabled:
         return "Background tasks are off on this bot."
     if not cmd.args.strip():
         return "Usage: /bg TASK — runs TASK in the background while we go on talking; /tasks shows it."
@@ -86,13 +86,13 @@ async def stop_hint(ctx: CommandContext, entry: JournalEntry) -> str:
 
 
 async def _listing(ctx: CommandContext, entry: JournalEntry) -> str:
-    limit = ctx.config.background.listed
+    limit = ctx.config.tasks.listed
     tasks = await ctx.store.background_list(entry.conversation, limit)
     if not tasks:
         return "No background tasks in this conversation. /bg TASK starts one."
     running = [t for t in tasks if t.running]
     lines = [f"Background tasks here ({len(running)} running; at most "
-             f"{ctx.config.background.max_per_user} per person):"]  # fmt: skip
+             f"{ctx.config.tasks.max_per_user} per person):"]  # fmt: skip
     for task in [*running, *(t for t in tasks if not t.running)]:
         lines.append(await _line(ctx, task))
     lines.append("/tasks stop ID stops one (its owner or an admin).")

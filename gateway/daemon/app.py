@@ -284,7 +284,7 @@ class Daemon:
         from gateway.turns.background import BackgroundTasks
 
         background = BackgroundTasks(self.store, cfg, redactor_for(cfg))  # bound to the gateway below
-        starter = background if cfg.background.enabled else None
+        starter = background if cfg.tasks.enabled else None
         self.harness = await open_harness(cfg, scheduler, recorder, starter)
         res.push("the agent", self.harness.close)
         url = cfg.storage.database_url

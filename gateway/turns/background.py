@@ -84,7 +84,7 @@ class BackgroundTasks:
         """Start ``text`` as a task asked for by ``origin`` (the ``/bg`` message, or the message the
         agent was answering), once per ``request`` (the asking key: a re-run finds its task).
         Raises :class:`BackgroundError` with the refusal the user reads."""
-        limits = self.config.background
+        limits = self.config.tasks
         host = self._host
         if host is None or not limits.enabled:
             raise BackgroundError("background tasks are off on this bot")
@@ -118,7 +118,7 @@ class BackgroundTasks:
         return task
 
     async def _check_limits(self, origin: Inbound) -> None:
-        cap = self.config.background.max_per_user
+        cap = self.config.tasks.max_per_user
         running = await self.store.background_running(origin.user)
         if running >= cap:
             raise BackgroundError(
