@@ -357,3 +357,26 @@ async def test_slack_bg_runs_while_the_dm_is_answered_and_reports_once(
         results = [p for p in slack.posts if p.channel == DM and "Deploy checklist written." in p.text]
         assert len(results) == 1 and results[0].text.startswith("🧵 Background task #1:")
         assert results[0].thread_ts in (None, ask.ts), "in the DM, or threaded under the request"
+
+
+async def test_a_spent_budget_refuses_a_task_and_forget_ends_the_owners_tasks(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    cfg = tg_config(tmp_path, tg, model, usage={"users": {f"telegram:{OTHER}": 1}})
+    async with started_daemon(tmp_path, cfg):
+        await reply(tg, OTHER, say(tg, OTHER, "spend it"), "echo: spend it")
+        refused = await reply(tg, OTHER, say(tg, OTHER, "/bg BUDGETJOB more work"), "Not started")
+        assert "token budget for today" in refused.text, refused.text
+        assert not asked(model, "BUDGETJOB")
+
+        held = held_task(model, "FORGETJOB", "FORGETJOB result that must never show")
+        ask = say(tg, MEMBER, "/bg FORGETJOB remember my preferences")
+        await reply(tg, MEMBER, ask, "Started background task #1")
+        await tg.wait_for(lambda: asked(model, "FORGETJOB") or None, what="the task's model call")
+        await reply(tg, MEMBER, say(tg, MEMBER, "/forget"), "memory is off")
+        await reply(tg, MEMBER, ask, "⏹ Stopped.")
+        held.set()
+        listing = await reply(tg, MEMBER, say(tg, MEMBER, "/tasks"), "Background tasks here")
+        assert "#1 ⏹ stopped by /forget" in listing.text, listing.text
+        await reply(tg, MEMBER, say(tg, MEMBER, "sync"), "echo: sync")
+        assert not any("must never show" in m.text for m in tg.bot_messages(MEMBER))
