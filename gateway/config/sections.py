@@ -248,6 +248,9 @@ class BackgroundConfig(Strict):
     further request is refused with a note naming the limit and ``/tasks stop ID``."""
     max_text_chars: int = Field(4000, ge=1, le=32_000)
     """Longest task description a background task may carry."""
+    timeout: float = Field(4 * 3600.0, gt=0)
+    """Seconds a background task may run before it is stopped with a note (a chat's turn has
+    ``concurrency.turn_timeout``); ``agent.max_steps`` bounds its model calls as for any turn."""
     listed: int = Field(10, ge=1, le=50)
     """Tasks ``/tasks`` lists: the running ones first, then the most recent finished."""
 

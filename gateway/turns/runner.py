@@ -33,7 +33,7 @@ from gateway.config.durations import in_words
 from gateway.delivery.plan import PlanMessage
 from gateway.intake.attachments import Uploads, deliver_files, fetch_attachments
 from gateway.store.disk import StorageFull
-from gateway.store.entries import JournalEntry, JournalState
+from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalState
 from gateway.turns.approvals import STOPPED_WHY, WAITING_NOTE
 from gateway.turns.options import turn_options
 from gateway.turns.outcome import TurnOutcome
@@ -287,11 +287,13 @@ class TurnRunner:
         text, final, outcome = "", "", TurnOutcome.OK
         message = uploads.message(inbound.text)  # with what a voice note said (gateway/intake/media.py)
         message = self.redact(message)  # the daemon's secrets never go to the model provider
+        background = BACKGROUND_MARK in inbound.extra  # a background task has its own time limit
+        limit = self.config.tasks.timeout if background else self.config.concurrency.turn_timeout
         try:
             options = masked_context(await turn_options(self.host, entry, thread_id, uploads), self.redact)
             if self.busy is not None:
                 options = self.busy.with_inbox(entry, options)
-            async with asyncio.timeout(self.config.concurrency.turn_timeout):
+            async with asyncio.timeout(limit):
                 stream = self.approvals.events(
                     entry,
                     thread_id,
@@ -315,7 +317,7 @@ class TurnRunner:
                         continue
                     text, final, outcome = self._on_event(event, text, final, outcome, reply)
         except TimeoutError:
-            took = in_words(self.config.concurrency.turn_timeout)
+            took = in_words(limit)
             final, outcome = f"⚠️ This took longer than {took}, so I stopped.", TurnOutcome.TIMEOUT
         if outcome == TurnOutcome.WAITING:
             final = (text + "\n\n" if text else "") + WAITING_NOTE
