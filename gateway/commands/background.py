@@ -134,8 +134,4 @@ def _mark(task: BackgroundTask) -> str:
 
 def _text(ctx: CommandContext, task: BackgroundTask) -> str:
     """The task's words as the chat shows them: secrets masked first, then one bounded code span."""
-    text = task.text
-    marker = "\n> "
-    if text.startswith("The assistant wrote this task after reading") and marker in text:
-        text = text.split(marker, 1)[1]  # the quoted task, not the note around it
-    return code_span(redactor_for(ctx.config)(text), LIST_TEXT)
+    return code_span(redactor_for(ctx.config)(task.text), LIST_TEXT)
