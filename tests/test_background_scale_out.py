@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.daemon import DaemonProcess, base_config, free_port
-from tests.fakes.gateway_rig import daemon_rows
+from tests.fakes.gateway_rig import daemon_rows, until
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.fakes.slack_server import FakeSlack
 
@@ -44,15 +44,6 @@ def _node(d: DaemonProcess) -> str:
     return m.group(1)
 
 
-async def _until(predicate: Any, what: str, timeout: float = 60) -> Any:
-    for _ in range(int(timeout * 10)):
-        got = predicate()
-        if got:
-            return got
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _asked(model: FakeOpenAI) -> int:
     return sum("PGJOB" in last_user_text(r) for r in model.requests)
 
@@ -74,14 +65,14 @@ async def test_a_task_runs_on_one_daemon_and_moves_once_when_that_one_is_killed(
         await asyncio.gather(*(d.start(timeout=90) for d in daemons))
         await slack.inject_dm(DM, USER, "/bg PGJOB check every shard")
         await slack.wait_for(lambda: any("Started background task #1" in t for t in slack.texts(DM)) or None)
-        await _until(lambda: _asked(model) >= 1, "the task's model call")
+        await until(lambda: _asked(model) >= 1, 60, "the task's model call")
         await slack.inject_dm(DM, USER, "still there?")  # the chat is free on whichever daemon
         await slack.wait_for(lambda: any("echo: still there?" in t for t in slack.texts(DM)) or None)
 
         storage = daemons[0].config["storage"]
         sql = "SELECT lease_owner FROM journal WHERE key LIKE ?"
-        (owner,) = await _until(
-            lambda: [r[0] for r in daemon_rows(storage, sql, ("%:bg-1",)) if r[0]], "the task's lease"
+        (owner,) = await until(
+            lambda: [r[0] for r in daemon_rows(storage, sql, ("%:bg-1",)) if r[0]], 60, "the task's lease"
         )
         running = next(d for d in daemons if _node(d) == owner)
         other = next(d for d in daemons if d is not running)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.daemon import DaemonProcess, chat_config, started_daemon
-from tests.fakes.gateway_rig import daemon_rows
+from tests.fakes.gateway_rig import daemon_rows, until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
@@ -73,16 +73,22 @@ def asked(model: FakeOpenAI, needle: str) -> list[dict[str, Any]]:
     return [r for r in model.requests if needle in last_user_text(r)]
 
 
+async def task_row(daemon: DaemonProcess, task: int) -> tuple[Any, ...] | None:
+    """(why it ended, its journal state) of task ``task``, read from the daemon's database."""
+    sql = "SELECT t.ended, j.state FROM background_tasks t JOIN journal j ON j.key = t.key WHERE t.id = ?"
+    rows = await asyncio.to_thread(daemon_rows, daemon.config["storage"], sql, (task,))
+    return rows[0] if rows else None
+
+
 async def settled(daemon: DaemonProcess, task: int) -> str:
     """The journal state of task ``task`` once it is no longer open (its answer goes out before
     its entry is marked done)."""
-    sql = "SELECT j.state FROM background_tasks t JOIN journal j ON j.key = t.key WHERE t.id = ?"
-    for _ in range(400):
-        rows = await asyncio.to_thread(daemon_rows, daemon.config["storage"], sql, (task,))
-        if rows and rows[0][0] not in ("pending", "running"):
-            return str(rows[0][0])
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"task #{task} never finished: {rows}")
+
+    async def closed() -> str | None:
+        row = await task_row(daemon, task)
+        return str(row[1]) if row and row[1] not in ("pending", "running") else None
+
+    return str(await until(closed, 20, f"task #{task} to finish"))
 
 
 def held_task(model: FakeOpenAI, needle: str, answer: str) -> asyncio.Event:
@@ -122,7 +128,6 @@ async def test_bg_runs_while_the_chat_is_answered_and_reports_once_as_a_reply(
     assert await settled(daemon, 1) == "done"
     done = await reply(tg, MEMBER, say(tg, MEMBER, "/tasks"), "Background tasks here")
     assert "#1 ✅ finished" in done.text and "0 running" in done.text
-    await asyncio.sleep(0)
     results = [m for m in replies_to(tg, MEMBER, ask["message"]["message_id"]) if "42 rows" in m.text]
     assert len(results) == 1
     assert len(asked(model, "BGJOB")) == 1
@@ -269,14 +274,8 @@ async def test_a_revoked_owners_task_ends_without_a_word_to_the_chat(
     await tg.wait_for(lambda: asked(model, "REVOKEJOB") or None, what="the task's model call")
     await reply(tg, ADMIN, say(tg, ADMIN, f"/revoke {STRANGER}"), "Revoked")
     held.set()
-    storage = daemon.config["storage"]
-    sql = "SELECT t.ended, j.state FROM background_tasks t JOIN journal j ON j.key = t.key WHERE t.id = 1"
-    for _ in range(400):
-        rows = await asyncio.to_thread(daemon_rows, storage, sql)
-        if rows and rows[0][1] == "done":
-            break
-        await asyncio.sleep(0.05)
-    assert rows == [("its owner may no longer use the bot here", "done")], rows
+    assert await settled(daemon, 1) == "done"
+    assert await task_row(daemon, 1) == ("its owner may no longer use the bot here", "done")
     assert not any("secret findings" in m.text for m in tg.bot_messages(STRANGER))
     assert not any("secret findings" in t for _, _, t in tg.drafts)
 
@@ -308,13 +307,12 @@ async def test_kill9_mid_task_resumes_it_and_it_reports_once(
     storage = daemon.config["storage"]
     key = f"telegram:{MEMBER}:bg-1"
     sql = "SELECT j.state, o.message_id FROM journal j JOIN outbox o ON o.key = j.key WHERE j.key = ?"
-    for _ in range(400):  # the task runs and its checklist's message id is recorded: then the kill
+
+    async def recorded() -> bool:  # the task runs and its checklist's message id is recorded
         rows = await asyncio.to_thread(daemon_rows, storage, sql, (key,))
-        if any(state == "running" and mid for state, mid in rows):
-            break
-        await asyncio.sleep(0.05)
-    else:
-        raise AssertionError(f"the task never ran with its checklist recorded: {rows}")
+        return any(state == "running" and mid for state, mid in rows)
+
+    await until(recorded, 20, "the task running with its checklist recorded")
     before = len(model.requests)
     daemon.kill9()
     await daemon.wait_exit()
