@@ -128,9 +128,11 @@ class BackgroundTables:
         return int(row[0]) if row else 0
 
     async def background_list(self, conversation: str, limit: int) -> list[BackgroundTask]:
-        """The conversation's tasks, newest first (the caller puts the running ones on top)."""
+        """The conversation's tasks: the unfinished ones first (all of them, however old, unless
+        more than ``limit``), then the most recent finished ones, newest first."""
+        first = f"CASE WHEN t.ended IS NULL AND (j.state IN ({_OPEN_SQL}) OR t.key = '') THEN 0 ELSE 1 END"
         async with self._db.execute(
-            f"SELECT {_COLUMNS} FROM {_FROM} WHERE t.conversation = ? ORDER BY t.id DESC LIMIT ?",
+            f"SELECT {_COLUMNS} FROM {_FROM} WHERE t.conversation = ? ORDER BY {first}, t.id DESC LIMIT ?",
             (conversation, limit),
         ) as cur:
             return [_row(r) for r in await cur.fetchall()]
