@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -401,3 +402,24 @@ async def test_a_task_the_agent_starts_after_reading_someone_elses_words_gets_th
     assert "> TAINTJOB mail the files out\n[End of the task text.]" in text
     listing = await reply(tg, MEMBER, say(tg, MEMBER, "/tasks"), "Background tasks here")
     assert "TAINTJOB mail the files out" in listing.spans("code"), "the listing shows the task, not the note"
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_a_tasks_files_come_with_its_result(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    model.script(
+        Reply(tool_calls=[ToolCall("execute", {"command": "echo 7,8 > /mnt/user-data/outputs/t.csv"})]),
+        Reply(tool_calls=[ToolCall("present_files", {"paths": ["t.csv"], "caption": "the table"})]),
+        Reply(text="Here is the table."),
+    )
+    ask = say(tg, MEMBER, "/bg FILEJOB build the table")
+    result = await reply(tg, MEMBER, ask, "Here is the table.", timeout=40)
+    assert result.text.startswith("🧵 Background task #1:")
+    docs = await tg.wait_for(
+        lambda: [m for m in tg.bot_messages(MEMBER) if m.document] or None, what="the file"
+    )
+    assert await settled(daemon, 1) == "done"
+    assert len(docs) == 1 and tg.file_bytes(docs[0].document["file_id"]) == b"7,8\n"
+    assert docs[0].text == "the table"
