@@ -423,3 +423,25 @@ async def test_a_tasks_files_come_with_its_result(
     assert await settled(daemon, 1) == "done"
     assert len(docs) == 1 and tg.file_bytes(docs[0].document["file_id"]) == b"7,8\n"
     assert docs[0].text == "the table"
+
+
+async def test_tasks_run_beside_the_chat_slots_and_wait_for_their_own(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """With one chat slot and one task slot: a working task leaves the chat its slot (a message is
+    answered), and a second task waits for the first, shown as waiting by /tasks."""
+    cfg = tg_config(tmp_path, tg, model, concurrency={"max_turns": 1}, tasks={"max_running": 1})
+    async with started_daemon(tmp_path, cfg):
+        held = held_task(model, "SLOTJOB", "slot work done")
+        first = say(tg, MEMBER, "/bg SLOTJOB first")
+        await reply(tg, MEMBER, first, "Started background task #1")
+        await tg.wait_for(lambda: asked(model, "SLOTJOB") or None, what="the first task's model call")
+        await reply(tg, MEMBER, say(tg, MEMBER, "hello"), "echo: hello")  # the one chat slot is free
+        second = say(tg, OTHER, "/bg SLOTJOB second")
+        await reply(tg, OTHER, second, "Started background task #2")
+        listing = await reply(tg, OTHER, say(tg, OTHER, "/tasks"), "Background tasks here")
+        assert "#2 ⏳ waiting for a free slot (asked" in listing.text, listing.text
+        assert len(asked(model, "SLOTJOB")) == 1, "the second task waits for the task slot"
+        held.set()
+        await reply(tg, MEMBER, first, "slot work done")
+        await reply(tg, OTHER, second, "slot work done")

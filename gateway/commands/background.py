@@ -102,17 +102,17 @@ async def _listing(ctx: CommandContext, entry: JournalEntry) -> str:
 async def _line(ctx: CommandContext, task: BackgroundTask) -> str:
     now = time.time()
     if task.running:
-        parts = [f"running for {in_words(now - task.created, 2)}"]
+        since = in_words(now - task.created, 2)
         thread_id = await ctx.store.thread_get(f"{task.conversation}:bg:{task.id}")
-        if thread_id:
-            steps = max(0, await ctx.harness.message_count(thread_id) - 1)
-            parts.append(f"{steps} step(s)")
+        count = await ctx.harness.message_count(thread_id) if thread_id else 0
+        if thread_id and count:  # its message is in its thread: the agent works on it
+            parts = [f"running for {since}", f"{count - 1} step(s)"]
             items = await ctx.harness.plan(thread_id)
             if items:
                 done = sum(item.status == "completed" for item in items)
                 parts.append(f"plan {done}/{len(items)} done")
         else:
-            parts.append("waiting for a free slot")
+            parts = [f"waiting for a free slot (asked {since} ago)"]
         status = "⏳ " + ", ".join(parts)
     else:
         ago = in_words(now - (task.finished_at or task.updated), 1)

@@ -248,6 +248,10 @@ class BackgroundConfig(Strict):
     further request is refused with a note naming the limit and ``/tasks stop ID``."""
     max_text_chars: int = Field(4000, ge=1, le=32_000)
     """Longest task description a background task may carry."""
+    max_running: int = Field(4, ge=1, le=256)
+    """Background tasks whose agent works at once on one daemon; more wait their turn. They run
+    beside ``concurrency.max_turns`` (a task gives its chat slot back while it works), so hours of
+    background work never make the chats wait."""
     timeout: float = Field(4 * 3600.0, gt=0)
     """Seconds a background task may run before it is stopped with a note (a chat's turn has
     ``concurrency.turn_timeout``); ``agent.max_steps`` bounds its model calls as for any turn."""

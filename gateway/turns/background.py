@@ -14,8 +14,9 @@ that asked for it:
   several daemons the journal's lease gives it to exactly one of them.
 
 Limits: the user's daily token budget is checked when a task starts and, like any turn, at every
-model call; each task holds one of ``concurrency.max_turns`` while it runs; ``background.max_per_user``
-tasks may be unfinished per user. :meth:`BackgroundTasks.halted` is asked before a task runs and
+model call; a task's agent works in one of ``tasks.max_running`` slots per daemon, beside the chats'
+``concurrency.max_turns`` (:meth:`BackgroundTasks.slot`); ``tasks.max_per_user`` tasks may be
+unfinished per user. :meth:`BackgroundTasks.halted` is asked before a task runs and
 again before its answer goes out: a task stopped (``/tasks stop``, ``/forget``) or whose owner may no
 longer use the bot there (revoked, the chat taken off the access list) ends without a word to the
 chat, so nothing reaches people its owner may no longer talk to through the bot.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
 from agent.tools.background import BackgroundError
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from gateway.config.schema import Config
     from gateway.delivery.reply import Reply
     from gateway.store.journal import Store
+    from gateway.turns.queue import TurnQueue
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +76,25 @@ class BackgroundTasks:
     def __init__(self, store: Store, config: Config, redact: Redactor) -> None:
         self.store, self.config, self.redact = store, config, redact
         self._host: BackgroundHost | None = None
+        self._running = asyncio.Semaphore(config.tasks.max_running)
+        """Background tasks whose agent works now on this daemon (:meth:`slot`)."""
         self._adding = asyncio.Lock()
         """Count and insert as one step: a model's parallel tool calls run concurrently."""
 
     def bind(self, host: BackgroundHost) -> None:
         self._host = host
+
+    @contextlib.asynccontextmanager
+    async def slot(self, entry: JournalEntry, turns: TurnQueue) -> AsyncIterator[None]:
+        """Where a background task's agent works: it gives its chat slot back (``max_turns`` stays
+        the chats', so hours of background work never make a chat wait) and takes one of
+        ``tasks.max_running`` instead; the chat slot is taken again to deliver the answer. Any
+        other turn: nothing changes."""
+        if task_of(entry.inbound) is None:
+            yield
+            return
+        async with turns.released(), self._running:
+            yield
 
     # -- starting -------------------------------------------------------------------------------------
     async def start(self, origin: Inbound, request: str, text: str, *, untrusted: str = "") -> BackgroundTask:

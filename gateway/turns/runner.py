@@ -136,7 +136,8 @@ class TurnRunner:
             thread_id = await self.store.thread_for(entry.conversation)  # a background task's own
             plan = self._plan(reply, thread_id)
             uploads = await fetch_attachments(self.host, reply.channel, entry, thread_id)
-            final, outcome = await self._agent_turn(entry, thread_id, uploads, reply, plan)
+            async with self._slot(entry):
+                final, outcome = await self._agent_turn(entry, thread_id, uploads, reply, plan)
             typing.cancel()
             if not await self._keep(entry):  # lost to another daemon meanwhile: it answers
                 outcome = TurnOutcome.FENCED
@@ -214,6 +215,13 @@ class TurnRunner:
             self.parking.settled(entry.key)
             self.metrics.turns.labels(outcome).inc()
             self.metrics.turn_seconds.observe(time.monotonic() - started)
+
+    def _slot(self, entry: JournalEntry) -> contextlib.AbstractAsyncContextManager[None]:
+        """Where the agent works: a background task in a slot of its own, beside the chats'
+        (gateway/turns/background.py); any other turn in the one it holds already."""
+        if self.background is None:
+            return contextlib.nullcontext()
+        return self.background.slot(entry, self.turns)
 
     def _plan(self, reply: Reply, thread_id: str) -> PlanMessage:
         """The turn's checklist (gateway/delivery/plan.py): nothing is sent unless the agent plans."""
