@@ -4,8 +4,8 @@ Every command is one row of :data:`REGISTRY` (the shape is gateway/commands/regi
 the parser, ``/help`` and the terminal chat's list are derived from the rows. The handlers are
 here (``/new``, ``/stop``, ``/status``, ``/plan``, ``/memory``, ``/forget``, ``/help``), in
 gateway/commands/agent.py (``/model``, ``/usage``, ``/skills``), in
-gateway/commands/admin.py (``/approve``, ``/deny``, ``/revoke``) and, through the context,
-in gateway/commands/schedules.py (``/schedules``, ``/unschedule``) and, through the context,
+gateway/commands/admin.py (``/approve``, ``/deny``, ``/revoke``), gateway/commands/background.py
+(``/bg``, ``/tasks``) and, through the context, in gateway/commands/schedules.py (``/schedules``, ``/unschedule``) and, through the context,
 gateway/turns/stopping.py.
 
 A command is journaled like any message and may run more than once: after a crash (resume at the
