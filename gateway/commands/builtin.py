@@ -5,8 +5,8 @@ the parser, ``/help`` and the terminal chat's list are derived from the rows. Th
 here (``/new``, ``/stop``, ``/status``, ``/plan``, ``/memory``, ``/forget``, ``/help``), in
 gateway/commands/agent.py (``/model``, ``/usage``, ``/skills``), in
 gateway/commands/admin.py (``/approve``, ``/deny``, ``/revoke``), gateway/commands/background.py
-(``/bg``, ``/tasks``) and, through the context, in gateway/commands/schedules.py (``/schedules``, ``/unschedule``) and, through the context,
-gateway/turns/stopping.py.
+(``/bg``, ``/tasks``) and, through the context, in gateway/commands/schedules.py (``/schedules``,
+``/unschedule``) and, through the context, gateway/turns/stopping.py.
 
 A command is journaled like any message and may run more than once: after a crash (resume at the
 next start) or when its reply could not be delivered (a retry). So every command with an effect is
