@@ -445,3 +445,29 @@ async def test_tasks_run_beside_the_chat_slots_and_wait_for_their_own(
         held.set()
         await reply(tg, MEMBER, first, "slot work done")
         await reply(tg, OTHER, second, "slot work done")
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_a_tasks_approval_is_asked_in_the_chat_and_the_task_goes_on_once_approved(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    agent = {**NO_MEMORY, "approvals": {"tools": ["execute"], "timeout": 600}}
+    async with started_daemon(tmp_path, tg_config(tmp_path, tg, model, agent=agent)) as daemon:
+        model.script(
+            Reply(tool_calls=[ToolCall("execute", {"command": "echo approved-run"})]),
+            Reply(text="Ran it: approved-run."),
+        )
+        ask = say(tg, MEMBER, "/bg APPROVEJOB run the check")
+        request = await tg.wait_for(
+            lambda: next(
+                (m for m in tg.bot_messages(MEMBER) if "Approve" in str(m.raw.get("reply_markup"))), None
+            ),
+            what="the approval buttons",
+        )
+        listing = await reply(tg, MEMBER, say(tg, MEMBER, "/tasks"), "Background tasks here")
+        assert "#1 ⏳ running for" in listing.text, "a task waiting for approval is not finished"
+        tg.press_button(MEMBER, request.message_id, MEMBER, "Approve")
+        result = await reply(tg, MEMBER, ask, "Ran it: approved-run.", timeout=30)
+        assert result.text.startswith("🧵 Background task #1:")
+        assert await settled(daemon, 1) == "done"
