@@ -52,6 +52,7 @@ from agent.tools import (
     events_from_custom,
     outputs_resolver,
 )
+from agent.tools.background import BackgroundStarter, build_background_tools
 from agent.tools.schedule import Scheduler, build_schedule_tools
 from agent.tools.search import CITE_PROMPT
 from agent.turn import PLAIN, TurnOptions
@@ -122,6 +123,9 @@ class AgentRuntime:
         self.acp_relay = PermissionRelay()
         """Where coding agents' permission requests go (agent/acp/tool.py); the gateway points
         it at its approval buttons once it exists. Unset: every request is rejected."""
+        self.background: BackgroundStarter | None = None
+        """The gateway's background tasks (agent/tools/background.py), set before ``start()``; without
+        it the lead agent has no ``start_background_task``."""
 
     # -- what the gateway uses ------------------------------------------------------------------
     @property
@@ -323,6 +327,8 @@ class AgentRuntime:
             tools += build_schedule_tools(self.scheduler)
         if s.acp_agents:  # the lead only: permission prompts need a person, sub-agents have none
             tools.append(build_acp_tool(s.acp_agents, self.acp_relay, Redactor(self.secrets)))
+        if self.background is not None:  # the lead's only, like the schedule tools
+            tools += build_background_tools(self.background)
         secrets = self.secrets
         plan = PlanMode()  # write_todos, the plan in the thread's state (agent/plan.py)
         context = build_context_middleware(s.context, model, secrets=secrets)

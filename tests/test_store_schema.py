@@ -43,6 +43,7 @@ TABLES = {
     "journal", "outbox", "files_out", "threads", "pairing", "approved_users", "command_results", "dm_chats",
     "schedules", "sqlite_sequence", "conversation_models", "token_usage", "approvals", "token_ledger",
     "conversation_busy",
+    "background_tasks",
 }  # fmt: skip
 
 

@@ -4,9 +4,9 @@ Every command is one row of :data:`REGISTRY` (the shape is gateway/commands/regi
 the parser, ``/help`` and the terminal chat's list are derived from the rows. The handlers are
 here (``/new``, ``/stop``, ``/status``, ``/plan``, ``/memory``, ``/forget``, ``/help``), in
 gateway/commands/agent.py (``/model``, ``/usage``, ``/skills``), in
-gateway/commands/admin.py (``/approve``, ``/deny``, ``/revoke``) and, through the context,
-in gateway/commands/schedules.py (``/schedules``, ``/unschedule``) and, through the context,
-gateway/turns/stopping.py.
+gateway/commands/admin.py (``/approve``, ``/deny``, ``/revoke``), gateway/commands/background.py
+(``/bg``, ``/tasks``) and, through the context, in gateway/commands/schedules.py (``/schedules``,
+``/unschedule``) and, through the context, gateway/turns/stopping.py.
 
 A command is journaled like any message and may run more than once: after a crash (resume at the
 next start) or when its reply could not be delivered (a retry). So every command with an effect is
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from agent.untrusted import TEXT_CHARS, code_span
 from gateway.commands import admin as commands_admin
 from gateway.commands import agent as commands_agent
+from gateway.commands import background as commands_background
 from gateway.commands import busy as commands_busy
 from gateway.commands import mcp as commands_mcp
 from gateway.commands import schedules as commands_schedules
@@ -50,6 +51,10 @@ async def _new(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
 
 
 async def _stop(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
+    return await _stop_answer(ctx, entry) + await commands_background.stop_hint(ctx, entry)
+
+
+async def _stop_answer(ctx: CommandContext, entry: JournalEntry) -> str:
     stopped = await ctx.stop(entry)
     if stopped is not None and stopped != stopping.TOO_LATE:
         return stopped
@@ -77,6 +82,8 @@ async def _status(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str
 
 async def _memory(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
     inbound = entry.inbound
+    if cmd.name == "forget" and ctx.background is not None:  # their tasks carry their words too
+        await ctx.background.forget(inbound.user)
     return await memory_reply(ctx.harness.memory, inbound.user, cmd.name, direct=inbound.is_direct)
 
 
@@ -128,6 +135,11 @@ REGISTRY = Registry(
                     terminal=True),
         CommandSpec("forget", "erase everything I remember about you", _memory, recorded=True,
                     terminal=True),
+        CommandSpec("bg", "run a task in the background while we go on talking: /bg TASK",
+                    commands_background.bg_command, recorded=True, args="TASK"),
+        CommandSpec("tasks", "list this conversation's background tasks and their progress "
+                    "(/tasks stop ID stops one)", commands_background.tasks_command, recorded=True,
+                    args="[stop ID]"),
         CommandSpec("schedules", "list this conversation's schedules (/schedules cancel ID cancels one; "
                     "/schedules confirm ID lets one that waits for your confirmation run)",
                     commands_schedules.command,

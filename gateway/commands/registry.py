@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from gateway.schedules.confirm import Confirmations
     from gateway.store.entries import JournalEntry
     from gateway.store.journal import Store
+    from gateway.turns.background import BackgroundTasks
 
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]{0,31})(?:@\S+)?(?:\s+(.*))?$", re.DOTALL)
 """``/name``, ``/name@bot`` (Telegram's form in groups), then the arguments."""
@@ -86,6 +87,8 @@ class CommandContext:
     text instead). ``/skills show`` puts Approve / Reject under a draft."""
     busy_changed: Callable[[str], None] | None = None
     """(conversation): ``/busy`` changed its mode; the daemon reads it again (gateway/turns/busy.py)."""
+    background: BackgroundTasks | None = None
+    """``/bg``, ``/tasks`` (gateway/turns/background.py); None where there are none (a test's context)."""
 
 
 Handler = Callable[[CommandContext, "JournalEntry", Command], Awaitable[str]]

@@ -27,6 +27,7 @@ from gateway.config.platforms import PLATFORMS
 from gateway.config.profiles import Profile, check_profiles
 from gateway.config.sections import (
     AccessPolicy,
+    BackgroundConfig,
     BusyMode,
     ConcurrencyConfig,
     ContextConfig,
@@ -111,6 +112,8 @@ class Config(Strict):
     http: HttpConfig = Field(default_factory=HttpConfig)
     transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
     schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)
+    tasks: BackgroundConfig = Field(default_factory=BackgroundConfig)
+    """Background tasks: `/bg`, `/tasks`, the agent's `start_background_task` (docs/background-tasks.md)."""
     profiles: dict[str, Profile] = Field(default_factory=dict)
     """Agent profiles: a model and a system prompt for the chats and channels each one names
     (docs/models-and-usage.md)."""

@@ -237,6 +237,28 @@ class SchedulesConfig(Strict):
         return self
 
 
+class BackgroundConfig(Strict):
+    """Background tasks (docs/background-tasks.md): ``/bg TASK`` and the agent's
+    ``start_background_task`` run a task in its own agent thread while the chat stays free."""
+
+    enabled: bool = True
+    """Offer ``/bg`` and give the lead agent its ``start_background_task`` tool; off: neither."""
+    max_per_user: int = Field(3, ge=1, le=100)
+    """Background tasks one user may have running (or waiting to run) at once, over all chats; a
+    further request is refused with a note naming the limit and ``/tasks stop ID``."""
+    max_text_chars: int = Field(4000, ge=1, le=32_000)
+    """Longest task description a background task may carry."""
+    max_running: int = Field(4, ge=1, le=256)
+    """Background tasks whose agent works at once on one daemon; more wait their turn. They run
+    beside ``concurrency.max_turns`` (a task gives its chat slot back while it works), so hours of
+    background work never make the chats wait."""
+    timeout: float = Field(4 * 3600.0, gt=0)
+    """Seconds a background task may run before it is stopped with a note (a chat's turn has
+    ``concurrency.turn_timeout``); ``agent.max_steps`` bounds its model calls as for any turn."""
+    listed: int = Field(10, ge=1, le=50)
+    """Tasks ``/tasks`` lists: the running ones first, then the most recent finished."""
+
+
 class UsageConfig(BaseModel):
     """Token accounting and the optional daily budget per user."""
 

@@ -24,6 +24,7 @@ from gateway.config.secrets import daemon_secrets
 
 if TYPE_CHECKING:
     from agent.acp.tool import PermissionRelay
+    from agent.tools.background import BackgroundStarter
     from agent.tools.schedule import Scheduler
     from agent.usage import UsageSink
 
@@ -88,11 +89,13 @@ async def open_harness(
     scheduler: Scheduler | None = None,
     usage: UsageSink | None = None,
     acp_relay: PermissionRelay | None = None,
+    background: BackgroundStarter | None = None,
 ) -> AgentHarness:
     """The agent runtime, or an :class:`UnconfiguredHarness` explaining why not. ``scheduler``
     gives the agent its schedule tools (gateway/schedules/runner.py); ``usage`` records the tokens of
     every model call (gateway/turns/usage.py); ``acp_relay`` carries coding agents' permission
-    requests to the approval buttons once the gateway exists (gateway/turns/live_approvals.py)."""
+    requests to the approval buttons once the gateway exists (gateway/turns/live_approvals.py);
+    ``background`` the lead agent's ``start_background_task`` (gateway/turns/background.py)."""
     from agent.model import has_api_key, keyless_server
     from agent.runtime import AgentRuntime
 
@@ -115,6 +118,7 @@ async def open_harness(
     runtime.scheduler = scheduler
     if acp_relay is not None:
         runtime.acp_relay = acp_relay
+    runtime.background = background
     try:
         await runtime.start()
         return runtime

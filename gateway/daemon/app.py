@@ -283,9 +283,12 @@ class Daemon:
         recorder = UsageRecorder(self.store, self.metrics, cfg.usage, Budgets(self.store, cfg))
         res.push("the usage records", recorder.close)  # after the agent closes, before the store
         from agent.acp.tool import PermissionRelay  # coding agents' permission requests
+        from gateway.turns.background import BackgroundTasks
 
         acp_relay = PermissionRelay()
-        self.harness = await open_harness(cfg, scheduler, recorder, acp_relay)
+        background = BackgroundTasks(self.store, cfg, redactor_for(cfg))  # bound to the gateway below
+        starter = background if cfg.tasks.enabled else None
+        self.harness = await open_harness(cfg, scheduler, recorder, acp_relay=acp_relay, background=starter)
         res.push("the agent", self.harness.close)
         url = cfg.storage.database_url
         leases = Leases(self.store, ttl=cfg.storage.lease_seconds) if url else None  # before the gateway
@@ -296,6 +299,8 @@ class Daemon:
         from gateway.turns.live_approvals import ask_live
 
         acp_relay.target = functools.partial(ask_live, self.gateway.approvals)
+        background.bind(self.gateway)
+        self.gateway.runner.background = background
         if leases is not None and url:
             # Released after the gateway drained: its heartbeat keeps our leases while turns finish.
             self.cluster = Cluster(leases, self.gateway, url, tasks=self.tasks.child())

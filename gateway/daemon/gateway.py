@@ -41,7 +41,7 @@ from gateway.ops.metrics import Metrics
 from gateway.ops.tasks import TaskTracker
 from gateway.schedules import confirm as schedule_confirm
 from gateway.schedules.clock import ScheduleClock
-from gateway.store.entries import JournalEntry, JournalKind, JournalState
+from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalKind, JournalState
 from gateway.store.journal import Store
 from gateway.turns import busy, queued_sign, stopping, usage
 from gateway.turns.approvals import Approvals
@@ -142,7 +142,7 @@ class Gateway:
             self.store,
             pacer,
             self.metrics,
-            stream=self.config.delivery.stream,
+            stream=self.config.delivery.stream and BACKGROUND_MARK not in entry.inbound.extra,  # result only
             first_delay=self.config.delivery.first_edit_delay,
         )
 
@@ -443,8 +443,7 @@ class Gateway:
 
     # -- commands and notices -------------------------------------------------------------------
     async def send_notice(self, entry: JournalEntry) -> None:
-        """Deliver a notice entry: its note is the whole reply."""
-        await self._deliver_fixed(entry, entry.note)
+        await self._deliver_fixed(entry, entry.note)  # a notice's note is its whole reply
 
     async def _deliver_fixed(self, entry: JournalEntry, text: str) -> None:
         try:
@@ -482,6 +481,7 @@ class Gateway:
             download=command_io.downloader(self.channels),
             buttons=command_io.button_poster(self.channels),
             busy_changed=self.busy.forget,
+            background=self.runner.background,
         )
 
     async def _run_command(self, entry: JournalEntry, cmd: commands.Command) -> None:

@@ -42,6 +42,18 @@ OPEN_STATES = (JournalState.PENDING, JournalState.RUNNING)
 """States a restart resumes and retention never prunes."""
 
 
+BACKGROUND_MARK = "chital_bg"
+"""In a background task's ``extra``: the task's number (gateway/turns/background.py)."""
+
+
+def conversation_of(inbound: Inbound) -> str:
+    """The journal's conversation of ``inbound``: its chat's, except for a background task, which
+    is a conversation of its own (``<conversation>:bg:<id>``: its own queue, agent thread and
+    claim order), while its replies still go to the chat it was asked in."""
+    task = inbound.extra.get(BACKGROUND_MARK)
+    return f"{inbound.conversation}:bg:{task}" if task is not None else inbound.conversation
+
+
 @dataclass(slots=True)
 class JournalEntry:
     key: str
@@ -58,7 +70,7 @@ class JournalEntry:
     @classmethod
     def new(cls, inbound: Inbound, kind: JournalKind, note: str = "") -> JournalEntry:
         """The entry :meth:`Store.journal_add` just recorded for ``inbound`` (pending)."""
-        return cls(inbound.key, inbound.conversation, kind, inbound, JournalState.PENDING, note=note)
+        return cls(inbound.key, conversation_of(inbound), kind, inbound, JournalState.PENDING, note=note)
 
 
 def inbound_to_json(inbound: Inbound, note: str = "") -> str:

@@ -24,6 +24,7 @@ from channels.base import Inbound
 from gateway.config.urls import database_label
 from gateway.store.access import AccessTables
 from gateway.store.approvals import ApprovalTables
+from gateway.store.background import BackgroundTables
 from gateway.store.busy import BusyTables
 from gateway.store.connection import Connection, Dialect
 from gateway.store.db import PgConnection, SqliteConnection
@@ -33,6 +34,7 @@ from gateway.store.entries import (
     JournalEntry,
     JournalKind,
     JournalState,
+    conversation_of,
     inbound_from_json,
     inbound_to_json,
 )
@@ -55,7 +57,14 @@ _OPEN_SQL = ", ".join(f"'{state.value}'" for state in OPEN_STATES)
 
 
 class Store(
-    AccessTables, ScheduleTables, ApprovalTables, ModelUsageTables, LeaseTables, BusyTables, FileUpkeep
+    AccessTables,
+    ScheduleTables,
+    ApprovalTables,
+    ModelUsageTables,
+    LeaseTables,
+    BusyTables,
+    BackgroundTables,
+    FileUpkeep,
 ):
     """The gateway's state on SQLite or PostgreSQL (any :class:`Connection`). Create with
     :meth:`open` or :meth:`open_postgres`."""
@@ -167,8 +176,8 @@ class Store(
         count = await self._write(
             "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, state, created, updated,"
             " lease_owner, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (inbound.key, inbound.conversation, JournalKind(kind).value, payload, JournalState.PENDING.value,
-             now, now, owner, until),
+            (inbound.key, conversation_of(inbound), JournalKind(kind).value, payload,
+             JournalState.PENDING.value, now, now, owner, until),
         )  # fmt: skip
         return count == 1
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from gateway.store.access import ACCESS_TABLES, PAIRING_COLUMNS
 from gateway.store.approvals import APPROVAL_TABLES
+from gateway.store.background import BACKGROUND_TABLES
 from gateway.store.busy import BUSY_TABLES
 from gateway.store.connection import POSTGRES, Connection
 from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX
@@ -205,6 +206,12 @@ async def _v8_busy_modes(db: Connection) -> None:
         await db.execute(statement)
 
 
+async def _v9_background_tasks(db: Connection) -> None:
+    """The ``background_tasks`` table (gateway/store/background.py)."""
+    for statement in BACKGROUND_TABLES:
+        await db.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
@@ -214,6 +221,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "token budget ledger and estimated usage", _v6_budget_ledger),
     Migration(7, "schedule provenance and confirmation", _v7_schedule_provenance),
     Migration(8, "busy mode per conversation", _v8_busy_modes),
+    Migration(9, "background tasks", _v9_background_tasks),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

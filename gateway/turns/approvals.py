@@ -428,7 +428,7 @@ class Approvals:
         try:
             reply = self.inflight.reply(entry)
             await reply.load()
-            thread_id = await self.store.thread_for(entry.inbound.conversation)
+            thread_id = await self.store.thread_for(entry.conversation)
             plan = PlanMessage(reply, redactor_for(self.config), lambda: self.harness.plan(thread_id))
             with contextlib.suppress(Exception):  # the plan's checklist, if any, ends unfinished
                 await plan.close()

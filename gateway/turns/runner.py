@@ -33,7 +33,7 @@ from gateway.config.durations import in_words
 from gateway.delivery.plan import PlanMessage
 from gateway.intake.attachments import Uploads, deliver_files, fetch_attachments
 from gateway.store.disk import StorageFull
-from gateway.store.entries import JournalEntry, JournalState
+from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalState
 from gateway.turns.approvals import STOPPED_WHY, WAITING_NOTE
 from gateway.turns.options import turn_options
 from gateway.turns.outcome import TurnOutcome
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from gateway.ops.tasks import TaskTracker
     from gateway.store.journal import Store
     from gateway.turns.approvals import Approvals
+    from gateway.turns.background import BackgroundTasks
     from gateway.turns.busy import Busy
     from gateway.turns.inflight import InFlight
     from gateway.turns.queue import TurnQueue
@@ -99,6 +100,9 @@ class TurnRunner:
         self.tasks, self.redact, self._keep, self.host = tasks, redact, keep, host
         self.busy = busy
         """Busy modes: the turn's inbox of steered messages, what it interrupted (gateway/turns/busy.py)."""
+        self.background: BackgroundTasks | None = None
+        """Background tasks (gateway/turns/background.py), set by the daemon: a task stopped, revoked
+        or forgotten meanwhile ends before it runs and before its answer goes out."""
 
     # -- turns ----------------------------------------------------------------------------------
     async def run(self, entry: JournalEntry) -> None:
@@ -119,6 +123,9 @@ class TurnRunner:
                 await self._give_up(entry, reply)
                 outcome = TurnOutcome.ABANDONED
                 return
+            if self.background is not None and await self.background.halted(entry, reply):
+                outcome = TurnOutcome.STOPPED
+                return
             if entry.attempts > 1 and reply.has_message:
                 with contextlib.suppress(Exception):
                     await reply.status("♻️ I was restarted while answering; picking up where I left off…")
@@ -126,13 +133,17 @@ class TurnRunner:
             if picked_up:
                 self.tasks.spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
             typing = asyncio.create_task(self._keep_typing(reply))
-            thread_id = await self.store.thread_for(inbound.conversation)
+            thread_id = await self.store.thread_for(entry.conversation)  # a background task's own
             plan = self._plan(reply, thread_id)
             uploads = await fetch_attachments(self.host, reply.channel, entry, thread_id)
-            final, outcome = await self._agent_turn(entry, thread_id, uploads, reply, plan)
+            async with self._slot(entry):
+                final, outcome = await self._agent_turn(entry, thread_id, uploads, reply, plan)
             typing.cancel()
             if not await self._keep(entry):  # lost to another daemon meanwhile: it answers
                 outcome = TurnOutcome.FENCED
+                return
+            if self.background is not None and await self.background.halted(entry, reply):
+                outcome = TurnOutcome.STOPPED
                 return
             if outcome is TurnOutcome.WAITING:  # paused for approval: resumed by gateway/turns/approvals.py
                 await plan.stop()  # the plan goes on when the turn does
@@ -204,6 +215,13 @@ class TurnRunner:
             self.parking.settled(entry.key)
             self.metrics.turns.labels(outcome).inc()
             self.metrics.turn_seconds.observe(time.monotonic() - started)
+
+    def _slot(self, entry: JournalEntry) -> contextlib.AbstractAsyncContextManager[None]:
+        """Where the agent works: a background task in a slot of its own, beside the chats'
+        (gateway/turns/background.py); any other turn in the one it holds already."""
+        if self.background is None:
+            return contextlib.nullcontext()
+        return self.background.slot(entry, self.turns)
 
     def _plan(self, reply: Reply, thread_id: str) -> PlanMessage:
         """The turn's checklist (gateway/delivery/plan.py): nothing is sent unless the agent plans."""
@@ -277,11 +295,13 @@ class TurnRunner:
         text, final, outcome = "", "", TurnOutcome.OK
         message = uploads.message(inbound.text)  # with what a voice note said (gateway/intake/media.py)
         message = self.redact(message)  # the daemon's secrets never go to the model provider
+        background = BACKGROUND_MARK in inbound.extra  # a background task has its own time limit
+        limit = self.config.tasks.timeout if background else self.config.concurrency.turn_timeout
         try:
             options = masked_context(await turn_options(self.host, entry, thread_id, uploads), self.redact)
             if self.busy is not None:
                 options = self.busy.with_inbox(entry, options)
-            async with asyncio.timeout(self.config.concurrency.turn_timeout):
+            async with asyncio.timeout(limit):
                 stream = self.approvals.events(
                     entry,
                     thread_id,
@@ -305,7 +325,7 @@ class TurnRunner:
                         continue
                     text, final, outcome = self._on_event(event, text, final, outcome, reply)
         except TimeoutError:
-            took = in_words(self.config.concurrency.turn_timeout)
+            took = in_words(limit)
             final, outcome = f"⚠️ This took longer than {took}, so I stopped.", TurnOutcome.TIMEOUT
         if outcome == TurnOutcome.WAITING:
             final = (text + "\n\n" if text else "") + WAITING_NOTE
@@ -345,7 +365,7 @@ class TurnRunner:
         """The turn kept dying: a note instead of an answer, and the checklist a run before posted
         (if any) closed from the checkpoint's plan, so it does not look as if work went on."""
         with contextlib.suppress(Exception):
-            thread_id = await self.store.thread_for(entry.inbound.conversation)
+            thread_id = await self.store.thread_for(entry.conversation)
             await self._close_plan(self._plan(reply, thread_id))
         with contextlib.suppress(Exception):
             await reply.finish("⚠️ I could not finish this answer after several tries. Please ask again.")
