@@ -30,7 +30,6 @@ from gateway.config.schema import Config
 from gateway.config.secrets import redactor_for
 from gateway.daemon import command_io
 from gateway.daemon.cluster import Leases
-from gateway.daemon.menus import Menus
 from gateway.delivery.pacing import PacerPool
 from gateway.delivery.parking import Parking
 from gateway.delivery.reply import Reply
@@ -93,8 +92,6 @@ class Gateway:
         )  # fmt: skip
         """Runs each claimed turn (gateway/turns/runner.py)."""
         self._connected: set[str] = set()
-        self.menus = Menus(config, store, self.channels, self.tasks)
-        """Each channel's native command menu, from the registry (gateway/daemon/menus.py)."""
         self.schedule_clock = schedule_clock or ScheduleClock()  # shared with the ScheduleRunner
         self.confirmations = schedule_confirm.Confirmations(store, config, self.channels, self.schedule_clock)
         self._closing = False
@@ -128,7 +125,6 @@ class Gateway:
             self._connected.discard(channel.name)
         elif channel.name not in self._connected and not self._closing:
             self._connected.add(channel.name)
-            self.menus.connected(channel)
             self.tasks.spawn(self.resume(channel.name), f"resume:{channel.name}")
 
     def _new_reply(self, entry: JournalEntry) -> Reply:
@@ -496,8 +492,6 @@ class Gateway:
             log.error("command /%s of %s failed: %s", cmd.name, entry.key, exc, exc_info=True)
             text = f"⚠️ Something went wrong on my side running /{cmd.name}. Please try again."
         await self._deliver_fixed(entry, text)
-        if cmd.name == "skills":  # an install, removal or approval changes the menus' skill lines
-            self.menus.refresh()
         with contextlib.suppress(Exception):
             await self.store.command_result_drop(entry.key)  # kept while the entry may run again
 

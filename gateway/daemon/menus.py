@@ -7,11 +7,12 @@ can be called as ``/<skill> text`` (gateway/intake/profiles.py), the same names 
 arrives as an event the adapter turns into that text (Slack, Discord, Lark), so it meets the same
 registry row and the same permission checks as a typed command.
 
-When: at every connect of a channel (a restart, a platform outage), after a ``/skills`` command
-(an install, a removal, an approval changes the skill list), and every :data:`RECHECK` seconds (a
-skill added with ``chital skills install`` from a shell). A menu equal to the one last published
-on that channel is not sent again. A failure to publish is logged (never fatal, never retried in a
-loop): typed commands work without a menu, and the next connect or change tries again.
+When: at every connect of a channel (a restart, a platform outage), and whenever the menu built
+every :data:`RECHECK` seconds differs from the one last published there (a skill installed,
+approved or removed in chat or with ``chital skills``; an admin's DM learnt). A failure to publish
+is logged (never fatal) and tried again at the next connect: typed commands work without a menu.
+A channel whose last publish failed is not retried by the timer, so a platform that refuses the
+call is not asked every few seconds.
 """
 
 from __future__ import annotations
@@ -31,18 +32,25 @@ from gateway.store.journal import Store
 
 log = logging.getLogger(__name__)
 
-RECHECK = 60.0
-"""Seconds between two looks at the skill list for a menu change made outside the chat."""
+RECHECK = 5.0
+"""Seconds between two looks at the skill list and the admins' DMs (the skill catalog's refresh
+is throttled stat calls; nothing is sent unless the menu changed)."""
 MAX_ENTRIES = 100
 """Telegram shows at most 100 commands (Discord takes 100 global commands): built-ins come first."""
 
 
-def commands(config: Config) -> tuple[MenuCommand, ...]:
-    """The menu's entries: the registry's rows, then the skills callable as commands."""
-    out = [
+def registry_commands() -> tuple[MenuCommand, ...]:
+    """The registry's rows as menu entries, in ``/help`` order (also what Slack's manifest
+    declares: scripts/gen_slack_manifest.py)."""
+    return tuple(
         MenuCommand(row.name, one_line(row.help, MAX_DESCRIPTION), row.args, row.who is Who.ADMIN)
         for row in REGISTRY.rows
-    ]
+    )
+
+
+def commands(config: Config) -> tuple[MenuCommand, ...]:
+    """The menu's entries: the registry's rows, then the skills callable as commands."""
+    out = list(registry_commands())
     for skill in profiles.skills(config):
         name = profiles.command_name(skill.name)
         if skill.drafted or not NAME.fullmatch(name) or REGISTRY.known(name):
@@ -70,33 +78,36 @@ async def admin_dms(config: Config, platform: str, store: Store) -> tuple[str, .
 
 
 class Menus:
-    """Publishes each channel's menu when it connects and when the menu changes."""
+    """Publishes each watched channel's menu when it connects and when the menu changes."""
 
-    def __init__(
-        self, config: Config, store: Store, channels: dict[str, Channel], tasks: TaskTracker
-    ) -> None:
+    def __init__(self, config: Config, store: Store, tasks: TaskTracker) -> None:
         self._config = config
         self._store = store
-        self._channels = channels
         self._tasks = tasks
+        self._channels: list[Channel] = []
+        self._up: set[str] = set()
         self._published: dict[str, tuple[object, ...]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._watching = False
 
-    def connected(self, channel: Channel) -> None:
-        """``channel`` (re)connected: publish its menu again (the platform may have lost nothing,
-        but a restarted daemon does not know what the last one published)."""
+    def watch(self, channel: Channel) -> None:
+        """Publish ``channel``'s menu at each of its connects, and whenever the menu changes."""
+        self._channels.append(channel)
+        channel.add_status_listener(self._on_state)
+
+    def _on_state(self, channel: Channel) -> None:
+        if channel.state is not ChannelState.CONNECTED:
+            self._up.discard(channel.name)
+            return
+        if channel.name in self._up:
+            return
+        # (Re)connected: publish again, since a restarted daemon cannot know what is published.
+        self._up.add(channel.name)
         self._published.pop(channel.name, None)
         self._tasks.spawn(self.publish(channel), f"menu:{channel.name}")
         if not self._watching:
             self._watching = True
             self._tasks.spawn(self._watch(), "menu:watch")
-
-    def refresh(self) -> None:
-        """Publish again wherever the menu changed (a skill came or went)."""
-        for channel in list(self._channels.values()):
-            if channel.state is ChannelState.CONNECTED:
-                self._tasks.spawn(self.publish(channel), f"menu:{channel.name}")
 
     async def publish(self, channel: Channel) -> None:
         lock = self._locks.setdefault(channel.name, asyncio.Lock())
@@ -119,6 +130,13 @@ class Menus:
                 log.info("%s: command menu published: %s", channel.name, done)
 
     async def _watch(self) -> None:
+        """Every :data:`RECHECK` seconds, publish again where the menu changed (a skill came or
+        went, an admin wrote to the bot for the first time)."""
         while True:
             await asyncio.sleep(RECHECK)
-            self.refresh()
+            for channel in self._channels:
+                if channel.name in self._up and channel.name in self._published:
+                    await self.publish(channel)
+
+    async def close(self) -> None:
+        await self._tasks.close()
