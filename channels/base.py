@@ -25,6 +25,7 @@ from channels.errors import (
     TransientSendError,
     scrub,
 )
+from channels.menus import Menu, MenuCommand
 from channels.messages import (
     FORWARDED,
     REPLIED,
@@ -71,6 +72,8 @@ __all__ = [
     "FatalChannelError",
     "Inbound",
     "InboundSink",
+    "Menu",
+    "MenuCommand",
     "NotModified",
     "OutFile",
     "PermanentSendError",
@@ -382,6 +385,16 @@ class Channel(abc.ABC):
     async def close_buttons(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         """Replace a :meth:`send_buttons` message with ``part`` and no buttons (the decision)."""
         await self.edit(target, message_id, part)
+
+    async def register_commands(self, menu: Menu) -> str:
+        """Publish ``menu`` as the platform's native command list; say in a few words what was
+        published where (for the log), or ``""`` where the platform has no such list or the
+        operator declares it (Slack's manifest). Optional capability: the default does nothing.
+
+        Called by the gateway after each connect and when the list changes (gateway/daemon/menus.py);
+        a failure is logged there and retried at the next connect, never fatal: typed commands
+        work without a menu. Descriptions reach here masked of the daemon's secrets."""
+        return ""
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """Fetch an inbound attachment; raise :class:`PermanentSendError` if it exceeds ``limit``."""

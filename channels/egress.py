@@ -7,9 +7,10 @@ must not be able to forget the mask. So every adapter's outbound methods are wra
 is defined (:func:`guard_outbound`, called by ``Channel.__init_subclass__``): ``render`` and
 ``render_stream`` mask the Markdown before it is formatted and split (a secret cut in two by the
 split would be missed later), and ``send``, ``edit``, ``preview``, ``send_buttons``,
-``close_buttons`` and ``send_file`` mask what reaches them again (text, payload strings, button
-labels and values, a file's name, caption and bytes) for the parts the gateway builds without
-``render``. Masking twice changes nothing: ``***`` holds no secret.
+``close_buttons``, ``send_file`` and ``register_commands`` mask what reaches them again (text,
+payload strings, button labels and values, a file's name, caption and bytes, a menu's
+descriptions) for the parts the gateway builds without ``render``. Masking twice changes
+nothing: ``***`` holds no secret.
 
 The mask itself is the gateway's (``Channel.egress``, set when the channel is attached:
 gateway/config/secrets.py), since only the gateway knows the daemon's secrets; adapters import nothing of
@@ -129,6 +130,19 @@ def _send_file(fn: Callable[..., Any]) -> Callable[..., Any]:
     return send_file
 
 
+def _register_commands(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def register_commands(self: Any, menu: Any) -> Any:
+        egress = self.egress
+        commands = tuple(
+            dataclasses.replace(c, description=egress(c.description), usage=egress(c.usage))
+            for c in menu.commands
+        )
+        return await fn(self, dataclasses.replace(menu, commands=commands))
+
+    return register_commands
+
+
 _WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "render": _render,
     "render_stream": _render_stream,
@@ -138,6 +152,7 @@ _WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "close_buttons": _edit,
     "send_buttons": _send_buttons,
     "send_file": _send_file,
+    "register_commands": _register_commands,
 }
 
 

@@ -50,10 +50,12 @@ ACTION = "action"
 """A button press whose payload cannot be read (Slack block_actions, Telegram callback_query,
 Discord component interaction, Lark card.action.trigger)."""
 INTERACTION = "interaction"
-"""An interaction of a type the bot never offered (a Slack shortcut or modal, a Discord slash
-command or modal)."""
+"""An interaction of a type the bot never offered (a Slack shortcut or modal, a Discord modal or
+autocomplete)."""
 COMMAND = "command"
-"""A Slack slash command (the app registers none)."""
+"""A command from a platform's menu that cannot be read (a Slack slash command or Discord
+application command with a missing or mistyped field, another workspace's, a Lark menu event
+without an operator or key)."""
 DROPPED = "dropped"
 """Counted in addition to the kind: the marker of a malformed event could not be journaled either,
 so nobody is told; the event is acknowledged all the same."""
@@ -63,9 +65,10 @@ KINDS = (MESSAGE, ENVELOPE, ACTION, INTERACTION, COMMAND, DROPPED)
 ACTION_UNREADABLE = "⚠️ I couldn't read that button press; please press it again or answer in words."
 INTERACTION_UNKNOWN = "⚠️ I can't handle that here; please write to me in a message instead."
 COMMAND_UNKNOWN = (
-    "⚠️ I have no slash commands; please write to me in a message instead "
-    "(start it with a space to send a /command as text, e.g. ` /new`)."
+    "⚠️ I couldn't read that command; please send it again, or write it in a message (e.g. `/help`)."
 )
+COMMAND_LATER = "⚠️ I'm restarting; please send that command again in a moment."
+"""A menu command that arrived while the gateway was shutting down (it is not journaled)."""
 
 REFUSALS_PER_MINUTE = 3
 """Adapter-side refusals (a Slack ephemeral note) per sender per minute; beyond it only counted."""

@@ -48,6 +48,7 @@ from channels.base import (
     FatalChannelError,
     Inbound,
     InboundSink,
+    Menu,
     OutFile,
     PermanentSendError,
     Rendered,
@@ -58,7 +59,7 @@ from channels.base import (
 )
 from channels.limits import check_size, header, retry_after
 
-from . import interactions, render, sdk
+from . import appcommands, interactions, render, sdk
 from .inbound import context_item, recover_ids, to_action, to_inbound
 from .render import MAX_LEN
 from .settings import DiscordSettings
@@ -156,6 +157,7 @@ class DiscordChannel(Channel):
         self._sink_lock = asyncio.Lock()
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self.pending = appcommands.Pending()  # deferred application commands (appcommands.py)
 
     def __repr__(self) -> str:  # never show the token
         return f"DiscordChannel(api_base_url={self._api_base_url!r}, state={self.state.value})"
@@ -285,6 +287,8 @@ class DiscordChannel(Channel):
         """A press of one of our buttons: to the gateway, then the interaction answered with an
         ephemeral reply only the presser sees (Discord wants an answer within 3 s, or the client
         shows "interaction failed"; the gateway answers from one database write)."""
+        if interaction.type is discord.InteractionType.application_command:
+            return await appcommands.receive(self, interaction, self._sink, self._sink_lock)
         action = to_action(interaction)
         if action is None:  # not a press of ours, or one we cannot read: counted and refused
             self.count_malformed(interactions.kind_of(interaction.type.value))
@@ -323,7 +327,7 @@ class DiscordChannel(Channel):
     def _reference(target: ReplyTarget, channel_id: int) -> discord.MessageReference | None:
         # Discord echoes the referenced message in the answer and discord.py parses it: a reply
         # quoting a message discord.py could not read would fail after it was posted.
-        if not target.reply_to or target.extra.get(UNREADABLE):
+        if not target.reply_to or target.extra.get(UNREADABLE) or target.extra.get(appcommands.INTERACTION):
             return None
         return discord.MessageReference(
             message_id=int(target.reply_to), channel_id=channel_id, fail_if_not_exists=False
@@ -333,6 +337,8 @@ class DiscordChannel(Channel):
         channel = self._channel(target)
         ref = self._reference(target, channel.id) if part.payload.get("part", 0) == 0 else None
         try:
+            if (answered := await self.pending.send(target, part)) is not None:
+                return answered  # the deferred response of an application command, edited
             msg = await channel.send(part.text, nonce=_nonce(idempotency_key), reference=ref)  # type: ignore[arg-type]  # None is accepted at run time (discord.py's stub is narrower)
         except Exception as exc:
             _raise_mapped(exc, "send")
@@ -366,9 +372,16 @@ class DiscordChannel(Channel):
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         channel = self._channel(target)
         try:
-            await channel.get_partial_message(int(message_id)).edit(content=part.text)
+            if not await self.pending.edit(message_id, part):
+                await channel.get_partial_message(int(message_id)).edit(content=part.text)
         except Exception as exc:
             _raise_mapped(exc, "edit")
+
+    async def register_commands(self, menu: Menu) -> str:
+        """Global application commands (channels/discord/appcommands.py)."""
+        if self._client is None or self._client.is_closed():
+            raise TransientSendError("Discord is not connected")
+        return await appcommands.publish(self._client, menu)
 
     async def typing(self, target: ReplyTarget) -> None:
         """One typing signal (shows ~10 s); the delivery loop repeats it while the turn works."""

@@ -3,8 +3,9 @@
 
 Discord's acknowledgement of an interaction is its answer (a callback within 3 s); there is no
 redelivery, but an interaction left unanswered shows as failed to the person who started it. Ours
-are button presses (component interactions with our ``custom_id``). Everything else, and a press
-whose payload cannot be read, is malformed input (channels/malformed.py): counted by kind and
+are button presses (component interactions with our ``custom_id``) and application commands
+(channels/discord/appcommands.py). Everything else, and a press or command whose payload cannot be
+read, is malformed input (channels/malformed.py): counted by kind and
 answered with an ephemeral note only the presser sees. Where discord.py could not even parse the
 INTERACTION_CREATE dispatch, the answer goes out on the raw callback route with the id and token
 the payload carried, if they are usable.
@@ -22,6 +23,8 @@ from channels import malformed
 
 log = logging.getLogger(__name__)
 
+APPLICATION_COMMAND = 2
+"""A slash command (channels/discord/appcommands.py answers those it can read)."""
 COMPONENT = 3
 """INTERACTION_CREATE ``type`` of a message component (a button press)."""
 AUTOCOMPLETE = 4
@@ -30,11 +33,15 @@ EPHEMERAL = 64
 
 
 def kind_of(interaction_type: Any) -> str:
-    """The malformed kind of an interaction we could not turn into an action."""
+    """The malformed kind of an interaction we could not turn into an action or a command."""
+    if interaction_type == APPLICATION_COMMAND:
+        return malformed.COMMAND
     return malformed.ACTION if interaction_type == COMPONENT else malformed.INTERACTION
 
 
 def note_for(kind: str) -> str:
+    if kind == malformed.COMMAND:
+        return malformed.COMMAND_UNKNOWN
     return malformed.ACTION_UNREADABLE if kind == malformed.ACTION else malformed.INTERACTION_UNKNOWN
 
 

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lark_oapi.api.application.v6 import P2ApplicationBotMenuV6
 from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 from lark_oapi.core.enum import LogLevel
 from lark_oapi.event.callback.model.p2_card_action_trigger import (
@@ -156,6 +157,7 @@ def _frame_problem(headers: dict[str, str], payload: bytes) -> str | None:
 
 MESSAGE_EVENT = "im.message.receive_v1"
 CARD_ACTION_EVENT = "card.action.trigger"
+MENU_EVENT = "application.bot.menu_v6"
 
 
 def refusal_toast(text: str) -> P2CardActionTriggerResponse:
@@ -191,7 +193,7 @@ class _GuardedDispatcher:
         except Exception as exc:
             self._on_unreadable(payload, exc)
             return None
-        if event_type not in (MESSAGE_EVENT, CARD_ACTION_EVENT):
+        if event_type not in (MESSAGE_EVENT, CARD_ACTION_EVENT, MENU_EVENT):
             return None  # not ours: acked, or the platform would redeliver it forever
         try:
             return self._inner._do_without_validation(payload)
@@ -220,6 +222,7 @@ class WsRunner:
         ping_every: float,
         notify: Callable[[str], None],
         on_malformed: Callable[[str], None] | None = None,
+        on_menu: Callable[[WsRunner, P2ApplicationBotMenuV6], None] | None = None,
     ) -> None:
         self._app_id, self._app_secret, self._domain = app_id, app_secret, domain
         self._on_message = on_message
@@ -231,6 +234,8 @@ class WsRunner:
         # frames; what the handler returns is the callback's answer (a toast), carried back in
         # the ack frame. (Frames of type "card", the old callback, the SDK drops unanswered.)
         builder = builder.register_p2_card_action_trigger(self._guard_card)
+        if on_menu is not None:  # the bot's custom menu (channels/lark/menu.py)
+            builder = builder.register_p2_application_bot_menu_v6(lambda data: self._guard(data, on_menu))
         self._dispatcher = _GuardedDispatcher(builder.build(), self._unreadable, self._bad_card)
         self._ping_every = ping_every
         self._notify = notify  # "frame" | "reconnecting" | "died" | "exit"
@@ -342,13 +347,13 @@ class WsRunner:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
 
-    def _guard(self, data: P2ImMessageReceiveV1) -> None:
+    def _guard(self, data: Any, handler: Callable[[WsRunner, Any], None] | None = None) -> None:
         # A client being stopped (or abandoned) must never deliver next to its successor: raising
         # makes the SDK ack 500, so the platform redelivers to the live connection.
         if self.stopping.is_set():
             raise _Redeliver() from RuntimeError("this Lark client is stopping")
         try:
-            self._on_message(self, data)
+            (handler or self._on_message)(self, data)
         except Exception as exc:
             raise _Redeliver() from exc
 

@@ -49,7 +49,7 @@ from channels.base import (
 )
 from channels.limits import check_size, header, retry_after
 
-from . import im, render
+from . import im, menu, render
 from ._ws import WsRunner, refusal_toast
 from .inbound import context_item, recover_ids, to_action, to_inbound
 from .settings import LarkSettings
@@ -103,6 +103,7 @@ class LarkChannel(Channel):
         self.domain = DOMAINS.get(domain, domain).rstrip("/")
         self.liveness_timeout = liveness_timeout
         self.bot_open_id: str | None = None
+        self.dm_chats = menu.DmChats()  # whom a menu event's answer goes to (channels/lark/menu.py)
         self._api = (
             lark.Client.builder()
             .app_id(app_id)
@@ -137,6 +138,7 @@ class LarkChannel(Channel):
             ping_every=max(0.5, self.liveness_timeout / 3),
             notify=lambda kind: self._from_sdk_thread(runner, kind),
             on_malformed=self.count_malformed,
+            on_menu=self._on_menu,
         )
         self._runner = runner
         runner.start()
@@ -228,7 +230,21 @@ class LarkChannel(Channel):
             self._block_on(runner, self.skip_unreadable(sink, exc, **ids))
             return
         if inbound is not None:
+            if inbound.is_direct:
+                self.dm_chats.learn(inbound.sender_id, inbound.chat_id)
             self._block_on(runner, self.hand_over(sink, inbound, ref=f"message {inbound.message_id}"))
+
+    def _on_menu(self, runner: WsRunner, data: Any) -> None:
+        """A pick from the bot's custom menu (SDK thread): journaled as the command it names, then
+        acked; one that cannot be read is counted and its sender, when named, told."""
+        sink = self._live_sink(runner)
+        try:
+            inbound = menu.to_inbound(data, self.dm_chats, self.app_id)
+        except (ValueError, TypeError, AttributeError) as exc:
+            ids = menu.recover_ids(data, self.dm_chats)
+            self._block_on(runner, self.skip_unreadable(sink, exc, kind=malformed.COMMAND, **ids))
+            return
+        self._block_on(runner, self.hand_over(sink, inbound, ref=f"menu event {inbound.message_id}"))
 
     def _on_unreadable(self, runner: WsRunner, payload: bytes, exc: Exception) -> None:
         """An event frame the SDK itself could not parse (not JSON, no header): skip and ack it."""
@@ -290,7 +306,7 @@ class LarkChannel(Channel):
         msg_type, content = im.payload(part)
         # The platform de-duplicates creates and replies on uuid (<= 50 chars) for about an hour.
         uuid = hashlib.sha256(idempotency_key.encode()).hexdigest()[:40]
-        if target.reply_to:
+        if target.reply_to and not target.extra.get(menu.MENU):
             try:
                 return await self._reply(target, msg_type, content, uuid)
             except _LarkApiError as e:
@@ -326,7 +342,7 @@ class LarkChannel(Channel):
         await self._call("edit", self._api.im.v1.message.patch, im.patch_request(message_id, content))
 
     async def react(self, target: ReplyTarget, emoji: str) -> None:
-        if not target.reply_to:
+        if not target.reply_to or target.extra.get(menu.MENU):
             return
         req = im.reaction_request(target.reply_to, emoji)
         try:

@@ -101,7 +101,8 @@ def create_request(chat_id: str, msg_type: str, content: str, uuid: str | None) 
     body = CreateMessageRequestBody.builder().receive_id(chat_id).msg_type(msg_type).content(content)
     if uuid:
         body = body.uuid(uuid)
-    return CreateMessageRequest.builder().receive_id_type("chat_id").request_body(body.build()).build()
+    kind = "open_id" if chat_id.startswith("ou_") else "chat_id"  # a person (a menu event's answer)
+    return CreateMessageRequest.builder().receive_id_type(kind).request_body(body.build()).build()
 
 
 def patch_request(message_id: str, content: str) -> PatchMessageRequest:

@@ -68,7 +68,7 @@ from channels.base import (
 )
 from channels.limits import check_size
 
-from . import envelopes, render, webapi
+from . import commands, envelopes, render, webapi
 from .inbound import recover_ids
 from .inbound import to_action as slack_action
 from .inbound import to_inbound as event_to_inbound
@@ -271,6 +271,26 @@ class SlackChannel(Channel):
             if inbound is not None:
                 await self._refusing(state, self.hand_over(self._sink, inbound, ref=ref))
 
+    async def on_slash(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A slash command, journaled as the typed command it stands for (channels/slack/commands.py);
+        returns the ack's payload: the invocation shown in the channel, or a refusal only the
+        sender sees (Slack does not redeliver a slash command, so every outcome is an ack)."""
+        refusal = {"text": malformed.COMMAND_UNKNOWN, "response_type": "ephemeral"}
+        try:
+            inbound = commands.to_inbound(payload, self._auth.team_id if self._auth else None)
+        except (ValueError, TypeError) as exc:
+            self.count_malformed(malformed.COMMAND)
+            log.warning("slack: a slash command could not be read: %s", exc)
+            return refusal
+        if self._sink is None:
+            return {**refusal, "text": malformed.COMMAND_LATER}
+        async with self._sink_lock:
+            try:
+                await self.hand_over(self._sink, inbound, ref=f"slash command {inbound.message_id}")
+            except ChannelError:  # shutting down: not journaled, and Slack will not send it again
+                return {**refusal, "text": malformed.COMMAND_LATER}
+        return {"response_type": "in_channel"}
+
     async def skip_envelope(self, kind: str, ids: Callable[[], dict[str, Any]], error: Exception) -> None:
         """An envelope with no readable event (channels/slack/envelopes.py): skipped in arrival
         order like an unreadable event, only counted while nothing receives."""
@@ -384,7 +404,7 @@ class SlackChannel(Channel):
         thread_ts = _thread_ts(target)
         self._http()  # the calls below use the pooled session
         return await webapi.find_reply(
-            self._client, target.chat_id, thread_ts, target.reply_to or thread_ts, idempotency_key
+            self._client, target.chat_id, thread_ts, _user_ts(target) or thread_ts, idempotency_key
         )
 
     async def thread_context(self, inbound: Inbound, limit: int, max_chars: int) -> Sequence[ContextItem]:
@@ -403,9 +423,10 @@ class SlackChannel(Channel):
 
     async def typing(self, target: ReplyTarget) -> None:
         """Slack has no typing indicator for bots: the user's message gets :eyes: once instead."""
-        if not target.reply_to:
+        ts = _user_ts(target)
+        if not ts:
             return
-        key = (target.chat_id, target.reply_to)
+        key = (target.chat_id, ts)
         if key in self._working:
             return
         await self.react(target, WORKING_REACTION)
@@ -414,12 +435,13 @@ class SlackChannel(Channel):
             self._working.popitem(last=False)
 
     async def react(self, target: ReplyTarget, emoji: str) -> None:
-        if not target.reply_to:
+        ts = _user_ts(target)
+        if not ts:
             return
         name = EMOJI_NAMES.get(emoji, emoji).strip(":")
         try:
             await self._call(
-                self._client.reactions_add(channel=target.chat_id, timestamp=target.reply_to, name=name),
+                self._client.reactions_add(channel=target.chat_id, timestamp=ts, name=name),
                 "reactions.add",
             )
         except PermanentSendError as exc:
@@ -460,6 +482,11 @@ class SlackChannel(Channel):
 
 def _section(text: str) -> dict[str, Any]:
     return {"type": "section", "text": {"type": "mrkdwn", "text": text[:SECTION_LEN] or "…"}}
+
+
+def _user_ts(target: ReplyTarget) -> str | None:
+    """The ts of the user's post being answered; None for a slash command (no post exists)."""
+    return None if target.extra.get(commands.SLASH) else target.reply_to
 
 
 def _thread_ts(target: ReplyTarget) -> str | None:

@@ -14,10 +14,14 @@ message listener (its request listeners are emptied):
 * when one of our listeners refused the envelope on purpose (the sink raised: the gateway is
   shutting down, the store is down) nothing is sent, and Slack redelivers it later: the one case
   in which an envelope stays unacknowledged;
+* a slash command (``slash_commands`` with an object payload) never goes to bolt: the channel
+  journals it as the typed command it stands for (channels/slack/commands.py) and the ack, sent
+  within Slack's 3 s once it is journaled, shows the invocation in the channel;
 * everything else (an envelope without a payload or event, an event or press bolt could not parse,
-  an interaction type the app never offered, a slash command) is malformed input: counted by kind,
-  logged without its text, skipped through the gateway (a journaled note to a known sender) or
-  refused to the presser (an ephemeral note, a slash command's ack text), and acknowledged.
+  an interaction type the app never offered, a slash command that cannot be read) is malformed
+  input: counted by kind, logged without its text, skipped through the gateway (a journaled note
+  to a known sender) or refused to the presser (an ephemeral note, a slash command's ack text),
+  and acknowledged.
 
 Which listener ran is told through a context variable that bolt's dispatch carries along (it runs
 our listeners to completion before it returns, ``process_before_response=True``).
@@ -111,7 +115,7 @@ def _routable(etype: str, payload: Any) -> bool:
             and isinstance(actions[0].get("action_id"), str)
             and actions[0]["action_id"].startswith(ACTION_ID)
         )
-    return False  # slash commands, shortcuts, modals: the app offers none
+    return False  # shortcuts, modals: the app offers none (slash commands: handle())
 
 
 def _optional_ids(body: dict[str, Any], *keys: str) -> bool:
@@ -140,6 +144,9 @@ async def handle(
             if isinstance(envelope_id, str | int) and not isinstance(envelope_id, bool):
                 await _ack(client, envelope_id)  # type: ignore[arg-type]  # echoed as it came
         return  # otherwise a control frame newer than this code: not ours to judge
+    if etype == "slash_commands" and isinstance(payload, dict):
+        await _ack(client, envelope_id, await channel.on_slash(payload))  # channels/slack/commands.py
+        return
     if etype not in ROUTED or not _routable(str(etype), payload) or not isinstance(payload, dict):
         await _skip(channel, client, envelope_id, kind if etype in ROUTED else malformed.ENVELOPE, payload)
         return
@@ -197,7 +204,7 @@ async def _skip(
         )
     elif kind == malformed.COMMAND:
         channel.count_malformed(kind)
-        log.warning("slack: slash command envelope %s refused (the app registers none)", envelope_id)
+        log.warning("slack: slash command envelope %s without a payload; refused", envelope_id)
         answer = {"text": malformed.COMMAND_UNKNOWN, "response_type": "ephemeral"}
     else:
         channel.count_malformed(kind)

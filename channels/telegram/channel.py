@@ -48,6 +48,7 @@ from channels.base import (
     FatalChannelError,
     Inbound,
     InboundSink,
+    Menu,
     OutFile,
     PermanentSendError,
     Rendered,
@@ -56,7 +57,7 @@ from channels.base import (
 )
 from channels.limits import check_size
 
-from . import botapi, sdk
+from . import botapi, menus, sdk
 from .botapi import NO_PREVIEW, TOKEN_REJECTED, check_download, post, retry_seconds, where
 from .inbound import recover_ids, reject_nulls, to_action, to_inbound, update_body
 from .render import MAX_CAPTION_UTF16, MAX_MESSAGE_UTF16, render_markdown, truncate
@@ -399,6 +400,10 @@ class TelegramChannel(Channel):
             )
         except tg.TelegramError as exc:
             log.debug("telegram: reaction failed: %s", self._scrub(exc))
+
+    async def register_commands(self, menu: Menu) -> str:
+        """setMyCommands per scope (channels/telegram/menus.py)."""
+        return await self._api(menus.publish(self._require_bot(), menu))
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """Refuses before downloading when the announced size is over ``limit`` (or Telegram's 20 MB)."""

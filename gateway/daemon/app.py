@@ -44,6 +44,7 @@ from gateway.daemon.lifecycle import (
     postgres_error,
     prepare_data_dir,
 )
+from gateway.daemon.menus import Menus
 from gateway.daemon.status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
 from gateway.daemon.summary import log_summary
 from gateway.ops.http import build_app, describe_state
@@ -307,10 +308,13 @@ class Daemon:
             res.push("the cluster", self.cluster.close)
         res.push("the gateway", self._close_gateway)
 
+        self.menus = Menus(cfg, self.store, self.tasks.child())
+        res.push("the command menus", self.menus.close)
         channels, self.off = build_channels(cfg)  # the summary says which are off and why
         for channel in channels:
             sink = self.gateway.attach(channel)
             channel.add_status_listener(self._on_channel_state)
+            self.menus.watch(channel)  # its native command menu (gateway/daemon/menus.py)
             sup = ChannelSupervisor(channel, sink, self.metrics, tasks=self.tasks.child())
             self.supervisors.append(sup)
             res.push(f"channel {channel.name}", sup.close)

@@ -25,6 +25,8 @@ from typing import Any, Literal, TypeVar
 
 from aiohttp import WSMsgType, web
 
+from tests.fakes import discord_commands
+
 T = TypeVar("T")
 JSON_TYPE = "application/json"  # exact: discord.py returns a str for "...; charset=utf-8"
 MAX_CONTENT = 2000
@@ -139,6 +141,12 @@ class FakeDiscord:
         """Interactions dispatched (by id), for their tokens and the presser."""
         self.interaction_responses: dict[str, dict[str, Any]] = {}
         """The bot's answer to each interaction (POST .../callback payload), by interaction id."""
+        self.global_commands: list[dict[str, Any]] = []
+        """The application's global commands as the last bulk overwrite left them."""
+        self.guild_commands: dict[str, list[dict[str, Any]]] = {}
+        self.command_puts = 0
+        self.originals: dict[str, str] = {}
+        """Interaction id -> the message id of its response (a deferred one shows "thinking…")."""
         self._offered: dict[str, list[dict[str, Any]]] = {}
         """Every button a message was ever sent or edited with (a stale client can still press)."""
 
@@ -158,6 +166,7 @@ class FakeDiscord:
         r.add_post(f"{api}/channels/{{cid}}/typing", self._typing)
         r.add_put(f"{api}/channels/{{cid}}/messages/{{mid}}/reactions/{{emoji}}/@me", self._react)
         r.add_post(f"{api}/interactions/{{iid}}/{{token}}/callback", self._interaction_callback)
+        discord_commands.routes(self, r, api)
         r.add_get("/attachments/{cid}/{aid}/{name}", self._cdn_get)
         r.add_get("/gateway/", self._gateway)
         r.add_get("/gateway", self._gateway)
@@ -275,7 +284,7 @@ class FakeDiscord:
             return await handler(request)
         self.rest_calls.append((request.method, request.path))
         # Interaction callbacks are authorized by the interaction's token in the path, no header.
-        interaction = request.path.startswith("/api/v10/interactions/")
+        interaction = request.path.startswith(("/api/v10/interactions/", "/api/v10/webhooks/"))
         if not interaction and request.headers.get("Authorization") != f"Bot {self.token}":
             return _error(401, 0, "401: Unauthorized")
         failure = self._take_failure(request)
@@ -860,6 +869,28 @@ class FakeDiscord:
         await self._dispatch("INTERACTION_CREATE", data)
         return iid
 
+    def _record(self, data: dict[str, Any]) -> None:
+        self.posted.append(
+            PostedMessage(id=data["id"], channel_id=data["channel_id"], content=data["content"])
+        )
+        self._notify()
+
+    async def run_command(
+        self, user_id: str, name: str, args: str | None = None, *, channel_id: str | None = None
+    ) -> str:
+        """``user_id`` runs the application command ``name`` (with its one option ``args``) in
+        ``channel_id`` (their DM by default): an INTERACTION_CREATE of type 2. Returns its id."""
+        data = discord_commands.command_interaction(
+            self, user_id, channel_id or self.dm_channel(user_id), name, args
+        )
+        await self.inject_interaction(data)
+        return str(data["id"])
+
+    def response_text(self, iid: str) -> str | None:
+        """What the user sees as the response to interaction ``iid`` now (None: none yet)."""
+        mid = self.originals.get(iid)
+        return None if mid is None else str(self._messages[mid]["content"])
+
     async def inject_interaction(self, data: dict[str, Any]) -> None:
         """Dispatch an INTERACTION_CREATE exactly as given (malformed ones included); one with a
         string id and token can be answered on the callback route like any other."""
@@ -892,8 +923,16 @@ class FakeDiscord:
         self._notify()
         answer = payload.get("data") or {}
         flags = int(answer.get("flags") or 0)
-        message = self._message_data(str(sent.get("channel_id") or "0"), self.bot_id, answer.get("content") or "", flags=flags,
-                                     interaction_metadata={"id": iid, "type": 3})  # fmt: skip
+        deferred = payload.get("type") == 5
+        member = sent.get("member")
+        presser = sent.get("user") or (member.get("user") if isinstance(member, dict) else None) or {}
+        message = self._message_data(str(sent.get("channel_id") or "0"), self.bot_id, answer.get("content") or "",
+                                     flags=flags | (128 if deferred else 0),
+                                     interaction_metadata={"id": iid, "type": sent.get("type", 3), "user": presser,
+                                                           "authorizing_integration_owners": {}})  # fmt: skip
+        self.originals[iid] = message["id"]
+        if deferred or sent.get("type") == 2:
+            self._record(message)  # in the channel for everyone (ephemeral ones only for the user)
         return _json({
             "interaction": {"id": iid, "type": 3, "response_message_id": message["id"],
                             "response_message_loading": False, "response_message_ephemeral": bool(flags & 64)},

@@ -450,6 +450,28 @@ class FakeLark:
             mutate(body)
         return self.inject_payload(json.dumps(body).encode(), event_id=event_id, message_id=message_id)
 
+    def p2p_chat(self, open_id: str) -> str:
+        """The chat id of ``open_id``'s one-to-one chat with the bot (``oc_p2p_<open_id without ou_>``)."""
+        return f"oc_p2p_{open_id.removeprefix('ou_')}"
+
+    def inject_menu(
+        self, open_id: str, event_key: Any, *, mutate: Callable[[dict[str, Any]], None] | None = None
+    ) -> Injected:
+        """``open_id`` picks the custom-menu entry whose ``event_key`` is given: an
+        ``application.bot.menu_v6`` event as Lark sends it (``mutate`` may break it first)."""
+        event_id = f"ev_{next(self._ids):08d}"
+        body: dict[str, Any] = {
+            "schema": "2.0",
+            "header": {"event_id": event_id, "event_type": menu_event_type(), "create_time": str(int(time.time() * 1000)),
+                       "token": "", "app_id": self.app_id, "tenant_key": "tenant_fake"},
+            "event": {"operator": {"operator_name": "Menu User",
+                                   "operator_id": {"open_id": open_id, "union_id": "on_" + open_id, "user_id": None}},
+                      "event_key": event_key, "timestamp": int(time.time())},
+        }  # fmt: skip
+        if mutate is not None:
+            mutate(body)
+        return self.inject_payload(json.dumps(body).encode(), event_id=event_id)
+
     def inject_payload(
         self, payload: bytes, *, event_id: str | None = None, message_id: str = ""
     ) -> Injected:
@@ -736,9 +758,14 @@ class FakeLark:
             )
         if path == "/open-apis/im/v1/messages" and method == "POST":
             body = await request.json()
-            if request.query.get("receive_id_type") != "chat_id":
+            kind, receiver = request.query.get("receive_id_type"), body.get("receive_id", "")
+            if kind == "open_id":  # to a person: their one-to-one chat with the bot
+                if not str(receiver).startswith("ou_"):
+                    return _err(400, 99992361, "open_id cross app")
+                return self._create(body, self.p2p_chat(receiver), None)
+            if kind != "chat_id":
                 return _err(400, 99992402, "field validation failed: receive_id_type")
-            return self._create(body, body.get("receive_id", ""), None)
+            return self._create(body, receiver, None)
         if m := re.fullmatch(r"/open-apis/im/v1/messages/([^/]+)/reply", path):
             parent = self.messages.get(m.group(1))
             if parent is None:
@@ -895,6 +922,11 @@ class FakeLark:
             "sender": sender,
             "body": {"content": msg.content},
         }
+
+
+def menu_event_type() -> str:
+    """The bot custom menu's event (the developer console's "Bot custom menu" subscription)."""
+    return "application.bot.menu_v6"
 
 
 def _ok(data: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> web.Response:

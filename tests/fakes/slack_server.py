@@ -29,6 +29,8 @@ from typing import Any, TypeVar
 
 from aiohttp import WSMsgType, web
 
+from tests.fakes.slack_slash import declared_commands, slash_envelope
+
 T = TypeVar("T")
 ANY = object()
 """Sentinel for :meth:`FakeSlack.texts`: any thread."""
@@ -173,6 +175,8 @@ class FakeSlack:
         self.downloads = 0
         self.users: dict[str, dict[str, Any]] = {}
         self.ephemerals: list[dict[str, Any]] = []
+        self.slash_commands = declared_commands()
+        """The slash commands the app's manifest declares (the only ones Slack sends)."""
         """chat.postEphemeral calls (channel, user, text, thread_ts): notes only one user sees."""
         self.channels: dict[str, dict[str, Any]] = {}
 
@@ -379,6 +383,18 @@ class FakeSlack:
                 "is_ext_shared_channel": False,
             },
         }
+        await self._deliver(envelope)
+        return envelope
+
+    async def inject_slash(self, channel: str, user: str, command: str, text: str = "") -> dict[str, Any]:
+        """``user`` runs the slash ``command`` with ``text`` in ``channel`` (tests/fakes/slack_slash.py).
+        As on Slack, only a command the app manifest declares can be run."""
+        if command not in self.slash_commands:
+            raise AssertionError(f"{command} is not declared in the app manifest; Slack would not send it")
+        envelope = slash_envelope(
+            n=next(self._ids), port=self.port, team_id=self.team_id, channel=channel, user=user,
+            command=command, text=text, user_name=user.lower(),
+        )  # fmt: skip
         await self._deliver(envelope)
         return envelope
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,9 @@ from tests.fakes.telegram_wire import (
 )
 
 _REACTIONS = frozenset(e.value for e in ReactionEmoji)
+SCOPES = frozenset({"default", "all_private_chats", "all_group_chats", "all_chat_administrators",
+                    "chat", "chat_administrators", "chat_member"})  # fmt: skip
+COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
 
 
 class BotApiMethods:
@@ -34,6 +38,7 @@ class BotApiMethods:
     if TYPE_CHECKING:
         bot_user: dict[str, Any]
         commands: list[Any]
+        my_commands: dict[tuple[str, int | None, str], list[dict[str, str]]]
         webhook_deleted: int
         _pending: list[dict[str, Any]]
         _forced: list[dict[str, Any]]
@@ -83,8 +88,47 @@ class BotApiMethods:
             self._pending.clear()
         return True
 
+    # -- command menus: setMyCommands / getMyCommands / deleteMyCommands, per scope -------------
+    def _scope_key(self, p: dict[str, Any]) -> tuple[str, int | None, str]:
+        """(scope type, chat id or None, language code), checked as Telegram checks them."""
+        scope = p.get("scope") or {"type": "default"}
+        kind = scope.get("type") if isinstance(scope, dict) else None
+        if kind not in SCOPES:
+            raise ApiError(400, "Bad Request: wrong parameter scope")
+        chat: int | None = None
+        if kind in ("chat", "chat_administrators", "chat_member"):
+            try:
+                chat = int(scope["chat_id"])
+            except (KeyError, TypeError, ValueError):
+                raise ApiError(400, "Bad Request: chat not found") from None
+            if chat not in self._chats:
+                raise ApiError(400, "Bad Request: chat not found")
+        return kind, chat, str(p.get("language_code") or "")
+
     async def _m_setmycommands(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
-        self.commands = p.get("commands", [])
+        commands = p.get("commands", [])
+        if not isinstance(commands, list):
+            raise ApiError(400, "Bad Request: can't parse commands JSON object")
+        if len(commands) > 100:
+            raise ApiError(400, "Bad Request: BOT_COMMANDS_TOO_MUCH")
+        for c in commands:
+            name = c.get("command") if isinstance(c, dict) else None
+            about = c.get("description") if isinstance(c, dict) else None
+            if not isinstance(name, str) or not COMMAND_NAME.fullmatch(name):
+                raise ApiError(400, "Bad Request: BOT_COMMAND_INVALID")
+            if not isinstance(about, str) or not 1 <= len(about.strip()) <= 256:
+                raise ApiError(400, "Bad Request: BOT_COMMAND_DESCRIPTION_INVALID")
+        key = self._scope_key(p)
+        self.my_commands[key] = [{"command": c["command"], "description": c["description"]} for c in commands]
+        if key == ("default", None, ""):
+            self.commands = self.my_commands[key]
+        return True
+
+    async def _m_getmycommands(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        return self.my_commands.get(self._scope_key(p), [])
+
+    async def _m_deletemycommands(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
+        self.my_commands.pop(self._scope_key(p), None)
         return True
 
     async def _m_getupdates(self, p: dict[str, Any], f: dict[str, Any]) -> Any:

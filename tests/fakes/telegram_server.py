@@ -95,7 +95,9 @@ class FakeTelegram(BotApiMethods):
         self._closing = False
         self._poll_gen = 0
         self._allowed: list[str] | None = None
-        self.commands: list[Any] = []
+        self.commands: list[Any] = []  # the default scope's
+        self.my_commands: dict[tuple[str, int | None, str], list[dict[str, str]]] = {}
+        """setMyCommands per (scope type, chat id, language code): the menus the bot published."""
         self._changed = asyncio.Event()
         self.webhook_deleted = 0
 
@@ -417,6 +419,10 @@ class FakeTelegram(BotApiMethods):
         self._blocked.add(chat_id)
 
     # -- observing the bot -----------------------------------------------------------------------
+    def menu(self, scope: str, chat_id: int | None = None) -> list[str]:
+        """The command names the bot published for ``scope`` (``all_private_chats``, ``chat``...)."""
+        return [c["command"] for c in self.my_commands.get((scope, chat_id, ""), [])]
+
     def calls_to(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
 
