@@ -195,6 +195,8 @@ def test_slack_manifest_asks_for_what_the_adapter_calls() -> None:
     needed = set().union(*(SLACK_SCOPES_BY_CALL[c] for c in calls)) | SLACK_EVENT_SCOPES
     if "url_private" in source:
         needed.add("files:read")  # downloads of files users share
+    if manifest["features"].get("slash_commands"):
+        needed.add("commands")  # the command menu (channels/slack/commands.py)
     assert set(manifest["oauth_config"]["scopes"]["bot"]) == needed
     assert set(manifest["settings"]["event_subscriptions"]["bot_events"]) == SLACK_EVENTS
     # Approve / Deny buttons (block_actions over the socket) need interactivity on.
