@@ -205,7 +205,7 @@ async def test_the_per_user_cap_refuses_with_a_note(
     tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     cfg = tg_config(tmp_path, tg, model, tasks={"max_per_user": 1})
-    async with started_daemon(tmp_path, cfg):
+    async with started_daemon(tmp_path, cfg) as d:
         held = held_task(model, "CAPJOB", "first done")
         first = say(tg, MEMBER, "/bg CAPJOB one")
         await reply(tg, MEMBER, first, "Started background task #1")
@@ -218,6 +218,9 @@ async def test_the_per_user_cap_refuses_with_a_note(
         assert other is not None, "the cap is per user"
         held.set()
         await reply(tg, MEMBER, first, "first done")
+        # The task's entry is marked done just after its answer is sent: until then it still counts.
+        done = "SELECT 1 FROM journal WHERE key LIKE '%:bg-1' AND state = 'done'"
+        await until(lambda: daemon_rows(d.config["storage"], done), 20, "task #1 marked done")
         await reply(tg, MEMBER, say(tg, MEMBER, "/bg CAPJOB three"), "Started background task #3")
         long = await reply(tg, MEMBER, say(tg, MEMBER, "/bg " + "x" * 4001), "Not started")
         assert "4,001 characters long" in long.text and "at most 4,000" in long.text
