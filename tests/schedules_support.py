@@ -48,6 +48,8 @@ class Scheduled:
         self.scheduler = GatewayScheduler(rig.store, rig.gateway.config, shared)
         self.runner = ScheduleRunner(rig.gateway, rig.store, rig.gateway.config, shared, self.scheduler)
         self.calls = 0
+        self.firing: Callable[[Call], AsyncIterator[AgentEvent]] | None = None
+        """How a firing's turn answers (None: the harness's echo)."""
         rig.harness.scripts = _Scripts(self)
 
     async def ask(self, user: int, request: dict[str, Any]) -> str:
@@ -72,6 +74,8 @@ class _Scripts(dict[str, Callable[[Call], AsyncIterator[AgentEvent]]]):
         self.owner = owner
 
     def get(self, text: str, default: Any = None) -> Any:  # type: ignore[override]
+        if text.startswith("[Scheduled task #") and self.owner.firing is not None:
+            return self.owner.firing
         if not text.startswith("schedule "):
             return default
         return self._schedule

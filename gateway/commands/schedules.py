@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
+from zoneinfo import ZoneInfo
 
 from agent.tools.schedule import ScheduleError
 from agent.untrusted import code_span
 from channels.base import Inbound
 from gateway.schedules.runner import cancel, info_of
-from gateway.schedules.times import rule_text
-from gateway.store.schedules import ACTIVE
+from gateway.schedules.times import fmt, rule_text
+from gateway.store.schedules import ACTIVE, Schedule
+from gateway.turns.quiet import SILENT
 
 if TYPE_CHECKING:
     from gateway.commands.registry import Command, CommandContext
@@ -90,17 +92,35 @@ async def _confirm(confirmations: Confirmations, requester: Inbound, schedule_id
 
 async def _listing(store: Store, conversation: str) -> str:
     found = await store.schedules_active(conversation)
+    finished = [
+        f"#{s.id} ({rule_text(s.cron)}){_last_run(s)}: {_short(s.text)}"
+        for s in await store.schedules_finished(conversation)
+    ]
+    ran = ["Finished recently:", *finished] if finished else []
     if not found:
-        return "No schedules in this conversation. Ask me, e.g. “remind me in 2 hours to …”."
+        return "\n".join(
+            ["No schedules in this conversation. Ask me, e.g. “remind me in 2 hours to …”.", *ran]
+        )
     lines = [f"Schedules here ({len(found)}):"]
     for s in found:
         info = info_of(s)
         waits = f" — ⚠️ waits for confirmation (/schedules confirm {s.id})" if s.unconfirmed else ""
         lines.append(
-            f"#{s.id} — next {info.next_fire} — {info.rule} — by {s.creator}{waits}: {_short(s.text)}"
+            f"#{s.id} — next {info.next_fire} — {info.rule} — by {s.creator}{_last_run(s)}{waits}:"
+            f" {_short(s.text)}"
         )
     lines.append("Cancel one with /unschedule ID.")
-    return "\n".join(lines)
+    return "\n".join([*lines, *ran])
+
+
+def _last_run(schedule: Schedule) -> str:
+    """`` — last run …, silent`` when it ran before: a quiet check-in that posted nothing
+    (gateway/turns/quiet.py) still shows that it ran."""
+    if schedule.last_run is None:
+        return ""
+    when = fmt(schedule.last_run, ZoneInfo(schedule.tz))
+    how = "silent (nothing to report)" if schedule.last_outcome == SILENT else "posted"
+    return f" — last run {when}, {how}"
 
 
 def _short(text: str) -> str:

@@ -43,7 +43,7 @@ from gateway.schedules import confirm as schedule_confirm
 from gateway.schedules.clock import ScheduleClock
 from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalKind, JournalState
 from gateway.store.journal import Store
-from gateway.turns import busy, queued_sign, stopping, usage
+from gateway.turns import busy, queued_sign, quiet, stopping, usage
 from gateway.turns.approvals import Approvals
 from gateway.turns.inflight import InFlight
 from gateway.turns.queue import TurnQueue
@@ -142,7 +142,10 @@ class Gateway:
             self.store,
             pacer,
             self.metrics,
-            stream=self.config.delivery.stream and BACKGROUND_MARK not in entry.inbound.extra,  # result only
+            # A background task shows its result only; a scheduled run may end silent (turns/quiet.py).
+            stream=self.config.delivery.stream
+            and BACKGROUND_MARK not in entry.inbound.extra
+            and quiet.schedule_of(entry.inbound) is None,
             first_delay=self.config.delivery.first_edit_delay,
         )
 

@@ -49,6 +49,9 @@ schedule's number is never given to a new one (a late ``/unschedule 7`` must not
 PROVENANCE_COLUMNS = {"provenance": "TEXT", "confirmed": "TEXT"}
 """Added by schema step 7: the untrusted sources a schedule was made after (NULL: none) and who
 confirmed it (NULL: nobody yet; a schedule with a provenance waits for that)."""
+LAST_RUN_COLUMNS = {"last_run": "REAL", "last_outcome": "TEXT"}
+"""Added by schema step 8: when a schedule last ran and how it ended (``posted``, or ``silent``: a
+run with nothing to report posted nothing, gateway/turns/quiet.py), for ``/schedules``."""
 RUNNABLE = "(provenance IS NULL OR confirmed IS NOT NULL)"
 """The condition of a schedule that may fire."""
 
@@ -77,6 +80,10 @@ class Schedule:
     """The untrusted sources in the model's context when it was made (agent/provenance.py)."""
     confirmed: str | None = None
     """Who confirmed it (None: nobody yet)."""
+    last_run: float | None = None
+    """When a run last ended (None: never)."""
+    last_outcome: str | None = None
+    """How it ended: ``posted`` or ``silent``."""
 
     @property
     def unconfirmed(self) -> bool:
@@ -85,7 +92,8 @@ class Schedule:
 
 
 _COLUMNS = (
-    "id, conversation, template, creator, text, cron, tz, next_fire, state, created, provenance, confirmed"
+    "id, conversation, template, creator, text, cron, tz, next_fire, state, created, provenance, confirmed,"
+    " last_run, last_outcome"
 )
 
 
@@ -114,13 +122,16 @@ def _template_json(inbound: Inbound) -> str:
 
 
 def _row(row: Any) -> Schedule:
-    sid, conv, template, creator, text, cron, tz, next_fire, state, created, provenance, confirmed = row
+    sid, conv, template, creator, text, cron, tz, next_fire, state, created, provenance, confirmed = row[:12]
+    last_run, last_outcome = row[12:14]
     data = json.loads(template)
     inbound = Inbound(text="", addressed=True, **data)
     return Schedule(int(sid), str(conv), inbound, str(creator), str(text), cron, str(tz),
                     None if next_fire is None else float(next_fire), str(state), float(created),
                     Provenance.from_json(provenance),
-                    None if confirmed is None else str(confirmed))  # fmt: skip
+                    None if confirmed is None else str(confirmed),
+                    None if last_run is None else float(last_run),
+                    None if last_outcome is None else str(last_outcome))  # fmt: skip
 
 
 class ScheduleTables:
@@ -168,6 +179,16 @@ class ScheduleTables:
         async with self._db.execute(
             f"SELECT {_COLUMNS} FROM schedules WHERE conversation = ? AND state = ? ORDER BY next_fire, id",
             (conversation, ACTIVE),
+        ) as cur:
+            return [_row(r) for r in await cur.fetchall()]
+
+    async def schedules_finished(self, conversation: str, limit: int = 3) -> list[Schedule]:
+        """The conversation's one-time schedules that ran, the latest run first (``/schedules``
+        says how their last run went: a quiet one posted nothing)."""
+        async with self._db.execute(
+            f"SELECT {_COLUMNS} FROM schedules WHERE conversation = ? AND state = ? AND last_run IS NOT NULL"
+            " ORDER BY last_run DESC, id DESC LIMIT ?",
+            (conversation, DONE, limit),
         ) as cur:
             return [_row(r) for r in await cur.fetchall()]
 
@@ -222,6 +243,15 @@ class ScheduleTables:
             (by or "?", next_fire, time.time(), schedule_id, ACTIVE),
         )
         return count == 1
+
+    async def schedule_ran(self, schedule_id: int, outcome: str) -> None:
+        """Record that a run of the schedule ended now, and how (whatever its state: a one-time
+        schedule is done by the time its run ends)."""
+        now = time.time()
+        await self._write(
+            "UPDATE schedules SET last_run = ?, last_outcome = ?, updated = ? WHERE id = ?",
+            (now, outcome, now, schedule_id),
+        )
 
     async def schedule_cancel(self, schedule_id: int) -> bool:
         count = await self._write(

@@ -33,7 +33,7 @@ from gateway.store.background import BACKGROUND_TABLES
 from gateway.store.busy import BUSY_TABLES
 from gateway.store.connection import POSTGRES, Connection
 from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX
-from gateway.store.schedules import PROVENANCE_COLUMNS, SCHEDULE_TABLES
+from gateway.store.schedules import LAST_RUN_COLUMNS, PROVENANCE_COLUMNS, SCHEDULE_TABLES
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +212,14 @@ async def _v9_background_tasks(db: Connection) -> None:
         await db.execute(statement)
 
 
+async def _v10_schedule_last_run(db: Connection) -> None:
+    """Schedules remember when they last ran and whether that run was silent (gateway/turns/quiet.py)."""
+    have = await _columns(db, "schedules")
+    for name, decl in LAST_RUN_COLUMNS.items():
+        if name not in have:
+            await db.execute(f"ALTER TABLE schedules ADD COLUMN {name} {decl}")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
@@ -222,6 +230,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "schedule provenance and confirmation", _v7_schedule_provenance),
     Migration(8, "busy mode per conversation", _v8_busy_modes),
     Migration(9, "background tasks", _v9_background_tasks),
+    Migration(10, "schedules' last run (posted or silent)", _v10_schedule_last_run),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -20,6 +20,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
+from gateway.turns import quiet
+
 if TYPE_CHECKING:
     from gateway.store.entries import JournalEntry
     from gateway.turns.inflight import InFlight
@@ -65,7 +67,10 @@ class SignOrder:
 
 
 async def show(gw: SignHost, entry: JournalEntry, ahead: int) -> None:
-    """Post ``entry``'s queued sign if it still waits after the grace, below what it waits for."""
+    """Post ``entry``'s queued sign if it still waits after the grace, below what it waits for.
+    A scheduled run gets none: nobody waits for it, and it may end silent (gateway/turns/quiet.py)."""
+    if quiet.schedule_of(entry.inbound) is not None:
+        return
     await asyncio.sleep(QUEUED_SIGN_AFTER)
     if not gw.turns.is_queued(entry.key):
         return  # it started (or finished, or was stopped) meanwhile

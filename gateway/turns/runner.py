@@ -34,6 +34,7 @@ from gateway.delivery.plan import PlanMessage
 from gateway.intake.attachments import Uploads, deliver_files, fetch_attachments
 from gateway.store.disk import StorageFull
 from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalState
+from gateway.turns import quiet
 from gateway.turns.approvals import STOPPED_WHY, WAITING_NOTE
 from gateway.turns.options import turn_options
 from gateway.turns.outcome import TurnOutcome
@@ -132,13 +133,15 @@ class TurnRunner:
             picked_up = reply.channel.capabilities.picked_up_reaction
             if picked_up:
                 self.tasks.spawn(self._react(reply.channel, inbound, picked_up), f"react:{entry.key}")
-            typing = asyncio.create_task(self._keep_typing(reply))
+            if quiet.schedule_of(inbound) is None:  # a scheduled run may end silent: no sign of it
+                typing = asyncio.create_task(self._keep_typing(reply))
             thread_id = await self.store.thread_for(entry.conversation)  # a background task's own
             plan = self._plan(reply, thread_id)
             uploads = await fetch_attachments(self.host, reply.channel, entry, thread_id)
             async with self._slot(entry):
                 final, outcome = await self._agent_turn(entry, thread_id, uploads, reply, plan)
-            typing.cancel()
+            if typing is not None:
+                typing.cancel()
             if not await self._keep(entry):  # lost to another daemon meanwhile: it answers
                 outcome = TurnOutcome.FENCED
                 return
@@ -153,12 +156,17 @@ class TurnRunner:
             # From here /stop leaves the turn alone: its answer goes out whole (gateway/turns/stopping.py).
             self.turns.finishing(entry.key)
             await self._close_plan(plan)
-            if entry.note:  # the gateway's own word above the answer (a schedule firing late)
-                final = f"{entry.note}\n\n{final}"
-            await reply.finish(final)
-            answered = True
-            await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
+            final, silent = await quiet.settle(self.store, entry.key, inbound, final, outcome)
+            if silent:  # a scheduled run with nothing to report (gateway/turns/quiet.py)
+                await quiet.finish_silent(reply, inbound)
+            else:
+                if entry.note:  # the gateway's own word above the answer (a schedule firing late)
+                    final = f"{entry.note}\n\n{final}"
+                await reply.finish(final)
+                answered = True
+                await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
             await self.store.journal_set(entry.key, JournalState.DONE)
+            await quiet.record(self.store, inbound, silent)
             done = reply.channel.capabilities.done_reaction
             if done:
                 await self._react(reply.channel, inbound, done)
