@@ -58,6 +58,7 @@ from channels.base import (
 from channels.limits import check_size
 
 from . import botapi, menus, sdk
+from .albums import Albums, group_of
 from .botapi import NO_PREVIEW, TOKEN_REJECTED, check_download, post, retry_seconds, where
 from .inbound import recover_ids, reject_nulls, to_action, to_inbound, update_body
 from .render import MAX_CAPTION_UTF16, MAX_MESSAGE_UTF16, render_markdown, truncate
@@ -77,6 +78,8 @@ UPLOAD_LIMIT = 50 * 1024 * 1024  # the Bot API accepts uploads up to 50 MB
 PHOTO_LIMIT = 10 * 1024 * 1024
 _PHOTO_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp"})
 POLL_RETRY_CAP = 5.0
+ALBUM_POLL = 0.25
+"""Seconds between two looks while an album is being gathered."""
 
 
 class TelegramChannel(Channel):
@@ -109,6 +112,7 @@ class TelegramChannel(Channel):
         poll_timeout: int = DEFAULTS.poll_timeout,
         auth_recheck_delay: float = 1.0,
         auth_rechecks: int = 2,
+        album_wait: float = DEFAULTS.album_wait,
     ) -> None:
         super().__init__()
         self._token = token
@@ -137,6 +141,7 @@ class TelegramChannel(Channel):
             if token else None
         )  # fmt: skip
         self._offset: int | None = None  # next update_id to ask for; kept across restarts of run()
+        self._albums = Albums(quiet=album_wait)  # media groups being gathered (channels/telegram/albums.py)
         self.bot_id: int = 0
         self.bot_username: str = ""
 
@@ -218,8 +223,13 @@ class TelegramChannel(Channel):
     async def _fetch(self, bot: Bot) -> list[Any]:
         """One getUpdates long poll, unparsed (see the module docstring for why; the raw call is
         channels/telegram/sdk.py's)."""
-        read_timeout = (self._poll_request.read_timeout or 0) + self._poll_timeout
-        params = {"offset": self._offset, "timeout": self._poll_timeout, "allowed_updates": ALLOWED_UPDATES}
+        # An open album holds the offset at its first member (confirmed once it is journaled), and
+        # the poll does not wait: the album may be due any moment.
+        held = self._albums.held_from()
+        offset = self._offset if held is None else min(held, self._offset or held)
+        timeout = 0 if self._albums else self._poll_timeout
+        read_timeout = (self._poll_request.read_timeout or 0) + timeout
+        params = {"offset": offset, "timeout": timeout, "allowed_updates": ALLOWED_UPDATES}
         result = await sdk.post(bot, "getUpdates", params, read_timeout=read_timeout)
         if not isinstance(result, list):
             raise tg.NetworkError("getUpdates answered something other than a list")
@@ -261,6 +271,9 @@ class TelegramChannel(Channel):
                 delay = 0.0
                 self.report_connected()
                 await self._deliver(updates, sink)
+                if self._albums:  # gathering an album: look again shortly (the poll does not wait)
+                    await asyncio.sleep(min(ALBUM_POLL, self._albums.wait()))
+                    continue
                 if updates or self._poll_timeout > 0:
                     continue
                 delay = 1.0  # short polling (poll_timeout 0) must not spin
@@ -276,6 +289,8 @@ class TelegramChannel(Channel):
         bot = self._require_bot()
         for raw in updates:
             uid = raw.get("update_id") if isinstance(raw, dict) else None
+            if self._albums.handled(uid):
+                continue  # served again because an open album holds the offset back
             body = update_body(raw)
             if body == "callback_query":
                 await self._press(raw)
@@ -291,10 +306,15 @@ class TelegramChannel(Channel):
                 except Exception as exc:  # anything PTB or we cannot read: skip, never wedge
                     await self.skip_unreadable(sink, exc, **recover_ids(raw, self.bot_id, self.bot_username))
                 else:
-                    if inbound is not None:
+                    group = group_of(raw) if inbound is not None and inbound.attachments else None
+                    if inbound is not None and group is not None and isinstance(uid, int):
+                        self._albums.add(uid, inbound, group)  # handed over with its album
+                    elif inbound is not None:
                         await self.hand_over(sink, inbound, ref=f"update {uid}")
             if isinstance(uid, int) and not isinstance(uid, bool):
                 self._offset = max(self._offset or 0, uid + 1)
+                self._albums.mark(uid)
+        await self._albums.hand_over_due(lambda album, ref: self.hand_over(sink, album, ref=ref))
 
     async def _press(self, raw: dict[str, Any]) -> None:
         """A button press: handed to the gateway (which journals it), then answered, so the

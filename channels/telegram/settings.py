@@ -22,3 +22,6 @@ class TelegramSettings(ChannelSettings):
     """File download prefix the token is appended to."""
     poll_timeout: int = Field(25, ge=0, le=60)
     """Seconds one long poll waits for updates (0: short polling, one request a second)."""
+    album_wait: float = Field(1.0, ge=0.1, le=10.0)
+    """Seconds without a new photo or file of an album (a media group) after which the album is one
+    message to the agent (handed over within 10 s of its first item at most; docs/media.md)."""

@@ -174,8 +174,11 @@ class FakeTelegram(BotApiMethods):
         from_bot: bool = False,
         quote: str | None = None,
         forwarded_from: str | None = None,
+        media_group_id: str | None = None,
     ) -> dict[str, Any]:
         """Queue a user's message as an update and return that update.
+
+        ``media_group_id`` makes it a member of an album (:meth:`inject_album` sends a whole one).
 
         ``forwarded_from`` makes it a forward of a message by a user of that name (a
         ``hidden_user`` origin, as Telegram sends when the author hides their account).
@@ -208,6 +211,8 @@ class FakeTelegram(BotApiMethods):
         if is_topic and message_thread_id is not None:
             msg["message_thread_id"] = message_thread_id
             msg["is_topic_message"] = True
+        if media_group_id is not None:
+            msg["media_group_id"] = media_group_id
         if forwarded_from is not None:
             msg["forward_origin"] = {"type": "hidden_user", "sender_user_name": forwarded_from,
                                      "date": int(time.time()) - 60}  # fmt: skip
@@ -232,6 +237,20 @@ class FakeTelegram(BotApiMethods):
             }
         self._store(msg, from_bot=from_bot)
         return self.push_update({"message": msg})
+
+    def inject_album(
+        self, chat_id: int, user_id: int, items: list[dict[str, Any]], caption: str = "", **kw: Any
+    ) -> list[dict[str, Any]]:
+        """An album, as the Bot API sends one: a ``message`` update per item (``{"photo": [...]}``
+        or ``{"document": {...}}``), consecutive message ids, one shared ``media_group_id``, the
+        caption on the first item only. Returns the updates."""
+        group = str(next(self._update_ids) * 7919 + 10**17)
+        return [
+            self.inject_message(
+                chat_id, user_id, caption if i == 0 else "", media_group_id=group, **item, **kw
+            )
+            for i, item in enumerate(items)
+        ]
 
     def inject_mention(self, chat_id: int, user_id: int, text: str, **kw: Any) -> dict[str, Any]:
         """A group message that starts with ``@<bot username>`` (a mention entity)."""
