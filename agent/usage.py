@@ -60,6 +60,8 @@ class TokenUsage:
     """The provider reported no usage: the counts are our estimate (:func:`estimate_text`)."""
     hold: object | None = field(default=None, compare=False)
     """What :meth:`BudgetLedger.reserve` set aside for this call, settled by this record."""
+    cached_tokens: int = 0
+    """Of ``prompt_tokens``, those the provider read from its prompt cache (billed lower)."""
 
 
 class UsageSink(Protocol):
@@ -235,6 +237,24 @@ def _purpose(name: Any, metadata: dict[str, Any]) -> str:
     return SUBAGENT if metadata.get("lc_agent_name") else LEAD
 
 
+def _cached(response: LLMResult) -> int:
+    """Prompt tokens the provider says it read from its cache (``input_token_details.cache_read``,
+    else OpenAI's ``prompt_tokens_details.cached_tokens``); 0 when it says nothing believable."""
+    total = 0
+    for generations in response.generations:
+        for generation in generations:
+            message = generation.message if isinstance(generation, ChatGeneration) else None
+            usage = message.usage_metadata if isinstance(message, AIMessage) else None
+            details = usage.get("input_token_details") if usage else None
+            if isinstance(details, dict):
+                total += _reported(details.get("cache_read")) or 0
+    if total:
+        return total
+    raw = (response.llm_output or {}).get("token_usage")
+    details = raw.get("prompt_tokens_details") if isinstance(raw, dict) else None
+    return (_reported(details.get("cached_tokens")) or 0) if isinstance(details, dict) else 0
+
+
 def _counts(response: LLMResult) -> tuple[int, int] | None:
     """(prompt, completion) tokens of a result: the messages' ``usage_metadata``, else the
     provider's ``token_usage`` in ``llm_output``; None when the provider said nothing."""
@@ -344,10 +364,10 @@ class UsageCallback(BaseCallbackHandler):
             except Exception:
                 log.exception("usage: releasing a budget hold failed")
 
-    def _record(self, call: _Call, counts: tuple[int, int], estimated: bool) -> None:
+    def _record(self, call: _Call, counts: tuple[int, int], estimated: bool, cached: int = 0) -> None:
         usage = TokenUsage(
             self.model, call.purpose, call.user, call.thread_id, call.message_id, *counts,
-            estimated=estimated, hold=call.hold,
+            estimated=estimated, hold=call.hold, cached_tokens=min(cached, counts[0]),
         )  # fmt: skip
         try:
             self.sink.record(usage)
@@ -360,7 +380,7 @@ class UsageCallback(BaseCallbackHandler):
             return
         counts = _counts(response)
         if counts is not None and counts != (0, 0):
-            self._record(call, counts, estimated=False)
+            self._record(call, counts, estimated=False, cached=_cached(response))
             return
         # No usage (or zeros, which no real answer costs): count it anyway, by estimate.
         try:

@@ -99,17 +99,35 @@ async def model_command(ctx: CommandContext, inbound: Inbound, args: str) -> str
 
 
 # -- /usage ----------------------------------------------------------------------------------------------
-def _row(totals: Totals) -> str:
+def _row(totals: Totals, currency: str | None = None) -> str:
+    """One line of tokens, with their cost when prices are configured (``currency``)."""
     row = f"{totals.name}: {totals.today:,} · {totals.week:,} · {totals.month:,}"
-    return f"{row} (≈ {totals.estimated:,} estimated)" if totals.estimated else row
+    row = f"{row} (≈ {totals.estimated:,} estimated)" if totals.estimated else row
+    return row if currency is None else f"{row} — {_cost(totals, currency)}"
+
+
+def _cost(totals: Totals, currency: str) -> str:
+    """``cost 0.0123 USD · …``; ``cost unknown`` when none of the tokens had a price (never 0),
+    ``cost ≥ …`` with the unpriced tokens named when only some had."""
+    from gateway.turns.pricing import money
+
+    unpriced = totals.unpriced[2]
+    if unpriced and not any(totals.cost):
+        return "cost unknown (no price for this model)" if unpriced == totals.month else "cost unknown"
+    sign = "≥ " if unpriced else ""
+    shown = " · ".join(sign + money(c, currency) for c in totals.cost)
+    return f"cost {shown} (unknown for {unpriced:,} tokens)" if unpriced else f"cost {shown}"
 
 
 def _sum(rows: list[Totals], name: str) -> Totals:
     from gateway.store.usage import Totals
 
+    def window(values: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+        return (sum(v[0] for v in values), sum(v[1] for v in values), sum(v[2] for v in values))
+
     return Totals(
         name, sum(r.today for r in rows), sum(r.week for r in rows), sum(r.month for r in rows),
-        sum(r.estimated for r in rows),
+        sum(r.estimated for r in rows), window([r.cost for r in rows]), window([r.unpriced for r in rows]),
     )  # fmt: skip
 
 
@@ -122,9 +140,11 @@ ESTIMATED_NOTE = (
 async def usage_command(ctx: CommandContext, inbound: Inbound) -> str:
     """A user's own tokens per model (today, 7 and 30 days) and their budget; an admin in a direct
     message also sees everyone's totals per model and the top users."""
-    from gateway.turns.usage import TOP_USERS, budget_of
+    from gateway.turns.pricing import money
+    from gateway.turns.usage import TOP_USERS, budget_of, money_budget_of
 
     config, store = ctx.config, ctx.store
+    currency = config.usage.currency if config.usage.prices else None  # no prices: tokens only
     today = config.usage.today()
     policy = config.access_for(inbound.platform)
     admin = access.is_admin(policy, inbound)
@@ -132,9 +152,9 @@ async def usage_command(ctx: CommandContext, inbound: Inbound) -> str:
     lines: list[str] = []
     if mine:
         lines.append("Your tokens (prompt + completion) — today · 7 days · 30 days")
-        lines += [_row(r) for r in mine]
+        lines += [_row(r, currency) for r in mine]
         if len(mine) > 1:
-            lines.append(_row(_sum(mine, "Total")))
+            lines.append(_row(_sum(mine, "Total"), currency))
     else:
         lines.append("You have used no tokens in the last 30 days.")
     if any(r.estimated for r in mine):
@@ -147,6 +167,14 @@ async def usage_command(ctx: CommandContext, inbound: Inbound) -> str:
             f"Daily budget: {used:,} of {budget:,} tokens used today, {left:,} left "
             f"(renews at midnight, {config.usage.timezone})."
         )
+    limit = money_budget_of(config, inbound.user, admin)
+    if limit:
+        cost = sum(r.cost[0] for r in mine)
+        unit = config.usage.currency
+        lines.append(
+            f"Daily money budget: {money(cost, unit)} of {money(limit, unit)} spent today, "
+            f"{money(max(0, limit - cost), unit)} left (renews at midnight, {config.usage.timezone})."
+        )
     if admin and inbound.is_direct:
         models = await store.usage_totals(today, "model")
         users = await store.usage_totals(today, "user", limit=TOP_USERS)
@@ -154,10 +182,10 @@ async def usage_command(ctx: CommandContext, inbound: Inbound) -> str:
         if not models:
             lines.append("No tokens used in the last 30 days.")
         else:
-            lines += [_row(r) for r in models]
-            lines.append(_row(_sum(models, "Total")))
+            lines += [_row(r, currency) for r in models]
+            lines.append(_row(_sum(models, "Total"), currency))
             lines += ["", f"Top users (30 days, first {TOP_USERS}):"]
-            lines += [_row(r) for r in users]
+            lines += [_row(r, currency) for r in users]
             if any(r.estimated for r in models) and not any(r.estimated for r in mine):
                 lines.append(ESTIMATED_NOTE)
     elif admin:

@@ -143,6 +143,15 @@ class Config(Strict):
         if self.agent.model not in names:
             raise ValueError(f"agent.model: {self.agent.model!r} is not one of models[].name {names}")
         check_profiles(self.profiles, names)
+        unknown = sorted(set(self.usage.prices) - set(names))
+        if unknown:
+            raise ValueError(f"usage.prices: {unknown} are not models[].name ({names})")
+        unpriced = [n for n in names if n not in self.usage.prices]
+        if unpriced and (self.usage.daily_cost or any(self.usage.user_costs.values())):
+            raise ValueError(
+                f"usage.daily_cost / user_costs: a money budget needs a price for every model; "
+                f"usage.prices has none for {unpriced}"
+            )
         return self
 
     def model_spec(self, name: str | None = None) -> ModelSpec:

@@ -259,6 +259,20 @@ class BackgroundConfig(Strict):
     """Tasks ``/tasks`` lists: the running ones first, then the most recent finished."""
 
 
+class ModelPrice(BaseModel):
+    """What a model's tokens cost, in ``usage.currency`` per million tokens (the provider's list
+    price: Chital does not read bills)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: float = Field(ge=0, le=1_000_000)
+    """Per million prompt tokens that were not read from the provider's cache."""
+    output: float = Field(ge=0, le=1_000_000)
+    """Per million completion tokens."""
+    cached_input: float | None = Field(None, ge=0, le=1_000_000)
+    """Per million prompt tokens read from the provider's prompt cache; unset: the input price."""
+
+
 class UsageConfig(BaseModel):
     """Token accounting and the optional daily budget per user."""
 
@@ -277,6 +291,17 @@ class UsageConfig(BaseModel):
     """Where a day starts and ends, for the budget and ``/usage`` (an IANA name, e.g. Europe/Berlin)."""
     retention_days: int = Field(90, ge=30)
     """Usage rows older than this are deleted (``/usage`` shows 30 days)."""
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    """Per model (``models[].name``): its prices, so ``/usage`` and the metrics show cost beside
+    tokens. A model without one shows tokens only, its cost unknown (never 0)."""
+    currency: str = Field("USD", min_length=1, max_length=8, pattern=r"^[A-Za-z$€£¥]+$")
+    """The unit of ``prices`` and ``daily_cost``, as shown (``USD``, ``EUR``, ``$``)."""
+    daily_cost: float = Field(0, ge=0)
+    """Money (in ``currency``) one user's model calls may cost per day, checked like
+    ``daily_tokens`` (at intake and before every model call). Every model needs a price then.
+    0: no money budget. Both budgets may be set: the first one reached stops."""
+    user_costs: dict[str, float] = Field(default_factory=dict)
+    """Per-user money budgets that replace ``daily_cost``, keyed ``platform:user_id``; 0: unlimited."""
     reserve_output_tokens: int = Field(2048, ge=1)
     """For users with a budget: the tokens held for a model call's answer when the model's own
     settings give no ``max_tokens`` (the request's estimated size is held besides). A larger value
@@ -302,6 +327,17 @@ class UsageConfig(BaseModel):
                 raise ValueError(f"{user!r}: write users as 'platform:user_id', e.g. 'telegram:12345'")
             if tokens < 0:
                 raise ValueError(f"{user!r}: a budget cannot be negative")
+        return value
+
+    @field_validator("user_costs")
+    @classmethod
+    def _qualified_costs(cls, value: dict[str, float]) -> dict[str, float]:
+        for user, cost in value.items():
+            platform, _, raw = user.partition(":")
+            if not platform or not raw:
+                raise ValueError(f"{user!r}: write users as 'platform:user_id', e.g. 'telegram:12345'")
+            if not 0 <= cost < 1e9:
+                raise ValueError(f"{user!r}: a money budget is a number from 0 (unlimited) up")
         return value
 
     def today(self, now: float | None = None) -> date:

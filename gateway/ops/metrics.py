@@ -76,3 +76,16 @@ class Metrics:
             registry=r,
         )
         """``kind``: ``prompt`` or ``completion`` (gateway/turns/usage.py)."""
+        self.cost = Counter(
+            "chital_model_cost",
+            "Cost of model calls whose model has a price (usage.prices), in usage.currency, by model; "
+            "a model without a price has no series (its cost is unknown, not 0)",
+            ["model", "currency"],
+            registry=r,
+        )
+        self.unpriced = Counter(
+            "chital_model_unpriced_tokens",
+            "Tokens of model calls whose model has no price in usage.prices (cost unknown), by model",
+            ["model"],
+            registry=r,
+        )

@@ -34,6 +34,7 @@ from gateway.store.busy import BUSY_TABLES
 from gateway.store.connection import POSTGRES, Connection
 from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX
 from gateway.store.schedules import LAST_RUN_COLUMNS, PROVENANCE_COLUMNS, SCHEDULE_TABLES
+from gateway.store.usage import USAGE_COST_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,14 @@ async def _v10_schedule_last_run(db: Connection) -> None:
             await db.execute(f"ALTER TABLE schedules ADD COLUMN {name} {decl}")
 
 
+async def _v11_usage_cost(db: Connection) -> None:
+    """Usage in money: cached and unpriced tokens and the cost per usage row, money in the budget
+    ledger (gateway/store/usage.py, gateway/turns/pricing.py)."""
+    for (table, name), decl in USAGE_COST_COLUMNS.items():
+        if name not in await _columns(db, table):
+            await db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
@@ -231,6 +240,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "busy mode per conversation", _v8_busy_modes),
     Migration(9, "background tasks", _v9_background_tasks),
     Migration(10, "schedules' last run (posted or silent)", _v10_schedule_last_run),
+    Migration(11, "usage in money: cached and unpriced tokens, cost, money in the ledger", _v11_usage_cost),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -38,7 +38,8 @@ from zoneinfo import ZoneInfo
 
 from agent.usage import BudgetRefused, PlannedCall
 from gateway.intake import access
-from gateway.turns.usage import budget_of, renewal_in
+from gateway.turns.pricing import cost_micros, money
+from gateway.turns.usage import budget_of, money_budget_of, renewal_in
 
 if TYPE_CHECKING:
     from gateway.config.schema import Config
@@ -49,6 +50,10 @@ log = logging.getLogger(__name__)
 _OPENED = 4096
 """Ledger rows this process knows exist (user, day): no ``INSERT`` before their next calls."""
 
+UNPRICED = (
+    "Stopped: the model {model} has no price in the config, so your daily money budget cannot be "
+    "checked for it. An admin can add one under usage.prices."
+)
 UNCHECKED = (
     "Stopped: I could not check your daily token budget just now (a database problem), so I did "
     "not call the model again. Please try again in a little while."
@@ -62,6 +67,8 @@ class Hold:
     user: str
     day: str
     tokens: int
+    micros: int = 0
+    """Money held for the call, for a user with a money budget (gateway/turns/pricing.py)."""
 
 
 class Budgets:
@@ -79,49 +86,74 @@ class Budgets:
         asked before a refusal, so the previous call of a turn, still being written, does not
         count as an answer running now."""
 
-    def budget(self, user: str) -> int:
-        """``user``'s (``platform:id``) daily budget, as at intake: 0 when they have none."""
+    def _admin(self, user: str) -> bool:
         platform, _, raw = user.partition(":")
-        admin = False
-        if platform and raw:
-            try:
-                admins = self.config.access_for(platform).admins
-            except (AttributeError, KeyError, ValueError):
-                admins = []
-            admin = access.matches(admins, platform, raw)
-        return budget_of(self.config, user, admin)
+        if not (platform and raw):
+            return False
+        try:
+            admins = self.config.access_for(platform).admins
+        except (AttributeError, KeyError, ValueError):
+            admins = []
+        return access.matches(admins, platform, raw)
+
+    def budget(self, user: str) -> int:
+        """``user``'s (``platform:id``) daily token budget, as at intake: 0 when they have none."""
+        return budget_of(self.config, user, self._admin(user))
+
+    def money_budget(self, user: str) -> int:
+        """``user``'s daily money budget in micros, as at intake: 0 when they have none."""
+        return money_budget_of(self.config, user, self._admin(user))
 
     async def reserve(self, call: PlannedCall) -> Hold | None:
         """A hold for ``call``, None when its user has no budget; raises BudgetRefused."""
         budget = self.budget(call.user) if call.user else 0
-        if not budget:
+        limit = self.money_budget(call.user) if call.user else 0
+        if not budget and not limit:
             return None
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is not self._loop:
-            future = asyncio.run_coroutine_threadsafe(self._reserve(call, budget), self._loop)
+            future = asyncio.run_coroutine_threadsafe(self._reserve(call, budget, limit), self._loop)
             return await asyncio.wrap_future(future)
-        return await self._reserve(call, budget)
+        return await self._reserve(call, budget, limit)
 
-    async def _reserve(self, call: PlannedCall, budget: int) -> Hold:
+    async def _reserve(self, call: PlannedCall, budget: int, limit: int = 0) -> Hold:
         usage = self.config.usage
         day = usage.today().isoformat()
-        tokens = call.prompt_tokens() + (call.max_output or usage.reserve_output_tokens)
+        output = call.max_output or usage.reserve_output_tokens
+        tokens = call.prompt_tokens() + output
         try:
             if (call.user, day) not in self._opened:
                 await self.store.ledger_open(call.user, day)
                 if len(self._opened) >= _OPENED:
                     self._opened.pop(next(iter(self._opened)))
                 self._opened[(call.user, day)] = None
+            if limit:
+                # Money first: a refusal there holds no tokens. The config gives every model a price
+                # when a money budget is set; a call of one without (a model added since) is refused.
+                micros = cost_micros(usage.prices, call.model, call.prompt_tokens(), output)
+                if micros is None:
+                    raise BudgetRefused(UNPRICED.format(model=call.model))
+                if not await self._hold_money(call, day, micros, limit):
+                    used, held = await self.store.ledger_state(call.user, day, money=True)
+                    raise BudgetRefused(self.money_note(limit, used, held))
+            else:
+                micros = 0
+            if not budget:
+                return Hold(call.user, day, 0, micros)
             if await self.store.ledger_hold(call.user, day, tokens, budget):
-                return Hold(call.user, day, tokens)
+                return Hold(call.user, day, tokens, micros)
             if self.settle_pending is not None:
                 await self.settle_pending()
                 if await self.store.ledger_hold(call.user, day, tokens, budget):
-                    return Hold(call.user, day, tokens)
+                    return Hold(call.user, day, tokens, micros)
+            if micros:
+                await self.store.ledger_settle_money([(0, micros, call.user, day)])
             used, held = await self.store.ledger_state(call.user, day)
+        except BudgetRefused:
+            raise
         except Exception as exc:
             log.warning("budget: the ledger could not be read (%s); call refused", type(exc).__name__)
             raise BudgetRefused(UNCHECKED) from None
@@ -130,6 +162,32 @@ class Budgets:
             held, budget,
         )  # fmt: skip
         raise BudgetRefused(self.stop_note(budget, used, held))
+
+    async def _hold_money(self, call: PlannedCall, day: str, micros: int, limit: int) -> bool:
+        if await self.store.ledger_hold_money(call.user, day, micros, limit):
+            return True
+        if self.settle_pending is not None:
+            await self.settle_pending()
+            return await self.store.ledger_hold_money(call.user, day, micros, limit)
+        return False
+
+    def money_note(self, limit: int, used: int, held: int) -> str:
+        """What the user reads when a model call was refused by their money budget."""
+        currency = self.config.usage.currency
+        renewal = (
+            f"It renews at midnight ({self.config.usage.timezone}), in "
+            f"{renewal_in(self.config.usage.seconds_to_midnight())}; /usage shows what you used."
+        )
+        if used >= limit or not held:
+            return (
+                f"Stopped: your daily money budget of {money(limit, currency)} is used up "
+                f"({money(used, currency)} spent today). {renewal}"
+            )
+        return (
+            f"Stopped: the rest of your daily money budget of {money(limit, currency)} is held by your "
+            f"other answers running now ({money(used, currency)} spent today, {money(held, currency)} "
+            f"held); send this again once they are done. {renewal}"
+        )
 
     def stop_note(self, budget: int, used: int, held: int) -> str:
         """What the user reads when a model call of their turn was refused."""

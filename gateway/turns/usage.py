@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from gateway.config.durations import about
 from gateway.config.sections import UsageConfig
+from gateway.turns.pricing import MICROS, budget_micros, cost_micros, money
 
 if TYPE_CHECKING:
     from agent.usage import PlannedCall, TokenUsage  # langchain-core: imported when the daemon needs it
@@ -97,6 +98,11 @@ class UsageRecorder:
         tokens = self.metrics.tokens
         tokens.labels(usage.model, "prompt").inc(usage.prompt_tokens)
         tokens.labels(usage.model, "completion").inc(usage.completion_tokens)
+        cost = self._cost(usage)
+        if cost is not None:  # an unpriced model has no cost series: unknown, never 0
+            self.metrics.cost.labels(usage.model, self.config.currency).inc(cost / MICROS)
+        else:
+            self.metrics.unpriced.labels(usage.model).inc(usage.prompt_tokens + usage.completion_tokens)
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # a model called from a worker thread: write from the daemon's loop
@@ -121,12 +127,18 @@ class UsageRecorder:
         finally:
             self._flusher = None
 
+    def _cost(self, usage: TokenUsage) -> int | None:
+        """The call's cost in micros (None: its model has no price)."""
+        return cost_micros(self.config.prices, usage.model, usage.prompt_tokens, usage.completion_tokens,
+                           usage.cached_tokens)  # fmt: skip
+
     async def _write(self, batch: list[TokenUsage], released: list[Hold] | None = None) -> None:
         from gateway.turns.budget import Hold
 
         today = self.config.today()
         try:
-            await self.store.usage_add_many(batch, today)
+            costs = [self._cost(u) for u in batch]
+            await self.store.usage_add_many(batch, today, costs)
             # After the rows: a failed write keeps the holds (the budget stays on the safe side).
             settle = [
                 (u.prompt_tokens + u.completion_tokens, u.hold.tokens, u.hold.user, u.hold.day)
@@ -134,6 +146,13 @@ class UsageRecorder:
                 if isinstance(u.hold, Hold)
             ]
             settle += [(0, h.tokens, h.user, h.day) for h in released or ()]
+            paid = [
+                (cost or 0, u.hold.micros, u.hold.user, u.hold.day)
+                for u, cost in zip(batch, costs, strict=True)
+                if isinstance(u.hold, Hold) and u.hold.micros
+            ]
+            paid += [(0, h.micros, h.user, h.day) for h in released or () if h.micros]
+            await self.store.ledger_settle_money(paid)
             await self.store.ledger_settle(settle)
             if time.monotonic() - self._pruned > PRUNE_EVERY or not self._pruned:
                 self._pruned = time.monotonic()
@@ -169,16 +188,34 @@ def budget_of(config: Config, user: str, admin: bool) -> int:
     return usage.daily_tokens
 
 
+def money_budget_of(config: Config, user: str, admin: bool) -> int:
+    """``user``'s daily money budget in micros; 0 when they have none."""
+    usage = config.usage
+    if user in usage.user_costs:
+        return budget_micros(usage.user_costs[user])
+    if admin and usage.admins_exempt:
+        return 0
+    return budget_micros(usage.daily_cost)
+
+
 async def budget_refusal(store: Store, config: Config, user: str, admin: bool) -> str | None:
     """The note for a user whose budget for today is spent, or None (checked before each turn)."""
     budget = budget_of(config, user, admin)
-    if not budget:
-        return None
-    used = await store.usage_on(user, config.usage.today())
-    if used < budget:
+    spent = ""
+    if budget:
+        used = await store.usage_on(user, config.usage.today())
+        if used >= budget:
+            spent = f"your token budget for today ({used:,} of {budget:,} tokens)"
+    limit = money_budget_of(config, user, admin)
+    if limit and not spent:
+        cost, _ = await store.cost_on(user, config.usage.today())
+        if cost >= limit:
+            currency = config.usage.currency
+            spent = f"your money budget for today ({money(cost, currency)} of {money(limit, currency)})"
+    if not spent:
         return None
     return (
-        f"⚠️ You have used your token budget for today ({used:,} of {budget:,} tokens), so I did not "
+        f"⚠️ You have used {spent}, so I did not "
         f"pass this message to the agent. The budget renews at midnight ({config.usage.timezone}), "
         f"in {renewal_in(config.usage.seconds_to_midnight())}; send it again then, or ask an admin "
         "for a larger budget. /usage shows what you used."

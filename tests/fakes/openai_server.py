@@ -82,6 +82,9 @@ class Reply:
     usage: tuple[int, int] | None = None
     """(prompt, completion) tokens the response reports (in ``usage``: the body's, or the last
     stream chunk's when ``stream_options.include_usage`` asks); default 10 and len(text) // 4."""
+    cached: int = 0
+    """Of the prompt tokens, how many the response says were read from the provider's cache
+    (``usage.prompt_tokens_details.cached_tokens``, as OpenAI reports it)."""
     hold: asyncio.Event | None = None
     """Nothing is answered until the test sets this event: a model whose first text takes exactly
     as long as the test needs (no timing guesses on a loaded machine)."""
@@ -410,9 +413,13 @@ def _check_tool_pairing(messages: Sequence[dict[str, Any]]) -> str:
     return ""
 
 
-def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int]:
+def _usage(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
     prompt, completion = reply.usage or (10, max(1, len(reply.text) // 4))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion}  # fmt: skip
+    if reply.cached:
+        usage["prompt_tokens_details"] = {"cached_tokens": reply.cached}
+    return usage
 
 
 def _long_answer() -> str:
