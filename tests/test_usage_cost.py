@@ -8,18 +8,20 @@ as OpenAI does; what the user reads comes from the fake Telegram, the metrics fr
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.usage import TokenUsage
+from agent.usage import BudgetRefused, PlannedCall, TokenUsage
 from gateway.config.schema import Config, ConfigError
+from gateway.turns.budget import Budgets, Hold
 from gateway.turns.pricing import cost_micros, money
 from gateway.turns.usage import UsageRecorder
 from tests.daemon import chat_config, started_daemon
-from tests.fakes.gateway_rig import Rig, fake_rig, make_config, until
+from tests.fakes.gateway_rig import Rig, fake_rig, make_config, store_at, until
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -132,3 +134,40 @@ async def test_e2e_cost_in_usage_metrics_and_a_money_budget(
         assert "Daily money budget: 0.0098 USD of 0.0050 USD spent today, 0.0000 USD left" in usage
         metrics = await daemon.metrics()
         assert 'chital_model_cost_total{currency="USD",model="default"} 0.00984' in metrics, metrics
+
+
+# -- a money budget at every model call, across concurrent turns ----------------------------------------
+def planned(prompt_chars: int) -> PlannedCall:
+    from langchain_core.messages import HumanMessage
+
+    return PlannedCall("default", "lead", f"telegram:{USER}", "t", "m", [[HumanMessage("x" * prompt_chars)]])
+
+
+async def test_concurrent_calls_share_one_money_budget(tmp_path: Path) -> None:
+    """Each call holds its prompt estimate and its answer's bound at list price (104 input tokens
+    × 3 + 100 × 15 = 1,812 micros); calls start only while spent + held is under 0.01 USD, so 12
+    at once admit six (the sixth from 9,060), not twelve; settled, the spent cost refuses the next
+    with the money note."""
+    cfg = make_config(usage={"prices": PRICES, "daily_cost": 0.01, "reserve_output_tokens": 100})
+    store = await store_at(tmp_path / "gateway.sqlite")
+    try:
+        budgets = Budgets(store, cfg)
+
+        async def one() -> Hold | None:
+            try:
+                return await budgets.reserve(planned(400))
+            except BudgetRefused:
+                return None
+
+        holds = [h for h in await asyncio.gather(*(one() for _ in range(12))) if h is not None]
+        assert [h.micros for h in holds] == [104 * 3 + 100 * 15] * 6 and all(h.tokens == 0 for h in holds)
+        day = holds[0].day
+        assert await store.ledger_state(f"telegram:{USER}", day, money=True) == (0, 6 * 1812)
+        with pytest.raises(BudgetRefused, match=r"held by your other answers running now \(0.0000 USD spent"):
+            await budgets.reserve(planned(400))
+        await store.ledger_settle_money([(2500, h.micros, h.user, day) for h in holds])
+        with pytest.raises(BudgetRefused, match=r"money budget of 0.0100 USD is used up \(0.0150 USD spent"):
+            await budgets.reserve(planned(4))
+        assert await store.ledger_state(f"telegram:{USER}", day, money=True) == (15_000, 0)
+    finally:
+        await store.close()
