@@ -227,6 +227,8 @@ async def _v11_usage_cost(db: Connection) -> None:
     for (table, name), decl in USAGE_COST_COLUMNS.items():
         if name not in await _columns(db, table):
             await db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+            if name == "unpriced_tokens":  # recorded without a cost: unknown, never 0
+                await db.execute("UPDATE token_usage SET unpriced_tokens = prompt_tokens + completion_tokens")
 
 
 MIGRATIONS: tuple[Migration, ...] = (

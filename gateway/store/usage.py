@@ -56,7 +56,7 @@ USAGE_COST_COLUMNS = {
 """Added by schema step 9 (usage in money, gateway/turns/pricing.py): per row the prompt tokens
 read from the provider's cache, the cost of the priced calls in micros and the tokens of calls
 whose model had no price (their cost is unknown); the ledger's money spent and held. Rows from
-before count as unpriced only from then on: their tokens stay, with no cost claimed."""
+before the step had no cost recorded: their tokens become unpriced (cost unknown, never 0)."""
 
 
 @dataclass(frozen=True, slots=True)
