@@ -157,6 +157,33 @@ async def test_a_broken_member_gets_a_note_and_the_rest_go_through_in_a_group(
         assert "compare these" in str(turn["content"])
 
 
+async def test_an_album_member_that_cannot_be_read_gets_a_note_and_the_rest_one_turn(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """The second of three items is an update PTB cannot parse (a date that is words): it is
+    skipped with the usual note, and the first and third still reach the model as one album."""
+    model.add_rule(lambda _t: True, answer)
+    async with started_daemon(tmp_path, config(tmp_path, model, tg)):
+        group = "97531086421097531"
+        tg.inject_message(USER, USER, "look", photo=tg.add_photo(picture(COLOURS[0])), media_group_id=group)
+        tg.inject_malformed(USER, USER, "", override={"date": "secret words", "media_group_id": group,
+                                                      "photo": tg.add_photo(picture(COLOURS[1]))})  # fmt: skip
+        tg.inject_message(USER, USER, "", photo=tg.add_photo(picture(COLOURS[2])), media_group_id=group)
+        await tg.wait_for(lambda: answers(tg, USER), timeout=30, what="the answer")
+        await tg.wait_for(
+            lambda: [t for t in tg.bot_texts(USER) if "couldn't read that message" in t],
+            timeout=30,
+            what="note",
+        )
+        await asyncio.sleep(2.5)
+        assert answers(tg, USER) == ["I see 2 picture(s)."], tg.bot_texts(USER)
+        (turn,) = turns_with_images(model)
+        seen = colours_seen(turn["content"])
+        assert len(seen) == 2 and near(seen[0], COLOURS[0]) and near(seen[1], COLOURS[2]), seen
+        assert "secret words" not in str(model.requests)
+        assert tg.pending_updates == []
+
+
 # -- the bounds, in process (channels/telegram/albums.py) ----------------------------------------------
 def member(message_id: int, text: str = "", addressed: bool = False) -> Inbound:
     att = Attachment(f"f{message_id}", f"photo_{message_id}.jpg", "image/jpeg", 10, kind="image")
