@@ -176,17 +176,18 @@ async def test_concurrent_calls_share_one_money_budget(tmp_path: Path) -> None:
 
 
 async def test_usage_recorded_before_prices_existed_is_unpriced_not_free(tmp_path: Path) -> None:
-    """A database at schema 8 with a month of tokens: after step 9 those tokens have no cost, so a
+    """A database from before the usage-in-money step with a month of tokens: after it those tokens have no cost, so a
     price configured later shows ``cost unknown`` for them, never 0."""
     db = await SqliteConnection.connect(tmp_path / "g.sqlite")
     try:
-        await migrate(db, MIGRATIONS[:8])
+        step = next(m.version for m in MIGRATIONS if m.what.startswith("usage in money"))
+        await migrate(db, MIGRATIONS[: step - 1])
         await db.execute(
             "INSERT INTO token_usage(user, day, conversation, model, purpose, prompt_tokens,"
             " completion_tokens, calls) VALUES ('telegram:200', '2026-11-20', 'c', 'default', 'lead', 900, 100, 3)"
         )
         await db.commit()
-        assert await migrate(db) == 8
+        assert await migrate(db) == step - 1
         async with db.execute("SELECT cost_micros, unpriced_tokens, cached_tokens FROM token_usage") as cur:
             assert [tuple(r) for r in await cur.fetchall()] == [(0, 1000, 0)]
     finally:
