@@ -49,6 +49,8 @@ QUIET = 1.0
 """Seconds without a new member after which an album is complete."""
 MAX_WAIT = 10.0
 """Seconds after its first member by which an album is handed over, whatever still comes."""
+ALBUM_POLL = 0.25
+"""Seconds between two looks while an album is being gathered (the poll does not wait then)."""
 ALBUM = "album"
 """In the handed-over Inbound's ``extra``: the group id and the members' message ids, in order."""
 

@@ -58,7 +58,7 @@ from channels.base import (
 from channels.limits import check_size
 
 from . import botapi, menus, sdk
-from .albums import Albums, group_of
+from .albums import ALBUM_POLL, Albums, group_of
 from .botapi import NO_PREVIEW, TOKEN_REJECTED, check_download, post, retry_seconds, where
 from .inbound import recover_ids, reject_nulls, to_action, to_inbound, update_body
 from .render import MAX_CAPTION_UTF16, MAX_MESSAGE_UTF16, render_markdown, truncate
@@ -78,8 +78,6 @@ UPLOAD_LIMIT = 50 * 1024 * 1024  # the Bot API accepts uploads up to 50 MB
 PHOTO_LIMIT = 10 * 1024 * 1024
 _PHOTO_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp"})
 POLL_RETRY_CAP = 5.0
-ALBUM_POLL = 0.25
-"""Seconds between two looks while an album is being gathered."""
 
 
 class TelegramChannel(Channel):
@@ -223,8 +221,7 @@ class TelegramChannel(Channel):
     async def _fetch(self, bot: Bot) -> list[Any]:
         """One getUpdates long poll, unparsed (see the module docstring for why; the raw call is
         channels/telegram/sdk.py's)."""
-        # An open album holds the offset at its first member (confirmed once it is journaled), and
-        # the poll does not wait: the album may be due any moment.
+        # An open album holds the offset at its first member until journaled; the poll does not wait.
         held = self._albums.held_from()
         offset = self._offset if held is None else min(held, self._offset or held)
         timeout = 0 if self._albums else self._poll_timeout

@@ -41,7 +41,7 @@ from gateway.ops.metrics import Metrics
 from gateway.ops.tasks import TaskTracker
 from gateway.schedules import confirm as schedule_confirm
 from gateway.schedules.clock import ScheduleClock
-from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalKind, JournalState
+from gateway.store.entries import JournalEntry, JournalKind, JournalState
 from gateway.store.journal import Store
 from gateway.turns import busy, queued_sign, quiet, stopping, usage
 from gateway.turns.approvals import Approvals
@@ -142,10 +142,7 @@ class Gateway:
             self.store,
             pacer,
             self.metrics,
-            # A background task shows its result only; a scheduled run may end silent (turns/quiet.py).
-            stream=self.config.delivery.stream
-            and BACKGROUND_MARK not in entry.inbound.extra
-            and quiet.schedule_of(entry.inbound) is None,
+            stream=self.config.delivery.stream and quiet.streams(entry.inbound),  # firings, background: no
             first_delay=self.config.delivery.first_edit_delay,
         )
 

@@ -50,7 +50,7 @@ PROVENANCE_COLUMNS = {"provenance": "TEXT", "confirmed": "TEXT"}
 """Added by schema step 7: the untrusted sources a schedule was made after (NULL: none) and who
 confirmed it (NULL: nobody yet; a schedule with a provenance waits for that)."""
 LAST_RUN_COLUMNS = {"last_run": "REAL", "last_outcome": "TEXT"}
-"""Added by schema step 9: when a schedule last ran and how it ended (``posted``, or ``silent``: a
+"""Added by schema step 10: when a schedule last ran and how it ended (``posted``, or ``silent``: a
 run with nothing to report posted nothing, gateway/turns/quiet.py), for ``/schedules``."""
 RUNNABLE = "(provenance IS NULL OR confirmed IS NOT NULL)"
 """The condition of a schedule that may fire."""

@@ -53,7 +53,7 @@ USAGE_COST_COLUMNS = {
     ("token_ledger", "used_micros"): "INTEGER NOT NULL DEFAULT 0",
     ("token_ledger", "held_micros"): "INTEGER NOT NULL DEFAULT 0",
 }
-"""Added by schema step 10 (usage in money, gateway/turns/pricing.py): per row the prompt tokens
+"""Added by schema step 11 (usage in money, gateway/turns/pricing.py): per row the prompt tokens
 read from the provider's cache, the cost of the priced calls in micros and the tokens of calls
 whose model had no price (their cost is unknown); the ledger's money spent and held. Rows from
 before the step had no cost recorded: their tokens become unpriced (cost unknown, never 0)."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from agent.tools.schedule import is_silent
 from gateway.intake.provenance import PROVENANCE_EXTRA
+from gateway.store.entries import BACKGROUND_MARK
 from gateway.store.schedules import SCHEDULE_MARK
 from gateway.turns.outcome import TurnOutcome
 
@@ -44,6 +45,12 @@ def schedule_of(inbound: Inbound) -> int | None:
     """The schedule a firing runs (None: not a firing)."""
     mark = inbound.extra.get(SCHEDULE_MARK)
     return mark if isinstance(mark, int) and not isinstance(mark, bool) else None
+
+
+def streams(inbound: Inbound) -> bool:
+    """Whether the reply may stream: not a scheduled run (it may end silent, and a draft of
+    ``[sil…`` would already be out) nor a background task (its result only)."""
+    return schedule_of(inbound) is None and BACKGROUND_MARK not in inbound.extra
 
 
 def nothing_note(schedule_id: int) -> str:
