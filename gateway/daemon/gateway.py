@@ -36,6 +36,7 @@ from gateway.delivery.reply import Reply
 from gateway.intake import access, profiles
 from gateway.intake.access import Verdict, decide, is_admin
 from gateway.intake.limits import Throttles
+from gateway.intake.pairing import Pairing
 from gateway.intake.slow_lane import FairLane
 from gateway.ops.metrics import Metrics
 from gateway.ops.tasks import TaskTracker
@@ -74,6 +75,8 @@ class Gateway:
         """The gateway's background tasks: a child of the daemon's one tracker (gateway/ops/tasks.py)."""
         self.throttles = Throttles(config)
         """Pairing reminders and announcements, wrong codes, the per-user rate (gateway/intake/limits.py)."""
+        self._pairing = Pairing(config, store, self.throttles, metrics, self._journal_notice, self.tell)
+        """What a stranger in a DM gets (gateway/intake/pairing.py)."""
         self.inflight = InFlight(self._new_reply)
         """Journal keys handled by this process right now (queued, running or sending) and their live
         replies, shared by the queued sign, the turn, approvals and /stop (gateway/turns/inflight.py)."""
@@ -249,43 +252,6 @@ class Gateway:
         if await self._journal(inbound, JournalKind.NOTICE, note):
             entry = JournalEntry.new(inbound, JournalKind.NOTICE, note)
             self._dispatch(entry)
-
-    async def _pairing(self, inbound: Inbound) -> None:
-        """A stranger in a DM gets their one pending code (a new one once it lapsed), again at most
-        once a minute; each new code is logged and announced to the channel's admins."""
-        policy = self.config.access_for(inbound.platform)
-        request, new = await self.store.pairing_request(
-            inbound.user,
-            inbound.sender_name,
-            inbound.chat_id,
-            ttl=policy.pairing_code_ttl,
-            max_pending=policy.pairing_max_pending,
-        )
-        reminders = self.throttles.reminders
-        if new:
-            reminders.reset(inbound.user)
-        if reminders.hit(inbound.user):
-            self.metrics.messages_ignored.labels(inbound.platform, "pairing_pending").inc()
-            return
-        await self._journal_notice(inbound, access.pairing_text(request, cli=self.config.cli()))
-        if not new:
-            return
-        log.info("pairing: %s asks for access; code %s", request.label(), request.code)
-        if self.throttles.announcements.hit(inbound.platform):
-            log.warning(
-                "pairing: too many requests on %s to announce; see `chital pairing list`", inbound.platform
-            )
-            return
-        chats = await access.admin_chats(policy, inbound.platform, self.store)
-        if not chats:
-            log.warning("pairing: no admin of %s can be told in chat (set access.admins)", inbound.platform)
-        for chat_id in chats:
-            await self.tell(
-                inbound.platform,
-                chat_id,
-                f"pairing-{request.code}",
-                access.announcement_text(request, self.config.cli()),
-            )
 
     async def tell(self, platform: str, chat_id: str, tag: str, text: str) -> None:
         """Send ``text`` into ``chat_id`` unprompted (an admin's DM, a stranger's), once per
