@@ -176,29 +176,10 @@ def command_interaction(
     fake: FakeDiscord, user_id: str, channel_id: str, name: str, args: str | None
 ) -> dict[str, Any]:
     """An INTERACTION_CREATE of type 2 (a chat-input command) as Discord sends it."""
-    iid = fake.new_id()
     registered = next((c for c in fake.global_commands if c["name"] == name), None)
     options: list[dict[str, Any]] = []
     if args is not None and registered is not None and registered.get("options"):
         options = [{"name": registered["options"][0]["name"], "type": 3, "value": args}]
-    data: dict[str, Any] = {
-        "id": iid, "application_id": fake.application_id, "type": 2, "token": f"tok-{iid}", "version": 1,
-        "data": {"id": registered["id"] if registered else fake.new_id(), "name": name, "type": 1,
-                 **({"options": options} if options else {})},
-        "channel_id": channel_id, "app_permissions": "0", "locale": "en-US", "entitlements": [],
-        "attachment_size_limit": 10 * 1024 * 1024,
-    }  # fmt: skip
-    if fake._is_guild_channel(channel_id):
-        parent = fake._threads.get(channel_id)
-        data["guild_id"], data["guild_locale"], data["context"] = fake.guild_id, "en-US", 0
-        data["channel"] = {"id": channel_id, "type": 11 if parent else 0, "guild_id": fake.guild_id,
-                           "name": "thread" if parent else "general", "parent_id": parent,
-                           "position": 0, "permission_overwrites": [], "nsfw": False}  # fmt: skip
-        data["member"] = {"user": fake._user(user_id), "roles": [], "joined_at": "2026-01-01T00:00:00+00:00",
-                          "deaf": False, "mute": False, "flags": 0, "permissions": "0"}  # fmt: skip
-        data["authorizing_integration_owners"] = {"0": fake.guild_id}
-    else:
-        data["channel"] = {"id": channel_id, "type": 1, "recipients": [fake._user(user_id)]}
-        data["user"], data["context"] = fake._user(user_id), 1
-        data["authorizing_integration_owners"] = {"1": user_id}
-    return data
+    payload = {"id": registered["id"] if registered else fake.new_id(), "name": name, "type": 1,
+               **({"options": options} if options else {})}  # fmt: skip
+    return fake.interaction(2, channel_id, user_id, payload)

@@ -837,6 +837,33 @@ class FakeDiscord:
         """Labels of the buttons a message shows now."""
         return [b["label"] for b in _buttons(self._messages[message_id].get("components") or [])]
 
+    def interaction(
+        self, kind: int, channel_id: str, user_id: str, payload: dict[str, Any]
+    ) -> dict[str, Any]:
+        """An INTERACTION_CREATE body of ``kind`` (2: a command, 3: a component) from ``user_id`` in
+        ``channel_id``, as Discord shapes it for a guild channel or thread (``member``) or a DM
+        (``user``): the one builder the button presses and the command menus share."""
+        iid = self.new_id()
+        data: dict[str, Any] = {
+            "id": iid, "application_id": self.application_id, "type": kind, "token": f"tok-{iid}", "version": 1,
+            "data": payload, "channel_id": channel_id, "app_permissions": "0", "locale": "en-US",
+            "entitlements": [], "attachment_size_limit": 10 * 1024 * 1024,
+        }  # fmt: skip
+        if self._is_guild_channel(channel_id):
+            parent = self._threads.get(channel_id)
+            data["guild_id"], data["guild_locale"], data["context"] = self.guild_id, "en-US", 0
+            data["channel"] = {"id": channel_id, "type": 11 if parent else 0, "guild_id": self.guild_id,
+                               "name": "thread" if parent else "general", "parent_id": parent,
+                               "position": 0, "permission_overwrites": [], "nsfw": False}  # fmt: skip
+            data["member"] = {"user": self._user(user_id), "roles": [], "joined_at": _now_iso(), "deaf": False,
+                              "mute": False, "flags": 0, "permissions": "0"}  # fmt: skip
+            data["authorizing_integration_owners"] = {"0": self.guild_id}
+        else:
+            data["channel"] = {"id": channel_id, "type": 1, "recipients": [self._user(user_id)]}
+            data["user"], data["context"] = self._user(user_id), 1
+            data["authorizing_integration_owners"] = {"1": user_id}
+        return data
+
     async def press_button(self, message_id: str, user_id: str, label: str) -> str:
         """``user_id`` presses the button labelled ``label`` (or containing it) under a bot message:
         an INTERACTION_CREATE dispatch (type 3, message component) as Discord sends it. Returns the
@@ -845,26 +872,11 @@ class FakeDiscord:
         button = next((b for b in self._offered.get(message_id, []) if label in b.get("label", "")), None)
         if button is None:
             raise AssertionError(f"no button {label!r} under message {message_id}")
-        cid, iid = message["channel_id"], self.new_id()
-        data: dict[str, Any] = {
-            "id": iid, "application_id": self.application_id, "type": 3, "token": f"tok-{iid}", "version": 1,
-            "data": {"custom_id": button["custom_id"], "component_type": 2},
-            "channel_id": cid, "message": message, "app_permissions": "0", "locale": "en-US",
-            "entitlements": [], "attachment_size_limit": 10 * 1024 * 1024,
-        }  # fmt: skip
-        if self._is_guild_channel(cid):
-            parent = self._threads.get(cid)
-            data["guild_id"], data["guild_locale"], data["context"] = self.guild_id, "en-US", 0
-            data["channel"] = {"id": cid, "type": 11 if parent else 0, "guild_id": self.guild_id,
-                               "name": "thread" if parent else "general", "parent_id": parent,
-                               "position": 0, "permission_overwrites": [], "nsfw": False}  # fmt: skip
-            data["member"] = {"user": self._user(user_id), "roles": [], "joined_at": _now_iso(), "deaf": False,
-                              "mute": False, "flags": 0, "permissions": "0"}  # fmt: skip
-            data["authorizing_integration_owners"] = {"0": self.guild_id}
-        else:
-            data["channel"] = {"id": cid, "type": 1, "recipients": [self._user(user_id)]}
-            data["user"], data["context"] = self._user(user_id), 1
-            data["authorizing_integration_owners"] = {"1": user_id}
+        data = self.interaction(
+            3, message["channel_id"], user_id, {"custom_id": button["custom_id"], "component_type": 2}
+        )
+        data["message"] = message
+        iid = data["id"]
         self.interactions[iid] = data
         await self._dispatch("INTERACTION_CREATE", data)
         return iid
