@@ -152,6 +152,42 @@ async def test_a_refused_permission_is_returned_to_the_agent(sandbox: LocalSandb
     assert not (sandbox.dirs.workspace / "gone.txt").exists() and result.written == ()
 
 
+class SlowChat(Chat):
+    """A person who takes a moment to answer, and a count of prompts shown at the same time."""
+
+    def __init__(self) -> None:
+        super().__init__(approve=False)
+        self.open = self.most_open = 0
+
+    async def ask(self, title: str, detail: str) -> bool:
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            await asyncio.sleep(0.2)  # every other request of the flood has arrived by now
+            return await super().ask(title, detail)
+        finally:
+            self.open -= 1
+
+
+@pytest.mark.parametrize("asks", [3, 40])
+async def test_a_flood_of_permission_requests_posts_one_prompt_at_a_time(
+    sandbox: LocalSandbox, asks: int
+) -> None:
+    """Requests the agent sends all at once are asked one after another (one set of buttons in
+    the chat at a time), and past ``max_permission_requests`` the session ends as flooding: an
+    agent cannot bury the chat under approval prompts."""
+    chat = SlowChat()
+    script = {"steps": [{"asks": asks}, {"say": "after"}]}
+    if asks <= 5:
+        result = await run(sandbox, script, chat, max_permission_requests=5)
+        assert "[asks answered]" in result.answer and len(chat.asked) == asks
+    else:
+        with pytest.raises(DelegationError, match="more than 5 permission requests"):
+            await run(sandbox, script, chat, max_permission_requests=5)
+        assert len(chat.asked) <= 5
+    assert chat.most_open == 1
+
+
 @pytest.mark.parametrize(
     "path",
     [f"{WS}/../../../etc/acp-escape", "/etc/acp-escape", "/mnt/user-data/outputs/x", "relative.txt", f"{WS}"],

@@ -114,6 +114,8 @@ class ChitalClient:
         self._last_shown = 0.0
         self._pending: str | Callable[[], str] = ""
         self._tools: dict[str, str] = {}
+        self._asks = 0
+        self._asking = asyncio.Lock()
 
     # -- faults and progress ----------------------------------------------------------------------
     def fail(self, why: str) -> SessionFault:
@@ -179,6 +181,21 @@ class ChitalClient:
         self, session_id: str, tool_call: ToolCallUpdate, options: list[PermissionOption], **kwargs: Any
     ) -> RequestPermissionResponse:
         self._check_session(session_id)
+        self._asks += 1  # counted on arrival: requests queued behind the lock count too
+        if self._asks > self.settings.max_permission_requests:
+            self.fail(
+                f"the coding agent {self.name} made more than {self.settings.max_permission_requests} "
+                "permission requests; it was stopped"
+            )
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        async with self._asking:  # the SDK runs requests concurrently: one prompt in the chat at a time
+            if self.fault is not None:
+                return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+            return await self._ask_one(tool_call, options)
+
+    async def _ask_one(
+        self, tool_call: ToolCallUpdate, options: list[PermissionOption]
+    ) -> RequestPermissionResponse:
         raw_title = tool_call.title or tool_call.kind or "an action"
         title = one_line(self.mask(raw_title[: 200 + SLACK]), 200)
         detail = self.mask(_describe(tool_call))[:1500]

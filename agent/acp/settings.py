@@ -46,6 +46,10 @@ class AcpAgent(BaseModel):
     ``limits.memory_mb``. Node-based adapters reserve much virtual memory: 4096 is a safe start."""
     max_updates: int = Field(2000, ge=10)
     """Streamed updates one delegation may send; more ends it as flooding."""
+    max_permission_requests: int = Field(20, ge=1)
+    """Permission requests one delegation may make. They are asked one at a time (one set of
+    approval buttons in the chat at once, however many the agent sends together); one more than
+    this ends the session as flooding."""
     max_message_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024)
     """Largest single protocol message read from the agent (a line of JSON)."""
     max_file_bytes: int = Field(2 * 1024 * 1024, ge=1024)

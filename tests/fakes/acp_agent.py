@@ -10,6 +10,7 @@ agent's configured environment, which also shows that environment reaches the ag
 - ``{"say": text}``: an ``agent_message_chunk``
 - ``{"tool": title}`` / ``{"plan": [texts]}``: a ``tool_call`` (then its completion) / a plan
 - ``{"ask": title}``: ``session/request_permission``; the answer decides the next ``write``
+- ``{"asks": n}``: n ``session/request_permission`` sent at once, then their answers awaited
 - ``{"write": path, "content": text, "if_allowed": bool}``: ``fs/write_text_file``
 - ``{"read": path}``: ``fs/read_text_file``; the content (or error) is said back
 - ``{"cwd": true}``: says its working directory
@@ -108,6 +109,26 @@ def run_prompt(session):
             outcome = (answer.get("result") or {}).get("outcome") or {}
             allowed = outcome.get("outcome") == "selected" and outcome.get("optionId") == "yes"
             say(session, f"[permission {'granted' if allowed else 'refused'}] ")
+        elif "asks" in step:  # a flood: every request out before any answer is read
+            first = _next_id[0] + 1
+            for i in range(int(step["asks"])):
+                _next_id[0] += 1
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": _next_id[0],
+                        "method": "session/request_permission",
+                        "params": {
+                            "sessionId": session,
+                            "toolCall": {"toolCallId": f"p{i}", "title": f"flood ask {i}", "kind": "edit"},
+                            "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"}],
+                        },
+                    }
+                )
+            waiting = set(range(first, _next_id[0] + 1))
+            while waiting:
+                waiting.discard(read().get("id"))
+            say(session, "[asks answered] ")
         elif "write" in step:
             if step.get("if_allowed") and not allowed:
                 say(session, "[not written] ")
