@@ -169,6 +169,41 @@ async def test_telegram_denied_permission_and_a_crashing_agent(
         await daemon.close()
 
 
+async def test_an_agent_that_exits_during_its_permission_prompt_withdraws_the_buttons(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """The agent asks, then dies before anyone answers: the prompt's buttons go (a later press
+    could approve nothing), the model hears it exited, and a press afterwards is refused."""
+    marker = f"acp-e2e-{uuid.uuid4().hex[:8]}"
+    script = {"steps": [{"ask_then_exit": "Run rm -rf build", "when": f"{WS}/go"}]}
+    model.script(DELEGATE, Reply(text="The coding agent died."))
+    daemon = DaemonProcess(tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker))
+    await daemon.start()
+    try:
+        tg.inject_mention(GROUP, OWNER, "use the coding agent", first_name="Olga")
+        request = await tg.wait_for(
+            lambda: next((m for m in tg.bot_messages(GROUP) if tg.buttons(GROUP, m.message_id)), None),
+            timeout=60,
+            what="the permission request",
+        )
+        workspace = next(daemon.sandbox_root.glob("threads/*/workspace"))
+        (workspace / "go").write_text("")  # now the agent exits, the prompt unanswered
+        await tg.wait_for(
+            lambda: any("The coding agent died." in t for t in tg.bot_texts(GROUP)) or None,
+            timeout=60,
+            what="the answer",
+        )
+        assert "coder exited during session/prompt (exit status 3)" in tool_result(model)
+        await tg.wait_for(
+            lambda: not tg.buttons(GROUP, request.message_id) or None, timeout=30, what="buttons withdrawn"
+        )
+        prompt = tg.message(GROUP, request.message_id).text
+        assert prompt.endswith("❌ Cancelled: the coding agent's session ended before an answer"), prompt
+        assert procs_with(marker) == []
+    finally:
+        await daemon.close()
+
+
 async def test_stop_ends_the_session_and_its_processes(
     tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:

@@ -59,7 +59,11 @@ async def ask_live(approvals: Approvals, request: PermissionAsk) -> bool:
         return False
     except asyncio.CancelledError:
         with contextlib.suppress(Exception):
-            await asyncio.shield(approvals.close_request(event.id, "the turn was stopped"))
+            # The asker is gone: the turn was stopped, or the agent's session ended (it exited,
+            # crashed, timed out or broke a rule) with this prompt unanswered; either way no
+            # press can still reach it, so the buttons say so rather than wait for the timeout.
+            why = "the coding agent's session ended before an answer"
+            await asyncio.shield(approvals.close_request(event.id, why))
         raise
     finally:
         with contextlib.suppress(Exception):

@@ -11,6 +11,8 @@ agent's configured environment, which also shows that environment reaches the ag
 - ``{"tool": title}`` / ``{"plan": [texts]}``: a ``tool_call`` (then its completion) / a plan
 - ``{"ask": title}``: ``session/request_permission``; the answer decides the next ``write``
 - ``{"asks": n}``: n ``session/request_permission`` sent at once, then their answers awaited
+- ``{"ask_then_exit": title, "when": path}``: a permission request, then (without its answer)
+  exits once ``path`` exists: the test makes it when the prompt shows
 - ``{"write": path, "content": text, "if_allowed": bool}``: ``fs/write_text_file``
 - ``{"read": path}``: ``fs/read_text_file``; the content (or error) is said back
 - ``{"cwd": true}``: says its working directory
@@ -129,6 +131,27 @@ def run_prompt(session):
             while waiting:
                 waiting.discard(read().get("id"))
             say(session, "[asks answered] ")
+        elif "ask_then_exit" in step:
+            import time
+
+            _next_id[0] += 1
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": _next_id[0],
+                    "method": "session/request_permission",
+                    "params": {
+                        "sessionId": session,
+                        "toolCall": {"toolCallId": "px", "title": step["ask_then_exit"], "kind": "execute"},
+                        "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"}],
+                    },
+                }
+            )
+            for _ in range(1200):
+                if os.path.exists(step["when"]):
+                    break
+                time.sleep(0.1)
+            os._exit(3)
         elif "write" in step:
             if step.get("if_allowed") and not allowed:
                 say(session, "[not written] ")
