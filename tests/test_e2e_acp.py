@@ -204,6 +204,53 @@ async def test_an_agent_that_exits_during_its_permission_prompt_withdraws_the_bu
         await daemon.close()
 
 
+def agent_processes(marker: str) -> int:
+    """The fake agents running now (the interpreter itself, not bwrap's wrapper around it)."""
+    return sum(
+        1
+        for pid in filter(str.isdigit, os.listdir("/proc"))
+        if (cmd := _cmdline(pid)).startswith(b"/usr/bin/python3\0-c") and marker.encode() in cmd
+    )
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+async def test_one_reply_cannot_start_more_coding_agents_than_the_cap(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """Five delegations in one model reply: two agents run (each a whole process tree), the
+    others are refused at once in words the model can act on."""
+    marker = f"acp-e2e-{uuid.uuid4().hex[:8]}"
+    script = {"steps": [{"wait_for": f"{WS}/go"}, {"say": "finished"}]}
+    calls = [
+        ToolCall("delegate_to_coding_agent", {"agent": "coder", "task": f"{TASK} {i}"}) for i in range(5)
+    ]
+    model.script(Reply(tool_calls=calls), Reply(text="Two ran."))
+    daemon = DaemonProcess(tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker))
+    await daemon.start()
+    try:
+        tg.inject_mention(GROUP, OWNER, "use five coding agents", first_name="Olga")
+        await tg.wait_for(lambda: agent_processes(marker) >= 2 or None, timeout=60, what="two agents running")
+        workspace = next(daemon.sandbox_root.glob("threads/*/workspace"))
+        (workspace / "go").write_text("")
+        await tg.wait_for(
+            lambda: any("Two ran." in t for t in tg.bot_texts(GROUP)) or None, timeout=90, what="the answer"
+        )
+        results = [str(m["content"]) for m in model.requests[1]["messages"] if m.get("role") == "tool"]
+        assert len(results) == 5
+        assert sum("Coding agent coder stopped: end_turn." in r for r in results) == 2, results
+        refused = "2 coding agents are already running in this conversation; wait for one to finish"
+        assert sum(refused in r for r in results) == 3, results
+        assert procs_with(marker) == []
+    finally:
+        await daemon.close()
+
+
 async def test_stop_ends_the_session_and_its_processes(
     tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:

@@ -27,6 +27,12 @@ from agent.sandbox.routing import NoSandboxBound, current
 TOOL_NAME = "delegate_to_coding_agent"
 ACP_EVENT = "chital.acp"
 TASK_CHARS = 20_000
+MAX_RUNNING = 2
+"""Delegations one conversation may run at once. Each is a whole agent process tree (a Node
+adapter may take gigabytes): without a cap one model reply with twenty tool calls would start
+twenty. A call past it is refused at once with words the model can act on (wait, then retry)."""
+_running: dict[str, int] = {}
+"""Running delegations per conversation (thread id) in this process."""
 _FENCE = "coding_agent_output"
 
 
@@ -102,6 +108,29 @@ def build_acp_tool(
         if not isinstance(backend, SandboxBackend):
             raise ToolException("the sandbox is not available, so no coding agent can run")
         writer = get_stream_writer()
+        if _running.get(thread_id, 0) >= MAX_RUNNING:
+            raise ToolException(
+                f"{MAX_RUNNING} coding agents are already running in this conversation; wait for "
+                "one to finish before delegating another task"
+            )
+        _running[thread_id] = _running.get(thread_id, 0) + 1
+        try:
+            return await _run(agent, settings, task, thread_id, user_id, message_id, backend, writer)
+        finally:
+            _running[thread_id] -= 1
+            if not _running[thread_id]:
+                del _running[thread_id]
+
+    async def _run(
+        agent: str,
+        settings: AcpAgent,
+        task: str,
+        thread_id: str,
+        user_id: str,
+        message_id: str,
+        backend: SandboxBackend,
+        writer: Any,
+    ) -> str:
 
         async def ask(title: str, detail: str) -> bool:
             return await relay.ask(PermissionAsk(thread_id, user_id, message_id, agent, title, detail))

@@ -13,6 +13,7 @@ agent's configured environment, which also shows that environment reaches the ag
 - ``{"asks": n}``: n ``session/request_permission`` sent at once, then their answers awaited
 - ``{"ask_then_exit": title, "when": path}``: a permission request, then (without its answer)
   exits once ``path`` exists: the test makes it when the prompt shows
+- ``{"wait_for": path}``: waits (at most 120 s) until ``path`` exists
 - ``{"write": path, "content": text, "if_allowed": bool}``: ``fs/write_text_file``
 - ``{"read": path}``: ``fs/read_text_file``; the content (or error) is said back
 - ``{"cwd": true}``: says its working directory
@@ -131,6 +132,13 @@ def run_prompt(session):
             while waiting:
                 waiting.discard(read().get("id"))
             say(session, "[asks answered] ")
+        elif "wait_for" in step:
+            import time
+
+            for _ in range(1200):
+                if os.path.exists(step["wait_for"]):
+                    break
+                time.sleep(0.1)
         elif "ask_then_exit" in step:
             import time
 
