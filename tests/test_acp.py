@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -186,6 +187,21 @@ async def test_a_flood_of_permission_requests_posts_one_prompt_at_a_time(
             await run(sandbox, script, chat, max_permission_requests=5)
         assert len(chat.asked) <= 5
     assert chat.most_open == 1
+
+
+async def test_reads_the_agent_never_collects_do_not_pile_up_in_memory(sandbox: LocalSandbox) -> None:
+    """Forty reads of a 1 MB file sent at once by an agent that never reads its stdin: we serve
+    one at a time, only once the previous answers were taken, so memory holds a few copies (not
+    forty) until the timeout ends the session."""
+    (sandbox.dirs.workspace / "big.txt").write_text("x" * 1_000_000)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DelegationError, match="did not finish within"):
+            await run(sandbox, {"steps": [{"reads": 40, "path": f"{WS}/big.txt"}]}, timeout=8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16_000_000, f"{peak} bytes at the peak"
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ session: an agent that tries it once gets no second try. Floods end it too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
 import time
 from collections.abc import Awaitable, Callable
@@ -116,6 +117,10 @@ class ChitalClient:
         self._tools: dict[str, str] = {}
         self._asks = 0
         self._asking = asyncio.Lock()
+        self._reading = asyncio.Lock()
+        self.backpressure: Callable[[], Awaitable[None]] | None = None
+        """Waits while our writes to the agent are not yet taken (its stdin's ``drain``): a file
+        read is served only then, see :meth:`read_text_file`."""
 
     # -- faults and progress ----------------------------------------------------------------------
     def fail(self, why: str) -> SessionFault:
@@ -257,6 +262,18 @@ class ChitalClient:
     ) -> ReadTextFileResponse:
         self._check_session(session_id)
         virtual = self._confined(path, "read")
+        # The SDK serves requests concurrently and queues their answers without limit: an agent
+        # that asks for a 2 MB file thousands of times and never reads its stdin would have us
+        # hold every copy. One read at a time, each only once the previous answers were taken.
+        async with self._reading:
+            if self.backpressure is not None:
+                with contextlib.suppress(ConnectionError):
+                    await self.backpressure()
+            return await self._read(path, virtual, line, limit)
+
+    async def _read(
+        self, path: str, virtual: str, line: int | None, limit: int | None
+    ) -> ReadTextFileResponse:
         try:
             data = await asyncio.to_thread(self.files.read_bytes, virtual, self.settings.max_file_bytes)
             text = data.decode("utf-8")

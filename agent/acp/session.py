@@ -76,6 +76,7 @@ async def delegate(
         ) from None
     assert proc.stdin is not None and proc.stdout is not None
     client = ChitalClient(name, settings, sandbox.files, ask, progress, mask)
+    client.backpressure = proc.stdin.drain
     limit, most = settings.max_message_bytes, 2 * settings.max_updates + 1000
 
     def too_much(big: bool) -> None:

@@ -14,6 +14,8 @@ agent's configured environment, which also shows that environment reaches the ag
 - ``{"ask_then_exit": title, "when": path}``: a permission request, then (without its answer)
   exits once ``path`` exists: the test makes it when the prompt shows
 - ``{"wait_for": path}``: waits (at most 120 s) until ``path`` exists
+- ``{"reads": n, "path": path}``: n ``fs/read_text_file`` sent at once, then never reads its
+  stdin again (their answers pile up on our side unless we wait for it)
 - ``{"write": path, "content": text, "if_allowed": bool}``: ``fs/write_text_file``
 - ``{"read": path}``: ``fs/read_text_file``; the content (or error) is said back
 - ``{"cwd": true}``: says its working directory
@@ -132,6 +134,14 @@ def run_prompt(session):
             while waiting:
                 waiting.discard(read().get("id"))
             say(session, "[asks answered] ")
+        elif "reads" in step:
+            import time
+
+            for _ in range(int(step["reads"])):
+                _next_id[0] += 1
+                params = {"sessionId": session, "path": step["path"]}
+                send({"jsonrpc": "2.0", "id": _next_id[0], "method": "fs/read_text_file", "params": params})
+            time.sleep(3600)
         elif "wait_for" in step:
             import time
 
