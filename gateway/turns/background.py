@@ -30,10 +30,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
+from agent.provenance import Provenance
 from agent.tools.background import BackgroundError
 from agent.untrusted import cut
 from channels.base import Inbound
 from gateway.intake.access import STARTED_BY_BOT, THREAD_ANCHOR, Verdict, decide, is_admin
+from gateway.intake.provenance import PROVENANCE_EXTRA, inbound_sources
 from gateway.store.background import BackgroundTask
 from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalKind, JournalState
 from gateway.turns import usage
@@ -97,11 +99,15 @@ class BackgroundTasks:
             yield
 
     # -- starting -------------------------------------------------------------------------------------
-    async def start(self, origin: Inbound, request: str, text: str, *, untrusted: str = "") -> BackgroundTask:
+    async def start(
+        self, origin: Inbound, request: str, text: str, *, read: Provenance | None = None
+    ) -> BackgroundTask:
         """Start ``text`` as a task asked for by ``origin`` (the ``/bg`` message, or the message the
         agent was answering), once per ``request`` (the asking key: a re-run finds its task).
-        ``untrusted``: the sources, in words, of content the user did not write that the agent had
-        read when it wrote ``text`` (the task then gets it as quoted data). Raises
+        ``read``: the untrusted sources the agent had read when it wrote ``text`` (content the user
+        did not write): the task gets its text as quoted data naming them, and its turn carries
+        them (``PROVENANCE_EXTRA``), so what the task does that lasts (a schedule, an approval
+        request) is marked as the lead's would be (agent/provenance.py). Raises
         :class:`BackgroundError` with the refusal the user reads."""
         limits = self.config.tasks
         host = self._host
@@ -127,7 +133,7 @@ class BackgroundTasks:
                     origin=request, conversation=origin.conversation, owner=origin.user, text=text
                 )
                 log.info("background task #%d started by %s in %s", task.id, task.owner, task.conversation)
-        inbound = self._inbound(origin, task, untrusted)
+        inbound = self._inbound(origin, task, read or Provenance())
         await self.store.background_keyed(task.id, inbound.key)
         note = f"🧵 Background task #{task.id}:"
         if not await host.start_turn(inbound, note, JournalKind.TURN) and not await self.store.journal_seen(
@@ -149,7 +155,7 @@ class BackgroundTasks:
         if refusal is not None:
             raise BackgroundError(refusal.removeprefix("⚠️ ").rstrip("."))
 
-    def _inbound(self, origin: Inbound, task: BackgroundTask, untrusted: str) -> Inbound:
+    def _inbound(self, origin: Inbound, task: BackgroundTask, read: Provenance) -> Inbound:
         """The task's own message: the asking message's chat, sender and reply data, its own key,
         the task text as what the agent is asked, the asking message as what it replies to."""
         ours = (STARTED_BY_BOT, THREAD_ANCHOR, BACKGROUND_MARK)
@@ -158,6 +164,10 @@ class BackgroundTasks:
         extra.update({STARTED_BY_BOT: True, BACKGROUND_MARK: task.id})
         if anchor:
             extra[THREAD_ANCHOR] = anchor
+        carried = read.merged(inbound_sources(origin))  # and what the asking message carried (a firing's)
+        if carried.tainted:
+            extra[PROVENANCE_EXTRA] = carried.to_json()
+        untrusted = read.describe() if read.tainted else ""
         text = self._text(origin, task, untrusted)
         return Inbound(origin.platform, origin.chat_id, f"bg-{task.id}", origin.sender_id, text,
                        origin.is_direct, True, origin.thread_id, origin.sender_name, origin.chat_title,
@@ -190,9 +200,8 @@ class BackgroundTasks:
         origin = await self.store.journal_inbound(caller.message_id)
         if origin is None or origin.user != caller.user_id:
             raise BackgroundError("background tasks can only be started while answering a chat message")
-        untrusted = caller.provenance.describe() if caller.provenance.tainted else ""
         request = f"{caller.message_id}#{caller.call_id or task}"
-        started = await self.start(origin, request, task, untrusted=untrusted)
+        started = await self.start(origin, request, task, read=caller.provenance)
         return started.id
 
     # -- the guard -------------------------------------------------------------------------------------

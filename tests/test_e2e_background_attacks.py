@@ -1,0 +1,79 @@
+"""Background tasks attacked end to end (docs/background-tasks.md, "Faults and untrusted input"):
+`chital run` against the fake Telegram and the fake model. What the user sees in the chat and what
+the model was asked are asserted; each test is a hole a hostile review found."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon import DaemonProcess, chat_config, started_daemon
+from tests.fakes.canary_server import Canary
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
+from tests.fakes.telegram_server import FakeTelegram
+from tests.telegram_daemon import replies_to
+
+OWNER = 1001
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
+    cfg = chat_config(
+        tmp_path,
+        model.base_url,
+        tg,
+        allow=[str(OWNER)],
+        agent={
+            "memory": {"enabled": False},
+            "web": {"allow_hosts": ["127.0.0.1"]},
+            "approvals": {"tools": ["execute"], "timeout": 600},
+        },
+    )
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
+
+
+async def reply(tg: FakeTelegram, update: dict[str, Any], needle: str) -> Any:
+    mid = update["message"]["message_id"]
+
+    def check() -> Any:
+        return next((m for m in replies_to(tg, OWNER, mid) if needle in m.text), None)
+
+    return await tg.wait_for(check, timeout=30, what=f"reply with {needle!r}")
+
+
+async def test_a_task_started_after_reading_a_web_page_carries_that_taint_to_its_lasting_actions(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI, canary: Canary
+) -> None:
+    """Provenance of lasting actions: the lead agent read a web page, then started a task. The
+    task's own turn must count as having read it too: its approval request (a lasting action's
+    gate) tells the owner it asks after reading content they did not write, and names the page."""
+    url = f"http://127.0.0.1:{canary.port}/page"
+
+    def brain(body: dict[str, Any]) -> Reply:
+        last = body["messages"][-1]
+        text = last_user_text(body)
+        if last.get("role") == "tool":
+            content = str(last.get("content"))
+            if "chital_secret_metric" in content:  # the page was read: hand the work to a task
+                return Reply(tool_calls=[ToolCall("start_background_task", {"task": "BGJOB run the check"})])
+            return Reply(text=f"Done: {content[:200]}")
+        if "BGJOB" in text:  # the task's agent: asks for a call that needs the owner's approval
+            return Reply(tool_calls=[ToolCall("execute", {"command": "echo bg-run"})])
+        if "read http" in text:
+            return Reply(tool_calls=[ToolCall("web_fetch", {"url": url})])
+        return Reply(text=f"echo: {text}")
+
+    model.add_rule(lambda _t: True, brain)
+    ask = tg.inject_message(OWNER, OWNER, f"please read {url}")
+    await reply(tg, ask, "Done: Started background task #1")
+
+    def buttons() -> Any:
+        return next((m for m in tg.bot_messages(OWNER) if "Approve" in str(m.raw.get("reply_markup"))), None)
+
+    request = await tg.wait_for(buttons, timeout=30, what="the task's approval request")
+    assert "after reading content you did not write" in request.text, request.text
+    assert f"127.0.0.1:{canary.port}" in request.text, request.text
