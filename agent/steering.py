@@ -29,6 +29,8 @@ from langchain.agents.middleware import ModelRequest, ModelResponse
 from langchain.agents.middleware.types import AgentMiddleware
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 
+from agent.provenance import PROVENANCE_KEY
+
 STEERED_KEY = "chital_steered"
 """Marks a HumanMessage that reached a running turn by steering (in ``additional_kwargs``)."""
 
@@ -41,6 +43,10 @@ class SteerMessage:
     message_id: str
     user_id: str
     text: str
+    provenance: str | None = None
+    """The untrusted sources the message came with (``Provenance.to_json``: a forwarded message is
+    someone else's words), as a turn's own message carries them (agent/provenance.py): steered,
+    it taints the running turn's lasting actions just as it would its own turn's."""
 
 
 class Inbox(Protocol):
@@ -69,7 +75,11 @@ def steered_message(message: SteerMessage) -> HumanMessage:
     return HumanMessage(
         content=message.text,
         id=message.message_id,
-        additional_kwargs={"user_id": message.user_id, STEERED_KEY: True},
+        additional_kwargs={
+            "user_id": message.user_id,
+            STEERED_KEY: True,
+            **({PROVENANCE_KEY: message.provenance} if message.provenance else {}),
+        },
     )
 
 

@@ -35,11 +35,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from agent.provenance import Provenance
 from agent.steering import SteerMessage
 from agent.turn import ContextMessage, TurnOptions
 from channels.base import Inbound
 from gateway.config.sections import BUSY_MODES, BusyMode
 from gateway.intake import access
+from gateway.intake.provenance import forwarded_sources, inbound_sources
 from gateway.store.entries import JournalEntry, JournalKind, JournalState
 from gateway.turns.outcome import TurnOutcome
 from gateway.turns.queue import Stop
@@ -246,7 +248,10 @@ class Busy:
         for entry in waiting:
             self._host.tasks.spawn(self._show_added(entry), f"steered:{entry.key}")
         return [
-            SteerMessage(e.key, e.inbound.user, self._host.redact(e.inbound.text.strip())) for e in waiting
+            SteerMessage(
+                e.key, e.inbound.user, self._host.redact(e.inbound.text.strip()), _sources(e.inbound)
+            )
+            for e in waiting
         ]
 
     async def _show_added(self, entry: JournalEntry) -> None:
@@ -278,6 +283,12 @@ class Busy:
             finally:
                 self._host.inflight.release(entry.key)
                 self._host.inflight.drop_reply(entry.key)
+
+
+def _sources(inbound: Inbound) -> str | None:
+    """What a steered message carries to the turn, as its own turn would (gateway/turns/options.py):
+    a forwarded message is someone else's words, a firing's message its schedule's sources."""
+    return Provenance(inbound_sources(inbound) + forwarded_sources(inbound)).to_json()
 
 
 def _may_touch(running: JournalEntry, inbound: Inbound, admin: bool) -> bool:
