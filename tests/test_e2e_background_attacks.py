@@ -77,3 +77,23 @@ async def test_a_task_started_after_reading_a_web_page_carries_that_taint_to_its
     request = await tg.wait_for(buttons, timeout=30, what="the task's approval request")
     assert "after reading content you did not write" in request.text, request.text
     assert f"127.0.0.1:{canary.port}" in request.text, request.text
+
+
+async def test_tasks_stop_while_the_result_is_being_sent_says_it_is_too_late_not_stopping(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """Faults at the worst moment: `/tasks stop` lands while the task's result is going out. The
+    result is not cut (an answer is never stopped halfway), so the user must not be told it is
+    stopping, and `/tasks` must not call a task that delivered its result "stopped": one outcome."""
+    model.add_rule(lambda t: "LATEJOB" in t, Reply(text="LATEJOB-RESULT all done"))
+    model.add_rule(lambda _t: True, Reply(text="ok"))
+    held = tg.hold_answer("sendMessage", lambda p: "LATEJOB-RESULT" in str(p.get("text")))
+    ask = tg.inject_command(OWNER, OWNER, "bg", "LATEJOB sum the numbers", chat_type="private")
+    await reply(tg, ask, "LATEJOB-RESULT")  # in the chat; the bot still waits for the platform's answer
+    stop = tg.inject_command(OWNER, OWNER, "tasks", "stop 1", chat_type="private")
+    said = await reply(tg, stop, "#1")
+    held.set()
+    assert "Stopping" not in said.text and "too late to stop it" in said.text, said.text
+    listing = await reply(tg, tg.inject_command(OWNER, OWNER, "tasks", "", chat_type="private"), "Background")
+    assert "#1 ✅ finished" in listing.text or "#1 ⏳" in listing.text, listing.text
+    assert "stopped by" not in listing.text, listing.text

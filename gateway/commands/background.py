@@ -69,6 +69,9 @@ async def tasks_command(ctx: CommandContext, entry: JournalEntry, cmd: Command) 
     if task.owner != inbound.user and not access.is_admin(ctx.config.access_for(inbound.platform), inbound):
         return f"Only {code_span(task.owner)}, who started #{number}, or an admin can stop it."
     if not await ctx.background.stop(task, f"stopped by {inbound.user}"):
+        again = await ctx.store.background_get(number)
+        if again is not None and again.running:
+            return f"Background task #{number} is sending its result already; it is too late to stop it."
         return f"Background task #{number} has already ended."
     return f"⏹ Stopping background task #{number}."
 

@@ -152,6 +152,13 @@ class BackgroundTables:
         )
         return count == 1
 
+    async def background_reopen(self, task_id: int, why: str) -> None:
+        """Undo :meth:`background_end` for ``why``: the stop came too late (the task's result was
+        going out already), so the task ends by its answer and must not read as stopped."""
+        await self._write(
+            "UPDATE background_tasks SET ended = NULL WHERE id = ? AND ended = ?", (task_id, why[:200])
+        )
+
     async def background_prune(self, older_than: float) -> int:
         """Tasks whose journal entry is gone (pruned with the journal) or that ended long ago."""
         with self._db.on_thread():

@@ -233,7 +233,8 @@ class BackgroundTasks:
     async def stop(self, task: BackgroundTask, why: str) -> bool:
         """End ``task`` for ``why`` ("stopped by …"): cut it here if it runs here, and make its
         journal entry the "Stopped" notice (a restart shows that, never runs the task again); a
-        daemon running it elsewhere ends it at its next check. False when it had ended already."""
+        daemon running it elsewhere ends it at its next check. False when it had ended already, or
+        when its result is being sent here (too late: it ends by its answer, not as stopped)."""
         if not await self.store.background_end(task.id, why):
             return False
         host = self._host
@@ -246,8 +247,9 @@ class BackgroundTasks:
                 await self.store.journal_stop(entry, STOPPED)
             return True
         done = host.turns.stop(task.key)
-        if done in (Stop.LATE, Stop.ABSENT):
-            return True  # its answer is going out already
+        if done in (Stop.LATE, Stop.ABSENT):  # its answer is going out already: it ends by that
+            await self.store.background_reopen(task.id, why)
+            return False
         journaled = await self.store.journal_stop(target, STOPPED)
         if done is Stop.REMOVED:
             if journaled:
