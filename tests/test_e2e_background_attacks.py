@@ -97,3 +97,20 @@ async def test_tasks_stop_while_the_result_is_being_sent_says_it_is_too_late_not
     listing = await reply(tg, tg.inject_command(OWNER, OWNER, "tasks", "", chat_type="private"), "Background")
     assert "#1 ✅ finished" in listing.text or "#1 ⏳" in listing.text, listing.text
     assert "stopped by" not in listing.text, listing.text
+
+
+async def test_tasks_stop_with_a_number_out_of_range_says_the_range_not_the_digits(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """Specific errors: `/tasks stop 0` or a number too large for any task is written in the
+    digits 0-9 already; the answer says which numbers exist (as /schedules does), and a mistyped
+    one still says how to write it."""
+    for typed in ("0", "99999999999999999999999", "#9223372036854775808", "#0"):
+        update = tg.inject_command(OWNER, OWNER, "tasks", f"stop {typed}", chat_type="private")
+        said = await reply(tg, update, "not a task number")
+        assert said.text == f"{typed} is not a task number: they run from 1 to 9223372036854775807.", (
+            said.text
+        )
+    update = tg.inject_command(OWNER, OWNER, "tasks", "stop ٣", chat_type="private")
+    said = await reply(tg, update, "not a task number")
+    assert said.text.endswith("is not a task number: write it in the digits 0-9, like 3."), said.text

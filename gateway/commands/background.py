@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 LIST_TEXT = 80
 """Characters of a task's text a listing shows."""
-_NUMBER = re.compile(r"#?([0-9]{1,19})")
+_NUMBER = re.compile(r"#?([0-9]{1,40})")
 """ASCII digits only (``str.isdigit`` takes ``²``, which ``int`` refuses)."""
 USAGE = "Usage: /tasks lists this conversation's background tasks; /tasks stop ID stops one."
 
@@ -55,8 +55,10 @@ async def tasks_command(ctx: CommandContext, entry: JournalEntry, cmd: Command) 
     if args[0].lower() not in ("stop", "cancel") or len(args) != 2:
         return USAGE
     match = _NUMBER.fullmatch(args[1])
-    if match is None or not 0 < int(match.group(1)) < 2**63:
+    if match is None:
         return f"{code_span(args[1], 24)} is not a task number: write it in the digits 0-9, like 3."
+    if not 0 < int(match.group(1)) < 2**63:  # digits, but no task can have that number
+        return f"{code_span(args[1], 24)} is not a task number: they run from 1 to {2**63 - 1}."
     number = int(match.group(1))
     if ctx.background is None:
         return "Background tasks are off on this bot."
