@@ -114,3 +114,32 @@ async def test_tasks_stop_with_a_number_out_of_range_says_the_range_not_the_digi
     update = tg.inject_command(OWNER, OWNER, "tasks", "stop ٣", chat_type="private")
     said = await reply(tg, update, "not a task number")
     assert said.text.endswith("is not a task number: write it in the digits 0-9, like 3."), said.text
+
+
+async def test_a_task_can_schedule_and_the_firing_runs_in_the_chat_not_as_the_task(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """A task's own lasting action: `/bg` work that schedules a reminder. It used to be refused
+    with a wrong error ("this conversation has moved on to a new thread"); the schedule is the
+    chat's, and its firing is a firing (answered in the chat), not a rerun of the ended task."""
+
+    def brain(body: dict[str, Any]) -> Reply:
+        last = body["messages"][-1]
+        text = last_user_text(body)
+        if last.get("role") == "tool":
+            return Reply(text=f"Done: {str(last.get('content'))[:120]}")
+        if "[Scheduled task #1" in text:
+            return Reply(text="FIRED-PING sent")
+        if "SCHEDJOB" in text:
+            return Reply(tool_calls=[ToolCall("schedule_task", {"text": "ping the team", "delay": "2s"})])
+        return Reply(text=f"echo: {text}")
+
+    model.add_rule(lambda _t: True, brain)
+    ask = tg.inject_command(OWNER, OWNER, "bg", "SCHEDJOB remind the team", chat_type="private")
+    done = await reply(tg, ask, "Done:")
+    assert "Scheduled #1" in done.text, done.text
+    await tg.wait_for(
+        lambda: any("FIRED-PING sent" in m.text for m in tg.bot_messages(OWNER)),
+        timeout=30,
+        what="the firing",
+    )

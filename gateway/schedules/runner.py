@@ -42,7 +42,7 @@ from gateway.schedules.times import (
     rule_text,
     zone_of,
 )
-from gateway.store.entries import JournalEntry, JournalKind, JournalState
+from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalKind, JournalState, conversation_of
 from gateway.store.journal import Store
 from gateway.store.schedules import ACTIVE, PUSH_MARK, SCHEDULE_MARK, Schedule
 from gateway.turns import usage
@@ -71,7 +71,7 @@ def info_of(schedule: Schedule, defaulted: bool = False) -> ScheduleInfo:
 
 def _template(inbound: Inbound) -> Inbound:
     """The creating message without its text and our own marks: what every firing is built on."""
-    ours = (STARTED_BY_BOT, SCHEDULE_MARK, PUSH_MARK, THREAD_ANCHOR)
+    ours = (STARTED_BY_BOT, SCHEDULE_MARK, PUSH_MARK, THREAD_ANCHOR, BACKGROUND_MARK)  # a task's: the chat's
     extra = {k: v for k, v in inbound.extra.items() if k not in ours}
     anchor = str(inbound.extra.get(THREAD_ANCHOR) or inbound.message_id)  # made during a firing
     return Inbound(inbound.platform, inbound.chat_id, anchor, inbound.sender_id, "",
@@ -106,7 +106,9 @@ class GatewayScheduler:
         inbound = await self.store.journal_inbound(caller.message_id)
         if inbound is None or inbound.user != caller.user_id:
             raise ScheduleError("schedules can only be made while answering a chat message")
-        if await self.store.thread_conversation(caller.thread_id) != inbound.conversation:
+        # A background task's thread is its own conversation's (``<chat>:bg:<n>``); its schedules
+        # are the chat's (``_template`` drops the task's mark, so a firing never poses as the task).
+        if await self.store.thread_conversation(caller.thread_id) != conversation_of(inbound):
             raise ScheduleError("this conversation has moved on to a new thread; ask again")
         return inbound
 
