@@ -40,6 +40,9 @@ finished task's number is never given to a new one (a late ``/tasks stop 7`` mus
 OPEN = ("pending", "running", "waiting")
 """Journal states of a task that has not finished (``waiting``: for a person's approval)."""
 
+UNJOURNALED_GRACE = 600.0
+"""Seconds a task row may wait for its journal entry and still count against its owner's cap."""
+
 _COLUMNS = "t.id, t.key, t.conversation, t.owner, t.text, t.created, t.updated, t.ended, j.state, j.updated"
 _FROM = "background_tasks t LEFT JOIN journal j ON j.key = t.key"
 _OPEN_SQL = ", ".join(f"'{s}'" for s in OPEN)
@@ -118,11 +121,14 @@ class BackgroundTables:
         return _row(row) if row else None
 
     async def background_running(self, owner: str) -> int:
-        """Tasks of ``owner`` not finished: what the per-user cap counts."""
+        """Tasks of ``owner`` not finished: what the per-user cap counts. A row not journaled yet
+        counts only while it is young (:data:`UNJOURNALED_GRACE`): it is journaled moments after it
+        is inserted, or by the asking turn's re-run after a crash; one whose asking turn never ran
+        again (stopped, forgotten) is an orphan and must not hold the owner's cap forever."""
         async with self._db.execute(
             f"SELECT COUNT(*) FROM {_FROM} WHERE t.owner = ? AND t.ended IS NULL"
-            f" AND (j.state IN ({_OPEN_SQL}) OR t.key = '')",
-            (owner,),
+            f" AND (j.state IN ({_OPEN_SQL}) OR (t.key = '' AND t.created > ?))",
+            (owner, time.time() - UNJOURNALED_GRACE),
         ) as cur:
             row = await cur.fetchone()
         return int(row[0]) if row else 0
