@@ -179,7 +179,9 @@ def fake_platform(monkeypatch: pytest.MonkeyPatch, channel: FakeChannel, harness
     def build_channels(cfg: Config) -> tuple[list[Channel], dict[str, str]]:
         return [channel], {}
 
-    async def open_harness(cfg: Config, *_: object) -> FakeHarness:  # (scheduler, usage recorder)
+    async def open_harness(
+        cfg: Config, *_: object, **__: object
+    ) -> FakeHarness:  # (scheduler, usage, acp, tasks)
         return harness
 
     monkeypatch.setattr(app, "build_channels", build_channels)
