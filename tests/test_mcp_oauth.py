@@ -18,8 +18,9 @@ import pytest
 from pydantic import ValidationError
 
 from agent.settings import McpServer, McpSettings
-from agent.tools.mcp import McpCatalog
+from agent.tools.mcp import LOGIN_POLL, McpCatalog
 from tests.daemon import free_port, start_chital
+from tests.fakes.gateway_rig import until
 from tests.fakes.mcp_servers import McpOAuthServer
 from tests.mcp_calls import call, state
 
@@ -204,9 +205,10 @@ async def test_login_then_refresh_then_a_revoked_refresh_token_is_reported_once(
         c0 = await start(made, tokens, svc=config)
         assert state(c0, "svc") == (
             "failed",
-            "authorization revoked or missing: run chital mcp login svc, then /mcp reload",
+            "authorization revoked or missing: run chital mcp login svc",
         )
         assert (await srv.admin())["hits"]["register"] == 0
+        await c0.close()  # (its pick-up of a login: the next test)
 
         await srv.admin("ttl", seconds=2)  # the login's tokens expire at once (for the daemon)
         code, out = await login_cli(srv, tmp_path, port)
@@ -238,7 +240,7 @@ async def test_login_then_refresh_then_a_revoked_refresh_token_is_reported_once(
         st, reason = state(c2, "svc")
         assert (st, reason) == (
             "failed",
-            "authorization revoked or missing: run chital mcp login svc, then /mcp reload",
+            "authorization revoked or missing: run chital mcp login svc",
         )
         hits = (await srv.admin())["hits"]
         assert hits["refresh_token"] == before["refresh_token"] + 1  # one refresh tried, refused
@@ -272,3 +274,26 @@ async def test_login_refused_in_the_browser_says_so(tmp_path: Path) -> None:
         assert not (tmp_path / "data" / "mcp-oauth").exists() or not any(
             "tokens" in p.read_text() for p in (tmp_path / "data" / "mcp-oauth").iterdir()
         )
+
+
+async def test_a_running_daemon_uses_a_new_login_without_a_reload(
+    made: list[McpCatalog], tmp_path: Path
+) -> None:
+    """The operator runs ``chital mcp login`` while the daemon runs: the server that waited for a
+    login connects by itself, and until then nothing was asked of the authorization server."""
+    port = free_port()
+    tokens = tmp_path / "data" / "mcp-oauth"
+    async with McpOAuthServer("streamable_http", client_id=CLIENT_ID, client_secret=SECRET) as srv:
+        config = {
+            "transport": "streamable_http",
+            "url": srv.url,
+            "oauth": {"grant": "authorization_code", "redirect_port": port},
+        }
+        c = await start(made, tokens, svc=config)
+        assert state(c, "svc") == ("failed", "authorization revoked or missing: run chital mcp login svc")
+        await asyncio.sleep(2 * LOGIN_POLL)  # a few looks at the (absent) token file
+        assert (await srv.admin())["hits"]["register"] == 0, "nothing asked while waiting for a login"
+        code, out = await login_cli(srv, tmp_path, port)
+        assert code == 0, out
+        await until(lambda: state(c, "svc")[0] == "connected", 30, "the new login picked up")
+        assert await call(c, "svc_echo", {"text": "after login"}) == "echo: after login"

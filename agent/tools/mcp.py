@@ -62,6 +62,9 @@ from agent.tools.mcp_http import (
 log = logging.getLogger(__name__)
 
 BACKOFF_MAX = 300.0
+LOGIN_POLL = 2.0
+"""Seconds between looks at a logged-out server's token file (one ``stat``), so the tokens of a
+``chital mcp login`` are used without a reload."""
 """Longest wait between two reconnection attempts, in seconds."""
 _GUARD = Path(__file__).resolve().parent.parent / "mcp_stdio_guard.py"
 
@@ -292,6 +295,49 @@ class McpCatalog:
             server.task = asyncio.create_task(
                 self._reconnect_loop(server), name=f"mcp-reconnect-{server.name}"
             )
+        elif not retryable and self._reconnect and not self._closed and not running:
+            if (tokens := self._login_file(server)) is not None:
+                server.task = asyncio.create_task(
+                    self._login_watch(server, tokens), name=f"mcp-login-{server.name}"
+                )
+
+    def _login_file(self, server: _Server) -> Path | None:
+        """The token file an operator's ``chital mcp login`` writes for ``server``, when the
+        server logs in that way and the catalog keeps tokens on disk."""
+        oauth = server.config.oauth
+        if oauth is None or oauth.grant != "authorization_code" or self._token_dir is None:
+            return None
+        from agent.tools.mcp_oauth import token_path
+
+        return token_path(self._token_dir, server.name, server.config)
+
+    async def _login_watch(self, server: _Server, tokens: Path) -> None:
+        """Wait for new tokens (the file changes) for a server that needs a login, then connect
+        with them. Nothing is asked of any server meanwhile: a refused login is never retried,
+        only a new one is used."""
+        seen = _stamp(tokens)
+        while self._servers.get(server.name) is server and server.state == "failed" and not server.retryable:
+            await asyncio.sleep(LOGIN_POLL)
+            now = _stamp(tokens)
+            if now == seen or now is None:
+                continue
+            seen = now
+            server.auth = None  # a fresh provider reads the new tokens
+            try:
+                tools = await self._list(server)
+            except Exception as exc:
+                reason, retryable = (
+                    classify(exc) if not isinstance(exc, TimeoutError) else ("no answer", True)
+                )
+                log.warning("MCP server %r: the new login did not work (%s)", server.name, reason)
+                server.state, server.reason, server.retryable = "failed", reason, retryable
+                continue
+            if self._servers.get(server.name) is not server:
+                return
+            server.tools, server.state, server.reason, server.failures = tools, "connected", "", 0
+            log.info("MCP server %r: logged in, %d tool(s)", server.name, len(tools))
+            self._rebuild()
+            return
 
     async def _reconnect_loop(self, server: _Server) -> None:
         loop = asyncio.get_running_loop()
@@ -312,6 +358,9 @@ class McpCatalog:
             log.info("MCP server %r is back: %d tool(s)", server.name, len(tools))
             self._rebuild()
             return
+        if self._servers.get(server.name) is server and server.state == "failed" and not server.retryable:
+            if (tokens := self._login_file(server)) is not None:  # refused while reconnecting
+                await self._login_watch(server, tokens)
 
     def _rebuild(self) -> None:
         tools: list[BaseTool] = []
@@ -391,6 +440,15 @@ class McpCatalog:
                 raise ToolException(f"MCP server {name!r} answered {tool!r} badly: {reason}.") from None
             self._failed(server, reason, retryable)
             raise ToolException(f"MCP server {name!r} failed during {tool!r}: {reason}.") from None
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """What tells a rewritten file from the one seen before: (mtime ns, size); None if absent."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def _too_large(exc: BaseException) -> bool:

@@ -156,7 +156,7 @@ class LoginRequired(OAuthFlowError):
     yet, or its refresh token was refused (revoked). The daemon cannot open a browser."""
 
     def __init__(self, name: str) -> None:
-        super().__init__(f"authorization revoked or missing: run chital mcp login {name}, then /mcp reload")
+        super().__init__(f"authorization revoked or missing: run chital mcp login {name}")
 
 
 def token_path(token_dir: Path, name: str, config: McpServer) -> Path:

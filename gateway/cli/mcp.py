@@ -5,7 +5,8 @@ The daemon has no browser: when such a server has no tokens, or its refresh toke
 (revoked), ``/mcp`` shows it *failed: authorization revoked or missing: run chital mcp login
 NAME* and it is not retried. This command prints the authorization URL, receives the code on a
 loopback redirect, stores the tokens in the data directory (0600) and says how many tools the
-server then lists; ``/mcp reload`` (or SIGHUP) makes the daemon use them.
+server then lists. A running daemon notices the new token file within seconds (agent/tools/mcp.py,
+``LOGIN_POLL``) and connects with it; no reload is needed.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def cmd_mcp_login(args: argparse.Namespace) -> int:
         print(f"chital: mcp login {visible(name)}: {exc}", file=sys.stderr)
         return 1
     print(f"Logged in to MCP server {visible(name)!r}: {count} tool(s). Tokens stored in {token_dir} (0600).")
-    print("Run /mcp reload in chat (or send the daemon SIGHUP) to use them.")
+    print("A running daemon picks them up within a few seconds; /mcp shows the server connected.")
     return 0
 
 
