@@ -73,7 +73,10 @@ FORWARDED_MESSAGE = "forwarded message"
 """The turn's own message is someone else's words, forwarded or shared by the sender (its label:
 the original author). Unlike quoted context, it is the message itself: memory does not learn it
 as the user's words (agent/memory/service.py)."""
-NOT_THE_USERS_WORDS = frozenset({SCHEDULED, FORWARDED_MESSAGE})
+WEBHOOK = "webhook event"
+"""The turn's own message is an HTTP delivery's payload (gateway/turns/hooks.py): nobody's words
+the bot can vouch for; its label: the hook's name."""
+NOT_THE_USERS_WORDS = frozenset({SCHEDULED, FORWARDED_MESSAGE, WEBHOOK})
 """Kinds of source that make a turn's own message text someone else's, not the user's."""
 LABEL_CHARS = 120
 SHOWN_SOURCES = 5
@@ -114,6 +117,8 @@ class Source:
             return f"scheduled task {label}" if label else "a scheduled task"
         if self.kind == SUBAGENT:
             return "a sub-agent's work"
+        if self.kind == WEBHOOK:
+            return f"the payload of the webhook {label}" if label else "a webhook's payload"
         return f"the output of the tool {label}" if label else "a tool's output"
 
 

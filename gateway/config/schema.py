@@ -23,6 +23,7 @@ from pydantic import (
 from agent.config import AgentSettings, ModelSpec
 from agent.settings import shipped_skills_dir
 from channels.settings import ChannelSettings
+from gateway.config.hooks import HooksConfig
 from gateway.config.platforms import PLATFORMS
 from gateway.config.profiles import Profile, check_profiles
 from gateway.config.sections import (
@@ -113,6 +114,7 @@ class Config(Strict):
     transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
     schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)
     tasks: BackgroundConfig = Field(default_factory=BackgroundConfig)
+    hooks: HooksConfig = Field(default_factory=HooksConfig)
     """Background tasks: `/bg`, `/tasks`, the agent's `start_background_task` (docs/background-tasks.md)."""
     profiles: dict[str, Profile] = Field(default_factory=dict)
     """Agent profiles: a model and a system prompt for the chats and channels each one names

@@ -101,6 +101,8 @@ class Daemon:
         """The state last logged per channel: a change of reason alone is not a new event."""
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
+        self.hooks_port: int | None = None
+        """The hooks' own listener (docs/hooks.md), None when no hook is configured."""
         self.retention: Retention | None = None
         self.status_server: StatusServer | None = None
         """``chital status``'s Unix socket (gateway/daemon/status.py); None when it could not be opened."""
@@ -325,6 +327,8 @@ class Daemon:
                 sup.start()  # (send-only standbys were started by _standby_leader_only)
         if self.cluster is not None:
             self.cluster.start()
+        if cfg.hooks.hooks:
+            await self._start_hooks()
         res.spawn(self.retention.run(), "retention")
         res.spawn(ScheduleRunner(self.gateway, self.store, cfg, clock, scheduler).run(), "schedules")
         res.spawn(log_summary(self), "startup-summary")
@@ -396,6 +400,19 @@ class Daemon:
         addresses = runner.addresses
         self.http_port = int(addresses[0][1]) if addresses else self.config.http.port
         log.info("health and metrics on http://%s:%s/", self.config.http.host, self.http_port)
+
+    async def _start_hooks(self) -> None:
+        from gateway.turns.hooks import Hooks, serve
+
+        assert self.gateway is not None
+        host, port = self.config.hooks.host, self.config.hooks.port
+        hooks = Hooks(self.gateway, self.config, self.metrics, redactor_for(self.config))
+        try:
+            runner, self.hooks_port = await serve(hooks, host, port)
+        except OSError as exc:
+            raise listen_error(host, port, exc) from None
+        self._resources.push("the hooks endpoint", runner.cleanup)
+        log.info("hooks on http://%s:%s/hooks/<name> (%d hook(s))", host, self.hooks_port, len(hooks.hooks))
 
     async def stop(self) -> list[tuple[str, BaseException]]:
         """Drain running turns for ``shutdown_grace`` while the channels can still deliver, then

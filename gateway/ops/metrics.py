@@ -34,6 +34,13 @@ class Metrics:
         self.messages_out = Counter(
             "chital_messages_out", "Messages sent to a platform (edits excluded)", ["channel"], registry=r
         )
+        self.hook_deliveries = Counter(
+            "chital_hook_deliveries",
+            "POST /hooks/<name> deliveries by outcome: accepted, unknown, too_large, unsigned, "
+            "bad_signature, not_json, rate_limited, replay, unavailable (docs/hooks.md)",
+            ["outcome"],
+            registry=r,
+        )
         self.edits = Counter("chital_edits", "Message edits sent to a platform", ["channel"], registry=r)
         self.turns = Counter("chital_turns", "Agent turns finished, by outcome", ["outcome"], registry=r)
         self.turn_seconds = Histogram(
