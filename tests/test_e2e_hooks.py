@@ -165,6 +165,9 @@ async def test_unknown_hook_is_a_plain_404_and_bad_bodies_get_400(
     assert status == 400
     status, text = await post(port, "github", b'"a string"', {"X-Chital-Signature": sign(b'"a string"')})
     assert status == 400
+    for bomb in (b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 70 + b"1" + b"}" * 70):
+        status, text = await post(port, "github", bomb, {"X-Chital-Signature": sign(bomb)})
+        assert status == 400, "nested too deeply: refused, not a crash"
     # The ops listener does not serve hooks, nor the hooks listener metrics.
     status, _ = await daemon.get("/hooks/github")
     assert status in (404, 405)
@@ -265,7 +268,8 @@ async def test_slack_target_and_rate_limit(
         "rate_per_minute": 1,
     }
     stray = {**alert, "chat_id": "C_NOT_ALLOWED"}
-    cfg["hooks"] = hooks_section(port, alerts=alert, stray=stray)
+    offline = {**alert, "platform": "discord"}  # no Discord channel on this daemon
+    cfg["hooks"] = hooks_section(port, alerts=alert, stray=stray, offline=offline)
     model.add_rule(lambda t: "DiskFull" in t, Reply(text="ALERTANSWER: disk is full"))
     payload = {"status": "firing", "alerts": [{"labels": {"alertname": "DiskFull"}}]}
     body = json.dumps(payload).encode()
@@ -278,4 +282,5 @@ async def test_slack_target_and_rate_limit(
         other = body + b" "
         assert (await post(port, "alerts", other, {"X-Chital-Signature": sign(other)}))[0] == 429
         assert (await post(port, "stray", body, {"X-Chital-Signature": sign(body)}))[0] == 404
-        assert "hook stray is off" in d.logs()
+        assert (await post(port, "offline", body, {"X-Chital-Signature": sign(body)}))[0] == 404
+        assert "hook stray is off" in d.logs() and "hook offline is off" in d.logs()

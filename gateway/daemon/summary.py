@@ -222,6 +222,11 @@ async def summary(daemon: Daemon) -> list[Line]:
         )
     else:
         lines.append((logging.INFO, "  http      off (http.enabled is false)"))
+    if daemon.hooks_port is not None:
+        shown = f"[{cfg.hooks.host}]" if ":" in cfg.hooks.host else cfg.hooks.host
+        lines.append(
+            (logging.INFO, f"  hooks     http://{shown}:{daemon.hooks_port}/hooks/<name> (docs/hooks.md)")
+        )
     if daemon.status_server is not None:
         lines.append((logging.INFO, f"  status    `chital status` (socket {daemon.status_server.path})"))
     return lines

@@ -9,7 +9,8 @@ The order of checks is the order of cost, and every refusal says as little as po
 3. the signature: HMAC-SHA256 of the raw body with the hook's secret, from GitHub's
    ``X-Hub-Signature-256`` or ``X-Chital-Signature`` (``sha256=<hex>``), compared in constant time;
    missing 401, wrong 403, both counted in ``chital_hook_deliveries{outcome}``;
-4. a body that is not a JSON object or array is 400; a hook over its rate is 429;
+4. a body that is not a JSON object or array (or nests deeper than 64 levels) is 400; a hook
+   over its rate is 429;
 5. the delivery id (``X-GitHub-Delivery``, ``X-Gitlab-Event-UUID``, else the SHA-256 of the body)
    keys the turn's journal entry: journaled before the 202 goes out, so a kill -9 after it still
    runs the turn (the gateway resumes pending entries), and a replay finds the key taken (409,
@@ -28,6 +29,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
@@ -53,12 +55,18 @@ HOOK_MARK = "chital_hook"
 DELIVERY_HEADERS = ("X-GitHub-Delivery", "X-Gitlab-Event-UUID", "X-Chital-Delivery")
 EVENT_HEADERS = ("X-GitHub-Event", "X-Gitlab-Event", "X-Chital-Event")
 SIGNATURE_HEADERS = ("X-Hub-Signature-256", "X-Chital-Signature")
+MAX_DEPTH = 64
+"""Deepest nesting of a payload accepted: the prompt shows it as indented JSON, and the encoder
+recurses."""
 
 
 class HookHost(Protocol):
     """What the hooks use of the daemon (the Gateway is one)."""
 
     store: Store
+
+    @property
+    def channels(self) -> Mapping[str, object]: ...
 
     async def start_turn(self, inbound: Inbound, note: str = ..., kind: JournalKind = ...) -> bool: ...
 
@@ -81,6 +89,19 @@ def target_allowed(config: Config, spec: HookSpec) -> bool:
         return True
     direct = spec.platform == "telegram" and not chat.startswith("-")
     return direct and listed(policy.allow_users + policy.admins)
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests (iteratively: a deep payload must not exhaust the stack here)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        todo.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
 
 
 class _Bucket:
@@ -106,7 +127,9 @@ class Hooks:
         self.host, self.config, self.metrics, self.redact = host, config, metrics, redact
         self.hooks: dict[str, HookSpec] = {}
         for name, spec in config.hooks.hooks.items():
-            if target_allowed(config, spec):
+            if spec.platform not in host.channels:
+                log.error("hook %s is off: channel %s is not running", name, spec.platform)
+            elif target_allowed(config, spec):
                 self.hooks[name] = spec
             else:
                 log.error(
@@ -149,8 +172,12 @@ class Hooks:
             payload: Any = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return self._refuse(400, "not_json", "the body must be JSON")
+        except RecursionError:  # nested deeper than the decoder goes
+            return self._refuse(400, "not_json", "the body is nested too deeply")
         if not isinstance(payload, dict | list):
             return self._refuse(400, "not_json", "the body must be a JSON object or array")
+        if _depth(payload) > MAX_DEPTH:
+            return self._refuse(400, "not_json", "the body is nested too deeply")
         if not self._buckets[name].take():
             return self._refuse(429, "rate_limited", "too many deliveries; try again later")
         inbound = self._inbound(name, spec, request, body, payload)
