@@ -3,7 +3,7 @@ turn in a configured conversation (docs/hooks.md).
 
 The order of checks is the order of cost, and every refusal says as little as possible:
 
-1. an unknown name is the same 404 as any unknown path (configured names are not revealed);
+1. an unknown name, or a hook switched off at start-up, is one 404 (no name listed or echoed);
 2. a declared body over ``hooks.max_body_bytes`` is 413 before a byte is read, and an undeclared
    (chunked) one is read only up to the limit (aiohttp's ``client_max_size``);
 3. the signature: HMAC-SHA256 of the raw body with the hook's secret, from GitHub's
