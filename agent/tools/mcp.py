@@ -323,40 +323,41 @@ class McpCatalog:
                 continue
             seen = now
             server.auth = None  # a fresh provider reads the new tokens
-            try:
-                tools = await self._list(server)
-            except Exception as exc:
-                reason, retryable = (
-                    classify(exc) if not isinstance(exc, TimeoutError) else ("no answer", True)
-                )
+            tools = await self._try_list(server)
+            if isinstance(tools, tuple):
+                reason, retryable = tools
                 log.warning("MCP server %r: the new login did not work (%s)", server.name, reason)
                 server.state, server.reason, server.retryable = "failed", reason, retryable
                 continue
-            if self._servers.get(server.name) is not server:
-                return
-            server.tools, server.state, server.reason, server.failures = tools, "connected", "", 0
-            log.info("MCP server %r: logged in, %d tool(s)", server.name, len(tools))
-            self._rebuild()
+            self._back(server, tools, "logged in")
             return
+
+    async def _try_list(self, server: _Server) -> list[BaseTool] | tuple[str, bool]:
+        """The server's tools, or (reason, worth retrying) when listing them failed."""
+        try:
+            return await self._list(server)
+        except Exception as exc:
+            return classify(exc) if not isinstance(exc, TimeoutError) else ("no answer", True)
+
+    def _back(self, server: _Server, tools: list[BaseTool], how: str) -> None:
+        """``server`` answers again with ``tools`` (unless it was reconfigured meanwhile)."""
+        if self._servers.get(server.name) is not server:
+            return
+        server.tools, server.state, server.reason, server.failures = tools, "connected", "", 0
+        log.info("MCP server %r: %s, %d tool(s)", server.name, how, len(tools))
+        self._rebuild()
 
     async def _reconnect_loop(self, server: _Server) -> None:
         loop = asyncio.get_running_loop()
         while self._servers.get(server.name) is server and server.state == "failed" and server.retryable:
             await asyncio.sleep(max(0.0, server.retry_at - loop.time()))
-            try:
-                tools = await self._list(server)
-            except Exception as exc:
-                reason, retryable = (
-                    classify(exc) if not isinstance(exc, TimeoutError) else ("no answer", True)
-                )
+            tools = await self._try_list(server)
+            if isinstance(tools, tuple):
+                reason, retryable = tools
                 log.debug("MCP server %r: reconnection failed (%s)", server.name, reason)
                 self._failed(server, reason, retryable, quiet=True, schedule=False)
                 continue
-            if self._servers.get(server.name) is not server:
-                return
-            server.tools, server.state, server.reason, server.failures = tools, "connected", "", 0
-            log.info("MCP server %r is back: %d tool(s)", server.name, len(tools))
-            self._rebuild()
+            self._back(server, tools, "is back")
             return
         if self._servers.get(server.name) is server and server.state == "failed" and not server.retryable:
             if (tokens := self._login_file(server)) is not None:  # refused while reconnecting
