@@ -219,8 +219,8 @@ async def test_the_per_user_cap_refuses_with_a_note(
         held.set()
         await reply(tg, MEMBER, first, "first done")
         # The task's entry is marked done just after its answer is sent: until then it still counts.
-        done = "SELECT 1 FROM journal WHERE key LIKE '%:bg-1' AND state = 'done'"
-        await until(lambda: daemon_rows(d.config["storage"], done), 20, "task #1 marked done")
+        done = "SELECT 1 FROM journal WHERE key LIKE ? AND state = 'done'"
+        await until(lambda: daemon_rows(d.config["storage"], done, ("%:bg-1",)), 20, "task #1 marked done")
         await reply(tg, MEMBER, say(tg, MEMBER, "/bg CAPJOB three"), "Started background task #3")
         long = await reply(tg, MEMBER, say(tg, MEMBER, "/bg " + "x" * 4001), "Not started")
         assert "4,001 characters long" in long.text and "at most 4,000" in long.text
