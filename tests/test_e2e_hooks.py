@@ -123,11 +123,13 @@ async def test_a_signed_delivery_starts_one_turn_in_the_target_chat_and_a_replay
 
     status, _ = await post(port, "github", body, github(body, "d-1"))  # the same delivery again
     assert status == 409
+    status, _ = await post(port, "github", body, github(body, "d-1-fresh-id"))  # captured, re-labelled
+    assert status == 409, "the delivery header is not signed: a new id does not make a new delivery"
     await asyncio.sleep(1.0)  # give a wrongly started second turn the time to reach the model
     assert len(asked(model, "acme/widgets")) == 1, "a replay runs nothing"
     assert sum("HOOKANSWER" in t for t in tg.bot_texts(GROUP)) == 1
     metrics = await daemon.metrics()
-    assert counted(metrics, "accepted") == 1 and counted(metrics, "replay") == 1
+    assert counted(metrics, "accepted") == 1 and counted(metrics, "replay") == 2
 
 
 async def test_missing_wrong_and_other_hooks_signatures_are_refused_and_counted(

@@ -11,10 +11,10 @@ The order of checks is the order of cost, and every refusal says as little as po
    missing 401, wrong 403, both counted in ``chital_hook_deliveries{outcome}``;
 4. a body that is not a JSON object or array (or nests deeper than 64 levels) is 400; a hook
    over its rate is 429;
-5. the delivery id (``X-GitHub-Delivery``, ``X-Gitlab-Event-UUID``, else the SHA-256 of the body)
-   keys the turn's journal entry: journaled before the 202 goes out, so a kill -9 after it still
-   runs the turn (the gateway resumes pending entries), and a replay finds the key taken (409,
-   nothing run again).
+5. the SHA-256 of the hook's name and the body (what the signature covers; never an unsigned
+   delivery-id header) keys the turn's journal entry: journaled before the 202 goes out, so a
+   kill -9 after it still runs the turn (the gateway resumes pending entries), and a replay finds
+   the key taken (409, nothing run again).
 
 The turn is built like a background task's (gateway/turns/background.py): marked started-by-the-bot,
 journaled as a TURN, its sender the hook, its message the payload quoted as data with a webhook
@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 
 HOOK_MARK = "chital_hook"
 """In a hook turn's ``Inbound.extra``: the hook's name."""
-DELIVERY_HEADERS = ("X-GitHub-Delivery", "X-Gitlab-Event-UUID", "X-Chital-Delivery")
 EVENT_HEADERS = ("X-GitHub-Event", "X-Gitlab-Event", "X-Chital-Event")
 SIGNATURE_HEADERS = ("X-Hub-Signature-256", "X-Chital-Signature")
 MAX_DEPTH = 64
@@ -193,8 +192,9 @@ class Hooks:
         return web.json_response({"status": "accepted"}, status=202)
 
     def _inbound(self, name: str, spec: HookSpec, request: web.Request, body: bytes, payload: Any) -> Inbound:
-        delivery = next((request.headers[h] for h in DELIVERY_HEADERS if request.headers.get(h)), "")
-        key = hashlib.sha256(f"{name}\0{delivery}".encode() if delivery else body).hexdigest()[:32]
+        # Keyed on what the signature covers (the body), never on a header: a captured delivery
+        # resent with a fresh X-GitHub-Delivery is the same delivery, so it is refused as a replay.
+        key = hashlib.sha256(name.encode() + b"\0" + body).hexdigest()[:32]
         event = next((request.headers[h] for h in EVENT_HEADERS if request.headers.get(h)), "")
         text = hook_text(name, event, spec.prompt, payload, self.redact, self.config.hooks.payload_chars)
         provenance = Provenance((Source(WEBHOOK, name),))
