@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ from langchain.agents.middleware.types import AgentMiddleware
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 
 from agent.provenance import PROVENANCE_KEY
+from agent.turn_overrides import scoped
 
 STEERED_KEY = "chital_steered"
 """Marks a HumanMessage that reached a running turn by steering (in ``additional_kwargs``)."""
@@ -59,15 +60,9 @@ class Inbox(Protocol):
 _CURRENT: contextvars.ContextVar[Inbox | None] = contextvars.ContextVar("chital_inbox", default=None)
 
 
-@contextlib.contextmanager
-def receiving(inbox: Inbox | None) -> Iterator[None]:
+def receiving(inbox: Inbox | None) -> contextlib.AbstractContextManager[None]:
     """Make ``inbox`` the current turn's for the model calls made inside."""
-    token = _CURRENT.set(inbox)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ValueError):  # closed from another context (a collected generator)
-            _CURRENT.reset(token)
+    return scoped(_CURRENT, inbox)
 
 
 def steered_message(message: SteerMessage) -> HumanMessage:

@@ -17,7 +17,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain.agents.middleware import ModelRequest
 from langchain_core.language_models import BaseChatModel
@@ -38,18 +38,26 @@ class TurnChoice:
     """Instructions of a skill the user asked for by name, added to the lead's system prompt."""
 
 
+T = TypeVar("T")
+
 _CURRENT: contextvars.ContextVar[TurnChoice | None] = contextvars.ContextVar("chital_turn", default=None)
 
 
 @contextlib.contextmanager
-def choose(choice: TurnChoice | None) -> Iterator[None]:
-    """Make ``choice`` the current turn's for the calls made inside (and the tasks they start)."""
-    token = _CURRENT.set(choice)
+def scoped(var: contextvars.ContextVar[T], value: T) -> Iterator[None]:
+    """Set ``var`` to ``value`` for the calls made inside (and the tasks they start): how a turn's
+    own settings (its model choice, its steering inbox) reach the middleware of its model calls."""
+    token = var.set(value)
     try:
         yield
     finally:
         with contextlib.suppress(ValueError):  # closed from another context (a collected generator)
-            _CURRENT.reset(token)
+            var.reset(token)
+
+
+def choose(choice: TurnChoice | None) -> contextlib.AbstractContextManager[None]:
+    """Make ``choice`` the current turn's for the calls made inside (and the tasks they start)."""
+    return scoped(_CURRENT, choice)
 
 
 def current() -> TurnChoice | None:
