@@ -15,7 +15,7 @@ import pytest
 
 from gateway.delivery.plan import PLAN_PART
 from tests.daemon import DaemonProcess, chat_config, started_daemon
-from tests.fakes.gateway_rig import daemon_rows
+from tests.fakes.gateway_rig import daemon_rows, turns_settled
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.slack_server import FakeSlack, Post
 from tests.fakes.telegram_server import FakeTelegram
@@ -127,6 +127,7 @@ async def test_slack_plan_is_one_message_edited_through_its_states(
     assert "all 2 steps done" in history[-1] and "◐" not in history[-1]
     assert len(slack.calls_to("chat.update")) >= 1
 
+    await turns_settled(slack_daemon.config["storage"])  # ended, so /plan says "as left"
     await slack.inject_dm(DM, FRIEND, "/plan")
     shown = await slack.wait_for(
         lambda: [t for t in slack.texts(DM) if "last answer left it" in t] or None, timeout=15

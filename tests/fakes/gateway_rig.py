@@ -157,6 +157,18 @@ def daemon_rows(storage: dict[str, Any], sql: str, params: tuple[Any, ...] = ())
         return [tuple(row) for row in db.execute(sql, params).fetchall()]
 
 
+async def turns_settled(storage: dict[str, Any], timeout: float = 15.0) -> None:
+    """Wait until no turn entry in the daemon's journal is pending or running: a turn is marked
+    after its last delivery (a paced checklist edit may come after the answer), and a command that
+    says whether a turn runs (``/plan``, ``/status``) answers differently until then."""
+    sql = "SELECT COUNT(*) FROM journal WHERE kind = 'turn' AND state IN ('pending', 'running')"
+    deadline = time.monotonic() + timeout
+    while daemon_rows(storage, sql)[0][0]:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"a turn was still open after {timeout}s")
+        await asyncio.sleep(0.05)
+
+
 def skip_on_postgres(why: str) -> Any:
     """``@skip_on_postgres("...")``: a test about SQLite itself (its file, WAL, disk reserve)."""
     import pytest
