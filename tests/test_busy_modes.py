@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from agent.events import AgentEvent, Final, TurnFailed
 from agent.steering import SteerMessage
+from channels.base import Inbound
 from gateway.turns import stopping
 from gateway.turns.busy import ADDED, INTERRUPTED, MAX_STEERS
 from tests.fakes.fake_harness import Call, Script
@@ -40,6 +42,16 @@ def taking(steps: list[asyncio.Event], took: list[list[SteerMessage]], answer: s
         yield Final(answer)
 
     return script
+
+
+async def task_running(rig: Rig, script: Script, **message: Any) -> Inbound:
+    """Deliver ``task`` from USER (``message`` as :meth:`FakeChannel.message` takes it), answered by
+    ``script``, and return it once its turn runs: the moment every busy mode is about."""
+    rig.harness.on("task", script)
+    task = rig.channel.message(USER, "task", **message)
+    await rig.channel.deliver(task)
+    await until(lambda: rig.harness.calls, what="running")
+    return task
 
 
 async def test_a_steer_after_the_last_model_call_is_answered_once_on_its_own(tmp_path: Path) -> None:
@@ -92,10 +104,7 @@ async def test_a_taken_steer_is_done_with_its_turn_and_never_runs_again(tmp_path
         ch, harness = rig.channel, rig.harness
         first, second = asyncio.Event(), asyncio.Event()
         took: list[list[SteerMessage]] = []
-        harness.on("task", taking([first, second], took, "task answer"))
-        task = ch.message(USER, "task")
-        await ch.deliver(task)
-        await until(lambda: harness.calls, what="running")
+        task = await task_running(rig, taking([first, second], took, "task answer"))
         steer = ch.message(USER, "steer me <b>now</b>")
         await ch.deliver(steer)
         first.set()
@@ -114,10 +123,7 @@ async def test_a_steer_taken_by_a_turn_that_is_stopped_shows_the_stop(tmp_path: 
         ch, harness = rig.channel, rig.harness
         first, never = asyncio.Event(), asyncio.Event()
         took: list[list[SteerMessage]] = []
-        harness.on("task", taking([first, never], took, "never"))
-        task = ch.message(USER, "task")
-        await ch.deliver(task)
-        await until(lambda: harness.calls, what="running")
+        task = await task_running(rig, taking([first, never], took, "never"))
         steer = ch.message(USER, "steer me")
         await ch.deliver(steer)
         first.set()
@@ -140,10 +146,7 @@ async def test_a_steer_taken_by_a_turn_that_fails_is_not_asked_again(tmp_path: P
             call.options.inbox.take()
             yield TurnFailed("The model service failed.")
 
-        harness.on("task", failing)
-        task = ch.message(USER, "task")
-        await ch.deliver(task)
-        await until(lambda: harness.calls, what="running")
+        task = await task_running(rig, failing)
         steer = ch.message(USER, "steer me")
         await ch.deliver(steer)
         go.set()
@@ -158,9 +161,7 @@ async def test_in_a_group_another_members_message_never_steers_but_an_admins_doe
         ch, harness = rig.channel, rig.harness
         first, second = asyncio.Event(), asyncio.Event()
         took: list[list[SteerMessage]] = []
-        harness.on("task", taking([first, second], took, "task answer"))
-        await ch.deliver(ch.message(USER, "task", chat=GROUP, addressed=True))
-        await until(lambda: harness.calls, what="running")
+        await task_running(rig, taking([first, second], took, "task answer"), chat=GROUP, addressed=True)
         other = ch.message(300, "mine instead", chat=GROUP, addressed=True)
         admin = ch.message(ADMIN, "admin note", chat=GROUP, addressed=True)
         stranger = ch.message(999, "stranger text", chat=GROUP, addressed=True)
@@ -185,9 +186,7 @@ async def test_an_inbox_holds_a_bounded_number_of_steers_the_rest_queue(tmp_path
         ch, harness = rig.channel, rig.harness
         first = asyncio.Event()
         took: list[list[SteerMessage]] = []
-        harness.on("task", taking([first], took, "task answer"))
-        await ch.deliver(ch.message(USER, "task"))
-        await until(lambda: harness.calls, what="running")
+        await task_running(rig, taking([first], took, "task answer"))
         for i in range(MAX_STEERS + 2):
             await ch.deliver(ch.message(USER, f"more {i}"))
         first.set()
@@ -201,10 +200,7 @@ async def test_interrupt_before_the_turn_ran_a_step_shows_the_note(tmp_path: Pat
     answered with the old one quoted as context."""
     async with fake_rig(tmp_path, config("interrupt")) as rig:  # type: ignore[arg-type]
         ch, harness = rig.channel, rig.harness
-        harness.on("task", taking([asyncio.Event()], [], "never"))
-        task = ch.message(USER, "task", name="Ann")
-        await ch.deliver(task)
-        await until(lambda: harness.calls, what="running")
+        task = await task_running(rig, taking([asyncio.Event()], [], "never"), name="Ann")
         newer = ch.message(USER, "newer")
         await ch.deliver(newer)
         await until(lambda: ch.replies_to(newer.message_id) == ["echo: newer"], what="newer answered")
@@ -260,9 +256,7 @@ async def test_the_daemons_secrets_are_masked_in_steered_and_interrupted_text(tm
         ch, harness = rig.channel, rig.harness
         first = asyncio.Event()
         took: list[list[SteerMessage]] = []
-        harness.on("task", taking([first], took, "task answer"))
-        await ch.deliver(ch.message(USER, "task"))
-        await until(lambda: harness.calls, what="running")
+        await task_running(rig, taking([first], took, "task answer"))
         await ch.deliver(ch.message(USER, f"the key is {token}"))
         first.set()
         await until(lambda: took, what="taken")
