@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon import DaemonProcess, base_config, free_port
+from tests.daemon import DaemonProcess, base_config, free_port, started_daemon
 from tests.fakes.acp_agent import agent_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.slack_server import FakeSlack
@@ -86,9 +86,9 @@ async def test_telegram_delegation_from_request_to_result(
 ) -> None:
     marker = f"acp-e2e-{uuid.uuid4().hex[:8]}"
     model.script(DELEGATE, Reply(text=ANSWER))
-    daemon = DaemonProcess(tmp_path, with_agent(telegram_config(tmp_path, tg, model), SCRIPT, marker))
-    await daemon.start()
-    try:
+    async with started_daemon(
+        tmp_path, with_agent(telegram_config(tmp_path, tg, model), SCRIPT, marker)
+    ) as daemon:
         update = tg.inject_mention(GROUP, OWNER, "use the coding agent to write hello.py", first_name="Olga")
         request = await tg.wait_for(
             lambda: next((m for m in tg.bot_messages(GROUP) if tg.buttons(GROUP, m.message_id)), None),
@@ -132,8 +132,6 @@ async def test_telegram_delegation_from_request_to_result(
         assert '"TELEGRAM_BOT_TOKEN": ""' in result
         assert KEY not in daemon.logs()
         assert procs_with(marker) == []
-    finally:
-        await daemon.close()
 
 
 async def test_telegram_denied_permission_and_a_crashing_agent(
@@ -145,9 +143,9 @@ async def test_telegram_denied_permission_and_a_crashing_agent(
     }
     unknown = Reply(tool_calls=[ToolCall("delegate_to_coding_agent", {"agent": "nope", "task": TASK})])
     model.script(unknown, DELEGATE, Reply(text="The coding agent failed."))
-    daemon = DaemonProcess(tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker))
-    await daemon.start()
-    try:
+    async with started_daemon(
+        tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker)
+    ) as daemon:
         tg.inject_mention(GROUP, OWNER, "use the coding agent", first_name="Olga")
         request = await tg.wait_for(
             lambda: next((m for m in tg.bot_messages(GROUP) if tg.buttons(GROUP, m.message_id)), None),
@@ -165,8 +163,6 @@ async def test_telegram_denied_permission_and_a_crashing_agent(
         assert "coder exited during session/prompt (exit status 9)" in result
         assert not workspace_file(daemon, "hello.py")
         assert procs_with(marker) == []
-    finally:
-        await daemon.close()
 
 
 async def test_an_agent_that_exits_during_its_permission_prompt_withdraws_the_buttons(
@@ -177,9 +173,9 @@ async def test_an_agent_that_exits_during_its_permission_prompt_withdraws_the_bu
     marker = f"acp-e2e-{uuid.uuid4().hex[:8]}"
     script = {"steps": [{"ask_then_exit": "Run rm -rf build", "when": f"{WS}/go"}]}
     model.script(DELEGATE, Reply(text="The coding agent died."))
-    daemon = DaemonProcess(tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker))
-    await daemon.start()
-    try:
+    async with started_daemon(
+        tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker)
+    ) as daemon:
         tg.inject_mention(GROUP, OWNER, "use the coding agent", first_name="Olga")
         request = await tg.wait_for(
             lambda: next((m for m in tg.bot_messages(GROUP) if tg.buttons(GROUP, m.message_id)), None),
@@ -200,8 +196,6 @@ async def test_an_agent_that_exits_during_its_permission_prompt_withdraws_the_bu
         prompt = tg.message(GROUP, request.message_id).text
         assert prompt.endswith("❌ Cancelled: the coding agent's session ended before an answer"), prompt
         assert procs_with(marker) == []
-    finally:
-        await daemon.close()
 
 
 def agent_processes(marker: str) -> int:
@@ -231,9 +225,9 @@ async def test_one_reply_cannot_start_more_coding_agents_than_the_cap(
         ToolCall("delegate_to_coding_agent", {"agent": "coder", "task": f"{TASK} {i}"}) for i in range(5)
     ]
     model.script(Reply(tool_calls=calls), Reply(text="Two ran."))
-    daemon = DaemonProcess(tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker))
-    await daemon.start()
-    try:
+    async with started_daemon(
+        tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker)
+    ) as daemon:
         tg.inject_mention(GROUP, OWNER, "use five coding agents", first_name="Olga")
         await tg.wait_for(lambda: agent_processes(marker) >= 2 or None, timeout=60, what="two agents running")
         workspace = next(daemon.sandbox_root.glob("threads/*/workspace"))
@@ -247,8 +241,6 @@ async def test_one_reply_cannot_start_more_coding_agents_than_the_cap(
         refused = "2 coding agents are already running in this conversation; wait for one to finish"
         assert sum(refused in r for r in results) == 3, results
         assert procs_with(marker) == []
-    finally:
-        await daemon.close()
 
 
 async def test_stop_ends_the_session_and_its_processes(
@@ -260,9 +252,9 @@ async def test_stop_ends_the_session_and_its_processes(
         "steps": [{"say": "working on it"}, {"hang": True, "marker": child, "note": f"{WS}/stopped.txt"}]
     }
     model.script(DELEGATE, Reply(text="unused"))
-    daemon = DaemonProcess(tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker))
-    await daemon.start()
-    try:
+    async with started_daemon(
+        tmp_path, with_agent(telegram_config(tmp_path, tg, model), script, marker)
+    ) as daemon:
         tg.inject_mention(GROUP, OWNER, "use the coding agent", first_name="Olga")
         await tg.wait_for(lambda: procs_with(child) or None, timeout=60, what="the agent's child process")
         tg.inject_command(GROUP, OWNER, "/stop")
@@ -271,8 +263,6 @@ async def test_stop_ends_the_session_and_its_processes(
         assert [p.read_text() for p in workspace_file(daemon, "stopped.txt")] == ["session/cancel received"]
         await asyncio.sleep(0.5)
         assert len(model.requests) == 1  # the stopped turn never reached the model again
-    finally:
-        await daemon.close()
 
 
 async def test_slack_delegation_with_block_kit_approval(
@@ -283,10 +273,7 @@ async def test_slack_delegation_with_block_kit_approval(
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     cfg["channels"]["slack"] = slack.channel_settings()
     cfg["access"] = {"allow_users": [f"slack:{FRIEND}"], "group_policy": "mention"}
-    daemon = DaemonProcess(tmp_path, with_agent(cfg, SCRIPT, marker))
-    await daemon.start()
-    await slack.wait_connected()
-    try:
+    async with started_daemon(tmp_path, with_agent(cfg, SCRIPT, marker), slack) as daemon:
         post = await slack.inject_mention(CHANNEL, FRIEND, "use the coding agent to write hello.py")
         request = await slack.wait_for(
             lambda: next((p for p in slack.posts if p.buttons()), None), timeout=60
@@ -302,5 +289,3 @@ async def test_slack_delegation_with_block_kit_approval(
         result = tool_result(model)
         assert f"{WS}/hello.py" in result and KEY not in result and '"SLACK_BOT_TOKEN": ""' in result
         assert procs_with(marker) == []
-    finally:
-        await daemon.close()
