@@ -468,8 +468,9 @@ async def test_a_tasks_approval_is_asked_in_the_chat_and_the_task_goes_on_once_a
             ),
             what="the approval buttons",
         )
+        assert await settled(daemon, 1) == "waiting", "parked a moment after the buttons are posted"
         listing = await reply(tg, MEMBER, say(tg, MEMBER, "/tasks"), "Background tasks here")
-        assert "#1 ⏳ running for" in listing.text, "a task waiting for approval is not finished"
+        assert "#1 🔐 waiting for approval" in listing.text, "paused on a person: not finished, not working"
         tg.press_button(MEMBER, request.message_id, MEMBER, "Approve")
         result = await reply(tg, MEMBER, ask, "Ran it: approved-run.", timeout=30)
         assert result.text.startswith("🧵 Background task #1:")

@@ -18,6 +18,7 @@ from agent.untrusted import code_span
 from gateway.config.durations import in_words
 from gateway.config.secrets import redactor_for
 from gateway.intake import access
+from gateway.store.entries import JournalState
 
 if TYPE_CHECKING:
     from gateway.commands.registry import Command, CommandContext
@@ -106,7 +107,10 @@ async def _listing(ctx: CommandContext, entry: JournalEntry) -> str:
 
 async def _line(ctx: CommandContext, task: BackgroundTask) -> str:
     now = time.time()
-    if task.running:
+    if task.running and task.state == JournalState.WAITING:  # paused on a person, not working
+        since = in_words(now - task.created, 2)
+        status = f"🔐 waiting for approval (started {since} ago); the request is in this chat"
+    elif task.running:
         since = in_words(now - task.created, 2)
         thread_id = await ctx.store.thread_get(f"{task.conversation}:bg:{task.id}")
         count = await ctx.harness.message_count(thread_id) if thread_id else 0
