@@ -288,6 +288,9 @@ class OutFile:
 
     name: str
     data: bytes
+    voice: bool = False
+    """A spoken answer (OGG/Opus) for a platform with voice messages (Telegram's ``sendVoice``);
+    an adapter without them ignores it and uploads the audio like any file."""
 
     @property
     def suffix(self) -> str:

@@ -439,8 +439,9 @@ class TelegramChannel(Channel):
     async def send_file(
         self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
     ) -> str:
-        """Images up to 10 MB go as photos (shown inline), anything else, or a photo Telegram
-        refuses, as a document. (Telegram has no idempotency key; the gateway's outbox is all.)"""
+        """Images up to 10 MB go as photos (shown inline), a spoken answer (``file.voice``, Ogg
+        Opus) as a voice message, anything else, or a photo Telegram refuses, as a document.
+        (Telegram has no idempotency key; the gateway's outbox is all.)"""
         bot = self._require_bot()
         data, size = file.data, file.size
         check_size(file.name, size, UPLOAD_LIMIT, "Telegram bots upload at most 50 MB")
@@ -451,6 +452,9 @@ class TelegramChannel(Channel):
             kwargs["reply_parameters"] = ReplyParameters(
                 message_id=int(target.reply_to), allow_sending_without_reply=True
             )
+        if file.voice and file.suffix == ".ogg":  # a spoken answer: a voice message, played inline
+            msg = await self._api(bot.send_voice(voice=InputFile(data, filename=file.name), **kwargs))
+            return str(msg.message_id)
         if file.suffix in _PHOTO_SUFFIXES and size <= PHOTO_LIMIT:
             try:
                 msg = await self._api(bot.send_photo(photo=InputFile(data, filename=file.name), **kwargs))

@@ -27,6 +27,7 @@ from gateway.commands import busy as commands_busy
 from gateway.commands import mcp as commands_mcp
 from gateway.commands import schedules as commands_schedules
 from gateway.commands import skills as commands_skills
+from gateway.commands import voice as commands_voice
 from gateway.commands.registry import Command, CommandContext, CommandSpec, Registry, Who
 from gateway.config.secrets import redactor_for
 from gateway.delivery.plan import plan_text
@@ -130,6 +131,8 @@ REGISTRY = Registry(
         CommandSpec("interrupt", "stop the current answer and answer this instead: /interrupt text",
                     commands_busy.one_off, args="TEXT"),
         CommandSpec("status", "show this conversation's thread, model and queue", _status, terminal=True),
+        CommandSpec("voice", "spoken replies here: /voice on (answers to voice notes), all, or off",
+                    commands_voice.voice, args="[on | all | off]"),
         CommandSpec("plan", "show the agent's plan (to-do list) for this conversation", _plan, terminal=True),
         CommandSpec("memory", "show what I remember about you (in a direct message)", _memory,
                     terminal=True),

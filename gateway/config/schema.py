@@ -36,6 +36,7 @@ from gateway.config.sections import (
     HttpConfig,
     LimitsConfig,
     SchedulesConfig,
+    SpeechConfig,
     StorageConfig,
     Strict,
     TranscriptionConfig,
@@ -112,6 +113,8 @@ class Config(Strict):
     context: ContextConfig = Field(default_factory=ContextConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
     transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
+    speech: SpeechConfig = Field(default_factory=SpeechConfig)
+    """Spoken replies (``/voice``): an OpenAI-compatible ``/audio/speech`` endpoint (docs/speech.md)."""
     schedules: SchedulesConfig = Field(default_factory=SchedulesConfig)
     tasks: BackgroundConfig = Field(default_factory=BackgroundConfig)
     hooks: HooksConfig = Field(default_factory=HooksConfig)

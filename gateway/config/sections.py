@@ -187,6 +187,43 @@ class TranscriptionConfig(Strict):
         return bool(self.base_url or self.api_key)
 
 
+class SpeechConfig(Strict):
+    """Spoken replies through an OpenAI-compatible ``/audio/speech`` endpoint (OpenAI, or a
+    self-hosted text-to-speech server; docs/speech.md). On when ``base_url`` or ``api_key`` is set;
+    each conversation then chooses with ``/voice on|all|off``."""
+
+    base_url: str | None = None
+    """The API root, e.g. ``http://127.0.0.1:8880/v1`` for a local server. Unset with an
+    ``api_key``: OpenAI's."""
+    api_key: SecretStr | None = None
+    """Sent as the Bearer token; never logged (``$SPEECH_API_KEY`` in the file reads it from the
+    environment). A local server without keys needs none."""
+    model: str = "tts-1"
+    voice: str = "alloy"
+    """The voice name the service knows (OpenAI: alloy, echo, fable, onyx, nova, shimmer, ...)."""
+    file_format: Literal["mp3", "opus"] = "mp3"
+    """Audio asked for on Slack, Discord and Lark (an audio file there). Telegram always gets
+    ``opus`` (OGG/Opus), the only format it shows as a voice message."""
+    timeout: float = Field(60.0, gt=0, le=600)
+    """Seconds one answer's speech may take (its retries and the download included) before the
+    user gets a note instead; the text answer is never held back by it."""
+    retries: int = Field(1, ge=0, le=5)
+    """Retries of a failed call (timeouts, 5xx, 429), with the SDK's backoff."""
+    max_chars: int = Field(1500, ge=50, le=4096)
+    """Characters of an answer spoken at most (OpenAI takes 4,096); a longer answer is cut at a
+    sentence and the voice message says the rest is in the text."""
+    max_bytes: int = Field(10 * 1024 * 1024, ge=16 * 1024, le=50 * 1024 * 1024)
+    """Bytes of audio read back at most: more is a misconfigured or hostile endpoint, and the
+    download stops there."""
+    concurrency: int = Field(2, ge=1, le=64)
+    """Answers spoken at once over all users. Speech runs after the answer went out, outside the
+    turn slots, so a slow speech service never delays anyone's text answers."""
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.base_url or self.api_key)
+
+
 class HttpConfig(Strict):
     enabled: bool = True
     """Serve ``/healthz``, ``/readyz`` and ``/metrics``."""

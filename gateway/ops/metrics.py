@@ -42,6 +42,9 @@ class Metrics:
             registry=r,
         )
         self.edits = Counter("chital_edits", "Message edits sent to a platform", ["channel"], registry=r)
+        self.speech = Counter(
+            "chital_speech", "Answers spoken (/voice), by outcome: spoken or failed", ["outcome"], registry=r
+        )
         self.turns = Counter("chital_turns", "Agent turns finished, by outcome", ["outcome"], registry=r)
         self.turn_seconds = Histogram(
             "chital_turn_seconds",

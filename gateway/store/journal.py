@@ -43,6 +43,7 @@ from gateway.store.schedules import ScheduleTables
 from gateway.store.schema import migrate
 from gateway.store.upkeep import FileUpkeep
 from gateway.store.usage import ModelUsageTables
+from gateway.store.voice import VoiceTables
 
 if TYPE_CHECKING:
     from gateway.config.sections import StorageConfig
@@ -64,6 +65,7 @@ class Store(
     LeaseTables,
     BusyTables,
     BackgroundTables,
+    VoiceTables,
     FileUpkeep,
 ):
     """The gateway's state on SQLite or PostgreSQL (any :class:`Connection`). Create with

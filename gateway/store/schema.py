@@ -35,6 +35,7 @@ from gateway.store.connection import POSTGRES, Connection
 from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX
 from gateway.store.schedules import LAST_RUN_COLUMNS, PROVENANCE_COLUMNS, SCHEDULE_TABLES
 from gateway.store.usage import USAGE_COST_COLUMNS
+from gateway.store.voice import VOICE_TABLES
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +232,18 @@ async def _v11_usage_cost(db: Connection) -> None:
                 await db.execute("UPDATE token_usage SET unpriced_tokens = prompt_tokens + completion_tokens")
 
 
+async def _v12_reserved(db: Connection) -> None:
+    """Reserved for the approval scopes' step (issue 24 item 3), merged separately; nothing here.
+    At merge its real step takes number 12 and this placeholder goes."""
+
+
+async def _v13_voice_modes(db: Connection) -> None:
+    """``conversation_voice``: spoken replies per conversation, as ``/voice`` chose
+    (gateway/store/voice.py)."""
+    for statement in VOICE_TABLES:
+        await db.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
@@ -243,6 +256,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "background tasks", _v9_background_tasks),
     Migration(10, "schedules' last run (posted or silent)", _v10_schedule_last_run),
     Migration(11, "usage in money: cached and unpriced tokens, cost, money in the ledger", _v11_usage_cost),
+    Migration(12, "reserved (approval scopes)", _v12_reserved),
+    Migration(13, "spoken replies per conversation", _v13_voice_modes),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -38,6 +38,7 @@ from gateway.turns import quiet
 from gateway.turns.approvals import STOPPED_WHY, WAITING_NOTE
 from gateway.turns.options import turn_options
 from gateway.turns.outcome import TurnOutcome
+from gateway.turns.spoken import Speaker
 from gateway.turns.stopping import STOPPED, stopped_notice
 
 if TYPE_CHECKING:
@@ -101,6 +102,8 @@ class TurnRunner:
         self.tasks, self.redact, self._keep, self.host = tasks, redact, keep, host
         self.busy = busy
         """Busy modes: the turn's inbox of steered messages, what it interrupted (gateway/turns/busy.py)."""
+        self.speaker = Speaker(config.speech, store, redact, turns)
+        """Spoken replies (``/voice``): the answer as audio after its text (gateway/turns/spoken.py)."""
         self.background: BackgroundTasks | None = None
         """Background tasks (gateway/turns/background.py), set by the daemon: a task stopped, revoked
         or forgotten meanwhile ends before it runs and before its answer goes out."""
@@ -160,11 +163,14 @@ class TurnRunner:
             if silent:  # a scheduled run with nothing to report (gateway/turns/quiet.py)
                 await quiet.finish_silent(reply, inbound)
             else:
+                spoken = _answer_only(final, uploads)
                 if entry.note:  # the gateway's own word above the answer (a schedule firing late)
                     final = f"{entry.note}\n\n{final}"
                 await reply.finish(final)
                 answered = True
                 await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
+                if outcome is TurnOutcome.OK:
+                    await self.speaker.deliver(reply, entry, spoken, self.metrics)
             await self.store.journal_set(entry.key, JournalState.DONE)
             await quiet.record(self.store, inbound, silent)
             done = reply.channel.capabilities.done_reaction
@@ -390,6 +396,12 @@ class TurnRunner:
             while True:
                 await reply.channel.typing(reply.target)
                 await asyncio.sleep(TYPING_EVERY)
+
+
+def _answer_only(final: str, uploads: Uploads) -> str:
+    """The agent's answer without the notes about the message's files above it (what is spoken)."""
+    notes = "\n".join(uploads.notes) + "\n\n" if uploads.notes else ""
+    return final.removeprefix(notes)
 
 
 def masked_context(options: TurnOptions, redact: Redactor) -> TurnOptions:

@@ -32,6 +32,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes import audio
+
 ReplyFactory = Callable[[dict[str, Any]], "Reply"]
 
 
@@ -57,6 +59,21 @@ class Heard:
     answer)."""
     gate: asyncio.Event | None = None
     """Held until this event is set (a stalled transcriber the test releases when it chooses)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spoken:
+    """One scripted answer of ``/audio/speech``: real audio in the format asked for (Ogg Opus or
+    MP3, tests/fakes/audio.py) unless ``status`` is an error, ``raw`` replaces the body (garbage,
+    empty, huge) or ``delay`` outlasts the client's timeout."""
+
+    status: int = 200
+    delay: float = 0.0
+    raw: bytes | None = None
+    content_type: str | None = None
+    """The response's ``Content-Type``; default the format's (``audio/ogg``, ``audio/mpeg``)."""
+    error_body: str = ""
+    """An error answer's message (to show it never reaches the chat verbatim)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +147,11 @@ class FakeOpenAI:
         self.heard: deque[Heard] = deque()
         """Scripted transcription answers, in order; then ``default_transcript``."""
         self.default_transcript = "please book a table for two at seven"
+        self.speech: list[dict[str, Any]] = []
+        """Each ``/audio/speech`` call: its JSON body (model, voice, input, response_format) and
+        Authorization."""
+        self.spoken: deque[Spoken] = deque()
+        """Scripted speech answers, in order; then real audio of the format asked for."""
         self.record = record
         self.report_usage = True
         """False: responses carry no ``usage`` at all (some OpenAI-compatible servers send none)."""
@@ -184,6 +206,7 @@ class FakeOpenAI:
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/audio/transcriptions", self._transcriptions)
+        app.router.add_post("/v1/audio/speech", self._speech)
         return app
 
     async def start(self, port: int = 0) -> FakeOpenAI:
@@ -266,6 +289,22 @@ class FakeOpenAI:
         if heard.raw is not None:
             return web.Response(body=heard.raw, content_type="application/json")
         return web.json_response({"text": heard.text})
+
+    async def _speech(self, request: web.Request) -> web.Response:
+        """OpenAI's text-to-speech: JSON ``model``, ``voice``, ``input``, ``response_format``."""
+        body = await request.json()
+        self.speech.append({**body, "authorization": request.headers.get("Authorization", "")})
+        spoken = self.spoken.popleft() if self.spoken else Spoken()
+        if spoken.delay:
+            await asyncio.sleep(spoken.delay)
+        if not body.get("input") or not body.get("model") or not body.get("voice"):
+            return self._error(Reply(status=400, error_message="input, model and voice are required"))
+        if spoken.status != 200:
+            return self._error(Reply(status=spoken.status, error_message=spoken.error_body))
+        fmt = body.get("response_format", "mp3")
+        default_type, made = ("audio/ogg", audio.ogg_opus()) if fmt == "opus" else ("audio/mpeg", audio.mp3())
+        data = made if spoken.raw is None else spoken.raw
+        return web.Response(body=data, headers={"Content-Type": spoken.content_type or default_type})
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})

@@ -1,0 +1,133 @@
+"""An answer's text to audio, through an OpenAI-compatible ``/audio/speech`` (docs/speech.md).
+
+The ``openai`` SDK (already here under langchain-openai) speaks the endpoint; OpenAI and
+self-hosted text-to-speech servers answer it alike. What is spoken is the answer as a listener
+needs it (:func:`speakable`): Markdown markers gone, code blocks and links named rather than read
+out, the daemon's secrets masked *before* the text leaves for the speech service, bounded.
+
+What comes back is not trusted: read streamed and capped at ``speech.max_bytes``, and accepted
+only if it is the audio asked for (Ogg Opus or MP3, by its first bytes, whatever the
+``Content-Type`` claims). Every failure becomes one short reason fit for the chat
+(:class:`SpeechFailed`), never the service's own error text (it may quote the request) nor its key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Literal
+
+from gateway.config.sections import SpeechConfig
+
+log = logging.getLogger(__name__)
+
+OPENAI_API = "https://api.openai.com/v1"
+"""Where text goes when ``speech.base_url`` is unset (and an ``api_key`` is)."""
+
+Format = Literal["opus", "mp3"]
+SUFFIX: dict[str, str] = {"opus": ".ogg", "mp3": ".mp3"}
+
+_FENCE = re.compile(r"```[^\n]*\n.*?(?:```|\Z)", re.S)
+_LINK = re.compile(r"!?\[([^\]\n]*)\]\([^)\s]*\)")
+_URL = re.compile(r"<?\bhttps?://\S+>?")
+_MARKERS = re.compile(r"(\*\*|__|~~|`|^#{1,6}\s+|^\s*>\s?|^\s*[-*+]\s+|^\s*\|)", re.M)
+_SPACE = re.compile(r"[ \t]+")
+
+
+class SpeechFailed(Exception):
+    """The answer could not be spoken; the message is fit for the chat."""
+
+
+def speakable(markdown: str, redact: Callable[[str], str], max_chars: int) -> str:
+    """The answer as it should be heard: secrets masked (before and after the Markdown goes, so
+    no rewriting can put one back together), code blocks replaced by "(code shown in the text)",
+    links by their words, bare URLs by "a link", Markdown markers and table bars gone; at most
+    ``max_chars`` characters, cut after a sentence where one ends late enough."""
+    text = redact(markdown)
+    text = _FENCE.sub(" (code shown in the text) ", text)
+    text = _LINK.sub(r"\1", text)
+    text = _URL.sub("a link", text)
+    text = _MARKERS.sub("", text)
+    text = text.replace("|", ", ")
+    lines = [_SPACE.sub(" ", line).strip() for line in text.splitlines()]
+    text = redact("\n".join(line for line in lines if line))
+    if len(text) <= max_chars:
+        return text
+    tail = " The rest is in the text."
+    cut = text[: max_chars - len(tail)]
+    end = max(cut.rfind(". "), cut.rfind("! "), cut.rfind("? "), cut.rfind("\n"))
+    if end > len(cut) // 2:
+        cut = cut[: end + 1]
+    return cut.rstrip() + tail
+
+
+def is_audio(data: bytes, fmt: Format) -> bool:
+    """Whether ``data`` starts like the format asked for: an Ogg page holding ``OpusHead``, or an
+    MP3 (an ID3 tag or an MPEG audio frame sync)."""
+    if fmt == "opus":
+        return data.startswith(b"OggS") and b"OpusHead" in data[:128]
+    return data.startswith(b"ID3") or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0)
+
+
+async def synthesize(cfg: SpeechConfig, text: str, fmt: Format) -> bytes:
+    """``text`` spoken, as ``fmt`` audio. Raises :class:`SpeechFailed` with a reason that says
+    what went wrong: an HTTP error and its status, a timeout, no audio, text where audio should
+    be, bytes that are not the audio asked for, more than ``max_bytes``."""
+    import openai  # the daemon's agent imports it anyway; other commands need not
+
+    key = cfg.api_key.get_secret_value() if cfg.api_key else "none"  # the SDK insists on some key
+    # Always passed: the SDK would otherwise take $OPENAI_BASE_URL, maybe the chat model's server.
+    client = openai.AsyncOpenAI(
+        api_key=key, base_url=cfg.base_url or OPENAI_API, timeout=cfg.timeout, max_retries=cfg.retries
+    )
+    try:
+        # One deadline over the calls, their retries and the download: a service trickling bytes
+        # forever cannot hold a speech slot longer than this.
+        async with asyncio.timeout(cfg.timeout * (cfg.retries + 1) + 5):
+            async with client.audio.speech.with_streaming_response.create(
+                model=cfg.model, voice=cfg.voice, input=text, response_format=fmt
+            ) as response:
+                kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+                if kind.startswith("text/") or kind.endswith("json"):
+                    log.warning("speech: the service answered %s instead of audio", kind)
+                    raise SpeechFailed("the speech service sent back text instead of audio")
+                data = await _read_capped(response.iter_bytes(), cfg.max_bytes)
+    except (TimeoutError, openai.APITimeoutError):
+        raise SpeechFailed(f"the speech service did not answer in time (within {cfg.timeout:g} s)") from None
+    except openai.APIStatusError as exc:
+        log.warning("speech failed: HTTP %s", exc.status_code)
+        raise SpeechFailed(_status_reason(exc.status_code)) from None
+    except openai.APIConnectionError:
+        raise SpeechFailed("I could not reach the speech service") from None
+    except openai.OpenAIError as exc:
+        log.warning("speech failed: %s", type(exc).__name__)
+        raise SpeechFailed("the speech service gave an answer I could not read") from None
+    finally:
+        await client.close()
+    if not data:
+        raise SpeechFailed("the speech service sent back no audio")
+    if not is_audio(data, fmt):
+        log.warning("speech: %d bytes back that are not %s audio", len(data), fmt)
+        raise SpeechFailed(f"the speech service sent back something that is not {fmt} audio")
+    return data
+
+
+async def _read_capped(chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    out = bytearray()
+    async for chunk in chunks:
+        out += chunk
+        if len(out) > limit:
+            raise SpeechFailed(f"the speech service sent back more than {limit // 1024} KB of audio")
+    return bytes(out)
+
+
+def _status_reason(status: int) -> str:
+    if status in (401, 403):
+        return "the speech service refused my key (ask the admin)"
+    if status == 429:
+        return "the speech service is busy"
+    if status >= 500:
+        return f"the speech service failed (HTTP {status})"
+    return f"the speech service refused the request (HTTP {status}; the admin should check model and voice)"

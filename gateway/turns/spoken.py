@@ -1,0 +1,115 @@
+"""Spoken replies: after the text answer went out, the same answer as a voice message
+(docs/speech.md).
+
+Whether an answer is spoken: a ``speech:`` section is configured, the conversation chose ``/voice
+all``, or ``/voice on`` and the message answered carried a voice note or audio recording, and the
+turn ended with an answer (not an error, a stop or a timeout). The text is always sent first and
+never waits for, or depends on, the audio.
+
+The audio is one more part of the reply's outbox (:data:`VOICE_PART`), sent through
+``Reply.send_file`` like the agent's files: a turn resumed after a crash finds it recorded and
+sends nothing again; one killed before the part was recorded speaks again. Telegram gets an
+OGG/Opus voice message (``OutFile.voice``: ``sendVoice``); Slack, Discord and Lark an audio file
+of ``speech.file_format``.
+
+A failure (the service, its answer, the platform refusing the upload) costs the audio only: a
+short note (:data:`VOICE_NOTE_PART`) says why in words from :mod:`gateway.delivery.speech`.
+Synthesis runs outside the turn slots (the answer is out; a slow speech service must not hold
+other users' turns), at most ``speech.concurrency`` at once over the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from channels.base import ChannelError, OutFile
+from gateway.delivery.speech import SUFFIX, Format, SpeechFailed, speakable, synthesize
+from gateway.intake import media
+
+if TYPE_CHECKING:
+    from gateway.config.sections import SpeechConfig
+    from gateway.delivery.reply import Reply
+    from gateway.ops.metrics import Metrics
+    from gateway.store.entries import JournalEntry
+    from gateway.store.journal import Store
+    from gateway.turns.queue import TurnQueue
+
+log = logging.getLogger(__name__)
+
+VOICE_PART = 40_000
+"""Outbox part of the spoken answer (text 0.., files 10,000+, plan 20,000, after-answer note 30,000)."""
+VOICE_NOTE_PART = 40_001
+"""Outbox part of the note saying the answer could not be spoken."""
+NATIVE_VOICE = frozenset({"telegram"})
+"""Platforms whose adapter sends ``OutFile(voice=True)`` as a voice message (OGG/Opus only)."""
+
+
+def recorded(entry: JournalEntry) -> bool:
+    """Whether the message answered carried a voice note or audio recording."""
+    return any(media.kind_of(att) in (media.VOICE, media.AUDIO) for att in entry.inbound.attachments)
+
+
+class Speaker:
+    """Speaks answers for the turns of one daemon (see the module docstring)."""
+
+    def __init__(
+        self, cfg: SpeechConfig, store: Store, redact: Callable[[str], str], turns: TurnQueue | None = None
+    ) -> None:
+        self.cfg, self._store, self._redact, self._turns = cfg, store, redact, turns
+        self._slots = asyncio.Semaphore(cfg.concurrency)
+
+    async def wanted(self, entry: JournalEntry) -> bool:
+        """Whether this entry's answer is to be spoken (one read, only with speech configured)."""
+        if not self.cfg.configured:
+            return False
+        mode = await self._store.voice_mode(entry.conversation)
+        return mode == "all" or (mode == "on" and recorded(entry))
+
+    async def deliver(
+        self, reply: Reply, entry: JournalEntry, answer: str, metrics: Metrics | None = None
+    ) -> None:
+        """Speak ``answer`` into ``reply`` once, if the conversation wants it; never raises but
+        for cancellation (the text answer is out whatever happens here)."""
+        if reply.sent(VOICE_PART) or reply.sent(VOICE_NOTE_PART):
+            return
+        try:
+            if not await self.wanted(entry):
+                return
+        except Exception as exc:  # the database: no audio this time, the answer stands
+            log.warning("could not read the voice mode for %s: %s", entry.key, exc)
+            return
+        problem = await self._speak(reply, entry, answer)
+        if metrics is not None:
+            metrics.speech.labels("failed" if problem else "spoken").inc()
+        if problem:
+            with contextlib.suppress(Exception):
+                await reply.note(VOICE_NOTE_PART, f"(couldn't speak this answer: {problem})")
+
+    async def _speak(self, reply: Reply, entry: JournalEntry, answer: str) -> str:
+        """Synthesise and send; the reason it failed, or "" when the voice went out."""
+        text = speakable(answer, self._redact, self.cfg.max_chars)
+        if not text.strip():
+            return "there is no text in it to read out"
+        native = reply.channel.name in NATIVE_VOICE
+        fmt: Format = "opus" if native else self.cfg.file_format
+        released = self._turns.released() if self._turns is not None else contextlib.nullcontext()
+        try:
+            async with released, self._slots:
+                data = await synthesize(self.cfg, text, fmt)
+        except SpeechFailed as exc:
+            log.warning("answer %s not spoken: %s", entry.key, exc)
+            return str(exc)
+        limit = reply.channel.capabilities.max_upload_bytes
+        if len(data) > limit:
+            return f"the audio is {len(data) / 1e6:.1f} MB, more than this chat takes"
+        out = OutFile(f"answer{SUFFIX[fmt]}", data, voice=native)
+        try:
+            await reply.send_file(VOICE_PART, out, "" if native else "🔊 spoken version of the answer above")
+        except ChannelError as exc:
+            log.warning("voice of %s not sent: %s", entry.key, exc)
+            return "the chat refused the audio message"
+        return ""
