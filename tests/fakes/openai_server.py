@@ -74,6 +74,8 @@ class Spoken:
     """The response's ``Content-Type``; default the format's (``audio/ogg``, ``audio/mpeg``)."""
     error_body: str = ""
     """An error answer's message (to show it never reaches the chat verbatim)."""
+    gate: asyncio.Event | None = None
+    """Held until this event is set (a test kills the daemon while the audio is on its way)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +299,8 @@ class FakeOpenAI:
         spoken = self.spoken.popleft() if self.spoken else Spoken()
         if spoken.delay:
             await asyncio.sleep(spoken.delay)
+        if spoken.gate is not None:
+            await spoken.gate.wait()
         if not body.get("input") or not body.get("model") or not body.get("voice"):
             return self._error(Reply(status=400, error_message="input, model and voice are required"))
         if spoken.status != 200:

@@ -1,0 +1,257 @@
+"""Spoken replies end to end (docs/speech.md): `chital run` with the real SDKs against the fakes,
+the fake OpenAI server's ``/audio/speech`` answering real Ogg Opus or MP3.
+
+What the user sees (the text answer, a voice message or audio file, a note when speech fails),
+what the speech service received (the answer's plain text, no secrets, bounded), and that a
+restart in the middle neither loses nor doubles the voice message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon import DaemonProcess, chat_config, started_daemon
+from tests.fakes.gateway_rig import turns_settled
+from tests.fakes.openai_server import FakeOpenAI, Heard, Reply, Spoken
+from tests.fakes.slack_server import FakeSlack
+from tests.fakes.telegram_server import FakeTelegram
+from tests.fakes.telegram_wire import Seen
+
+TG_USER = 1001
+SLACK_USER, SLACK_DM = "U_FRIEND", "D_FRIEND"
+SPEECH_KEY = "sk-speech-Zq81MfNw0cVb6YtR"
+OGG_IN = b"OggS\x00\x02" + bytes(range(256)) * 4  # the user's voice note: stored, never decoded
+
+
+def speech_section(model: FakeOpenAI, **extra: Any) -> dict[str, Any]:
+    return {"base_url": model.base_url, "api_key": SPEECH_KEY, "model": "tts-test", "voice": "nova",
+            "timeout": 3, "retries": 0, **extra}  # fmt: skip
+
+
+@pytest.fixture
+async def tg_speaking(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram) -> AsyncIterator[DaemonProcess]:
+    cfg = chat_config(
+        tmp_path,
+        model.base_url,
+        tg,
+        allow=[f"telegram:{TG_USER}"],
+        agent={"tools": False},
+        transcription={"base_url": model.base_url, "model": "whisper-test", "retries": 0},
+        speech=speech_section(model, max_bytes=64 * 1024, max_chars=300),
+    )
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
+
+
+async def tg_say(tg: FakeTelegram, text: str = "", *, voice: bytes | None = None) -> int:
+    """The user's message id."""
+    up = tg.inject_message(TG_USER, TG_USER, text, voice=tg.add_voice(voice) if voice else None)
+    return int(up["message"]["message_id"])
+
+
+async def tg_answer(tg: FakeTelegram, mid: int, needle: str) -> str:
+    def check() -> str | None:
+        texts = [m.text for m in tg.bot_messages(TG_USER) if m.reply_to == mid]
+        return next((t for t in texts if needle in t), None)
+
+    return await tg.wait_for(check, timeout=30, what=f"telegram reply with {needle!r}")
+
+
+def voices(tg: FakeTelegram) -> list[Seen]:
+    return [m for m in tg.bot_messages(TG_USER) if "voice" in m.raw]
+
+
+async def settled(daemon: DaemonProcess, tg: FakeTelegram, mid: int) -> list[Seen]:
+    """The bot's messages replying to ``mid`` once no turn is open (a turn is marked done after
+    its voice message), so a voice that would wrongly follow has had its chance."""
+    await tg.wait_for(
+        lambda: any(m.reply_to == mid for m in tg.bot_messages(TG_USER)) or None, timeout=30, what="a reply"
+    )
+    await turns_settled(daemon.config["storage"], timeout=30)
+    return [m for m in tg.bot_messages(TG_USER) if m.reply_to == mid]
+
+
+# -- Telegram: a voice note in, text and a voice message out ---------------------------------------------
+
+
+async def test_a_voice_note_is_answered_in_text_and_as_a_telegram_voice_message(
+    tg_speaking: DaemonProcess, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    mid = await tg_say(tg, "/voice")
+    assert "Voice is off here" in await tg_answer(tg, mid, "Voice")
+    mid = await tg_say(tg, "/voice on")
+    assert "Voice on" in await tg_answer(tg, mid, "Voice on")
+
+    model.heard.append(Heard("what is the weather like"))
+    mid = await tg_say(tg, voice=OGG_IN)
+    await tg_answer(tg, mid, "echo:")
+    spoken = await tg.wait_for(lambda: voices(tg) or None, timeout=30, what="a voice message")
+    assert len(spoken) == 1 and spoken[0].reply_to == mid and spoken[0].chat_id == TG_USER
+    data = tg.file_bytes(spoken[0].raw["voice"]["file_id"])
+    assert data.startswith(b"OggS") and b"OpusHead" in data[:64], "an OGG/Opus voice note"
+    (call,) = model.speech
+    assert call["response_format"] == "opus" and call["model"] == "tts-test" and call["voice"] == "nova"
+    assert call["authorization"] == f"Bearer {SPEECH_KEY}"
+    assert "what is the weather like" in call["input"] and "echo" in call["input"]
+
+    # `on` speaks answers to voice notes only: a typed message gets text alone.
+    mid = await tg_say(tg, "just typing")
+    replies = await settled(tg_speaking, tg, mid)
+    assert [m.text for m in replies] == ["echo: just typing"] and len(model.speech) == 1
+
+    # `off`: a voice note gets text alone, and the setting outlives the command's own turn.
+    mid = await tg_say(tg, "/voice off")
+    await tg_answer(tg, mid, "Voice off")
+    model.heard.append(Heard("and tomorrow"))
+    mid = await tg_say(tg, voice=OGG_IN)
+    replies = await settled(tg_speaking, tg, mid)
+    assert len(replies) == 1 and "and tomorrow" in replies[0].text
+    assert len(voices(tg)) == 1 and len(model.speech) == 1
+
+
+async def test_an_unknown_voice_mode_is_named_and_refused(
+    tg_speaking: DaemonProcess, tg: FakeTelegram
+) -> None:
+    mid = await tg_say(tg, "/voice loud[x](http://evil.example)")
+    reply = await tg_answer(tg, mid, "not a voice mode")
+    assert "Use /voice on, /voice all or /voice off" in reply
+    assert "http://evil.example" not in [e.get("url") for m in tg.bot_messages(TG_USER) for e in m.entities]
+
+
+# -- failures: the text stays, a short specific note -----------------------------------------------------
+
+FAILURES = [
+    (
+        Spoken(status=500, error_body=f"boom: upstream said {SPEECH_KEY}"),
+        "the speech service failed (HTTP 500)",
+    ),
+    (Spoken(status=401), "the speech service refused my key"),
+    (Spoken(raw=b"<html>gateway error</html>", content_type="audio/ogg"), "not opus audio"),
+    (Spoken(raw=b'{"error": "quota"}', content_type="application/json"), "text instead of audio"),
+    (Spoken(raw=b""), "sent back no audio"),
+    (Spoken(raw=b"OggS\x00\x02OpusHead" + bytes(200_000)), "more than 64 KB of audio"),
+    (Spoken(delay=8), "did not answer in time (within 3 s)"),
+]
+
+
+async def test_a_failing_speech_service_leaves_the_text_and_says_why(
+    tg_speaking: DaemonProcess, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    mid = await tg_say(tg, "/voice all")
+    await tg_answer(tg, mid, "Voice all")
+    for n, (failure, reason) in enumerate(FAILURES):
+        model.spoken.append(failure)
+        mid = await tg_say(tg, f"question {n}")
+        await tg_answer(tg, mid, f"echo: question {n}")
+        note = await tg_answer(tg, mid, "couldn't speak this answer")
+        assert note.startswith("(couldn't speak this answer: ") and reason in note, note
+    assert not voices(tg), "no broken audio was passed on"
+    seen = "\n".join(m.text for m in tg.bot_messages(TG_USER))
+    assert "boom" not in seen and SPEECH_KEY not in seen and "quota" not in seen
+    assert SPEECH_KEY not in tg_speaking.logs()
+    metrics = await tg_speaking.metrics()
+    assert f'chital_speech_total{{outcome="failed"}} {float(len(FAILURES))}' in metrics
+
+
+# -- what the speech service gets -------------------------------------------------------------------------
+
+
+async def test_the_speech_service_gets_plain_text_without_secrets_and_bounded(
+    tg_speaking: DaemonProcess, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    mid = await tg_say(tg, "/voice all")
+    await tg_answer(tg, mid, "Voice all")
+    answer = (
+        f"## Done\nThe **bot token** is {tg.token} and the speech key {SPEECH_KEY}.\n"
+        "See [the docs](https://example.com/docs) or https://example.com/raw.\n"
+        "```python\nprint('secret code')\n```\n| a | b |\n"
+    )
+    model.script(Reply(text=answer))
+    mid = await tg_say(tg, "tell me the secrets")
+    await tg_answer(tg, mid, "Done")
+    await tg.wait_for(lambda: voices(tg) or None, timeout=30, what="a voice message")
+    said = model.speech[-1]["input"]
+    assert tg.token not in said and SPEECH_KEY not in said
+    assert tg.token.split(":")[1] not in said, "no part of the token either"
+    assert "print(" not in said and "(code shown in the text)" in said
+    assert "the docs" in said and "https://" not in said and "**" not in said and "##" not in said
+
+    model.script(Reply(text="A long story. " * 2000))  # 28,000 characters
+    mid = await tg_say(tg, "a long one")
+    await tg_answer(tg, mid, "A long story.")
+    await tg.wait_for(lambda: len(voices(tg)) == 2 or None, timeout=30, what="the second voice")
+    said = model.speech[-1]["input"]
+    assert len(said) <= 300 and said.endswith("The rest is in the text.")
+
+
+# -- Slack: /voice all as a slash command, an audio file upload -------------------------------------------
+
+
+async def test_slack_voice_all_uploads_the_answer_as_an_audio_file(
+    tmp_path: Path, model: FakeOpenAI, slack: FakeSlack
+) -> None:
+    cfg = chat_config(
+        tmp_path, model.base_url, slack, allow=[f"slack:{SLACK_USER}"], agent={"tools": False},
+        speech=speech_section(model),
+    )  # fmt: skip
+    async with started_daemon(tmp_path, cfg, slack):
+        await slack.inject_slash(SLACK_DM, SLACK_USER, "/voice", "all")
+        await slack.wait_for(lambda: any("Voice all" in t for t in slack.texts(SLACK_DM)) or None, timeout=30)
+        await slack.inject_dm(SLACK_DM, SLACK_USER, "hello there")
+        await slack.wait_for(lambda: any("echo: hello there" in t for t in slack.texts(SLACK_DM)) or None,
+                             timeout=30)  # fmt: skip
+        upload = await slack.wait_for(lambda: next(iter(slack.uploads), None), timeout=30)
+        assert upload.name == "answer.mp3" and upload.channel == SLACK_DM
+        assert upload.content[:2] == b"\xff\xfb", "MPEG audio frames"
+        assert model.speech[-1]["response_format"] == "mp3"
+        assert "echo: hello there" in model.speech[-1]["input"]
+
+        await slack.inject_slash(SLACK_DM, SLACK_USER, "/voice", "off")
+        await slack.wait_for(lambda: any("Voice off" in t for t in slack.texts(SLACK_DM)) or None, timeout=30)
+        await slack.inject_dm(SLACK_DM, SLACK_USER, "quiet now")
+        await slack.wait_for(lambda: any("echo: quiet now" in t for t in slack.texts(SLACK_DM)) or None,
+                             timeout=30)  # fmt: skip
+        await asyncio.sleep(1.0)  # a wrong upload would follow the text at once
+        assert len(slack.uploads) == 1 and len(model.speech) == 1
+
+
+# -- not configured ------------------------------------------------------------------------------------
+
+
+async def test_without_a_speech_section_voice_says_so(
+    tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    cfg = chat_config(tmp_path, model.base_url, tg, allow=[f"telegram:{TG_USER}"], agent={"tools": False})
+    async with started_daemon(tmp_path, cfg):
+        mid = await tg_say(tg, "/voice on")
+        reply = await tg_answer(tg, mid, "not set up")
+        assert "no speech service in its config" in reply and "docs/speech.md" in reply
+
+
+# -- kill -9 while the audio is on its way ------------------------------------------------------------
+
+
+async def test_kill9_while_speaking_gives_exactly_one_voice_message(
+    tg_speaking: DaemonProcess, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    mid = await tg_say(tg, "/voice all")
+    await tg_answer(tg, mid, "Voice all")
+    gate = asyncio.Event()
+    model.spoken.append(Spoken(gate=gate))
+    mid = await tg_say(tg, "speak slowly")
+    await tg_answer(tg, mid, "echo: speak slowly")
+    await tg.wait_for(lambda: model.speech or None, timeout=30, what="the speech request")
+    tg_speaking.kill9()
+    await tg_speaking.wait_exit()
+    gate.set()  # the held answer goes to a dead connection
+    await tg_speaking.start()
+    await tg.wait_for(lambda: voices(tg) or None, timeout=45, what="the voice after the restart")
+    replies = await settled(tg_speaking, tg, mid)
+    assert len([m for m in replies if "voice" in m.raw]) == 1
+    assert len([m for m in replies if "echo: speak slowly" in m.text]) == 1, "the text was not sent again"
+    assert len(model.speech) == 2, "the resumed turn asked for the audio again (the first was lost)"
