@@ -9,6 +9,7 @@ restart in the middle neither loses nor doubles the voice message.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from typing import Any
 import pytest
 
 from tests.daemon import DaemonProcess, chat_config, started_daemon
+from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import turns_settled
+from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, Heard, Reply, Spoken
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
@@ -255,3 +258,45 @@ async def test_kill9_while_speaking_gives_exactly_one_voice_message(
     assert len([m for m in replies if "voice" in m.raw]) == 1
     assert len([m for m in replies if "echo: speak slowly" in m.text]) == 1, "the text was not sent again"
     assert len(model.speech) == 2, "the resumed turn asked for the audio again (the first was lost)"
+
+
+# -- Lark: a native audio message; Discord: an audio file -------------------------------------------------
+
+LARK_USER, LARK_P2P = "ou_friend", "oc_p2p_friend"
+DC_USER = "424242424242424242"
+
+
+async def test_lark_gets_an_audio_message_and_discord_an_audio_file(
+    tmp_path: Path, model: FakeOpenAI, lark: FakeLark, dc: FakeDiscord
+) -> None:
+    cfg = chat_config(
+        tmp_path, model.base_url, lark, dc, allow=[f"lark:{LARK_USER}", f"discord:{DC_USER}"],
+        agent={"tools": False}, speech=speech_section(model, file_format="opus"),
+    )  # fmt: skip
+    async with started_daemon(tmp_path, cfg, dc):
+        lark.inject_message(LARK_P2P, LARK_USER, "/voice all")
+        await lark.wait_for_async(lambda f: any("Voice all" in m.text for m in f.bot_messages()) or None, 30)
+        inj = lark.inject_message(LARK_P2P, LARK_USER, "hello lark")
+        audio = await lark.wait_for_async(
+            lambda f: next((m for m in f.bot_messages() if m.msg_type == "audio"), None), 30
+        )
+        assert audio.parent_id == inj.message_id and audio.chat_id == LARK_P2P
+        key = json.loads(audio.content)["file_key"]
+        name, data = lark.uploads[key]
+        assert name == "answer.ogg" and data.startswith(b"OggS") and b"OpusHead" in data[:64]
+        fields = lark.upload_fields[key]
+        assert fields["file_type"] == "opus" and int(fields["duration"]) == 1000, fields
+        assert any("echo: hello lark" in m.text for m in lark.bot_messages()), "the text came too"
+        assert model.speech[-1]["response_format"] == "opus"
+
+        await dc.inject_dm(DC_USER, "/voice all")
+        await dc.wait_for(
+            lambda: any("Voice all" in m.content for m in dc.bot_messages()) or None, timeout=30
+        )
+        mid = await dc.inject_dm(DC_USER, "hello discord")
+        posted = await dc.wait_for(
+            lambda: next((m for m in dc.bot_messages() if m.reply_to == mid and m.files), None), timeout=30
+        )
+        ((name, data),) = posted.files
+        assert name == "answer.ogg" and data.startswith(b"OggS")
+        assert any(m.reply_to == mid and "echo: hello discord" in m.content for m in dc.bot_messages())

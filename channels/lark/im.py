@@ -10,6 +10,7 @@ Which upload endpoint a file takes, and which reaction a status emoji becomes, a
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -138,8 +139,26 @@ def resource_request(file_id: str) -> GetMessageResourceRequest:
     return GetMessageResourceRequest.builder().message_id(message_id).file_key(key).type(kind).build()
 
 
+def ogg_duration_ms(data: bytes) -> int:
+    """An Ogg Opus stream's length in milliseconds: the last page's granule position (48 kHz
+    samples) less the header's pre-skip; 0 when the bytes do not say."""
+    last = data.rfind(b"OggS")
+    head = data.find(b"OpusHead")
+    if last < 0 or head < 0 or len(data) < last + 14 or len(data) < head + 12:
+        return 0
+    (granule,) = struct.unpack_from("<q", data, last + 6)
+    (pre_skip,) = struct.unpack_from("<H", data, head + 10)
+    return max(0, (granule - pre_skip) // 48)
+
+
 def upload_request(file: OutFile, data: Any) -> tuple[str, Any]:
-    """("image", its upload) for an image Lark shows inline (up to 10 MB), else ("file", its upload)."""
+    """("image", its upload) for an image Lark shows inline (up to 10 MB), ("audio", its upload)
+    for a spoken answer (``file.voice``, Ogg Opus: Lark's audio message plays only that), else
+    ("file", its upload)."""
+    if file.voice and file.suffix == ".ogg":
+        body = CreateFileRequestBody.builder().file_type("opus").file_name(file.name)
+        body = body.duration(ogg_duration_ms(file.data)).file(data)
+        return "audio", CreateFileRequest.builder().request_body(body.build()).build()
     if file.suffix in IMAGE_SUFFIXES and file.size <= MAX_IMAGE_BYTES:
         image = CreateImageRequestBody.builder().image_type("message").image(data).build()
         return "image", CreateImageRequest.builder().request_body(image).build()
@@ -149,7 +168,7 @@ def upload_request(file: OutFile, data: Any) -> tuple[str, Any]:
 
 
 def uploaded_part(file: OutFile, kind: str, resp: Any) -> Rendered:
-    """The message that shows an uploaded image or file (its key from the upload's answer)."""
+    """The message that shows an uploaded image, audio or file (its key from the upload's answer)."""
     content = {"image_key": resp.data.image_key} if kind == "image" else {"file_key": resp.data.file_key}
     return Rendered(text=file.name, payload={"msg_type": kind, "content": json.dumps(content)})
 

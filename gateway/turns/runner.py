@@ -102,7 +102,7 @@ class TurnRunner:
         self.tasks, self.redact, self._keep, self.host = tasks, redact, keep, host
         self.busy = busy
         """Busy modes: the turn's inbox of steered messages, what it interrupted (gateway/turns/busy.py)."""
-        self.speaker = Speaker(config.speech, store, redact, turns)
+        self.speaker = Speaker(config, store, redact, turns)
         """Spoken replies (``/voice``): the answer as audio after its text (gateway/turns/spoken.py)."""
         self.background: BackgroundTasks | None = None
         """Background tasks (gateway/turns/background.py), set by the daemon: a task stopped, revoked

@@ -29,9 +29,11 @@ from typing import TYPE_CHECKING
 from channels.base import ChannelError, OutFile
 from gateway.delivery.speech import SUFFIX, Format, SpeechFailed, speakable, synthesize
 from gateway.intake import media
+from gateway.intake.access import is_admin
+from gateway.turns.usage import budget_refusal
 
 if TYPE_CHECKING:
-    from gateway.config.sections import SpeechConfig
+    from gateway.config.schema import Config
     from gateway.delivery.reply import Reply
     from gateway.ops.metrics import Metrics
     from gateway.store.entries import JournalEntry
@@ -44,8 +46,9 @@ VOICE_PART = 40_000
 """Outbox part of the spoken answer (text 0.., files 10,000+, plan 20,000, after-answer note 30,000)."""
 VOICE_NOTE_PART = 40_001
 """Outbox part of the note saying the answer could not be spoken."""
-NATIVE_VOICE = frozenset({"telegram"})
-"""Platforms whose adapter sends ``OutFile(voice=True)`` as a voice message (OGG/Opus only)."""
+NATIVE_VOICE = frozenset({"telegram", "lark"})
+"""Platforms whose adapter sends ``OutFile(voice=True)`` (OGG/Opus) as a voice message: Telegram's
+``sendVoice``, Lark's ``audio`` message. Slack and Discord get an audio file."""
 
 
 def recorded(entry: JournalEntry) -> bool:
@@ -57,10 +60,11 @@ class Speaker:
     """Speaks answers for the turns of one daemon (see the module docstring)."""
 
     def __init__(
-        self, cfg: SpeechConfig, store: Store, redact: Callable[[str], str], turns: TurnQueue | None = None
+        self, config: Config, store: Store, redact: Callable[[str], str], turns: TurnQueue | None = None
     ) -> None:
-        self.cfg, self._store, self._redact, self._turns = cfg, store, redact, turns
-        self._slots = asyncio.Semaphore(cfg.concurrency)
+        self.config, self.cfg = config, config.speech
+        self._store, self._redact, self._turns = store, redact, turns
+        self._slots = asyncio.Semaphore(self.cfg.concurrency)
 
     async def wanted(self, entry: JournalEntry) -> bool:
         """Whether this entry's answer is to be spoken (one read, only with speech configured)."""
@@ -82,12 +86,25 @@ class Speaker:
         except Exception as exc:  # the database: no audio this time, the answer stands
             log.warning("could not read the voice mode for %s: %s", entry.key, exc)
             return
-        problem = await self._speak(reply, entry, answer)
+        problem = await self._over_budget(entry) or await self._speak(reply, entry, answer)
         if metrics is not None:
             metrics.speech.labels("failed" if problem else "spoken").inc()
         if problem:
             with contextlib.suppress(Exception):
                 await reply.note(VOICE_NOTE_PART, f"(couldn't speak this answer: {problem})")
+
+    async def _over_budget(self, entry: JournalEntry) -> str:
+        """Speech is paid for too: a user whose daily budget (tokens or money) this very answer
+        used up gets the text without audio. Speech itself is priced per character, not in
+        tokens, so it is bounded per answer (``max_chars``), not added to the token ledger."""
+        inbound = entry.inbound
+        admin = is_admin(self.config.access_for(inbound.platform), inbound)
+        try:
+            spent = await budget_refusal(self._store, self.config, inbound.user, admin)
+        except Exception as exc:  # a budget that cannot be read fails closed, as at every model call
+            log.warning("could not check the budget before speaking %s: %s", entry.key, exc)
+            return "I could not check your daily budget just now"
+        return "your daily budget is used up" if spent else ""
 
     async def _speak(self, reply: Reply, entry: JournalEntry, answer: str) -> str:
         """Synthesise and send; the reason it failed, or "" when the voice went out."""

@@ -96,6 +96,8 @@ class FakeMessage:
             return f"[file {data.get('file_key')}]"
         if self.msg_type == "image":
             return f"[image {data.get('image_key')}]"
+        if self.msg_type == "audio":
+            return f"[audio {data.get('file_key')}]"
         return self.content
 
 
@@ -172,6 +174,8 @@ class FakeLark:
         self.messages: dict[str, FakeMessage] = {}  # every message, user's and bot's, by id
         self.acks: list[Ack] = []
         self.uploads: dict[str, tuple[str, bytes]] = {}  # image_key/file_key -> (name, data)
+        self.upload_fields: dict[str, dict[str, str]] = {}
+        """Each upload's other form fields (``file_type``, ``duration``, ``file_name``), by key."""
         self.resources: dict[tuple[str, str], tuple[str, bytes]] = {}  # (message_id, key) -> file
         self.reactions: list[tuple[str, str]] = []  # (message_id, emoji_type)
         self.requests: list[tuple[str, str]] = []  # (method, path) of every REST call
@@ -812,8 +816,15 @@ class FakeLark:
             if data is None:
                 return _err(400, 234001, "file missing")
             key = f"{'img' if image else 'file'}_v3_{next(self._ids)}"
+            if fields.get("file_type") == b"opus" and not (
+                data.startswith(b"OggS") and b"OpusHead" in data[:128]
+            ):
+                return _err(400, 234010, "file type does not match: opus expected")
             with self._cond:
                 self.uploads[key] = (fields.get("file_name", b"").decode(), data)
+                self.upload_fields[key] = {
+                    k: v.decode() for k, v in fields.items() if k not in ("file", "image")
+                }
             self._changed()
             return _ok({"image_key": key} if image else {"file_key": key})
         return _err(404, 404, f"no fake for {method} {path}")
