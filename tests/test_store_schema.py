@@ -44,6 +44,7 @@ TABLES = {
     "schedules", "sqlite_sequence", "conversation_models", "token_usage", "approvals", "token_ledger",
     "conversation_busy",
     "background_tasks",
+    "conversation_voice",
 }  # fmt: skip
 
 
