@@ -28,6 +28,7 @@ from tests.fakes.telegram_wire import Seen
 TG_USER = 1001
 SLACK_USER, SLACK_DM = "U_FRIEND", "D_FRIEND"
 SPEECH_KEY = "sk-speech-Zq81MfNw0cVb6YtR"
+MODEL_KEY = "sk-test-key-never-logged"  # the chat model's key in tests/daemon.py's base config
 OGG_IN = b"OggS\x00\x02" + bytes(range(256)) * 4  # the user's voice note: stored, never decoded
 
 
@@ -170,7 +171,7 @@ async def test_the_speech_service_gets_plain_text_without_secrets_and_bounded(
     mid = await tg_say(tg, "/voice all")
     await tg_answer(tg, mid, "Voice all")
     answer = (
-        f"## Done\nThe **bot token** is {tg.token} and the speech key {SPEECH_KEY}.\n"
+        f"## Done\nThe **bot token** is {tg.token} and the speech key {SPEECH_KEY}, the model's `{MODEL_KEY}`.\n"
         "See [the docs](https://example.com/docs) or https://example.com/raw.\n"
         "```python\nprint('secret code')\n```\n| a | b |\n"
     )
@@ -179,7 +180,7 @@ async def test_the_speech_service_gets_plain_text_without_secrets_and_bounded(
     await tg_answer(tg, mid, "Done")
     await tg.wait_for(lambda: voices(tg) or None, timeout=30, what="a voice message")
     said = model.speech[-1]["input"]
-    assert tg.token not in said and SPEECH_KEY not in said
+    assert tg.token not in said and SPEECH_KEY not in said and MODEL_KEY not in said
     assert tg.token.split(":")[1] not in said, "no part of the token either"
     assert "print(" not in said and "(code shown in the text)" in said
     assert "the docs" in said and "https://" not in said and "**" not in said and "##" not in said
