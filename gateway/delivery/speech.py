@@ -50,7 +50,7 @@ def speakable(markdown: str, redact: Callable[[str], str], max_chars: int) -> st
     text = _LINK.sub(r"\1", text)
     text = _URL.sub("a link", text)
     text = _MARKERS.sub("", text)
-    text = text.replace("|", ", ")
+    text = text.replace("|", ", ").replace("*", "")
     lines = [_SPACE.sub(" ", line).strip() for line in text.splitlines()]
     text = redact("\n".join(line for line in lines if line))
     if len(text) <= max_chars:

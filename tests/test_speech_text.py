@@ -1,0 +1,57 @@
+"""What the speech service is given (gateway/delivery/speech.py ``speakable``) and which bytes
+count as the audio asked for (``is_audio``), on the real redactor and the real audio the fakes make."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.redact import Redactor
+from gateway.delivery.speech import is_audio, speakable
+from tests.fakes.audio import mp3, ogg_opus
+
+SECRET = "xoxb-1234-abcdefABCDEF"
+redact = Redactor([SECRET])
+
+
+def test_markdown_goes_and_code_and_links_are_named() -> None:
+    said = speakable(
+        "# Title\n- **bold** and *soft* and `inline`\n> quoted\n[a site](https://x.example/p?q=1)\n"
+        "```sh\nrm -rf /\n```\nhttps://naked.example/path\n| col | col2 |",
+        redact,
+        1000,
+    )
+    assert said.splitlines()[:4] == ["Title", "bold and soft and inline", "quoted", "a site"]
+    assert "(code shown in the text)" in said and "rm -rf" not in said
+    assert "a link" in said and "https://" not in said and "#" not in said and "*" not in said
+
+
+def test_an_unterminated_code_block_is_not_read_out() -> None:
+    assert "secret_code" not in speakable("look:\n```python\nsecret_code()\n", redact, 500)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        f"the token is {SECRET}.",
+        f"the token is `{SECRET}`.",
+        f"[click]({SECRET}) or **{SECRET}**",
+        f"```\n{SECRET}\n```\n and {SECRET[:10]}**{SECRET[10:]}**",
+    ],
+)
+def test_a_secret_is_never_given_to_the_speech_service(answer: str) -> None:
+    said = speakable(answer, redact, 500)
+    assert SECRET not in said and SECRET.replace("-", "") not in said.replace("-", "")
+
+
+def test_a_long_answer_is_cut_after_a_sentence_within_the_bound() -> None:
+    said = speakable("One sentence here. " * 500, redact, 200)
+    assert len(said) <= 200 and said.endswith("here. The rest is in the text.")
+    unbroken = speakable("x" * 5000, redact, 120)
+    assert len(unbroken) <= 120 and unbroken.endswith("The rest is in the text.")
+
+
+def test_audio_is_recognised_by_its_first_bytes() -> None:
+    assert is_audio(ogg_opus(), "opus") and is_audio(mp3(), "mp3")
+    assert not is_audio(mp3(), "opus") and not is_audio(ogg_opus(), "mp3")
+    assert not is_audio(b"OggS" + bytes(200), "opus"), "an Ogg file without Opus (Vorbis, garbage)"
+    assert not is_audio(b"<html>", "mp3") and not is_audio(b"", "mp3") and not is_audio(b"\xff", "mp3")
