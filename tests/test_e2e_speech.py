@@ -301,3 +301,17 @@ async def test_lark_gets_an_audio_message_and_discord_an_audio_file(
         ((name, data),) = posted.files
         assert name == "answer.ogg" and data.startswith(b"OggS")
         assert any(m.reply_to == mid and "echo: hello discord" in m.content for m in dc.bot_messages())
+
+
+async def test_a_telegram_user_who_refuses_voice_messages_gets_the_audio_as_a_file(
+    tg_speaking: DaemonProcess, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    tg.voice_forbidden.add(TG_USER)
+    mid = await tg_say(tg, "/voice all")
+    await tg_answer(tg, mid, "Voice all")
+    mid = await tg_say(tg, "private person")
+    replies = await settled(tg_speaking, tg, mid)
+    (doc,) = [m for m in replies if m.document]
+    assert doc.document is not None and doc.document["file_name"] == "answer.ogg"
+    assert tg.file_bytes(doc.document["file_id"]).startswith(b"OggS")
+    assert not voices(tg) and not any("couldn't speak" in m.text for m in replies)

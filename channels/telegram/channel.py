@@ -453,8 +453,13 @@ class TelegramChannel(Channel):
                 message_id=int(target.reply_to), allow_sending_without_reply=True
             )
         if file.voice and file.suffix == ".ogg":  # a spoken answer: a voice message, played inline
-            msg = await self._api(bot.send_voice(voice=InputFile(data, filename=file.name), **kwargs))
-            return str(msg.message_id)
+            try:
+                msg = await self._api(bot.send_voice(voice=InputFile(data, filename=file.name), **kwargs))
+                return str(msg.message_id)
+            except PermanentSendError as exc:  # the user's privacy settings refuse voice messages
+                if "VOICE_MESSAGES_FORBIDDEN" not in str(exc).upper():
+                    raise
+                log.info("telegram: voice messages refused by the user; sending the audio as a file")
         if file.suffix in _PHOTO_SUFFIXES and size <= PHOTO_LIMIT:
             try:
                 msg = await self._api(bot.send_photo(photo=InputFile(data, filename=file.name), **kwargs))

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from channels.base import ChannelError, OutFile
+from channels.base import ChannelError, OutFile, PermanentSendError
 from gateway.delivery.speech import SUFFIX, Format, SpeechFailed, speakable, synthesize
 from gateway.intake import media
 from gateway.intake.access import is_admin
@@ -126,7 +126,10 @@ class Speaker:
         out = OutFile(f"answer{SUFFIX[fmt]}", data, voice=native)
         try:
             await reply.send_file(VOICE_PART, out, "" if native else "🔊 spoken version of the answer above")
-        except ChannelError as exc:
-            log.warning("voice of %s not sent: %s", entry.key, exc)
+        except PermanentSendError as exc:
+            log.warning("voice of %s refused: %s", entry.key, exc)
             return "the chat refused the audio message"
+        except ChannelError as exc:  # a network or server problem on the chat's side
+            log.warning("voice of %s not sent: %s", entry.key, exc)
+            return "the chat app could not take the audio message just now"
         return ""

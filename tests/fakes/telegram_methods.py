@@ -48,6 +48,7 @@ class BotApiMethods:
         _messages: dict[int, dict[int, Seen]]
         answered_queries: dict[str, dict[str, Any]]
         _files: dict[str, StoredFile]
+        voice_forbidden: set[int]
         _blocked: set[int]
         _revoked: bool
         _stalled: bool
@@ -266,9 +267,11 @@ class BotApiMethods:
 
     async def _m_sendvoice(self, p: dict[str, Any], f: dict[str, Any]) -> Any:
         """A voice message: Telegram shows it as one only when it is OGG/Opus (else it refuses)."""
+        if self._target(p) in self.voice_forbidden:
+            raise ApiError(400, "Bad Request: VOICE_MESSAGES_FORBIDDEN")
         upload = f.get("voice")
         if upload is not None and not (upload[2].startswith(b"OggS") and b"OpusHead" in upload[2][:128]):
-            raise ApiError(400, "Bad Request: VOICE_MESSAGES_FORBIDDEN or not an OGG/Opus file")
+            raise ApiError(400, "Bad Request: wrong file type of the voice message")
         return self._send_media(p, f, "voice")
 
     def _send_media(self, p: dict[str, Any], files: dict[str, Any], kind: str) -> Any:

@@ -74,6 +74,8 @@ class FakeTelegram(BotApiMethods):
         self._next_mid: dict[int, int] = {}
         self._messages: dict[int, dict[int, Seen]] = {}
         self._files: dict[str, StoredFile] = {}
+        self.voice_forbidden: set[int] = set()
+        """Chats whose user's privacy settings refuse voice messages (``VOICE_MESSAGES_FORBIDDEN``)."""
         self._failures: dict[str, list[Failure]] = {}
         self._lost: dict[str, int] = {}
         self._held: list[Held] = []
