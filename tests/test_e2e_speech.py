@@ -315,3 +315,25 @@ async def test_a_telegram_user_who_refuses_voice_messages_gets_the_audio_as_a_fi
     assert doc.document is not None and doc.document["file_name"] == "answer.ogg"
     assert tg.file_bytes(doc.document["file_id"]).startswith(b"OggS")
     assert not voices(tg) and not any("couldn't speak" in m.text for m in replies)
+
+
+# -- budgets ------------------------------------------------------------------------------------------
+
+
+async def test_an_answer_that_spends_the_budget_is_not_spoken(
+    tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    cfg = chat_config(
+        tmp_path, model.base_url, tg, allow=[f"telegram:{TG_USER}"], agent={"tools": False},
+        speech=speech_section(model), usage={"daily_tokens": 20_000, "reserve_output_tokens": 100},
+    )  # fmt: skip
+    async with started_daemon(tmp_path, cfg) as daemon:
+        mid = await tg_say(tg, "/voice all")
+        await tg_answer(tg, mid, "Voice all")
+        model.script(Reply(text="an expensive answer", usage=(30_000, 10)))
+        mid = await tg_say(tg, "spend it all")
+        await tg_answer(tg, mid, "an expensive answer")
+        note = await tg_answer(tg, mid, "couldn't speak")
+        assert note == "(couldn't speak this answer: your daily budget is used up)"
+        await turns_settled(daemon.config["storage"], timeout=30)
+        assert not model.speech and not voices(tg), "no call to the speech service"

@@ -304,6 +304,7 @@ class Daemon:
         acp_relay.target = functools.partial(ask_live, self.gateway.approvals)
         background.bind(self.gateway)
         self.gateway.runner.background = background
+        self.gateway.runner.speaker.usage_settled = recorder.flushed  # speech reads the budget after
         if leases is not None and url:
             # Released after the gateway drained: its heartbeat keeps our leases while turns finish.
             self.cluster = Cluster(leases, self.gateway, url, tasks=self.tasks.child())

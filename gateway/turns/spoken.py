@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from channels.base import ChannelError, OutFile, PermanentSendError
@@ -65,6 +65,9 @@ class Speaker:
         self.config, self.cfg = config, config.speech
         self._store, self._redact, self._turns = store, redact, turns
         self._slots = asyncio.Semaphore(self.cfg.concurrency)
+        self.usage_settled: Callable[[], Awaitable[None]] | None = None
+        """Waits until the model calls recorded so far are written (the daemon's usage recorder):
+        the budget is read after this turn's own calls count."""
 
     async def wanted(self, entry: JournalEntry) -> bool:
         """Whether this entry's answer is to be spoken (one read, only with speech configured)."""
@@ -100,6 +103,8 @@ class Speaker:
         inbound = entry.inbound
         admin = is_admin(self.config.access_for(inbound.platform), inbound)
         try:
+            if self.usage_settled is not None:
+                await self.usage_settled()
             spent = await budget_refusal(self._store, self.config, inbound.user, admin)
         except Exception as exc:  # a budget that cannot be read fails closed, as at every model call
             log.warning("could not check the budget before speaking %s: %s", entry.key, exc)
