@@ -8,9 +8,9 @@ never waits for, or depends on, the audio.
 
 The audio is one more part of the reply's outbox (:data:`VOICE_PART`), sent through
 ``Reply.send_file`` like the agent's files: a turn resumed after a crash finds it recorded and
-sends nothing again; one killed before the part was recorded speaks again. Telegram gets an
-OGG/Opus voice message (``OutFile.voice``: ``sendVoice``); Slack, Discord and Lark an audio file
-of ``speech.file_format``.
+sends nothing again; one killed before the part was recorded speaks again. Telegram and Lark get
+an OGG/Opus voice (audio) message (``OutFile.voice``); Slack and Discord an audio file of
+``speech.file_format``.
 
 A failure (the service, its answer, the platform refusing the upload) costs the audio only: a
 short note (:data:`VOICE_NOTE_PART`) says why in words from :mod:`gateway.delivery.speech`.
@@ -89,7 +89,11 @@ class Speaker:
         except Exception as exc:  # the database: no audio this time, the answer stands
             log.warning("could not read the voice mode for %s: %s", entry.key, exc)
             return
-        problem = await self._over_budget(entry) or await self._speak(reply, entry, answer)
+        try:
+            problem = await self._over_budget(entry) or await self._speak(reply, entry, answer)
+        except Exception as exc:  # a bug of ours must not cost the answer its done mark
+            log.error("speaking %s failed: %s", entry.key, exc, exc_info=True)
+            problem = "something went wrong on my side"
         if metrics is not None:
             metrics.speech.labels("failed" if problem else "spoken").inc()
         if problem:
