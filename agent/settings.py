@@ -60,6 +60,11 @@ class ApprovalSettings(BaseModel):
     approvers: Literal["requester", "admins"] = "requester"
     """Who may answer: the person whose message led to the call (and the channel's admins), or
     the admins (``access.admins``) only."""
+    standing: bool = True
+    """Offer "Allow here" (the requester's calls of that tool in that conversation) and, to admins,
+    "Always" (everyone's, on that platform) beside Approve / Deny; ``/approvals`` lists and revokes
+    them. A call made after the turn read content its user did not write always asks. Off: every
+    call asks, and existing permissions are not used."""
 
 
 class MemorySettings(BaseModel):

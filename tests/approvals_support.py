@@ -23,6 +23,8 @@ from tests.fakes.gateway_rig import ADMIN, USER, make_config
 from tests.fakes.openai_server import FakeOpenAI
 
 API_KEY = "sk-test-secret-0123456789"
+BUTTONS = ["✅ Approve", "💬 Allow here", "♾ Always", "❌ Deny"]
+"""The buttons under a request (standing permissions offered: the default)."""
 FAST = AgentSettings(retry_backoff=0.001, model_retries=0, model_timeout=5)
 
 

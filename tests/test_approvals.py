@@ -19,6 +19,7 @@ from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, Final,
 from agent.settings import ApprovalSettings
 from gateway.turns.approvals import request_text
 from tests.approvals_support import (
+    BUTTONS,
     CALL,
     OTHER,
     RAN,
@@ -195,7 +196,7 @@ async def test_the_exact_call_is_shown_and_an_approval_resumes_in_the_same_reply
         inbound, request = await paused(rig.channel, rig.harness)
         assert "`execute`" in request.text and "rm -rf /tmp/cache" in request.text
         assert "Alice" in request.text and "10 min" in request.text
-        assert [b.label for b in request.buttons] == ["✅ Approve", "❌ Deny"]
+        assert [b.label for b in request.buttons] == BUTTONS
         reply = await until(lambda: rig.channel.replies_to(inbound.message_id)[0].startswith("🔐") or None)
         assert reply and rig.harness.resumed == []
         assert await rig.store.journal_open() == []  # parked, not open: a restart does not re-run it
@@ -415,7 +416,7 @@ async def test_telegram_approve_after_a_restart_runs_the_command(
     try:
         update = tg.inject_mention(GROUP, OWNER, "run the thing", first_name="Olga")
         request = await tg_buttons(tg, GROUP)
-        assert tg.buttons(GROUP, request.message_id) == ["✅ Approve", "❌ Deny"]
+        assert tg.buttons(GROUP, request.message_id) == BUTTONS
         assert "execute" in request.text and COMMAND in request.text and "Olga" in request.text
         assert COMMAND in request.spans("pre")  # in a code block, exactly as the agent asked
         waiting = await tg.wait_for(
@@ -548,7 +549,7 @@ async def test_slack_block_kit_approval(tmp_path: Path, slack: FakeSlack, model:
     try:
         post = await slack.inject_mention(SLACK_CHANNEL, FRIEND, "run the thing")
         request = await slack_buttons(slack)
-        assert request.thread_ts == post.ts and request.buttons() == ["✅ Approve", "❌ Deny"]
+        assert request.thread_ts == post.ts and request.buttons() == BUTTONS
         section = request.blocks[0]["text"]["text"]
         # mrkdwn code block, ``&<>`` sent as entities (Slack reads ``<…>`` even in code)
         assert "execute" in section and COMMAND in html.unescape(section) and "```" in section
@@ -644,7 +645,7 @@ async def test_discord_component_approval_across_a_restart(
         request = await dc.wait_for(
             lambda: next((m for m in dc.bot_messages() if dc.buttons(m.id)), None), 20
         )
-        assert dc.buttons(request.id) == ["✅ Approve", "❌ Deny"]
+        assert dc.buttons(request.id) == BUTTONS
         assert "execute" in request.content and f"```\n{COMMAND}\n```" in request.content
         waiting = await dc.wait_for(
             lambda: next((m for m in dc.bot_messages() if m.reply_to == mid), None), 10
@@ -708,7 +709,7 @@ async def test_lark_card_buttons_deny(tmp_path: Path, lark: FakeLark, model: Fak
         request = await lark.wait_for_async(
             lambda f: next((m for m in f.bot_messages(LARK_GROUP) if m.buttons()), None), timeout=20
         )
-        assert [b["text"]["content"] for b in request.buttons()] == ["✅ Approve", "❌ Deny"]
+        assert [b["text"]["content"] for b in request.buttons()] == BUTTONS
         assert "execute" in request.text and COMMAND in request.text
 
         stranger = lark.press_button(request.message_id, LARK_OTHER, "Approve")

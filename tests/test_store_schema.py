@@ -45,6 +45,8 @@ TABLES = {
     "conversation_busy",
     "background_tasks",
     "conversation_voice",
+    "approval_grants",
+    "approval_log",
 }  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from agent.untrusted import TEXT_CHARS, code_span
 from gateway.commands import admin as commands_admin
 from gateway.commands import agent as commands_agent
+from gateway.commands import approvals as commands_approvals
 from gateway.commands import background as commands_background
 from gateway.commands import busy as commands_busy
 from gateway.commands import mcp as commands_mcp
@@ -156,6 +157,9 @@ REGISTRY = Registry(
         CommandSpec("skills", "list the skills; /<skill> text uses one for that message (an admin: "
                     "/skills install with an archive, /skills remove|approve|reject NAME)", _skills,
                     recorded=True, args="[install | remove NAME | approve NAME | reject NAME]"),
+        CommandSpec("approvals", "standing permissions here (/approvals revoke ID ends one; admins: "
+                    "/approvals log)", commands_approvals.approvals_command, recorded=True,
+                    args="[revoke ID | log]"),
         CommandSpec("mcp", "list the MCP servers, their state and tools (admins: /mcp reload)",
                     commands_mcp.mcp_command, args="[reload]"),
         CommandSpec("help", "list the commands", _help, terminal=True),

@@ -38,6 +38,7 @@ from gateway.store.entries import (
     inbound_from_json,
     inbound_to_json,
 )
+from gateway.store.grants import GrantTables
 from gateway.store.leases import LeaseTables
 from gateway.store.schedules import ScheduleTables
 from gateway.store.schema import migrate
@@ -66,6 +67,7 @@ class Store(
     BusyTables,
     BackgroundTables,
     VoiceTables,
+    GrantTables,
     FileUpkeep,
 ):
     """The gateway's state on SQLite or PostgreSQL (any :class:`Connection`). Create with

@@ -85,6 +85,7 @@ class Retention:
         report.journal = await self.store.journal_prune(self.keep_for)
         report.pairing = await self.store.pairing_prune(self.pairing_for)
         await self.store.approvals_prune(self.keep_for)  # settled requests; pending ones stay
+        await self.store.approval_log_prune(self.keep_for)  # decisions; revoked permissions
         await self.store.background_prune(self.keep_for)  # finished background tasks' rows
         report.threads_uncached = self.store.trim_caches()
         if shrink:

@@ -32,6 +32,7 @@ from gateway.store.approvals import APPROVAL_TABLES
 from gateway.store.background import BACKGROUND_TABLES
 from gateway.store.busy import BUSY_TABLES
 from gateway.store.connection import POSTGRES, Connection
+from gateway.store.grants import GRANT_TABLES
 from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX
 from gateway.store.schedules import LAST_RUN_COLUMNS, PROVENANCE_COLUMNS, SCHEDULE_TABLES
 from gateway.store.usage import USAGE_COST_COLUMNS
@@ -232,9 +233,11 @@ async def _v11_usage_cost(db: Connection) -> None:
                 await db.execute("UPDATE token_usage SET unpriced_tokens = prompt_tokens + completion_tokens")
 
 
-async def _v12_reserved(db: Connection) -> None:
-    """Reserved for the approval scopes' step (issue 24 item 3), merged separately; nothing here.
-    At merge its real step takes number 12 and this placeholder goes."""
+async def _v12_approval_grants(db: Connection) -> None:
+    """Standing permissions ("Allow here", "Always") and the approvals' decision log
+    (gateway/store/grants.py)."""
+    for statement in GRANT_TABLES:
+        await db.execute(statement)
 
 
 async def _v13_voice_modes(db: Connection) -> None:
@@ -256,7 +259,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "background tasks", _v9_background_tasks),
     Migration(10, "schedules' last run (posted or silent)", _v10_schedule_last_run),
     Migration(11, "usage in money: cached and unpriced tokens, cost, money in the ledger", _v11_usage_cost),
-    Migration(12, "reserved (approval scopes)", _v12_reserved),
+    Migration(12, "standing approvals and the approvals' decision log", _v12_approval_grants),
     Migration(13, "spoken replies per conversation", _v13_voice_modes),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version

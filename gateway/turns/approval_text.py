@@ -12,6 +12,7 @@ from agent.events import ApprovalRequested
 from agent.untrusted import code_span
 from channels.base import scrub
 from gateway.config.durations import in_words
+from gateway.turns.grants import typed_help
 
 ARGS_CHARS = 1500
 """Characters of a call's arguments shown in the chat; the rest is cut (the agent has it all)."""
@@ -54,11 +55,13 @@ def hidden_chars(args: dict[str, Any]) -> int:
     return max(0, full - len(_cut(_args_text(args, VALUE_CHARS), ARGS_CHARS))) if full > 0 else 0
 
 
-def request_text(event: ApprovalRequested, requester: str, timeout: float, code: str, buttons: bool) -> str:
-    """The request as the chat shows it (Markdown)."""
+def request_text(
+    event: ApprovalRequested, requester: str, timeout: float, code: str, buttons: bool, standing: bool = False
+) -> str:
+    """The request as the chat shows it (Markdown); ``standing``: Allow here / Always are offered."""
     # The code is shown with buttons too: a Lark app without the card callback subscription shows
     # buttons that reach no one, and typed answers always work.
-    how = f"\n{'Or reply' if buttons else 'Reply'} `approve {code}` or `deny {code}`."
+    how = "\n" + typed_help(code, buttons, standing and not event.untrusted)
     hidden = hidden_chars(event.args)
     warning = (
         f"⚠️ Not all of it is shown: about {hidden:,} more characters were cut (at each …). "

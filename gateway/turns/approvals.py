@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, SkillDrafted
 from agent.untrusted import code_span
-from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendError
+from channels.base import Action, ActionAnswer, Inbound, PermanentSendError
 from gateway.config.durations import in_words
 from gateway.config.secrets import redactor_for
 from gateway.delivery.plan import PlanMessage
@@ -34,8 +33,9 @@ from gateway.delivery.reply import Reply
 from gateway.intake.access import Verdict, decide, is_admin
 from gateway.store.approvals import APPROVED, CANCELLED, DENIED, PENDING, TIMED_OUT, ApprovalRow
 from gateway.store.entries import JournalEntry, JournalKind, JournalState
-from gateway.turns import skill_drafts
+from gateway.turns import grants, skill_drafts
 from gateway.turns.approval_text import request_text
+from gateway.turns.grants import PREFIX, TEXT_ANSWER, StandingGrants
 
 if TYPE_CHECKING:
     from channels.base import Channel
@@ -50,14 +50,13 @@ log = logging.getLogger(__name__)
 
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
 CODE_LEN = 8
-PREFIX = "appr"
-"""Button values are ``appr:approve:CODE`` / ``appr:deny:CODE`` (short: Telegram allows 64 bytes)."""
-_TEXT_ANSWER = re.compile(r"^\s*(approve|deny)\s+([A-Za-z0-9]{8})\s*$", re.IGNORECASE)
 WAITING_NOTE = "🔐 Waiting for approval (see below)."
 NEWER = "a newer message came first"
 STOPPED_WHY = "the answer was stopped"
 """Why a request is withdrawn when its turn was stopped and no one is named (the runner's side)."""
 ENDED_WHY = "the answer it belonged to has ended"
+OFF = "⛔ Standing permissions are off on this bot: Approve runs it once."
+ADMINS_ONLY = "⛔ Only an admin can allow a tool everywhere; Approve or Allow here answer this one."
 SETTLED = {
     APPROVED: "✅ Approved by {by}",
     DENIED: "❌ Denied by {by}",
@@ -107,6 +106,7 @@ class Approvals:
         self.tasks = tasks
         self.dispatch = dispatch
         self._timers: dict[str, asyncio.Task[Any]] = {}
+        self.standing = StandingGrants(config, store, metrics)
 
     @property
     def timeout(self) -> float:
@@ -133,7 +133,9 @@ class Approvals:
             streams.append(self._resumer(entry, thread_id, row))
         if not streams:
             streams.append(fresh)
-        for stream in streams:
+        resumed = [r.id for r in todo]
+        while streams:
+            stream, asked, allowed = streams.pop(0), False, []
             async for event in stream():
                 if isinstance(event, SkillDrafted):  # the admins are told a draft waits for them
                     notice = skill_drafts.notify(
@@ -144,12 +146,20 @@ class Approvals:
                 if isinstance(event, ApprovalRequested):
                     if any(r.id == event.id for r in settled):
                         continue  # decided already: the next resume answers it
+                    standing = await self.standing.approve(entry, event, reply.target, _code())
+                    if standing is not None:  # a standing permission answered: no one is asked
+                        allowed.append(standing)
+                        continue
+                    asked = True
                     if not reply.has_message:  # the reply first, the buttons under it
                         await reply.status(WAITING_NOTE)
                     await self.request(entry, event, reply)
                 yield event
-        if todo:
-            await self.store.approvals_resumed([r.id for r in todo])
+            if allowed and not asked:  # go on in this run; else with the person's answer
+                streams.extend(self._resumer(entry, thread_id, r) for r in allowed)
+                resumed.extend(r.id for r in allowed)
+        if resumed:
+            await self.store.approvals_resumed(resumed)
 
     def _resumer(
         self, entry: JournalEntry, thread_id: str, row: ApprovalRow
@@ -176,7 +186,8 @@ class Approvals:
         buttons = channel.capabilities.buttons
         code = existing.code if existing else _code()
         name = inbound.sender_name or inbound.sender_id
-        text = request_text(event, name, self.timeout, code, buttons)
+        offered = self.standing.offered and not event.untrusted
+        text = request_text(event, name, self.timeout, code, buttons, offered)
         row = existing or await self.store.approval_add(
             event.id, code, entry.key, entry.conversation, reply.target, inbound.user, name,
             event.tool, text, time.time() + self.timeout,
@@ -187,13 +198,13 @@ class Approvals:
         try:
             if buttons:
                 message_id = await channel.send_buttons(
-                    row.target, part, _buttons(row.code), idempotency_key=key
+                    row.target, part, grants.buttons(row.code, offered), idempotency_key=key
                 )
         except PermanentSendError as exc:
             log.warning(
                 "approval %s: buttons refused on %s (%s); asking for text", row.code, channel.name, exc
             )
-            text = request_text(event, name, self.timeout, code, False)
+            text = request_text(event, name, self.timeout, code, False, offered)
             part = channel.render(text)[0]
         if not message_id:
             message_id = await channel.send(row.target, part, idempotency_key=key)
@@ -228,7 +239,7 @@ class Approvals:
     async def on_action(self, action: Action) -> ActionAnswer:
         """A button press from any adapter: checked, settled once, answered to the presser."""
         parts = action.value.split(":")
-        if len(parts) != 3 or parts[0] != PREFIX or parts[1] not in ("approve", "deny"):
+        if len(parts) != 3 or parts[0] != PREFIX or parts[1] not in grants.VERBS:
             return ActionAnswer("This button is not mine to answer.", refused=True)
         row = await self.store.approval_by_code(parts[2])
         if row is None or row.platform != action.platform:
@@ -250,18 +261,40 @@ class Approvals:
             return ActionAnswer(
                 "⛔ You no longer have access to this bot; an admin can answer.", refused=True
             )
-        approve = parts[1] == "approve"
+        return await self._answer(row, parts[1], action)
+
+    async def _answer(self, row: ApprovalRow, verb: str, action: Action) -> ActionAnswer:
+        """Settle ``row`` as ``verb`` says, from someone allowed to answer it; record who did."""
+        lasting = verb in (grants.HERE, grants.ALWAYS)
+        if lasting and not self.standing.offered:
+            return ActionAnswer(OFF, refused=True)
+        if verb == grants.ALWAYS and not self._is_admin(action):
+            await self.standing.record(
+                action, row.conversation, "refused always", code=row.code, tool=row.tool
+            )
+            return ActionAnswer(ADMINS_ONLY, refused=True)
         mine = action.user == row.requester
         by = action.sender_name or (row.requester_name if mine else "") or action.sender_id
-        if not await self.decide(row, APPROVED if approve else DENIED, by):
+        note = grants.granted_note(verb, row.tool) if lasting else ""
+        if not await self.decide(row, DENIED if verb == grants.DENY else APPROVED, by, note):
             fresh = await self.store.approval_get(row.id)
             return ActionAnswer(f"Already settled: {self._settled_note(fresh or row)}.", refused=True)
-        return ActionAnswer("✅ Approved; continuing." if approve else "❌ Denied; the agent is told.")
+        grant = None
+        if lasting:
+            grant = await self.standing.grant(verb, row.tool, row.conversation, row.requester, action)
+        gid = grant.id if grant else None
+        await self.standing.record(action, row.conversation, verb, code=row.code, tool=row.tool, grant=gid)
+        if grant is not None:
+            scope = grants.scope_words(grant)
+            return ActionAnswer(f"✅ Approved; from now on it runs without asking for {scope} (#{grant.id}).")
+        return ActionAnswer(
+            "❌ Denied; the agent is told." if verb == grants.DENY else "✅ Approved; continuing."
+        )
 
     async def text_answer(self, inbound: Inbound) -> str | None:
         """``approve CODE`` / ``deny CODE`` typed in the chat (the fallback where there are no
         buttons, and always accepted): the note to send back, or None when it is no answer."""
-        match = _TEXT_ANSWER.match(inbound.text)
+        match = TEXT_ANSWER.match(inbound.text)
         if not match:
             return None
         code = match.group(2).upper()
@@ -271,7 +304,7 @@ class Approvals:
             platform=inbound.platform,
             chat_id=inbound.chat_id,
             sender_id=inbound.sender_id,
-            value=f"{PREFIX}:{match.group(1).lower()}:{code}",
+            value=f"{PREFIX}:{grants.TYPED[match.group(1).lower()]}:{code}",
             sender_name=inbound.sender_name,
             thread_id=inbound.thread_id,
         )
@@ -349,8 +382,8 @@ class Approvals:
         self.tasks.spawn(self._show(row, action.message_id), f"approval-late:{row.code}")
 
     # -- settling ---------------------------------------------------------------------------------
-    async def decide(self, row: ApprovalRow, state: str, by: str) -> bool:
-        """Settle ``row`` (the first decision wins); then show it and resume the turn."""
+    async def decide(self, row: ApprovalRow, state: str, by: str, note: str = "") -> bool:
+        """Settle ``row`` (the first decision wins); then show it (with ``note``) and resume the turn."""
         if not await self.store.approval_decide(row.id, state, by):
             return False
         log.info("approval %s: %s by %s", row.code, state, by or "timeout")
@@ -359,20 +392,20 @@ class Approvals:
         if timer is not None and timer is not asyncio.current_task():
             timer.cancel()
         settled = await self.store.approval_get(row.id)
-        self.tasks.spawn(self._after(settled or row), f"approval:{row.code}")
+        self.tasks.spawn(self._after(settled or row, note), f"approval:{row.code}")
         return True
 
-    async def _after(self, row: ApprovalRow) -> None:
-        await self._show(row)
+    async def _after(self, row: ApprovalRow, note: str = "") -> None:
+        await self._show(row, note=note)
         if row.state != CANCELLED:
             await self._continue(row.key)
 
-    async def _show(self, row: ApprovalRow, message_id: str = "") -> None:
+    async def _show(self, row: ApprovalRow, message_id: str = "", note: str = "") -> None:
         channel = self.channels.get(row.platform)
         message_id = message_id or row.message_id
         if channel is None or not message_id:
             return
-        part = channel.render(f"{row.text}\n\n{self._settled_note(row)}")[0]
+        part = channel.render(f"{row.text}\n\n{self._settled_note(row)}{note}")[0]
         try:
             await channel.close_buttons(row.target, message_id, part)
         except Exception as exc:  # the decision holds whether or not the message shows it
@@ -465,10 +498,3 @@ class Approvals:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-
-
-def _buttons(code: str) -> list[Button]:
-    return [
-        Button("✅ Approve", f"{PREFIX}:approve:{code}", "primary"),
-        Button("❌ Deny", f"{PREFIX}:deny:{code}", "danger"),
-    ]
