@@ -47,6 +47,7 @@ from gateway.daemon.lifecycle import (
 from gateway.daemon.menus import Menus
 from gateway.daemon.status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
 from gateway.daemon.summary import log_summary
+from gateway.ops import tracing
 from gateway.ops.http import build_app, describe_state
 from gateway.ops.logs import RedactingFilter
 from gateway.ops.metrics import Metrics
@@ -258,6 +259,9 @@ class Daemon:
         if cfg.http.enabled:
             await self._start_http()
         await self._start_status()
+        close_tracing = await tracing.start(cfg)  # off: nothing (docs/tracing.md)
+        if close_tracing is not None:
+            res.push("tracing", close_tracing)  # released last: the drain's spans still go out
         db_path, url = self.db_path, cfg.storage.database_url
         try:
             if url:
