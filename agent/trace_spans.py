@@ -78,9 +78,14 @@ class SpanHandler(BaseCallbackHandler):
         self._spans[run_id] = span
         return span
 
-    def _text(self, value: Any) -> str:
+    def _text(self, value: Any, *, tail: bool = False) -> str:
+        """``value`` as text, masked, then cut to ``content_chars`` (its end kept with ``tail``: a
+        prompt's newest message is the one worth reading, its system prompt the same every time)."""
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-        return self._hooks.redact(text)[: self._hooks.content_chars]
+        text, most = self._hooks.redact(text), self._hooks.content_chars
+        if len(text) <= most:
+            return text
+        return "…" + text[-most:] if tail else text[:most] + "…"
 
     def _fail(self, run_id: UUID, error: BaseException) -> None:
         span = self._spans.pop(run_id, None)
@@ -157,7 +162,7 @@ class SpanHandler(BaseCallbackHandler):
             attrs["gen_ai.provider.name"] = str(provider)
         if self._hooks.record_content:
             batch = messages[0] if messages else []
-            attrs["gen_ai.input.messages"] = self._text([_message(m) for m in batch])
+            attrs["gen_ai.input.messages"] = self._text([_message(m) for m in batch], tail=True)
         self._start(run_id, parent_run_id, f"chat {model}", trace.SpanKind.CLIENT, attrs)
 
     def on_llm_start(

@@ -107,7 +107,11 @@ async def test_the_span_tree_of_a_turn_with_a_tool_and_a_sub_agent(
 
         root = one(spans, "chital.message")
         assert root.parent_id == "" and root.attributes["chital.platform"] == "telegram"
-        assert {s.name for s in children(spans, root)} >= {"chital.journal.write", "chital.queue.wait", "chital.turn"}
+        assert {s.name for s in children(spans, root)} >= {
+            "chital.journal.write",
+            "chital.queue.wait",
+            "chital.turn",
+        }
         turn = one(spans, "chital.turn")
         assert turn.parent_id == root.span_id and turn.attributes["chital.turn.outcome"] == "ok"
 
@@ -149,7 +153,11 @@ async def test_the_span_tree_of_a_turn_with_a_tool_and_a_sub_agent(
         assert f"trace_id={trace_id}" in d.logs()
         assert HEADER_SECRET not in d.logs()
         status = await answered(
-            tg, OWNER, tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None), "Trace:", timeout=30
+            tg,
+            OWNER,
+            tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None),
+            "Trace:",
+            timeout=30,
         )
         assert f"Trace: {trace_id}" in status.text
 
@@ -168,7 +176,10 @@ async def test_recorded_content_is_masked_and_langfuse_gets_the_same_trace(
     async with started_daemon(tmp_path, cfg) as d:
         await ask(d, tg, f"{PROMPT_WORD} bot {tg.token} key {API_KEY}", "FINALANSWER")
         spans = await traced_turn(otlp)
-        first = min((s for s in spans if s.name == "chat fake-model"), key=lambda s: s.attributes["gen_ai.usage.input_tokens"] != 101)
+        first = min(
+            (s for s in spans if s.name == "chat fake-model"),
+            key=lambda s: s.attributes["gen_ai.usage.input_tokens"] != 101,
+        )
         prompt = first.attributes["gen_ai.input.messages"]
         assert PROMPT_WORD in prompt and "***" in prompt
         answers = [s.attributes.get("gen_ai.output.messages", "") for s in spans]
@@ -177,7 +188,8 @@ async def test_recorded_content_is_masked_and_langfuse_gets_the_same_trace(
 
         await _wait(lambda: otlp.spans(LANGFUSE_PATH), "Langfuse's export")
         await _wait(
-            lambda: any(PROMPT_WORD in str(s.attributes) for s in otlp.spans(LANGFUSE_PATH)), "Langfuse's generation"
+            lambda: any(PROMPT_WORD in str(s.attributes) for s in otlp.spans(LANGFUSE_PATH)),
+            "Langfuse's generation",
         )
         lf = otlp.spans(LANGFUSE_PATH)
         assert {s.trace_id for s in lf} == {spans[0].trace_id}, "one trace id in both backends"
@@ -197,7 +209,14 @@ async def test_content_is_not_in_langfuse_unless_recorded(
     model.script(Reply(text="FINALANSWER plain", usage=(7, 3)))
     async with started_daemon(tmp_path, cfg) as d:
         await ask(d, tg, f"{PROMPT_WORD} hello {API_KEY}", "FINALANSWER")
-        await _wait(lambda: any(s.attributes.get("gen_ai.usage.input_tokens") == 7 or "langfuse.observation.usage_details" in s.attributes for s in otlp.spans(LANGFUSE_PATH)), "Langfuse's generation")
+        await _wait(
+            lambda: any(
+                s.attributes.get("gen_ai.usage.input_tokens") == 7
+                or "langfuse.observation.usage_details" in s.attributes
+                for s in otlp.spans(LANGFUSE_PATH)
+            ),
+            "Langfuse's generation",
+        )
         raw = otlp.raw()
         assert PROMPT_WORD.encode() not in raw and b"FINALANSWER" not in raw
         assert API_KEY.encode() not in raw
@@ -222,6 +241,10 @@ async def test_an_unreachable_collector_neither_blocks_nor_fails_turns(
         assert HEADER_SECRET not in logs
         assert "Traceback" not in logs
         status = await answered(
-            tg, OWNER, tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None), "Trace:", timeout=30
+            tg,
+            OWNER,
+            tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None),
+            "Trace:",
+            timeout=30,
         )
         assert "Trace: " in status.text
