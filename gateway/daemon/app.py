@@ -259,9 +259,7 @@ class Daemon:
         if cfg.http.enabled:
             await self._start_http()
         await self._start_status()
-        close_tracing = await tracing.start(cfg)  # off: nothing (docs/tracing.md)
-        if close_tracing is not None:
-            res.push("tracing", close_tracing)  # released last: the drain's spans still go out
+        res.push("tracing", await tracing.start(cfg))  # released late: the drain's spans go out too
         db_path, url = self.db_path, cfg.storage.database_url
         try:
             if url:

@@ -88,11 +88,15 @@ def status_lines(conversation: str) -> list[str]:
     return [f"Trace: {found}"] if found else []
 
 
-async def start(cfg: Config) -> Callable[[], Awaitable[None]] | None:
-    """Set tracing up as ``cfg.tracing`` says; returns what closes it (flushes the exporters),
-    or None when tracing is off."""
+async def _nothing() -> None:
+    return None
+
+
+async def start(cfg: Config) -> Callable[[], Awaitable[None]]:
+    """Set tracing up as ``cfg.tracing`` says; returns what closes it (flushes the exporters;
+    nothing to do when tracing is off)."""
     if not cfg.tracing.enabled:
-        return None
+        return _nothing
     from gateway.ops.trace_export import start_exporters
 
     return await start_exporters(cfg)
