@@ -248,3 +248,34 @@ async def test_an_unreachable_collector_neither_blocks_nor_fails_turns(
             timeout=30,
         )
         assert "Trace: " in status.text
+
+
+async def test_a_turn_resumed_after_kill9_stays_in_the_messages_trace(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, otlp: FakeOTLP
+) -> None:
+    """The message's trace context is journaled with it: the turn the restarted daemon resumes is
+    one more ``chital.turn`` (resumed) in the same trace, and /status shows that trace id."""
+    cfg = tracing_config(tmp_path, tg, model, otlp_endpoint=otlp.traces_url)
+    model.script(Reply(text="never sent", first_byte_delay=120), Reply(text="RESUMED answer"))
+    async with started_daemon(tmp_path, cfg) as d:
+        up = tg.inject_message(OWNER, OWNER, "crash while you think")
+        await _wait(lambda: len(model.requests) >= 1, "the model call")
+        await _wait(lambda: any(s.name == "chital.message" for s in otlp.spans()), "the root span's export")
+        root = next(s for s in otlp.spans() if s.name == "chital.message")
+        d.kill9()
+        await d.wait_exit()
+        await d.start()
+        await answered(tg, OWNER, up, "RESUMED answer", timeout=30)
+        await _wait(lambda: any(s.name == "chital.turn" for s in otlp.spans()), "the resumed turn")
+        turn = next(s for s in otlp.spans() if s.name == "chital.turn")
+        assert turn.trace_id == root.trace_id and turn.parent_id == root.span_id
+        assert turn.attributes["chital.turn.resumed"] is True
+        assert turn.attributes["chital.turn.attempt"] == 2
+        status = await answered(
+            tg,
+            OWNER,
+            tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None),
+            "Trace:",
+            timeout=30,
+        )
+        assert f"Trace: {root.trace_id}" in status.text
