@@ -279,3 +279,29 @@ async def test_a_turn_resumed_after_kill9_stays_in_the_messages_trace(
             timeout=30,
         )
         assert f"Trace: {root.trace_id}" in status.text
+
+
+async def test_a_message_queued_behind_another_has_a_trace_of_its_own(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, otlp: FakeOTLP
+) -> None:
+    """The conversation's queue worker, started by the first message, runs the second one: the
+    second's turn and its sends are in the second's trace, not the first's."""
+    cfg = tracing_config(tmp_path, tg, model, otlp_endpoint=otlp.traces_url)
+    model.script(Reply(text="FIRST answer " * 5, chunks=5, chunk_delay=0.3), Reply(text="SECOND answer"))
+    async with started_daemon(tmp_path, cfg):
+        first = tg.inject_message(OWNER, OWNER, "first")
+        await _wait(lambda: len(model.requests) >= 1, "the first model call")
+        second = tg.inject_message(OWNER, OWNER, "second")
+        await answered(tg, OWNER, first, "FIRST answer", timeout=30)
+        await answered(tg, OWNER, second, "SECOND answer", timeout=30)
+        await _wait(lambda: len([s for s in otlp.spans() if s.name == "chital.turn"]) >= 2, "both turns")
+        spans = otlp.spans()
+        roots = {s.attributes["chital.message.key"]: s for s in spans if s.name == "chital.message"}
+        assert len(roots) == 2
+        for turn in (s for s in spans if s.name == "chital.turn"):
+            root = roots[turn.attributes["chital.message.key"]]
+            assert (turn.trace_id, turn.parent_id) == (root.trace_id, root.span_id)
+            sends = [
+                s for s in spans if s.name.startswith("chital.delivery.") and s.trace_id == turn.trace_id
+            ]
+            assert sends, "each message's answer is delivered within its own trace"

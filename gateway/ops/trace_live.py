@@ -79,6 +79,14 @@ class Live:
         with self._current(self.tracer.start_span("chital.journal.write")):
             yield
 
+    @contextlib.contextmanager
+    def detached(self) -> Iterator[None]:
+        token = otel_context.attach(otel_context.Context())
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
+
     # -- the turn ---------------------------------------------------------------------------------
     def _parent(self, entry: JournalEntry) -> tuple[otel_context.Context, int | None]:
         waiting = self._waiting.pop(entry.key, None)

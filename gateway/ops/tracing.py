@@ -53,6 +53,13 @@ def journal_write(inbound: Inbound) -> AbstractContextManager[Any]:
     return _NULL if live is None else live.journal_write(inbound)
 
 
+def detached() -> AbstractContextManager[Any]:
+    """No trace current in the block: for a task made there that outlives the message (a
+    conversation's queue worker), whose later work belongs to other traces."""
+    live = _live
+    return _NULL if live is None else live.detached()
+
+
 def turn(entry: JournalEntry) -> AbstractContextManager[Any]:
     """The turn's span (after its queue wait's), current while the turn runs."""
     live = _live
