@@ -114,6 +114,7 @@ async def test_the_span_tree_of_a_turn_with_a_tool_and_a_sub_agent(
         }
         turn = one(spans, "chital.turn")
         assert turn.parent_id == root.span_id and turn.attributes["chital.turn.outcome"] == "ok"
+        assert turn.attributes["chital.turn.resumed"] is False
 
         under_turn = children(spans, turn)
         chats = [s for s in under_turn if s.name == "chat fake-model"]

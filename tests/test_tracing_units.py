@@ -91,7 +91,7 @@ def test_a_garbage_traceparent_starts_a_fresh_trace(live: tuple[Live, InMemorySp
         pass
     (turn,) = exporter.get_finished_spans()
     assert turn.name == "chital.turn" and turn.parent is None
-    assert turn.attributes is not None and turn.attributes["chital.turn.resumed"] is True
+    assert turn.attributes is not None and turn.attributes["chital.turn.resumed"] is False
 
 
 def test_a_resumed_turn_joins_the_journaled_trace(live: tuple[Live, InMemorySpanExporter]) -> None:

@@ -107,7 +107,7 @@ class Live:
             "chital.platform": entry.inbound.platform,
             "chital.message.key": entry.key,
             "chital.turn.attempt": entry.attempts + 1,
-            "chital.turn.resumed": since is None,
+            "chital.turn.resumed": entry.from_journal,  # a restart, an approval, a parked reply
         }
         span = self.tracer.start_span("chital.turn", context=parent, attributes=attrs)
         if span.is_recording():
