@@ -306,3 +306,35 @@ async def test_a_message_queued_behind_another_has_a_trace_of_its_own(
                 s for s in spans if s.name.startswith("chital.delivery.") and s.trace_id == turn.trace_id
             ]
             assert sends, "each message's answer is delivered within its own trace"
+
+
+async def test_a_turn_resumed_by_an_approval_is_in_the_same_trace(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, otlp: FakeOTLP
+) -> None:
+    """Paused for a person's yes, then continued: two ``chital.turn`` spans (waiting, then ok)
+    under the one message."""
+    cfg = tracing_config(tmp_path, tg, model, otlp_endpoint=otlp.traces_url)
+    cfg["agent"].update({"memory": {"enabled": False}, "approvals": {"tools": ["web_fetch"], "timeout": 600}})
+    model.script(
+        Reply(tool_calls=[ToolCall("web_fetch", {"url": "http://127.0.0.1:9/x"})]),
+        Reply(text="APPROVED answer"),
+    )
+    async with started_daemon(tmp_path, cfg):
+        up = tg.inject_message(OWNER, OWNER, "fetch it")
+
+        def request() -> Any:
+            return next((m for m in tg.bot_messages(OWNER) if "Approval needed" in m.text), None)
+
+        asked = await tg.wait_for(request, timeout=30, what="the approval request")
+        tg.press_button(OWNER, asked.message_id, OWNER, "Approve")
+        await answered(tg, OWNER, up, "APPROVED answer", timeout=30)
+        await _wait(lambda: len([s for s in otlp.spans() if s.name == "chital.turn"]) >= 2, "both turns")
+        spans = otlp.spans()
+        root = one(spans, "chital.message")
+        turns = sorted(
+            (s for s in spans if s.name == "chital.turn"), key=lambda s: s.attributes["chital.turn.attempt"]
+        )
+        assert [t.attributes["chital.turn.outcome"] for t in turns] == ["waiting", "ok"]
+        assert all((t.trace_id, t.parent_id) == (root.trace_id, root.span_id) for t in turns)
+        assert turns[1].attributes["chital.turn.resumed"] is True
+        assert any(s.name == "execute_tool web_fetch" and s.trace_id == root.trace_id for s in spans)
