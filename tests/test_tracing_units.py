@@ -162,3 +162,31 @@ def test_a_failing_collector_is_logged_once_per_outage(caplog: pytest.LogCapture
     assert not [r for r in caplog.records if r.name.startswith("opentelemetry")], (
         "its per-retry lines held back"
     )
+
+
+async def test_a_retried_send_is_one_span_with_a_retry_event(live: tuple[Live, InMemorySpanExporter]) -> None:
+    """The pacer's retries (a 429, a 5xx) are events on the send's span, their words masked."""
+    from channels.base import Capabilities, RetryAfter, TransientSendError
+    from gateway.delivery.pacing import ChatPacer
+
+    _, exporter = live
+    failures: list[Exception] = [
+        RetryAfter(0.01),
+        TransientSendError(f"HTTP 502 from https://x/bot{SECRET}/send"),
+    ]
+
+    async def send() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "m1"
+
+    pacer = ChatPacer(Capabilities(max_message_len=4096, edit_interval=1.0))
+    with tracing.message(inbound()):
+        assert await pacer.call(send, is_send=True) == "m1"
+    assert await pacer.call(send, is_send=False) == "m1"  # outside a message's trace: no span
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"chital.message", "chital.delivery.send"}
+    events = spans["chital.delivery.send"].events
+    assert [e.name for e in events] == ["retry", "retry"]
+    reasons = [str((e.attributes or {})["chital.retry.reason"]) for e in events]
+    assert reasons[0] == "rate limited" and "502" in reasons[1] and SECRET not in reasons[1]
