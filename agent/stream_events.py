@@ -20,6 +20,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, StreamMode
 
+from agent import tracing
 from agent.approvals import approval_event
 from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgress
 from agent.history import brief, messages_of
@@ -67,7 +68,8 @@ async def stream_events(
     # and custom events from a task that runs the graph; both land in one queue, in order.
     queue: asyncio.Queue[Any] = asyncio.Queue()
     tap = TokenTap(queue.put_nowait, _is_lead)
-    config = {**config, "callbacks": [*(config.get("callbacks") or ()), tap]}  # type: ignore[misc]
+    traced = tracing.callbacks()  # none while tracing is off (agent/tracing.py)
+    config = {**config, "callbacks": [*(config.get("callbacks") or ()), tap, *traced]}  # type: ignore[misc]
     runner = asyncio.create_task(_run_graph(graph, inp, config, queue))
     runner.add_done_callback(lambda _: queue.put_nowait(None))
     try:

@@ -95,6 +95,8 @@ DEFERRED: dict[str, tuple[str, ...]] = {
     # langchain-openai imports it for get_num_tokens_from_messages, which nothing in Chital calls
     # (summarization counts approximately); its Rust extension alone is ~1.2 MB resident.
     "tiktoken": (),
+    # langsmith.client binds it at import for an OTel mode Chital never uses (docs/tracing.md).
+    "opentelemetry.sdk.trace": ("TracerProvider",),
 }
 
 # Names that may be resolved on their own although the __init__ does more than import them (its

@@ -33,6 +33,7 @@ from gateway.commands.registry import Command, CommandContext, CommandSpec, Regi
 from gateway.config.secrets import redactor_for
 from gateway.delivery.plan import plan_text
 from gateway.intake import access
+from gateway.ops import tracing
 from gateway.turns import stopping
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ async def _status(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str
         commands_agent.sandbox_line(ctx.sandbox_state()),
         f"Now: {'answering a message' if running else 'idle'}; {queued} queued",
         f"All chats: {ctx.running_turns()} running (limit {ctx.config.concurrency.max_turns})",
+        *tracing.status_lines(entry.conversation),  # the last turn's trace id, when tracing is on
     ]
     return "\n".join(lines)
 

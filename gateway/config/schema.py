@@ -42,6 +42,7 @@ from gateway.config.sections import (
     TranscriptionConfig,
     UsageConfig,
 )
+from gateway.config.tracing import TracingConfig
 
 _ENV_REF = re.compile(r"\$(\{)?([A-Za-z_][A-Za-z0-9_]*)(?(1)\})")
 
@@ -123,6 +124,8 @@ class Config(Strict):
     """Agent profiles: a model and a system prompt for the chats and channels each one names
     (docs/models-and-usage.md)."""
     usage: UsageConfig = Field(default_factory=UsageConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    """OpenTelemetry traces of every turn, Langfuse (docs/tracing.md)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     _source: Path | None = PrivateAttr(default=None)
     """The file this was read from (absolute), for the commands the bot tells people to run."""

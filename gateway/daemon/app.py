@@ -47,6 +47,7 @@ from gateway.daemon.lifecycle import (
 from gateway.daemon.menus import Menus
 from gateway.daemon.status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
 from gateway.daemon.summary import log_summary
+from gateway.ops import tracing
 from gateway.ops.http import build_app, describe_state
 from gateway.ops.logs import RedactingFilter
 from gateway.ops.metrics import Metrics
@@ -258,6 +259,7 @@ class Daemon:
         if cfg.http.enabled:
             await self._start_http()
         await self._start_status()
+        res.push("tracing", await tracing.start(cfg))  # released late: the drain's spans go out too
         db_path, url = self.db_path, cfg.storage.database_url
         try:
             if url:

@@ -38,6 +38,7 @@ from gateway.intake.access import Verdict, decide, is_admin
 from gateway.intake.limits import Throttles
 from gateway.intake.pairing import Pairing
 from gateway.intake.slow_lane import FairLane
+from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.ops.tasks import TaskTracker
 from gateway.schedules import confirm as schedule_confirm
@@ -152,6 +153,12 @@ class Gateway:
     # -- intake ---------------------------------------------------------------------------------
     async def accept(self, inbound: Inbound) -> None:
         """The sink every channel calls. Returns once the message is journaled (or dropped)."""
+        if not tracing.active():
+            return await self._accept(inbound)
+        with tracing.message(inbound):  # the message's root span (gateway/ops/tracing.py)
+            return await self._accept(inbound)
+
+    async def _accept(self, inbound: Inbound) -> None:
         name = inbound.platform
         if self._closing:
             # Not journaled and not acknowledged: the platform redelivers it after the restart.
@@ -240,7 +247,8 @@ class Gateway:
             self._dispatch(entry)
 
     async def _journal(self, inbound: Inbound, kind: JournalKind, note: str = "") -> bool:
-        fresh = await self.store.journal_add(inbound, kind, note, self._intake_lease())
+        with tracing.journal_write(inbound):
+            fresh = await self.store.journal_add(inbound, kind, note, self._intake_lease())
         if fresh:
             self.metrics.messages_in.labels(inbound.platform).inc()
         else:

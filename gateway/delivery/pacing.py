@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from channels.base import Capabilities, RetryAfter, TransientSendError
+from gateway.ops import tracing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,6 +45,12 @@ class ChatPacer:
         return self._lock.locked()
 
     async def call(self, op: Callable[[], Awaitable[T]], *, is_send: bool) -> T:
+        if not tracing.active():
+            return await self._call(op, is_send)
+        with tracing.platform_call(is_send):  # a span per send or edit (gateway/ops/tracing.py)
+            return await self._call(op, is_send)
+
+    async def _call(self, op: Callable[[], Awaitable[T]], is_send: bool) -> T:
         async with self._lock:
             self.last_used = time.monotonic()
             transient = 0
@@ -59,6 +66,7 @@ class ChatPacer:
                     delay = min(max(exc.seconds, 0.05), MAX_RETRY_AFTER)
                     self._blocked_until = time.monotonic() + delay
                     log.warning("rate limited by the platform; waiting %.1fs (attempt %d)", delay, attempt)
+                    tracing.retry("rate limited", delay)
                     if attempt == MAX_ATTEMPTS:
                         raise
                     continue
@@ -70,6 +78,7 @@ class ChatPacer:
                         raise  # repeated, it may post twice: the reply decides (gateway/delivery/reply.py)
                     delay = min(0.5 * 2 ** (attempt - 1), 8.0) * (0.5 + random.random())
                     log.warning("send failed (%s); retrying in %.1fs", exc, delay)
+                    tracing.retry(str(exc), delay)
                     await asyncio.sleep(delay)
                     continue
                 if is_send and self._caps.min_send_interval > 0:

@@ -81,7 +81,10 @@ def setup_logging(cfg: Config, handler: logging.Handler | None = None) -> None:
     """Every record, redacted, to ``handler`` (default: stderr; ``chital chat`` passes a file)."""
     redactor = RedactingFilter(redactor_for(cfg))
     handler = handler or logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    formatter = logging.Formatter
+    if cfg.tracing.enabled:  # lines within a traced message end with its trace id
+        from gateway.ops.trace_live import TraceFormatter as formatter
+    handler.setFormatter(formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(redactor)
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.store.entries import JournalEntry
 
@@ -80,9 +81,10 @@ class TurnQueue:
         conv.queue.append(entry)
         self._metrics.turns_queued.inc()
         if conv.worker is None and not self._closing:
-            conv.worker = asyncio.create_task(
-                self._work(entry.conversation, conv), name=f"conv:{entry.conversation}"
-            )
+            with tracing.detached():  # the worker outlives this message: not in its trace
+                conv.worker = asyncio.create_task(
+                    self._work(entry.conversation, conv), name=f"conv:{entry.conversation}"
+                )
         return ahead
 
     def status(self, conversation: str) -> tuple[JournalEntry | None, int]:

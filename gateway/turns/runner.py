@@ -32,6 +32,7 @@ from channels.base import Channel, ChannelError, Inbound
 from gateway.config.durations import in_words
 from gateway.delivery.plan import PlanMessage
 from gateway.intake.attachments import Uploads, deliver_files, fetch_attachments
+from gateway.ops import tracing
 from gateway.store.disk import StorageFull
 from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalState
 from gateway.turns import quiet
@@ -111,6 +112,10 @@ class TurnRunner:
     # -- turns ----------------------------------------------------------------------------------
     async def run(self, entry: JournalEntry) -> None:
         """Run ``entry``'s turn to one of its outcomes; the key is let go of here at the end."""
+        with tracing.turn(entry):  # its span, and the queue wait's (gateway/ops/tracing.py)
+            await self._run(entry)
+
+    async def _run(self, entry: JournalEntry) -> None:
         inbound = entry.inbound
         started = time.monotonic()
         reply = self.inflight.reply(entry)
@@ -228,6 +233,7 @@ class TurnRunner:
             self.inflight.drop_reply(entry.key)
             self.parking.settled(entry.key)
             self.metrics.turns.labels(outcome).inc()
+            tracing.outcome(outcome)
             self.metrics.turn_seconds.observe(time.monotonic() - started)
 
     def _slot(self, entry: JournalEntry) -> contextlib.AbstractAsyncContextManager[None]:
