@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import httpx
 import telegram
-from telegram import Bot, InputFile, MessageEntity, ReplyParameters, Update
+from telegram import Bot, MessageEntity, ReplyParameters, Update
 from telegram import error as tg
 from telegram.constants import ChatAction
 from telegram.request import HTTPXRequest
@@ -55,13 +55,12 @@ from channels.base import (
     ReplyTarget,
     replied_item,
 )
-from channels.limits import check_size
 
-from . import botapi, menus, sdk
+from . import botapi, menus, sdk, uploads
 from .albums import ALBUM_POLL, Albums, group_of
 from .botapi import NO_PREVIEW, TOKEN_REJECTED, check_download, post, retry_seconds, where
 from .inbound import recover_ids, reject_nulls, to_action, to_inbound, update_body
-from .render import MAX_CAPTION_UTF16, MAX_MESSAGE_UTF16, render_markdown, truncate
+from .render import MAX_MESSAGE_UTF16, render_markdown, truncate
 from .settings import TelegramSettings
 
 log = logging.getLogger(__name__)
@@ -74,9 +73,6 @@ START_RETRIES = 3
 # Only new messages: an edit would re-run a turn the agent already answered (one inbound message, at
 # most one reply thread), so edited_message is deliberately not requested.
 ALLOWED_UPDATES = ("message", "callback_query")  # callback_query: presses of our buttons
-UPLOAD_LIMIT = 50 * 1024 * 1024  # the Bot API accepts uploads up to 50 MB
-PHOTO_LIMIT = 10 * 1024 * 1024
-_PHOTO_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp"})
 POLL_RETRY_CAP = 5.0
 
 
@@ -96,7 +92,7 @@ class TelegramChannel(Channel):
         edit_interval=1.0,
         can_edit=True,
         min_send_interval=0.0,
-        max_upload_bytes=UPLOAD_LIMIT,
+        max_upload_bytes=uploads.UPLOAD_LIMIT,
         buttons=True,
     )
     can_send_only = True
@@ -439,35 +435,8 @@ class TelegramChannel(Channel):
     async def send_file(
         self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
     ) -> str:
-        """Images up to 10 MB go as photos (shown inline), a spoken answer (``file.voice``, Ogg
-        Opus) as a voice message, anything else, or a photo Telegram refuses, as a document.
-        (Telegram has no idempotency key; the gateway's outbox is all.)"""
-        bot = self._require_bot()
-        data, size = file.data, file.size
-        check_size(file.name, size, UPLOAD_LIMIT, "Telegram bots upload at most 50 MB")
-        kwargs: dict[str, Any] = {**where(target)}
-        if caption:
-            kwargs["caption"] = truncate(caption, MAX_CAPTION_UTF16)
-        if target.reply_to:
-            kwargs["reply_parameters"] = ReplyParameters(
-                message_id=int(target.reply_to), allow_sending_without_reply=True
-            )
-        if file.voice and file.suffix == ".ogg":  # a spoken answer: a voice message, played inline
-            try:
-                msg = await self._api(bot.send_voice(voice=InputFile(data, filename=file.name), **kwargs))
-                return str(msg.message_id)
-            except PermanentSendError as exc:  # the user's privacy settings refuse voice messages
-                if "VOICE_MESSAGES_FORBIDDEN" not in str(exc).upper():
-                    raise
-                log.info("telegram: voice messages refused by the user; sending the audio as a file")
-        if file.suffix in _PHOTO_SUFFIXES and size <= PHOTO_LIMIT:
-            try:
-                msg = await self._api(bot.send_photo(photo=InputFile(data, filename=file.name), **kwargs))
-                return str(msg.message_id)
-            except PermanentSendError as exc:
-                log.info("telegram: photo refused (%s); sending as a document", exc)
-        msg = await self._api(bot.send_document(document=InputFile(data, filename=file.name), **kwargs))
-        return str(msg.message_id)
+        """See :func:`.uploads.send_file` (photo, voice message or document)."""
+        return await uploads.send_file(self._api, self._require_bot(), target, file, caption)
 
     async def thread_context(self, inbound: Inbound, limit: int, max_chars: int) -> Sequence[ContextItem]:
         """The message replied to, as the update carried it (bots cannot read a chat's history)."""
