@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.provenance import Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,11 @@ class ApprovalRequested:
     untrusted: str = ""
     """The untrusted sources the model had read before asking, in words (agent/provenance.py):
     the call may follow an instruction from them. Empty: none."""
+    sources: tuple[Source, ...] = ()
+    """The same sources, as data: what a standing permission decides on (gateway/turns/grants.py)."""
+    standing_ok: bool = True
+    """Whether a standing permission may answer it (False: a coding agent's own question, asked
+    live and answered once)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgres
 from agent.history import brief, messages_of
 from agent.middleware import RETRY_EVENT
 from agent.model import TokenTap
-from agent.provenance import of_messages
+from agent.provenance import Provenance, Source, of_messages
 
 CustomEventConverter = Callable[[Any], Sequence[AgentEvent]]
 """Maps one ``custom`` stream part (tools' and middleware's own events) to agent events."""
@@ -40,15 +40,15 @@ _STREAM_MODES: list[StreamMode] = ["updates", "custom"]
 
 
 async def untrusted_sources(
-    graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig, redact: Callable[[str], str]
-) -> str:
-    """The untrusted sources in the thread now, in words, for an approval request: the person
-    deciding should know the call may come from what a page or a stranger said."""
+    graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig
+) -> tuple[Source, ...] | None:
+    """The untrusted sources in the thread now, for an approval request: the person deciding
+    should know the call may come from what a page or a stranger said. None: unreadable."""
     try:
         snap = await graph.aget_state(config)
     except Exception:  # the request still goes out; it says nothing of provenance then
-        return ""
-    return redact(of_messages(snap.values.get("messages", ())).describe())
+        return None
+    return of_messages(snap.values.get("messages", ())).sources
 
 
 async def stream_events(
@@ -80,11 +80,18 @@ async def stream_events(
             mode, part = item
             if mode == "updates":
                 pauses = part.get("__interrupt__", ())
-                untrusted = await untrusted_sources(graph, config, redact) if pauses else ""
+                sources = await untrusted_sources(graph, config) if pauses else ()
+                # Unreadable: no words to show, and no standing permission may answer it.
+                untrusted = redact(Provenance(sources).describe()) if sources is not None else ""
                 for pause in pauses:
                     request = approval_event(pause.id, pause.value, redact)
                     if request is not None:
-                        yield dataclasses.replace(request, untrusted=untrusted)
+                        yield dataclasses.replace(
+                            request,
+                            untrusted=untrusted,
+                            sources=sources or (),
+                            standing_ok=sources is not None,
+                        )
                 for node, update in part.items():
                     for message in messages_of(update):
                         if node == _LEAD_NODE and isinstance(message, AIMessage):

@@ -21,6 +21,7 @@ from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call
 from tests.fakes.gateway_rig import ADMIN, USER, make_config
 from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram_server import FakeTelegram
 
 API_KEY = "sk-test-secret-0123456789"
 BUTTONS = ["✅ Approve", "💬 Allow here", "♾ Always", "❌ Deny"]
@@ -84,3 +85,19 @@ async def asks(call: Call) -> AsyncIterator[AgentEvent]:
 
 def buttoned(channel: FakeChannel) -> Any:
     return next((m for m in channel.sent if m.buttons), None)
+
+
+async def tg_buttons(tg: FakeTelegram, chat: int, timeout: float = 20) -> Any:
+    return await tg.wait_for(
+        lambda: next((m for m in tg.bot_messages(chat) if tg.buttons(chat, m.message_id)), None),
+        timeout=timeout,
+        what="the approval buttons",
+    )
+
+
+async def tg_answer(tg: FakeTelegram, query: dict[str, Any], timeout: float = 15) -> dict[str, Any]:
+    qid = query["callback_query"]["id"]
+    answer: dict[str, Any] = await tg.wait_for(
+        lambda: tg.answered_queries.get(qid), timeout=timeout, what="answer"
+    )
+    return answer

@@ -28,6 +28,8 @@ from tests.approvals_support import (
     collect,
     config,
     harness_for,
+    tg_answer,
+    tg_buttons,
 )
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
@@ -384,22 +386,6 @@ def tg_daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> DaemonProc
     cfg = telegram_config(tmp_path, tg, model)
     cfg["agent"]["approvals"] = {"tools": ["execute"], "timeout": 600}
     return DaemonProcess(tmp_path, cfg)
-
-
-async def tg_buttons(tg: FakeTelegram, chat: int, timeout: float = 20) -> Any:
-    return await tg.wait_for(
-        lambda: next((m for m in tg.bot_messages(chat) if tg.buttons(chat, m.message_id)), None),
-        timeout=timeout,
-        what="the approval buttons",
-    )
-
-
-async def tg_answer(tg: FakeTelegram, query: dict[str, Any], timeout: float = 15) -> dict[str, Any]:
-    qid = query["callback_query"]["id"]
-    answer: dict[str, Any] = await tg.wait_for(
-        lambda: tg.answered_queries.get(qid), timeout=timeout, what="answer"
-    )
-    return answer
 
 
 @pytest.mark.bwrap

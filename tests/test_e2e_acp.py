@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from tests.approvals_support import BUTTONS
 from tests.daemon import DaemonProcess, base_config, free_port, started_daemon
 from tests.fakes.acp_agent import agent_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
@@ -96,7 +95,7 @@ async def test_telegram_delegation_from_request_to_result(
             timeout=60,
             what="the coding agent's permission request",
         )
-        assert tg.buttons(GROUP, request.message_id) == BUTTONS
+        assert tg.buttons(GROUP, request.message_id) == ["✅ Approve", "❌ Deny"]  # answered once, live
         assert "coder" in request.text and ASK in request.text and "Olga" in request.text
         assert not workspace_file(daemon, "hello.py")  # nothing written before the yes
         stranger = tg.press_button(GROUP, request.message_id, OTHER, "Approve", first_name="Mallory")

@@ -61,7 +61,7 @@ def request_text(
     """The request as the chat shows it (Markdown); ``standing``: Allow here / Always are offered."""
     # The code is shown with buttons too: a Lark app without the card callback subscription shows
     # buttons that reach no one, and typed answers always work.
-    how = "\n" + typed_help(code, buttons, standing and not event.untrusted)
+    how = "\n" + typed_help(code, buttons, standing)
     hidden = hidden_chars(event.args)
     warning = (
         f"⚠️ Not all of it is shown: about {hidden:,} more characters were cut (at each …). "

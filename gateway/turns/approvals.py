@@ -186,7 +186,7 @@ class Approvals:
         buttons = channel.capabilities.buttons
         code = existing.code if existing else _code()
         name = inbound.sender_name or inbound.sender_id
-        offered = self.standing.offered and not event.untrusted
+        offered = self.standing.offered and self.standing.clean(event)
         text = request_text(event, name, self.timeout, code, buttons, offered)
         row = existing or await self.store.approval_add(
             event.id, code, entry.key, entry.conversation, reply.target, inbound.user, name,
@@ -283,7 +283,8 @@ class Approvals:
         if lasting:
             grant = await self.standing.grant(verb, row.tool, row.conversation, row.requester, action)
         gid = grant.id if grant else None
-        await self.standing.record(action, row.conversation, verb, code=row.code, tool=row.tool, grant=gid)
+        where = "" if verb == grants.ALWAYS else row.conversation  # logged where it applies
+        await self.standing.record(action, where, verb, code=row.code, tool=row.tool, grant=gid)
         if grant is not None:
             scope = grants.scope_words(grant)
             return ActionAnswer(f"✅ Approved; from now on it runs without asking for {scope} (#{grant.id}).")

@@ -22,11 +22,13 @@ under a permission, a revocation.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import re
 import time
 from typing import TYPE_CHECKING
 
+from agent.provenance import TOOL
 from agent.untrusted import code_span
 from channels.base import Action, Button, ReplyTarget
 from gateway.intake.access import is_admin
@@ -98,10 +100,21 @@ class StandingGrants:
     def is_admin(self, action: Action) -> bool:
         return is_admin(self.config.access_for(action.platform), _probe(action))
 
+    def clean(self, event: ApprovalRequested) -> bool:
+        """Whether a standing permission may answer ``event``: the thread read nothing its user
+        did not write, beyond the results of gated tools (each of those calls was approved by a
+        person or by their permission; without this, one granted ``execute`` would make every
+        later call in the thread ask again). Deny by default: sources said but not given (an
+        unreadable state) count."""
+        if not event.standing_ok or (event.untrusted and not event.sources):
+            return False
+        gated = self.config.agent.approvals.tools
+        return all(s.kind == TOOL and _named(s.label, gated) for s in event.sources)
+
     async def covering(self, entry: JournalEntry, event: ApprovalRequested) -> Grant | None:
         """The live permission under which ``event`` runs without asking, if any: never for a
-        call made after the turn read content its user did not write."""
-        if not self.offered or event.untrusted:
+        call made after the turn read content its user did not write (:meth:`clean`)."""
+        if not self.offered or not self.clean(event):
             return None
         inbound = entry.inbound
         return await self.store.grant_match(event.tool, inbound.platform, entry.conversation, inbound.user)
@@ -160,3 +173,9 @@ def _probe(action: Action) -> Inbound:
     from channels.base import Inbound
 
     return Inbound(action.platform, action.chat_id, "", action.sender_id, "", False, False)
+
+
+def _named(tool: str, patterns: list[str]) -> bool:
+    """``tool`` is gated by ``agent.approvals.tools`` (names or fnmatch patterns, as agent/approvals.py
+    reads them)."""
+    return any(tool == p or fnmatch.fnmatchcase(tool, p) for p in patterns)

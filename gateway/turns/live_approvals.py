@@ -42,6 +42,7 @@ async def ask_live(approvals: Approvals, request: PermissionAsk) -> bool:
             **({"details": request.detail} if request.detail else {}),
         },
         description=f"The coding agent {request.agent} asks for permission.",
+        standing_ok=False,  # answered once, live: a permission could not answer it later
     )
     try:
         if not reply.has_message:  # the reply first, the buttons under it (as for paused turns)
