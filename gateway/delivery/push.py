@@ -92,6 +92,12 @@ class PushSender:
                     json=request.json,
                     timeout=target.timeout,
                 )
+            except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+                # The request itself is wrong (a header httpx refuses): sending again cannot help.
+                await self._fail(
+                    entry, f"push target {name!r}: the request could not be made ({type(exc).__name__})"
+                )
+                return
             except httpx.HTTPError as exc:  # refused, reset, dropped, timed out
                 why = f"could not reach the {target.kind} server ({type(exc).__name__})"
                 pause = wait

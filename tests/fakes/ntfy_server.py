@@ -1,0 +1,44 @@
+"""A fake ntfy server: ``POST /<topic>`` with the message as the body and ``Title``, ``Priority``,
+``Tags``, ``Markdown``, ``X-Sequence-ID`` headers. With ``token`` set, a request without
+``Authorization: Bearer <token>`` gets ntfy's 401 (``{"code":40101,...}``). A body over 4,096
+bytes is flagged (ntfy would turn it into an attachment)."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+from aiohttp import web
+
+from tests.fakes.push_http import FakePushServer, Recorded
+
+MESSAGE_LIMIT = 4096
+
+
+def decode_header(value: str) -> str:
+    """ntfy decodes RFC 2047 ``=?UTF-8?B?...?=`` header values; so does the fake."""
+    m = re.fullmatch(r"=\?UTF-8\?B\?([A-Za-z0-9+/=]*)\?=", value, re.IGNORECASE)
+    return base64.b64decode(m.group(1)).decode("utf-8") if m else value
+
+
+class FakeNtfy(FakePushServer):
+    def __init__(self, token: str | None = None) -> None:
+        super().__init__()
+        self.token = token
+
+    def answer(self, rec: Recorded) -> web.Response:
+        topic = rec.path.strip("/")
+        if rec.method not in ("POST", "PUT") or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", topic):
+            return web.json_response({"code": 40401, "http": 404, "error": "page not found"}, status=404)
+        if self.token is not None and rec.headers.get("Authorization") != f"Bearer {self.token}":
+            err = {"code": 40101, "http": 401, "error": f"unauthorized for topic {topic}"}
+            return web.json_response(err, status=401)
+        return web.json_response({"id": f"m{len(self.requests)}", "event": "message", "topic": topic})
+
+    def notifications(self) -> list[Recorded]:
+        """The publishes the server accepted."""
+        return [r for r in self.requests if r.answered == 200]
+
+    @staticmethod
+    def title(rec: Recorded) -> str:
+        return decode_header(rec.headers.get("Title", ""))
