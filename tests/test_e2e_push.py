@@ -49,6 +49,13 @@ def push_config(
             "schedules_from": [f"telegram:{OWNER}"],
         },
         "locked": {"kind": "ntfy", "server": ntfy.base_url, "topic": NTFY_TOPIC, "token": WRONG_TOKEN},
+        "slow": {
+            "kind": "ntfy",
+            "server": ntfy.base_url,
+            "topic": NTFY_TOPIC,
+            "token": NTFY_TOKEN,
+            "timeout": 1,
+        },
         "stranger": {"kind": "bark", "server": bark.base_url, "device_key": "unknowndevicekey42424242"},
     }
     return cfg
@@ -93,7 +100,8 @@ async def test_send_reaches_bark_and_ntfy_once_with_title_and_settings(
     code, out = await daemon.cli("send", "push:nowhere", "x")
     assert (
         code == 2
-        and "unknown push target 'nowhere'; known: push:locked, push:ops, push:phone, push:stranger" in out
+        and "unknown push target 'nowhere'; known: push:locked, push:ops, push:phone, push:slow, push:stranger"
+        in out
     ), out
     code, out = await daemon.cli("send", "telegram:5151", "x", "--title", "T")
     assert code == 2 and "--title is for push targets" in out, out
@@ -113,6 +121,19 @@ async def test_a_500_and_a_429_are_retried_and_one_notification_arrives(
     logs = daemon.logs()
     assert "answered HTTP 500; retrying" in logs and "answered HTTP 429; retrying" in logs, logs
     assert_no_secret(logs)
+
+
+async def test_a_server_that_hangs_is_given_up_on_and_tried_again(
+    daemon: DaemonProcess, ntfy: FakeNtfy
+) -> None:
+    ntfy.script = ["stall"]
+    code, out = await daemon.cli("send", "push:slow", "after the hang", "--wait", "--timeout", "30")
+    assert code == 0 and out.strip().endswith("delivered"), out
+    assert [r.answered for r in ntfy.requests] == [None, 200]
+    assert [p.text() for p in ntfy.notifications()] == ["after the hang"]
+    assert re.search(
+        r"could not reach the ntfy server \((TimeoutError|ReadTimeout)\); retrying", daemon.logs()
+    )
 
 
 async def test_a_refused_credential_stops_at_once_with_a_specific_token_free_error(

@@ -85,24 +85,17 @@ class PushSender:
         while True:
             attempts += 1
             try:
-                response = await self._http().post(
-                    request.url,
-                    headers=request.headers,
-                    content=request.content if request.json is None else None,
-                    json=request.json,
-                    timeout=target.timeout,
-                )
+                status, later = await self._post(request, target.timeout)
             except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
                 # The request itself is wrong (a header httpx refuses): sending again cannot help.
                 await self._fail(
                     entry, f"push target {name!r}: the request could not be made ({type(exc).__name__})"
                 )
                 return
-            except httpx.HTTPError as exc:  # refused, reset, dropped, timed out
+            except (httpx.HTTPError, TimeoutError) as exc:  # refused, reset, dropped, timed out
                 why = f"could not reach the {target.kind} server ({type(exc).__name__})"
                 pause = wait
             else:
-                status = response.status_code
                 if 200 <= status < 300:
                     await self.store.journal_set(entry.key, JournalState.DONE)
                     log.info("push %s sent to %r after %d attempt(s)", entry.key, name, attempts)
@@ -111,7 +104,7 @@ class PushSender:
                     await self._fail(entry, f"push target {name!r}: {push_wire.refusal(target.kind, status)}")
                     return
                 why = f"the {target.kind} server answered HTTP {status}"
-                pause = push_wire.retry_after(response.headers.get("retry-after"), wait, RETRY_AFTER_CAP)
+                pause = push_wire.retry_after(later, wait, RETRY_AFTER_CAP)
             if time.monotonic() - started + pause > window:
                 gave_up = f"gave up after {attempts} attempt(s); last: {why}"
                 await self._fail(entry, f"push target {name!r}: {gave_up}")
@@ -119,6 +112,21 @@ class PushSender:
             log.warning("push %s to %r: %s; retrying in %.0f s", entry.key, name, why, pause)
             await asyncio.sleep(pause)
             wait = min(wait * 2, self.max_backoff)
+
+    async def _post(self, request: push_wire.PushRequest, limit: float) -> tuple[int, str | None]:
+        """One attempt: (status, Retry-After). The answer's body is never read (a push server has
+        nothing to say that we show, and a huge or endless body must cost nothing), and the whole
+        attempt, not each read, is bounded by ``limit`` seconds (a server dripping bytes cannot hold it)."""
+        async with asyncio.timeout(limit):
+            async with self._http().stream(
+                "POST",
+                request.url,
+                headers=request.headers,
+                content=request.content if request.json is None else None,
+                json=request.json,
+                timeout=limit,
+            ) as response:
+                return response.status_code, response.headers.get("retry-after")
 
     async def _fail(self, entry: JournalEntry, reason: str) -> None:
         reason = self.redact(reason)

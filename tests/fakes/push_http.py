@@ -4,7 +4,8 @@ real aiohttp server on 127.0.0.1 that records every request and answers what a t
 A script is a list of steps, one per request, taken in order; when it runs out the server answers
 as the real service would. A step is ``("status", code, headers)`` (answer that), ``"drop"`` (read
 the request, then close the connection without an answer: the client sees a reset) or ``"refuse"``
-(the same, for every request until the script changes).
+(the same, for every request until the script changes) or ``"stall"`` (read the request and
+never answer: a server that hangs).
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class FakePushServer:
             request.transport.close()
             await asyncio.sleep(0)
             raise ConnectionResetError("dropped by the fake")
+        if step == "stall":
+            await asyncio.sleep(3600)  # cancelled when the client gives up or the server stops
         if isinstance(step, tuple):
             _, status, headers = step
             rec.answered = status
