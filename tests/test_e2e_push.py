@@ -154,7 +154,9 @@ async def test_a_refused_credential_stops_at_once_with_a_specific_token_free_err
 async def test_long_text_is_cut_to_each_service_limit_and_secrets_are_masked(
     daemon: DaemonProcess, ntfy: FakeNtfy, bark: FakeBark
 ) -> None:
-    text = f"key {MODEL_KEY} and {BARK_KEY}\n" + "é" * 6000  # 12 KB of two-byte characters
+    text = (
+        f"key {MODEL_KEY} and {BARK_KEY}, {NTFY_TOKEN} at {NTFY_TOPIC}\n" + "é" * 6000
+    )  # 12 KB of two-byte characters
     assert (await daemon.cli("send", "push:ops", text, "--wait"))[0] == 0
     assert (await daemon.cli("send", "push:phone", text, "--wait"))[0] == 0
     (pub,) = ntfy.notifications()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -47,6 +47,7 @@ class PushSender:
         config: Config,
         store: Store,
         redact: Callable[[str], str],
+        keep: Callable[[JournalEntry], Awaitable[bool]] | None = None,
         *,
         backoff: float = 1.0,
         max_backoff: float = 60.0,
@@ -54,6 +55,8 @@ class PushSender:
         self.config = config
         self.store = store
         self.redact = redact
+        self.keep = keep
+        """Several daemons on one database: still this daemon's entry to send (gateway/daemon/cluster.py)."""
         self.backoff = backoff
         self.max_backoff = max_backoff
         self._client: httpx.AsyncClient | None = None
@@ -84,6 +87,8 @@ class PushSender:
         window = self.config.delivery.retry_window
         while True:
             attempts += 1
+            if self.keep is not None and not await self.keep(entry):
+                return  # fenced: the daemon holding the lease sends it
             try:
                 status, later = await self._post(request, target.timeout)
             except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
