@@ -300,16 +300,16 @@ class Gateway:
         """Handle an entry another process journaled (``chital send``, another daemon); False when
         its channel is not connected here (the next connect resumes it) or this process already
         handles it."""
-        platform = entry.inbound.platform
-        return (self.connected(platform) or platform == PUSH_PLATFORM) and self._dispatch(entry)
+        return self.connected(entry.inbound.platform) and self._dispatch(entry)
 
     def handles(self, key: str) -> bool:
         """This process is handling ``key`` now (queued, running or sending)."""
         return key in self.inflight
 
     def connected(self, platform: str) -> bool:
-        """The channel is here and connected (what a resume waits for)."""
-        return platform in self._connected
+        """The channel is here and connected (what a resume waits for). Push targets wait for
+        nothing: always, when the config has any (gateway/delivery/push.py)."""
+        return platform in self._connected or (platform == PUSH_PLATFORM and bool(self.config.push))
 
     def _submit(self, entry: JournalEntry) -> None:
         ahead = self.turns.submit(entry)
