@@ -235,6 +235,21 @@ async def test_a_schedule_posts_its_answer_to_the_chat_and_the_push_target(
     assert not bark.requests, "a target without schedules_from gets nothing"
 
 
+async def test_check_online_tests_each_target_without_a_notification(
+    daemon: DaemonProcess, ntfy: FakeNtfy, bark: FakeBark
+) -> None:
+    code, out = await daemon.cli("check", "--online")
+    lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip().startswith("push:")}
+    assert "OK the ntfy server accepts the credentials" in lines["push:ops"], out
+    assert "FAILED: GET /v1/account: the server refused the credentials (HTTP 401)" in lines["push:locked"], (
+        out
+    )
+    assert "OK the Bark server answers" in lines["push:phone"], out
+    assert code == 1, "a refused credential fails the check"
+    assert not ntfy.notifications() and not bark.notifications(), "a check sends no notification"
+    assert_no_secret(out)
+
+
 def test_the_push_section_refuses_what_could_not_work() -> None:
     base = {"models": [{"name": "default"}], "storage": {"path": "/tmp/x"}}
     bad = [

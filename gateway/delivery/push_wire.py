@@ -108,13 +108,19 @@ def build(target: PushTarget, key: str, title: str, body: str) -> PushRequest:
     }
     if target.tags:
         headers["Tags"] = ",".join(target.tags)
-    if target.token is not None:
-        headers["Authorization"] = f"Bearer {target.token.get_secret_value()}"
-    elif target.username and target.password is not None:
-        pair = f"{target.username}:{target.password.get_secret_value()}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+    headers.update(auth_headers(target))
     url = f"{target.server}/{target.topic.get_secret_value()}"
     return PushRequest(url, headers, text.encode("utf-8"), cut)
+
+
+def auth_headers(target: PushTarget) -> dict[str, str]:
+    """ntfy's ``Authorization``: a bearer token, or basic auth; none without credentials."""
+    if target.token is not None:
+        return {"Authorization": f"Bearer {target.token.get_secret_value()}"}
+    if target.username and target.password is not None:
+        pair = f"{target.username}:{target.password.get_secret_value()}".encode()
+        return {"Authorization": "Basic " + base64.b64encode(pair).decode("ascii")}
+    return {}
 
 
 # -- answers ----------------------------------------------------------------------------------------

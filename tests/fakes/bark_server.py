@@ -18,6 +18,8 @@ class FakeBark(FakePushServer):
         self.device_keys = set(device_keys)
 
     def answer(self, rec: Recorded) -> web.Response:
+        if rec.method == "GET" and rec.path == "/ping":
+            return web.json_response({"code": 200, "message": "pong", "timestamp": 1700000000})
         if rec.method != "POST" or rec.path != "/push":
             return web.json_response({"code": 404, "message": "not found"}, status=404)
         try:
@@ -32,4 +34,4 @@ class FakeBark(FakePushServer):
 
     def notifications(self) -> list[dict[str, Any]]:
         """The pushes the server accepted (HTTP 200), as their JSON bodies."""
-        return [json_of(r) for r in self.requests if r.answered == 200]
+        return [json_of(r) for r in self.requests if r.answered == 200 and r.path == "/push"]

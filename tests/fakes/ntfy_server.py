@@ -1,5 +1,6 @@
 """A fake ntfy server: ``POST /<topic>`` with the message as the body and ``Title``, ``Priority``,
-``Tags``, ``Markdown``, ``X-Sequence-ID`` headers. With ``token`` set, a request without
+``Tags``, ``Markdown``, ``X-Sequence-ID`` headers; ``GET /v1/health`` and ``GET /v1/account`` (what
+``chital check --online`` asks). With ``token`` set, a request without
 ``Authorization: Bearer <token>`` gets ntfy's 401 (``{"code":40101,...}``). A body over 4,096
 bytes is flagged (ntfy would turn it into an attachment)."""
 
@@ -27,17 +28,24 @@ class FakeNtfy(FakePushServer):
         self.token = token
 
     def answer(self, rec: Recorded) -> web.Response:
+        authorized = self.token is None or rec.headers.get("Authorization") == f"Bearer {self.token}"
+        if rec.method == "GET" and rec.path == "/v1/health":
+            return web.json_response({"healthy": True})
+        if rec.method == "GET" and rec.path == "/v1/account":
+            if not authorized or "Authorization" not in rec.headers:
+                return web.json_response({"code": 40101, "http": 401, "error": "unauthorized"}, status=401)
+            return web.json_response({"username": "chital", "role": "user"})
         topic = rec.path.strip("/")
         if rec.method not in ("POST", "PUT") or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", topic):
             return web.json_response({"code": 40401, "http": 404, "error": "page not found"}, status=404)
-        if self.token is not None and rec.headers.get("Authorization") != f"Bearer {self.token}":
+        if not authorized:
             err = {"code": 40101, "http": 401, "error": f"unauthorized for topic {topic}"}
             return web.json_response(err, status=401)
         return web.json_response({"id": f"m{len(self.requests)}", "event": "message", "topic": topic})
 
     def notifications(self) -> list[Recorded]:
         """The publishes the server accepted."""
-        return [r for r in self.requests if r.answered == 200]
+        return [r for r in self.requests if r.answered == 200 and r.method in ("POST", "PUT")]
 
     @staticmethod
     def title(rec: Recorded) -> str:
