@@ -212,6 +212,29 @@ async def test_a_push_survives_kill_9_before_it_was_sent(
         await d.close()
 
 
+async def test_a_kill_9_after_the_server_took_it_resends_with_the_same_sequence_id(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, bark: FakeBark, ntfy: FakeNtfy
+) -> None:
+    """The at-least-once window (docs/push.md, "Once"): the server has the request, the daemon dies
+    before the answer. The restart sends it again, under the same X-Sequence-ID, so an ntfy 2.16+
+    client updates the one notification instead of adding a second."""
+    d = DaemonProcess(tmp_path, push_config(tmp_path, tg, model, bark, ntfy))
+    try:
+        await d.start()
+        ntfy.script = ["stall"]
+        assert (await d.cli("send", "push:ops", "window", "--key", "window-1"))[0] == 0
+        await ntfy.wait_for(lambda: len(ntfy.requests) == 1, what="the request the server holds")
+        d.kill9()
+        await d.wait_exit()
+        await d.start()
+        await ntfy.wait_for(ntfy.notifications, what="the resend after the restart")
+        first, second = ntfy.requests
+        assert first.text() == second.text() == "window"
+        assert first.headers["X-Sequence-ID"] == second.headers["X-Sequence-ID"]
+    finally:
+        await d.close()
+
+
 async def test_a_schedule_posts_its_answer_to_the_chat_and_the_push_target(
     daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI, ntfy: FakeNtfy, bark: FakeBark
 ) -> None:
