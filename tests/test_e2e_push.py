@@ -212,6 +212,26 @@ async def test_a_push_survives_kill_9_before_it_was_sent(
         await d.close()
 
 
+async def test_a_push_to_a_target_removed_from_the_config_fails_with_that_reason(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, bark: FakeBark, ntfy: FakeNtfy
+) -> None:
+    cfg = push_config(tmp_path, tg, model, bark, ntfy)
+    d = DaemonProcess(tmp_path, cfg)
+    try:
+        await d.start()
+        await d.terminate()
+        assert (await d.cli("send", "push:phone", "for a phone that is gone"))[0] == 0
+        cfg["push"] = {}  # the operator removed every target meanwhile
+        await d.start()
+        deadline = asyncio.get_running_loop().time() + 20
+        while "is not in the config (push.phone)" not in d.logs():
+            assert asyncio.get_running_loop().time() < deadline, d.logs()
+            await asyncio.sleep(0.2)
+        assert not bark.requests
+    finally:
+        await d.close()
+
+
 async def test_a_kill_9_after_the_server_took_it_resends_with_the_same_sequence_id(
     tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, bark: FakeBark, ntfy: FakeNtfy
 ) -> None:
