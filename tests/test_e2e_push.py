@@ -118,6 +118,9 @@ async def test_a_500_and_a_429_are_retried_and_one_notification_arrives(
     assert [r.answered for r in ntfy.requests] == [500, 429, None, 200]
     assert len(ntfy.notifications()) == 1
     assert len({r.headers["X-Sequence-ID"] for r in ntfy.requests}) == 1, "one notification, one id"
+    metrics = await daemon.metrics()
+    assert 'chital_pushes_total{outcome="retried",target="ops"} 3.0' in metrics, metrics
+    assert 'chital_pushes_total{outcome="sent",target="ops"} 1.0' in metrics
     logs = daemon.logs()
     assert "answered HTTP 500; retrying" in logs and "answered HTTP 429; retrying" in logs, logs
     assert_no_secret(logs)
@@ -148,6 +151,7 @@ async def test_a_refused_credential_stops_at_once_with_a_specific_token_free_err
     assert [r.answered for r in ntfy.requests] == [401] and [r.answered for r in bark.requests] == [400]
     logs = daemon.logs()
     assert "refused the credentials (HTTP 401)" in logs and "retrying" not in logs, logs
+    assert 'chital_pushes_total{outcome="failed",target="locked"} 1.0' in await daemon.metrics()
     assert_no_secret(out, out2, logs)
 
 

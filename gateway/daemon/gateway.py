@@ -85,7 +85,7 @@ class Gateway:
         self.signs = queued_sign.SignOrder()
         """Queued signs go out per conversation in order, below the answers ahead (turns/queued_sign.py)."""
         self.parking = Parking(store, metrics, config.delivery.retry_window, self._dispatch)
-        self.push = PushSender(config, store, self.redact, self._keep)
+        self.push = PushSender(config, store, self.redact, self._keep, metrics)
         """Bark and ntfy targets: journaled notices sent over HTTP (gateway/delivery/push.py)."""
         self.approvals = Approvals(
             config, store, harness, metrics, self.channels, self.inflight, self.tasks, self._dispatch

@@ -28,6 +28,7 @@ import httpx
 from gateway.config.push import PUSH_ERROR, PUSH_PLATFORM, PUSH_TITLE
 from gateway.config.schema import Config
 from gateway.delivery import push_wire
+from gateway.ops.metrics import Metrics
 from gateway.store.entries import JournalEntry, JournalState
 from gateway.store.journal import Store
 
@@ -48,6 +49,7 @@ class PushSender:
         store: Store,
         redact: Callable[[str], str],
         keep: Callable[[JournalEntry], Awaitable[bool]] | None = None,
+        metrics: Metrics | None = None,
         *,
         backoff: float = 1.0,
         max_backoff: float = 60.0,
@@ -56,6 +58,7 @@ class PushSender:
         self.store = store
         self.redact = redact
         self.keep = keep
+        self.metrics = metrics
         """Several daemons on one database: still this daemon's entry to send (gateway/daemon/cluster.py)."""
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -103,6 +106,7 @@ class PushSender:
             else:
                 if 200 <= status < 300:
                     await self.store.journal_set(entry.key, JournalState.DONE)
+                    self._count(name, "sent")
                     log.info("push %s sent to %r after %d attempt(s)", entry.key, name, attempts)
                     return
                 if status not in push_wire.RETRY_STATUSES:
@@ -114,6 +118,7 @@ class PushSender:
                 gave_up = f"gave up after {attempts} attempt(s); last: {why}"
                 await self._fail(entry, f"push target {name!r}: {gave_up}")
                 return
+            self._count(name, "retried")
             log.warning("push %s to %r: %s; retrying in %.0f s", entry.key, name, why, pause)
             await asyncio.sleep(pause)
             wait = min(wait * 2, self.max_backoff)
@@ -133,7 +138,12 @@ class PushSender:
             ) as response:
                 return response.status_code, response.headers.get("retry-after")
 
+    def _count(self, target: str, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.pushes.labels(target, outcome).inc()
+
     async def _fail(self, entry: JournalEntry, reason: str) -> None:
+        self._count(entry.inbound.chat_id, "failed")
         reason = self.redact(reason)
         log.error("push %s failed: %s", entry.key, reason)
         await self.store.journal_fail_with(entry.key, PUSH_ERROR, reason)
