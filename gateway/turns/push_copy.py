@@ -42,7 +42,12 @@ async def journal_copies(store: Store, config: Config, key: str, inbound: Inboun
     for name in targets_for(config, inbound):
         extra = {STARTED_BY_BOT: True, PUSH_MARK: True, PUSH_TITLE: f"Scheduled task #{schedule_id}"}
         copy = Inbound(PUSH_PLATFORM, name, f"copy-{key}", "", "", True, True, None, extra=extra)
-        if await store.journal_add(copy, JournalKind.NOTICE, answer):
+        try:
+            fresh = await store.journal_add(copy, JournalKind.NOTICE, answer)
+        except Exception as exc:  # the answer is in the chat already: the copy must not undo that
+            log.error("schedule #%d: could not queue its push to %r: %s", schedule_id, name, exc)
+            continue
+        if fresh:
             new += 1
             log.info("schedule #%d: its answer goes to push target %r too (%s)", schedule_id, name, copy.key)
     return new
