@@ -20,11 +20,13 @@ import discord.http
 import pytest
 
 from tests.daemon import DaemonProcess, started_daemon
+from tests.fakes.bark_server import FakeBark
 from tests.fakes.canary_server import Canary
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import Rig, fake_rig, gateway_rig
 from tests.fakes.langsmith_server import FakeLangSmith
 from tests.fakes.lark_server import FakeLark
+from tests.fakes.ntfy_server import FakeNtfy
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.search_server import FakeSearch
 from tests.fakes.slack_server import FakeSlack
@@ -147,6 +149,24 @@ async def telegram_daemon(
     settings of tests/telegram_daemon.py; stopped after the test."""
     async with started_daemon(tmp_path, telegram_config(tmp_path, tg, model)) as d:
         yield d
+
+
+@pytest.fixture
+async def bark() -> AsyncIterator[FakeBark]:
+    """A fake Bark server on 127.0.0.1 knowing one device key (tests/fakes/bark_server.py)."""
+    fake = FakeBark()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def ntfy() -> AsyncIterator[FakeNtfy]:
+    """A fake ntfy server on 127.0.0.1 that wants a bearer token (tests/fakes/ntfy_server.py)."""
+    fake = FakeNtfy(token="tk_ntfytesttoken0123456789")
+    await fake.start()
+    yield fake
+    await fake.stop()
 
 
 @pytest.fixture

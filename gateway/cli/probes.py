@@ -6,7 +6,8 @@ key fail the check and name the field (``models[0].use``), because the daemon wo
 and answer every message with "the model is not configured". Online, one cheap read-only call per
 service tells whether the credentials work: Telegram ``getMe``, Slack ``auth.test`` (bot token) and
 ``apps.connections.open`` (app token, Socket Mode), Discord ``GET /users/@me``, Lark
-``tenant_access_token/internal``, and ``GET {base_url}/models`` for an OpenAI-compatible model (a
+``tenant_access_token/internal``, a push target's read-only endpoint (:func:`probe_push`), and
+``GET {base_url}/models`` for an OpenAI-compatible model (a
 one-token completion where a server has no model list). Reasons never carry a secret: every known
 secret is masked in them, and URLs (Telegram puts the token in the path) are never printed.
 """
@@ -196,6 +197,26 @@ async def probe_model(session: aiohttp.ClientSession, cfg: Config, index: int) -
     raise ProbeFailed(f"POST /chat/completions: HTTP {status} {message[:200]}".strip())
 
 
+async def probe_push(session: aiohttp.ClientSession, cfg: Config, name: str) -> str:
+    """A push target without sending a notification (a test push would reach a phone): ntfy's
+    ``GET /v1/account`` with the target's credentials (401/403: refused), or ``/v1/health``
+    without any; Bark's ``GET /ping`` (the device key can only be checked by a push)."""
+    from gateway.delivery.push_wire import auth_headers, refusal
+
+    target = cfg.push[name]
+    if target.kind == "bark":
+        path, headers = "/ping", {}
+        ok = "the Bark server answers (the device key is checked by the first push)"
+    else:
+        headers = auth_headers(target)
+        path = "/v1/account" if headers else "/v1/health"
+        ok = "the ntfy server accepts the credentials" if headers else "the ntfy server answers"
+    async with session.get(f"{target.server}{path}", headers=headers, allow_redirects=False) as resp:
+        if resp.status != 200:
+            raise ProbeFailed(f"GET {path}: {refusal(target.kind, resp.status)}")
+    return ok
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, ProbeFailed):
         return str(exc)
@@ -234,6 +255,9 @@ async def run_probes(cfg: Config) -> list[Outcome]:
         else:
             jobs.append((name, None, f"only OpenAI-compatible endpoints are probed ({spec.use})"))
 
+    for target in cfg.push:
+        jobs.append((f"push:{target}", functools.partial(_probe_push_named, cfg, target), ""))
+
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
     async with aiohttp.ClientSession(timeout=timeout, trust_env=True) as session:
 
@@ -252,6 +276,10 @@ async def run_probes(cfg: Config) -> list[Outcome]:
 
 async def _call_probe(probe: Any, cfg: Config, session: aiohttp.ClientSession) -> str:
     return str(await probe(session, cfg))
+
+
+async def _probe_push_named(cfg: Config, name: str, session: aiohttp.ClientSession) -> str:
+    return await probe_push(session, cfg, name)
 
 
 async def _probe_model_at(cfg: Config, index: int, session: aiohttp.ClientSession) -> str:

@@ -13,6 +13,10 @@ targeted, with no access check: whoever can run this command can read and write 
 the bot's tokens anyway. The id must be well-formed for its platform (a typo must not sit in the
 journal for hours of retries); whether the bot is in that chat only the platform can tell, and a
 refusal shows in the daemon's log and as ``failed`` with ``--wait``.
+
+``push:NAME`` targets a Bark or ntfy target of the config (docs/push.md): journaled the same way,
+sent by the daemon over HTTP (gateway/delivery/push.py); a refusal's reason (a revoked token, an
+unknown device key) is kept on the entry and printed by ``--wait``.
 """
 
 from __future__ import annotations
@@ -54,9 +58,15 @@ def parse_target(target: str, config: Config) -> tuple[str, str, str | None]:
     """``PLATFORM:CHAT[:THREAD]`` → (platform, chat, thread), checked against the platform's id
     shapes and the config (the channel must be on)."""
     from gateway.config.platforms import channel_readiness
+    from gateway.config.push import PUSH_PLATFORM
 
     platform, _, rest = target.partition(":")
     platform = platform.strip().lower()
+    if platform == PUSH_PLATFORM:  # a Bark or ntfy target of the config (docs/push.md)
+        if rest not in config.push:
+            known = ", ".join(f"push:{n}" for n in sorted(config.push)) or "none (the config has no push:)"
+            raise Refused(f"unknown push target {rest[:40]!r}; known: {known}")
+        return platform, rest, None
     ready = channel_readiness(config)
     if platform not in ready:
         raise Refused(f"unknown platform {platform!r}; use one of {', '.join(sorted(ready))}")
@@ -77,11 +87,14 @@ def parse_target(target: str, config: Config) -> tuple[str, str, str | None]:
     return platform, chat, thread
 
 
-def push_inbound(platform: str, chat: str, thread: str | None, tag: str) -> Inbound:
+def push_inbound(platform: str, chat: str, thread: str | None, tag: str, title: str | None = None) -> Inbound:
     """The notice's message: no sender, replying to nothing, marked for the daemon's push loop."""
+    from gateway.config.push import PUSH_TITLE
     from gateway.store.schedules import PUSH_MARK
 
     extra: dict[str, Any] = {STARTED_BY_BOT: True, PUSH_MARK: True}
+    if title:
+        extra[PUSH_TITLE] = title
     if platform == "slack" and thread:
         extra["thread_ts"] = thread
     direct = (platform == "telegram" and not chat.startswith("-")) or (platform == "slack" and chat[0] == "D")
@@ -121,7 +134,7 @@ async def _send(config: Config, inbound: Inbound, text: str, wait: float | None)
                 print("delivered")
                 return EXIT_OK
             if state == "failed":
-                print("chital: the platform refused the message (see the daemon's log)", file=sys.stderr)
+                print(f"chital: {await _failure(store, inbound.key)}", file=sys.stderr)
                 return EXIT_FAILED
             await asyncio.sleep(0.2)
         print(
@@ -131,6 +144,15 @@ async def _send(config: Config, inbound: Inbound, text: str, wait: float | None)
         return EXIT_FAILED
     finally:
         await store.close()
+
+
+async def _failure(store: Any, key: str) -> str:
+    """Why ``key`` failed, as the daemon recorded it (a push's reason), else where to look."""
+    from gateway.config.push import PUSH_ERROR
+
+    inbound = await store.journal_inbound(key)
+    reason = inbound.extra.get(PUSH_ERROR) if inbound is not None else None
+    return str(reason) if reason else "the platform refused the message (see the daemon's log)"
 
 
 def cmd_send(args: argparse.Namespace) -> int:
@@ -149,12 +171,16 @@ def cmd_send(args: argparse.Namespace) -> int:
             raise Refused(
                 f"the text is {len(text):,} characters long; at most {limit:,} (limits.max_message_chars)"
             )
+        if args.title is not None and platform != "push":
+            raise Refused("--title is for push targets (push:NAME); chats show no title")
+        if args.title is not None and not args.title.strip():
+            raise Refused("--title is empty")
         if args.key is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", args.key):
             raise Refused("--key takes 1 to 64 letters, digits, '.', '_' or '-'")
     except Refused as exc:
         print(f"chital: send: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    inbound = push_inbound(platform, chat, thread, args.key or uuid.uuid4().hex)
+    inbound = push_inbound(platform, chat, thread, args.key or uuid.uuid4().hex, args.title)
     try:
         return asyncio.run(_send(config, inbound, text, args.timeout if args.wait else None))
     except Exception as exc:  # the database: locked for too long, disk full, unreadable
@@ -176,8 +202,10 @@ def add_parser(sub: Any) -> None:
         "target",
         metavar="PLATFORM:CHAT[:THREAD]",
         help="e.g. telegram:-1001234567890, telegram:-1001234567890:42 (a topic), slack:C0123ABCD"
-        " or slack:C0123ABCD:1700000000.123456 (a thread), discord:CHANNEL_ID, lark:oc_...",
+        " or slack:C0123ABCD:1700000000.123456 (a thread), discord:CHANNEL_ID, lark:oc_...,"
+        " push:NAME (a Bark or ntfy target of the config's push: section)",
     )
+    send.add_argument("--title", metavar="TITLE", help="push targets only: the notification's title")
     send.add_argument("text", metavar="TEXT", help="the message; '-' reads it from standard input")
     send.add_argument(
         "--wait", action="store_true", help="wait until it was delivered (exit 1 if not within --timeout)"

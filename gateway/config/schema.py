@@ -26,6 +26,7 @@ from channels.settings import ChannelSettings
 from gateway.config.hooks import HooksConfig
 from gateway.config.platforms import PLATFORMS
 from gateway.config.profiles import Profile, check_profiles
+from gateway.config.push import PushTarget, check_target_names
 from gateway.config.sections import (
     AccessPolicy,
     BackgroundConfig,
@@ -126,6 +127,9 @@ class Config(Strict):
     usage: UsageConfig = Field(default_factory=UsageConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     """OpenTelemetry traces of every turn, Langfuse (docs/tracing.md)."""
+    push: dict[str, PushTarget] = Field(default_factory=dict)
+    """Push-only notification targets (Bark, ntfy) by name, for ``chital send push:NAME`` and
+    schedules (docs/push.md)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     _source: Path | None = PrivateAttr(default=None)
     """The file this was read from (absolute), for the commands the bot tells people to run."""
@@ -151,6 +155,7 @@ class Config(Strict):
         if self.agent.model not in names:
             raise ValueError(f"agent.model: {self.agent.model!r} is not one of models[].name {names}")
         check_profiles(self.profiles, names)
+        check_target_names(self.push)
         unknown = sorted(set(self.usage.prices) - set(names))
         if unknown:
             raise ValueError(f"usage.prices: {unknown} are not models[].name ({names})")

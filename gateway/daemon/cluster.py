@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from channels.base import Channel
+from gateway.config.push import PUSH_PLATFORM
 from gateway.ops.tasks import TaskTracker
 from gateway.store.db import PgConnection
 from gateway.store.entries import JournalEntry, JournalState
@@ -287,6 +288,8 @@ class Cluster:
         """Dispatch the open entries no live daemon holds, for channels connected here."""
         gw = self.work
         platforms = [name for name in gw.channels if gw.connected(name)]
+        if gw.connected(PUSH_PLATFORM):  # push targets need no connection: always swept
+            platforms.append(PUSH_PLATFORM)
         started = 0
         for key in await self.store.lease_orphans(self.node, platforms):
             if gw.handles(key):

@@ -32,6 +32,7 @@ from gateway.daemon import command_io
 from gateway.daemon.cluster import Leases
 from gateway.delivery.pacing import PacerPool
 from gateway.delivery.parking import Parking
+from gateway.delivery.push import PUSH_PLATFORM, PushSender
 from gateway.delivery.reply import Reply
 from gateway.intake import access, profiles
 from gateway.intake.access import Verdict, decide, is_admin
@@ -84,6 +85,8 @@ class Gateway:
         self.signs = queued_sign.SignOrder()
         """Queued signs go out per conversation in order, below the answers ahead (turns/queued_sign.py)."""
         self.parking = Parking(store, metrics, config.delivery.retry_window, self._dispatch)
+        self.push = PushSender(config, store, self.redact, self._keep, metrics)
+        """Bark and ntfy targets: journaled notices sent over HTTP (gateway/delivery/push.py)."""
         self.approvals = Approvals(
             config, store, harness, metrics, self.channels, self.inflight, self.tasks, self._dispatch
         )
@@ -304,8 +307,9 @@ class Gateway:
         return key in self.inflight
 
     def connected(self, platform: str) -> bool:
-        """The channel is here and connected (what a resume waits for)."""
-        return platform in self._connected
+        """The channel is here and connected (what a resume waits for). Push targets wait for
+        nothing (gateway/delivery/push.py): one no longer in the config fails with that reason."""
+        return platform in self._connected or platform == PUSH_PLATFORM
 
     def _submit(self, entry: JournalEntry) -> None:
         ahead = self.turns.submit(entry)
@@ -320,6 +324,8 @@ class Gateway:
         self.parking.unpark(entry.key)
         if entry.kind == JournalKind.TURN:
             self._submit(entry)
+        elif entry.kind == JournalKind.NOTICE and entry.inbound.platform == PUSH_PLATFORM:
+            self.tasks.spawn(self.release_after(entry, self.push.deliver), f"push:{entry.key}")
         elif entry.kind == JournalKind.NOTICE:
             self.tasks.spawn(self.release_after(entry, self.send_notice), f"notice:{entry.key}")
         else:
@@ -476,4 +482,5 @@ class Gateway:
         self.approvals.close()  # waiting entries and their requests stay in the store
         cut = await self.turns.drain(grace)
         await self.tasks.close()
+        await self.push.close()
         return cut

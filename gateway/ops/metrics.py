@@ -45,6 +45,13 @@ class Metrics:
         self.speech = Counter(
             "chital_speech", "Answers spoken (/voice), by outcome: spoken or failed", ["outcome"], registry=r
         )
+        self.pushes = Counter(
+            "chital_pushes",
+            "Push notifications (Bark, ntfy) by target and outcome: sent, retried (an attempt that will"
+            " be repeated) or failed (docs/push.md)",
+            ["target", "outcome"],
+            registry=r,
+        )
         self.turns = Counter("chital_turns", "Agent turns finished, by outcome", ["outcome"], registry=r)
         self.turn_seconds = Histogram(
             "chital_turn_seconds",

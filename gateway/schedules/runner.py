@@ -28,6 +28,7 @@ from agent.tools.schedule import Caller, ScheduleError, ScheduleInfo, ScheduleRe
 from channels.base import Channel, ChannelState, Inbound
 from gateway.config.durations import in_words
 from gateway.config.schema import Config
+from gateway.delivery.push import PUSH_PLATFORM
 from gateway.intake.access import STARTED_BY_BOT, THREAD_ANCHOR, Verdict, decide, is_admin
 from gateway.ops.tasks import TaskTracker
 from gateway.schedules import confirm as schedule_confirm
@@ -374,7 +375,7 @@ class ScheduleRunner:
                 continue
             entry = JournalEntry(inbound.key, inbound.conversation, JournalKind.NOTICE, inbound,
                                  JournalState.PENDING, note=note, from_journal=True)  # fmt: skip
-            if inbound.platform not in self._live():
+            if inbound.platform not in self._live() and inbound.platform != PUSH_PLATFORM:
                 # Left pending: the gateway's resume sends it when the channel (re)connects.
                 log.info("push %s waits for channel %s", inbound.key, inbound.platform)
             elif self.host.pick_up(entry):

@@ -23,7 +23,7 @@ from typing import Any
 from agent.provenance import UNTAINTED, Provenance
 from channels.base import Inbound
 from gateway.store.connection import Connection
-from gateway.store.entries import inbound_from_json
+from gateway.store.entries import inbound_from_json, inbound_to_json
 
 SCHEDULE_TABLES = (
     """CREATE TABLE IF NOT EXISTS schedules (
@@ -279,6 +279,20 @@ class ScheduleTables:
         async with self._db.execute("SELECT state FROM journal WHERE key = ?", (key,)) as cur:
             row = await cur.fetchone()
         return str(row[0]) if row else None
+
+    async def journal_fail_with(self, key: str, extra_key: str, reason: str) -> None:
+        """Mark ``key`` failed and keep ``reason`` on it (in its message's extra, under
+        ``extra_key``): what ``chital send --wait`` tells the operator about a refused push."""
+        async with self._db.execute("SELECT payload FROM journal WHERE key = ?", (key,)) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            return
+        inbound, note = inbound_from_json(str(row[0]))
+        inbound.extra[extra_key] = reason
+        await self._write(
+            "UPDATE journal SET state = 'failed', payload = ?, updated = ? WHERE key = ?",
+            (inbound_to_json(inbound, note), time.time(), key),
+        )
 
     async def journal_last_rowid(self) -> int:
         async with self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM journal") as cur:

@@ -35,7 +35,7 @@ from gateway.intake.attachments import Uploads, deliver_files, fetch_attachments
 from gateway.ops import tracing
 from gateway.store.disk import StorageFull
 from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalState
-from gateway.turns import quiet
+from gateway.turns import push_copy, quiet
 from gateway.turns.approvals import STOPPED_WHY, WAITING_NOTE
 from gateway.turns.options import turn_options
 from gateway.turns.outcome import TurnOutcome
@@ -173,6 +173,7 @@ class TurnRunner:
                     final = f"{entry.note}\n\n{final}"
                 await reply.finish(final)
                 answered = True
+                await push_copy.journal_copies(self.store, self.config, entry.key, inbound, final)
                 await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
                 if outcome is TurnOutcome.OK:
                     await self.speaker.deliver(reply, entry, spoken, self.metrics)
