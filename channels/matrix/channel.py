@@ -1,0 +1,433 @@
+"""The Matrix adapter: matrix-nio's ``AsyncClient`` for every call, our own sync loop.
+
+Durability: a sync batch's events are each handed to ``sink`` (which journals them) before the
+batch's ``next_batch`` token is written to disk (channels/matrix/api.py ``SyncToken``); after a
+crash the homeserver serves the same events again from the older token and the journal drops the
+duplicates (the key is the room id and the ``event_id``). Sends carry a transaction id derived
+from the reply part's idempotency key: a homeserver answers a repeated ``PUT
+/send/{type}/{txnId}`` with the event it already made, so a send whose answer was lost is simply
+repeated (``dedupes_sends``).
+
+Gating: an event is ``addressed`` in a DM (a room of at most two members), when it mentions the
+bot (``m.mentions``, a pill, its user id or display name), replies to one of the bot's events, or
+starts with ``/``. A thread (``m.thread``) is a conversation of its own.
+
+Encrypted rooms are refused: nio without libolm cannot decrypt, so an ``m.room.encrypted`` event
+becomes an ``unsupported`` message the gateway answers with a note (in a DM each time, in a room
+the first one per room and process, so a busy encrypted room is not flooded).
+
+Approvals: Matrix has no buttons (``capabilities.buttons`` False); the gateway's text fallback
+(``approve CODE``) is what works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import hashlib
+import io
+import logging
+import uuid
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from nio import Api, AsyncClient, AsyncClientConfig
+
+from channels import malformed
+from channels.base import (
+    Attachment,
+    Capabilities,
+    Channel,
+    ChannelError,
+    FatalChannelError,
+    Inbound,
+    InboundSink,
+    OutFile,
+    PermanentSendError,
+    Rendered,
+    ReplyTarget,
+    TransientSendError,
+)
+from channels.limits import check_size
+
+from . import api
+from .api import Rejected, SyncToken, authorised, checked, get_json, send_error
+from .inbound import ENCRYPTED, MEMBER, MESSAGE, check_event, recover_ids, relation, to_inbound
+from .render import MAX_LEN, content, render, render_stream
+from .settings import MatrixSettings
+
+log = logging.getLogger(__name__)
+DEFAULTS = MatrixSettings()
+T = TypeVar("T")
+
+UPLOAD_LIMIT = 50 * 1024 * 1024
+"""Synapse's default ``max_upload_size``; a homeserver with a lower one answers 413."""
+TIMELINE_LIMIT = 100
+"""Events per room one sync returns; more while the daemon was down makes the timeline
+``limited`` (a gap the homeserver would only fill by back-pagination: logged, see docs)."""
+SYNC_FILTER = {
+    "room": {"timeline": {"limit": TIMELINE_LIMIT}, "ephemeral": {"types": []}},
+    "presence": {"types": []},
+    "account_data": {"types": []},
+}
+RETRY_CAP = 10.0
+OWN_EVENTS = 2048
+
+
+class MatrixChannel(Channel):
+    """Matrix Client-Server API over sync long polling (docs/setup/matrix.md)."""
+
+    name = "matrix"
+    capabilities = Capabilities(
+        max_message_len=MAX_LEN,
+        edit_interval=1.5,
+        can_edit=True,
+        max_upload_bytes=UPLOAD_LIMIT,
+        dedupes_sends=True,
+        buttons=False,
+    )
+    can_send_only = True
+
+    def __init__(
+        self,
+        homeserver: str,
+        user_id: str,
+        access_token: str,
+        *,
+        device_id: str = DEFAULTS.device_id,
+        sync_timeout: int = DEFAULTS.sync_timeout,
+        display_name: str = DEFAULTS.display_name,
+        state_dir: str = "",
+    ) -> None:
+        super().__init__()
+        self._token = access_token
+        self.user_id = user_id
+        self.display_name = display_name
+        self._sync_timeout = sync_timeout
+        config = AsyncClientConfig(max_limit_exceeded=0, max_timeouts=0, request_timeout=30.0)
+        self._client = AsyncClient(homeserver.rstrip("/"), user_id, device_id=device_id or None, config=config)
+        self._client.access_token = access_token
+        path = Path(state_dir) / "matrix-sync.json" if state_dir else None
+        self._since = SyncToken(path, homeserver, user_id)
+        self._direct: dict[str, bool] = {}
+        self._own: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._told_encrypted: set[str] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def run(self, sink: InboundSink) -> None:
+        await self._whoami()
+        self.report_connected()
+        if not self.receive:  # a standby daemon sends only; the leader syncs
+            await asyncio.Event().wait()
+        since = self._since.load()
+        delay = 0.0
+        while True:
+            try:
+                body = await self._sync(since)
+            except Rejected as exc:
+                if exc.token:
+                    await self._whoami()  # raises FatalChannelError when the token is really gone
+                if exc.status == 429 or exc.errcode == "M_LIMIT_EXCEEDED":
+                    delay = float(getattr(exc, "retry_after", None) or 5.0)
+                else:
+                    delay = 1.0 if delay == 0 else min(RETRY_CAP, delay * 1.5)
+                self.report_trouble(f"Matrix sync failed: {exc}")
+            except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+                delay = 1.0 if delay == 0 else min(RETRY_CAP, delay * 1.5)
+                self.report_trouble(f"Matrix sync failed: {type(exc).__name__}")
+            else:
+                delay = 0.0
+                self.report_connected()
+                await self._deliver(body, sink, first=since is None)
+                since = body["next_batch"]
+                self._since.save(since)
+            if delay:
+                await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _whoami(self) -> None:
+        """Check the token. A 401 is asked once more before it is believed (a proxy being
+        redeployed can answer 401 for a moment); then :class:`FatalChannelError`."""
+        path = Api.whoami(self._token)[1]
+        for attempt in range(2):
+            try:
+                body = await get_json(self._client, path, self._token, timeout=30)
+            except Rejected as exc:
+                if not exc.token:
+                    raise ConnectionError(f"Matrix whoami failed: {exc}") from None
+                if attempt == 0:
+                    self.report_trouble("Matrix answered 401; checking the token again")
+                    await asyncio.sleep(1.0)
+                    continue
+                raise FatalChannelError(
+                    f"Matrix refused the access token ({exc.errcode or exc.status}) twice in a row; "
+                    "it is revoked or wrong, set a valid one"
+                ) from None
+            if body.get("user_id") != self.user_id:
+                raise FatalChannelError("the access token belongs to another user than channels.matrix.user_id")
+            break
+        if not self.display_name:
+            try:
+                resp = await self._client.get_displayname(self.user_id)
+                name = getattr(resp, "displayname", None)
+                self.display_name = name if isinstance(name, str) else ""
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+        log.info("matrix: connected as %s", self.user_id)
+
+    async def _sync(self, since: str | None) -> dict[str, Any]:
+        timeout_ms = self._sync_timeout * 1000 if since else 0
+        path = Api.sync(self._token, since=since, timeout=timeout_ms or None, filter=SYNC_FILTER)[1]
+        body = await get_json(self._client, path, self._token, timeout=self._sync_timeout + 15)
+        if not isinstance(body.get("next_batch"), str) or not body["next_batch"]:
+            raise ConnectionError("a sync answer without next_batch")
+        return body
+
+    # -- inbound ------------------------------------------------------------------------------
+    async def _deliver(self, body: dict[str, Any], sink: InboundSink, *, first: bool) -> None:
+        """Each timeline event of each joined room, in order, to ``sink``; invites joined. On the
+        very first sync (no token yet) the timeline is the rooms' history: not answered."""
+        rooms = body.get("rooms") if isinstance(body.get("rooms"), dict) else {}
+        invites = rooms.get("invite") if isinstance(rooms.get("invite"), dict) else {}
+        for room_id in list(invites)[:50]:
+            if malformed.is_id(room_id):
+                await self._join(room_id)
+        joined = rooms.get("join") if isinstance(rooms.get("join"), dict) else {}
+        skipped = 0
+        for room_id, room in joined.items():
+            if not malformed.is_id(room_id) or not isinstance(room, dict):
+                self.count_malformed(malformed.ENVELOPE)
+                log.critical("matrix: skipped a joined room entry that cannot be read")
+                continue
+            self._note_members(room_id, room)
+            timeline = room.get("timeline") if isinstance(room.get("timeline"), dict) else {}
+            events = timeline.get("events") if isinstance(timeline.get("events"), list) else []
+            if timeline.get("limited") is True and not first:
+                log.warning("matrix: room %s had more than %d new events; older ones were not fetched",
+                            room_id, TIMELINE_LIMIT)  # fmt: skip
+            if first:
+                skipped += len(events)
+                continue
+            for event in events:
+                await self._event(room_id, event, sink)
+        if skipped:
+            log.info("matrix: first sync; %d earlier events in joined rooms are history, not answered", skipped)
+
+    async def _event(self, room_id: str, event: Any, sink: InboundSink) -> None:
+        try:
+            etype, event_id, sender, body = check_event(event)
+        except (TypeError, ValueError) as exc:
+            await self._unreadable(sink, room_id, event, exc)
+            return
+        if etype == MEMBER:
+            self._direct.pop(room_id, None)
+        if sender == self.user_id or etype not in (MESSAGE, ENCRYPTED):
+            return
+        try:
+            direct = await self._is_direct(room_id)
+            _, _, replied = relation(body)
+            to_me = replied is not None and await self._is_mine(room_id, replied)
+            inbound = to_inbound(room_id, event, me=self.user_id, display_name=self.display_name,
+                                 is_direct=direct, replies_to_me=to_me)  # fmt: skip
+        except (TypeError, ValueError, KeyError) as exc:
+            await self._unreadable(sink, room_id, event, exc)
+            return
+        if inbound is None:
+            return
+        if etype == ENCRYPTED and not direct:
+            if room_id in self._told_encrypted:
+                return
+            self._told_encrypted.add(room_id)
+            log.warning("matrix: room %s is end-to-end encrypted; this bot cannot read it", room_id)
+            inbound = _addressed(inbound)
+        await self.hand_over(sink, inbound, ref=f"event {event_id}")
+
+    async def _unreadable(self, sink: InboundSink, room_id: str, event: Any, exc: Exception) -> None:
+        ids = recover_ids(room_id, event)
+        direct = bool(self._direct.get(room_id))
+        await self.skip_unreadable(sink, exc, is_direct=direct, **ids)
+
+    def _note_members(self, room_id: str, room: dict[str, Any]) -> None:
+        """Membership changes make the DM judgement stale; a summary gives it for free."""
+        summary = room.get("summary")
+        if isinstance(summary, dict):
+            joined, invited = summary.get("m.joined_member_count"), summary.get("m.invited_member_count")
+            if isinstance(joined, int):
+                self._direct[room_id] = joined + (invited if isinstance(invited, int) else 0) <= 2
+                return
+        state = room.get("state") if isinstance(room.get("state"), dict) else {}
+        events = state.get("events") if isinstance(state.get("events"), list) else []
+        if any(isinstance(e, dict) and e.get("type") == MEMBER for e in events):
+            self._direct.pop(room_id, None)
+
+    async def _is_direct(self, room_id: str) -> bool:
+        """A room of at most two members (the bot and one person) is a DM, whatever ``m.direct``
+        says (only the inviter's client sets that flag, and a DM turned group stays flagged)."""
+        known = self._direct.get(room_id)
+        if known is not None:
+            return known
+        path = Api.joined_members(self._token, room_id)[1]
+        try:
+            body = await get_json(self._client, path, self._token, timeout=30)
+        except Rejected as exc:
+            raise ConnectionError(f"joined_members failed: {exc}") from None
+        members = body.get("joined")
+        if not isinstance(members, dict):
+            raise ConnectionError("joined_members answered without members")
+        self._direct[room_id] = len(members) <= 2
+        return self._direct[room_id]
+
+    async def _is_mine(self, room_id: str, event_id: str) -> bool:
+        """Whether the bot sent ``event_id`` (the replied-to event): remembered sends first, else
+        the homeserver is asked (best effort: a failure means not)."""
+        if event_id in self._own:
+            return True
+        try:
+            resp = await self._client.room_get_event(room_id, event_id)
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+        event = getattr(resp, "event", None)
+        return getattr(event, "sender", None) == self.user_id
+
+    async def _join(self, room_id: str) -> None:
+        """Accept an invite. Anyone may invite the bot; who gets answered is the access policy's
+        (a stranger's DM gets the pairing path)."""
+        try:
+            resp = await self._client.join(room_id)
+            checked(resp, self._token)
+            log.info("matrix: joined %s", room_id)
+        except FatalChannelError:
+            raise
+        except (ChannelError, aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("matrix: could not join %s: %s", room_id, type(exc).__name__)
+
+    # -- rendering ------------------------------------------------------------------------------
+    def render(self, markdown: str) -> list[Rendered]:
+        return render(markdown)
+
+    def render_stream(self, markdown: str) -> Rendered:
+        return render_stream(markdown)
+
+    # -- outbound -------------------------------------------------------------------------------
+    async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
+        body = dict(part.payload) if part.payload.get("body") else content(part.text or "…")
+        body.update(_relates(target))
+        return await self._send_event(target.chat_id, body, _txn(idempotency_key))
+
+    async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        """An ``m.replace`` event whose ``m.new_content`` is the new text (the ``* `` body is what
+        clients without edit support show)."""
+        new = dict(part.payload) if part.payload.get("body") else content(part.text or "…")
+        new.pop("m.relates_to", None)
+        body = {**new, "body": f"* {new['body']}", "m.new_content": new,
+                "m.relates_to": {"rel_type": "m.replace", "event_id": message_id}}  # fmt: skip
+        if "formatted_body" in new:
+            body["formatted_body"] = f"* {new['formatted_body']}"
+        await self._send_event(target.chat_id, body, f"chital-edit-{uuid.uuid4().hex}")
+
+    async def typing(self, target: ReplyTarget) -> None:
+        """Best effort: a missing typing notice must never fail a turn."""
+        try:
+            await self._client.room_typing(target.chat_id, True, timeout=10_000)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("matrix: typing failed: %s", type(exc).__name__)
+
+    async def react(self, target: ReplyTarget, emoji: str) -> None:
+        """An ``m.annotation`` on the user's event; best effort."""
+        if not target.reply_to:
+            return
+        rel = {"m.relates_to": {"rel_type": "m.annotation", "event_id": target.reply_to, "key": emoji}}
+        try:
+            await self._call(self._client.room_send(target.chat_id, "m.reaction", rel))
+        except ChannelError as exc:
+            log.debug("matrix: reaction failed: %s", exc)
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """Streams the media (authenticated media, ``/_matrix/client/v1/media/download``) and
+        stops at ``limit``: a server that announced less than it sends is cut off."""
+        check_size(attachment.name, attachment.size, limit, "")
+        server, _, media_id = attachment.file_id.removeprefix("mxc://").partition("/")
+        if not server or not media_id or "/" in media_id:
+            raise PermanentSendError(f"{attachment.name}: not a media uri")
+        path, headers = authorised(Api.download(server, media_id)[1], self._token)
+        try:
+            resp = await self._client.send("GET", path, headers=headers, timeout=120)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise TransientSendError(f"{attachment.name}: download failed ({type(exc).__name__})") from None
+        try:
+            if resp.status >= 400:
+                raise send_error(api.error_of(resp.status, None, self._token))
+            data = await resp.content.read(limit + 1)
+        finally:
+            resp.release()
+        check_size(attachment.name, len(data), limit, "")
+        return bytes(data)
+
+    async def send_file(
+        self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
+    ) -> str:
+        """Upload to the media repository, then an ``m.image`` or ``m.file`` event pointing at
+        it. The upload has no idempotency key (a repeat leaves an unused upload); the event has."""
+        check_size(file.name, file.size, UPLOAD_LIMIT, "the homeserver takes at most 50 MB")
+        image = file.suffix in (".png", ".jpg", ".jpeg", ".gif", ".webp")
+        mime = f"image/{file.suffix[1:].replace('jpg', 'jpeg')}" if image else "application/octet-stream"
+        up, _ = await self._call(self._client.upload(io.BytesIO(file.data), content_type=mime,
+                                                      filename=file.name, filesize=file.size))  # fmt: skip
+        uri = getattr(checked(up, self._token), "content_uri", None)
+        if not isinstance(uri, str):
+            raise TransientSendError("the upload answered without a content uri")
+        body: dict[str, Any] = {"msgtype": "m.image" if image else "m.file", "body": caption or file.name,
+                                "filename": file.name, "url": uri, "info": {"size": file.size, "mimetype": mime},
+                                "m.mentions": {}}  # fmt: skip
+        body.update(_relates(target))
+        return await self._send_event(target.chat_id, body, _txn(idempotency_key))
+
+    # -- helpers --------------------------------------------------------------------------------
+    async def _send_event(self, room_id: str, body: dict[str, Any], txn: str) -> str:
+        resp = await self._call(self._client.room_send(room_id, "m.room.message", body, tx_id=txn))
+        event_id = getattr(checked(resp, self._token), "event_id", "")
+        if isinstance(event_id, str) and event_id:
+            self._own[event_id] = None
+            while len(self._own) > OWN_EVENTS:
+                self._own.popitem(last=False)
+        return str(event_id or "")
+
+    async def _call(self, call: Awaitable[T]) -> T:
+        """Await an nio call; a lost connection is transient (the txn id makes a repeat safe)."""
+        try:
+            result = await call
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise TransientSendError(f"Matrix request failed: {type(exc).__name__}", maybe_sent=True) from None
+        if isinstance(result, tuple):
+            checked(result[0], self._token)
+        return checked(result, self._token) if not isinstance(result, tuple) else result
+
+
+
+def _txn(key: str) -> str:
+    """A transaction id stable for a reply part across restarts (the homeserver's dedupe key)."""
+    return "chital-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def _relates(target: ReplyTarget) -> dict[str, Any]:
+    """A reply (``m.in_reply_to``) to the user's event; inside a thread, a thread event with the
+    reply fallback, so the answer stays in the thread."""
+    reply = {"event_id": target.reply_to} if target.reply_to else None
+    if target.thread_id:
+        rel: dict[str, Any] = {"rel_type": "m.thread", "event_id": target.thread_id}
+        if reply:
+            rel.update({"is_falling_back": False, "m.in_reply_to": reply})
+        return {"m.relates_to": rel}
+    return {"m.relates_to": {"m.in_reply_to": reply}} if reply else {}
+
+
+def _addressed(inbound: Inbound) -> Inbound:
+    return dataclasses.replace(inbound, addressed=True)
+
+
+__all__ = ["MatrixChannel"]
