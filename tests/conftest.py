@@ -25,6 +25,7 @@ from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import Rig, fake_rig, gateway_rig
 from tests.fakes.langsmith_server import FakeLangSmith
 from tests.fakes.lark_server import FakeLark
+from tests.fakes.matrix_server import FakeMatrix
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.search_server import FakeSearch
 from tests.fakes.slack_server import FakeSlack
@@ -147,6 +148,15 @@ async def telegram_daemon(
     settings of tests/telegram_daemon.py; stopped after the test."""
     async with started_daemon(tmp_path, telegram_config(tmp_path, tg, model)) as d:
         yield d
+
+
+@pytest.fixture
+async def matrix_hs() -> AsyncIterator[FakeMatrix]:
+    """The fake Matrix homeserver (tests/fakes/matrix_server.py)."""
+    fake = FakeMatrix()
+    await fake.start()
+    yield fake
+    await fake.stop()
 
 
 @pytest.fixture
