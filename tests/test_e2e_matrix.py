@@ -158,7 +158,17 @@ async def test_file_in_is_downloaded_through_the_media_repository(
                                info={"size": 17, "mimetype": "text/csv"})  # fmt: skip
     await answered(matrix_hs, up, "echo:")
     assert any(p.startswith("/client/v1/media/download/") for _, p in matrix_hs.calls)
-    assert any("ada,3" in str(r) for r in model.requests), "the file reached the agent"
+    uploaded = list(daemon.sandbox_root.glob("**/uploads/scores.csv"))
+    assert uploaded and uploaded[0].read_bytes() == b"name,score\nada,3\n"
+    assert any("scores.csv" in last_user_text(r) for r in model.requests), "the agent was told"
+
+
+async def test_oversized_file_is_refused_before_download(daemon: DaemonProcess, matrix_hs: FakeMatrix) -> None:
+    """The announced size is checked first; a server that lies is cut off at the limit anyway."""
+    mxc = matrix_hs.add_media(b"x" * 1024)
+    up = matrix_hs.inject_text(DM, OWNER, "big.bin", msgtype="m.file", url=mxc, info={"size": 10**10})
+    reply = await answered(matrix_hs, up, "big.bin")
+    assert not any(p.startswith("/client/v1/media/download/") for _, p in matrix_hs.calls), reply.text
 
 
 async def test_platform_429_on_send_is_honoured(daemon: DaemonProcess, matrix_hs: FakeMatrix) -> None:
