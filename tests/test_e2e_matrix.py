@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon import DaemonProcess, started_daemon
+from tests.daemon import DaemonProcess, clean_env, run_chital, started_daemon
 from tests.fakes.matrix_server import FakeMatrix
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.matrix_daemon import DM, GROUP, OWNER, STRANGER, STRANGER_DM, answered, matrix_config
@@ -192,3 +192,23 @@ async def test_sigterm_exits_cleanly(daemon: DaemonProcess, matrix_hs: FakeMatri
     rc = await daemon.terminate()
     assert rc == 0, daemon.logs()
     assert "stopped cleanly" in daemon.logs()
+
+
+async def test_init_writes_matrix_settings_and_check_online_runs_whoami(
+    tmp_path: Path, matrix_hs: FakeMatrix, model: FakeOpenAI
+) -> None:
+    env = clean_env() | {"OPENAI_API_KEY": "sk-from-env", "MATRIX_HOMESERVER": matrix_hs.base_url,
+                         "MATRIX_USER_ID": matrix_hs.user_id, "MATRIX_ACCESS_TOKEN": matrix_hs.token}  # fmt: skip
+    done = await run_chital(
+        "init", "--yes", "--channel", "matrix", "--model", "fake-model", "--base-url", model.base_url,
+        "--online", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert done.code == 0, done.out
+    assert f"whoami: {matrix_hs.user_id}" in done.out, done.out
+    config = (tmp_path / "config.yaml").read_text()
+    assert "matrix:\n    enabled: true" in config and "access_token: $MATRIX_ACCESS_TOKEN" in config
+    assert matrix_hs.token not in config and matrix_hs.token not in done.out
+    assert f"MATRIX_ACCESS_TOKEN='{matrix_hs.token}'" in (tmp_path / ".env").read_text()
+    matrix_hs.revoke_token()
+    done = await run_chital("check", "--online", "-c", str(tmp_path / "config.yaml"), cwd=tmp_path, env=env)
+    assert "M_UNKNOWN_TOKEN" in done.out and matrix_hs.token not in done.out, done.out
