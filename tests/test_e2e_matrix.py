@@ -28,7 +28,9 @@ async def daemon(tmp_path: Path, matrix_hs: FakeMatrix, model: FakeOpenAI) -> As
         yield d
 
 
-async def test_dm_is_answered_as_a_reply_that_pings_nobody(daemon: DaemonProcess, matrix_hs: FakeMatrix) -> None:
+async def test_dm_is_answered_as_a_reply_that_pings_nobody(
+    daemon: DaemonProcess, matrix_hs: FakeMatrix
+) -> None:
     up = matrix_hs.inject_text(DM, OWNER, "hello @room")
     reply = await answered(matrix_hs, up, "echo: hello")
     assert reply.content["m.mentions"] == {}, "an echoed @room must notify nobody"
@@ -49,12 +51,16 @@ async def test_stranger_gets_pairing_code_never_the_agent(
     await answered(matrix_hs, matrix_hs.inject_text(STRANGER_DM, STRANGER, "now may I"), "echo: now may I")
 
 
-async def test_room_answers_mentions_replies_and_threads_only(daemon: DaemonProcess, matrix_hs: FakeMatrix) -> None:
+async def test_room_answers_mentions_replies_and_threads_only(
+    daemon: DaemonProcess, matrix_hs: FakeMatrix
+) -> None:
     quiet = matrix_hs.inject_text(GROUP, OWNER, "just chatting with friends")
     loud = matrix_hs.inject_text(GROUP, OWNER, "Chital: what is up")
     reply = await answered(matrix_hs, loud, "echo: what is up")
     assert "Chital" not in reply.text, "the address is stripped before the agent sees the text"
-    pill = matrix_hs.inject_text(GROUP, OWNER, "hey there", **{"m.mentions": {"user_ids": [matrix_hs.user_id]}})
+    pill = matrix_hs.inject_text(
+        GROUP, OWNER, "hey there", **{"m.mentions": {"user_ids": [matrix_hs.user_id]}}
+    )
     await answered(matrix_hs, pill, "echo: hey there")
     follow = matrix_hs.inject_text(
         GROUP, OWNER, "and more", **{"m.relates_to": {"m.in_reply_to": {"event_id": reply.event_id}}}
@@ -78,7 +84,9 @@ async def test_long_answer_is_split(daemon: DaemonProcess, matrix_hs: FakeMatrix
     assert any("<pre><code" in p.content.get("formatted_body", "") for p in parts), "code kept as code"
 
 
-async def test_answer_streams_by_editing(daemon: DaemonProcess, matrix_hs: FakeMatrix, model: FakeOpenAI) -> None:
+async def test_answer_streams_by_editing(
+    daemon: DaemonProcess, matrix_hs: FakeMatrix, model: FakeOpenAI
+) -> None:
     words = [f"word{i} " for i in range(12)]
     model.add_rule(lambda t: "stream please" in t, Reply(text="".join(words), chunks=12, chunk_delay=0.3))
     up = matrix_hs.inject_text(DM, OWNER, "stream please")
@@ -163,7 +171,9 @@ async def test_file_in_is_downloaded_through_the_media_repository(
     assert any("scores.csv" in last_user_text(r) for r in model.requests), "the agent was told"
 
 
-async def test_oversized_file_is_refused_before_download(daemon: DaemonProcess, matrix_hs: FakeMatrix) -> None:
+async def test_oversized_file_is_refused_before_download(
+    daemon: DaemonProcess, matrix_hs: FakeMatrix
+) -> None:
     """The announced size is checked first; a server that lies is cut off at the limit anyway."""
     mxc = matrix_hs.add_media(b"x" * 1024)
     up = matrix_hs.inject_text(DM, OWNER, "big.bin", msgtype="m.file", url=mxc, info={"size": 10**10})

@@ -75,7 +75,9 @@ def error_of(status: int, body: Any, token: str) -> Rejected:
 def send_error(exc: Rejected) -> ChannelError:
     """The contract's error for a failed send, edit or upload."""
     if exc.token:
-        return FatalChannelError(f"Matrix refused the access token ({exc.errcode or exc.status}); set a valid one")
+        return FatalChannelError(
+            f"Matrix refused the access token ({exc.errcode or exc.status}); set a valid one"
+        )
     if exc.status == 429 or exc.errcode == "M_LIMIT_EXCEEDED":
         seconds = getattr(exc, "retry_after", None)
         return RetryAfter(min(float(seconds if seconds is not None else 5.0), 120.0), "Matrix rate limit")
@@ -102,11 +104,11 @@ def checked(resp: Any, token: str) -> Any:
     return resp
 
 
-async def get_json(client: AsyncClient, path: str, token: str, timeout: float) -> Any:
+async def get_json(client: AsyncClient, path: str, token: str, wait: float) -> Any:
     """GET ``path`` (a path from nio's ``Api``), its JSON body; :class:`Rejected` on an error
     answer, ``ConnectionError`` when no usable answer came (the caller retries)."""
     path, headers = authorised(path, token)
-    resp = await client.send("GET", path, headers=headers, timeout=timeout)
+    resp = await client.send("GET", path, headers=headers, timeout=wait)
     try:
         raw = await resp.content.read(MAX_SYNC_BYTES + 1)
     finally:

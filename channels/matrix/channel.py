@@ -108,7 +108,9 @@ class MatrixChannel(Channel):
         self.display_name = display_name
         self._sync_timeout = sync_timeout
         config = AsyncClientConfig(max_limit_exceeded=0, max_timeouts=0, request_timeout=30.0)
-        self._client = AsyncClient(homeserver.rstrip("/"), user_id, device_id=device_id or None, config=config)
+        self._client = AsyncClient(
+            homeserver.rstrip("/"), user_id, device_id=device_id or None, config=config
+        )
         self._client.access_token = access_token
         path = Path(state_dir) / "matrix-sync.json" if state_dir else None
         self._since = SyncToken(path, homeserver, user_id)
@@ -156,7 +158,7 @@ class MatrixChannel(Channel):
         path = Api.whoami(self._token)[1]
         for attempt in range(2):
             try:
-                body = await get_json(self._client, path, self._token, timeout=30)
+                body = await get_json(self._client, path, self._token, wait=30)
             except Rejected as exc:
                 if not exc.token:
                     raise ConnectionError(f"Matrix whoami failed: {exc}") from None
@@ -169,7 +171,9 @@ class MatrixChannel(Channel):
                     "it is revoked or wrong, set a valid one"
                 ) from None
             if body.get("user_id") != self.user_id:
-                raise FatalChannelError("the access token belongs to another user than channels.matrix.user_id")
+                raise FatalChannelError(
+                    "the access token belongs to another user than channels.matrix.user_id"
+                )
             break
         if not self.display_name:
             try:
@@ -183,7 +187,7 @@ class MatrixChannel(Channel):
     async def _sync(self, since: str | None) -> dict[str, Any]:
         timeout_ms = self._sync_timeout * 1000 if since else 0
         path = Api.sync(self._token, since=since, timeout=timeout_ms or None, filter=SYNC_FILTER)[1]
-        body = await get_json(self._client, path, self._token, timeout=self._sync_timeout + 15)
+        body = await get_json(self._client, path, self._token, wait=self._sync_timeout + 15)
         if not isinstance(body.get("next_batch"), str) or not body["next_batch"]:
             raise ConnectionError("a sync answer without next_batch")
         return body
@@ -192,12 +196,12 @@ class MatrixChannel(Channel):
     async def _deliver(self, body: dict[str, Any], sink: InboundSink, *, first: bool) -> None:
         """Each timeline event of each joined room, in order, to ``sink``; invites joined. On the
         very first sync (no token yet) the timeline is the rooms' history: not answered."""
-        rooms = body.get("rooms") if isinstance(body.get("rooms"), dict) else {}
-        invites = rooms.get("invite") if isinstance(rooms.get("invite"), dict) else {}
+        rooms = _obj(body.get("rooms"))
+        invites = _obj(rooms.get("invite"))
         for room_id in list(invites)[:50]:
             if malformed.is_id(room_id):
                 await self._join(room_id)
-        joined = rooms.get("join") if isinstance(rooms.get("join"), dict) else {}
+        joined = _obj(rooms.get("join"))
         skipped = 0
         for room_id, room in joined.items():
             if not malformed.is_id(room_id) or not isinstance(room, dict):
@@ -205,8 +209,8 @@ class MatrixChannel(Channel):
                 log.critical("matrix: skipped a joined room entry that cannot be read")
                 continue
             self._note_members(room_id, room)
-            timeline = room.get("timeline") if isinstance(room.get("timeline"), dict) else {}
-            events = timeline.get("events") if isinstance(timeline.get("events"), list) else []
+            timeline = _obj(room.get("timeline"))
+            events = _list(timeline.get("events"))
             if timeline.get("limited") is True and not first:
                 log.warning("matrix: room %s had more than %d new events; older ones were not fetched",
                             room_id, TIMELINE_LIMIT)  # fmt: skip
@@ -216,7 +220,9 @@ class MatrixChannel(Channel):
             for event in events:
                 await self._event(room_id, event, sink)
         if skipped:
-            log.info("matrix: first sync; %d earlier events in joined rooms are history, not answered", skipped)
+            log.info(
+                "matrix: first sync; %d earlier events in joined rooms are history, not answered", skipped
+            )
 
     async def _event(self, room_id: str, event: Any, sink: InboundSink) -> None:
         try:
@@ -260,8 +266,8 @@ class MatrixChannel(Channel):
             if isinstance(joined, int):
                 self._direct[room_id] = joined + (invited if isinstance(invited, int) else 0) <= 2
                 return
-        state = room.get("state") if isinstance(room.get("state"), dict) else {}
-        events = state.get("events") if isinstance(state.get("events"), list) else []
+        state = _obj(room.get("state"))
+        events = _list(state.get("events"))
         if any(isinstance(e, dict) and e.get("type") == MEMBER for e in events):
             self._direct.pop(room_id, None)
 
@@ -273,7 +279,7 @@ class MatrixChannel(Channel):
             return known
         path = Api.joined_members(self._token, room_id)[1]
         try:
-            body = await get_json(self._client, path, self._token, timeout=30)
+            body = await get_json(self._client, path, self._token, wait=30)
         except Rejected as exc:
             raise ConnectionError(f"joined_members failed: {exc}") from None
         members = body.get("joined")
@@ -381,9 +387,10 @@ class MatrixChannel(Channel):
         uri = getattr(checked(up, self._token), "content_uri", None)
         if not isinstance(uri, str):
             raise TransientSendError("the upload answered without a content uri")
-        body: dict[str, Any] = {"msgtype": "m.image" if image else "m.file", "body": caption or file.name,
-                                "filename": file.name, "url": uri, "info": {"size": file.size, "mimetype": mime},
-                                "m.mentions": {}}  # fmt: skip
+        info = {"size": file.size, "mimetype": mime}
+        kind = "m.image" if image else "m.file"
+        body: dict[str, Any] = {"msgtype": kind, "body": caption or file.name,
+                                "filename": file.name, "url": uri, "info": info, "m.mentions": {}}  # fmt: skip
         body.update(_relates(target))
         return await self._send_event(target.chat_id, body, _txn(idempotency_key))
 
@@ -402,11 +409,20 @@ class MatrixChannel(Channel):
         try:
             result = await call
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise TransientSendError(f"Matrix request failed: {type(exc).__name__}", maybe_sent=True) from None
+            raise TransientSendError(
+                f"Matrix request failed: {type(exc).__name__}", maybe_sent=True
+            ) from None
         if isinstance(result, tuple):
             checked(result[0], self._token)
         return checked(result, self._token) if not isinstance(result, tuple) else result
 
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _txn(key: str) -> str:

@@ -31,7 +31,9 @@ ENCRYPTED = "m.room.encrypted"
 MEMBER = "m.room.member"
 FILE_TYPES = {"m.image": "image", "m.file": "", "m.audio": "audio", "m.video": ""}
 TEXT_TYPES = frozenset({"m.text", "m.emote"})
-ENCRYPTED_NOTE = "end-to-end encrypted messages (I can't decrypt them: please talk to me in an unencrypted room)"
+ENCRYPTED_NOTE = (
+    "end-to-end encrypted messages (I can't decrypt them: please talk to me in an unencrypted room)"
+)
 """:attr:`Inbound.unsupported` of an encrypted event: the gateway answers it with a note."""
 _REPLY_FALLBACK = re.compile(r"\A(?:>[^\n]*\n)+\n?")
 _MX_REPLY = re.compile(r"<mx-reply>.*?</mx-reply>", re.DOTALL)
@@ -54,7 +56,7 @@ def check_event(event: Any) -> tuple[str, str, str, dict[str, Any]]:
         raise ValueError("an event without a usable event_id or sender")
     if not isinstance(content, dict):
         raise TypeError("an event whose content is not an object")
-    return etype, event_id, sender, content
+    return etype, event_id, str(sender), content
 
 
 def relation(content: dict[str, Any]) -> tuple[str | None, str | None, str | None]:

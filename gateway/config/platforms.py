@@ -60,7 +60,13 @@ PLATFORMS: tuple[Platform, ...] = (
     Platform("slack", SlackSettings, "channels.slack.channel:SlackChannel"),
     Platform("discord", DiscordSettings, "channels.discord.channel:DiscordChannel", single_consumer=True),
     Platform("lark", LarkSettings, "channels.lark.channel:LarkChannel"),
-    Platform("matrix", MatrixSettings, "channels.matrix.channel:MatrixChannel", single_consumer=True, keeps_state=True),
+    Platform(
+        "matrix",
+        MatrixSettings,
+        "channels.matrix.channel:MatrixChannel",
+        single_consumer=True,
+        keeps_state=True,
+    ),
 )
 
 

@@ -59,7 +59,9 @@ class Seen:
 class FakeMatrix:
     platform = "matrix"
 
-    def __init__(self, token: str = "syt_fake_matrix_access_token_0123456789", user_id: str = f"@chital:{SERVER}") -> None:
+    def __init__(
+        self, token: str = "syt_fake_matrix_access_token_0123456789", user_id: str = f"@chital:{SERVER}"
+    ) -> None:
         self.token = token
         self.user_id = user_id
         self.display_name = "Chital"
@@ -180,7 +182,9 @@ class FakeMatrix:
             if found:
                 return found
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; bot sent {[c for _, _, c in self.sent][-5:]}")
+                raise AssertionError(
+                    f"timed out waiting for {what}; bot sent {[c for _, _, c in self.sent][-5:]}"
+                )
             await asyncio.sleep(0.05)
 
     # -- server ----------------------------------------------------------------------------------
