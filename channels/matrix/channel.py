@@ -389,8 +389,8 @@ class MatrixChannel(Channel):
             raise TransientSendError("the upload answered without a content uri")
         info = {"size": file.size, "mimetype": mime}
         kind = "m.image" if image else "m.file"
-        body: dict[str, Any] = {"msgtype": kind, "body": caption or file.name,
-                                "filename": file.name, "url": uri, "info": info, "m.mentions": {}}  # fmt: skip
+        body: dict[str, Any] = {"msgtype": kind, "body": caption or file.name, "filename": file.name,
+                                "url": uri, "info": info, "m.mentions": {}}  # fmt: skip
         body.update(_relates(target))
         return await self._send_event(target.chat_id, body, _txn(idempotency_key))
 
