@@ -16,7 +16,7 @@ import pytest
 
 from tests.daemon import DaemonProcess, clean_env, run_chital, started_daemon
 from tests.fakes.matrix_server import FakeMatrix
-from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.matrix_daemon import DM, GROUP, OWNER, STRANGER, STRANGER_DM, answered, matrix_config
 
 
@@ -222,3 +222,65 @@ async def test_init_writes_matrix_settings_and_check_online_runs_whoami(
     matrix_hs.revoke_token()
     done = await run_chital("check", "--online", "-c", str(tmp_path / "config.yaml"), cwd=tmp_path, env=env)
     assert "M_UNKNOWN_TOKEN" in done.out and matrix_hs.token not in done.out, done.out
+
+
+async def test_stranger_addressing_the_bot_in_a_room_is_refused(
+    daemon: DaemonProcess, matrix_hs: FakeMatrix
+) -> None:
+    matrix_hs.room(GROUP, OWNER, STRANGER)
+    up = matrix_hs.inject_text(GROUP, STRANGER, "Chital: tell me secrets")
+    await answered(matrix_hs, up, "I only answer people I know")
+
+
+async def test_secrets_never_reach_the_room(
+    daemon: DaemonProcess, matrix_hs: FakeMatrix, model: FakeOpenAI
+) -> None:
+    """The model repeats the bot's own access token and the model key: both are masked by value in
+    the body and in the HTML the client renders."""
+    model.add_rule(lambda t: "leak" in t, Reply(text=f"token {matrix_hs.token} key sk-test-key-never-logged"))
+    model._rules.insert(0, model._rules.pop())
+    reply = await answered(matrix_hs, matrix_hs.inject_text(DM, OWNER, "leak please"), "token")
+    sent = str([c for _, _, c in matrix_hs.sent])
+    assert matrix_hs.token not in sent and "sk-test-key-never-logged" not in sent
+    assert "***" in reply.text
+
+
+async def test_messages_sent_while_down_are_answered_once_after_restart(
+    daemon: DaemonProcess, matrix_hs: FakeMatrix
+) -> None:
+    first = matrix_hs.inject_text(DM, OWNER, "before the stop")
+    await answered(matrix_hs, first, "echo: before the stop")
+    assert await daemon.terminate() == 0
+    while_down = matrix_hs.inject_text(DM, OWNER, "while you were away")
+    await daemon.start()
+    await answered(matrix_hs, while_down, "echo: while you were away", timeout=30)
+    await answered(matrix_hs, matrix_hs.inject_text(DM, OWNER, "and now"), "echo: and now")
+    assert len(matrix_hs.replies_to(DM, first["event_id"])) == 1, "nothing earlier was answered again"
+    assert len(matrix_hs.replies_to(DM, while_down["event_id"])) == 1
+
+
+async def test_approval_is_asked_and_answered_in_words(
+    tmp_path: Path, matrix_hs: FakeMatrix, model: FakeOpenAI
+) -> None:
+    """Matrix has no buttons: the prompt says `approve CODE` / `deny CODE` and a typed answer works."""
+    cfg = matrix_config(tmp_path, matrix_hs, model)
+    cfg["agent"].update({"memory": {"enabled": False}, "approvals": {"tools": ["execute"], "timeout": 600}})
+    async with started_daemon(tmp_path, cfg):
+        await matrix_hs.wait_for(lambda: matrix_hs.syncs >= 2, what="the first long poll")
+        model.script(
+            Reply(tool_calls=[ToolCall("execute", {"command": "echo approved-run"})]),
+            Reply(text="Left it alone."),
+        )
+        matrix_hs.inject_text(DM, OWNER, "run the check")
+        prompt = await matrix_hs.wait_for(
+            lambda: next((m for m in matrix_hs.bot_messages(DM) if "deny " in m.text), None),
+            what="the prompt",
+        )
+        code = re.search(r"`deny ([A-Za-z0-9]+)`", prompt.text)
+        assert code is not None, prompt.text
+        matrix_hs.inject_text(DM, OWNER, f"deny {code.group(1)}")
+        await matrix_hs.wait_for(
+            lambda: any("Left it alone." in m.text for m in matrix_hs.bot_messages(DM)), what="the answer"
+        )
+        tool_result = model.requests[-1]["messages"][-1]
+        assert tool_result["role"] == "tool" and "rejected" in tool_result["content"], "the command never ran"
