@@ -172,6 +172,8 @@ async def test_files_out_and_in_through_the_media_repository(matrix_hs: FakeMatr
         mxc = matrix_hs.add_media(b"y" * 5000)
         got = await channel.download(Attachment(mxc, "small.bin", size=5000), limit=10_000)
         assert got == b"y" * 5000
+        big = matrix_hs.add_media(b"z" * 3_000_000)  # read to its end, not one buffered chunk
+        assert await channel.download(Attachment(big, "big.bin"), limit=5_000_000) == b"z" * 3_000_000
         # A server that announces less than it sends is cut off at the limit.
         with pytest.raises(PermanentSendError):
             await channel.download(Attachment(mxc, "liar.bin", size=10), limit=1000)
@@ -230,3 +232,32 @@ def test_render_pings_nobody_and_escapes_html() -> None:
     assert part.payload["m.mentions"] == {}
     html = part.payload["formatted_body"]
     assert "matrix.to" not in html and "<b onclick" not in html and "&lt;b onclick=x&gt;" in html
+
+
+async def test_a_group_joined_later_has_its_history_left_alone(matrix_hs: FakeMatrix, tmp_path: Path) -> None:
+    """A room's history comes with the join; in a group it is not answered, in a DM it is (the
+    person often writes before the bot accepted the invite)."""
+    group, dm = f"!g:{SERVER}", f"!d:{SERVER}"
+    sink = Sink()
+    async with running(matrix_hs, tmp_path, sink):
+        for room, members in ((group, (ALICE, f"@bob:{SERVER}")), (dm, (ALICE,))):
+            matrix_hs._members[room] = set(members)
+            matrix_hs.inject_text(room, ALICE, f"Chital: before the join in {room}")
+            matrix_hs.invite(room, ALICE)
+        await matrix_hs.wait_for(lambda: sink.items, what="the DM's early message")
+        after = matrix_hs.inject_text(group, ALICE, "Chital: after the join")
+        await matrix_hs.wait_for(
+            lambda: any(i.message_id == after["event_id"] for i in sink.items), what="after"
+        )
+    texts = [i.text for i in sink.items]
+    assert texts == [f"before the join in {dm}", "after the join"], texts
+
+
+async def test_a_long_sync_answer_is_read_whole(matrix_hs: FakeMatrix, tmp_path: Path) -> None:
+    matrix_hs.room(ROOM, ALICE)
+    sink = Sink()
+    async with running(matrix_hs, tmp_path, sink):
+        for i in range(40):  # about 2 MB in one batch
+            matrix_hs.inject_text(ROOM, ALICE, f"{i} " + "w" * 50_000)
+        await matrix_hs.wait_for(lambda: len(sink.items) >= 40, what="all forty")
+    assert [i.text.split()[0] for i in sink.items] == [str(i) for i in range(40)], "in order, none lost"

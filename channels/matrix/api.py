@@ -104,13 +104,28 @@ def checked(resp: Any, token: str) -> Any:
     return resp
 
 
+async def read_capped(resp: Any, cap: int) -> bytes:
+    """The whole body of ``resp``, or the first ``cap + 1`` bytes when it is longer (the caller
+    refuses it). Streamed: ``StreamReader.read(n)`` returns what is buffered, not ``n`` bytes, so
+    one call would cut a long answer short; this reads until the end or the cap."""
+    chunks: list[bytes] = []
+    total = 0
+    while total <= cap:
+        chunk = await resp.content.read(min(64 * 1024, cap + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
 async def get_json(client: AsyncClient, path: str, token: str, wait: float) -> Any:
     """GET ``path`` (a path from nio's ``Api``), its JSON body; :class:`Rejected` on an error
     answer, ``ConnectionError`` when no usable answer came (the caller retries)."""
     path, headers = authorised(path, token)
     resp = await client.send("GET", path, headers=headers, timeout=wait)
     try:
-        raw = await resp.content.read(MAX_SYNC_BYTES + 1)
+        raw = await read_capped(resp, MAX_SYNC_BYTES)
     finally:
         resp.release()
     if len(raw) > MAX_SYNC_BYTES:

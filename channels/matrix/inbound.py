@@ -152,8 +152,7 @@ def to_inbound(
         or names_me(content, body, me, display_name)
         or text.lstrip().startswith("/")
     )
-    if addressed and not is_direct:
-        text = strip_address(text.lstrip(), me, display_name)
+    text = strip_address(text.lstrip(), me, display_name)
     extra: dict[str, Any] = {}
     if thread_id:
         extra["thread_root"] = thread_id

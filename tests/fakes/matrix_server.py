@@ -71,6 +71,8 @@ class FakeMatrix:
         self._stream: list[tuple[int, str, dict[str, Any]]] = []  # (position, room, event)
         self._invites: dict[str, dict[str, Any]] = {}
         self._members: dict[str, set[str]] = {}
+        self._joined_at: dict[str, int] = {}
+        """Stream position at which the bot joined each room (0: before the test began)."""
         self._events: dict[str, tuple[str, dict[str, Any]]] = {}
         self._txns: dict[str, str] = {}
         self._media: dict[str, tuple[bytes, str]] = {}
@@ -116,6 +118,7 @@ class FakeMatrix:
     def room(self, room_id: str, *members: str) -> str:
         """A room the bot is in with ``members`` (two people and the bot: a group)."""
         self._members[room_id] = {self.user_id, *members}
+        self._joined_at[room_id] = 0
         return room_id
 
     def invite(self, room_id: str, inviter: str) -> None:
@@ -214,6 +217,9 @@ class FakeMatrix:
             room = parts[-1]
             self._invites.pop(room, None)
             self._members.setdefault(room, set()).add(self.user_id)
+            member = self.event(self.user_id, {"membership": "join"}, "m.room.member")
+            self.inject_event(room, {**member, "state_key": self.user_id})
+            self._joined_at[room] = self._pos
             return web.json_response({"room_id": room})
         if path.startswith("/media/v3/upload"):
             return await self._upload(request)
@@ -293,7 +299,11 @@ class FakeMatrix:
             return _error(401, "M_UNKNOWN_TOKEN", "Invalid access token passed.")
         rooms: dict[str, Any] = {}
         for pos, room, event in self._stream:
-            if pos > since:
+            joined = self._joined_at.get(room)
+            if joined is None:
+                continue  # not a member: no timeline (an invite shows in "invite" only)
+            # A room joined since the last batch comes with its recent history, as on a homeserver.
+            if pos > since or joined > since:
                 entry = rooms.setdefault(room, {"timeline": {"events": [], "limited": False}})
                 entry["timeline"]["events"].append(event)
         body = {"next_batch": str(self._pos), "rooms": {"join": rooms, "invite": dict(self._invites)}}
