@@ -261,3 +261,38 @@ async def test_a_long_sync_answer_is_read_whole(matrix_hs: FakeMatrix, tmp_path:
             matrix_hs.inject_text(ROOM, ALICE, f"{i} " + "w" * 50_000)
         await matrix_hs.wait_for(lambda: len(sink.items) >= 40, what="all forty")
     assert [i.text.split()[0] for i in sink.items] == [str(i) for i in range(40)], "in order, none lost"
+
+
+async def test_a_stalled_sync_is_abandoned_and_nothing_is_lost(matrix_hs: FakeMatrix, tmp_path: Path) -> None:
+    matrix_hs.room(ROOM, ALICE)
+    sink = Sink()
+    channel = MatrixChannel(matrix_hs.base_url, matrix_hs.user_id, matrix_hs.token, sync_timeout=1,
+                            state_dir=str(tmp_path), sync_grace=1.0)  # fmt: skip
+    task = asyncio.create_task(channel.run(sink))
+    try:
+        await matrix_hs.wait_for(lambda: matrix_hs.syncs >= 2, what="the first long poll")
+        matrix_hs.stall_syncs()
+        stalled_at = matrix_hs.syncs
+        up = matrix_hs.inject_text(ROOM, ALICE, "during the stall")
+        await matrix_hs.wait_for(lambda: matrix_hs.syncs > stalled_at + 1, what="a new sync after the stall")
+        assert channel.reason and "sync failed" in channel.reason
+        matrix_hs.stall_syncs(False)
+        await matrix_hs.wait_for(lambda: sink.items, what="the message")
+        assert [i.message_id for i in sink.items] == [up["event_id"]]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await channel.close()
+
+
+async def test_a_passing_401_is_checked_not_believed(matrix_hs: FakeMatrix, tmp_path: Path) -> None:
+    """A proxy being redeployed can answer 401 once; whoami then accepts the token: not fatal."""
+    matrix_hs.room(ROOM, ALICE)
+    sink = Sink()
+    async with running(matrix_hs, tmp_path, sink) as channel:
+        matrix_hs.fail_next("sync", 401, errcode="M_UNKNOWN_TOKEN")
+        up = matrix_hs.inject_text(ROOM, ALICE, "still here")
+        await matrix_hs.wait_for(lambda: sink.items, what="the message")
+        assert sink.items[0].message_id == up["event_id"]
+        assert channel.state.value != "failed"

@@ -101,12 +101,16 @@ class MatrixChannel(Channel):
         sync_timeout: int = DEFAULTS.sync_timeout,
         display_name: str = DEFAULTS.display_name,
         state_dir: str = "",
+        sync_grace: float = 15.0,
     ) -> None:
         super().__init__()
         self._token = access_token
         self.user_id = user_id
         self.display_name = display_name
         self._sync_timeout = sync_timeout
+        self._sync_grace = sync_grace
+        """Seconds past the long poll's own timeout before a silent sync counts as stalled (a
+        half-open connection): the request is then abandoned and made again."""
         config = AsyncClientConfig(max_limit_exceeded=0, max_timeouts=0, request_timeout=30.0)
         self._client = AsyncClient(
             homeserver.rstrip("/"), user_id, device_id=device_id or None, config=config
@@ -191,7 +195,7 @@ class MatrixChannel(Channel):
     async def _sync(self, since: str | None) -> dict[str, Any]:
         timeout_ms = self._sync_timeout * 1000 if since else 0
         path = Api.sync(self._token, since=since, timeout=timeout_ms or None, filter=SYNC_FILTER)[1]
-        body = await get_json(self._client, path, self._token, wait=self._sync_timeout + 15)
+        body = await get_json(self._client, path, self._token, wait=self._sync_timeout + self._sync_grace)
         if not isinstance(body.get("next_batch"), str) or not body["next_batch"]:
             raise ConnectionError("a sync answer without next_batch")
         return body

@@ -83,6 +83,7 @@ class FakeMatrix:
         self._revoked = False
         self._fail: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         self._drop_syncs = 0
+        self._stalled = False
         self.syncs = 0
         self.sent: list[tuple[str, str, dict[str, Any]]] = []
         """(room, event type, content) of every event the bot sent."""
@@ -163,6 +164,11 @@ class FakeMatrix:
     def drop_syncs(self, times: int = 1) -> None:
         """The next ``times`` sync requests have their connection closed without an answer."""
         self._drop_syncs += times
+
+    def stall_syncs(self, stalled: bool = True) -> None:
+        """Sync requests get no answer at all while stalled (a half-open connection)."""
+        self._stalled = stalled
+        self._bump()
 
     def revoke_token(self) -> None:
         self._revoked = True
@@ -283,6 +289,8 @@ class FakeMatrix:
         failure = self._take("sync")
         if failure:
             return failure
+        while self._stalled:
+            await asyncio.sleep(0.05)
         since = int(request.query.get("since", "0") or 0)
         timeout = int(request.query.get("timeout", "0") or 0) / 1000
         deadline = time.monotonic() + timeout
