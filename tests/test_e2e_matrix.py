@@ -52,7 +52,7 @@ async def test_stranger_gets_pairing_code_never_the_agent(
 
 
 async def test_room_answers_mentions_replies_and_threads_only(
-    daemon: DaemonProcess, matrix_hs: FakeMatrix
+    daemon: DaemonProcess, matrix_hs: FakeMatrix, model: FakeOpenAI
 ) -> None:
     quiet = matrix_hs.inject_text(GROUP, OWNER, "just chatting with friends")
     loud = matrix_hs.inject_text(GROUP, OWNER, "Chital: what is up")
@@ -65,7 +65,9 @@ async def test_room_answers_mentions_replies_and_threads_only(
     follow = matrix_hs.inject_text(
         GROUP, OWNER, "and more", **{"m.relates_to": {"m.in_reply_to": {"event_id": reply.event_id}}}
     )
-    await answered(matrix_hs, follow, "echo: and more")
+    await answered(matrix_hs, follow, "and more")
+    asked = next(last_user_text(r) for r in reversed(model.requests) if "and more" in last_user_text(r))
+    assert "echo: what is up" in asked and "not requests" in asked, "the replied-to answer is quoted context"
     thread = {"rel_type": "m.thread", "event_id": quiet["event_id"], "is_falling_back": True,
               "m.in_reply_to": {"event_id": quiet["event_id"]}}  # fmt: skip
     threaded = matrix_hs.inject_text(GROUP, OWNER, "Chital: in a thread", **{"m.relates_to": thread})

@@ -296,3 +296,25 @@ async def test_a_passing_401_is_checked_not_believed(matrix_hs: FakeMatrix, tmp_
         await matrix_hs.wait_for(lambda: sink.items, what="the message")
         assert sink.items[0].message_id == up["event_id"]
         assert channel.state.value != "failed"
+
+
+async def test_a_reply_carries_the_replied_to_message_and_an_odd_one_costs_only_the_context(
+    matrix_hs: FakeMatrix, tmp_path: Path
+) -> None:
+    matrix_hs.room(ROOM, ALICE)
+    sink = Sink()
+    async with running(matrix_hs, tmp_path, sink) as channel:
+        original = matrix_hs.inject_text(ROOM, f"@bob:{SERVER}", "the original words")
+        odd = matrix_hs.inject_event(ROOM, {**matrix_hs.event(ALICE, {}), "content": "not an object"})
+        for target in (original, odd):
+            rel = {"m.in_reply_to": {"event_id": target["event_id"]}}
+            matrix_hs.inject_text(ROOM, ALICE, "> <@bob> quoted\n\nmy answer", **{"m.relates_to": rel})
+        await matrix_hs.wait_for(
+            lambda: len([i for i in sink.items if i.text == "my answer"]) == 2, what="both"
+        )
+        first, second = [i for i in sink.items if i.text == "my answer"]
+        context = await channel.thread_context(first, 5, 1000)
+    assert [(c.author, c.text, c.replied_to, c.is_self) for c in context] == [
+        (f"@bob:{SERVER}", "the original words", True, False)
+    ]
+    assert await channel.thread_context(second, 5, 1000) == ()

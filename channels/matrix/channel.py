@@ -25,11 +25,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import hashlib
 import io
 import logging
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,10 +37,12 @@ from nio import Api, AsyncClient, AsyncClientConfig
 
 from channels import malformed
 from channels.base import (
+    REPLIED_MAX_CHARS,
     Attachment,
     Capabilities,
     Channel,
     ChannelError,
+    ContextItem,
     FatalChannelError,
     Inbound,
     InboundSink,
@@ -50,13 +51,27 @@ from channels.base import (
     Rendered,
     ReplyTarget,
     TransientSendError,
+    replied_extra,
+    replied_item,
 )
 from channels.limits import check_size
 
 from . import api
 from .api import Rejected, SyncToken, authorised, checked, get_json, send_error
-from .inbound import ENCRYPTED, MEMBER, MESSAGE, check_event, recover_ids, relation, to_inbound
-from .render import MAX_LEN, content, render, render_stream
+from .inbound import (
+    ENCRYPTED,
+    MEMBER,
+    MESSAGE,
+    REPLY_FALLBACK,
+    check_event,
+    listed,
+    obj,
+    own_join,
+    recover_ids,
+    relation,
+    to_inbound,
+)
+from .render import MAX_LEN, content, relates, render, render_stream, txn
 from .settings import MatrixSettings
 
 log = logging.getLogger(__name__)
@@ -137,7 +152,7 @@ class MatrixChannel(Channel):
                 if exc.token:
                     await self._whoami()  # raises FatalChannelError when the token is really gone
                 if exc.status == 429 or exc.errcode == "M_LIMIT_EXCEEDED":
-                    delay = float(getattr(exc, "retry_after", None) or 5.0)
+                    delay = min(float(getattr(exc, "retry_after", None) or 5.0), 120.0)
                 else:
                     delay = 1.0 if delay == 0 else min(RETRY_CAP, delay * 1.5)
                 self.report_trouble(f"Matrix sync failed: {exc}")
@@ -204,12 +219,12 @@ class MatrixChannel(Channel):
     async def _deliver(self, body: dict[str, Any], sink: InboundSink, *, first: bool) -> None:
         """Each timeline event of each joined room, in order, to ``sink``; invites joined. On the
         very first sync (no token yet) the timeline is the rooms' history: not answered."""
-        rooms = _obj(body.get("rooms"))
-        invites = _obj(rooms.get("invite"))
+        rooms = obj(body.get("rooms"))
+        invites = obj(rooms.get("invite"))
         for room_id in list(invites)[:50]:
             if malformed.is_id(room_id):
                 await self._join(room_id)
-        joined = _obj(rooms.get("join"))
+        joined = obj(rooms.get("join"))
         skipped = 0
         for room_id, room in joined.items():
             if not malformed.is_id(room_id) or not isinstance(room, dict):
@@ -217,15 +232,15 @@ class MatrixChannel(Channel):
                 log.critical("matrix: skipped a joined room entry that cannot be read")
                 continue
             self._note_members(room_id, room)
-            timeline = _obj(room.get("timeline"))
-            events = _list(timeline.get("events"))
+            timeline = obj(room.get("timeline"))
+            events = listed(timeline.get("events"))
             if timeline.get("limited") is True and not first:
                 log.warning("matrix: room %s had more than %d new events; older ones were not fetched",
                             room_id, TIMELINE_LIMIT)  # fmt: skip
             if first:
                 skipped += len(events)
                 continue
-            joined_at = next((i for i, e in enumerate(events) if _own_join(e, self.user_id)), None)
+            joined_at = next((i for i, e in enumerate(events) if own_join(e, self.user_id)), None)
             if joined_at is not None and not await self._is_direct(room_id):
                 skipped += joined_at  # a room just joined comes with its history: not answered
                 events = events[joined_at:]
@@ -249,9 +264,12 @@ class MatrixChannel(Channel):
         try:
             direct = await self._is_direct(room_id)
             _, _, replied = relation(body)
-            to_me = replied is not None and await self._is_mine(room_id, replied)
+            quoted = await self._replied(room_id, replied) if replied else None
+            to_me = replied is not None and (replied in self._own or (quoted is not None and quoted.is_self))
             inbound = to_inbound(room_id, event, me=self.user_id, display_name=self.display_name,
                                  is_direct=direct, replies_to_me=to_me)  # fmt: skip
+            if inbound is not None and quoted is not None:
+                inbound = dataclasses.replace(inbound, extra={**inbound.extra, **replied_extra(quoted)})
         except (TypeError, ValueError, KeyError) as exc:
             await self._unreadable(sink, room_id, event, exc)
             return
@@ -278,8 +296,8 @@ class MatrixChannel(Channel):
             if isinstance(joined, int):
                 self._direct[room_id] = joined + (invited if isinstance(invited, int) else 0) <= 2
                 return
-        state = _obj(room.get("state"))
-        events = _list(state.get("events"))
+        state = obj(room.get("state"))
+        events = listed(state.get("events"))
         if any(isinstance(e, dict) and e.get("type") == MEMBER for e in events):
             self._direct.pop(room_id, None)
 
@@ -303,17 +321,29 @@ class MatrixChannel(Channel):
         self._direct[room_id] = isinstance(members, dict) and len(members) <= 2
         return self._direct[room_id]
 
-    async def _is_mine(self, room_id: str, event_id: str) -> bool:
-        """Whether the bot sent ``event_id`` (the replied-to event): remembered sends first, else
-        the homeserver is asked (best effort: a failure means not)."""
-        if event_id in self._own:
-            return True
+    async def _replied(self, room_id: str, event_id: str) -> ContextItem | None:
+        """The replied-to event as context (journaled with the message, so a resumed turn sees the
+        same): fetched raw, so an event of any shape costs the context and never the message;
+        best effort, None when it cannot be had."""
+        path = Api.room_get_event(self._token, room_id, event_id)[1]
         try:
-            resp = await self._client.room_get_event(room_id, event_id)
-        except (aiohttp.ClientError, TimeoutError):
-            return False
-        event = getattr(resp, "event", None)
-        return getattr(event, "sender", None) == self.user_id
+            event = await get_json(self._client, path, self._token, wait=15)
+        except (Rejected, aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+            log.info("matrix: the replied-to event could not be read: %s", type(exc).__name__)
+            return None
+        sender, content = event.get("sender"), obj(event.get("content"))
+        body = content.get("body")
+        if not isinstance(sender, str) or not isinstance(body, str):
+            return None
+        text = REPLY_FALLBACK.sub("", body, count=1) if "m.relates_to" in content else body
+        return ContextItem(sender[:200], text[:REPLIED_MAX_CHARS], event_id, is_self=sender == self.user_id,
+                           is_bot=content.get("msgtype") == "m.notice", replied_to=True)  # fmt: skip
+
+    async def thread_context(self, inbound: Inbound, limit: int, max_chars: int) -> Sequence[ContextItem]:
+        """The message replied to, as read when the event arrived (a thread's history is not
+        fetched: ``/relations`` paging is left for later)."""
+        item = replied_item(inbound)
+        return (item,) if item is not None and limit > 0 else ()
 
     async def _join(self, room_id: str) -> None:
         """Accept an invite. Anyone may invite the bot; who gets answered is the access policy's
@@ -337,8 +367,8 @@ class MatrixChannel(Channel):
     # -- outbound -------------------------------------------------------------------------------
     async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
         body = dict(part.payload) if part.payload.get("body") else content(part.text or "…")
-        body.update(_relates(target))
-        return await self._send_event(target.chat_id, body, _txn(idempotency_key))
+        body.update(relates(target))
+        return await self._send_event(target.chat_id, body, txn(idempotency_key))
 
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         """An ``m.replace`` event whose ``m.new_content`` is the new text (the ``* `` body is what
@@ -406,8 +436,8 @@ class MatrixChannel(Channel):
         kind = "m.image" if image else "m.file"
         body: dict[str, Any] = {"msgtype": kind, "body": caption or file.name, "filename": file.name,
                                 "url": uri, "info": info, "m.mentions": {}}  # fmt: skip
-        body.update(_relates(target))
-        return await self._send_event(target.chat_id, body, _txn(idempotency_key))
+        body.update(relates(target))
+        return await self._send_event(target.chat_id, body, txn(idempotency_key))
 
     # -- helpers --------------------------------------------------------------------------------
     async def _send_event(self, room_id: str, body: dict[str, Any], txn: str) -> str:
@@ -430,39 +460,6 @@ class MatrixChannel(Channel):
         if isinstance(result, tuple):
             checked(result[0], self._token)
         return checked(result, self._token) if not isinstance(result, tuple) else result
-
-
-def _obj(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _own_join(event: Any, me: str) -> bool:
-    """``event`` is the bot's own join (not a profile change, which is a membership event too)."""
-    if not isinstance(event, dict) or event.get("type") != MEMBER or event.get("state_key") != me:
-        return False
-    prev = _obj(_obj(event.get("unsigned")).get("prev_content")).get("membership")
-    return _obj(event.get("content")).get("membership") == "join" and prev != "join"
-
-
-def _txn(key: str) -> str:
-    """A transaction id stable for a reply part across restarts (the homeserver's dedupe key)."""
-    return "chital-" + hashlib.sha256(key.encode()).hexdigest()[:40]
-
-
-def _relates(target: ReplyTarget) -> dict[str, Any]:
-    """A reply (``m.in_reply_to``) to the user's event; inside a thread, a thread event with the
-    reply fallback, so the answer stays in the thread."""
-    reply = {"event_id": target.reply_to} if target.reply_to else None
-    if target.thread_id:
-        rel: dict[str, Any] = {"rel_type": "m.thread", "event_id": target.thread_id}
-        if reply:
-            rel.update({"is_falling_back": False, "m.in_reply_to": reply})
-        return {"m.relates_to": rel}
-    return {"m.relates_to": {"m.in_reply_to": reply}} if reply else {}
 
 
 def _addressed(inbound: Inbound) -> Inbound:

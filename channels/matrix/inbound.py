@@ -35,7 +35,7 @@ ENCRYPTED_NOTE = (
     "end-to-end encrypted messages (I can't decrypt them: please talk to me in an unencrypted room)"
 )
 """:attr:`Inbound.unsupported` of an encrypted event: the gateway answers it with a note."""
-_REPLY_FALLBACK = re.compile(r"\A(?:>[^\n]*\n)+\n?")
+REPLY_FALLBACK = re.compile(r"\A(?:>[^\n]*\n)+\n?")
 _MX_REPLY = re.compile(r"<mx-reply>.*?</mx-reply>", re.DOTALL)
 
 
@@ -135,7 +135,7 @@ def to_inbound(
     if msgtype == "m.notice":
         return None
     if replied:  # the quoted original old clients put in front of a reply (spec: strip it)
-        body = _REPLY_FALLBACK.sub("", body, count=1)
+        body = REPLY_FALLBACK.sub("", body, count=1)
     attachments: tuple[Attachment, ...] = ()
     unsupported = ""
     text = body
@@ -204,6 +204,22 @@ def _file(msgtype: str, content: dict[str, Any], body: str) -> tuple[tuple[Attac
 def strip_html_reply(formatted: str) -> str:
     """A formatted body without its ``<mx-reply>`` fallback block."""
     return _MX_REPLY.sub("", formatted)
+
+
+def obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def own_join(event: Any, me: str) -> bool:
+    """``event`` is the bot's own join (not a profile change, which is a membership event too)."""
+    if not isinstance(event, dict) or event.get("type") != MEMBER or event.get("state_key") != me:
+        return False
+    prev = obj(obj(event.get("unsigned")).get("prev_content")).get("membership")
+    return obj(event.get("content")).get("membership") == "join" and prev != "join"
 
 
 def recover_ids(room_id: str, event: Any) -> dict[str, Any]:

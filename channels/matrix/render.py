@@ -13,12 +13,13 @@ Matrix caps an event at 65,536 bytes of JSON; the body and its HTML twice make a
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
 from markdown_it import MarkdownIt
 
-from channels.base import Rendered
+from channels.base import Rendered, ReplyTarget
 from channels.textsplit import split_markdown, stream_text
 
 MAX_LEN = 8000
@@ -50,3 +51,20 @@ def render(markdown: str, limit: int = MAX_LEN) -> list[Rendered]:
 def render_stream(markdown: str, limit: int = MAX_LEN) -> Rendered:
     text = stream_text(markdown, limit) or "…"
     return Rendered(text=text, payload=content(text))
+
+
+def txn(key: str) -> str:
+    """A transaction id stable for a reply part across restarts (the homeserver's dedupe key)."""
+    return "chital-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def relates(target: ReplyTarget) -> dict[str, Any]:
+    """A reply (``m.in_reply_to``) to the user's event; inside a thread, a thread event with the
+    reply fallback, so the answer stays in the thread."""
+    reply = {"event_id": target.reply_to} if target.reply_to else None
+    if target.thread_id:
+        rel: dict[str, Any] = {"rel_type": "m.thread", "event_id": target.thread_id}
+        if reply:
+            rel.update({"is_falling_back": False, "m.in_reply_to": reply})
+        return {"m.relates_to": rel}
+    return {"m.relates_to": {"m.in_reply_to": reply}} if reply else {}
