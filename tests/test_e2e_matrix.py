@@ -8,6 +8,7 @@ the operator.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,7 +36,9 @@ async def test_dm_is_answered_as_a_reply_that_pings_nobody(
     reply = await answered(matrix_hs, up, "echo: hello")
     assert reply.content["m.mentions"] == {}, "an echoed @room must notify nobody"
     assert reply.reply_to == up["event_id"]
-    assert 'chital_messages_in_total{channel="matrix"} 1.0' in await daemon.metrics()
+    metrics = await daemon.metrics()
+    assert 'chital_messages_in_total{channel="matrix"} 1.0' in metrics
+    assert 'chital_channel_up{channel="matrix"} 1.0' in metrics
     assert matrix_hs.token not in daemon.logs()
 
 
@@ -194,6 +197,10 @@ async def test_revoked_token_is_fatal_in_readyz(daemon: DaemonProcess, matrix_hs
     matrix_hs.revoke_token()
     info = await daemon.wait_channel_state("matrix", "failed", timeout=20)
     assert "access token" in (info.get("reason") or "")
+    assert 'chital_channel_up{channel="matrix"} 0.0' in await daemon.metrics()
+    syncs = matrix_hs.syncs
+    await asyncio.sleep(3)
+    assert matrix_hs.syncs == syncs, "a revoked token is not retried"
     status, body = await daemon.get("/readyz")
     assert status == 503 and matrix_hs.token not in str(body)
     assert matrix_hs.token not in daemon.logs()
