@@ -85,6 +85,8 @@ class FakeMatrix:
         self._drop_syncs = 0
         self._stalled = False
         self.syncs = 0
+        self.uploads: list[tuple[str, bytes]] = []
+        """(file name, bytes) of every upload to the media repository."""
         self.sent: list[tuple[str, str, dict[str, Any]]] = []
         """(room, event type, content) of every event the bot sent."""
 
@@ -277,6 +279,7 @@ class FakeMatrix:
         if failure:
             return failure
         data = await request.read()
+        self.uploads.append((request.query.get("filename", ""), data))
         return web.json_response({"content_uri": self.add_media(data, request.content_type)})
 
     async def _sync(self, request: web.Request) -> web.StreamResponse:
