@@ -85,7 +85,7 @@ async def test_long_answer_is_split(daemon: DaemonProcess, matrix_hs: FakeMatrix
     parts = await matrix_hs.wait_for(
         lambda: (p := matrix_hs.replies_to(DM, up["event_id"])) and len(p) >= 2 and p, what="2+ parts"
     )
-    assert all(len(p.text) <= 8000 for p in parts)
+    assert all(len(p.text) <= 4000 for p in parts)
     assert any("<pre><code" in p.content.get("formatted_body", "") for p in parts), "code kept as code"
 
 

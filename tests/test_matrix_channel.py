@@ -318,3 +318,14 @@ async def test_a_reply_carries_the_replied_to_message_and_an_odd_one_costs_only_
         (f"@bob:{SERVER}", "the original words", True, False)
     ]
     assert await channel.thread_context(second, 5, 1000) == ()
+
+
+def test_parts_stay_under_the_event_size_for_any_text() -> None:
+    """4,000 emoji or 4,000 ``<`` would pass a character limit and be refused as M_TOO_LARGE."""
+    from channels.matrix.render import MAX_PART_BYTES, render_stream, size
+
+    for text in ("🦌" * 20_000, "<" * 20_000, "word " * 5_000):
+        parts = render(text)
+        assert all(size(p.payload) <= MAX_PART_BYTES for p in parts), text[:5]
+        assert "".join(p.text for p in parts).replace("\n", "").replace(" ", "") == text.replace(" ", "")
+        assert size(render_stream(text).payload) <= MAX_PART_BYTES

@@ -377,8 +377,8 @@ class MatrixChannel(Channel):
         new.pop("m.relates_to", None)
         body = {**new, "body": f"* {new['body']}", "m.new_content": new,
                 "m.relates_to": {"rel_type": "m.replace", "event_id": message_id}}  # fmt: skip
-        if "formatted_body" in new:
-            body["formatted_body"] = f"* {new['formatted_body']}"
+        body.pop("formatted_body", None)  # the fallback is plain: the event stays small
+        body.pop("format", None)
         await self._send_event(target.chat_id, body, f"chital-edit-{uuid.uuid4().hex}")
 
     async def typing(self, target: ReplyTarget) -> None:

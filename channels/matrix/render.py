@@ -7,8 +7,10 @@ web page, a quoted message) pings nobody. Links to ``matrix.to`` (pills: they re
 name) are shown as their text instead, so nobody is mentioned or impersonated in the bot's voice.
 Raw HTML in the model's Markdown is escaped (markdown-it with ``html`` off).
 
-Matrix caps an event at 65,536 bytes of JSON; the body and its HTML twice make a part of
-:data:`MAX_LEN` characters safe even for multi-byte text.
+Size: a homeserver refuses an event over 65,536 bytes of JSON (``M_TOO_LARGE``), and an edit
+carries its text twice more (the ``* `` fallback and ``m.new_content``). So a part is at most
+:data:`MAX_LEN` characters *and* its body plus HTML at most :data:`MAX_PART_BYTES` of UTF-8
+(4,000 emoji are 16 kB; 4,000 ``<`` are 16 kB of ``&lt;``); a part over the bytes is split again.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from markdown_it import MarkdownIt
 from channels.base import Rendered, ReplyTarget
 from channels.textsplit import split_markdown, stream_text
 
-MAX_LEN = 8000
+MAX_LEN = 4000
+MAX_PART_BYTES = 30_000
+"""Body plus formatted body of one part, in UTF-8 bytes: an edit event (about 1.5 times this)
+stays well under the 65,536-byte event limit."""
 _MD = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable(["table", "strikethrough"])
 _PILL = re.compile(r'<a href="https?://matrix\.to/[^"]*">(.*?)</a>', re.DOTALL)
 
@@ -43,14 +48,30 @@ def content(text: str) -> dict[str, Any]:
     }
 
 
+def size(payload: dict[str, Any]) -> int:
+    """UTF-8 bytes of a content's body and formatted body."""
+    return len(payload["body"].encode()) + len(payload.get("formatted_body", "").encode())
+
+
 def render(markdown: str, limit: int = MAX_LEN) -> list[Rendered]:
     parts = split_markdown(markdown, limit) or ([markdown.strip()[:limit]] if markdown.strip() else [])
-    return [Rendered(text=p, payload=content(p)) for p in parts]
+    out: list[Rendered] = []
+    for part in parts:
+        payload = content(part)
+        if size(payload) > MAX_PART_BYTES and limit > 200:
+            out.extend(render(part, limit // 2))  # multi-byte text or heavy markup: smaller parts
+        else:
+            out.append(Rendered(text=part, payload=payload))
+    return out
 
 
 def render_stream(markdown: str, limit: int = MAX_LEN) -> Rendered:
     text = stream_text(markdown, limit) or "…"
-    return Rendered(text=text, payload=content(text))
+    payload = content(text)
+    while size(payload) > MAX_PART_BYTES and len(text) > 200:
+        text = stream_text(markdown, len(text) // 2)
+        payload = content(text)
+    return Rendered(text=text, payload=payload)
 
 
 def txn(key: str) -> str:

@@ -256,6 +256,8 @@ class FakeMatrix:
             if txn in self._txns:  # idempotent, like a homeserver: the same event again
                 return web.json_response({"event_id": self._txns[txn]})
             content = await request.json()
+            if len(json.dumps(content, ensure_ascii=False).encode()) > 65_536:  # the spec's event limit
+                return _error(413, "M_TOO_LARGE", "event too large")
             event = self.event(self.user_id, content, etype)
             self._txns[txn] = event["event_id"]
             self.sent.append((room, etype, content))
