@@ -146,6 +146,8 @@ async def test_malformed_events_are_counted_and_skipped(daemon: DaemonProcess, m
         matrix_hs.inject_event(DM, event)
     huge = matrix_hs.inject_text(DM, OWNER, "x" * 40_000)
     await answered(matrix_hs, huge, "characters long")
+    beyond = matrix_hs.inject_text(DM, OWNER, "y" * 1_000_001)  # more than any platform sends
+    await answered(matrix_hs, beyond, "couldn't read that message")
     await answered(matrix_hs, bad_body, "couldn't read that message")
     ok = matrix_hs.inject_text(DM, OWNER, "still fine")
     await answered(matrix_hs, ok, "echo: still fine")
