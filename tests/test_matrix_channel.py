@@ -197,6 +197,7 @@ def test_mentions_replies_and_commands_address_the_bot_in_rooms() -> None:
     assert named is not None and named.addressed and named.text == "what now?"
     assert parse({"msgtype": "m.text", "body": "x", "m.mentions": {"user_ids": [ME]}}).addressed  # type: ignore[union-attr]
     assert parse({"msgtype": "m.text", "body": "/status"}).addressed  # type: ignore[union-attr]
+    assert not parse({"msgtype": "m.text", "body": "/usr/bin is full"}).addressed  # type: ignore[union-attr]
     reply = parse({"msgtype": "m.text", "body": "> <@chital:fake.test> old\n\nnew words",
                    "m.relates_to": {"m.in_reply_to": {"event_id": "$old"}}}, to_me=True)  # fmt: skip
     assert reply is not None and reply.addressed and reply.text == "new words", "the quoted fallback is cut"

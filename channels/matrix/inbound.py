@@ -36,7 +36,8 @@ ENCRYPTED_NOTE = (
 )
 """:attr:`Inbound.unsupported` of an encrypted event: the gateway answers it with a note."""
 REPLY_FALLBACK = re.compile(r"\A(?:>[^\n]*\n)+\n?")
-_MX_REPLY = re.compile(r"<mx-reply>.*?</mx-reply>", re.DOTALL)
+COMMAND = re.compile(r"/[A-Za-z][\w-]*(?:\s|$)")
+"""A command word at the start (``/status``, ``/new text``); a path (``/usr/bin``) is none."""
 
 
 def is_sender(value: Any) -> bool:
@@ -150,7 +151,7 @@ def to_inbound(
         is_direct
         or replies_to_me
         or names_me(content, body, me, display_name)
-        or text.lstrip().startswith("/")
+        or COMMAND.match(text.lstrip()) is not None
     )
     text = strip_address(text.lstrip(), me, display_name)
     extra: dict[str, Any] = {}
@@ -199,11 +200,6 @@ def _file(msgtype: str, content: dict[str, Any], body: str) -> tuple[tuple[Attac
         kind=kind,
     )
     return (attachment,), caption, ""
-
-
-def strip_html_reply(formatted: str) -> str:
-    """A formatted body without its ``<mx-reply>`` fallback block."""
-    return _MX_REPLY.sub("", formatted)
 
 
 def obj(value: Any) -> dict[str, Any]:
