@@ -158,11 +158,22 @@ async def test_malformed_events_are_counted_and_skipped(daemon: DaemonProcess, m
     assert body["channels"]["matrix"]["state"] == "connected"
 
 
-async def test_encrypted_dm_gets_a_clear_note(daemon: DaemonProcess, matrix_hs: FakeMatrix) -> None:
+async def test_encrypted_and_unusable_events_get_a_clear_note(
+    daemon: DaemonProcess, matrix_hs: FakeMatrix
+) -> None:
     enc = matrix_hs.event(OWNER, {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "AAAA",
                                   "session_id": "s", "sender_key": "k", "device_id": "D"}, "m.room.encrypted")  # fmt: skip
     matrix_hs.inject_event(DM, enc)
     await answered(matrix_hs, enc, "encrypted")
+    sticker = matrix_hs.inject_event(
+        DM, matrix_hs.event(OWNER, {"body": "a cat", "url": "mxc://x/y"}, "m.sticker")
+    )
+    await answered(matrix_hs, sticker, "can't use stickers")
+    matrix_hs.inject_event(
+        DM, matrix_hs.event(OWNER, {"key": "👍"}, "m.reaction")
+    )  # ignored, as the spec says
+    await answered(matrix_hs, matrix_hs.inject_text(DM, OWNER, "after"), "echo: after")
+    assert 'platform="matrix"' not in await daemon.metrics(), "nothing here was malformed"
 
 
 async def test_file_in_is_downloaded_through_the_media_repository(

@@ -209,6 +209,8 @@ def test_what_is_not_for_the_agent() -> None:
             "m.relates_to": {"rel_type": "m.replace", "event_id": "$a"}}  # fmt: skip
     assert parse(edit) is None
     assert parse({"anything": 1}, etype="m.reaction") is None
+    sticker = parse({"body": "a cat", "url": "mxc://x/y"}, direct=True, etype="m.sticker")
+    assert sticker is not None and sticker.unsupported == "stickers" and sticker.addressed
     enc = parse({"algorithm": "m.megolm.v1.aes-sha2"}, direct=True, etype="m.room.encrypted")
     assert enc is not None and enc.unsupported == ENCRYPTED_NOTE
     encrypted_file = parse({"msgtype": "m.file", "body": "a.pdf", "file": {"url": "mxc://x/y"}}, direct=True)

@@ -60,8 +60,8 @@ from . import api
 from .api import Rejected, SyncToken, authorised, checked, get_json, send_error
 from .inbound import (
     ENCRYPTED,
+    HANDLED,
     MEMBER,
-    MESSAGE,
     REPLY_FALLBACK,
     check_event,
     listed,
@@ -259,7 +259,7 @@ class MatrixChannel(Channel):
             return
         if etype == MEMBER:
             self._direct.pop(room_id, None)
-        if sender == self.user_id or etype not in (MESSAGE, ENCRYPTED):
+        if sender == self.user_id or etype not in HANDLED:
             return
         try:
             direct = await self._is_direct(room_id)

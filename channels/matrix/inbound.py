@@ -29,6 +29,14 @@ PLATFORM = "matrix"
 MESSAGE = "m.room.message"
 ENCRYPTED = "m.room.encrypted"
 MEMBER = "m.room.member"
+UNSUPPORTED_TYPES = {
+    "m.sticker": "stickers",
+    "m.poll.start": "polls",
+    "org.matrix.msc3381.poll.start": "polls",
+}
+"""Event types a person sends that the agent cannot use: answered with a note, not ignored."""
+HANDLED = frozenset({MESSAGE, ENCRYPTED, *UNSUPPORTED_TYPES})
+"""The event types :func:`to_inbound` reads; every other type is ignored (the spec says so)."""
 FILE_TYPES = {"m.image": "image", "m.file": "", "m.audio": "audio", "m.video": ""}
 TEXT_TYPES = frozenset({"m.text", "m.emote"})
 ENCRYPTED_NOTE = (
@@ -128,6 +136,10 @@ def to_inbound(
         return Inbound(platform=PLATFORM, chat_id=room_id, message_id=event_id, sender_id=sender,
                        text="", is_direct=is_direct, addressed=is_direct, thread_id=thread_id,
                        unsupported=ENCRYPTED_NOTE)  # fmt: skip
+    if etype in UNSUPPORTED_TYPES:
+        return Inbound(platform=PLATFORM, chat_id=room_id, message_id=event_id, sender_id=sender, text="",
+                       is_direct=is_direct, addressed=is_direct or replies_to_me, thread_id=thread_id,
+                       unsupported=UNSUPPORTED_TYPES[etype])  # fmt: skip
     if etype != MESSAGE or rel_type == "m.replace" or "m.new_content" in content:
         return None  # edits re-run nothing: one inbound message, at most one reply
     msgtype, body = content.get("msgtype"), content.get("body")
