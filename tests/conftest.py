@@ -26,6 +26,7 @@ from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import Rig, fake_rig, gateway_rig
 from tests.fakes.langsmith_server import FakeLangSmith
 from tests.fakes.lark_server import FakeLark
+from tests.fakes.matrix_server import FakeMatrix
 from tests.fakes.ntfy_server import FakeNtfy
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.search_server import FakeSearch
@@ -164,6 +165,15 @@ async def bark() -> AsyncIterator[FakeBark]:
 async def ntfy() -> AsyncIterator[FakeNtfy]:
     """A fake ntfy server on 127.0.0.1 that wants a bearer token (tests/fakes/ntfy_server.py)."""
     fake = FakeNtfy(token="tk_ntfytesttoken0123456789")
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def matrix_hs() -> AsyncIterator[FakeMatrix]:
+    """The fake Matrix homeserver (tests/fakes/matrix_server.py)."""
+    fake = FakeMatrix()
     await fake.start()
     yield fake
     await fake.stop()

@@ -28,6 +28,9 @@ CHAT_TOKENS = (
     "DISCORD_BOT_TOKEN",
     "LARK_APP_ID",
     "LARK_APP_SECRET",
+    "MATRIX_HOMESERVER",
+    "MATRIX_USER_ID",
+    "MATRIX_ACCESS_TOKEN",
 )
 MODEL_SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CHITAL_CONFIG", "CHITAL_DATA", "CHITAL_MODEL")
 """What the developer's shell may set that would change which model, config or data a child uses."""
@@ -145,7 +148,7 @@ def base_config(data_dir: Path, model_base_url: str, http_port: int) -> dict[str
             "context": {"title": "truncate"},
             "memory": {"debounce_seconds": 0.5},
         },
-        "channels": {name: {"enabled": False} for name in ("telegram", "slack", "discord", "lark")},
+        "channels": {name: {"enabled": False} for name in ("telegram", "slack", "discord", "lark", "matrix")},
         "storage": storage,
         "concurrency": {"max_turns": 8, "shutdown_grace": 5},
         "delivery": {"first_edit_delay": 0.2},

@@ -134,8 +134,8 @@ async def test_init_refuses_bad_answers_and_never_echoes_them(tmp_path: Path, mo
     assert "SLACK_BOT_TOKEN: that is not a Slack bot token: it starts with xoxb-" in out
     assert "xapp-1-swapped" not in out and not (tmp_path / ".env").exists()
 
-    rc, out = await chital("init", cwd=tmp_path, stdin="telegram, matrix\n")
-    assert rc == 2 and "unknown channel 'matrix': choose from telegram, slack, discord, lark" in out
+    rc, out = await chital("init", cwd=tmp_path, stdin="telegram, irc\n")  # matrix is a channel now
+    assert rc == 2 and "unknown channel 'irc': choose from telegram, slack, discord, lark" in out
 
     # A value that would break the .env's quoting.
     rc, out = await chital("init", cwd=tmp_path, stdin=answers(model.base_url, key="sk-a b'c"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,6 +28,7 @@ import pytest
 from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.lark_server import FakeLark
+from tests.fakes.matrix_server import SERVER, FakeMatrix
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
@@ -41,9 +43,11 @@ OTHERS = {
     "slack_bot": "xoxb-other-bot-token-value",
     "slack_app": "xapp-1-other-app-token-value",
     "lark": "larkSecret0123456789abcdefABCDEF",
+    "matrix": "syt_b3RoZXI_OtherMatrixTokenValue_1a2b3c",
 }
 """Credentials of the platforms not under test: configured (disabled) so every kind is present."""
 USER_TG, USER_SLACK, USER_DC, USER_LARK = 5150, "U_FRIEND", "424242424242424242", "ou_friend"
+USER_MX = f"@friend:{SERVER}"
 OUTPUTS = "/mnt/user-data/outputs"
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -216,6 +220,41 @@ def on_lark(fake: FakeLark) -> Platform:
     )
 
 
+def on_matrix(fake: FakeMatrix) -> Platform:
+    """Matrix has no buttons: the prompt asks for ``approve CODE`` in words, and that is typed."""
+    room = fake.room(f"!friend:{SERVER}", USER_MX)
+
+    async def ask(text: str) -> Any:
+        return fake.inject_text(room, USER_MX, text)
+
+    async def buttons() -> Any:
+        return await fake.wait_for(
+            lambda: next((m for m in fake.bot_messages(room) if "`approve " in m.text), None),
+            30,
+            "the prompt",
+        )
+
+    async def press(prompt: Any) -> str:
+        code = re.search(r"`approve ([A-Za-z0-9]+)`", prompt.text)
+        assert code is not None, prompt.text
+        typed = fake.inject_text(room, USER_MX, f"approve {code.group(1)}")
+        answer = await fake.wait_for(lambda: fake.replies_to(room, typed["event_id"]), 15, "the answer")
+        return answer[-1].text
+
+    def sent() -> str:
+        files = [(n, d.decode(errors="replace")) for n, d in fake.uploads]
+        return json.dumps([[c for _, _, c in fake.sent], files], default=str, ensure_ascii=False)
+
+    async def connected() -> None:
+        await fake.wait_for(lambda: fake.syncs >= 2, 30, "the first long poll")
+
+    settings = fake.channel_settings()
+    settings.pop("enabled")
+    return Platform(
+        "matrix", [fake.token], settings, f"matrix:{USER_MX}", ask, buttons, press, sent, connected
+    )
+
+
 def config(tmp_path: Path, model: FakeOpenAI, platform: Platform) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     scheme, _, rest = model.base_url.partition("://")
@@ -227,6 +266,9 @@ def config(tmp_path: Path, model: FakeOpenAI, platform: Platform) -> dict[str, A
     channels["discord"].update(token=OTHERS["discord"])
     channels["slack"].update(bot_token=OTHERS["slack_bot"], app_token=OTHERS["slack_app"])
     channels["lark"].update(app_id="cli_other", app_secret=OTHERS["lark"])
+    channels["matrix"].update(
+        homeserver="https://matrix.invalid", user_id="@x:invalid", access_token=OTHERS["matrix"]
+    )
     channels[platform.name] = {"enabled": True, **platform.channel}
     cfg["access"] = {"allow_users": [platform.access]}
     cfg["agent"]["approvals"] = {"tools": ["execute"], "timeout": 600}
@@ -244,12 +286,21 @@ def leaks(text: str, secrets: list[str]) -> list[str]:
     return [s for s in secrets if s in text or quote(s, safe="") in text]
 
 
-@pytest.fixture(params=["telegram", "slack", "discord", "lark"])
+@pytest.fixture(params=["telegram", "slack", "discord", "lark", "matrix"])
 def platform(request: pytest.FixtureRequest) -> Platform:
     name = request.param
-    fixture = {"telegram": "tg", "slack": "slack", "discord": "dc", "lark": "lark"}[name]
+    fixture = {"telegram": "tg", "slack": "slack", "discord": "dc", "lark": "lark", "matrix": "matrix_hs"}[
+        name
+    ]
     fake = request.getfixturevalue(fixture)
-    return {"telegram": on_telegram, "slack": on_slack, "discord": on_discord, "lark": on_lark}[name](fake)
+    makers = {
+        "telegram": on_telegram,
+        "slack": on_slack,
+        "discord": on_discord,
+        "lark": on_lark,
+        "matrix": on_matrix,
+    }
+    return makers[name](fake)
 
 
 @pytest.mark.bwrap
@@ -330,12 +381,15 @@ def test_every_kind_of_secret_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
            "SLACK_APP_TOKEN": "xapp-env-app-tok", "DISCORD_BOT_TOKEN": "env-discord-token",
            "LARK_APP_ID": "cli_app_id_is_no_secret", "LARK_APP_SECRET": "env-lark-secret",
            "OPENAI_API_KEY": "env-openai-key", "MY_SERVICE_PASSWORD": "env-service-pw",
-           "CHITAL_MODEL": "gpt-x", "OPENAI_BASE_URL": "https://u:env-url-pw@llm.example/v1"}  # fmt: skip
+           "CHITAL_MODEL": "gpt-x", "OPENAI_BASE_URL": "https://u:env-url-pw@llm.example/v1",
+           "MATRIX_ACCESS_TOKEN": "env-matrix-token", "MATRIX_USER_ID": "@bot:matrix.example"}  # fmt: skip
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     found = daemon_secrets(parse_config(builtin_defaults(), "defaults"))
-    expected = [v for k, v in env.items() if k not in ("LARK_APP_ID", "CHITAL_MODEL", "OPENAI_BASE_URL")]
+    plain = ("LARK_APP_ID", "CHITAL_MODEL", "OPENAI_BASE_URL", "MATRIX_USER_ID")
+    expected = [v for k, v in env.items() if k not in plain]
     assert set(expected) <= set(found) and "env-url-pw" in found
+    assert "@bot:matrix.example" not in found, "the bot's user id is no secret (it is in every message)"
     assert "cli_app_id_is_no_secret" not in found and "gpt-x" not in found
 
     cfg = parse_config(

@@ -38,11 +38,16 @@ HINTS: dict[tuple[str, str], str] = {
     ("discord", "token"): "Discord bot token (Developer Portal > Bot > Reset Token)",
     ("lark", "app_id"): "Feishu/Lark app id (cli_...)",
     ("lark", "app_secret"): "Feishu/Lark app secret",
+    ("matrix", "homeserver"): "Matrix homeserver base URL (https://matrix.example.org)",
+    ("matrix", "user_id"): "the bot account's Matrix user id (@chital:example.org)",
+    ("matrix", "access_token"): "the bot account's access token (docs/setup/matrix.md)",
 }
 SHAPES: dict[tuple[str, str], tuple[re.Pattern[str], str]] = {
     ("telegram", "token"): (re.compile(r"\d+:[A-Za-z0-9_-]+"), "looks like 123456:ABC-..."),
     ("slack", "bot_token"): (re.compile(r"xoxb-.+"), "starts with xoxb- (the app-level token is xapp-)"),
     ("slack", "app_token"): (re.compile(r"xapp-.+"), "starts with xapp- (the bot token is xoxb-)"),
+    ("matrix", "homeserver"): (re.compile(r"https?://\S+"), "a URL: https://matrix.example.org"),
+    ("matrix", "user_id"): (re.compile(r"@[^:\s]+:\S+"), "looks like @name:example.org"),
 }
 """Mistakes worth catching before the check: a Slack token pasted in the other's place."""
 

@@ -161,6 +161,20 @@ async def probe_lark(session: aiohttp.ClientSession, cfg: Config) -> str:
     raise ProbeFailed(f"tenant_access_token: code {data.get('code')} {data.get('msg', '')}".strip())
 
 
+async def probe_matrix(session: aiohttp.ClientSession, cfg: Config) -> str:
+    c = cfg.channels.matrix
+    headers = {"Authorization": f"Bearer {_secret(c.access_token)}"}
+    url = f"{c.homeserver.rstrip('/')}/_matrix/client/v3/account/whoami"
+    async with session.get(url, headers=headers) as resp:
+        data = await _json(resp)
+        status = resp.status
+    if status == 200 and data.get("user_id") == c.user_id:
+        return f"whoami: {c.user_id}"
+    if status == 200:
+        raise ProbeFailed(f"whoami: the token belongs to {data.get('user_id')!s}, not {c.user_id}")
+    raise ProbeFailed(f"whoami: HTTP {status} {data.get('errcode', '')} {data.get('error', '')}".strip())
+
+
 async def probe_model(session: aiohttp.ClientSession, cfg: Config, index: int) -> str:
     spec = cfg.models[index]
     kwargs = spec.kwargs()
@@ -240,6 +254,7 @@ async def run_probes(cfg: Config) -> list[Outcome]:
         "slack": probe_slack,
         "discord": probe_discord,
         "lark": probe_lark,
+        "matrix": probe_matrix,
     }
     jobs: list[tuple[str, Callable[[aiohttp.ClientSession], Awaitable[str]] | None, str]] = []
     for name, (ready, why) in channel_readiness(cfg).items():

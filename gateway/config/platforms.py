@@ -18,6 +18,7 @@ from pydantic import SecretStr
 from channels.base import Channel
 from channels.discord import DiscordSettings
 from channels.lark import LarkSettings
+from channels.matrix import MatrixSettings
 from channels.settings import ChannelSettings
 from channels.slack import SlackSettings
 from channels.telegram import TelegramSettings
@@ -36,8 +37,11 @@ class Platform:
     single_consumer: bool = False
     """The platform allows one inbound connection per bot (Telegram's long polling, Discord's
     gateway for one shard): with several daemons, only the leader runs it (gateway/daemon/cluster.py)."""
+    keeps_state: bool = False
+    """The adapter keeps a small file in the data directory (Matrix's sync token): it gets
+    ``state_dir`` besides its settings."""
 
-    def build(self, settings: ChannelSettings) -> Channel:
+    def build(self, settings: ChannelSettings, state_dir: str = "") -> Channel:
         """The adapter, each field of the settings model passed to the constructor parameter of the
         same name (secrets unwrapped, a missing credential as ``""``)."""
         module, _, name = self.adapter.partition(":")
@@ -46,6 +50,8 @@ class Platform:
         for field, value in values.items():
             if field in self.settings.required or isinstance(value, SecretStr):
                 values[field] = settings.plain(field)
+        if self.keeps_state:
+            values["state_dir"] = state_dir
         return cls(**values)
 
 
@@ -54,6 +60,13 @@ PLATFORMS: tuple[Platform, ...] = (
     Platform("slack", SlackSettings, "channels.slack.channel:SlackChannel"),
     Platform("discord", DiscordSettings, "channels.discord.channel:DiscordChannel", single_consumer=True),
     Platform("lark", LarkSettings, "channels.lark.channel:LarkChannel"),
+    Platform(
+        "matrix",
+        MatrixSettings,
+        "channels.matrix.channel:MatrixChannel",
+        single_consumer=True,
+        keeps_state=True,
+    ),
 )
 
 
@@ -85,7 +98,7 @@ def build_channels(cfg: Config) -> tuple[list[Channel], dict[str, str]]:
     for p in PLATFORMS:
         ok, why = ready[p.name]
         if ok:
-            channels.append(p.build(getattr(cfg.channels, p.name)))
+            channels.append(p.build(getattr(cfg.channels, p.name), str(cfg.storage.path)))
         else:
             off[p.name] = why
     return channels, off
