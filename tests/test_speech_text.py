@@ -3,10 +3,14 @@ count as the audio asked for (``is_audio``), on the real redactor and the real a
 
 from __future__ import annotations
 
+import html
+import unicodedata
+from urllib.parse import unquote
+
 import pytest
 
 from agent.redact import Redactor
-from gateway.delivery.speech import is_audio, speakable
+from gateway.delivery.speech import holds_secret, is_audio, speakable
 from tests.fakes.audio import mp3, ogg_opus
 
 SECRET = "xoxb-1234-abcdefABCDEF"
@@ -41,6 +45,44 @@ def test_an_unterminated_code_block_is_not_read_out() -> None:
 def test_a_secret_is_never_given_to_the_speech_service(answer: str) -> None:
     said = speakable(answer, redact, 500)
     assert SECRET not in said and SECRET.replace("-", "") not in said.replace("-", "")
+
+
+def _fullwidth(text: str) -> str:
+    return "".join(chr(ord(c) + 0xFEE0) if 0x21 <= ord(c) <= 0x7E else c for c in text)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        f"| {SECRET[:9]} | {SECRET[9:]} |",  # a table cell per half: the bar becomes a comma
+        f"{SECRET[:9]}\n{SECRET[9:]}",  # a line each
+        f"{SECRET[:9]}\n# {SECRET[9:]}",  # the second half a heading
+        f"{SECRET[:9]}\u200b{SECRET[9:]}",  # a zero-width space between
+        " ".join(SECRET),  # spelled out
+        "-".join(SECRET),
+        SECRET.upper(),
+        _fullwidth(SECRET),
+        f"[{SECRET[:9]}](https://a.example) [{SECRET[9:]}](https://b.example)",
+        f"{SECRET[:9]}<b>{SECRET[9:]}</b>",
+        f"{SECRET[:9]}\\{SECRET[9:]}",
+        "".join(f"%{ord(c):02X}" for c in SECRET),  # percent-escaped
+        "".join(f"&#{ord(c)};" for c in SECRET),  # HTML entities
+    ],
+)
+def test_a_secret_in_pieces_is_caught_before_the_speech_service(answer: str) -> None:
+    """The redactor masks a secret where it stands whole; one spelled out in pieces passes it, so
+    what would be sent is checked once more, letters and digits only, and such an answer is not
+    spoken (gateway/turns/spoken.py sends a note instead). The oracle here decodes and folds
+    independently of the code under test."""
+    said = speakable(answer, redact, 500)
+    sent = "" if holds_secret(said, redact.secrets) else said
+    heard = unicodedata.normalize("NFKC", html.unescape(unquote(sent))).casefold()
+    assert "xoxb1234abcdefabcdef" not in "".join(c for c in heard if c.isalnum()), said
+
+
+def test_ordinary_answers_are_not_taken_for_secrets() -> None:
+    for answer in ["The build passed. Deploy with make release.", "xoxb tokens start like that", SECRET[:8]]:
+        assert not holds_secret(speakable(answer, redact, 500), redact.secrets)
 
 
 def test_a_long_answer_is_cut_after_a_sentence_within_the_bound() -> None:

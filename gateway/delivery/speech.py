@@ -14,11 +14,15 @@ only if it is the audio asked for (Ogg Opus or MP3, by its first bytes, whatever
 from __future__ import annotations
 
 import asyncio
+import html
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+import unicodedata
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Literal
+from urllib.parse import unquote
 
+from agent.redact import MIN_SECRET_CHARS, encodings
 from gateway.config.sections import SpeechConfig
 
 log = logging.getLogger(__name__)
@@ -34,6 +38,8 @@ _LINK = re.compile(r"!?\[([^\]\n]*)\]\([^)\s]*\)")
 _URL = re.compile(r"<?\bhttps?://\S+>?")
 _MARKERS = re.compile(r"(\*\*|__|~~|`|^#{1,6}\s+|^\s*>\s?|^\s*[-*+]\s+|^\s*\|)", re.M)
 _SPACE = re.compile(r"[ \t]+")
+_TAG = re.compile(r"</?[A-Za-z][^<>\n]{0,80}>")
+_NOT_ALNUM = re.compile(r"[^0-9a-z]+")
 
 
 class SpeechFailed(Exception):
@@ -49,6 +55,7 @@ def speakable(markdown: str, redact: Callable[[str], str], max_chars: int) -> st
     text = _FENCE.sub(" (code shown in the text) ", text)
     text = _LINK.sub(r"\1", text)
     text = _URL.sub("a link", text)
+    text = _TAG.sub("", text)
     text = _MARKERS.sub("", text)
     text = text.replace("|", ", ").replace("*", "")
     lines = [_SPACE.sub(" ", line).strip() for line in text.splitlines()]
@@ -61,6 +68,31 @@ def speakable(markdown: str, redact: Callable[[str], str], max_chars: int) -> st
     if end > len(cut) // 2:
         cut = cut[: end + 1]
     return cut.rstrip() + tail
+
+
+def _skeleton(text: str) -> str:
+    """``text`` as a listener hears a spelled-out string: compatibility forms folded (full-width
+    letters), case gone, and every character that is not a letter or digit dropped (spaces,
+    dashes, table bars, line breaks, zero-width joiners, Markdown or HTML between the pieces)."""
+    return _NOT_ALNUM.sub("", unicodedata.normalize("NFKC", text).casefold())
+
+
+def holds_secret(text: str, secrets: Iterable[str]) -> bool:
+    """Whether ``text`` still carries one of ``secrets`` (as-is, URL-quoted or in base64) once
+    everything between its letters and digits is ignored, also after HTML entities and
+    percent-escapes are decoded. The redactor masks a secret where it appears whole; an answer
+    that spells one out in pieces ("xoxb-12 34…", a table cell per half, one character a line)
+    gets past it, and a speech service must never receive it: such an answer is not spoken."""
+    forms = {_TAG.sub("", text)}
+    forms |= {html.unescape(f) for f in forms}
+    forms |= {unquote(f) for f in forms}
+    heard = [_skeleton(f) for f in forms]
+    for secret in secrets:
+        for variant in encodings(secret) | {secret}:
+            bones = _skeleton(variant)
+            if len(bones) >= MIN_SECRET_CHARS and any(bones in h for h in heard):
+                return True
+    return False
 
 
 def is_audio(data: bytes, fmt: Format) -> bool:

@@ -27,12 +27,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from channels.base import ChannelError, OutFile, PermanentSendError
-from gateway.delivery.speech import SUFFIX, Format, SpeechFailed, speakable, synthesize
+from gateway.delivery.speech import SUFFIX, Format, SpeechFailed, holds_secret, speakable, synthesize
 from gateway.intake import media
 from gateway.intake.access import is_admin
 from gateway.turns.usage import budget_refusal
 
 if TYPE_CHECKING:
+    from agent.redact import Redactor
     from gateway.config.schema import Config
     from gateway.delivery.reply import Reply
     from gateway.ops.metrics import Metrics
@@ -60,7 +61,7 @@ class Speaker:
     """Speaks answers for the turns of one daemon (see the module docstring)."""
 
     def __init__(
-        self, config: Config, store: Store, redact: Callable[[str], str], turns: TurnQueue | None = None
+        self, config: Config, store: Store, redact: Redactor, turns: TurnQueue | None = None
     ) -> None:
         self.config, self.cfg = config, config.speech
         self._store, self._redact, self._turns = store, redact, turns
@@ -120,6 +121,9 @@ class Speaker:
         text = speakable(answer, self._redact, self.cfg.max_chars)
         if not text.strip():
             return "there is no text in it to read out"
+        if holds_secret(text, self._redact.secrets):
+            log.warning("answer %s not spoken: it spells out one of the daemon's secrets", entry.key)
+            return "it holds something secret, written in pieces, that I must not read out"
         native = reply.channel.name in NATIVE_VOICE
         fmt: Format = "opus" if native else self.cfg.file_format
         released = self._turns.released() if self._turns is not None else contextlib.nullcontext()
