@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import html
+import ipaddress
 import logging
 import re
+import socket
 import unicodedata
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Literal
 from urllib.parse import unquote
 
 from agent.redact import MIN_SECRET_CHARS, encodings
+from agent.tools.web_guard import embedded_ipv4
 from gateway.config.sections import SpeechConfig
 
 log = logging.getLogger(__name__)
@@ -109,10 +112,17 @@ async def synthesize(cfg: SpeechConfig, text: str, fmt: Format) -> bytes:
     be, bytes that are not the audio asked for, more than ``max_bytes``."""
     import openai  # the daemon's agent imports it anyway; other commands need not
 
+    await _check_address(cfg.base_url or OPENAI_API)
     key = cfg.api_key.get_secret_value() if cfg.api_key else "none"  # the SDK insists on some key
     # Always passed: the SDK would otherwise take $OPENAI_BASE_URL, maybe the chat model's server.
+    # Redirects are not followed (the SDK would): a 307 replays the POST, the answer's text, to
+    # wherever the service points, another host or a cloud metadata address.
     client = openai.AsyncOpenAI(
-        api_key=key, base_url=cfg.base_url or OPENAI_API, timeout=cfg.timeout, max_retries=cfg.retries
+        api_key=key,
+        base_url=cfg.base_url or OPENAI_API,
+        timeout=cfg.timeout,
+        max_retries=cfg.retries,
+        http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False),
     )
     try:
         # One deadline over the calls, their retries and the download: a service trickling bytes
@@ -125,6 +135,9 @@ async def synthesize(cfg: SpeechConfig, text: str, fmt: Format) -> bytes:
                 if kind.startswith("text/") or kind.endswith("json"):
                     log.warning("speech: the service answered %s instead of audio", kind)
                     raise SpeechFailed("the speech service sent back text instead of audio")
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > cfg.max_bytes:  # refused before reading
+                    raise SpeechFailed(_too_big(cfg.max_bytes))
                 data = await _read_capped(response.iter_bytes(), cfg.max_bytes)
     except (TimeoutError, openai.APITimeoutError):
         raise SpeechFailed(f"the speech service did not answer in time (within {cfg.timeout:g} s)") from None
@@ -146,16 +159,52 @@ async def synthesize(cfg: SpeechConfig, text: str, fmt: Format) -> bytes:
     return data
 
 
+async def _check_address(base_url: str) -> None:
+    """Refuse a speech service whose host is, or resolves to, a link-local address (the cloud
+    metadata service at 169.254.169.254, fe80::/10; IPv4 inside IPv6 judged as IPv4) or an
+    unspecified or multicast one. Loopback and private addresses stay open: a self-hosted speech
+    server usually lives there. The host is read as httpx will connect to it and resolved by the
+    same ``getaddrinfo`` (legacy spellings like ``2852039166`` included). A name that resolves
+    differently a moment later (DNS rebinding) is not caught: the address is the operator's
+    config, and the chat model's key is never sent to it (``speech.api_key`` only)."""
+    import httpx
+
+    url = httpx.URL(base_url)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise SpeechFailed("the speech service's address is not an http(s) URL (ask the admin)")
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            url.host, url.port or 443, type=socket.SOCK_STREAM
+        )
+    except OSError:
+        raise SpeechFailed("I could not reach the speech service") from None
+    for info in infos:
+        ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        ip = embedded_ipv4(ip) or ip
+        if ip.is_link_local or ip.is_unspecified or ip.is_multicast:
+            log.warning("speech: refused, %s resolves to %s", url.host, ip)
+            raise SpeechFailed(
+                "the speech service's address is link-local (like a cloud metadata service), "
+                "which I never send text to (ask the admin)"
+            )
+
+
 async def _read_capped(chunks: AsyncIterator[bytes], limit: int) -> bytes:
     out = bytearray()
     async for chunk in chunks:
         out += chunk
         if len(out) > limit:
-            raise SpeechFailed(f"the speech service sent back more than {limit // 1024} KB of audio")
+            raise SpeechFailed(_too_big(limit))
     return bytes(out)
 
 
+def _too_big(limit: int) -> str:
+    return f"the speech service sent back more than {limit // 1024} KB of audio"
+
+
 def _status_reason(status: int) -> str:
+    if 300 <= status < 400:
+        return f"the speech service redirected me elsewhere (HTTP {status}); I do not follow (ask the admin)"
     if status in (401, 403):
         return "the speech service refused my key (ask the admin)"
     if status == 429:

@@ -76,6 +76,12 @@ class Spoken:
     """An error answer's message (to show it never reaches the chat verbatim)."""
     gate: asyncio.Event | None = None
     """Held until this event is set (a test kills the daemon while the audio is on its way)."""
+    location: str | None = None
+    """Answer ``307 Temporary Redirect`` to this URL instead (a service sending the text elsewhere)."""
+    trickle: float | None = None
+    """Stream a chunked body of a few real audio bytes every this many seconds, never ending."""
+    declared: int | None = None
+    """Declare this ``Content-Length``, send the first bytes of real audio and then nothing more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +298,7 @@ class FakeOpenAI:
             return web.Response(body=heard.raw, content_type="application/json")
         return web.json_response({"text": heard.text})
 
-    async def _speech(self, request: web.Request) -> web.Response:
+    async def _speech(self, request: web.Request) -> web.StreamResponse:
         """OpenAI's text-to-speech: JSON ``model``, ``voice``, ``input``, ``response_format``."""
         body = await request.json()
         self.speech.append({**body, "authorization": request.headers.get("Authorization", "")})
@@ -305,10 +311,22 @@ class FakeOpenAI:
             return self._error(Reply(status=400, error_message="input, model and voice are required"))
         if spoken.status != 200:
             return self._error(Reply(status=spoken.status, error_message=spoken.error_body))
+        if spoken.location is not None:
+            return web.Response(status=307, headers={"Location": spoken.location})
         fmt = body.get("response_format", "mp3")
         default_type, made = ("audio/ogg", audio.ogg_opus()) if fmt == "opus" else ("audio/mpeg", audio.mp3())
         data = made if spoken.raw is None else spoken.raw
-        return web.Response(body=data, headers={"Content-Type": spoken.content_type or default_type})
+        headers = {"Content-Type": spoken.content_type or default_type}
+        if spoken.trickle is None and spoken.declared is None:
+            return web.Response(body=data, headers=headers)
+        stream = web.StreamResponse(headers=headers)
+        if spoken.declared is not None:
+            stream.content_length = spoken.declared
+        await stream.prepare(request)
+        await stream.write(data[:256])
+        while True:  # until the client gives up (the connection closes under this handler)
+            await asyncio.sleep(spoken.trickle or 3600)
+            await stream.write(data[:8])
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
