@@ -18,7 +18,7 @@ import pytest
 
 from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.fakes.discord_server import FakeDiscord
-from tests.fakes.gateway_rig import turns_settled
+from tests.fakes.gateway_rig import daemon_rows, turns_settled
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, Heard, Reply, Spoken
 from tests.fakes.slack_server import FakeSlack
@@ -337,3 +337,68 @@ async def test_an_answer_that_spends_the_budget_is_not_spoken(
         assert note == "(couldn't speak this answer: your daily budget is used up)"
         await turns_settled(daemon.config["storage"], timeout=30)
         assert not model.speech and not voices(tg), "no call to the speech service"
+
+
+# -- who may switch it: an admin in a group, anyone in their own chat, a stranger gets pairing only ----
+
+ADMIN, MEMBER, STRANGER, GROUP = 4001, 4002, 6666, -100500777
+
+
+@pytest.fixture
+async def tg_group(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram) -> AsyncIterator[DaemonProcess]:
+    cfg = chat_config(
+        tmp_path,
+        model.base_url,
+        tg,
+        allow=[str(MEMBER)],
+        agent={"tools": False},
+        speech=speech_section(model),
+    )
+    cfg["access"].update(admins=[str(ADMIN)], pairing=True, group_policy="mention")
+    async with started_daemon(tmp_path, cfg) as d:
+        yield d
+
+
+async def tg_command(tg: FakeTelegram, chat: int, user: int, line: str, needle: str) -> str:
+    """Send ``/name args`` as ``user`` in ``chat``; the bot's reply to it that shows ``needle``."""
+    name, _, args = line[1:].partition(" ")
+    kind = "private" if chat == user else "supergroup"
+    up = tg.inject_command(chat, user, name, args, chat_type=kind, at=None if kind == "private" else "")
+    mid = int(up["message"]["message_id"])
+
+    def check() -> str | None:
+        return next((m.text for m in tg.bot_messages(chat) if m.reply_to == mid and needle in m.text), None)
+
+    return await tg.wait_for(check, timeout=30, what=f"reply with {needle!r}")
+
+
+async def test_in_a_group_only_an_admin_switches_voice_and_a_stranger_gets_pairing_only(
+    tg_group: DaemonProcess, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    refusal = await tg_command(tg, GROUP, MEMBER, "/voice all", "Only an admin")
+    assert "Voice all" not in refusal
+    assert "Voice is off here" in await tg_command(tg, GROUP, MEMBER, "/voice", "Voice")
+    assert "Voice all" in await tg_command(tg, GROUP, ADMIN, "/voice all", "Voice all")
+    assert "Voice is all here" in await tg_command(tg, GROUP, MEMBER, "/voice", "Voice")
+    # In their own chat a member decides for themselves.
+    assert "Voice on" in await tg_command(tg, MEMBER, MEMBER, "/voice on", "Voice on")
+
+    pairing = await tg_command(tg, STRANGER, STRANGER, "/voice all", "pairing code")
+    assert "Voice" not in pairing
+    seen = [m.text for m in tg.bot_messages(STRANGER)]
+    assert not any("Voice" in t or "voice mode" in t for t in seen), seen
+    rows = await asyncio.to_thread(
+        daemon_rows, tg_group.config["storage"], "SELECT conversation, mode, user FROM conversation_voice", ()
+    )
+    assert sorted(r[2] for r in rows) == [f"telegram:{ADMIN}", f"telegram:{MEMBER}"], rows
+    assert model.speech == []
+
+
+async def test_voice_arguments_with_bidi_and_mentions_are_echoed_inert(
+    tg_speaking: DaemonProcess, tg: FakeTelegram
+) -> None:
+    mid = await tg_say(tg, "/voice \u202eno\u200b @everyone")
+    reply = await tg_answer(tg, mid, "not a voice mode")
+    assert "\u202e" not in reply and "\u200b" not in reply
+    (shown,) = [m for m in tg.bot_messages(TG_USER) if m.reply_to == mid]
+    assert not [e for e in shown.entities if e.get("type") in ("mention", "text_link", "url")]
