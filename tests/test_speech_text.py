@@ -4,12 +4,14 @@ count as the audio asked for (``is_audio``), on the real redactor and the real a
 from __future__ import annotations
 
 import html
+import struct
 import unicodedata
 from urllib.parse import unquote
 
 import pytest
 
 from agent.redact import Redactor
+from channels.lark.im import ogg_duration_ms
 from gateway.delivery.speech import holds_secret, is_audio, speakable
 from tests.fakes.audio import mp3, ogg_opus
 
@@ -97,3 +99,15 @@ def test_audio_is_recognised_by_its_first_bytes() -> None:
     assert not is_audio(mp3(), "opus") and not is_audio(ogg_opus(), "mp3")
     assert not is_audio(b"OggS" + bytes(200), "opus"), "an Ogg file without Opus (Vorbis, garbage)"
     assert not is_audio(b"<html>", "mp3") and not is_audio(b"", "mp3") and not is_audio(b"\xff", "mp3")
+
+
+def test_an_ogg_duration_is_read_and_a_lying_one_is_not_believed() -> None:
+    """Lark's audio message carries the length the daemon reads from the Ogg pages; a speech
+    service's Ogg whose last page claims hours (or a negative length) is not passed on."""
+    real = ogg_opus(frames=100)
+    assert ogg_duration_ms(real) == 2000
+    last = real.rfind(b"OggS")
+    for granule in (1 << 62, -1, 312):
+        lying = bytearray(real)
+        struct.pack_into("<q", lying, last + 6, granule)
+        assert ogg_duration_ms(bytes(lying)) == 0, granule

@@ -139,16 +139,23 @@ def resource_request(file_id: str) -> GetMessageResourceRequest:
     return GetMessageResourceRequest.builder().message_id(message_id).file_key(key).type(kind).build()
 
 
+MAX_MS_PER_BYTE = 120
+"""An Opus packet is at least one byte (plus its lacing byte) and at most 120 ms long: a stream
+claiming more than this many milliseconds per byte lies about its length."""
+
+
 def ogg_duration_ms(data: bytes) -> int:
     """An Ogg Opus stream's length in milliseconds: the last page's granule position (48 kHz
-    samples) less the header's pre-skip; 0 when the bytes do not say."""
+    samples) less the header's pre-skip; 0 when the bytes do not say, or say more than the bytes
+    could hold (the audio comes from a speech service, and Lark shows this length to the user)."""
     last = data.rfind(b"OggS")
     head = data.find(b"OpusHead")
-    if last < 0 or head < 0 or len(data) < last + 14 or len(data) < head + 12:
+    if last < 0 or head < 0 or len(data) < last + 14 or len(data) < head + 12 or data[last + 4] != 0:
         return 0
     (granule,) = struct.unpack_from("<q", data, last + 6)
     (pre_skip,) = struct.unpack_from("<H", data, head + 10)
-    return max(0, (granule - pre_skip) // 48)
+    ms = (granule - pre_skip) // 48
+    return ms if 0 < ms <= len(data) * MAX_MS_PER_BYTE else 0
 
 
 def upload_request(file: OutFile, data: Any) -> tuple[str, Any]:
