@@ -402,3 +402,27 @@ async def test_voice_arguments_with_bidi_and_mentions_are_echoed_inert(
     assert "\u202e" not in reply and "\u200b" not in reply
     (shown,) = [m for m in tg.bot_messages(TG_USER) if m.reply_to == mid]
     assert not [e for e in shown.entities if e.get("type") in ("mention", "text_link", "url")]
+
+
+async def test_a_user_over_the_daily_speech_allowance_gets_text_and_a_note(
+    tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    """``/voice all`` and a stream of long answers cannot spend the operator's speech money
+    unbounded: past ``daily_chars_per_user`` the answer comes as text with a note, and nothing
+    more reaches the speech service."""
+    cfg = chat_config(
+        tmp_path, model.base_url, tg, allow=[f"telegram:{TG_USER}"], agent={"tools": False},
+        speech=speech_section(model, daily_chars_per_user=60),
+    )  # fmt: skip
+    async with started_daemon(tmp_path, cfg):
+        mid = await tg_say(tg, "/voice all")
+        await tg_answer(tg, mid, "Voice all")
+        model.add_rule(lambda t: t.endswith("first"), Reply(text="A" * 40 + "."))
+        model.add_rule(lambda t: t.endswith("second"), Reply(text="B" * 40 + "."))
+        mid = await tg_say(tg, "first")
+        await tg.wait_for(lambda: voices(tg) or None, timeout=30, what="the first voice")
+        mid = await tg_say(tg, "second")
+        note = await tg_answer(tg, mid, "couldn't speak this answer")
+        assert "60 characters spoken today" in note and "voice is back tomorrow" in note, note
+        assert any(m.text.startswith("BBBB") for m in tg.bot_messages(TG_USER)), "the text came"
+        assert len(model.speech) == 1 and len(voices(tg)) == 1

@@ -218,6 +218,11 @@ class SpeechConfig(Strict):
     concurrency: int = Field(2, ge=1, le=64)
     """Answers spoken at once over all users. Speech runs after the answer went out, outside the
     turn slots, so a slow speech service never delays anyone's text answers."""
+    daily_chars_per_user: int = Field(50_000, ge=0)
+    """Characters a user may have spoken per day (the ``usage:`` day and time zone; admins are
+    exempt; 0: no limit). Speech is paid per character, outside the token budgets: without this,
+    ``/voice all`` and a stream of long answers spend the operator's money unbounded. Counted per
+    daemon process (several daemons on PostgreSQL each allow this much)."""
 
     @property
     def configured(self) -> bool:

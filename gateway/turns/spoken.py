@@ -66,6 +66,9 @@ class Speaker:
         self.config, self.cfg = config, config.speech
         self._store, self._redact, self._turns = store, redact, turns
         self._slots = asyncio.Semaphore(self.cfg.concurrency)
+        self._spoken: dict[str, int] = {}
+        """Characters spoken today per user (``daily_chars_per_user``); the day is ``_day``."""
+        self._day = ""
         self.usage_settled: Callable[[], Awaitable[None]] | None = None
         """Waits until the model calls recorded so far are written (the daemon's usage recorder):
         the budget is read after this turn's own calls count."""
@@ -116,6 +119,22 @@ class Speaker:
             return "I could not check your daily budget just now"
         return "your daily budget is used up" if spent else ""
 
+    def _allowance(self, entry: JournalEntry, chars: int) -> bool:
+        """Whether ``entry``'s user may have ``chars`` more characters spoken today; if so they
+        are counted now, before the call (the service charges for a call whose audio is lost)."""
+        limit, inbound = self.cfg.daily_chars_per_user, entry.inbound
+        if not limit or is_admin(self.config.access_for(inbound.platform), inbound):
+            return True
+        day = self.config.usage.today().isoformat()
+        if day != self._day:
+            self._day, self._spoken = day, {}
+        used = self._spoken.get(inbound.user, 0)
+        if used + chars > limit:
+            log.info("speech: %s is over the daily %d characters", inbound.user, limit)
+            return False
+        self._spoken[inbound.user] = used + chars
+        return True
+
     async def _speak(self, reply: Reply, entry: JournalEntry, answer: str) -> str:
         """Synthesise and send; the reason it failed, or "" when the voice went out."""
         text = speakable(answer, self._redact, self.cfg.max_chars)
@@ -124,6 +143,11 @@ class Speaker:
         if holds_secret(text, self._redact.secrets):
             log.warning("answer %s not spoken: it spells out one of the daemon's secrets", entry.key)
             return "it holds something secret, written in pieces, that I must not read out"
+        if not self._allowance(entry, len(text)):
+            return (
+                f"you have had {self.cfg.daily_chars_per_user:,} characters spoken today, the most "
+                "this bot allows; the text still comes, and voice is back tomorrow"
+            )
         native = reply.channel.name in NATIVE_VOICE
         fmt: Format = "opus" if native else self.cfg.file_format
         released = self._turns.released() if self._turns is not None else contextlib.nullcontext()
