@@ -426,3 +426,42 @@ async def test_a_user_over_the_daily_speech_allowance_gets_text_and_a_note(
         assert "60 characters spoken today" in note and "voice is back tomorrow" in note, note
         assert any(m.text.startswith("BBBB") for m in tg.bot_messages(TG_USER)), "the text came"
         assert len(model.speech) == 1 and len(voices(tg)) == 1
+
+
+async def test_answers_in_many_chats_at_once_are_spoken_at_most_concurrency_at_a_time(
+    tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    """Six chats answered at once with a stalled speech service: every text answer goes out, at
+    most ``concurrency`` (2) calls reach the service, and each chat gets its one voice once the
+    service answers."""
+    users = [5001 + n for n in range(6)]
+    cfg = chat_config(
+        tmp_path, model.base_url, tg, allow=[f"telegram:{u}" for u in users], agent={"tools": False},
+        speech=speech_section(model, concurrency=2, timeout=60),
+    )  # fmt: skip
+    stalled = asyncio.Event()
+    async with started_daemon(tmp_path, cfg):
+        for user in users:
+            tg.inject_command(user, user, "voice", "all", chat_type="private", at=None)
+        await tg.wait_for(
+            lambda: all(any("Voice all" in m.text for m in tg.bot_messages(u)) for u in users) or None,
+            timeout=30, what="/voice all in every chat",
+        )  # fmt: skip
+        model.spoken.extend(Spoken(gate=stalled) for _ in users)
+        for user in users:
+            tg.inject_message(user, user, f"question from {user}")
+        await tg.wait_for(
+            lambda: all(any(f"echo: question from {u}" in m.text for m in tg.bot_messages(u)) for u in users)
+            or None,
+            timeout=30, what="every text answer while speech is stalled",
+        )  # fmt: skip
+        await tg.wait_for(lambda: len(model.speech) >= 2 or None, timeout=30, what="two speech calls")
+        assert len(model.speech) == 2, "more calls than speech.concurrency reached the service"
+        stalled.set()
+        for user in users:
+            await tg.wait_for(
+                lambda u=user: [m for m in tg.bot_messages(u) if "voice" in m.raw] or None,  # type: ignore[misc]
+                timeout=30, what=f"the voice for {user}",
+            )  # fmt: skip
+        assert len(model.speech) == len(users)
+        assert all(len([m for m in tg.bot_messages(u) if "voice" in m.raw]) == 1 for u in users)
