@@ -1,5 +1,5 @@
 """``conversation_voice`` (gateway/store/voice.py) reached by upgrading: a database left at schema
-step 11 (before spoken replies) goes through the reserved step 12 and step 13 with its rows kept,
+step 11 (before spoken replies) goes through step 12 (standing approvals) and 13 with its rows kept,
 and the mode is then stored, replaced and forgotten. Runs on SQLite and, with
 ``CHITAL_TEST_POSTGRES=1``, on PostgreSQL."""
 
