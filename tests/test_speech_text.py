@@ -98,6 +98,10 @@ def test_audio_is_recognised_by_its_first_bytes() -> None:
     assert is_audio(ogg_opus(), "opus") and is_audio(mp3(), "mp3")
     assert not is_audio(mp3(), "opus") and not is_audio(ogg_opus(), "mp3")
     assert not is_audio(b"OggS" + bytes(200), "opus"), "an Ogg file without Opus (Vorbis, garbage)"
+    opus = ogg_opus()
+    assert not is_audio(opus + b"<html>502 Bad Gateway</html>", "opus"), "garbage behind a valid page"
+    assert not is_audio(opus[:-5], "opus"), "a download cut off in its last page"
+    assert not is_audio(opus[:200] + bytes(300), "opus")
     assert not is_audio(b"<html>", "mp3") and not is_audio(b"", "mp3") and not is_audio(b"\xff", "mp3")
 
 

@@ -102,8 +102,24 @@ def is_audio(data: bytes, fmt: Format) -> bool:
     """Whether ``data`` starts like the format asked for: an Ogg page holding ``OpusHead``, or an
     MP3 (an ID3 tag or an MPEG audio frame sync)."""
     if fmt == "opus":
-        return data.startswith(b"OggS") and b"OpusHead" in data[:128]
+        return data.startswith(b"OggS") and b"OpusHead" in data[:128] and _whole_ogg(data)
     return data.startswith(b"ID3") or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0)
+
+
+def _whole_ogg(data: bytes) -> bool:
+    """Whether ``data`` is Ogg pages end to end: each starts with ``OggS`` version 0 and is as
+    long as its segment table says, the last ends exactly at the end. A valid first page with
+    garbage (an HTML error page, a cut-off download) behind it is not passed on as a voice."""
+    at = 0
+    while at < len(data):
+        if data[at : at + 5] != b"OggS\x00" or len(data) < at + 27:
+            return False
+        segments = data[at + 26]
+        table = data[at + 27 : at + 27 + segments]
+        if len(table) < segments:
+            return False
+        at += 27 + segments + sum(table)
+    return at == len(data)
 
 
 async def synthesize(cfg: SpeechConfig, text: str, fmt: Format) -> bytes:
