@@ -465,3 +465,31 @@ async def test_answers_in_many_chats_at_once_are_spoken_at_most_concurrency_at_a
             )  # fmt: skip
         assert len(model.speech) == len(users)
         assert all(len([m for m in tg.bot_messages(u) if "voice" in m.raw]) == 1 for u in users)
+
+
+async def test_a_failed_or_stopped_turn_is_not_spoken(
+    tg_speaking: DaemonProcess, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    """Only answers are spoken: the error reply of a failed turn and a turn stopped halfway get no
+    voice and reach no speech service; the next real answer does."""
+    mid = await tg_say(tg, "/voice all")
+    await tg_answer(tg, mid, "Voice all")
+    model.add_rule(lambda t: "BROKEN" in t, Reply(status=400, error_message="bad request"))
+    mid = await tg_say(tg, "BROKEN please")
+    replies = await settled(tg_speaking, tg, mid)
+    assert replies and not any("couldn't speak" in m.text for m in replies)
+
+    held = asyncio.Event()
+    model.add_rule(lambda t: "HELD" in t, Reply(text="half an answer that never finishes", hold=held))
+    mid = await tg_say(tg, "HELD on")
+    await tg.wait_for(lambda: any("HELD" in str(r) for r in model.requests) or None, what="the held call")
+    stop = await tg_say(tg, "/stop")
+    await tg_answer(tg, stop, "Stopping")
+    await tg_answer(tg, mid, "Stopped")
+    held.set()
+    await settled(tg_speaking, tg, mid)
+    assert model.speech == [] and not voices(tg)
+
+    mid = await tg_say(tg, "a real question")
+    await tg.wait_for(lambda: voices(tg) or None, timeout=30, what="the voice of a real answer")
+    assert len(model.speech) == 1 and "a real question" in model.speech[0]["input"]
