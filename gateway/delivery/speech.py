@@ -192,8 +192,8 @@ async def _check_address(base_url: str) -> None:
         infos = await asyncio.get_running_loop().getaddrinfo(
             url.host, url.port or 443, type=socket.SOCK_STREAM
         )
-    except OSError:
-        raise SpeechFailed("I could not reach the speech service") from None
+    except OSError:  # not resolvable here (maybe only through a proxy): no address to judge;
+        return  # the call itself then fails, or goes through the proxy, never to a local address
     for info in infos:
         ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
         ip = embedded_ipv4(ip) or ip
