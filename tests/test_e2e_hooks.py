@@ -43,7 +43,7 @@ def sign(body: bytes, secret: str = SECRET) -> str:
 
 
 def hooks_section(port: int, **hooks: dict[str, Any]) -> dict[str, Any]:
-    return {"host": "127.0.0.1", "port": port, "hooks": hooks}
+    return {"host": "127.0.0.1", "port": port, "read_seconds": 3, "hooks": hooks}
 
 
 def tg_hook(**over: Any) -> dict[str, Any]:
@@ -311,3 +311,63 @@ async def test_a_schedule_made_after_reading_a_payload_waits_for_confirmation(
     assert "webhook github" in confirm.text
     await asyncio.sleep(3.0)  # past its due time: an unconfirmed schedule never fires
     assert not [t for t in map(last_user_text, model.requests) if "[Scheduled task #1 " in t]
+
+
+async def test_a_slow_loris_body_gets_408_and_the_hook_keeps_serving(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI, port: int
+) -> None:
+    """A sender that declares a body and then trickles it (or stops) is cut off after
+    ``read_seconds`` with 408, not held open forever; deliveries meanwhile are served."""
+    body = json.dumps(GITHUB_PUSH).encode()
+    head = (
+        f"POST /hooks/github HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"X-Chital-Signature: {sign(body)}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    slow = asyncio.create_task(raw(port, head, [body[:5]]))  # the rest never comes
+    chunked = "POST /hooks/github HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    stalled = asyncio.create_task(raw(port, chunked, [b"5\r\n[1,2]\r\n"]))  # no last chunk
+    model.add_rule(lambda t: "acme/widgets" in t, Reply(text="HOOKANSWER"))
+    assert (await post(port, "github", body, github(body, "d-l")))[0] == 202, "served meanwhile"
+    assert " 408 " in await slow and " 408 " in await stalled
+    assert counted(await daemon.metrics(), "timeout") == 2
+
+
+async def test_signature_spellings_hex_case_sha1_truncated_and_padded(
+    daemon: DaemonProcess, model: FakeOpenAI, port: int
+) -> None:
+    """Hex is case-free (upper-case digits or scheme are the same signature); a SHA-1 signature
+    (GitHub's legacy X-Hub-Signature scheme), a truncated or an extended one is refused."""
+    body = json.dumps({"n": "case"}).encode()
+    digits = sign(body).removeprefix("sha256=")
+    sha1 = "sha1=" + hmac.new(SECRET.encode(), body, hashlib.sha1).hexdigest()
+    refused = {
+        "sha1 in the 256 header": {"X-Hub-Signature-256": sha1},
+        "sha1 header only": {"X-Hub-Signature": sha1},
+        "truncated": {"X-Chital-Signature": "sha256=" + digits[:40]},
+        "extended": {"X-Chital-Signature": "sha256=" + digits + "00"},
+        "no scheme": {"X-Chital-Signature": digits},
+        "empty": {"X-Chital-Signature": ""},
+        "non-ascii": {"X-Chital-Signature": "sha256=" + digits[:-1] + "é"},
+    }
+    seen = {what: (await post(port, "github", body, h))[0] for what, h in refused.items()}
+    print(seen)
+    assert seen.pop("sha1 header only") == 401 and seen.pop("empty") == 401
+    assert set(seen.values()) == {403}, seen
+    upper = {"X-Hub-Signature-256": "SHA256=" + digits.upper()}
+    assert (await post(port, "github", body, upper))[0] == 202, "upper-case hex is the same signature"
+    assert not asked(model, "sha256") and not asked(model, SECRET)
+
+
+async def test_replaying_a_captured_delivery_does_not_use_up_the_rate(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, port: int
+) -> None:
+    """Resending one captured, validly signed delivery is 409 every time and never charges the
+    hook's rate: the next real delivery is still accepted."""
+    tg.inject_message(GROUP, MEMBER, "morning all", chat_type="supergroup")
+    cfg = tg_config(tmp_path, tg, model, port, github=tg_hook(rate_per_minute=2))
+    first, second = (json.dumps({**GITHUB_PUSH, "n": n}).encode() for n in (1, 2))
+    async with started_daemon(tmp_path, cfg):
+        assert (await post(port, "github", first, github(first, "r-1")))[0] == 202
+        for attempt in range(5):
+            assert (await post(port, "github", first, github(first, f"r-1-{attempt}")))[0] == 409
+        assert (await post(port, "github", second, github(second, "r-2")))[0] == 202
