@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from channels.base import Inbound
 from tests.daemon import DaemonProcess, chat_config, free_port, started_daemon
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.slack_server import FakeSlack
@@ -371,3 +372,25 @@ async def test_replaying_a_captured_delivery_does_not_use_up_the_rate(
         for attempt in range(5):
             assert (await post(port, "github", first, github(first, f"r-1-{attempt}")))[0] == 409
         assert (await post(port, "github", second, github(second, "r-2")))[0] == 202
+
+
+async def test_a_hook_is_never_an_admin_not_even_by_a_wildcard(tmp_path: Path) -> None:
+    """With ``admins: ['*']`` (everyone the bot knows is an admin) and admins exempt from budgets,
+    a hook's sender still is no admin: whoever holds its secret is no person the operator named.
+    It keeps the daily budget, reaches no admin-only path (/model in a group, deciding pairings,
+    skills), while a real user is an admin by the wildcard."""
+    from gateway.intake.access import HOOK_SENDER, is_admin, may_administer
+    from gateway.turns.budget import Budgets
+    from tests.fakes.gateway_rig import make_config, store_at
+
+    cfg = make_config(access={"admins": ["*"], "allow_users": ["*"]}, usage={"daily_tokens": 500})
+    store = await store_at(tmp_path / "gateway.sqlite")
+    budgets = Budgets(store, cfg)
+    assert budgets.budget(f"telegram:{HOOK_SENDER}github") == 500
+    assert budgets.budget("telegram:1002") == 0, "a person is exempt as an admin"
+    hook = Inbound("telegram", str(GROUP), "k", f"{HOOK_SENDER}github", "x", False, True)
+    person = Inbound("telegram", str(GROUP), "k", "1002", "x", False, True)
+    policy = cfg.access_for("telegram")
+    assert not is_admin(policy, hook) and is_admin(policy, person)
+    assert not may_administer(cfg, hook, "telegram") and may_administer(cfg, person, "telegram")
+    await store.close()

@@ -37,7 +37,7 @@ from aiohttp import web
 
 from agent.provenance import WEBHOOK, Provenance, Source
 from channels.base import Inbound
-from gateway.intake.access import STARTED_BY_BOT
+from gateway.intake.access import HOOK_SENDER, STARTED_BY_BOT
 from gateway.intake.provenance import PROVENANCE_EXTRA
 from gateway.store.entries import JournalKind
 from gateway.turns.hook_text import hook_text
@@ -220,7 +220,7 @@ class Hooks:
         direct = (spec.platform == "telegram" and not chat.startswith("-")) or (
             spec.platform == "slack" and chat[:1] == "D"
         )
-        return Inbound(spec.platform, chat, f"hook-{name}-{key}", f"hook-{name}", text, direct, True,
+        return Inbound(spec.platform, chat, f"hook-{name}-{key}", HOOK_SENDER + name, text, direct, True,
                        None, f"webhook {name}", extra=extra)  # fmt: skip
 
 
