@@ -394,3 +394,19 @@ async def test_a_hook_is_never_an_admin_not_even_by_a_wildcard(tmp_path: Path) -
     assert not is_admin(policy, hook) and is_admin(policy, person)
     assert not may_administer(cfg, hook, "telegram") and may_administer(cfg, person, "telegram")
     await store.close()
+
+
+async def test_concurrent_identical_deliveries_start_exactly_one_turn(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI, port: int
+) -> None:
+    """A sender retrying in parallel (or an attacker racing a captured delivery): of eight
+    identical deliveries at once, one is accepted, the rest are replays, and one answer lands."""
+    model.add_rule(lambda t: "RACEPR" in t, Reply(text="RACEANSWER"))
+    body = json.dumps({**GITHUB_PUSH, "repository": {"full_name": "acme/RACEPR"}}).encode()
+    results = await asyncio.gather(*(post(port, "github", body, github(body, f"race-{i}")) for i in range(8)))
+    statuses = sorted(status for status, _ in results)
+    assert statuses == [202] + [409] * 7, statuses
+    await tg.wait_for(lambda: any("RACEANSWER" in t for t in tg.bot_texts(GROUP)) or None, timeout=30)
+    await asyncio.sleep(1.0)  # give a wrongly started second turn the time to answer
+    assert len(asked(model, "RACEPR")) == 1
+    assert sum("RACEANSWER" in t for t in tg.bot_texts(GROUP)) == 1
