@@ -410,3 +410,26 @@ async def test_concurrent_identical_deliveries_start_exactly_one_turn(
     await asyncio.sleep(1.0)  # give a wrongly started second turn the time to answer
     assert len(asked(model, "RACEPR")) == 1
     assert sum("RACEANSWER" in t for t in tg.bot_texts(GROUP)) == 1
+
+
+async def test_a_wildcard_admin_list_does_not_exempt_a_hook_from_the_budget(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, port: int
+) -> None:
+    """End to end: with ``admins: ['*']`` and admins exempt, the hook's first turn spends its
+    budget and the second stops with the budget note in the chat instead of an answer."""
+    tg.inject_message(GROUP, MEMBER, "morning all", chat_type="supergroup")
+    cfg = tg_config(tmp_path, tg, model, port)
+    cfg["access"]["admins"] = ["*"]
+    cfg["usage"] = {"daily_tokens": 5, "admins_exempt": True}
+    model.add_rule(lambda t: "acme/widgets" in t, Reply(text="HOOKANSWER"))
+    first, second = (json.dumps({**GITHUB_PUSH, "n": n}).encode() for n in (1, 2))
+    async with started_daemon(tmp_path, cfg):
+        assert (await post(port, "github", first, github(first, "w-1")))[0] == 202
+        await tg.wait_for(lambda: any("HOOKANSWER" in t for t in tg.bot_texts(GROUP)) or None, timeout=30)
+        await asyncio.sleep(1.0)  # the first call's usage is written in the background
+        assert (await post(port, "github", second, github(second, "w-2")))[0] == 202
+        note = await tg.wait_for(
+            lambda: next((t for t in tg.bot_texts(GROUP) if "budget" in t), None), timeout=30
+        )
+        print(note)
+        assert sum("HOOKANSWER" in t for t in tg.bot_texts(GROUP)) == 1
