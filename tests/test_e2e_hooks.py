@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from channels.base import Inbound
 from tests.daemon import DaemonProcess, chat_config, free_port, started_daemon
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.slack_server import FakeSlack
@@ -43,7 +44,7 @@ def sign(body: bytes, secret: str = SECRET) -> str:
 
 
 def hooks_section(port: int, **hooks: dict[str, Any]) -> dict[str, Any]:
-    return {"host": "127.0.0.1", "port": port, "hooks": hooks}
+    return {"host": "127.0.0.1", "port": port, "read_seconds": 3, "hooks": hooks}
 
 
 def tg_hook(**over: Any) -> dict[str, Any]:
@@ -311,3 +312,124 @@ async def test_a_schedule_made_after_reading_a_payload_waits_for_confirmation(
     assert "webhook github" in confirm.text
     await asyncio.sleep(3.0)  # past its due time: an unconfirmed schedule never fires
     assert not [t for t in map(last_user_text, model.requests) if "[Scheduled task #1 " in t]
+
+
+async def test_a_slow_loris_body_gets_408_and_the_hook_keeps_serving(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI, port: int
+) -> None:
+    """A sender that declares a body and then trickles it (or stops) is cut off after
+    ``read_seconds`` with 408, not held open forever; deliveries meanwhile are served."""
+    body = json.dumps(GITHUB_PUSH).encode()
+    head = (
+        f"POST /hooks/github HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"X-Chital-Signature: {sign(body)}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    slow = asyncio.create_task(raw(port, head, [body[:5]]))  # the rest never comes
+    chunked = "POST /hooks/github HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    stalled = asyncio.create_task(raw(port, chunked, [b"5\r\n[1,2]\r\n"]))  # no last chunk
+    model.add_rule(lambda t: "acme/widgets" in t, Reply(text="HOOKANSWER"))
+    assert (await post(port, "github", body, github(body, "d-l")))[0] == 202, "served meanwhile"
+    assert " 408 " in await slow and " 408 " in await stalled
+    assert counted(await daemon.metrics(), "timeout") == 2
+
+
+async def test_signature_spellings_hex_case_sha1_truncated_and_padded(
+    daemon: DaemonProcess, model: FakeOpenAI, port: int
+) -> None:
+    """Hex is case-free (upper-case digits or scheme are the same signature); a SHA-1 signature
+    (GitHub's legacy X-Hub-Signature scheme), a truncated or an extended one is refused."""
+    body = json.dumps({"n": "case"}).encode()
+    digits = sign(body).removeprefix("sha256=")
+    sha1 = "sha1=" + hmac.new(SECRET.encode(), body, hashlib.sha1).hexdigest()
+    refused = {
+        "sha1 in the 256 header": {"X-Hub-Signature-256": sha1},
+        "sha1 header only": {"X-Hub-Signature": sha1},
+        "truncated": {"X-Chital-Signature": "sha256=" + digits[:40]},
+        "extended": {"X-Chital-Signature": "sha256=" + digits + "00"},
+        "no scheme": {"X-Chital-Signature": digits},
+        "empty": {"X-Chital-Signature": ""},
+        "non-ascii": {"X-Chital-Signature": "sha256=" + digits[:-1] + "é"},
+    }
+    seen = {what: (await post(port, "github", body, h))[0] for what, h in refused.items()}
+    print(seen)
+    assert seen.pop("sha1 header only") == 401 and seen.pop("empty") == 401
+    assert set(seen.values()) == {403}, seen
+    upper = {"X-Hub-Signature-256": "SHA256=" + digits.upper()}
+    assert (await post(port, "github", body, upper))[0] == 202, "upper-case hex is the same signature"
+    assert not asked(model, "sha256") and not asked(model, SECRET)
+
+
+async def test_replaying_a_captured_delivery_does_not_use_up_the_rate(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, port: int
+) -> None:
+    """Resending one captured, validly signed delivery is 409 every time and never charges the
+    hook's rate: the next real delivery is still accepted."""
+    tg.inject_message(GROUP, MEMBER, "morning all", chat_type="supergroup")
+    cfg = tg_config(tmp_path, tg, model, port, github=tg_hook(rate_per_minute=2))
+    first, second = (json.dumps({**GITHUB_PUSH, "n": n}).encode() for n in (1, 2))
+    async with started_daemon(tmp_path, cfg):
+        assert (await post(port, "github", first, github(first, "r-1")))[0] == 202
+        for attempt in range(5):
+            assert (await post(port, "github", first, github(first, f"r-1-{attempt}")))[0] == 409
+        assert (await post(port, "github", second, github(second, "r-2")))[0] == 202
+
+
+async def test_a_hook_is_never_an_admin_not_even_by_a_wildcard(tmp_path: Path) -> None:
+    """With ``admins: ['*']`` (everyone the bot knows is an admin) and admins exempt from budgets,
+    a hook's sender still is no admin: whoever holds its secret is no person the operator named.
+    It keeps the daily budget, reaches no admin-only path (/model in a group, deciding pairings,
+    skills), while a real user is an admin by the wildcard."""
+    from gateway.intake.access import HOOK_SENDER, is_admin, may_administer
+    from gateway.turns.budget import Budgets
+    from tests.fakes.gateway_rig import make_config, store_at
+
+    cfg = make_config(access={"admins": ["*"], "allow_users": ["*"]}, usage={"daily_tokens": 500})
+    store = await store_at(tmp_path / "gateway.sqlite")
+    budgets = Budgets(store, cfg)
+    assert budgets.budget(f"telegram:{HOOK_SENDER}github") == 500
+    assert budgets.budget("telegram:1002") == 0, "a person is exempt as an admin"
+    hook = Inbound("telegram", str(GROUP), "k", f"{HOOK_SENDER}github", "x", False, True)
+    person = Inbound("telegram", str(GROUP), "k", "1002", "x", False, True)
+    policy = cfg.access_for("telegram")
+    assert not is_admin(policy, hook) and is_admin(policy, person)
+    assert not may_administer(cfg, hook, "telegram") and may_administer(cfg, person, "telegram")
+    await store.close()
+
+
+async def test_concurrent_identical_deliveries_start_exactly_one_turn(
+    daemon: DaemonProcess, tg: FakeTelegram, model: FakeOpenAI, port: int
+) -> None:
+    """A sender retrying in parallel (or an attacker racing a captured delivery): of eight
+    identical deliveries at once, one is accepted, the rest are replays, and one answer lands."""
+    model.add_rule(lambda t: "RACEPR" in t, Reply(text="RACEANSWER"))
+    body = json.dumps({**GITHUB_PUSH, "repository": {"full_name": "acme/RACEPR"}}).encode()
+    results = await asyncio.gather(*(post(port, "github", body, github(body, f"race-{i}")) for i in range(8)))
+    statuses = sorted(status for status, _ in results)
+    assert statuses == [202] + [409] * 7, statuses
+    await tg.wait_for(lambda: any("RACEANSWER" in t for t in tg.bot_texts(GROUP)) or None, timeout=30)
+    await asyncio.sleep(1.0)  # give a wrongly started second turn the time to answer
+    assert len(asked(model, "RACEPR")) == 1
+    assert sum("RACEANSWER" in t for t in tg.bot_texts(GROUP)) == 1
+
+
+async def test_a_wildcard_admin_list_does_not_exempt_a_hook_from_the_budget(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, port: int
+) -> None:
+    """End to end: with ``admins: ['*']`` and admins exempt, the hook's first turn spends its
+    budget and the second stops with the budget note in the chat instead of an answer."""
+    tg.inject_message(GROUP, MEMBER, "morning all", chat_type="supergroup")
+    cfg = tg_config(tmp_path, tg, model, port)
+    cfg["access"]["admins"] = ["*"]
+    cfg["usage"] = {"daily_tokens": 5, "admins_exempt": True}
+    model.add_rule(lambda t: "acme/widgets" in t, Reply(text="HOOKANSWER"))
+    first, second = (json.dumps({**GITHUB_PUSH, "n": n}).encode() for n in (1, 2))
+    async with started_daemon(tmp_path, cfg):
+        assert (await post(port, "github", first, github(first, "w-1")))[0] == 202
+        await tg.wait_for(lambda: any("HOOKANSWER" in t for t in tg.bot_texts(GROUP)) or None, timeout=30)
+        await asyncio.sleep(1.0)  # the first call's usage is written in the background
+        assert (await post(port, "github", second, github(second, "w-2")))[0] == 202
+        note = await tg.wait_for(
+            lambda: next((t for t in tg.bot_texts(GROUP) if "budget" in t), None), timeout=30
+        )
+        print(note)
+        assert sum("HOOKANSWER" in t for t in tg.bot_texts(GROUP)) == 1

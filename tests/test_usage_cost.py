@@ -54,6 +54,23 @@ def test_prices_and_money_budgets_are_checked_against_the_models() -> None:
     assert isinstance(make_config(usage={"prices": PRICES, "daily_cost": 1.5}), Config)
 
 
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf", "1e400"])
+def test_non_finite_prices_and_money_budgets_are_refused_with_a_specific_error(bad: str) -> None:
+    """YAML reads ``.nan``/``.inf`` as floats: a price or budget of NaN or infinity is refused at
+    load as not finite (a NaN price made every cost unknown-looking garbage, an infinite budget
+    crashed the first budget check converting it to micros)."""
+    for where in ("input", "output", "cached_input"):
+        price = {"input": 1, "output": 2, where: float(bad)}
+        with pytest.raises(ConfigError, match="finite number"):
+            make_config(usage={"prices": {"default": price}})
+    with pytest.raises(ConfigError, match="finite number"):
+        make_config(usage={"prices": PRICES, "daily_cost": float(bad)})
+    with pytest.raises(ConfigError, match="a money budget is a number"):
+        make_config(usage={"prices": PRICES, "user_costs": {"telegram:1": float(bad)}})
+    with pytest.raises(ConfigError, match="less than 1000000000"):
+        make_config(usage={"prices": PRICES, "daily_cost": 1e300})
+
+
 async def ask(rig: Rig, text: str) -> str:
     msg = rig.channel.message(USER, text, mid=f"c{next(_MIDS)}")
     await rig.channel.deliver(msg)

@@ -54,6 +54,9 @@ class HooksConfig(Strict):
     """TCP port of the hooks listener; 0 picks a free one (tests)."""
     max_body_bytes: int = Field(1_000_000, ge=1024, le=25_000_000)
     """Largest body accepted; a larger one gets 413 without being read into memory."""
+    read_seconds: float = Field(10.0, gt=0, le=300)
+    """Time a sender has to send the whole body once its headers are in; a slower one (a
+    slow-loris holding the connection open a byte at a time) gets 408 and is counted."""
     payload_chars: int = Field(8000, ge=500, le=100_000)
     """Characters of the payload (as indented JSON) the agent is shown; the rest is cut."""
     hooks: dict[str, HookSpec] = Field(default_factory=dict)

@@ -307,11 +307,11 @@ class ModelPrice(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    input: float = Field(ge=0, le=1_000_000)
+    input: float = Field(ge=0, le=1_000_000, allow_inf_nan=False)
     """Per million prompt tokens that were not read from the provider's cache."""
-    output: float = Field(ge=0, le=1_000_000)
+    output: float = Field(ge=0, le=1_000_000, allow_inf_nan=False)
     """Per million completion tokens."""
-    cached_input: float | None = Field(None, ge=0, le=1_000_000)
+    cached_input: float | None = Field(None, ge=0, le=1_000_000, allow_inf_nan=False)
     """Per million prompt tokens read from the provider's prompt cache; unset: the input price."""
 
 
@@ -338,7 +338,7 @@ class UsageConfig(BaseModel):
     tokens. A model without one shows tokens only, its cost unknown (never 0)."""
     currency: str = Field("USD", min_length=1, max_length=8, pattern=r"^[A-Za-z$€£¥]+$")
     """The unit of ``prices`` and ``daily_cost``, as shown (``USD``, ``EUR``, ``$``)."""
-    daily_cost: float = Field(0, ge=0)
+    daily_cost: float = Field(0, ge=0, lt=1e9, allow_inf_nan=False)
     """Money (in ``currency``) one user's model calls may cost per day, checked like
     ``daily_tokens`` (at intake and before every model call). Every model needs a price then.
     0: no money budget. Both budgets may be set: the first one reached stops."""

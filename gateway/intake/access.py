@@ -53,8 +53,19 @@ def matches(ids: list[str], platform: str, raw_id: str) -> bool:
     return raw_id in ids or f"{platform}:{raw_id}" in ids or "*" in ids or f"{platform}:*" in ids
 
 
+HOOK_SENDER = "hook-"
+"""How a hook's sender id starts (gateway/turns/hooks.py): no platform's user ids look like it."""
+
+
+def admin_id(admins: list[str], platform: str, raw_id: str) -> bool:
+    """Whether the user ``raw_id`` is one of ``admins`` (``access.admins``). A hook never is, not
+    even by a wildcard: its words come from whoever holds its secret, not from a person the
+    operator named (no budget exemption, no admin-only paths)."""
+    return not raw_id.startswith(HOOK_SENDER) and matches(admins, platform, raw_id)
+
+
 def is_admin(policy: AccessPolicy, inbound: Inbound) -> bool:
-    return matches(policy.admins, inbound.platform, inbound.sender_id)
+    return admin_id(policy.admins, inbound.platform, inbound.sender_id)
 
 
 async def decide(inbound: Inbound, policy: AccessPolicy, store: Store, engaged: bool) -> Decision:
@@ -92,7 +103,7 @@ def may_administer(config: Config, actor: Inbound, platform: str) -> bool:
     in that channel's ``admins`` (a bare id in a shared top-level list counts on every platform)."""
     if platform not in PLATFORMS:
         return False
-    return matches(config.access_for(platform).admins, actor.platform, actor.sender_id)
+    return admin_id(config.access_for(platform).admins, actor.platform, actor.sender_id)
 
 
 def qualify_user(text: str, platform: str) -> str | None:

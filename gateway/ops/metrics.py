@@ -36,7 +36,7 @@ class Metrics:
         )
         self.hook_deliveries = Counter(
             "chital_hook_deliveries",
-            "POST /hooks/<name> deliveries by outcome: accepted, unknown, too_large, unsigned, "
+            "POST /hooks/<name> deliveries by outcome: accepted, unknown, too_large, timeout, unsigned, "
             "bad_signature, not_json, rate_limited, replay, unavailable (docs/hooks.md)",
             ["outcome"],
             registry=r,

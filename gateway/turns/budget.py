@@ -94,7 +94,7 @@ class Budgets:
             admins = self.config.access_for(platform).admins
         except (AttributeError, KeyError, ValueError):
             admins = []
-        return access.matches(admins, platform, raw)
+        return access.admin_id(admins, platform, raw)
 
     def budget(self, user: str) -> int:
         """``user``'s (``platform:id``) daily token budget, as at intake: 0 when they have none."""

@@ -24,6 +24,7 @@ after reading untrusted content.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -36,7 +37,7 @@ from aiohttp import web
 
 from agent.provenance import WEBHOOK, Provenance, Source
 from channels.base import Inbound
-from gateway.intake.access import STARTED_BY_BOT
+from gateway.intake.access import HOOK_SENDER, STARTED_BY_BOT
 from gateway.intake.provenance import PROVENANCE_EXTRA
 from gateway.store.entries import JournalKind
 from gateway.turns.hook_text import hook_text
@@ -103,6 +104,14 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _normal(given: str) -> bytes:
+    """A signature header's value as :func:`sign` writes it: the scheme and hex digits in lower
+    case (hex is case-free; some senders write upper case). Anything else stays as given and
+    fails the comparison, e.g. a ``sha1=`` signature: only SHA-256 is accepted."""
+    scheme, _, digits = given.strip().partition("=")
+    return f"{scheme.lower()}={digits.lower()}".encode(errors="replace")
+
+
 class _Bucket:
     """A token bucket: ``rate`` deliveries a minute, bursts of as many."""
 
@@ -158,14 +167,16 @@ class Hooks:
         if request.content_length is not None and request.content_length > limit:
             return self._refuse(413, "too_large", "body too large")
         try:
-            body = await request.read()
+            async with asyncio.timeout(self.config.hooks.read_seconds):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._refuse(413, "too_large", "body too large")
+        except TimeoutError:  # a slow-loris: aiohttp itself never times out a body read
+            return self._refuse(408, "timeout", "the body was not sent in time")
         given = next((request.headers[h] for h in SIGNATURE_HEADERS if h in request.headers), None)
         if not given:
             return self._refuse(401, "unsigned", "signature required")
-        expected = sign(spec.secret.get_secret_value(), body)
-        if not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        if not hmac.compare_digest(_normal(given), sign(spec.secret.get_secret_value(), body).encode()):
             return self._refuse(403, "bad_signature", "forbidden")
         try:
             payload: Any = json.loads(body)
@@ -177,12 +188,14 @@ class Hooks:
             return self._refuse(400, "not_json", "the body must be a JSON object or array")
         if _depth(payload) > MAX_DEPTH:
             return self._refuse(400, "not_json", "the body is nested too deeply")
-        if not self._buckets[name].take():
-            return self._refuse(429, "rate_limited", "too many deliveries; try again later")
         inbound = self._inbound(name, spec, request, body, payload)
         store = self.host.store
+        # A replay is refused before the rate is charged: whoever captured one signed delivery
+        # must not be able to use up the hook's rate by resending it.
         if await store.journal_seen(inbound.key):
             return self._refuse(409, "replay", "already received")
+        if not self._buckets[name].take():
+            return self._refuse(429, "rate_limited", "too many deliveries; try again later")
         if not await self.host.start_turn(inbound, "", JournalKind.TURN):
             if await store.journal_seen(inbound.key):
                 return self._refuse(409, "replay", "already received")
@@ -207,7 +220,7 @@ class Hooks:
         direct = (spec.platform == "telegram" and not chat.startswith("-")) or (
             spec.platform == "slack" and chat[:1] == "D"
         )
-        return Inbound(spec.platform, chat, f"hook-{name}-{key}", f"hook-{name}", text, direct, True,
+        return Inbound(spec.platform, chat, f"hook-{name}-{key}", HOOK_SENDER + name, text, direct, True,
                        None, f"webhook {name}", extra=extra)  # fmt: skip
 
 
