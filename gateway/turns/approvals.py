@@ -279,18 +279,7 @@ class Approvals:
         if not await self.decide(row, DENIED if verb == grants.DENY else APPROVED, by, note):
             fresh = await self.store.approval_get(row.id)
             return ActionAnswer(f"Already settled: {self._settled_note(fresh or row)}.", refused=True)
-        grant = None
-        if lasting:
-            grant = await self.standing.grant(verb, row.tool, row.conversation, row.requester, action)
-        gid = grant.id if grant else None
-        where = "" if verb == grants.ALWAYS else row.conversation  # logged where it applies
-        await self.standing.record(action, where, verb, code=row.code, tool=row.tool, grant=gid)
-        if grant is not None:
-            scope = grants.scope_words(grant)
-            return ActionAnswer(f"✅ Approved; from now on it runs without asking for {scope} (#{grant.id}).")
-        return ActionAnswer(
-            "❌ Denied; the agent is told." if verb == grants.DENY else "✅ Approved; continuing."
-        )
+        return ActionAnswer(await self.standing.answered(verb, row, action))
 
     async def text_answer(self, inbound: Inbound) -> str | None:
         """``approve CODE`` / ``deny CODE`` typed in the chat (the fallback where there are no

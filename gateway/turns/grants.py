@@ -152,6 +152,19 @@ class StandingGrants:
         log.info("standing permission #%d: %s for %s by %s", grant.id, tool, scope_words(grant), action.user)
         return grant
 
+    async def answered(self, verb: str, row: ApprovalRow, action: Action) -> str:
+        """Record a person's settled answer (and the permission it gave); the note for them."""
+        grant = None
+        if verb in (HERE, ALWAYS):
+            grant = await self.grant(verb, row.tool, row.conversation, row.requester, action)
+        where = "" if verb == ALWAYS else row.conversation  # logged where it applies
+        await self.record(
+            action, where, verb, code=row.code, tool=row.tool, grant=grant.id if grant else None
+        )
+        if grant is not None:
+            return f"✅ Approved; from now on it runs without asking for {scope_words(grant)} (#{grant.id})."
+        return "❌ Denied; the agent is told." if verb == DENY else "✅ Approved; continuing."
+
     async def record(
         self,
         action: Action,
