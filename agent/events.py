@@ -59,9 +59,11 @@ class SkillDrafted:
 
 @dataclass(frozen=True, slots=True)
 class Clarification:
-    """The agent ends the turn asking the user a question."""
+    """The agent ends the turn asking the user a question; ``options`` (model text, untrusted)
+    are offered as buttons where the platform has them (docs/choices.md)."""
 
     question: str
+    options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,6 +170,10 @@ class AgentRuntime:
         assert self.harness is not None
         return await self.harness.message_count(thread_id)
 
+    async def open_choices(self, thread_id: str) -> tuple[str, tuple[str, ...]] | None:
+        assert self.harness is not None
+        return await self.harness.open_choices(thread_id)
+
     async def plan(self, thread_id: str) -> tuple[PlanItem, ...]:
         assert self.harness is not None
         return await self.harness.plan(thread_id)

@@ -95,6 +95,10 @@ class AgentHarness(Protocol):
         """The conversation's short title, when it has one."""
         ...
 
+    async def open_choices(self, thread_id: str) -> tuple[str, tuple[str, ...]] | None:
+        """(question, options) when the thread ends on a question with options (docs/choices.md)."""
+        ...
+
     async def plan(self, thread_id: str) -> tuple[PlanItem, ...]:
         """The conversation's current plan (the agent's ``write_todos`` list, agent/plan.py), as
         its checkpoint holds it; empty when the agent wrote none."""

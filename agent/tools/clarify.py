@@ -21,7 +21,7 @@ from typing import Any
 
 from langchain.agents.middleware.types import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
-from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from langgraph.config import get_stream_writer
 from pydantic import BaseModel, Field
 
@@ -30,15 +30,50 @@ from agent.events import Clarification
 ASK_CLARIFICATION = "ask_clarification"
 CLARIFICATION_EVENT = "chital.clarification"
 """Key of the custom stream event carrying the question."""
+OPTIONS_EVENT = "chital.options"
+"""Key of the question's options, in the custom stream event and the final AIMessage's metadata."""
 _MARK = "chital_clarification"
+
+
+MAX_OPTIONS = 8
+MIN_OPTIONS = 2
+MAX_OPTION_CHARS = 60
+"""Options become buttons (docs/choices.md): a few short ones fit every platform's label limit."""
 
 
 class _AskArgs(BaseModel):
     question: str = Field(description="One clear question for the user, in the user's language.")
+    options: list[str] | None = Field(
+        default=None,
+        description=(
+            f"Optional: {MIN_OPTIONS} to {MAX_OPTIONS} short answers (at most {MAX_OPTION_CHARS} "
+            "characters each) the user can pick with one press. Use it when the answer is one of a "
+            "few known choices; leave it out for open questions."
+        ),
+    )
 
 
-async def _ask(question: str) -> str:
-    return question.strip()
+def checked_options(options: list[str] | None) -> tuple[str, ...]:
+    """The options, stripped; a ToolException the model can act on when they do not fit."""
+    if not options:
+        return ()
+    cleaned = tuple(" ".join(str(o).split()) for o in options)
+    if not MIN_OPTIONS <= len(cleaned) <= MAX_OPTIONS:
+        raise ToolException(f"Give {MIN_OPTIONS} to {MAX_OPTIONS} options (got {len(cleaned)}), or none.")
+    if any(not o for o in cleaned):
+        raise ToolException("An option is empty; give each option some text.")
+    if any(len(o) > MAX_OPTION_CHARS for o in cleaned):
+        raise ToolException(f"Each option must be at most {MAX_OPTION_CHARS} characters; shorten them.")
+    if len({o.casefold() for o in cleaned}) != len(cleaned):
+        raise ToolException("Two options are the same; give distinct options.")
+    return cleaned
+
+
+async def _ask(question: str, options: list[str] | None = None) -> tuple[str, dict[str, Any]]:
+    picked = checked_options(options)
+    text = question.strip()
+    shown = text + "".join(f"\n{n}. {o}" for n, o in enumerate(picked, 1))
+    return shown, {"question": text, "options": list(picked)}
 
 
 def build_ask_clarification() -> BaseTool:
@@ -48,20 +83,29 @@ def build_ask_clarification() -> BaseTool:
         description=(
             "Ask the user a question when you cannot continue without their answer (missing or "
             "ambiguous requirements, a choice only they can make, a risky action to confirm). "
-            "Your turn ends with the question; the user's reply starts the next turn. Do not use "
-            "it for things you can find out yourself."
+            "Your turn ends with the question; the user's reply starts the next turn. When the "
+            "answer is one of a few known choices, pass them as `options`: the user gets buttons "
+            "and their pick comes back as their answer. Do not use it for things you can find "
+            "out yourself."
         ),
         args_schema=_AskArgs,
+        response_format="content_and_artifact",
+        handle_tool_error=True,
     )
 
 
-def pending_question(messages: Sequence[AnyMessage]) -> tuple[str, str] | None:
-    """(question, tool call id) when the last tool step ran ``ask_clarification`` successfully."""
+def pending_question(messages: Sequence[AnyMessage]) -> tuple[str, str, tuple[str, ...]] | None:
+    """(question, tool call id, options) when the last tool step ran ``ask_clarification``."""
     for message in reversed(messages):
         if not isinstance(message, ToolMessage):
             return None
         if message.name == ASK_CLARIFICATION and message.status != "error":
-            return message.text.strip(), message.tool_call_id
+            art = message.artifact if isinstance(message.artifact, dict) else {}
+            opts = art.get("options")
+            question = art.get("question")
+            text = question if isinstance(question, str) else message.text
+            options = tuple(str(o) for o in opts) if isinstance(opts, list) else ()
+            return text.strip(), message.tool_call_id, options
     return None
 
 
@@ -80,12 +124,14 @@ class ClarificationMiddleware(AgentMiddleware[Any, Any, Any]):
         found = pending_question(request.messages)
         if found is None:
             return None
-        question, call_id = found
+        question, call_id, options = found
         try:
-            get_stream_writer()({CLARIFICATION_EVENT: question})
+            get_stream_writer()({CLARIFICATION_EVENT: question, OPTIONS_EVENT: list(options)})
         except RuntimeError:  # outside a graph run
             pass
-        return AIMessage(content=question, id=f"clarify-{call_id}", response_metadata={_MARK: True})
+        shown = question + "".join(f"\n{n}. {o}" for n, o in enumerate(options, 1))
+        meta: dict[str, Any] = {_MARK: True, OPTIONS_EVENT: list(options), CLARIFICATION_EVENT: question}
+        return AIMessage(content=shown, id=f"clarify-{call_id}", response_metadata=meta)
 
     def wrap_model_call(
         self,
@@ -106,10 +152,25 @@ class ClarificationMiddleware(AgentMiddleware[Any, Any, Any]):
 def clarification_from_custom(part: Any) -> Clarification | None:
     """The Clarification a custom stream part announces, if it is one."""
     if isinstance(part, dict) and isinstance(part.get(CLARIFICATION_EVENT), str):
-        return Clarification(part[CLARIFICATION_EVENT])
+        opts = part.get(OPTIONS_EVENT)
+        options = tuple(str(o) for o in opts) if isinstance(opts, list) else ()
+        return Clarification(part[CLARIFICATION_EVENT], options)
     return None
 
 
 def is_clarification(message: Any) -> bool:
     """Whether a checkpointed AIMessage is a turn-ending question (for replays after a restart)."""
     return isinstance(message, AIMessage) and bool(message.response_metadata.get(_MARK))
+
+
+def open_choices(messages: Sequence[Any]) -> tuple[str, tuple[str, ...]] | None:
+    """(question, options) when the thread's last message is a question with options: the only
+    state in which a press may answer it (any later message makes the buttons stale)."""
+    if not messages or not is_clarification(messages[-1]):
+        return None
+    last = messages[-1]
+    opts = last.response_metadata.get(OPTIONS_EVENT)
+    if not isinstance(opts, list) or not opts:
+        return None
+    question = last.response_metadata.get(CLARIFICATION_EVENT)
+    return str(question or ""), tuple(str(o) for o in opts)

@@ -71,6 +71,9 @@ class UnconfiguredHarness:
     async def title(self, thread_id: str) -> str | None:
         return None
 
+    async def open_choices(self, thread_id: str) -> tuple[str, tuple[str, ...]] | None:
+        return None
+
     async def plan(self, thread_id: str) -> tuple[PlanItem, ...]:
         return ()
 

@@ -46,8 +46,9 @@ from gateway.schedules import confirm as schedule_confirm
 from gateway.schedules.clock import ScheduleClock
 from gateway.store.entries import JournalEntry, JournalKind, JournalState
 from gateway.store.journal import Store
-from gateway.turns import busy, queued_sign, quiet, stopping, usage
+from gateway.turns import busy, choices, queued_sign, quiet, stopping, usage
 from gateway.turns.approvals import Approvals
+from gateway.turns.choices import Choices
 from gateway.turns.inflight import InFlight
 from gateway.turns.queue import TurnQueue
 from gateway.turns.runner import TurnRunner
@@ -98,6 +99,8 @@ class Gateway:
             redact=self.redact, keep=self._keep, host=self, busy=self.busy,
         )  # fmt: skip
         """Runs each claimed turn (gateway/turns/runner.py)."""
+        self.choices = Choices(config, store, harness, self.channels, self.start_turn)
+        self.runner.choices = self.choices  # a question's options as buttons (gateway/turns/choices.py)
         self._connected: set[str] = set()
         self.schedule_clock = schedule_clock or ScheduleClock()  # shared with the ScheduleRunner
         self.confirmations = schedule_confirm.Confirmations(store, config, self.channels, self.schedule_clock)
@@ -123,6 +126,8 @@ class Gateway:
             return await self.confirmations.on_action(action)
         if action.value.startswith(f"{commands_skills.PREFIX}:"):  # a draft skill's approval
             return await commands_skills.on_action(self.config, self.channels, action)
+        if action.value.startswith(f"{choices.PREFIX}:"):  # an option of a question
+            return await self.choices.on_action(action)
         return await self.approvals.on_action(action)
 
     def _on_channel_state(self, channel: Channel) -> None:

@@ -26,6 +26,7 @@ from gateway.store.access import AccessTables
 from gateway.store.approvals import ApprovalTables
 from gateway.store.background import BackgroundTables
 from gateway.store.busy import BusyTables
+from gateway.store.choices import ChoiceTables
 from gateway.store.connection import Connection, Dialect
 from gateway.store.db import PgConnection, SqliteConnection
 from gateway.store.disk import DEFAULT_RESERVE, DiskReserve, StorageFull, is_full
@@ -68,6 +69,7 @@ class Store(
     BackgroundTables,
     VoiceTables,
     GrantTables,
+    ChoiceTables,
     FileUpkeep,
 ):
     """The gateway's state on SQLite or PostgreSQL (any :class:`Connection`). Create with

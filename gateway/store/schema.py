@@ -31,6 +31,7 @@ from gateway.store.access import ACCESS_TABLES, PAIRING_COLUMNS
 from gateway.store.approvals import APPROVAL_TABLES
 from gateway.store.background import BACKGROUND_TABLES
 from gateway.store.busy import BUSY_TABLES
+from gateway.store.choices import CHOICE_TABLES
 from gateway.store.connection import POSTGRES, Connection
 from gateway.store.grants import GRANT_TABLES
 from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX
@@ -247,6 +248,12 @@ async def _v13_voice_modes(db: Connection) -> None:
         await db.execute(statement)
 
 
+async def _v14_choices(db: Connection) -> None:
+    """The ``choices`` table: questions asked with options as buttons (gateway/store/choices.py)."""
+    for statement in CHOICE_TABLES:
+        await db.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
@@ -261,6 +268,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(11, "usage in money: cached and unpriced tokens, cost, money in the ledger", _v11_usage_cost),
     Migration(12, "standing approvals and the approvals' decision log", _v12_approval_grants),
     Migration(13, "spoken replies per conversation", _v13_voice_modes),
+    Migration(14, "questions with options as buttons", _v14_choices),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

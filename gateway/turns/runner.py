@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from gateway.turns.approvals import Approvals
     from gateway.turns.background import BackgroundTasks
     from gateway.turns.busy import Busy
+    from gateway.turns.choices import Choices
     from gateway.turns.inflight import InFlight
     from gateway.turns.queue import TurnQueue
 
@@ -105,6 +106,8 @@ class TurnRunner:
         """Busy modes: the turn's inbox of steered messages, what it interrupted (gateway/turns/busy.py)."""
         self.speaker = Speaker(config, store, redact, turns)
         """Spoken replies (``/voice``): the answer as audio after its text (gateway/turns/spoken.py)."""
+        self.choices: Choices | None = None
+        """Questions with options as buttons (gateway/turns/choices.py), set by the daemon."""
         self.background: BackgroundTasks | None = None
         """Background tasks (gateway/turns/background.py), set by the daemon: a task stopped, revoked
         or forgotten meanwhile ends before it runs and before its answer goes out."""
@@ -144,6 +147,8 @@ class TurnRunner:
             if quiet.schedule_of(inbound) is None:  # a scheduled run may end silent: no sign of it
                 typing = asyncio.create_task(self._keep_typing(reply))
             thread_id = await self.store.thread_for(entry.conversation)  # a background task's own
+            if self.choices is not None:  # open buttons of this conversation are answered now
+                await self.choices.close(entry)
             plan = self._plan(reply, thread_id)
             uploads = await fetch_attachments(self.host, reply.channel, entry, thread_id)
             async with self._slot(entry):
@@ -177,6 +182,8 @@ class TurnRunner:
                 await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
                 if outcome is TurnOutcome.OK:
                     await self.speaker.deliver(reply, entry, spoken, self.metrics)
+                if self.choices is not None and outcome is TurnOutcome.OK:  # the options, under it
+                    await self.choices.post(entry, thread_id)
             await self.store.journal_set(entry.key, JournalState.DONE)
             await quiet.record(self.store, inbound, silent)
             done = reply.channel.capabilities.done_reaction
@@ -315,6 +322,8 @@ class TurnRunner:
         inbound = entry.inbound
         text, final, outcome = "", "", TurnOutcome.OK
         message = uploads.message(inbound.text)  # with what a voice note said (gateway/intake/media.py)
+        if self.choices is not None:  # a typed "2" answers an open question with its option
+            message = await self.choices.typed(entry, thread_id, message)
         message = self.redact(message)  # the daemon's secrets never go to the model provider
         background = BACKGROUND_MARK in inbound.extra  # a background task has its own time limit
         limit = self.config.tasks.timeout if background else self.config.concurrency.turn_timeout

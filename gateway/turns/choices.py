@@ -1,0 +1,207 @@
+"""A clarifying question with options, as buttons (docs/choices.md).
+
+When a turn ends on ``ask_clarification`` with ``options`` (agent/tools/clarify.py), the answer
+says the question and :meth:`Choices.post` puts one message under it: the options numbered, with
+one button per option where the platform has buttons (``ask:CODE:n``: a short code and an index,
+never the option text, within Telegram's 64 bytes of callback data). A typed answer always works;
+a typed number is read as that option.
+
+A press is checked (the person asked or an admin; still the conversation's open question, read
+from the agent's checkpoint; a real option) and then journaled *as the user's answer*: an inbound
+message whose text is the option, sent by the presser, keyed on the buttons message. The journal's
+insert-once is the decision (two presses, or one press delivered twice: one wins) and makes it
+durable (a kill -9 after the press resumes that turn at start-up, like any journaled message).
+The turn replies to the buttons message, and the buttons are closed showing who chose what.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
+
+from agent.untrusted import code_span, one_line
+from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendError
+from channels.messages import FORWARDED, REPLIED, REPLIED_FILE
+from gateway.config.secrets import redactor_for
+from gateway.intake.access import Verdict, decide, is_admin
+from gateway.store.entries import JournalEntry
+from gateway.turns import usage
+
+if TYPE_CHECKING:
+    from channels.base import Channel
+    from gateway.agent_api import AgentHarness
+    from gateway.config.schema import Config
+    from gateway.store.choices import ChoiceRow
+    from gateway.store.journal import Store
+
+log = logging.getLogger(__name__)
+
+PREFIX = "ask"
+CHOICE_MARK = "chital_choice"
+""":attr:`Inbound.extra` key of an answer made by a press: the question's code."""
+CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+LABEL_CHARS = 40
+"""Characters of an option on its button (Slack allows 75, Discord 80; Telegram shows about 64 bytes)."""
+OPTION_CHARS = 60
+"""Characters of an option in the numbered list (the tool refuses longer ones)."""
+_DROP = (REPLIED, REPLIED_FILE, FORWARDED)
+"""What the asking message carried that the answer must not carry again."""
+
+
+def body(options: tuple[str, ...], buttons: bool, redact: Callable[[str], str]) -> str:
+    """The numbered options, inert: each a code span (no links, mentions or markup), one line,
+    bounded, invisible characters removed, the daemon's secrets masked."""
+    lines = [f"{n}. {code_span(redact(o), OPTION_CHARS)}" for n, o in enumerate(options, 1)]
+    how = "Press a button or type your answer." if buttons else "Reply with a number or your own answer."
+    return "\n".join([*lines, "", how])
+
+
+def label(option: str, redact: Callable[[str], str]) -> str:
+    """A button's text: plain on every platform (no markup there), visible, one line, bounded."""
+    return one_line(redact(option), LABEL_CHARS) or "…"
+
+
+class Choices:
+    """Posts questions' options and answers presses; ``start`` journals and runs a turn once
+    (the Gateway's ``start_turn``)."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        harness: AgentHarness,
+        channels: Mapping[str, Channel],
+        start: Callable[[Inbound], Awaitable[bool]],
+    ) -> None:
+        self.config, self.store, self.harness = config, store, harness
+        self.channels, self.start = channels, start
+        self.redact = redactor_for(config)
+
+    async def post(self, entry: JournalEntry, thread_id: str) -> None:
+        """Post the options of the question ``entry``'s turn ended on (once, also on a replay)."""
+        found = await self.harness.open_choices(thread_id)
+        if found is None:
+            return
+        _, options = found
+        row = await self.store.choice_add(_code(), entry.key, entry.conversation)
+        if row.message_id:
+            return
+        channel = self.channels[entry.inbound.platform]
+        target = entry.inbound.target
+        key = f"choices:{row.code}"
+        message_id = ""
+        if channel.capabilities.buttons:
+            buttons = [
+                Button(label(o, self.redact), f"{PREFIX}:{row.code}:{n}") for n, o in enumerate(options)
+            ]
+            part = channel.render(body(options, True, self.redact))[0]
+            try:
+                message_id = await channel.send_buttons(target, part, buttons, idempotency_key=key)
+            except PermanentSendError as exc:
+                log.warning("choices %s: buttons refused on %s (%s)", row.code, channel.name, exc)
+        if not message_id:
+            part = channel.render(body(options, False, self.redact))[0]
+            message_id = await channel.send(target, part, idempotency_key=key)
+        await self.store.choice_sent(row.code, message_id)
+        log.info("choices %s: %d options asked in %s", row.code, len(options), entry.conversation)
+
+    async def typed(self, entry: JournalEntry, thread_id: str, text: str) -> str:
+        """A typed number of an open question's options reads as that option's text."""
+        if CHOICE_MARK in entry.inbound.extra or not text.strip().isdigit():
+            return text
+        found = await self.harness.open_choices(thread_id)
+        n = int(text.strip()) if len(text.strip()) < 4 else 0
+        if found is None or not 1 <= n <= len(found[1]):
+            return text
+        return found[1][n - 1]
+
+    async def on_action(self, action: Action) -> ActionAnswer:
+        """A press: checked, journaled once as the presser's answer, answered to the presser."""
+        parts = action.value.split(":")
+        if len(parts) != 3 or parts[0] != PREFIX or not parts[2].isdigit() or len(parts[2]) > 2:
+            return ActionAnswer("This button is not mine to answer.", refused=True)
+        row = await self.store.choice_by_code(parts[1])
+        asked = await self.store.journal_inbound(row.key) if row else None
+        elsewhere = asked is not None and (asked.platform, asked.chat_id) != (action.platform, action.chat_id)
+        if row is None or asked is None or elsewhere:
+            return ActionAnswer("This question no longer exists.", refused=True)
+        if not row.message_id or (action.message_id and action.message_id != row.message_id):
+            return ActionAnswer("This question no longer exists.", refused=True)
+        admin = is_admin(self.config.access_for(action.platform), _probe(action))
+        if action.user != asked.user and not admin:
+            who = code_span(asked.sender_name) if asked.sender_name else "the person asked"
+            return ActionAnswer(f"⛔ Not yours to answer: only {who} or an admin can.", refused=True)
+        answer = _answer(row, asked, action, "")
+        if await self.store.journal_seen(answer.key):
+            return ActionAnswer("This question was already answered.", refused=True)
+        latest = await self.store.choice_latest(row.conversation)
+        found = await self.harness.open_choices(await self.store.thread_for(row.conversation))
+        if row.closed or latest is None or latest.code != row.code or found is None:
+            return ActionAnswer("This question was already answered; type your answer instead.", refused=True)
+        n = int(parts[2])
+        if n >= len(found[1]):
+            return ActionAnswer("That is not one of the options.", refused=True)
+        if not admin:
+            allowed = await decide(asked, self.config.access_for(asked.platform), self.store, True)
+            if allowed.verdict is not Verdict.ALLOW:
+                return ActionAnswer("⛔ You no longer have access to this bot.", refused=True)
+        refusal = await usage.budget_refusal(self.store, self.config, action.user, admin)
+        if refusal is not None:
+            return ActionAnswer(refusal, refused=True)
+        option = found[1][n]
+        if not await self.start(_answer(row, asked, action, option)):
+            return ActionAnswer("This question was already answered.", refused=True)
+        log.info("choices %s: option %d chosen by %s", row.code, n + 1, action.user)
+        return ActionAnswer(f"✔ {one_line(self.redact(option), LABEL_CHARS)}")
+
+    async def close(self, entry: JournalEntry) -> None:
+        """At the start of a turn in a conversation with open buttons: close them, showing the
+        choice (this turn is the press) or that the question was answered in the chat. Run by
+        every turn, so a restart between the press and the close still closes them."""
+        row = await self.store.choice_latest(entry.conversation)
+        if row is None or not row.message_id or row.key == entry.key:
+            return
+        if not await self.store.choice_close(row.code):
+            return
+        asked = await self.store.journal_inbound(row.key)
+        channel = self.channels.get(entry.inbound.platform)
+        if asked is None or channel is None:
+            return
+        pressed = entry.inbound.extra.get(CHOICE_MARK) == row.code
+        who = code_span(self.redact(entry.inbound.sender_name or entry.inbound.sender_id))
+        what = code_span(self.redact(entry.inbound.text), OPTION_CHARS)
+        note = f"✔ {what} — chosen by {who}" if pressed else "✔ Answered in the chat."
+        part = channel.render(note)[0]
+        with contextlib.suppress(Exception):  # the answer holds whether or not the buttons show it
+            await channel.close_buttons(asked.target, row.message_id, part)
+
+
+def _code() -> str:
+    return "".join(secrets.choice(CODE_ALPHABET) for _ in range(8))
+
+
+def _probe(action: Action) -> Inbound:
+    return Inbound(action.platform, action.chat_id, "", action.sender_id, "", False, False)
+
+
+def _answer(row: ChoiceRow, asked: Inbound, action: Action, option: str) -> Inbound:
+    """The presser's answer as a message: keyed on the buttons message (so one press wins, and
+    the answer replies to the question), in the asking message's conversation."""
+    extra = {k: v for k, v in asked.extra.items() if k not in _DROP}
+    extra[CHOICE_MARK] = row.code
+    return Inbound(
+        platform=asked.platform,
+        chat_id=asked.chat_id,
+        message_id=row.message_id,
+        sender_id=action.sender_id,
+        text=option,
+        is_direct=asked.is_direct,
+        addressed=True,
+        thread_id=asked.thread_id,
+        sender_name=action.sender_name,
+        chat_title=asked.chat_title,
+        extra=extra,
+    )
