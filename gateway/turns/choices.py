@@ -128,12 +128,17 @@ class Choices:
         elsewhere = asked is not None and (asked.platform, asked.chat_id) != (action.platform, action.chat_id)
         if row is None or asked is None or elsewhere:
             return ActionAnswer("This question no longer exists.", refused=True)
-        if not row.message_id or (action.message_id and action.message_id != row.message_id):
-            return ActionAnswer("This question no longer exists.", refused=True)
         admin = is_admin(self.config.access_for(action.platform), _probe(action))
         if action.user != asked.user and not admin:
             who = code_span(asked.sender_name) if asked.sender_name else "the person asked"
             return ActionAnswer(f"⛔ Not yours to answer: only {who} or an admin can.", refused=True)
+        if not row.message_id and action.message_id:  # pressed before its id was on record
+            await self.store.choice_sent(row.code, action.message_id)  # the platform names it
+            row = await self.store.choice_by_code(row.code) or row
+        if not row.message_id:
+            return ActionAnswer("One moment: this question is still being posted.", refused=True)
+        if action.message_id and action.message_id != row.message_id:
+            return ActionAnswer("This button does not belong to this question.", refused=True)
         answer = _answer(row, asked, action, "")
         if await self.store.journal_seen(answer.key):
             return ActionAnswer("This question was already answered.", refused=True)
@@ -174,7 +179,9 @@ class Choices:
         who = code_span(self.redact(entry.inbound.sender_name or entry.inbound.sender_id))
         what = code_span(self.redact(entry.inbound.text), OPTION_CHARS)
         note = f"✔ {what} — chosen by {who}" if pressed else "✔ Answered in the chat."
-        part = channel.render(note)[0]
+        found = await self.harness.open_choices(await self.store.thread_for(row.conversation))
+        listed = body(found[1], False, self.redact).rsplit("\n", 1)[0] if found else ""
+        part = channel.render(f"{listed}\n{note}" if listed else note)[0]
         with contextlib.suppress(Exception):  # the answer holds whether or not the buttons show it
             await channel.close_buttons(asked.target, row.message_id, part)
 

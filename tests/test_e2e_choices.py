@@ -1,0 +1,122 @@
+"""A clarifying question with options, as buttons (docs/choices.md), end to end: `chital run`, the
+real agent, python-telegram-bot against the fake Telegram and the fake model.
+
+What the user sees (the buttons, the answer replying to the question, the closed buttons saying
+who chose what, refusals) and what the model sees (the option as the user's next message)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.daemon import DaemonProcess
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+from tests.fakes.telegram_server import FakeTelegram
+from tests.telegram_daemon import GROUP, OTHER, OWNER, telegram_config
+
+OPTIONS = ["Small", "Large <!channel> @everyone [x](https://evil.example)", "Medium\u202egnp.exe"]
+ASK = ToolCall("ask_clarification", {"question": "Which size do you want?", "options": OPTIONS})
+
+
+async def _buttons(tg: FakeTelegram, chat: int) -> Any:
+    return await tg.wait_for(
+        lambda: next((m for m in tg.bot_messages(chat) if tg.buttons(chat, m.message_id)), None),
+        timeout=30,
+        what="the option buttons",
+    )
+
+
+async def _answer(tg: FakeTelegram, query: dict[str, Any]) -> dict[str, Any]:
+    qid = query["callback_query"]["id"]
+    found: dict[str, Any] = await tg.wait_for(lambda: tg.answered_queries.get(qid), timeout=20, what="answer")
+    return found
+
+
+def _stale_press(tg: FakeTelegram, chat: int, message: Any, user: int, data: str, n: int) -> dict[str, Any]:
+    """A press from a client still showing the old keyboard (the buttons are gone from the message)."""
+    return tg.push_update({"callback_query": {
+        "id": f"stale{n}", "from": {"id": user, "is_bot": False, "first_name": "Olga"},
+        "message": message.raw, "chat_instance": str(chat), "data": data,
+    }})  # fmt: skip
+
+
+def _config(tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI) -> dict[str, Any]:
+    cfg = telegram_config(tmp_path, tg, model)
+    cfg["agent"]["memory"] = {"enabled": False}  # every model request is the conversation's
+    return cfg
+
+
+def _user_texts(request: dict[str, Any]) -> list[str]:
+    return [str(m.get("content")) for m in request["messages"] if m.get("role") == "user"]
+
+
+async def test_telegram_a_press_answers_the_question_across_a_restart(
+    tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    model.script(Reply(tool_calls=[ASK]), Reply(text="Large it is."))
+    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
+    await daemon.start()
+    try:
+        tg.inject_mention(GROUP, OWNER, "order a coffee", first_name="Olga")
+        choice = await _buttons(tg, GROUP)
+        labels = tg.buttons(GROUP, choice.message_id)
+        assert labels[0] == "Small" and len(labels) == 3
+        assert all(len(label) <= 40 for label in labels)
+        assert "\u202e" not in "".join(labels) + choice.text  # no bidi trick, label or list
+        assert "Which size do you want?" in "\n".join(m.text for m in tg.bot_messages(GROUP))
+        assert "https://evil.example" not in {e.get("url") for e in choice.raw.get("entities", [])}
+        assert "Large" in choice.spans("code")[1]  # the list shows options inert, as code
+        data = [b["callback_data"] for row in choice.raw["reply_markup"]["inline_keyboard"] for b in row]
+        assert all(d.startswith("ask:") and len(d.encode()) <= 64 and "Large" not in d for d in data)
+
+        stranger = tg.press_button(GROUP, choice.message_id, OTHER, "Small", first_name="Mallory")
+        refused = await _answer(tg, stranger)
+        assert refused.get("show_alert") is True and "Not yours" in refused["text"]
+        assert len(model.requests) == 1
+
+        await daemon.close()  # a restart between the question and the press
+        await daemon.start()
+        press = tg.press_button(GROUP, choice.message_id, OWNER, "Large", first_name="Olga")
+        toast = await _answer(tg, press)
+        assert not toast.get("show_alert") and "Large" in toast["text"]
+        answer = await tg.wait_for(
+            lambda: next((m for m in tg.bot_messages(GROUP) if m.reply_to == choice.message_id), None),
+            timeout=30,
+            what="the answer in reply to the question",
+        )
+        await tg.wait_for(lambda: "Large it is." in tg.message(GROUP, answer.message_id).text, timeout=30)
+        assert _user_texts(model.requests[1])[-1].endswith(OPTIONS[1])  # the option, as the user's answer
+        await tg.wait_for(lambda: tg.buttons(GROUP, choice.message_id) == [], timeout=20, what="closed")
+        closed = tg.message(GROUP, choice.message_id).text
+        assert "chosen by" in closed and "Olga" in closed and "Large" in closed
+
+        again = _stale_press(tg, GROUP, choice, OWNER, data[0], 1)
+        stale = await _answer(tg, again)
+        assert stale.get("show_alert") is True and "already answered" in stale["text"]
+        tg.redeliver(press)  # the same press served twice: one answer
+        await tg.wait_for(lambda: len(tg.calls_to("answerCallbackQuery")) >= 4, what="the redelivered press")
+        assert len(model.requests) == 2
+    finally:
+        await daemon.close()
+
+
+async def test_telegram_a_typed_answer_makes_the_buttons_stale(
+    tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    model.script(Reply(tool_calls=[ASK]), Reply(text="Medium, then."))
+    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
+    await daemon.start()
+    try:
+        tg.inject_message(OWNER, OWNER, "order a coffee", first_name="Olga")
+        choice = await _buttons(tg, OWNER)
+        data = [b["callback_data"] for row in choice.raw["reply_markup"]["inline_keyboard"] for b in row]
+        tg.inject_message(OWNER, OWNER, "3", first_name="Olga")  # a typed number is that option
+        await tg.wait_for(lambda: len(model.requests) >= 2, timeout=30, what="the typed answer's turn")
+        assert _user_texts(model.requests[1])[-1].endswith(OPTIONS[2])
+        await tg.wait_for(lambda: tg.buttons(OWNER, choice.message_id) == [], timeout=20, what="closed")
+        assert "Answered in the chat" in tg.message(OWNER, choice.message_id).text
+        late = _stale_press(tg, OWNER, choice, OWNER, data[0], 2)
+        stale = await _answer(tg, late)
+        assert stale.get("show_alert") is True and "already answered" in stale["text"]
+        assert len(model.requests) == 2
+    finally:
+        await daemon.close()
