@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.daemon import DaemonProcess
+from tests.daemon import DaemonProcess, chat_config
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.slack_daemon import CHANNEL, FRIEND, thread_shows
 from tests.telegram_daemon import GROUP, OTHER, OWNER, telegram_config
 
 OPTIONS = ["Small", "Large <!channel> @everyone [x](https://evil.example)", "Medium\u202egnp.exe"]
+SLACK_OTHER = "U_OTHER"
 ASK = ToolCall("ask_clarification", {"question": "Which size do you want?", "options": OPTIONS})
 
 
@@ -118,5 +121,48 @@ async def test_telegram_a_typed_answer_makes_the_buttons_stale(
         stale = await _answer(tg, late)
         assert stale.get("show_alert") is True and "already answered" in stale["text"]
         assert len(model.requests) == 2
+    finally:
+        await daemon.close()
+
+
+async def test_slack_a_press_answers_in_the_thread(
+    tmp_path: Any, slack: FakeSlack, model: FakeOpenAI
+) -> None:
+    model.script(Reply(tool_calls=[ASK]), Reply(text="Small it is."))
+    cfg = chat_config(
+        tmp_path,
+        model.base_url,
+        slack,
+        allow=[f"slack:{FRIEND}", f"slack:{SLACK_OTHER}"],
+        group_policy="mention",
+    )
+    cfg["agent"]["memory"] = {"enabled": False}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    await slack.wait_connected()
+    try:
+        post = await slack.inject_mention(CHANNEL, FRIEND, "order a coffee")
+        choice = await slack.wait_for(lambda: next((p for p in slack.posts if p.buttons()), None), timeout=30)
+        assert choice.thread_ts == post.ts and choice.buttons()[0] == "Small" and len(choice.buttons()) == 3
+        assert "<!channel>" not in "".join(choice.buttons()) + str(choice.blocks)  # no live ping anywhere
+
+        other = await slack.press_button(CHANNEL, choice.ts, SLACK_OTHER, "Small", name="mallory")
+        await slack.wait_for(lambda: slack.is_acked(other) or None, timeout=10)
+        note = await slack.wait_for(lambda: next(iter(slack.ephemerals), None), timeout=10)
+        assert note["user"] == SLACK_OTHER and "Not yours" in note["text"] and len(model.requests) == 1
+
+        press = await slack.press_button(CHANNEL, choice.ts, FRIEND, "Small", name="friend")
+        await slack.wait_for(lambda: slack.is_acked(press) or None, timeout=10)
+        await thread_shows(slack, CHANNEL, post.ts, "Small it is.", timeout=30)
+        assert _user_texts(model.requests[1])[-1].endswith("Small")
+        await slack.wait_for(
+            lambda: (not choice.buttons() and "chosen by" in choice.text) or None, timeout=20
+        )
+        assert "friend" in choice.text
+
+        again = await slack.press_button(CHANNEL, choice.ts, FRIEND, "Large", name="friend")  # stale client
+        await slack.wait_for(lambda: slack.is_acked(again) or None, timeout=10)
+        await slack.wait_for(lambda: len(slack.ephemerals) >= 2 or None, timeout=10)
+        assert "already answered" in slack.ephemerals[-1]["text"] and len(model.requests) == 2
     finally:
         await daemon.close()

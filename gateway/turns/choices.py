@@ -47,6 +47,7 @@ LABEL_CHARS = 40
 """Characters of an option on its button (Slack allows 75, Discord 80; Telegram shows about 64 bytes)."""
 OPTION_CHARS = 60
 """Characters of an option in the numbered list (the tool refuses longer ones)."""
+_INERT = str.maketrans({"<": "‹", ">": "›", "@": "＠"})
 _DROP = (REPLIED, REPLIED_FILE, FORWARDED)
 """What the asking message carried that the answer must not carry again."""
 
@@ -60,8 +61,9 @@ def body(options: tuple[str, ...], buttons: bool, redact: Callable[[str], str]) 
 
 
 def label(option: str, redact: Callable[[str], str]) -> str:
-    """A button's text: plain on every platform (no markup there), visible, one line, bounded."""
-    return one_line(redact(option), LABEL_CHARS) or "…"
+    """A button's text: plain on every platform, visible, one line, bounded; ``<>@`` as look-alikes
+    so no client can read ``<!channel>`` or ``@everyone`` in it as a mention."""
+    return one_line(redact(option), LABEL_CHARS).translate(_INERT) or "…"
 
 
 class Choices:
