@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from tests.daemon import DaemonProcess, chat_config
+from tests.discord_daemon import FRIEND as DC_FRIEND
+from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
@@ -17,6 +20,7 @@ from tests.telegram_daemon import GROUP, OTHER, OWNER, telegram_config
 
 OPTIONS = ["Small", "Large <!channel> @everyone [x](https://evil.example)", "Medium\u202egnp.exe"]
 SLACK_OTHER = "U_OTHER"
+LARK_FRIEND = "ou_friend"
 ASK = ToolCall("ask_clarification", {"question": "Which size do you want?", "options": OPTIONS})
 
 
@@ -164,5 +168,48 @@ async def test_slack_a_press_answers_in_the_thread(
         await slack.wait_for(lambda: slack.is_acked(again) or None, timeout=10)
         await slack.wait_for(lambda: len(slack.ephemerals) >= 2 or None, timeout=10)
         assert "already answered" in slack.ephemerals[-1]["text"] and len(model.requests) == 2
+    finally:
+        await daemon.close()
+
+
+async def test_discord_a_press_answers(tmp_path: Any, dc: FakeDiscord, model: FakeOpenAI) -> None:
+    model.script(Reply(tool_calls=[ASK]), Reply(text="Small it is."))
+    cfg = chat_config(tmp_path, model.base_url, dc, allow=[f"discord:{DC_FRIEND}"], group_policy="mention")
+    cfg["agent"]["memory"] = {"enabled": False}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    await dc.wait_connected()
+    try:
+        await dc.inject_message(None, DC_FRIEND, "order a coffee", mention_bot=True)
+        choice = await dc.wait_for(lambda: next((m for m in dc.bot_messages() if dc.buttons(m.id)), None), 30)
+        assert dc.buttons(choice.id)[0] == "Small" and "@everyone" not in "".join(dc.buttons(choice.id))
+        iid = await dc.press_button(choice.id, DC_FRIEND, "Small")
+        await dc.wait_for(lambda: dc.interaction_responses.get(iid), timeout=15)
+        await dc.wait_for(lambda: any("Small it is." in m.content for m in dc.bot_messages()) or None, 30)
+        assert _user_texts(model.requests[1])[-1].endswith("Small")
+        await dc.wait_for(lambda: dc.buttons(choice.id) == [] or None, 20)
+    finally:
+        await daemon.close()
+
+
+async def test_lark_a_press_answers(tmp_path: Any, lark: FakeLark, model: FakeOpenAI) -> None:
+    model.script(Reply(tool_calls=[ASK]), Reply(text="Small it is."))
+    cfg = chat_config(tmp_path, model.base_url, lark, allow=[f"lark:{LARK_FRIEND}"], group_policy="mention")
+    cfg["agent"]["memory"] = {"enabled": False}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    try:
+        lark.inject_message("oc_group", LARK_FRIEND, "order a coffee", chat_type="group", mention_bot=True)
+        choice = await lark.wait_for_async(
+            lambda f: next((m for m in f.bot_messages("oc_group") if m.buttons()), None), timeout=30
+        )
+        assert choice.buttons()[0]["text"]["content"] == "Small"
+        press = lark.press_button(choice.message_id, LARK_FRIEND, "Small")
+        toast = await lark.wait_for_async(lambda f: f.ack_data(press), timeout=15)
+        assert toast["toast"]["type"] == "success"
+        await lark.wait_for_async(
+            lambda f: any("Small it is." in m.text for m in f.bot_messages()) or None, timeout=30
+        )
+        assert _user_texts(model.requests[1])[-1].endswith("Small")
     finally:
         await daemon.close()
