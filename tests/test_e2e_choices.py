@@ -213,3 +213,28 @@ async def test_lark_a_press_answers(tmp_path: Any, lark: FakeLark, model: FakeOp
         assert _user_texts(model.requests[1])[-1].endswith("Small")
     finally:
         await daemon.close()
+
+
+async def test_telegram_options_that_do_not_fit_are_a_tool_error_and_secrets_never_show(
+    tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    too_many = ToolCall("ask_clarification", {"question": "Pick", "options": [f"o{n}" for n in range(9)]})
+    leaky = ToolCall(
+        "ask_clarification", {"question": "Which token?", "options": [f"use {tg.token}", "none"]}
+    )
+    model.script(Reply(tool_calls=[too_many]), Reply(tool_calls=[leaky]))
+    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
+    await daemon.start()
+    try:
+        tg.inject_message(OWNER, OWNER, "pick one", first_name="Olga")
+        choice = await _buttons(tg, OWNER)
+        tool_results = [
+            str(m.get("content")) for m in model.requests[1]["messages"] if m.get("role") == "tool"
+        ]
+        assert "Give 2 to 8 options (got 9)" in tool_results[-1]  # words the model can act on
+        shown = "".join(tg.buttons(OWNER, choice.message_id)) + "".join(
+            m.text for m in tg.bot_messages(OWNER)
+        )
+        assert tg.token not in shown and tg.token.split(":")[-1] not in shown
+    finally:
+        await daemon.close()
