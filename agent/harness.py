@@ -63,7 +63,6 @@ from agent.safety import Redactor
 from agent.steering import Inbox, SteerInbox, receiving, steered_after, turn_start
 from agent.stream_events import CustomEventConverter, stream_events
 from agent.thread_context import with_context
-from agent.tools.clarify import open_choices
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
 from agent.turn_overrides import TurnChoice, TurnOverrides, choose, skill_section
 from agent.usage import UsageSink, attach_usage
@@ -258,11 +257,6 @@ class Harness:
         ``/plan`` and for closing a resumed turn's checklist; empty when none was written."""
         snap = await self.require_graph().aget_state(self._config(thread_id))
         return plan_of(snap.values)
-
-    async def open_choices(self, thread_id: str) -> tuple[str, tuple[str, ...]] | None:
-        """The question with options the thread ends on, if it does (a press answers only that)."""
-        snap = await self.require_graph().aget_state(self._config(thread_id))
-        return open_choices(snap.values.get("messages", ()))
 
     async def run(
         self,

@@ -53,6 +53,7 @@ from agent.tools import (
     outputs_resolver,
 )
 from agent.tools.background import BackgroundStarter, build_background_tools
+from agent.tools.clarify import open_choices
 from agent.tools.schedule import Scheduler, build_schedule_tools
 from agent.tools.search import CITE_PROMPT
 from agent.turn import PLAIN, TurnOptions
@@ -171,8 +172,10 @@ class AgentRuntime:
         return await self.harness.message_count(thread_id)
 
     async def open_choices(self, thread_id: str) -> tuple[str, tuple[str, ...]] | None:
+        """The question with options the thread ends on, if it does (a press answers only that)."""
         assert self.harness is not None
-        return await self.harness.open_choices(thread_id)
+        snap = await self.harness.require_graph().aget_state({"configurable": {"thread_id": thread_id}})
+        return open_choices(snap.values.get("messages", ()))
 
     async def plan(self, thread_id: str) -> tuple[PlanItem, ...]:
         assert self.harness is not None

@@ -47,6 +47,7 @@ TABLES = {
     "conversation_voice",
     "approval_grants",
     "approval_log",
+    "choices",
 }  # fmt: skip
 
 
