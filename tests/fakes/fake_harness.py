@@ -167,6 +167,9 @@ class FakeHarness:
     async def plan(self, thread_id: str) -> tuple[PlanItem, ...]:
         return self.plans.get(thread_id, ())
 
+    async def open_choices(self, thread_id: str) -> tuple[str, tuple[str, ...]] | None:
+        return None  # the fake never asks with options (the real agent does: test_e2e_choices.py)
+
     async def save_upload(self, thread_id: str, name: str, data: bytes) -> str:
         path = f"/mnt/user-data/uploads/{name}"
         self.uploads[path] = data
