@@ -94,6 +94,12 @@ def one(spans: list[Span], name: str) -> Span:
     return found[0]
 
 
+async def status_trace(tg: FakeTelegram) -> Any:
+    """OWNER's ``/status`` reply once it shows a trace line."""
+    update = tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None)
+    return await answered(tg, OWNER, update, "Trace:", timeout=30)
+
+
 async def test_the_span_tree_of_a_turn_with_a_tool_and_a_sub_agent(
     tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, otlp: FakeOTLP
 ) -> None:
@@ -153,13 +159,7 @@ async def test_the_span_tree_of_a_turn_with_a_tool_and_a_sub_agent(
         trace_id = root.trace_id
         assert f"trace_id={trace_id}" in d.logs()
         assert HEADER_SECRET not in d.logs()
-        status = await answered(
-            tg,
-            OWNER,
-            tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None),
-            "Trace:",
-            timeout=30,
-        )
+        status = await status_trace(tg)
         assert f"Trace: {trace_id}" in status.text
 
 
@@ -241,13 +241,7 @@ async def test_an_unreachable_collector_neither_blocks_nor_fails_turns(
         assert logs.count("could not export spans") == 1, "logged once per outage"
         assert HEADER_SECRET not in logs
         assert "Traceback" not in logs
-        status = await answered(
-            tg,
-            OWNER,
-            tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None),
-            "Trace:",
-            timeout=30,
-        )
+        status = await status_trace(tg)
         assert "Trace: " in status.text
 
 
@@ -272,13 +266,7 @@ async def test_a_turn_resumed_after_kill9_stays_in_the_messages_trace(
         assert turn.trace_id == root.trace_id and turn.parent_id == root.span_id
         assert turn.attributes["chital.turn.resumed"] is True
         assert turn.attributes["chital.turn.attempt"] == 2
-        status = await answered(
-            tg,
-            OWNER,
-            tg.inject_command(OWNER, OWNER, "status", chat_type="private", at=None),
-            "Trace:",
-            timeout=30,
-        )
+        status = await status_trace(tg)
         assert f"Trace: {root.trace_id}" in status.text
 
 
