@@ -134,6 +134,9 @@ class Approvals:
         if not streams:
             streams.append(fresh)
         resumed = [r.id for r in todo]
+        # Answered already (a resume of one of several pending calls re-raises the others, same
+        # ids): each is continued once, by its own resume, never approved or logged again.
+        answered = {r.id for r in settled}
         while streams:
             stream, asked, allowed = streams.pop(0), False, []
             async for event in stream():
@@ -144,10 +147,11 @@ class Approvals:
                     )  # fmt: skip
                     self.tasks.spawn(notice, f"skill-draft:{event.name}")
                 if isinstance(event, ApprovalRequested):
-                    if any(r.id == event.id for r in settled):
-                        continue  # decided already: the next resume answers it
+                    if event.id in answered:
+                        continue  # decided already: its own resume answers it
                     standing = await self.standing.approve(entry, event, reply.target, _code())
                     if standing is not None:  # a standing permission answered: no one is asked
+                        answered.add(event.id)
                         allowed.append(standing)
                         continue
                     asked = True
