@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing, suppress
 from typing import Any, Literal
 
-from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, StreamMode
@@ -26,7 +26,7 @@ from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgres
 from agent.history import brief, messages_of
 from agent.middleware import RETRY_EVENT
 from agent.model import TokenTap
-from agent.provenance import Provenance, Source, of_messages
+from agent.provenance import MESSAGE, Provenance, Source, of_messages
 
 CustomEventConverter = Callable[[Any], Sequence[AgentEvent]]
 """Maps one ``custom`` stream part (tools' and middleware's own events) to agent events."""
@@ -48,7 +48,23 @@ async def untrusted_sources(
         snap = await graph.aget_state(config)
     except Exception:  # the request still goes out; it says nothing of provenance then
         return None
-    return of_messages(snap.values.get("messages", ())).sources
+    messages = snap.values.get("messages", ())
+    return of_messages(messages).merged(others_words(messages, config)).sources
+
+
+def others_words(messages: Sequence[Any], config: RunnableConfig) -> list[Source]:
+    """The thread's messages its requester did not write: in a group one agent thread holds every
+    member's turns, so another member's earlier message can steer this requester's call (and a
+    standing permission must not answer it). A message naming no author (a summary of earlier
+    history, which may hold a page long since read) counts as someone else's: deny by default."""
+    user = str((config.get("metadata") or {}).get("user_id") or "")
+    found: list[Source] = []
+    for message in messages:
+        if isinstance(message, HumanMessage):
+            author = str(message.additional_kwargs.get("user_id") or "")
+            if not user or author != user:
+                found.append(Source(MESSAGE, author or "someone (earlier history)"))
+    return found
 
 
 async def stream_events(

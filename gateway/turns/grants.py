@@ -102,14 +102,15 @@ class StandingGrants:
 
     def clean(self, event: ApprovalRequested) -> bool:
         """Whether a standing permission may answer ``event``: the thread read nothing its user
-        did not write, beyond the results of gated tools (each of those calls was approved by a
-        person or by their permission; without this, one granted ``execute`` would make every
-        later call in the thread ask again). Deny by default: sources said but not given (an
-        unreadable state) count."""
+        did not write, beyond the results of earlier calls of this same gated tool (without this,
+        one granted ``execute`` would make every later call in the thread ask again). Another
+        gated tool's output does not pass: approving an MCP tool that reads an issue vouches for
+        the call, not for what a stranger wrote in the issue. Deny by default: sources said but
+        not given (an unreadable state) count."""
         if not event.standing_ok or (event.untrusted and not event.sources):
             return False
         gated = self.config.agent.approvals.tools
-        return all(s.kind == TOOL and _named(s.label, gated) for s in event.sources)
+        return all(s.kind == TOOL and s.label == event.tool and _named(s.label, gated) for s in event.sources)
 
     async def covering(self, entry: JournalEntry, event: ApprovalRequested) -> Grant | None:
         """The live permission under which ``event`` runs without asking, if any: never for a
