@@ -10,9 +10,12 @@ import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
 from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, Final, ToolProgress
 from agent.provenance import MESSAGE, TOOL, Source
 from agent.settings import ApprovalSettings
+from gateway.store.journal import Store
 from tests.approvals_support import CALL, buttoned, collect, config, harness_for
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call, Resumed
@@ -121,3 +124,34 @@ async def test_a_call_after_another_members_message_in_the_thread_names_it(
         assert Source(MESSAGE, "tg:2") in ask.sources and "a message by tg:2" in ask.untrusted
     finally:
         await harness.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    if request.param == "sqlite":
+        s = await Store.open(tmp_path / "g.sqlite", 0)
+    else:
+        s = await Store.open_postgres(request.getfixturevalue("pg_url"))
+    yield s
+    await s.close()
+
+
+async def test_grants_on_both_databases(store: Store) -> None:
+    """The ``user`` column (a reserved word in PostgreSQL), scope matching by platform, person and
+    conversation, a huge id, revocation once, pruning: the same answers on SQLite and PostgreSQL."""
+    here = await store.grant_add("execute", "slack", "slack:C1", "slack:U9", "slack:U9", "Al", "")
+    assert await store.grant_add("execute", "slack", "slack:C1", "slack:U9", "slack:U9", "Al", "") == here
+    assert await store.grant_match("execute", "slack", "slack:C1", "slack:U9") == here
+    # The same numeric id on another platform, another chat, a thread of it, another tool: not covered.
+    assert await store.grant_match("execute", "telegram", "slack:C1", "slack:U9") is None
+    assert await store.grant_match("execute", "slack", "slack:C1", "telegram:U9") is None
+    assert await store.grant_match("execute", "slack", "slack:C1:1700.1", "slack:U9") is None
+    assert await store.grant_match("Execute", "slack", "slack:C1", "slack:U9") is None
+    assert await store.grant_get(999_999_999_999_999_999) is None
+    assert await store.grant_revoke(here.id, "slack:U1") and not await store.grant_revoke(here.id, "x")
+    assert await store.grant_match("execute", "slack", "slack:C1", "slack:U9") is None
+    await store.approval_log_add("slack", "slack:C1", "revoke", "slack:U1", "x" * 5000, grant_id=here.id)
+    (row,) = await store.approval_log("slack", "slack:C1", 10)
+    assert row.action == "revoke" and len(row.by_name) == 200
+    assert await store.approval_log_prune(-60) == 1  # everything older than a minute from now
+    assert await store.grant_get(here.id) is None, "a revoked permission is pruned with the log"
