@@ -155,3 +155,29 @@ async def test_grants_on_both_databases(store: Store) -> None:
     assert row.action == "revoke" and len(row.by_name) == 200
     assert await store.approval_log_prune(-60) == 1  # everything older than a minute from now
     assert await store.grant_get(here.id) is None, "a revoked permission is pruned with the log"
+
+
+async def test_the_listing_is_bounded_and_shows_the_newest(tmp_path: Path) -> None:
+    """Thousands of permissions: the listing stays one bounded message, shows the newest (the one
+    just given can be revoked) and says more exist; revoke ids that cannot be valid get the usage."""
+    async with fake_rig(tmp_path, config(), channel=FakeChannel(buttons=True)) as rig:
+        ch = rig.channel
+        conversation = await allow_here(rig)
+        for n in range(300):
+            await rig.store.grant_add(f"mcp_{n}_" + "x" * 200, ch.name, conversation, f"{ch.name}:{USER}",
+                                      f"{ch.name}:{USER}", "N" * 500, "")  # fmt: skip
+        newest = await rig.store.grant_add("execute2", ch.name, "", "", f"{ch.name}:{USER}", "Al", "")
+
+        async def say(text: str) -> str:
+            msg = ch.message(USER, text)
+            await ch.deliver(msg)
+            return "\n".join(await until(lambda: ch.replies_to(msg.message_id), what=text))
+
+        listing = await say("/approvals")
+        assert f"#{newest.id} " in listing and "#1 " not in listing and "older ones" in listing
+        assert len(listing) < 4096, len(listing)
+        for garbage in ("99999999999999999999", "-1", "abc", "#", "1 2", "１２"):
+            assert "Usage: /approvals revoke ID" in await say(f"/approvals revoke {garbage}")
+        assert "No live standing permission #999999999999999999" in await say(
+            "/approvals revoke 999999999999999999"
+        )

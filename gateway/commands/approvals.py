@@ -36,7 +36,8 @@ async def approvals_command(ctx: CommandContext, entry: JournalEntry, cmd: Comma
         return await _log(ctx, inbound, entry.conversation)
     if words:
         return "Usage: /approvals (list), /approvals revoke ID, /approvals log."
-    grants = await ctx.store.grants_visible(inbound.platform, entry.conversation, LISTED)
+    grants = await ctx.store.grants_visible(inbound.platform, entry.conversation, LISTED + 1)
+    more, grants = len(grants) > LISTED, grants[:LISTED]
     if not grants:
         if not ctx.config.agent.approvals.standing:
             return "No standing permissions: this bot asks for every call (agent.approvals.standing is off)."
@@ -49,6 +50,8 @@ async def approvals_command(ctx: CommandContext, entry: JournalEntry, cmd: Comma
         by = code_span(g.granted_by_name or g.granted_by, 60)
         ago = in_words(now - g.created, 1)
         lines.append(f"#{g.id} {code_span(g.tool, 60)} for {scope_words(g)}, by {by} {ago} ago")
+    if more:
+        lines.append(f"… and older ones (the newest {LISTED} are shown; revoke some to see the rest).")
     lines.append("/approvals revoke ID ends one (its granter, the person it covers, or an admin).")
     return "\n".join(lines)
 

@@ -141,10 +141,11 @@ class GrantTables:
         return _grant(row) if row else None
 
     async def grants_visible(self, platform: str, conversation: str, limit: int) -> list[Grant]:
-        """Live permissions that apply in ``conversation``: its own and the platform-wide ones."""
+        """Live permissions that apply in ``conversation``: its own and the platform-wide ones,
+        newest first (the oldest were the ones cut: a fresh grant must be listed, to be revoked)."""
         sql = (
             f"SELECT {_GRANT} FROM approval_grants WHERE platform = ? AND revoked IS NULL"
-            " AND (conversation = ? OR conversation = '') ORDER BY id LIMIT ?"
+            " AND (conversation = ? OR conversation = '') ORDER BY id DESC LIMIT ?"
         )
         async with self._db.execute(sql, (platform, conversation, limit)) as cur:
             return [_grant(r) for r in await cur.fetchall()]
