@@ -19,7 +19,7 @@ from gateway.store.journal import Store
 from tests.approvals_support import CALL, buttoned, collect, config, harness_for
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import Call, Resumed
-from tests.fakes.gateway_rig import USER, Rig, fake_rig, until
+from tests.fakes.gateway_rig import ADMIN, USER, Rig, fake_rig, until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
 
@@ -181,3 +181,29 @@ async def test_the_listing_is_bounded_and_shows_the_newest(tmp_path: Path) -> No
         assert "No live standing permission #999999999999999999" in await say(
             "/approvals revoke 999999999999999999"
         )
+
+
+async def test_a_permission_lapses_with_the_standing_it_rests_on(tmp_path: Path) -> None:
+    """An Always whose granter is no longer an admin asks again; so does an Allow here whose
+    person lost access (a schedule or background task of theirs still runs turns)."""
+    async with fake_rig(tmp_path, config(), channel=FakeChannel(buttons=True)) as rig:
+        ch = rig.channel
+        rig.harness.on("first", asking(dataclasses.replace(CALL, id="intr-first")))  # type: ignore[arg-type]
+        first = ch.message(USER, "first", name="Alice")
+        await ch.deliver(first)
+        request = await until(lambda: buttoned(ch), what="the buttons")
+        answer = await ch.press(request.message_id, "Always", ADMIN, "Ann")
+        assert not answer.refused and "everywhere" in answer.text, answer.text
+        await until(lambda: ch.replies_to(first.message_id)[:1] == ["resumed: approved"], what="ran")
+        entry = await rig.store.journal_entry(first.key)
+        assert entry is not None
+        standing = rig.gateway.approvals.standing
+        later = dataclasses.replace(CALL, id="intr-later")
+        assert await standing.covering(entry, later) is not None, "covered while all hold"
+        rig.gateway.config.access.admins.remove(str(ADMIN))  # Ann is an admin no more
+        assert await standing.covering(entry, later) is None
+        rig.gateway.config.access.admins.append(str(ADMIN))
+        rig.gateway.config.access.allow_users.remove(str(USER))  # Alice lost access
+        assert await standing.covering(entry, later) is None
+        rig.gateway.config.access.allow_users.append(str(USER))
+        assert await standing.covering(entry, later) is not None

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from agent.provenance import TOOL
 from agent.untrusted import code_span
 from channels.base import Action, Button, ReplyTarget
-from gateway.intake.access import is_admin
+from gateway.intake.access import Verdict, decide, is_admin
 from gateway.store.approvals import APPROVED, ApprovalRow
 
 if TYPE_CHECKING:
@@ -118,7 +118,23 @@ class StandingGrants:
         if not self.offered or not self.clean(event):
             return None
         inbound = entry.inbound
-        return await self.store.grant_match(event.tool, inbound.platform, entry.conversation, inbound.user)
+        grant = await self.store.grant_match(event.tool, inbound.platform, entry.conversation, inbound.user)
+        if grant is None:
+            return None
+        # In force only while those it rests on still hold their standing: the requester may still
+        # use the bot (a revoked pairing, a user taken off the list: a schedule or a background
+        # task of theirs still runs turns), and an Always's granter is still an admin.
+        access = self.config.access_for(inbound.platform)
+        if (
+            not is_admin(access, inbound)
+            and (await decide(inbound, access, self.store, True)).verdict is not Verdict.ALLOW
+        ):
+            log.info("standing permission #%d: %s no longer has access; asking", grant.id, inbound.user)
+            return None
+        if grant.everywhere and not is_admin(access, _person(inbound.platform, grant.granted_by)):
+            log.info("standing permission #%d: its granter is no longer an admin; asking", grant.id)
+            return None
+        return grant
 
     async def approve(
         self, entry: JournalEntry, event: ApprovalRequested, target: ReplyTarget, code: str
@@ -187,6 +203,14 @@ def _probe(action: Action) -> Inbound:
     from channels.base import Inbound
 
     return Inbound(action.platform, action.chat_id, "", action.sender_id, "", False, False)
+
+
+def _person(platform: str, user: str) -> Inbound:
+    """A probe for the access checks of the person ``user`` (``platform:id``)."""
+    from channels.base import Inbound
+
+    sender = user.split(":", 1)[1] if user.startswith(f"{platform}:") else ""
+    return Inbound(platform, "", "", sender, "", True, True)
 
 
 def _named(tool: str, patterns: list[str]) -> bool:
