@@ -207,3 +207,18 @@ async def test_a_permission_lapses_with_the_standing_it_rests_on(tmp_path: Path)
         assert await standing.covering(entry, later) is None
         rig.gateway.config.access.allow_users.append(str(USER))
         assert await standing.covering(entry, later) is not None
+
+
+async def test_a_held_always_button_is_logged_once(tmp_path: Path) -> None:
+    """A non-admin pressing Always again and again is refused each time, and logged once."""
+    async with fake_rig(tmp_path, config(), channel=FakeChannel(buttons=True)) as rig:
+        ch = rig.channel
+        rig.harness.on("run", asking(dataclasses.replace(CALL, id="intr-run")))  # type: ignore[arg-type]
+        run = ch.message(USER, "run", name="Alice")
+        await ch.deliver(run)
+        request = await until(lambda: buttoned(ch), what="the buttons")
+        for _ in range(30):
+            answer = await ch.press(request.message_id, "Always", USER, "Alice")
+            assert answer.refused and "Only an admin" in answer.text
+        log = await rig.store.approval_log(ch.name, run.conversation, 100)
+        assert [r.action for r in log] == ["refused always"]

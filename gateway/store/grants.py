@@ -176,6 +176,16 @@ class GrantTables:
             (time.time(), platform, conversation, code, grant_id, tool, action, by_user, by_name[:200]),
         )
 
+    async def approval_logged(self, platform: str, code: str, action: str, by_user: str) -> bool:
+        """Whether ``by_user`` already has ``action`` logged on request ``code`` (a refusal is
+        logged once however often it is pressed: the log must not grow with a held button)."""
+        sql = (
+            "SELECT 1 FROM approval_log WHERE platform = ? AND code = ? AND action = ? AND by_user = ?"
+            " LIMIT 1"
+        )
+        async with self._db.execute(sql, (platform, code, action, by_user)) as cur:
+            return await cur.fetchone() is not None
+
     async def approval_log(self, platform: str, conversation: str, limit: int) -> list[LogRow]:
         """The newest decisions about requests and permissions of ``conversation`` and about the
         platform-wide permissions, newest first."""

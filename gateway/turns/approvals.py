@@ -56,6 +56,7 @@ STOPPED_WHY = "the answer was stopped"
 """Why a request is withdrawn when its turn was stopped and no one is named (the runner's side)."""
 ENDED_WHY = "the answer it belonged to has ended"
 OFF = "⛔ Standing permissions are off on this bot: Approve runs it once."
+REFUSED = "refused always"
 ADMINS_ONLY = "⛔ Only an admin can allow a tool everywhere; Approve or Allow here answer this one."
 SETTLED = {
     APPROVED: "✅ Approved by {by}",
@@ -273,9 +274,8 @@ class Approvals:
         if lasting and not self.standing.offered:
             return ActionAnswer(OFF, refused=True)
         if verb == grants.ALWAYS and not self._is_admin(action):
-            await self.standing.record(
-                action, row.conversation, "refused always", code=row.code, tool=row.tool
-            )
+            if not await self.store.approval_logged(action.platform, row.code, REFUSED, action.user):
+                await self.standing.record(action, row.conversation, REFUSED, code=row.code, tool=row.tool)
             return ActionAnswer(ADMINS_ONLY, refused=True)
         mine = action.user == row.requester
         by = action.sender_name or (row.requester_name if mine else "") or action.sender_id
