@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.daemon import DaemonProcess
+from tests.daemon import DaemonProcess, chat_config
+from tests.discord_daemon import FRIEND as DC_FRIEND
+from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.telegram_server import FakeTelegram
 from tests.telegram_daemon import GROUP, OTHER, OWNER, telegram_config
@@ -105,5 +108,78 @@ async def test_a_newer_turn_makes_the_buttons_stale(
         late = await _toast(tg, "late")
         assert late.get("show_alert") is True and "already answered" in late["text"]
         assert len(model.requests) == 2
+    finally:
+        await daemon.close()
+
+
+DC_OTHER = "535353535353535353"
+LARK_ASKER, LARK_OTHER = "ou_asker", "ou_other"
+HOSTILE = ToolCall(
+    "ask_clarification",
+    {
+        "question": "Which?",
+        "options": ["Tea @everyone <@424242424242424242>", 'Coffee <at user_id="all"></at>'],
+    },
+)
+
+
+async def test_discord_another_users_press_and_a_forged_value_are_refused(
+    tmp_path: Any, dc: FakeDiscord, model: FakeOpenAI
+) -> None:
+    model.script(Reply(tool_calls=[HOSTILE]), Reply(text="Tea it is."))
+    allow = [f"discord:{DC_FRIEND}", f"discord:{DC_OTHER}"]
+    cfg = chat_config(tmp_path, model.base_url, dc, allow=allow, group_policy="mention")
+    cfg["agent"]["memory"] = {"enabled": False}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    await dc.wait_connected()
+    try:
+        await dc.inject_message(None, DC_FRIEND, "a drink please", mention_bot=True)
+        choice = await dc.wait_for(lambda: next((m for m in dc.bot_messages() if dc.buttons(m.id)), None), 30)
+        labels = "".join(dc.buttons(choice.id))
+        assert "@everyone" not in labels and "<@" not in labels  # no ping from a label
+        other = await dc.press_button(choice.id, DC_OTHER, "Tea")
+        refused = await dc.wait_for(lambda: dc.interaction_responses.get(other), timeout=15)
+        assert "Not yours" in str(refused) and int(refused["data"].get("flags") or 0) & 64  # ephemeral
+        forged = dc.interaction(
+            3, choice.channel_id, DC_FRIEND, {"custom_id": "ask:ZZZZZZZZ:0", "component_type": 2}
+        )
+        forged["message"] = dc._messages[choice.id]  # the buttons message, as press_button sends it
+        await dc.inject_interaction(forged)
+        answer = await dc.wait_for(lambda: dc.interaction_responses.get(forged["id"]), timeout=15)
+        assert "no longer exists" in str(answer) and len(model.requests) == 1
+        press = await dc.press_button(choice.id, DC_FRIEND, "Tea")
+        await dc.wait_for(lambda: dc.interaction_responses.get(press), timeout=15)
+        await dc.wait_for(lambda: any("Tea it is." in m.content for m in dc.bot_messages()) or None, 30)
+        users = [str(m.get("content")) for m in model.requests[1]["messages"] if m.get("role") == "user"]
+        assert "Tea @everyone" in users[-1]  # the model gets the option as written
+    finally:
+        await daemon.close()
+
+
+async def test_lark_another_users_press_is_refused(tmp_path: Any, lark: FakeLark, model: FakeOpenAI) -> None:
+    model.script(Reply(tool_calls=[HOSTILE]), Reply(text="Coffee it is."))
+    allow = [f"lark:{LARK_ASKER}", f"lark:{LARK_OTHER}"]
+    cfg = chat_config(tmp_path, model.base_url, lark, allow=allow, group_policy="mention")
+    cfg["agent"]["memory"] = {"enabled": False}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    try:
+        lark.inject_message("oc_group", LARK_ASKER, "a drink please", chat_type="group", mention_bot=True)
+        choice = await lark.wait_for_async(
+            lambda f: next((m for m in f.bot_messages("oc_group") if m.buttons()), None), timeout=30
+        )
+        labels = "".join(b["text"]["content"] for b in choice.buttons())
+        assert "<at" not in labels and "@everyone" not in labels
+        other = lark.press_button(choice.message_id, LARK_OTHER, "Coffee")
+        toast = await lark.wait_for_async(lambda f: f.ack_data(other), timeout=15)
+        assert toast["toast"]["type"] == "error" and "Not yours" in toast["toast"]["content"]
+        assert len(model.requests) == 1
+        press = lark.press_button(choice.message_id, LARK_ASKER, "Coffee")
+        done = await lark.wait_for_async(lambda f: f.ack_data(press), timeout=15)
+        assert done["toast"]["type"] == "success"
+        await lark.wait_for_async(
+            lambda f: any("Coffee it is." in m.text for m in f.bot_messages()) or None, timeout=30
+        )
     finally:
         await daemon.close()
