@@ -149,7 +149,8 @@ async def test_discord_another_users_press_and_a_forged_value_are_refused(
         answer = await dc.wait_for(lambda: dc.interaction_responses.get(forged["id"]), timeout=15)
         assert "no longer exists" in str(answer) and len(model.requests) == 1
         press = await dc.press_button(choice.id, DC_FRIEND, "Tea")
-        await dc.wait_for(lambda: dc.interaction_responses.get(press), timeout=15)
+        toast = await dc.wait_for(lambda: dc.interaction_responses.get(press), timeout=15)
+        assert "Tea" in str(toast) and "@everyone" not in str(toast) and "<@" not in str(toast)
         await dc.wait_for(lambda: any("Tea it is." in m.content for m in dc.bot_messages()) or None, 30)
         users = [str(m.get("content")) for m in model.requests[1]["messages"] if m.get("role") == "user"]
         assert "Tea @everyone" in users[-1]  # the model gets the option as written
