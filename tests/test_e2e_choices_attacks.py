@@ -3,10 +3,12 @@ python-telegram-bot against the fake Telegram and the fake model.
 
 Forged button values (unknown code, index out of range, a non-digit, extra fields, another
 question's prefix) and a press on buttons a newer turn made stale each get a clear refusal and
-change nothing (the model is not called again); an admin may choose for the person asked."""
+change nothing (the model is not called again); an admin may choose for the person asked; a kill -9
+after a press neither loses nor doubles the answer."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tests.daemon import DaemonProcess, chat_config
@@ -182,5 +184,47 @@ async def test_lark_another_users_press_is_refused(tmp_path: Any, lark: FakeLark
         await lark.wait_for_async(
             lambda f: any("Coffee it is." in m.text for m in f.bot_messages()) or None, timeout=30
         )
+    finally:
+        await daemon.close()
+
+
+async def test_kill9_after_a_press_answers_once(tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI) -> None:
+    held = asyncio.Event()
+    model.script(
+        Reply(tool_calls=[ASK]),
+        Reply(text="never seen", hold=held),  # the daemon dies while the answer's turn "thinks"
+        Reply(text="Coffee, coming up."),
+    )
+    cfg = telegram_config(tmp_path, tg, model)
+    cfg["agent"]["memory"] = {"enabled": False}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    try:
+        tg.inject_message(OWNER, OWNER, "a drink please", first_name="Olga")
+        choice = await tg.wait_for(
+            lambda: next((m for m in tg.bot_messages(OWNER) if tg.buttons(OWNER, m.message_id)), None),
+            timeout=30,
+            what="the option buttons",
+        )
+        press = tg.press_button(OWNER, choice.message_id, OWNER, "Coffee", first_name="Olga")
+        toast = await tg.wait_for(lambda: tg.answered_queries.get(press["callback_query"]["id"]), timeout=20)
+        assert not toast.get("show_alert")
+        await tg.wait_for(lambda: len(model.requests) >= 2 or None, timeout=30, what="the answer's turn")
+        daemon.kill9()
+        await daemon.wait_exit()
+        held.set()
+        await daemon.start()
+        await tg.wait_for(
+            lambda: any("Coffee, coming up." in m.text for m in tg.bot_messages(OWNER)) or None,
+            timeout=40,
+            what="the answer after the restart",
+        )
+        texts = [m.text for m in tg.bot_messages(OWNER)]
+        assert sum("Coffee, coming up." in t for t in texts) == 1 and not any(
+            "never seen" in t for t in texts
+        )
+        users = [str(m.get("content")) for m in model.requests[-1]["messages"] if m.get("role") == "user"]
+        assert users[-1].endswith("Coffee") and sum(u.endswith("Coffee") for u in users) == 1, "not doubled"
+        await tg.wait_for(lambda: tg.buttons(OWNER, choice.message_id) == [], timeout=20, what="closed")
     finally:
         await daemon.close()
