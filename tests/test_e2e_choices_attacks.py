@@ -1,5 +1,5 @@
 """Attacks on the option buttons (docs/choices.md), end to end: `chital run`, the real agent,
-python-telegram-bot against the fake Telegram and the fake model.
+the real SDKs against the fake Telegram, Discord and Lark and the fake model.
 
 Forged button values (unknown code, index out of range, a non-digit, extra fields, another
 question's prefix) and a press on buttons a newer turn made stale each get a clear refusal and
@@ -16,7 +16,10 @@ from tests.discord_daemon import FRIEND as DC_FRIEND
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.slack_daemon import CHANNEL as SLACK_CHANNEL
+from tests.slack_daemon import FRIEND as SLACK_FRIEND
 from tests.telegram_daemon import GROUP, OTHER, OWNER, telegram_config
 
 ASK = ToolCall("ask_clarification", {"question": "Tea or coffee?", "options": ["Tea", "Coffee"]})
@@ -226,5 +229,31 @@ async def test_kill9_after_a_press_answers_once(tmp_path: Any, tg: FakeTelegram,
         users = [str(m.get("content")) for m in model.requests[-1]["messages"] if m.get("role") == "user"]
         assert users[-1].endswith("Coffee") and sum(u.endswith("Coffee") for u in users) == 1, "not doubled"
         await tg.wait_for(lambda: tg.buttons(OWNER, choice.message_id) == [], timeout=20, what="closed")
+    finally:
+        await daemon.close()
+
+
+async def test_slack_secrets_and_links_in_options_never_show(
+    tmp_path: Any, slack: FakeSlack, model: FakeOpenAI
+) -> None:
+    options = [f"use {slack.bot_token}", f"<https://evil.example|{slack.app_token}>", "*bold* <!here>"]
+    model.script(
+        Reply(tool_calls=[ToolCall("ask_clarification", {"question": "Which?", "options": options})])
+    )
+    cfg = chat_config(
+        tmp_path, model.base_url, slack, allow=[f"slack:{SLACK_FRIEND}"], group_policy="mention"
+    )
+    cfg["agent"]["memory"] = {"enabled": False}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    await slack.wait_connected()
+    try:
+        await slack.inject_mention(SLACK_CHANNEL, SLACK_FRIEND, "pick one")
+        choice = await slack.wait_for(lambda: next((p for p in slack.posts if p.buttons()), None), timeout=30)
+        shown = "".join(choice.buttons()) + str(choice.blocks) + choice.text
+        for secret in (slack.bot_token, slack.app_token):
+            assert secret not in shown
+        assert "<https://evil.example" not in shown and "<!here>" not in shown
+        assert len(choice.buttons()) == 3 and all(len(b) <= 75 for b in choice.buttons())
     finally:
         await daemon.close()
