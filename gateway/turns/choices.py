@@ -162,7 +162,7 @@ class Choices:
         if not await self.start(_answer(row, asked, action, option)):
             return ActionAnswer("This question was already answered.", refused=True)
         log.info("choices %s: option %d chosen by %s", row.code, n + 1, action.user)
-        return ActionAnswer(f"✔ {one_line(self.redact(option), LABEL_CHARS)}")
+        return ActionAnswer(f"✔ {label(option, self.redact)}")  # inert like the label
 
     async def close(self, entry: JournalEntry) -> None:
         """At the start of a turn in a conversation with open buttons: close them, showing the
