@@ -314,6 +314,12 @@ async def test_a_restart_between_request_and_press(tmp_path: Path) -> None:
         async with fake_rig(tmp_path, config(), channel=channel, store=store) as rig:
             inbound, request = await paused(rig.channel, rig.harness)
             await until(lambda: rig.channel.replies_to(inbound.message_id)[0].startswith("🔐") or None)
+
+            async def parked() -> bool:  # the entry is parked a moment after the note is sent
+                entry = await rig.store.journal_entry(inbound.key)
+                return entry is not None and entry.state == JournalState.WAITING
+
+            await until(parked, what="the turn parked")
             await crash(rig)
         harness = FakeHarness()
         async with fake_rig(
