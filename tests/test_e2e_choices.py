@@ -238,3 +238,43 @@ async def test_telegram_options_that_do_not_fit_are_a_tool_error_and_secrets_nev
         assert tg.token not in shown and tg.token.split(":")[-1] not in shown
     finally:
         await daemon.close()
+
+
+async def test_telegram_forged_presses_and_numbers_typed_by_someone_else_choose_nothing(
+    tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """A press whose value is not ``ask:CODE:<ascii index>`` (a superscript or Arabic-Indic digit,
+    a sign, extra colons, an index past the options) gets a specific refusal and no turn; a number
+    typed by a group member who was not asked stays their own words (only the asker chooses); a
+    superscript "²" typed by the asker is plain text, never a crashed turn."""
+    again = ToolCall("ask_clarification", {"question": "Which size, then?", "options": OPTIONS}, id="ask2")
+    model.script(Reply(tool_calls=[ASK]), Reply(tool_calls=[again]), Reply(text="Noted."))
+    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
+    await daemon.start()
+    try:
+        tg.inject_mention(GROUP, OWNER, "order a coffee", first_name="Olga")
+        choice = await _buttons(tg, GROUP)
+        data = [b["callback_data"] for row in choice.raw["reply_markup"]["inline_keyboard"] for b in row]
+        code = data[0].split(":")[1]
+        forged = [f"ask:{code}:²", f"ask:{code}:١", f"ask:{code}:-1", f"ask:{code}:7", f"ask:{code}:1:x"]
+        for n, value in enumerate(forged):
+            toast = await _answer(tg, _stale_press(tg, GROUP, choice, OWNER, value, 10 + n))
+            assert toast.get("show_alert") is True, value
+            assert "not one of the options" in toast["text"] or "not mine" in toast["text"], (value, toast)
+        assert len(model.requests) == 1 and tg.buttons(GROUP, choice.message_id)  # still open
+
+        tg.inject_mention(GROUP, OTHER, "2", first_name="Mallory")  # not the person asked
+        await tg.wait_for(lambda: len(model.requests) >= 2, timeout=30, what="Mallory's turn")
+        said = _user_texts(model.requests[1])[-1]
+        assert said.endswith("2") and "Large" not in said  # Mallory's "2", not the option
+        await _buttons(tg, GROUP)
+        await tg.wait_for(
+            lambda: len([m for m in tg.bot_messages(GROUP) if tg.buttons(GROUP, m.message_id)]) == 1
+        )
+
+        tg.inject_mention(GROUP, OWNER, "²", first_name="Olga")
+        await tg.wait_for(lambda: any("Noted." in m.text for m in tg.bot_messages(GROUP)) or None, timeout=30)
+        said = _user_texts(model.requests[2])[-1]
+        assert said.endswith("²") and "Medium" not in said
+    finally:
+        await daemon.close()

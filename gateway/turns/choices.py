@@ -111,19 +111,29 @@ class Choices:
         log.info("choices %s: %d options asked in %s", row.code, len(options), entry.conversation)
 
     async def typed(self, entry: JournalEntry, thread_id: str, text: str) -> str:
-        """A typed number of an open question's options reads as that option's text."""
-        if CHOICE_MARK in entry.inbound.extra or not text.strip().isdigit():
+        """A typed number of an open question's options reads as that option's text, when the
+        person asked (or an admin) typed it: anyone else's ``2`` stays their own ``2``, as only
+        the person asked may choose. Only ASCII digits count (``"²".isdigit()`` is true, but
+        ``int("²")`` raises)."""
+        typed = text.strip()
+        if CHOICE_MARK in entry.inbound.extra or not _index(typed):
             return text
         found = await self.harness.open_choices(thread_id)
-        n = int(text.strip()) if len(text.strip()) < 4 else 0
+        n = int(typed)
         if found is None or not 1 <= n <= len(found[1]):
+            return text
+        row = await self.store.choice_latest(entry.conversation)
+        asked = await self.store.journal_inbound(row.key) if row else None
+        inbound = entry.inbound
+        admin = is_admin(self.config.access_for(inbound.platform), inbound)
+        if asked is None or (inbound.user != asked.user and not admin):
             return text
         return found[1][n - 1]
 
     async def on_action(self, action: Action) -> ActionAnswer:
         """A press: checked, journaled once as the presser's answer, answered to the presser."""
         parts = action.value.split(":")
-        if len(parts) != 3 or parts[0] != PREFIX or not parts[2].isdigit() or len(parts[2]) > 2:
+        if len(parts) != 3 or parts[0] != PREFIX or not _index(parts[2]):
             return ActionAnswer("This button is not mine to answer.", refused=True)
         row = await self.store.choice_by_code(parts[1])
         asked = await self.store.journal_inbound(row.key) if row else None
@@ -186,6 +196,12 @@ class Choices:
         part = channel.render(f"{listed}\n{note}" if listed else note)[0]
         with contextlib.suppress(Exception):  # the answer holds whether or not the buttons show it
             await channel.close_buttons(asked.target, row.message_id, part)
+
+
+def _index(text: str) -> bool:
+    """An option's number as a button or a person writes it: one or two ASCII digits (no sign,
+    no superscript or other Unicode digit ``int`` cannot read or would read unexpectedly)."""
+    return 1 <= len(text) <= 2 and text.isascii() and text.isdigit()
 
 
 def _code() -> str:
