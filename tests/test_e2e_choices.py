@@ -6,6 +6,7 @@ who chose what, refusals) and what the model sees (the option as the user's next
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tests.daemon import DaemonProcess, chat_config
@@ -277,4 +278,44 @@ async def test_telegram_forged_presses_and_numbers_typed_by_someone_else_choose_
         said = _user_texts(model.requests[2])[-1]
         assert said.endswith("²") and "Medium" not in said
     finally:
+        await daemon.close()
+
+
+async def test_telegram_a_press_racing_a_typed_answer_still_waiting_is_refused(
+    tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """The asker typed an answer that waits for a free slot; a press made meanwhile is refused
+    (the typed answer is the one on its way), so the agent gets one answer, not two."""
+    hold = asyncio.Event()
+    model.script(
+        Reply(tool_calls=[ASK]), Reply(text="Hello Mallory.", hold=hold), Reply(text="A flat white, then.")
+    )
+    cfg = _config(tmp_path, tg, model)
+    cfg["concurrency"] = {"max_turns": 1}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    try:
+        tg.inject_message(OWNER, OWNER, "order a coffee", first_name="Olga")
+        choice = await _buttons(tg, OWNER)
+        tg.inject_message(OTHER, OTHER, "hi", first_name="Mallory")  # holds the only slot
+        await tg.wait_for(lambda: len(model.requests) >= 2, timeout=30, what="Mallory's turn")
+        tg.inject_message(OWNER, OWNER, "a flat white", first_name="Olga")  # waits for the slot
+        await tg.wait_for(
+            lambda: any("Queued" in m.text for m in tg.bot_messages(OWNER)) or None, timeout=30, what="queued"
+        )
+        toast = await _answer(
+            tg, tg.press_button(OWNER, choice.message_id, OWNER, "Small", first_name="Olga")
+        )
+        assert toast.get("show_alert") is True and "already being answered" in toast["text"]
+        hold.set()
+        await tg.wait_for(
+            lambda: any("A flat white, then." in m.text for m in tg.bot_messages(OWNER)) or None, timeout=30
+        )
+        assert _user_texts(model.requests[2])[-1].endswith("a flat white")
+        await tg.wait_for(lambda: tg.buttons(OWNER, choice.message_id) == [], timeout=20, what="closed")
+        assert (
+            len(model.requests) == 3 and "Answered in the chat" in tg.message(OWNER, choice.message_id).text
+        )
+    finally:
+        hold.set()
         await daemon.close()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.store.connection import Connection
+from gateway.store.entries import OPEN_STATES, JournalKind
 
 CHOICE_TABLES = (
     """CREATE TABLE IF NOT EXISTS choices (
@@ -90,3 +91,15 @@ class ChoiceTables:
     async def choice_close(self, code: str) -> bool:
         """Mark the question answered; True for the one call that did."""
         return await self._write("UPDATE choices SET closed = 1 WHERE code = ? AND closed = 0", (code,)) == 1
+
+    async def choice_answer_waiting(self, conversation: str, asking_key: str) -> bool:
+        """Whether a turn of ``conversation`` other than the asking one is journaled and not yet
+        done: a typed answer (or any newer message) already on its way, which a press must not
+        race (both would reach the agent as answers)."""
+        states = ", ".join("?" for _ in OPEN_STATES)
+        async with self._db.execute(
+            f"SELECT 1 FROM journal WHERE conversation = ? AND kind = ? AND key != ? AND state IN ({states})"
+            " LIMIT 1",
+            (conversation, JournalKind.TURN.value, asking_key, *(s.value for s in OPEN_STATES)),
+        ) as cur:
+            return await cur.fetchone() is not None

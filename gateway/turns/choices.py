@@ -158,6 +158,8 @@ class Choices:
         found = await self.harness.open_choices(await self.store.thread_for(row.conversation))
         if row.closed or latest is None or latest.code != row.code or found is None:
             return ActionAnswer("This question was already answered; type your answer instead.", refused=True)
+        if await self.store.choice_answer_waiting(row.conversation, row.key):
+            return ActionAnswer("A newer message in this chat is already being answered.", refused=True)
         n = int(parts[2])
         if n >= len(found[1]):
             return ActionAnswer("That is not one of the options.", refused=True)
