@@ -319,3 +319,29 @@ async def test_telegram_a_press_racing_a_typed_answer_still_waiting_is_refused(
     finally:
         hold.set()
         await daemon.close()
+
+
+async def test_discord_the_pressers_note_shows_no_live_link_or_markup(
+    tmp_path: Any, dc: FakeDiscord, model: FakeOpenAI
+) -> None:
+    """Discord renders an ephemeral reply as Markdown: the option echoed to the presser (model
+    text, maybe a prompt injection's) must not become a masked link, a bare link or a mention."""
+    link = "[Verify](https://evil.example) @everyone **now**"
+    ask = ToolCall("ask_clarification", {"question": "Continue?", "options": [link, "No"]})
+    model.script(Reply(tool_calls=[ask]), Reply(text="Done."))
+    cfg = chat_config(tmp_path, model.base_url, dc, allow=[f"discord:{DC_FRIEND}"], group_policy="mention")
+    cfg["agent"]["memory"] = {"enabled": False}
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    await dc.wait_connected()
+    try:
+        await dc.inject_message(None, DC_FRIEND, "go on", mention_bot=True)
+        choice = await dc.wait_for(lambda: next((m for m in dc.bot_messages() if dc.buttons(m.id)), None), 30)
+        iid = await dc.press_button(choice.id, DC_FRIEND, "Verify")
+        answer = await dc.wait_for(lambda: dc.interaction_responses.get(iid), timeout=15)
+        note = str((answer.get("data") or {}).get("content"))
+        assert "Verify" in note and "evil" in note  # the choice is echoed, inert
+        assert "](" not in note and "https://" not in note and "@everyone" not in note and "**" not in note
+        await dc.wait_for(lambda: any("Done." in m.content for m in dc.bot_messages()) or None, 30)
+    finally:
+        await daemon.close()

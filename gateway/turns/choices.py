@@ -48,6 +48,9 @@ LABEL_CHARS = 40
 OPTION_CHARS = 60
 """Characters of an option in the numbered list (the tool refuses longer ones)."""
 _INERT = str.maketrans({"<": "‹", ">": "›", "@": "＠"})
+_MARKUP = str.maketrans(
+    {"[": "［", "]": "］", "(": "（", ")": "）", "*": "∗", "_": "＿", "~": "∼", "|": "ǀ", "`": "ˋ"}
+)
 _DROP = (REPLIED, REPLIED_FILE, FORWARDED)
 """What the asking message carried that the answer must not carry again."""
 
@@ -64,6 +67,13 @@ def label(option: str, redact: Callable[[str], str]) -> str:
     """A button's text: plain on every platform, visible, one line, bounded; ``<>@`` as look-alikes
     so no client can read ``<!channel>`` or ``@everyone`` in it as a mention."""
     return one_line(redact(option), LABEL_CHARS).translate(_INERT) or "…"
+
+
+def toast(option: str, redact: Callable[[str], str]) -> str:
+    """The option echoed to the presser (a Telegram or Lark toast, a Discord ephemeral reply,
+    which renders Markdown): the label, with Markdown's link, emphasis and spoiler marks as
+    look-alikes and ``://`` broken, so no client shows the model's text as a link or markup."""
+    return label(option, redact).translate(_MARKUP).replace("://", "∶//")
 
 
 class Choices:
@@ -174,7 +184,7 @@ class Choices:
         if not await self.start(_answer(row, asked, action, option)):
             return ActionAnswer("This question was already answered.", refused=True)
         log.info("choices %s: option %d chosen by %s", row.code, n + 1, action.user)
-        return ActionAnswer(f"✔ {label(option, self.redact)}")  # inert like the label
+        return ActionAnswer(f"✔ {toast(option, self.redact)}")  # inert like the label, and no Markdown
 
     async def close(self, entry: JournalEntry) -> None:
         """At the start of a turn in a conversation with open buttons: close them, showing the
