@@ -7,9 +7,14 @@ who chose what, refusals) and what the model sees (the option as the user's next
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import json
 from typing import Any
 
-from tests.daemon import DaemonProcess, chat_config
+import aiohttp
+
+from tests.daemon import DaemonProcess, chat_config, free_port
 from tests.discord_daemon import FRIEND as DC_FRIEND
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.lark_server import FakeLark
@@ -343,5 +348,52 @@ async def test_discord_the_pressers_note_shows_no_live_link_or_markup(
         assert "Verify" in note and "evil" in note  # the choice is echoed, inert
         assert "](" not in note and "https://" not in note and "@everyone" not in note and "**" not in note
         await dc.wait_for(lambda: any("Done." in m.content for m in dc.bot_messages()) or None, 30)
+    finally:
+        await daemon.close()
+
+
+async def test_telegram_a_hooks_question_answered_by_an_admin_is_the_admins_own_message(
+    tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """A hook's turn (started by the bot, its input a webhook payload) asks with options; the
+    webhook's "sender" is nobody who can press, a member is refused, an admin may answer; the press
+    is the admin's own message: the answer replies to the buttons message, and the model is not
+    told the choice is the webhook's payload."""
+    secret, port = "hook-secret-choices-0123456789", free_port()
+    model.script(Reply(tool_calls=[ASK]), Reply(text="Large, as the admin chose."))
+    cfg = _config(tmp_path, tg, model)
+    cfg["access"]["admins"] = [str(OWNER)]
+    cfg["access"]["allow_chats"] = [str(GROUP)]  # a hook's target chat must be allowed
+    cfg["hooks"] = {"host": "127.0.0.1", "port": port, "read_seconds": 3, "hooks": {"ci": {
+        "secret": secret, "platform": "telegram", "chat_id": str(GROUP), "prompt": "CI says {payload.state}",
+    }}}  # fmt: skip
+    tg.inject_message(GROUP, OTHER, "morning all", chat_type="supergroup")  # the bot is in the group
+    daemon = DaemonProcess(tmp_path, cfg)
+    await daemon.start()
+    try:
+        body = json.dumps({"state": "failed"}).encode()
+        sig = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{port}/hooks/ci"
+            headers = {"X-Hub-Signature-256": sig, "Content-Type": "application/json"}
+            async with http.post(url, data=body, headers=headers) as r:
+                assert r.status == 202, await r.text()
+        choice = await _buttons(tg, GROUP)
+        refused = await _answer(
+            tg, tg.press_button(GROUP, choice.message_id, OTHER, "Small", first_name="Mo")
+        )
+        assert refused.get("show_alert") is True and "Not yours" in refused["text"]
+        toast = await _answer(
+            tg, tg.press_button(GROUP, choice.message_id, OWNER, "Large", first_name="Olga")
+        )
+        assert not toast.get("show_alert") and "Large" in toast["text"]
+        answer = await tg.wait_for(
+            lambda: next((m for m in tg.bot_messages(GROUP) if "as the admin chose" in m.text), None),
+            timeout=30,
+        )
+        assert answer.reply_to == choice.message_id  # the admin's message, answered in reply
+        said = _user_texts(model.requests[1])[-1]
+        print("the model was told:", said, sep="\n")
+        assert said.endswith(OPTIONS[1]) and "webhook" not in said.lower()
     finally:
         await daemon.close()

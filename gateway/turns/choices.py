@@ -53,6 +53,11 @@ _MARKUP = str.maketrans(
 )
 _DROP = (REPLIED, REPLIED_FILE, FORWARDED)
 """What the asking message carried that the answer must not carry again."""
+_GATEWAY_MARKS = "chital_"
+"""The gateway's own marks on the asking message (a schedule's firing, a hook's delivery, a
+background task, started by the bot, an interrupted turn, its input's provenance): the press is the
+presser's own new message, so it carries none of them; only the platform's keys (a Slack thread,
+a Discord guild) stay. A tainted thread stays tainted: provenance is read from the whole thread."""
 
 
 def body(options: tuple[str, ...], buttons: bool, redact: Callable[[str], str]) -> str:
@@ -226,8 +231,10 @@ def _probe(action: Action) -> Inbound:
 
 def _answer(row: ChoiceRow, asked: Inbound, action: Action, option: str) -> Inbound:
     """The presser's answer as a message: keyed on the buttons message (so one press wins, and
-    the answer replies to the question), in the asking message's conversation."""
-    extra = {k: v for k, v in asked.extra.items() if k not in _DROP}
+    the answer replies to the question), in the asking message's conversation, with none of the
+    gateway's marks the asking message had (a hook's or a schedule's question is answered by a
+    person: their words, not the hook's payload or a firing)."""
+    extra = {k: v for k, v in asked.extra.items() if k not in _DROP and not k.startswith(_GATEWAY_MARKS)}
     extra[CHOICE_MARK] = row.code
     return Inbound(
         platform=asked.platform,
