@@ -397,3 +397,28 @@ async def test_telegram_a_hooks_question_answered_by_an_admin_is_the_admins_own_
         assert said.endswith(OPTIONS[1]) and "webhook" not in said.lower()
     finally:
         await daemon.close()
+
+
+async def test_telegram_a_press_after_new_is_refused_saying_so(
+    tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """/new starts a fresh thread: the old question's buttons answer nothing, and the presser is
+    told why (not a generic "already answered"); the new thread's model request never sees it."""
+    model.script(Reply(tool_calls=[ASK]))
+    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
+    await daemon.start()
+    try:
+        tg.inject_message(OWNER, OWNER, "order a coffee", first_name="Olga")
+        choice = await _buttons(tg, OWNER)
+        before = len(tg.bot_messages(OWNER))
+        tg.inject_command(OWNER, OWNER, "new")
+        await tg.wait_for(
+            lambda: len(tg.bot_messages(OWNER)) > before or None, timeout=30, what="/new's reply"
+        )
+        toast = await _answer(
+            tg, tg.press_button(OWNER, choice.message_id, OWNER, "Small", first_name="Olga")
+        )
+        assert toast.get("show_alert") is True and "/new" in toast["text"]
+        assert len(model.requests) == 1
+    finally:
+        await daemon.close()

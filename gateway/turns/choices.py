@@ -171,8 +171,12 @@ class Choices:
             return ActionAnswer("This question was already answered.", refused=True)
         latest = await self.store.choice_latest(row.conversation)
         found = await self.harness.open_choices(await self.store.thread_for(row.conversation))
-        if row.closed or latest is None or latest.code != row.code or found is None:
+        if row.closed or latest is None:
             return ActionAnswer("This question was already answered; type your answer instead.", refused=True)
+        if latest.code != row.code:
+            return ActionAnswer("A newer question was asked since; answer that one.", refused=True)
+        if found is None:  # no turn ran since (it would have closed the row): the thread was reset
+            return ActionAnswer("This conversation was started afresh (/new) since; ask again.", refused=True)
         if await self.store.choice_answer_waiting(row.conversation, row.key):
             return ActionAnswer("A newer message in this chat is already being answered.", refused=True)
         n = int(parts[2])
