@@ -422,3 +422,31 @@ async def test_telegram_a_press_after_new_is_refused_saying_so(
         assert len(model.requests) == 1
     finally:
         await daemon.close()
+
+
+async def test_telegram_options_that_would_look_the_same_on_buttons_are_a_tool_error(
+    tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """Two options alike but for an invisible character, or alike over the part a button shows,
+    would be two buttons that look the same and answer differently: the model is told to change them."""
+    long = "Yes, deploy the release to production now"
+    hidden = ToolCall(
+        "ask_clarification", {"question": "Keep?", "options": ["Keep the files", "Keep the\u200b files"]}
+    )
+    cut = ToolCall(
+        "ask_clarification",
+        {"question": "Go?", "options": [long + " and keep backups", long + " and wipe backups"]},
+    )
+    fine = ToolCall("ask_clarification", {"question": "Go?", "options": ["Keep backups", "Wipe backups"]})
+    model.script(Reply(tool_calls=[hidden]), Reply(tool_calls=[cut]), Reply(tool_calls=[fine]))
+    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
+    await daemon.start()
+    try:
+        tg.inject_message(OWNER, OWNER, "ship it", first_name="Olga")
+        choice = await _buttons(tg, OWNER)
+        assert tg.buttons(OWNER, choice.message_id) == ["Keep backups", "Wipe backups"]
+        results = [str(m.get("content")) for m in model.requests[2]["messages"] if m.get("role") == "tool"]
+        assert "Two options are the same" in results[-2]
+        assert "would look the same on their buttons" in results[-1]
+    finally:
+        await daemon.close()

@@ -26,6 +26,7 @@ from langgraph.config import get_stream_writer
 from pydantic import BaseModel, Field
 
 from agent.events import Clarification
+from agent.untrusted import visible
 
 ASK_CLARIFICATION = "ask_clarification"
 CLARIFICATION_EVENT = "chital.clarification"
@@ -39,6 +40,11 @@ MAX_OPTIONS = 8
 MIN_OPTIONS = 2
 MAX_OPTION_CHARS = 60
 """Options become buttons (docs/choices.md): a few short ones fit every platform's label limit."""
+LABEL_DISTINCT = 36
+"""Options must differ within their first characters: a button shows about 40 (then an ellipsis),
+so two options alike up to there would be two buttons that look the same but answer differently.
+Invisible characters (zero-width, bidi) are removed first, so they cannot make two options
+"distinct" that read the same."""
 
 
 class _AskArgs(BaseModel):
@@ -57,7 +63,7 @@ def checked_options(options: list[str] | None) -> tuple[str, ...]:
     """The options, stripped; a ToolException the model can act on when they do not fit."""
     if not options:
         return ()
-    cleaned = tuple(" ".join(str(o).split()) for o in options)
+    cleaned = tuple(" ".join(visible(str(o)).split()) for o in options)
     if not MIN_OPTIONS <= len(cleaned) <= MAX_OPTIONS:
         raise ToolException(f"Give {MIN_OPTIONS} to {MAX_OPTIONS} options (got {len(cleaned)}), or none.")
     if any(not o for o in cleaned):
@@ -66,6 +72,11 @@ def checked_options(options: list[str] | None) -> tuple[str, ...]:
         raise ToolException(f"Each option must be at most {MAX_OPTION_CHARS} characters; shorten them.")
     if len({o.casefold() for o in cleaned}) != len(cleaned):
         raise ToolException("Two options are the same; give distinct options.")
+    if len({o[:LABEL_DISTINCT].casefold() for o in cleaned}) != len(cleaned):
+        raise ToolException(
+            f"Two options start with the same {LABEL_DISTINCT} characters and would look the same on "
+            "their buttons; make them differ early."
+        )
     return cleaned
 
 
