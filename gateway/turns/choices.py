@@ -26,7 +26,7 @@ from agent.untrusted import code_span, one_line
 from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendError
 from channels.messages import FORWARDED, REPLIED, REPLIED_FILE
 from gateway.config.secrets import redactor_for
-from gateway.intake.access import Verdict, decide, is_admin
+from gateway.intake.access import STARTED_BY_BOT, Verdict, decide, is_admin
 from gateway.store.entries import JournalEntry
 from gateway.turns import usage
 
@@ -127,11 +127,12 @@ class Choices:
 
     async def typed(self, entry: JournalEntry, thread_id: str, text: str) -> str:
         """A typed number of an open question's options reads as that option's text, when the
-        person asked (or an admin) typed it: anyone else's ``2`` stays their own ``2``, as only
-        the person asked may choose. Only ASCII digits count (``"²".isdigit()`` is true, but
+        person asked (or an admin) typed it: anyone else's ``2`` stays their own ``2``, as only the
+        person asked may choose; a message the bot started (a schedule's firing whose prompt is
+        "1") is nobody's typing. Only ASCII digits count (``"²".isdigit()`` is true, but
         ``int("²")`` raises)."""
         typed = text.strip()
-        if CHOICE_MARK in entry.inbound.extra or not _index(typed):
+        if CHOICE_MARK in entry.inbound.extra or STARTED_BY_BOT in entry.inbound.extra or not _index(typed):
             return text
         found = await self.harness.open_choices(thread_id)
         n = int(typed)
