@@ -43,8 +43,8 @@ MAX_OPTION_CHARS = 60
 LABEL_DISTINCT = 36
 """Options must differ within their first characters: a button shows about 40 (then an ellipsis),
 so two options alike up to there would be two buttons that look the same but answer differently.
-Invisible characters (zero-width, bidi) are removed first, so they cannot make two options
-"distinct" that read the same."""
+Options are compared as people see them (without zero-width or bidi characters), so invisible
+characters cannot make two options "distinct" that read the same."""
 
 
 class _AskArgs(BaseModel):
@@ -63,16 +63,17 @@ def checked_options(options: list[str] | None) -> tuple[str, ...]:
     """The options, stripped; a ToolException the model can act on when they do not fit."""
     if not options:
         return ()
-    cleaned = tuple(" ".join(visible(str(o)).split()) for o in options)
+    cleaned = tuple(" ".join(str(o).split()) for o in options)
+    shown = [" ".join(visible(o).split()).casefold() for o in cleaned]  # as people see them
     if not MIN_OPTIONS <= len(cleaned) <= MAX_OPTIONS:
         raise ToolException(f"Give {MIN_OPTIONS} to {MAX_OPTIONS} options (got {len(cleaned)}), or none.")
-    if any(not o for o in cleaned):
+    if any(not o for o in shown):  # nothing visible (only zero-width characters) is empty too
         raise ToolException("An option is empty; give each option some text.")
     if any(len(o) > MAX_OPTION_CHARS for o in cleaned):
         raise ToolException(f"Each option must be at most {MAX_OPTION_CHARS} characters; shorten them.")
-    if len({o.casefold() for o in cleaned}) != len(cleaned):
+    if len(set(shown)) != len(cleaned):
         raise ToolException("Two options are the same; give distinct options.")
-    if len({o[:LABEL_DISTINCT].casefold() for o in cleaned}) != len(cleaned):
+    if len({o[:LABEL_DISTINCT] for o in shown}) != len(cleaned):
         raise ToolException(
             f"Two options start with the same {LABEL_DISTINCT} characters and would look the same on "
             "their buttons; make them differ early."
