@@ -439,7 +439,7 @@ def test_send_targets_are_checked_per_platform() -> None:
     assert parse_target("telegram:-1001234:42", config) == ("telegram", "-1001234", "42")
     assert parse_target("Telegram:12345", config) == ("telegram", "12345", None)
     for target, why in [
-        ("signal:123", "unknown platform 'signal'; use one of discord, lark, slack, telegram"),
+        ("signal:123", "unknown platform 'signal'; use one of discord, lark, matrix, slack, telegram"),
         ("slack:C0123ABCD", "channel slack is off in this config"),
         ("telegram:@channel", "'@channel' is not a telegram chat id: expected a number"),
         ("telegram:123:topic", "'topic' is not a telegram thread id"),
@@ -579,8 +579,8 @@ async def test_e2e_chital_send_reaches_the_chat_once_also_through_an_outage(
 
     code, out = await e2e.cli("send", "telegram:not-a-chat", "x")
     assert code == 2 and "'not-a-chat' is not a telegram chat id" in out
-    code, out = await e2e.cli("send", "matrix:1", "x")
-    assert code == 2 and "unknown platform 'matrix'" in out
+    code, out = await e2e.cli("send", "irc:1", "x")
+    assert code == 2 and "unknown platform 'irc'" in out
 
     tg.down_methods |= {"sendMessage"}
     code, out = await e2e.cli("send", f"telegram:{chat}", "deploy finished", "--key", "deploy-7")
