@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.daemon import DaemonProcess, chat_config, free_port
+from tests.daemon import chat_config, free_port, started_daemon
 from tests.discord_daemon import FRIEND as DC_FRIEND
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.lark_server import FakeLark
@@ -66,9 +66,7 @@ async def test_telegram_a_press_answers_the_question_across_a_restart(
     tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     model.script(Reply(tool_calls=[ASK]), Reply(text="Large it is."))
-    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, _config(tmp_path, tg, model)) as daemon:
         tg.inject_mention(GROUP, OWNER, "order a coffee", first_name="Olga")
         choice = await _buttons(tg, GROUP)
         labels = tg.buttons(GROUP, choice.message_id)
@@ -108,17 +106,13 @@ async def test_telegram_a_press_answers_the_question_across_a_restart(
         tg.redeliver(press)  # the same press served twice: one answer
         await tg.wait_for(lambda: len(tg.calls_to("answerCallbackQuery")) >= 4, what="the redelivered press")
         assert len(model.requests) == 2
-    finally:
-        await daemon.close()
 
 
 async def test_telegram_a_typed_answer_makes_the_buttons_stale(
     tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:
     model.script(Reply(tool_calls=[ASK]), Reply(text="Medium, then."))
-    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, _config(tmp_path, tg, model)):
         tg.inject_message(OWNER, OWNER, "order a coffee", first_name="Olga")
         choice = await _buttons(tg, OWNER)
         data = [b["callback_data"] for row in choice.raw["reply_markup"]["inline_keyboard"] for b in row]
@@ -131,8 +125,6 @@ async def test_telegram_a_typed_answer_makes_the_buttons_stale(
         stale = await _answer(tg, late)
         assert stale.get("show_alert") is True and "already answered" in stale["text"]
         assert len(model.requests) == 2
-    finally:
-        await daemon.close()
 
 
 async def test_slack_a_press_answers_in_the_thread(
@@ -147,10 +139,7 @@ async def test_slack_a_press_answers_in_the_thread(
         group_policy="mention",
     )
     cfg["agent"]["memory"] = {"enabled": False}
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    await slack.wait_connected()
-    try:
+    async with started_daemon(tmp_path, cfg, slack):
         post = await slack.inject_mention(CHANNEL, FRIEND, "order a coffee")
         choice = await slack.wait_for(lambda: next((p for p in slack.posts if p.buttons()), None), timeout=30)
         assert choice.thread_ts == post.ts and choice.buttons()[0] == "Small" and len(choice.buttons()) == 3
@@ -174,18 +163,13 @@ async def test_slack_a_press_answers_in_the_thread(
         await slack.wait_for(lambda: slack.is_acked(again) or None, timeout=10)
         await slack.wait_for(lambda: len(slack.ephemerals) >= 2 or None, timeout=10)
         assert "already answered" in slack.ephemerals[-1]["text"] and len(model.requests) == 2
-    finally:
-        await daemon.close()
 
 
 async def test_discord_a_press_answers(tmp_path: Any, dc: FakeDiscord, model: FakeOpenAI) -> None:
     model.script(Reply(tool_calls=[ASK]), Reply(text="Small it is."))
     cfg = chat_config(tmp_path, model.base_url, dc, allow=[f"discord:{DC_FRIEND}"], group_policy="mention")
     cfg["agent"]["memory"] = {"enabled": False}
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    await dc.wait_connected()
-    try:
+    async with started_daemon(tmp_path, cfg, dc):
         await dc.inject_message(None, DC_FRIEND, "order a coffee", mention_bot=True)
         choice = await dc.wait_for(lambda: next((m for m in dc.bot_messages() if dc.buttons(m.id)), None), 30)
         assert dc.buttons(choice.id)[0] == "Small" and "@everyone" not in "".join(dc.buttons(choice.id))
@@ -194,17 +178,13 @@ async def test_discord_a_press_answers(tmp_path: Any, dc: FakeDiscord, model: Fa
         await dc.wait_for(lambda: any("Small it is." in m.content for m in dc.bot_messages()) or None, 30)
         assert _user_texts(model.requests[1])[-1].endswith("Small")
         await dc.wait_for(lambda: dc.buttons(choice.id) == [] or None, 20)
-    finally:
-        await daemon.close()
 
 
 async def test_lark_a_press_answers(tmp_path: Any, lark: FakeLark, model: FakeOpenAI) -> None:
     model.script(Reply(tool_calls=[ASK]), Reply(text="Small it is."))
     cfg = chat_config(tmp_path, model.base_url, lark, allow=[f"lark:{LARK_FRIEND}"], group_policy="mention")
     cfg["agent"]["memory"] = {"enabled": False}
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, cfg):
         lark.inject_message("oc_group", LARK_FRIEND, "order a coffee", chat_type="group", mention_bot=True)
         choice = await lark.wait_for_async(
             lambda f: next((m for m in f.bot_messages("oc_group") if m.buttons()), None), timeout=30
@@ -217,8 +197,6 @@ async def test_lark_a_press_answers(tmp_path: Any, lark: FakeLark, model: FakeOp
             lambda f: any("Small it is." in m.text for m in f.bot_messages()) or None, timeout=30
         )
         assert _user_texts(model.requests[1])[-1].endswith("Small")
-    finally:
-        await daemon.close()
 
 
 async def test_telegram_options_that_do_not_fit_are_a_tool_error_and_secrets_never_show(
@@ -229,9 +207,7 @@ async def test_telegram_options_that_do_not_fit_are_a_tool_error_and_secrets_nev
         "ask_clarification", {"question": "Which token?", "options": [f"use {tg.token}", "none"]}
     )
     model.script(Reply(tool_calls=[too_many]), Reply(tool_calls=[leaky]))
-    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, _config(tmp_path, tg, model)):
         tg.inject_message(OWNER, OWNER, "pick one", first_name="Olga")
         choice = await _buttons(tg, OWNER)
         tool_results = [
@@ -242,8 +218,6 @@ async def test_telegram_options_that_do_not_fit_are_a_tool_error_and_secrets_nev
             m.text for m in tg.bot_messages(OWNER)
         )
         assert tg.token not in shown and tg.token.split(":")[-1] not in shown
-    finally:
-        await daemon.close()
 
 
 async def test_telegram_forged_presses_and_numbers_typed_by_someone_else_choose_nothing(
@@ -255,9 +229,7 @@ async def test_telegram_forged_presses_and_numbers_typed_by_someone_else_choose_
     superscript "²" typed by the asker is plain text, never a crashed turn."""
     again = ToolCall("ask_clarification", {"question": "Which size, then?", "options": OPTIONS}, id="ask2")
     model.script(Reply(tool_calls=[ASK]), Reply(tool_calls=[again]), Reply(text="Noted."))
-    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, _config(tmp_path, tg, model)):
         tg.inject_mention(GROUP, OWNER, "order a coffee", first_name="Olga")
         choice = await _buttons(tg, GROUP)
         data = [b["callback_data"] for row in choice.raw["reply_markup"]["inline_keyboard"] for b in row]
@@ -282,8 +254,6 @@ async def test_telegram_forged_presses_and_numbers_typed_by_someone_else_choose_
         await tg.wait_for(lambda: any("Noted." in m.text for m in tg.bot_messages(GROUP)) or None, timeout=30)
         said = _user_texts(model.requests[2])[-1]
         assert said.endswith("²") and "Medium" not in said
-    finally:
-        await daemon.close()
 
 
 async def test_telegram_a_press_racing_a_typed_answer_still_waiting_is_refused(
@@ -297,33 +267,35 @@ async def test_telegram_a_press_racing_a_typed_answer_still_waiting_is_refused(
     )
     cfg = _config(tmp_path, tg, model)
     cfg["concurrency"] = {"max_turns": 1}
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    try:
-        tg.inject_message(OWNER, OWNER, "order a coffee", first_name="Olga")
-        choice = await _buttons(tg, OWNER)
-        tg.inject_message(OTHER, OTHER, "hi", first_name="Mallory")  # holds the only slot
-        await tg.wait_for(lambda: len(model.requests) >= 2, timeout=30, what="Mallory's turn")
-        tg.inject_message(OWNER, OWNER, "a flat white", first_name="Olga")  # waits for the slot
-        await tg.wait_for(
-            lambda: any("Queued" in m.text for m in tg.bot_messages(OWNER)) or None, timeout=30, what="queued"
-        )
-        toast = await _answer(
-            tg, tg.press_button(OWNER, choice.message_id, OWNER, "Small", first_name="Olga")
-        )
-        assert toast.get("show_alert") is True and "already being answered" in toast["text"]
-        hold.set()
-        await tg.wait_for(
-            lambda: any("A flat white, then." in m.text for m in tg.bot_messages(OWNER)) or None, timeout=30
-        )
-        assert _user_texts(model.requests[2])[-1].endswith("a flat white")
-        await tg.wait_for(lambda: tg.buttons(OWNER, choice.message_id) == [], timeout=20, what="closed")
-        assert (
-            len(model.requests) == 3 and "Answered in the chat" in tg.message(OWNER, choice.message_id).text
-        )
-    finally:
-        hold.set()
-        await daemon.close()
+    async with started_daemon(tmp_path, cfg):
+        try:
+            tg.inject_message(OWNER, OWNER, "order a coffee", first_name="Olga")
+            choice = await _buttons(tg, OWNER)
+            tg.inject_message(OTHER, OTHER, "hi", first_name="Mallory")  # holds the only slot
+            await tg.wait_for(lambda: len(model.requests) >= 2, timeout=30, what="Mallory's turn")
+            tg.inject_message(OWNER, OWNER, "a flat white", first_name="Olga")  # waits for the slot
+            await tg.wait_for(
+                lambda: any("Queued" in m.text for m in tg.bot_messages(OWNER)) or None,
+                timeout=30,
+                what="queued",
+            )
+            toast = await _answer(
+                tg, tg.press_button(OWNER, choice.message_id, OWNER, "Small", first_name="Olga")
+            )
+            assert toast.get("show_alert") is True and "already being answered" in toast["text"]
+            hold.set()
+            await tg.wait_for(
+                lambda: any("A flat white, then." in m.text for m in tg.bot_messages(OWNER)) or None,
+                timeout=30,
+            )
+            assert _user_texts(model.requests[2])[-1].endswith("a flat white")
+            await tg.wait_for(lambda: tg.buttons(OWNER, choice.message_id) == [], timeout=20, what="closed")
+            assert (
+                len(model.requests) == 3
+                and "Answered in the chat" in tg.message(OWNER, choice.message_id).text
+            )
+        finally:
+            hold.set()
 
 
 async def test_discord_the_pressers_note_shows_no_live_link_or_markup(
@@ -336,10 +308,7 @@ async def test_discord_the_pressers_note_shows_no_live_link_or_markup(
     model.script(Reply(tool_calls=[ask]), Reply(text="Done."))
     cfg = chat_config(tmp_path, model.base_url, dc, allow=[f"discord:{DC_FRIEND}"], group_policy="mention")
     cfg["agent"]["memory"] = {"enabled": False}
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    await dc.wait_connected()
-    try:
+    async with started_daemon(tmp_path, cfg, dc):
         await dc.inject_message(None, DC_FRIEND, "go on", mention_bot=True)
         choice = await dc.wait_for(lambda: next((m for m in dc.bot_messages() if dc.buttons(m.id)), None), 30)
         iid = await dc.press_button(choice.id, DC_FRIEND, "Verify")
@@ -348,8 +317,6 @@ async def test_discord_the_pressers_note_shows_no_live_link_or_markup(
         assert "Verify" in note and "evil" in note  # the choice is echoed, inert
         assert "](" not in note and "https://" not in note and "@everyone" not in note and "**" not in note
         await dc.wait_for(lambda: any("Done." in m.content for m in dc.bot_messages()) or None, 30)
-    finally:
-        await daemon.close()
 
 
 async def test_telegram_a_hooks_question_answered_by_an_admin_is_the_admins_own_message(
@@ -368,9 +335,7 @@ async def test_telegram_a_hooks_question_answered_by_an_admin_is_the_admins_own_
         "secret": secret, "platform": "telegram", "chat_id": str(GROUP), "prompt": "CI says {payload.state}",
     }}}  # fmt: skip
     tg.inject_message(GROUP, OTHER, "morning all", chat_type="supergroup")  # the bot is in the group
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, cfg):
         body = json.dumps({"state": "failed"}).encode()
         sig = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
         async with aiohttp.ClientSession() as http:
@@ -395,8 +360,6 @@ async def test_telegram_a_hooks_question_answered_by_an_admin_is_the_admins_own_
         said = _user_texts(model.requests[1])[-1]
         print("the model was told:", said, sep="\n")
         assert said.endswith(OPTIONS[1]) and "webhook" not in said.lower()
-    finally:
-        await daemon.close()
 
 
 async def test_telegram_a_press_after_new_is_refused_saying_so(
@@ -405,9 +368,7 @@ async def test_telegram_a_press_after_new_is_refused_saying_so(
     """/new starts a fresh thread: the old question's buttons answer nothing, and the presser is
     told why (not a generic "already answered"); the new thread's model request never sees it."""
     model.script(Reply(tool_calls=[ASK]))
-    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, _config(tmp_path, tg, model)):
         tg.inject_message(OWNER, OWNER, "order a coffee", first_name="Olga")
         choice = await _buttons(tg, OWNER)
         before = len(tg.bot_messages(OWNER))
@@ -420,8 +381,6 @@ async def test_telegram_a_press_after_new_is_refused_saying_so(
         )
         assert toast.get("show_alert") is True and "/new" in toast["text"]
         assert len(model.requests) == 1
-    finally:
-        await daemon.close()
 
 
 async def test_telegram_options_that_would_look_the_same_on_buttons_are_a_tool_error(
@@ -439,14 +398,10 @@ async def test_telegram_options_that_would_look_the_same_on_buttons_are_a_tool_e
     )
     fine = ToolCall("ask_clarification", {"question": "Go?", "options": ["Keep backups", "Wipe backups"]})
     model.script(Reply(tool_calls=[hidden]), Reply(tool_calls=[cut]), Reply(tool_calls=[fine]))
-    daemon = DaemonProcess(tmp_path, _config(tmp_path, tg, model))
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, _config(tmp_path, tg, model)):
         tg.inject_message(OWNER, OWNER, "ship it", first_name="Olga")
         choice = await _buttons(tg, OWNER)
         assert tg.buttons(OWNER, choice.message_id) == ["Keep backups", "Wipe backups"]
         results = [str(m.get("content")) for m in model.requests[2]["messages"] if m.get("role") == "tool"]
         assert "Two options are the same" in results[-2]
         assert "would look the same on their buttons" in results[-1]
-    finally:
-        await daemon.close()

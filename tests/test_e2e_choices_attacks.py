@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.daemon import DaemonProcess, chat_config
+from tests.daemon import chat_config, started_daemon
 from tests.discord_daemon import FRIEND as DC_FRIEND
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.lark_server import FakeLark
@@ -46,9 +46,7 @@ async def test_forged_values_are_refused_and_an_admin_may_choose(
     cfg = telegram_config(tmp_path, tg, model)
     cfg["agent"]["memory"] = {"enabled": False}
     cfg["access"]["admins"] = [f"telegram:{OWNER}"]
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, cfg):
         tg.inject_mention(GROUP, OTHER, "a drink please", first_name="Ivan")
         choice = await tg.wait_for(
             lambda: next((m for m in tg.bot_messages(GROUP) if tg.buttons(GROUP, m.message_id)), None),
@@ -81,8 +79,6 @@ async def test_forged_values_are_refused_and_an_admin_may_choose(
         users = [str(m.get("content")) for m in model.requests[1]["messages"] if m.get("role") == "user"]
         assert users[-1].endswith("Coffee")
         await tg.wait_for(lambda: tg.buttons(GROUP, choice.message_id) == [], timeout=20, what="closed")
-    finally:
-        await daemon.close()
 
 
 async def test_a_newer_turn_makes_the_buttons_stale(
@@ -91,9 +87,7 @@ async def test_a_newer_turn_makes_the_buttons_stale(
     model.script(Reply(tool_calls=[ASK]), Reply(text="Here is a joke."))
     cfg = telegram_config(tmp_path, tg, model)
     cfg["agent"]["memory"] = {"enabled": False}
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, cfg):
         tg.inject_message(OWNER, OWNER, "a drink please", first_name="Olga")
         choice = await tg.wait_for(
             lambda: next((m for m in tg.bot_messages(OWNER) if tg.buttons(OWNER, m.message_id)), None),
@@ -113,8 +107,6 @@ async def test_a_newer_turn_makes_the_buttons_stale(
         late = await _toast(tg, "late")
         assert late.get("show_alert") is True and "already answered" in late["text"]
         assert len(model.requests) == 2
-    finally:
-        await daemon.close()
 
 
 DC_OTHER = "535353535353535353"
@@ -135,10 +127,7 @@ async def test_discord_another_users_press_and_a_forged_value_are_refused(
     allow = [f"discord:{DC_FRIEND}", f"discord:{DC_OTHER}"]
     cfg = chat_config(tmp_path, model.base_url, dc, allow=allow, group_policy="mention")
     cfg["agent"]["memory"] = {"enabled": False}
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    await dc.wait_connected()
-    try:
+    async with started_daemon(tmp_path, cfg, dc):
         await dc.inject_message(None, DC_FRIEND, "a drink please", mention_bot=True)
         choice = await dc.wait_for(lambda: next((m for m in dc.bot_messages() if dc.buttons(m.id)), None), 30)
         labels = "".join(dc.buttons(choice.id))
@@ -159,8 +148,6 @@ async def test_discord_another_users_press_and_a_forged_value_are_refused(
         await dc.wait_for(lambda: any("Tea it is." in m.content for m in dc.bot_messages()) or None, 30)
         users = [str(m.get("content")) for m in model.requests[1]["messages"] if m.get("role") == "user"]
         assert "Tea @everyone" in users[-1]  # the model gets the option as written
-    finally:
-        await daemon.close()
 
 
 async def test_lark_another_users_press_is_refused(tmp_path: Any, lark: FakeLark, model: FakeOpenAI) -> None:
@@ -168,9 +155,7 @@ async def test_lark_another_users_press_is_refused(tmp_path: Any, lark: FakeLark
     allow = [f"lark:{LARK_ASKER}", f"lark:{LARK_OTHER}"]
     cfg = chat_config(tmp_path, model.base_url, lark, allow=allow, group_policy="mention")
     cfg["agent"]["memory"] = {"enabled": False}
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, cfg):
         lark.inject_message("oc_group", LARK_ASKER, "a drink please", chat_type="group", mention_bot=True)
         choice = await lark.wait_for_async(
             lambda f: next((m for m in f.bot_messages("oc_group") if m.buttons()), None), timeout=30
@@ -187,8 +172,6 @@ async def test_lark_another_users_press_is_refused(tmp_path: Any, lark: FakeLark
         await lark.wait_for_async(
             lambda f: any("Coffee it is." in m.text for m in f.bot_messages()) or None, timeout=30
         )
-    finally:
-        await daemon.close()
 
 
 async def test_kill9_after_a_press_answers_once(tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI) -> None:
@@ -200,9 +183,7 @@ async def test_kill9_after_a_press_answers_once(tmp_path: Any, tg: FakeTelegram,
     )
     cfg = telegram_config(tmp_path, tg, model)
     cfg["agent"]["memory"] = {"enabled": False}
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    try:
+    async with started_daemon(tmp_path, cfg) as daemon:
         tg.inject_message(OWNER, OWNER, "a drink please", first_name="Olga")
         choice = await tg.wait_for(
             lambda: next((m for m in tg.bot_messages(OWNER) if tg.buttons(OWNER, m.message_id)), None),
@@ -229,8 +210,6 @@ async def test_kill9_after_a_press_answers_once(tmp_path: Any, tg: FakeTelegram,
         users = [str(m.get("content")) for m in model.requests[-1]["messages"] if m.get("role") == "user"]
         assert users[-1].endswith("Coffee") and sum(u.endswith("Coffee") for u in users) == 1, "not doubled"
         await tg.wait_for(lambda: tg.buttons(OWNER, choice.message_id) == [], timeout=20, what="closed")
-    finally:
-        await daemon.close()
 
 
 async def test_slack_secrets_and_links_in_options_never_show(
@@ -244,10 +223,7 @@ async def test_slack_secrets_and_links_in_options_never_show(
         tmp_path, model.base_url, slack, allow=[f"slack:{SLACK_FRIEND}"], group_policy="mention"
     )
     cfg["agent"]["memory"] = {"enabled": False}
-    daemon = DaemonProcess(tmp_path, cfg)
-    await daemon.start()
-    await slack.wait_connected()
-    try:
+    async with started_daemon(tmp_path, cfg, slack):
         await slack.inject_mention(SLACK_CHANNEL, SLACK_FRIEND, "pick one")
         choice = await slack.wait_for(lambda: next((p for p in slack.posts if p.buttons()), None), timeout=30)
         shown = "".join(choice.buttons()) + str(choice.blocks) + choice.text
@@ -255,5 +231,3 @@ async def test_slack_secrets_and_links_in_options_never_show(
             assert secret not in shown
         assert "<https://evil.example" not in shown and "<!here>" not in shown
         assert len(choice.buttons()) == 3 and all(len(b) <= 75 for b in choice.buttons())
-    finally:
-        await daemon.close()
