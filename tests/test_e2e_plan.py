@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.delivery.plan import PLAN_PART
+from gateway.delivery.reply import SENDING
 from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.fakes.gateway_rig import daemon_rows, turns_settled
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
@@ -425,10 +426,11 @@ async def test_slack_huge_long_and_hostile_plans_never_ping_link_or_leak(
 
 
 async def _until_recorded(storage: dict[str, Any], timeout: float = 15.0) -> None:
-    """Until the daemon's outbox holds the checklist's message id (part PLAN_PART)."""
-    sql = "SELECT message_id FROM outbox WHERE part = ?"
+    """Until the daemon's outbox holds the checklist's message id (part PLAN_PART); not the mark
+    written before the send (``SENDING``): a kill then is the send window, and it posts anew."""
+    sql = "SELECT message_id FROM outbox WHERE part = ? AND message_id != ?"
     for _ in range(int(timeout / 0.05)):
-        if await asyncio.to_thread(daemon_rows, storage, sql, (PLAN_PART,)):
+        if await asyncio.to_thread(daemon_rows, storage, sql, (PLAN_PART, SENDING)):
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the checklist's message id was never recorded")

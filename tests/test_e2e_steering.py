@@ -177,7 +177,7 @@ async def test_a_steered_message_whose_turn_is_killed_is_answered_after_the_rest
         first.set()
         await until(lambda: requests_with(model, STEER), E2E, what="the call that took the steer")
         await tg.wait_for(lambda: replies(tg, OWNER, steer) == [ADDED], 30, "the steer's sign")
-        sign_row = "SELECT COUNT(*) FROM outbox WHERE key = ?"
+        sign_row = "SELECT COUNT(*) FROM outbox WHERE key = ? AND message_id != ''"  # its id, not the mark
         await until(
             lambda: daemon_rows(cfg["storage"], sign_row, (key(OWNER, steer),))[0][0], E2E, what="sign stored"
         )
