@@ -14,6 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import discord.gateway
 import discord.http
@@ -33,6 +34,9 @@ from tests.fakes.search_server import FakeSearch
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 from tests.telegram_daemon import telegram_config
+
+if TYPE_CHECKING:
+    from gateway.store.journal import Store
 
 
 @pytest.fixture(autouse=True)
@@ -307,3 +311,17 @@ def pg_url(pg_server: object, request: pytest.FixtureRequest) -> str:
 
     name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40] + "_" + uuid.uuid4().hex[:8]
     return pg_server.create_db(name)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def either_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """The gateway's store on SQLite, then on a fresh PostgreSQL database (skipped where none can
+    run): for tests that must get the same answers from both."""
+    from gateway.store.journal import Store
+
+    if request.param == "sqlite":
+        s = await Store.open(tmp_path / "g.sqlite", 0)
+    else:
+        s = await Store.open_postgres(request.getfixturevalue("pg_url"))
+    yield s
+    await s.close()

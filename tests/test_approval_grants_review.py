@@ -10,8 +10,6 @@ import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-
 from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, Final, ToolProgress
 from agent.provenance import MESSAGE, TOOL, Source
 from agent.settings import ApprovalSettings
@@ -126,35 +124,31 @@ async def test_a_call_after_another_members_message_in_the_thread_names_it(
         await harness.close()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    if request.param == "sqlite":
-        s = await Store.open(tmp_path / "g.sqlite", 0)
-    else:
-        s = await Store.open_postgres(request.getfixturevalue("pg_url"))
-    yield s
-    await s.close()
-
-
-async def test_grants_on_both_databases(store: Store) -> None:
+async def test_grants_on_both_databases(either_store: Store) -> None:
     """The ``user`` column (a reserved word in PostgreSQL), scope matching by platform, person and
     conversation, a huge id, revocation once, pruning: the same answers on SQLite and PostgreSQL."""
-    here = await store.grant_add("execute", "slack", "slack:C1", "slack:U9", "slack:U9", "Al", "")
-    assert await store.grant_add("execute", "slack", "slack:C1", "slack:U9", "slack:U9", "Al", "") == here
-    assert await store.grant_match("execute", "slack", "slack:C1", "slack:U9") == here
+    here = await either_store.grant_add("execute", "slack", "slack:C1", "slack:U9", "slack:U9", "Al", "")
+    assert (
+        await either_store.grant_add("execute", "slack", "slack:C1", "slack:U9", "slack:U9", "Al", "") == here
+    )
+    assert await either_store.grant_match("execute", "slack", "slack:C1", "slack:U9") == here
     # The same numeric id on another platform, another chat, a thread of it, another tool: not covered.
-    assert await store.grant_match("execute", "telegram", "slack:C1", "slack:U9") is None
-    assert await store.grant_match("execute", "slack", "slack:C1", "telegram:U9") is None
-    assert await store.grant_match("execute", "slack", "slack:C1:1700.1", "slack:U9") is None
-    assert await store.grant_match("Execute", "slack", "slack:C1", "slack:U9") is None
-    assert await store.grant_get(999_999_999_999_999_999) is None
-    assert await store.grant_revoke(here.id, "slack:U1") and not await store.grant_revoke(here.id, "x")
-    assert await store.grant_match("execute", "slack", "slack:C1", "slack:U9") is None
-    await store.approval_log_add("slack", "slack:C1", "revoke", "slack:U1", "x" * 5000, grant_id=here.id)
-    (row,) = await store.approval_log("slack", "slack:C1", 10)
+    assert await either_store.grant_match("execute", "telegram", "slack:C1", "slack:U9") is None
+    assert await either_store.grant_match("execute", "slack", "slack:C1", "telegram:U9") is None
+    assert await either_store.grant_match("execute", "slack", "slack:C1:1700.1", "slack:U9") is None
+    assert await either_store.grant_match("Execute", "slack", "slack:C1", "slack:U9") is None
+    assert await either_store.grant_get(999_999_999_999_999_999) is None
+    assert await either_store.grant_revoke(here.id, "slack:U1") and not await either_store.grant_revoke(
+        here.id, "x"
+    )
+    assert await either_store.grant_match("execute", "slack", "slack:C1", "slack:U9") is None
+    await either_store.approval_log_add(
+        "slack", "slack:C1", "revoke", "slack:U1", "x" * 5000, grant_id=here.id
+    )
+    (row,) = await either_store.approval_log("slack", "slack:C1", 10)
     assert row.action == "revoke" and len(row.by_name) == 200
-    assert await store.approval_log_prune(-60) == 1  # everything older than a minute from now
-    assert await store.grant_get(here.id) is None, "a revoked permission is pruned with the log"
+    assert await either_store.approval_log_prune(-60) == 1  # everything older than a minute from now
+    assert await either_store.grant_get(here.id) is None, "a revoked permission is pruned with the log"
 
 
 async def test_the_listing_is_bounded_and_shows_the_newest(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ answers Telegram messages and keeps the thread across a restart (checkpoints in 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,64 +26,56 @@ def _msg(mid: str, text: str = "hi", chat: str = "1", user: str = "9") -> Inboun
     )  # fmt: skip
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    if request.param == "sqlite":
-        s = await Store.open(tmp_path / "g.sqlite", 0)
-    else:
-        s = await Store.open_postgres(request.getfixturevalue("pg_url"))
-    yield s
-    await s.close()
-
-
-async def test_journal_outbox_threads_behave_the_same(store: Store) -> None:
+async def test_journal_outbox_threads_behave_the_same(either_store: Store) -> None:
     odd = _msg("5", "quote ' question ? percent % and user")
-    assert await store.journal_add(odd, JournalKind.TURN)
-    assert not await store.journal_add(odd, JournalKind.TURN)  # redelivery: the insert is the claim
-    await store.journal_add(_msg("6", chat="2"), JournalKind.NOTICE, note="a note")
-    await store.journal_set(odd.key, JournalState.RUNNING)
-    await store.journal_set(odd.key, JournalState.RUNNING)
-    await store.journal_retry(odd.key)
-    open_ = await store.journal_open()
+    assert await either_store.journal_add(odd, JournalKind.TURN)
+    assert not await either_store.journal_add(odd, JournalKind.TURN)  # redelivery: the insert is the claim
+    await either_store.journal_add(_msg("6", chat="2"), JournalKind.NOTICE, note="a note")
+    await either_store.journal_set(odd.key, JournalState.RUNNING)
+    await either_store.journal_set(odd.key, JournalState.RUNNING)
+    await either_store.journal_retry(odd.key)
+    open_ = await either_store.journal_open()
     assert [(e.key, e.state, e.attempts) for e in open_] == [
         (odd.key, JournalState.PENDING, 1),
         ("telegram:2:6", JournalState.PENDING, 0),
     ]
     assert open_[0].inbound.text == odd.text and open_[1].note == "a note"
-    await store.outbox_put(odd.key, 0, "m1")
-    await store.outbox_put(odd.key, 0, "m2")  # INSERT OR REPLACE
-    await store.outbox_put(odd.key, 1, "m3")
-    assert await store.outbox_get(odd.key) == {0: "m2", 1: "m3"}
-    await store.files_add(odd.key, "/mnt/user-data/outputs/b", "")
-    await store.files_add(odd.key, "/mnt/user-data/outputs/a", "cap")
-    await store.files_add(odd.key, "/mnt/user-data/outputs/b", "again")  # once per path
-    assert await store.files_get(odd.key) == [
+    await either_store.outbox_put(odd.key, 0, "m1")
+    await either_store.outbox_put(odd.key, 0, "m2")  # INSERT OR REPLACE
+    await either_store.outbox_put(odd.key, 1, "m3")
+    assert await either_store.outbox_get(odd.key) == {0: "m2", 1: "m3"}
+    await either_store.files_add(odd.key, "/mnt/user-data/outputs/b", "")
+    await either_store.files_add(odd.key, "/mnt/user-data/outputs/a", "cap")
+    await either_store.files_add(odd.key, "/mnt/user-data/outputs/b", "again")  # once per path
+    assert await either_store.files_get(odd.key) == [
         ("/mnt/user-data/outputs/b", ""),
         ("/mnt/user-data/outputs/a", "cap"),
     ]
-    first = await store.thread_for("telegram:1")
-    assert await store.thread_for("telegram:1") == first
-    renewed = await store.new_thread("telegram:1", key="k-new")
-    assert renewed != first and await store.new_thread("telegram:1", key="k-new") == renewed
-    assert await store.thread_get("telegram:1") == renewed
-    await store.journal_set(odd.key, JournalState.DONE)
-    assert await store.journal_counts() == {"done": 1, "pending": 1}
-    assert await store.journal_prune(-60) == 1  # finished entries go, open ones stay
-    assert [e.key for e in await store.journal_open()] == ["telegram:2:6"]
-    assert await store.outbox_get(odd.key) == {}
+    first = await either_store.thread_for("telegram:1")
+    assert await either_store.thread_for("telegram:1") == first
+    renewed = await either_store.new_thread("telegram:1", key="k-new")
+    assert renewed != first and await either_store.new_thread("telegram:1", key="k-new") == renewed
+    assert await either_store.thread_get("telegram:1") == renewed
+    await either_store.journal_set(odd.key, JournalState.DONE)
+    assert await either_store.journal_counts() == {"done": 1, "pending": 1}
+    assert await either_store.journal_prune(-60) == 1  # finished entries go, open ones stay
+    assert [e.key for e in await either_store.journal_open()] == ["telegram:2:6"]
+    assert await either_store.outbox_get(odd.key) == {}
 
 
-async def test_pairing_and_access_behave_the_same(store: Store) -> None:
-    request, new = await store.pairing_request("telegram:77", "Zoë", "77", ttl=3600, max_pending=10)
+async def test_pairing_and_access_behave_the_same(either_store: Store) -> None:
+    request, new = await either_store.pairing_request("telegram:77", "Zoë", "77", ttl=3600, max_pending=10)
     assert new
-    again, new_again = await store.pairing_request("telegram:77", "Zoë", "77", ttl=3600, max_pending=10)
+    again, new_again = await either_store.pairing_request(
+        "telegram:77", "Zoë", "77", ttl=3600, max_pending=10
+    )
     assert not new_again and again.code == request.code
-    assert [r.user for r in await store.pairing_list()] == ["telegram:77"]
-    assert await store.pairing_approve(request.code) == "telegram:77"
-    assert await store.is_approved("telegram:77")
-    assert [u for u, _ in await store.approved_list()] == ["telegram:77"]
-    assert await store.revoke("telegram:77")
-    assert not await store.is_approved("telegram:77")
+    assert [r.user for r in await either_store.pairing_list()] == ["telegram:77"]
+    assert await either_store.pairing_approve(request.code) == "telegram:77"
+    assert await either_store.is_approved("telegram:77")
+    assert [u for u, _ in await either_store.approved_list()] == ["telegram:77"]
+    assert await either_store.revoke("telegram:77")
+    assert not await either_store.is_approved("telegram:77")
 
 
 async def test_schema_is_current_and_two_daemons_migrate_at_once(pg_url: str) -> None:
