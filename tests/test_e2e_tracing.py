@@ -7,6 +7,7 @@ text is in it), what the operator's log shows, and what the user sees in /status
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -326,3 +327,36 @@ async def test_a_turn_resumed_by_an_approval_is_in_the_same_trace(
         assert all((t.trace_id, t.parent_id) == (root.trace_id, root.span_id) for t in turns)
         assert turns[1].attributes["chital.turn.resumed"] is True
         assert any(s.name == "execute_tool web_fetch" and s.trace_id == root.trace_id for s in spans)
+
+
+async def test_chital_status_puts_the_trace_id_beside_the_error_a_failed_turn_logged(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, otlp: FakeOTLP
+) -> None:
+    """The operator's first question after a failed turn is "show me the trace": ``chital status``
+    says tracing is on and where it goes, and the error the turn logged carries its trace id (the
+    id the exporter got), never the exporter's address or headers."""
+    cfg = tracing_config(
+        tmp_path, tg, model, otlp_endpoint=otlp.traces_url, headers={"Authorization": "$HEADER_SECRET"}
+    )
+    model.script(Reply(status=400, error_message="the request was refused"))
+    async with started_daemon(tmp_path, cfg) as d:
+        await ask(d, tg, "this turn fails", "")
+        turn = one(await traced_turn(otlp), "chital.turn")
+        assert turn.attributes["chital.turn.outcome"] == "error"
+        code, out = await d.cli("status", "--json")
+        assert code == 0, out
+        body = json.loads(out)
+        assert body["tracing"] == {"enabled": True, "exporters": ["otlp"], "sample_ratio": 1.0}
+        logged = [e for e in body["errors"] + body["warnings"] if e.get("trace_id") == turn.trace_id]
+        assert logged, body
+        code, out = await d.cli("status")
+        assert code == 0, out
+        assert "tracing: on, exported to otlp" in out, out
+        assert f"trace_id={turn.trace_id}" in out.split("recent errors")[1], out
+        assert otlp.traces_url not in out and HEADER_SECRET not in out
+
+
+async def test_chital_status_says_tracing_is_off(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> None:
+    async with started_daemon(tmp_path, telegram_config(tmp_path, tg, model)) as d:
+        code, out = await d.cli("status")
+        assert code == 0 and "tracing: off (tracing.enabled)" in out, out

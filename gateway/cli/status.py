@@ -128,6 +128,12 @@ def render(body: dict[str, Any]) -> str:
         f"(journal: {q.get('done', 0)} done, {q.get('failed', 0)} failed)"
     )
     out.append(f"  turns in flight: {q.get('turns_running', 0)} running, {q.get('turns_waiting', 0)} waiting")
+    traced = body.get("tracing") or {}
+    if traced.get("enabled"):
+        where = ", ".join(str(x) for x in traced.get("exporters") or ()) or "no exporter (ids only)"
+        out.append(f"tracing: on, exported to {where}; errors in a message end with its trace id")
+    elif traced:
+        out.append("tracing: off (tracing.enabled)")
     for kind in ("errors", "warnings"):  # apart: a burst of warnings never hides an error
         entries: list[dict[str, Any]] = body.get(kind) or []
         if not entries:
@@ -136,9 +142,10 @@ def render(body: dict[str, Any]) -> str:
         out.append(f"recent {kind} (last {len(entries)}):")
         for e in entries:
             channel = e.get("channel") or "-"
-            out.append(
-                f"  {_clock(e.get('time'))}  {e.get('level', '?'):<7}  {channel:<9} {e.get('message', '')}"
-            )
+            line = f"  {_clock(e.get('time'))}  {e.get('level', '?'):<7}  {channel:<9} {e.get('message', '')}"
+            if e.get("trace_id"):
+                line += f"  trace_id={e['trace_id']}"
+            out.append(line)
     return "\n".join(out)
 
 

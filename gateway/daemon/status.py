@@ -32,6 +32,7 @@ from aiohttp import web
 
 from agent.redact import Redactor
 from gateway.daemon.lifecycle import StartupError
+from gateway.ops import tracing
 from gateway.ops.logs import RedactingFilter
 
 if TYPE_CHECKING:
@@ -94,18 +95,17 @@ class RecentErrors(logging.Handler):
             if len(message) > MESSAGE_CHARS:
                 message = message[: MESSAGE_CHARS - 1] + "…"
             kept = self._errors if record.levelno >= logging.ERROR else self._warnings
-            kept.append(
-                (
-                    next(self._seq),
-                    {
-                        "time": round(record.created, 3),
-                        "level": record.levelname,
-                        "channel": self._channel_of(record, message),
-                        "logger": record.name,
-                        "message": message,
-                    },
-                )
-            )
+            entry: dict[str, Any] = {
+                "time": round(record.created, 3),
+                "level": record.levelname,
+                "channel": self._channel_of(record, message),
+                "logger": record.name,
+                "message": message,
+            }
+            trace_id = tracing.current_id()  # logged within a traced message: the trace to open
+            if trace_id is not None:
+                entry["trace_id"] = trace_id
+            kept.append((next(self._seq), entry))
         except Exception:  # a handler must never raise into the code that logged
             self.handleError(record)
 
@@ -270,6 +270,18 @@ async def snapshot(daemon: Daemon, errors: RecentErrors) -> dict[str, Any]:
         "uptime_s": round(now - daemon.started, 1) if daemon.started else None,
         "now": round(now, 3),
         "queue": queue,
+        "tracing": tracing_summary(daemon),
         "errors": errors.errors(),
         "warnings": errors.warnings(),
     }
+
+
+def tracing_summary(daemon: Daemon) -> dict[str, Any]:
+    """Whether this daemon makes spans, and where they go (the exporters' kinds, never their
+    addresses or headers: an endpoint may carry a credential in its query)."""
+    cfg = daemon.config.tracing
+    if not tracing.active():
+        return {"enabled": False}
+    kinds = (("otlp", bool(cfg.otlp_endpoint)), ("langfuse", cfg.langfuse.configured))
+    exporters = [name for name, on in kinds if on]
+    return {"enabled": True, "exporters": exporters, "sample_ratio": cfg.sample_ratio}

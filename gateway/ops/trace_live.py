@@ -127,6 +127,10 @@ class Live:
     def last_trace(self, conversation: str) -> str | None:
         return self._last.get(conversation)
 
+    def current_id(self) -> str | None:
+        found = trace.get_current_span().get_span_context()
+        return format(found.trace_id, "032x") if found.is_valid else None
+
     # -- delivery ---------------------------------------------------------------------------------
     def platform_call(self, is_send: bool) -> contextlib.AbstractContextManager[Any]:
         if not trace.get_current_span().get_span_context().is_valid:

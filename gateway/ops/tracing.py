@@ -73,6 +73,13 @@ def outcome(value: str) -> None:
         live.outcome(value)
 
 
+def current_id() -> str | None:
+    """The trace id (32 hex) of the message being handled where this is called; None outside one
+    or when tracing is off. ``chital status`` puts it beside the error a turn logged."""
+    live = _live
+    return None if live is None else live.current_id()
+
+
 def platform_call(is_send: bool) -> AbstractContextManager[Any]:
     """One send or edit through a chat's pacer (inside a traced message only)."""
     live = _live
