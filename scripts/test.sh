@@ -2,6 +2,7 @@
 # The one command that runs Chital's tests on a fresh machine: installs what they need, then pytest,
 # twice: on SQLite (the default), then the tests that touch the gateway's state again on PostgreSQL.
 # Docker/bubblewrap sandbox tests need root to install docker.io and bubblewrap; without it they skip.
+# Headless Chromium (Debian's `chromium` and `chromium-driver`) for the console's browser tests, as root too.
 # PostgreSQL (Debian's `postgresql`, run by the tests as an unprivileged user in a temporary
 # directory, tests/pg_server.py) is installed as root too; where it cannot run, its tests skip with why.
 # CHITAL_SKIP_POSTGRES_PASS=1 runs the first pass only.
@@ -36,6 +37,13 @@ if [ "$(id -u)" = 0 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; 
   (export DEBIAN_FRONTEND=noninteractive
    apt-get update -q && apt-get install -y -q --no-install-recommends postgresql) >&2 \
     || echo "postgresql install failed: the PostgreSQL tests and the second pass will skip" >&2
+fi
+# Headless Chromium for the console's browser tests (tests/browser.py); without it they skip, saying why.
+if [ "$(id -u)" = 0 ] && { ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; }; then
+  (export DEBIAN_FRONTEND=noninteractive
+   apt-get install -y -q --no-install-recommends chromium chromium-driver \
+     || { apt-get update -q && apt-get install -y -q --no-install-recommends chromium chromium-driver; }) >&2 \
+    || echo "chromium install failed: the browser tests will skip" >&2
 fi
 # Static checks first: a formatting slip or a type error fails in seconds, not after the suite.
 "$PY" -m ruff check .

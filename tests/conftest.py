@@ -20,6 +20,8 @@ import discord.gateway
 import discord.http
 import pytest
 
+from tests.browser import Browser, chromium
+from tests.browser import missing as browser_missing
 from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.bark_server import FakeBark
 from tests.fakes.canary_server import Canary
@@ -325,3 +327,14 @@ async def either_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
         s = await Store.open_postgres(request.getfixturevalue("pg_url"))
     yield s
     await s.close()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """A fresh headless Chromium (tests/browser.py); the test skips, saying why, where Debian's
+    chromium, its driver or selenium is missing."""
+    why = browser_missing()
+    if why is not None:
+        pytest.skip(why)
+    async with chromium() as b:
+        yield b
