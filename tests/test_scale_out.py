@@ -316,3 +316,51 @@ async def test_discord_gateway_on_the_leader_only_and_standbys_connected_for_sen
     finally:
         await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)
         await dc.stop()
+
+
+async def test_a_new_leader_starts_polling_without_cutting_the_telegram_answer_it_is_sending(
+    tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, spread_slack: FakeSlack
+) -> None:
+    """A standby delivering a Telegram answer becomes the leader mid-send: it starts polling on its
+    own connection and the answer's send goes on over the sending pool, so it is posted once. (It
+    used to stop the whole channel to start it receiving: the send was cut after Telegram had
+    taken it, and its retry posted the answer a second time.)"""
+    hold_first = asyncio.Event()
+    model.add_rule(lambda t: "HOLDA" in t, Reply(text="echo: HOLDA done", hold=hold_first))
+    daemons = []
+    for n in range(2):
+        cfg = _config(tmp_path, n, pg_url, model, tg, spread_slack)
+        del cfg["channels"]["slack"]
+        # The leader (started first) has one turn at a time: busy, it journals the next message
+        # unleased, and the standby's sweep takes it.
+        cfg["concurrency"]["max_turns"] = 1 if n == 0 else 4
+        daemons.append(DaemonProcess(tmp_path / f"d{n}", cfg))
+        daemons[-1].workdir.mkdir(parents=True, exist_ok=True)
+    leader, standby = daemons
+    try:
+        await leader.start(timeout=90)
+        assert await _leader([leader]) is leader
+        await standby.start(timeout=90)
+        tg.inject_message(8101, 8101, "HOLDA keeps the leader busy")
+        await _wait(lambda: any("HOLDA" in str(r) for r in model.requests), 30, "the leader's held turn")
+        release = tg.hold_answer("sendMessage", lambda p: "STANDBYX" in str(p.get("text", "")))
+        tg.inject_message(8102, 8102, "STANDBYX answered by the standby")
+        await _wait(lambda: tg.holding == 1, 60, "the standby's answer sent, its result held")
+        leader.kill9()
+        await leader.wait_exit()
+        await _leader([standby], timeout=30)
+        await _wait(
+            lambda: standby.log_path.read_text(errors="replace").count("telegram: connected as") >= 2,
+            30, "the new leader connected to poll",
+        )  # fmt: skip
+        await asyncio.sleep(1.0)  # a cut send fails at once; one that goes on is still waiting
+        release.set()
+        hold_first.set()
+        tg.inject_message(8103, 8103, "after the takeover")
+        await _wait(lambda: bool(_tg_answers(tg, 8103)), 60, "the new leader polling")
+        await _wait(lambda: bool(_tg_answers(tg, 8101)), 60, "the held turn finished by the survivor")
+        await asyncio.sleep(LEASE)  # a retry of a cut send would have landed by now
+        assert _tg_answers(tg, 8102) == ["echo: STANDBYX answered by the standby"], tg.bot_texts(8102)
+        assert tg.poll_conflicts == 0
+    finally:
+        await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)

@@ -149,23 +149,26 @@ class Daemon:
                 sup.channel.receive = False
                 sup.start()
 
+        # A send-only channel switches to receiving and back without closing: its replies in
+        # flight go on (ChannelSupervisor.switch); the others start and stop.
         async def lead() -> None:
             for sup in leader_only:
                 if sup in self.standby:
-                    if sup.channel.can_send_only:
-                        await sup.stop()
-                    sup.channel.receive = True
                     self.standby.discard(sup)
-                    sup.start()
+                    if sup.channel.can_send_only:
+                        await sup.switch(receive=True)
+                    else:
+                        sup.channel.receive = True
+                        sup.start()
 
         async def unlead() -> None:
             for sup in leader_only:
                 if sup not in self.standby:
-                    await sup.stop()
                     self.standby.add(sup)
                     if sup.channel.can_send_only:
-                        sup.channel.receive = False
-                        sup.start()
+                        await sup.switch(receive=False)
+                    else:
+                        await sup.stop()
 
         self.cluster.on_lead.append(lead)
         self.cluster.on_unlead.append(unlead)

@@ -137,6 +137,18 @@ class ChannelSupervisor:
         await self._tasks.close()
         await self.stop()
 
+    async def switch(self, receive: bool) -> None:
+        """Start (``True``) or stop taking in events, staying connected for sending: a leadership
+        change on a platform that allows one receiver per bot. Only the inbound side is dropped
+        (the adapter's :meth:`~channels.base.Channel.disconnect`), so an answer being sent or
+        edited right now goes on over the same pool: closing the channel as :meth:`stop` does cut
+        it, and a send whose answer was lost that way may be posted twice when retried. For
+        adapters with :attr:`~channels.base.Channel.can_send_only` only."""
+        await self._tasks.cancel_running()
+        await _safe_close(self.channel, restart=True)
+        self.channel.receive = receive
+        self.start()
+
     async def stop(self) -> None:
         await self._tasks.cancel_running()  # open: a leader change stops and starts it again
         await _safe_close(self.channel)
