@@ -94,6 +94,9 @@ class Graph:
         self.number = phone_number_id
         self._token = token
         self._session: aiohttp.ClientSession | None = None
+        self.refused = False
+        """The token was refused for good (checked twice): every later call fails here, without
+        a request, so deliveries the gateway retries never hammer Graph with a dead token."""
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -115,6 +118,8 @@ class Graph:
     async def call(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
         """One request, its JSON object; :class:`GraphError` on an error answer, ``ConnectionError``
         when no usable answer came. Errors are scrubbed of the token."""
+        if self.refused:
+            raise GraphError(401, 190, "the access token was refused earlier; set a valid one and restart")
         try:
             async with self.session.request(method, url, headers=self._headers(), **kwargs) as resp:
                 raw = await resp.content.read(MAX_ANSWER_BYTES + 1)

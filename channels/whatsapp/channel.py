@@ -146,6 +146,7 @@ class WhatsAppChannel(Channel):
                     self.report_trouble("Graph refused the token; checking it again")
                     await asyncio.sleep(1.0)
                     continue
+                self._graph.refused = True
                 raise send_error(exc) from None
             log.info("whatsapp: connected as %s", body.get("display_phone_number") or self.phone_number_id)
             return

@@ -424,9 +424,8 @@ class Daemon:
         self._resources.push("the hooks endpoint", runner.cleanup)
         log.info("hooks on http://%s:%s/hooks/<name> (%d hook(s))", host, self.hooks_port, len(hooks.hooks))
         for sup in self.supervisors:
-            for route in sup.channel.web_routes():
-                log.info("%s webhook on http://%s:%s%s", sup.channel.name, host, self.hooks_port,
-                         mount_path(sup.channel.name, route))  # fmt: skip
+            for path in dict.fromkeys(mount_path(sup.channel.name, r) for r in sup.channel.web_routes()):
+                log.info("%s webhook on http://%s:%s%s", sup.channel.name, host, self.hooks_port, path)
 
     async def stop(self) -> list[tuple[str, BaseException]]:
         """Drain running turns for ``shutdown_grace`` while the channels can still deliver, then
