@@ -204,7 +204,7 @@ async def test_malformed_unknown_and_oversized_deliveries_are_skipped_and_counte
             bad_text,
             whatsapp.message(OWNER, "image", image={"caption": "no id"}),
             {**whatsapp.message(OWNER), "id": "w" * 600},
-        ),  # fmt: skip
+        ),
         whatsapp.payload(whatsapp.message(OWNER, "reaction", reaction={"message_id": "x", "emoji": "👍"})),
         whatsapp.payload(statuses=[{"id": "wamid.X", "status": "read", "recipient_id": OWNER}]),
         whatsapp.payload(whatsapp.message(OWNER, "text", text={"body": "other number"}), number="999"),
