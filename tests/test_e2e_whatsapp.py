@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon import DaemonProcess, clean_env, run_chital, started_daemon
-from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.whatsapp_server import FakeWhatsApp, graph_error
 from tests.whatsapp_daemon import OWNER, STRANGER, answered, whatsapp_config
 
@@ -277,3 +277,45 @@ async def test_init_writes_whatsapp_settings_and_check_online_reads_the_number(
     whatsapp.revoke_token()
     done = await run_chital("check", "--online", "-c", str(tmp_path / "config.yaml"), cwd=tmp_path, env=env)
     assert "Graph error 190" in done.out and whatsapp.token not in done.out, done.out
+
+
+async def test_file_in_is_downloaded_through_the_media_url(
+    daemon: DaemonProcess, whatsapp: FakeWhatsApp, model: FakeOpenAI
+) -> None:
+    media_id = whatsapp.add_media(b"name,score\nada,3\n", "text/csv")
+    up = whatsapp.message(OWNER, "document", document={"id": media_id, "filename": "scores.csv",
+                                                        "mime_type": "text/csv", "caption": "look"})  # fmt: skip
+    assert await whatsapp.deliver(whatsapp.payload(up)) == 200
+    await answered(whatsapp, up, "echo:")
+    assert ("GET", f"/media-blob/{media_id}") in whatsapp.calls
+    uploaded = list(daemon.sandbox_root.glob("**/uploads/scores.csv"))
+    assert uploaded and uploaded[0].read_bytes() == b"name,score\nada,3\n"
+    assert any("scores.csv" in last_user_text(r) for r in model.requests), "the agent was told"
+
+
+async def test_oversized_file_is_refused_before_download(
+    daemon: DaemonProcess, whatsapp: FakeWhatsApp
+) -> None:
+    """Graph announces the size with the media URL: it is checked before the bytes are fetched."""
+    media_id = whatsapp.add_media(b"x" * 1024)
+    whatsapp.lie_about_size[media_id] = 10**10
+    up = whatsapp.message(OWNER, "document", document={"id": media_id, "filename": "big.bin"})
+    assert await whatsapp.deliver(whatsapp.payload(up)) == 200
+    await answered(whatsapp, up, "big.bin")
+    assert ("GET", f"/media-blob/{media_id}") not in whatsapp.calls
+
+
+async def test_file_out_is_uploaded_then_sent_as_a_document(
+    daemon: DaemonProcess, whatsapp: FakeWhatsApp, model: FakeOpenAI
+) -> None:
+    report = "/mnt/user-data/outputs/report.txt"
+    model.script(
+        Reply(tool_calls=[ToolCall("write_file", {"file_path": report, "content": "all good\n"})]),
+        Reply(tool_calls=[ToolCall("present_files", {"paths": [report], "caption": "the report"})]),
+        Reply(text="Here it is."),
+    )
+    up = await whatsapp.inject_text(OWNER, "make the report")
+    await answered(whatsapp, up, "Here it is.", timeout=30)
+    doc = await whatsapp.wait_for(lambda: next((m for m in whatsapp.to(OWNER) if m.kind == "document"), None))
+    media_id = doc.body["document"]["id"]
+    assert whatsapp.uploads[media_id][0] == b"all good\n" and doc.body["document"]["filename"] == "report.txt"
