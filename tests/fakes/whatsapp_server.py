@@ -17,17 +17,21 @@ and redelivery of a message. :meth:`verify` is Meta's subscription handshake.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
+
+from channels.base import Channel
+from channels.webroute import mount_path
 
 T = TypeVar("T")
 VERSION = "v21.0"
@@ -270,3 +274,20 @@ class FakeWhatsApp:
         media_id = f"{next(self._ids) + 800000000}"
         self.uploads[media_id] = (upload.file.read(), str(form.get("type")), upload.filename)
         return web.json_response({"id": media_id})
+
+
+@contextlib.asynccontextmanager
+async def webhook_listener(channel: Channel, fake: FakeWhatsApp) -> AsyncIterator[str]:
+    """``channel``'s web routes on a listener of their own (as the daemon's hooks listener mounts
+    them), for adapter tests without a daemon; points ``fake``'s driver at it."""
+    app = web.Application()
+    for route in channel.web_routes():
+        app.router.add_route(route.method, mount_path(channel.name, route), route.handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    fake.webhook_url = f"http://127.0.0.1:{runner.addresses[0][1]}/channels/{channel.name}/webhook"
+    try:
+        yield fake.webhook_url
+    finally:
+        await runner.cleanup()
