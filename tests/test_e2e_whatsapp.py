@@ -18,7 +18,7 @@ import pytest
 
 from tests.daemon import DaemonProcess, clean_env, run_chital, started_daemon
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
-from tests.fakes.whatsapp_server import FakeWhatsApp, graph_error
+from tests.fakes.whatsapp_server import BUSINESS_WA_ID, GROUP, FakeWhatsApp, graph_error
 from tests.whatsapp_daemon import OWNER, STRANGER, answered, whatsapp_config
 
 
@@ -319,3 +319,24 @@ async def test_file_out_is_uploaded_then_sent_as_a_document(
     doc = await whatsapp.wait_for(lambda: next((m for m in whatsapp.to(OWNER) if m.kind == "document"), None))
     media_id = doc.body["document"]["id"]
     assert whatsapp.uploads[media_id][0] == b"all good\n" and doc.body["document"]["filename"] == "report.txt"
+
+
+async def test_group_answers_replies_commands_and_mentions_only(
+    daemon: DaemonProcess, whatsapp: FakeWhatsApp
+) -> None:
+    """Groups API: a message with ``group_id`` is in the group; the reply goes to the group."""
+
+    async def say(text: str, **fields: object) -> dict[str, object]:
+        msg = whatsapp.message(OWNER, "text", text={"body": text}, group_id=GROUP, **fields)
+        assert await whatsapp.deliver(whatsapp.payload(msg)) == 200
+        return msg
+
+    quiet = await say("just chatting with friends")
+    loud = await say(f"@{BUSINESS_WA_ID} what is up")
+    reply = await answered(whatsapp, loud, "echo: what is up")
+    assert reply.to == GROUP and reply.body["recipient_type"] == "group"
+    assert BUSINESS_WA_ID not in reply.text, "the address is stripped before the agent sees the text"
+    follow = await say("and more", context={"from": BUSINESS_WA_ID, "id": reply.wamid})
+    await answered(whatsapp, follow, "and more")
+    await answered(whatsapp, await say("/status"), "")
+    assert not whatsapp.replies_to(quiet["id"])

@@ -138,7 +138,7 @@ class Graph:
 
     async def send(self, payload: dict[str, Any]) -> str:
         """POST /{version}/{phone_number_id}/messages; the new message's wamid."""
-        body = {"messaging_product": "whatsapp", "recipient_type": "individual", **payload}
+        body = {"messaging_product": "whatsapp", **payload}
         try:
             answer = await self.call("POST", self.url(self.number, "messages"), json=body)
         except GraphError as exc:

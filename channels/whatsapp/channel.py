@@ -56,6 +56,7 @@ from .inbound import (
     changes,
     check_message,
     failed_status,
+    is_group,
     press,
     recover_ids,
     signed,
@@ -231,7 +232,7 @@ class WhatsAppChannel(Channel):
             for status in change.statuses:
                 self._status(status)
             for message in change.messages:
-                await self._message(message, change.names, sink)
+                await self._message(message, change.names, change.me, sink)
 
     def _status(self, status: Any) -> None:
         failed = failed_status(status)
@@ -254,14 +255,14 @@ class WhatsAppChannel(Channel):
         log.warning("whatsapp: reply to %s refused outside the 24-hour customer-service window "
                     "(error 131047); not retried", recipient)  # fmt: skip
 
-    async def _message(self, message: Any, names: dict[str, str], sink: InboundSink) -> None:
+    async def _message(self, message: Any, names: dict[str, str], me: str, sink: InboundSink) -> None:
         try:
             mtype, wamid, sender = check_message(message)
             pressed = press(message)
             if pressed is not None and pressed[0].startswith(ACTION_PREFIX):
                 await self._press(message, wamid, sender, pressed[0], names)
                 return
-            inbound = to_inbound(message, names)
+            inbound = to_inbound(message, names, me)
         except (TypeError, ValueError, KeyError) as exc:
             await self.skip_unreadable(sink, exc, **recover_ids(message))
             return
@@ -301,8 +302,9 @@ class WhatsAppChannel(Channel):
     async def _send(self, target: ReplyTarget, payload: dict[str, Any]) -> str:
         if target.reply_to and malformed.is_id(target.reply_to):
             payload = {**payload, "context": {"message_id": target.reply_to}}
+        kind = "group" if is_group(target.chat_id) else "individual"
         try:
-            return await self._graph.send({"to": target.chat_id, **payload})
+            return await self._graph.send({"recipient_type": kind, "to": target.chat_id, **payload})
         except OutsideWindow:
             self._outside_window(target.chat_id)
             raise
@@ -322,6 +324,8 @@ class WhatsAppChannel(Channel):
     ) -> str:
         """Up to 3 buttons as reply buttons (titles cut to 20 characters), up to 10 as a list
         message; a text over the 1,024 characters an interactive body holds goes first on its own."""
+        if is_group(target.chat_id):  # the Groups API takes no interactive messages
+            raise PermanentSendError("WhatsApp groups take no buttons")
         if not buttons or len(buttons) > MAX_ROWS:
             raise PermanentSendError(f"WhatsApp shows 1 to {MAX_ROWS} choices, not {len(buttons)}")
         text = part.text or "…"
@@ -348,7 +352,7 @@ class WhatsAppChannel(Channel):
 
     async def typing(self, target: ReplyTarget) -> None:
         """Marks the user's message read and shows the typing indicator (up to 25 s); best effort."""
-        if not target.reply_to:
+        if not target.reply_to or is_group(target.chat_id):
             return
         body = {"status": "read", "message_id": target.reply_to, "typing_indicator": {"type": "text"}}
         try:

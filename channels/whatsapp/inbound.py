@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,8 @@ UNSUPPORTED_TYPES = {
     "unsupported": "this kind of message",
 }
 IGNORED_TYPES = frozenset({"reaction", "system", "request_welcome", "ephemeral"})
+COMMAND = re.compile(r"/[A-Za-z][\w-]*(?:\s|$)")
+"""A command word at the start addresses the bot in a group (``/status``)."""
 EXTENSIONS = {"image/jpeg": ".jpg", "image/png": ".png", "image/webp": ".webp", "audio/ogg": ".ogg",
               "audio/mpeg": ".mp3", "video/mp4": ".mp4", "application/pdf": ".pdf"}  # fmt: skip
 
@@ -64,6 +67,9 @@ class Change:
     messages: list[Any]
     statuses: list[Any]
     names: dict[str, str]
+    me: str = ""
+    """The business number as users see it (``metadata.display_phone_number``, digits): a
+    reply quoting one of our messages names it as ``context.from``."""
 
 
 def changes(payload: Any, phone_number_id: str) -> Iterator[Change | None]:
@@ -94,7 +100,9 @@ def changes(payload: Any, phone_number_id: str) -> Iterator[Change | None]:
                     name, wa_id = contact["profile"].get("name"), contact.get("wa_id")
                     if isinstance(name, str) and isinstance(wa_id, str):
                         names[wa_id] = name
-            yield Change(_listed(value.get("messages")), _listed(value.get("statuses")), names)
+            shown = meta.get("display_phone_number") if isinstance(meta, dict) else None
+            me = "".join(ch for ch in shown if ch.isdigit()) if isinstance(shown, str) else ""
+            yield Change(_listed(value.get("messages")), _listed(value.get("statuses")), names, me)
 
 
 def _listed(value: Any) -> list[Any]:
@@ -121,14 +129,15 @@ def check_message(message: Any) -> tuple[str, str, str]:
 def recover_ids(message: Any) -> dict[str, Any]:
     """The ids a malformed message still names, for :meth:`Channel.skip_unreadable`."""
     raw = message if isinstance(message, dict) else {}
-    wamid, sender = raw.get("id"), raw.get("from")
+    wamid, sender, group = raw.get("id"), raw.get("from"), raw.get("group_id")
     ok = malformed.is_id(wamid)
+    chat = sender if group is None else group if malformed.is_id(group) and is_group(str(group)) else ""
     return {
         "ref": f"message {wamid}" if ok else "message ?",
-        "chat_id": sender if is_wa_id(sender) else "",
+        "chat_id": chat if is_wa_id(sender) else "",
         "sender_id": sender if is_wa_id(sender) else "",
         "message_id": wamid if ok else "",
-        "is_direct": True,
+        "is_direct": group is None,
     }
 
 
@@ -146,9 +155,20 @@ def press(message: dict[str, Any]) -> tuple[str, str] | None:
     return bid, title
 
 
-def to_inbound(message: dict[str, Any], names: dict[str, str]) -> Inbound | None:
-    """The :class:`Inbound` of one message, or None when it is not for the agent (a reaction)."""
+def is_group(chat_id: str) -> bool:
+    """A group id (Groups API: an opaque base64-like string) rather than a user's digits."""
+    return not chat_id.isdigit()
+
+
+def to_inbound(message: dict[str, Any], names: dict[str, str], me: str = "") -> Inbound | None:
+    """The :class:`Inbound` of one message, or None when it is not for the agent (a reaction).
+
+    A message with a ``group_id`` (Groups API) is in that group: addressed when it replies to one
+    of the business's messages, starts with a command or names the business number (``@1555…``)."""
     mtype, wamid, sender = check_message(message)
+    group = message.get("group_id")
+    if group is not None and (not malformed.is_id(group) or not is_group(str(group))):
+        raise ValueError("a message with an unusable group_id")
     if mtype in IGNORED_TYPES:
         return None
     text, unsupported = "", ""
@@ -182,9 +202,18 @@ def to_inbound(message: dict[str, Any], names: dict[str, str]) -> Inbound | None
     if isinstance(context, dict) and malformed.is_id(context.get("id")):
         extra["replied_to"] = context["id"]
     name = names.get(sender, "")
-    return Inbound(platform=PLATFORM, chat_id=sender, message_id=wamid, sender_id=sender, text=text,
-                   is_direct=True, addressed=True, sender_name=name if isinstance(name, str) else "",
-                   attachments=attachments, extra=extra, unsupported=unsupported)  # fmt: skip
+    direct = group is None
+    addressed = direct or (
+        (isinstance(context, dict) and bool(me) and context.get("from") == me)
+        or COMMAND.match(text.lstrip()) is not None
+        or (bool(me) and f"@{me}" in text)
+    )
+    if not direct and me:
+        text = text.replace(f"@{me}", "").strip()
+    return Inbound(platform=PLATFORM, chat_id=sender if direct else str(group), message_id=wamid,
+                   sender_id=sender, text=text, is_direct=direct, addressed=addressed,
+                   sender_name=name if isinstance(name, str) else "", attachments=attachments, extra=extra,
+                   unsupported=unsupported)  # fmt: skip
 
 
 def _media(mtype: str, media: Any) -> tuple[tuple[Attachment, ...], str]:

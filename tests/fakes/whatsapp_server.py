@@ -37,6 +37,10 @@ T = TypeVar("T")
 VERSION = "v21.0"
 PHONE_NUMBER_ID = "106540352242922"
 DISPLAY_NUMBER = "+1 555 010 0000"
+BUSINESS_WA_ID = "15550100000"
+"""The business number's digits: ``metadata.display_phone_number`` and a quoted reply's ``context.from``."""
+GROUP = "Y2FwaV9ncm91cDoxNzA1NTU1MDEzOToxMjAzNjM0MDQ2OTQyMzM4MjAZD"
+"""A Groups API group id (the shape Meta's docs show)."""
 WINDOW_ERROR = 131047
 TOKEN_ERROR = 190
 
@@ -146,7 +150,7 @@ class FakeWhatsApp:
             {"profile": {"name": (names or {}).get(s, f"User {s[-4:]}")}, "wa_id": s} for s in senders
         ]
         value: dict[str, Any] = {"messaging_product": "whatsapp",
-                                 "metadata": {"display_phone_number": "15550100000", "phone_number_id": number}}  # fmt: skip
+                                 "metadata": {"display_phone_number": BUSINESS_WA_ID, "phone_number_id": number}}  # fmt: skip
         if messages:
             value["contacts"] = contacts
             value["messages"] = list(messages)
@@ -255,8 +259,11 @@ class FakeWhatsApp:
         if body.get("status") == "read":
             return web.json_response({"success": True})
         to = body.get("to")
-        if not isinstance(to, str) or not to.isdigit():
+        group = body.get("recipient_type") == "group"
+        if not isinstance(to, str) or (to != GROUP if group else not to.isdigit()):
             return graph_error(400, 100, "Invalid parameter: to")
+        if group and body.get("type") == "interactive":
+            return graph_error(400, 131009, "Parameter value is not valid: interactive messages in groups")
         if body.get("type") == "text" and len(body["text"]["body"]) > 4096:
             return graph_error(400, 100, "Param text['body'] must be at most 4096 characters long.")
         if to in self.outside_window and body.get("type") != "reaction":
