@@ -32,6 +32,7 @@ TABLE: dict[tuple[str, ...], tuple[tuple[str, ...], bool]] = {
     ("from",): ((*IDS, "string"), False),  # "secret words" is no phone number
     ("type",): (("missing", "null", "number", "object"), True),
     ("text",): (("missing", "null", "number", "string", "list"), True),
+    ("group_id",): (("number", "object", "list", "huge id", "control chars"), False),
     ("text", "body"): (("missing", "null", "number", "object", "list", "huge list", "nested nulls"), True),
 }
 
