@@ -37,6 +37,6 @@ class WhatsAppSettings(ChannelSettings):
     api_version: str = Field("v21.0", pattern=r"^v[0-9]{1,3}\.[0-9]{1,2}$")
     """The Graph API version every call names."""
     max_body_bytes: int = Field(3_000_000, ge=1024, le=25_000_000)
-    """Largest webhook body accepted (Meta sends at most 3 MB); a larger one gets 413 unread."""
+    """Largest webhook body accepted; a larger one gets 413 unread (and is counted)."""
     read_seconds: float = Field(10.0, gt=0, le=120)
     """Time a caller has to send a webhook body once its headers are in (a slow-loris gets 408)."""
