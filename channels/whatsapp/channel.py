@@ -8,8 +8,8 @@ delivery, refused unless ``X-Hub-Signature-256`` is the HMAC-SHA256 of the raw b
 secret. Its body is capped before it is read in full and must arrive within ``read_seconds``.
 
 Durability: each message of a delivery is handed to ``sink`` (which journals it) before the 200
-goes out; Meta redelivers whatever was not answered 2xx (with growing delays, for a day or more), and the journal drops a
-repeat (the key holds the ``wamid``). While the channel is not running (a revoked token, a
+goes out; Meta redelivers whatever was not answered 2xx (with growing delays, for a day or
+more), and the journal drops a repeat (the key holds the ``wamid``). While the channel is not running (a revoked token, a
 restart) a delivery gets 503, so Meta keeps it and tries again later: nothing is lost.
 
 No edits: WhatsApp cannot edit a business message, so ``can_edit`` is False and an answer goes out
