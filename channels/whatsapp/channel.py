@@ -9,8 +9,9 @@ secret. Its body is capped before it is read in full and must arrive within ``re
 
 Durability: each message of a delivery is handed to ``sink`` (which journals it) before the 200
 goes out; Meta redelivers whatever was not answered 2xx (with growing delays, for a day or
-more), and the journal drops a repeat (the key holds the ``wamid``). While the channel is not running (a revoked token, a
-restart) a delivery gets 503, so Meta keeps it and tries again later: nothing is lost.
+more), and the journal drops a repeat (the key holds the ``wamid``). While the channel is not
+running (a revoked token, a restart) a delivery gets 503, so Meta keeps it and tries again later:
+nothing is lost.
 
 No edits: WhatsApp cannot edit a business message, so ``can_edit`` is False and an answer goes out
 once, whole, split at 4,096 characters. The 24-hour customer-service window: a free-form reply to
