@@ -96,6 +96,8 @@ class FakeWhatsApp:
         self.uploads: dict[str, tuple[bytes, str, str]] = {}
         self.media: dict[str, tuple[bytes, str]] = {}
         self.outside_window: set[str] = set()
+        self.refused: list[dict[str, Any]] = []
+        """Sends refused with 131047 (outside the 24-hour window)."""
         self.lie_about_size: dict[str, int] = {}
         self._fail: dict[str, list[web.Response]] = {}
         self._ids = itertools.count(1)
@@ -267,6 +269,7 @@ class FakeWhatsApp:
         if body.get("type") == "text" and len(body["text"]["body"]) > 4096:
             return graph_error(400, 100, "Param text['body'] must be at most 4096 characters long.")
         if to in self.outside_window and body.get("type") != "reaction":
+            self.refused.append(body)
             return graph_error(400, WINDOW_ERROR, "(#131047) Re-engagement message", "OAuthException")
         wamid = f"wamid.HBgLBOT{next(self._ids):08d}"
         self.sent.append(Sent(wamid, to, body))
