@@ -51,6 +51,7 @@ from channels.messages import (
 )
 from channels.status import ChannelState, ChannelStatus, Report, StatusListener
 from channels.textsplit import stream_text
+from channels.webroute import WebRoute
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ __all__ = [
     "ReplyTarget",
     "RetryAfter",
     "TransientSendError",
+    "WebRoute",
     "clean_text",
     "replied_extra",
     "replied_file",
@@ -133,6 +135,9 @@ class Channel(abc.ABC):
         self.receive = True
         """False: :meth:`run` connects for sending only and takes in nothing (another daemon
         receives for this bot); only for adapters with :attr:`can_send_only`."""
+        self.notice: str | None = None
+        """Something the operator should know that is not a connection state (WhatsApp: a reply
+        refused outside the 24-hour window); /readyz and ``chital status`` show it."""
 
     # -- status (read here, written by the supervisor) ------------------------------------------
     @property
@@ -330,6 +335,11 @@ class Channel(abc.ABC):
         do not depend on the inbound connection override this to keep that pool open, so a
         restart never cuts a reply mid-delivery. The default closes everything."""
         await self.close()
+
+    def web_routes(self) -> Sequence[WebRoute]:
+        """HTTP routes this channel serves on the daemon's hooks listener, for platforms that
+        deliver by calling us (channels/webroute.py). Most connect out and serve nothing."""
+        return ()
 
     # -- rendering ----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -35,6 +35,7 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.search_server import FakeSearch
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.fakes.whatsapp_server import FakeWhatsApp
 from tests.telegram_daemon import telegram_config
 
 if TYPE_CHECKING:
@@ -180,6 +181,15 @@ async def ntfy() -> AsyncIterator[FakeNtfy]:
 async def matrix_hs() -> AsyncIterator[FakeMatrix]:
     """The fake Matrix homeserver (tests/fakes/matrix_server.py)."""
     fake = FakeMatrix()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def whatsapp() -> AsyncIterator[FakeWhatsApp]:
+    """The fake WhatsApp Cloud API and webhook driver (tests/fakes/whatsapp_server.py)."""
+    fake = FakeWhatsApp()
     await fake.start()
     yield fake
     await fake.stop()

@@ -18,7 +18,7 @@ import re
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -32,6 +32,7 @@ from tests.fakes.matrix_server import SERVER, FakeMatrix
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.fakes.whatsapp_server import FakeWhatsApp
 
 MODEL_KEY = "mdl-KEY-7Qp2Zr9xLw0pTe4s"
 URL_PASSWORD = "urlpw-Zx81Qw5eRt"
@@ -44,10 +45,14 @@ OTHERS = {
     "slack_app": "xapp-1-other-app-token-value",
     "lark": "larkSecret0123456789abcdefABCDEF",
     "matrix": "syt_b3RoZXI_OtherMatrixTokenValue_1a2b3c",
+    "whatsapp_token": "EAAOtherWhatsAppTokenValue0123456789",
+    "whatsapp_secret": "otherWhatsAppAppSecret0123456789",
+    "whatsapp_verify": "otherWhatsAppVerifyToken0123",
 }
 """Credentials of the platforms not under test: configured (disabled) so every kind is present."""
 USER_TG, USER_SLACK, USER_DC, USER_LARK = 5150, "U_FRIEND", "424242424242424242", "ou_friend"
 USER_MX = f"@friend:{SERVER}"
+USER_WA = "15550004242"
 OUTPUTS = "/mnt/user-data/outputs"
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -75,6 +80,8 @@ class Platform:
     """Presses Approve; returns the answer the presser got (toast, alert, ephemeral)."""
     sent: Callable[[], str]
     connected: Callable[[], Awaitable[None]]
+    sections: dict[str, Any] = field(default_factory=dict)
+    """Config sections the platform needs besides its channel (WhatsApp: the hooks listener)."""
 
 
 def on_telegram(tg: FakeTelegram) -> Platform:
@@ -255,6 +262,49 @@ def on_matrix(fake: FakeMatrix) -> Platform:
     )
 
 
+def on_whatsapp(fake: FakeWhatsApp) -> Platform:
+    """Meta calls the daemon: each message is a signed webhook delivery; the approval is reply
+    buttons, pressed by delivering the ``interactive`` reply WhatsApp would send."""
+    port = free_port()
+    fake.webhook_url = f"http://127.0.0.1:{port}/channels/whatsapp/webhook"
+
+    async def ask(text: str) -> Any:
+        return await fake.inject_text(USER_WA, text)
+
+    async def buttons() -> Any:
+        return await fake.wait_for(
+            lambda: next((m for m in fake.to(USER_WA) if m.kind == "interactive"), None), 30, "the buttons"
+        )
+
+    async def press(prompt: Any) -> str:
+        action = prompt.body["interactive"]["action"]
+        if "buttons" in action:
+            kind, choices = "button_reply", [b["reply"] for b in action["buttons"]]
+        else:  # more than three choices: a list message
+            kind, choices = "list_reply", action["sections"][0]["rows"]
+        approve = next(c for c in choices if "Approve" in c["title"])
+        picked = {"id": approve["id"], "title": approve["title"]}
+        msg = fake.message(USER_WA, "interactive", context={"from": "15550100000", "id": prompt.wamid},
+                           interactive={"type": kind, kind: picked})  # fmt: skip
+        assert await fake.deliver(fake.payload(msg)) == 200
+        answer = await fake.wait_for(lambda: fake.replies_to(msg["id"]), 15, "the answer")
+        return answer[-1].text
+
+    def sent() -> str:
+        files = [(n, d.decode(errors="replace")) for d, _, n in fake.uploads.values()]
+        return json.dumps([[m.body for m in fake.sent], files], default=str, ensure_ascii=False)
+
+    async def connected() -> None:
+        return None
+
+    settings = fake.channel_settings()
+    settings.pop("enabled")
+    return Platform(
+        "whatsapp", [fake.token, fake.app_secret, fake.verify_token], settings, f"whatsapp:{USER_WA}",
+        ask, buttons, press, sent, connected, {"hooks": {"host": "127.0.0.1", "port": port}},
+    )  # fmt: skip
+
+
 def config(tmp_path: Path, model: FakeOpenAI, platform: Platform) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     scheme, _, rest = model.base_url.partition("://")
@@ -269,7 +319,10 @@ def config(tmp_path: Path, model: FakeOpenAI, platform: Platform) -> dict[str, A
     channels["matrix"].update(
         homeserver="https://matrix.invalid", user_id="@x:invalid", access_token=OTHERS["matrix"]
     )
+    channels["whatsapp"].update(phone_number_id="1", access_token=OTHERS["whatsapp_token"],
+                                app_secret=OTHERS["whatsapp_secret"], verify_token=OTHERS["whatsapp_verify"])  # fmt: skip
     channels[platform.name] = {"enabled": True, **platform.channel}
+    cfg.update(platform.sections)
     cfg["access"] = {"allow_users": [platform.access]}
     cfg["agent"]["approvals"] = {"tools": ["execute"], "timeout": 600}
     cfg["agent"]["memory"] = {"enabled": False}  # no model call of its own between the scripted ones
@@ -286,12 +339,11 @@ def leaks(text: str, secrets: list[str]) -> list[str]:
     return [s for s in secrets if s in text or quote(s, safe="") in text]
 
 
-@pytest.fixture(params=["telegram", "slack", "discord", "lark", "matrix"])
+@pytest.fixture(params=["telegram", "slack", "discord", "lark", "matrix", "whatsapp"])
 def platform(request: pytest.FixtureRequest) -> Platform:
     name = request.param
-    fixture = {"telegram": "tg", "slack": "slack", "discord": "dc", "lark": "lark", "matrix": "matrix_hs"}[
-        name
-    ]
+    fixture = {"telegram": "tg", "slack": "slack", "discord": "dc", "lark": "lark", "matrix": "matrix_hs",
+               "whatsapp": "whatsapp"}[name]  # fmt: skip
     fake = request.getfixturevalue(fixture)
     makers = {
         "telegram": on_telegram,
@@ -299,6 +351,7 @@ def platform(request: pytest.FixtureRequest) -> Platform:
         "discord": on_discord,
         "lark": on_lark,
         "matrix": on_matrix,
+        "whatsapp": on_whatsapp,
     }
     return makers[name](fake)
 
@@ -382,11 +435,13 @@ def test_every_kind_of_secret_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
            "LARK_APP_ID": "cli_app_id_is_no_secret", "LARK_APP_SECRET": "env-lark-secret",
            "OPENAI_API_KEY": "env-openai-key", "MY_SERVICE_PASSWORD": "env-service-pw",
            "CHITAL_MODEL": "gpt-x", "OPENAI_BASE_URL": "https://u:env-url-pw@llm.example/v1",
-           "MATRIX_ACCESS_TOKEN": "env-matrix-token", "MATRIX_USER_ID": "@bot:matrix.example"}  # fmt: skip
+           "MATRIX_ACCESS_TOKEN": "env-matrix-token", "MATRIX_USER_ID": "@bot:matrix.example",
+           "WHATSAPP_ACCESS_TOKEN": "env-whatsapp-token", "WHATSAPP_APP_SECRET": "env-whatsapp-secret",
+           "WHATSAPP_VERIFY_TOKEN": "env-whatsapp-verify", "WHATSAPP_PHONE_NUMBER_ID": "106540352242922"}  # fmt: skip
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     found = daemon_secrets(parse_config(builtin_defaults(), "defaults"))
-    plain = ("LARK_APP_ID", "CHITAL_MODEL", "OPENAI_BASE_URL", "MATRIX_USER_ID")
+    plain = ("LARK_APP_ID", "CHITAL_MODEL", "OPENAI_BASE_URL", "MATRIX_USER_ID", "WHATSAPP_PHONE_NUMBER_ID")
     expected = [v for k, v in env.items() if k not in plain]
     assert set(expected) <= set(found) and "env-url-pw" in found
     assert "@bot:matrix.example" not in found, "the bot's user id is no secret (it is in every message)"

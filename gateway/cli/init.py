@@ -41,6 +41,10 @@ HINTS: dict[tuple[str, str], str] = {
     ("matrix", "homeserver"): "Matrix homeserver base URL (https://matrix.example.org)",
     ("matrix", "user_id"): "the bot account's Matrix user id (@chital:example.org)",
     ("matrix", "access_token"): "the bot account's access token (docs/setup/matrix.md)",
+    ("whatsapp", "phone_number_id"): "WhatsApp phone number id (App Dashboard > WhatsApp > API Setup)",
+    ("whatsapp", "access_token"): "a system user's access token (docs/setup/whatsapp.md)",
+    ("whatsapp", "app_secret"): "the Meta app's secret (App settings > Basic)",
+    ("whatsapp", "verify_token"): "a verify token of your choosing (also typed into the webhook settings)",
 }
 SHAPES: dict[tuple[str, str], tuple[re.Pattern[str], str]] = {
     ("telegram", "token"): (re.compile(r"\d+:[A-Za-z0-9_-]+"), "looks like 123456:ABC-..."),
@@ -48,6 +52,10 @@ SHAPES: dict[tuple[str, str], tuple[re.Pattern[str], str]] = {
     ("slack", "app_token"): (re.compile(r"xapp-.+"), "starts with xapp- (the bot token is xoxb-)"),
     ("matrix", "homeserver"): (re.compile(r"https?://\S+"), "a URL: https://matrix.example.org"),
     ("matrix", "user_id"): (re.compile(r"@[^:\s]+:\S+"), "looks like @name:example.org"),
+    ("whatsapp", "phone_number_id"): (
+        re.compile(r"[0-9]{5,32}"),
+        "digits: the phone number's id, not the number",
+    ),
 }
 """Mistakes worth catching before the check: a Slack token pasted in the other's place."""
 

@@ -175,6 +175,22 @@ async def probe_matrix(session: aiohttp.ClientSession, cfg: Config) -> str:
     raise ProbeFailed(f"whoami: HTTP {status} {data.get('errcode', '')} {data.get('error', '')}".strip())
 
 
+async def probe_whatsapp(session: aiohttp.ClientSession, cfg: Config) -> str:
+    """The phone number's record with the token (Graph error 190: refused). The webhook itself
+    can only be checked from Meta's side (docs/setup/whatsapp.md)."""
+    c = cfg.channels.whatsapp
+    headers = {"Authorization": f"Bearer {_secret(c.access_token)}"}
+    url = f"{c.graph_url.rstrip('/')}/{c.api_version}/{c.phone_number_id}"
+    async with session.get(url, headers=headers, params={"fields": "display_phone_number"}) as resp:
+        data = await _json(resp)
+        status = resp.status
+    if status == 200 and data.get("id") == c.phone_number_id:
+        return f"phone number: {data.get('display_phone_number') or c.phone_number_id}"
+    err = data["error"] if isinstance(data.get("error"), dict) else {}
+    raise ProbeFailed(f"GET phone number: HTTP {status} Graph error {err.get('code', '?')} "
+                      f"{str(err.get('message', ''))[:200]}".strip())  # fmt: skip
+
+
 async def probe_model(session: aiohttp.ClientSession, cfg: Config, index: int) -> str:
     spec = cfg.models[index]
     kwargs = spec.kwargs()
@@ -255,6 +271,7 @@ async def run_probes(cfg: Config) -> list[Outcome]:
         "discord": probe_discord,
         "lark": probe_lark,
         "matrix": probe_matrix,
+        "whatsapp": probe_whatsapp,
     }
     jobs: list[tuple[str, Callable[[aiohttp.ClientSession], Awaitable[str]] | None, str]] = []
     for name, (ready, why) in channel_readiness(cfg).items():

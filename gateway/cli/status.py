@@ -113,6 +113,8 @@ def render(body: dict[str, Any]) -> str:
             extras.append(f"since {_clock(info.get('since'))} ({_ago(info.get('for_s'))} ago)")
         if info.get("reason"):
             extras.append(str(info["reason"]))
+        if info.get("notice"):  # e.g. WhatsApp replies refused outside the 24-hour window
+            extras.append(f"NOTE: {info['notice']}")
         out.append(f"  {name:<9} {word:<14}{'  '.join(extras)}".rstrip())
     storage = body.get("storage") or {}
     if storage.get("disk_full"):

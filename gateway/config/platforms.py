@@ -22,6 +22,7 @@ from channels.matrix import MatrixSettings
 from channels.settings import ChannelSettings
 from channels.slack import SlackSettings
 from channels.telegram import TelegramSettings
+from channels.whatsapp import WhatsAppSettings
 
 if TYPE_CHECKING:
     from gateway.config.schema import Config
@@ -67,6 +68,7 @@ PLATFORMS: tuple[Platform, ...] = (
         single_consumer=True,
         keeps_state=True,
     ),
+    Platform("whatsapp", WhatsAppSettings, "channels.whatsapp.channel:WhatsAppChannel"),
 )
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from aiohttp import web
 
 from channels.base import Channel, ChannelState
+from channels.webroute import mount_path
 from compat.versions import check_all
 from gateway.agent_api import AgentHarness, sandbox_report
 from gateway.commands.mcp import reload_mcp
@@ -127,6 +128,9 @@ class Daemon:
             s.channel.name: describe_state(s.channel.state, s.channel.reason, s.channel.state_since)
             for s in self.supervisors
         }
+        for s in self.supervisors:
+            if s.channel.notice:  # e.g. WhatsApp replies refused outside the 24-hour window
+                report[s.channel.name]["notice"] = s.channel.notice
         for sup in self.standby:
             sends = sup.channel.can_send_only and sup.channel.state is ChannelState.CONNECTED
             report[sup.channel.name] = {
@@ -333,8 +337,8 @@ class Daemon:
                 sup.start()  # (send-only standbys were started by _standby_leader_only)
         if self.cluster is not None:
             self.cluster.start()
-        if cfg.hooks.hooks:
-            await self._start_hooks()
+        if cfg.hooks.hooks or any(ch.web_routes() for ch in channels):
+            await self._start_hooks()  # hooks, and the webhooks of platforms that call us
         res.spawn(self.retention.run(), "retention")
         res.spawn(ScheduleRunner(self.gateway, self.store, cfg, clock, scheduler).run(), "schedules")
         res.spawn(log_summary(self), "startup-summary")
@@ -419,6 +423,9 @@ class Daemon:
             raise listen_error(host, port, exc) from None
         self._resources.push("the hooks endpoint", runner.cleanup)
         log.info("hooks on http://%s:%s/hooks/<name> (%d hook(s))", host, self.hooks_port, len(hooks.hooks))
+        for sup in self.supervisors:
+            for path in dict.fromkeys(mount_path(sup.channel.name, r) for r in sup.channel.web_routes()):
+                log.info("%s webhook on http://%s:%s%s", sup.channel.name, host, self.hooks_port, path)
 
     async def stop(self) -> list[tuple[str, BaseException]]:
         """Drain running turns for ``shutdown_grace`` while the channels can still deliver, then

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 from agent.provenance import WEBHOOK, Provenance, Source
-from channels.base import Inbound
+from channels.base import Channel, Inbound
+from channels.webroute import mount_path
 from gateway.intake.access import HOOK_SENDER, STARTED_BY_BOT
 from gateway.intake.provenance import PROVENANCE_EXTRA
 from gateway.store.entries import JournalKind
@@ -149,6 +150,10 @@ class Hooks:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.hooks.max_body_bytes)
         app.router.add_post("/hooks/{name}", self.receive)
+        for channel in self.host.channels.values():
+            if isinstance(channel, Channel):  # a platform Meta-style delivers to us (WhatsApp)
+                for route in channel.web_routes():
+                    app.router.add_route(route.method, mount_path(channel.name, route), route.handler)
         return app
 
     def _count(self, outcome: str) -> None:

@@ -1,0 +1,84 @@
+"""WhatsApp field reliability, through the adapter's webhook against FakeWhatsApp with the real
+gateway (journal, notices, metrics) and an echo harness: every malformed message of a signed
+delivery is skipped and counted, the delivery is still acknowledged (else Meta redelivers it
+forever), it is logged without its text, and its sender is told where the message still names
+them; the messages around it, in the same delivery, are answered."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from channels.base import ChannelState
+from channels.whatsapp.channel import WhatsAppChannel
+from tests.fakes.gateway_rig import Rig, running
+from tests.fakes.malformed import SECRET, Case, leaked, malformed_total, put, variants
+from tests.fakes.whatsapp_server import PHONE_NUMBER_ID, VERSION, FakeWhatsApp, webhook_listener
+
+ALICE = "15550002222"
+
+
+@pytest.fixture
+def allowed_users() -> list[str]:
+    return [f"whatsapp:{ALICE}"]
+
+
+IDS = ("missing", "null", "number", "object", "list", "huge id", "control chars")
+TABLE: dict[tuple[str, ...], tuple[tuple[str, ...], bool]] = {
+    ("id",): (IDS, False),
+    ("from",): ((*IDS, "string"), False),  # "secret words" is no phone number
+    ("type",): (("missing", "null", "number", "object"), True),
+    ("text",): (("missing", "null", "number", "string", "list"), True),
+    ("group_id",): (("number", "object", "list", "huge id", "control chars"), False),
+    ("text", "body"): (("missing", "null", "number", "object", "list", "huge list", "nested nulls"), True),
+}
+
+
+def channel_for(wa: FakeWhatsApp) -> WhatsAppChannel:
+    return WhatsAppChannel(PHONE_NUMBER_ID, wa.token, wa.app_secret, wa.verify_token, graph_url=wa.base_url,
+                           api_version=VERSION, read_seconds=2)  # fmt: skip
+
+
+def texts(wa: FakeWhatsApp, needle: str) -> list[str]:
+    return [m.text for m in wa.to(ALICE) if needle in m.text]
+
+
+@pytest.mark.parametrize("case", variants(TABLE), ids=lambda c: c.id)
+async def test_malformed_message_is_skipped_counted_and_told(
+    case: Case, whatsapp: FakeWhatsApp, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    channel = channel_for(whatsapp)
+    async with running(channel, adapter_rig), webhook_listener(channel, whatsapp):
+        first = whatsapp.message(ALICE, "text", text={"body": "first good one"})
+        bad: Any = put(whatsapp.message(ALICE, "text", text={"body": SECRET}), case.path, case.value)
+        second = whatsapp.message(ALICE, "text", text={"body": "second good one"})
+        assert await whatsapp.deliver(whatsapp.payload(first, bad, second)) == 200
+        await whatsapp.wait_for(lambda: texts(whatsapp, "echo: second good one"), what="second answered")
+        assert texts(whatsapp, "echo: first good one")
+        if case.told:
+            await whatsapp.wait_for(lambda: texts(whatsapp, "couldn't read that message"), what="the note")
+        assert channel.state is ChannelState.CONNECTED
+    assert channel.unreadable_events == 1
+    assert malformed_total(adapter_rig, "whatsapp") == 1
+    assert len(texts(whatsapp, "couldn't read")) == (1 if case.told else 0)
+    assert not leaked(caplog.records), "the message's text reached a log line"
+    assert all(SECRET not in m.text for m in whatsapp.sent)
+
+
+async def test_slow_body_gets_408_and_the_channel_goes_on(whatsapp: FakeWhatsApp, adapter_rig: Rig) -> None:
+    """A slow-loris sends headers and then a byte now and then: cut off after ``read_seconds``."""
+    channel = channel_for(whatsapp)
+    async with running(channel, adapter_rig), webhook_listener(channel, whatsapp) as url:
+        host, port = url.split("/")[2].split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /channels/whatsapp/webhook HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), 30)
+        writer.close()
+        assert b" 408 " in status, status
+        up = await whatsapp.inject_text(ALICE, "after the slow one")
+        await whatsapp.wait_for(lambda: whatsapp.replies_to(up["id"]), what="answered")
