@@ -30,7 +30,7 @@ from compat.versions import check_all
 from gateway.agent_api import AgentHarness, sandbox_report
 from gateway.commands.mcp import reload_mcp
 from gateway.config import data_dir
-from gateway.config.platforms import PLATFORMS, build_channels
+from gateway.config.platforms import build_channels
 from gateway.config.schema import Config
 from gateway.config.secrets import redactor_for
 from gateway.daemon.agent_setup import UnconfiguredHarness, open_harness
@@ -46,6 +46,7 @@ from gateway.daemon.lifecycle import (
     prepare_data_dir,
 )
 from gateway.daemon.menus import Menus
+from gateway.daemon.standby import standby_leader_only
 from gateway.daemon.status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
 from gateway.daemon.summary import log_summary
 from gateway.ops import tracing
@@ -140,42 +141,6 @@ class Daemon:
         for name, why in self.off.items():
             report[name] = {"state": ChannelState.DISABLED.value, "reason": why}
         return report
-
-    def _standby_leader_only(self) -> None:
-        """With several daemons, channels a platform allows once per bot run on the leader only:
-        started when this daemon becomes it, stopped when it stops being it."""
-        assert self.cluster is not None
-        single = {p.name for p in PLATFORMS if p.single_consumer}
-        leader_only = [s for s in self.supervisors if s.channel.name in single]
-        self.standby.update(leader_only)
-        for sup in leader_only:
-            if sup.channel.can_send_only:  # connected for sending: this daemon still delivers
-                sup.channel.receive = False
-                sup.start()
-
-        # A send-only channel switches to receiving and back without closing: its replies in
-        # flight go on (ChannelSupervisor.switch); the others start and stop.
-        async def lead() -> None:
-            for sup in leader_only:
-                if sup in self.standby:
-                    self.standby.discard(sup)
-                    if sup.channel.can_send_only:
-                        await sup.switch(receive=True)
-                    else:
-                        sup.channel.receive = True
-                        sup.start()
-
-        async def unlead() -> None:
-            for sup in leader_only:
-                if sup not in self.standby:
-                    self.standby.add(sup)
-                    if sup.channel.can_send_only:
-                        await sup.switch(receive=False)
-                    else:
-                        await sup.stop()
-
-        self.cluster.on_lead.append(lead)
-        self.cluster.on_unlead.append(unlead)
 
     def agent_report(self) -> dict[str, object]:
         harness = self.harness
@@ -331,10 +296,10 @@ class Daemon:
             self.supervisors.append(sup)
             res.push(f"channel {channel.name}", sup.close)
         if self.cluster is not None:
-            self._standby_leader_only()
+            standby_leader_only(self.supervisors, self.standby, self.cluster)
         for sup in self.supervisors:
             if sup not in self.standby:
-                sup.start()  # (send-only standbys were started by _standby_leader_only)
+                sup.start()  # (send-only standbys were started by standby_leader_only)
         if self.cluster is not None:
             self.cluster.start()
         if cfg.hooks.hooks or any(ch.web_routes() for ch in channels):
