@@ -221,13 +221,17 @@ class ScheduleRunner:
         scheduler: GatewayScheduler | None,
         *,
         push_every: float = PUSH_EVERY,
+        max_sleep: float = MAX_SLEEP,
     ) -> None:
+        """``max_sleep``: look at the schedules at least this often (with several daemons, shorter:
+        a schedule made on another daemon wakes only that one's clock)."""
         self.host = host
         self.store = store
         self.config = config
         self.clock = clock
         self.confirmations = schedule_confirm.Confirmations(store, config, host.channels, clock)
         self.push_every = push_every
+        self.max_sleep = max_sleep
         self.enabled = scheduler is not None
         self._push_seen = 0
         if scheduler is not None:
@@ -252,7 +256,15 @@ class ScheduleRunner:
         self.clock.poke()
 
     async def run(self) -> None:
-        loops = [self._push_loop(), self._prune_loop()]
+        """Every daemon: pick up ``chital send`` pushes (the journal's lease decides who sends)."""
+        await self._push_loop()
+
+    async def run_timers(self) -> None:
+        """The daemon that owns the timers only (gateway/daemon/timers.py): fire what is due and
+        prune finished schedules. Cancelled when another daemon takes the timers over; a firing
+        under way is then claimed or not (its journal insert is the claim), and the next owner
+        fires what is due from the rows."""
+        loops = [self._prune_loop()]
         if self.enabled:
             loops.append(self._fire_loop())
         await asyncio.gather(*loops)
@@ -277,7 +289,8 @@ class ScheduleRunner:
             except Exception as exc:  # the database may be busy or full: try again in a while
                 log.error("schedules: %s", exc, exc_info=True)
                 due = None
-            await self.clock.sleep(MAX_SLEEP if due is None else min(MAX_SLEEP, due - self.clock.now()))
+            cap = self.max_sleep
+            await self.clock.sleep(cap if due is None else min(cap, due - self.clock.now()))
 
     async def fire_due(self) -> int:
         """Fire every due schedule of the channels connected now (the others wait for theirs to
