@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import re
 import sqlite3
 import time
@@ -130,11 +129,6 @@ def to_postgres(sql: str) -> str:
 
 
 # -- the PostgreSQL connection ---------------------------------------------------------------------
-def lock_key(name: str) -> int:
-    """A PostgreSQL advisory lock key (a signed 64-bit number) for ``name``, the same in every daemon."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
-
-
 class _PgCursor:
     def __init__(self, cur: Any) -> None:
         self._cur = cur
@@ -247,20 +241,12 @@ class PgConnection:
         return self.raw.transaction()
 
     async def execute_locked(self, keys: Sequence[str], sql: str, params: Sequence[Any] = ()) -> _PgCursor:
-        """``sql`` in one transaction after a transaction-scoped advisory lock on each of ``keys``
-        (taken in one order, so two of these never wait for each other in a circle).
-
-        Why the lock: under READ COMMITTED a statement reads a snapshot taken when it starts, so
-        two daemons' ``INSERT … WHERE (SELECT COUNT(*) …) < limit`` both count the same rows and
-        both insert. After the lock, the statement's snapshot shows the rows every earlier holder
-        committed. Why one round trip of several statements (the simple query protocol: one
-        implicit transaction) rather than :meth:`transaction`: the connection is shared by the
-        daemon's tasks, and their statements would run inside an open transaction too."""
+        """``sql`` behind advisory locks on ``keys``, one implicit transaction: gateway/store/limits.py."""
         import psycopg
 
-        locks = "".join(f"SELECT pg_advisory_xact_lock({k}); " for k in sorted(map(lock_key, keys)))
-        cur = psycopg.AsyncClientCursor(await self.live())
-        await cur.execute(locks + to_postgres(sql), tuple(params) or None)
+        locks = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)); " * len(keys)
+        cur = psycopg.AsyncClientCursor(await self.live())  # bound here: several statements in one
+        await cur.execute(locks + to_postgres(sql), (*sorted(keys), *params))
         while cur.nextset():  # the statement's own result comes after the locks'
             pass
         return _PgCursor(cur)
@@ -462,9 +448,7 @@ class SqliteConnection:
             raise
 
     async def execute_locked(self, keys: Sequence[str], sql: str, params: Sequence[Any] = ()) -> SqliteCursor:
-        """``sql`` as it is: SQLite has one writer at a time, and a write statement takes the write
-        lock before it reads (a count in its ``WHERE`` sees every row committed before it)."""
-        return await self.run_statement(sql, params)
+        return await self.run_statement(sql, params)  # one writer at a time: it reads under the write lock
 
     @contextlib.contextmanager
     def on_thread(self) -> Iterator[None]:

@@ -5,6 +5,16 @@ daemons on one PostgreSQL database can both count 49 of 50 and both insert. So t
 the insert (``INSERT … SELECT … WHERE (SELECT COUNT(*) …) < limit``), run under a lock named after
 what is counted (:meth:`gateway.store.connection.Connection.execute_locked`), and a refused insert
 raises :class:`OverLimit` with what was counted, for the caller's own words to the user.
+
+Why a lock on PostgreSQL: under READ COMMITTED a statement reads a snapshot taken when it starts,
+so two daemons' ``INSERT … WHERE (SELECT COUNT(*) …) < limit`` would both count the same rows and
+both insert. Behind a transaction-scoped advisory lock, the statement's snapshot is taken once the
+lock is held and shows every row the previous holder committed. The lock and the statement go in
+one round trip of several statements (the simple query protocol runs them as one implicit
+transaction), not through ``transaction()``: the store's connection is shared by the daemon's
+tasks, whose statements would otherwise run inside the open transaction. Locks are taken in one
+order (sorted names), so two such statements never wait for each other in a circle. SQLite needs no
+lock: it has one writer at a time, and a write statement reads under the write lock.
 """
 
 from __future__ import annotations
