@@ -145,6 +145,7 @@ async def test_an_approval_times_out_once_on_the_daemon_that_owns_the_timers(
         other = next(d for d in daemons if d is not owner)
         assert (await _status(owner))["timers"]["owner"] == "here"
         assert (await _status(other))["timers"]["owner"] == "the leader"
+        assert "timers: owned by the leader" in (await other.cli("status"))[1]
         # Retention prunes on the owner only (its first pass when it took the timers over).
         _, ready = await owner.get("/readyz")
         assert "last_prune_rows" in ready["storage"], ready

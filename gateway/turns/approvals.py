@@ -462,7 +462,11 @@ class Approvals:
 
     # -- timeouts and restarts --------------------------------------------------------------------
     async def _expire(self, row: ApprovalRow) -> None:
-        """A request's deadline passed (the timers' owner only): time it out, unless decided."""
+        """A request's deadline passed (the timers' owner only): time it out, unless decided; one
+        whose turn was stopped meanwhile is withdrawn instead, as a press on it would."""
+        if await self._orphaned(row):
+            await self._settle_orphan(row)
+            return
         await self.decide(row, TIMED_OUT, "")
 
     async def restore(self, platform: str) -> None:
