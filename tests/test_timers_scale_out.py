@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.daemon import DaemonProcess, base_config, free_port
+from tests.fakes.gateway_rig import until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.slack_server import FakeSlack, Post
 
@@ -85,21 +85,9 @@ async def _owner(daemons: list[DaemonProcess]) -> DaemonProcess:
         found = [d for d in live if await _metric(d, "chital_timers_owned") == 1.0]
         return found or None
 
-    found = await _until_async(owners, 60, "a daemon owning the timers")
+    found = await until(owners, 60, "a daemon owning the timers")
     assert len(found) == 1, "never two owners at once"
     return found[0]
-
-
-async def _until_async(probe: Callable[[], Any], timeout: float, what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        got = await probe()
-        if got:
-            return got
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 async def _status(d: DaemonProcess) -> dict[str, Any]:
@@ -155,7 +143,7 @@ async def test_an_approval_times_out_once_on_the_daemon_that_owns_the_timers(
         await slack.inject_dm(DM, USER, "please write the file")
         request = await slack.wait_for(lambda: _request(slack), timeout=60)
         # Asked on whichever daemon took the message; armed on the owner alone.
-        await _until_async(lambda: _armed(owner, 1), 30, "the owner arming the request's timer")
+        await until(lambda: _armed(owner, 1), 30, "the owner arming the request's timer")
         assert await _metric(other, "chital_timers_armed", kind="approval") == 0
         assert (await _status(other))["timers"]["approvals_armed"] == 0
 
@@ -186,7 +174,7 @@ async def test_the_survivor_of_the_owner_arms_and_expires_its_approval_once(
         survivor = next(d for d in daemons if d is not owner)
         await slack.inject_dm(DM, USER, "please write the file")
         request = await slack.wait_for(lambda: _request(slack), timeout=60)
-        await _until_async(lambda: _armed(owner, 1), 30, "the owner arming the request's timer")
+        await until(lambda: _armed(owner, 1), 30, "the owner arming the request's timer")
         assert await _armed(survivor, 0)
         owner.kill9()  # before the deadline
         await owner.wait_exit()
