@@ -348,3 +348,20 @@ async def browser() -> AsyncIterator[Browser]:
         pytest.skip(why)
     async with chromium() as b:
         yield b
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Store, Store]]:
+    """Two connections to one database, as two daemons (or a daemon and the CLI) have: on SQLite,
+    then on a fresh PostgreSQL database (skipped where none can run). For what must hold across
+    processes, not only within one."""
+    from gateway.store.journal import Store
+
+    if request.param == "sqlite":
+        stores = [await Store.open(tmp_path / "g.sqlite", 0) for _ in range(2)]
+    else:
+        url = request.getfixturevalue("pg_url")
+        stores = [await Store.open_postgres(url) for _ in range(2)]
+    yield stores[0], stores[1]
+    for s in stores:
+        await s.close()

@@ -95,6 +95,8 @@ async def test_summary_then_status_as_telegram_goes_down(
     assert line.split()[1] == "connected" and "since " in line
     assert next(ln for ln in out.splitlines() if ln.strip().startswith("slack")).split()[1] == "off"
     assert "queue: 0 pending, 0 running, 0 parked" in out
+    # Alone, the daemon runs the timers (on PostgreSQL once it holds the leader lock: moments after start).
+    await status_until(telegram_daemon, "timers: owned here (approval timeouts, schedules, retention)")
 
     await tg.stop()  # the Bot API goes away under a running daemon
     try:

@@ -136,6 +136,16 @@ def render(body: dict[str, Any]) -> str:
         out.append(f"tracing: on, exported to {where}; errors in a message end with its trace id")
     elif traced:
         out.append("tracing: off (tracing.enabled)")
+    timers = body.get("timers") or {}
+    if timers.get("owner") == "here":
+        armed = timers.get("approvals_armed", 0)
+        out.append(
+            f"timers: owned here (approval timeouts, schedules, retention); {armed} approval timer(s) armed"
+        )
+    elif timers:
+        out.append(
+            "timers: owned by the leader (another daemon runs approval timeouts, schedules, retention)"
+        )
     for kind in ("errors", "warnings"):  # apart: a burst of warnings never hides an error
         entries: list[dict[str, Any]] = body.get(kind) or []
         if not entries:

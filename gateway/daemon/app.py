@@ -26,7 +26,6 @@ from aiohttp import web
 
 from channels.base import Channel, ChannelState
 from channels.webroute import mount_path
-from compat.versions import check_all
 from gateway.agent_api import AgentHarness, sandbox_report
 from gateway.commands.mcp import reload_mcp
 from gateway.config import data_dir
@@ -44,11 +43,13 @@ from gateway.daemon.lifecycle import (
     one_line,
     postgres_error,
     prepare_data_dir,
+    vendor_check,
 )
 from gateway.daemon.menus import Menus
 from gateway.daemon.standby import standby_leader_only
 from gateway.daemon.status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
 from gateway.daemon.summary import log_summary
+from gateway.daemon.timers import TimerOwner, take_timers
 from gateway.ops import tracing
 from gateway.ops.http import build_app, describe_state
 from gateway.ops.logs import RedactingFilter
@@ -61,20 +62,6 @@ from gateway.store.retention import Retention
 from gateway.turns.usage import UsageRecorder
 
 log = logging.getLogger(__name__)
-
-
-def vendor_check() -> None:
-    """Libraries installed outside the releases Chital's reaches into them were verified on
-    (compat/versions.py): one line each; the daemon goes on with the public path where there is
-    one, and does not start where there is none."""
-    refused = []
-    for problem in check_all():
-        if problem.fatal:
-            refused.append(problem.line())
-        else:
-            log.warning("%s", problem.line())
-    if refused:
-        raise StartupError("; ".join(refused))
 
 
 class DaemonState(enum.StrEnum):
@@ -107,6 +94,7 @@ class Daemon:
         self.hooks_port: int | None = None
         """The hooks' own listener (docs/hooks.md), None when no hook is configured."""
         self.retention: Retention | None = None
+        self.timers: TimerOwner | None = None  # who runs approval timeouts, schedules, retention
         self.status_server: StatusServer | None = None
         """``chital status``'s Unix socket (gateway/daemon/status.py); None when it could not be opened."""
         self.recent_errors = RecentErrors(
@@ -246,12 +234,12 @@ class Daemon:
         ]
         self.retention = Retention(self.store, cfg.storage, self.metrics, ttls)
         try:
-            await self.retention.start()
+            await self.retention.start(prune=not url)  # PostgreSQL: the timers' owner prunes
         except Exception as exc:
             raise database_error(db_path, exc) from exc
 
         from gateway.schedules.clock import ScheduleClock
-        from gateway.schedules.runner import GatewayScheduler, ScheduleRunner
+        from gateway.schedules.runner import GatewayScheduler
 
         clock = ScheduleClock()  # made first: scheduler, gateway and runner (fires, pushes) share it
         scheduler = GatewayScheduler(self.store, cfg, clock) if cfg.schedules.enabled else None
@@ -300,12 +288,13 @@ class Daemon:
         for sup in self.supervisors:
             if sup not in self.standby:
                 sup.start()  # (send-only standbys were started by standby_leader_only)
+        self.timers, runner = await take_timers(self, clock, scheduler)  # before the cluster's first lead
+        res.push("the timers", self.timers.close)
         if self.cluster is not None:
             self.cluster.start()
         if cfg.hooks.hooks or any(ch.web_routes() for ch in channels):
             await self._start_hooks()  # hooks, and the webhooks of platforms that call us
-        res.spawn(self.retention.run(), "retention")
-        res.spawn(ScheduleRunner(self.gateway, self.store, cfg, clock, scheduler).run(), "schedules")
+        res.spawn(runner.run(), "pushes")
         res.spawn(log_summary(self), "startup-summary")
 
     @property

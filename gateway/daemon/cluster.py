@@ -15,7 +15,8 @@ What each daemon does (docs/scale-out.md):
   PostgreSQL session advisory lock held on a connection of its own: when the leader dies, the
   server drops its connection and the lock with it, and the next daemon to ask (every
   ``leader_every`` seconds) takes over. A leader that cannot reach the database any more gives
-  its leader-only channels up, because it can no longer know it is still the only one.
+  its leader-only channels up, because it can no longer know it is still the only one. The leader
+  also owns the timers: approval timeouts, schedule firings, retention (gateway/daemon/timers.py).
 - **Fencing.** A lease is only as good as its renewals: a daemon whose renewals have not gone
   through for three quarters of the lease (the database unreachable, the process frozen), or whose
   renewal shows an entry it works on now belongs to another daemon, stops that work at once,

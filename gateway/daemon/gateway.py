@@ -107,6 +107,7 @@ class Gateway:
         self._closing = False
         self.cluster = cluster
         """This daemon's leases, several sharing one database (gateway/daemon/cluster.py); None: alone."""
+        self.approvals.timers.owned = cluster is None  # of several: the leader's (gateway/daemon/timers.py)
         self._claimed: dict[str, asyncio.Task[Any]] = {}
         """Entries whose lease this daemon took and works on now, with the task doing the work."""
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from compat.versions import check_all
 from gateway.config.urls import mask_url_query
 from gateway.ops.tasks import TaskTracker
 from gateway.store.disk import DiskReserve
@@ -198,3 +199,17 @@ def listen_error(host: str, port: int, exc: OSError) -> StartupError:
         return StartupError(f"{where}: no such local address (set http.host)")
     reason = exc.strerror or one_line(exc)
     return StartupError(f"{where}: {reason} (set http.host / http.port)")
+
+
+def vendor_check() -> None:
+    """Libraries installed outside the releases Chital's reaches into them were verified on
+    (compat/versions.py): one line each; the daemon goes on with the public path where there is
+    one, and does not start where there is none."""
+    refused = []
+    for problem in check_all():
+        if problem.fatal:
+            refused.append(problem.line())
+        else:
+            log.warning("%s", problem.line())
+    if refused:
+        raise StartupError("; ".join(refused))

@@ -271,6 +271,7 @@ async def snapshot(daemon: Daemon, errors: RecentErrors) -> dict[str, Any]:
         "now": round(now, 3),
         "queue": queue,
         "tracing": tracing_summary(daemon),
+        "timers": daemon.timers.report() if daemon.timers is not None else {},
         "errors": errors.errors(),
         "warnings": errors.warnings(),
     }

@@ -86,6 +86,14 @@ class Metrics:
         )
         self.db_bytes = Gauge("chital_db_bytes", "Size of the gateway database and its WAL", registry=r)
         self.ready = Gauge("chital_ready", "1 when /readyz answers ready", registry=r)
+        self.timers_owned = Gauge(
+            "chital_timers_owned",
+            "1 while this daemon runs approval timeouts, schedules, retention",
+            registry=r,
+        )
+        self.timers_armed = Gauge(
+            "chital_timers_armed", "Timers held by this daemon now, by kind", ["kind"], registry=r
+        )
         self.tokens = Counter(
             "chital_model_tokens",
             "Tokens used by model calls (lead, sub-agents, titles, summaries, memory), by model and kind",

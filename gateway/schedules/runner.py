@@ -45,6 +45,7 @@ from gateway.schedules.times import (
 )
 from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalKind, JournalState, conversation_of
 from gateway.store.journal import Store
+from gateway.store.limits import OverLimit
 from gateway.store.schedules import ACTIVE, PUSH_MARK, SCHEDULE_MARK, Schedule
 from gateway.turns import usage
 
@@ -90,9 +91,6 @@ class GatewayScheduler:
         self.clock = clock
         """The schedules' clock; poked when a schedule is added (the runner then looks again)."""
         self._unconfirmed: Callable[[Schedule, ScheduleInfo], None] = lambda s, i: None
-        self._adding = asyncio.Lock()
-        """Count and insert as one step: a model's parallel tool calls (one message asking for 200
-        schedules) run concurrently and all counted before any was inserted."""
 
     def on_unconfirmed(self, ask: Callable[[Schedule, ScheduleInfo], None]) -> None:
         """``ask`` is called with each new schedule that waits for its owner's confirmation."""
@@ -141,19 +139,21 @@ class GatewayScheduler:
             raise ScheduleError(
                 f"a scheduled run may not schedule work due in less than {in_words(limits.min_interval)}"
             )
-        async with self._adding:
-            in_conversation, by_user = await self.store.schedule_counts(origin.conversation, caller.user_id)
-            if in_conversation >= limits.max_per_conversation:
-                raise ScheduleError(
-                    f"this conversation already has {in_conversation} schedules (the limit); cancel one first"
-                )
-            if by_user >= limits.max_per_user:
-                raise ScheduleError(f"you already have {by_user} schedules (the limit); cancel one first")
-            key = f"{caller.message_id}#{caller.call_id or int(now * 1e6)}"
+        key = f"{caller.message_id}#{caller.call_id or int(now * 1e6)}"
+        try:  # the limits are counted by the insert itself: they hold across daemons
             schedule, new = await self.store.schedule_add(
                 origin=key, template=_template(origin), creator=caller.user_id, text=text, cron=cron,
                 tz=tz.key, next_fire=first, provenance=caller.provenance,
+                limits=(limits.max_per_conversation, limits.max_per_user),
             )  # fmt: skip
+        except OverLimit as over:
+            if over.scope == "conversation":
+                raise ScheduleError(
+                    f"this conversation already has {over.count} schedules (the limit); cancel one first"
+                ) from None
+            raise ScheduleError(
+                f"you already have {over.count} schedules (the limit); cancel one first"
+            ) from None
         info = info_of(schedule, defaulted)
         if new:
             log.info("schedule #%d added in %s (%s)%s", schedule.id, schedule.conversation, rule_text(cron),
@@ -221,13 +221,17 @@ class ScheduleRunner:
         scheduler: GatewayScheduler | None,
         *,
         push_every: float = PUSH_EVERY,
+        max_sleep: float = MAX_SLEEP,
     ) -> None:
+        """``max_sleep``: look at the schedules at least this often (with several daemons, shorter:
+        a schedule made on another daemon wakes only that one's clock)."""
         self.host = host
         self.store = store
         self.config = config
         self.clock = clock
         self.confirmations = schedule_confirm.Confirmations(store, config, host.channels, clock)
         self.push_every = push_every
+        self.max_sleep = max_sleep
         self.enabled = scheduler is not None
         self._push_seen = 0
         if scheduler is not None:
@@ -252,7 +256,15 @@ class ScheduleRunner:
         self.clock.poke()
 
     async def run(self) -> None:
-        loops = [self._push_loop(), self._prune_loop()]
+        """Every daemon: pick up ``chital send`` pushes (the journal's lease decides who sends)."""
+        await self._push_loop()
+
+    async def run_timers(self) -> None:
+        """The daemon that owns the timers only (gateway/daemon/timers.py): fire what is due and
+        prune finished schedules. Cancelled when another daemon takes the timers over; a firing
+        under way is then claimed or not (its journal insert is the claim), and the next owner
+        fires what is due from the rows."""
+        loops = [self._prune_loop()]
         if self.enabled:
             loops.append(self._fire_loop())
         await asyncio.gather(*loops)
@@ -277,7 +289,8 @@ class ScheduleRunner:
             except Exception as exc:  # the database may be busy or full: try again in a while
                 log.error("schedules: %s", exc, exc_info=True)
                 due = None
-            await self.clock.sleep(MAX_SLEEP if due is None else min(MAX_SLEEP, due - self.clock.now()))
+            cap = self.max_sleep
+            await self.clock.sleep(cap if due is None else min(cap, due - self.clock.now()))
 
     async def fire_due(self) -> int:
         """Fire every due schedule of the channels connected now (the others wait for theirs to

@@ -12,10 +12,12 @@ state is read from its journal entry (a join), never kept twice.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.store.connection import Connection
+from gateway.store.limits import OverLimit
 
 BACKGROUND_TABLES = (
     """CREATE TABLE IF NOT EXISTS background_tasks (
@@ -46,6 +48,11 @@ UNJOURNALED_GRACE = 600.0
 _COLUMNS = "t.id, t.key, t.conversation, t.owner, t.text, t.created, t.updated, t.ended, j.state, j.updated"
 _FROM = "background_tasks t LEFT JOIN journal j ON j.key = t.key"
 _OPEN_SQL = ", ".join(f"'{s}'" for s in OPEN)
+_RUNNING_COUNT = (
+    f"SELECT COUNT(*) FROM {_FROM} WHERE t.owner = ? AND t.ended IS NULL"
+    f" AND (j.state IN ({_OPEN_SQL}) OR (t.key = '' AND t.created > ?))"
+)
+"""An owner's unfinished tasks (parameters: the owner, the oldest unjournaled row that counts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,22 +93,30 @@ class BackgroundTables:
 
     _db: Connection
 
-    async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:  # Store's
-        raise NotImplementedError
+    async def _write(self, sql: str, params: tuple[Any, ...] = (), *, locks: Sequence[str] = ()) -> int:
+        raise NotImplementedError  # the Store's
 
     async def background_add(
-        self, *, origin: str, conversation: str, owner: str, text: str
+        self, *, origin: str, conversation: str, owner: str, text: str, cap: int | None = None
     ) -> BackgroundTask:
-        """The task of ``origin``, inserted unless that request made it already."""
+        """The task of ``origin``, inserted unless that request made it already.
+
+        ``cap``: the most unfinished tasks ``owner`` may have (what :meth:`background_running`
+        counts), counted by the insert itself under a lock on the owner, so that two daemons
+        never both pass it; a refusal raises :class:`~gateway.store.limits.OverLimit`."""
         now = time.time()
-        await self._write(
-            "INSERT OR IGNORE INTO background_tasks(origin, conversation, owner, text, created, updated)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (origin, conversation, owner, text, now, now),
-        )
+        insert = "INSERT OR IGNORE INTO background_tasks(origin, conversation, owner, text, created, updated)"
+        values = (origin, conversation, owner, text, now, now)
+        if cap is None:
+            await self._write(f"{insert} VALUES (?, ?, ?, ?, ?, ?)", values)
+        else:
+            params = (*values, owner, now - UNJOURNALED_GRACE, cap)
+            sql = f"{insert} SELECT ?, ?, ?, ?, ?, ? WHERE ({_RUNNING_COUNT}) < ?"
+            await self._write(sql, params, locks=(f"tasks:user:{owner}",))
         async with self._db.execute(f"SELECT {_COLUMNS} FROM {_FROM} WHERE t.origin = ?", (origin,)) as cur:
             row = await cur.fetchone()
-        assert row is not None
+        if row is None:  # refused by the cap (a request that made its task before finds it)
+            raise OverLimit("user", max(await self.background_running(owner), cap or 0))
         return _row(row)
 
     async def background_by_origin(self, origin: str) -> BackgroundTask | None:
@@ -125,11 +140,7 @@ class BackgroundTables:
         counts only while it is young (:data:`UNJOURNALED_GRACE`): it is journaled moments after it
         is inserted, or by the asking turn's re-run after a crash; one whose asking turn never ran
         again (stopped, forgotten) is an orphan and must not hold the owner's cap forever."""
-        async with self._db.execute(
-            f"SELECT COUNT(*) FROM {_FROM} WHERE t.owner = ? AND t.ended IS NULL"
-            f" AND (j.state IN ({_OPEN_SQL}) OR (t.key = '' AND t.created > ?))",
-            (owner, time.time() - UNJOURNALED_GRACE),
-        ) as cur:
+        async with self._db.execute(_RUNNING_COUNT, (owner, time.time() - UNJOURNALED_GRACE)) as cur:
             row = await cur.fetchone()
         return int(row[0]) if row else 0
 

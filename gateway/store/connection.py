@@ -79,6 +79,12 @@ class Connection(Protocol):
         """``async with db.transaction():`` the statements inside commit together or not at all."""
         ...
 
+    async def execute_locked(self, keys: Sequence[str], sql: str, params: Sequence[Any] = ()) -> Cursor:
+        """One write statement that reads what it decides on (a count before an insert) run while
+        no other daemon runs one under any of ``keys``: a limit a statement checks then holds
+        across every daemon on the database, not per process."""
+        ...
+
     def on_thread(self) -> AbstractContextManager[None]:
         """``with db.on_thread():`` this task's statements may take long: keep them off the loop."""
         ...

@@ -240,6 +240,17 @@ class PgConnection:
         """``async with db.transaction():`` the statements inside commit together or not at all."""
         return self.raw.transaction()
 
+    async def execute_locked(self, keys: Sequence[str], sql: str, params: Sequence[Any] = ()) -> _PgCursor:
+        """``sql`` behind advisory locks on ``keys``, one implicit transaction: gateway/store/limits.py."""
+        import psycopg
+
+        locks = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)); " * len(keys)
+        cur = psycopg.AsyncClientCursor(await self.live())  # bound here: several statements in one
+        await cur.execute(locks + to_postgres(sql), (*sorted(keys), *params))
+        while cur.nextset():  # the statement's own result comes after the locks'
+            pass
+        return _PgCursor(cur)
+
     def on_thread(self) -> contextlib.nullcontext[None]:
         """Nothing to do: psycopg's statements wait on the network, not on the loop."""
         return contextlib.nullcontext()
@@ -435,6 +446,9 @@ class SqliteConnection:
         except BaseException:
             await self.rollback()
             raise
+
+    async def execute_locked(self, keys: Sequence[str], sql: str, params: Sequence[Any] = ()) -> SqliteCursor:
+        return await self.run_statement(sql, params)  # one writer at a time: it reads under the write lock
 
     @contextlib.contextmanager
     def on_thread(self) -> Iterator[None]:

@@ -17,6 +17,7 @@ import logging
 import sqlite3
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -125,10 +126,17 @@ class Store(
         await self._db.close()
 
     async def _write(
-        self, sql: str, params: tuple[Any, ...] = (), *, many: list[tuple[Any, ...]] | None = None
+        self,
+        sql: str,
+        params: tuple[Any, ...] = (),
+        *,
+        many: list[tuple[Any, ...]] | None = None,
+        locks: Sequence[str] = (),
     ) -> int:
         """Execute one statement and commit it; returns the row count. With ``many``: the
-        statement once per row of parameters, all in one transaction; returns the rows.
+        statement once per row of parameters, all in one transaction; returns the rows. With
+        ``locks``: while no other daemon writes under one of those names (a limit's count and
+        insert as one step, :meth:`~gateway.store.connection.Connection.execute_locked`).
 
         On "database or disk is full" the reserve is given back once and the write retried, so
         the journal keeps working while the disk is full; only when that is not enough does the
@@ -138,7 +146,10 @@ class Store(
                 if many is not None:
                     await self._db.executemany(sql, many)
                     return len(many)
-                cur = await self._db.execute(sql, params)
+                if locks:
+                    cur = await self._db.execute_locked(locks, sql, params)
+                else:
+                    cur = await self._db.execute(sql, params)
                 await self._db.commit()
                 return cur.rowcount
             except sqlite3.OperationalError as exc:

@@ -63,12 +63,14 @@ class Retention:
         self.metrics = metrics
         self.last: PruneReport | None = None
 
-    async def start(self) -> None:
-        """The start-up pass: prune, then (once per database) switch it to incremental vacuum, so the
+    async def start(self, *, prune: bool = True) -> None:
+        """The start-up pass: prune (``prune``: unless the timers are another daemon's to run,
+        gateway/daemon/timers.py), then (once per database) switch it to incremental vacuum, so the
         one-time ``VACUUM`` of an old database copies only the rows that are kept. Never fatal: a
         database that cannot be converted (no room for the copy) still works, it only does not
         shrink, and the next start tries again."""
-        await self.prune_once(shrink=False)
+        if prune:
+            await self.prune_once(shrink=False)
         try:
             if await self.store.use_incremental_vacuum():
                 log.info("database %s now gives freed space back (auto_vacuum=incremental)", self.store.path)
@@ -124,10 +126,11 @@ class Retention:
                 pass
         self.metrics.db_bytes.set(total)
 
-    async def run(self) -> None:
-        """Forever: re-take the disk reserve every minute while it is given up, prune on the interval.
-        One failed pass is logged and the loop goes on (the next one catches up)."""
-        next_prune = time.monotonic() + self.interval
+    async def run(self, *, prune_first: bool = False) -> None:
+        """Forever: re-take the disk reserve every minute while it is given up, prune on the interval
+        (``prune_first``: at once, too: a daemon that just took the timers over). One failed pass is
+        logged and the loop goes on (the next one catches up)."""
+        next_prune = time.monotonic() + (0.0 if prune_first else self.interval)
         while True:
             await asyncio.sleep(min(RESERVE_CHECK_EVERY, max(0.0, next_prune - time.monotonic())))
             try:

@@ -24,6 +24,7 @@ from agent.provenance import UNTAINTED, Provenance
 from channels.base import Inbound
 from gateway.store.connection import Connection
 from gateway.store.entries import inbound_from_json, inbound_to_json
+from gateway.store.limits import OverLimit
 
 SCHEDULE_TABLES = (
     """CREATE TABLE IF NOT EXISTS schedules (
@@ -52,6 +53,8 @@ confirmed it (NULL: nobody yet; a schedule with a provenance waits for that)."""
 LAST_RUN_COLUMNS = {"last_run": "REAL", "last_outcome": "TEXT"}
 """Added by schema step 10: when a schedule last ran and how it ended (``posted``, or ``silent``: a
 run with nothing to report posted nothing, gateway/turns/quiet.py), for ``/schedules``."""
+_ACTIVE_OF = "SELECT COUNT(*) FROM schedules WHERE {} = ? AND state = ?"
+"""Active schedules of one conversation or creator (the limits)."""
 RUNNABLE = "(provenance IS NULL OR confirmed IS NOT NULL)"
 """The condition of a schedule that may fire."""
 
@@ -139,8 +142,8 @@ class ScheduleTables:
 
     _db: Connection
 
-    async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:  # Store's
-        raise NotImplementedError
+    async def _write(self, sql: str, params: tuple[Any, ...] = (), *, locks: Sequence[str] = ()) -> int:
+        raise NotImplementedError  # the Store's
 
     # -- schedules --------------------------------------------------------------------------------
     async def schedule_add(
@@ -154,19 +157,39 @@ class ScheduleTables:
         tz: str,
         next_fire: float,
         provenance: Provenance = UNTAINTED,
+        limits: tuple[int, int] | None = None,
     ) -> tuple[Schedule, bool]:
         """Insert a schedule once per ``origin`` (message and tool call); returns it and whether it
-        is new (False: the same call ran before, e.g. a turn resumed after a crash)."""
+        is new (False: the same call ran before, e.g. a turn resumed after a crash).
+
+        ``limits`` (active schedules per conversation, per creator): counted in the insert itself,
+        under locks on both names, so that no two daemons both pass them; a refusal raises
+        :class:`~gateway.store.limits.OverLimit` (scope ``conversation`` or ``user``)."""
         now = time.time()
-        count = await self._write(
+        conversation = template.conversation
+        values = (origin, conversation, _template_json(template), creator, text, cron, tz, next_fire,
+                  ACTIVE, now, now, provenance.to_json())  # fmt: skip
+        insert = (
             "INSERT OR IGNORE INTO schedules(origin, conversation, template, creator, text, cron, tz,"
-            " next_fire, state, created, updated, provenance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (origin, template.conversation, _template_json(template), creator, text, cron, tz, next_fire,
-             ACTIVE, now, now, provenance.to_json()),
-        )  # fmt: skip
+            " next_fire, state, created, updated, provenance) {} ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+        )
+        if limits is None:
+            count = await self._write(insert.format("VALUES (") + ")", values)
+        else:
+            insert = insert.format("SELECT")
+            of = _ACTIVE_OF.format
+            under = f"WHERE ({of('conversation')}) < ? AND ({of('creator')}) < ?"
+            params = (*values, conversation, ACTIVE, limits[0], creator, ACTIVE, limits[1])
+            locks = (f"schedules:conversation:{conversation}", f"schedules:user:{creator}")
+            count = await self._write(f"{insert} {under}", params, locks=locks)
         async with self._db.execute(f"SELECT {_COLUMNS} FROM schedules WHERE origin = ?", (origin,)) as cur:
             row = await cur.fetchone()
-        assert row is not None
+        if row is None:  # not inserted, and not made before by the same call: a limit refused it
+            assert limits is not None
+            in_conversation, by_user = await self.schedule_counts(conversation, creator)
+            if in_conversation >= limits[0]:
+                raise OverLimit("conversation", in_conversation)
+            raise OverLimit("user", max(by_user, limits[1]))
         return _row(row), count == 1
 
     async def schedule_get(self, schedule_id: int) -> Schedule | None:

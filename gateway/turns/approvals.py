@@ -10,7 +10,8 @@ its journal entry runs again and :meth:`Approvals.events` continues the agent wi
 instead of starting a new run, delivering into the same reply (its outbox rows are kept).
 
 After a restart nothing is lost: the rows and the waiting entry are in SQLite, the timers are armed
-again when the channel connects, and a press on the old buttons works as before.
+again from the rows (gateway/turns/approval_timers.py: on the one daemon that owns the timers), and
+a press on the old buttons works as before.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, SkillDrafted
 from agent.untrusted import code_span
@@ -35,6 +36,7 @@ from gateway.store.approvals import APPROVED, CANCELLED, DENIED, PENDING, TIMED_
 from gateway.store.entries import JournalEntry, JournalKind, JournalState
 from gateway.turns import grants, skill_drafts
 from gateway.turns.approval_text import request_text
+from gateway.turns.approval_timers import ApprovalTimers
 from gateway.turns.grants import PREFIX, TEXT_ANSWER, StandingGrants
 
 if TYPE_CHECKING:
@@ -106,7 +108,8 @@ class Approvals:
         self.inflight = inflight
         self.tasks = tasks
         self.dispatch = dispatch
-        self._timers: dict[str, asyncio.Task[Any]] = {}
+        self.timers = ApprovalTimers(store, tasks, self._expire)
+        """The timeouts, held while this daemon owns the timers (gateway/turns/approval_timers.py)."""
         self.standing = StandingGrants(config, store, metrics)
 
     @property
@@ -184,7 +187,7 @@ class Approvals:
         """Record and post one request (once), where the turn's reply goes, and arm its timeout."""
         existing = await self.store.approval_get(event.id)
         if existing is not None and existing.message_id:
-            self._arm(existing)
+            self.timers.poke()
             return
         inbound = entry.inbound
         channel = self.channels[inbound.platform]
@@ -222,7 +225,7 @@ class Approvals:
         log.info(
             "approval %s: %s asked in %s for %s", row.code, event.tool, entry.conversation, row.requester
         )
-        self._arm(row)
+        self.timers.poke()
 
     async def pause(self, entry: JournalEntry) -> None:
         """The turn ended waiting: park its entry (a pause is not a failed attempt). A press that
@@ -345,9 +348,7 @@ class Approvals:
                 continue
             cancelled += 1
             self.metrics.approvals.labels(row.platform, CANCELLED).inc()
-            timer = self._timers.pop(row.id, None)
-            if timer is not None and timer is not asyncio.current_task():
-                timer.cancel()
+            self.timers.forget(row.id)
             fresh = await self.store.approval_get(row.id)
             self.tasks.spawn(self._show(fresh or row), f"approval-withdraw:{row.code}")
             log.info("approval %s: withdrawn (%s)", row.code, why)
@@ -382,9 +383,7 @@ class Approvals:
             return False
         log.info("approval %s: %s by %s", row.code, state, by or "timeout")
         self.metrics.approvals.labels(row.platform, state).inc()
-        timer = self._timers.pop(row.id, None)
-        if timer is not None and timer is not asyncio.current_task():
-            timer.cancel()
+        self.timers.forget(row.id)
         settled = await self.store.approval_get(row.id)
         self.tasks.spawn(self._after(settled or row, note), f"approval:{row.code}")
         return True
@@ -428,9 +427,7 @@ class Approvals:
                 continue
             cancelled += 1
             self.metrics.approvals.labels(platform, CANCELLED).inc()
-            timer = self._timers.pop(row.id, None)
-            if timer is not None:
-                timer.cancel()
+            self.timers.forget(row.id)
             fresh = await self.store.approval_get(row.id)
             self.tasks.spawn(self._show(fresh or row), f"approval-cancel:{row.code}")
             if await self.store.journal_unpause(row.key, JournalState.DONE.value):
@@ -441,9 +438,7 @@ class Approvals:
         """Cancel one pending request whose asker is gone (a stopped turn's live request,
         gateway/turns/live_approvals.py): its buttons say ``why``."""
         if await self.store.approval_decide(approval_id, CANCELLED, why):
-            timer = self._timers.pop(approval_id, None)
-            if timer is not None:
-                timer.cancel()
+            self.timers.forget(approval_id)
             row = await self.store.approval_get(approval_id)
             if row is not None:
                 self.tasks.spawn(self._show(row), f"approval-cancel:{row.code}")
@@ -466,29 +461,24 @@ class Approvals:
             self.inflight.drop_reply(key)
 
     # -- timeouts and restarts --------------------------------------------------------------------
-    def _arm(self, row: ApprovalRow) -> None:
-        if row.id in self._timers or row.state != PENDING:
-            return
-        self._timers[row.id] = self.tasks.spawn(self._expire(row), f"approval-timeout:{row.code}")
-
     async def _expire(self, row: ApprovalRow) -> None:
-        await asyncio.sleep(max(0.0, row.deadline - time.time()))
-        self._timers.pop(row.id, None)
+        """A request's deadline passed (the timers' owner only): time it out, unless decided; one
+        whose turn was stopped meanwhile is withdrawn instead, as a press on it would."""
+        if await self._orphaned(row):
+            await self._settle_orphan(row)
+            return
         await self.decide(row, TIMED_OUT, "")
 
     async def restore(self, platform: str) -> None:
-        """At every (re)connect of ``platform``: arm the timers of its pending requests, and give
-        back to the journal a paused turn whose requests were all settled by a process that died
-        before it could resume it."""
+        """At every (re)connect of ``platform``: withdraw what a crash left pending for a stopped
+        turn, give back to the journal a paused turn whose requests were all settled by a process
+        that died before it could resume it, and (on the timers' owner) look at the timers again."""
         for row in await self.store.approvals_pending(platform):
             if await self._orphaned(row):  # a crash between a /stop's steps: withdrawn now
                 await self._settle_orphan(row)
-                continue
-            self._arm(row)
         for key in await self.store.journal_paused_settled(platform):
             await self.store.journal_unpause(key)
+        self.timers.poke()
 
     def close(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
+        self.timers.close()

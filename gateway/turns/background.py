@@ -38,6 +38,7 @@ from gateway.intake.access import STARTED_BY_BOT, THREAD_ANCHOR, Verdict, decide
 from gateway.intake.provenance import PROVENANCE_EXTRA, inbound_sources
 from gateway.store.background import BackgroundTask
 from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalKind, JournalState
+from gateway.store.limits import OverLimit
 from gateway.turns import usage
 from gateway.turns.queue import Stop
 from gateway.turns.stopping import STOPPED, StopHost, show_stopped
@@ -64,6 +65,13 @@ class BackgroundHost(StopHost, Protocol):
     async def start_turn(self, inbound: Inbound, note: str = ..., kind: JournalKind = ...) -> bool: ...
 
 
+def _over_cap(running: int, cap: int) -> str:
+    return (
+        f"you already have {running} background task(s) running, the most one person may have "
+        f"at once ({cap}); /tasks lists them and /tasks stop ID stops one"
+    )
+
+
 def task_of(inbound: Inbound) -> int | None:
     """The background task number of a journal entry's message, None for any other message."""
     value = inbound.extra.get(BACKGROUND_MARK)
@@ -80,8 +88,6 @@ class BackgroundTasks:
         self._host: BackgroundHost | None = None
         self._running = asyncio.Semaphore(config.tasks.max_running)
         """Background tasks whose agent works now on this daemon (:meth:`slot`)."""
-        self._adding = asyncio.Lock()
-        """Count and insert as one step: a model's parallel tool calls run concurrently."""
 
     def bind(self, host: BackgroundHost) -> None:
         self._host = host
@@ -125,14 +131,17 @@ class BackgroundTasks:
                 f"the task is {len(text):,} characters long; a background task takes at most "
                 f"{limits.max_text_chars:,}"
             )
-        async with self._adding:
-            task = await self.store.background_by_origin(request)
-            if task is None:
-                await self._check_limits(origin)
+        task = await self.store.background_by_origin(request)
+        if task is None:
+            await self._check_limits(origin)
+            try:  # the cap again, counted by the insert itself: it holds across daemons
                 task = await self.store.background_add(
-                    origin=request, conversation=origin.conversation, owner=origin.user, text=text
-                )
-                log.info("background task #%d started by %s in %s", task.id, task.owner, task.conversation)
+                    origin=request, conversation=origin.conversation, owner=origin.user, text=text,
+                    cap=limits.max_per_user,
+                )  # fmt: skip
+            except OverLimit as over:
+                raise BackgroundError(_over_cap(over.count, limits.max_per_user)) from None
+            log.info("background task #%d started by %s in %s", task.id, task.owner, task.conversation)
         inbound = self._inbound(origin, task, read or Provenance())
         await self.store.background_keyed(task.id, inbound.key)
         note = f"🧵 Background task #{task.id}:"
@@ -146,10 +155,7 @@ class BackgroundTasks:
         cap = self.config.tasks.max_per_user
         running = await self.store.background_running(origin.user)
         if running >= cap:
-            raise BackgroundError(
-                f"you already have {running} background task(s) running, the most one person may have "
-                f"at once ({cap}); /tasks lists them and /tasks stop ID stops one"
-            )
+            raise BackgroundError(_over_cap(running, cap))
         admin = is_admin(self.config.access_for(origin.platform), origin)
         refusal = await usage.budget_refusal(self.store, self.config, origin.user, admin)
         if refusal is not None:
