@@ -29,6 +29,7 @@ from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import Rig, fake_rig, gateway_rig
 from tests.fakes.langsmith_server import FakeLangSmith
 from tests.fakes.lark_server import FakeLark
+from tests.fakes.dingtalk_server import FakeDingTalk
 from tests.fakes.matrix_server import FakeMatrix
 from tests.fakes.ntfy_server import FakeNtfy
 from tests.fakes.openai_server import FakeOpenAI
@@ -180,6 +181,15 @@ async def ntfy() -> AsyncIterator[FakeNtfy]:
 async def matrix_hs() -> AsyncIterator[FakeMatrix]:
     """The fake Matrix homeserver (tests/fakes/matrix_server.py)."""
     fake = FakeMatrix()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def dingtalk() -> AsyncIterator[FakeDingTalk]:
+    """The fake DingTalk Stream gateway and robot OpenAPI (tests/fakes/dingtalk_server.py)."""
+    fake = FakeDingTalk()
     await fake.start()
     yield fake
     await fake.stop()

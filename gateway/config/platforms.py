@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import SecretStr
 
 from channels.base import Channel
+from channels.dingtalk import DingTalkSettings
 from channels.discord import DiscordSettings
 from channels.lark import LarkSettings
 from channels.matrix import MatrixSettings
@@ -67,6 +68,7 @@ PLATFORMS: tuple[Platform, ...] = (
         single_consumer=True,
         keeps_state=True,
     ),
+    Platform("dingtalk", DingTalkSettings, "channels.dingtalk.channel:DingTalkChannel"),
 )
 
 
