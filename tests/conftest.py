@@ -25,11 +25,11 @@ from tests.browser import missing as browser_missing
 from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.bark_server import FakeBark
 from tests.fakes.canary_server import Canary
+from tests.fakes.dingtalk_server import FakeDingTalk
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import Rig, fake_rig, gateway_rig
 from tests.fakes.langsmith_server import FakeLangSmith
 from tests.fakes.lark_server import FakeLark
-from tests.fakes.dingtalk_server import FakeDingTalk
 from tests.fakes.matrix_server import FakeMatrix
 from tests.fakes.ntfy_server import FakeNtfy
 from tests.fakes.openai_server import FakeOpenAI

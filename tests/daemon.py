@@ -150,7 +150,10 @@ def base_config(data_dir: Path, model_base_url: str, http_port: int) -> dict[str
             "context": {"title": "truncate"},
             "memory": {"debounce_seconds": 0.5},
         },
-        "channels": {name: {"enabled": False} for name in ("telegram", "slack", "discord", "lark", "matrix", "dingtalk")},
+        "channels": {
+            name: {"enabled": False}
+            for name in ("telegram", "slack", "discord", "lark", "matrix", "dingtalk")
+        },
         "storage": storage,
         "concurrency": {"max_turns": 8, "shutdown_grace": 5},
         "delivery": {"first_edit_delay": 0.2},

@@ -17,7 +17,9 @@ GROUP = "cidFakeGroupConversation0001=="
 
 
 def dingtalk_config(tmp_path: Path, fake: FakeDingTalk, model: FakeOpenAI) -> dict[str, Any]:
-    cfg = chat_config(tmp_path, model.base_url, fake, allow=[OWNER, f"dingtalk:{FRIEND}"], group_policy="mention")
+    cfg = chat_config(
+        tmp_path, model.base_url, fake, allow=[OWNER, f"dingtalk:{FRIEND}"], group_policy="mention"
+    )
     cfg["access"]["pairing"] = True
     return cfg
 

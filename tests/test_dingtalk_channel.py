@@ -46,7 +46,9 @@ def channel_for(fake: FakeDingTalk, secret: str | None = None) -> DingTalkChanne
 
 
 @contextlib.asynccontextmanager
-async def running(fake: FakeDingTalk, sink: Sink) -> AsyncIterator[tuple[DingTalkChannel, asyncio.Task[None]]]:
+async def running(
+    fake: FakeDingTalk, sink: Sink
+) -> AsyncIterator[tuple[DingTalkChannel, asyncio.Task[None]]]:
     channel = channel_for(fake)
     task = asyncio.create_task(channel.run(sink))
     try:
@@ -69,7 +71,11 @@ async def test_a_frame_is_acked_only_after_the_sink_returned(dingtalk: FakeDingT
         sink.gate.set()
         await dingtalk.wait_for(lambda: not dingtalk.pending, what="the ack")
     assert [i.message_id for i in sink.items] == [data["msgId"]]
-    assert sink.items[0].chat_id == ALICE and sink.items[0].is_direct and sink.items[0].text == "journal me first"
+    assert (
+        sink.items[0].chat_id == ALICE
+        and sink.items[0].is_direct
+        and sink.items[0].text == "journal me first"
+    )
 
 
 async def test_a_refusing_gateway_leaves_the_frame_unacked_for_redelivery(dingtalk: FakeDingTalk) -> None:
@@ -147,7 +153,11 @@ def test_inbound_shapes(dingtalk: FakeDingTalk) -> None:
     assert group is not None and group.chat_id == GROUP and not group.is_direct and not group.addressed
     pic = dingtalk.message("", ALICE, "", msgtype="picture", content={"downloadCode": "dc1"})
     inbound = to_inbound(pic)
-    assert inbound is not None and inbound.attachments[0].file_id == "dc1" and inbound.attachments[0].kind == "image"
+    assert (
+        inbound is not None
+        and inbound.attachments[0].file_id == "dc1"
+        and inbound.attachments[0].kind == "image"
+    )
     voice = to_inbound(dingtalk.message("", ALICE, "", msgtype="audio", content={"recognition": "said this"}))
     assert voice is not None and voice.text == "said this"
     video = to_inbound(dingtalk.message("", ALICE, "", msgtype="video", content={}))
@@ -160,7 +170,9 @@ def test_inbound_shapes(dingtalk: FakeDingTalk) -> None:
 
 
 def test_frames_parse_and_ack_as_the_sdk_builds_them() -> None:
-    ping = parse('{"type":"SYSTEM","headers":{"topic":"ping","messageId":"p1"},"data":"{\\"opaque\\":\\"o\\"}"}', 100)
+    ping = parse(
+        '{"type":"SYSTEM","headers":{"topic":"ping","messageId":"p1"},"data":"{\\"opaque\\":\\"o\\"}"}', 100
+    )
     out = ack(ping)
     assert '"messageId": "p1"' in out and "opaque" in out and '"code": 200' in out
     with pytest.raises(Unreadable):
@@ -168,4 +180,6 @@ def test_frames_parse_and_ack_as_the_sdk_builds_them() -> None:
     with pytest.raises(Unreadable) as err:
         parse('{"type":"CALLBACK","headers":{"messageId":"m2"},"data":"not json"}', 100)
     assert err.value.message_id == "m2"
-    assert parse('{"type":"CALLBACK","headers":{"messageId":"m3"},"data":"' + "a" * 200 + '"}', 100).data is None
+    assert (
+        parse('{"type":"CALLBACK","headers":{"messageId":"m3"},"data":"' + "a" * 200 + '"}', 100).data is None
+    )

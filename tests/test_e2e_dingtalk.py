@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon import DaemonProcess, started_daemon
+from tests.daemon import DaemonProcess, clean_env, run_chital, started_daemon
 from tests.dingtalk_daemon import FRIEND, GROUP, OWNER, STRANGER, answered, dingtalk_config
 from tests.fakes.dingtalk_server import FakeDingTalk
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
@@ -30,7 +30,9 @@ async def daemon(tmp_path: Path, dingtalk: FakeDingTalk, model: FakeOpenAI) -> A
         yield d
 
 
-async def test_dm_is_answered_and_acked_after_journaling(daemon: DaemonProcess, dingtalk: FakeDingTalk) -> None:
+async def test_dm_is_answered_and_acked_after_journaling(
+    daemon: DaemonProcess, dingtalk: FakeDingTalk
+) -> None:
     up = await dingtalk.inject_text("", OWNER, "hello @所有人")
     reply = await answered(dingtalk, OWNER, "echo: hello")
     assert reply.key == "sampleMarkdown"
@@ -138,7 +140,9 @@ async def test_kill9_mid_turn_is_answered_once_after_restart(
     assert sum("SLOW crash test" in t or "slow answer" in t for t in texts) == 1, texts
 
 
-async def test_malformed_frames_are_counted_and_skipped(daemon: DaemonProcess, dingtalk: FakeDingTalk) -> None:
+async def test_malformed_frames_are_counted_and_skipped(
+    daemon: DaemonProcess, dingtalk: FakeDingTalk
+) -> None:
     for raw in ("not json", "[1, 2]", '{"type": "CALLBACK"}', '{"headers": {"messageId": "m1"}, "type": 5}'):
         await dingtalk.send_frame(raw)
     await dingtalk.inject("not json either", mid="bad-data-1")
@@ -154,7 +158,9 @@ async def test_malformed_frames_are_counted_and_skipped(daemon: DaemonProcess, d
     await answered(dingtalk, OWNER, "characters long")
     await dingtalk.inject_text("", OWNER, "still fine")
     await answered(dingtalk, OWNER, "echo: still fine")
-    assert dingtalk.acked("bad-data-1") and dingtalk.acked("huge-1"), "skipped frames are acked, not redelivered"
+    assert dingtalk.acked("bad-data-1") and dingtalk.acked("huge-1"), (
+        "skipped frames are acked, not redelivered"
+    )
     metrics = await daemon.metrics()
     assert 'chital_malformed_events_total{kind="envelope",platform="dingtalk"}' in metrics, metrics
     assert 'chital_malformed_events_total{kind="message",platform="dingtalk"}' in metrics, metrics
@@ -204,7 +210,9 @@ async def test_sigterm_exits_cleanly(daemon: DaemonProcess, dingtalk: FakeDingTa
 async def test_secrets_never_reach_the_chat(
     daemon: DaemonProcess, dingtalk: FakeDingTalk, model: FakeOpenAI
 ) -> None:
-    model.add_rule(lambda t: "leak" in t, Reply(text=f"secret {dingtalk.client_secret} key sk-test-key-never-logged"))
+    model.add_rule(
+        lambda t: "leak" in t, Reply(text=f"secret {dingtalk.client_secret} key sk-test-key-never-logged")
+    )
     model._rules.insert(0, model._rules.pop())
     await dingtalk.inject_text("", OWNER, "leak please")
     reply = await answered(dingtalk, OWNER, "secret")
@@ -224,3 +232,26 @@ async def test_messages_sent_while_down_are_answered_once_after_restart(
     await answered(dingtalk, OWNER, "echo: while you were away", timeout=30)
     texts = [m.text for m in dingtalk.messages_to(OWNER)]
     assert texts.count("echo: before the stop") == 1 and texts.count("echo: while you were away") == 1
+
+
+async def test_init_writes_dingtalk_settings_and_check_online_asks_for_a_token(
+    tmp_path: Path, dingtalk: FakeDingTalk, model: FakeOpenAI
+) -> None:
+    env = clean_env() | {"OPENAI_API_KEY": "sk-from-env", "DINGTALK_CLIENT_ID": dingtalk.client_id,
+                         "DINGTALK_CLIENT_SECRET": dingtalk.client_secret}  # fmt: skip
+    done = await run_chital(
+        "init", "--yes", "--channel", "dingtalk", "--model", "fake-model", "--base-url", model.base_url,
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert done.code == 0, done.out
+    config_path = tmp_path / "config.yaml"
+    config = config_path.read_text()
+    assert "dingtalk:\n    enabled: true" in config and "client_secret: $DINGTALK_CLIENT_SECRET" in config
+    assert dingtalk.client_secret not in config and dingtalk.client_secret not in done.out
+    assert f"DINGTALK_CLIENT_SECRET='{dingtalk.client_secret}'" in (tmp_path / ".env").read_text()
+    config_path.write_text(config.replace("    enabled: true", f"    enabled: true\n    api_base: {dingtalk.base_url}", 1))
+    done = await run_chital("check", "--online", "-c", str(config_path), cwd=tmp_path, env=env)
+    assert "accessToken: granted" in done.out, done.out
+    dingtalk.revoke()
+    done = await run_chital("check", "--online", "-c", str(config_path), cwd=tmp_path, env=env)
+    assert "invalidClientSecret" in done.out and dingtalk.client_secret not in done.out, done.out

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -111,7 +110,9 @@ class DingTalkChannel(Channel):
                             f"DingTalk refused the app's credentials ({exc.code or exc.status}) twice "
                             "in a row; the Client ID or Secret is revoked or wrong, set valid ones"
                         ) from None
-                    self.report_trouble(f"DingTalk refused the connection ({exc.code or exc.status}); asking again")
+                    self.report_trouble(
+                        f"DingTalk refused the connection ({exc.code or exc.status}); asking again"
+                    )
                     delay = 1.0
                 else:
                     delay = exc.retry if exc.throttled else _backoff(delay)

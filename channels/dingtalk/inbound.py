@@ -83,7 +83,8 @@ def _content(msg: ChatbotMessage, data: dict[str, Any]) -> tuple[str, tuple[Atta
         parts = content.get("richText")
         if not isinstance(parts, list):
             raise TypeError("richText without parts")
-        texts, files = [], []
+        texts: list[str] = []
+        files: list[Attachment] = []
         for part in parts[: malformed.MAX_ATTACHMENTS]:
             if not isinstance(part, dict):
                 raise TypeError("a richText part is no object")

@@ -149,7 +149,11 @@ class Stream:
         }
         answer = await self._api.raw_post(OPEN_PATH, body)
         endpoint, ticket = answer.get("endpoint"), answer.get("ticket")
-        if not isinstance(endpoint, str) or not isinstance(ticket, str) or not endpoint.startswith(("ws", "wss")):
+        if (
+            not isinstance(endpoint, str)
+            or not isinstance(ticket, str)
+            or not endpoint.startswith(("ws", "wss"))
+        ):
             raise ConnectionError("connections/open answered without endpoint/ticket")
         return f"{endpoint}?ticket={quote_plus(ticket)}"
 

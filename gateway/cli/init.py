@@ -41,6 +41,8 @@ HINTS: dict[tuple[str, str], str] = {
     ("matrix", "homeserver"): "Matrix homeserver base URL (https://matrix.example.org)",
     ("matrix", "user_id"): "the bot account's Matrix user id (@chital:example.org)",
     ("matrix", "access_token"): "the bot account's access token (docs/setup/matrix.md)",
+    ("dingtalk", "client_id"): "DingTalk app Client ID (formerly AppKey, ding...)",
+    ("dingtalk", "client_secret"): "DingTalk app Client Secret (docs/setup/dingtalk.md)",
 }
 SHAPES: dict[tuple[str, str], tuple[re.Pattern[str], str]] = {
     ("telegram", "token"): (re.compile(r"\d+:[A-Za-z0-9_-]+"), "looks like 123456:ABC-..."),

@@ -72,6 +72,7 @@ class FakeDingTalk:
         self.files: dict[str, bytes] = {}
         self._fail: dict[str, list[tuple[int, str]]] = {}
         self._tickets: set[str] = set()
+        self._transport: asyncio.BaseTransport | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -158,9 +159,9 @@ class FakeDingTalk:
 
     async def drop(self) -> None:
         """Close the websocket without a close frame (the network broke)."""
-        ws, self.ws = self.ws, None
-        if ws is not None and ws._req is not None and ws._req.transport is not None:  # noqa: SLF001
-            ws._req.transport.abort()  # noqa: SLF001
+        transport, self.ws = self._transport, None
+        if transport is not None:
+            transport.abort()
 
     def revoke(self) -> None:
         """The app's secret is reset: open and token calls are refused, issued tokens too."""
@@ -185,7 +186,9 @@ class FakeDingTalk:
             if found:
                 return found
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; bot sent {[m.text for m in self.sent][-5:]}")
+                raise AssertionError(
+                    f"timed out waiting for {what}; bot sent {[m.text for m in self.sent][-5:]}"
+                )
             await asyncio.sleep(0.05)
 
     # -- server ----------------------------------------------------------------------------------
@@ -194,6 +197,7 @@ class FakeDingTalk:
             return _error(401, "invalidTicket", "ticket is invalid")
         ws = web.WebSocketResponse(autoping=False, max_msg_size=16 * 1024 * 1024)
         await ws.prepare(request)
+        self._transport = request.transport
         self.ws, self.connections = ws, self.connections + 1
         for frame in list(self.pending.values()):
             await ws.send_str(json.dumps(frame))
@@ -221,7 +225,11 @@ class FakeDingTalk:
             self.opens += 1
             if failure := self._take("open"):
                 return failure
-            if self.revoked or body.get("clientId") != self.client_id or body.get("clientSecret") != self.client_secret:
+            if (
+                self.revoked
+                or body.get("clientId") != self.client_id
+                or body.get("clientSecret") != self.client_secret
+            ):
                 return _error(401, "authFailed", "鉴权失败")
             ticket = uuid.uuid4().hex
             self._tickets.add(ticket)
@@ -230,7 +238,11 @@ class FakeDingTalk:
             self.token_requests += 1
             if failure := self._take("token"):
                 return failure
-            if self.revoked or body.get("appKey") != self.client_id or body.get("appSecret") != self.client_secret:
+            if (
+                self.revoked
+                or body.get("appKey") != self.client_id
+                or body.get("appSecret") != self.client_secret
+            ):
                 return _error(400, "invalidClientSecret", "app secret is invalid")
             token = f"tok{uuid.uuid4().hex}"
             self.tokens.add(token)
