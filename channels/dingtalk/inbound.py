@@ -72,6 +72,8 @@ def to_inbound(data: dict[str, Any]) -> Inbound | None:
 def _content(msg: ChatbotMessage, data: dict[str, Any]) -> tuple[str, tuple[Attachment, ...], str]:
     """Text, files and what is unsupported, by ``msgtype``."""
     kind = data.get("msgtype")
+    if not isinstance(kind, str):
+        raise TypeError("msgtype is no string")
     content = data.get("content")
     content = content if isinstance(content, dict) else {}
     if kind == "text":

@@ -43,6 +43,10 @@ from dingtalk_stream.version import VERSION_STRING
 from .openapi import OpenApi, Refused
 
 log = logging.getLogger(__name__)
+WS_LOG = logging.getLogger("dingtalk_stream.websocket")
+"""The websocket's own logger: at DEBUG, websockets logs every frame whole (someone's message), so it
+is held at INFO whatever the daemon's level."""
+WS_LOG.setLevel(logging.INFO)
 
 OPEN_PATH = "/v1.0/gateway/connections/open"
 ROBOT_TOPIC = ChatbotMessage.TOPIC
@@ -161,7 +165,12 @@ class Stream:
         """The raw frames of one connection, until it closes (``ConnectionClosed`` when it broke)."""
         interval, timeout = self._ping
         async with websockets.connect(
-            uri, ping_interval=interval, ping_timeout=timeout, max_size=MAX_FRAME, open_timeout=30
+            uri,
+            ping_interval=interval,
+            ping_timeout=timeout,
+            max_size=MAX_FRAME,
+            open_timeout=30,
+            logger=WS_LOG,
         ) as ws:
             self.ws = ws
             on_open()
