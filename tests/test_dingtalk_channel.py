@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -183,3 +184,23 @@ def test_frames_parse_and_ack_as_the_sdk_builds_them() -> None:
     assert (
         parse('{"type":"CALLBACK","headers":{"messageId":"m3"},"data":"' + "a" * 200 + '"}', 100).data is None
     )
+
+
+def test_a_part_never_exceeds_the_documented_15000_bytes(dingtalk: FakeDingTalk) -> None:
+    channel = channel_for(dingtalk)
+    for text in ("😀" * 9000, "汉" * 9000, "a\n" * 9000, "x" * 20_000):
+        parts = channel.render(text)
+        assert "".join(p.text for p in parts).replace("\n", "") == text.replace("\n", "")
+        assert all(len(p.text) <= 4000 for p in parts)
+        assert all(len(json.dumps({"title": "t" * 30, "text": p.text}, ensure_ascii=False).encode()) <= 15_000
+                   for p in parts)  # fmt: skip
+
+
+async def test_cjk_long_answer_is_delivered_in_parts(dingtalk: FakeDingTalk) -> None:
+    channel = channel_for(dingtalk)
+    try:
+        for i, part in enumerate(channel.render("汉" * 9000)):
+            await channel.send(ReplyTarget("dingtalk", GROUP), part, idempotency_key=f"k{i}")
+    finally:
+        await channel.close()
+    assert "".join(m.text for m in dingtalk.messages_to(GROUP)) == "汉" * 9000

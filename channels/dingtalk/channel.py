@@ -56,6 +56,10 @@ DEFAULTS = DingTalkSettings()
 MAX_LEN = 4000
 """Characters of one markdown message (DingTalk documents no exact limit for ``sampleMarkdown``;
 4,000 stays well inside what clients show without cutting)."""
+MAX_PARAM_BYTES = 14_000
+"""UTF-8 bytes of one message's ``msgParam`` JSON: DingTalk refuses one over 15,000 bytes
+(groupMessages/send), and 4,000 characters of CJK text or emoji are 12-16 kB; a part over this is
+split again."""
 RETRY_CAP = 30.0
 DOWNLOAD_PATH = "/v1.0/robot/messageFiles/download"
 GROUP_SEND = "/v1.0/robot/groupMessages/send"
@@ -178,9 +182,8 @@ class DingTalkChannel(Channel):
 
     # -- rendering ------------------------------------------------------------------------------
     def render(self, markdown: str) -> list[Rendered]:
-        return [Rendered(text=part) for part in split_markdown(markdown, MAX_LEN) if part.strip()] or [
-            Rendered(text=markdown[:MAX_LEN] or "…")
-        ]
+        parts = [p for p in _fit(split_markdown(markdown, MAX_LEN), MAX_LEN) if p.strip()]
+        return [Rendered(text=p) for p in parts] or [Rendered(text="…")]
 
     def render_stream(self, markdown: str) -> Rendered:
         return Rendered(text=stream_text(markdown, MAX_LEN))
@@ -229,6 +232,21 @@ class DingTalkChannel(Channel):
             raise TransientSendError(f"{attachment.name}: download failed ({type(exc).__name__})") from None
         check_size(attachment.name, len(data), limit, "")
         return bytes(data)
+
+
+def _param_bytes(text: str) -> int:
+    return len(json.dumps({"title": _title(text), "text": text}, ensure_ascii=False).encode())
+
+
+def _fit(parts: list[str], limit: int) -> list[str]:
+    """``parts``, each one over :data:`MAX_PARAM_BYTES` split again at a smaller limit."""
+    out: list[str] = []
+    for part in parts:
+        if _param_bytes(part) <= MAX_PARAM_BYTES or limit <= 250:
+            out.append(part)
+        else:
+            out.extend(_fit(split_markdown(part, limit // 2), limit // 2))
+    return out
 
 
 def _title(text: str) -> str:

@@ -263,6 +263,8 @@ class FakeDingTalk:
             return failure
         if body.get("robotCode") != self.client_id:
             return _error(400, "robotNotExist", "robot does not exist")
+        if len(str(body.get("msgParam", "")).encode()) > 15_000:  # groupMessages/send's documented limit
+            return _error(400, "invalidParameter.msgParam.length", "msgParam is longer than 15000 bytes")
         try:
             param = json.loads(body["msgParam"])
         except (KeyError, TypeError, ValueError):
