@@ -15,6 +15,7 @@ from channels.base import (
     ChannelError,
     FatalChannelError,
     Inbound,
+    OutFile,
     PermanentSendError,
     ReplyTarget,
     RetryAfter,
@@ -43,7 +44,13 @@ class Sink:
 
 
 def channel_for(fake: FakeDingTalk, secret: str | None = None) -> DingTalkChannel:
-    return DingTalkChannel(fake.client_id, secret or fake.client_secret, api_base=fake.base_url, keepalive=1)
+    return DingTalkChannel(
+        fake.client_id,
+        secret or fake.client_secret,
+        api_base=fake.base_url,
+        oapi_base=fake.base_url,
+        keepalive=1,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -204,3 +211,24 @@ async def test_cjk_long_answer_is_delivered_in_parts(dingtalk: FakeDingTalk) -> 
     finally:
         await channel.close()
     assert "".join(m.text for m in dingtalk.messages_to(GROUP)) == "汉" * 9000
+
+
+async def test_send_file_uploads_then_sends_image_or_file(dingtalk: FakeDingTalk) -> None:
+    channel = channel_for(dingtalk)
+    try:
+        await channel.send_file(ReplyTarget("dingtalk", ALICE), OutFile("chart.png", b"\x89PNG..."), "the chart",
+                                idempotency_key="f1")  # fmt: skip
+        dingtalk.tokens.clear()  # the cached token expired early: renewed once for the upload
+        await channel.send_file(
+            ReplyTarget("dingtalk", GROUP), OutFile("r.pdf", b"%PDF"), idempotency_key="f2"
+        )
+    finally:
+        await channel.close()
+    image, caption = dingtalk.messages_to(ALICE)
+    assert image.key == "sampleImageMsg" and dingtalk.uploads[image.param["photoURL"]] == (
+        "chart.png",
+        b"\x89PNG...",
+    )
+    assert caption.text == "the chart"
+    (doc,) = dingtalk.messages_to(GROUP)
+    assert doc.key == "sampleFile" and doc.param["fileType"] == "pdf" and doc.param["fileName"] == "r.pdf"

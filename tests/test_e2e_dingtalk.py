@@ -19,7 +19,7 @@ import pytest
 from tests.daemon import DaemonProcess, clean_env, run_chital, started_daemon
 from tests.dingtalk_daemon import FRIEND, GROUP, OWNER, STRANGER, answered, dingtalk_config
 from tests.fakes.dingtalk_server import FakeDingTalk
-from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 
 
 @pytest.fixture
@@ -249,9 +249,53 @@ async def test_init_writes_dingtalk_settings_and_check_online_asks_for_a_token(
     assert "dingtalk:\n    enabled: true" in config and "client_secret: $DINGTALK_CLIENT_SECRET" in config
     assert dingtalk.client_secret not in config and dingtalk.client_secret not in done.out
     assert f"DINGTALK_CLIENT_SECRET='{dingtalk.client_secret}'" in (tmp_path / ".env").read_text()
-    config_path.write_text(config.replace("    enabled: true", f"    enabled: true\n    api_base: {dingtalk.base_url}", 1))
+    config_path.write_text(
+        config.replace("    enabled: true", f"    enabled: true\n    api_base: {dingtalk.base_url}", 1)
+    )
     done = await run_chital("check", "--online", "-c", str(config_path), cwd=tmp_path, env=env)
     assert "accessToken: granted" in done.out, done.out
     dingtalk.revoke()
     done = await run_chital("check", "--online", "-c", str(config_path), cwd=tmp_path, env=env)
     assert "invalidClientSecret" in done.out and dingtalk.client_secret not in done.out, done.out
+
+
+async def test_files_in_and_out(daemon: DaemonProcess, dingtalk: FakeDingTalk, model: FakeOpenAI) -> None:
+    """A file the user sends is fetched by its downloadCode into the sandbox's uploads; a file the
+    agent presents is uploaded (media_id) and sent as a sampleFile robot message."""
+    dingtalk.files["dlcode-1"] = b"region,amount\nnorth,10\n"
+    out = "/mnt/user-data/outputs/rows.txt"
+    model.script(
+        Reply(tool_calls=[ToolCall("write_file", {"file_path": out, "content": "2 rows\n"})]),
+        Reply(tool_calls=[ToolCall("present_files", {"paths": [out]})]),
+        Reply(text="Sent you rows.txt."),
+    )
+    await dingtalk.inject(
+        dingtalk.message(
+            "", OWNER, "", msgtype="file", content={"downloadCode": "dlcode-1", "fileName": "sales.csv"}
+        )
+    )
+    await answered(dingtalk, OWNER, "Sent you rows.txt.", timeout=30)
+    assert "/v1.0/robot/messageFiles/download" in dingtalk.calls
+    uploaded = list(daemon.sandbox_root.glob("**/uploads/sales.csv"))
+    assert uploaded and uploaded[0].read_bytes() == b"region,amount\nnorth,10\n"
+    assert "sales.csv" in last_user_text(model.requests[0]), "the agent was told"
+    sent = next(m for m in dingtalk.messages_to(OWNER) if m.key == "sampleFile")
+    assert sent.param["fileName"] == "rows.txt" and dingtalk.uploads[sent.param["mediaId"]] == (
+        "rows.txt",
+        b"2 rows\n",
+    )
+
+
+async def test_oversized_file_is_refused_before_download(
+    daemon: DaemonProcess, dingtalk: FakeDingTalk
+) -> None:
+    """DingTalk announces no size: the download stops at the limit and the user is told."""
+    dingtalk.files["dlcode-big"] = b"x" * (60 * 1024 * 1024)
+    await dingtalk.inject(
+        dingtalk.message(
+            "", OWNER, "", msgtype="file", content={"downloadCode": "dlcode-big", "fileName": "big.bin"}
+        )
+    )
+    reply = await answered(dingtalk, OWNER, "big.bin", timeout=30)
+    assert "limit" in reply.text, reply.text
+    assert not list(daemon.sandbox_root.glob("**/uploads/big.bin")), "nothing of it reached the sandbox"

@@ -34,7 +34,16 @@ TOKEN_MARGIN = 300.0
 MAX_BODY = 1024 * 1024
 """An OpenAPI answer larger than this is not read (a robot call answers a few hundred bytes)."""
 THROTTLED = ("Throttling", "QpsLimit", "qpsLimit", "LimitExceeded", "FlowControl")
-TOKEN_CODES = ("InvalidAuthentication", "invalidAccessToken", "Unauthorized", "tokenExpired")
+TOKEN_CODES = (
+    "InvalidAuthentication",
+    "invalidAccessToken",
+    "Unauthorized",
+    "tokenExpired",
+    "40014",
+    "42001",
+)
+"""Codes that mean the access token itself is no longer good (the old API's 40014 invalid, 42001
+expired)."""
 
 
 class Refused(Exception):
@@ -81,10 +90,20 @@ class OpenApi:
             await self._session.close()
             self._session = None
 
-    async def raw_post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
-        """POST ``body`` as JSON; the JSON answer, or :class:`Refused` with DingTalk's error code."""
-        url = self.base + path
-        async with self.session().post(url, json=body, headers=headers or {}) as resp:
+    async def raw_post(
+        self,
+        path: str,
+        body: dict[str, Any] | aiohttp.FormData,
+        headers: dict[str, str] | None = None,
+        *,
+        base: str = "",
+        params: dict[str, str] | None = None,
+    ) -> Any:
+        """POST ``body`` (JSON, or a multipart form); the JSON answer, or :class:`Refused` with
+        DingTalk's error code."""
+        url = (base or self.base).rstrip("/") + path
+        kw: dict[str, Any] = {"data": body} if isinstance(body, aiohttp.FormData) else {"json": body}
+        async with self.session().post(url, headers=headers or {}, params=params, **kw) as resp:
             raw = await resp.content.read(MAX_BODY + 1)
             try:
                 data = json.loads(raw) if raw and len(raw) <= MAX_BODY else {}
@@ -135,6 +154,31 @@ class OpenApi:
                 raise TransientSendError(
                     f"DingTalk request failed: {type(exc).__name__}", maybe_sent=True
                 ) from None
+        raise TransientSendError("DingTalk refused a fresh access token")
+
+    async def upload(self, oapi_base: str, data: bytes, name: str, kind: str) -> str:
+        """A robot file's ``media_id`` (the older API's ``/media/upload``; the token goes in the
+        query there, and no error here repeats the URL). Not idempotent: a repeat after a lost
+        answer leaves an unused upload, nothing the user sees."""
+        for attempt in range(2):
+            form = aiohttp.FormData()
+            form.add_field("type", kind)
+            form.add_field("media", data, filename=name, content_type="application/octet-stream")
+            try:
+                token = await self.token(fresh=attempt > 0)
+                answer = await self.raw_post(
+                    "/media/upload", form, base=oapi_base, params={"access_token": token}
+                )
+            except Refused as exc:
+                if exc.token and attempt == 0:
+                    continue
+                raise send_error(exc) from None
+            except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+                raise TransientSendError(f"DingTalk upload failed: {type(exc).__name__}") from None
+            media = answer.get("media_id") if isinstance(answer, dict) else None
+            if not isinstance(media, str) or not media:
+                raise TransientSendError("DingTalk answered the upload without a media_id")
+            return media
         raise TransientSendError("DingTalk refused a fresh access token")
 
 

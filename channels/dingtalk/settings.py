@@ -29,6 +29,8 @@ class DingTalkSettings(ChannelSettings):
     app's robot)."""
     api_base: str = "https://api.dingtalk.com"
     """Base URL of DingTalk's OpenAPI (the Stream gateway's ``connections/open`` is under it too)."""
+    oapi_base: str = "https://oapi.dingtalk.com"
+    """Base URL of DingTalk's older API, where robot files are uploaded (``/media/upload``)."""
     keepalive: int = Field(20, ge=1, le=300)
     """Seconds between websocket pings; a connection that answers none for as long again is
     half-open and is made anew (nothing is lost: unacknowledged frames come again)."""

@@ -70,6 +70,9 @@ class FakeDingTalk:
         self.acks: list[dict[str, Any]] = []
         self.sent: list[Sent] = []
         self.files: dict[str, bytes] = {}
+        """Files users sent, by download code."""
+        self.uploads: dict[str, tuple[str, bytes]] = {}
+        """What the bot uploaded: media id -> (file name, bytes)."""
         self._fail: dict[str, list[tuple[int, str]]] = {}
         self._tickets: set[str] = set()
         self._transport: asyncio.BaseTransport | None = None
@@ -81,12 +84,13 @@ class FakeDingTalk:
 
     def channel_settings(self) -> dict[str, Any]:
         return {"enabled": True, "client_id": self.client_id, "client_secret": self.client_secret,
-                "api_base": self.base_url, "keepalive": 1}  # fmt: skip
+                "api_base": self.base_url, "oapi_base": self.base_url, "keepalive": 1}  # fmt: skip
 
     async def start(self) -> FakeDingTalk:
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_get("/connect", self._connect)
         app.router.add_get("/files/{code}", self._file)
+        app.router.add_post("/media/upload", self._upload)
         app.router.add_post("/{path:.*}", self._handle)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -216,6 +220,26 @@ class FakeDingTalk:
     async def _file(self, request: web.Request) -> web.StreamResponse:
         data = self.files.get(request.match_info["code"])
         return web.Response(body=data) if data is not None else web.Response(status=404)
+
+    async def _upload(self, request: web.Request) -> web.StreamResponse:
+        """The older API's upload: token in the query, errors as ``{"errcode", "errmsg"}``."""
+        self.calls.append("/media/upload")
+        if request.query.get("access_token") not in self.tokens:
+            return web.json_response({"errcode": 40014, "errmsg": "不合法的access_token"})
+        form = await request.post()
+        media = form.get("media")
+        if not isinstance(media, web.FileField) or form.get("type") not in (
+            "image",
+            "file",
+            "voice",
+            "video",
+        ):
+            return web.json_response({"errcode": 40035, "errmsg": "缺少参数 media"})
+        media_id = f"@media{next(self._ids)}"
+        self.uploads[media_id] = (media.filename, media.file.read())
+        return web.json_response(
+            {"errcode": 0, "errmsg": "ok", "media_id": media_id, "type": form.get("type")}
+        )
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["path"]
