@@ -15,6 +15,10 @@ the operator creates): ``can_edit`` is False, so an answer arrives as one final 
 :data:`MAX_LEN`. A send has no idempotency key on DingTalk, so a send whose answer was lost is not
 repeated blindly (the gateway's ``maybe_sent`` rule).
 
+Files: in, a message's ``downloadCode`` is traded for a short-lived URL and streamed up to the
+limit; out, an upload to the older API's ``/media/upload`` and a ``sampleImageMsg`` or
+``sampleFile`` robot message carrying its ``media_id``.
+
 Approvals: no buttons (card buttons need a registered card template); the gateway's text fallback
 (``approve CODE``) works as on Matrix.
 """
