@@ -232,3 +232,16 @@ async def test_send_file_uploads_then_sends_image_or_file(dingtalk: FakeDingTalk
     assert caption.text == "the chart"
     (doc,) = dingtalk.messages_to(GROUP)
     assert doc.key == "sampleFile" and doc.param["fileType"] == "pdf" and doc.param["fileName"] == "r.pdf"
+
+
+async def test_a_secret_revoked_under_a_send_fails_it_and_then_stops_the_channel(
+    dingtalk: FakeDingTalk,
+) -> None:
+    async with running(dingtalk, Sink()) as (channel, task):
+        dingtalk.revoke()  # the cached token is gone too: the send must ask for a new one
+        with pytest.raises(PermanentSendError) as err:
+            await channel.send(ReplyTarget("dingtalk", ALICE), channel.render("x")[0], idempotency_key="k")
+        assert "credentials" in str(err.value) and dingtalk.client_secret not in str(err.value)
+        await dingtalk.inject_text("", ALICE, "anyone there")
+        await dingtalk.wait_for(lambda: task.done(), timeout=20, what="the channel to stop")
+        assert isinstance(task.exception(), FatalChannelError)

@@ -113,6 +113,8 @@ class DingTalkChannel(Channel):
                 async for raw in self._stream.frames(uri, self._connected):
                     if await self._frame(raw, sink):
                         break  # DingTalk announced a disconnect: a new connection at once
+                    if self._api.refused:  # a send found the secret revoked
+                        raise FatalChannelError(self._api.refused)
                 delay = 0.0
                 continue
             except Refused as exc:

@@ -138,12 +138,20 @@ class OpenApi:
             self._expires = time.monotonic() + max(float(ttl) - TOKEN_MARGIN, 30.0)
             return token
 
+    async def _send_token(self, *, fresh: bool) -> str:
+        """The token for a send: refused credentials fail the send for good (the stream loop sees
+        :attr:`refused` and stops the channel; a reply is no place to stop it)."""
+        try:
+            return await self.token(fresh=fresh)
+        except FatalChannelError as exc:
+            raise PermanentSendError(str(exc)) from None
+
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """An authorised OpenAPI call, mapped to the channel errors (a refused token is renewed
         once; a network failure after the request went out may have been acted on)."""
         for attempt in range(2):
             try:
-                token = await self.token(fresh=attempt > 0)
+                token = await self._send_token(fresh=attempt > 0)
                 data = await self.raw_post(path, body, {TOKEN_HEADER: token})
                 return data if isinstance(data, dict) else {}
             except Refused as exc:
