@@ -52,7 +52,7 @@ from channels.textsplit import split_markdown, stream_text
 
 from .inbound import GROUP_PREFIX, MAX_DATA_BYTES, recover_ids, to_inbound
 from .openapi import OpenApi, Refused
-from .sdk import DISCONNECT, ROBOT_TOPIC, Frame, Stream, Unreadable, ack, parse
+from .sdk import DISCONNECT, MAX_FRAME, ROBOT_TOPIC, TOO_BIG, Frame, Stream, Unreadable, ack, parse
 from .settings import DingTalkSettings
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,9 @@ class DingTalkChannel(Channel):
                     delay = exc.retry if exc.throttled else _backoff(delay)
                     self.report_trouble(f"DingTalk connections/open failed: {exc}")
             except (websockets.WebSocketException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                if isinstance(exc, websockets.ConnectionClosed) and exc.sent and exc.sent.code == TOO_BIG:
+                    self.count_malformed(malformed.ENVELOPE)
+                    log.critical("dingtalk: a frame over %d bytes was refused unread", MAX_FRAME)
                 delay = _backoff(delay)
                 self.report_trouble(f"DingTalk stream lost: {type(exc).__name__}")
             await asyncio.sleep(delay)

@@ -52,8 +52,11 @@ OPEN_PATH = "/v1.0/gateway/connections/open"
 ROBOT_TOPIC = ChatbotMessage.TOPIC
 PING = "ping"
 DISCONNECT = SystemMessage.TOPIC_DISCONNECT
-MAX_FRAME = 8 * 1024 * 1024
-"""The websocket refuses a frame above this (and the connection is made again)."""
+MAX_FRAME = 64 * 1024 * 1024
+"""The websocket refuses a frame above this: it closes with 1009 and the connection is made again
+(counted as a malformed envelope). DingTalk's own messages are far smaller; a frame's data over
+1 MiB (:data:`channels.dingtalk.inbound.MAX_DATA_BYTES`) is already skipped and acknowledged."""
+TOO_BIG = 1009
 
 
 @dataclass(frozen=True, slots=True)
