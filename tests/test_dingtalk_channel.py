@@ -245,3 +245,24 @@ async def test_a_secret_revoked_under_a_send_fails_it_and_then_stops_the_channel
         await dingtalk.inject_text("", ALICE, "anyone there")
         await dingtalk.wait_for(lambda: task.done(), timeout=20, what="the channel to stop")
         assert isinstance(task.exception(), FatalChannelError)
+
+
+async def test_cards_stream_by_edits_and_a_final_send_finishes_its_card(dingtalk: FakeDingTalk) -> None:
+    channel = DingTalkChannel(dingtalk.client_id, dingtalk.client_secret, api_base=dingtalk.base_url,
+                              card_template_id="tpl.schema")  # fmt: skip
+    try:
+        assert channel.capabilities.can_edit and not DingTalkChannel.capabilities.can_edit
+        target = ReplyTarget("dingtalk", GROUP)
+        out = await channel.send(target, channel.render_stream("part"), idempotency_key="r#0")
+        assert not dingtalk.cards[out].final and dingtalk.cards[out].chat_id == GROUP
+        await channel.edit(target, out, channel.render_stream("part more"))
+        await channel.edit(target, out, channel.render("part more done")[0])
+        assert dingtalk.cards[out].final and dingtalk.cards[out].text == "part more done"
+        notice = await channel.send(
+            ReplyTarget("dingtalk", ALICE), channel.render("note")[0], idempotency_key="n#0"
+        )
+        assert dingtalk.cards[notice].final and dingtalk.cards[notice].chat_id == ALICE
+        with pytest.raises(PermanentSendError):
+            await channel.edit(target, "pq123", channel.render("x")[0])  # a text message: not editable
+    finally:
+        await channel.close()

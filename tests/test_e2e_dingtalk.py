@@ -299,3 +299,24 @@ async def test_oversized_file_is_refused_before_download(
     reply = await answered(dingtalk, OWNER, "big.bin", timeout=30)
     assert "limit" in reply.text, reply.text
     assert not list(daemon.sandbox_root.glob("**/uploads/big.bin")), "nothing of it reached the sandbox"
+
+
+async def test_with_a_card_template_the_answer_streams_into_one_card(
+    tmp_path: Path, dingtalk: FakeDingTalk, model: FakeOpenAI
+) -> None:
+    cfg = dingtalk_config(tmp_path, dingtalk, model)
+    cfg["channels"]["dingtalk"]["card_template_id"] = "tpl-fake.schema"
+    words = [f"word{i} " for i in range(12)]
+    model.add_rule(lambda t: "stream please" in t, Reply(text="".join(words), chunks=12, chunk_delay=0.3))
+    async with started_daemon(tmp_path, cfg) as d:
+        await d.wait_channel_state("dingtalk", "connected")
+        await dingtalk.wait_for(lambda: dingtalk.ws is not None, what="the stream connection")
+        await dingtalk.inject_text("", OWNER, "stream please")
+        card = await dingtalk.wait_for(
+            lambda: next((c for c in dingtalk.cards.values() if c.final), None),
+            timeout=30,
+            what="a finished card",
+        )
+    assert card.chat_id == OWNER and card.text.strip() == "".join(words).strip()
+    assert card.updates >= 2, "the answer was streamed into the card, not sent at once"
+    assert len(dingtalk.cards) == 1 and not dingtalk.sent, "one card, no plain message"

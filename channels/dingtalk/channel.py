@@ -10,9 +10,10 @@ Replies go through the robot OpenAPI (``/v1.0/robot/oToMessages/batchSend`` for 
 message's ``sessionWebhook``: a webhook expires (``sessionWebhookExpiredTime``, about 90 minutes),
 so a reply resumed after a restart, a scheduled message or ``chital send`` could not use it, and
 the URL itself is a credential that would sit in the journal. The OpenAPI works for any chat at any
-time. DingTalk cannot edit a robot's message (only interactive cards, which need a card template
-the operator creates): ``can_edit`` is False, so an answer arrives as one final message, split at
-:data:`MAX_LEN`. A send has no idempotency key on DingTalk, so a send whose answer was lost is not
+time. DingTalk cannot edit a robot's text message: without a card template ``can_edit`` is False
+and an answer arrives as one final message, split at :data:`MAX_LEN`; with one
+(``card_template_id``) every message is an interactive card the answer streams into
+(channels/dingtalk/cards.py). A send has no idempotency key on DingTalk, so a send whose answer was lost is not
 repeated blindly (the gateway's ``maybe_sent`` rule).
 
 Files: in, a message's ``downloadCode`` is traded for a short-lived URL and streamed up to the
@@ -26,6 +27,7 @@ Approvals: no buttons (card buttons need a registered card template); the gatewa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -38,6 +40,7 @@ from channels.base import (
     Attachment,
     Capabilities,
     Channel,
+    ChannelError,
     FatalChannelError,
     InboundSink,
     OutFile,
@@ -50,6 +53,7 @@ from channels.base import (
 from channels.limits import check_size
 from channels.textsplit import split_markdown, stream_text
 
+from .cards import FINAL, Cards
 from .inbound import GROUP_PREFIX, MAX_DATA_BYTES, recover_ids, to_inbound
 from .openapi import OpenApi, Refused
 from .sdk import DISCONNECT, MAX_FRAME, ROBOT_TOPIC, TOO_BIG, Frame, Stream, Unreadable, ack, parse
@@ -93,12 +97,21 @@ class DingTalkChannel(Channel):
         robot_code: str = DEFAULTS.robot_code,
         api_base: str = DEFAULTS.api_base,
         oapi_base: str = DEFAULTS.oapi_base,
+        card_template_id: str = DEFAULTS.card_template_id,
+        card_content_key: str = DEFAULTS.card_content_key,
         keepalive: int = DEFAULTS.keepalive,
     ) -> None:
         super().__init__()
         self.robot_code = robot_code or client_id
         self._oapi = oapi_base
         self._api = OpenApi(api_base, client_id, client_secret)
+        self._cards = (
+            Cards(self._api, self.robot_code, card_template_id, card_content_key)
+            if card_template_id
+            else None
+        )
+        if self._cards is not None:  # a card can be edited: answers stream into it
+            self.capabilities = dataclasses.replace(self.capabilities, can_edit=True, edit_interval=1.0)
         self._stream = Stream(self._api, client_id, client_secret, ping_interval=keepalive,
                               ping_timeout=keepalive)  # fmt: skip
 
@@ -197,19 +210,32 @@ class DingTalkChannel(Channel):
     # -- rendering ------------------------------------------------------------------------------
     def render(self, markdown: str) -> list[Rendered]:
         parts = [p for p in _fit(split_markdown(markdown, MAX_LEN), MAX_LEN) if p.strip()]
-        return [Rendered(text=p) for p in parts] or [Rendered(text="…")]
+        return [Rendered(text=p, payload={FINAL: True}) for p in parts] or [Rendered(text="…")]
 
     def render_stream(self, markdown: str) -> Rendered:
-        return Rendered(text=stream_text(markdown, MAX_LEN))
+        return Rendered(text=stream_text(markdown, MAX_LEN), payload={FINAL: False})
 
     # -- outbound -------------------------------------------------------------------------------
     async def send(self, target: ReplyTarget, part: Rendered, *, idempotency_key: str) -> str:
         text = part.text or "…"
+        if self._cards is not None:
+            out = await self._cards.create(target, text, idempotency_key)
+            if part.payload.get(FINAL) is not False:  # not streamed into: finished at once
+                try:
+                    await self._cards.update(out, text, final=True)
+                except ChannelError as exc:  # the card shows the text; only its state lags
+                    log.warning("dingtalk: could not finish card %s: %s", out, exc)
+            return out
         param = {"title": _title(text), "text": text}
         return await self._robot_send(target, "sampleMarkdown", param)
 
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
-        raise PermanentSendError("DingTalk cannot edit a robot's message")
+        """Only a card can be edited (streamed); a robot's text message cannot."""
+        if self._cards is None or not message_id.startswith("chital-"):
+            raise PermanentSendError("DingTalk cannot edit a robot's text message")
+        await self._cards.update(
+            message_id, part.text or "…", final=part.payload.get(FINAL, True) is not False
+        )
 
     async def _robot_send(self, target: ReplyTarget, key: str, param: dict[str, Any]) -> str:
         body: dict[str, Any] = {"robotCode": self.robot_code, "msgKey": key,

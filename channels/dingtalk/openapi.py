@@ -98,12 +98,13 @@ class OpenApi:
         *,
         base: str = "",
         params: dict[str, str] | None = None,
+        method: str = "POST",
     ) -> Any:
-        """POST ``body`` (JSON, or a multipart form); the JSON answer, or :class:`Refused` with
-        DingTalk's error code."""
+        """POST (or ``method``) ``body`` (JSON, or a multipart form); the JSON answer, or
+        :class:`Refused` with DingTalk's error code."""
         url = (base or self.base).rstrip("/") + path
         kw: dict[str, Any] = {"data": body} if isinstance(body, aiohttp.FormData) else {"json": body}
-        async with self.session().post(url, headers=headers or {}, params=params, **kw) as resp:
+        async with self.session().request(method, url, headers=headers or {}, params=params, **kw) as resp:
             raw = await resp.content.read(MAX_BODY + 1)
             try:
                 data = json.loads(raw) if raw and len(raw) <= MAX_BODY else {}
@@ -146,13 +147,13 @@ class OpenApi:
         except FatalChannelError as exc:
             raise PermanentSendError(str(exc)) from None
 
-    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def call(self, path: str, body: dict[str, Any], method: str = "POST") -> dict[str, Any]:
         """An authorised OpenAPI call, mapped to the channel errors (a refused token is renewed
         once; a network failure after the request went out may have been acted on)."""
         for attempt in range(2):
             try:
                 token = await self._send_token(fresh=attempt > 0)
-                data = await self.raw_post(path, body, {TOKEN_HEADER: token})
+                data = await self.raw_post(path, body, {TOKEN_HEADER: token}, method=method)
                 return data if isinstance(data, dict) else {}
             except Refused as exc:
                 if exc.token and attempt == 0:

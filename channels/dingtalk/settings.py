@@ -31,6 +31,11 @@ class DingTalkSettings(ChannelSettings):
     """Base URL of DingTalk's OpenAPI (the Stream gateway's ``connections/open`` is under it too)."""
     oapi_base: str = "https://oapi.dingtalk.com"
     """Base URL of DingTalk's older API, where robot files are uploaded (``/media/upload``)."""
+    card_template_id: str = ""
+    """A card template (DingTalk's card platform) to send every message as a card and stream the
+    answer into it; empty: plain Markdown messages, an answer arrives as one final message."""
+    card_content_key: str = "content"
+    """The template's Markdown variable that holds the text."""
     keepalive: int = Field(20, ge=1, le=300)
     """Seconds between websocket pings; a connection that answers none for as long again is
     half-open and is made anew (nothing is lost: unacknowledged frames come again)."""

@@ -45,6 +45,17 @@ class Sent:
         return str(self.param.get("text") or self.param.get("content") or "")
 
 
+@dataclass
+class Card:
+    """An interactive card as the user sees it: its text now, how often it changed, finalised."""
+
+    chat_id: str
+    key: str
+    text: str
+    updates: int = 0
+    final: bool = False
+
+
 class FakeDingTalk:
     platform = "dingtalk"
 
@@ -72,6 +83,8 @@ class FakeDingTalk:
         self.files: dict[str, bytes] = {}
         """Files users sent, by download code."""
         self.uploads: dict[str, tuple[str, bytes]] = {}
+        self.cards: dict[str, Card] = {}
+        """Cards the bot created, by outTrackId."""
         """What the bot uploaded: media id -> (file name, bytes)."""
         self._fail: dict[str, list[tuple[int, str]]] = {}
         self._tickets: set[str] = set()
@@ -91,6 +104,7 @@ class FakeDingTalk:
         app.router.add_get("/connect", self._connect)
         app.router.add_get("/files/{code}", self._file)
         app.router.add_post("/media/upload", self._upload)
+        app.router.add_put("/v1.0/card/streaming", self._card_stream)
         app.router.add_post("/{path:.*}", self._handle)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -275,6 +289,8 @@ class FakeDingTalk:
             return _error(401, "InvalidAuthentication", "access token is invalid")
         if path in ("/v1.0/robot/oToMessages/batchSend", "/v1.0/robot/groupMessages/send"):
             return await self._send(path, body)
+        if path == "/v1.0/card/instances/createAndDeliver":
+            return self._card_create(body)
         if path == "/v1.0/robot/messageFiles/download":
             code = body.get("downloadCode")
             if code not in self.files:
@@ -302,6 +318,47 @@ class FakeDingTalk:
                                       "flowControlledStaffIdList": []})  # fmt: skip
         self.sent.append(Sent(str(body.get("openConversationId")), str(body.get("msgKey")), param, key))
         return web.json_response({"processQueryKey": key})
+
+    def _card_create(self, body: dict[str, Any]) -> web.StreamResponse:
+        out, space = str(body.get("outTrackId") or ""), str(body.get("openSpaceId") or "")
+        params = (body.get("cardData") or {}).get("cardParamMap") or {}
+        if (
+            not body.get("cardTemplateId")
+            or not out
+            or not space.startswith("dtv1.card//")
+            or len(params) != 1
+        ):
+            return _error(400, "invalidParameter", "card parameters are invalid")
+        if out in self.cards:
+            return _error(400, "outTrackIdExists", "outTrackId already exists")
+        kind, _, chat = space.removeprefix("dtv1.card//").partition(".")
+        deliver = (
+            body.get("imGroupOpenDeliverModel" if kind == "IM_GROUP" else "imRobotOpenDeliverModel") or {}
+        )
+        if kind not in ("IM_GROUP", "IM_ROBOT") or deliver.get("robotCode") != self.client_id:
+            return _error(400, "invalidParameter", "deliver model is invalid")
+        key, text = next(iter(params.items()))
+        self.cards[out] = Card(chat, key, str(text))
+        return web.json_response({"success": True, "result": {"outTrackId": out}})
+
+    async def _card_stream(self, request: web.Request) -> web.StreamResponse:
+        self.calls.append("/v1.0/card/streaming")
+        if request.headers.get("x-acs-dingtalk-access-token") not in self.tokens:
+            return _error(401, "InvalidAuthentication", "access token is invalid")
+        body = await request.json()
+        card = self.cards.get(str(body.get("outTrackId")))
+        if card is None:
+            return _error(400, "cardNotExist", "card does not exist")
+        if card.final:
+            return _error(400, "cardFinalized", "the card's streaming is finished")
+        if body.get("key") != card.key or not body.get("guid") or body.get("isFull") is not True:
+            return _error(400, "invalidParameter", "streaming parameters are invalid")
+        card.text, card.updates, card.final = (
+            str(body.get("content")),
+            card.updates + 1,
+            bool(body.get("isFinalize")),
+        )
+        return web.json_response({"success": True})
 
     def _take(self, kind: str) -> web.StreamResponse | None:
         queue = self._fail.get(kind)
