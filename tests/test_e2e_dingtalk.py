@@ -279,7 +279,9 @@ async def test_files_in_and_out(daemon: DaemonProcess, dingtalk: FakeDingTalk, m
     uploaded = list(daemon.sandbox_root.glob("**/uploads/sales.csv"))
     assert uploaded and uploaded[0].read_bytes() == b"region,amount\nnorth,10\n"
     assert "sales.csv" in last_user_text(model.requests[0]), "the agent was told"
-    sent = next(m for m in dingtalk.messages_to(OWNER) if m.key == "sampleFile")
+    sent = await dingtalk.wait_for(
+        lambda: next((m for m in dingtalk.messages_to(OWNER) if m.key == "sampleFile"), None), what="the file"
+    )
     assert sent.param["fileName"] == "rows.txt" and dingtalk.uploads[sent.param["mediaId"]] == (
         "rows.txt",
         b"2 rows\n",

@@ -13,8 +13,8 @@ the URL itself is a credential that would sit in the journal. The OpenAPI works 
 time. DingTalk cannot edit a robot's text message: without a card template ``can_edit`` is False
 and an answer arrives as one final message, split at :data:`MAX_LEN`; with one
 (``card_template_id``) every message is an interactive card the answer streams into
-(channels/dingtalk/cards.py). A send has no idempotency key on DingTalk, so a send whose answer was lost is not
-repeated blindly (the gateway's ``maybe_sent`` rule).
+(channels/dingtalk/cards.py). A send has no idempotency key on DingTalk, so a send whose answer was
+lost is not repeated blindly (the gateway's ``maybe_sent`` rule).
 
 Files: in, a message's ``downloadCode`` is traded for a short-lived URL and streamed up to the
 limit; out, an upload to the older API's ``/media/upload`` and a ``sampleImageMsg`` or
