@@ -25,6 +25,7 @@ from tests.browser import missing as browser_missing
 from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.bark_server import FakeBark
 from tests.fakes.canary_server import Canary
+from tests.fakes.dingtalk_server import FakeDingTalk
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import Rig, fake_rig, gateway_rig
 from tests.fakes.langsmith_server import FakeLangSmith
@@ -190,6 +191,15 @@ async def matrix_hs() -> AsyncIterator[FakeMatrix]:
 async def whatsapp() -> AsyncIterator[FakeWhatsApp]:
     """The fake WhatsApp Cloud API and webhook driver (tests/fakes/whatsapp_server.py)."""
     fake = FakeWhatsApp()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def dingtalk() -> AsyncIterator[FakeDingTalk]:
+    """The fake DingTalk Stream gateway and robot OpenAPI (tests/fakes/dingtalk_server.py)."""
+    fake = FakeDingTalk()
     await fake.start()
     yield fake
     await fake.stop()

@@ -31,6 +31,8 @@ CHAT_TOKENS = (
     "MATRIX_HOMESERVER",
     "MATRIX_USER_ID",
     "MATRIX_ACCESS_TOKEN",
+    "DINGTALK_CLIENT_ID",
+    "DINGTALK_CLIENT_SECRET",
 )
 MODEL_SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CHITAL_CONFIG", "CHITAL_DATA", "CHITAL_MODEL")
 """What the developer's shell may set that would change which model, config or data a child uses."""
@@ -150,7 +152,7 @@ def base_config(data_dir: Path, model_base_url: str, http_port: int) -> dict[str
         },
         "channels": {
             name: {"enabled": False}
-            for name in ("telegram", "slack", "discord", "lark", "matrix", "whatsapp")
+            for name in ("telegram", "slack", "discord", "lark", "matrix", "whatsapp", "dingtalk")
         },
         "storage": storage,
         "concurrency": {"max_turns": 8, "shutdown_grace": 5},

@@ -26,6 +26,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.daemon import DaemonProcess, base_config, free_port
+from tests.fakes.dingtalk_server import FakeDingTalk
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.matrix_server import SERVER, FakeMatrix
@@ -48,11 +49,13 @@ OTHERS = {
     "whatsapp_token": "EAAOtherWhatsAppTokenValue0123456789",
     "whatsapp_secret": "otherWhatsAppAppSecret0123456789",
     "whatsapp_verify": "otherWhatsAppVerifyToken0123",
+    "dingtalk": "OtherDingTalkClientSecret_9f8e7d6c5b4a",
 }
 """Credentials of the platforms not under test: configured (disabled) so every kind is present."""
 USER_TG, USER_SLACK, USER_DC, USER_LARK = 5150, "U_FRIEND", "424242424242424242", "ou_friend"
 USER_MX = f"@friend:{SERVER}"
 USER_WA = "15550004242"
+USER_DT = "friend0042"
 OUTPUTS = "/mnt/user-data/outputs"
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -305,6 +308,48 @@ def on_whatsapp(fake: FakeWhatsApp) -> Platform:
     )  # fmt: skip
 
 
+def on_dingtalk(fake: FakeDingTalk) -> Platform:
+    """DingTalk without a card template has no buttons: approvals are typed, as on Matrix."""
+
+    async def ask(text: str) -> Any:
+        return await fake.inject_text("", USER_DT, text)
+
+    async def buttons() -> Any:
+        return await fake.wait_for(
+            lambda: next((m for m in fake.messages_to(USER_DT) if "`approve " in m.text), None),
+            30,
+            "the prompt",
+        )
+
+    async def press(prompt: Any) -> str:
+        code = re.search(r"`approve ([A-Za-z0-9]+)`", prompt.text)
+        assert code is not None, prompt.text
+        before = len(fake.messages_to(USER_DT))
+        await fake.inject_text("", USER_DT, f"approve {code.group(1)}")
+        await fake.wait_for(lambda: len(fake.messages_to(USER_DT)) > before, 15, "the answer")
+        return fake.messages_to(USER_DT)[before].text
+
+    def sent() -> str:
+        return json.dumps([[m.chat_id, m.key, m.param] for m in fake.sent], default=str, ensure_ascii=False)
+
+    async def connected() -> None:
+        await fake.wait_for(lambda: fake.ws is not None, 30, "the stream connection")
+
+    settings = fake.channel_settings()
+    settings.pop("enabled")
+    return Platform(
+        "dingtalk",
+        [fake.client_secret],
+        settings,
+        f"dingtalk:{USER_DT}",
+        ask,
+        buttons,
+        press,
+        sent,
+        connected,
+    )
+
+
 def config(tmp_path: Path, model: FakeOpenAI, platform: Platform) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     scheme, _, rest = model.base_url.partition("://")
@@ -321,6 +366,7 @@ def config(tmp_path: Path, model: FakeOpenAI, platform: Platform) -> dict[str, A
     )
     channels["whatsapp"].update(phone_number_id="1", access_token=OTHERS["whatsapp_token"],
                                 app_secret=OTHERS["whatsapp_secret"], verify_token=OTHERS["whatsapp_verify"])  # fmt: skip
+    channels["dingtalk"].update(client_id="dingother", client_secret=OTHERS["dingtalk"])
     channels[platform.name] = {"enabled": True, **platform.channel}
     cfg.update(platform.sections)
     cfg["access"] = {"allow_users": [platform.access]}
@@ -339,11 +385,11 @@ def leaks(text: str, secrets: list[str]) -> list[str]:
     return [s for s in secrets if s in text or quote(s, safe="") in text]
 
 
-@pytest.fixture(params=["telegram", "slack", "discord", "lark", "matrix", "whatsapp"])
+@pytest.fixture(params=["telegram", "slack", "discord", "lark", "matrix", "whatsapp", "dingtalk"])
 def platform(request: pytest.FixtureRequest) -> Platform:
     name = request.param
     fixture = {"telegram": "tg", "slack": "slack", "discord": "dc", "lark": "lark", "matrix": "matrix_hs",
-               "whatsapp": "whatsapp"}[name]  # fmt: skip
+               "whatsapp": "whatsapp", "dingtalk": "dingtalk"}[name]  # fmt: skip
     fake = request.getfixturevalue(fixture)
     makers = {
         "telegram": on_telegram,
@@ -352,6 +398,7 @@ def platform(request: pytest.FixtureRequest) -> Platform:
         "lark": on_lark,
         "matrix": on_matrix,
         "whatsapp": on_whatsapp,
+        "dingtalk": on_dingtalk,
     }
     return makers[name](fake)
 
@@ -437,11 +484,19 @@ def test_every_kind_of_secret_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
            "CHITAL_MODEL": "gpt-x", "OPENAI_BASE_URL": "https://u:env-url-pw@llm.example/v1",
            "MATRIX_ACCESS_TOKEN": "env-matrix-token", "MATRIX_USER_ID": "@bot:matrix.example",
            "WHATSAPP_ACCESS_TOKEN": "env-whatsapp-token", "WHATSAPP_APP_SECRET": "env-whatsapp-secret",
-           "WHATSAPP_VERIFY_TOKEN": "env-whatsapp-verify", "WHATSAPP_PHONE_NUMBER_ID": "106540352242922"}  # fmt: skip
+           "WHATSAPP_VERIFY_TOKEN": "env-whatsapp-verify", "WHATSAPP_PHONE_NUMBER_ID": "106540352242922",
+           "DINGTALK_CLIENT_SECRET": "env-dingtalk-secret", "DINGTALK_CLIENT_ID": "dingappidnosecret"}  # fmt: skip
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     found = daemon_secrets(parse_config(builtin_defaults(), "defaults"))
-    plain = ("LARK_APP_ID", "CHITAL_MODEL", "OPENAI_BASE_URL", "MATRIX_USER_ID", "WHATSAPP_PHONE_NUMBER_ID")
+    plain = (
+        "LARK_APP_ID",
+        "CHITAL_MODEL",
+        "OPENAI_BASE_URL",
+        "MATRIX_USER_ID",
+        "WHATSAPP_PHONE_NUMBER_ID",
+        "DINGTALK_CLIENT_ID",
+    )
     expected = [v for k, v in env.items() if k not in plain]
     assert set(expected) <= set(found) and "env-url-pw" in found
     assert "@bot:matrix.example" not in found, "the bot's user id is no secret (it is in every message)"

@@ -45,6 +45,8 @@ HINTS: dict[tuple[str, str], str] = {
     ("whatsapp", "access_token"): "a system user's access token (docs/setup/whatsapp.md)",
     ("whatsapp", "app_secret"): "the Meta app's secret (App settings > Basic)",
     ("whatsapp", "verify_token"): "a verify token of your choosing (also typed into the webhook settings)",
+    ("dingtalk", "client_id"): "DingTalk app Client ID (formerly AppKey, ding...)",
+    ("dingtalk", "client_secret"): "DingTalk app Client Secret (docs/setup/dingtalk.md)",
 }
 SHAPES: dict[tuple[str, str], tuple[re.Pattern[str], str]] = {
     ("telegram", "token"): (re.compile(r"\d+:[A-Za-z0-9_-]+"), "looks like 123456:ABC-..."),

@@ -191,6 +191,19 @@ async def probe_whatsapp(session: aiohttp.ClientSession, cfg: Config) -> str:
                       f"{str(err.get('message', ''))[:200]}".strip())  # fmt: skip
 
 
+async def probe_dingtalk(session: aiohttp.ClientSession, cfg: Config) -> str:
+    """The app's access token: the same call the adapter makes first (a refused secret is what a
+    revoked or mistyped Client Secret looks like)."""
+    c = cfg.channels.dingtalk
+    body = {"appKey": c.client_id, "appSecret": _secret(c.client_secret)}
+    async with session.post(f"{c.api_base.rstrip('/')}/v1.0/oauth2/accessToken", json=body) as resp:
+        data = await _json(resp)
+        status = resp.status
+    if status == 200 and data.get("accessToken"):
+        return "accessToken: granted"
+    raise ProbeFailed(f"accessToken: HTTP {status} {data.get('code', '')} {data.get('message', '')}".strip())
+
+
 async def probe_model(session: aiohttp.ClientSession, cfg: Config, index: int) -> str:
     spec = cfg.models[index]
     kwargs = spec.kwargs()
@@ -272,6 +285,7 @@ async def run_probes(cfg: Config) -> list[Outcome]:
         "lark": probe_lark,
         "matrix": probe_matrix,
         "whatsapp": probe_whatsapp,
+        "dingtalk": probe_dingtalk,
     }
     jobs: list[tuple[str, Callable[[aiohttp.ClientSession], Awaitable[str]] | None, str]] = []
     for name, (ready, why) in channel_readiness(cfg).items():

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import SecretStr
 
 from channels.base import Channel
+from channels.dingtalk import DingTalkSettings
 from channels.discord import DiscordSettings
 from channels.lark import LarkSettings
 from channels.matrix import MatrixSettings
@@ -69,6 +70,7 @@ PLATFORMS: tuple[Platform, ...] = (
         keeps_state=True,
     ),
     Platform("whatsapp", WhatsAppSettings, "channels.whatsapp.channel:WhatsAppChannel"),
+    Platform("dingtalk", DingTalkSettings, "channels.dingtalk.channel:DingTalkChannel"),
 )
 
 

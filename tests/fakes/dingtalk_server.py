@@ -1,0 +1,373 @@
+"""A fake DingTalk (Stream gateway and the robot OpenAPI) on 127.0.0.1, for the real adapter.
+
+What it speaks: ``POST /v1.0/gateway/connections/open`` (clientId/clientSecret -> endpoint and a
+one-time ticket; 401 ``authFailed`` otherwise), the Stream websocket at that endpoint (frames of
+type ``SYSTEM``/``EVENT``/``CALLBACK`` with ``headers.topic`` and ``headers.messageId``, data as a
+JSON string; it records each ack by message id and sends every unacknowledged robot message again
+to the next connection, as DingTalk does), ``POST /v1.0/oauth2/accessToken``, the robot sends
+``/v1.0/robot/oToMessages/batchSend`` and ``/v1.0/robot/groupMessages/send`` (the
+``x-acs-dingtalk-access-token`` header checked), ``/v1.0/robot/messageFiles/download`` and the
+file URL it hands out. Errors have DingTalk's body shape ``{"requestid", "code", "message"}``.
+
+What tests script: users' robot messages (:meth:`inject_text`), raw frames, redelivery, a dropped
+connection, a half-open one (no pongs, no frames), a ``disconnect`` system frame, a revoked secret.
+What they read: the bot's messages per chat, acks, connections, calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aiohttp import WSMsgType, web
+
+T = TypeVar("T")
+ROBOT_TOPIC = "/v1.0/im/bot/messages/get"
+
+
+@dataclass
+class Sent:
+    """A robot message as the user sees it."""
+
+    chat_id: str
+    key: str
+    param: dict[str, Any]
+    query_key: str
+
+    @property
+    def text(self) -> str:
+        return str(self.param.get("text") or self.param.get("content") or "")
+
+
+@dataclass
+class Card:
+    """An interactive card as the user sees it: its text now, how often it changed, finalised."""
+
+    chat_id: str
+    key: str
+    text: str
+    updates: int = 0
+    final: bool = False
+
+
+class FakeDingTalk:
+    platform = "dingtalk"
+
+    def __init__(self, client_id: str = "dingfakeclientid0001",
+                 client_secret: str = "FakeDingTalkClientSecret_0123456789abcdef") -> None:  # fmt: skip
+        self.client_id = client_id
+        self.client_secret = client_secret
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._ids = itertools.count(1)
+        self.calls: list[str] = []
+        self.tokens: set[str] = set()
+        self.token_requests = 0
+        self.opens = 0
+        self.revoked = False
+        self.half_open = False
+        self.ws: web.WebSocketResponse | None = None
+        self.connections = 0
+        self.frames: dict[str, dict[str, Any]] = {}
+        """Every frame sent, by message id."""
+        self.pending: dict[str, dict[str, Any]] = {}
+        """Robot message frames not acknowledged yet, in order."""
+        self.acks: list[dict[str, Any]] = []
+        self.sent: list[Sent] = []
+        self.files: dict[str, bytes] = {}
+        """Files users sent, by download code."""
+        self.uploads: dict[str, tuple[str, bytes]] = {}
+        self.cards: dict[str, Card] = {}
+        """Cards the bot created, by outTrackId."""
+        """What the bot uploaded: media id -> (file name, bytes)."""
+        self._fail: dict[str, list[tuple[int, str]]] = {}
+        self._tickets: set[str] = set()
+        self._transport: asyncio.BaseTransport | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def channel_settings(self) -> dict[str, Any]:
+        return {"enabled": True, "client_id": self.client_id, "client_secret": self.client_secret,
+                "api_base": self.base_url, "oapi_base": self.base_url, "keepalive": 1}  # fmt: skip
+
+    async def start(self) -> FakeDingTalk:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_get("/connect", self._connect)
+        app.router.add_get("/files/{code}", self._file)
+        app.router.add_post("/media/upload", self._upload)
+        app.router.add_put("/v1.0/card/streaming", self._card_stream)
+        app.router.add_post("/{path:.*}", self._handle)
+        self._runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets  # type: ignore[union-attr]
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def stop(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- scripting -------------------------------------------------------------------------------
+    def message(self, chat: str, sender: str, text: str, *, group: bool = False, at: bool = True,
+                **extra: Any) -> dict[str, Any]:  # fmt: skip
+        """A robot message's data; ``chat`` is a group's conversation id or (1:1) unused."""
+        return {
+            "conversationId": chat if group else f"cid1to1{sender}",
+            "conversationType": "2" if group else "1",
+            "msgId": f"msg{next(self._ids)}{uuid.uuid4().hex[:8]}",
+            "senderStaffId": sender,
+            "senderId": f"$:LWCP_v1:${sender}",
+            "senderNick": sender.title(),
+            "chatbotUserId": "$:LWCP_v1:$robot",
+            "robotCode": self.client_id,
+            "isInAtList": at if group else None,
+            "conversationTitle": "Team" if group else None,
+            "createAt": int(time.time() * 1000),
+            "sessionWebhook": "https://oapi.invalid/robot/sendBySession?session=x",
+            "sessionWebhookExpiredTime": int(time.time() * 1000) + 5_400_000,
+            "msgtype": "text",
+            "text": {"content": f" {text}"},
+            **extra,
+        }
+
+    async def inject_text(self, chat: str, sender: str, text: str, **kw: Any) -> dict[str, Any]:
+        data = self.message(chat, sender, text, **kw)
+        await self.inject(data)
+        return data
+
+    async def inject(self, data: Any, *, topic: str = ROBOT_TOPIC, kind: str = "CALLBACK",
+                     mid: str | None = None) -> str:  # fmt: skip
+        """A frame carrying ``data`` (JSON-encoded unless already a string); kept until acked."""
+        mid = mid or f"frame-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        raw = data if isinstance(data, str) else json.dumps(data)
+        frame = {"specVersion": "1.0", "type": kind, "headers": {
+            "appId": "fakeapp", "connectionId": "c", "contentType": "application/json",
+            "messageId": mid, "time": str(int(time.time() * 1000)), "topic": topic}, "data": raw}  # fmt: skip
+        self.frames[mid] = frame
+        if kind == "CALLBACK" and topic == ROBOT_TOPIC:
+            self.pending[mid] = frame
+        await self.send_frame(frame)
+        return mid
+
+    async def send_frame(self, frame: Any) -> None:
+        if self.ws is not None and not self.ws.closed and not self.half_open:
+            await self.ws.send_str(frame if isinstance(frame, str) else json.dumps(frame))
+
+    async def redeliver(self, mid: str) -> None:
+        """The same frame once more (DingTalk retrying a frame whose ack it did not see)."""
+        await self.send_frame(self.frames[mid])
+
+    async def system(self, topic: str, data: dict[str, Any] | None = None) -> str:
+        return await self.inject(data or {}, topic=topic, kind="SYSTEM")
+
+    async def drop(self) -> None:
+        """Close the websocket without a close frame (the network broke)."""
+        transport, self.ws = self._transport, None
+        if transport is not None:
+            transport.abort()
+
+    def revoke(self) -> None:
+        """The app's secret is reset: open and token calls are refused, issued tokens too."""
+        self.revoked = True
+        self.tokens.clear()
+
+    def fail_next(self, kind: str, status: int, code: str) -> None:
+        """The next call of ``kind`` (``send``, ``token``, ``open``) answers ``status`` ``code``."""
+        self._fail.setdefault(kind, []).append((status, code))
+
+    # -- reading ---------------------------------------------------------------------------------
+    def acked(self, mid: str) -> bool:
+        return any(a.get("headers", {}).get("messageId") == mid for a in self.acks)
+
+    def messages_to(self, chat: str) -> list[Sent]:
+        return [m for m in self.sent if m.chat_id == chat]
+
+    async def wait_for(self, check: Callable[[], T | None], timeout: float = 15, what: str = "") -> T:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = check()
+            if found:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out waiting for {what}; bot sent {[m.text for m in self.sent][-5:]}"
+                )
+            await asyncio.sleep(0.05)
+
+    # -- server ----------------------------------------------------------------------------------
+    async def _connect(self, request: web.Request) -> web.StreamResponse:
+        if request.query.get("ticket") not in self._tickets:
+            return _error(401, "invalidTicket", "ticket is invalid")
+        ws = web.WebSocketResponse(autoping=False, max_msg_size=16 * 1024 * 1024)
+        await ws.prepare(request)
+        self._transport = request.transport
+        self.ws, self.connections = ws, self.connections + 1
+        for frame in list(self.pending.values()):
+            await ws.send_str(json.dumps(frame))
+        async for msg in ws:
+            if msg.type == WSMsgType.PING:
+                if not self.half_open:
+                    await ws.pong(msg.data)
+            elif msg.type == WSMsgType.TEXT:
+                ackd = json.loads(msg.data)
+                self.acks.append(ackd)
+                self.pending.pop(ackd.get("headers", {}).get("messageId", ""), None)
+        if self.ws is ws:
+            self.ws = None
+        return ws
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        data = self.files.get(request.match_info["code"])
+        return web.Response(body=data) if data is not None else web.Response(status=404)
+
+    async def _upload(self, request: web.Request) -> web.StreamResponse:
+        """The older API's upload: token in the query, errors as ``{"errcode", "errmsg"}``."""
+        self.calls.append("/media/upload")
+        if request.query.get("access_token") not in self.tokens:
+            return web.json_response({"errcode": 40014, "errmsg": "不合法的access_token"})
+        form = await request.post()
+        media = form.get("media")
+        if not isinstance(media, web.FileField) or form.get("type") not in (
+            "image",
+            "file",
+            "voice",
+            "video",
+        ):
+            return web.json_response({"errcode": 40035, "errmsg": "缺少参数 media"})
+        media_id = f"@media{next(self._ids)}"
+        self.uploads[media_id] = (media.filename, media.file.read())
+        return web.json_response(
+            {"errcode": 0, "errmsg": "ok", "media_id": media_id, "type": form.get("type")}
+        )
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        path = "/" + request.match_info["path"]
+        self.calls.append(path)
+        body = await request.json()
+        if path == "/v1.0/gateway/connections/open":
+            self.opens += 1
+            if failure := self._take("open"):
+                return failure
+            if (
+                self.revoked
+                or body.get("clientId") != self.client_id
+                or body.get("clientSecret") != self.client_secret
+            ):
+                return _error(401, "authFailed", "鉴权失败")
+            ticket = uuid.uuid4().hex
+            self._tickets.add(ticket)
+            return web.json_response({"endpoint": f"ws://127.0.0.1:{self.port}/connect", "ticket": ticket})
+        if path == "/v1.0/oauth2/accessToken":
+            self.token_requests += 1
+            if failure := self._take("token"):
+                return failure
+            if (
+                self.revoked
+                or body.get("appKey") != self.client_id
+                or body.get("appSecret") != self.client_secret
+            ):
+                return _error(400, "invalidClientSecret", "app secret is invalid")
+            token = f"tok{uuid.uuid4().hex}"
+            self.tokens.add(token)
+            return web.json_response({"accessToken": token, "expireIn": 7200})
+        if request.headers.get("x-acs-dingtalk-access-token") not in self.tokens:
+            return _error(401, "InvalidAuthentication", "access token is invalid")
+        if path in ("/v1.0/robot/oToMessages/batchSend", "/v1.0/robot/groupMessages/send"):
+            return await self._send(path, body)
+        if path == "/v1.0/card/instances/createAndDeliver":
+            return self._card_create(body)
+        if path == "/v1.0/robot/messageFiles/download":
+            code = body.get("downloadCode")
+            if code not in self.files:
+                return _error(400, "invalidDownloadCode", "download code is invalid")
+            return web.json_response({"downloadUrl": f"{self.base_url}/files/{code}"})
+        return _error(404, "notFound", "unknown api")
+
+    async def _send(self, path: str, body: dict[str, Any]) -> web.StreamResponse:
+        if failure := self._take("send"):
+            return failure
+        if body.get("robotCode") != self.client_id:
+            return _error(400, "robotNotExist", "robot does not exist")
+        if len(str(body.get("msgParam", "")).encode()) > 15_000:  # groupMessages/send's documented limit
+            return _error(400, "invalidParameter.msgParam.length", "msgParam is longer than 15000 bytes")
+        try:
+            param = json.loads(body["msgParam"])
+        except (KeyError, TypeError, ValueError):
+            return _error(400, "invalidParameter", "msgParam is invalid")
+        key = f"pq{next(self._ids)}"
+        if path.endswith("batchSend"):
+            users = body.get("userIds") or []
+            for user in users:
+                self.sent.append(Sent(user, str(body.get("msgKey")), param, key))
+            return web.json_response({"processQueryKey": key, "invalidStaffIdList": [],
+                                      "flowControlledStaffIdList": []})  # fmt: skip
+        self.sent.append(Sent(str(body.get("openConversationId")), str(body.get("msgKey")), param, key))
+        return web.json_response({"processQueryKey": key})
+
+    def _card_create(self, body: dict[str, Any]) -> web.StreamResponse:
+        out, space = str(body.get("outTrackId") or ""), str(body.get("openSpaceId") or "")
+        params = (body.get("cardData") or {}).get("cardParamMap") or {}
+        if (
+            not body.get("cardTemplateId")
+            or not out
+            or not space.startswith("dtv1.card//")
+            or len(params) != 1
+        ):
+            return _error(400, "invalidParameter", "card parameters are invalid")
+        if out in self.cards:
+            return _error(400, "outTrackIdExists", "outTrackId already exists")
+        kind, _, chat = space.removeprefix("dtv1.card//").partition(".")
+        deliver = (
+            body.get("imGroupOpenDeliverModel" if kind == "IM_GROUP" else "imRobotOpenDeliverModel") or {}
+        )
+        if kind not in ("IM_GROUP", "IM_ROBOT") or deliver.get("robotCode") != self.client_id:
+            return _error(400, "invalidParameter", "deliver model is invalid")
+        key, text = next(iter(params.items()))
+        self.cards[out] = Card(chat, key, str(text))
+        return web.json_response({"success": True, "result": {"outTrackId": out}})
+
+    async def _card_stream(self, request: web.Request) -> web.StreamResponse:
+        self.calls.append("/v1.0/card/streaming")
+        if request.headers.get("x-acs-dingtalk-access-token") not in self.tokens:
+            return _error(401, "InvalidAuthentication", "access token is invalid")
+        body = await request.json()
+        card = self.cards.get(str(body.get("outTrackId")))
+        if card is None:
+            return _error(400, "cardNotExist", "card does not exist")
+        if card.final:
+            return _error(400, "cardFinalized", "the card's streaming is finished")
+        if body.get("key") != card.key or not body.get("guid") or body.get("isFull") is not True:
+            return _error(400, "invalidParameter", "streaming parameters are invalid")
+        card.text, card.updates, card.final = (
+            str(body.get("content")),
+            card.updates + 1,
+            bool(body.get("isFinalize")),
+        )
+        return web.json_response({"success": True})
+
+    def _take(self, kind: str) -> web.StreamResponse | None:
+        queue = self._fail.get(kind)
+        if not queue:
+            return None
+        status, code = queue.pop(0)
+        return _error(status, code, "scripted failure")
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"requestid": uuid.uuid4().hex.upper(), "code": code, "message": message},
+                             status=status)  # fmt: skip
