@@ -156,7 +156,6 @@ def build(host: ConsoleHost, token: str) -> web.Application:
         loader=jinja2.PackageLoader("gateway.console", "templates"),
         autoescape=True,
         finalize=lambda value: shown(value, host.redact),
-        undefined=jinja2.StrictUndefined,
     )
     env.globals["base"] = PATH
     files = _static_files()
