@@ -59,13 +59,13 @@ async def browser(daemon: DaemonProcess) -> AsyncIterator[Console]:
 async def answered(tg: FakeTelegram, chat: int, update: dict[str, Any], needle: str) -> str:
     mid = update["message"]["message_id"]
 
-    def check() -> str | None:
+    def check() -> Any:
         for m in tg.bot_messages(chat):
             if m.reply_to == mid and needle in m.text:
                 return str(m.text)
         return None
 
-    return await tg.wait_for(check, timeout=20, what=f"reply with {needle!r}")
+    return str(await tg.wait_for(check, timeout=20, what=f"reply with {needle!r}"))
 
 
 def assert_headers(response: aiohttp.ClientResponse) -> None:

@@ -127,9 +127,9 @@ class Config(Strict):
     (docs/models-and-usage.md)."""
     usage: UsageConfig = Field(default_factory=UsageConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    """OpenTelemetry traces of every turn, Langfuse (docs/tracing.md)."""
     console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     """The operator console on the HTTP listener, behind a login (docs/console.md)."""
-    """OpenTelemetry traces of every turn, Langfuse (docs/tracing.md)."""
     push: dict[str, PushTarget] = Field(default_factory=dict)
     """Push-only notification targets (Bark, ntfy) by name, for ``chital send push:NAME`` and
     schedules (docs/push.md)."""

@@ -5,18 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.store.background import _COLUMNS as TASK_COLUMNS
-from gateway.store.background import _FROM as TASK_FROM
-from gateway.store.background import BackgroundTask
-from gateway.store.background import _row as task_row
 from gateway.store.connection import Connection
 from gateway.store.entries import inbound_from_json
-from gateway.store.grants import _GRANT as GRANT_COLUMNS
-from gateway.store.grants import Grant
-from gateway.store.grants import _grant as grant_row
-from gateway.store.schedules import _COLUMNS as SCHEDULE_COLUMNS
-from gateway.store.schedules import ACTIVE, Schedule
-from gateway.store.schedules import _row as schedule_row
 
 LIKE_ESCAPE = str.maketrans({"\\": "\\\\", "%": "\\%", "_": "\\_"})
 
@@ -70,22 +60,6 @@ class ConsoleQueries:
             )
         return found
 
-    async def schedules_all(self, limit: int = 200) -> list[Schedule]:
-        """Every active schedule, the next to fire first."""
-        async with self._db.execute(
-            f"SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE state = ? ORDER BY next_fire, id LIMIT ?",
-            (ACTIVE, limit),
-        ) as cur:
-            return [schedule_row(r) for r in await cur.fetchall()]
-
-    async def grants_live(self, limit: int = 200) -> list[Grant]:
-        """Every live standing permission, newest first."""
-        async with self._db.execute(
-            f"SELECT {GRANT_COLUMNS} FROM approval_grants WHERE revoked IS NULL ORDER BY id DESC LIMIT ?",
-            (limit,),
-        ) as cur:
-            return [grant_row(r) for r in await cur.fetchall()]
-
     async def usage_by_day(self, since: str, limit: int = 2000) -> list[tuple[str, str, str, int, int]]:
         """(day, user, model, tokens, cost in micros) from ``since`` (``YYYY-MM-DD``) on, by day."""
         sql = (
@@ -98,10 +72,3 @@ class ConsoleQueries:
                     (str(r[0]), str(r[1]), str(r[2]), int(r[3] or 0), int(r[4] or 0))
                     for r in await cur.fetchall()
                 ]
-
-    async def background_all(self, limit: int = 200) -> list[BackgroundTask]:
-        """Every conversation's background tasks, the newest first."""
-        async with self._db.execute(
-            f"SELECT {TASK_COLUMNS} FROM {TASK_FROM} ORDER BY t.id DESC LIMIT ?", (limit,)
-        ) as cur:
-            return [task_row(r) for r in await cur.fetchall()]
