@@ -17,8 +17,8 @@ from gateway.commands.admin import revoke_user, settle_pairing
 from gateway.commands.approvals import revoke_grant
 from gateway.commands.background import stop_task
 from gateway.commands.registry import CommandContext
-from gateway.console.app import HOST_KEY, session_of
 from gateway.console.auth import PATH
+from gateway.console.request import HOST_KEY, session_of
 from gateway.intake import access
 from gateway.schedules.runner import cancel_as
 from gateway.store.access import normalize_code

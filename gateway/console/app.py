@@ -18,14 +18,13 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from gateway.console import ConsoleHost
-from gateway.console.auth import PATH, SECURITY_HEADERS, Guard, Session
+from gateway.console import ConsoleHost, actions, pages
+from gateway.console.auth import PATH, SECURITY_HEADERS, Guard
+from gateway.console.request import GUARD_KEY, HOST_KEY, SESSION, session_of
 from gateway.ops.logs import visible
 
 log = logging.getLogger(__name__)
 
-HOST_KEY: web.AppKey[ConsoleHost] = web.AppKey("console_host", ConsoleHost)
-GUARD_KEY: web.AppKey[Guard] = web.AppKey("console_guard", Guard)
 PUBLIC_ROUTES = frozenset({"login", "login_post", "static"})
 """The only routes reachable without a session: the login page, its form and the static files."""
 STATIC = {
@@ -53,13 +52,6 @@ def shown(value: Any, redact: Callable[[str], str]) -> Any:
         f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" and c not in "\u200d" else c for c in text
     )
     return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"
-
-
-def session_of(request: web.Request) -> Session:
-    """The request's session (the gate let it through, so there is one)."""
-    session = request.get("console_session")
-    assert isinstance(session, Session)
-    return session
 
 
 def refuse(status: int, text: str) -> web.Response:
@@ -98,7 +90,7 @@ async def _gate(request: web.Request, handler: Handler) -> web.StreamResponse:
             if not guard.csrf_ok(request, session, given if isinstance(given, str) else None):
                 log.warning("console: %s %s refused: no or a wrong CSRF token", request.method, request.path)
                 return refuse(403, "Refused: the form's CSRF token is missing or wrong. Reload the page.")
-        request["console_session"] = session
+        request[SESSION] = session
     return await handler(request)
 
 
@@ -146,8 +138,6 @@ def _static_files() -> dict[str, tuple[bytes, str, str]]:
 
 def build(host: ConsoleHost, token: str) -> web.Application:
     """The console's sub-application (routes relative to ``/console``)."""
-    from gateway.console import actions, pages
-
     app = web.Application(middlewares=[gate])
     app[HOST_KEY] = host
     app[GUARD_KEY] = Guard(host.config.console, token)

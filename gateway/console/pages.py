@@ -16,8 +16,8 @@ from compat.versions import check_all
 from gateway.commands.builtin import REGISTRY
 from gateway.commands.mcp import servers_text
 from gateway.commands.skills import listing
-from gateway.console.app import HOST_KEY, session_of
 from gateway.console.charts import usage_charts
+from gateway.console.request import HOST_KEY, session_of
 from gateway.schedules.runner import info_of
 from gateway.store.journal import Store
 

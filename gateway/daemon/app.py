@@ -33,10 +33,9 @@ from gateway.config import data_dir
 from gateway.config.platforms import PLATFORMS, build_channels
 from gateway.config.schema import Config
 from gateway.config.secrets import redactor_for
-from gateway.console.app import mount as mount_console
 from gateway.daemon.agent_setup import UnconfiguredHarness, open_harness
 from gateway.daemon.cluster import Cluster, Leases
-from gateway.daemon.console_host import console_host
+from gateway.daemon.console_host import with_console
 from gateway.daemon.gateway import Gateway
 from gateway.daemon.lifecycle import (
     Resources,
@@ -399,8 +398,7 @@ class Daemon:
 
     async def _start_http(self) -> None:
         host, port = self.config.http.host, self.config.http.port
-        app = build_app(self, self.metrics, redactor_for(self.config))
-        console = mount_console(app, console_host(self))  # docs/console.md; off without a token
+        app = with_console(build_app(self, self.metrics, redactor_for(self.config)), self)  # docs/console.md
         runner = self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         self._resources.push("the HTTP endpoint", runner.cleanup)
@@ -413,8 +411,6 @@ class Daemon:
         addresses = runner.addresses
         self.http_port = int(addresses[0][1]) if addresses else self.config.http.port
         log.info("health and metrics on http://%s:%s/", self.config.http.host, self.http_port)
-        if console:
-            log.info("operator console on http://%s:%s/console/", self.config.http.host, self.http_port)
 
     async def _start_hooks(self) -> None:
         from gateway.turns.hooks import Hooks, serve
