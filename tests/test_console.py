@@ -188,7 +188,7 @@ async def test_xss_and_secrets_are_escaped_and_actions_reach_the_chat(
     asked = tg.inject_message(STRANGER, STRANGER, "let me in", first_name=XSS_NAME)
     text = await answered(tg, STRANGER, asked, "pairing code is")
     code = re.search(r"pairing code is ([A-Z0-9]{8})", text).group(1)  # type: ignore[union-attr]
-    said = tg.inject_message(MEMBER, MEMBER, f"{XSS_TEXT} key sk-test-key-never-logged")
+    said = tg.inject_message(MEMBER, MEMBER, f"{XSS_TEXT} key sk-test-key-never-logged bot {tg.token}")
     await answered(tg, MEMBER, said, "echo:")
     document = tg.add_file(b"hello", file_name=XSS_FILE, mime_type="text/plain")
     sent = tg.inject_message(MEMBER, MEMBER, "a file", document=document)
@@ -210,6 +210,9 @@ async def test_xss_and_secrets_are_escaped_and_actions_reach_the_chat(
     assert "&lt;script&gt;alert(4)&lt;/script&gt;&#34;onerror=x.txt" in transcript, transcript
     assert "<img" not in transcript and "<script>alert" not in transcript
     assert "sk-test-key-never-logged" not in transcript and "key ***" in transcript, transcript
+    assert tg.token not in transcript and "bot ***" in transcript, transcript
+    _, usage, _ = await browser.get("/usage")
+    assert 'id="chart-users"' in usage and ">telegram:1002<" in usage and ">default<" in usage, usage
     for page in PAGES:
         _, body, _ = await browser.get(page)
         assert "<script>alert" not in body and "<img src=x" not in body, page
@@ -226,6 +229,22 @@ async def test_xss_and_secrets_are_escaped_and_actions_reach_the_chat(
     again = tg.inject_message(STRANGER, STRANGER, "now may I", first_name=XSS_NAME)
     assert "echo: now may I" in await answered(tg, STRANGER, again, "echo:")
     assert f"pairing: console:admin approved telegram:{STRANGER} (code {code})" in daemon.logs()
+    # Revoke them from the console: their next message gets a pairing code again; deny that one.
+    status, _, _ = await browser.post("/people/revoke", {"csrf": csrf, "user": f"telegram:{STRANGER}"})
+    assert status == 303
+    assert f"Revoked telegram:{STRANGER}." in (await browser.get("/people"))[1]
+    assert f"pairing: console:admin revoked telegram:{STRANGER}" in daemon.logs()
+    later = tg.inject_message(STRANGER, STRANGER, "hello again", first_name=XSS_NAME)
+    text = await answered(tg, STRANGER, later, "pairing code is")
+    code2 = re.search(r"pairing code is ([A-Z0-9]{8})", text).group(1)  # type: ignore[union-attr]
+    status, _, _ = await browser.post("/people/deny", {"csrf": csrf, "code": code2})
+    assert status == 303 and "Denied" in (await browser.get("/people"))[1]
+    await tg.wait_for(
+        lambda: any("declined" in m.text for m in tg.bot_messages(STRANGER)), what="stranger told of denial"
+    )
+    assert f"pairing: console:admin denied telegram:{STRANGER} (code {code2})" in daemon.logs()
+    status, _, _ = await browser.post("/people/approve", {"csrf": csrf, "code": "ZZZZZZZZ"})
+    assert "No pending pairing code &#39;ZZZZZZZZ&#39;" in (await browser.get("/people"))[1]
 
     # Cancel the member's schedule from the console: their /schedules no longer lists it.
     _, schedules, _ = await browser.get("/schedules")

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp_jinja2
 import jinja2
+import markupsafe
 from aiohttp import web
 
 from gateway.console import ConsoleHost, actions, pages
@@ -45,8 +46,8 @@ def shown(value: Any, redact: Callable[[str], str]) -> Any:
     :data:`TEXT_CHARS` (they are names and texts users and the model chose)."""
     if value is None:
         return ""
-    if not isinstance(value, str):
-        return value
+    if not isinstance(value, str) or isinstance(value, markupsafe.Markup):
+        return value  # Markup: a macro's output, whose own expressions passed here already
     text = "\n".join(visible(line) for line in redact(value).split("\n"))
     text = "".join(
         f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" and c not in "\u200d" else c for c in text
