@@ -325,3 +325,32 @@ async def _never() -> dict[str, Any]:
 
 async def _never_lines() -> list[str]:
     raise AssertionError
+
+
+async def test_a_background_task_stopped_from_the_console(
+    daemon: DaemonProcess, browser: Console, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """The Stop button ends the task as ``/tasks stop`` does: its owner sees it stopped, and
+    ``/tasks`` says who stopped it (the console)."""
+    import asyncio
+
+    held = asyncio.Event()
+    model.add_rule(lambda t: "CONSOLEJOB" in t, Reply(text="never shown", hold=held))
+    try:
+        ask = tg.inject_command(
+            MEMBER, MEMBER, "bg", "CONSOLEJOB count the stars", chat_type="private", at=None
+        )
+        await answered(tg, MEMBER, ask, "Started background task #1")
+        await browser.login()
+        _, tasks, _ = await browser.get("/tasks")
+        assert 'id="stop-task-1"' in tasks and "CONSOLEJOB count the stars" in tasks
+        status, _, _ = await browser.post("/tasks/stop", {"csrf": await browser.csrf(), "id": "1"})
+        assert status == 303
+        assert "⏹ Stopping background task #1." in (await browser.get("/tasks"))[1]
+        await answered(tg, MEMBER, ask, "⏹ Stopped.")
+        listing = tg.inject_command(MEMBER, MEMBER, "tasks", "", chat_type="private", at=None)
+        assert "stopped by console:admin" in await answered(tg, MEMBER, listing, "Background tasks here")
+        status, _, _ = await browser.post("/tasks/stop", {"csrf": await browser.csrf(), "id": "1"})
+        assert "No such running background task." in (await browser.get("/tasks"))[1]
+    finally:
+        held.set()
