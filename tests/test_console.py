@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import time
 from collections.abc import AsyncIterator
 from importlib import resources
@@ -21,6 +22,7 @@ from gateway.config.schema import Config
 from gateway.console.app import mount
 from tests.console_client import ACTIONS, PAGES, TOKEN, Console
 from tests.daemon import DaemonProcess, chat_config, started_daemon
+from tests.fakes.gateway_rig import daemon_rows
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -354,3 +356,55 @@ async def test_a_background_task_stopped_from_the_console(
         assert "No such running background task." in (await browser.get("/tasks"))[1]
     finally:
         held.set()
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_a_standing_permission_revoked_from_the_console(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """The approvals page shows a call waiting for a decision (its command text escaped) and the
+    standing permission "Allow here" made; Revoke ends it as ``/approvals revoke`` does: recorded in
+    the approvals log under the console's user, and the next call is asked again."""
+    cfg = console_config(tmp_path, tg, model)
+    cfg["agent"]["approvals"] = {"tools": ["execute"], "timeout": 600}
+    cfg["agent"]["memory"] = {"enabled": False}
+
+    def runs(word: str) -> list[Reply]:
+        return [
+            Reply(tool_calls=[ToolCall("execute", {"command": f"echo {word}"})]),
+            Reply(text=f"Ran: {word}."),
+        ]
+
+    def buttoned() -> list[Any]:
+        return [m for m in tg.bot_messages(MEMBER) if tg.buttons(MEMBER, m.message_id)]
+
+    async with started_daemon(tmp_path, cfg) as daemon:
+        browser = Console(daemon.port)
+        try:
+            model.script(*runs("one"))
+            first = tg.inject_message(MEMBER, MEMBER, "run one", first_name=XSS_NAME)
+            request = await tg.wait_for(lambda: next(iter(buttoned()), None), what="the approval buttons")
+            await browser.login()
+            _, page, _ = await browser.get("/approvals")
+            assert "execute" in page and f"telegram:{MEMBER}" in page and "<script>alert" not in page
+            tg.press_button(MEMBER, request.message_id, MEMBER, "Allow here", first_name="Mia")
+            await answered(tg, MEMBER, first, "Ran: one.")
+            _, page, _ = await browser.get("/approvals")
+            grant = re.search(r'id="revoke-grant-([0-9]+)"', page)
+            assert grant, page
+            form = {"csrf": await browser.csrf(), "id": grant.group(1)}
+            status, _, _ = await browser.post("/approvals/revoke", form)
+            assert status == 303
+            _, page, _ = await browser.get("/approvals")
+            assert (
+                f"Revoked standing permission #{grant.group(1)}." in page and 'id="revoke-grant-' not in page
+            )
+            rows = daemon_rows(cfg["storage"], "SELECT action, by_user FROM approval_log ORDER BY id")
+            assert ("revoke", "console:admin") in [tuple(r) for r in rows], rows
+            asked_before = len(buttoned())
+            model.script(*runs("two"))
+            tg.inject_message(MEMBER, MEMBER, "run two")
+            await tg.wait_for(lambda: len(buttoned()) > asked_before or None, what="asked again")
+        finally:
+            await browser.close()
