@@ -384,7 +384,9 @@ async def test_a_standing_permission_revoked_from_the_console(
         try:
             model.script(*runs("one"))
             first = tg.inject_message(MEMBER, MEMBER, "run one", first_name=XSS_NAME)
-            request = await tg.wait_for(lambda: next(iter(buttoned()), None), what="the approval buttons")
+            request: Any = await tg.wait_for(
+                lambda: next(iter(buttoned()), None), what="the approval buttons"
+            )
             await browser.login()
             _, page, _ = await browser.get("/approvals")
             assert "execute" in page and f"telegram:{MEMBER}" in page and "<script>alert" not in page

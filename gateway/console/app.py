@@ -68,6 +68,10 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as exc:
         exc.headers.update(SECURITY_HEADERS)
         raise
+    except Exception as exc:  # a database gone away: say so, specifically, not "Internal Server Error"
+        log.error("console: %s %s failed: %s: %s", request.method, request.path, type(exc).__name__, exc)
+        why = f"The console could not read the daemon's state ({type(exc).__name__}); see the daemon's log."
+        response = refuse(500, why)
     response.headers.update(SECURITY_HEADERS)
     return response
 

@@ -196,7 +196,8 @@ class Guard:
         address = request.remote or "?"
         wait = self.limiter.wait(address)
         if wait > 0:
-            log.warning("console: login refused: too many failed logins (from %s)", address)
+            # Not a warning each: a guesser past the limit would flood the log at will.
+            log.debug("console: login refused: too many failed logins (from %s)", address)
             return f"Too many failed logins. Try again in {about(wait)}."
         if not token_matches(given, self._token):
             self.limiter.failed(address)
