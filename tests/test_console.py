@@ -213,6 +213,10 @@ async def test_xss_and_secrets_are_escaped_and_actions_reach_the_chat(
     assert "<img" not in transcript and "<script>alert" not in transcript
     assert "sk-test-key-never-logged" not in transcript and "key ***" in transcript, transcript
     assert tg.token not in transcript and "bot ***" in transcript, transcript
+    # The agent's side: its answers, the tool call with its arguments and the tool's result.
+    assert 'class="history-assistant"' in transcript and 'class="history-tool"' in transcript
+    assert "schedule_task {&#34;text&#34;: &#34;water the plants&#34;" in transcript, transcript
+    assert "Done: " in transcript
     _, usage, _ = await browser.get("/usage")
     assert 'id="chart-users"' in usage and ">telegram:1002<" in usage and ">default<" in usage, usage
     for page in PAGES:
@@ -410,3 +414,21 @@ async def test_a_standing_permission_revoked_from_the_console(
             await tg.wait_for(lambda: len(buttoned()) > asked_before or None, what="asked again")
         finally:
             await browser.close()
+
+
+def test_a_transcript_line_is_cut() -> None:
+    """A huge tool result or tool argument becomes a bounded line (a page never carries 50 MB)."""
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    from agent.transcript import ARGS, TEXT_CHARS, transcript_of
+
+    huge = "x" * 5_000_000
+    lines = transcript_of(
+        [
+            AIMessage(content="", tool_calls=[{"name": "execute", "args": {"command": huge}, "id": "c1"}]),
+            ToolMessage(content=huge, tool_call_id="c1", name="execute"),
+        ]
+    )
+    assert [line.role for line in lines] == ["assistant", "tool"] and lines[1].name == "execute"
+    assert len(lines[0].tool_calls[0]) <= len("execute ") + ARGS and lines[0].tool_calls[0].endswith("…")
+    assert len(lines[1].text) == TEXT_CHARS and lines[1].text.endswith("…")

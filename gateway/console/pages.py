@@ -88,8 +88,18 @@ async def conversation(request: web.Request) -> web.Response:
     if not entries:
         raise web.HTTPNotFound(text="No such conversation.")
     approvals = {e["key"]: await store.approvals_for(e["key"]) for e in entries}
+    ctx = request.app[HOST_KEY].context()
+    thread = await store.thread_get(key)
+    history = await ctx.harness.transcript(thread) if ctx is not None and thread else ()
     return render(
-        request, "conversation.html", "conversations", key=key, entries=entries, approvals=approvals
+        request,
+        "conversation.html",
+        "conversations",
+        key=key,
+        entries=entries,
+        approvals=approvals,
+        thread=thread,
+        history=history,
     )
 
 
