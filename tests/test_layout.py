@@ -15,11 +15,6 @@ from tests.daemon import REPO
 ROOTS = ("gateway", "channels", "agent", "compat")
 MAX_LINES = 500
 LONGER: dict[str, tuple[int, str]] = {
-    "gateway/daemon/app.py": (
-        501,
-        "the daemon's lifecycle; splits along its listeners (_start_http, _start_hooks, the console's "
-        "mount) into gateway/daemon/listeners.py",
-    ),
     "compat/lean_imports.py": (
         520,
         "the import hook and its table of deferred names: one mechanism, "
