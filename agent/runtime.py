@@ -56,6 +56,7 @@ from agent.tools.background import BackgroundStarter, build_background_tools
 from agent.tools.clarify import open_choices
 from agent.tools.schedule import Scheduler, build_schedule_tools
 from agent.tools.search import CITE_PROMPT
+from agent.transcript import TranscriptLine, transcript_of
 from agent.turn import PLAIN, TurnOptions
 from agent.turn_overrides import TurnOverrides
 from agent.usage import UsageSink, attach_usage
@@ -180,6 +181,12 @@ class AgentRuntime:
     async def plan(self, thread_id: str) -> tuple[PlanItem, ...]:
         assert self.harness is not None
         return await self.harness.plan(thread_id)
+
+    async def transcript(self, thread_id: str, last: int = 200) -> tuple[TranscriptLine, ...]:
+        """The thread's last ``last`` messages as readable lines (the console's transcript)."""
+        assert self.harness is not None
+        snap = await self.harness.require_graph().aget_state({"configurable": {"thread_id": thread_id}})
+        return transcript_of(snap.values.get("messages", ()), last)
 
     async def title(self, thread_id: str) -> str | None:
         assert self.harness is not None

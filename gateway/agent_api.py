@@ -17,6 +17,7 @@ from typing import Protocol
 from agent.events import AgentEvent, ApprovalDecision, OutputFile, PlanItem
 from agent.mcp_view import McpServerView
 from agent.settings import McpSettings
+from agent.transcript import TranscriptLine
 from agent.turn import PLAIN, TurnOptions
 
 
@@ -93,6 +94,10 @@ class AgentHarness(Protocol):
 
     async def title(self, thread_id: str) -> str | None:
         """The conversation's short title, when it has one."""
+        ...
+
+    async def transcript(self, thread_id: str, last: int = 200) -> tuple[TranscriptLine, ...]:
+        """The thread's last ``last`` messages, with their tool calls, as readable lines (cut)."""
         ...
 
     async def open_choices(self, thread_id: str) -> tuple[str, tuple[str, ...]] | None:

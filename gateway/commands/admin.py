@@ -18,6 +18,7 @@ from gateway.store.access import PAIRING_ALPHABET, PAIRING_CODE_LEN, normalize_c
 
 if TYPE_CHECKING:
     from gateway.commands.registry import Command, CommandContext
+    from gateway.store.access import PairingRequest
     from gateway.store.entries import JournalEntry
 
 log = logging.getLogger(__name__)
@@ -46,18 +47,26 @@ async def decide(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
             f"No pending pairing code {code_span(code, PAIRING_CODE_LEN + 8)}. "
             "Send /approve alone to list the pending requests."
         )
-    if name == "deny":
+    return await settle_pairing(ctx, request, name == "approve", inbound.user)
+
+
+async def settle_pairing(ctx: CommandContext, request: PairingRequest, approve: bool, actor: str) -> str:
+    """Approve or deny a pending request, log it with its ``actor`` (an admin's ``platform:id``, or
+    the console's ``console:admin``) and tell the requester. The one implementation behind
+    ``/approve``, ``/deny`` and the console's buttons (gateway/console/actions.py)."""
+    code = request.code
+    if not approve:
         ttl = ctx.config.access_for(request.platform).pairing_code_ttl
-        await store.pairing_deny(code, ttl)
-        log.info("pairing: %s denied %s (code %s)", inbound.user, request.user, code)
+        await ctx.store.pairing_deny(code, ttl)
+        log.info("pairing: %s denied %s (code %s)", actor, request.user, code)
         await ctx.tell(request.platform, request.chat_id, f"denied-{code}", access.denied_text())
         return f"🚫 Denied {request.chat_label()}. They get no new code for {in_words(ttl)}."
     if request.expired():
         return f"Code {code} has expired. Ask {request.chat_label()} to message me again for a new one."
-    user = await store.pairing_approve(code)
+    user = await ctx.store.pairing_approve(code)
     if user is None:  # lapsed between the two reads
         return f"Code {code} has expired. Ask {request.chat_label()} to message me again for a new one."
-    log.info("pairing: %s approved %s (code %s)", inbound.user, user, code)
+    log.info("pairing: %s approved %s (code %s)", actor, user, code)
     await ctx.tell(request.platform, request.chat_id, f"approved-{code}", access.approved_text())
     return f"✅ Approved {request.chat_label()}. They can talk to me now."
 
@@ -74,9 +83,7 @@ async def revoke(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
         return (
             f"You are not an admin of {code_span(user.partition(':')[0])}; use `chital pairing revoke USER`."
         )
-    removed = await ctx.store.revoke(user)
-    if removed:
-        log.info("pairing: %s revoked %s", inbound.user, user)
+    removed = await revoke_user(ctx, user, inbound.user)
     text = (
         f"🚫 Revoked {code_span(user)}: they get a pairing code again if they write."
         if removed
@@ -85,6 +92,15 @@ async def revoke(ctx: CommandContext, entry: JournalEntry, cmd: Command) -> str:
     if access.config_allowed(ctx.config, user):
         text += " They are also let in by config.yaml (access.allow_users / admins): remove them there."
     return text
+
+
+async def revoke_user(ctx: CommandContext, user: str, actor: str) -> bool:
+    """Take back ``user``'s access granted by code, logged with its ``actor``: ``/revoke`` and the
+    console's Revoke button. False when they were not approved by code."""
+    removed = await ctx.store.revoke(user)
+    if removed:
+        log.info("pairing: %s revoked %s", actor, user)
+    return removed
 
 
 async def _pending_list(ctx: CommandContext, entry: JournalEntry) -> str:

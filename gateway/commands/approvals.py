@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from channels.base import Inbound
     from gateway.commands.registry import Command, CommandContext
     from gateway.store.entries import JournalEntry
+    from gateway.store.grants import Grant
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +69,8 @@ async def _revoke(ctx: CommandContext, inbound: Inbound, conversation: str, args
     admin = is_admin(ctx.config.access_for(inbound.platform), inbound)
     if not admin and inbound.user not in (grant.granted_by, grant.user):
         return f"⛔ Not yours to revoke: #{grant.id} is its granter's, the person's it covers, or an admin's."
-    if not await ctx.store.grant_revoke(grant.id, inbound.user):
+    if not await revoke_grant(ctx, grant, inbound.user, inbound.sender_name):
         return f"No live standing permission #{grant.id} here."
-    await ctx.store.approval_log_add(
-        inbound.platform, grant.conversation, "revoke", inbound.user, inbound.sender_name,
-        tool=grant.tool, grant_id=grant.id,
-    )  # fmt: skip
-    log.info("standing permission #%d revoked by %s", grant.id, inbound.user)
     return f"🗑 Revoked #{grant.id}: {code_span(grant.tool, 60)} asks again from the next call."
 
 
@@ -93,3 +89,16 @@ async def _log(ctx: CommandContext, inbound: Inbound, conversation: str) -> str:
         who = code_span(r.by_user, 60) + (f" {code_span(r.by_name, 40)}" if r.by_name else "")
         lines.append(f"{in_words(now - r.at, 1)} ago: {what}{ref} by {who}")
     return "\n".join(lines)
+
+
+async def revoke_grant(ctx: CommandContext, grant: Grant, actor: str, actor_name: str) -> bool:
+    """End a standing permission its revoker may end, in the approvals log and the daemon's log
+    with its ``actor``: ``/approvals revoke`` and the console's Revoke button. False when it was not
+    live (another revocation won)."""
+    if not await ctx.store.grant_revoke(grant.id, actor):
+        return False
+    await ctx.store.approval_log_add(
+        grant.platform, grant.conversation, "revoke", actor, actor_name, tool=grant.tool, grant_id=grant.id
+    )
+    log.info("standing permission #%d revoked by %s", grant.id, actor)
+    return True

@@ -71,7 +71,16 @@ async def tasks_command(ctx: CommandContext, entry: JournalEntry, cmd: Command) 
         return f"Background task #{number} has already ended ({_state(task)})."
     if task.owner != inbound.user and not access.is_admin(ctx.config.access_for(inbound.platform), inbound):
         return f"Only {code_span(task.owner)}, who started #{number}, or an admin can stop it."
-    if not await ctx.background.stop(task, f"stopped by {inbound.user}"):
+    return await stop_task(ctx, task, inbound.user)
+
+
+async def stop_task(ctx: CommandContext, task: BackgroundTask, actor: str) -> str:
+    """Stop a running task its stopper may stop, recorded as ``stopped by ACTOR``: ``/tasks stop``
+    and the console's Stop button. The outcome in words."""
+    number = task.id
+    if ctx.background is None:
+        return "Background tasks are off on this bot."
+    if not await ctx.background.stop(task, f"stopped by {actor}"):
         again = await ctx.store.background_get(number)
         if again is not None and again.running:
             return f"Background task #{number} is sending its result already; it is too late to stop it."

@@ -23,6 +23,7 @@ from pydantic import (
 from agent.config import AgentSettings, ModelSpec
 from agent.settings import shipped_skills_dir
 from channels.settings import ChannelSettings
+from gateway.config.console import ConsoleConfig
 from gateway.config.hooks import HooksConfig
 from gateway.config.platforms import PLATFORMS
 from gateway.config.profiles import Profile, check_profiles
@@ -127,6 +128,8 @@ class Config(Strict):
     usage: UsageConfig = Field(default_factory=UsageConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     """OpenTelemetry traces of every turn, Langfuse (docs/tracing.md)."""
+    console: ConsoleConfig = Field(default_factory=ConsoleConfig)
+    """The operator console on the HTTP listener, behind a login (docs/console.md)."""
     push: dict[str, PushTarget] = Field(default_factory=dict)
     """Push-only notification targets (Bark, ntfy) by name, for ``chital send push:NAME`` and
     schedules (docs/push.md)."""

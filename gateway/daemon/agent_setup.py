@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from agent.events import AgentEvent, ApprovalDecision, OutputFile, PlanItem, TurnFailed
+from agent.transcript import TranscriptLine
 from agent.turn import PLAIN, TurnOptions
 from gateway.agent_api import AgentHarness, McpAccess, MemoryAccess
 from gateway.config.schema import Config
@@ -70,6 +71,9 @@ class UnconfiguredHarness:
 
     async def title(self, thread_id: str) -> str | None:
         return None
+
+    async def transcript(self, thread_id: str, last: int = 200) -> tuple[TranscriptLine, ...]:
+        return ()
 
     async def open_choices(self, thread_id: str) -> tuple[str, tuple[str, ...]] | None:
         return None

@@ -25,13 +25,13 @@ from pathlib import Path
 from aiohttp import web
 
 from channels.base import Channel, ChannelState
-from channels.webroute import mount_path
 from gateway.agent_api import AgentHarness, sandbox_report
 from gateway.commands.mcp import reload_mcp
 from gateway.config import data_dir
 from gateway.config.platforms import build_channels
 from gateway.config.schema import Config
 from gateway.config.secrets import redactor_for
+from gateway.daemon import listeners
 from gateway.daemon.agent_setup import UnconfiguredHarness, open_harness
 from gateway.daemon.cluster import Cluster, Leases
 from gateway.daemon.gateway import Gateway
@@ -39,7 +39,6 @@ from gateway.daemon.lifecycle import (
     Resources,
     StartupError,
     database_error,
-    listen_error,
     one_line,
     postgres_error,
     prepare_data_dir,
@@ -51,7 +50,7 @@ from gateway.daemon.status import RecentErrors, StatusServer, StatusUnavailable,
 from gateway.daemon.summary import log_summary
 from gateway.daemon.timers import TimerOwner, take_timers
 from gateway.ops import tracing
-from gateway.ops.http import build_app, describe_state
+from gateway.ops.http import describe_state
 from gateway.ops.logs import RedactingFilter
 from gateway.ops.metrics import Metrics
 from gateway.ops.supervisor import ChannelSupervisor
@@ -217,7 +216,7 @@ class Daemon:
         if fixed:
             log.warning("%s", fixed)
         if cfg.http.enabled:
-            await self._start_http()
+            self._runner, self.http_port = await listeners.start_http(self, self._resources)
         await self._start_status()
         res.push("tracing", await tracing.start(cfg))  # released late: the drain's spans go out too
         db_path, url = self.db_path, cfg.storage.database_url
@@ -293,7 +292,8 @@ class Daemon:
         if self.cluster is not None:
             self.cluster.start()
         if cfg.hooks.hooks or any(ch.web_routes() for ch in channels):
-            await self._start_hooks()  # hooks, and the webhooks of platforms that call us
+            # hooks, and the webhooks of platforms that call us
+            self.hooks_port = await listeners.start_hooks(self, self._resources)
         res.spawn(runner.run(), "pushes")
         res.spawn(log_summary(self), "startup-summary")
 
@@ -348,38 +348,6 @@ class Daemon:
             f" ({channel.reason})" if channel.reason else "",
         )
         # Resuming unfinished work on every (re)connect is the gateway's own (Gateway.attach).
-
-    async def _start_http(self) -> None:
-        host, port = self.config.http.host, self.config.http.port
-        app = build_app(self, self.metrics, redactor_for(self.config))
-        runner = self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        self._resources.push("the HTTP endpoint", runner.cleanup)
-        site = web.TCPSite(runner, host, port)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise listen_error(host, port, exc) from None
-        # The bound port (``port: 0`` picks one): the runner's public list of listening addresses.
-        addresses = runner.addresses
-        self.http_port = int(addresses[0][1]) if addresses else self.config.http.port
-        log.info("health and metrics on http://%s:%s/", self.config.http.host, self.http_port)
-
-    async def _start_hooks(self) -> None:
-        from gateway.turns.hooks import Hooks, serve
-
-        assert self.gateway is not None
-        host, port = self.config.hooks.host, self.config.hooks.port
-        hooks = Hooks(self.gateway, self.config, self.metrics, redactor_for(self.config))
-        try:
-            runner, self.hooks_port = await serve(hooks, host, port)
-        except OSError as exc:
-            raise listen_error(host, port, exc) from None
-        self._resources.push("the hooks endpoint", runner.cleanup)
-        log.info("hooks on http://%s:%s/hooks/<name> (%d hook(s))", host, self.hooks_port, len(hooks.hooks))
-        for sup in self.supervisors:
-            for path in dict.fromkeys(mount_path(sup.channel.name, r) for r in sup.channel.web_routes()):
-                log.info("%s webhook on http://%s:%s%s", sup.channel.name, host, self.hooks_port, path)
 
     async def stop(self) -> list[tuple[str, BaseException]]:
         """Drain running turns for ``shutdown_grace`` while the channels can still deliver, then

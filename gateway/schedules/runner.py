@@ -182,9 +182,16 @@ async def cancel(store: Store, config: Config, requester: Inbound, schedule_id: 
         raise ScheduleError(f"there is no active schedule #{schedule_id} in this conversation")
     if schedule.creator != requester.user and not is_admin(config.access_for(requester.platform), requester):
         raise ScheduleError(f"only {schedule.creator}, who made #{schedule_id}, or an admin can cancel it")
-    if not await store.schedule_cancel(schedule_id):
-        raise ScheduleError(f"schedule #{schedule_id} has just finished or was cancelled")
-    log.info("schedule #%d cancelled by %s", schedule_id, requester.user)
+    return await cancel_as(store, schedule, requester.user)
+
+
+async def cancel_as(store: Store, schedule: Schedule, actor: str) -> Schedule:
+    """End an active schedule once its canceller was allowed, logged with its ``actor`` (a user's
+    ``platform:id`` or the console's ``console:admin``): ``/unschedule``, the agent's tool and the
+    console's Cancel button."""
+    if not await store.schedule_cancel(schedule.id):
+        raise ScheduleError(f"schedule #{schedule.id} has just finished or was cancelled")
+    log.info("schedule #%d cancelled by %s", schedule.id, actor)
     return schedule
 
 

@@ -154,6 +154,13 @@ class BackgroundTables:
         ) as cur:
             return [_row(r) for r in await cur.fetchall()]
 
+    async def background_all(self, limit: int = 200) -> list[BackgroundTask]:
+        """Every conversation's background tasks, the newest first."""
+        async with self._db.execute(
+            f"SELECT {_COLUMNS} FROM {_FROM} ORDER BY t.id DESC LIMIT ?", (limit,)
+        ) as cur:
+            return [_row(r) for r in await cur.fetchall()]
+
     async def background_of(self, owner: str) -> list[BackgroundTask]:
         """``owner``'s tasks that have not ended (``/forget`` ends them)."""
         async with self._db.execute(

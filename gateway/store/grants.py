@@ -150,6 +150,14 @@ class GrantTables:
         async with self._db.execute(sql, (platform, conversation, limit)) as cur:
             return [_grant(r) for r in await cur.fetchall()]
 
+    async def grants_live(self, limit: int = 200) -> list[Grant]:
+        """Every live standing permission, newest first."""
+        async with self._db.execute(
+            f"SELECT {_GRANT} FROM approval_grants WHERE revoked IS NULL ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ) as cur:
+            return [_grant(r) for r in await cur.fetchall()]
+
     async def grant_revoke(self, grant_id: int, by: str) -> bool:
         """End a live permission (the first revocation wins); False if it was not live."""
         count = await self._write(

@@ -29,6 +29,7 @@ from gateway.store.background import BackgroundTables
 from gateway.store.busy import BusyTables
 from gateway.store.choices import ChoiceTables
 from gateway.store.connection import Connection, Dialect
+from gateway.store.console import ConsoleQueries
 from gateway.store.db import PgConnection, SqliteConnection
 from gateway.store.disk import DEFAULT_RESERVE, DiskReserve, StorageFull, is_full
 from gateway.store.entries import (
@@ -72,6 +73,7 @@ class Store(
     GrantTables,
     ChoiceTables,
     FileUpkeep,
+    ConsoleQueries,
 ):
     """The gateway's state on SQLite or PostgreSQL (any :class:`Connection`). Create with
     :meth:`open` or :meth:`open_postgres`."""

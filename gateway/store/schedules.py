@@ -215,6 +215,14 @@ class ScheduleTables:
         ) as cur:
             return [_row(r) for r in await cur.fetchall()]
 
+    async def schedules_all(self, limit: int = 200) -> list[Schedule]:
+        """Every active schedule, the next to fire first."""
+        async with self._db.execute(
+            f"SELECT {_COLUMNS} FROM schedules WHERE state = ? ORDER BY next_fire, id LIMIT ?",
+            (ACTIVE, limit),
+        ) as cur:
+            return [_row(r) for r in await cur.fetchall()]
+
     async def schedule_counts(self, conversation: str, creator: str) -> tuple[int, int]:
         """Active schedules of ``conversation`` and of ``creator`` (for the limits)."""
         counts = []

@@ -1,0 +1,185 @@
+"""The console's aiohttp sub-application: the gate every request passes (session, origin, CSRF,
+security headers), the login and logout, and the static files by a fixed list of names.
+
+Mounted at ``/console`` on the daemon's listener (:func:`mount`) only when an admin token is set:
+without one there is no console at all, not a console with an empty password.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import unicodedata
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+import aiohttp_jinja2
+import jinja2
+import markupsafe
+from aiohttp import web
+
+from gateway.console import ConsoleHost, actions, pages
+from gateway.console.auth import PATH, SECURITY_HEADERS, Guard
+from gateway.console.request import GUARD_KEY, HOST_KEY, SESSION, session_of
+from gateway.ops.logs import visible
+
+log = logging.getLogger(__name__)
+
+PUBLIC_ROUTES = frozenset({"login", "login_post", "static"})
+"""The only routes reachable without a session: the login page, its form and the static files."""
+STATIC = {
+    "htmx.min.js": "application/javascript",
+    "console.css": "text/css",
+}
+"""Every static file there is, by name: a request names one of these or gets 404. Nothing is ever
+joined from the request to a path."""
+TEXT_CHARS = 2000
+"""Longest text one template expression shows (a message, a name): the rest is cut with an ellipsis."""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def shown(value: Any, redact: Callable[[str], str]) -> Any:
+    """Every ``{{ … }}`` of every template passes here before Jinja escapes it: strings are masked
+    by the daemon's secrets, their control, bidi and zero-width characters made visible, and cut at
+    :data:`TEXT_CHARS` (they are names and texts users and the model chose)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or isinstance(value, markupsafe.Markup):
+        return value  # Markup: a macro's output, whose own expressions passed here already
+    text = "\n".join(visible(line) for line in redact(value).split("\n"))
+    text = "".join(
+        f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" and c not in "\u200d" else c for c in text
+    )
+    return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"
+
+
+def refuse(status: int, text: str) -> web.Response:
+    return web.Response(status=status, text=text + "\n", content_type="text/plain")
+
+
+@web.middleware
+async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Sessions before anything: a page without one redirects to the login, an action gets 401; a
+    state-changing request from another origin or without the session's CSRF token gets 403."""
+    try:
+        response = await _gate(request, handler)
+    except web.HTTPException as exc:
+        exc.headers.update(SECURITY_HEADERS)
+        raise
+    except Exception as exc:  # a database gone away: say so, specifically, not "Internal Server Error"
+        log.error("console: %s %s failed: %s: %s", request.method, request.path, type(exc).__name__, exc)
+        why = f"The console could not read the daemon's state ({type(exc).__name__}); see the daemon's log."
+        response = refuse(500, why)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+async def _gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    guard = request.app[GUARD_KEY]
+    route = request.match_info.route.name
+    changing = request.method not in ("GET", "HEAD", "OPTIONS")
+    if changing and not guard.origin_ok(request):
+        log.warning("console: %s %s refused: cross-origin or no Origin/Referer", request.method, request.path)
+        return refuse(403, "Refused: this request did not come from the console's own pages (Origin check).")
+    session = guard.session_of(request)
+    if route not in PUBLIC_ROUTES:
+        if session is None:
+            if changing:
+                return refuse(401, "No console session (or it expired): log in at /console/login.")
+            raise web.HTTPSeeOther(f"{PATH}/login")
+        if changing:
+            form = await request.post()
+            given = form.get("csrf")
+            if not guard.csrf_ok(request, session, given if isinstance(given, str) else None):
+                log.warning("console: %s %s refused: no or a wrong CSRF token", request.method, request.path)
+                return refuse(403, "Refused: the form's CSRF token is missing or wrong. Reload the page.")
+        request[SESSION] = session
+    return await handler(request)
+
+
+async def login_page(request: web.Request) -> web.StreamResponse:
+    if request.app[GUARD_KEY].session_of(request) is not None:
+        raise web.HTTPSeeOther(f"{PATH}/")
+    return aiohttp_jinja2.render_template("login.html", request, {"error": None, "notice": None})
+
+
+async def login_post(request: web.Request) -> web.StreamResponse:
+    guard = request.app[GUARD_KEY]
+    form = await request.post()
+    given = form.get("token")
+    outcome = guard.login(request, given if isinstance(given, str) else "")
+    if isinstance(outcome, str):
+        status = 429 if outcome.startswith("Too many") else 401
+        page = {"error": outcome, "notice": None}
+        return aiohttp_jinja2.render_template("login.html", request, page, status=status)
+    old = guard.session_of(request)
+    if old is not None:  # a login always starts a new session (no fixation)
+        guard.sessions.end(old.id)
+    response = web.HTTPSeeOther(f"{PATH}/")
+    guard.set_cookie(request, response, outcome)
+    return response
+
+
+async def logout(request: web.Request) -> web.StreamResponse:
+    guard = request.app[GUARD_KEY]
+    guard.sessions.end(session_of(request).id)
+    log.info("console: %s logged out", session_of(request).actor)
+    response = web.HTTPSeeOther(f"{PATH}/login")
+    guard.clear_cookie(response)
+    return response
+
+
+def _static_files() -> dict[str, tuple[bytes, str, str]]:
+    """Each allowed static file's bytes, content type and ETag, read once from the package."""
+    root = resources.files("gateway.console") / "static"
+    files = {}
+    for name, kind in STATIC.items():
+        body = (root / name).read_bytes()
+        files[name] = (body, kind, hashlib.sha256(body).hexdigest()[:32])
+    return files
+
+
+def build(host: ConsoleHost, token: str) -> web.Application:
+    """The console's sub-application (routes relative to ``/console``)."""
+    app = web.Application(middlewares=[gate])
+    app[HOST_KEY] = host
+    app[GUARD_KEY] = Guard(host.config.console, token)
+    env = aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.PackageLoader("gateway.console", "templates"),
+        autoescape=True,
+        finalize=lambda value: shown(value, host.redact),
+    )
+    env.globals["base"] = PATH
+    files = _static_files()
+
+    async def static(request: web.Request) -> web.StreamResponse:
+        found = files.get(request.match_info["name"])
+        if found is None:
+            raise web.HTTPNotFound(text="No such file.")
+        body, kind, etag = found
+        return web.Response(body=body, content_type=kind, headers={"ETag": f'"{etag}"'})
+
+    app.router.add_get("/login", login_page, name="login")
+    app.router.add_post("/login", login_post, name="login_post")
+    app.router.add_post("/logout", logout, name="logout")
+    app.router.add_get("/static/{name}", static, name="static")
+    pages.add_routes(app)
+    actions.add_routes(app)
+    return app
+
+
+def mount(app: web.Application, host: ConsoleHost) -> bool:
+    """Serve the console under ``/console`` on ``app`` when an admin token is set; False when not."""
+    token = host.config.console.admin_token()
+    if token is None:
+        return False
+
+    async def bare(_: web.Request) -> web.StreamResponse:
+        raise web.HTTPSeeOther(f"{PATH}/")
+
+    app.router.add_get(PATH, bare)
+    app.add_subapp(PATH, build(host, token))
+    return True
