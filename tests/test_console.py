@@ -35,7 +35,7 @@ XSS_FILE = '<script>alert(4)</script>"onerror=x.txt'
 SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
 }
 
 
