@@ -1,0 +1,106 @@
+"""What the console's end-to-end tests share (tests/test_console.py over HTTP, tests/test_console_browser.py
+in headless Chromium): the daemon's config with the console on, the people it knows, the hostile
+strings they type, waiting for the bot's answer in the fake Telegram, and driving the browser
+through the console's pages by their ids (docs/console.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.browser import Browser
+from tests.console_client import TOKEN
+from tests.daemon import chat_config
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
+from tests.fakes.telegram_server import FakeTelegram
+
+ADMIN = 1001
+MEMBER = 1002
+STRANGER = 6666
+XSS_NAME = '<script>alert("name")</script>"onerror=alert(1)'
+XSS_TEXT = '<img src=x onerror="alert(2)"><script>alert(3)</script>'
+XSS_FILE = '<script>alert(4)</script>"onerror=x.txt'
+WAIT = 60.0
+"""Seconds a browser waits for a page to show what it should (a loaded 2-core machine is slow;
+the wait ends as soon as the condition holds)."""
+
+
+def console_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, **console: Any) -> dict[str, Any]:
+    """A daemon on the fake Telegram with the console on: MEMBER allowed, ADMIN an admin, pairing
+    on (a stranger gets a code the console can approve); ``console`` merged into its section."""
+    cfg = chat_config(tmp_path, model.base_url, tg, allow=[str(MEMBER)], console={"token": TOKEN, **console})
+    cfg["access"].update(admins=[str(ADMIN)], pairing=True)
+    return cfg
+
+
+def echo_and_schedule(model: FakeOpenAI) -> None:
+    """The fake model echoes each message; one holding SCHEDULEME asks for a schedule ("water the
+    plants" in 2 h), and a tool's result is answered "Done: <result>"."""
+
+    def brain(body: dict[str, Any]) -> Reply:
+        last = body["messages"][-1]
+        if last.get("role") == "tool":
+            return Reply(text=f"Done: {str(last.get('content'))[:120]}")
+        text = last_user_text(body)
+        if "SCHEDULEME" in text:
+            return Reply(tool_calls=[ToolCall("schedule_task", {"text": "water the plants", "delay": "2h"})])
+        return Reply(text=f"echo: {text[-80:]}")
+
+    model.add_rule(lambda _t: True, brain)
+
+
+async def answered(tg: FakeTelegram, chat: int, update: dict[str, Any], needle: str) -> str:
+    """The bot's reply to ``update`` holding ``needle`` (waits for it)."""
+    mid = update["message"]["message_id"]
+
+    def check() -> str | None:
+        for m in tg.bot_messages(chat):
+            if m.reply_to == mid and needle in m.text:
+                return str(m.text)
+        return None
+
+    return await tg.wait_for(check, timeout=WAIT, what=f"reply with {needle!r}")
+
+
+# -- the browser's side -----------------------------------------------------------------------------
+
+
+async def until(b: Browser, check: Any, what: str, timeout: float = WAIT) -> Any:
+    """Wait until ``check(driver)`` is truthy and return it; on timeout fail saying ``what`` and
+    showing the page the browser is on (its URL and visible text)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    # A boosted link swaps the page's body: an element found a moment ago may be gone (stale).
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    wait = WebDriverWait(b.driver, timeout, poll_frequency=0.2, ignored_exceptions=ignored)
+    try:
+        return await b.call(lambda: wait.until(check))
+    except TimeoutException:
+        raise AssertionError(f"{what}: not within {timeout:.0f} s on {await b.url()}:\n{await b.text()}") from None
+
+
+def heading(text: str) -> Any:
+    """A condition: the page's <h1> reads ``text`` (a page, or a boosted swap, has arrived)."""
+
+    def check(driver: Any) -> bool:
+        return bool(driver.find_element("css selector", "h1").text == text)
+
+    return check
+
+
+def shows(needle: str) -> Any:
+    """A condition: the page's visible text holds ``needle``."""
+    return lambda driver: needle in driver.find_element("tag name", "body").text
+
+
+async def click(b: Browser, css: str) -> None:
+    await b.call(lambda: b.driver.find_element("css selector", css).click())
+
+
+async def log_in(b: Browser, port: int, token: str = TOKEN) -> None:
+    """Log in as a person does: open the console, land on the login page, type the token, submit."""
+    await b.get(f"http://127.0.0.1:{port}/console/")
+    await until(b, heading("Chital console"), "the login page")
+    await b.call(lambda: b.driver.find_element("id", "token").send_keys(token))
+    await click(b, "#login-submit")
