@@ -212,3 +212,95 @@ async def test_walk_every_page_approve_a_stranger_and_cancel_a_schedule(
 
 async def b_get(b: Browser, port: int, path: str) -> None:
     await b.get(f"http://127.0.0.1:{port}/console{path}")
+
+
+async def test_untrusted_text_renders_as_text_and_the_csp_blocks_what_would_get_in(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, browser: Browser
+) -> None:
+    echo_and_schedule(model)
+    async with started_daemon(tmp_path, console_config(tmp_path, tg, model)) as daemon:
+        asked = tg.inject_message(STRANGER, STRANGER, "let me in", first_name=PAYLOADS["name"])
+        text = await answered(tg, STRANGER, asked, "pairing code is")
+        code = re.search(r"pairing code is ([A-Z0-9]{8})", text).group(1)  # type: ignore[union-attr]
+        said = tg.inject_message(MEMBER, MEMBER, PAYLOADS["text"])
+        await answered(tg, MEMBER, said, "echo:")
+        document = tg.add_file(b"hello", file_name=PAYLOADS["file"], mime_type="text/plain")
+        sent = tg.inject_message(MEMBER, MEMBER, "a file", document=document)
+        await answered(tg, MEMBER, sent, "echo:")
+
+        await log_in(browser, daemon.port)
+        await until(browser, heading("Overview"), "the overview after logging in")
+        await browser.logs()  # what the login page logged is not this test's
+        pages = [f"/{nav}" if nav != "overview" else "/" for nav, _, _ in PAGES]
+        pages += [f"/conversation?c=telegram%3A{MEMBER}", f"/conversation?c=telegram%3A{STRANGER}"]
+        for path in pages:
+            await b_get(browser, daemon.port, path)
+            await until(browser, lambda d: d.find_element("css selector", "h1").text, f"{path} loaded")
+            await assert_nothing_ran(browser, path)
+            if path == "/people":  # names are stored cut to a bound: the payload's start shows
+                assert PAYLOADS["name"][:80] in await page_text(browser, "pending")
+            if path.endswith(str(MEMBER)):
+                transcript = await page_text(browser, "transcript")
+                assert PAYLOADS["text"] in transcript, transcript
+                assert "onerror=alert(4)>.txt" in transcript and "chitalPwned" in transcript, transcript
+            if path.endswith(str(STRANGER)):
+                assert PAYLOADS["name"][:80] in await page_text(browser, "transcript")
+        assert code in (await b_text(browser, daemon.port, "/people"))
+
+        # Defence in depth: markup put into a console page by a script (as a missed escape would)
+        # does not run: the Content-Security-Policy refuses inline script and inline handlers, and
+        # the browser says so in its console.
+        await browser.call(
+            lambda: browser.driver.execute_script(
+                "const s = document.createElement('script');"
+                "s.textContent = \"window.chitalPwned = 'inline'\"; document.body.appendChild(s);"
+                "document.getElementById('main').insertAdjacentHTML('beforeend',"
+                " '<img id=\"probe\" src=\"/console/static/none.png\" onerror=\"window.chitalPwned=1\">');"
+            )
+        )
+        seen: list[str] = []
+
+        async def violations() -> bool:
+            seen.extend(await csp_violations(browser))
+            return any("inline script" in m for m in seen) and any("inline event handler" in m for m in seen)
+
+        await poll(violations, "CSP violations for the inline script and the inline handler")
+        assert await browser.call(lambda: browser.driver.execute_script("return window.chitalPwned")) is None
+        assert await alert_open(browser) is None
+
+
+async def assert_nothing_ran(b: Browser, where: str) -> None:
+    """No alert is open, no payload's side effect happened, no live element of a payload is in the
+    page (no javascript: link, no <img src=x>, no handler attribute, no script but htmx) and the
+    browser logged no Content-Security-Policy violation (nothing even tried to run)."""
+    assert await alert_open(b) is None, where
+    found = await b.call(
+        lambda: b.driver.execute_script(
+            "return {pwned: window.chitalPwned === undefined ? null : String(window.chitalPwned),"
+            " jsLinks: [...document.querySelectorAll('a[href]')].filter(a => a.protocol === 'javascript:').length,"
+            " imgs: document.querySelectorAll('img').length,"
+            " handlers: [...document.querySelectorAll('*')].filter(e => [...e.attributes].some(a => a.name.startsWith('on'))).length,"
+            " scripts: [...document.scripts].map(s => s.src || 'inline')}"
+        )
+    )  # fmt: skip
+    assert found["pwned"] is None and not found["jsLinks"] and not found["imgs"], (where, found)
+    assert not found["handlers"] and [s.rsplit("/", 1)[-1] for s in found["scripts"]] == ["htmx.min.js"], (where, found)
+    assert await csp_violations(b) == [], where
+    assert not [e for e in await b.logs() if "chitalPwned" in str(e["message"])], where
+
+
+async def poll(check: Any, what: str, timeout: float = 60) -> None:
+    """Wait until the coroutine function ``check`` returns True (re-checked every 0.2 s)."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        await asyncio.sleep(0.2)
+
+
+async def b_text(b: Browser, port: int, path: str) -> str:
+    await b_get(b, port, path)
+    await until(b, lambda d: d.find_element("css selector", "h1").text, f"{path} loaded")
+    return await b.text()
