@@ -68,7 +68,11 @@ async def answered(tg: FakeTelegram, chat: int, update: dict[str, Any], needle: 
 async def until(b: Browser, check: Any, what: str, timeout: float = WAIT) -> Any:
     """Wait until ``check(driver)`` is truthy and return it; on timeout fail saying ``what`` and
     showing the page the browser is on (its URL and visible text)."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        TimeoutException,
+    )
     from selenium.webdriver.support.wait import WebDriverWait
 
     # A boosted link swaps the page's body: an element found a moment ago may be gone (stale).
@@ -77,7 +81,9 @@ async def until(b: Browser, check: Any, what: str, timeout: float = WAIT) -> Any
     try:
         return await b.call(lambda: wait.until(check))
     except TimeoutException:
-        raise AssertionError(f"{what}: not within {timeout:.0f} s on {await b.url()}:\n{await b.text()}") from None
+        raise AssertionError(
+            f"{what}: not within {timeout:.0f} s on {await b.url()}:\n{await b.text()}"
+        ) from None
 
 
 def heading(text: str) -> Any:

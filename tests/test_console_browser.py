@@ -36,7 +36,7 @@ from tests.console_support import (
     shows,
     until,
 )
-from tests.daemon import started_daemon
+from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -114,7 +114,9 @@ async def test_walk_every_page_approve_a_stranger_and_cancel_a_schedule(
         said = tg.inject_message(MEMBER, MEMBER, "what is the capital of Peru?", first_name="Grace")
         await answered(tg, MEMBER, said, "echo:")
         document = tg.add_file(b"a,b\n1,2\n", file_name="sales-2026.csv", mime_type="text/csv")
-        sent = tg.inject_message(MEMBER, MEMBER, "here are the numbers", first_name="Grace", document=document)
+        sent = tg.inject_message(
+            MEMBER, MEMBER, "here are the numbers", first_name="Grace", document=document
+        )
         await answered(tg, MEMBER, sent, "echo:")
         plan = tg.inject_message(MEMBER, MEMBER, "SCHEDULEME in two hours", first_name="Grace")
         assert "Scheduled #1" in await answered(tg, MEMBER, plan, "Done:")
@@ -133,7 +135,9 @@ async def test_walk_every_page_approve_a_stranger_and_cancel_a_schedule(
         for nav, title, main in PAGES:
             await click(browser, f"#nav-{nav}")
             await until(browser, heading(title), f"the {title} page")
-            await until(browser, lambda d, m=main: d.find_element("id", m).is_displayed(), f"#{main} on {title}")
+            await until(
+                browser, lambda d, m=main: d.find_element("id", m).is_displayed(), f"#{main} on {title}"
+            )
             assert (await browser.url()).split("/console", 1)[1] in (f"/{nav}", "/")
             shown = await page_text(browser, main)
             if nav == "overview":
@@ -206,7 +210,9 @@ async def test_walk_every_page_approve_a_stranger_and_cancel_a_schedule(
         await until(browser, heading("Overview"), "the overview after logging in again")
         await click(browser, "#nav-usage")
         await until(browser, heading("Usage"), "the usage page")
-        charts = await browser.call(lambda: browser.driver.find_elements("css selector", "svg#chart-users rect.bar"))
+        charts = await browser.call(
+            lambda: browser.driver.find_elements("css selector", "svg#chart-users rect.bar")
+        )
         assert charts, "the per-user chart is not drawn: " + await browser.text()
 
 
@@ -255,7 +261,7 @@ async def test_untrusted_text_renders_as_text_and_the_csp_blocks_what_would_get_
                 "const s = document.createElement('script');"
                 "s.textContent = \"window.chitalPwned = 'inline'\"; document.body.appendChild(s);"
                 "document.getElementById('main').insertAdjacentHTML('beforeend',"
-                " '<img id=\"probe\" src=\"/console/static/none.png\" onerror=\"window.chitalPwned=1\">');"
+                ' \'<img id="probe" src="/console/static/none.png" onerror="window.chitalPwned=1">\');'
             )
         )
         seen: list[str] = []
@@ -284,7 +290,10 @@ async def assert_nothing_ran(b: Browser, where: str) -> None:
         )
     )  # fmt: skip
     assert found["pwned"] is None and not found["jsLinks"] and not found["imgs"], (where, found)
-    assert not found["handlers"] and [s.rsplit("/", 1)[-1] for s in found["scripts"]] == ["htmx.min.js"], (where, found)
+    assert not found["handlers"] and [s.rsplit("/", 1)[-1] for s in found["scripts"]] == ["htmx.min.js"], (
+        where,
+        found,
+    )
     assert await csp_violations(b) == [], where
     assert not [e for e in await b.logs() if "chitalPwned" in str(e["message"])], where
 
@@ -304,3 +313,150 @@ async def b_text(b: Browser, port: int, path: str) -> str:
     await b_get(b, port, path)
     await until(b, lambda d: d.find_element("css selector", "h1").text, f"{path} loaded")
     return await b.text()
+
+
+@asynccontextmanager
+async def attacker(host: str, daemon_port: int) -> AsyncIterator[str]:
+    """Another site's pages (an aiohttp server on ``host``), yielding its origin: ``/forge`` posts a
+    form to the console by itself (fields from the query), ``/link`` links to the console's People
+    page, ``/frame`` frames it."""
+    console = f"http://127.0.0.1:{daemon_port}/console"
+
+    async def forge(request: web.Request) -> web.Response:
+        fields = "".join(
+            f'<input type="hidden" name="{k}" value="{v}">' for k, v in request.query.items() if k != "to"
+        )
+        html = (
+            f'<form id="f" method="post" action="{console}{request.query["to"]}">{fields}</form>'
+            "<script>document.getElementById('f').submit()</script>"
+        )
+        return web.Response(text=html, content_type="text/html")
+
+    async def link(_: web.Request) -> web.Response:
+        return web.Response(text=f'<a id="go" href="{console}/people">prize</a>', content_type="text/html")
+
+    async def frame(_: web.Request) -> web.Response:
+        html = f'<h1>Click to win</h1><iframe id="console" src="{console}/people"></iframe>'
+        return web.Response(text=html, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/forge", forge)
+    app.router.add_get("/link", link)
+    app.router.add_get("/frame", frame)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_forged_requests_framing_and_traversal_are_refused(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, browser: Browser
+) -> None:
+    echo_and_schedule(model)
+    # Two attackers. Another site (127.0.0.2, another host: SameSite says cross-site), which the
+    # config even lists as an allowed origin so that only SameSite=Strict stands in its way; and
+    # another port of the console's own host (same site: the browser sends the cookie), which only
+    # the Origin check stops.
+    cfg = console_config(tmp_path, tg, model)
+    async with (
+        attacker("127.0.0.2", cfg["http"]["port"]) as other_site,
+        attacker("127.0.0.1", cfg["http"]["port"]) as same_site,
+    ):
+        cfg["console"]["origins"] = [other_site]
+        async with started_daemon(tmp_path, cfg) as daemon:
+            await forged_framed_and_traversed(browser, tg, daemon, other_site, same_site)
+
+
+async def forged_framed_and_traversed(
+    browser: Browser, tg: FakeTelegram, daemon: DaemonProcess, other_site: str, same_site: str
+) -> None:
+    asked = tg.inject_message(STRANGER, STRANGER, "let me in", first_name="Mallory")
+    text = await answered(tg, STRANGER, asked, "pairing code is")
+    code = re.search(r"pairing code is ([A-Z0-9]{8})", text).group(1)  # type: ignore[union-attr]
+
+    # No session: every page, a transcript and an unknown page send the browser to the login;
+    # a forged form without a session is refused.
+    for path in ("/", "/people", f"/conversation?c=telegram%3A{STRANGER}", "/schedules", "/no-such-page"):
+        await b_get(browser, daemon.port, path)
+        await until(browser, heading("Chital console"), f"the login page instead of {path}")
+    await browser.get(f"{same_site}/forge?to=/people/approve&code={code}")
+    refused = lambda d: re.search(r"Refused|No console session", d.find_element("tag name", "body").text)  # noqa: E731
+    await until(browser, refused, "the forged form's refusal without a session")
+    await log_in(browser, daemon.port, "not-the-console-token-at-all")
+    await until(browser, shows("That is not the console token."), "the wrong token's refusal")
+
+    await log_in(browser, daemon.port)
+    await until(browser, heading("Overview"), "the overview after logging in")
+    # HttpOnly: the page's scripts cannot read the session cookie.
+    assert "chital_console" not in await browser.call(
+        lambda: browser.driver.execute_script("return document.cookie")
+    )
+    await b_text(browser, daemon.port, "/people")
+    stolen = await browser.call(
+        lambda: browser.driver.execute_script(f"return document.querySelector('#approve-form-{code} [name=csrf]').value")
+    )  # fmt: skip
+
+    # A wrong CSRF token, then none: refused, the request stays pending.
+    for change in ("el.value = 'x' + el.value.slice(1)", "el.remove()"):
+        await b_text(browser, daemon.port, "/people")
+        await browser.call(
+            lambda c=change: browser.driver.execute_script(
+                f"const el = document.querySelector('#approve-form-{code} [name=csrf]'); {c};"
+            )
+        )
+        await click(browser, f"#approve-{code}")
+        await until(browser, shows("CSRF token is missing or wrong"), f"the refusal after {change}")
+
+    # Forged forms carrying the stolen CSRF token: from another site the browser leaves the
+    # cookie out (no session); from another port of this host it sends it, and the Origin
+    # check refuses.
+    forged = f"/forge?to=/people/approve&code={code}&csrf={stolen}"
+    await browser.get(other_site + forged)
+    await until(browser, shows("No console session"), "the cross-site form's refusal")
+    await browser.get(same_site + forged)
+    await until(browser, shows("Origin check"), "the same-site form's refusal")
+
+    # A link from another site opens the login page (a Strict cookie is not sent on a
+    # cross-site navigation) though the session is alive: typed in, the page shows.
+    await browser.get(f"{other_site}/link")
+    await click(browser, "#go")
+    await until(browser, heading("Chital console"), "the login page after a cross-site link")
+    assert code in await b_text(browser, daemon.port, "/people")
+
+    # Framed by another page (clickjacking): the browser refuses to show the console in it.
+    await browser.logs()
+    await browser.get(f"{same_site}/frame")
+    seen: list[str] = []
+
+    async def refused_frame() -> bool:
+        seen.extend(str(e["message"]) for e in await browser.logs())
+        return any("frame-ancestors" in m or "X-Frame-Options" in m for m in seen)
+
+    await poll(refused_frame, "the browser's refusal to frame the console")
+
+    # Static files by name only: traversal, encoded or not, reaches no other file.
+    await b_get(browser, daemon.port, "/")
+    assert await browser.call(lambda: browser.driver.execute_script("return typeof htmx")) == "object"
+    for path in ("../app.py", "..%2fapp.py", "%2e%2e/auth.py", "%2e%2e%2fauth.py", "..%5capp.py",
+                 "..%2f..%2f..%2fpyproject.toml", "%2fetc%2fpasswd", "templates%2fbase.html", "console.css%00"):  # fmt: skip
+        await b_get(browser, daemon.port, f"/static/{path}")
+        await until(browser, lambda d: d.find_element("tag name", "body"), f"static {path}")
+        shown = await browser.source()
+        for leak in ("import ", "root:", "{%", "[project]"):
+            assert leak not in shown, (path, shown[:300])
+
+    # None of it acted: the request is still pending, the stranger was told nothing more.
+    assert code in await page_text_of(browser, daemon.port, "/people", "pending")
+    assert not any("approved you" in m.text for m in tg.bot_messages(STRANGER))
+    assert "approved telegram:" not in daemon.logs()
+    assert "refused: cross-origin" in daemon.logs() and "refused: no or a wrong CSRF token" in daemon.logs()
+
+
+async def page_text_of(b: Browser, port: int, path: str, element_id: str) -> str:
+    await b_text(b, port, path)
+    return await page_text(b, element_id)
