@@ -53,13 +53,13 @@ async def answered(tg: FakeTelegram, chat: int, update: dict[str, Any], needle: 
     """The bot's reply to ``update`` holding ``needle`` (waits for it)."""
     mid = update["message"]["message_id"]
 
-    def check() -> str | None:
+    def check() -> Any:
         for m in tg.bot_messages(chat):
             if m.reply_to == mid and needle in m.text:
                 return str(m.text)
         return None
 
-    return await tg.wait_for(check, timeout=WAIT, what=f"reply with {needle!r}")
+    return str(await tg.wait_for(check, timeout=WAIT, what=f"reply with {needle!r}"))
 
 
 # -- the browser's side -----------------------------------------------------------------------------
