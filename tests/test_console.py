@@ -21,28 +21,17 @@ import pytest
 from gateway.config.schema import Config
 from gateway.console.app import mount
 from tests.console_client import ACTIONS, PAGES, TOKEN, Console
-from tests.daemon import DaemonProcess, chat_config, started_daemon
+from tests.console_support import MEMBER, STRANGER, XSS_FILE, XSS_NAME, XSS_TEXT, answered, console_config
+from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.gateway_rig import daemon_rows
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 
-ADMIN = 1001
-MEMBER = 1002
-STRANGER = 6666
-XSS_NAME = '<script>alert("name")</script>"onerror=alert(1)'
-XSS_TEXT = '<img src=x onerror="alert(2)"><script>alert(3)</script>'
-XSS_FILE = '<script>alert(4)</script>"onerror=x.txt'
 SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
 }
-
-
-def console_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, **console: Any) -> dict[str, Any]:
-    cfg = chat_config(tmp_path, model.base_url, tg, allow=[str(MEMBER)], console={"token": TOKEN, **console})
-    cfg["access"].update(admins=[str(ADMIN)], pairing=True)
-    return cfg
 
 
 @pytest.fixture
@@ -56,18 +45,6 @@ async def browser(daemon: DaemonProcess) -> AsyncIterator[Console]:
     console = Console(daemon.port)
     yield console
     await console.close()
-
-
-async def answered(tg: FakeTelegram, chat: int, update: dict[str, Any], needle: str) -> str:
-    mid = update["message"]["message_id"]
-
-    def check() -> Any:
-        for m in tg.bot_messages(chat):
-            if m.reply_to == mid and needle in m.text:
-                return str(m.text)
-        return None
-
-    return str(await tg.wait_for(check, timeout=20, what=f"reply with {needle!r}"))
 
 
 def assert_headers(response: aiohttp.ClientResponse) -> None:
