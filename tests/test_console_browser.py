@@ -194,6 +194,9 @@ async def test_walk_every_page_approve_a_stranger_and_cancel_a_schedule(
         transcript = await page_text(browser, "transcript")
         for seen in ("what is the capital of Peru?", "here are the numbers", "sales-2026.csv", "Grace"):
             assert seen in transcript, (seen, transcript)
+        history = await page_text(browser, "history")  # the agent's side: answers, the tool call
+        for seen in ("echo: what is the capital of Peru?", "schedule_task", "water the plants", "Done: "):
+            assert seen in history, (seen, history)
         await browser.screenshot(shots / "conversation.png")
 
         # Approve the stranger: the notice says so, the request leaves the list, the chat is told
