@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -110,9 +111,31 @@ async def run_chital(
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port for a daemon's listener to bind later, taken below the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` goes back into that range once the probe closes,
+    and every outgoing connection and every fake server (they bind port 0) draws from the same
+    range: on a busy machine one took it before the daemon started ("address already in use",
+    seen in CI). Below the range only another free_port() can collide, one in ten thousand."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a machine whose ports below the range are all taken: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def sandbox_root() -> Path:
