@@ -9,7 +9,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
-from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+from tests.fakes.openai_server import EXTRACTION_MARKER, FakeOpenAI, Reply, ToolCall
 
 
 def client(fake: FakeOpenAI, **kwargs: object) -> openai.AsyncOpenAI:
@@ -150,3 +150,18 @@ def test_runs_in_a_thread_for_sync_clients() -> None:
         assert fake.pending == 0 and len(fake.requests) == 1
     finally:
         fake.stop()
+
+
+async def test_a_memory_extraction_never_takes_a_reply_scripted_for_a_turn(fake: FakeOpenAI) -> None:
+    """The extraction runs in the background whenever the machine gets to it; a scripted reply is
+    the next turn's (rules still answer extractions)."""
+    from agent.memory import EXTRACTION_MARKER as AGENT_MARKER
+
+    assert EXTRACTION_MARKER == AGENT_MARKER
+    fake.script(Reply(text="for the turn"))
+    api = client(fake)
+    extraction = [{"role": "user", "content": f"{EXTRACTION_MARKER}\nfacts please"}]
+    got = await api.chat.completions.create(model="m", messages=extraction)
+    assert got.choices[0].message.content != "for the turn"
+    turn = await api.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert turn.choices[0].message.content == "for the turn"
