@@ -26,6 +26,7 @@ from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.gateway_rig import daemon_rows
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
+from tests.fresh_python import run_python
 
 SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
@@ -409,3 +410,19 @@ def test_a_transcript_line_is_cut() -> None:
     assert [line.role for line in lines] == ["assistant", "tool"] and lines[1].name == "execute"
     assert len(lines[0].tool_calls[0]) <= len("execute ") + ARGS and lines[0].tool_calls[0].endswith("…")
     assert len(lines[1].text) == TEXT_CHARS and lines[1].text.endswith("…")
+
+
+def test_without_a_token_the_daemon_imports_nothing_of_the_console() -> None:
+    """An idle daemon with the console off pays nothing for it: no Jinja2, no templates (the
+    listener is built as `chital run` builds it)."""
+    out = run_python(
+        """
+        import sys
+        from gateway.config.schema import Config
+        from gateway.daemon import listeners
+        import gateway.daemon.app
+        print(sorted(m for m in sys.modules if m.startswith(("jinja2", "aiohttp_jinja2", "gateway.console"))))
+        """,
+        timeout=120,
+    )
+    assert out == "[]"

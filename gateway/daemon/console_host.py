@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gateway.config.secrets import redactor_for
-from gateway.console import ConsoleHost
-from gateway.console.app import mount
 from gateway.daemon.status import snapshot
 from gateway.daemon.summary import summary
 
 if TYPE_CHECKING:
+    from gateway.console import ConsoleHost
     from gateway.daemon.app import Daemon
 
 log = logging.getLogger(__name__)
@@ -22,13 +21,20 @@ log = logging.getLogger(__name__)
 
 def with_console(app: web.Application, daemon: Daemon) -> web.Application:
     """``app`` (the daemon's HTTP listener) with the console mounted at ``/console`` when an admin
-    token is set (docs/console.md); unchanged when not."""
+    token is set (docs/console.md); unchanged when not. Without one nothing of the console is
+    imported: Jinja2 and the templates cost an idle daemon memory it would never use."""
+    if daemon.config.console.admin_token() is None:
+        return app
+    from gateway.console.app import mount
+
     if mount(app, console_host(daemon)):
         log.info("operator console at /console/ on the HTTP listener (docs/console.md)")
     return app
 
 
 def console_host(daemon: Daemon) -> ConsoleHost:
+    from gateway.console import ConsoleHost
+
     async def status() -> dict[str, Any]:
         return await snapshot(daemon, daemon.recent_errors)
 
