@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 
 from aiohttp import WSMsgType, web
 
+from tests.fakes.polling import poll
+
 T = TypeVar("T")
 ROBOT_TOPIC = "/v1.0/im/bot/messages/get"
 
@@ -198,16 +200,8 @@ class FakeDingTalk:
         return [m for m in self.sent if m.chat_id == chat]
 
     async def wait_for(self, check: Callable[[], T | None], timeout: float = 15, what: str = "") -> T:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = check()
-            if found:
-                return found
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out waiting for {what}; bot sent {[m.text for m in self.sent][-5:]}"
-                )
-            await asyncio.sleep(0.05)
+        found: T = await poll(check, timeout, what, lambda: [m.text for m in self.sent][-5:], every=0.05)
+        return found
 
     # -- server ----------------------------------------------------------------------------------
     async def _connect(self, request: web.Request) -> web.StreamResponse:

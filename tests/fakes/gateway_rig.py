@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import inspect
 import itertools
 import os
 import re
@@ -34,6 +33,7 @@ from gateway.schedules.clock import ScheduleClock
 from gateway.store.journal import Store
 from tests.fakes.fake_channel import FakeChannel
 from tests.fakes.fake_harness import FakeHarness
+from tests.fakes.polling import poll
 
 __all__ = [
     "TEST_POSTGRES",
@@ -355,16 +355,7 @@ async def until(predicate: Callable[[], Any], timeout: float = 10.0, what: str =
     memory query), whose result is awaited. Tests wait on state, never on time (no sleeps as
     assertions), so a loaded CI machine only makes them slower, not flaky.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.01)
+    return await poll(predicate, timeout, what)
 
 
 async def settled(store: Store, timeout: float = 5.0) -> dict[str, int]:

@@ -26,6 +26,8 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from tests.fakes.polling import poll
+
 T = TypeVar("T")
 SERVER = "fake.test"
 
@@ -187,16 +189,8 @@ class FakeMatrix:
         return [c for _, _, c in self.sent if (c.get("m.relates_to") or {}).get("rel_type") == "m.replace"]
 
     async def wait_for(self, check: Callable[[], T | None], timeout: float = 15, what: str = "") -> T:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = check()
-            if found:
-                return found
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out waiting for {what}; bot sent {[c for _, _, c in self.sent][-5:]}"
-                )
-            await asyncio.sleep(0.05)
+        found: T = await poll(check, timeout, what, lambda: [c for _, _, c in self.sent][-5:], every=0.05)
+        return found
 
     # -- server ----------------------------------------------------------------------------------
     def _bump(self) -> None:

@@ -16,7 +16,6 @@ and redelivery of a message. :meth:`verify` is Meta's subscription handshake.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -32,6 +31,7 @@ from aiohttp import web
 
 from channels.base import Channel
 from channels.webroute import mount_path
+from tests.fakes.polling import poll
 
 T = TypeVar("T")
 VERSION = "v21.0"
@@ -206,16 +206,8 @@ class FakeWhatsApp:
         return sum(1 for method, path in self.calls if method == "POST" and path.endswith("/messages"))
 
     async def wait_for(self, check: Callable[[], T | None], timeout: float = 15, what: str = "") -> T:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = check()
-            if found:
-                return found
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out waiting for {what}; bot sent {[m.body for m in self.sent][-5:]}"
-                )
-            await asyncio.sleep(0.05)
+        found: T = await poll(check, timeout, what, lambda: [m.body for m in self.sent][-5:], every=0.05)
+        return found
 
     # -- server ---------------------------------------------------------------------------------
     async def _handle(self, request: web.Request) -> web.StreamResponse:
