@@ -26,6 +26,7 @@ fetched page, say) is posted.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,10 +42,19 @@ SILENT = "[silent]"
 """The whole answer of a scheduled run that has nothing to report: nothing is posted."""
 
 
+_DRESSING = " \t\r\n*_`~"
+"""What a model wraps a lone token in (Markdown emphasis, code, a code fence) around it."""
+
+
 def is_silent(answer: str) -> bool:
-    """Whether ``answer`` is exactly :data:`SILENT` (surrounding whitespace and letter case aside):
-    any other text, including a longer answer that contains the token, is a real answer."""
-    return answer.strip().lower() == SILENT
+    """Whether ``answer`` is exactly :data:`SILENT`, as models dress it aside: surrounding
+    whitespace, Markdown emphasis or code around it (``**[silent]**``, a code fence), escaped
+    brackets, invisible format characters (a zero-width space, a BOM) and letter case. Any other
+    text, including a longer answer that contains the token, is a real answer. Without that a
+    check-in whose model bolds its "nothing to report" posts a bare "[silent]" every run."""
+    bare = "".join(ch for ch in answer if unicodedata.category(ch) != "Cf")
+    bare = bare.replace("\\[", "[").replace("\\]", "]")
+    return bare.strip(_DRESSING).lower() == SILENT
 
 
 SILENT_HINT = (

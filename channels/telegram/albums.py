@@ -24,6 +24,10 @@ Bounds (docs/media.md, "Telegram albums"):
   into albums of ten;
 - an album stays open (holding the offset) until the gateway accepted it: a failed hand-over is
   tried again at the next look, never dropped;
+- a message of the same conversation (chat and topic) that comes while an album is open there is
+  held behind it (:meth:`Albums.behind`) and handed over after it: "which one is cheapest?" sent
+  right after three photos must not be answered before the photos were seen. It holds the offset
+  like a member, so a kill -9 loses it no more than the album;
 - a member that comes after its album was handed over (later than the wait) becomes a message of
   its own; a member that never comes is simply not there;
 - a ``media_group_id`` that is not a short string is ignored (the member is a message of its own);
@@ -55,6 +59,11 @@ ALBUM = "album"
 """In the handed-over Inbound's ``extra``: the group id and the members' message ids, in order."""
 
 _Key = tuple[str, str, str, str, int]
+_Conversation = tuple[str, str]
+
+
+def _conversation(inbound: Inbound) -> _Conversation:
+    return (inbound.chat_id, inbound.thread_id or "")
 
 
 def group_of(raw: Any) -> str | None:
@@ -82,12 +91,28 @@ class Albums:
         self.quiet = quiet
         self.max_wait = max(max_wait, quiet)
         self._open: dict[_Key, _Album] = {}
+        self._after: dict[int, Inbound] = {}
+        """Messages held behind an open album of their conversation, by update id."""
         self._handled: set[int] = set()
         """Update ids at or after an open album's first that were handled already: the poll serves
         them again (the offset is held back) and they are skipped."""
 
     def __bool__(self) -> bool:
-        return bool(self._open)
+        return bool(self._open or self._after)
+
+    def behind(self, update_id: Any, inbound: Inbound) -> bool:
+        """Hold ``inbound`` (not an album member) when an album of its conversation opened before
+        it: it is handed over after that album, in update order (True: held)."""
+        if not isinstance(update_id, int) or isinstance(update_id, bool):
+            return False
+        if not self._earlier(_conversation(inbound), update_id):
+            return False
+        self._after[update_id] = inbound
+        return True
+
+    def _earlier(self, conversation: _Conversation, update_id: int) -> bool:
+        """Whether an album of ``conversation`` that began before ``update_id`` is still open."""
+        return any(k[:2] == conversation and min(a.members) < update_id for k, a in self._open.items())
 
     def add(self, update_id: int, inbound: Inbound, group: str, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -105,7 +130,8 @@ class Albums:
 
     def held_from(self) -> int | None:
         """The lowest update id an open album holds (the offset may not move past it)."""
-        return min((min(a.members) for a in self._open.values()), default=None)
+        firsts = [min(a.members) for a in self._open.values()] + list(self._after)
+        return min(firsts, default=None)
 
     def due(self, now: float | None = None) -> list[tuple[_Key, list[int], Inbound]]:
         """The albums that are complete, each as (its key for :meth:`done`, its update ids, the
@@ -133,11 +159,21 @@ class Albums:
             self._handled.add(update_id)
 
     async def hand_over_due(self, hand_over: Callable[[Inbound, str], Awaitable[None]]) -> None:
-        """Hand each complete album over (``hand_over`` returns once it is journaled), then let it
-        go; one that fails stays open and holds the offset, and the exception propagates."""
-        for key, uids, album in self.due():
-            await hand_over(album, f"album of updates {uids[0]}-{uids[-1]}")
-            self.done(key)
+        """Hand each complete album and each message held behind one over, in update order, once
+        no earlier album of its conversation is still open (``hand_over`` returns once it is
+        journaled), then let it go; one that fails stays and holds the offset, and the exception
+        propagates."""
+        due = {uids[0]: (key, uids, album) for key, uids, album in self.due()}
+        for uid in sorted([*due, *self._after]):
+            if uid in due:
+                key, uids, album = due[uid]
+                if self._earlier(key[:2], uid):
+                    continue
+                await hand_over(album, f"album of updates {uids[0]}-{uids[-1]}")
+                self.done(key)
+            elif not self._earlier(_conversation(self._after[uid]), uid):
+                await hand_over(self._after[uid], f"update {uid}")
+                del self._after[uid]
         held = self.held_from()
         self._handled = {u for u in self._handled if held is not None and u >= held}
 
@@ -145,6 +181,8 @@ class Albums:
         """Seconds until the next album may be due (0 when one is)."""
         now = time.monotonic() if now is None else now
         ends = [min(a.last + self.quiet, a.started + self.max_wait) for a in self._open.values()]
+        if self._after and not self._open:
+            return 0.0  # held messages whose album went, but whose hand-over failed: now
         return max(0.0, min(ends, default=0.0) - now)
 
 

@@ -302,7 +302,8 @@ class TelegramChannel(Channel):
                     group = group_of(raw) if inbound is not None and inbound.attachments else None
                     if inbound is not None and group is not None and isinstance(uid, int):
                         self._albums.add(uid, inbound, group)  # handed over with its album
-                    elif inbound is not None:
+                    elif inbound is not None and not self._albums.behind(uid, inbound):
+                        # (one behind an open album of its conversation is handed over after it)
                         await self.hand_over(sink, inbound, ref=f"update {uid}")
             if isinstance(uid, int) and not isinstance(uid, bool):
                 self._offset = max(self._offset or 0, uid + 1)
