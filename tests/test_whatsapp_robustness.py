@@ -82,3 +82,36 @@ async def test_slow_body_gets_408_and_the_channel_goes_on(whatsapp: FakeWhatsApp
         assert b" 408 " in status, status
         up = await whatsapp.inject_text(ALICE, "after the slow one")
         await whatsapp.wait_for(lambda: whatsapp.replies_to(up["id"]), what="answered")
+
+
+async def test_parallel_unsigned_bodies_cannot_hold_unbounded_memory(
+    whatsapp: FakeWhatsApp, adapter_rig: Rig
+) -> None:
+    """The webhook is on the internet and a body is read whole before its signature can be checked:
+    many callers each holding a nearly full body in flight are bounded together (the one that
+    would pass the shared budget gets 503, Meta's way to say retry), and a small signed delivery
+    sent meanwhile still fits and is answered."""
+    cap = 64 * 1024
+    channel = WhatsAppChannel(PHONE_NUMBER_ID, whatsapp.token, whatsapp.app_secret, whatsapp.verify_token,
+                              graph_url=whatsapp.base_url, api_version=VERSION, read_seconds=20,
+                              max_body_bytes=cap)  # fmt: skip
+    async with running(channel, adapter_rig), webhook_listener(channel, whatsapp) as url:
+        host, port = url.split("/")[2].split(":")
+        held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        for _ in range(6):  # 6 x 60 KiB in flight: over the budget of 4 largest bodies
+            reader, writer = await asyncio.open_connection(host, int(port))
+            head = f"POST /channels/whatsapp/webhook HTTP/1.1\r\nHost: x\r\nContent-Length: {cap}\r\n\r\n"
+            writer.write(head.encode() + b"x" * (cap - 4096))
+            await writer.drain()
+            held.append((reader, writer))
+        try:
+            first = await asyncio.wait_for(
+                asyncio.wait([asyncio.ensure_future(r.readline()) for r, _ in held],
+                             return_when=asyncio.FIRST_COMPLETED), 15)  # fmt: skip
+            lines = [t.result() for t in first[0]]
+            assert any(b" 503 " in line for line in lines), lines
+            up = await whatsapp.inject_text(ALICE, "small and signed")
+            await whatsapp.wait_for(lambda: whatsapp.replies_to(up["id"]), what="answered")
+        finally:
+            for _, writer in held:
+                writer.close()

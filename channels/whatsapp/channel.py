@@ -75,6 +75,10 @@ IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 MAX_BUTTONS, BUTTON_TITLE, MAX_ROWS, ROW_TITLE, BODY_LEN = 3, 20, 10, 24, 1024
 """Reply buttons: at most 3, titles of 20 characters; a list: 10 rows of 24; a body of 1,024."""
 PRESSES_KEPT = 1024
+BODIES_IN_FLIGHT = 4
+"""Bytes of webhook bodies held at once, in largest bodies: the endpoint is on the internet and a
+body is read whole before its signature can be checked, so many slow or parallel callers must not
+hold more than this between them (one caller is bounded by ``max_body_bytes`` alone)."""
 
 
 class WhatsAppChannel(Channel):
@@ -108,6 +112,8 @@ class WhatsAppChannel(Channel):
         self._verify_token = verify_token
         self._max_body = max_body_bytes
         self._read_seconds = read_seconds
+        self._held = 0
+        """Bytes of unverified webhook bodies being read now, across callers (``BODIES_IN_FLIGHT``)."""
         self._sink: InboundSink | None = None
         self._refused = asyncio.Event()
         """Set when Graph refused the token on a send: :meth:`run` checks it again."""
@@ -172,6 +178,9 @@ class WhatsAppChannel(Channel):
         return web.Response(text=challenge, content_type="text/plain")
 
     async def _read(self, request: web.Request) -> bytes | web.Response:
+        """The body, capped per caller (``max_body_bytes``) and across callers (``BODIES_IN_FLIGHT``
+        largest bodies): a caller that would pass the shared budget gets 503 (Meta redelivers), so a
+        flood of unsigned bodies cannot hold the daemon's memory, while small deliveries still fit."""
         cap = self._max_body
         if request.content_length is not None and request.content_length > cap:
             return self._too_large()
@@ -183,11 +192,20 @@ class WhatsAppChannel(Channel):
                     chunk = await request.content.read(min(64 * 1024, cap + 1 - total))
                     if not chunk:
                         break
+                    if self._held + len(chunk) > cap * BODIES_IN_FLIGHT:
+                        log.warning("whatsapp: webhook bodies in flight over %d bytes; asked to retry",
+                                    cap * BODIES_IN_FLIGHT)  # fmt: skip
+                        return web.Response(
+                            status=503, text="busy; retry later", headers={"Retry-After": "5"}
+                        )
                     chunks.append(chunk)
                     total += len(chunk)
+                    self._held += len(chunk)
         except TimeoutError:
             log.warning("whatsapp: a webhook body was not sent in time")
             return web.Response(status=408, text="timeout")
+        finally:
+            self._held -= total
         return self._too_large() if total > cap else b"".join(chunks)
 
     def _too_large(self) -> web.Response:
