@@ -156,6 +156,19 @@ async def test_download_trades_the_code_and_stops_at_the_limit(dingtalk: FakeDin
         await channel.close()
 
 
+async def test_a_file_longer_than_one_read_arrives_whole(dingtalk: FakeDingTalk) -> None:
+    """A file of a few megabytes comes in many TCP reads: every byte reaches the agent, not the
+    first buffer's worth (the download used one ``read(n)``, which returns what is buffered)."""
+    data = bytes(range(256)) * 12_000  # 3 MB
+    dingtalk.files["big"] = data
+    channel = channel_for(dingtalk)
+    try:
+        got = await channel.download(Attachment("big", "big.bin"), 20 * 1024 * 1024)
+        assert len(got) == len(data) and got == data
+    finally:
+        await channel.close()
+
+
 def test_inbound_shapes(dingtalk: FakeDingTalk) -> None:
     group = to_inbound(dingtalk.message(GROUP, ALICE, "hi", group=True, at=False))
     assert group is not None and group.chat_id == GROUP and not group.is_direct and not group.addressed

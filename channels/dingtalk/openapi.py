@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 
 from channels.base import FatalChannelError, PermanentSendError, RetryAfter, TransientSendError
-from channels.limits import retry_after
+from channels.limits import read_capped, retry_after
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class OpenApi:
         url = (base or self.base).rstrip("/") + path
         kw: dict[str, Any] = {"data": body} if isinstance(body, aiohttp.FormData) else {"json": body}
         async with self.session().request(method, url, headers=headers or {}, params=params, **kw) as resp:
-            raw = await resp.content.read(MAX_BODY + 1)
+            raw = await read_capped(resp, MAX_BODY)
             try:
                 data = json.loads(raw) if raw and len(raw) <= MAX_BODY else {}
             except ValueError:

@@ -28,6 +28,7 @@ from channels.base import (
     TransientSendError,
     scrub,
 )
+from channels.limits import read_capped
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class Graph:
             raise GraphError(401, 190, "the access token was refused earlier; set a valid one and restart")
         try:
             async with self.session.request(method, url, headers=self._headers(), **kwargs) as resp:
-                raw = await resp.content.read(MAX_ANSWER_BYTES + 1)
+                raw = await read_capped(resp, MAX_ANSWER_BYTES)
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ConnectionError(f"Graph request failed: {type(exc).__name__}") from None
