@@ -33,7 +33,7 @@ import platform
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote_plus
+from urllib.parse import quote_plus, urlsplit
 
 import websockets
 from dingtalk_stream import AckMessage, CallbackMessage, ChatbotMessage, EventMessage, SystemMessage
@@ -125,6 +125,20 @@ def ack(frame: Frame, code: int = AckMessage.STATUS_OK, message: str = "OK") -> 
     return json.dumps(out.to_dict())
 
 
+def endpoint_allowed(api_base: str, endpoint: str) -> bool:
+    """Whether the Stream ``endpoint`` from ``connections/open`` may be connected to: ``wss://``,
+    or ``ws://`` only when the API itself is plain ``http://`` (a local fake or proxy). A plaintext
+    socket under an https API would send the ticket and every message in the clear."""
+    try:
+        url, api = urlsplit(endpoint), urlsplit(api_base)
+        host = url.hostname
+    except ValueError:
+        return False
+    if not host or url.username is not None or url.password is not None:
+        return False
+    return url.scheme == "wss" or (url.scheme == "ws" and api.scheme == "http")
+
+
 class Stream:
     """One app's Stream-mode connection: :meth:`open` asks the gateway for an endpoint and a
     ticket, :meth:`frames` yields the socket's frames until it ends."""
@@ -156,12 +170,12 @@ class Stream:
         }
         answer = await self._api.raw_post(OPEN_PATH, body)
         endpoint, ticket = answer.get("endpoint"), answer.get("ticket")
-        if (
-            not isinstance(endpoint, str)
-            or not isinstance(ticket, str)
-            or not endpoint.startswith(("ws", "wss"))
-        ):
+        if not isinstance(endpoint, str) or not isinstance(ticket, str):
             raise ConnectionError("connections/open answered without endpoint/ticket")
+        if not endpoint_allowed(self._api.base, endpoint):
+            log.warning("dingtalk: connections/open named an endpoint that is not wss:// (or carries "
+                        "credentials) while the API is https; not connecting")  # fmt: skip
+            raise ConnectionError("connections/open named a plaintext or unusable endpoint")
         return f"{endpoint}?ticket={quote_plus(ticket)}"
 
     async def frames(self, uri: str, on_open: Callable[[], None]) -> AsyncIterator[str | bytes]:
@@ -193,4 +207,5 @@ class Stream:
 
 
 Handler = Callable[[Frame], Awaitable[None]]
-__all__ = ["DISCONNECT", "PING", "ROBOT_TOPIC", "Frame", "Refused", "Stream", "Unreadable", "ack", "parse"]
+__all__ = ["DISCONNECT", "PING", "ROBOT_TOPIC", "Frame", "Refused", "Stream", "Unreadable", "ack",
+           "endpoint_allowed", "parse"]  # fmt: skip
