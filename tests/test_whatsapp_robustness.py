@@ -115,3 +115,29 @@ async def test_parallel_unsigned_bodies_cannot_hold_unbounded_memory(
         finally:
             for _, writer in held:
                 writer.close()
+
+
+async def test_a_flood_of_forged_requests_is_counted_not_logged_line_by_line(
+    whatsapp: FakeWhatsApp, adapter_rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone on the internet can call the webhook: unsigned, badly signed and oversized deliveries
+    and wrong verification requests are refused, counted by kind, and logged once a minute per kind
+    with the count (a log line each would let a stranger grow the operator's logs at wire speed);
+    a signed delivery after them is answered."""
+    caplog.set_level(logging.INFO)
+    channel = WhatsAppChannel(PHONE_NUMBER_ID, whatsapp.token, whatsapp.app_secret, whatsapp.verify_token,
+                              graph_url=whatsapp.base_url, api_version=VERSION, max_body_bytes=1024)  # fmt: skip
+    async with running(channel, adapter_rig), webhook_listener(channel, whatsapp):
+        body = b'{"object": "whatsapp_business_account", "entry": []}'
+        for _ in range(25):
+            assert (await whatsapp.post(body))[0] == 401
+            assert (await whatsapp.post(body, {"X-Hub-Signature-256": "sha256=" + "0" * 64}))[0] == 403
+            assert (await whatsapp.post(b"x" * 2048))[0] == 413
+            assert (await whatsapp.verify(token="wrong"))[0] == 403
+        up = await whatsapp.inject_text(ALICE, "after the flood")
+        await whatsapp.wait_for(lambda: whatsapp.replies_to(up["id"]), what="answered")
+    refusals = [
+        r for r in caplog.records if r.name.startswith("channels.whatsapp") and "refused" in r.getMessage()
+    ]
+    assert 1 <= len(refusals) <= 4, [r.getMessage() for r in refusals]
+    assert channel.refused == {"unsigned": 25, "bad signature": 25, "too large": 25, "verification": 25}

@@ -27,6 +27,7 @@ import collections
 import hmac
 import json
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -79,6 +80,10 @@ BODIES_IN_FLIGHT = 4
 """Bytes of webhook bodies held at once, in largest bodies: the endpoint is on the internet and a
 body is read whole before its signature can be checked, so many slow or parallel callers must not
 hold more than this between them (one caller is bounded by ``max_body_bytes`` alone)."""
+REFUSAL_LOG_SECONDS = 60.0
+"""A kind of refused webhook request is logged at most this often, with the count since the last
+line: the endpoint is on the internet, and a line per forged request would let anyone grow the
+operator's logs at wire speed."""
 
 
 class WhatsAppChannel(Channel):
@@ -122,6 +127,9 @@ class WhatsAppChannel(Channel):
         self.ignored: collections.Counter[str] = collections.Counter()
         """Events read and deliberately not handed on (statuses, reactions), by type."""
         self.outside_window = 0
+        self.refused: collections.Counter[str] = collections.Counter()
+        """Webhook requests refused (forged, oversized, slow, busy, wrong verification), by kind."""
+        self._refusal_noted: dict[str, tuple[float, int]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, sink: InboundSink) -> None:
@@ -169,7 +177,7 @@ class WhatsAppChannel(Channel):
         given = query.get("hub.verify_token", "")
         same = hmac.compare_digest(given.encode(errors="replace"), self._verify_token.encode())
         if query.get("hub.mode") != "subscribe" or not same or not self._verify_token:
-            log.warning("whatsapp: refused a webhook verification (wrong mode or verify token)")
+            self._refuse("verification")
             return web.Response(status=403, text="forbidden")
         challenge = query.get("hub.challenge", "")
         if not challenge or len(challenge) > 256 or not challenge.isprintable():
@@ -193,8 +201,7 @@ class WhatsAppChannel(Channel):
                     if not chunk:
                         break
                     if self._held + len(chunk) > cap * BODIES_IN_FLIGHT:
-                        log.warning("whatsapp: webhook bodies in flight over %d bytes; asked to retry",
-                                    cap * BODIES_IN_FLIGHT)  # fmt: skip
+                        self._refuse("busy")
                         return web.Response(
                             status=503, text="busy; retry later", headers={"Retry-After": "5"}
                         )
@@ -202,7 +209,7 @@ class WhatsAppChannel(Channel):
                     total += len(chunk)
                     self._held += len(chunk)
         except TimeoutError:
-            log.warning("whatsapp: a webhook body was not sent in time")
+            self._refuse("slow body")
             return web.Response(status=408, text="timeout")
         finally:
             self._held -= total
@@ -210,7 +217,7 @@ class WhatsAppChannel(Channel):
 
     def _too_large(self) -> web.Response:
         self.count_malformed(malformed.ENVELOPE)
-        log.warning("whatsapp: refused a webhook body over %d bytes", self._max_body)
+        self._refuse("too large")
         return web.Response(status=413, text="too large")
 
     async def _deliver(self, request: web.Request) -> web.Response:
@@ -219,8 +226,7 @@ class WhatsAppChannel(Channel):
             return body
         given = request.headers.get(SIGNATURE)
         if not signed(self._app_secret, body, given):
-            log.warning("whatsapp: refused a webhook delivery with a %s signature",
-                        "bad" if given else "missing")  # fmt: skip
+            self._refuse("bad signature" if given else "unsigned")
             return web.Response(status=403 if given else 401, text="forbidden")
         sink = self._sink
         if sink is None:
@@ -241,6 +247,16 @@ class WhatsAppChannel(Channel):
             log.error("whatsapp: delivery not journaled (%s); Meta will redeliver", type(exc).__name__)
             return web.Response(status=503, text="retry later")
         return web.Response(text="ok")
+
+    def _refuse(self, kind: str) -> None:
+        """Count a refused webhook request; log the kind at most once per ``REFUSAL_LOG_SECONDS``."""
+        self.refused[kind] += 1
+        now = time.monotonic()
+        last, seen = self._refusal_noted.get(kind, (None, 0))
+        if last is None or now - last >= REFUSAL_LOG_SECONDS:
+            self._refusal_noted[kind] = (now, self.refused[kind])
+            log.warning("whatsapp: refused a webhook delivery (%s); %d such request(s) since the last "
+                        "note, logged at most once a minute", kind, self.refused[kind] - seen)  # fmt: skip
 
     async def _changes(self, payload: Any, sink: InboundSink) -> None:
         for change in changes(payload, self.phone_number_id):
