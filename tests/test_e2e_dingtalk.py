@@ -169,6 +169,26 @@ async def test_malformed_frames_are_counted_and_skipped(
     assert body["channels"]["dingtalk"]["state"] == "connected"
 
 
+async def test_frames_nested_too_deep_are_skipped_acked_and_the_stream_goes_on(
+    daemon: DaemonProcess, dingtalk: FakeDingTalk
+) -> None:
+    """A faulty gateway sends JSON nested deeper than the decoder goes, in the frame itself or in its
+    data string: before, the RecursionError escaped the frame loop (no ack, the channel restarted,
+    and the redelivered frame would crash it again); now each is skipped, counted, acknowledged."""
+    deep = "[" * 200_000 + "]" * 200_000
+    mid = await dingtalk.inject(deep, mid="deep-data-1")
+    await dingtalk.send_frame(
+        '{"type": "CALLBACK", "headers": {"messageId": "deep-frame-1"}, "x": ' + deep + "}"
+    )
+    await dingtalk.inject_text("", OWNER, "after the deep ones")
+    await answered(dingtalk, OWNER, "echo: after the deep ones")
+    assert dingtalk.acked(mid), "the frame with deep data is acknowledged, not redelivered forever"
+    assert dingtalk.opens == 1, "the stream was never dropped and opened again"
+    metrics = await daemon.metrics()
+    assert 'chital_malformed_events_total{kind="envelope",platform="dingtalk"} 2.0' in metrics, metrics
+    assert "RecursionError" not in daemon.logs()
+
+
 async def test_revoked_secret_is_fatal_in_readyz(daemon: DaemonProcess, dingtalk: FakeDingTalk) -> None:
     dingtalk.revoke()
     await dingtalk.drop()

@@ -108,7 +108,7 @@ class OpenApi:
             raw = await read_capped(resp, MAX_BODY)
             try:
                 data = json.loads(raw) if raw and len(raw) <= MAX_BODY else {}
-            except ValueError:
+            except (ValueError, RecursionError):
                 data = {}
             if resp.status >= 400 or (isinstance(data, dict) and _errcode(data)):
                 data = data if isinstance(data, dict) else {}

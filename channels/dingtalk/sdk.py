@@ -83,7 +83,7 @@ def parse(raw: str | bytes, max_data: int) -> Frame:
     parsed); :class:`Unreadable` when the frame cannot be read (its ``messageId`` if it has one)."""
     try:
         obj = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the decoder goes is no frame either
         raise Unreadable("not JSON") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("headers"), dict):
         raise Unreadable("no headers")
@@ -103,7 +103,7 @@ def parse(raw: str | bytes, max_data: int) -> Frame:
         return Frame(kind, str(headers.get("topic") or ""), mid, {}, size)
     try:
         msg = model.from_dict(obj)
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         raise Unreadable("data is not JSON", mid) from None
     topic = msg.headers.topic if isinstance(msg.headers.topic, str) else ""
     return Frame(kind, topic, mid, msg.data, size)

@@ -129,7 +129,7 @@ class Graph:
             raise ConnectionError(f"Graph request failed: {type(exc).__name__}") from None
         try:
             body = json.loads(raw) if len(raw) <= MAX_ANSWER_BYTES else None
-        except ValueError:
+        except (ValueError, RecursionError):
             body = None
         if status >= 400:
             raise error_of(status, body, self._token)
