@@ -342,3 +342,26 @@ async def test_with_a_card_template_the_answer_streams_into_one_card(
     assert card.chat_id == OWNER and card.text.strip() == "".join(words).strip()
     assert card.updates >= 2, "the answer was streamed into the card, not sent at once"
     assert len(dingtalk.cards) == 1 and not dingtalk.sent, "one card, no plain message"
+
+
+async def test_a_streamed_card_never_shows_a_secret_even_split_across_chunks(
+    tmp_path: Path, dingtalk: FakeDingTalk, model: FakeOpenAI
+) -> None:
+    """Card streaming shows partial answers: the app secret, streamed in pieces across chunks, is in
+    none of the texts the card ever showed (each one is redacted, not only the final one)."""
+    cfg = dingtalk_config(tmp_path, dingtalk, model)
+    cfg["channels"]["dingtalk"]["card_template_id"] = "tpl-fake.schema"
+    text = f"start {'pad ' * 10}secret {dingtalk.client_secret} and {'more ' * 10}end"
+    model.add_rule(lambda t: "stream a leak" in t, Reply(text=text, chunks=10, chunk_delay=0.3))
+    model._rules.insert(0, model._rules.pop())
+    async with started_daemon(tmp_path, cfg) as d:
+        await d.wait_channel_state("dingtalk", "connected")
+        await dingtalk.wait_for(lambda: dingtalk.ws is not None, what="the stream connection")
+        await dingtalk.inject_text("", OWNER, "stream a leak")
+        card = await dingtalk.wait_for(
+            lambda: next((c for c in dingtalk.cards.values() if c.final), None), timeout=30, what="a card"
+        )
+    assert card.updates >= 2 and "end" in card.text
+    half = dingtalk.client_secret[: len(dingtalk.client_secret) // 2 + 2]
+    assert all(half not in shown for shown in card.shown), card.shown
+    assert "***" in card.text

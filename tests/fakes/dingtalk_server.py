@@ -22,7 +22,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import WSMsgType, web
@@ -54,6 +54,8 @@ class Card:
     text: str
     updates: int = 0
     final: bool = False
+    shown: list[str] = field(default_factory=list)
+    """Every text the card showed, in order (a secret must never be in any of them)."""
 
 
 class FakeDingTalk:
@@ -338,7 +340,7 @@ class FakeDingTalk:
         if kind not in ("IM_GROUP", "IM_ROBOT") or deliver.get("robotCode") != self.client_id:
             return _error(400, "invalidParameter", "deliver model is invalid")
         key, text = next(iter(params.items()))
-        self.cards[out] = Card(chat, key, str(text))
+        self.cards[out] = Card(chat, key, str(text), shown=[str(text)])
         return web.json_response({"success": True, "result": {"outTrackId": out}})
 
     async def _card_stream(self, request: web.Request) -> web.StreamResponse:
@@ -358,6 +360,7 @@ class FakeDingTalk:
             card.updates + 1,
             bool(body.get("isFinalize")),
         )
+        card.shown.append(card.text)
         return web.json_response({"success": True})
 
     def _take(self, kind: str) -> web.StreamResponse | None:
