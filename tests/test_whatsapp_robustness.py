@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -141,3 +142,26 @@ async def test_a_flood_of_forged_requests_is_counted_not_logged_line_by_line(
     ]
     assert 1 <= len(refusals) <= 4, [r.getMessage() for r in refusals]
     assert channel.refused == {"unsigned": 25, "bad signature": 25, "too large": 25, "verification": 25}
+
+
+async def test_a_signed_message_replayed_after_metas_redelivery_window_is_not_answered(
+    whatsapp: FakeWhatsApp, adapter_rig: Rig
+) -> None:
+    """Meta redelivers for at most 7 days; the journal that drops repeats is pruned after
+    ``retention_days``. A captured, validly signed delivery replayed later (its message's signed
+    ``timestamp`` older than Meta's window) is acknowledged, counted and not run again; a message
+    with its timestamp in the window, and one without a usable timestamp, still are."""
+    channel = channel_for(whatsapp)
+    async with running(channel, adapter_rig), webhook_listener(channel, whatsapp):
+        old = whatsapp.message(ALICE, "text", text={"body": "replayed order"})
+        old["timestamp"] = str(int(time.time()) - 8 * 86400)
+        assert await whatsapp.deliver(whatsapp.payload(old)) == 200
+        late = whatsapp.message(ALICE, "text", text={"body": "late but in the window"})
+        late["timestamp"] = str(int(time.time()) - 6 * 86400)
+        odd = whatsapp.message(ALICE, "text", text={"body": "no usable timestamp"})
+        odd["timestamp"] = "soon"
+        assert await whatsapp.deliver(whatsapp.payload(late, odd)) == 200
+        await whatsapp.wait_for(lambda: texts(whatsapp, "echo: no usable timestamp"), what="answered")
+        assert texts(whatsapp, "echo: late but in the window")
+    assert not texts(whatsapp, "replayed order")
+    assert channel.ignored["expired"] == 1

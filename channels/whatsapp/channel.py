@@ -80,6 +80,10 @@ BODIES_IN_FLIGHT = 4
 """Bytes of webhook bodies held at once, in largest bodies: the endpoint is on the internet and a
 body is read whole before its signature can be checked, so many slow or parallel callers must not
 hold more than this between them (one caller is bounded by ``max_body_bytes`` alone)."""
+MAX_AGE_SECONDS = 7 * 86400 + 3600
+"""Meta redelivers an unanswered delivery for at most 7 days: a message whose signed ``timestamp``
+is older is a replay of a captured delivery (the journal that drops repeats is pruned after
+``storage.retention_days``), acknowledged and not run again. An hour's slack for clock skew."""
 REFUSAL_LOG_SECONDS = 60.0
 """A kind of refused webhook request is logged at most this often, with the count since the last
 line: the endpoint is on the internet, and a line per forged request would let anyone grow the
@@ -293,6 +297,11 @@ class WhatsAppChannel(Channel):
     async def _message(self, message: Any, names: dict[str, str], me: str, sink: InboundSink) -> None:
         try:
             mtype, wamid, sender = check_message(message)
+            if _expired(message.get("timestamp")):
+                self.ignored["expired"] += 1
+                log.warning("whatsapp: skipped message %s: older than Meta's 7-day redelivery window "
+                            "(a replayed delivery)", wamid)  # fmt: skip
+                return
             pressed = press(message)
             if pressed is not None and pressed[0].startswith(ACTION_PREFIX):
                 await self._press(message, wamid, sender, pressed[0], names)
@@ -429,6 +438,16 @@ class WhatsAppChannel(Channel):
             media["filename"] = file.name
         kind = "image" if image else "document"
         return await self._send(target, {"type": kind, kind: media})
+
+
+def _expired(timestamp: Any) -> bool:
+    """Whether a message's unix ``timestamp`` is past Meta's redelivery window; one that cannot be
+    read is not (the signature already says Meta sent it)."""
+    try:
+        sent = int(timestamp)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return time.time() - sent > MAX_AGE_SECONDS
 
 
 def _cut(label: str, limit: int) -> str:
