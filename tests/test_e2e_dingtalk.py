@@ -308,6 +308,25 @@ async def test_files_in_and_out(daemon: DaemonProcess, dingtalk: FakeDingTalk, m
     )
 
 
+async def test_a_hostile_dingtalk_error_text_never_reaches_the_chat(
+    daemon: DaemonProcess, dingtalk: FakeDingTalk
+) -> None:
+    """A faulty OpenAPI refuses a file's download with a code and message carrying a link, an @all
+    and a bidi override: the user is told the file could not be fetched, in the adapter's words."""
+    dingtalk.files["dlcode-h"] = b"a,b\n"
+    dingtalk.fail_next(
+        "download", 400, "[x](https://evil.example/a)", "@all \u202e see https://evil.example/b"
+    )
+    await dingtalk.inject(
+        dingtalk.message(
+            "", OWNER, "", msgtype="file", content={"downloadCode": "dlcode-h", "fileName": "sales.csv"}
+        )
+    )
+    await answered(dingtalk, OWNER, "could not fetch")
+    for m in dingtalk.messages_to(OWNER):
+        assert "evil.example" not in m.text and "\u202e" not in m.text and "@all" not in m.text, m.text
+
+
 async def test_oversized_file_is_refused_before_download(
     daemon: DaemonProcess, dingtalk: FakeDingTalk
 ) -> None:

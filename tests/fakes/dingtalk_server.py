@@ -88,7 +88,7 @@ class FakeDingTalk:
         self.cards: dict[str, Card] = {}
         """Cards the bot created, by outTrackId."""
         """What the bot uploaded: media id -> (file name, bytes)."""
-        self._fail: dict[str, list[tuple[int, str]]] = {}
+        self._fail: dict[str, list[tuple[int, str, str]]] = {}
         self._tickets: set[str] = set()
         self._transport: asyncio.BaseTransport | None = None
 
@@ -188,9 +188,10 @@ class FakeDingTalk:
         self.revoked = True
         self.tokens.clear()
 
-    def fail_next(self, kind: str, status: int, code: str) -> None:
-        """The next call of ``kind`` (``send``, ``token``, ``open``) answers ``status`` ``code``."""
-        self._fail.setdefault(kind, []).append((status, code))
+    def fail_next(self, kind: str, status: int, code: str, message: str = "scripted failure") -> None:
+        """The next call of ``kind`` (``send``, ``token``, ``open``, ``download``) answers ``status``
+        ``code`` with ``message``."""
+        self._fail.setdefault(kind, []).append((status, code, message))
 
     # -- reading ---------------------------------------------------------------------------------
     def acked(self, mid: str) -> bool:
@@ -294,6 +295,8 @@ class FakeDingTalk:
         if path == "/v1.0/card/instances/createAndDeliver":
             return self._card_create(body)
         if path == "/v1.0/robot/messageFiles/download":
+            if failure := self._take("download"):
+                return failure
             code = body.get("downloadCode")
             if code not in self.files:
                 return _error(400, "invalidDownloadCode", "download code is invalid")
@@ -367,8 +370,8 @@ class FakeDingTalk:
         queue = self._fail.get(kind)
         if not queue:
             return None
-        status, code = queue.pop(0)
-        return _error(status, code, "scripted failure")
+        status, code, message = queue.pop(0)
+        return _error(status, code, message)
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
