@@ -8,6 +8,7 @@ import datetime as dt
 import email.utils
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from channels.base import PermanentSendError
 
@@ -60,3 +61,18 @@ def check_size(name: str, size: int | None, limit: int, rule: str = "") -> None:
     why = oversize(name, size, limit, rule)
     if why:
         raise PermanentSendError(why)
+
+
+async def read_capped(resp: Any, cap: int) -> bytes:
+    """The whole body of an aiohttp response, or its first ``cap + 1`` bytes when it is longer (the
+    caller refuses it). Streamed: ``StreamReader.read(n)`` returns what is buffered, not ``n``
+    bytes, so one call cuts a long body short silently (a file of a few MB arrived as ~64 KB)."""
+    chunks: list[bytes] = []
+    total = 0
+    while total <= cap:
+        chunk = await resp.content.read(min(64 * 1024, cap + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)

@@ -22,7 +22,7 @@ from channels.base import (
 )
 from channels.dingtalk.channel import DingTalkChannel
 from channels.dingtalk.inbound import to_inbound
-from channels.dingtalk.sdk import Unreadable, ack, parse
+from channels.dingtalk.sdk import Unreadable, ack, endpoint_allowed, parse
 from tests.fakes.dingtalk_server import FakeDingTalk
 
 ALICE = "alice01"
@@ -154,6 +154,37 @@ async def test_download_trades_the_code_and_stops_at_the_limit(dingtalk: FakeDin
             await channel.download(Attachment("code2", "big.bin"), 1024)
     finally:
         await channel.close()
+
+
+async def test_a_file_longer_than_one_read_arrives_whole(dingtalk: FakeDingTalk) -> None:
+    """A file of a few megabytes comes in many TCP reads: every byte reaches the agent, not the
+    first buffer's worth (the download used one ``read(n)``, which returns what is buffered)."""
+    data = bytes(range(256)) * 12_000  # 3 MB
+    dingtalk.files["big"] = data
+    channel = channel_for(dingtalk)
+    try:
+        got = await channel.download(Attachment("big", "big.bin"), 20 * 1024 * 1024)
+        assert len(got) == len(data) and got == data
+    finally:
+        await channel.close()
+
+
+@pytest.mark.parametrize(
+    ("base", "endpoint", "ok"),
+    [
+        ("https://api.dingtalk.com", "wss://wss-open-connection.dingtalk.com:443/connect", True),
+        ("https://api.dingtalk.com", "ws://wss-open-connection.dingtalk.com/connect", False),
+        ("https://api.dingtalk.com", "https://wss-open-connection.dingtalk.com/connect", False),
+        ("https://api.dingtalk.com", "wss://user:pw@evil.example/connect", False),
+        ("https://api.dingtalk.com", "wssx://evil.example/connect", False),
+        ("https://api.dingtalk.com", "wss:///connect", False),
+        ("http://127.0.0.1:8080", "ws://127.0.0.1:8080/connect", True),
+    ],
+)
+def test_a_stream_endpoint_is_never_plaintext_under_an_https_api(base: str, endpoint: str, ok: bool) -> None:
+    """The ticket and every message travel on the socket ``connections/open`` names: under an https
+    API it must be wss:// (ws:// was taken: ``startswith(("ws", "wss"))``)."""
+    assert endpoint_allowed(base, endpoint) is ok
 
 
 def test_inbound_shapes(dingtalk: FakeDingTalk) -> None:

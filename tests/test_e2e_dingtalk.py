@@ -169,6 +169,26 @@ async def test_malformed_frames_are_counted_and_skipped(
     assert body["channels"]["dingtalk"]["state"] == "connected"
 
 
+async def test_frames_nested_too_deep_are_skipped_acked_and_the_stream_goes_on(
+    daemon: DaemonProcess, dingtalk: FakeDingTalk
+) -> None:
+    """A faulty gateway sends JSON nested deeper than the decoder goes, in the frame itself or in its
+    data string: before, the RecursionError escaped the frame loop (no ack, the channel restarted,
+    and the redelivered frame would crash it again); now each is skipped, counted, acknowledged."""
+    deep = "[" * 200_000 + "]" * 200_000
+    mid = await dingtalk.inject(deep, mid="deep-data-1")
+    await dingtalk.send_frame(
+        '{"type": "CALLBACK", "headers": {"messageId": "deep-frame-1"}, "x": ' + deep + "}"
+    )
+    await dingtalk.inject_text("", OWNER, "after the deep ones")
+    await answered(dingtalk, OWNER, "echo: after the deep ones")
+    assert dingtalk.acked(mid), "the frame with deep data is acknowledged, not redelivered forever"
+    assert dingtalk.opens == 1, "the stream was never dropped and opened again"
+    metrics = await daemon.metrics()
+    assert 'chital_malformed_events_total{kind="envelope",platform="dingtalk"} 2.0' in metrics, metrics
+    assert "RecursionError" not in daemon.logs()
+
+
 async def test_revoked_secret_is_fatal_in_readyz(daemon: DaemonProcess, dingtalk: FakeDingTalk) -> None:
     dingtalk.revoke()
     await dingtalk.drop()
@@ -288,6 +308,25 @@ async def test_files_in_and_out(daemon: DaemonProcess, dingtalk: FakeDingTalk, m
     )
 
 
+async def test_a_hostile_dingtalk_error_text_never_reaches_the_chat(
+    daemon: DaemonProcess, dingtalk: FakeDingTalk
+) -> None:
+    """A faulty OpenAPI refuses a file's download with a code and message carrying a link, an @all
+    and a bidi override: the user is told the file could not be fetched, in the adapter's words."""
+    dingtalk.files["dlcode-h"] = b"a,b\n"
+    dingtalk.fail_next(
+        "download", 400, "[x](https://evil.example/a)", "@all \u202e see https://evil.example/b"
+    )
+    await dingtalk.inject(
+        dingtalk.message(
+            "", OWNER, "", msgtype="file", content={"downloadCode": "dlcode-h", "fileName": "sales.csv"}
+        )
+    )
+    await answered(dingtalk, OWNER, "could not fetch")
+    for m in dingtalk.messages_to(OWNER):
+        assert "evil.example" not in m.text and "\u202e" not in m.text and "@all" not in m.text, m.text
+
+
 async def test_oversized_file_is_refused_before_download(
     daemon: DaemonProcess, dingtalk: FakeDingTalk
 ) -> None:
@@ -322,3 +361,26 @@ async def test_with_a_card_template_the_answer_streams_into_one_card(
     assert card.chat_id == OWNER and card.text.strip() == "".join(words).strip()
     assert card.updates >= 2, "the answer was streamed into the card, not sent at once"
     assert len(dingtalk.cards) == 1 and not dingtalk.sent, "one card, no plain message"
+
+
+async def test_a_streamed_card_never_shows_a_secret_even_split_across_chunks(
+    tmp_path: Path, dingtalk: FakeDingTalk, model: FakeOpenAI
+) -> None:
+    """Card streaming shows partial answers: the app secret, streamed in pieces across chunks, is in
+    none of the texts the card ever showed (each one is redacted, not only the final one)."""
+    cfg = dingtalk_config(tmp_path, dingtalk, model)
+    cfg["channels"]["dingtalk"]["card_template_id"] = "tpl-fake.schema"
+    text = f"start {'pad ' * 10}secret {dingtalk.client_secret} and {'more ' * 10}end"
+    model.add_rule(lambda t: "stream a leak" in t, Reply(text=text, chunks=10, chunk_delay=0.3))
+    model._rules.insert(0, model._rules.pop())
+    async with started_daemon(tmp_path, cfg) as d:
+        await d.wait_channel_state("dingtalk", "connected")
+        await dingtalk.wait_for(lambda: dingtalk.ws is not None, what="the stream connection")
+        await dingtalk.inject_text("", OWNER, "stream a leak")
+        card = await dingtalk.wait_for(
+            lambda: next((c for c in dingtalk.cards.values() if c.final), None), timeout=30, what="a card"
+        )
+    assert card.updates >= 2 and "end" in card.text
+    half = dingtalk.client_secret[: len(dingtalk.client_secret) // 2 + 2]
+    assert all(half not in shown for shown in card.shown), card.shown
+    assert "***" in card.text

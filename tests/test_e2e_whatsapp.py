@@ -295,6 +295,23 @@ async def test_file_in_is_downloaded_through_the_media_url(
     assert any("scores.csv" in last_user_text(r) for r in model.requests), "the agent was told"
 
 
+async def test_a_hostile_graph_error_text_never_reaches_the_chat(
+    daemon: DaemonProcess, whatsapp: FakeWhatsApp
+) -> None:
+    """A faulty Graph answers the media lookup with an error whose text carries a link, a mention
+    and a bidi override: the user is told the file could not be fetched and why in the adapter's
+    own words (the Graph code), never Graph's text."""
+    media_id = whatsapp.add_media(b"name,score\n")
+    hostile = "[Verify your account](https://evil.example/login) @everyone \u202eexe.txt"
+    whatsapp.fail_next("media_url", graph_error(400, 100, hostile, "GraphMethodException"))
+    up = whatsapp.message(OWNER, "document", document={"id": media_id, "filename": "scores.csv"})
+    assert await whatsapp.deliver(whatsapp.payload(up)) == 200
+    note = await answered(whatsapp, up, "could not fetch")
+    for m in whatsapp.to(OWNER):
+        assert "evil.example" not in m.text and "\u202e" not in m.text and "@everyone" not in m.text, m.text
+    assert "Graph error 100" in note.text
+
+
 async def test_oversized_file_is_refused_before_download(
     daemon: DaemonProcess, whatsapp: FakeWhatsApp
 ) -> None:

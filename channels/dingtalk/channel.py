@@ -50,7 +50,7 @@ from channels.base import (
     RetryAfter,
     TransientSendError,
 )
-from channels.limits import check_size
+from channels.limits import check_size, read_capped
 from channels.textsplit import split_markdown, stream_text
 
 from .cards import FINAL, Cards
@@ -285,7 +285,7 @@ class DingTalkChannel(Channel):
                 if resp.status >= 400:
                     raise TransientSendError(f"{attachment.name}: download answered {resp.status}")
                 check_size(attachment.name, resp.content_length, limit, "")
-                data = await resp.content.read(limit + 1)
+                data = await read_capped(resp, limit)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise TransientSendError(f"{attachment.name}: download failed ({type(exc).__name__})") from None
         check_size(attachment.name, len(data), limit, "")

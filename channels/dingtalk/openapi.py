@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from typing import Any
 
 import aiohttp
 
 from channels.base import FatalChannelError, PermanentSendError, RetryAfter, TransientSendError
-from channels.limits import retry_after
+from channels.limits import read_capped, retry_after
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,22 @@ TOKEN_CODES = (
 expired)."""
 
 
+SAFE_CODE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""A DingTalk error code shown as is (``invalidParameter``, ``Forbidden.AccessDenied``, ``40014``)."""
+
+
 class Refused(Exception):
-    """DingTalk answered an OpenAPI call with an error (HTTP status and DingTalk's ``code``)."""
+    """DingTalk answered an OpenAPI call with an error (HTTP status and DingTalk's ``code``).
+
+    Its text is ours: DingTalk's ``message`` (and a ``code`` that is no plain identifier) is the
+    platform's text, which reached the chat in a note (links, @all, bidi overrides included), so it
+    is logged escaped (``repr``) and left out of the exception."""
 
     def __init__(self, status: int, code: str, message: str, retry: float = 2.0) -> None:
-        super().__init__(f"HTTP {status} {code or 'error'}: {message[:200]}")
+        shown = code if SAFE_CODE.fullmatch(code) else ""
+        if message or code != shown:
+            log.info("dingtalk: HTTP %s, code %r said %r", status, code[:100], message[:200])
+        super().__init__(f"HTTP {status} {shown or 'error'}")
         self.status = status
         self.code = code
         self.retry = retry
@@ -105,10 +117,10 @@ class OpenApi:
         url = (base or self.base).rstrip("/") + path
         kw: dict[str, Any] = {"data": body} if isinstance(body, aiohttp.FormData) else {"json": body}
         async with self.session().request(method, url, headers=headers or {}, params=params, **kw) as resp:
-            raw = await resp.content.read(MAX_BODY + 1)
+            raw = await read_capped(resp, MAX_BODY)
             try:
                 data = json.loads(raw) if raw and len(raw) <= MAX_BODY else {}
-            except ValueError:
+            except (ValueError, RecursionError):
                 data = {}
             if resp.status >= 400 or (isinstance(data, dict) and _errcode(data)):
                 data = data if isinstance(data, dict) else {}

@@ -33,7 +33,7 @@ import platform
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote_plus
+from urllib.parse import quote_plus, urlsplit
 
 import websockets
 from dingtalk_stream import AckMessage, CallbackMessage, ChatbotMessage, EventMessage, SystemMessage
@@ -83,7 +83,7 @@ def parse(raw: str | bytes, max_data: int) -> Frame:
     parsed); :class:`Unreadable` when the frame cannot be read (its ``messageId`` if it has one)."""
     try:
         obj = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the decoder goes is no frame either
         raise Unreadable("not JSON") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("headers"), dict):
         raise Unreadable("no headers")
@@ -103,7 +103,7 @@ def parse(raw: str | bytes, max_data: int) -> Frame:
         return Frame(kind, str(headers.get("topic") or ""), mid, {}, size)
     try:
         msg = model.from_dict(obj)
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         raise Unreadable("data is not JSON", mid) from None
     topic = msg.headers.topic if isinstance(msg.headers.topic, str) else ""
     return Frame(kind, topic, mid, msg.data, size)
@@ -123,6 +123,20 @@ def ack(frame: Frame, code: int = AckMessage.STATUS_OK, message: str = "OK") -> 
     elif frame.type == CallbackMessage.TYPE:
         out.data = {"response": None}
     return json.dumps(out.to_dict())
+
+
+def endpoint_allowed(api_base: str, endpoint: str) -> bool:
+    """Whether the Stream ``endpoint`` from ``connections/open`` may be connected to: ``wss://``,
+    or ``ws://`` only when the API itself is plain ``http://`` (a local fake or proxy). A plaintext
+    socket under an https API would send the ticket and every message in the clear."""
+    try:
+        url, api = urlsplit(endpoint), urlsplit(api_base)
+        host = url.hostname
+    except ValueError:
+        return False
+    if not host or url.username is not None or url.password is not None:
+        return False
+    return url.scheme == "wss" or (url.scheme == "ws" and api.scheme == "http")
 
 
 class Stream:
@@ -156,12 +170,12 @@ class Stream:
         }
         answer = await self._api.raw_post(OPEN_PATH, body)
         endpoint, ticket = answer.get("endpoint"), answer.get("ticket")
-        if (
-            not isinstance(endpoint, str)
-            or not isinstance(ticket, str)
-            or not endpoint.startswith(("ws", "wss"))
-        ):
+        if not isinstance(endpoint, str) or not isinstance(ticket, str):
             raise ConnectionError("connections/open answered without endpoint/ticket")
+        if not endpoint_allowed(self._api.base, endpoint):
+            log.warning("dingtalk: connections/open named an endpoint that is not wss:// (or carries "
+                        "credentials) while the API is https; not connecting")  # fmt: skip
+            raise ConnectionError("connections/open named a plaintext or unusable endpoint")
         return f"{endpoint}?ticket={quote_plus(ticket)}"
 
     async def frames(self, uri: str, on_open: Callable[[], None]) -> AsyncIterator[str | bytes]:
@@ -193,4 +207,5 @@ class Stream:
 
 
 Handler = Callable[[Frame], Awaitable[None]]
-__all__ = ["DISCONNECT", "PING", "ROBOT_TOPIC", "Frame", "Refused", "Stream", "Unreadable", "ack", "parse"]
+__all__ = ["DISCONNECT", "PING", "ROBOT_TOPIC", "Frame", "Refused", "Stream", "Unreadable", "ack",
+           "endpoint_allowed", "parse"]  # fmt: skip

@@ -28,6 +28,7 @@ from channels.base import (
     TransientSendError,
     scrub,
 )
+from channels.limits import read_capped
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,12 @@ MEDIA_HOSTS = (".fbsbx.com", ".facebook.com", ".whatsapp.net", ".fbcdn.net")
 
 
 class GraphError(ChannelError):
-    """Graph answered with an error (HTTP status, Graph ``code``)."""
+    """Graph answered with an error (HTTP status, Graph ``code``). ``message`` is only ever our own
+    words: Graph's text is the platform's, not ours to show (it reached the chat as a note, links,
+    mentions and bidi overrides included), so :func:`error_of` logs it escaped and leaves it out."""
 
-    def __init__(self, status: int, code: int, message: str) -> None:
-        super().__init__(f"HTTP {status}, Graph error {code}: {message}"[:300])
+    def __init__(self, status: int, code: int, message: str = "") -> None:
+        super().__init__(f"HTTP {status}, Graph error {code}" + (f": {message}" if message else ""))
         self.status, self.code = status, code
 
     @property
@@ -65,7 +68,9 @@ def error_of(status: int, body: Any, token: str) -> GraphError:
     code = err.get("code")
     code = code if isinstance(code, int) and not isinstance(code, bool) else 0
     message = err.get("message") if isinstance(err.get("message"), str) else ""
-    return GraphError(status, code, scrub(str(message)[:200], token))
+    if message:  # repr: control characters and bidi overrides escaped; the token scrubbed
+        log.info("whatsapp: Graph error %s said %r", code, scrub(message[:200], token))
+    return GraphError(status, code)
 
 
 def send_error(exc: GraphError) -> ChannelError:
@@ -122,13 +127,13 @@ class Graph:
             raise GraphError(401, 190, "the access token was refused earlier; set a valid one and restart")
         try:
             async with self.session.request(method, url, headers=self._headers(), **kwargs) as resp:
-                raw = await resp.content.read(MAX_ANSWER_BYTES + 1)
+                raw = await read_capped(resp, MAX_ANSWER_BYTES)
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ConnectionError(f"Graph request failed: {type(exc).__name__}") from None
         try:
             body = json.loads(raw) if len(raw) <= MAX_ANSWER_BYTES else None
-        except ValueError:
+        except (ValueError, RecursionError):
             body = None
         if status >= 400:
             raise error_of(status, body, self._token)

@@ -27,6 +27,7 @@ import collections
 import hmac
 import json
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,6 +76,18 @@ IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 MAX_BUTTONS, BUTTON_TITLE, MAX_ROWS, ROW_TITLE, BODY_LEN = 3, 20, 10, 24, 1024
 """Reply buttons: at most 3, titles of 20 characters; a list: 10 rows of 24; a body of 1,024."""
 PRESSES_KEPT = 1024
+BODIES_IN_FLIGHT = 4
+"""Bytes of webhook bodies held at once, in largest bodies: the endpoint is on the internet and a
+body is read whole before its signature can be checked, so many slow or parallel callers must not
+hold more than this between them (one caller is bounded by ``max_body_bytes`` alone)."""
+MAX_AGE_SECONDS = 7 * 86400 + 3600
+"""Meta redelivers an unanswered delivery for at most 7 days: a message whose signed ``timestamp``
+is older is a replay of a captured delivery (the journal that drops repeats is pruned after
+``storage.retention_days``), acknowledged and not run again. An hour's slack for clock skew."""
+REFUSAL_LOG_SECONDS = 60.0
+"""A kind of refused webhook request is logged at most this often, with the count since the last
+line: the endpoint is on the internet, and a line per forged request would let anyone grow the
+operator's logs at wire speed."""
 
 
 class WhatsAppChannel(Channel):
@@ -108,6 +121,8 @@ class WhatsAppChannel(Channel):
         self._verify_token = verify_token
         self._max_body = max_body_bytes
         self._read_seconds = read_seconds
+        self._held = 0
+        """Bytes of unverified webhook bodies being read now, across callers (``BODIES_IN_FLIGHT``)."""
         self._sink: InboundSink | None = None
         self._refused = asyncio.Event()
         """Set when Graph refused the token on a send: :meth:`run` checks it again."""
@@ -116,6 +131,9 @@ class WhatsAppChannel(Channel):
         self.ignored: collections.Counter[str] = collections.Counter()
         """Events read and deliberately not handed on (statuses, reactions), by type."""
         self.outside_window = 0
+        self.refused: collections.Counter[str] = collections.Counter()
+        """Webhook requests refused (forged, oversized, slow, busy, wrong verification), by kind."""
+        self._refusal_noted: dict[str, tuple[float, int]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, sink: InboundSink) -> None:
@@ -163,7 +181,7 @@ class WhatsAppChannel(Channel):
         given = query.get("hub.verify_token", "")
         same = hmac.compare_digest(given.encode(errors="replace"), self._verify_token.encode())
         if query.get("hub.mode") != "subscribe" or not same or not self._verify_token:
-            log.warning("whatsapp: refused a webhook verification (wrong mode or verify token)")
+            self._refuse("verification")
             return web.Response(status=403, text="forbidden")
         challenge = query.get("hub.challenge", "")
         if not challenge or len(challenge) > 256 or not challenge.isprintable():
@@ -172,6 +190,9 @@ class WhatsAppChannel(Channel):
         return web.Response(text=challenge, content_type="text/plain")
 
     async def _read(self, request: web.Request) -> bytes | web.Response:
+        """The body, capped per caller (``max_body_bytes``) and across callers (``BODIES_IN_FLIGHT``
+        largest bodies): a caller that would pass the shared budget gets 503 (Meta redelivers), so a
+        flood of unsigned bodies cannot hold the daemon's memory, while small deliveries still fit."""
         cap = self._max_body
         if request.content_length is not None and request.content_length > cap:
             return self._too_large()
@@ -183,16 +204,24 @@ class WhatsAppChannel(Channel):
                     chunk = await request.content.read(min(64 * 1024, cap + 1 - total))
                     if not chunk:
                         break
+                    if self._held + len(chunk) > cap * BODIES_IN_FLIGHT:
+                        self._refuse("busy")
+                        return web.Response(
+                            status=503, text="busy; retry later", headers={"Retry-After": "5"}
+                        )
                     chunks.append(chunk)
                     total += len(chunk)
+                    self._held += len(chunk)
         except TimeoutError:
-            log.warning("whatsapp: a webhook body was not sent in time")
+            self._refuse("slow body")
             return web.Response(status=408, text="timeout")
+        finally:
+            self._held -= total
         return self._too_large() if total > cap else b"".join(chunks)
 
     def _too_large(self) -> web.Response:
         self.count_malformed(malformed.ENVELOPE)
-        log.warning("whatsapp: refused a webhook body over %d bytes", self._max_body)
+        self._refuse("too large")
         return web.Response(status=413, text="too large")
 
     async def _deliver(self, request: web.Request) -> web.Response:
@@ -201,8 +230,7 @@ class WhatsAppChannel(Channel):
             return body
         given = request.headers.get(SIGNATURE)
         if not signed(self._app_secret, body, given):
-            log.warning("whatsapp: refused a webhook delivery with a %s signature",
-                        "bad" if given else "missing")  # fmt: skip
+            self._refuse("bad signature" if given else "unsigned")
             return web.Response(status=403 if given else 401, text="forbidden")
         sink = self._sink
         if sink is None:
@@ -223,6 +251,16 @@ class WhatsAppChannel(Channel):
             log.error("whatsapp: delivery not journaled (%s); Meta will redeliver", type(exc).__name__)
             return web.Response(status=503, text="retry later")
         return web.Response(text="ok")
+
+    def _refuse(self, kind: str) -> None:
+        """Count a refused webhook request; log the kind at most once per ``REFUSAL_LOG_SECONDS``."""
+        self.refused[kind] += 1
+        now = time.monotonic()
+        last, seen = self._refusal_noted.get(kind, (None, 0))
+        if last is None or now - last >= REFUSAL_LOG_SECONDS:
+            self._refusal_noted[kind] = (now, self.refused[kind])
+            log.warning("whatsapp: refused a webhook delivery (%s); %d such request(s) since the last "
+                        "note, logged at most once a minute", kind, self.refused[kind] - seen)  # fmt: skip
 
     async def _changes(self, payload: Any, sink: InboundSink) -> None:
         for change in changes(payload, self.phone_number_id):
@@ -259,6 +297,11 @@ class WhatsAppChannel(Channel):
     async def _message(self, message: Any, names: dict[str, str], me: str, sink: InboundSink) -> None:
         try:
             mtype, wamid, sender = check_message(message)
+            if _expired(message.get("timestamp")):
+                self.ignored["expired"] += 1
+                log.warning("whatsapp: skipped message %s: older than Meta's 7-day redelivery window "
+                            "(a replayed delivery)", wamid)  # fmt: skip
+                return
             pressed = press(message)
             if pressed is not None and pressed[0].startswith(ACTION_PREFIX):
                 await self._press(message, wamid, sender, pressed[0], names)
@@ -395,6 +438,16 @@ class WhatsAppChannel(Channel):
             media["filename"] = file.name
         kind = "image" if image else "document"
         return await self._send(target, {"type": kind, kind: media})
+
+
+def _expired(timestamp: Any) -> bool:
+    """Whether a message's unix ``timestamp`` is past Meta's redelivery window; one that cannot be
+    read is not (the signature already says Meta sent it)."""
+    try:
+        sent = int(timestamp)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return time.time() - sent > MAX_AGE_SECONDS
 
 
 def _cut(label: str, limit: int) -> str:

@@ -22,7 +22,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import WSMsgType, web
@@ -56,6 +56,8 @@ class Card:
     text: str
     updates: int = 0
     final: bool = False
+    shown: list[str] = field(default_factory=list)
+    """Every text the card showed, in order (a secret must never be in any of them)."""
 
 
 class FakeDingTalk:
@@ -88,7 +90,7 @@ class FakeDingTalk:
         self.cards: dict[str, Card] = {}
         """Cards the bot created, by outTrackId."""
         """What the bot uploaded: media id -> (file name, bytes)."""
-        self._fail: dict[str, list[tuple[int, str]]] = {}
+        self._fail: dict[str, list[tuple[int, str, str]]] = {}
         self._tickets: set[str] = set()
         self._transport: asyncio.BaseTransport | None = None
 
@@ -188,9 +190,10 @@ class FakeDingTalk:
         self.revoked = True
         self.tokens.clear()
 
-    def fail_next(self, kind: str, status: int, code: str) -> None:
-        """The next call of ``kind`` (``send``, ``token``, ``open``) answers ``status`` ``code``."""
-        self._fail.setdefault(kind, []).append((status, code))
+    def fail_next(self, kind: str, status: int, code: str, message: str = "scripted failure") -> None:
+        """The next call of ``kind`` (``send``, ``token``, ``open``, ``download``) answers ``status``
+        ``code`` with ``message``."""
+        self._fail.setdefault(kind, []).append((status, code, message))
 
     # -- reading ---------------------------------------------------------------------------------
     def acked(self, mid: str) -> bool:
@@ -286,6 +289,8 @@ class FakeDingTalk:
         if path == "/v1.0/card/instances/createAndDeliver":
             return self._card_create(body)
         if path == "/v1.0/robot/messageFiles/download":
+            if failure := self._take("download"):
+                return failure
             code = body.get("downloadCode")
             if code not in self.files:
                 return _error(400, "invalidDownloadCode", "download code is invalid")
@@ -332,7 +337,7 @@ class FakeDingTalk:
         if kind not in ("IM_GROUP", "IM_ROBOT") or deliver.get("robotCode") != self.client_id:
             return _error(400, "invalidParameter", "deliver model is invalid")
         key, text = next(iter(params.items()))
-        self.cards[out] = Card(chat, key, str(text))
+        self.cards[out] = Card(chat, key, str(text), shown=[str(text)])
         return web.json_response({"success": True, "result": {"outTrackId": out}})
 
     async def _card_stream(self, request: web.Request) -> web.StreamResponse:
@@ -352,14 +357,15 @@ class FakeDingTalk:
             card.updates + 1,
             bool(body.get("isFinalize")),
         )
+        card.shown.append(card.text)
         return web.json_response({"success": True})
 
     def _take(self, kind: str) -> web.StreamResponse | None:
         queue = self._fail.get(kind)
         if not queue:
             return None
-        status, code = queue.pop(0)
-        return _error(status, code, "scripted failure")
+        status, code, message = queue.pop(0)
+        return _error(status, code, message)
 
 
 def _error(status: int, code: str, message: str) -> web.Response:

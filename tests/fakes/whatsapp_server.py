@@ -235,6 +235,8 @@ class FakeWhatsApp:
         if parts[1:] == [PHONE_NUMBER_ID, "media"] and request.method == "POST":
             return self._take("media") or await self._upload(request)
         if len(parts) == 2 and request.method == "GET" and parts[1] in self.media:
+            if failure := self._take("media_url"):
+                return failure
             data, mime = self.media[parts[1]]
             size = self.lie_about_size.get(parts[1], len(data))
             return web.json_response({"url": f"{self.base_url}/media-blob/{parts[1]}", "mime_type": mime,
