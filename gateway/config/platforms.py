@@ -24,6 +24,7 @@ from channels.settings import ChannelSettings
 from channels.slack import SlackSettings
 from channels.telegram import TelegramSettings
 from channels.whatsapp import WhatsAppSettings
+from channels.wecom import WeComSettings
 
 if TYPE_CHECKING:
     from gateway.config.schema import Config
@@ -71,6 +72,8 @@ PLATFORMS: tuple[Platform, ...] = (
     ),
     Platform("whatsapp", WhatsAppSettings, "channels.whatsapp.channel:WhatsAppChannel"),
     Platform("dingtalk", DingTalkSettings, "channels.dingtalk.channel:DingTalkChannel"),
+    # One long connection per robot: a second subscription takes the stream over (docs/setup/wecom.md).
+    Platform("wecom", WeComSettings, "channels.wecom.channel:WeComChannel", single_consumer=True),
 )
 
 
