@@ -122,12 +122,15 @@ async def test_reply_streams_then_finishes_then_later_parts_are_proactive(wecom:
         await channel.edit(target, mid, render_stream("thinking more"))
         await channel.edit(target, mid, Rendered("done", {"final": True}))
         with pytest.raises(NotModified):
-            await channel.edit(target, mid, Rendered("again", {"final": True}))
-        await channel.send(target, Rendered("part two", {"final": True}), idempotency_key="k#1")
+            await channel.edit(target, mid, Rendered("done", {"final": True}))  # a retried final
+        two = await channel.send(target, Rendered("part two", {"final": True}), idempotency_key="k#1")
+        with pytest.raises(NotModified):
+            await channel.edit(target, two, Rendered("part two", {"final": True}))
+        await channel.edit(target, mid, Rendered("a new text", {"final": True}))  # cannot change: anew
     (stream,) = wecom.replies_to(up)
     assert (stream.content, stream.finished, stream.updates) == ("done", True, 2)
     proactive = [m for m in wecom.messages if m.kind == "markdown"]
-    assert [(m.chat, m.content) for m in proactive] == [(ALICE, "part two")]
+    assert [(m.chat, m.content) for m in proactive] == [(ALICE, "part two"), (ALICE, "a new text")]
 
 
 async def test_after_the_window_only_the_final_text_goes_out_proactively(wecom: FakeWeCom) -> None:

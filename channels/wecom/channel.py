@@ -80,11 +80,16 @@ REMEMBERED = 4096
 RETRY_CAP = 30.0
 
 
-class _Bounded(collections.OrderedDict[str, None]):
-    def add(self, key: str) -> None:
-        self[key] = None
+class _Bounded(collections.OrderedDict[str, str]):
+    def add(self, key: str, value: str = "") -> None:
+        self[key] = value
+        self.move_to_end(key)
         while len(self) > REMEMBERED:
             self.popitem(last=False)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 class _Expired(Exception):
@@ -118,13 +123,15 @@ class WeComChannel(Channel):
         self._wire: Wire | None = None
         self._live = asyncio.Event()
         self._finished = _Bounded()
-        """Stream ids this process ended (``finish: true``): WeCom takes no more updates of them."""
+        """Stream ids this process ended (``finish: true``; WeCom takes no more updates of them) ->
+        the digest of their last text."""
         self._expired = _Bounded()
         """``req_id``s WeCom said it no longer takes replies for."""
         self._streams: dict[str, str] = {}
         """``req_id`` -> the stream this process opened for it (one stream per message)."""
         self._delivered = _Bounded()
-        """Pending proactive parts (``p|…`` ids) whose final text went out."""
+        """Proactive parts (``m|…``, and ``p|…`` ids whose final text went out) -> the digest of
+        the text that went out."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, sink: InboundSink) -> None:
@@ -295,31 +302,38 @@ class WeComChannel(Channel):
         if not final:
             return f"p|{sid}"  # shown when the final text comes (edit), as a message of its own
         await self._proactive(target.chat_id, part.text)
+        self._delivered.add(f"m|{sid}", _digest(part.text))
         return f"m|{sid}"
 
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        """A stream is updated while it is open and its window lasts. A message WeCom cannot
+        change any more (a finished stream, a proactive message) gets a final text that differs
+        from what it shows as a new proactive message; the same text again changes nothing."""
         kind, _, rest = message_id.partition("|")
         final = is_final(part)
         if kind == "s":
             req_id, _, sid = rest.rpartition("|")
-            if sid in self._finished:
-                raise NotModified("the stream is finished")
-            if req_id and self._window_open(target, req_id):
-                try:
-                    await self._stream(req_id, sid, part.text, final)
-                    return
-                except _Expired:
-                    pass
-            if not final:
-                raise NotModified("the reply window is closed; only the final text is sent")
-            self._finished.add(sid)
-            await self._proactive(target.chat_id, part.text)
+            if sid not in self._finished:
+                if req_id and self._window_open(target, req_id):
+                    try:
+                        await self._stream(req_id, sid, part.text, final)
+                        return
+                    except _Expired:
+                        pass
+                if not final:
+                    raise NotModified("the reply window is closed; only the final text is sent")
+            await self._replace(target, sid, self._finished, part)
             return
-        if kind == "p" and final and message_id not in self._delivered:
-            await self._proactive(target.chat_id, part.text)
-            self._delivered.add(message_id)
-            return
-        raise NotModified("a proactive WeCom message cannot be edited")
+        if kind not in ("p", "m") or not final:
+            raise NotModified("a proactive WeCom message shows only final text")
+        await self._replace(target, message_id, self._delivered, part)
+
+    async def _replace(self, target: ReplyTarget, key: str, shown: _Bounded, part: Rendered) -> None:
+        digest = _digest(part.text)
+        if shown.get(key) == digest:
+            raise NotModified("WeCom shows this text already")
+        await self._proactive(target.chat_id, part.text)
+        shown.add(key, digest)
 
     def _open_req(self, target: ReplyTarget) -> str:
         req_id = target.extra.get(REQ_ID)
@@ -342,7 +356,7 @@ class WeComChannel(Channel):
         if len(self._streams) > REMEMBERED:
             self._streams.pop(next(iter(self._streams)))
         if final:
-            self._finished.add(sid)
+            self._finished.add(sid, _digest(text))
 
     async def _proactive(self, chat_id: str, text: str) -> None:
         body = {"chatid": chat_id, "msgtype": "markdown", "markdown": {"content": text}}

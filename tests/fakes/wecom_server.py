@@ -76,7 +76,7 @@ class FakeWeCom:
         self.refusals = 0
         self.pings = 0
         self.received: list[dict[str, Any]] = []
-        """Every frame the bot sent (parsed), subscription frames with their secret masked."""
+        """Every frame the bot sent (parsed) but pings, subscription frames with their secret masked."""
         self.messages: list[Shown] = []
         self._streams: dict[tuple[str, str], Shown] = {}
         self._callbacks: dict[str, _Callback] = {}
@@ -160,11 +160,12 @@ class FakeWeCom:
                 await ws.send_str(text)
             self._poke()
             return
-        self.received.append(frame)
         if cmd == "ping":
             self.pings += 1
             await self._answer(ws, req_id)
-        elif cmd == "aibot_respond_msg":
+            return
+        self.received.append(frame)
+        if cmd == "aibot_respond_msg":
             code, msg = self._respond(req_id, body, frame)
             await self._answer(ws, req_id, code, msg)
         elif cmd == "aibot_send_msg":
