@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon import DaemonProcess, started_daemon
+from tests.daemon import DaemonProcess, clean_env, run_chital, started_daemon
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.fakes.wecom_server import FakeWeCom
 from tests.wecom_daemon import FRIEND, GROUP, OWNER, STRANGER, answered, sent_to, wecom_config
@@ -215,3 +215,30 @@ async def test_secrets_never_reach_the_chat(
     sent = str([f for f in wecom.received if f.get("cmd") != "aibot_subscribe"])
     assert wecom.secret not in sent and "sk-test-key-never-logged" not in sent
     assert "***" in reply.text
+
+
+async def test_init_writes_wecom_settings_and_check_online_subscribes(
+    tmp_path: Path, wecom: FakeWeCom, model: FakeOpenAI
+) -> None:
+    env = clean_env() | {"OPENAI_API_KEY": "sk-from-env", "WECOM_BOT_ID": wecom.bot_id,
+                         "WECOM_BOT_SECRET": wecom.secret}  # fmt: skip
+    done = await run_chital(
+        "init", "--yes", "--channel", "wecom", "--model", "fake-model", "--base-url", model.base_url,
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert done.code == 0, done.out
+    path = tmp_path / "config.yaml"
+    config = path.read_text()
+    assert "wecom:\n    enabled: true" in config and "secret: $WECOM_BOT_SECRET" in config, config
+    assert wecom.secret not in config and wecom.secret not in done.out
+    assert f"WECOM_BOT_SECRET='{wecom.secret}'" in (tmp_path / ".env").read_text()
+    path.write_text(
+        config.replace(
+            "    enabled: true\n    bot_id:", f"    enabled: true\n    ws_url: {wecom.url}\n    bot_id:", 1
+        )
+    )
+    done = await run_chital("check", "--online", "-c", str(path), cwd=tmp_path, env=env)
+    assert f"aibot_subscribe: accepted for robot {wecom.bot_id}" in done.out, done.out
+    await wecom.revoke()
+    done = await run_chital("check", "--online", "-c", str(path), cwd=tmp_path, env=env)
+    assert "aibot_subscribe refused: errcode 40001" in done.out and wecom.secret not in done.out, done.out
