@@ -676,7 +676,7 @@ def test_no_library_uses_a_stand_in_where_it_cannot_act_as_the_real_object() -> 
         import ast, inspect, sys
         import gateway.cli.main, gateway.daemon.app, agent.harness, agent.runtime
         import channels.telegram.channel, channels.slack.channel, channels.discord.channel, channels.lark.channel
-        import channels.matrix.channel, channels.whatsapp.channel, channels.dingtalk.channel
+        import channels.matrix.channel, channels.whatsapp.channel, channels.dingtalk.channel, channels.wecom.channel
         from compat.lean_imports import _Proxy
         holders = {}
         for name, module in list(sys.modules.items()):
