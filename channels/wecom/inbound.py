@@ -71,7 +71,8 @@ def ids_of(body: Any) -> dict[str, Any]:
         "chat_id": chat if malformed.is_id(chat) else "",
         "message_id": msgid if malformed.is_id(msgid) else "",
         "sender_id": sender if malformed.is_id(sender) else "",
-        "is_direct": body.get("chattype") == "single",
+        "is_direct": not group,  # whatever else it says, a chat that is no group is the sender's
+        "addressed": True,  # WeCom delivers a group message only when it @-mentions the robot
     }
 
 
