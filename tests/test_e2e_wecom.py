@@ -242,3 +242,21 @@ async def test_init_writes_wecom_settings_and_check_online_subscribes(
     await wecom.revoke()
     done = await run_chital("check", "--online", "-c", str(path), cwd=tmp_path, env=env)
     assert "aibot_subscribe refused: errcode 40001" in done.out and wecom.secret not in done.out, done.out
+
+
+async def test_file_in_is_downloaded_and_decrypted(
+    daemon: DaemonProcess, wecom: FakeWeCom, model: FakeOpenAI
+) -> None:
+    media = wecom.add_media(b"name,score\nada,3\n")
+    up = wecom.inject_text(OWNER, "", msgtype="file", file={**media, "filename": "scores.csv"})
+    await answered(wecom, up, "echo:")
+    uploaded = list(daemon.sandbox_root.glob("**/uploads/scores.csv"))
+    assert uploaded and uploaded[0].read_bytes() == b"name,score\nada,3\n"
+    assert any("scores.csv" in last_user_text(r) for r in model.requests), "the agent was told"
+
+
+async def test_oversized_file_is_refused_before_download(daemon: DaemonProcess, wecom: FakeWeCom) -> None:
+    media = wecom.add_media(b"x" * 1024)
+    up = wecom.inject_text(OWNER, "", msgtype="file", file={**media, "filename": "big.bin", "size": 10**10})
+    reply = await answered(wecom, up, "big.bin")
+    assert wecom.downloads == 0, reply.text

@@ -10,7 +10,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from channels.base import ChannelState, FatalChannelError, Inbound, NotModified, Rendered, ReplyTarget
+from channels.base import (
+    Attachment,
+    ChannelState,
+    FatalChannelError,
+    Inbound,
+    NotModified,
+    PermanentSendError,
+    Rendered,
+    ReplyTarget,
+)
 from channels.wecom.channel import WeComChannel
 from channels.wecom.inbound import AT, REQ_ID, to_inbound
 from channels.wecom.render import MAX_PART_BYTES, is_final, render, render_stream
@@ -165,3 +174,15 @@ async def test_a_refused_secret_is_fatal_after_a_second_refusal(wecom: FakeWeCom
         await asyncio.wait_for(channel.run(Sink()), 20)
     await channel.close()
     assert wecom.refusals == 2 and "40001" in str(err.value) and wecom.secret not in str(err.value)
+
+
+async def test_download_decrypts_and_stops_at_the_limit(wecom: FakeWeCom) -> None:
+    media = wecom.add_media(b"hello file" * 100)
+    async with running(wecom, Sink()) as channel:
+        good = Attachment(file_id=f"{media['aeskey']} {media['url']}", name="f.txt")
+        assert await channel.download(good, 10_000) == b"hello file" * 100
+        with pytest.raises(PermanentSendError):
+            await channel.download(good, 100)  # announced nothing, sent more
+        short_key = "c2hvcnQga2V5IG9mIDE2IGI"  # not the 32 bytes AES-256 needs
+        with pytest.raises(PermanentSendError):
+            await channel.download(Attachment(file_id=f"{short_key} {media['url']}", name="f.txt"), 10_000)

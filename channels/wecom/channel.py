@@ -35,6 +35,7 @@ import aiohttp
 
 from channels import malformed
 from channels.base import (
+    Attachment,
     Capabilities,
     Channel,
     FatalChannelError,
@@ -48,6 +49,7 @@ from channels.base import (
     scrub,
 )
 
+from . import media
 from .inbound import (
     AT,
     EVENT_CALLBACK,
@@ -276,6 +278,10 @@ class WeComChannel(Channel):
         # enter_chat (no welcome text is configured), feedback_event and event types WeCom adds
         # later need nothing from us; template cards are not sent yet.
         log.debug("wecom: event %s ignored", etype if etype.isprintable() else "?")
+
+    async def download(self, attachment: Attachment, limit: int) -> bytes:
+        """An image, file or video a user sent, decrypted (channels/wecom/media.py)."""
+        return await media.download(self._http(), attachment, limit)
 
     # -- rendering ------------------------------------------------------------------------------
     def render(self, markdown: str) -> Sequence[Rendered]:

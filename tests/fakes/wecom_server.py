@@ -23,8 +23,10 @@ messages as a user sees them (:meth:`replies_to`, :meth:`bot_messages`), every f
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,11 +89,14 @@ class FakeWeCom:
         self._runner: web.AppRunner | None = None
         self._ids = itertools.count(1)
         self._changed = asyncio.Event()
+        self._media: dict[str, bytes] = {}
+        self.downloads = 0
 
     # -- server --------------------------------------------------------------------------------
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/", self._ws)
+        app.router.add_get("/media/{id}", self._media_get)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -205,6 +210,27 @@ class FakeWeCom:
         shown.finished = bool(stream.get("finish"))
         shown.frames.append(frame)
         return 0, "ok"
+
+    async def _media_get(self, request: web.Request) -> web.StreamResponse:
+        data = self._media.get(request.match_info["id"])
+        if data is None:
+            return web.Response(status=404)
+        self.downloads += 1
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    def add_media(self, data: bytes) -> dict[str, str]:
+        """Serve ``data`` encrypted as WeCom does (AES-256-CBC, the IV the key's first 16 bytes,
+        PKCS#7 to 32-byte blocks); the ``{url, aeskey}`` a message carries for it."""
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+        key = os.urandom(32)
+        pad = 32 - len(data) % 32
+        encryptor = Cipher(algorithms.AES(key), modes.CBC(key[:16])).encryptor()
+        sealed = encryptor.update(data + bytes([pad]) * pad) + encryptor.finalize()
+        media_id = f"m{next(self._ids)}"
+        self._media[media_id] = sealed
+        return {"url": f"http://127.0.0.1:{self.port}/media/{media_id}",
+                "aeskey": base64.b64encode(key).decode().rstrip("=")}  # fmt: skip
 
     # -- scripting -------------------------------------------------------------------------------
     def _push(self, frame: dict[str, Any] | str) -> None:
