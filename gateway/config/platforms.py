@@ -23,8 +23,8 @@ from channels.matrix import MatrixSettings
 from channels.settings import ChannelSettings
 from channels.slack import SlackSettings
 from channels.telegram import TelegramSettings
-from channels.whatsapp import WhatsAppSettings
 from channels.wecom import WeComSettings
+from channels.whatsapp import WhatsAppSettings
 
 if TYPE_CHECKING:
     from gateway.config.schema import Config
