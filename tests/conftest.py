@@ -36,6 +36,7 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.search_server import FakeSearch
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.fakes.wecom_server import FakeWeCom
 from tests.fakes.whatsapp_server import FakeWhatsApp
 from tests.telegram_daemon import telegram_config
 
@@ -200,6 +201,15 @@ async def whatsapp() -> AsyncIterator[FakeWhatsApp]:
 async def dingtalk() -> AsyncIterator[FakeDingTalk]:
     """The fake DingTalk Stream gateway and robot OpenAPI (tests/fakes/dingtalk_server.py)."""
     fake = FakeDingTalk()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def wecom() -> AsyncIterator[FakeWeCom]:
+    """The fake WeCom robot long connection (tests/fakes/wecom_server.py)."""
+    fake = FakeWeCom()
     await fake.start()
     yield fake
     await fake.stop()

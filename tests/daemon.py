@@ -175,7 +175,7 @@ def base_config(data_dir: Path, model_base_url: str, http_port: int) -> dict[str
         },
         "channels": {
             name: {"enabled": False}
-            for name in ("telegram", "slack", "discord", "lark", "matrix", "whatsapp", "dingtalk")
+            for name in ("telegram", "slack", "discord", "lark", "matrix", "whatsapp", "dingtalk", "wecom")
         },
         "storage": storage,
         "concurrency": {"max_turns": 8, "shutdown_grace": 5},

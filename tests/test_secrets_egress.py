@@ -33,6 +33,7 @@ from tests.fakes.matrix_server import SERVER, FakeMatrix
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.fakes.wecom_server import FakeWeCom
 from tests.fakes.whatsapp_server import FakeWhatsApp
 
 MODEL_KEY = "mdl-KEY-7Qp2Zr9xLw0pTe4s"
@@ -50,6 +51,7 @@ OTHERS = {
     "whatsapp_secret": "otherWhatsAppAppSecret0123456789",
     "whatsapp_verify": "otherWhatsAppVerifyToken0123",
     "dingtalk": "OtherDingTalkClientSecret_9f8e7d6c5b4a",
+    "wecom": "wecomOtherSecretValue0123456789abcdef",
 }
 """Credentials of the platforms not under test: configured (disabled) so every kind is present."""
 USER_TG, USER_SLACK, USER_DC, USER_LARK = 5150, "U_FRIEND", "424242424242424242", "ou_friend"
@@ -350,6 +352,36 @@ def on_dingtalk(fake: FakeDingTalk) -> Platform:
     )
 
 
+def on_wecom(fake: FakeWeCom) -> Platform:
+    """WeCom gets no buttons yet: the prompt asks for ``approve CODE`` in words, and that is typed."""
+    user = "friend"
+
+    async def ask(text: str) -> Any:
+        return fake.inject_text(user, text)
+
+    async def buttons() -> Any:
+        return await fake.wait_for(
+            lambda: next((m for m in fake.bot_messages(user) if "`approve " in m.text), None),
+            30,
+            "the prompt",
+        )
+
+    async def press(prompt: Any) -> str:
+        code = re.search(r"`approve ([A-Za-z0-9]+)`", prompt.text)
+        assert code is not None, prompt.text
+        typed = fake.inject_text(user, f"approve {code.group(1)}")
+        answer = await fake.wait_for(lambda: fake.replies_to(typed), 15, "the answer")
+        return answer[-1].text
+
+    def sent() -> str:
+        return json.dumps(fake.received, default=str, ensure_ascii=False)
+
+    settings = fake.channel_settings()
+    settings.pop("enabled")
+    return Platform("wecom", [fake.secret], settings, f"wecom:{user}", ask, buttons, press, sent,
+                    fake.wait_connected)  # fmt: skip
+
+
 def config(tmp_path: Path, model: FakeOpenAI, platform: Platform) -> dict[str, Any]:
     cfg = base_config(tmp_path / "data", model.base_url, free_port())
     scheme, _, rest = model.base_url.partition("://")
@@ -367,6 +399,7 @@ def config(tmp_path: Path, model: FakeOpenAI, platform: Platform) -> dict[str, A
     channels["whatsapp"].update(phone_number_id="1", access_token=OTHERS["whatsapp_token"],
                                 app_secret=OTHERS["whatsapp_secret"], verify_token=OTHERS["whatsapp_verify"])  # fmt: skip
     channels["dingtalk"].update(client_id="dingother", client_secret=OTHERS["dingtalk"])
+    channels["wecom"].update(bot_id="aibOtherRobot", secret=OTHERS["wecom"])
     channels[platform.name] = {"enabled": True, **platform.channel}
     cfg.update(platform.sections)
     cfg["access"] = {"allow_users": [platform.access]}
@@ -385,11 +418,11 @@ def leaks(text: str, secrets: list[str]) -> list[str]:
     return [s for s in secrets if s in text or quote(s, safe="") in text]
 
 
-@pytest.fixture(params=["telegram", "slack", "discord", "lark", "matrix", "whatsapp", "dingtalk"])
+@pytest.fixture(params=["telegram", "slack", "discord", "lark", "matrix", "whatsapp", "dingtalk", "wecom"])
 def platform(request: pytest.FixtureRequest) -> Platform:
     name = request.param
     fixture = {"telegram": "tg", "slack": "slack", "discord": "dc", "lark": "lark", "matrix": "matrix_hs",
-               "whatsapp": "whatsapp", "dingtalk": "dingtalk"}[name]  # fmt: skip
+               "whatsapp": "whatsapp", "dingtalk": "dingtalk", "wecom": "wecom"}[name]  # fmt: skip
     fake = request.getfixturevalue(fixture)
     makers = {
         "telegram": on_telegram,
@@ -399,6 +432,7 @@ def platform(request: pytest.FixtureRequest) -> Platform:
         "matrix": on_matrix,
         "whatsapp": on_whatsapp,
         "dingtalk": on_dingtalk,
+        "wecom": on_wecom,
     }
     return makers[name](fake)
 
@@ -485,7 +519,8 @@ def test_every_kind_of_secret_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
            "MATRIX_ACCESS_TOKEN": "env-matrix-token", "MATRIX_USER_ID": "@bot:matrix.example",
            "WHATSAPP_ACCESS_TOKEN": "env-whatsapp-token", "WHATSAPP_APP_SECRET": "env-whatsapp-secret",
            "WHATSAPP_VERIFY_TOKEN": "env-whatsapp-verify", "WHATSAPP_PHONE_NUMBER_ID": "106540352242922",
-           "DINGTALK_CLIENT_SECRET": "env-dingtalk-secret", "DINGTALK_CLIENT_ID": "dingappidnosecret"}  # fmt: skip
+           "DINGTALK_CLIENT_SECRET": "env-dingtalk-secret", "DINGTALK_CLIENT_ID": "dingappidnosecret",
+           "WECOM_BOT_SECRET": "env-wecom-secret", "WECOM_BOT_ID": "aibEnvRobotId"}  # fmt: skip
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     found = daemon_secrets(parse_config(builtin_defaults(), "defaults"))
@@ -496,11 +531,13 @@ def test_every_kind_of_secret_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
         "MATRIX_USER_ID",
         "WHATSAPP_PHONE_NUMBER_ID",
         "DINGTALK_CLIENT_ID",
+        "WECOM_BOT_ID",
     )
     expected = [v for k, v in env.items() if k not in plain]
     assert set(expected) <= set(found) and "env-url-pw" in found
     assert "@bot:matrix.example" not in found, "the bot's user id is no secret (it is in every message)"
     assert "cli_app_id_is_no_secret" not in found and "gpt-x" not in found
+    assert "aibEnvRobotId" not in found, "the robot's id is no secret (it is what it is addressed by)"
 
     cfg = parse_config(
         {

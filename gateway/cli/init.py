@@ -47,6 +47,8 @@ HINTS: dict[tuple[str, str], str] = {
     ("whatsapp", "verify_token"): "a verify token of your choosing (also typed into the webhook settings)",
     ("dingtalk", "client_id"): "DingTalk app Client ID (formerly AppKey, ding...)",
     ("dingtalk", "client_secret"): "DingTalk app Client Secret (docs/setup/dingtalk.md)",
+    ("wecom", "bot_id"): "WeCom robot's Bot ID (智能机器人 > API mode > long connection)",
+    ("wecom", "secret"): "the WeCom robot's long-connection Secret (docs/setup/wecom.md)",
 }
 SHAPES: dict[tuple[str, str], tuple[re.Pattern[str], str]] = {
     ("telegram", "token"): (re.compile(r"\d+:[A-Za-z0-9_-]+"), "looks like 123456:ABC-..."),

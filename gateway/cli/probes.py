@@ -204,6 +204,22 @@ async def probe_dingtalk(session: aiohttp.ClientSession, cfg: Config) -> str:
     raise ProbeFailed(f"accessToken: HTTP {status} {data.get('code', '')} {data.get('message', '')}".strip())
 
 
+async def probe_wecom(session: aiohttp.ClientSession, cfg: Config) -> str:
+    """Open the robot's long connection, subscribe and close it again (no message is sent). While
+    the daemon runs, this subscription takes the connection over for a moment (WeCom keeps one per
+    robot); the daemon dials again by itself."""
+    from channels.wecom.wire import Refused, Wire
+
+    c = cfg.channels.wecom
+    secret = _secret(c.secret) or ""
+    async with session.ws_connect(c.ws_url, heartbeat=None) as ws:
+        try:
+            await Wire(ws, secret).subscribe(c.bot_id, wait=PROBE_TIMEOUT)
+        except Refused as exc:
+            raise ProbeFailed(f"aibot_subscribe refused: {exc}") from None
+    return f"aibot_subscribe: accepted for robot {c.bot_id}"
+
+
 async def probe_model(session: aiohttp.ClientSession, cfg: Config, index: int) -> str:
     spec = cfg.models[index]
     kwargs = spec.kwargs()
@@ -286,6 +302,7 @@ async def run_probes(cfg: Config) -> list[Outcome]:
         "matrix": probe_matrix,
         "whatsapp": probe_whatsapp,
         "dingtalk": probe_dingtalk,
+        "wecom": probe_wecom,
     }
     jobs: list[tuple[str, Callable[[aiohttp.ClientSession], Awaitable[str]] | None, str]] = []
     for name, (ready, why) in channel_readiness(cfg).items():

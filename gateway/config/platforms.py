@@ -23,6 +23,7 @@ from channels.matrix import MatrixSettings
 from channels.settings import ChannelSettings
 from channels.slack import SlackSettings
 from channels.telegram import TelegramSettings
+from channels.wecom import WeComSettings
 from channels.whatsapp import WhatsAppSettings
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ PLATFORMS: tuple[Platform, ...] = (
     ),
     Platform("whatsapp", WhatsAppSettings, "channels.whatsapp.channel:WhatsAppChannel"),
     Platform("dingtalk", DingTalkSettings, "channels.dingtalk.channel:DingTalkChannel"),
+    # One long connection per robot: a second subscription takes the stream over (docs/setup/wecom.md).
+    Platform("wecom", WeComSettings, "channels.wecom.channel:WeComChannel", single_consumer=True),
 )
 
 
