@@ -439,7 +439,10 @@ def test_send_targets_are_checked_per_platform() -> None:
     assert parse_target("telegram:-1001234:42", config) == ("telegram", "-1001234", "42")
     assert parse_target("Telegram:12345", config) == ("telegram", "12345", None)
     for target, why in [
-        ("signal:123", "unknown platform 'signal'; use one of dingtalk, discord, lark, matrix, slack, telegram, wecom, whatsapp"),
+        (
+            "signal:123",
+            "unknown platform 'signal'; use one of dingtalk, discord, lark, matrix, slack, telegram, wecom, whatsapp",
+        ),
         ("slack:C0123ABCD", "channel slack is off in this config"),
         ("telegram:@channel", "'@channel' is not a telegram chat id: expected a number"),
         ("telegram:123:topic", "'topic' is not a telegram thread id"),
