@@ -85,7 +85,10 @@ def shots_dir(tmp_path: Path) -> Path:
 
 
 async def page_text(b: Browser, element_id: str) -> str:
-    return str(await b.call(lambda: b.driver.find_element("id", element_id).text))
+    """The element's text, read again when a boosted swap replaced it under us (a stale element:
+    the walk failed so in a loaded run); ``until`` ignores stale and missing elements."""
+    found = await until(b, lambda d: [d.find_element("id", element_id).text], f"the text of #{element_id}")
+    return str(found[0])
 
 
 async def csp_violations(b: Browser) -> list[str]:
