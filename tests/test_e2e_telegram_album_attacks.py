@@ -13,18 +13,13 @@ from typing import Any
 
 from PIL import Image
 
-from tests.daemon import chat_config, started_daemon
+from tests.album_support import USER, album_config, picture
+from tests.daemon import started_daemon
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 
-USER, STRANGER, GROUP = 1001, 2002, -100700800
+STRANGER, GROUP = 2002, -100700800
 COLOURS = [(220, 30, 30), (30, 200, 30), (30, 30, 220)]
-
-
-def picture(colour: tuple[int, int, int]) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (64, 48), colour).save(out, "JPEG", quality=95)
-    return out.getvalue()
 
 
 def images_in(body: dict[str, Any]) -> int:
@@ -33,17 +28,7 @@ def images_in(body: dict[str, Any]) -> int:
 
 
 def config(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, album_wait: float = 2.0) -> dict[str, Any]:
-    cfg = chat_config(
-        tmp_path,
-        model.base_url,
-        tg,
-        allow=[str(USER)],
-        group_policy="mention",
-        agent={"tools": False, "memory": {"enabled": False}, "vision": {"max_images": 10}},
-    )
-    cfg["models"][0]["vision"] = True
-    cfg["channels"]["telegram"]["album_wait"] = album_wait
-    return cfg
+    return album_config(tmp_path, model, tg, album_wait)
 
 
 def answer(body: dict[str, Any]) -> Reply:

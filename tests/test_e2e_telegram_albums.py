@@ -16,18 +16,13 @@ from PIL import Image
 
 from channels.base import Attachment, Inbound
 from channels.telegram.albums import ALBUM, Albums, group_of
-from tests.daemon import chat_config, started_daemon
+from tests.album_support import USER, album_config, picture
+from tests.daemon import started_daemon
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.telegram_server import FakeTelegram
 
-USER, GROUP = 1001, -100500600
+GROUP = -100500600
 COLOURS = [(220, 30, 30), (30, 200, 30), (30, 30, 220), (230, 230, 30), (30, 220, 220)]
-
-
-def picture(colour: tuple[int, int, int]) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (64, 48), colour).save(out, "JPEG", quality=95)
-    return out.getvalue()
 
 
 def colours_seen(content: Any) -> list[tuple[int, int, int]]:
@@ -57,17 +52,7 @@ def turns_with_images(model: FakeOpenAI) -> list[dict[str, Any]]:
 
 
 def config(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, album_wait: float = 1.0) -> dict[str, Any]:
-    cfg = chat_config(
-        tmp_path,
-        model.base_url,
-        tg,
-        allow=[str(USER)],
-        group_policy="mention",
-        agent={"tools": False, "memory": {"enabled": False}, "vision": {"max_images": 10}},
-    )
-    cfg["models"][0]["vision"] = True
-    cfg["channels"]["telegram"]["album_wait"] = album_wait
-    return cfg
+    return album_config(tmp_path, model, tg, album_wait)
 
 
 def answer(body: dict[str, Any]) -> Reply:
