@@ -34,6 +34,7 @@ from channels.base import (
     TransientSendError,
     scrub,
 )
+from channels.limits import read_capped
 
 log = logging.getLogger(__name__)
 
@@ -102,21 +103,6 @@ def checked(resp: Any, token: str) -> Any:
     if isinstance(resp, ErrorResponse):
         raise send_error(response_error(resp, token))
     return resp
-
-
-async def read_capped(resp: Any, cap: int) -> bytes:
-    """The whole body of ``resp``, or the first ``cap + 1`` bytes when it is longer (the caller
-    refuses it). Streamed: ``StreamReader.read(n)`` returns what is buffered, not ``n`` bytes, so
-    one call would cut a long answer short; this reads until the end or the cap."""
-    chunks: list[bytes] = []
-    total = 0
-    while total <= cap:
-        chunk = await resp.content.read(min(64 * 1024, cap + 1 - total))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)
 
 
 async def get_json(client: AsyncClient, path: str, token: str, wait: float) -> Any:

@@ -54,7 +54,7 @@ from channels.base import (
     replied_extra,
     replied_item,
 )
-from channels.limits import check_size
+from channels.limits import check_size, read_capped
 
 from . import api
 from .api import Rejected, SyncToken, authorised, checked, get_json, send_error
@@ -413,7 +413,7 @@ class MatrixChannel(Channel):
         try:
             if resp.status >= 400:
                 raise send_error(api.error_of(resp.status, None, self._token))
-            data = await api.read_capped(resp, limit)
+            data = await read_capped(resp, limit)
         finally:
             resp.release()
         check_size(attachment.name, len(data), limit, "")
