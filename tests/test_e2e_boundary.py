@@ -165,3 +165,26 @@ async def test_upload_over_the_thread_quota_is_refused_with_a_clear_note(
         assert not list((thread / "uploads").iterdir())
     finally:
         await d.close()
+
+
+async def test_a_platforms_error_text_about_a_file_is_shown_inert(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """Telegram's own words about a file (here a refused getFile whose description is hostile) reach
+    the user only inside one code span: no link in the bot's voice, no bidi reordering."""
+    hostile = "Bad Request: [verify your account](https://evil.example/login) \u202eexe.txt @everyone"
+    d = DaemonProcess(tmp_path, telegram_config(tmp_path, tg, model))
+    await d.start()
+    try:
+        model.script(Reply(text="I got no file"))
+        doc = tg.add_file(b"a,b\n", file_name="sales.csv", mime_type="text/csv")
+        tg.fail_next("getFile", 400, description=hostile)
+        up = tg.inject_message(OWNER, OWNER, "read this", document=doc)
+        msg = await answered(tg, OWNER, up, "I got no file", timeout=30)
+        assert "could not fetch sales.csv" in msg.text, msg.text
+        [reason] = [s for s in msg.spans("code") if "verify your account" in s]
+        assert "evil.example" in reason and "\u202e" not in msg.text, msg.text
+        links = [e for e in msg.entities if e["type"] in ("text_link", "url")]
+        assert not links, msg.entities
+    finally:
+        await d.close()

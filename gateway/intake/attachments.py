@@ -46,6 +46,19 @@ def _safe_name(name: str) -> str:
     return cleaned[:120]
 
 
+REASON_CHARS = 200
+"""At most this much of a platform's or a store's reason is shown."""
+
+
+def _reason(exc: BaseException, name: str) -> str:
+    """Why a file failed, as the chat shows it. An adapter's error text may carry the platform's
+    own words (a Bad Request description, a media server's message), text nobody here wrote: it is
+    shown as one bounded code span, so a ``[verify](https://…)`` in it is no link in the bot's voice,
+    ``@everyone`` pings nobody and a bidi override reorders nothing. Secrets in it are masked by
+    value on the way out like every outbound text (``Channel.egress``)."""
+    return code_span(str(exc).replace(name, "that file"), REASON_CHARS, empty=type(exc).__name__)
+
+
 def _shown(name: str) -> str:
     """A file name as the chat shows it: inline code, so a name like ``[Verify your account](https://…)``
     is not posted as a link (or other Markdown) in the bot's voice; bounded, and without the
@@ -123,17 +136,13 @@ async def _fetch_all(
             )
             continue
         except ChannelError as exc:
-            out.notes.append(
-                f"⚠️ I could not fetch {_shown(att.name)}: {str(exc).replace(att.name, 'that file')}"
-            )
+            out.notes.append(f"⚠️ I could not fetch {_shown(att.name)}: {_reason(exc, att.name)}")
             continue
         try:
             path = await _save_once(gateway, entry, index, thread_id, _safe_name(att.name), data)
         except Exception as exc:  # quota, disk full, a refused name: the text is safe to show
             log.warning("could not store upload %s for %s: %s", att.name, inbound.key, exc)
-            out.notes.append(
-                f"⚠️ I could not store {_shown(att.name)}: {str(exc).replace(att.name, 'that file')}"
-            )
+            out.notes.append(f"⚠️ I could not store {_shown(att.name)}: {_reason(exc, att.name)}")
             continue
         out.files.append(path)
         kind = media.kind_of(att)
@@ -213,8 +222,7 @@ async def deliver_files(harness: AgentHarness, store: Store, reply: Reply, key: 
             out = await harness.read_output(thread_id, path, limit)
         except Exception as exc:  # the agent's file errors name the virtual path only
             log.warning("presented file %s of %s not sent: %s", path, key, exc)
-            reason = str(exc).replace(path, "it")  # the name is shown once, as code
-            problems.append(f"{_shown(name)}: {reason}")
+            problems.append(f"{_shown(name)}: {_reason(exc, path)}")  # the name is shown once
             continue
         # The name the chat shows as the file's: no bidi overrides or zero-width characters (what
         # it really is must read at its end), bounded with its extension kept (agent/untrusted.py).
