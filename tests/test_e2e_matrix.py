@@ -306,3 +306,20 @@ async def test_approval_is_asked_and_answered_in_words(
         )
         tool_result = model.requests[-1]["messages"][-1]
         assert tool_result["role"] == "tool" and "rejected" in tool_result["content"], "the command never ran"
+
+
+async def test_chital_send_posts_into_a_room_whose_id_holds_a_colon(
+    daemon: DaemonProcess, matrix_hs: FakeMatrix
+) -> None:
+    """`chital send matrix:!room:server TEXT` (a room id carries its server after a colon) posts
+    the notice into that room once; a room alias or a thread is refused naming what is expected."""
+    rc, out = await daemon.cli("send", f"matrix:{GROUP}", "deploy finished", "--wait")
+    assert rc == 0 and out.strip().startswith(f"matrix:{GROUP}:push-"), out
+    await matrix_hs.wait_for(
+        lambda: [m for m in matrix_hs.bot_messages(GROUP) if m.text == "deploy finished"], what="the notice"
+    )
+    rc, out = await daemon.cli("send", "matrix:#general:example.org", "hi")
+    assert rc == 2 and "is not a matrix chat id: expected a room id" in out, out
+    rc, out = await daemon.cli("send", f"matrix:{GROUP}:$thread", "hi")
+    assert rc == 2 and "matrix threads cannot be posted into directly" in out, out
+    assert len([m for m in matrix_hs.bot_messages(GROUP) if m.text == "deploy finished"]) == 1

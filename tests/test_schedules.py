@@ -451,6 +451,43 @@ def test_send_targets_are_checked_per_platform() -> None:
             parse_target(target, config)
 
 
+def test_every_registered_platform_takes_its_own_chat_ids() -> None:
+    """`chital send` to each platform of the registry: a well-formed id is taken (a Matrix room id
+    holds a colon of its own), a malformed one is refused naming the shape, never a crash."""
+    config = make_config(
+        channels={
+            "matrix": {"homeserver": "https://m.example", "user_id": "@bot:m.example", "access_token": "t"},
+            "whatsapp": {"phone_number_id": "1", "access_token": "t", "app_secret": "s", "verify_token": "v"},
+            "dingtalk": {"client_id": "c", "client_secret": "s"},
+            "wecom": {"bot_id": "b", "secret": "s"},
+        }
+    )
+    taken = {
+        "matrix:!AbCdEf:m.example": ("matrix", "!AbCdEf:m.example", None),
+        "matrix:!AbCdEf:m.example:8448": ("matrix", "!AbCdEf:m.example:8448", None),
+        "matrix:!Zm9vYmFyYmF6": ("matrix", "!Zm9vYmFyYmF6", None),  # room version 12: no server part
+        "whatsapp:15551234567": ("whatsapp", "15551234567", None),
+        "dingtalk:manager4521": ("dingtalk", "manager4521", None),
+        "dingtalk:cidAbC+d/EF==": ("dingtalk", "cidAbC+d/EF==", None),
+        "wecom:zhangsan": ("wecom", "zhangsan", None),
+    }
+    for target, parsed in taken.items():
+        assert parse_target(target, config) == parsed, target
+    for target, why in [
+        ("matrix:#room:m.example", "is not a matrix chat id: expected a room id"),
+        ("matrix:!AbCdEf:m.example:$thread", "matrix threads cannot be posted into directly"),
+        ("whatsapp:+15551234567", "is not a whatsapp chat id: expected a phone number"),
+        ("dingtalk:a b", "is not a dingtalk chat id"),
+        ("wecom:" + "x" * 65, "is not a wecom chat id"),
+        ("wecom:zhang\nsan", "is not a wecom chat id"),
+    ]:
+        with pytest.raises(Refused, match=re.escape(why)):
+            parse_target(target, config)
+    assert push_inbound("whatsapp", "15551234567", None, "k").is_direct
+    assert not push_inbound("dingtalk", "cidAbC==", None, "k").is_direct
+    assert push_inbound("dingtalk", "manager4521", None, "k").is_direct
+
+
 # -- end to end: `chital run` with the fake Telegram server and the fake model -----------------------
 E2E_OWNER, E2E_OTHER, E2E_GROUP = 1001, 1002, -100200300
 

@@ -34,19 +34,6 @@ from gateway.cli.common import add_command, load_existing_config, open_existing_
 from gateway.config.schema import Config
 from gateway.intake.access import STARTED_BY_BOT
 
-CHAT_IDS = {
-    "telegram": (r"-?\d{1,20}", "a number, e.g. 123456789 or -1001234567890"),
-    "slack": (r"[CDG][A-Z0-9]{4,30}", "a channel id like C0123ABCD (not a #name)"),
-    "discord": (r"\d{15,22}", "a channel id (a snowflake number)"),
-    "lark": (r"oc_[A-Za-z0-9]{4,64}", "a chat id like oc_a0553eda9014c201e6969b478895c230"),
-}
-"""How a chat id looks on each platform, and how to say it."""
-THREAD_IDS = {
-    "telegram": (r"\d{1,12}", "a forum topic id (a number)"),
-    "slack": (r"\d{9,12}\.\d{1,9}", "a thread ts like 1700000000.123456"),
-    "discord": (r"\d{15,22}", "a thread's channel id (a snowflake number)"),
-}
-"""Lark has none: the API posts into a thread only as a reply to one of its messages."""
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -57,7 +44,7 @@ class Refused(Exception):
 def parse_target(target: str, config: Config) -> tuple[str, str, str | None]:
     """``PLATFORM:CHAT[:THREAD]`` → (platform, chat, thread), checked against the platform's id
     shapes and the config (the channel must be on)."""
-    from gateway.config.platforms import channel_readiness
+    from gateway.config.platforms import PLATFORMS, channel_readiness
     from gateway.config.push import PUSH_PLATFORM
 
     platform, _, rest = target.partition(":")
@@ -73,18 +60,32 @@ def parse_target(target: str, config: Config) -> tuple[str, str, str | None]:
     ok, why = ready[platform]
     if not ok:
         raise Refused(f"channel {platform} is off in this config: {why}")
-    chat, _, thread = rest.partition(":")
-    pattern, shape = CHAT_IDS[platform]
-    if not re.fullmatch(pattern, chat, re.ASCII):
-        raise Refused(f"{chat!r} is not a {platform} chat id: expected {shape}")
+    row = next(p for p in PLATFORMS if p.name == platform)
+    # A Matrix room id holds a colon ("!room:server"), so the chat is cut at the first colon
+    # after which the rest no longer belongs to a well-formed chat id.
+    chat, thread = _split(rest, row.chat_ids.pattern)
+    if not re.fullmatch(row.chat_ids.pattern, chat, re.ASCII):
+        raise Refused(f"{chat[:80]!r} is not a {platform} chat id: expected {row.chat_ids.said}")
     if not thread:
         return platform, chat, None
-    if platform not in THREAD_IDS:
+    if row.thread_ids is None:
         raise Refused(f"{platform} threads cannot be posted into directly; send to the chat")
-    pattern, shape = THREAD_IDS[platform]
-    if not re.fullmatch(pattern, thread, re.ASCII):
-        raise Refused(f"{thread!r} is not a {platform} thread id: expected {shape}")
+    if not re.fullmatch(row.thread_ids.pattern, thread, re.ASCII):
+        raise Refused(f"{thread[:80]!r} is not a {platform} thread id: expected {row.thread_ids.said}")
     return platform, chat, thread
+
+
+def _split(rest: str, chat_pattern: str) -> tuple[str, str]:
+    """``CHAT[:THREAD]`` → (chat, thread): all of it when it is a well-formed chat id, else the
+    longest prefix ending before a colon that is one, else the text up to the first colon (which
+    the caller refuses, naming it)."""
+    cuts = [i for i, ch in enumerate(rest) if ch == ":"]
+    if not cuts or re.fullmatch(chat_pattern, rest, re.ASCII):
+        return rest, ""
+    for i in reversed(cuts):
+        if re.fullmatch(chat_pattern, rest[:i], re.ASCII):
+            return rest[:i], rest[i + 1 :]
+    return rest[: cuts[0]], rest[cuts[0] + 1 :]
 
 
 def push_inbound(platform: str, chat: str, thread: str | None, tag: str, title: str | None = None) -> Inbound:
@@ -97,7 +98,10 @@ def push_inbound(platform: str, chat: str, thread: str | None, tag: str, title: 
         extra[PUSH_TITLE] = title
     if platform == "slack" and thread:
         extra["thread_ts"] = thread
-    direct = (platform == "telegram" and not chat.startswith("-")) or (platform == "slack" and chat[0] == "D")
+    from gateway.config.platforms import PLATFORMS
+
+    row = next((p for p in PLATFORMS if p.name == platform), None)
+    direct = row is not None and re.fullmatch(row.direct_ids, chat, re.ASCII) is not None
     return Inbound(platform, chat, f"push-{tag}", "", "", direct, True, thread, extra=extra)
 
 

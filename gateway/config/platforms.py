@@ -31,12 +31,29 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class IdShape:
+    """How an id looks on a platform: checked before ``chital send`` journals a push to it (a typo
+    must not sit in the journal for hours of retries), and how to say it to the operator."""
+
+    pattern: str
+    """A full-match regular expression (ASCII)."""
+    said: str
+    """The shape in words, e.g. "a number, e.g. 123456789"."""
+
+
+@dataclass(frozen=True, slots=True)
 class Platform:
     name: str
     """The key under ``channels:`` in config.yaml, and the adapter's :attr:`Channel.name`."""
     settings: type[ChannelSettings]
     adapter: str
     """``module:Class`` of the :class:`Channel`, imported only when the channel is built."""
+    chat_ids: IdShape
+    """What a chat id of this platform looks like (``chital send PLATFORM:CHAT``)."""
+    direct_ids: str = "(?!)"
+    """A chat id that fully matches this is a one-to-one chat (a push to it is not in a group)."""
+    thread_ids: IdShape | None = None
+    """What a thread id looks like, where a push can be posted into a thread directly."""
     single_consumer: bool = False
     """The platform allows one inbound connection per bot (Telegram's long polling, Discord's
     gateway for one shard): with several daemons, only the leader runs it (gateway/daemon/cluster.py)."""
@@ -59,21 +76,79 @@ class Platform:
 
 
 PLATFORMS: tuple[Platform, ...] = (
-    Platform("telegram", TelegramSettings, "channels.telegram.channel:TelegramChannel", single_consumer=True),
-    Platform("slack", SlackSettings, "channels.slack.channel:SlackChannel"),
-    Platform("discord", DiscordSettings, "channels.discord.channel:DiscordChannel", single_consumer=True),
-    Platform("lark", LarkSettings, "channels.lark.channel:LarkChannel"),
+    Platform(
+        "telegram",
+        TelegramSettings,
+        "channels.telegram.channel:TelegramChannel",
+        IdShape(r"-?\d{1,20}", "a number, e.g. 123456789 or -1001234567890"),
+        direct_ids=r"\d+",
+        thread_ids=IdShape(r"\d{1,12}", "a forum topic id (a number)"),
+        single_consumer=True,
+    ),
+    Platform(
+        "slack",
+        SlackSettings,
+        "channels.slack.channel:SlackChannel",
+        IdShape(r"[CDG][A-Z0-9]{4,30}", "a channel id like C0123ABCD (not a #name)"),
+        direct_ids=r"D.*",
+        thread_ids=IdShape(r"\d{9,12}\.\d{1,9}", "a thread ts like 1700000000.123456"),
+    ),
+    Platform(
+        "discord",
+        DiscordSettings,
+        "channels.discord.channel:DiscordChannel",
+        IdShape(r"\d{15,22}", "a channel id (a snowflake number)"),
+        thread_ids=IdShape(r"\d{15,22}", "a thread's channel id (a snowflake number)"),
+        single_consumer=True,
+    ),
+    # Lark has no thread ids to post into: the API posts into a thread only as a reply to one of its messages.
+    Platform(
+        "lark",
+        LarkSettings,
+        "channels.lark.channel:LarkChannel",
+        IdShape(r"oc_[A-Za-z0-9]{4,64}", "a chat id like oc_a0553eda9014c201e6969b478895c230"),
+    ),
+    # Room ids are "!opaque:server" (room versions up to 11) or "!hash" (version 12 drops the server).
     Platform(
         "matrix",
         MatrixSettings,
         "channels.matrix.channel:MatrixChannel",
+        IdShape(
+            r"![A-Za-z0-9._~=+/-]{1,255}(:[A-Za-z0-9.-]{1,255}(:\d{1,5})?)?",
+            "a room id like !AbCdEf:example.org",
+        ),
         single_consumer=True,
         keeps_state=True,
     ),
-    Platform("whatsapp", WhatsAppSettings, "channels.whatsapp.channel:WhatsAppChannel"),
-    Platform("dingtalk", DingTalkSettings, "channels.dingtalk.channel:DingTalkChannel"),
+    # A user's phone number in international form without "+", or a group id of the Groups API.
+    Platform(
+        "whatsapp",
+        WhatsAppSettings,
+        "channels.whatsapp.channel:WhatsAppChannel",
+        IdShape(
+            r"\d{7,15}|[A-Za-z][A-Za-z0-9_=-]{7,127}", "a phone number like 15551234567 (no +), or a group id"
+        ),
+        direct_ids=r"\d+",
+    ),
+    # A group's open conversation id starts with "cid"; anything else is a user's staff id.
+    Platform(
+        "dingtalk",
+        DingTalkSettings,
+        "channels.dingtalk.channel:DingTalkChannel",
+        IdShape(
+            r"cid[A-Za-z0-9+/=_-]{4,128}|[A-Za-z0-9_-]{1,64}", "a staff id, or a group's id like cidAbC…=="
+        ),
+        direct_ids=r"(?!cid)[A-Za-z0-9_-]+",
+    ),
     # One long connection per robot: a second subscription takes the stream over (docs/setup/wecom.md).
-    Platform("wecom", WeComSettings, "channels.wecom.channel:WeComChannel", single_consumer=True),
+    # aibot_send_msg takes a user's id in one-to-one chats and the group's chat id in groups.
+    Platform(
+        "wecom",
+        WeComSettings,
+        "channels.wecom.channel:WeComChannel",
+        IdShape(r"[A-Za-z0-9_.@-]{1,64}", "a user id, or a group's chat id"),
+        single_consumer=True,
+    ),
 )
 
 
