@@ -323,3 +323,42 @@ async def test_chital_send_posts_into_a_room_whose_id_holds_a_colon(
     rc, out = await daemon.cli("send", f"matrix:{GROUP}:$thread", "hi")
     assert rc == 2 and "matrix threads cannot be posted into directly" in out, out
     assert len([m for m in matrix_hs.bot_messages(GROUP) if m.text == "deploy finished"]) == 1
+
+
+async def test_a_gap_longer_than_one_sync_is_read_back_and_answered_in_order(
+    daemon: DaemonProcess, matrix_hs: FakeMatrix
+) -> None:
+    """More messages arrive while the daemon is down than one sync serves (the homeserver here
+    serves 5 per room): the timeline comes back ``limited`` and the rest is paginated back from
+    ``prev_batch`` to the last batch, so every message is answered once, in the order sent."""
+    await answered(matrix_hs, matrix_hs.inject_text(DM, OWNER, "before"), "echo: before")
+    assert await daemon.terminate() == 0
+    matrix_hs.timeline_cap = 5
+    missed = [matrix_hs.inject_text(DM, OWNER, f"missed {i:02d}") for i in range(12)]
+    await daemon.start()
+    for up in missed:
+        await answered(matrix_hs, up, f"echo: {up['content']['body']}", timeout=60)
+    assert all(len(matrix_hs.replies_to(DM, up["event_id"])) == 1 for up in missed)
+    answers = [m.text for m in matrix_hs.bot_messages(DM) if "echo: missed" in m.text]
+    assert answers == [f"echo: missed {i:02d}" for i in range(12)], answers
+    assert len(matrix_hs.paginations) >= 2 and all(q["dir"] == "b" for q in matrix_hs.paginations)
+    assert "the oldest were not read" not in daemon.logs()
+
+
+async def test_a_gap_the_homeserver_will_not_show_is_logged_and_the_rest_answered(
+    daemon: DaemonProcess, matrix_hs: FakeMatrix
+) -> None:
+    """The homeserver refuses the back-pagination (the room's history hidden from the bot): the
+    gap is given up with a log line naming the room, the newest messages are still answered, and
+    the channel stays connected."""
+    await answered(matrix_hs, matrix_hs.inject_text(DM, OWNER, "before"), "echo: before")
+    assert await daemon.terminate() == 0
+    matrix_hs.timeline_cap = 3
+    missed = [matrix_hs.inject_text(DM, OWNER, f"missed {i}") for i in range(6)]
+    matrix_hs.fail_next("messages", 403, errcode="M_FORBIDDEN")
+    await daemon.start()
+    for up in missed[-3:]:
+        await answered(matrix_hs, up, f"echo: {up['content']['body']}", timeout=60)
+    await daemon.wait_channel_state("matrix", "connected")
+    assert f"room {DM} got while the daemon was away could not be read" in daemon.logs()
+    assert matrix_hs.token not in daemon.logs()

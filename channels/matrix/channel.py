@@ -58,6 +58,7 @@ from channels.limits import check_size, read_capped
 
 from . import api
 from .api import Rejected, SyncToken, authorised, checked, get_json, send_error
+from .backfill import fill_gaps
 from .inbound import (
     ENCRYPTED,
     HANDLED,
@@ -82,7 +83,7 @@ UPLOAD_LIMIT = 50 * 1024 * 1024
 """Synapse's default ``max_upload_size``; a homeserver with a lower one answers 413."""
 TIMELINE_LIMIT = 100
 """Events per room one sync returns; more while the daemon was down makes the timeline
-``limited`` (a gap the homeserver would only fill by back-pagination: logged, see docs)."""
+``limited``, and the gap is read back page by page before the batch is delivered (backfill.py)."""
 SYNC_FILTER = {
     "room": {"timeline": {"limit": TIMELINE_LIMIT}, "ephemeral": {"types": []}},
     "presence": {"types": []},
@@ -148,6 +149,7 @@ class MatrixChannel(Channel):
         while True:
             try:
                 body = await self._sync(since)
+                await fill_gaps(self._client, self._token, body, since)
             except Rejected as exc:
                 if exc.token:
                     await self._whoami()  # raises FatalChannelError when the token is really gone
@@ -234,9 +236,6 @@ class MatrixChannel(Channel):
             self._note_members(room_id, room)
             timeline = obj(room.get("timeline"))
             events = listed(timeline.get("events"))
-            if timeline.get("limited") is True and not first:
-                log.warning("matrix: room %s had more than %d new events; older ones were not fetched",
-                            room_id, TIMELINE_LIMIT)  # fmt: skip
             if first:
                 skipped += len(events)
                 continue

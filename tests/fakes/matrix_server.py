@@ -87,6 +87,11 @@ class FakeMatrix:
         self._drop_syncs = 0
         self._stalled = False
         self.syncs = 0
+        self.timeline_cap: int | None = None
+        """Serve at most this many timeline events per room and sync, whatever the filter asks (a
+        homeserver may serve fewer): a longer gap is ``limited`` and must be paginated back."""
+        self.paginations: list[dict[str, str]] = []
+        """The query of every ``/rooms/{room}/messages`` call."""
         self.uploads: list[tuple[str, bytes]] = []
         """(file name, bytes) of every upload to the media repository."""
         self.sent: list[tuple[str, str, dict[str, Any]]] = []
@@ -162,7 +167,7 @@ class FakeMatrix:
         return self._media[mxc.rsplit("/", 1)[-1]][0]
 
     def fail_next(self, kind: str, status: int, **body: Any) -> None:
-        """The next call of ``kind`` (``send``, ``sync``, ``upload``) answers ``status``."""
+        """The next call of ``kind`` (``send``, ``sync``, ``upload``, ``messages``) answers ``status``."""
         self._fail.setdefault(kind, []).append((status, body))
 
     def drop_syncs(self, times: int = 1) -> None:
@@ -237,6 +242,8 @@ class FakeMatrix:
     async def _room(self, request: web.Request, room: str, rest: list[str]) -> web.StreamResponse:
         if rest[0] == "joined_members":
             return web.json_response({"joined": {m: {} for m in self._members.get(room, set())}})
+        if rest[0] == "messages":
+            return self._messages(request, room)
         if rest[0] == "typing":
             return web.json_response({})
         if rest[0] == "event":
@@ -304,17 +311,57 @@ class FakeMatrix:
                 break
         if self._revoked:
             return _error(401, "M_UNKNOWN_TOKEN", "Invalid access token passed.")
-        rooms: dict[str, Any] = {}
+        picked: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         for pos, room, event in self._stream:
             joined = self._joined_at.get(room)
             if joined is None:
                 continue  # not a member: no timeline (an invite shows in "invite" only)
             # A room joined since the last batch comes with its recent history, as on a homeserver.
             if pos > since or joined > since:
-                entry = rooms.setdefault(room, {"timeline": {"events": [], "limited": False}})
-                entry["timeline"]["events"].append(event)
+                picked.setdefault(room, []).append((pos, event))
+        limit = self._timeline_limit(request)
+        rooms: dict[str, Any] = {}
+        for room, events in picked.items():
+            # The newest ``limit`` events; an older rest makes the timeline limited, with the
+            # token (just before the first event served) to paginate back from.
+            served = events[-limit:]
+            timeline: dict[str, Any] = {"events": [e for _, e in served], "limited": len(events) > limit}
+            timeline["prev_batch"] = str(served[0][0] - 1)
+            rooms[room] = {"timeline": timeline}
         body = {"next_batch": str(self._pos), "rooms": {"join": rooms, "invite": dict(self._invites)}}
         return web.Response(text=json.dumps(body), content_type="application/json")
+
+    def _timeline_limit(self, request: web.Request) -> int:
+        """The sync filter's ``room.timeline.limit`` (10 without one, Synapse's default), capped
+        by :attr:`timeline_cap`."""
+        try:
+            asked = json.loads(request.query.get("filter", "{}"))["room"]["timeline"]["limit"]
+        except (ValueError, KeyError, TypeError):
+            asked = 10
+        limit = asked if isinstance(asked, int) and asked > 0 else 10
+        return min(limit, self.timeline_cap) if self.timeline_cap else limit
+
+    def _messages(self, request: web.Request, room: str) -> web.StreamResponse:
+        """``GET /rooms/{room}/messages`` backwards (the only direction the bot uses): the room's
+        events after ``to`` up to ``from``, newest first; ``end`` only while more remain."""
+        query = dict(request.query)
+        self.paginations.append(query)
+        failure = self._take("messages")
+        if failure:
+            return failure
+        if query.get("dir") != "b":
+            return _error(400, "M_INVALID_PARAM", "only dir=b is served by this fake")
+        try:
+            start, stop = int(query["from"]), int(query.get("to", "0") or 0)
+            limit = min(int(query.get("limit", "10")), self.timeline_cap or 1000)
+        except (KeyError, ValueError):
+            return _error(400, "M_INVALID_PARAM", "bad from/to/limit")
+        inside = [(p, e) for p, r, e in self._stream if r == room and stop < p <= start]
+        chunk = inside[::-1][:limit]
+        body: dict[str, Any] = {"start": query["from"], "chunk": [e for _, e in chunk]}
+        if chunk and len(inside) > len(chunk):
+            body["end"] = str(chunk[-1][0] - 1)
+        return web.json_response(body)
 
     def _take(self, kind: str) -> web.StreamResponse | None:
         queue = self._fail.get(kind)
