@@ -63,10 +63,11 @@ if [ "${CHITAL_SKIP_POSTGRES_PASS:-0}" != 1 ]; then
   # modules that never touch the gateway's state (agent, sandbox, channel-adapter and packaging
   # tests), SQLite's own tests (its schema files; the disk reserve given up when SQLite finds the
   # disk full), and the PostgreSQL tests the first pass already ran.
-  skip=(config_reference context discord_channel docker_image e2e_disk_full fake_openai harness host_boundary
-        lark_channel memory migrate_postgres model_streaming packaging postgres sandbox_docker
-        sandbox_local sandbox_paths scale_out skills slack_channel store_schema subagents
-        telegram_channel tools_web)
+  skip=(config_reference context dingtalk_channel discord_channel docker_image e2e_disk_full fake_openai
+        harness host_boundary lark_channel matrix_channel memory migrate_postgres model_streaming
+        packaging plan postgres replied_file sandbox_docker sandbox_local sandbox_paths scale_out
+        search skill_install skills slack_channel speech_service steering_harness store_schema
+        subagents telegram_channel tool_search tools_web tuning_attack wecom_channel whatsapp_channel)
   ignore=()
   for name in "${skip[@]}"; do ignore+=("--ignore=tests/test_$name.py"); done
   pg_log="$(mktemp "${TMPDIR:-/tmp}/chital-pg-pass.XXXXXX")"
