@@ -20,16 +20,20 @@ Files: in, a message's ``downloadCode`` is traded for a short-lived URL and stre
 limit; out, an upload to the older API's ``/media/upload`` and a ``sampleImageMsg`` or
 ``sampleFile`` robot message carrying its ``media_id``.
 
-Approvals: no buttons (card buttons need a registered card template); the gateway's text fallback
-(``approve CODE``) works as on Matrix.
+Approvals and choices: with a button template (``button_template_id``) they are cards whose
+buttons call back over the Stream connection (channels/dingtalk/buttons.py); the presser is the
+callback's ``userId``, the refusal of a press goes to the presser alone as a 1:1 robot message.
+Without one, the gateway's text fallback (``approve CODE``, a number) works as on Matrix.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -37,7 +41,9 @@ import websockets
 
 from channels import malformed
 from channels.base import (
+    Action,
     Attachment,
+    Button,
     Capabilities,
     Channel,
     ChannelError,
@@ -53,6 +59,7 @@ from channels.base import (
 from channels.limits import check_size, read_capped
 from channels.textsplit import split_markdown, stream_text
 
+from .buttons import CARD_TOPIC, PREFIX, ButtonCards, press_ids, read_press
 from .cards import FINAL, Cards
 from .inbound import GROUP_PREFIX, MAX_DATA_BYTES, recover_ids, to_inbound
 from .openapi import OpenApi, Refused
@@ -75,6 +82,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
 DOWNLOAD_PATH = "/v1.0/robot/messageFiles/download"
 GROUP_SEND = "/v1.0/robot/groupMessages/send"
 DIRECT_SEND = "/v1.0/robot/oToMessages/batchSend"
+PRESSES_KEPT = 1000
+"""Press frames remembered, so a callback DingTalk sends again (its ack was lost) acts once."""
 
 
 class DingTalkChannel(Channel):
@@ -99,6 +108,8 @@ class DingTalkChannel(Channel):
         oapi_base: str = DEFAULTS.oapi_base,
         card_template_id: str = DEFAULTS.card_template_id,
         card_content_key: str = DEFAULTS.card_content_key,
+        button_template_id: str = DEFAULTS.button_template_id,
+        button_list_key: str = DEFAULTS.button_list_key,
         keepalive: int = DEFAULTS.keepalive,
     ) -> None:
         super().__init__()
@@ -112,8 +123,19 @@ class DingTalkChannel(Channel):
         )
         if self._cards is not None:  # a card can be edited: answers stream into it
             self.capabilities = dataclasses.replace(self.capabilities, can_edit=True, edit_interval=1.0)
+        self._buttons = (
+            ButtonCards(self._api, self.robot_code, button_template_id, card_content_key, button_list_key)
+            if button_template_id
+            else None
+        )
+        if self._buttons is not None:  # presses come as card callbacks on the same connection
+            self.capabilities = dataclasses.replace(self.capabilities, buttons=True)
+        self._presses: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._refusals = malformed.Refusals()
+        self._answers: set[asyncio.Task[None]] = set()
         self._stream = Stream(self._api, client_id, client_secret, ping_interval=keepalive,
-                              ping_timeout=keepalive)  # fmt: skip
+                              ping_timeout=keepalive,
+                              topics=(CARD_TOPIC,) if self._buttons else ())  # fmt: skip
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, sink: InboundSink) -> None:
@@ -158,6 +180,8 @@ class DingTalkChannel(Channel):
         self.report_connected()
 
     async def close(self) -> None:
+        for task in list(self._answers):
+            task.cancel()
         await self._stream.close()
         await self._api.close()
 
@@ -189,6 +213,8 @@ class DingTalkChannel(Channel):
                          _safe(frame.topic), frame.size, _safe(frame.message_id))  # fmt: skip
         elif frame.type == "CALLBACK" and frame.topic == ROBOT_TOPIC:
             await self._robot(frame, sink)
+        elif frame.type == "CALLBACK" and frame.topic == CARD_TOPIC and self._buttons is not None:
+            await self._press(frame)
         elif frame.type != "EVENT":
             self.count_malformed(malformed.ENVELOPE)
             log.warning("dingtalk: skipped a %s frame of topic %s", _safe(frame.type), _safe(frame.topic))
@@ -206,6 +232,52 @@ class DingTalkChannel(Channel):
             return
         if inbound is not None:
             await self.hand_over(sink, inbound, ref=ref)
+
+    async def _press(self, frame: Frame) -> None:
+        """A card button press: to the gateway once (a callback sent again is dropped here); a
+        refusal is told to the presser alone. Never raises for the press's own sake, so a press
+        can never stop the frame loop."""
+        if malformed.is_id(frame.message_id):
+            if frame.message_id in self._presses:
+                return
+            self._presses[frame.message_id] = None
+            while len(self._presses) > PRESSES_KEPT:
+                self._presses.popitem(last=False)
+        try:
+            press = read_press(frame.data)
+        except (TypeError, ValueError) as exc:
+            self.count_malformed(malformed.ACTION)
+            user, card = press_ids(frame.data)
+            log.critical("dingtalk: skipped an unreadable card callback (card %s, user %s): %s",
+                         card or "?", user or "?", exc)  # fmt: skip
+            if user:
+                self._tell(user, malformed.ACTION_UNREADABLE)
+            return
+        action = Action(self.name, press.chat, press.user, press.value, press.card)
+        try:
+            answer = await self.hand_action(action)
+        except ChannelError:  # shutting down: not acknowledged, so DingTalk sends it again
+            self._presses.pop(frame.message_id, None)
+            raise
+        if answer.refused and answer.text:
+            self._tell(press.user, answer.text)
+
+    def _tell(self, user: str, text: str) -> None:
+        """``text`` to ``user`` in their 1:1 chat with the robot, in the background (a slow send
+        must not hold the frame loop), at most a few times a minute per user."""
+        if not self._refusals.allow(user):
+            return
+
+        async def tell() -> None:
+            target = ReplyTarget(self.name, user)
+            try:
+                await self._robot_send(target, "sampleMarkdown", {"title": _title(text), "text": text})
+            except ChannelError as exc:
+                log.info("dingtalk: the answer to a press was not sent: %s", exc)
+
+        task = asyncio.get_running_loop().create_task(tell())
+        self._answers.add(task)
+        task.add_done_callback(self._answers.discard)
 
     # -- rendering ------------------------------------------------------------------------------
     def render(self, markdown: str) -> list[Rendered]:
@@ -231,11 +303,31 @@ class DingTalkChannel(Channel):
 
     async def edit(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
         """Only a card can be edited (streamed); a robot's text message cannot."""
+        if message_id.startswith(PREFIX) and self._buttons is not None:
+            await self._buttons.close(message_id, part.text or "…")
+            return
         if self._cards is None or not message_id.startswith("chital-"):
             raise PermanentSendError("DingTalk cannot edit a robot's text message")
         await self._cards.update(
             message_id, part.text or "…", final=part.payload.get(FINAL, True) is not False
         )
+
+    async def send_buttons(
+        self, target: ReplyTarget, part: Rendered, buttons: Sequence[Button], *, idempotency_key: str
+    ) -> str:
+        """A buttons card (channels/dingtalk/buttons.py); without a template there are none and the
+        gateway asks for a typed answer."""
+        if self._buttons is None:
+            raise PermanentSendError("DingTalk buttons need channels.dingtalk.button_template_id")
+        return await self._buttons.send(target, part.text or "…", buttons, idempotency_key)
+
+    async def close_buttons(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        """The card shows the decision and its buttons are gone; a plain message (the typed
+        fallback) cannot change, and a late answer typed to it is told it was settled."""
+        if message_id.startswith(PREFIX) and self._buttons is not None:
+            await self._buttons.close(message_id, part.text or "…")
+        elif message_id.startswith("chital-"):
+            await self.edit(target, message_id, part)
 
     async def _robot_send(self, target: ReplyTarget, key: str, param: dict[str, Any]) -> str:
         body: dict[str, Any] = {"robotCode": self.robot_code, "msgKey": key,

@@ -151,8 +151,10 @@ class Stream:
         *,
         ping_interval: float = 20.0,
         ping_timeout: float = 20.0,
+        topics: tuple[str, ...] = (),
     ) -> None:
         self._api = api
+        self._topics = (ROBOT_TOPIC, *topics)
         self._id = client_id
         self._secret = client_secret
         self._ping = (ping_interval, ping_timeout)
@@ -164,7 +166,7 @@ class Stream:
         body = {
             "clientId": self._id,
             "clientSecret": self._secret,
-            "subscriptions": [{"type": CallbackMessage.TYPE, "topic": ROBOT_TOPIC}],
+            "subscriptions": [{"type": CallbackMessage.TYPE, "topic": t} for t in self._topics],
             "ua": f"chital dingtalk-sdk-python/v{VERSION_STRING} Python/{platform.python_version()}",
             "localIp": "",
         }

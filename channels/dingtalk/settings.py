@@ -36,6 +36,14 @@ class DingTalkSettings(ChannelSettings):
     answer into it; empty: plain Markdown messages, an answer arrives as one final message."""
     card_content_key: str = "content"
     """The template's Markdown variable that holds the text."""
+    button_template_id: str = ""
+    """A card template with buttons (DingTalk's card platform; docs/setup/dingtalk.md, "Buttons") to
+    ask approvals and choices with: its ``card_content_key`` Markdown variable holds the question,
+    its ``button_list_key`` list the buttons, each calling back over Stream. Empty: no buttons, the
+    answer is typed (``approve CODE``, a number)."""
+    button_list_key: str = "buttons"
+    """The button template's loop variable: a JSON list of ``{"text", "color", "value"}``; each
+    button's callback carries its ``value`` in ``params.value``."""
     keepalive: int = Field(20, ge=1, le=300)
     """Seconds between websocket pings; a connection that answers none for as long again is
     half-open and is made anew (nothing is lost: unacknowledged frames come again)."""

@@ -9,6 +9,13 @@ to the next connection, as DingTalk does), ``POST /v1.0/oauth2/accessToken``, th
 ``x-acs-dingtalk-access-token`` header checked), ``/v1.0/robot/messageFiles/download`` and the
 file URL it hands out. Errors have DingTalk's body shape ``{"requestid", "code", "message"}``.
 
+Interactive cards: ``createAndDeliver``, ``PUT /v1.0/card/streaming`` and, for a card made from
+the buttons template (:attr:`FakeDingTalk.button_template`), ``PUT /v1.0/card/instances``
+(``updateCardDataByKey``); a press (:meth:`FakeDingTalk.press`) is a ``CALLBACK`` frame of topic
+``/v1.0/card/instances/callback`` carrying ``outTrackId``, the presser's ``userId``, ``spaceType``
+/ ``spaceId`` and ``content`` (``cardPrivateData.params`` of the pressed button), delivered only to
+a connection that subscribed to that topic, and sent again until acknowledged.
+
 What tests script: users' robot messages (:meth:`inject_text`), raw frames, redelivery, a dropped
 connection, a half-open one (no pongs, no frames), a ``disconnect`` system frame, a revoked secret.
 What they read: the bot's messages per chat, acks, connections, calls.
@@ -31,6 +38,8 @@ from tests.fakes.polling import poll
 
 T = TypeVar("T")
 ROBOT_TOPIC = "/v1.0/im/bot/messages/get"
+CARD_TOPIC = "/v1.0/card/instances/callback"
+BUTTON_TEMPLATE = "tpl-buttons.schema"
 
 
 @dataclass
@@ -58,6 +67,8 @@ class Card:
     final: bool = False
     shown: list[str] = field(default_factory=list)
     """Every text the card showed, in order (a secret must never be in any of them)."""
+    buttons: list[dict[str, Any]] = field(default_factory=list)
+    """A buttons card's buttons now (``text``, ``color``, ``value``); empty once withdrawn."""
 
 
 class FakeDingTalk:
@@ -78,6 +89,8 @@ class FakeDingTalk:
         self.half_open = False
         self.ws: web.WebSocketResponse | None = None
         self.connections = 0
+        self.subscribed: set[str] = set()
+        self.button_template = BUTTON_TEMPLATE
         self.frames: dict[str, dict[str, Any]] = {}
         """Every frame sent, by message id."""
         self.pending: dict[str, dict[str, Any]] = {}
@@ -109,6 +122,7 @@ class FakeDingTalk:
         app.router.add_get("/files/{code}", self._file)
         app.router.add_post("/media/upload", self._upload)
         app.router.add_put("/v1.0/card/streaming", self._card_stream)
+        app.router.add_put("/v1.0/card/instances", self._card_update)
         app.router.add_post("/{path:.*}", self._handle)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -163,8 +177,10 @@ class FakeDingTalk:
             "appId": "fakeapp", "connectionId": "c", "contentType": "application/json",
             "messageId": mid, "time": str(int(time.time() * 1000)), "topic": topic}, "data": raw}  # fmt: skip
         self.frames[mid] = frame
-        if kind == "CALLBACK" and topic == ROBOT_TOPIC:
+        if kind == "CALLBACK" and topic in (ROBOT_TOPIC, CARD_TOPIC):
             self.pending[mid] = frame
+        if kind == "CALLBACK" and topic == CARD_TOPIC and CARD_TOPIC not in self.subscribed:
+            return mid  # DingTalk sends a topic only to a connection that subscribed to it
         await self.send_frame(frame)
         return mid
 
@@ -184,6 +200,22 @@ class FakeDingTalk:
         transport, self.ws = self._transport, None
         if transport is not None:
             transport.abort()
+
+    async def press(self, card: str, user: str, index: int = 0, *, value: str | None = None,
+                    space: tuple[str, str] | None = None, **override: Any) -> str:  # fmt: skip
+        """``user`` presses button ``index`` of ``card`` (or one carrying ``value``) where the card
+        is (``space``: another ``(spaceType, spaceId)``); ``override`` replaces callback fields."""
+        shown = self.cards[card]
+        if value is None:
+            value = str(shown.buttons[index]["value"])
+        group = shown.chat_id.startswith("cid")
+        kind, where = space or (("IM_GROUP", shown.chat_id) if group else ("IM_ROBOT", f"robot-{user}"))
+        content = {"cardPrivateData": {"actionIds": [f"button{index}"], "params": {"value": value}}}
+        data = {"type": "actionCallback", "corpId": "dingcorpfake", "outTrackId": card, "userId": user,
+                "userIdType": 1, "spaceType": kind, "spaceId": where, "extension": "{}",
+                "content": json.dumps(content)}  # fmt: skip
+        data.update(override)
+        return await self.inject(data, topic=CARD_TOPIC)
 
     def revoke(self) -> None:
         """The app's secret is reset: open and token calls are refused, issued tokens too."""
@@ -268,6 +300,8 @@ class FakeDingTalk:
                 return _error(401, "authFailed", "鉴权失败")
             ticket = uuid.uuid4().hex
             self._tickets.add(ticket)
+            subs = body.get("subscriptions") or []
+            self.subscribed = {str(x.get("topic")) for x in subs if isinstance(x, dict)}
             return web.json_response({"endpoint": f"ws://127.0.0.1:{self.port}/connect", "ticket": ticket})
         if path == "/v1.0/oauth2/accessToken":
             self.token_requests += 1
@@ -320,12 +354,24 @@ class FakeDingTalk:
 
     def _card_create(self, body: dict[str, Any]) -> web.StreamResponse:
         out, space = str(body.get("outTrackId") or ""), str(body.get("openSpaceId") or "")
-        params = (body.get("cardData") or {}).get("cardParamMap") or {}
+        params = dict((body.get("cardData") or {}).get("cardParamMap") or {})
+        buttons: list[dict[str, Any]] = []
+        if body.get("cardTemplateId") == self.button_template:
+            try:
+                buttons = json.loads(params.pop("buttons"))
+            except (KeyError, TypeError, ValueError):
+                return _error(400, "invalidParameter", "the template's buttons variable is missing")
+            if not isinstance(buttons, list) or not all(
+                isinstance(b, dict) and isinstance(b.get("text"), str) and isinstance(b.get("value"), str)
+                for b in buttons
+            ):
+                return _error(400, "invalidParameter", "the buttons variable is not a list of buttons")
         if (
             not body.get("cardTemplateId")
             or not out
             or not space.startswith("dtv1.card//")
             or len(params) != 1
+            or not all(isinstance(v, str) for v in params.values())  # cardParamMap holds strings
         ):
             return _error(400, "invalidParameter", "card parameters are invalid")
         if out in self.cards:
@@ -337,8 +383,27 @@ class FakeDingTalk:
         if kind not in ("IM_GROUP", "IM_ROBOT") or deliver.get("robotCode") != self.client_id:
             return _error(400, "invalidParameter", "deliver model is invalid")
         key, text = next(iter(params.items()))
-        self.cards[out] = Card(chat, key, str(text), shown=[str(text)])
+        self.cards[out] = Card(chat, key, str(text), shown=[str(text)], buttons=buttons)
         return web.json_response({"success": True, "result": {"outTrackId": out}})
+
+    async def _card_update(self, request: web.Request) -> web.StreamResponse:
+        """``PUT /v1.0/card/instances``: the given variables replaced (``updateCardDataByKey``)."""
+        self.calls.append("/v1.0/card/instances")
+        if request.headers.get("x-acs-dingtalk-access-token") not in self.tokens:
+            return _error(401, "InvalidAuthentication", "access token is invalid")
+        body = await request.json()
+        card = self.cards.get(str(body.get("outTrackId")))
+        if card is None:
+            return _error(400, "cardNotExist", "card does not exist")
+        params = (body.get("cardData") or {}).get("cardParamMap")
+        if not isinstance(params, dict) or not all(isinstance(v, str) for v in params.values()):
+            return _error(400, "invalidParameter", "cardParamMap is invalid")
+        if card.key in params:
+            card.text, card.updates = params[card.key], card.updates + 1
+            card.shown.append(card.text)
+        if "buttons" in params:
+            card.buttons = json.loads(params["buttons"])
+        return web.json_response({"success": True})
 
     async def _card_stream(self, request: web.Request) -> web.StreamResponse:
         self.calls.append("/v1.0/card/streaming")
