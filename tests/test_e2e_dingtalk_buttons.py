@@ -67,8 +67,8 @@ async def test_an_approval_is_buttons_and_only_the_requesters_press_runs_it(
     model.script(Reply(tool_calls=[RUN]), Reply(text="Done running."))
     await dingtalk.inject_text(GROUP, OWNER, "run the check", group=True)
     out, card = await _card(dingtalk, "Approval needed")
-    assert card.chat_id == GROUP and "dingtalk.cards" not in card.text
-    assert [b["text"] for b in card.buttons][0].endswith("Approve") and len(card.buttons) >= 2
+    assert card.chat_id == GROUP
+    assert card.buttons[0]["text"].endswith("Approve") and len(card.buttons) >= 2
     values = [b["value"] for b in card.buttons]
     assert all(v.startswith("appr:") for v in values)
 
