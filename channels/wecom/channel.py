@@ -16,8 +16,9 @@ parts after the first of a long answer), goes out as a proactive ``aibot_send_ms
 message, which cannot be edited: a snapshot of an answer being streamed outside the window is not
 shown, only the final text.
 
-Approvals: no buttons yet (``capabilities.buttons`` False); the gateway's typed fallback
-(``approve CODE``) works.
+Buttons (approvals, choices): ``button_interaction`` template cards, their presses and their
+updates (channels/wecom/cards.py). Files out: the long connection's chunked temporary-media upload
+(channels/wecom/upload.py).
 """
 
 from __future__ import annotations
@@ -35,12 +36,16 @@ import aiohttp
 
 from channels import malformed
 from channels.base import (
+    Action,
     Attachment,
+    Button,
     Capabilities,
     Channel,
+    ChannelError,
     FatalChannelError,
     InboundSink,
     NotModified,
+    OutFile,
     PermanentSendError,
     Rendered,
     ReplyTarget,
@@ -49,13 +54,14 @@ from channels.base import (
     scrub,
 )
 
-from . import media
+from . import cards, media, upload
 from .inbound import (
     AT,
     EVENT_CALLBACK,
     MSG_CALLBACK,
     REQ_ID,
     RESPOND,
+    RESPOND_UPDATE,
     SEND,
     event_of,
     ids_of,
@@ -102,7 +108,8 @@ class WeComChannel(Channel):
     """WeCom intelligent robot, long-connection API mode (docs/setup/wecom.md)."""
 
     name = "wecom"
-    capabilities = Capabilities(max_message_len=MAX_LEN, edit_interval=1.0, can_edit=True, buttons=False)
+    capabilities = Capabilities(max_message_len=MAX_LEN, edit_interval=1.0, can_edit=True, buttons=True,
+                                max_upload_bytes=upload.FILE_BYTES)  # fmt: skip
 
     def __init__(
         self,
@@ -134,6 +141,12 @@ class WeComChannel(Channel):
         self._delivered = _Bounded()
         """Proactive parts (``m|…``, and ``p|…`` ids whose final text went out) -> the digest of
         the text that went out."""
+        self._presses = _Bounded()
+        """Card ``task_id`` -> ``"<monotonic time>|<req_id>"`` of its latest press (the update window)."""
+        self._seen_events = _Bounded()
+        """``msgid``s of the card events handled (WeCom may send one again)."""
+        self._refusals = malformed.Refusals()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, sink: InboundSink) -> None:
@@ -244,7 +257,7 @@ class WeComChannel(Channel):
         if cmd == MSG_CALLBACK:
             await self._message(frame, sink)
         elif cmd == EVENT_CALLBACK:
-            self._event(frame)
+            await self._event(frame)
         elif cmd in (None, ""):
             if not wire.answer(frame):
                 log.debug("wecom: an answer to no frame of ours")
@@ -269,15 +282,59 @@ class WeComChannel(Channel):
             return
         await self.hand_over(sink, inbound, ref=f"msg {inbound.message_id}")
 
-    def _event(self, frame: dict[str, Any]) -> None:
+    async def _event(self, frame: dict[str, Any]) -> None:
         try:
             etype, _ = event_of(frame.get("body"))
         except TypeError:
             self._skip_envelope("an event callback without an eventtype")
             return
+        if etype == cards.EVENT:
+            await self._press(req_id_of(frame), frame.get("body"))
+            return
         # enter_chat (no welcome text is configured), feedback_event and event types WeCom adds
-        # later need nothing from us; template cards are not sent yet.
+        # later need nothing from us.
         log.debug("wecom: event %s ignored", etype if etype.isprintable() else "?")
+
+    async def _press(self, req_id: str, body: Any) -> None:
+        """A card button pressed: to the gateway once, as pressed by ``from.userid``; a refusal is
+        told to the chat (a message of its own, a few a minute per presser at most). Whatever the
+        event holds, the read loop goes on: sends are tasks of their own (their answers come
+        through this loop)."""
+        try:
+            press = cards.read_press(body)
+        except ValueError as exc:
+            self.count_malformed(malformed.ACTION)
+            log.warning("wecom: a card press refused: %s", exc)
+            ids = ids_of(body)
+            chat, sender = ids["chat_id"], ids["sender_id"]
+            if chat and sender:
+                other = isinstance(exc, cards.OtherChat)
+                note = "⛔ That button belongs to another chat." if other else malformed.ACTION_UNREADABLE
+                self._tell(chat, sender, note)
+            return
+        if press.msgid:
+            if press.msgid in self._seen_events:
+                return
+            self._seen_events.add(press.msgid)
+        if req_id:
+            self._presses.add(press.task, f"{time.monotonic()}|{req_id}")
+        action = Action(self.name, press.chat_id, press.sender_id, press.key, cards.message_id(press.task))
+        answer = await self.hand_action(action)
+        if answer.refused and answer.text:
+            self._tell(press.chat_id, press.sender_id, answer.text)
+
+    def _tell(self, chat_id: str, sender: str, text: str) -> None:
+        if not self._refusals.allow(f"{chat_id}|{sender}"):
+            return
+        task = asyncio.get_running_loop().create_task(self._tell_now(chat_id, text))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _tell_now(self, chat_id: str, text: str) -> None:
+        try:
+            await self._proactive(chat_id, render(text)[0].text)
+        except (ChannelError, RetryAfter) as exc:
+            log.info("wecom: the answer to a press was not sent: %s", exc)
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """An image, file or video a user sent, decrypted (channels/wecom/media.py)."""
@@ -367,6 +424,64 @@ class WeComChannel(Channel):
     async def _proactive(self, chat_id: str, text: str) -> None:
         body = {"chatid": chat_id, "msgtype": "markdown", "markdown": {"content": text}}
         self._check(await self._request(SEND, new_req_id(SEND), body))
+
+    # -- buttons and files (channels/wecom/cards.py, upload.py) ------------------------------------
+    async def send_buttons(
+        self, target: ReplyTarget, part: Rendered, buttons: Sequence[Button], *, idempotency_key: str
+    ) -> str:
+        """A ``button_interaction`` card, sent proactively; a text longer than a card shows goes
+        first as a markdown message. A repeat of one key in this process sends nothing again."""
+        task = cards.task_id(idempotency_key, target.chat_id)
+        mid = cards.message_id(task)
+        if mid in self._delivered:
+            return mid
+        text = part.text
+        card = cards.card_body(task, text if cards.fits(text) else text.strip().split("\n")[0], buttons)
+        if not cards.fits(text):
+            await self._proactive(target.chat_id, text)
+        body = {"chatid": target.chat_id, "msgtype": cards.CARD, cards.CARD: card}
+        self._check(await self._request(SEND, new_req_id(SEND), body))
+        self._delivered.add(mid, _digest(text))
+        return mid
+
+    async def close_buttons(self, target: ReplyTarget, message_id: str, part: Rendered) -> None:
+        """Within seconds of a press the card itself is replaced by the decision (no buttons);
+        later WeCom takes no update, so the decision goes out as a message of its own and the
+        buttons stay (a later press is answered "already settled" by the gateway)."""
+        task = cards.task_of(message_id)
+        if not task:
+            await self.edit(target, message_id, part)
+            return
+        pressed = self._presses.get(task, "")
+        at, _, req_id = pressed.partition("|")
+        if req_id and time.monotonic() - float(at) < cards.UPDATE_WINDOW:
+            card = cards.closed_card(task, part.text)
+            body = {"response_type": "update_template_card", "template_card": card}
+            answer = await self._request(RESPOND_UPDATE, req_id, body)
+            if answer.get("errcode") == 0:
+                self._delivered.add(f"{message_id}|closed", _digest(part.text))
+                return
+            log.info("wecom: card update refused (errcode %s); the decision is sent", answer.get("errcode"))
+        await self._replace(target, f"{message_id}|closed", self._delivered, part)
+
+    async def send_file(
+        self, target: ReplyTarget, file: OutFile, caption: str = "", *, idempotency_key: str
+    ) -> str:
+        """Upload ``file`` as temporary media, then a ``file`` or ``image`` message naming it
+        (proactive; the caption, when there is one, goes first as markdown)."""
+        mid = "f|" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+        if mid in self._delivered:
+            return mid
+        kind, media_id = await upload.upload(self._upload_request, file)
+        if caption.strip():
+            await self._proactive(target.chat_id, render(caption)[0].text)
+        body = {"chatid": target.chat_id, "msgtype": kind, kind: {"media_id": media_id}}
+        self._check(await self._request(SEND, new_req_id(SEND), body))
+        self._delivered.add(mid)
+        return mid
+
+    async def _upload_request(self, cmd: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._request(cmd, new_req_id(cmd), body)
 
     async def _request(self, cmd: str, req_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """One frame over the live connection (waiting up to 15 s for one while it reconnects)."""
