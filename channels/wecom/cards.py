@@ -37,7 +37,6 @@ from channels import malformed
 from channels.base import Button, PermanentSendError
 
 from .inbound import obj
-from .render import defang
 
 CARD = "template_card"
 EVENT = "template_card_event"
@@ -51,6 +50,7 @@ UPDATE_WINDOW = 4.0
 STYLES = {"primary": 1, "danger": 2}
 """Our button styles -> WeCom's ``style`` (1 to 4; WeCom's clients draw 1 as the main colour)."""
 _TASK = re.compile(r"\At([0-9a-f]{24})_([0-9a-f]{12})\Z")
+_INERT = str.maketrans({"<": "‹", ">": "›", "@": "＠"})
 _INVISIBLE = re.compile("[\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff\r\n\t]+")
 
 
@@ -74,12 +74,14 @@ def task_of(message: str) -> str:
 
 
 def one_line(text: str, limit: int) -> str:
-    """``text`` on one line, without invisible or direction-changing characters, mentions broken,
-    at most ``limit`` characters."""
-    flat = " ".join(_INVISIBLE.sub(" ", text).split())
+    """``text`` on one line (a card shows no Markdown: bold marks and backticks are dropped),
+    without invisible or direction-changing characters, at most ``limit``
+    characters; ``<``, ``>`` and ``@`` as look-alikes, so no ``<@userid>`` or ``@all`` in it pings
+    anyone (one character each, so the bound holds)."""
+    flat = " ".join(_INVISIBLE.sub(" ", text).replace("**", "").replace("`", "").split())
     if len(flat) > limit:
         flat = flat[: limit - 1].rstrip() + "…"
-    return defang(flat.replace("@", "@\u200b"))
+    return flat.translate(_INERT)
 
 
 def card_body(task: str, text: str, buttons: Sequence[Button]) -> dict[str, Any]:

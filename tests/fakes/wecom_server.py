@@ -34,6 +34,8 @@ from typing import Any, TypeVar
 
 from aiohttp import WSMsgType, web
 
+from tests.fakes.wecom_cards import UPLOAD_CMDS, WeComCardsMixin
+
 T = TypeVar("T")
 
 
@@ -50,6 +52,10 @@ class Shown:
     updates: int = 0
     stream_id: str = ""
     frames: list[dict[str, Any]] = field(default_factory=list)
+    card: dict[str, Any] = field(default_factory=dict)
+    """A template card's latest content (``kind == "card"``): its ``button_list`` while it has one."""
+    media: bytes = b""
+    """The bytes of an uploaded file or image (``kind`` ``file`` / ``image``)."""
 
     @property
     def text(self) -> str:
@@ -63,7 +69,7 @@ class _Callback:
     chat: str
 
 
-class FakeWeCom:
+class FakeWeCom(WeComCardsMixin):
     platform = "wecom"
 
     def __init__(
@@ -91,6 +97,14 @@ class FakeWeCom:
         self._changed = asyncio.Event()
         self._media: dict[str, bytes] = {}
         self.downloads = 0
+        self._cards: dict[str, Shown] = {}
+        self._card_events: dict[str, tuple[float, str]] = {}
+        self.update_window = 5.0
+        self._uploads: dict[str, dict[str, Any]] = {}
+        self.uploaded: dict[str, tuple[bytes, str, str]] = {}
+        """media_id -> (bytes, filename, type) of each finished upload."""
+        self.fail_upload: tuple[str, int] | None = None
+        """``(cmd, errcode)``: answer the next such upload command with this errcode."""
 
     # -- server --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -140,9 +154,13 @@ class FakeWeCom:
         return ws
 
     async def _answer(
-        self, ws: web.WebSocketResponse, req_id: Any, errcode: int = 0, errmsg: str = "ok"
-    ) -> None:
-        await ws.send_str(json.dumps({"headers": {"req_id": req_id}, "errcode": errcode, "errmsg": errmsg}))
+        self, ws: web.WebSocketResponse, req_id: Any, errcode: int = 0, errmsg: str = "ok",
+        body: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        answer: dict[str, Any] = {"headers": {"req_id": req_id}, "errcode": errcode, "errmsg": errmsg}
+        if body is not None:
+            answer["body"] = body
+        await ws.send_str(json.dumps(answer))
 
     async def _frame(self, ws: web.WebSocketResponse, raw: str) -> None:
         frame = json.loads(raw)
@@ -174,13 +192,14 @@ class FakeWeCom:
             code, msg = self._respond(req_id, body, frame)
             await self._answer(ws, req_id, code, msg)
         elif cmd == "aibot_send_msg":
-            chat = body.get("chatid")
-            content = (body.get("markdown") or {}).get("content")
-            if not isinstance(chat, str) or not chat or not isinstance(content, str):
-                await self._answer(ws, req_id, 40008, "invalid message")
-                return
-            self.messages.append(Shown(chat, content, "markdown", finished=True, frames=[frame]))
-            await self._answer(ws, req_id)
+            code, msg = self._send(body, frame)
+            await self._answer(ws, req_id, code, msg)
+        elif cmd == "aibot_respond_update_msg":
+            code, msg = self._update(req_id, body, frame)
+            await self._answer(ws, req_id, code, msg)
+        elif cmd in UPLOAD_CMDS:
+            code, msg, answer = self._upload(cmd, body)
+            await self._answer(ws, req_id, code, msg, answer)
         else:
             await self._answer(ws, req_id, 40058, "unknown cmd")
         self._poke()
