@@ -353,7 +353,9 @@ def on_dingtalk(fake: FakeDingTalk) -> Platform:
 
 
 def on_wecom(fake: FakeWeCom) -> Platform:
-    """WeCom gets no buttons yet: the prompt asks for ``approve CODE`` in words, and that is typed."""
+    """WeCom: the approval is a template card (its long prompt goes first as markdown); the press
+    is a ``template_card_event``; files go up through the chunked media upload, whose bytes count
+    as sent (decoded: the frames carry them in base64)."""
     user = "friend"
 
     async def ask(text: str) -> Any:
@@ -361,20 +363,18 @@ def on_wecom(fake: FakeWeCom) -> Platform:
 
     async def buttons() -> Any:
         return await fake.wait_for(
-            lambda: next((m for m in fake.bot_messages(user) if "`approve " in m.text), None),
-            30,
-            "the prompt",
+            lambda: next((c for c in fake.cards_in(user) if c.card.get("button_list")), None), 30, "the card"
         )
 
-    async def press(prompt: Any) -> str:
-        code = re.search(r"`approve ([A-Za-z0-9]+)`", prompt.text)
-        assert code is not None, prompt.text
-        typed = fake.inject_text(user, f"approve {code.group(1)}")
-        answer = await fake.wait_for(lambda: fake.replies_to(typed), 15, "the answer")
-        return answer[-1].text
+    async def press(card: Any) -> str:
+        key = next(b["key"] for b in card.card["button_list"] if "Approve" in b["text"])
+        fake.inject_press(user, card, key)
+        await fake.wait_for(lambda: not card.card.get("button_list"), 15, "the card closed")
+        return str(card.text)
 
     def sent() -> str:
-        return json.dumps(fake.received, default=str, ensure_ascii=False)
+        files = [[data.decode(errors="replace"), name] for data, name, _ in fake.uploaded.values()]
+        return json.dumps([fake.received, files], default=str, ensure_ascii=False)
 
     settings = fake.channel_settings()
     settings.pop("enabled")
