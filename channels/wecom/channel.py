@@ -141,11 +141,7 @@ class WeComChannel(Channel):
         self._delivered = _Bounded()
         """Proactive parts (``m|…``, and ``p|…`` ids whose final text went out) -> the digest of
         the text that went out."""
-        self._presses = _Bounded()
-        """Card ``task_id`` -> ``"<monotonic time>|<req_id>"`` of its latest press (the update window)."""
-        self._seen_events = _Bounded()
-        """``msgid``s of the card events handled (WeCom may send one again)."""
-        self._refusals = malformed.Refusals()
+        self._presses = cards.Presses()
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -312,19 +308,15 @@ class WeComChannel(Channel):
                 note = "⛔ That button belongs to another chat." if other else malformed.ACTION_UNREADABLE
                 self._tell(chat, sender, note)
             return
-        if press.msgid:
-            if press.msgid in self._seen_events:
-                return
-            self._seen_events.add(press.msgid)
-        if req_id:
-            self._presses.add(press.task, f"{time.monotonic()}|{req_id}")
+        if not self._presses.note(press, req_id):
+            return  # WeCom sent this event again
         action = Action(self.name, press.chat_id, press.sender_id, press.key, cards.message_id(press.task))
         answer = await self.hand_action(action)
         if answer.refused and answer.text:
             self._tell(press.chat_id, press.sender_id, answer.text)
 
     def _tell(self, chat_id: str, sender: str, text: str) -> None:
-        if not self._refusals.allow(f"{chat_id}|{sender}"):
+        if not self._presses.refusals.allow(f"{chat_id}|{sender}"):
             return
         task = asyncio.get_running_loop().create_task(self._tell_now(chat_id, text))
         self._tasks.add(task)
@@ -452,9 +444,8 @@ class WeComChannel(Channel):
         if not task:
             await self.edit(target, message_id, part)
             return
-        pressed = self._presses.get(task, "")
-        at, _, req_id = pressed.partition("|")
-        if req_id and time.monotonic() - float(at) < cards.UPDATE_WINDOW:
+        req_id = self._presses.update_req_id(task)
+        if req_id:
             card = cards.closed_card(task, part.text)
             body = {"response_type": "update_template_card", "template_card": card}
             answer = await self._request(RESPOND_UPDATE, req_id, body)
@@ -472,16 +463,13 @@ class WeComChannel(Channel):
         mid = "f|" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
         if mid in self._delivered:
             return mid
-        kind, media_id = await upload.upload(self._upload_request, file)
+        kind, media_id = await upload.upload(lambda cmd, b: self._request(cmd, new_req_id(cmd), b), file)
         if caption.strip():
             await self._proactive(target.chat_id, render(caption)[0].text)
         body = {"chatid": target.chat_id, "msgtype": kind, kind: {"media_id": media_id}}
         self._check(await self._request(SEND, new_req_id(SEND), body))
         self._delivered.add(mid)
         return mid
-
-    async def _upload_request(self, cmd: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._request(cmd, new_req_id(cmd), body)
 
     async def _request(self, cmd: str, req_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """One frame over the live connection (waiting up to 15 s for one while it reconnects)."""
