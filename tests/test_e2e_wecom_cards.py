@@ -93,6 +93,8 @@ async def test_choice_buttons_answer_the_question(
         assert not any("<@" in x or "\u202e" in x for x in labels), labels
         wecom.inject_press(OWNER, card, card.card["button_list"][1]["key"])
         await sent_to(wecom, OWNER, "Large it is.", timeout=30)
+        await wecom.wait_for(lambda: not card.card.get("button_list"), what="the card closed")
+        assert "Large" in card.text, card.text
         assert any("Large" in str(m) for m in model.requests[-1]["messages"])
 
 
@@ -119,3 +121,28 @@ async def test_file_out_is_uploaded_in_chunks_and_sent(
         assert sent.content == "big.txt" and sent.media == content.encode()
         chunks = [f for f in wecom.received if f.get("cmd") == "aibot_upload_media_chunk"]
         assert [c["body"]["chunk_index"] for c in chunks] == [0, 1]
+
+
+async def test_upload_refused_midway_is_told_to_the_user(
+    tmp_path: Path, wecom: FakeWeCom, model: FakeOpenAI
+) -> None:
+    """WeCom refuses a chunk: no file is shown as sent, the answer stays, and a note under it says a
+    file may be missing (the gateway's note for a file refused after the answer,
+    tests/test_delivery.py; the adapter's specific error goes to the log)."""
+    data = f"{OUT}/data.txt"
+    model.script(
+        Reply(tool_calls=[ToolCall("write_file", {"file_path": data, "content": "row\n" * 200_000})]),
+        Reply(tool_calls=[ToolCall("present_files", {"paths": [data]})]),
+        Reply(text="Here it is."),
+    )
+    wecom.fail_upload = ("aibot_upload_media_chunk", 40008)
+    cfg = wecom_config(tmp_path, wecom, model, agent={"memory": {"enabled": False}})
+    async with started_daemon(tmp_path, cfg, wecom) as daemon:
+        wecom.inject_text(OWNER, "make the data")
+        await sent_to(wecom, OWNER, "Here it is.", timeout=40)
+        await sent_to(wecom, OWNER, "a file or a follow-up it announced may be missing", timeout=30)
+        assert not [m for m in wecom.bot_messages(OWNER) if m.kind == "file"], "nothing shown as sent"
+        assert wecom.fail_upload is None, "the upload reached the refused chunk"
+        await wecom.wait_for(
+            lambda: "WeCom refused the upload of data.txt (chunk 1 of 2" in daemon.logs(), what="log"
+        )
