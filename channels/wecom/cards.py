@@ -131,6 +131,13 @@ class OtherChat(ValueError):
     """A press of a real card in another chat than it was sent to (a relayed or forged event)."""
 
 
+def note_for(error: ValueError) -> str:
+    """What the presser of an unusable press reads."""
+    if isinstance(error, OtherChat):
+        return "⛔ That button belongs to another chat."
+    return malformed.ACTION_UNREADABLE
+
+
 @dataclass(frozen=True, slots=True)
 class Press:
     """A readable ``template_card_event``: who pressed what on which card, in which chat."""

@@ -37,6 +37,7 @@ import aiohttp
 from channels import malformed
 from channels.base import (
     Action,
+    ActionAnswer,
     Attachment,
     Button,
     Capabilities,
@@ -302,25 +303,25 @@ class WeComChannel(Channel):
             self.count_malformed(malformed.ACTION)
             log.warning("wecom: a card press refused: %s", exc)
             ids = ids_of(body)
-            chat, sender = ids["chat_id"], ids["sender_id"]
-            if chat and sender:
-                other = isinstance(exc, cards.OtherChat)
-                note = "⛔ That button belongs to another chat." if other else malformed.ACTION_UNREADABLE
-                self._tell(chat, sender, note)
+            if ids["chat_id"] and ids["sender_id"]:
+                self._tell(ids["chat_id"], ids["sender_id"], cards.note_for(exc))
             return
         if not self._presses.note(press, req_id):
             return  # WeCom sent this event again
         action = Action(self.name, press.chat_id, press.sender_id, press.key, cards.message_id(press.task))
-        answer = await self.hand_action(action)
+        try:
+            answer = await self.hand_action(action)
+        except ChannelError as exc:  # never out of the read loop
+            log.warning("wecom: a card press was not handled: %s", type(exc).__name__)
+            answer = ActionAnswer(malformed.ACTION_UNREADABLE, refused=True)
         if answer.refused and answer.text:
             self._tell(press.chat_id, press.sender_id, answer.text)
 
     def _tell(self, chat_id: str, sender: str, text: str) -> None:
-        if not self._presses.refusals.allow(f"{chat_id}|{sender}"):
-            return
-        task = asyncio.get_running_loop().create_task(self._tell_now(chat_id, text))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        if self._presses.refusals.allow(f"{chat_id}|{sender}"):
+            task = asyncio.get_running_loop().create_task(self._tell_now(chat_id, text))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _tell_now(self, chat_id: str, text: str) -> None:
         try:
