@@ -132,6 +132,33 @@ async def test_a_long_prompt_goes_first_as_text_then_the_card(wecom: FakeWeCom) 
         assert md.text.strip() == text.strip() and card.card["main_title"]["title"] == "Run this?"
 
 
+async def test_an_event_sent_again_is_one_press_and_the_presser_is_the_events(wecom: FakeWeCom) -> None:
+    """The same event twice (same msgid) reaches the gateway once; a key naming someone else (a
+    forged payload) changes nothing about who pressed: the event's ``from.userid``."""
+    async with running(wecom) as channel:
+        presses: list[Action] = []
+
+        async def sink(action: Action) -> ActionAnswer:
+            presses.append(action)
+            return ActionAnswer("ok")
+
+        channel.on_action(sink)
+        target = ReplyTarget("wecom", GROUP)
+        await channel.send_buttons(target, Rendered("Pick"), BUTTONS, idempotency_key="k5")
+        card: Shown = await wecom.wait_for(_shown(wecom, GROUP, "card"))
+        body = good_press()
+        body["event"].update(task_id=card.card["task_id"], event_key="approval:approve:ABC|user=boss")
+        frame = {"cmd": "aibot_event_callback", "headers": {"req_id": "ev-again"}, "body": body}
+        wecom._push(frame)
+        wecom._push(frame)
+        wecom.inject_press(ALICE, card, "approval:deny:ABC", group=GROUP)  # read after both
+        await wecom.wait_for(lambda: len(presses) >= 2, what="the presses")
+        assert [(p.sender_id, p.chat_id, p.value) for p in presses] == [
+            (ALICE, GROUP, "approval:approve:ABC|user=boss"),
+            (ALICE, GROUP, "approval:deny:ABC"),
+        ]
+
+
 # -- presses WeCom (or someone) sends that cannot be answered ---------------------------------------
 def good_press() -> dict[str, Any]:
     task = cards.task_id("approval:1", GROUP)
