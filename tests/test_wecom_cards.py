@@ -159,6 +159,24 @@ async def test_an_event_sent_again_is_one_press_and_the_presser_is_the_events(we
         ]
 
 
+async def test_an_accepted_press_whose_card_stays_open_is_answered_in_the_chat(wecom: FakeWeCom) -> None:
+    """A press the gateway accepts without closing the card (a skill draft's) is not silent: its
+    note comes as a message once the card could no longer have been closed."""
+    async with running(wecom) as channel:
+
+        async def sink(action: Action) -> ActionAnswer:
+            return ActionAnswer("✅ Approved the skill `tidy` by <@boss>")
+
+        channel.on_action(sink)
+        await channel.send_buttons(
+            ReplyTarget("wecom", ALICE), Rendered("Skill draft"), BUTTONS, idempotency_key="k6"
+        )
+        card: Shown = await wecom.wait_for(_shown(wecom, ALICE, "card"))
+        wecom.inject_press(ALICE, card, "approval:approve:ABC")
+        note = await wecom.wait_for(_shown(wecom, ALICE, "markdown", "Approved the skill"), what="the note")
+        assert "<@boss>" not in note.text, "the note pings nobody"
+
+
 # -- presses WeCom (or someone) sends that cannot be answered ---------------------------------------
 def good_press() -> dict[str, Any]:
     task = cards.task_id("approval:1", GROUP)

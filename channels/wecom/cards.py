@@ -27,10 +27,8 @@ first as a markdown message). Labels are the model's or a user's text: one line,
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -170,35 +168,3 @@ def read_press(body: Any) -> Press:
     if found.group(2) != _digest(chat, 12):
         raise OtherChat("a press in another chat than the card's")
     return Press(chat, sender, key, found.group(0), msgid if malformed.is_id(msgid) else "")
-
-
-class Presses:
-    """What the adapter remembers of presses, bounded: each card's latest press (its ``req_id``
-    may update the card for a few seconds), and the events handled (WeCom may send one again)."""
-
-    KEPT = 4096
-
-    def __init__(self) -> None:
-        self._latest: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
-        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self.refusals = malformed.Refusals()
-        """Refusals told in a chat, a few a minute per presser (each is a message of its own)."""
-
-    def note(self, press: Press, req_id: str) -> bool:
-        """Remember ``press``; False when its event was handled before."""
-        if press.msgid:
-            if press.msgid in self._seen:
-                return False
-            self._seen[press.msgid] = None
-        if req_id:
-            self._latest.pop(press.task, None)
-            self._latest[press.task] = (time.monotonic(), req_id)
-        for kept in (self._seen, self._latest):
-            while len(kept) > self.KEPT:
-                kept.popitem(last=False)
-        return True
-
-    def update_req_id(self, task: str) -> str:
-        """The ``req_id`` that may still update card ``task`` (:data:`UPDATE_WINDOW`), or ``""``."""
-        at, req_id = self._latest.get(task, (0.0, ""))
-        return req_id if req_id and time.monotonic() - at < UPDATE_WINDOW else ""

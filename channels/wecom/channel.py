@@ -36,13 +36,10 @@ import aiohttp
 
 from channels import malformed
 from channels.base import (
-    Action,
-    ActionAnswer,
     Attachment,
     Button,
     Capabilities,
     Channel,
-    ChannelError,
     FatalChannelError,
     InboundSink,
     NotModified,
@@ -69,6 +66,7 @@ from .inbound import (
     req_id_of,
     to_inbound,
 )
+from .presses import Presses
 from .render import MAX_LEN, is_final, render, render_stream
 from .settings import DEFAULT_WS_URL, WeComSettings
 from .wire import Refused, Wire, new_req_id
@@ -142,8 +140,7 @@ class WeComChannel(Channel):
         self._delivered = _Bounded()
         """Proactive parts (``m|…``, and ``p|…`` ids whose final text went out) -> the digest of
         the text that went out."""
-        self._presses = cards.Presses()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._presses = Presses(self.name, self.hand_action, self._say, self.count_malformed)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, sink: InboundSink) -> None:
@@ -286,48 +283,15 @@ class WeComChannel(Channel):
             self._skip_envelope("an event callback without an eventtype")
             return
         if etype == cards.EVENT:
-            await self._press(req_id_of(frame), frame.get("body"))
+            await self._presses.handle(req_id_of(frame), frame.get("body"))
             return
         # enter_chat (no welcome text is configured), feedback_event and event types WeCom adds
         # later need nothing from us.
         log.debug("wecom: event %s ignored", etype if etype.isprintable() else "?")
 
-    async def _press(self, req_id: str, body: Any) -> None:
-        """A card button pressed: to the gateway once, as pressed by ``from.userid``; a refusal is
-        told to the chat (a message of its own, a few a minute per presser at most). Whatever the
-        event holds, the read loop goes on: sends are tasks of their own (their answers come
-        through this loop)."""
-        try:
-            press = cards.read_press(body)
-        except ValueError as exc:
-            self.count_malformed(malformed.ACTION)
-            log.warning("wecom: a card press refused: %s", exc)
-            ids = ids_of(body)
-            if ids["chat_id"] and ids["sender_id"]:
-                self._tell(ids["chat_id"], ids["sender_id"], cards.note_for(exc))
-            return
-        if not self._presses.note(press, req_id):
-            return  # WeCom sent this event again
-        action = Action(self.name, press.chat_id, press.sender_id, press.key, cards.message_id(press.task))
-        try:
-            answer = await self.hand_action(action)
-        except ChannelError as exc:  # never out of the read loop
-            log.warning("wecom: a card press was not handled: %s", type(exc).__name__)
-            answer = ActionAnswer(malformed.ACTION_UNREADABLE, refused=True)
-        if answer.refused and answer.text:
-            self._tell(press.chat_id, press.sender_id, answer.text)
-
-    def _tell(self, chat_id: str, sender: str, text: str) -> None:
-        if self._presses.refusals.allow(f"{chat_id}|{sender}"):
-            task = asyncio.get_running_loop().create_task(self._tell_now(chat_id, text))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _tell_now(self, chat_id: str, text: str) -> None:
-        try:
-            await self._proactive(chat_id, render(text)[0].text)
-        except (ChannelError, RetryAfter) as exc:
-            log.info("wecom: the answer to a press was not sent: %s", exc)
+    async def _say(self, chat_id: str, text: str) -> None:
+        """What a presser is told (channels/wecom/presses.py), as a markdown message in the chat."""
+        await self._proactive(chat_id, render(text)[0].text)
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """An image, file or video a user sent, decrypted (channels/wecom/media.py)."""
@@ -445,6 +409,7 @@ class WeComChannel(Channel):
         if not task:
             await self.edit(target, message_id, part)
             return
+        self._presses.closed(task)
         req_id = self._presses.update_req_id(task)
         if req_id:
             card = cards.closed_card(task, part.text)
