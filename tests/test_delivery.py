@@ -243,8 +243,8 @@ async def test_a_file_refused_after_the_answer_leaves_the_answer_and_says_what_i
     tmp_path: Path,
 ) -> None:
     """The answer is out when the platform refuses the file that follows it: the answer stays as it
-    was (never edited into an error), a note under it says a file may be missing, the entry is done
-    and not run again."""
+    was (never edited into an error), a note under it names the file and the platform's reason, the
+    entry is done and not run again."""
     async with fake_rig(tmp_path, config()) as rig:
         ch, harness = rig.channel, rig.harness
         harness.outputs["/mnt/user-data/outputs/big.zip"] = b"PK" * 64
@@ -261,7 +261,7 @@ async def test_a_file_refused_after_the_answer_leaves_the_answer_and_says_what_i
         await quiet(0.2)
         texts = ch.replies_to(msg.message_id)
         assert texts[0] == "the archive is attached", texts
-        assert texts[1].startswith("⚠️ Something went wrong on my side after this answer"), texts
+        assert texts[1] == "⚠️ I could not send `big.zip`: `Request Entity Too Large`", texts
         assert len(texts) == 2 and not ch.files
         assert not any("while answering" in t for t in texts)
         assert await rig.store.journal_open() == []

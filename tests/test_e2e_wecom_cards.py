@@ -126,9 +126,8 @@ async def test_file_out_is_uploaded_in_chunks_and_sent(
 async def test_upload_refused_midway_is_told_to_the_user(
     tmp_path: Path, wecom: FakeWeCom, model: FakeOpenAI
 ) -> None:
-    """WeCom refuses a chunk: no file is shown as sent, the answer stays, and a note under it says a
-    file may be missing (the gateway's note for a file refused after the answer,
-    tests/test_delivery.py; the adapter's specific error goes to the log)."""
+    """WeCom refuses a chunk: no file is shown as sent, the answer stays, and a note under it names
+    the file and WeCom's refusal (which chunk, the errcode), as one code span; the log has it too."""
     data = f"{OUT}/data.txt"
     model.script(
         Reply(tool_calls=[ToolCall("write_file", {"file_path": data, "content": "row\n" * 200_000})]),
@@ -140,7 +139,8 @@ async def test_upload_refused_midway_is_told_to_the_user(
     async with started_daemon(tmp_path, cfg, wecom) as daemon:
         wecom.inject_text(OWNER, "make the data")
         await sent_to(wecom, OWNER, "Here it is.", timeout=40)
-        await sent_to(wecom, OWNER, "a file or a follow-up it announced may be missing", timeout=30)
+        note = await sent_to(wecom, OWNER, "I could not send `data.txt`: `WeCom refused", timeout=30)
+        assert "chunk 1 of 2" in note.text and "40008" in note.text, note.text
         assert not [m for m in wecom.bot_messages(OWNER) if m.kind == "file"], "nothing shown as sent"
         assert wecom.fail_upload is None, "the upload reached the refused chunk"
         await wecom.wait_for(

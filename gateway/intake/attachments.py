@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent.untrusted import TEXT_CHARS, code_span, file_name
-from channels.base import Channel, ChannelError, OutFile
+from channels.base import Channel, ChannelError, OutFile, PermanentSendError
 from gateway.agent_api import AgentHarness
 from gateway.delivery.reply import Reply
 from gateway.intake import media
@@ -226,6 +226,10 @@ async def deliver_files(harness: AgentHarness, store: Store, reply: Reply, key: 
             continue
         # The name the chat shows as the file's: no bidi overrides or zero-width characters (what
         # it really is must read at its end), bounded with its extension kept (agent/untrusted.py).
-        await reply.send_file(FILE_PART + i, OutFile(file_name(out.name), out.data), caption)
+        try:
+            await reply.send_file(FILE_PART + i, OutFile(file_name(out.name), out.data), caption)
+        except PermanentSendError as exc:  # the platform refused this file: say which and why
+            log.warning("presented file %s of %s refused by %s: %s", path, key, reply.channel.name, exc)
+            problems.append(f"{_shown(name)}: {_reason(exc, out.name)}")
     if problems and not reply.sent(FILE_NOTE_PART):
         await reply.note(FILE_NOTE_PART, "⚠️ I could not send " + "; ".join(problems))
