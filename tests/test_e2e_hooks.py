@@ -24,7 +24,10 @@ from tests.daemon import DaemonProcess, chat_config, free_port, started_daemon
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.fakes.whatsapp_server import FakeWhatsApp
 from tests.slack_daemon import CHANNEL
+from tests.whatsapp_daemon import OWNER as WA_OWNER
+from tests.whatsapp_daemon import whatsapp_config
 
 GROUP = -100777888
 MEMBER = 1002
@@ -433,3 +436,31 @@ async def test_a_wildcard_admin_list_does_not_exempt_a_hook_from_the_budget(
         )
         print(note)
         assert sum("HOOKANSWER" in t for t in tg.bot_texts(GROUP)) == 1
+
+
+async def test_a_hook_answers_into_a_whatsapp_chat_beside_the_platforms_own_webhook(
+    tmp_path: Path, whatsapp: FakeWhatsApp, model: FakeOpenAI
+) -> None:
+    """Hooks reach every registered platform: one targets an allowed WhatsApp user's chat by the
+    user's phone number (a one-to-one chat's id is its user's), served on the same listener as
+    WhatsApp's own webhook; its answer lands in that chat. A hook naming a phone number nobody
+    allowed is off."""
+    cfg = whatsapp_config(tmp_path, whatsapp, model)
+    cfg["agent"] = {**cfg.get("agent", {}), **NO_MEMORY}
+    spec = {
+        "secret": SECRET,
+        "platform": "whatsapp",
+        "chat_id": WA_OWNER,
+        "prompt": "Build {payload.status}.",
+    }
+    port = cfg["hooks"]["port"]
+    cfg["hooks"]["hooks"] = {"ci": spec, "stray": {**spec, "chat_id": "15557770000"}}
+    model.add_rule(lambda t: "Build “failed”" in t, Reply(text="CIANSWER: the build failed"))
+    body = json.dumps({"status": "failed"}).encode()
+    async with started_daemon(tmp_path, cfg) as d:
+        assert (await post(port, "ci", body, {"X-Chital-Signature": sign(body)}))[0] == 202
+        await whatsapp.wait_for(
+            lambda: [m for m in whatsapp.to(WA_OWNER) if "CIANSWER" in m.text], what="the hook's answer"
+        )
+        assert (await post(port, "stray", body, {"X-Chital-Signature": sign(body)}))[0] == 404
+        assert "hook stray is off" in d.logs()

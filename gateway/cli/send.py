@@ -98,10 +98,9 @@ def push_inbound(platform: str, chat: str, thread: str | None, tag: str, title: 
         extra[PUSH_TITLE] = title
     if platform == "slack" and thread:
         extra["thread_ts"] = thread
-    from gateway.config.platforms import PLATFORMS
+    from gateway.config.platforms import is_direct
 
-    row = next((p for p in PLATFORMS if p.name == platform), None)
-    direct = row is not None and re.fullmatch(row.direct_ids, chat, re.ASCII) is not None
+    direct = is_direct(platform, chat)
     return Inbound(platform, chat, f"push-{tag}", "", "", direct, True, thread, extra=extra)
 
 

@@ -5,10 +5,10 @@ on the ops endpoint (gateway/ops/http.py), so exposing hooks to a network never 
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
+from gateway.config.platforms import PLATFORMS
 from gateway.config.sections import PlatformId, Strict
 
 HOOK_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
@@ -22,8 +22,9 @@ class HookSpec(Strict):
     """The shared secret the sender signs each body with (HMAC-SHA256 over the raw body, sent as
     GitHub's ``X-Hub-Signature-256: sha256=<hex>`` or ``X-Chital-Signature: sha256=<hex>``). Put it in
     the environment and write ``${NAME}`` here. At least 16 characters."""
-    platform: Literal["telegram", "slack", "discord", "lark"]
-    """The platform of the conversation the hook's turn runs in."""
+    platform: str
+    """The platform of the conversation the hook's turn runs in: any of the registry
+    (gateway/config/platforms.py), e.g. ``telegram``, ``slack``, ``matrix``, ``whatsapp``."""
     chat_id: PlatformId
     """The chat the answer lands in. It must be allowed by ``access`` (in ``allow_chats`` or
     ``admin_chats``, or the direct chat of an allowed user); a hook whose chat is not is refused at
@@ -35,6 +36,14 @@ class HookSpec(Strict):
     as quoted data. ``{{`` and ``}}`` are literal braces."""
     rate_per_minute: int = Field(30, ge=1, le=10_000)
     """Deliveries accepted per minute (a burst of as many, refilled evenly); more get 429."""
+
+    @field_validator("platform")
+    @classmethod
+    def _known_platform(cls, value: str) -> str:
+        names = [p.name for p in PLATFORMS]
+        if value not in names:
+            raise ValueError(f"unknown platform {value[:40]!r}; use one of {', '.join(names)}")
+        return value
 
     @field_validator("secret")
     @classmethod

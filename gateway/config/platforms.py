@@ -10,6 +10,7 @@ Adapters are imported lazily: a platform that is off costs neither import time n
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,10 @@ from channels.whatsapp import WhatsAppSettings
 
 if TYPE_CHECKING:
     from gateway.config.schema import Config
+
+
+NEVER = "(?!)"
+"""A pattern nothing matches."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +55,15 @@ class Platform:
     """``module:Class`` of the :class:`Channel`, imported only when the channel is built."""
     chat_ids: IdShape
     """What a chat id of this platform looks like (``chital send PLATFORM:CHAT``)."""
-    direct_ids: str = "(?!)"
-    """A chat id that fully matches this is a one-to-one chat (a push to it is not in a group)."""
+    direct_ids: str = NEVER
+    """A chat id that fully matches this is a one-to-one chat (a push to it is not in a group);
+    :data:`NEVER` where the id's shape cannot tell (WeCom: a user's id and a group's look alike)."""
     thread_ids: IdShape | None = None
     """What a thread id looks like, where a push can be posted into a thread directly."""
+    dm_names_user: bool = False
+    """A one-to-one chat's id is its user's id (Telegram, WhatsApp, DingTalk, WeCom), so a hook may
+    target an allowed user's direct chat by that user's id; elsewhere (a Slack ``D…`` id, a Matrix
+    room) the chat itself must be allowed."""
     single_consumer: bool = False
     """The platform allows one inbound connection per bot (Telegram's long polling, Discord's
     gateway for one shard): with several daemons, only the leader runs it (gateway/daemon/cluster.py)."""
@@ -84,6 +94,7 @@ PLATFORMS: tuple[Platform, ...] = (
         direct_ids=r"\d+",
         thread_ids=IdShape(r"\d{1,12}", "a forum topic id (a number)"),
         single_consumer=True,
+        dm_names_user=True,
     ),
     Platform(
         "slack",
@@ -129,6 +140,7 @@ PLATFORMS: tuple[Platform, ...] = (
             r"\d{7,15}|[A-Za-z][A-Za-z0-9_=-]{7,127}", "a phone number like 15551234567 (no +), or a group id"
         ),
         direct_ids=r"\d+",
+        dm_names_user=True,
     ),
     # A group's open conversation id starts with "cid"; anything else is a user's staff id.
     Platform(
@@ -139,6 +151,7 @@ PLATFORMS: tuple[Platform, ...] = (
             r"cid[A-Za-z0-9+/=_-]{4,128}|[A-Za-z0-9_-]{1,64}", "a staff id, or a group's id like cidAbC…=="
         ),
         direct_ids=r"(?!cid)[A-Za-z0-9_-]+",
+        dm_names_user=True,
     ),
     # One long connection per robot: a second subscription takes the stream over (docs/setup/wecom.md).
     # aibot_send_msg takes a user's id in one-to-one chats and the group's chat id in groups.
@@ -148,8 +161,21 @@ PLATFORMS: tuple[Platform, ...] = (
         "channels.wecom.channel:WeComChannel",
         IdShape(r"[A-Za-z0-9_.@-]{1,64}", "a user id, or a group's chat id"),
         single_consumer=True,
+        dm_names_user=True,
     ),
 )
+
+
+def platform_named(name: str) -> Platform | None:
+    """The registry row of platform ``name``, or None."""
+    return next((p for p in PLATFORMS if p.name == name), None)
+
+
+def is_direct(platform: str, chat_id: str) -> bool:
+    """Whether ``chat_id`` is a one-to-one chat on ``platform``, as far as its shape tells (a
+    message the daemon starts itself, a push or a hook's turn, has no platform event to say so)."""
+    row = platform_named(platform)
+    return row is not None and re.fullmatch(row.direct_ids, chat_id, re.ASCII) is not None
 
 
 def sdk_loggers() -> list[str]:

@@ -38,6 +38,7 @@ from aiohttp import web
 from agent.provenance import WEBHOOK, Provenance, Source
 from channels.base import Channel, Inbound
 from channels.webroute import mount_path
+from gateway.config.platforms import NEVER, is_direct, platform_named
 from gateway.intake.access import HOOK_SENDER, STARTED_BY_BOT
 from gateway.intake.provenance import PROVENANCE_EXTRA
 from gateway.store.entries import JournalKind
@@ -79,7 +80,9 @@ def sign(secret: str, body: bytes) -> str:
 
 def target_allowed(config: Config, spec: HookSpec) -> bool:
     """The hook's chat is one the access policy lets the bot talk in: an allowed or admin chat, or
-    the direct chat of an allowed user or admin (on Telegram and Slack a DM's id names its user)."""
+    the direct chat of an allowed user or admin, where a direct chat's id is its user's id (the
+    registry's ``dm_names_user``: Telegram, WhatsApp, DingTalk, WeCom; WeCom's ids do not tell a
+    user from a group, so the id listed as a user's is taken as that user's chat)."""
     policy = config.access_for(spec.platform)
     chat = spec.chat_id
 
@@ -88,7 +91,10 @@ def target_allowed(config: Config, spec: HookSpec) -> bool:
 
     if listed(policy.allow_chats) or listed(policy.admin_chats):
         return True
-    direct = spec.platform == "telegram" and not chat.startswith("-")
+    row = platform_named(spec.platform)
+    direct = (
+        row is not None and row.dm_names_user and (row.direct_ids == NEVER or is_direct(spec.platform, chat))
+    )
     return direct and listed(policy.allow_users + policy.admins)
 
 
@@ -222,9 +228,7 @@ class Hooks:
             PROVENANCE_EXTRA: provenance.to_json(),
         }
         chat = spec.chat_id
-        direct = (spec.platform == "telegram" and not chat.startswith("-")) or (
-            spec.platform == "slack" and chat[:1] == "D"
-        )
+        direct = is_direct(spec.platform, chat)
         return Inbound(spec.platform, chat, f"hook-{name}-{key}", HOOK_SENDER + name, text, direct, True,
                        None, f"webhook {name}", extra=extra)  # fmt: skip
 
