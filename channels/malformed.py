@@ -102,6 +102,33 @@ def problems(inbound: Any) -> list[str]:
     return found
 
 
+class LogLimit:
+    """At most ``per_minute`` log lines a minute per kind of malformed input; the lines held back
+    are counted and the next line let through says how many. Malformed input comes from whoever
+    can reach the adapter (a crafted button press, a hostile frame): without this, each one is a
+    line, and a flood of them grows the log at the sender's pace. The metric still counts every
+    one (:meth:`channels.base.Channel.count_malformed`)."""
+
+    def __init__(self, per_minute: int = 5) -> None:
+        self.per_minute = per_minute
+        self._lines: dict[str, collections.deque[float]] = {}
+        self._held: collections.Counter[str] = collections.Counter()
+
+    def allow(self, kind: str, now: float | None = None) -> str | None:
+        """None when this line is held back; otherwise the suffix to log with it ("" or "; N more
+        like it were not logged")."""
+        now = time.monotonic() if now is None else now
+        lines = self._lines.setdefault(kind, collections.deque(maxlen=self.per_minute))
+        while lines and lines[0] <= now - 60.0:
+            lines.popleft()
+        if len(lines) >= self.per_minute:
+            self._held[kind] += 1
+            return None
+        lines.append(now)
+        held = self._held.pop(kind, 0)
+        return f"; {held} more like it were not logged" if held else ""
+
+
 class Refusals:
     """Per-sender limit on the refusals an adapter sends as messages of their own, so a flood of
     malformed presses from one person cannot make the bot flood their chat. Bounded memory: the

@@ -163,6 +163,13 @@ async def test_malformed_and_forged_presses_are_counted_acked_and_never_stop_the
     assert len([m for m in dingtalk.messages_to(OWNER) if "couldn't read" in m.text]) <= 3, "rate limited"
     logs = daemon.logs()
     assert "x" * 300 not in logs and "not json at all" not in logs
+    # A flood of unreadable presses is counted in full but logged a few lines a minute.
+    flood = [await dingtalk.press(out, OWNER, 0, userId=None) for _ in range(40)]
+    await dingtalk.wait_for(
+        lambda: all(dingtalk.acked(m) for m in flood), timeout=30, what="the flood's acks"
+    )
+    lines = [line for line in daemon.logs().splitlines() if "unreadable card callback" in line]
+    assert 0 < len(lines) <= 5, lines
 
     await dingtalk.press(out, OWNER, 0)  # the channel still takes the real press
     await answered(dingtalk, OWNER, "Done running.", timeout=30)

@@ -132,6 +132,8 @@ class DingTalkChannel(Channel):
             self.capabilities = dataclasses.replace(self.capabilities, buttons=True)
         self._presses: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._refusals = malformed.Refusals()
+        self._quiet = malformed.LogLimit()
+        """Log lines of malformed frames and presses, at most a few a minute per kind."""
         self._answers: set[asyncio.Task[None]] = set()
         self._stream = Stream(self._api, client_id, client_secret, ping_interval=keepalive,
                               ping_timeout=keepalive,
@@ -196,8 +198,9 @@ class DingTalkChannel(Channel):
             frame = parse(raw, MAX_DATA_BYTES)
         except Unreadable as exc:
             self.count_malformed(malformed.ENVELOPE)
-            log.critical("dingtalk: skipped an unreadable frame (message %s): %s",
-                         exc.message_id if malformed.is_id(exc.message_id) else "?", exc)  # fmt: skip
+            if (more := self._quiet.allow("frame")) is not None:
+                shown = exc.message_id if malformed.is_id(exc.message_id) else "?"
+                log.critical("dingtalk: skipped an unreadable frame (message %s): %s%s", shown, exc, more)
             if malformed.is_id(exc.message_id):
                 await self._stream.send(ack(Frame("", "", exc.message_id, None, 0)))
             return False
@@ -209,15 +212,19 @@ class DingTalkChannel(Channel):
             return False
         if frame.data is None:
             self.count_malformed(malformed.ENVELOPE)
-            log.critical("dingtalk: skipped an oversized frame (%s, %d bytes, message %s)",
-                         _safe(frame.topic), frame.size, _safe(frame.message_id))  # fmt: skip
+            if (more := self._quiet.allow("oversized")) is not None:
+                log.critical("dingtalk: skipped an oversized frame (%s, %d bytes, message %s)%s",
+                             _safe(frame.topic), frame.size, _safe(frame.message_id), more)  # fmt: skip
         elif frame.type == "CALLBACK" and frame.topic == ROBOT_TOPIC:
             await self._robot(frame, sink)
         elif frame.type == "CALLBACK" and frame.topic == CARD_TOPIC and self._buttons is not None:
             await self._press(frame)
         elif frame.type != "EVENT":
             self.count_malformed(malformed.ENVELOPE)
-            log.warning("dingtalk: skipped a %s frame of topic %s", _safe(frame.type), _safe(frame.topic))
+            if (more := self._quiet.allow("topic")) is not None:
+                log.warning(
+                    "dingtalk: skipped a %s frame of topic %s%s", _safe(frame.type), _safe(frame.topic), more
+                )
         await self._stream.send(ack(frame))
         return False
 
@@ -248,8 +255,9 @@ class DingTalkChannel(Channel):
         except (TypeError, ValueError) as exc:
             self.count_malformed(malformed.ACTION)
             user, card = press_ids(frame.data)
-            log.critical("dingtalk: skipped an unreadable card callback (card %s, user %s): %s",
-                         card or "?", user or "?", exc)  # fmt: skip
+            if (more := self._quiet.allow("press")) is not None:
+                log.critical("dingtalk: skipped an unreadable card callback (card %s, user %s): %s%s",
+                             card or "?", user or "?", exc, more)  # fmt: skip
             if user:
                 self._tell(user, malformed.ACTION_UNREADABLE)
             return

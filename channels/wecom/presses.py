@@ -44,6 +44,8 @@ class Presses:
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._closed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._refusals = malformed.Refusals()
+        self._quiet = malformed.LogLimit()
+        """Log lines of refused presses, at most a few a minute."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def handle(self, req_id: str, body: Any) -> None:
@@ -52,7 +54,8 @@ class Presses:
             press = cards.read_press(body)
         except ValueError as exc:
             self._count(malformed.ACTION)
-            log.warning("wecom: a card press refused: %s", exc)
+            if (more := self._quiet.allow("press")) is not None:
+                log.warning("wecom: a card press refused: %s%s", exc, more)
             ids = ids_of(body)
             if ids["chat_id"] and ids["sender_id"] and self._may_tell(ids["chat_id"], ids["sender_id"]):
                 self._spawn(self._say(ids["chat_id"], cards.note_for(exc)))
