@@ -418,15 +418,17 @@ async def forged_framed_and_traversed(
         lambda: browser.driver.execute_script(f"return document.querySelector('#approve-form-{code} [name=csrf]').value")
     )  # fmt: skip
 
-    # A wrong CSRF token, then none: refused, the request stays pending.
+    # A wrong CSRF token, then none: refused, the request stays pending. The token is changed and
+    # the button pressed in one script, so no page load can come between them (a loaded run once
+    # pressed a freshly loaded form, whose token was right, and the approval went through).
     for change in ("el.value = 'x' + el.value.slice(1)", "el.remove()"):
         await b_text(browser, daemon.port, "/people")
         await browser.call(
             lambda c=change: browser.driver.execute_script(
                 f"const el = document.querySelector('#approve-form-{code} [name=csrf]'); {c};"
+                f" document.querySelector('#approve-{code}').click();"
             )
         )
-        await click(browser, f"#approve-{code}")
         await until(browser, shows("CSRF token is missing or wrong"), f"the refusal after {change}")
 
     # Forged forms carrying the stolen CSRF token: from another site the browser leaves the
