@@ -69,7 +69,7 @@ if [ "${CHITAL_SKIP_POSTGRES_PASS:-0}" != 1 ]; then
   skip=(config_reference context dingtalk_channel discord_channel docker_image e2e_disk_full fake_openai
         harness host_boundary lark_channel matrix_channel memory migrate_postgres model_streaming
         packaging plan postgres replied_file sandbox_docker sandbox_local sandbox_paths scale_out
-        search skill_install skills slack_channel speech_service steering_harness store_schema
+        scale_out_channels search skill_install skills slack_channel speech_service steering_harness store_schema
         subagents telegram_channel tool_search tools_web tuning_attack wecom_channel whatsapp_channel
         e2e_dingtalk e2e_dingtalk_buttons e2e_discord e2e_lark e2e_matrix e2e_slack e2e_wecom
         e2e_whatsapp dingtalk_robustness discord_robustness lark_robustness matrix_robustness

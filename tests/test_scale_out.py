@@ -21,10 +21,18 @@ from tests.daemon import DaemonProcess, base_config, free_port
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
+from tests.scale_out_support import (
+    LEASE,
+    answer,
+    cluster_storage,
+    find_leader,
+    lease_holders,
+    node_of,
+    start_cluster,
+    wait,
+)
 
 pytestmark = pytest.mark.slow
-
-LEASE = 3.0
 
 
 @pytest.fixture
@@ -39,74 +47,26 @@ async def spread_slack() -> AsyncIterator[FakeSlack]:
 def _config(
     root: Path, n: int, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, spread_slack: FakeSlack
 ) -> dict[str, Any]:
-    cfg = base_config(root / f"data-{n}", model.base_url, free_port())
-    cfg["storage"]["url"] = pg_url
-    cfg["storage"]["lease_seconds"] = LEASE
-    cfg["agent"]["tools"] = False
-    cfg["concurrency"]["max_turns"] = 16
+    cfg = cluster_storage(base_config(root / f"data-{n}", model.base_url, free_port()), pg_url)
     cfg["channels"]["telegram"] = tg.channel_settings(poll_timeout=1)
     cfg["channels"]["slack"] = spread_slack.channel_settings()
-    cfg["access"] = {"allow_users": ["*"], "pairing": False}
     return cfg
 
 
 async def _cluster(
     tmp_path: Path, pg_url: str, model: FakeOpenAI, tg: FakeTelegram, spread_slack: FakeSlack, count: int = 3
 ) -> list[DaemonProcess]:
-    daemons = []
-    for n in range(count):
-        d = DaemonProcess(tmp_path / f"d{n}", _config(tmp_path, n, pg_url, model, tg, spread_slack))
-        d.workdir.mkdir(parents=True, exist_ok=True)
-        daemons.append(d)
     # Readiness needs Slack connected on each; Telegram is "standby" on all but the leader.
-    try:
-        await asyncio.gather(*(d.start(timeout=90) for d in daemons))
-    except BaseException:
-        await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)
-        raise
-    return daemons
-
-
-def _node(d: DaemonProcess) -> str:
-    m = re.search(r"this daemon is node (\w+)", d.log_path.read_text(errors="replace"))
-    assert m, d.logs()
-    return m.group(1)
-
-
-def _is_leader(d: DaemonProcess) -> bool:
-    log = d.log_path.read_text(errors="replace")
-    return re.search(r"node \w+ is the leader", log) is not None and "no longer the leader" not in log
-
-
-async def _leader(daemons: list[DaemonProcess], timeout: float = 20.0) -> DaemonProcess:
-    for _ in range(int(timeout * 10)):
-        leaders = [d for d in daemons if d.proc and d.proc.returncode is None and _is_leader(d)]
-        if leaders:
-            assert len(leaders) == 1, "two leaders at once"
-            return leaders[0]
-        await asyncio.sleep(0.1)
-    raise AssertionError("no leader")
-
-
-def _answer(text: str) -> str | None:
-    """The echo in a bot message, past any note above it ("↪️ … replaces it")."""
-    return text[text.index("echo:") :] if "echo:" in text else None
+    configs = [_config(tmp_path, n, pg_url, model, tg, spread_slack) for n in range(count)]
+    return await start_cluster(tmp_path, configs)
 
 
 def _tg_answers(tg: FakeTelegram, chat: int) -> list[str]:
-    return [a for t in tg.bot_texts(chat) if (a := _answer(t))]
+    return [a for t in tg.bot_texts(chat) if (a := answer(t))]
 
 
 def _slack_answers(spread_slack: FakeSlack, channel: str) -> list[str]:
-    return [a for t in spread_slack.texts(channel) if (a := _answer(t))]
-
-
-async def _wait(predicate: Any, timeout: float, what: str, show: Any = None) -> None:
-    for _ in range(int(timeout * 10)):
-        if predicate():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}" + (f": {show()}" if show else ""))
+    return [a for t in spread_slack.texts(channel) if (a := answer(t))]
 
 
 async def test_three_daemons_answer_300_messages_once_in_order(
@@ -114,7 +74,7 @@ async def test_three_daemons_answer_300_messages_once_in_order(
 ) -> None:
     daemons = await _cluster(tmp_path, pg_url, model, tg, spread_slack)
     try:
-        await _leader(daemons)
+        await find_leader(daemons)
         tg_chats = [7000 + i for i in range(15)]
         slack_chats = [f"D{i:04d}" for i in range(15)]
         for i in range(10):  # ten rounds; within a chat, each message is sent before any answer
@@ -140,7 +100,7 @@ async def test_three_daemons_answer_300_messages_once_in_order(
             texts = {c: tg.bot_texts(c) for c in short if isinstance(c, int)}
             return f"missing per chat {short}; bot texts there: {texts}"
 
-        await _wait(all_in, 120, "300 answers", missing)
+        await wait(all_in, 120, "300 answers", missing)
         await asyncio.sleep(LEASE)  # anything doubled would show up by now
         # Once each: every answer text appears exactly once in its chat (placeholders aside, a
         # "queued" sign is edited into its answer, so positions in the chat are not the order).
@@ -181,7 +141,7 @@ async def test_a_leader_stops_cleanly_and_restarts_no_channel_on_its_way_out(
     the gateway had closed: a poller left behind a daemon that says it stopped."""
     (d,) = await _cluster(tmp_path, pg_url, model, tg, spread_slack, count=1)
     try:
-        await _leader([d])
+        await find_leader([d])
         assert await d.terminate() == 0  # fails on a task "still running after shutdown"
         log = d.log_path.read_text(errors="replace")
         after_stop = log[log.index("stopping: draining") :]
@@ -202,19 +162,19 @@ async def test_kill_9_of_the_leader_and_of_a_daemon_mid_turn(
     )
     daemons = await _cluster(tmp_path, pg_url, model, tg, spread_slack)
     try:
-        leader = await _leader(daemons)
+        leader = await find_leader(daemons)
         # 1. Kill -9 the leader right after it took a message: another daemon polls within
         # seconds, and that message and the next are each answered once.
         tg.inject_message(8001, 8001, "before the kill")
-        await _wait(lambda: bool(_tg_answers(tg, 8001)), 30, "first Telegram answer")
+        await wait(lambda: bool(_tg_answers(tg, 8001)), 30, "first Telegram answer")
         tg.inject_message(8001, 8001, "LAGGY while the leader dies")
         await asyncio.sleep(1.0)  # journaled and streaming on the leader
         leader.kill9()
         await leader.wait_exit()
         survivors = [d for d in daemons if d is not leader]
-        await _leader(survivors, timeout=20)
+        await find_leader(survivors, timeout=20)
         tg.inject_message(8001, 8001, "after the kill")
-        await _wait(
+        await wait(
             lambda: any("after the kill" in t for t in _tg_answers(tg, 8001))
             and any("LAGGY while the leader dies" in t and "and more" in t for t in tg.bot_texts(8001)),
             60, "Telegram answers after the leader died", lambda: tg.bot_texts(8001),
@@ -232,14 +192,14 @@ async def test_kill_9_of_the_leader_and_of_a_daemon_mid_turn(
             if started:
                 break
             await asyncio.sleep(0.05)
-        nodes = {_node(d): d for d in survivors}
-        holders = await _lease_holders(pg_url)
+        nodes = {node_of(d): d for d in survivors}
+        holders = await lease_holders(pg_url)
         owner = next((n for n in holders if n in nodes), None)
         holder = nodes[owner] if owner else holder
         assert holder is not None
         holder.kill9()
         await holder.wait_exit()
-        await _wait(
+        await wait(
             lambda: any("LAGGY slack turn" in t and t.rstrip().endswith("more") for t in spread_slack.texts("D9000")),
             60, "the Slack answer finished by another daemon",
         )  # fmt: skip
@@ -255,17 +215,6 @@ async def test_kill_9_of_the_leader_and_of_a_daemon_mid_turn(
         assert tg.poll_conflicts == 0
     finally:
         await asyncio.gather(*(d.close() for d in daemons))
-
-
-async def _lease_holders(url: str) -> dict[str, int]:
-    import psycopg
-
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT COALESCE(lease_owner, ''), COUNT(*) FROM journal"
-            " WHERE state IN ('pending', 'running') GROUP BY 1"
-        )
-        return {str(o): int(n) for o, n in await cur.fetchall()}
 
 
 async def test_discord_gateway_on_the_leader_only_and_standbys_connected_for_sending(
@@ -291,7 +240,7 @@ async def test_discord_gateway_on_the_leader_only_and_standbys_connected_for_sen
             d.workdir.mkdir(parents=True, exist_ok=True)
             daemons.append(d)
         await asyncio.gather(*(d.start(timeout=90) for d in daemons))
-        leader = await _leader(daemons)
+        leader = await find_leader(daemons)
         standby = next(d for d in daemons if d is not leader)
         report: dict[str, str] = {}
         for _ in range(100):  # the standby's REST login may finish after /readyz first answers
@@ -306,7 +255,7 @@ async def test_discord_gateway_on_the_leader_only_and_standbys_connected_for_sen
         await dc.wait_for(lambda: any(m.reply_to == mid for m in dc.bot_messages()) or None, timeout=30)
         leader.kill9()
         await leader.wait_exit()
-        await _leader([standby], timeout=20)
+        await find_leader([standby], timeout=20)
         await dc.wait_for(lambda: dc.identifies >= 2 or None, timeout=30)
         mid2 = await dc.inject_dm("424242424242424242", "after the failover")
         await dc.wait_for(lambda: any(m.reply_to == mid2 for m in dc.bot_messages()) or None, timeout=30)
@@ -339,17 +288,17 @@ async def test_a_new_leader_starts_polling_without_cutting_the_telegram_answer_i
     leader, standby = daemons
     try:
         await leader.start(timeout=90)
-        assert await _leader([leader]) is leader
+        assert await find_leader([leader]) is leader
         await standby.start(timeout=90)
         tg.inject_message(8101, 8101, "HOLDA keeps the leader busy")
-        await _wait(lambda: any("HOLDA" in str(r) for r in model.requests), 30, "the leader's held turn")
+        await wait(lambda: any("HOLDA" in str(r) for r in model.requests), 30, "the leader's held turn")
         release = tg.hold_answer("sendMessage", lambda p: "STANDBYX" in str(p.get("text", "")))
         tg.inject_message(8102, 8102, "STANDBYX answered by the standby")
-        await _wait(lambda: tg.holding == 1, 60, "the standby's answer sent, its result held")
+        await wait(lambda: tg.holding == 1, 60, "the standby's answer sent, its result held")
         leader.kill9()
         await leader.wait_exit()
-        await _leader([standby], timeout=30)
-        await _wait(
+        await find_leader([standby], timeout=30)
+        await wait(
             lambda: standby.log_path.read_text(errors="replace").count("telegram: connected as") >= 2,
             30, "the new leader connected to poll",
         )  # fmt: skip
@@ -357,8 +306,8 @@ async def test_a_new_leader_starts_polling_without_cutting_the_telegram_answer_i
         release.set()
         hold_first.set()
         tg.inject_message(8103, 8103, "after the takeover")
-        await _wait(lambda: bool(_tg_answers(tg, 8103)), 60, "the new leader polling")
-        await _wait(lambda: bool(_tg_answers(tg, 8101)), 60, "the held turn finished by the survivor")
+        await wait(lambda: bool(_tg_answers(tg, 8103)), 60, "the new leader polling")
+        await wait(lambda: bool(_tg_answers(tg, 8101)), 60, "the held turn finished by the survivor")
         await asyncio.sleep(LEASE)  # a retry of a cut send would have landed by now
         assert _tg_answers(tg, 8102) == ["echo: STANDBYX answered by the standby"], tg.bot_texts(8102)
         assert tg.poll_conflicts == 0

@@ -4,7 +4,9 @@ What it speaks: ``POST /v1.0/gateway/connections/open`` (clientId/clientSecret -
 one-time ticket; 401 ``authFailed`` otherwise), the Stream websocket at that endpoint (frames of
 type ``SYSTEM``/``EVENT``/``CALLBACK`` with ``headers.topic`` and ``headers.messageId``, data as a
 JSON string; it records each ack by message id and sends every unacknowledged robot message again
-to the next connection, as DingTalk does), ``POST /v1.0/oauth2/accessToken``, the robot sends
+to the next connection, as DingTalk does; with several connections of one app open, as several
+daemons keep, each message goes to one of them in turn, and the unacknowledged ones of a connection
+that closes go to another), ``POST /v1.0/oauth2/accessToken``, the robot sends
 ``/v1.0/robot/oToMessages/batchSend`` and ``/v1.0/robot/groupMessages/send`` (the
 ``x-acs-dingtalk-access-token`` header checked), ``/v1.0/robot/messageFiles/download`` and the
 file URL it hands out. Errors have DingTalk's body shape ``{"requestid", "code", "message"}``.
@@ -24,6 +26,7 @@ What they read: the bot's messages per chat, acks, connections, calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -88,7 +91,16 @@ class FakeDingTalk:
         self.revoked = False
         self.half_open = False
         self.ws: web.WebSocketResponse | None = None
+        """The newest connection (system frames and :meth:`drop` go to it)."""
         self.connections = 0
+        self.live: list[web.WebSocketResponse] = []
+        """The open connections, oldest first; a message goes to one of them in turn."""
+        self.given: dict[str, int] = {}
+        """Message id -> the number (1, 2, …, in order of connecting) of the connection that has it."""
+        self.deliveries: list[tuple[str, int]] = []
+        """Every (message id, connection number) a message frame was sent on, in order."""
+        self._serial: dict[int, int] = {}
+        self._turn = itertools.count()
         self.subscribed: set[str] = set()
         self.button_template = BUTTON_TEMPLATE
         self.frames: dict[str, dict[str, Any]] = {}
@@ -181,7 +193,10 @@ class FakeDingTalk:
             self.pending[mid] = frame
         if kind == "CALLBACK" and topic == CARD_TOPIC and CARD_TOPIC not in self.subscribed:
             return mid  # DingTalk sends a topic only to a connection that subscribed to it
-        await self.send_frame(frame)
+        if mid in self.pending:
+            await self._give(mid)
+        else:
+            await self.send_frame(frame)
         return mid
 
     async def send_frame(self, frame: Any) -> None:
@@ -189,8 +204,30 @@ class FakeDingTalk:
             await self.ws.send_str(frame if isinstance(frame, str) else json.dumps(frame))
 
     async def redeliver(self, mid: str) -> None:
-        """The same frame once more (DingTalk retrying a frame whose ack it did not see)."""
-        await self.send_frame(self.frames[mid])
+        """The same frame once more (DingTalk retrying a frame whose ack it did not see), on the
+        connection that had it while that one is open."""
+        held = next((ws for ws in self._open() if self._serial[id(ws)] == self.given.get(mid)), None)
+        if held is None or self.half_open:
+            await self.send_frame(self.frames[mid])
+        else:
+            await self._send_on(held, mid)
+
+    def _open(self) -> list[web.WebSocketResponse]:
+        return [ws for ws in self.live if not ws.closed]
+
+    async def _give(self, mid: str, avoid: web.WebSocketResponse | None = None) -> None:
+        """Send message ``mid`` on one open connection, the next in turn (DingTalk hands a message
+        to one client of the app); with none open it waits for the next to connect."""
+        conns = [ws for ws in self._open() if ws is not avoid]
+        if not conns or self.half_open:
+            return
+        await self._send_on(conns[next(self._turn) % len(conns)], mid)
+
+    async def _send_on(self, ws: web.WebSocketResponse, mid: str) -> None:
+        self.given[mid] = self._serial[id(ws)]
+        self.deliveries.append((mid, self._serial[id(ws)]))
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await ws.send_str(json.dumps(self.frames[mid]))
 
     async def system(self, topic: str, data: dict[str, Any] | None = None) -> str:
         return await self.inject(data or {}, topic=topic, kind="SYSTEM")
@@ -231,6 +268,10 @@ class FakeDingTalk:
     def acked(self, mid: str) -> bool:
         return any(a.get("headers", {}).get("messageId") == mid for a in self.acks)
 
+    def open_connections(self) -> list[int]:
+        """The numbers of the connections open now, oldest first."""
+        return [self._serial[id(ws)] for ws in self._open()]
+
     def messages_to(self, chat: str) -> list[Sent]:
         return [m for m in self.sent if m.chat_id == chat]
 
@@ -246,18 +287,28 @@ class FakeDingTalk:
         await ws.prepare(request)
         self._transport = request.transport
         self.ws, self.connections = ws, self.connections + 1
-        for frame in list(self.pending.values()):
-            await ws.send_str(json.dumps(frame))
-        async for msg in ws:
-            if msg.type == WSMsgType.PING:
-                if not self.half_open:
-                    await ws.pong(msg.data)
-            elif msg.type == WSMsgType.TEXT:
-                ackd = json.loads(msg.data)
-                self.acks.append(ackd)
-                self.pending.pop(ackd.get("headers", {}).get("messageId", ""), None)
-        if self.ws is ws:
-            self.ws = None
+        self._serial[id(ws)] = self.connections
+        holding = {self._serial[id(c)] for c in self._open()}
+        self.live.append(ws)
+        for mid in list(self.pending):  # those no open connection has: this one gets them
+            if self.given.get(mid) not in holding and not self.half_open:
+                await self._send_on(ws, mid)
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.PING:
+                    if not self.half_open:
+                        await ws.pong(msg.data)
+                elif msg.type == WSMsgType.TEXT:
+                    ackd = json.loads(msg.data)
+                    self.acks.append(ackd)
+                    self.pending.pop(ackd.get("headers", {}).get("messageId", ""), None)
+        finally:
+            self.live.remove(ws)
+            if self.ws is ws:
+                self.ws = None
+            mine = self._serial[id(ws)]
+            for mid in [m for m in self.pending if self.given.get(m) == mine]:
+                await self._give(mid, avoid=ws)  # unacknowledged: another client gets it
         return ws
 
     async def _file(self, request: web.Request) -> web.StreamResponse:

@@ -11,11 +11,14 @@ upload), ``GET /{version}/{media_id}`` (the media's short-lived URL, size, type)
 Webhook side (:meth:`deliver`): a signed ``POST`` (``X-Hub-Signature-256``, HMAC-SHA256 of the raw
 body with the app secret) of the real payload shape, ``entry[].changes[].value`` with
 ``messages``, ``contacts`` and ``statuses``; unsigned, wrongly signed and raw bodies for attacks,
-and redelivery of a message. :meth:`verify` is Meta's subscription handshake.
+and redelivery of a message. :meth:`verify` is Meta's subscription handshake. With
+:attr:`FakeWhatsApp.webhook_urls` set, deliveries are spread over several daemons as a load
+balancer in front of them does, and one no daemon took (5xx, timeout, dead) is retried on the next.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -91,6 +94,15 @@ class FakeWhatsApp:
         self.port = 0
         self.webhook_url = ""
         """The daemon's webhook (``http://127.0.0.1:<hooks port>/channels/whatsapp/webhook``)."""
+        self.webhook_urls: list[str] = []
+        """Several daemons behind a load balancer: when set, :meth:`deliver` spreads deliveries
+        over these in turn and, as Meta retries, offers a delivery refused with a 5xx, timed out
+        or sent to a dead daemon to the next one."""
+        self.delivery_timeout = 10.0
+        """How long a spread delivery waits for an answer before it is given to the next daemon."""
+        self.attempts: list[tuple[str, int]] = []
+        """Each spread delivery attempt: (URL, HTTP status or 0 when no answer came)."""
+        self._turn = itertools.count()
         self.calls: list[tuple[str, str]] = []
         self.sent: list[Sent] = []
         self.uploads: dict[str, tuple[bytes, str, str]] = {}
@@ -172,9 +184,36 @@ class FakeWhatsApp:
             return r.status, await r.text()
 
     async def deliver(self, payload: Any, *, signature: str | None = None) -> int:
-        """Deliver ``payload`` signed with the app secret (or with ``signature`` as given)."""
+        """Deliver ``payload`` signed with the app secret (or with ``signature`` as given); to
+        :attr:`webhook_url`, or spread over :attr:`webhook_urls` when set."""
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        status, _ = await self.post(body, {"X-Hub-Signature-256": signature or self.sign(body)})
+        headers = {"X-Hub-Signature-256": signature or self.sign(body)}
+        if self.webhook_urls:
+            return await self._spread(body, headers)
+        status, _ = await self.post(body, headers)
+        return status
+
+    async def _spread(self, body: bytes, headers: dict[str, str], rounds: int = 5) -> int:
+        """The load balancer in front of several daemons: the next daemon in turn gets the
+        delivery; a 5xx, a timeout or a refused connection moves it to the one after (Meta
+        retries a delivery it got no 2xx for). Returns the first non-5xx status, else the last."""
+        hdrs = {"Content-Type": "application/json", **headers}
+        status = 0
+        timeout = aiohttp.ClientTimeout(total=self.delivery_timeout)
+        async with aiohttp.ClientSession(timeout=timeout) as s:
+            for _ in range(rounds):
+                for _ in range(len(self.webhook_urls)):
+                    url = self.webhook_urls[next(self._turn) % len(self.webhook_urls)]
+                    try:
+                        async with s.post(url, data=body, headers=hdrs) as r:
+                            status = r.status
+                            await r.read()
+                    except (aiohttp.ClientError, TimeoutError):
+                        status = 0
+                    self.attempts.append((url, status))
+                    if 0 < status < 500:
+                        return status
+                await asyncio.sleep(0.5)
         return status
 
     async def inject_text(self, sender: str, text: str, **fields: Any) -> dict[str, Any]:
