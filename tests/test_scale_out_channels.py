@@ -1,6 +1,6 @@
 """Several daemons on one PostgreSQL database behind the newer channels: WhatsApp (webhooks spread
-by a load balancer) and DingTalk (Stream mode, one websocket per daemon, each message handed to one
-of them).
+by a load balancer), DingTalk (Stream mode, one websocket per daemon, each message handed to one
+of them) and WeCom (one long connection per robot: the leader's).
 
 Real ``chital run`` processes and the wire-level fakes. What is asserted is what users see: every
 message answered exactly once, each chat's messages reaching the model in the order they were sent,
@@ -23,11 +23,13 @@ import pytest
 from tests.daemon import chat_config, free_port
 from tests.fakes.dingtalk_server import FakeDingTalk
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
+from tests.fakes.wecom_server import FakeWeCom
 from tests.fakes.whatsapp_server import FakeWhatsApp
 from tests.scale_out_support import (
     LEASE,
     alive,
     cluster_storage,
+    find_leader,
     in_model_order,
     lease_holders,
     node_of,
@@ -191,3 +193,57 @@ async def test_dingtalk_burst_over_two_stream_connections_and_a_daemon_killed_be
             if d.proc and d.proc.returncode is None:
                 os.kill(d.proc.pid, signal.SIGCONT)
         await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)
+
+
+async def test_wecom_connection_on_the_leader_only_and_taken_over_after_its_kill_9(
+    tmp_path: Path, pg_url: str, model: FakeOpenAI, wecom: FakeWeCom
+) -> None:
+    """WeCom keeps one long connection per robot (a second subscription takes it over), so only
+    the leader subscribes; its successor subscribes after a kill -9 and answers, once each, the
+    turn cut mid-stream and what users wrote while no daemon held the connection."""
+    model.add_rule(
+        lambda t: "LAGGY" in t,
+        lambda body: Reply(
+            text=f"echo: {last_user_text(body)} " + "and more " * 20, chunks=40, chunk_delay=0.1
+        ),
+    )
+    configs = [
+        cluster_storage(chat_config(tmp_path / f"n{n}", model.base_url, wecom), pg_url) for n in range(2)
+    ]
+    daemons = await start_cluster(tmp_path, configs)
+    try:
+        leader = await find_leader(daemons)
+        standby = next(d for d in daemons if d is not leader)
+        await wecom.wait_connected()
+        await standby.wait_channel_state("wecom", "standby")
+        before = wecom.inject_text("alice", "before the kill")
+        await wecom.wait_for(lambda: _wecom_finished(wecom, before), 30, "the first answer")
+        assert wecom.subscribes == 1, "only the leader subscribed"
+
+        cut = wecom.inject_text("alice", "LAGGY cut mid-stream")
+        await wecom.wait_for(lambda: wecom.replies_to(cut), 30, "the answer streaming")
+        leader.kill9()
+        await leader.wait_exit()
+        meanwhile = [wecom.inject_text("bob", f"bob m{i}") for i in range(3)]  # no connection: held
+        await find_leader([standby], timeout=30)
+        await wecom.wait_connected(timeout=30)
+        everything = [before, cut, *meanwhile]
+        await wait(
+            lambda: all(_wecom_finished(wecom, f) for f in everything), 90, "every message answered",
+            lambda: [(m.chat, m.text[:40], m.finished) for m in wecom.messages],
+        )  # fmt: skip
+        await asyncio.sleep(LEASE + 1)
+        for frame in everything:
+            text = frame["body"]["text"]["content"]
+            finals = [m.text for m in wecom.messages if text in m.text and m.finished]
+            assert len(finals) == 1, (text, [(m.text[:60], m.finished) for m in wecom.messages])
+        assert in_model_order(model.requests, last_user_text).get("bob") == ["0", "1", "2"]
+        assert wecom.subscribes == 2, "one subscription per leader, none from a standby"
+    finally:
+        await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)
+
+
+def _wecom_finished(fake: FakeWeCom, frame: dict[str, Any]) -> bool:
+    """A finished bot message in the frame's chat carries the answer to it."""
+    text = frame["body"]["text"]["content"]
+    return any(text in m.text and m.finished for m in fake.bot_messages(frame["body"]["from"]["userid"]))
