@@ -1,6 +1,6 @@
 """Several daemons on one PostgreSQL database behind the newer channels: WhatsApp (webhooks spread
 by a load balancer), DingTalk (Stream mode, one websocket per daemon, each message handed to one
-of them) and WeCom (one long connection per robot: the leader's).
+of them), WeCom (one long connection per robot: the leader's) and Matrix (one sync: the leader's).
 
 Real ``chital run`` processes and the wire-level fakes. What is asserted is what users see: every
 message answered exactly once, each chat's messages reaching the model in the order they were sent,
@@ -22,6 +22,7 @@ import pytest
 
 from tests.daemon import chat_config, free_port
 from tests.fakes.dingtalk_server import FakeDingTalk
+from tests.fakes.matrix_server import SERVER, FakeMatrix
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.fakes.wecom_server import FakeWeCom
 from tests.fakes.whatsapp_server import FakeWhatsApp
@@ -247,3 +248,42 @@ def _wecom_finished(fake: FakeWeCom, frame: dict[str, Any]) -> bool:
     """A finished bot message in the frame's chat carries the answer to it."""
     text = frame["body"]["text"]["content"]
     return any(text in m.text and m.finished for m in fake.bot_messages(frame["body"]["from"]["userid"]))
+
+
+async def test_matrix_sync_on_the_leader_only_and_the_handover_backlog_answered_once(
+    tmp_path: Path, pg_url: str, model: FakeOpenAI, matrix_hs: FakeMatrix
+) -> None:
+    """Every syncing client gets every event, so only the leader syncs. Its successor never held a
+    sync token (that lives in the leader's data directory); what users wrote while no daemon
+    synced must still be answered, once, and nothing the old leader answered again."""
+    owner, room = f"@owner:{SERVER}", f"!dm:{SERVER}"
+    matrix_hs.room(room, owner)
+    configs = [
+        cluster_storage(chat_config(tmp_path / f"n{n}", model.base_url, matrix_hs), pg_url) for n in range(2)
+    ]
+    daemons = await start_cluster(tmp_path, configs)
+    try:
+        leader = await find_leader(daemons)
+        standby = next(d for d in daemons if d is not leader)
+        await standby.wait_channel_state("matrix", "standby")
+        before = matrix_hs.inject_text(room, owner, "owner m0")
+        await wait(lambda: matrix_hs.replies_to(room, before["event_id"]), 30, "the first answer")
+        assert matrix_hs.most_syncing == 1, "only the leader syncs"
+
+        leader.kill9()
+        await leader.wait_exit()
+        meanwhile = [matrix_hs.inject_text(room, owner, f"owner m{i}") for i in range(1, 4)]
+        await find_leader([standby], timeout=30)
+        events = [before, *meanwhile]
+
+        def unanswered() -> list[str]:
+            return [e["content"]["body"] for e in events if not matrix_hs.replies_to(room, e["event_id"])]
+
+        await wait(lambda: not unanswered(), 60, "every message answered", unanswered)
+        await asyncio.sleep(LEASE + 1)
+        for e in events:
+            replies = [m.text for m in matrix_hs.replies_to(room, e["event_id"])]
+            assert len(replies) == 1 and f"echo: {e['content']['body']}" in replies[0], (e, replies)
+        assert in_model_order(model.requests, last_user_text).get("owner") == ["0", "1", "2", "3"]
+    finally:
+        await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)

@@ -27,6 +27,7 @@ import collections
 import dataclasses
 import io
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
@@ -137,12 +138,20 @@ class MatrixChannel(Channel):
         self._direct: dict[str, bool] = {}
         self._own: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._told_encrypted: set[str] = set()
+        self._standby_from: int | None = None
+        """When this daemon began as a standby (ms since the epoch), None if it never was one. A
+        standby that becomes the leader has no sync token of its own (the leader's lives in the
+        leader's data directory), so its first sync is the rooms' recent timeline: what was sent
+        from this moment on is the handover's backlog, answered (the shared journal drops what
+        the old leader had), not history."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, sink: InboundSink) -> None:
         await self._whoami()
         self.report_connected()
         if not self.receive:  # a standby daemon sends only; the leader syncs
+            if self._standby_from is None:
+                self._standby_from = int(time.time() * 1000)
             await asyncio.Event().wait()
         since = self._since.load()
         delay = 0.0
@@ -220,7 +229,8 @@ class MatrixChannel(Channel):
     # -- inbound ------------------------------------------------------------------------------
     async def _deliver(self, body: dict[str, Any], sink: InboundSink, *, first: bool) -> None:
         """Each timeline event of each joined room, in order, to ``sink``; invites joined. On the
-        very first sync (no token yet) the timeline is the rooms' history: not answered."""
+        very first sync (no token yet) the timeline is the rooms' history: not answered, but for
+        what was sent since this daemon began as a standby (:meth:`_in_handover`)."""
         rooms = obj(body.get("rooms"))
         invites = obj(rooms.get("invite"))
         for room_id in list(invites)[:50]:
@@ -237,7 +247,10 @@ class MatrixChannel(Channel):
             timeline = obj(room.get("timeline"))
             events = listed(timeline.get("events"))
             if first:
-                skipped += len(events)
+                recent = [e for e in events if self._in_handover(e)]
+                skipped += len(events) - len(recent)
+                for event in recent:
+                    await self._event(room_id, event, sink)
                 continue
             joined_at = next((i for i, e in enumerate(events) if own_join(e, self.user_id)), None)
             if joined_at is not None and not await self._is_direct(room_id):
@@ -249,6 +262,12 @@ class MatrixChannel(Channel):
             log.info(
                 "matrix: first sync; %d earlier events in joined rooms are history, not answered", skipped
             )
+
+    def _in_handover(self, event: Any) -> bool:
+        """Whether a first sync's ``event`` was sent since this daemon began as a standby (the
+        homeserver's timestamp against this host's clock)."""
+        ts = event.get("origin_server_ts") if isinstance(event, dict) else None
+        return self._standby_from is not None and isinstance(ts, int) and ts >= self._standby_from
 
     async def _event(self, room_id: str, event: Any, sink: InboundSink) -> None:
         try:

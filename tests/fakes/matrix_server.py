@@ -87,6 +87,10 @@ class FakeMatrix:
         self._drop_syncs = 0
         self._stalled = False
         self.syncs = 0
+        self.syncing = 0
+        """Sync requests being answered now (long polls in flight)."""
+        self.most_syncing = 0
+        """The most sync requests ever in flight at once: above 1, two clients synced the account."""
         self.timeline_cap: int | None = None
         """Serve at most this many timeline events per room and sync, whatever the filter asks (a
         homeserver may serve fewer): a longer gap is ``limited`` and must be paginated back."""
@@ -287,6 +291,14 @@ class FakeMatrix:
 
     async def _sync(self, request: web.Request) -> web.StreamResponse:
         self.syncs += 1
+        self.syncing += 1
+        self.most_syncing = max(self.most_syncing, self.syncing)
+        try:
+            return await self._sync_answer(request)
+        finally:
+            self.syncing -= 1
+
+    async def _sync_answer(self, request: web.Request) -> web.StreamResponse:
         if self._drop_syncs:
             self._drop_syncs -= 1
             assert request.transport is not None
