@@ -258,6 +258,7 @@ async def test_matrix_sync_on_the_leader_only_and_the_handover_backlog_answered_
     synced must still be answered, once, and nothing the old leader answered again."""
     owner, room = f"@owner:{SERVER}", f"!dm:{SERVER}"
     matrix_hs.room(room, owner)
+    old = matrix_hs.inject_text(room, owner, "written before any daemon ran")  # history
     configs = [
         cluster_storage(chat_config(tmp_path / f"n{n}", model.base_url, matrix_hs), pg_url) for n in range(2)
     ]
@@ -285,5 +286,6 @@ async def test_matrix_sync_on_the_leader_only_and_the_handover_backlog_answered_
             replies = [m.text for m in matrix_hs.replies_to(room, e["event_id"])]
             assert len(replies) == 1 and f"echo: {e['content']['body']}" in replies[0], (e, replies)
         assert in_model_order(model.requests, last_user_text).get("owner") == ["0", "1", "2", "3"]
+        assert not matrix_hs.replies_to(room, old["event_id"]), "history before the cluster is not answered"
     finally:
         await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)
