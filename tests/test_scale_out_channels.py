@@ -12,6 +12,7 @@ lapses) or not (the platform gives them to another daemon).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import os
 import signal
@@ -183,6 +184,8 @@ async def test_dingtalk_burst_over_two_stream_connections_and_a_daemon_killed_be
         await asyncio.sleep(LEASE + 1)
         for m in moved:  # handed again to the daemon still connected
             assert [s for mm, s in dingtalk.deliveries if mm == m] == [dead, kept], dingtalk.deliveries
+        handed = collections.Counter(m for m, _ in dingtalk.deliveries)
+        assert all(n == 1 for m, n in handed.items() if m not in moved), "a message went to one daemon"
         for u in everyone:
             got = sorted(_dingtalk_answers(dingtalk, u))
             assert got == sorted(f"echo: {u} m{i} done" for i in range(want[u])), (u, got)
