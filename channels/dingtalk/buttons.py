@@ -34,7 +34,7 @@ from dingtalk_stream import Card_Callback_Router_Topic, CardCallbackMessage
 from channels import malformed
 from channels.base import Button, PermanentSendError, ReplyTarget
 
-from .cards import CREATE, track_id
+from .cards import CREATE, create_body, track_id
 from .inbound import GROUP_PREFIX
 from .openapi import OpenApi
 
@@ -129,21 +129,9 @@ class ButtonCards:
                  for b in buttons]  # fmt: skip
         out = PREFIX + track_id(idempotency_key).removeprefix("chital-")
         params = {self._key: text, self._list: json.dumps(items, ensure_ascii=False)}
-        body: dict[str, Any] = {
-            "cardTemplateId": self._template,
-            "outTrackId": out,
-            "cardData": {"cardParamMap": params},
-            "callbackType": "STREAM",
-            "imGroupOpenSpaceModel": {"supportForward": False},
-            "imRobotOpenSpaceModel": {"supportForward": False},
-        }
-        if target.chat_id.startswith(GROUP_PREFIX):
-            body["openSpaceId"] = f"dtv1.card//IM_GROUP.{target.chat_id}"
-            body["imGroupOpenDeliverModel"] = {"robotCode": self._robot}
-        else:
-            body["openSpaceId"] = f"dtv1.card//IM_ROBOT.{target.chat_id}"
-            body["imRobotOpenDeliverModel"] = {"spaceType": "IM_ROBOT", "robotCode": self._robot}
-        await self._api.call(CREATE, body)
+        await self._api.call(
+            CREATE, create_body(self._template, out, params, target.chat_id, self._robot, forward=False)
+        )
         return out
 
     async def close(self, out_track_id: str, text: str) -> None:

@@ -32,6 +32,29 @@ FINAL = "final"
 """Key of :attr:`Rendered.payload` that marks the answer's final text (not a streamed snapshot)."""
 
 
+def create_body(
+    template: str, out: str, params: dict[str, str], chat_id: str, robot: str, *, forward: bool
+) -> dict[str, Any]:
+    """The ``createAndDeliver`` body of a card from ``template`` with ``params`` into ``chat_id``
+    (a group's ``cid…`` id or a user's staff id), its updates called back over Stream; ``forward``:
+    whether people may forward it (a card with buttons is not: a press must come from its chat)."""
+    body: dict[str, Any] = {
+        "cardTemplateId": template,
+        "outTrackId": out,
+        "cardData": {"cardParamMap": params},
+        "callbackType": "STREAM",
+        "imGroupOpenSpaceModel": {"supportForward": forward},
+        "imRobotOpenSpaceModel": {"supportForward": forward},
+    }
+    if chat_id.startswith(GROUP_PREFIX):
+        body["openSpaceId"] = f"dtv1.card//IM_GROUP.{chat_id}"
+        body["imGroupOpenDeliverModel"] = {"robotCode": robot}
+    else:
+        body["openSpaceId"] = f"dtv1.card//IM_ROBOT.{chat_id}"
+        body["imRobotOpenDeliverModel"] = {"spaceType": "IM_ROBOT", "robotCode": robot}
+    return body
+
+
 def track_id(idempotency_key: str) -> str:
     return "chital-" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:40]
 
@@ -48,21 +71,10 @@ class Cards:
     async def create(self, target: ReplyTarget, text: str, idempotency_key: str) -> str:
         """Create the card with ``text`` and deliver it to the chat; its ``outTrackId``."""
         out = track_id(idempotency_key)
-        body: dict[str, Any] = {
-            "cardTemplateId": self._template,
-            "outTrackId": out,
-            "cardData": {"cardParamMap": {self._key: text}},
-            "callbackType": "STREAM",
-            "imGroupOpenSpaceModel": {"supportForward": True},
-            "imRobotOpenSpaceModel": {"supportForward": True},
-        }
-        if target.chat_id.startswith(GROUP_PREFIX):
-            body["openSpaceId"] = f"dtv1.card//IM_GROUP.{target.chat_id}"
-            body["imGroupOpenDeliverModel"] = {"robotCode": self._robot}
-        else:
-            body["openSpaceId"] = f"dtv1.card//IM_ROBOT.{target.chat_id}"
-            body["imRobotOpenDeliverModel"] = {"spaceType": "IM_ROBOT", "robotCode": self._robot}
-        await self._api.call(CREATE, body)
+        params = {self._key: text}
+        await self._api.call(
+            CREATE, create_body(self._template, out, params, target.chat_id, self._robot, forward=True)
+        )
         return out
 
     async def update(self, out_track_id: str, text: str, *, final: bool) -> None:
