@@ -17,6 +17,12 @@ In a group WeCom delivers only messages that @-mention the robot, so every group
 ``addressed``; the leading ``@name`` is cut before the agent reads the text. A message of a kind
 this adapter does not read is answered with a note (``unsupported``); a frame of our kinds without
 what WeCom always sends raises ``ValueError``/``TypeError`` and is skipped as unreadable.
+
+Provenance: the connection is the robot's own (WeCom keeps one per robot), so ``aibotid`` is
+neither needed nor used for anything; a callback naming a ``chatid`` without saying it is a group is
+unreadable rather than taken as the sender's 1:1 chat (a group message answered, and remembered,
+as a private one). A message kind this adapter does not know is named in its note only when the
+name is a plain identifier (``[x](https://…)`` or ``<@boss>`` is not).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ CHATTYPE = "chattype"
 FILE_KINDS = {"image": "image", "file": "", "video": ""}
 UNSUPPORTED = {"location": "locations", "link": "links", "emotion": "stickers"}
 _MENTION = re.compile(r"\A@\S+\s*")
+_KIND = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 
 def obj(value: Any) -> dict[str, Any]:
@@ -92,6 +99,8 @@ def check_body(body: Any) -> tuple[str, str, str, bool]:
         return msgid, sender, chat, False
     if chattype not in ("single", None):
         raise ValueError("a callback of an unknown chattype")
+    if chattype is None and body.get("chatid") not in (None, "", sender):
+        raise ValueError("a callback naming a chat without saying it is a group")
     return msgid, sender, sender, True
 
 
@@ -143,7 +152,7 @@ def to_inbound(req_id: str, body: Any, *, now: float | None = None) -> Inbound:
                 attachments.append(_attachment("image", obj(item).get("image"), len(attachments) + 1))
         text = "\n".join(parts)
     else:
-        unsupported = UNSUPPORTED.get(msgtype, f"{msgtype[:40]} messages" if msgtype.isprintable() else "")
+        unsupported = UNSUPPORTED.get(msgtype, f"{msgtype} messages" if _KIND.fullmatch(msgtype) else "")
         unsupported = unsupported or "messages of this kind"
     if not direct:
         text = _MENTION.sub("", text.lstrip(), count=1)

@@ -2,13 +2,26 @@
 own ``aeskey`` (Base64, 32 bytes; the IV is its first 16 bytes; PKCS#7 padding to 32-byte blocks),
 as WeCom's SDKs decrypt them. The download streams and stops at the limit, then decrypts.
 
+Where a download may go: the URL comes from a callback, so it is checked before anything is
+fetched (:func:`check_url`): ``https`` to a host whose every address is a public one, or the origin
+of the configured long connection itself (a privately deployed WeCom, the tests' fake). Redirects
+are followed by hand, each hop checked the same way, so a public URL cannot bounce the daemon to
+its cloud's metadata service or a port on localhost. A name that resolves differently between the
+check and the connection (DNS rebinding) is not caught. The body is read as sent
+(``auto_decompress=False``): an encrypted file needs no ``Content-Encoding``, and a gzip bomb would
+otherwise be inflated before the byte cap sees it.
+
 ``cryptography`` is imported when a file is first decrypted, not with the adapter (it is already
 installed, under PyJWT and google-auth; compat/lean_imports.py defers its modules)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import ipaddress
+import socket
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 
@@ -16,6 +29,8 @@ from channels.base import Attachment, PermanentSendError, TransientSendError
 from channels.limits import check_size
 
 BLOCK = 16
+MAX_REDIRECTS = 3
+_HTTP = {"ws": "http", "wss": "https", "http": "http", "https": "https"}
 
 
 def split_file_id(attachment: Attachment) -> tuple[str, str]:
@@ -24,6 +39,44 @@ def split_file_id(attachment: Attachment) -> tuple[str, str]:
     if not url.startswith(("https://", "http://")):
         raise PermanentSendError(f"{attachment.name}: not a WeCom media url")
     return key, url
+
+
+def _origin(url: str) -> tuple[str, str, int | None] | None:
+    try:
+        parts = urlsplit(url)
+        scheme = _HTTP.get(parts.scheme.lower(), "")
+        port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    except ValueError:
+        return None
+    return (scheme, (parts.hostname or "").lower(), port) if scheme and parts.hostname else None
+
+
+def _public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(ip, ipaddress.IPv6Address):
+        inner = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if inner is not None:
+            return _public(inner)
+    return ip.is_global and not ip.is_multicast
+
+
+async def check_url(name: str, url: str, home: str) -> None:
+    """Refuse (:class:`PermanentSendError`) a media ``url`` that is neither ``https`` to public
+    addresses only nor on the origin of ``home`` (the configured websocket address)."""
+    origin = _origin(url)
+    if origin is None:
+        raise PermanentSendError(f"{name}: not a WeCom media url")
+    if origin == _origin(home):
+        return
+    scheme, host, port = origin
+    if scheme != "https":
+        raise PermanentSendError(f"{name}: refused, WeCom media comes over https only")
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        raise TransientSendError(f"{name}: download failed (the file's host did not resolve)") from None
+    for info in infos:
+        if not _public(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])):
+            raise PermanentSendError(f"{name}: refused, the file's address is not a public one")
 
 
 def decrypt(data: bytes, aeskey: str) -> bytes:
@@ -44,13 +97,27 @@ def decrypt(data: bytes, aeskey: str) -> bytes:
     return plain[:-pad]
 
 
-async def download(session: aiohttp.ClientSession, attachment: Attachment, limit: int) -> bytes:
-    """Fetch and decrypt ``attachment``; refused past ``limit`` (announced or arriving)."""
+async def download(
+    session: aiohttp.ClientSession, attachment: Attachment, limit: int, home: str = ""
+) -> bytes:
+    """Fetch and decrypt ``attachment``; refused past ``limit`` (announced or arriving), and
+    where :func:`check_url` refuses its URL or a redirect's (``home``: the websocket address)."""
     check_size(attachment.name, attachment.size, limit, "")
     key, url = split_file_id(attachment)
     cap = limit + 32  # the padding WeCom adds
+    timeout = aiohttp.ClientTimeout(total=120)
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=120)) as resp:
+        for _ in range(MAX_REDIRECTS + 1):
+            await check_url(attachment.name, url, home)
+            resp = await session.get(url, timeout=timeout, allow_redirects=False, auto_decompress=False)
+            if resp.status not in (301, 302, 303, 307, 308):
+                break
+            location = resp.headers.get("Location", "")
+            resp.release()
+            url = urljoin(url, location)
+        else:
+            raise PermanentSendError(f"{attachment.name}: download refused (too many redirects)")
+        async with resp:
             if resp.status >= 500:
                 raise TransientSendError(f"{attachment.name}: download failed (HTTP {resp.status})")
             if resp.status >= 400:

@@ -31,6 +31,9 @@ from .inbound import PING, SUBSCRIBE, obj
 
 ACK_TIMEOUT = 5.0
 """Seconds WeCom is given to answer one of our frames (the official SDKs wait 5 s)."""
+BUSY = frozenset({45009, 45033})
+"""WeCom's "API frequency limit" errcodes: a subscription refused with one is tried again, never
+taken for a wrong secret (nor is a negative errcode, "system busy", or one that is no integer)."""
 MAX_MISSED_PINGS = 2
 """Pings in a row without an answer before the connection counts as dead (the SDKs' rule)."""
 
@@ -41,6 +44,11 @@ class Refused(ChannelError):
     def __init__(self, errcode: Any, errmsg: str) -> None:
         super().__init__(f"errcode {errcode}: {errmsg}"[:300])
         self.errcode = errcode
+
+
+class SubscriptionBusy(ConnectionError):
+    """WeCom answered the subscription with a busy or rate-limit errcode (not a refusal): the
+    channel dials again after its usual pause (its trouble report names this class)."""
 
 
 def new_req_id(prefix: str) -> str:
@@ -84,16 +92,20 @@ class Wire:
                 raise ConnectionError(f"WeCom closed the connection before subscribing ({msg.type.name})")
             try:
                 frame = json.loads(msg.data)
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past the decoder's depth: not the answer
                 continue
             if obj(obj(frame).get("headers")).get("req_id") != req_id:
                 continue
             errcode = frame.get("errcode")
-            if errcode != 0:
-                errmsg = frame.get("errmsg")
-                text = errmsg if isinstance(errmsg, str) else ""
-                raise Refused(errcode if isinstance(errcode, int) else "?", scrub(text[:200], self._secret))
-            return
+            if errcode == 0:
+                return
+            errmsg = frame.get("errmsg")
+            text = scrub(errmsg[:200] if isinstance(errmsg, str) else "", self._secret)
+            if not isinstance(errcode, int) or isinstance(errcode, bool) or errcode in BUSY or errcode < 0:
+                # WeCom being busy (-1, a rate limit) is no verdict on the secret: dial again later.
+                code = errcode if isinstance(errcode, int) else "?"
+                raise SubscriptionBusy(f"WeCom could not take the subscription now (errcode {code})")
+            raise Refused(errcode, text)
 
     async def _send(self, frame: dict[str, Any]) -> None:
         async with self._send_lock:

@@ -96,6 +96,7 @@ class FakeWeCom(WeComCardsMixin):
         self._ids = itertools.count(1)
         self._changed = asyncio.Event()
         self._media: dict[str, bytes] = {}
+        self._redirects: dict[str, str] = {}
         self.downloads = 0
         self._cards: dict[str, Shown] = {}
         self._card_events: dict[str, tuple[float, str]] = {}
@@ -105,12 +106,18 @@ class FakeWeCom(WeComCardsMixin):
         """media_id -> (bytes, filename, type) of each finished upload."""
         self.fail_upload: tuple[str, int] | None = None
         """``(cmd, errcode)``: answer the next such upload command with this errcode."""
+        self.subscribe_errors: list[tuple[int, str]] = []
+        """Answers the next subscriptions get instead of success (first first), e.g. ``(-1, "system
+        busy")``; unlike a refused secret, the connection is left open after it."""
+        self.before_subscribe_answer: list[str] = []
+        """Raw frames pushed (once) before the next subscription's answer."""
 
     # -- server --------------------------------------------------------------------------------
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/", self._ws)
         app.router.add_get("/media/{id}", self._media_get)
+        app.router.add_get("/redirect/{id}", self._redirect_get)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -169,6 +176,12 @@ class FakeWeCom(WeComCardsMixin):
         if cmd == "aibot_subscribe":
             self.received.append({**frame, "body": {**body, "secret": "***"}})
             self.subscribes += 1
+            early, self.before_subscribe_answer = self.before_subscribe_answer, []
+            for text in early:
+                await ws.send_str(text)
+            if self.subscribe_errors:
+                await self._answer(ws, req_id, *self.subscribe_errors.pop(0))
+                return
             if self.revoked or body.get("bot_id") != self.bot_id or body.get("secret") != self.secret:
                 self.refusals += 1
                 await self._answer(ws, req_id, 40001, "invalid secret")
@@ -236,6 +249,16 @@ class FakeWeCom(WeComCardsMixin):
             return web.Response(status=404)
         self.downloads += 1
         return web.Response(body=data, content_type="application/octet-stream")
+
+    async def _redirect_get(self, request: web.Request) -> web.StreamResponse:
+        self.downloads += 1
+        return web.Response(status=302, headers={"Location": self._redirects[request.match_info["id"]]})
+
+    def add_redirect(self, location: str) -> str:
+        """A URL on this fake that answers ``302 Location: location`` (a media host bouncing)."""
+        rid = f"r{next(self._ids)}"
+        self._redirects[rid] = location
+        return f"http://127.0.0.1:{self.port}/redirect/{rid}"
 
     def add_media(self, data: bytes) -> dict[str, str]:
         """Serve ``data`` encrypted as WeCom does (AES-256-CBC, the IV the key's first 16 bytes,

@@ -1,0 +1,138 @@
+"""A hostile network and hostile callbacks against WeComChannel and tests/fakes/wecom_server.py:
+media URLs that point inside (or bounce there), a busy or garbled subscription answer, callbacks
+naming a chat they do not call a group, a message kind whose name is Markdown.
+What is asserted is what reaches the sink (the gateway), what the fake served, and the errors
+the gateway would show the user."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from channels.base import Attachment, ChannelState, Inbound, PermanentSendError
+from channels.wecom.channel import WeComChannel
+from tests.fakes.wecom_server import FakeWeCom
+
+ALICE = "alice"
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.items: list[Inbound] = []
+
+    async def __call__(self, inbound: Inbound) -> None:
+        self.items.append(inbound)
+
+
+@contextlib.asynccontextmanager
+async def running(fake: FakeWeCom, sink: Sink) -> AsyncIterator[WeComChannel]:
+    channel = WeComChannel(fake.bot_id, fake.secret, ws_url=fake.url, heartbeat_interval=5.0)
+    task = asyncio.create_task(channel.run(sink))
+    try:
+        await fake.wait_for(lambda: fake.connected or task.done(), what="the subscription")
+        assert not task.done(), task.exception()
+        yield channel
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await channel.close()
+
+
+def texts(sink: Sink) -> list[str]:
+    return [i.text for i in sink.items if not i.unreadable]
+
+
+# -- resource bounds: where a media download may go ---------------------------------------------
+INSIDE = (
+    "http://localhost:{port}/media/{mid}",  # plain http, loopback by another name than the home
+    "https://localhost:{port}/media/{mid}",
+    "https://127.0.0.1/media/{mid}",  # https, but loopback (another origin: no port)
+    "https://0x7f000001/x",  # loopback in a legacy spelling
+    "https://169.254.169.254/latest/meta-data/",  # a cloud's metadata service
+    "https://[::ffff:169.254.169.254]/x",  # the same inside IPv6
+    "https://10.20.30.40/x",
+    "https://[fd00::1]/x",
+    "http://example.com/x",  # public, but not https
+)
+
+
+@pytest.mark.parametrize("shape", INSIDE)
+async def test_media_url_inside_or_not_https_is_refused_before_any_fetch(
+    wecom: FakeWeCom, shape: str
+) -> None:
+    media = wecom.add_media(b"internal data")
+    url = shape.format(port=wecom.port, mid=media["url"].rsplit("/", 1)[-1])
+    async with running(wecom, Sink()) as channel:
+        with pytest.raises(PermanentSendError) as err:
+            await channel.download(Attachment(file_id=f"{media['aeskey']} {url}", name="f.bin"), 10_000)
+    assert "refused" in str(err.value) and wecom.downloads == 0
+
+
+async def test_a_redirect_is_checked_like_the_first_url(wecom: FakeWeCom) -> None:
+    media = wecom.add_media(b"secret of the intranet")
+    inside = media["url"].replace("127.0.0.1", "localhost")  # the same file, another origin
+    async with running(wecom, Sink()) as channel:
+        bounce = Attachment(file_id=f"{media['aeskey']} {wecom.add_redirect(inside)}", name="f.bin")
+        with pytest.raises(PermanentSendError, match="refused"):
+            await channel.download(bounce, 10_000)
+        assert wecom.downloads == 1, "only the redirect was fetched, not where it pointed"
+        home = Attachment(file_id=f"{media['aeskey']} {wecom.add_redirect(media['url'])}", name="f.bin")
+        assert await channel.download(home, 10_000) == b"secret of the intranet"
+        chain = media["url"]
+        for _ in range(5):
+            chain = wecom.add_redirect(chain)
+        with pytest.raises(PermanentSendError, match="redirects"):
+            await channel.download(Attachment(file_id=f"{media['aeskey']} {chain}", name="f.bin"), 10_000)
+
+
+# -- faults and malformed frames around the subscription ----------------------------------------
+async def test_a_busy_subscription_answer_is_retried_not_fatal(wecom: FakeWeCom) -> None:
+    wecom.subscribe_errors = [(-1, "system busy"), (45009, "api freq out of limit"), (-1, "busy")]
+    sink = Sink()
+    async with running(wecom, sink) as channel:
+        wecom.inject_text(ALICE, "after the busy spell")
+        await wecom.wait_for(lambda: texts(sink), what="the message")
+        assert channel.state is ChannelState.CONNECTED
+    assert wecom.subscribes == 4 and texts(sink) == ["after the busy spell"]
+
+
+async def test_a_frame_nested_past_the_decoder_before_the_subscription_answer(wecom: FakeWeCom) -> None:
+    wecom.before_subscribe_answer = ["[" * 200_000 + "]" * 200_000, '{"a":' * 100_000 + "1" + "}" * 100_000]
+    sink = Sink()
+    async with running(wecom, sink) as channel:
+        wecom.inject_text(ALICE, "still here")
+        await wecom.wait_for(lambda: texts(sink), what="the message")
+        assert channel.state is ChannelState.CONNECTED
+    assert wecom.subscribes == 1
+
+
+# -- provenance ---------------------------------------------------------------------------------
+async def test_a_chat_not_called_a_group_is_not_taken_for_the_senders_own(wecom: FakeWeCom) -> None:
+    sink = Sink()
+    async with running(wecom, sink):
+        sneaky = wecom.inject_text(ALICE, "which chat?", chatid="wrgroup-7")
+        del sneaky["body"]["chattype"]  # already pushed: push it again without chattype
+        wecom.inject_body(sneaky["body"], chat=ALICE)
+        wecom.inject_text(ALICE, "plain", group="wrgroup-7")
+        await wecom.wait_for(lambda: len(sink.items) >= 3, what="three inbound")
+    first, second, third = sink.items
+    assert first.text == "which chat?" and first.is_direct  # chattype single: the chatid is ignored
+    assert second.unreadable and second.chat_id == ALICE, "missing chattype with a chatid: unreadable"
+    assert (third.chat_id, third.is_direct) == ("wrgroup-7", False)
+
+
+# -- untrusted text shown to people -------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["[tap here](https://evil.example/x)", "<@boss>", "a" * 41, "Ｉｍａｇｅ"])
+async def test_an_unknown_kind_is_named_only_when_its_name_is_plain(wecom: FakeWeCom, kind: str) -> None:
+    sink = Sink()
+    async with running(wecom, sink):
+        wecom.inject_text(ALICE, "", msgtype=kind)
+        wecom.inject_text(ALICE, "", msgtype="vote_poll")
+        await wecom.wait_for(lambda: len(sink.items) >= 2, what="two inbound")
+    odd, plain = sink.items
+    assert odd.unsupported == "messages of this kind"
+    assert plain.unsupported == "vote_poll messages"
