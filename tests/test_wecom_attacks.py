@@ -8,12 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 
-from channels.base import Attachment, ChannelState, Inbound, PermanentSendError
+from channels.base import (
+    Attachment,
+    ChannelState,
+    Inbound,
+    NotModified,
+    PermanentSendError,
+    Rendered,
+    ReplyTarget,
+    TransientSendError,
+)
 from channels.wecom.channel import WeComChannel
+from channels.wecom.inbound import AT, REQ_ID, to_inbound
+from channels.wecom.render import render_stream
 from tests.fakes.wecom_server import FakeWeCom
 
 ALICE = "alice"
@@ -136,3 +148,39 @@ async def test_an_unknown_kind_is_named_only_when_its_name_is_plain(wecom: FakeW
     odd, plain = sink.items
     assert odd.unsupported == "messages of this kind"
     assert plain.unsupported == "vote_poll messages"
+
+
+# -- faults at the worst moment -----------------------------------------------------------------
+async def test_a_final_frame_whose_answer_was_lost_is_not_shown_twice(wecom: FakeWeCom) -> None:
+    """The gateway retries an edit that failed with ``maybe_sent`` (gateway/delivery/pacing.py)
+    and sends anew when the retry is refused: neither may make a second copy of the answer."""
+    async with running(wecom, Sink()) as channel:
+        up = wecom.inject_text(ALICE, "hi")
+        target = ReplyTarget("wecom", ALICE, reply_to=up["body"]["msgid"],
+                             extra={REQ_ID: up["headers"]["req_id"], AT: time.time()})  # fmt: skip
+        mid = await channel.send(target, render_stream("thinking"), idempotency_key="k#0")
+        wecom.lose_finish_answer = True
+        with pytest.raises(TransientSendError) as err:
+            await channel.edit(target, mid, Rendered("the answer", {"final": True}))
+        assert err.value.maybe_sent
+        await wecom.wait_connected()
+        await channel.edit(target, mid, Rendered("the answer", {"final": True}))  # the pacer's retry
+        with pytest.raises(NotModified):
+            await channel.edit(target, mid, Rendered("the answer", {"final": True}))
+    assert [(m.kind, m.content, m.finished) for m in wecom.bot_messages(ALICE)] == [
+        ("stream", "the answer", True)
+    ]
+
+
+@pytest.mark.parametrize("aeskey", ["A" * 200, "\u202eQUJD", "a key with spaces", "QUJD/../..", 42, ""])
+async def test_a_file_whose_key_is_unusable_is_refused_never_handed_on_encrypted(
+    wecom: FakeWeCom, aeskey: object
+) -> None:
+    media = wecom.add_media(b"plain text the model should see")
+    body = {"msgid": "m-img", "chattype": "single", "from": {"userid": ALICE}, "msgtype": "file",
+            "file": {"url": media["url"], "aeskey": aeskey, "filename": "notes.txt"}}  # fmt: skip
+    (att,) = to_inbound("r", body).attachments
+    async with running(wecom, Sink()) as channel:
+        with pytest.raises(PermanentSendError, match="key cannot be read"):
+            await channel.download(att, 10_000)
+    assert wecom.downloads == 0

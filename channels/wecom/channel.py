@@ -141,6 +141,8 @@ class WeComChannel(Channel):
         """Proactive parts (``m|…``, and ``p|…`` ids whose final text went out) -> the digest of
         the text that went out."""
         self._presses = Presses(self.name, self.hand_action, self._say, self.count_malformed)
+        self._unsure = _Bounded()
+        """Stream ids whose final frame went out without an answer -> the digest of its text."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, sink: InboundSink) -> None:
@@ -366,11 +368,26 @@ class WeComChannel(Channel):
         return time.time() - float(at) < self._window
 
     async def _stream(self, req_id: str, sid: str, text: str, final: bool) -> None:
+        """One stream frame. A final frame whose answer was lost may have finished the stream: the
+        same final text again is then taken as shown when WeCom refuses it (it refuses updates of a
+        finished stream), instead of failing the edit into a second, proactive copy."""
         body = {"msgtype": "stream", "stream": {"id": sid, "finish": final, "content": text}}
-        answer = await self._request(RESPOND, req_id, body)
+        try:
+            answer = await self._request(RESPOND, req_id, body)
+        except TransientSendError as exc:
+            if final and exc.maybe_sent:
+                self._unsure.add(sid, _digest(text))
+            raise
         if answer.get("errcode") in EXPIRED:
             self._expired.add(req_id)
             raise _Expired
+        if (
+            final
+            and answer.get("errcode") not in (0, *RATE_LIMITED)
+            and self._unsure.get(sid) == _digest(text)
+        ):
+            log.info("wecom: a final stream frame sent again was refused; its first sending finished it")
+            answer = {"errcode": 0}
         self._check(answer)
         self._streams.setdefault(req_id, sid)
         if len(self._streams) > REMEMBERED:

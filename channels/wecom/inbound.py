@@ -54,6 +54,9 @@ FILE_KINDS = {"image": "image", "file": "", "video": ""}
 UNSUPPORTED = {"location": "locations", "link": "links", "emotion": "stickers"}
 _MENTION = re.compile(r"\A@\S+\s*")
 _KIND = re.compile(r"[a-z][a-z0-9_]{0,39}")
+_KEY = re.compile(r"[A-Za-z0-9+/]{1,128}={0,2}")
+MAX_URL = 8192
+"""Longest media URL taken (WeCom's are a few hundred characters); a longer one is malformed."""
 
 
 def obj(value: Any) -> dict[str, Any]:
@@ -115,9 +118,11 @@ def _attachment(kind: str, value: Any, n: int) -> Attachment:
     """An encrypted file: ``file_id`` is ``"<aeskey> <url>"`` (both needed to read it)."""
     item = obj(value)
     url, key = item.get("url"), item.get("aeskey")
-    if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+    if not isinstance(url, str) or not url.startswith(("https://", "http://")) or len(url) > MAX_URL:
         raise ValueError(f"a {kind} without a usable url")
-    key = key if isinstance(key, str) and key.isprintable() and len(key) <= 128 else ""
+    if key is not None and not (isinstance(key, str) and _KEY.fullmatch(key)):
+        key = "!"  # present but unusable: refused at download, never handed on undecrypted
+    key = key or ""
     name = item.get("filename") or item.get("name")
     suffix = {"image": ".jpg", "video": ".mp4"}.get(kind, "")
     name = name if isinstance(name, str) and name.strip() else f"{kind}-{n}{suffix}"

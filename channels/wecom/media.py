@@ -79,15 +79,24 @@ async def check_url(name: str, url: str, home: str) -> None:
             raise PermanentSendError(f"{name}: refused, the file's address is not a public one")
 
 
-def decrypt(data: bytes, aeskey: str) -> bytes:
-    """The plain bytes of a WeCom media file; :class:`PermanentSendError` when they cannot be."""
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
+def key_of(aeskey: str) -> bytes:
+    """The 32-byte AES key of a message's ``aeskey``; :class:`PermanentSendError` when it is not
+    one (checked before the download: a file that cannot be decrypted is not fetched)."""
     try:
         key = base64.b64decode(aeskey + "=" * (-len(aeskey) % 4), validate=True)
     except (binascii.Error, ValueError):
         raise PermanentSendError("the file's key cannot be read") from None
-    if len(key) != 32 or not data or len(data) % BLOCK:
+    if len(key) != 32:
+        raise PermanentSendError("the file's key cannot be read")
+    return key
+
+
+def decrypt(data: bytes, aeskey: str) -> bytes:
+    """The plain bytes of a WeCom media file; :class:`PermanentSendError` when they cannot be."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    key = key_of(aeskey)
+    if not data or len(data) % BLOCK:
         raise PermanentSendError("the file is not what WeCom's encryption makes")
     decryptor = Cipher(algorithms.AES(key), modes.CBC(key[:BLOCK])).decryptor()
     plain = decryptor.update(data) + decryptor.finalize()
@@ -104,6 +113,8 @@ async def download(
     where :func:`check_url` refuses its URL or a redirect's (``home``: the websocket address)."""
     check_size(attachment.name, attachment.size, limit, "")
     key, url = split_file_id(attachment)
+    if key:
+        key_of(key)
     cap = limit + 32  # the padding WeCom adds
     timeout = aiohttp.ClientTimeout(total=120)
     try:

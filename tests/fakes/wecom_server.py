@@ -109,6 +109,9 @@ class FakeWeCom(WeComCardsMixin):
         self.subscribe_errors: list[tuple[int, str]] = []
         """Answers the next subscriptions get instead of success (first first), e.g. ``(-1, "system
         busy")``; unlike a refused secret, the connection is left open after it."""
+        self.lose_finish_answer = False
+        """The next stream frame with ``finish: true`` is shown, then the connection drops before
+        its answer is sent."""
         self.before_subscribe_answer: list[str] = []
         """Raw frames pushed (once) before the next subscription's answer."""
 
@@ -203,6 +206,10 @@ class FakeWeCom(WeComCardsMixin):
         self.received.append(frame)
         if cmd == "aibot_respond_msg":
             code, msg = self._respond(req_id, body, frame)
+            if self.lose_finish_answer and code == 0 and (body.get("stream") or {}).get("finish"):
+                self.lose_finish_answer = False
+                await self.drop()  # shown and finished, but the answer never reaches the bot
+                return
             await self._answer(ws, req_id, code, msg)
         elif cmd == "aibot_send_msg":
             code, msg = self._send(body, frame)
