@@ -184,3 +184,26 @@ async def test_a_file_whose_key_is_unusable_is_refused_never_handed_on_encrypted
         with pytest.raises(PermanentSendError, match="key cannot be read"):
             await channel.download(att, 10_000)
     assert wecom.downloads == 0
+
+
+@pytest.mark.parametrize("errcode", [None, "0", [0], {"code": 0}, True, 1.5])
+async def test_an_unreadable_answer_is_a_maybe_sent_retry_never_a_crash(
+    wecom: FakeWeCom, errcode: object
+) -> None:
+    async with running(wecom, Sink()) as channel:
+        up = wecom.inject_text(ALICE, "hi")
+        target = ReplyTarget("wecom", ALICE, reply_to=up["body"]["msgid"],
+                             extra={REQ_ID: up["headers"]["req_id"], AT: time.time()})  # fmt: skip
+        wecom.garbled_answers = [errcode]
+        with pytest.raises(TransientSendError) as err:
+            await channel.send(target, render_stream("thinking"), idempotency_key="k#0")
+        assert err.value.maybe_sent
+        mid = await channel.send(target, render_stream("thinking"), idempotency_key="k#0")  # the retry
+        await channel.edit(target, mid, Rendered("done", {"final": True}))
+        late = ReplyTarget("wecom", ALICE, extra={})  # no message to answer: proactive
+        wecom.garbled_answers = [errcode]
+        with pytest.raises(TransientSendError) as err:
+            await channel.send(late, Rendered("later", {"final": True}), idempotency_key="l#0")
+        assert err.value.maybe_sent
+    shown = [(m.kind, m.content, m.finished) for m in wecom.bot_messages(ALICE)]
+    assert shown == [("stream", "done", True), ("markdown", "later", True)]

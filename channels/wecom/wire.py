@@ -112,7 +112,8 @@ class Wire:
             await self.ws.send_str(dumps(frame))
 
     async def request(self, cmd: str, req_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Send one frame and return WeCom's answer to it (``errcode`` and ``errmsg``).
+        """Send one frame and return WeCom's answer to it (``errcode``, always an ``int``, and
+        ``errmsg``).
 
         :class:`TransientSendError` when the connection fails: ``maybe_sent`` once the frame left
         (its answer was lost: WeCom may have shown it)."""
@@ -130,11 +131,16 @@ class Wire:
                 except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
                     raise TransientSendError(f"WeCom send failed: {type(exc).__name__}") from None
                 try:
-                    return await asyncio.wait_for(future, self._ack_timeout)
+                    answer = await asyncio.wait_for(future, self._ack_timeout)
                 except (TimeoutError, ConnectionError):
                     raise TransientSendError("WeCom did not answer the frame", maybe_sent=True) from None
             finally:
                 self._pending.pop(req_id, None)
+            errcode = answer.get("errcode")
+            if not isinstance(errcode, int) or isinstance(errcode, bool):
+                # Missing, a string, a list: no verdict either way, and the frame may be shown.
+                raise TransientSendError("WeCom answered the frame unreadably", maybe_sent=True)
+            return answer
 
     async def ping(self) -> None:
         """One heartbeat; counted as missed until its answer comes (:meth:`answer`)."""

@@ -109,6 +109,9 @@ class FakeWeCom(WeComCardsMixin):
         self.subscribe_errors: list[tuple[int, str]] = []
         """Answers the next subscriptions get instead of success (first first), e.g. ``(-1, "system
         busy")``; unlike a refused secret, the connection is left open after it."""
+        self.garbled_answers: list[Any] = []
+        """``errcode`` values (a string, a list, null...) the next replies are answered with after
+        being shown, first first."""
         self.lose_finish_answer = False
         """The next stream frame with ``finish: true`` is shown, then the connection drops before
         its answer is sent."""
@@ -164,7 +167,7 @@ class FakeWeCom(WeComCardsMixin):
         return ws
 
     async def _answer(
-        self, ws: web.WebSocketResponse, req_id: Any, errcode: int = 0, errmsg: str = "ok",
+        self, ws: web.WebSocketResponse, req_id: Any, errcode: Any = 0, errmsg: str = "ok",
         body: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         answer: dict[str, Any] = {"headers": {"req_id": req_id}, "errcode": errcode, "errmsg": errmsg}
@@ -210,9 +213,11 @@ class FakeWeCom(WeComCardsMixin):
                 self.lose_finish_answer = False
                 await self.drop()  # shown and finished, but the answer never reaches the bot
                 return
-            await self._answer(ws, req_id, code, msg)
+            await self._answer(ws, req_id, self.garbled_answers.pop(0) if self.garbled_answers else code, msg)
         elif cmd == "aibot_send_msg":
             code, msg = self._send(body, frame)
+            if code == 0 and self.garbled_answers:
+                code = self.garbled_answers.pop(0)
             await self._answer(ws, req_id, code, msg)
         elif cmd == "aibot_respond_update_msg":
             code, msg = self._update(req_id, body, frame)
