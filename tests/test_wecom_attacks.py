@@ -207,3 +207,13 @@ async def test_an_unreadable_answer_is_a_maybe_sent_retry_never_a_crash(
         assert err.value.maybe_sent
     shown = [(m.kind, m.content, m.finished) for m in wecom.bot_messages(ALICE)]
     assert shown == [("stream", "done", True), ("markdown", "later", True)]
+
+
+# -- specific errors ----------------------------------------------------------------------------
+async def test_a_failed_download_says_what_to_do(wecom: FakeWeCom) -> None:
+    media = wecom.add_media(b"data")
+    gone = media["url"].rsplit("/", 1)[0] + "/m-expired"
+    async with running(wecom, Sink()) as channel:
+        with pytest.raises(PermanentSendError) as err:
+            await channel.download(Attachment(file_id=f"{media['aeskey']} {gone}", name="f.bin"), 10_000)
+    assert "HTTP 404" in str(err.value) and "send the file again" in str(err.value)

@@ -130,9 +130,15 @@ async def download(
             raise PermanentSendError(f"{attachment.name}: download refused (too many redirects)")
         async with resp:
             if resp.status >= 500:
-                raise TransientSendError(f"{attachment.name}: download failed (HTTP {resp.status})")
+                raise TransientSendError(
+                    f"{attachment.name}: WeCom's file server failed (HTTP {resp.status}); "
+                    "please send it again in a moment"
+                )
             if resp.status >= 400:
-                raise PermanentSendError(f"{attachment.name}: download refused (HTTP {resp.status})")
+                raise PermanentSendError(
+                    f"{attachment.name}: download refused (HTTP {resp.status}); its link may have "
+                    "expired: please send the file again"
+                )
             chunks: list[bytes] = []
             total = 0
             async for chunk in resp.content.iter_chunked(64 * 1024):
@@ -141,7 +147,8 @@ async def download(
                 if total > cap:
                     check_size(attachment.name, total, limit, "")
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise TransientSendError(f"{attachment.name}: download failed ({type(exc).__name__})") from None
+        what = "timed out" if isinstance(exc, TimeoutError) else "broke off"
+        raise TransientSendError(f"{attachment.name}: the download {what}; please send it again") from None
     data = b"".join(chunks)
     plain = decrypt(data, key) if key else data
     check_size(attachment.name, len(plain), limit, "")
