@@ -217,3 +217,18 @@ async def test_a_failed_download_says_what_to_do(wecom: FakeWeCom) -> None:
         with pytest.raises(PermanentSendError) as err:
             await channel.download(Attachment(file_id=f"{media['aeskey']} {gone}", name="f.bin"), 10_000)
     assert "HTTP 404" in str(err.value) and "send the file again" in str(err.value)
+
+
+# -- untrusted text shown to people: mentions on every path -------------------------------------
+async def test_a_mention_in_a_part_built_without_render_pings_nobody(wecom: FakeWeCom) -> None:
+    """The gateway sends some parts it built itself (a queued sign, a status): the adapter breaks
+    ``<@…>`` in whatever it sends, stream or proactive, not only in what its render() made."""
+    async with running(wecom, Sink()) as channel:
+        up = wecom.inject_text(ALICE, "hi")
+        target = ReplyTarget("wecom", ALICE, reply_to=up["body"]["msgid"],
+                             extra={REQ_ID: up["headers"]["req_id"], AT: time.time()})  # fmt: skip
+        await channel.send(target, Rendered("queued for <@boss>", {"final": True}), idempotency_key="q#0")
+        late = ReplyTarget("wecom", ALICE, extra={})
+        await channel.send(late, Rendered("<@all> look", {"final": True}), idempotency_key="l#0")
+    shown = [m.content for m in wecom.bot_messages(ALICE)]
+    assert len(shown) == 2 and all("<@" not in text for text in shown), shown

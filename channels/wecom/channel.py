@@ -67,7 +67,7 @@ from .inbound import (
     to_inbound,
 )
 from .presses import Presses
-from .render import MAX_LEN, is_final, render, render_stream
+from .render import MAX_LEN, defang, is_final, render, render_stream
 from .settings import DEFAULT_WS_URL, WeComSettings
 from .wire import Refused, Wire, new_req_id
 
@@ -371,7 +371,7 @@ class WeComChannel(Channel):
         """One stream frame. A final frame whose answer was lost may have finished the stream: the
         same final text again is then taken as shown when WeCom refuses it (it refuses updates of a
         finished stream), instead of failing the edit into a second, proactive copy."""
-        body = {"msgtype": "stream", "stream": {"id": sid, "finish": final, "content": text}}
+        body = {"msgtype": "stream", "stream": {"id": sid, "finish": final, "content": defang(text)}}
         try:
             answer = await self._request(RESPOND, req_id, body)
         except TransientSendError as exc:
@@ -396,7 +396,8 @@ class WeComChannel(Channel):
             self._finished.add(sid, _digest(text))
 
     async def _proactive(self, chat_id: str, text: str) -> None:
-        body = {"chatid": chat_id, "msgtype": "markdown", "markdown": {"content": text}}
+        # defang again: a part the gateway built without render() must not ping anyone either
+        body = {"chatid": chat_id, "msgtype": "markdown", "markdown": {"content": defang(text)}}
         self._check(await self._request(SEND, new_req_id(SEND), body))
 
     # -- buttons and files (channels/wecom/cards.py, upload.py) ------------------------------------
