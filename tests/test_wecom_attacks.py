@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -112,14 +113,23 @@ async def test_a_busy_subscription_answer_is_retried_not_fatal(wecom: FakeWeCom)
     assert wecom.subscribes == 4 and texts(sink) == ["after the busy spell"]
 
 
-async def test_a_frame_nested_past_the_decoder_before_the_subscription_answer(wecom: FakeWeCom) -> None:
-    wecom.before_subscribe_answer = ["[" * 200_000 + "]" * 200_000, '{"a":' * 100_000 + "1" + "}" * 100_000]
+async def test_frames_before_the_subscription_answer_are_read_not_lost_nor_fatal(wecom: FakeWeCom) -> None:
+    early = {"cmd": "aibot_msg_callback", "headers": {"req_id": "cb-early"},
+             "body": {"msgid": "m-early", "chattype": "single", "from": {"userid": ALICE},
+                      "msgtype": "text", "text": {"content": "sent before the answer"}}}  # fmt: skip
+    wecom.before_subscribe_answer = [
+        "[" * 200_000 + "]" * 200_000,  # nested past the decoder's depth
+        '{"a":' * 100_000 + "1" + "}" * 100_000,
+        json.dumps(early),
+        "not json",
+    ]
     sink = Sink()
     async with running(wecom, sink) as channel:
         wecom.inject_text(ALICE, "still here")
-        await wecom.wait_for(lambda: texts(sink), what="the message")
+        await wecom.wait_for(lambda: len(texts(sink)) >= 2, what="both messages")
         assert channel.state is ChannelState.CONNECTED
-    assert wecom.subscribes == 1
+    assert wecom.subscribes == 1 and texts(sink) == ["sent before the answer", "still here"]
+    assert channel.unreadable_events == 3, "the three bad frames are counted, as after the answer"
 
 
 # -- provenance ---------------------------------------------------------------------------------

@@ -183,6 +183,8 @@ class WeComChannel(Channel):
             self.report_connected()
             log.info("wecom: subscribed as robot %s", self.bot_id)
             try:
+                for raw in wire.early:  # frames that came before the subscription's answer
+                    await self._frame(raw, wire, sink)
                 await self._read(wire, sink)
             except (aiohttp.ClientError, TimeoutError, ConnectionError, OSError) as exc:
                 log.warning("wecom: connection lost: %s", scrub(str(exc), self._secret)[:200])

@@ -34,6 +34,10 @@ ACK_TIMEOUT = 5.0
 BUSY = frozenset({45009, 45033})
 """WeCom's "API frequency limit" errcodes: a subscription refused with one is tried again, never
 taken for a wrong secret (nor is a negative errcode, "system busy", or one that is no integer)."""
+MAX_EARLY = 64
+EARLY_FRAME = 4 * 1024 * 1024
+"""Frames kept from before the subscription's answer: at most this many, each at most this long
+(the read loop skips longer ones all the same)."""
 MAX_MISSED_PINGS = 2
 """Pings in a row without an answer before the connection counts as dead (the SDKs' rule)."""
 
@@ -75,6 +79,8 @@ class Wire:
         self._pings: set[str] = set()
         self.missed_pings = 0
         self.closed = False
+        self.early: list[str] = []
+        """Frames read while waiting for the subscription's answer, in order, for the read loop."""
 
     async def subscribe(self, bot_id: str, wait: float = 15.0) -> None:
         """Send ``aibot_subscribe`` and read until its answer; :class:`Refused` on a non-zero
@@ -93,8 +99,9 @@ class Wire:
             try:
                 frame = json.loads(msg.data)
             except (ValueError, RecursionError):  # nested past the decoder's depth: not the answer
-                continue
+                frame = None
             if obj(obj(frame).get("headers")).get("req_id") != req_id:
+                self._keep_early(msg.data)
                 continue
             errcode = frame.get("errcode")
             if errcode == 0:
@@ -106,6 +113,14 @@ class Wire:
                 code = errcode if isinstance(errcode, int) else "?"
                 raise SubscriptionBusy(f"WeCom could not take the subscription now (errcode {code})")
             raise Refused(errcode, text)
+
+    def _keep_early(self, raw: str) -> None:
+        """A frame that came before the subscription's answer (a user's message, perhaps): kept
+        for the read loop (:attr:`early`) rather than lost; one over :data:`EARLY_FRAME`
+        characters is kept as a stand-in the read loop skips and counts."""
+        if len(self.early) >= MAX_EARLY:
+            raise ConnectionError("WeCom sent too many frames before answering the subscription")
+        self.early.append(raw if len(raw) <= EARLY_FRAME else "\x00 (an oversized frame)")
 
     async def _send(self, frame: dict[str, Any]) -> None:
         async with self._send_lock:
