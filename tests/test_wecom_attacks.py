@@ -242,3 +242,14 @@ async def test_a_mention_in_a_part_built_without_render_pings_nobody(wecom: Fake
         await channel.send(late, Rendered("<@all> look", {"final": True}), idempotency_key="l#0")
     shown = [m.content for m in wecom.bot_messages(ALICE)]
     assert len(shown) == 2 and all("<@" not in text for text in shown), shown
+
+
+async def test_a_compressed_download_is_not_inflated(wecom: FakeWeCom) -> None:
+    """A gzip bomb is read as the bytes sent (capped), never inflated first: a file served
+    gzip-encoded (though asked for ``identity``) is refused as not WeCom's encryption."""
+    media = wecom.add_media(b"\0" * 200_000)
+    wecom.gzip_media = True
+    async with running(wecom, Sink()) as channel:
+        att = Attachment(file_id=f"{media['aeskey']} {media['url']}", name="f.bin")
+        with pytest.raises(PermanentSendError, match="encryption|decrypt"):
+            await channel.download(att, 3_000_000)

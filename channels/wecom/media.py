@@ -30,6 +30,8 @@ from channels.limits import check_size
 
 BLOCK = 16
 MAX_REDIRECTS = 3
+IDENTITY = {"Accept-Encoding": "identity"}
+"""Asked of the file server, so an honest one never compresses what is read uninflated."""
 _HTTP = {"ws": "http", "wss": "https", "http": "http", "https": "https"}
 
 
@@ -120,7 +122,8 @@ async def download(
     try:
         for _ in range(MAX_REDIRECTS + 1):
             await check_url(attachment.name, url, home)
-            resp = await session.get(url, timeout=timeout, allow_redirects=False, auto_decompress=False)
+            resp = await session.get(url, timeout=timeout, allow_redirects=False, auto_decompress=False,
+                                     headers=IDENTITY)  # fmt: skip
             if resp.status not in (301, 302, 303, 307, 308):
                 break
             location = resp.headers.get("Location", "")

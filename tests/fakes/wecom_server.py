@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import itertools
 import json
 import os
@@ -109,6 +110,8 @@ class FakeWeCom(WeComCardsMixin):
         self.subscribe_errors: list[tuple[int, str]] = []
         """Answers the next subscriptions get instead of success (first first), e.g. ``(-1, "system
         busy")``; unlike a refused secret, the connection is left open after it."""
+        self.gzip_media = False
+        """Serve media gzip-encoded (``Content-Encoding: gzip``) even to a client asking for none."""
         self.garbled_answers: list[Any] = []
         """``errcode`` values (a string, a list, null...) the next replies are answered with after
         being shown, first first."""
@@ -260,6 +263,9 @@ class FakeWeCom(WeComCardsMixin):
         if data is None:
             return web.Response(status=404)
         self.downloads += 1
+        if self.gzip_media:  # whatever the client asked: a hostile or misconfigured file server
+            return web.Response(body=gzip.compress(data), content_type="application/octet-stream",
+                                headers={"Content-Encoding": "gzip"})  # fmt: skip
         return web.Response(body=data, content_type="application/octet-stream")
 
     async def _redirect_get(self, request: web.Request) -> web.StreamResponse:
