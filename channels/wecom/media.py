@@ -21,9 +21,9 @@ import base64
 import binascii
 import ipaddress
 import socket
-from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+import yarl
 
 from channels.base import Attachment, PermanentSendError, TransientSendError
 from channels.limits import check_size
@@ -44,13 +44,16 @@ def split_file_id(attachment: Attachment) -> tuple[str, str]:
 
 
 def _origin(url: str) -> tuple[str, str, int | None] | None:
+    """``(scheme, host, port)`` as aiohttp will read ``url`` (with yarl, its own parser: a URL
+    the standard library reads another way, a backslash before ``@``, cannot slip between them)."""
     try:
-        parts = urlsplit(url)
+        parts = yarl.URL(url)
         scheme = _HTTP.get(parts.scheme.lower(), "")
-        port = parts.port or {"http": 80, "https": 443}.get(scheme)
-    except ValueError:
+        port = parts.explicit_port or {"http": 80, "https": 443}.get(scheme)
+        host = (parts.host or "").lower()
+    except (ValueError, TypeError):
         return None
-    return (scheme, (parts.hostname or "").lower(), port) if scheme and parts.hostname else None
+    return (scheme, host, port) if scheme and host else None
 
 
 def _public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -128,7 +131,10 @@ async def download(
                 break
             location = resp.headers.get("Location", "")
             resp.release()
-            url = urljoin(url, location)
+            try:
+                url = str(yarl.URL(url).join(yarl.URL(location)))
+            except ValueError:
+                raise PermanentSendError(f"{attachment.name}: download refused (a bad redirect)") from None
         else:
             raise PermanentSendError(f"{attachment.name}: download refused (too many redirects)")
         async with resp:
