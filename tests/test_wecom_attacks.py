@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -259,3 +260,20 @@ async def test_a_compressed_download_is_not_inflated(wecom: FakeWeCom) -> None:
         att = Attachment(file_id=f"{media['aeskey']} {media['url']}", name="f.bin")
         with pytest.raises(PermanentSendError, match="encryption|decrypt"):
             await channel.download(att, 3_000_000)
+
+
+# -- many frames --------------------------------------------------------------------------------
+async def test_a_flood_of_bad_frames_is_counted_each_but_logged_a_few_times(
+    wecom: FakeWeCom, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="channels.wecom")
+    sink = Sink()
+    async with running(wecom, sink) as channel:
+        for n in range(40):
+            wecom.send_raw(f"garbage {n}" if n % 2 else '{"cmd": "aibot_what", "headers": {}}')
+        wecom.inject_text(ALICE, "after the flood")
+        await wecom.wait_for(lambda: texts(sink), what="the message")
+    assert channel.unreadable_events == 40
+    lines = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert 1 <= len(lines) <= 5, len(lines)
+    assert all("garbage" not in r.getMessage() for r in caplog.records)

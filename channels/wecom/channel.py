@@ -141,6 +141,7 @@ class WeComChannel(Channel):
         """Proactive parts (``m|…``, and ``p|…`` ids whose final text went out) -> the digest of
         the text that went out."""
         self._presses = Presses(self.name, self.hand_action, self._say, self.count_malformed)
+        self._quiet = malformed.LogLimit()
         self._unsure = _Bounded()
         """Stream ids whose final frame went out without an answer -> the digest of its text."""
 
@@ -264,8 +265,11 @@ class WeComChannel(Channel):
             self._skip_envelope(f"a frame of unknown cmd {name!r}")
 
     def _skip_envelope(self, what: str) -> None:
+        """Counted every time; logged a few times a minute (a flood of bad frames is the sender's
+        pace, not the log's: channels/malformed.py ``LogLimit``)."""
         self.count_malformed(malformed.ENVELOPE)
-        log.critical("wecom: skipped %s", what)
+        if (more := self._quiet.allow(malformed.ENVELOPE)) is not None:
+            log.critical("wecom: skipped %s%s", what, more)
 
     async def _message(self, frame: dict[str, Any], sink: InboundSink) -> None:
         req_id, body = req_id_of(frame), frame.get("body")
