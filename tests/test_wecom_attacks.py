@@ -10,10 +10,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator
 
 import pytest
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 from channels.base import (
     Attachment,
@@ -25,6 +27,7 @@ from channels.base import (
     ReplyTarget,
     TransientSendError,
 )
+from channels.wecom import media
 from channels.wecom.channel import WeComChannel
 from channels.wecom.inbound import AT, REQ_ID, to_inbound
 from channels.wecom.render import render_stream
@@ -107,6 +110,50 @@ async def test_a_redirect_is_checked_like_the_first_url(wecom: FakeWeCom) -> Non
             chain = wecom.add_redirect(chain)
         with pytest.raises(PermanentSendError, match="redirects"):
             await channel.download(Attachment(file_id=f"{media['aeskey']} {chain}", name="f.bin"), 10_000)
+
+
+class Rebinding(AbstractResolver):
+    """A name server an attacker runs: the first answer is a public address, every later one
+    loopback (DNS rebinding), whatever the name."""
+
+    def __init__(self, port: int) -> None:
+        self.answers = ["93.184.216.34"]
+        self.port = port
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        ip = self.answers.pop(0) if self.answers else "127.0.0.1"
+        return [
+            ResolveResult(hostname=host, host=ip, port=self.port, family=socket.AF_INET, proto=0, flags=0)
+        ]
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_name_rebound_inside_after_the_check_gets_no_connection() -> None:
+    """The URL's name resolves to a public address when it is checked and to loopback when the
+    download connects: the connection's own resolution is judged, so nothing connects (a socket on
+    loopback counts every connection made to it)."""
+    connections: list[int] = []
+
+    def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        writer.close()
+
+    server = await asyncio.start_server(accepted, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        bait = Attachment(file_id=f" https://media.rebind.example:{port}/x", name="f.bin")
+        with pytest.raises(TransientSendError):
+            await media.download(
+                bait, 10_000, home="wss://openws.work.weixin.qq.com", resolver=Rebinding(port)
+            )
+        assert connections == [], "the download connected to the rebound address"
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 # -- faults and malformed frames around the subscription ----------------------------------------

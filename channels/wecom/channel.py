@@ -303,7 +303,7 @@ class WeComChannel(Channel):
 
     async def download(self, attachment: Attachment, limit: int) -> bytes:
         """An image, file or video a user sent, decrypted (channels/wecom/media.py)."""
-        return await media.download(self._http(), attachment, limit, home=self._url)
+        return await media.download(attachment, limit, home=self._url)
 
     # -- rendering ------------------------------------------------------------------------------
     def render(self, markdown: str) -> Sequence[Rendered]:

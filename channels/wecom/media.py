@@ -6,8 +6,11 @@ Where a download may go: the URL comes from a callback, so it is checked before 
 fetched (:func:`check_url`): ``https`` to a host whose every address is a public one, or the origin
 of the configured long connection itself (a privately deployed WeCom, the tests' fake). Redirects
 are followed by hand, each hop checked the same way, so a public URL cannot bounce the daemon to
-its cloud's metadata service or a port on localhost. A name that resolves differently between the
-check and the connection (DNS rebinding) is not caught. The body is read as sent
+its cloud's metadata service or a port on localhost. The check is made again on the address the
+download actually connects to: the download's own connector resolves names through
+:class:`PublicResolver`, which hands aiohttp only addresses that pass, so a name that resolves to a
+public address for the check and to an inside one a moment later (DNS rebinding) gets no
+connection. The body is read as sent
 (``auto_decompress=False``): an encrypted file needs no ``Content-Encoding``, and a gzip bomb would
 otherwise be inflated before the byte cap sees it.
 
@@ -16,7 +19,6 @@ installed, under PyJWT and google-auth; compat/lean_imports.py defers its module
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import ipaddress
@@ -24,6 +26,8 @@ import socket
 
 import aiohttp
 import yarl
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
 
 from channels.base import Attachment, PermanentSendError, TransientSendError
 from channels.limits import check_size
@@ -64,9 +68,10 @@ def _public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
-async def check_url(name: str, url: str, home: str) -> None:
+async def check_url(name: str, url: str, home: str, resolver: AbstractResolver | None = None) -> None:
     """Refuse (:class:`PermanentSendError`) a media ``url`` that is neither ``https`` to public
-    addresses only nor on the origin of ``home`` (the configured websocket address)."""
+    addresses only nor on the origin of ``home`` (the configured websocket address); names are
+    resolved by ``resolver`` (the system's by default)."""
     origin = _origin(url)
     if origin is None:
         raise PermanentSendError(f"{name}: not a WeCom media url")
@@ -75,13 +80,42 @@ async def check_url(name: str, url: str, home: str) -> None:
     scheme, host, port = origin
     if scheme != "https":
         raise PermanentSendError(f"{name}: refused, WeCom media comes over https only")
+    inner = resolver or DefaultResolver()
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = await inner.resolve(host, port or 443, socket.AF_UNSPEC)
     except OSError:
         raise TransientSendError(f"{name}: download failed (the file's host did not resolve)") from None
+    finally:
+        if resolver is None:
+            await inner.close()
     for info in infos:
-        if not _public(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])):
+        if not _public(ipaddress.ip_address(str(info["host"]).split("%", 1)[0])):
             raise PermanentSendError(f"{name}: refused, the file's address is not a public one")
+
+
+class PublicResolver(AbstractResolver):
+    """The resolver of a download's connector: every address of a name must be public (the home
+    origin's host excepted), or the name resolves to nothing aiohttp may use. aiohttp connects only
+    to what its resolver returns, so this judges the address actually connected to. An IP literal
+    skips resolvers; :func:`check_url` has judged it, and a literal cannot change."""
+
+    def __init__(self, home_host: str, inner: AbstractResolver | None = None) -> None:
+        self._home = home_host
+        self._inner = inner or DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        infos = await self._inner.resolve(host, port, family)
+        if host.lower() == self._home:
+            return infos
+        for info in infos:
+            if not _public(ipaddress.ip_address(str(info["host"]).split("%", 1)[0])):
+                raise OSError(f"{host} resolved to an address that is not a public one")
+        return infos
+
+    async def close(self) -> None:
+        await self._inner.close()
 
 
 def key_of(aeskey: str) -> bytes:
@@ -112,10 +146,22 @@ def decrypt(data: bytes, aeskey: str) -> bytes:
 
 
 async def download(
-    session: aiohttp.ClientSession, attachment: Attachment, limit: int, home: str = ""
+    attachment: Attachment, limit: int, home: str = "", resolver: AbstractResolver | None = None
 ) -> bytes:
     """Fetch and decrypt ``attachment``; refused past ``limit`` (announced or arriving), and
-    where :func:`check_url` refuses its URL or a redirect's (``home``: the websocket address)."""
+    where :func:`check_url` refuses its URL or a redirect's (``home``: the websocket address).
+    A session of its own whose connector resolves through :class:`PublicResolver` (``resolver``:
+    the one it wraps, the system's by default)."""
+    origin = _origin(home)
+    inner = resolver or DefaultResolver()
+    connector = aiohttp.TCPConnector(resolver=PublicResolver(origin[1] if origin else "", inner))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        return await _download(session, attachment, limit, home, inner)
+
+
+async def _download(
+    session: aiohttp.ClientSession, attachment: Attachment, limit: int, home: str, resolver: AbstractResolver
+) -> bytes:
     check_size(attachment.name, attachment.size, limit, "")
     key, url = split_file_id(attachment)
     if key:
@@ -124,7 +170,7 @@ async def download(
     timeout = aiohttp.ClientTimeout(total=120)
     try:
         for _ in range(MAX_REDIRECTS + 1):
-            await check_url(attachment.name, url, home)
+            await check_url(attachment.name, url, home, resolver)
             resp = await session.get(url, timeout=timeout, allow_redirects=False, auto_decompress=False,
                                      headers=IDENTITY)  # fmt: skip
             if resp.status not in (301, 302, 303, 307, 308):
