@@ -61,8 +61,7 @@ def parse_target(target: str, config: Config) -> tuple[str, str, str | None]:
     if not ok:
         raise Refused(f"channel {platform} is off in this config: {why}")
     row = next(p for p in PLATFORMS if p.name == platform)
-    # A Matrix room id holds a colon ("!room:server"), so the chat is cut at the first colon
-    # after which the rest no longer belongs to a well-formed chat id.
+    # A Matrix room id holds a colon ("!room:server"): the chat is not simply cut at the first one.
     chat, thread = _split(rest, row.chat_ids.pattern)
     if not re.fullmatch(row.chat_ids.pattern, chat, re.ASCII):
         raise Refused(f"{chat[:80]!r} is not a {platform} chat id: expected {row.chat_ids.said}")
