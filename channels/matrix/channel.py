@@ -90,6 +90,9 @@ SYNC_FILTER = {
     "presence": {"types": []},
     "account_data": {"types": []},
 }
+HANDOVER_WINDOW = 24 * 3600.0
+"""Seconds back a new leader's first sync answers what came during the handover (see
+:meth:`MatrixChannel._in_handover`)."""
 RETRY_CAP = 10.0
 OWN_EVENTS = 2048
 
@@ -264,10 +267,14 @@ class MatrixChannel(Channel):
             )
 
     def _in_handover(self, event: Any) -> bool:
-        """Whether a first sync's ``event`` was sent since this daemon began as a standby (the
-        homeserver's timestamp against this host's clock)."""
+        """Whether a first sync's ``event`` was sent since this daemon began as a standby, and
+        within :data:`HANDOVER_WINDOW` (the homeserver's timestamp against this host's clock). The
+        window keeps a standby that waited for weeks from answering old events the journal has
+        already forgotten (it keeps finished entries ``storage.retention_days``, 7 by default)."""
         ts = event.get("origin_server_ts") if isinstance(event, dict) else None
-        return self._standby_from is not None and isinstance(ts, int) and ts >= self._standby_from
+        if self._standby_from is None or not isinstance(ts, int):
+            return False
+        return ts >= max(self._standby_from, int((time.time() - HANDOVER_WINDOW) * 1000))
 
     async def _event(self, room_id: str, event: Any, sink: InboundSink) -> None:
         try:
