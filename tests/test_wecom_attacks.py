@@ -7,12 +7,10 @@ the gateway would show the user."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -20,7 +18,6 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from channels.base import (
     Attachment,
     ChannelState,
-    Inbound,
     NotModified,
     PermanentSendError,
     Rendered,
@@ -28,35 +25,12 @@ from channels.base import (
     TransientSendError,
 )
 from channels.wecom import media
-from channels.wecom.channel import WeComChannel
 from channels.wecom.inbound import AT, REQ_ID, to_inbound
 from channels.wecom.render import render_stream
 from tests.fakes.wecom_server import FakeWeCom
+from tests.wecom_channel_rig import Sink, running
 
 ALICE = "alice"
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.items: list[Inbound] = []
-
-    async def __call__(self, inbound: Inbound) -> None:
-        self.items.append(inbound)
-
-
-@contextlib.asynccontextmanager
-async def running(fake: FakeWeCom, sink: Sink) -> AsyncIterator[WeComChannel]:
-    channel = WeComChannel(fake.bot_id, fake.secret, ws_url=fake.url, heartbeat_interval=5.0)
-    task = asyncio.create_task(channel.run(sink))
-    try:
-        await fake.wait_for(lambda: fake.connected or task.done(), what="the subscription")
-        assert not task.done(), task.exception()
-        yield channel
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await channel.close()
 
 
 def texts(sink: Sink) -> list[str]:
@@ -88,7 +62,7 @@ async def test_media_url_inside_or_not_https_is_refused_before_any_fetch(
 ) -> None:
     media = wecom.add_media(b"internal data")
     url = shape.format(port=wecom.port, mid=media["url"].rsplit("/", 1)[-1])
-    async with running(wecom, Sink()) as channel:
+    async with running(wecom, Sink(), heartbeat=5.0) as channel:
         with pytest.raises(PermanentSendError) as err:
             await channel.download(Attachment(file_id=f"{media['aeskey']} {url}", name="f.bin"), 10_000)
     assert "refused" in str(err.value) or "not a WeCom media url" in str(err.value), str(err.value)
@@ -98,7 +72,7 @@ async def test_media_url_inside_or_not_https_is_refused_before_any_fetch(
 async def test_a_redirect_is_checked_like_the_first_url(wecom: FakeWeCom) -> None:
     media = wecom.add_media(b"secret of the intranet")
     inside = media["url"].replace("127.0.0.1", "localhost")  # the same file, another origin
-    async with running(wecom, Sink()) as channel:
+    async with running(wecom, Sink(), heartbeat=5.0) as channel:
         bounce = Attachment(file_id=f"{media['aeskey']} {wecom.add_redirect(inside)}", name="f.bin")
         with pytest.raises(PermanentSendError, match="refused"):
             await channel.download(bounce, 10_000)
@@ -160,7 +134,7 @@ async def test_a_name_rebound_inside_after_the_check_gets_no_connection() -> Non
 async def test_a_busy_subscription_answer_is_retried_not_fatal(wecom: FakeWeCom) -> None:
     wecom.subscribe_errors = [(-1, "system busy"), (45009, "api freq out of limit"), (-1, "busy")]
     sink = Sink()
-    async with running(wecom, sink) as channel:
+    async with running(wecom, sink, heartbeat=5.0) as channel:
         wecom.inject_text(ALICE, "after the busy spell")
         await wecom.wait_for(lambda: texts(sink), what="the message")
         assert channel.state is ChannelState.CONNECTED
@@ -178,7 +152,7 @@ async def test_frames_before_the_subscription_answer_are_read_not_lost_nor_fatal
         "not json",
     ]
     sink = Sink()
-    async with running(wecom, sink) as channel:
+    async with running(wecom, sink, heartbeat=5.0) as channel:
         wecom.inject_text(ALICE, "still here")
         await wecom.wait_for(lambda: len(texts(sink)) >= 2, what="both messages")
         assert channel.state is ChannelState.CONNECTED
@@ -189,7 +163,7 @@ async def test_frames_before_the_subscription_answer_are_read_not_lost_nor_fatal
 # -- provenance ---------------------------------------------------------------------------------
 async def test_a_chat_not_called_a_group_is_not_taken_for_the_senders_own(wecom: FakeWeCom) -> None:
     sink = Sink()
-    async with running(wecom, sink):
+    async with running(wecom, sink, heartbeat=5.0):
         sneaky = wecom.inject_text(ALICE, "which chat?", chatid="wrgroup-7")
         del sneaky["body"]["chattype"]  # already pushed: push it again without chattype
         wecom.inject_body(sneaky["body"], chat=ALICE)
@@ -205,7 +179,7 @@ async def test_a_chat_not_called_a_group_is_not_taken_for_the_senders_own(wecom:
 @pytest.mark.parametrize("kind", ["[tap here](https://evil.example/x)", "<@boss>", "a" * 41, "Ｉｍａｇｅ"])
 async def test_an_unknown_kind_is_named_only_when_its_name_is_plain(wecom: FakeWeCom, kind: str) -> None:
     sink = Sink()
-    async with running(wecom, sink):
+    async with running(wecom, sink, heartbeat=5.0):
         wecom.inject_text(ALICE, "", msgtype=kind)
         wecom.inject_text(ALICE, "", msgtype="vote_poll")
         await wecom.wait_for(lambda: len(sink.items) >= 2, what="two inbound")
@@ -218,7 +192,7 @@ async def test_an_unknown_kind_is_named_only_when_its_name_is_plain(wecom: FakeW
 async def test_a_final_frame_whose_answer_was_lost_is_not_shown_twice(wecom: FakeWeCom) -> None:
     """The gateway retries an edit that failed with ``maybe_sent`` (gateway/delivery/pacing.py)
     and sends anew when the retry is refused: neither may make a second copy of the answer."""
-    async with running(wecom, Sink()) as channel:
+    async with running(wecom, Sink(), heartbeat=5.0) as channel:
         up = wecom.inject_text(ALICE, "hi")
         target = ReplyTarget("wecom", ALICE, reply_to=up["body"]["msgid"],
                              extra={REQ_ID: up["headers"]["req_id"], AT: time.time()})  # fmt: skip
@@ -244,7 +218,7 @@ async def test_a_file_whose_key_is_unusable_is_refused_never_handed_on_encrypted
     body = {"msgid": "m-img", "chattype": "single", "from": {"userid": ALICE}, "msgtype": "file",
             "file": {"url": media["url"], "aeskey": aeskey, "filename": "notes.txt"}}  # fmt: skip
     (att,) = to_inbound("r", body).attachments
-    async with running(wecom, Sink()) as channel:
+    async with running(wecom, Sink(), heartbeat=5.0) as channel:
         with pytest.raises(PermanentSendError, match="key cannot be read"):
             await channel.download(att, 10_000)
     assert wecom.downloads == 0
@@ -254,7 +228,7 @@ async def test_a_file_whose_key_is_unusable_is_refused_never_handed_on_encrypted
 async def test_an_unreadable_answer_is_a_maybe_sent_retry_never_a_crash(
     wecom: FakeWeCom, errcode: object
 ) -> None:
-    async with running(wecom, Sink()) as channel:
+    async with running(wecom, Sink(), heartbeat=5.0) as channel:
         up = wecom.inject_text(ALICE, "hi")
         target = ReplyTarget("wecom", ALICE, reply_to=up["body"]["msgid"],
                              extra={REQ_ID: up["headers"]["req_id"], AT: time.time()})  # fmt: skip
@@ -277,7 +251,7 @@ async def test_an_unreadable_answer_is_a_maybe_sent_retry_never_a_crash(
 async def test_a_failed_download_says_what_to_do(wecom: FakeWeCom) -> None:
     media = wecom.add_media(b"data")
     gone = media["url"].rsplit("/", 1)[0] + "/m-expired"
-    async with running(wecom, Sink()) as channel:
+    async with running(wecom, Sink(), heartbeat=5.0) as channel:
         with pytest.raises(PermanentSendError) as err:
             await channel.download(Attachment(file_id=f"{media['aeskey']} {gone}", name="f.bin"), 10_000)
     assert "HTTP 404" in str(err.value) and "send the file again" in str(err.value)
@@ -287,7 +261,7 @@ async def test_a_failed_download_says_what_to_do(wecom: FakeWeCom) -> None:
 async def test_a_mention_in_a_part_built_without_render_pings_nobody(wecom: FakeWeCom) -> None:
     """The gateway sends some parts it built itself (a queued sign, a status): the adapter breaks
     ``<@…>`` in whatever it sends, stream or proactive, not only in what its render() made."""
-    async with running(wecom, Sink()) as channel:
+    async with running(wecom, Sink(), heartbeat=5.0) as channel:
         up = wecom.inject_text(ALICE, "hi")
         target = ReplyTarget("wecom", ALICE, reply_to=up["body"]["msgid"],
                              extra={REQ_ID: up["headers"]["req_id"], AT: time.time()})  # fmt: skip
@@ -303,7 +277,7 @@ async def test_a_compressed_download_is_not_inflated(wecom: FakeWeCom) -> None:
     gzip-encoded (though asked for ``identity``) is refused as not WeCom's encryption."""
     media = wecom.add_media(b"\0" * 200_000)
     wecom.gzip_media = True
-    async with running(wecom, Sink()) as channel:
+    async with running(wecom, Sink(), heartbeat=5.0) as channel:
         att = Attachment(file_id=f"{media['aeskey']} {media['url']}", name="f.bin")
         with pytest.raises(PermanentSendError, match="encryption|decrypt"):
             await channel.download(att, 3_000_000)
@@ -315,7 +289,7 @@ async def test_a_flood_of_bad_frames_is_counted_each_but_logged_a_few_times(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="channels.wecom")
     sink = Sink()
-    async with running(wecom, sink) as channel:
+    async with running(wecom, sink, heartbeat=5.0) as channel:
         for n in range(40):
             wecom.send_raw(f"garbage {n}" if n % 2 else '{"cmd": "aibot_what", "headers": {}}')
         wecom.inject_text(ALICE, "after the flood")

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -20,41 +18,13 @@ from channels.base import (
     Rendered,
     ReplyTarget,
 )
-from channels.wecom.channel import WeComChannel
 from channels.wecom.inbound import AT, REQ_ID, to_inbound
 from channels.wecom.render import MAX_PART_BYTES, is_final, render, render_stream
 from tests.fakes.wecom_server import FakeWeCom
+from tests.wecom_channel_rig import Sink, channel_for, running
 
 ALICE = "alice"
 GROUP = "wrgroup42"
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.items: list[Inbound] = []
-
-    async def __call__(self, inbound: Inbound) -> None:
-        self.items.append(inbound)
-
-
-def channel_for(fake: FakeWeCom, **kw: float) -> WeComChannel:
-    return WeComChannel(
-        fake.bot_id, fake.secret, ws_url=fake.url, heartbeat_interval=kw.pop("heartbeat", 0.3), **kw
-    )
-
-
-@contextlib.asynccontextmanager
-async def running(fake: FakeWeCom, sink: Sink, **kw: float) -> AsyncIterator[WeComChannel]:
-    channel = channel_for(fake, **kw)
-    task = asyncio.create_task(channel.run(sink))
-    try:
-        await fake.wait_for(lambda: fake.connected or task.done(), what="the subscription")
-        yield channel
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await channel.close()
 
 
 async def got(fake: FakeWeCom, sink: Sink, n: int) -> list[Inbound]:
