@@ -437,15 +437,26 @@ class FakeDingTalk:
         self.cards[out] = Card(chat, key, str(text), shown=[str(text)], buttons=buttons)
         return web.json_response({"success": True, "result": {"outTrackId": out}})
 
-    async def _card_update(self, request: web.Request) -> web.StreamResponse:
-        """``PUT /v1.0/card/instances``: the given variables replaced (``updateCardDataByKey``)."""
-        self.calls.append("/v1.0/card/instances")
+    async def _card_call(
+        self, request: web.Request, path: str
+    ) -> tuple[dict[str, Any], Card] | web.StreamResponse:
+        """A call on an existing card: recorded, its token checked, its body and card; or the
+        error DingTalk answers (401 for a bad token, ``cardNotExist``)."""
+        self.calls.append(path)
         if request.headers.get("x-acs-dingtalk-access-token") not in self.tokens:
             return _error(401, "InvalidAuthentication", "access token is invalid")
         body = await request.json()
         card = self.cards.get(str(body.get("outTrackId")))
         if card is None:
             return _error(400, "cardNotExist", "card does not exist")
+        return body, card
+
+    async def _card_update(self, request: web.Request) -> web.StreamResponse:
+        """``PUT /v1.0/card/instances``: the given variables replaced (``updateCardDataByKey``)."""
+        found = await self._card_call(request, "/v1.0/card/instances")
+        if isinstance(found, web.StreamResponse):
+            return found
+        body, card = found
         params = (body.get("cardData") or {}).get("cardParamMap")
         if not isinstance(params, dict) or not all(isinstance(v, str) for v in params.values()):
             return _error(400, "invalidParameter", "cardParamMap is invalid")
@@ -457,13 +468,10 @@ class FakeDingTalk:
         return web.json_response({"success": True})
 
     async def _card_stream(self, request: web.Request) -> web.StreamResponse:
-        self.calls.append("/v1.0/card/streaming")
-        if request.headers.get("x-acs-dingtalk-access-token") not in self.tokens:
-            return _error(401, "InvalidAuthentication", "access token is invalid")
-        body = await request.json()
-        card = self.cards.get(str(body.get("outTrackId")))
-        if card is None:
-            return _error(400, "cardNotExist", "card does not exist")
+        found = await self._card_call(request, "/v1.0/card/streaming")
+        if isinstance(found, web.StreamResponse):
+            return found
+        body, card = found
         if card.final:
             return _error(400, "cardFinalized", "the card's streaming is finished")
         if body.get("key") != card.key or not body.get("guid") or body.get("isFull") is not True:
