@@ -48,6 +48,8 @@ TABLES = {
     "approval_grants",
     "approval_log",
     "choices",
+    "web_messages",
+    "web_files",
 }  # fmt: skip
 
 

@@ -274,7 +274,7 @@ class Daemon:
 
         self.menus = Menus(cfg, self.store, self.tasks.child())
         res.push("the command menus", self.menus.close)
-        channels, self.off = build_channels(cfg)  # the summary says which are off and why
+        channels, self.off = build_channels(cfg, self.store)  # the summary says which are off and why
         for channel in channels:
             sink = self.gateway.attach(channel)
             channel.add_status_listener(self._on_channel_state)

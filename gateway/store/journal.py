@@ -48,6 +48,7 @@ from gateway.store.schema import migrate
 from gateway.store.upkeep import FileUpkeep
 from gateway.store.usage import ModelUsageTables
 from gateway.store.voice import VoiceTables
+from gateway.store.webchat import WebChatTables
 
 if TYPE_CHECKING:
     from gateway.config.sections import StorageConfig
@@ -74,6 +75,7 @@ class Store(
     ChoiceTables,
     FileUpkeep,
     ConsoleQueries,
+    WebChatTables,
 ):
     """The gateway's state on SQLite or PostgreSQL (any :class:`Connection`). Create with
     :meth:`open` or :meth:`open_postgres`."""

@@ -38,6 +38,7 @@ from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX
 from gateway.store.schedules import LAST_RUN_COLUMNS, PROVENANCE_COLUMNS, SCHEDULE_TABLES
 from gateway.store.usage import USAGE_COST_COLUMNS
 from gateway.store.voice import VOICE_TABLES
+from gateway.store.webchat import WEB_TABLES
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,12 @@ async def _v14_choices(db: Connection) -> None:
         await db.execute(statement)
 
 
+async def _v15_web_chat(db: Connection) -> None:
+    """The web chat's messages and files (gateway/store/webchat.py)."""
+    for statement in WEB_TABLES:
+        await db.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
@@ -269,6 +276,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "standing approvals and the approvals' decision log", _v12_approval_grants),
     Migration(13, "spoken replies per conversation", _v13_voice_modes),
     Migration(14, "questions with options as buttons", _v14_choices),
+    Migration(15, "the web chat's messages and files", _v15_web_chat),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
