@@ -7,6 +7,7 @@ that walks out of its chat, hostile text and file names, oversized posts, too ma
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,50 @@ async def test_an_approval_is_buttons_and_only_a_real_button_decides(
             closed = chat.latest()[asked["id"]]
             assert not closed["buttons"] and "Approved" in closed["text"], closed
             assert list(daemon.sandbox_root.glob("**/outputs/x.txt")), "the approved call ran"
+        finally:
+            await chat.close()
+            await browser.close()
+
+
+async def test_a_pending_approval_is_decided_from_the_approvals_page(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """The console's Approve on /approvals settles the request as its chat button would: the
+    chat's buttons close with the decision and the turn goes on; a second decision is refused."""
+    brain(model)
+    cfg = console_config(tmp_path, tg, model)
+    cfg["agent"]["approvals"] = {"tools": ["write_file"], "timeout": 600}
+    async with started_daemon(tmp_path, cfg) as daemon:
+        browser = Console(daemon.port)
+        await browser.login()
+        chat = await WebChat.new(browser)
+        chat.listen()
+        try:
+            await chat.send("APPROVEME now")
+            asked = await chat.wait(
+                lambda: next((m for m in chat.bot() if m["buttons"]), None), "approval buttons"
+            )
+            status, page, _ = await browser.get("/approvals")
+            found = re.search(r'name="id" value="([^"]+)"', page)
+            assert status == 200 and found and "write_file" in page, page
+            csrf = await browser.csrf()
+            status, _, r = await browser.post("/approvals/approve", {"csrf": csrf, "id": found.group(1)})
+            assert status == 303 and r.headers["Location"] == "/console/approvals"
+            status, page, _ = await browser.get("/approvals")
+            assert "Approved: write_file" in page, page
+            await chat.answer("Done:")
+            closed = chat.latest()[asked["id"]]
+            assert (
+                not closed["buttons"]
+                and "Approved by" in closed["text"]
+                and "console:admin" in closed["text"]
+            )
+            status, _, _ = await browser.post("/approvals/deny", {"csrf": csrf, "id": found.group(1)})
+            status, page, _ = await browser.get("/approvals")
+            assert "no longer waiting" in page, page
+            status, _, _ = await browser.post("/approvals/approve", {"csrf": csrf, "id": "../x"})
+            status, page, _ = await browser.get("/approvals")
+            assert "No such pending approval." in page
         finally:
             await chat.close()
             await browser.close()

@@ -466,6 +466,7 @@ class Gateway:
             schedules=self.confirmations,
             download=command_io.downloader(self.channels),
             buttons=command_io.button_poster(self.channels),
+            decide_approval=self.approvals.decide_as_operator,
             busy_changed=self.busy.forget,
             background=self.runner.background,
         )
