@@ -119,6 +119,7 @@ class WebChannel(Channel):
         max_text_chars: int = 20_000,
         poll_seconds: float = 0.5,
         max_streams: int = 16,
+        keep_days: float = 30.0,
         room: Room | None = None,
     ) -> None:
         super().__init__()
@@ -133,6 +134,8 @@ class WebChannel(Channel):
         self.max_text_chars = max_text_chars
         self.poll_seconds = poll_seconds
         self.max_streams = max_streams
+        self.keep_days = keep_days
+        """Read by the daemon's prune (gateway/store/retention.py), not here."""
         self.room = room
         self.bell = Bell()
         self._sink: InboundSink | None = None

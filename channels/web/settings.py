@@ -23,6 +23,9 @@ class WebSettings(ChannelSettings):
     poll_seconds: float = Field(0.5, gt=0, le=10)
     """How often an open chat page's stream looks in the database for what another daemon wrote
     (what this daemon writes is pushed at once)."""
+    keep_days: float = Field(30.0, gt=0)
+    """Web chat messages and files older than this are deleted by the daemon's periodic prune
+    (``storage.prune_interval``): the chat's history, like every platform's, is not kept forever."""
     max_streams: int = Field(16, ge=1, le=1000)
     """Chat pages open at once on this daemon (each holds one event stream); past it, the oldest
     stream is closed (the page reconnects when it is looked at again)."""

@@ -231,7 +231,10 @@ class Daemon:
         ttls = [
             getattr(cfg.access_for(name), "pairing_code_ttl", 0.0) for name in type(cfg.channels).model_fields
         ]
-        self.retention = Retention(self.store, cfg.storage, self.metrics, ttls)
+        web = cfg.channels.web
+        self.retention = Retention(
+            self.store, cfg.storage, self.metrics, ttls, web.keep_days if web.enabled else None
+        )
         try:
             await self.retention.start(prune=not url)  # PostgreSQL: the timers' owner prunes
         except Exception as exc:

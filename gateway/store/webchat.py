@@ -159,6 +159,13 @@ class WebChatTables:
             out.append(ChatSummary(str(chat_id), str(row[0]) if row else "", float(updated), int(count)))
         return out
 
+    async def web_prune(self, older_than: float) -> int:
+        """Delete the messages and files written more than ``older_than`` seconds ago (an edit
+        does not make a message younger); returns the messages deleted."""
+        cutoff = time.time() - older_than
+        await self._write("DELETE FROM web_files WHERE created < ?", (cutoff,))
+        return await self._write("DELETE FROM web_messages WHERE created < ?", (cutoff,))
+
     async def web_file_put(self, chat_id: str, file_id: str, name: str, mime: str, data: bytes) -> None:
         await self._write(
             "INSERT OR IGNORE INTO web_files(chat_id, file_id, name, mime, size, data, created)"
