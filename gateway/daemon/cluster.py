@@ -303,13 +303,17 @@ class Cluster:
         daemon stays up, not ready, saying why, until the operator stops it."""
         log.error("cluster: %s", self.refusal)
         self.work.stop_intake()  # no await before the cut: nothing new starts in between
-        self.fence(self.work.claimed())
-        await self._step_down()
-        for hook in self.on_refuse:
+        working = self.work.claimed()
+        self.leases.fenced |= working
+        cut = self.work.cut(working)
+        if cut:
+            log.warning("cluster: cut %d entr(ies) running here; another daemon resumes them", cut)
+        for hook in self.on_refuse:  # the channels, closed for good: stepping down starts none again
             try:
                 await hook()
             except Exception as exc:
                 log.warning("cluster: while stopping intake: %s", exc)
+        await self._step_down()
         try:
             released = await self.store.lease_release_all(self.node)
         except Exception as exc:  # they lapse within the lease instead
