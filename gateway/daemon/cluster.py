@@ -28,8 +28,8 @@ What each daemon does (docs/scale-out.md):
   A newer version whose steps only add is logged once and changes nothing. A floor above what
   this daemon understands (a newer daemon ran a step older ones must not write beside) stops it
   writing: it takes nothing in (the gateway's intake refuses, as while stopping), cuts what it
-  works on, steps down, closes its channels (``on_refuse``: their platforms deliver to the other
-  daemons) and gives its leases back; ``/readyz`` and ``chital status`` say why until it is
+  works on, closes its channels (``on_refuse``: their platforms deliver to the other daemons),
+  steps down and gives its leases back; ``/readyz`` and ``chital status`` say why until it is
   stopped. The lease columns are the one thing such a step may never change the meaning of.
 - **A dead lock connection** (a half-open TCP connection, the server restarted): the leader's
   ``SELECT 1`` has a deadline, so a leader that cannot reach the server steps down within
@@ -299,7 +299,7 @@ class Cluster:
 
     async def _stop_writing(self) -> None:
         """The schema moved beyond this daemon: take nothing in, cut what runs here (another daemon
-        resumes it from the journal), step down, close the channels, give every lease back. The
+        resumes it from the journal), close the channels, step down, give every lease back. The
         daemon stays up, not ready, saying why, until the operator stops it."""
         log.error("cluster: %s", self.refusal)
         self.work.stop_intake()  # no await before the cut: nothing new starts in between
