@@ -196,6 +196,9 @@ class DaemonProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.runs = 0
         self.log_path = workdir / "daemon-0.log"
+        self.launcher = ["-m", "gateway.cli.main"]
+        """What the interpreter runs before ``run -c CONFIG``: the real entry point, or a test's
+        launcher around it (tests/upgraded_daemon.py: the next schema version)."""
 
     @property
     def sandbox_root(self) -> Path:
@@ -212,8 +215,7 @@ class DaemonProcess:
         log = self.log_path.open("wb")
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            "-m",
-            "gateway.cli.main",
+            *self.launcher,
             "run",
             "-c",
             str(self.config_path),

@@ -483,6 +483,13 @@ class Gateway:
             await self.store.command_result_drop(entry.key)  # kept while the entry may run again
 
     # -- shutdown -------------------------------------------------------------------------------
+    def stop_intake(self) -> None:
+        """Take in and start nothing more, as while closing: what a channel delivers now is not
+        journaled nor acknowledged (its platform delivers it again, to another daemon). For a
+        daemon whose database schema moved beyond what it may write (gateway/daemon/cluster.py)."""
+        self._closing = True
+        self.parking.close()
+
     async def close(self, grace: float) -> int:
         self._closing = True
         self.parking.close()  # parked entries stay pending in the journal: the next start resumes them

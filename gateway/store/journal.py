@@ -45,6 +45,7 @@ from gateway.store.grants import GrantTables
 from gateway.store.leases import LeaseTables
 from gateway.store.schedules import ScheduleTables
 from gateway.store.schema import migrate
+from gateway.store.schema_compat import SchemaState, read_state
 from gateway.store.upkeep import FileUpkeep
 from gateway.store.usage import ModelUsageTables
 from gateway.store.voice import VoiceTables
@@ -89,6 +90,8 @@ class Store(
         self._threads: dict[str, str] = {}
         """conversation → thread id, read through: one daemon owns its SQLite file."""
         self._dm_chats: dict[str, str] = {}
+        self.schema = SchemaState(0)
+        """The schema version and writer floor as last read (at open, then on each lease renewal)."""
 
     @property
     def dialect(self) -> Dialect:
@@ -108,10 +111,12 @@ class Store(
         try:
             with db.on_thread():  # a step may rewrite a large table; the loop serves /healthz meanwhile
                 await migrate(db)
+            store = cls(db, path, reserve)
+            store.schema = await read_state(db)
         except BaseException:
             await db.close()
             raise
-        return cls(db, path, reserve)
+        return store
 
     @classmethod
     async def open_postgres(cls, url: str) -> Store:
@@ -121,13 +126,20 @@ class Store(
         try:
             await migrate(db)
             await db.load_keys()
+            store = cls(db, Path(database_label(url)))
+            store.schema = await read_state(db)
         except BaseException:
             await db.close()
             raise
-        return cls(db, Path(database_label(url)))
+        return store
 
     async def close(self) -> None:
         await self._db.close()
+
+    async def schema_state(self) -> SchemaState:
+        """The schema version and writer floor as committed now (gateway/store/schema_compat.py)."""
+        self.schema = await read_state(self._db)
+        return self.schema
 
     async def _write(
         self,
