@@ -238,7 +238,8 @@ async def main() -> None:
                 f"postgres-{k}", k, url, args, model, root, pg
             )
             rows.append((name, wall, lat, cpu, n, pg_cpu))
-            stats[name] = [(q, c, t) for q, c, t in stmts if "pg_stat_statements" not in q]
+            if args.statements:
+                stats[name] = [(q, c, t) for q, c, t in stmts if "pg_stat_statements" not in q]
     await model.aclose()
     for name, stmts in stats.items():
         n = next(r[4] for r in rows if r[0] == name)
