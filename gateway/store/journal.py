@@ -189,8 +189,16 @@ class Store(
     ) -> bool:
         """Record a message durably. Returns False when the key is already journaled (redelivery).
         ``lease`` (node, seconds): the entry is that daemon's from the start (gateway/daemon/cluster.py)."""
-        fresh, _ = await self.journal_add_leased(inbound, kind, note, lease)
-        return fresh
+        now = time.time()
+        payload = inbound_to_json(inbound, note)
+        owner, until = (lease[0], now + lease[1]) if lease else (None, None)
+        count = await self._write(
+            "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, state, created, updated,"
+            " lease_owner, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (inbound.key, conversation_of(inbound), JournalKind(kind).value, payload,
+             JournalState.PENDING.value, now, now, owner, until),
+        )  # fmt: skip
+        return count == 1
 
     async def journal_add_leased(
         self,
@@ -205,18 +213,17 @@ class Store(
         that must wait behind another daemon's turn costs no claim that fails and no lease given
         back: the daemon finishing that turn hands it on (:meth:`lease_claim_next`), or a sweep
         takes it."""
-        now = time.time()
         kind = JournalKind(kind)
+        if lease is None or kind is not JournalKind.TURN:
+            fresh = await self.journal_add(inbound, kind, note, lease)
+            return fresh, fresh and lease is not None
+        now = time.time()
         row = (inbound.key, conversation_of(inbound), kind.value, inbound_to_json(inbound, note),
                JournalState.PENDING.value, now, now)  # fmt: skip
         insert = (
             "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, state, created, updated,"
             " lease_owner, lease_until)"
         )
-        if lease is None or kind is not JournalKind.TURN:
-            owner, until = (lease[0], now + lease[1]) if lease else (None, None)
-            count = await self._write(f"{insert} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", (*row, owner, until))
-            return count == 1, count == 1 and lease is not None
         free = (
             "NOT EXISTS (SELECT 1 FROM journal AS e WHERE e.conversation = ? AND e.kind = 'turn'"
             f" AND e.state IN ({_OPEN_SQL})"
