@@ -199,6 +199,8 @@ class DaemonProcess:
         self.launcher = ["-m", "gateway.cli.main"]
         """What the interpreter runs before ``run -c CONFIG``: the real entry point, or a test's
         launcher around it (tests/upgraded_daemon.py: the next schema version)."""
+        self.prefix: list[str] = []
+        """A command the daemon runs under (a bench's profiler: ``py-spy record … --``)."""
 
     @property
     def sandbox_root(self) -> Path:
@@ -214,6 +216,7 @@ class DaemonProcess:
         env = env_without(PYTHONUNBUFFERED="1")
         log = self.log_path.open("wb")
         self.proc = await asyncio.create_subprocess_exec(
+            *self.prefix,
             sys.executable,
             *self.launcher,
             "run",

@@ -88,10 +88,18 @@ class Leases:
         none when it is busy, so that an idle daemon's sweep takes the message instead."""
         return None if busy else (self.node, self.ttl)
 
-    async def claim(self, entry: JournalEntry, working: set[str]) -> bool:
-        """Take the lease of ``entry``; ``working``: the keys this daemon works on now."""
+    async def claim(self, entry: JournalEntry, working: set[str], start: bool = False) -> bool:
+        """Take the lease of ``entry``; ``working``: the keys this daemon works on now. ``start``:
+        a turn about to run, marked running by the same statement (``entry.started``)."""
         await self.give_back(self.store, working)  # a fenced earlier turn must not read as ours and live
-        return await self.store.lease_claim(entry.key, self.node, self.ttl)
+        won = await self.store.lease_claim(entry.key, self.node, self.ttl, start=start)
+        entry.started = won and start
+        return won
+
+    async def claim_next(self, conversation: str) -> JournalEntry | None:
+        """The next turn of ``conversation`` that waits for no one, taken by this daemon (it has just
+        finished the one before): :meth:`Store.lease_claim_next`."""
+        return await self.store.lease_claim_next(conversation, self.node, self.ttl)
 
     async def give_back(self, store: Store, working: set[str]) -> None:
         """Release the leases of fenced entries this daemon has not taken up again."""

@@ -38,7 +38,7 @@ from gateway.store.busy import BUSY_TABLES
 from gateway.store.choices import CHOICE_TABLES
 from gateway.store.connection import POSTGRES, Connection
 from gateway.store.grants import GRANT_TABLES
-from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX
+from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX, LEASE_WORK_INDEXES
 from gateway.store.schedules import LAST_RUN_COLUMNS, PROVENANCE_COLUMNS, SCHEDULE_TABLES
 from gateway.store.schema_compat import (
     FLOOR_SINCE,
@@ -285,6 +285,13 @@ async def _v16_web_chat(db: Connection) -> None:
         await db.execute(statement)
 
 
+async def _v17_lease_indexes(db: Connection) -> None:
+    """The open entries by lease owner and by lease expiry (gateway/store/leases.py): a heartbeat and
+    a sweep read their own few rows, not every open entry of every daemon."""
+    for statement in LEASE_WORK_INDEXES:
+        await db.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
@@ -302,6 +309,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(14, "questions with options as buttons", _v14_choices),
     Migration(FLOOR_SINCE, "the writer floor (rolling upgrades)", _v15_schema_floor),
     Migration(16, "the web chat's messages and files", _v16_web_chat),
+    Migration(
+        17, "journal indexes by lease owner and expiry (coordination flat in daemons)", _v17_lease_indexes
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
