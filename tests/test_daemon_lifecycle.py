@@ -176,7 +176,7 @@ async def test_shutdown_lets_turns_finish_within_the_grace_and_cuts_the_rest(tmp
 def fake_platform(monkeypatch: pytest.MonkeyPatch, channel: FakeChannel, harness: FakeHarness) -> None:
     """The daemon builds ``channel`` and ``harness`` instead of the real adapters and agent."""
 
-    def build_channels(cfg: Config) -> tuple[list[Channel], dict[str, str]]:
+    def build_channels(cfg: Config, room: object = None) -> tuple[list[Channel], dict[str, str]]:
         return [channel], {}
 
     async def open_harness(

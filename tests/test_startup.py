@@ -178,7 +178,7 @@ async def test_failed_start_releases_what_it_opened(tmp_path: Path, monkeypatch:
         closed.append("agent")
         await real_close(self)
 
-    def broken_channels(_: Any) -> Any:
+    def broken_channels(*_: Any) -> Any:
         raise RuntimeError("adapter import failed")
 
     monkeypatch.setattr(app_module.UnconfiguredHarness, "close", close_harness)
