@@ -208,6 +208,11 @@ class SandboxProvider(abc.ABC):
         daemon's own; host-side file work for that thread runs with these rights (creds.py)."""
         return None
 
+    def files_for(self, thread_id: str) -> HostFiles | None:
+        """The thread's files when they are not in its host dirs (the shared Docker mode's are
+        on the engine); None: the caller opens the host dirs. Blocking: call from a worker."""
+        return None
+
     @abc.abstractmethod
     async def acquire(self, thread_id: str) -> Sandbox:
         """The thread's sandbox, created or woken as needed; reused across turns."""

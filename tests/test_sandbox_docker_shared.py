@@ -1,0 +1,217 @@
+"""The shared Docker mode against a real engine: two providers (two daemons' worth) on one engine
+share a thread's container and volume; file tools go through the engine and keep the rules of the
+host file tools (no link followed out of a mount, reads capped); idle containers are reaped and
+their volume kept.
+
+Skipped only when no Docker engine answers. The image must exist (scripts/setup-sandbox.sh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.sandbox import SandboxLimits
+from agent.sandbox.backend import SandboxBackend
+from agent.sandbox.docker_shared import SharedDockerProvider, container_name, volume_name
+from agent.sandbox.paths import PathRefused, SandboxError
+from agent.sandbox.quota import QuotaExceeded
+from tests.test_sandbox_docker import _WHY_NOT, IMAGE
+
+pytestmark = [pytest.mark.docker, pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")]
+
+WS = "/mnt/user-data/workspace"
+
+
+def _remove(thread_ids: list[str]) -> None:
+    import docker
+    from docker.errors import NotFound
+
+    client = docker.from_env()
+    for tid in thread_ids:
+        for c in client.containers.list(all=True, filters={"name": container_name(tid)}):
+            c.remove(force=True)
+        try:
+            client.volumes.get(volume_name(tid)).remove(force=True)
+        except NotFound:
+            pass
+    client.close()
+
+
+@pytest.fixture
+def threads() -> Iterator[list[str]]:
+    """Thread ids a test uses (odd characters included); their containers and volumes go after."""
+    used: list[str] = []
+    yield used
+    _remove(used)
+
+
+def _thread(threads: list[str], name: str = "") -> str:
+    tid = f"slack:T1/{name or 'x'}/../ü {uuid.uuid4().hex[:8]}\n;$(id)"
+    threads.append(tid)
+    return tid
+
+
+@pytest.fixture
+async def pair(root: Path) -> AsyncIterator[tuple[SharedDockerProvider, SharedDockerProvider]]:
+    """Two providers with different roots, as two daemons on one engine would be."""
+    limits = SandboxLimits(pids=64, memory_mb=256, disk_mb=20)
+    a = SharedDockerProvider(root / "a", image=IMAGE, limits=limits)
+    b = SharedDockerProvider(root / "b", image=IMAGE, limits=limits)
+    for p in (a, b):
+        await p.reconcile()
+    yield a, b
+    await asyncio.gather(a.close(), b.close())
+
+
+async def test_a_file_written_on_one_daemon_is_read_on_another(
+    pair: tuple[SharedDockerProvider, SharedDockerProvider], threads: list[str]
+) -> None:
+    a, b = pair
+    tid = _thread(threads)
+    sa = await a.acquire(tid)
+    res = await sa.exec("echo from-a > made-by-shell.txt && id -u")
+    assert res.exit_code == 0 and res.output.strip() == "1000", res
+    await sa.write_file(f"{WS}/notes/tool.txt", "written by the file tool\n")
+    await a.release(tid)
+    await a.close()  # the first daemon goes away; the container and volume stay
+
+    sb = await b.acquire(tid)
+    assert sb.container_id and container_name(tid).startswith("chital-sbx-")
+    assert (await sb.read_file("made-by-shell.txt")).text == "from-a\n"
+    assert (await sb.read_file(f"{WS}/notes/tool.txt")).text == "written by the file tool\n"
+    res = await sb.exec("cat notes/tool.txt")
+    assert res.output == "written by the file tool\n", res
+    names = [e.path for e in await sb.ls(WS)]
+    assert names == [f"{WS}/made-by-shell.txt", f"{WS}/notes"], names
+    assert await sb.glob("*.txt", WS) == [f"{WS}/made-by-shell.txt", f"{WS}/notes/tool.txt"]
+    hits = await sb.grep("file tool", "/mnt/user-data")
+    assert [(h.path, h.line) for h in hits] == [(f"{WS}/notes/tool.txt", 1)], hits
+    assert await sb.edit("notes/tool.txt", "written", "edited") == 1
+    assert (await sb.read_bytes("notes/tool.txt")) == b"edited by the file tool\n"
+    # The gateway's side: an upload and a file to send, on either daemon, without a turn.
+    up = await asyncio.to_thread(
+        b.files_for(tid).create_unique, "/mnt/user-data/uploads", "r.txt", b"u" * 300_000
+    )
+    up2 = await asyncio.to_thread(b.files_for(tid).create_unique, "/mnt/user-data/uploads", "r.txt", b"v")
+    assert (up, up2) == ("/mnt/user-data/uploads/r.txt", "/mnt/user-data/uploads/r-2.txt")
+    assert (await sb.exec("wc -c < ../uploads/r.txt")).output.strip() == "300000"
+    await sb.delete("notes")
+    assert await sb.stat("notes/tool.txt") is None
+
+
+async def test_two_daemons_starting_one_thread_at_once_share_one_container(
+    pair: tuple[SharedDockerProvider, SharedDockerProvider], threads: list[str]
+) -> None:
+    a, b = pair
+    tid = _thread(threads)
+    sa, sb = await asyncio.gather(a.acquire(tid), b.acquire(tid))
+    assert sa.container_id == sb.container_id
+    await sa.exec("echo one > f")
+    assert (await sb.exec("cat f")).output == "one\n"
+
+
+async def test_links_out_of_the_workspace_are_not_followed_through_the_engine(
+    pair: tuple[SharedDockerProvider, SharedDockerProvider], threads: list[str]
+) -> None:
+    a, _ = pair
+    tid = _thread(threads)
+    sb = await a.acquire(tid)
+    res = await sb.exec(
+        "ln -s /etc/passwd pw && ln -s / rootfs && ln -s ../uploads up && mkdir d && "
+        "ln -s /etc d/etc && echo inside > ok.txt && ln -s ok.txt alias"
+    )
+    assert res.exit_code == 0, res
+    for path in ("pw", "rootfs/etc/passwd", "d/etc/passwd", f"{WS}/../../../etc/passwd"):
+        with pytest.raises(SandboxError) as e:
+            await sb.read_file(path)
+        assert "root:" not in str(e.value)
+        with pytest.raises(SandboxError):
+            await sb.read_bytes(path)
+    with pytest.raises(PathRefused):
+        await sb.write_file("pw", "x")
+    assert (await sb.read_file("alias")).text == "inside\n"  # a link that stays inside is fine
+    listed = [e.path for e in await sb.ls(WS)]
+    assert f"{WS}/pw" not in listed and f"{WS}/rootfs" not in listed and f"{WS}/alias" in listed
+    assert not [h for h in await sb.grep("root:", "/mnt/user-data") if "root:" in h.text]
+    assert await sb.glob("passwd", "/mnt/user-data") == []
+    backend = SandboxBackend(sb)
+    got = await asyncio.to_thread(backend.download_files, [f"{WS}/pw"])
+    assert got[0].content is None and got[0].error, got
+
+
+async def test_huge_files_are_capped_and_the_quota_holds(
+    pair: tuple[SharedDockerProvider, SharedDockerProvider], threads: list[str]
+) -> None:
+    a, _ = pair
+    tid = _thread(threads)
+    sb = await a.acquire(tid)
+    # Sparse: 15 MB of nothing (the file size limit is the 20 MB quota), one line that never ends, costs no disk.
+    assert (
+        await sb.exec("truncate -s 15M big && head -c 3000000 /dev/zero | tr '\\0' a > wide")
+    ).exit_code == 0
+    with pytest.raises(SandboxError, match="larger than 1048576 bytes"):
+        await sb.read_bytes("big", 1024 * 1024)
+    window = await sb.read_file("wide")
+    assert len(window.text) < 10_000 and "line cut" in window.text
+    with pytest.raises(SandboxError, match="binary"):
+        await sb.read_file("big")
+    # The quota (20 MB here) is measured in the volume: a write past it is refused.
+    with pytest.raises(QuotaExceeded):
+        await sb.write_file("fill.bin", b"x" * (21 * 1024 * 1024))
+    res = await sb.exec("head -c 25000000 /dev/zero > fill.bin; echo done")
+    assert "disk quota exceeded" in res.output, res
+    with pytest.raises(QuotaExceeded):
+        await sb.exec("true")
+    await sb.delete("fill.bin")
+    assert (await sb.exec("true")).exit_code == 0
+
+
+async def test_an_idle_container_is_reaped_and_its_volume_kept(root: Path, threads: list[str]) -> None:
+    p = SharedDockerProvider(
+        root / "r", image=IMAGE, limits=SandboxLimits(pids=64, memory_mb=256), idle_timeout=1
+    )
+    try:
+        tid = _thread(threads)
+        sb = await p.acquire(tid)
+        await sb.exec("echo kept > k")
+        await p.release(tid)
+        gone: list[str] = []
+        for _ in range(100):  # the stamp's age is counted in whole seconds
+            gone = await p.reap_idle()
+            if tid in gone:
+                break
+            await asyncio.sleep(0.2)
+        assert tid in gone
+
+        import docker
+
+        client = docker.from_env()
+        try:
+            assert not client.containers.list(all=True, filters={"name": container_name(tid)})
+            assert client.volumes.get(volume_name(tid))
+        finally:
+            client.close()
+        sb = await p.acquire(tid)
+        assert (await sb.exec("cat k")).output == "kept\n"
+    finally:
+        await p.close()
+
+
+async def test_a_busy_container_is_not_reaped(root: Path, threads: list[str]) -> None:
+    p = SharedDockerProvider(
+        root / "r", image=IMAGE, limits=SandboxLimits(pids=64, memory_mb=256), idle_timeout=1
+    )
+    try:
+        tid = _thread(threads)
+        sb = await p.acquire(tid)
+        run = asyncio.ensure_future(sb.exec("sleep 4; echo survived"))
+        await asyncio.sleep(2.5)
+        assert tid not in await p.reap_idle()
+        assert (await run).output == "survived\n"
+    finally:
+        await p.close()
