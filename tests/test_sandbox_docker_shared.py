@@ -9,6 +9,7 @@ Skipped only when no Docker engine answers. The image must exist (scripts/setup-
 from __future__ import annotations
 
 import asyncio
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -56,16 +57,39 @@ def _thread(threads: list[str], name: str = "") -> str:
     return tid
 
 
+def _remove_skills(digest: str) -> None:
+    import docker
+    from docker.errors import NotFound
+
+    client = docker.from_env()
+    name = f"chital-skills-{digest}"
+    for c in client.containers.list(all=True, filters={"name": name}):
+        c.remove(force=True)
+    try:
+        client.volumes.get(name).remove(force=True)
+    except NotFound:
+        pass
+    client.close()
+
+
 @pytest.fixture
-async def pair(root: Path) -> AsyncIterator[tuple[SharedDockerProvider, SharedDockerProvider]]:
-    """Two providers with different roots, as two daemons on one engine would be."""
+async def pair(
+    root: Path, demo_skills: Path
+) -> AsyncIterator[tuple[SharedDockerProvider, SharedDockerProvider]]:
+    """Two providers with different roots and their own copies of the same skills, as two daemons
+    on one engine would be."""
     limits = SandboxLimits(pids=64, memory_mb=256, disk_mb=20)
-    a = SharedDockerProvider(root / "a", image=IMAGE, limits=limits)
-    b = SharedDockerProvider(root / "b", image=IMAGE, limits=limits)
+    copy = root / "skills-b"
+    shutil.copytree(demo_skills, copy)
+    a = SharedDockerProvider(root / "a", demo_skills, image=IMAGE, limits=limits)
+    b = SharedDockerProvider(root / "b", copy, image=IMAGE, limits=limits)
     for p in (a, b):
         await p.reconcile()
     yield a, b
     await asyncio.gather(a.close(), b.close())
+    for p in (a, b):
+        if p._skills is not None:
+            await asyncio.to_thread(_remove_skills, p._skills[2])
 
 
 async def test_a_file_written_on_one_daemon_is_read_on_another(
@@ -102,6 +126,23 @@ async def test_a_file_written_on_one_daemon_is_read_on_another(
     assert (await sb.exec("wc -c < ../uploads/r.txt")).output.strip() == "300000"
     await sb.delete("notes")
     assert await sb.stat("notes/tool.txt") is None
+
+
+async def test_skills_come_from_a_volume_both_daemons_share(
+    pair: tuple[SharedDockerProvider, SharedDockerProvider], threads: list[str]
+) -> None:
+    """Each daemon has its own copy of the skills; the container is not made anew when the next
+    turn runs on the other daemon, and the skills are readable, never writable."""
+    a, b = pair
+    tid = _thread(threads)
+    first = (await a.acquire(tid)).container_id
+    sb = await b.acquire(tid)
+    assert sb.container_id == first
+    assert (await sb.read_file("/mnt/skills/demo/SKILL.md")).text == "# Demo\n"
+    assert (await sb.exec("cat /mnt/skills/demo/SKILL.md")).output == "# Demo\n"
+    assert (await sb.exec("touch /mnt/skills/x")).exit_code != 0
+    with pytest.raises(PathRefused):
+        await sb.write_file("/mnt/skills/demo/SKILL.md", "changed")
 
 
 async def test_two_daemons_starting_one_thread_at_once_share_one_container(

@@ -57,13 +57,14 @@ def _tool_results(model: FakeOpenAI) -> list[str]:
 
 
 def _shared_sandboxes() -> tuple[set[str], set[str]]:
-    """Names of the shared mode's containers and volumes on the engine now."""
+    """Names of the sandboxes' containers and volumes on the engine now."""
     import docker
 
     client = docker.from_env()
     try:
-        containers = {c.name for c in client.containers.list(all=True, filters={"label": "chital.shared=1"})}
-        volumes = {v.name for v in client.volumes.list(filters={"label": "chital.shared=1"})}
+        label = {"label": "chital.sandbox=1"}  # the threads' and the skills'
+        containers = {c.name for c in client.containers.list(all=True, filters=label)}
+        volumes = {v.name for v in client.volumes.list(filters=label)}
     finally:
         client.close()
     return containers, volumes
@@ -137,5 +138,12 @@ async def test_a_file_written_on_one_daemon_is_read_on_another_after_kill_9(
         await asyncio.gather(*(d.close() for d in daemons))
         made = await asyncio.to_thread(_remove_new, before)
     # One container and one volume for the conversation, whichever daemons ran it; the start-up
-    # probes' (one per daemon) were removed by the daemons themselves.
-    assert (len(made[0]), len(made[1])) == (1, 1), made
+    # probes' (one per daemon) were removed by the daemons themselves. The skills (the same on
+    # every daemon) are one volume, marked complete by one container that never runs.
+    threads = (
+        {c for c in made[0] if c.startswith("chital-sbx-")},
+        {v for v in made[1] if v.startswith("chital-ws-")},
+    )
+    assert (len(threads[0]), len(threads[1])) == (1, 1), made
+    skills = {c for c in made[0] if c.startswith("chital-skills-")}
+    assert len(skills) == 1 and skills == {v for v in made[1] if v.startswith("chital-skills-")}, made

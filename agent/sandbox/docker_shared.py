@@ -23,7 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
+import json
 import logging
+import os
+import stat
+import tarfile
 import time
 import uuid
 from pathlib import Path
@@ -44,6 +49,7 @@ from .quota import QuotaExceeded
 log = logging.getLogger(__name__)
 
 LABEL_SHARED = "chital.shared"
+LABEL_SKILLS = "chital.skills"
 STAMP_DIR = "/run/chital"
 STAMP = f"{STAMP_DIR}/used"
 WATCH_EVERY = 2.0  # seconds between disk measurements while a command runs
@@ -138,6 +144,11 @@ class SharedDockerProvider(DockerProvider):
             min_free_mb=0,
         )
         self.user = f"{uid}:{gid}"
+        settings = [image, self.limits.model_dump(), uid, gid, network, "shared"]
+        self.base_hash = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        """The settings' hash without the skills dir's path: each daemon has its own copy of the
+        skills (their content is what counts, see ``_skills_volume``)."""
+        self._skills: tuple[object, bytes, str] | None = None
         self.probe_id = f"{PROBE_THREAD}-{uuid.uuid4().hex[:12]}"
         """The start-up probe's thread, one per daemon: daemons starting together must not
         remove each other's probe container mid-command."""
@@ -167,20 +178,22 @@ class SharedDockerProvider(DockerProvider):
         volume = volume_name(thread_id)
         labels = {LABEL: "1", LABEL_SHARED: "1", LABEL_THREAD: thread_id}
         self.client.volumes.create(volume, labels=labels)  # an existing volume is returned as is
+        skills = self._skills_volume()
+        config = hashlib.sha256(f"{self.base_hash}:{skills}".encode()).hexdigest()[:16]
         for _ in range(40):
             try:
                 c = self.client.containers.get(name)
             except NotFound:
                 c = None
-            if c is not None and c.labels.get(LABEL_CONFIG) != self.config_hash:
+            if c is not None and c.labels.get(LABEL_CONFIG) != config:
                 with contextlib.suppress(NotFound):
                     c.remove(force=True)  # built from other settings: anew (the volume stays)
                 c = None
             if c is None:
                 mounts = [Mount(USER_DATA, volume, type="volume")]
-                if self.skills_dir is not None:
-                    mounts.append(Mount(SKILLS, str(self.skills_dir), type="bind", read_only=True))
-                spec = self._spec(name, {**labels, LABEL_CONFIG: self.config_hash}, mounts, self.user)
+                if skills is not None:
+                    mounts.append(Mount(SKILLS, skills, type="volume", read_only=True))
+                spec = self._spec(name, {**labels, LABEL_CONFIG: config}, mounts, self.user)
                 spec["tmpfs"] = {**spec["tmpfs"], STAMP_DIR: "rw,nosuid,nodev,noexec,size=64k,mode=0755"}
                 try:
                     return str(self.client.containers.run(**spec).id)
@@ -196,6 +209,89 @@ class SharedDockerProvider(DockerProvider):
                 return str(c.id)
             time.sleep(0.25)  # created by another daemon, not started yet
         raise SandboxUnavailable(f"the sandbox container {name} could not be started")
+
+    def _skills_archive(self) -> tuple[bytes, str] | None:
+        """The skills dir as a tar (links and special files left out; owner root, no times, so
+        equal content gives equal bytes on every daemon) and its hash; rebuilt when it changed."""
+        if self.skills_dir is None or not self.skills_dir.is_dir():
+            return None
+        view = self.skills_dir
+        seen = []
+        for dirpath, dirnames, filenames in os.walk(view):
+            dirnames.sort()
+            for name in sorted(filenames):
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(dirpath, name))
+                    seen.append((dirpath, name, st.st_size, st.st_mtime_ns, st.st_mode))
+        if self._skills is not None and self._skills[0] == seen:
+            return self._skills[1], self._skills[2]
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for dirpath, dirnames, filenames in os.walk(view):
+                dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
+                rel = os.path.relpath(dirpath, view)
+                if rel != ".":
+                    info = tarfile.TarInfo(rel)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+                for name in sorted(filenames):
+                    path = os.path.join(dirpath, name)
+                    try:
+                        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                    except OSError:
+                        continue
+                    with os.fdopen(fd, "rb") as f:
+                        st = os.fstat(f.fileno())
+                        if not stat.S_ISREG(st.st_mode):
+                            continue
+                        data = f.read()
+                    info = tarfile.TarInfo(os.path.normpath(os.path.join(rel, name)))
+                    info.size, info.mode = len(data), 0o755 if st.st_mode & 0o111 else 0o644
+                    tar.addfile(info, io.BytesIO(data))
+        data = buf.getvalue()
+        digest = hashlib.sha256(data).hexdigest()[:16]
+        self._skills = (seen, data, digest)
+        return data, digest
+
+    def _skills_volume(self) -> str | None:
+        """A read-only volume holding the skills, named after their content, so every daemon with
+        the same skills mounts the same one (a daemon's host path means nothing to a remote
+        engine). Filled once through the archive API into a container that is never started; a
+        marker container of the volume's name, made after, says it is complete."""
+        archive = self._skills_archive()
+        if archive is None:
+            return None
+        data, digest = archive
+        name = f"chital-skills-{digest}"
+        labels = {LABEL: "1", LABEL_SKILLS: "1"}
+        try:
+            self.client.containers.get(name)
+            return name
+        except NotFound:
+            pass
+        self.client.volumes.create(name, labels=labels)
+        filler = self.client.containers.create(
+            self.image,
+            ["true"],
+            name=f"{name}-fill-{uuid.uuid4().hex[:8]}",
+            labels=labels,
+            network_mode="none",
+            mounts=[Mount("/skills", name, type="volume")],
+        )
+        try:
+            filler.put_archive("/skills", data)
+        finally:
+            filler.remove(force=True)
+        with contextlib.suppress(APIError):  # 409: another daemon marked it complete first
+            self.client.containers.create(
+                self.image,
+                ["true"],
+                name=name,
+                labels=labels,
+                network_mode="none",
+                mounts=[Mount("/skills", name, type="volume", read_only=True)],
+            )
+        return name
 
     def _stamp(self, thread_id: str) -> None:
         """Mark the thread's container as used now (root-owned tmpfs: sandboxed code cannot)."""

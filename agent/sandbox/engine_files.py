@@ -18,6 +18,7 @@ import contextlib
 import json
 import posixpath
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ _MAX_READ_BYTES = 64 * 1024 * 1024  # as files.py: read_bytes without a cap of i
 _CHUNK = 96 * 1024  # base64 characters per argument (Linux: 128 KiB per argument string)
 _CHUNKS_PER_EXEC = 12  # ~1.1 MB of argv per exec, well under ARG_MAX (a quarter of the stack)
 _IO_SECONDS = 60.0  # no byte for this long: the operation is abandoned
+_OP_SECONDS = 120.0  # the whole operation, here and (killed) in the container
 _WALK_LIMIT = 50_000
 
 _ERRORS = {
@@ -67,9 +69,12 @@ class _Reply:
         self.cap = cap
         self.got = 0
         self.eof = False
+        self.deadline = time.monotonic() + _OP_SECONDS
 
     def _more(self) -> bool:
         for stream, data in self.frames:
+            if time.monotonic() > self.deadline:
+                raise SandboxError("the file operation took too long; refused")
             if stream != 1:  # stderr: the program writes none; ignore whatever appears
                 continue
             self.got += len(data)
@@ -128,7 +133,9 @@ class EngineFiles(HostFiles):
 
     def _open(self, args: list[str], cap: int) -> _Reply:
         api = self.provider.client.api
-        argv = ["python3", "-I", "-c", HELPER, *args]
+        # coreutils' timeout kills the program even when nobody reads its output any more (the
+        # engine does not stop an exec whose client went away).
+        argv = ["timeout", "-s", "KILL", str(int(_OP_SECONDS)), "python3", "-I", "-c", HELPER, *args]
 
         def start() -> Any:
             name = self.provider.ensure_container(self.thread_id, fast=True)
