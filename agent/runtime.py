@@ -252,6 +252,10 @@ class AgentRuntime:
                 "unsandboxed", "local, bubblewrap missing: commands run UNSANDBOXED on this host"
             )
         where = f"bubblewrap {bwrap}" if s.provider == "local" else f"image {s.image}"
+        if s.provider == "docker" and s.docker.shared:
+            return SandboxState(
+                "ready", f"docker, {where}, shared engine (files in per-conversation volumes)"
+            )
         return SandboxState("ready", f"{s.provider}, {where}, root {self.sandbox_root}")
 
     # -- lifecycle ------------------------------------------------------------------------------

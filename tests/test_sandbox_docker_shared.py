@@ -256,3 +256,19 @@ async def test_a_busy_container_is_not_reaped(root: Path, threads: list[str]) ->
         assert (await run).output == "survived\n"
     finally:
         await p.close()
+
+
+async def test_a_tree_hidden_from_the_quota_counts_as_over_it(
+    pair: tuple[SharedDockerProvider, SharedDockerProvider], threads: list[str]
+) -> None:
+    """A directory made unreadable cannot hide what it holds from the measurement."""
+    a, _ = pair
+    tid = _thread(threads)
+    sb = await a.acquire(tid)
+    assert (
+        await sb.exec("mkdir -p hide/deep && head -c 1000 /dev/zero > hide/deep/f && chmod 000 hide")
+    ).exit_code == 0
+    with pytest.raises(QuotaExceeded, match="not readable"):
+        await sb.exec("true")
+    with pytest.raises(QuotaExceeded):
+        await sb.write_file("x.txt", "x")

@@ -443,9 +443,20 @@ class EngineFiles(HostFiles):
     def usage(self) -> Usage:
         roots = [m.virtual for m in self.mapper.mounts if m.writable]
         head = self._call(USER_DATA, ["usage", str(self.quota.max_files), *roots])
+        used, files = int(head.get("blocks", 0)), int(head.get("files", 0))
         if head.get("cut"):
-            return Usage(int(head.get("blocks", 0)), int(head.get("files", 0)), "too many files to measure")
-        return Usage(int(head.get("blocks", 0)), int(head.get("files", 0)))
+            problem = (
+                f"file quota exceeded: more than {self.quota.max_files} files and directories in "
+                f"{USER_DATA}; delete some (caches, build trees, node_modules) and try again"
+            )
+            return Usage(used, files, problem)
+        if head.get("unreadable"):
+            problem = (
+                f"a directory in {USER_DATA} is not readable, so its size cannot be checked against "
+                f"the disk quota: make it readable (chmod -R u+rwX {USER_DATA}) or delete it"
+            )
+            return Usage(used, files, problem)
+        return Usage(used, files)
 
     def room(self, incoming: int) -> None:
         """Raise :class:`QuotaExceeded` unless the thread can take ``incoming`` more bytes (the

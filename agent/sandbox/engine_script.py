@@ -231,11 +231,14 @@ def op_grep(root, rel, prefix, rx, inc, base, most, seconds, total, per_file, wi
                 found.append([path, n, line[: int(width)]])
     return {"matches": found, "cut": cut, "single": single(root, rel)}
 def op_usage(most, *roots):
-    blocks, files, seen = 0, 0, set()
+    blocks, files, seen, denied = 0, 0, set(), []
+    def failed(e):
+        if isinstance(e, PermissionError):
+            denied.append(1)
     for root in roots:
         fd = os.open(root, D)
         try:
-            for _, dirs, names_, dfd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
+            for _, dirs, names_, dfd in os.fwalk(".", dir_fd=fd, follow_symlinks=False, onerror=failed):
                 for name in dirs + names_:
                     files += 1
                     if files > int(most):
@@ -249,7 +252,7 @@ def op_usage(most, *roots):
                         blocks += st.st_blocks * 512
         finally:
             os.close(fd)
-    return {"blocks": blocks, "files": files, "cut": False}
+    return {"blocks": blocks, "files": files, "cut": False, "unreadable": bool(denied)}
 OPS = {"stat": op_stat, "ls": op_ls, "read": op_read, "write": op_write, "create": op_create,
        "delete": op_delete, "walk": op_walk, "grep": op_grep, "usage": op_usage}
 try:
