@@ -185,6 +185,27 @@ async def test_links_out_of_the_workspace_are_not_followed_through_the_engine(
     assert got[0].content is None and got[0].error, got
 
 
+async def test_a_mount_dir_swapped_for_a_link_is_not_followed(
+    pair: tuple[SharedDockerProvider, SharedDockerProvider], threads: list[str]
+) -> None:
+    """In the volume the mount dirs are plain dirs the sandbox user owns (not mount points, as
+    with host binds), so sandboxed code can swap one for a link to ``/``."""
+    a, _ = pair
+    tid = _thread(threads)
+    sb = await a.acquire(tid)
+    res = await sb.exec("cd /mnt/user-data && mv uploads up.old && ln -s /etc uploads && echo swapped")
+    assert res.output.strip() == "swapped", res
+    for path in ("/mnt/user-data/uploads/passwd", "/mnt/user-data/uploads"):
+        with pytest.raises(PathRefused):
+            await sb.read_file(path)
+    with pytest.raises(PathRefused):
+        await sb.ls("/mnt/user-data/uploads")
+    with pytest.raises(PathRefused):
+        await asyncio.to_thread(a.files_for(tid).create_unique, "/mnt/user-data/uploads", "p.txt", b"x")
+    assert not [h for h in await sb.grep("root:", "/mnt/user-data") if "root:" in h.text]
+    assert (await sb.exec("true")).exit_code == 0  # the quota's walk skips the link
+
+
 async def test_huge_files_are_capped_and_the_quota_holds(
     pair: tuple[SharedDockerProvider, SharedDockerProvider], threads: list[str]
 ) -> None:

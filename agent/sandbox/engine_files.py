@@ -175,6 +175,20 @@ class EngineFiles(HostFiles):
         finally:
             reply.close()
 
+    def _call_some(self, virtual: str, args: list[str], *, several: bool) -> dict[str, Any]:
+        """``_call`` for one of several mounts searched at once: a mount dir that sandboxed code
+        swapped for a link (or removed) is left out of the search, not followed."""
+        try:
+            return self._call(virtual, args)
+        except PathRefused:
+            if not several:
+                raise
+            return {}
+        except SandboxError:
+            if not several:
+                raise
+            return {"cut": True}  # the others' results, marked incomplete
+
     @contextlib.contextmanager
     def _net(self, virtual: str) -> Iterator[None]:
         try:
@@ -389,9 +403,10 @@ class EngineFiles(HostFiles):
         match = _glob_matcher(pattern)
         out: list[str] = []
         cut = False
-        for mount, rel, prefix in self._search_roots(path):
+        roots = self._search_roots(path)
+        for mount, rel, prefix in roots:
             args = ["walk", mount.virtual, rel, str(_WALK_LIMIT), str(bounded.WALK_SECONDS)]
-            head = self._call(mount.virtual, args)
+            head = self._call_some(mount.virtual, args, several=len(roots) > 1)
             cut = cut or bool(head.get("cut"))
             for found in head.get("files") or []:
                 if not isinstance(found, str) or ".." in found.split("/"):
@@ -423,11 +438,12 @@ class EngineFiles(HostFiles):
         count = 1_000_000 if max_count is None else max_count
         out: list[GrepMatch] = []
         cut = False
-        for mount, rel, prefix in self._search_roots(path):
+        roots = self._search_roots(path)
+        for mount, rel, prefix in roots:
             limits = [_WALK_LIMIT, bounded.WALK_SECONDS, bounded.MAX_GREP_BYTES, bounded.MAX_GREP_FILE]
             limits += [bounded.MAX_GREP_LINE, count - len(out)]
             args = ["grep", mount.virtual, rel, prefix, rx, include, base, *map(str, limits)]
-            head = self._call(mount.virtual, args)
+            head = self._call_some(mount.virtual, args, several=len(roots) > 1)
             cut = cut or bool(head.get("cut"))
             for item in head.get("matches") or []:
                 found, line, text = item

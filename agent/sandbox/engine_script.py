@@ -29,7 +29,11 @@ def say(obj):
     out.write(json.dumps(obj).encode() + b"\n")
     out.flush()
 def resolve(root, rel):
-    top = os.path.realpath(root)
+    # The mount's own dir is a plain directory of the volume here, not a mount point: sandboxed
+    # code could swap it for a link. Refused, and opened with O_NOFOLLOW below (no race either).
+    if os.path.realpath(root) != root:
+        raise Err("outside")
+    top = root
     real = os.path.realpath(os.path.join(top, rel)) if rel else top
     if real != top and not real.startswith(top + "/"):
         raise Err("outside")
@@ -236,7 +240,14 @@ def op_usage(most, *roots):
         if isinstance(e, PermissionError):
             denied.append(1)
     for root in roots:
-        fd = os.open(root, D)
+        try:
+            fd = os.open(root, D)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                continue  # swapped for a link: nothing of ours to count, and never followed
+            raise
         try:
             for _, dirs, names_, dfd in os.fwalk(".", dir_fd=fd, follow_symlinks=False, onerror=failed):
                 for name in dirs + names_:
