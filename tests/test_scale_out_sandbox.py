@@ -1,10 +1,12 @@
 """The conversation's workspace follows it across daemons: three real ``chital run`` processes on
 one PostgreSQL database and one Docker engine, with ``agent.sandbox.docker.shared``.
 
-Turn 1 runs on the leader (it polls the fake Telegram bot) and writes a file with a shell command;
-the leader is killed with SIGKILL; turn 2 runs on the daemon that leads next and reads the file
-with the file tool. Each daemon has its own ``storage.path``, so without the shared mode the
-second daemon would find an empty workspace (as docs/scale-out.md used to say).
+Turn 1 runs on the leader (it polls the fake Telegram bot): the user sends a file, which that
+daemon saves in the conversation's volume, and a shell command writes a file and copies the
+upload to outputs. The leader is killed with SIGKILL. Turn 2 runs on the daemon that leads next:
+it reads the file with the file tool and sends the copied upload back (read through the engine).
+Each daemon has its own ``storage.path``, so without the shared mode the second daemon would find
+an empty workspace (as docs/scale-out.md used to say).
 
 Skipped when no Docker engine answers (the PostgreSQL pass is ``CHITAL_TEST_POSTGRES=1``).
 """
@@ -31,6 +33,7 @@ pytestmark = [
 
 CHAT = 4242
 SECRET = "kumquat-7319"
+CSV = b"alpha,beta\n1,2\n"
 
 
 def _config(root: Path, n: int, pg_url: str, model: FakeOpenAI, tg: FakeTelegram) -> dict[str, Any]:
@@ -91,25 +94,32 @@ async def test_a_file_written_on_one_daemon_is_read_on_another_after_kill_9(
 ) -> None:
     def reply(body: dict[str, Any]) -> Reply:
         text = last_user_text(body)
-        if body["messages"][-1].get("role") == "tool":
-            result = str(body["messages"][-1].get("content"))
-            if text == "remember it":
-                return Reply(text="written")
-            return Reply(text=f"the file says: {result.strip()}")
-        if text == "remember it":
-            command = f"mkdir -p notes && echo {SECRET} > notes/secret.txt && echo ok"
-            return Reply(tool_calls=[ToolCall("execute", {"command": command})])
-        return Reply(
-            tool_calls=[ToolCall("read_file", {"file_path": "/mnt/user-data/workspace/notes/secret.txt"})]
-        )
+        if body["messages"][-1].get("role") != "tool":
+            if "remember it" in text:  # turn 1: a file by shell, and the user's upload copied out
+                command = (
+                    f"mkdir -p notes && echo {SECRET} > notes/secret.txt && "
+                    "cp /mnt/user-data/uploads/data.csv /mnt/user-data/outputs/back.csv && echo ok"
+                )
+                return Reply(tool_calls=[ToolCall("execute", {"command": command})])
+            path = "/mnt/user-data/workspace/notes/secret.txt"
+            return Reply(tool_calls=[ToolCall("read_file", {"file_path": path})])
+        results = [str(m.get("content")) for m in body["messages"] if m.get("role") == "tool"]
+        if "remember it" in text:
+            return Reply(text="written")
+        if SECRET in results[-1]:  # turn 2: send back the file turn 1 made from the upload
+            paths = ["/mnt/user-data/outputs/back.csv"]
+            return Reply(tool_calls=[ToolCall("present_files", {"paths": paths, "caption": "back"})])
+        said = next(r for r in reversed(results) if SECRET in r)
+        return Reply(text=f"the file says: {said.strip()}")
 
-    model.add_rule(lambda text: text in ("remember it", "what does it say?"), reply)
+    model.add_rule(lambda text: "remember it" in text or text == "what does it say?", reply)
     before = await asyncio.to_thread(_shared_sandboxes)
     configs = [_config(tmp_path, n, pg_url, model, tg) for n in range(3)]
     daemons: list[DaemonProcess] = await start_cluster(tmp_path, configs)
     try:
         a = await find_leader(daemons)
-        tg.inject_message(CHAT, CHAT, "remember it")
+        upload = tg.add_file(CSV, file_name="data.csv", mime_type="text/csv")
+        tg.inject_message(CHAT, CHAT, "remember it", document=upload)
         await wait(lambda: "written" in tg.bot_texts(CHAT), 90, "turn 1's answer", lambda: tg.bot_texts(CHAT))
         assert any("ok" in r for r in _tool_results(model)), _tool_results(model)
         # Turn 1 ran on the leader, which took the message from Telegram: nobody picked it up.
@@ -130,10 +140,19 @@ async def test_a_file_written_on_one_daemon_is_read_on_another_after_kill_9(
         assert SECRET in said, said
         # The model saw the file's content in the read_file tool result, on the second daemon.
         assert any(SECRET in r for r in _tool_results(model)[1:]), _tool_results(model)
-        # No daemon's own storage holds the file: it lives in the engine's volume.
+
+        # The user's upload, saved by the first daemon, copied to outputs by its turn, is sent
+        # back by the second one, read through the engine.
+        def docs() -> list[Any]:
+            return [m for m in tg.bot_messages(CHAT) if m.document]
+
+        await wait(lambda: docs(), 60, "the file sent back", lambda: (_tool_results(model), b.logs()[-3000:]))
+        (doc,) = docs()
+        assert tg.file_bytes(doc.document["file_id"]) == CSV
+        # No daemon's own storage holds the files: they live in the engine's volume.
         for n in range(3):
             data = tmp_path / f"data-{n}"
-            assert not [p for p in data.rglob("secret.txt")], n
+            assert not [p for p in data.rglob("*") if p.name in ("secret.txt", "back.csv")], n
     finally:
         await asyncio.gather(*(d.close() for d in daemons))
         made = await asyncio.to_thread(_remove_new, before)
