@@ -234,16 +234,18 @@ async def test_huge_files_are_capped_and_the_quota_holds(
 
 
 async def test_an_idle_container_is_reaped_and_its_volume_kept(root: Path, threads: list[str]) -> None:
-    p = SharedDockerProvider(
-        root / "r", image=IMAGE, limits=SandboxLimits(pids=64, memory_mb=256), idle_timeout=1
-    )
+    """Daemon ``p`` reaps; daemon ``other`` still holds the thread's sandbox from an earlier turn,
+    and its next command gets a new container with the same files."""
+    limits = SandboxLimits(pids=64, memory_mb=256)
+    p = SharedDockerProvider(root / "r", image=IMAGE, limits=limits, idle_timeout=1)
+    other = SharedDockerProvider(root / "o", image=IMAGE, limits=limits)
     try:
         tid = _thread(threads)
-        sb = await p.acquire(tid)
-        await sb.exec("echo kept > k")
-        await p.release(tid)
+        held = await other.acquire(tid)
+        await held.exec("echo kept > k")
+        await other.release(tid)
         gone: list[str] = []
-        for _ in range(100):  # the stamp's age is counted in whole seconds
+        for _ in range(100):
             gone = await p.reap_idle()
             if tid in gone:
                 break
@@ -258,8 +260,23 @@ async def test_an_idle_container_is_reaped_and_its_volume_kept(root: Path, threa
             assert client.volumes.get(volume_name(tid))
         finally:
             client.close()
-        sb = await p.acquire(tid)
-        assert (await sb.exec("cat k")).output == "kept\n"
+        assert (await held.exec("cat k")).output == "kept\n"
+        assert (await held.read_file("k")).text == "kept\n"
+    finally:
+        await asyncio.gather(p.close(), other.close())
+
+
+async def test_a_recently_used_container_is_not_reaped(root: Path, threads: list[str]) -> None:
+    """The last-use stamp is written (a container without one would look idle for ever)."""
+    p = SharedDockerProvider(root / "r", image=IMAGE, limits=SandboxLimits(pids=64, memory_mb=256))
+    try:
+        tid = _thread(threads)
+        await p.acquire(tid)
+        await p.release(tid)
+        p.idle_timeout = 60
+        assert tid not in await p.reap_idle()
+        p.idle_timeout = 0
+        assert tid in await p.reap_idle()
     finally:
         await p.close()
 

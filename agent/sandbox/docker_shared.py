@@ -73,7 +73,7 @@ for d in os.listdir("/proc"):
             continue
         if argv[:2] != [b"sleep", b"infinity"]:
             busy += 1
-print(int(age), busy)
+print(round(age, 1), busy)
 """.replace("STAMP", STAMP)
 
 
@@ -354,8 +354,8 @@ class SharedDockerProvider(DockerProvider):
         exec_id = api.exec_create(c.id, ["python3", "-I", "-c", IDLE_CHECK], user="0", workdir="/")["Id"]
         out = api.exec_start(exec_id)
         try:
-            age, busy = (int(x) for x in out.split()[:2])
-        except ValueError:
+            age, busy = float(out.split()[0]), int(out.split()[1])
+        except (ValueError, IndexError):
             return False
         return busy == 0 and age > self.idle_timeout
 
