@@ -310,3 +310,30 @@ async def test_a_tree_hidden_from_the_quota_counts_as_over_it(
         await sb.exec("true")
     with pytest.raises(QuotaExceeded):
         await sb.write_file("x.txt", "x")
+
+
+async def test_a_container_removed_under_a_running_command_is_an_answer_not_a_crash(
+    pair: tuple[SharedDockerProvider, SharedDockerProvider], threads: list[str]
+) -> None:
+    """The reaper's window: removed between its check and another daemon's command. The command
+    ends as killed, and the next one runs in a new container with the same files."""
+    a, _ = pair
+    tid = _thread(threads)
+    sb = await a.acquire(tid)
+    await sb.exec("echo still > here")
+    run = asyncio.ensure_future(sb.exec("sleep 30; echo never"))
+    await asyncio.sleep(1.5)
+    await asyncio.to_thread(_remove_container, tid)
+    res = await asyncio.wait_for(run, 30)
+    assert "never" not in res.output and res.exit_code != 0, res
+    assert (await sb.exec("cat here")).output == "still\n"
+
+
+def _remove_container(tid: str) -> None:
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.containers.get(container_name(tid)).remove(force=True)
+    finally:
+        client.close()
