@@ -9,10 +9,12 @@ Skipped only when no Docker engine answers. The image must exist (scripts/setup-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -288,10 +290,14 @@ async def test_a_busy_container_is_not_reaped(root: Path, threads: list[str]) ->
     try:
         tid = _thread(threads)
         sb = await p.acquire(tid)
-        run = asyncio.ensure_future(sb.exec("sleep 4; echo survived"))
-        await asyncio.sleep(2.5)
+        run = asyncio.ensure_future(sb.exec("touch started; sleep 60; echo survived"))
+        await _started(sb)
+        await asyncio.sleep(1.2)  # past idle_timeout since the stamp
         assert tid not in await p.reap_idle()
-        assert (await run).output == "survived\n"
+        assert not run.done()  # still running: the container was left alone
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
     finally:
         await p.close()
 
@@ -321,8 +327,8 @@ async def test_a_container_removed_under_a_running_command_is_an_answer_not_a_cr
     tid = _thread(threads)
     sb = await a.acquire(tid)
     await sb.exec("echo still > here")
-    run = asyncio.ensure_future(sb.exec("sleep 30; echo never"))
-    await asyncio.sleep(1.5)
+    run = asyncio.ensure_future(sb.exec("touch started; sleep 30; echo never"))
+    await _started(sb)
     await asyncio.to_thread(_remove_container, tid)
     res = await asyncio.wait_for(run, 30)
     assert "never" not in res.output and res.exit_code != 0, res
@@ -337,3 +343,12 @@ def _remove_container(tid: str) -> None:
         client.containers.get(container_name(tid)).remove(force=True)
     finally:
         client.close()
+
+
+async def _started(sb: Any) -> None:
+    """Wait (generously) until the command has written ``started``: it runs now."""
+    for _ in range(600):
+        if await sb.stat("started") is not None:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the command never started")
