@@ -224,7 +224,17 @@ async def test_huge_files_are_capped_and_the_quota_holds(
     assert len(window.text) < 10_000 and "line cut" in window.text
     with pytest.raises(SandboxError, match="binary"):
         await sb.read_file("big")
-    # The quota (20 MB here) is measured in the volume: a write past it is refused.
+    # The quota (20 MB here) is measured in the volume. An edit counts only its growth: 15 MB
+    # used, a 7 MB file edited.
+    made = await sb.exec(
+        "(echo UNIQUE; yes hello | head -c 7000000) > edit.txt && head -c 8000000 /dev/urandom > pad && rm wide big"
+    )
+    assert made.exit_code == 0, made
+    assert await sb.edit("edit.txt", "UNIQUE", "CHANGED") == 1
+    assert (await sb.read_file("edit.txt", 0, 2)).text == "CHANGED\nhello\n"
+    await sb.delete("pad")
+    await sb.delete("edit.txt")
+    # A write past the quota is refused.
     with pytest.raises(QuotaExceeded):
         await sb.write_file("fill.bin", b"x" * (21 * 1024 * 1024))
     res = await sb.exec("head -c 25000000 /dev/zero > fill.bin; echo done")

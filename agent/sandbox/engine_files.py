@@ -20,6 +20,7 @@ import posixpath
 import socket
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from wcmatch import glob as wcglob
 
 from . import bounded
 from .engine_script import HELPER
-from .files import Entry, GrepMatch, HostFiles, TextWindow
+from .files import _EDIT_LOCKS, Entry, GrepMatch, HostFiles, TextWindow
 from .paths import USER_DATA, Mount, PathMapper, PathRefused, SandboxError
 from .quota import DiskQuota, QuotaExceeded, Usage, usage_problem
 
@@ -310,9 +311,13 @@ class EngineFiles(HostFiles):
         return [parts[i : i + _CHUNKS_PER_EXEC] for i in range(0, len(parts), _CHUNKS_PER_EXEC)]
 
     def write(self, path: str, content: str | bytes) -> str:
-        virtual, mount, rel = self._where(path, write=True)
         data = content.encode() if isinstance(content, str) else content
         self.room(len(data))
+        return self._put(path, data)
+
+    def _put(self, path: str, data: bytes) -> str:
+        """Write ``data`` to ``path`` (made or truncated), in as many execs as its size needs."""
+        virtual, mount, rel = self._where(path, write=True)
         for i, group in enumerate(self._chunks(data)):
             self._call(virtual, ["write", mount.virtual, rel, "append" if i else "truncate", *group])
         return virtual
@@ -341,31 +346,35 @@ class EngineFiles(HostFiles):
         if old == new:
             raise SandboxError("old_string and new_string are identical")
         virtual, _, _ = self._where(path, write=True)
-        try:
-            raw = self.read_bytes(virtual, bounded.MAX_EDIT_BYTES)
-        except SandboxError as e:
-            if "larger than" not in str(e):
-                raise
-            raise SandboxError(
-                f"{virtual}: larger than {bounded.MAX_EDIT_BYTES // (1024 * 1024)} MB, too large "
-                "for edit_file; use execute (sed -i, a script) instead"
-            ) from None
-        try:
-            content = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise SandboxError(f"{virtual}: not a UTF-8 text file") from None
-        count = content.count(old)
-        if count == 0:
-            raise SandboxError(f"{virtual}: old_string not found")
-        if count > 1 and not replace_all:
-            raise SandboxError(
-                f"{virtual}: old_string occurs {count} times; add context to make it unique "
-                "or set replace_all"
-            )
-        updated = content.replace(old, new) if replace_all else content.replace(old, new, 1)
-        self.room(len(updated.encode()) - len(raw))
-        self.write(virtual, updated)  # room() above already counted the growth
-        return count if replace_all else 1
+        # Edits of one file through this daemon are serialized, as on the host (files.py); a
+        # conversation's turns never run on two daemons at once.
+        lock = _EDIT_LOCKS[zlib.crc32(f"{self.thread_id}\0{virtual}".encode()) % len(_EDIT_LOCKS)]
+        with lock:
+            try:
+                raw = self.read_bytes(virtual, bounded.MAX_EDIT_BYTES)
+            except SandboxError as e:
+                if "larger than" not in str(e):
+                    raise
+                raise SandboxError(
+                    f"{virtual}: larger than {bounded.MAX_EDIT_BYTES // (1024 * 1024)} MB, too large "
+                    "for edit_file; use execute (sed -i, a script) instead"
+                ) from None
+            try:
+                content = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise SandboxError(f"{virtual}: not a UTF-8 text file") from None
+            count = content.count(old)
+            if count == 0:
+                raise SandboxError(f"{virtual}: old_string not found")
+            if count > 1 and not replace_all:
+                raise SandboxError(
+                    f"{virtual}: old_string occurs {count} times; add context to make it unique "
+                    "or set replace_all"
+                )
+            updated = content.replace(old, new) if replace_all else content.replace(old, new, 1)
+            self.room(len(updated.encode()) - len(raw))
+            self._put(virtual, updated.encode())  # only the growth counts against the quota
+            return count if replace_all else 1
 
     def delete(self, path: str) -> str:
         virtual, mount, rel = self._where(path, write=True)
