@@ -92,16 +92,28 @@ class SharedDockerSandbox(DockerSandbox):
         super().__init__(provider, dirs, container_id, None)
         self.files: EngineFiles = EngineFiles(provider, self.mapper, provider.quota)
 
+        self.room_known = False
+        """The last measurement, after this turn's previous command, found room. Each measurement
+        is an exec through the engine (~0.1 s), so the check before a command is skipped then:
+        within a turn only this daemon runs commands of the thread, and file writes and uploads
+        check the quota themselves. ``acquire`` (a new turn) clears it."""
+
     async def _before_command(self) -> None:
+        if self.room_known:
+            return
         await asyncio.to_thread(self.files.room, 0)
+        self.room_known = True
 
     async def _after_command(self) -> str | None:
+        self.room_known = False
         try:
             await asyncio.to_thread(self.files.room, 0)
         except QuotaExceeded as e:
             return f"[{e}; further commands are refused until then]"
         except Exception:  # a failed measurement must not fail the command that ran
             log.exception("sandbox quota check after a command in %s failed", self.id)
+            return None
+        self.room_known = True
         return None
 
     async def _watch_disk(self) -> str:
@@ -308,6 +320,8 @@ class SharedDockerProvider(DockerProvider):
             sb = self._sandboxes.get(key)
             if sb is None:
                 sb = SharedDockerSandbox(self, ThreadDirs.for_thread(self.root, key, self.skills_dir), "")
+            assert isinstance(sb, SharedDockerSandbox)
+            sb.room_known = False  # a new turn: other daemons may have run commands meanwhile
             await self._start(sb)
             await asyncio.to_thread(self._stamp, key)
             sb.touch()
