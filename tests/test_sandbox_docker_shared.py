@@ -224,6 +224,14 @@ async def test_huge_files_are_capped_and_the_quota_holds(
     assert len(window.text) < 10_000 and "line cut" in window.text
     with pytest.raises(SandboxError, match="binary"):
         await sb.read_file("big")
+    # A FIFO (whose reader would wait for ever) and a device are refused, not read.
+    assert (await sb.exec("mkfifo pipe")).exit_code == 0
+    for path in ("pipe", "/mnt/user-data/workspace/pipe"):
+        with pytest.raises(SandboxError, match="not a regular file"):
+            await sb.read_file(path)
+        with pytest.raises(SandboxError, match="not a regular file|No such device"):  # no reader: ENXIO
+            await sb.write_file(path, "x")
+    await sb.delete("pipe")
     # The quota (20 MB here) is measured in the volume. An edit counts only its growth: 15 MB
     # used, a 7 MB file edited.
     made = await sb.exec(
