@@ -287,7 +287,8 @@ async def test_an_idle_container_is_reaped_and_its_volume_kept(root: Path, threa
 
 
 async def test_a_recently_used_container_is_not_reaped(root: Path, threads: list[str]) -> None:
-    """The last-use stamp is written (a container without one would look idle for ever)."""
+    """The last-use stamp is written (a container without one would look idle for ever), and only
+    a daemon that owns the timers reaps."""
     p = SharedDockerProvider(root / "r", image=IMAGE, limits=SandboxLimits(pids=64, memory_mb=256))
     try:
         tid = _thread(threads)
@@ -296,6 +297,9 @@ async def test_a_recently_used_container_is_not_reaped(root: Path, threads: list
         p.idle_timeout = 60
         assert tid not in await p.reap_idle()
         p.idle_timeout = 0
+        p.reap_gate = lambda: False  # not the timers' owner: another daemon reaps
+        assert await p.reap_idle() == []
+        p.reap_gate = lambda: True
         assert tid in await p.reap_idle()
     finally:
         await p.close()

@@ -376,6 +376,8 @@ class SharedDockerProvider(DockerProvider):
     async def reap_idle(self) -> list[str]:
         """Remove shared containers idle longer than ``idle_timeout`` (any daemon's; their
         volumes stay). One that another daemon uses meanwhile is revived by its next call."""
+        if self.reap_gate is not None and not self.reap_gate():
+            return []  # another daemon (the timers' owner) reaps the shared containers
 
         def sweep() -> list[str]:
             gone = []
