@@ -8,10 +8,46 @@ continued by another from its last checkpoint. Imported only then (psycopg is an
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 Closer = Callable[[], Awaitable[None]]
+
+
+async def _check_when_told(conn: Any) -> None:
+    """The pool's check of a connection being taken: asked (an empty query, psycopg_pool's own
+    check) only when its idle socket has something to read, which for an idle connection means
+    the server said goodbye (a restart, a failover, ``pg_terminate_backend``): that check then
+    fails and the pool hands out a new connection instead. Every other take costs no round trip;
+    asking every time cost one per checkpoint call, about nine per turn (docs/performance.md,
+    "Several daemons")."""
+    from psycopg_pool import AsyncConnectionPool
+
+    if conn.closed or conn.broken or _readable(conn.pgconn.socket):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+def _readable(fd: int) -> bool:
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True  # a closed descriptor: let the real check say so
+
+
+class _InlineThreads:
+    """The ``asyncio`` LangGraph's Postgres checkpointer sees: ``to_thread`` runs the function
+    inline. It hands each (de)serialisation of a checkpoint to a worker thread, about seven hops per
+    turn; a turn's checkpoint is small, and on a busy machine each hop (a context switch, the GIL
+    handed back and forth) cost more than the work. The SQLite checkpointer runs inline too
+    (agent/checkpoints.py)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    @staticmethod
+    async def to_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
 
 
 async def _pool(url: str, max_size: int) -> Any:
@@ -28,7 +64,7 @@ async def _pool(url: str, max_size: int) -> Any:
         kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
         # A connection the server dropped (a restart, a failover) is replaced when it is taken,
         # instead of failing one turn per dead connection.
-        check=AsyncConnectionPool.check_connection,
+        check=_check_when_told,
     )
     await pool.open(wait=True, timeout=30)
     return pool
@@ -71,9 +107,10 @@ async def _open(url: str, max_size: int, factory: Callable[[Any], Any]) -> tuple
 
 async def postgres_checkpointer(url: str, max_size: int = 10) -> tuple[Any, Closer]:
     """An ``AsyncPostgresSaver`` with its tables set up, and how to close it."""
-    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    import langgraph.checkpoint.postgres.aio as saver
 
-    return await _open(url, max_size, AsyncPostgresSaver)
+    saver.asyncio = _InlineThreads()  # type: ignore[assignment]
+    return await _open(url, max_size, saver.AsyncPostgresSaver)
 
 
 async def postgres_store(url: str, max_size: int = 4) -> tuple[Any, Closer]:

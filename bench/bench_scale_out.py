@@ -3,12 +3,19 @@
     python bench/bench_scale_out.py                      # Slack DMs, 40 chats x 5, tools off
     python bench/bench_scale_out.py --platform telegram --chats 20 --messages 10
     python bench/bench_scale_out.py --tools              # the default tool stack (sandbox etc.)
+    python bench/bench_scale_out.py --statements 25      # + the statements per message (pg_stat_statements)
+    python bench/bench_scale_out.py --spy /tmp/prof      # + py-spy profiles of every daemon (raw stacks)
 
 Each configuration starts fresh (a new SQLite file, or a new database on one throw-away PostgreSQL
 cluster from tests/pg_server.py), warms up, then runs closed-loop users: each chat sends its next
 message once the previous one is answered. The fake model answers at once. Printed per
 configuration: messages/s, latency p50/p99 (event injected at the fake → answer seen there), and
-CPU per message summed over all daemons (the PostgreSQL server's own CPU is printed separately).
+CPU per message summed over all daemons, and the PostgreSQL server's own CPU per message beside it
+(the postmaster and its backends, read before the daemons stop: a backend's CPU leaves /proc with
+it). ``--statements N`` loads ``pg_stat_statements`` and prints, per PostgreSQL configuration, the
+statements run per message (all daemons together) and the N most frequent; ``--spy DIR`` runs each
+daemon under ``py-spy record`` (summarise with bench/spy_top.py; its CPU figures then include the
+profiler's cost).
 
 On Slack the fake spreads events over the daemons' sockets, as Slack does; on Telegram the leader
 polls and the others send only, so the work spreads only when the leader is busy. This machine has
@@ -19,6 +26,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -67,9 +77,66 @@ async def _exchange_tg(tg: FakeTelegram, chat: int, text: str) -> float:
     return time.monotonic() - t0
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _daemon_pid(d: DaemonProcess) -> int:
+    """The daemon's own pid (under ``--spy`` the process started is py-spy, the daemon its child)."""
+    assert d.proc is not None
+    if not d.prefix:
+        return d.proc.pid
+    kids = _children(d.proc.pid)
+    return kids[0] if kids else d.proc.pid
+
+
+async def _stop_spied(daemons: list[DaemonProcess]) -> None:
+    """SIGTERM the daemons under py-spy (not py-spy itself), so that it writes its profile."""
+    for d in daemons:
+        if d.prefix and d.proc and d.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(_daemon_pid(d), signal.SIGTERM)
+    for d in daemons:
+        if d.prefix and d.proc:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(d.proc.wait(), 60)
+
+
+async def _sql(url: str, sql: str) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(sql)
+        return list(await cur.fetchall()) if cur.description else []
+
+
+async def _statements(url: str) -> list[tuple[str, int, float]]:
+    """(statement, calls, ms of execution) in this database since the last reset, most called first."""
+    rows = await _sql(
+        url,
+        "SELECT query, calls, total_exec_time FROM pg_stat_statements"
+        " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " ORDER BY calls DESC",
+    )
+    return [(str(q), int(c), float(t)) for q, c, t in rows]
+
+
 async def run_config(
-    name: str, daemons_n: int, url: str | None, args: argparse.Namespace, model: FakeOpenAI, root: Path
-) -> tuple[str, float, list[float], float, int]:
+    name: str,
+    daemons_n: int,
+    url: str | None,
+    args: argparse.Namespace,
+    model: FakeOpenAI,
+    root: Path,
+    pg: PgServer | None = None,
+) -> tuple[str, float, list[float], float, int, float, list[tuple[str, int, float]]]:
     tg = FakeTelegram()
     await tg.start()
     slack = FakeSlack()
@@ -97,6 +164,10 @@ async def run_config(
                 }  # fmt: skip
             d = DaemonProcess(root / name / f"d{n}", cfg)
             d.workdir.mkdir(parents=True, exist_ok=True)
+            if args.spy:
+                out = Path(args.spy) / f"{name}-d{n}.raw"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                d.prefix = [args.py_spy, "record", "--format", "raw", "-r", "200", "-o", str(out), "--"]
             daemons.append(d)
         await asyncio.gather(*(d.start(timeout=120) for d in daemons))
 
@@ -107,8 +178,11 @@ async def run_config(
 
         for i in range(3):  # warm-up: imports, connections, first threads
             await exchange(1, f"warm {i}")
-        pids = [d.proc.pid for d in daemons if d.proc]
+        pids = [_daemon_pid(d) for d in daemons]
+        if url and args.statements:
+            await _sql(url, "SELECT pg_stat_statements_reset()")
         c0 = sum(cpu_seconds(p) for p in pids)
+        pg0 = _pg_cpu(pg) if pg else 0.0
         lat: list[float] = []
 
         async def user(chat: int) -> None:
@@ -119,8 +193,11 @@ async def run_config(
         await asyncio.gather(*(user(1000 + c) for c in range(args.chats)))
         wall = time.monotonic() - t0
         cpu = sum(cpu_seconds(p) for p in pids) - c0
-        return name, wall, lat, cpu, len(lat)
+        pg_cpu = _pg_cpu(pg) - pg0 if pg else 0.0  # before the daemons (and their backends) go
+        stmts = await _statements(url) if url and args.statements else []
+        return name, wall, lat, cpu, len(lat), pg_cpu, stmts
     finally:
+        await _stop_spied(daemons)
         await asyncio.gather(*(d.close() for d in daemons), return_exceptions=True)
         await slack.stop()
         await tg.stop()
@@ -135,29 +212,50 @@ async def main() -> None:
         "--tools", action="store_true", help="the default tool stack (default: agent.tools false)"
     )
     ap.add_argument("--max", type=int, default=3, help="most daemons on PostgreSQL")
+    ap.add_argument("--only", default="", help="only these configurations, e.g. sqlite-1,postgres-3")
+    ap.add_argument("--statements", type=int, default=0, help="print the N most run statements")
+    ap.add_argument("--spy", default="", help="py-spy profiles of every daemon into this directory")
+    ap.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
     args = ap.parse_args()
     model = FakeOpenAI(record=False)
     await model.start()
     rows: list[tuple[str, float, list[float], float, int, float]] = []
-    with tempfile.TemporaryDirectory() as tmp, postgres_server() as pg:
+    stats: dict[str, list[tuple[str, int, float]]] = {}
+    wanted = set(filter(None, args.only.split(",")))
+    settings = ("shared_preload_libraries = 'pg_stat_statements'",) if args.statements else ()
+    with tempfile.TemporaryDirectory() as tmp, postgres_server(settings) as pg:
         root = Path(tmp)
-        name, wall, lat, cpu, n = await run_config("sqlite-1", 1, None, args, model, root)
-        rows.append((name, wall, lat, cpu, n, 0.0))
+        if not wanted or "sqlite-1" in wanted:
+            name, wall, lat, cpu, n, _, _ = await run_config("sqlite-1", 1, None, args, model, root)
+            rows.append((name, wall, lat, cpu, n, 0.0))
         for k in range(1, args.max + 1):
+            if wanted and f"postgres-{k}" not in wanted:
+                continue
             url = pg.create_db(f"bench{k}")
-            pg0 = _pg_cpu(pg)
-            name, wall, lat, cpu, n = await run_config(f"postgres-{k}", k, url, args, model, root)
-            rows.append((name, wall, lat, cpu, n, _pg_cpu(pg) - pg0))
+            if args.statements:
+                await _sql(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            name, wall, lat, cpu, n, pg_cpu, stmts = await run_config(
+                f"postgres-{k}", k, url, args, model, root, pg
+            )
+            rows.append((name, wall, lat, cpu, n, pg_cpu))
+            if args.statements:
+                stats[name] = [(q, c, t) for q, c, t in stmts if "pg_stat_statements" not in q]
     await model.aclose()
+    for name, stmts in stats.items():
+        n = next(r[4] for r in rows if r[0] == name)
+        calls = sum(c for _, c, _ in stmts)
+        print(f"\n-- {name}: {calls / n:.1f} statements per message ({calls} in all), most run first")
+        for q, c, t in stmts[: args.statements]:
+            print(f"{c / n:7.2f}/msg {t / max(c, 1) * 1000:6.0f} us  {' '.join(q.split())[:150]}")
     what = f"{args.platform} DMs, {args.chats} chats x {args.messages}, tools {'on' if args.tools else 'off'}"
     print(f"\n== {what} ==")
     print(f"{'config':<12} {'msg/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/msg':>11} {'(+postgres)':>12}")
-    base = rows[0][4] / rows[0][1]
+    base = rows[0][4] / rows[0][1] if rows[0][0] == "sqlite-1" else 0.0
     for name, wall, lat, cpu, n, pg_cpu in rows:
-        extra: dict[str, Any] = {"rel": (n / wall) / base}
+        rel = f"   ({(n / wall) / base:.2f}x sqlite-1)" if base else ""
         print(
             f"{name:<12} {n / wall:7.1f} {statistics.median(lat) * 1000:8.0f} {pct(lat, 99) * 1000:8.0f}"
-            f" {cpu / n * 1000:11.2f} {pg_cpu / n * 1000:12.2f}   ({extra['rel']:.2f}x sqlite-1)"
+            f" {cpu / n * 1000:11.2f} {pg_cpu / n * 1000:12.2f}{rel}"
         )
 
 

@@ -12,7 +12,7 @@ import aiohttp
 TOKEN = "console-admin-token-0123456789"
 """The admin token the tests' configs set (``console.token``)."""
 PAGES = ("/", "/conversations", "/people", "/approvals", "/schedules", "/tasks", "/usage", "/skills")
-ACTIONS = ("/people/approve", "/people/deny", "/people/revoke", "/schedules/cancel", "/approvals/revoke", "/tasks/stop", "/logout")  # fmt: skip
+ACTIONS = ("/people/approve", "/people/deny", "/people/revoke", "/schedules/cancel", "/approvals/revoke", "/approvals/approve", "/approvals/deny", "/tasks/stop", "/logout")  # fmt: skip
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 

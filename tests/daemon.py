@@ -196,6 +196,11 @@ class DaemonProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.runs = 0
         self.log_path = workdir / "daemon-0.log"
+        self.launcher = ["-m", "gateway.cli.main"]
+        """What the interpreter runs before ``run -c CONFIG``: the real entry point, or a test's
+        launcher around it (tests/upgraded_daemon.py: the next schema version)."""
+        self.prefix: list[str] = []
+        """A command the daemon runs under (a bench's profiler: ``py-spy record … --``)."""
 
     @property
     def sandbox_root(self) -> Path:
@@ -211,9 +216,9 @@ class DaemonProcess:
         env = env_without(PYTHONUNBUFFERED="1")
         log = self.log_path.open("wb")
         self.proc = await asyncio.create_subprocess_exec(
+            *self.prefix,
             sys.executable,
-            "-m",
-            "gateway.cli.main",
+            *self.launcher,
             "run",
             "-c",
             str(self.config_path),

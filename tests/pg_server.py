@@ -69,6 +69,8 @@ class PgServer:
     port: int
     user: pwd.struct_passwd | None
     proc: subprocess.Popen[bytes] | None = None
+    settings: tuple[str, ...] = ()
+    """More ``postgresql.conf`` lines (a bench loads ``pg_stat_statements``)."""
 
     @property
     def data(self) -> Path:
@@ -112,6 +114,7 @@ class PgServer:
             "max_connections = 200",
             "shared_buffers = 32MB",
             "log_min_messages = warning",
+            *self.settings,
         ]
         with open(self.data / "postgresql.conf", "a") as f:
             f.write("\n".join(conf) + "\n")
@@ -155,13 +158,13 @@ class PgServer:
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[PgServer]:
+def postgres_server(settings: tuple[str, ...] = ()) -> Iterator[PgServer]:
     bindir, why = find_postgres()
     if bindir is None:
         raise RuntimeError(why)
     root = Path(tempfile.mkdtemp(prefix="chital-pg-"))
     os.chmod(root, 0o755)
-    server = PgServer(bindir, root / "cluster", _free_port(), _run_as())
+    server = PgServer(bindir, root / "cluster", _free_port(), _run_as(), settings=settings)
     try:
         server.start()
         yield server

@@ -44,6 +44,7 @@ from tests.fakes.telegram_server import FakeTelegram
 PAGES = (
     # nav id, its page's <h1>, the id of what the page is for
     ("overview", "Overview", "channels"),
+    ("chat", "Chat with the agent", "chats"),
     ("conversations", "Conversations", "conversations"),
     ("people", "People", "pending"),
     ("approvals", "Approvals", "approvals-pending"),

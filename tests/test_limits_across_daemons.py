@@ -107,3 +107,20 @@ async def test_two_daemons_starting_background_tasks_at_once_stay_within_the_cap
     assert (
         await b.background_add(origin="v", conversation=chat, owner="telegram:v", text="v", cap=cap)
     ).owner
+
+
+async def test_pending_pairing_requests_stay_within_the_limit_across_daemons(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """Thirty strangers write at once to two daemons with ``pairing_max_pending`` 5: at most five
+    codes are left, the newest, each stranger's own."""
+    a, b = two_stores
+    calls = [
+        (a if i % 2 else b).pairing_request(f"telegram:{9000 + i}", f"S{i}", "", ttl=3600, max_pending=5)
+        for i in range(30)
+    ]
+    results = await _race(calls)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    left = await a.pairing_list()
+    assert len(left) <= 5, [r.user for r in left]
+    assert len({r.user for r in left}) == len(left)

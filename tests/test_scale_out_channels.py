@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.console_client import TOKEN, Console
 from tests.daemon import chat_config, free_port
 from tests.fakes.dingtalk_server import FakeDingTalk
 from tests.fakes.matrix_server import SERVER, FakeMatrix
@@ -38,6 +39,7 @@ from tests.scale_out_support import (
     start_cluster,
     wait,
 )
+from tests.webchat_client import WebChat
 
 pytestmark = pytest.mark.slow
 
@@ -291,4 +293,50 @@ async def test_matrix_sync_on_the_leader_only_and_the_handover_backlog_answered_
         assert in_model_order(model.requests, last_user_text).get("owner") == ["0", "1", "2", "3"]
         assert not matrix_hs.replies_to(room, old["event_id"]), "history before the cluster is not answered"
     finally:
+        await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)
+
+
+async def test_web_chat_served_by_every_daemon_and_a_turn_finished_after_its_daemons_kill_9(
+    tmp_path: Path, pg_url: str, model: FakeOpenAI
+) -> None:
+    """The web chat's messages live in the shared database: a page on daemon B follows a chat
+    written on daemon A (its own login there), and when A is killed with SIGKILL while streaming the
+    answer, B finishes the turn and the page shows one answer, not two."""
+    model.add_rule(
+        lambda t: "LAGGY" in t,
+        lambda body: Reply(
+            text=f"echo: {last_user_text(body)} " + "and more " * 20, chunks=40, chunk_delay=0.1
+        ),
+    )
+    configs = []
+    for n in range(2):
+        cfg = cluster_storage(chat_config(tmp_path / f"n{n}", model.base_url), pg_url)
+        cfg["console"] = {"token": TOKEN}
+        configs.append(cfg)
+    daemons = await start_cluster(tmp_path, configs)
+    pages = [Console(d.port) for d in daemons]
+    try:
+        for page in pages:
+            assert (await page.login())[0] == 303
+        on_a = await WebChat.new(pages[0])
+        on_b = WebChat(pages[1], on_a.chat)
+        on_b.listen()
+        status, body = await on_a.send("LAGGY web m0")
+        assert status == 200, body
+        await on_b.wait(
+            lambda: any("echo: LAGGY web m0" in m["text"] for m in on_b.bot()), "the answer streaming"
+        )
+        daemons[0].kill9()
+        await daemons[0].wait_exit()
+        final = await on_b.wait(
+            lambda: next((m for m in on_b.bot() if m["text"].rstrip().endswith("and more")), None),
+            "the whole answer, finished by B",
+            timeout=90,
+        )
+        await asyncio.sleep(LEASE + 1)
+        answers = [m for m in on_b.bot() if "echo: LAGGY web m0" in m["text"]]
+        assert [m["id"] for m in answers] == [final["id"]], [m["text"][:80] for m in on_b.bot()]
+        assert [m["text"] for m in on_b.latest().values() if m["role"] == "user"] == ["LAGGY web m0"]
+    finally:
+        await asyncio.gather(*(p.close() for p in pages), return_exceptions=True)
         await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)

@@ -48,6 +48,9 @@ TABLES = {
     "approval_grants",
     "approval_log",
     "choices",
+    "schema_floor",
+    "web_messages",
+    "web_files",
 }  # fmt: skip
 
 

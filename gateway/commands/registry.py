@@ -85,6 +85,9 @@ class CommandContext:
     """(message, text, buttons, idempotency key): post ``text`` with ``buttons`` in reply to the
     message, once per key; False where the platform has none (the caller says how to answer in
     text instead). ``/skills show`` puts Approve / Reject under a draft."""
+    decide_approval: Callable[[str, bool, str], Awaitable[str]] | None = None
+    """(approval id, approve, actor): settle a pending tool approval from the console
+    (``Approvals.decide_as_operator``); the sentence for the operator."""
     busy_changed: Callable[[str], None] | None = None
     """(conversation): ``/busy`` changed its mode; the daemon reads it again (gateway/turns/busy.py)."""
     background: BackgroundTasks | None = None

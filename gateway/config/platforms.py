@@ -24,8 +24,10 @@ from channels.matrix import MatrixSettings
 from channels.settings import ChannelSettings
 from channels.slack import SlackSettings
 from channels.telegram import TelegramSettings
+from channels.web import WebSettings
 from channels.wecom import WeComSettings
 from channels.whatsapp import WhatsAppSettings
+from gateway.config.sections import AccessPolicy
 
 if TYPE_CHECKING:
     from gateway.config.schema import Config
@@ -70,8 +72,19 @@ class Platform:
     keeps_state: bool = False
     """The adapter keeps a small file in the data directory (Matrix's sync token): it gets
     ``state_dir`` besides its settings."""
+    on_by_default: bool = False
+    """Runs without a ``channels.<name>`` section in config.yaml (the web chat: it is a page of the
+    console, and needs no credentials of its own)."""
+    needs_console: bool = False
+    """Runs only while the console is on (an admin token is set): its people log in there."""
+    default_access: AccessPolicy | None = None
+    """The access policy when ``channels.<name>.access`` is not set, instead of the top-level one
+    (the web chat: its people are the console's, authenticated by its login)."""
+    keeps_room: bool = False
+    """The platform's messages live in the daemon's database (the web chat): the adapter gets the
+    store as its ``room`` (channels/web/room.py)."""
 
-    def build(self, settings: ChannelSettings, state_dir: str = "") -> Channel:
+    def build(self, settings: ChannelSettings, state_dir: str = "", room: object = None) -> Channel:
         """The adapter, each field of the settings model passed to the constructor parameter of the
         same name (secrets unwrapped, a missing credential as ``""``)."""
         module, _, name = self.adapter.partition(":")
@@ -82,6 +95,8 @@ class Platform:
                 values[field] = settings.plain(field)
         if self.keeps_state:
             values["state_dir"] = state_dir
+        if self.keeps_room:
+            values["room"] = room
         return cls(**values)
 
 
@@ -163,6 +178,18 @@ PLATFORMS: tuple[Platform, ...] = (
         single_consumer=True,
         dm_names_user=True,
     ),
+    # The console's chat page: "<person>~<12 hex>", every chat one person's with the bot.
+    Platform(
+        "web",
+        WebSettings,
+        "channels.web.channel:WebChannel",
+        IdShape(r"[a-z0-9_-]{1,32}~[0-9a-f]{12}", "a web chat id like admin~0123456789ab (see the console)"),
+        direct_ids=r".*",
+        on_by_default=True,
+        needs_console=True,
+        default_access=AccessPolicy(allow_users=["web:admin"], admins=["web:admin"], pairing=False),
+        keeps_room=True,
+    ),
 )
 
 
@@ -191,6 +218,8 @@ def channel_readiness(cfg: Config) -> dict[str, tuple[bool, str]]:
         missing = section.missing()
         if not section.enabled:
             out[p.name] = (False, f"disabled in config (channels.{p.name}.enabled: false)")
+        elif p.needs_console and cfg.console.admin_token() is None:
+            out[p.name] = (False, "the console is off (set console.token or $CHITAL_CONSOLE_TOKEN)")
         elif missing:
             out[p.name] = (False, missing)
         else:
@@ -198,15 +227,16 @@ def channel_readiness(cfg: Config) -> dict[str, tuple[bool, str]]:
     return out
 
 
-def build_channels(cfg: Config) -> tuple[list[Channel], dict[str, str]]:
-    """The adapters of the ready channels, and why each other channel is off."""
+def build_channels(cfg: Config, room: object = None) -> tuple[list[Channel], dict[str, str]]:
+    """The adapters of the ready channels, and why each other channel is off. ``room``: the store,
+    for a platform whose messages the daemon keeps (:attr:`Platform.keeps_room`)."""
     channels: list[Channel] = []
     off: dict[str, str] = {}
     ready = channel_readiness(cfg)
     for p in PLATFORMS:
         ok, why = ready[p.name]
         if ok:
-            channels.append(p.build(getattr(cfg.channels, p.name), str(cfg.storage.path)))
+            channels.append(p.build(getattr(cfg.channels, p.name), str(cfg.storage.path), room))
         else:
             off[p.name] = why
     return channels, off

@@ -25,7 +25,7 @@ from agent.settings import shipped_skills_dir
 from channels.settings import ChannelSettings
 from gateway.config.console import ConsoleConfig
 from gateway.config.hooks import HooksConfig
-from gateway.config.platforms import PLATFORMS
+from gateway.config.platforms import PLATFORMS, platform_named
 from gateway.config.profiles import Profile, check_profiles
 from gateway.config.push import PushTarget, check_target_names
 from gateway.config.sections import (
@@ -84,14 +84,15 @@ def _channel_section(settings: type[ChannelSettings]) -> type[ChannelBase]:
     return cast(type[ChannelBase], section)
 
 
-def _off(section: type[ChannelBase]) -> Callable[[], ChannelBase]:
-    return lambda: section(enabled=False)
+def _off(section: type[ChannelBase], on: bool = False) -> Callable[[], ChannelBase]:
+    return lambda: section(enabled=on)
 
 
 def _channels_config() -> type[Strict]:
     """The ``channels`` section: one key per platform of gateway/config/platforms.py, off when absent."""
     sections = {p.name: _channel_section(p.settings) for p in PLATFORMS}
-    fields: dict[str, Any] = {name: (s, Field(default_factory=_off(s))) for name, s in sections.items()}
+    on = {p.name: p.on_by_default for p in PLATFORMS}
+    fields: dict[str, Any] = {n: (s, Field(default_factory=_off(s, on[n]))) for n, s in sections.items()}
     return create_model("ChannelsConfig", __base__=Strict, __module__=__name__, **fields)
 
 
@@ -176,7 +177,10 @@ class Config(Strict):
 
     def access_for(self, channel: str) -> AccessPolicy:
         specific = getattr(self.channels, channel).access
-        return specific if specific is not None else self.access
+        if specific is not None:
+            return specific
+        row = platform_named(channel)
+        return row.default_access if row is not None and row.default_access is not None else self.access
 
     def context_for(self, channel: str) -> ContextConfig:
         specific = getattr(self.channels, channel).context

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent.redact import Redactor
+    from channels.web.channel import WebChannel
     from gateway.commands.registry import CommandContext
     from gateway.config.schema import Config
     from gateway.store.journal import Store
@@ -34,3 +35,5 @@ class ConsoleHost:
     """``chital status``'s document (gateway/daemon/status.py ``snapshot``)."""
     summary: Callable[[], Awaitable[list[str]]]
     """The start-up summary's lines (gateway/daemon/summary.py)."""
+    web: Callable[[], WebChannel | None] = lambda: None
+    """The web chat's channel (channels/web/), once the daemon runs it."""

@@ -99,6 +99,18 @@ async def grant_revoke(request: web.Request) -> web.StreamResponse:
     raise back(request, "/approvals", text)
 
 
+async def approval_decide(request: web.Request) -> web.StreamResponse:
+    """Approve or deny a pending tool approval (what its buttons do in the chat)."""
+    ctx = context_of(request)
+    approval_id = await field(request, "id")
+    if ctx.decide_approval is None or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", approval_id):
+        raise back(request, "/approvals", "No such pending approval.")
+    approve = request.match_info["verb"] == "approve"
+    raise back(
+        request, "/approvals", await ctx.decide_approval(approval_id, approve, session_of(request).actor)
+    )
+
+
 async def task_stop(request: web.Request) -> web.StreamResponse:
     """Stop a running background task (``/tasks stop``)."""
     ctx = context_of(request)
@@ -115,3 +127,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/schedules/cancel", schedule_cancel, name="schedule_cancel")
     app.router.add_post("/approvals/revoke", grant_revoke, name="grant_revoke")
     app.router.add_post("/tasks/stop", task_stop, name="task_stop")
+    app.router.add_post("/approvals/{verb:approve|deny}", approval_decide, name="approval_decide")

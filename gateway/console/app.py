@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import unicodedata
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Any
 
 import aiohttp_jinja2
 import jinja2
-import markupsafe
 from aiohttp import web
 
-from gateway.console import ConsoleHost, actions, pages
+from gateway.console import ConsoleHost, actions, chat, pages
 from gateway.console.auth import PATH, SECURITY_HEADERS, Guard
 from gateway.console.request import GUARD_KEY, HOST_KEY, SESSION, session_of
-from gateway.ops.logs import visible
+from gateway.console.text import shown
 
 log = logging.getLogger(__name__)
 
@@ -31,28 +28,12 @@ PUBLIC_ROUTES = frozenset({"login", "login_post", "static"})
 STATIC = {
     "htmx.min.js": "application/javascript",
     "console.css": "text/css",
+    "chat.js": "application/javascript",
 }
 """Every static file there is, by name: a request names one of these or gets 404. Nothing is ever
 joined from the request to a path."""
-TEXT_CHARS = 2000
-"""Longest text one template expression shows (a message, a name): the rest is cut with an ellipsis."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def shown(value: Any, redact: Callable[[str], str]) -> Any:
-    """Every ``{{ … }}`` of every template passes here before Jinja escapes it: strings are masked
-    by the daemon's secrets, their control, bidi and zero-width characters made visible, and cut at
-    :data:`TEXT_CHARS` (they are names and texts users and the model chose)."""
-    if value is None:
-        return ""
-    if not isinstance(value, str) or isinstance(value, markupsafe.Markup):
-        return value  # Markup: a macro's output, whose own expressions passed here already
-    text = "\n".join(visible(line) for line in redact(value).split("\n"))
-    text = "".join(
-        f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" and c not in "\u200d" else c for c in text
-    )
-    return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"
 
 
 def refuse(status: int, text: str) -> web.Response:
@@ -90,6 +71,10 @@ async def _gate(request: web.Request, handler: Handler) -> web.StreamResponse:
                 return refuse(401, "No console session (or it expired): log in at /console/login.")
             raise web.HTTPSeeOther(f"{PATH}/login")
         if changing:
+            if route == "chat_send":  # files: the web chat's limits, for a logged-in person only
+                limits = request.app[HOST_KEY].config.channels.web
+                most = limits.max_file_bytes * max(limits.max_files, 1) + 2**20
+                request = request.clone(client_max_size=most)
             form = await request.post()
             given = form.get("csrf")
             if not guard.csrf_ok(request, session, given if isinstance(given, str) else None):
@@ -168,6 +153,7 @@ def build(host: ConsoleHost, token: str) -> web.Application:
     app.router.add_get("/static/{name}", static, name="static")
     pages.add_routes(app)
     actions.add_routes(app)
+    chat.add_routes(app)
     return app
 
 

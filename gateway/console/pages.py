@@ -25,6 +25,7 @@ CONVERSATIONS_LISTED = 100
 SEARCH_CHARS = 200
 NAV = (
     ("overview", "/", "Overview"),
+    ("chat", "/chat", "Chat"),
     ("conversations", "/conversations", "Conversations"),
     ("people", "/people", "People"),
     ("approvals", "/approvals", "Approvals"),

@@ -58,6 +58,7 @@ from gateway.ops.systemd import Notifier
 from gateway.ops.tasks import TaskTracker
 from gateway.store.journal import Store
 from gateway.store.retention import Retention
+from gateway.store.schema import known_version
 from gateway.turns.usage import UsageRecorder
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,8 @@ class Daemon:
     def not_ready_reasons(self) -> list[str]:
         """Why ``/readyz`` says not ready, one short line per cause; empty when ready."""
         reasons: list[str] = []
+        if self.cluster is not None and self.cluster.refusal is not None:
+            reasons.append(f"storage: {self.cluster.refusal}")
         if self.state is not DaemonState.RUNNING:
             reasons.append(f"the daemon is {self.state}")
         agent = self.agent_report()
@@ -169,6 +172,8 @@ class Daemon:
         storage: dict[str, object] = {"path": str(self.config.storage.path), "open": self.store is not None}
         if self.store is not None:
             storage["disk_full"] = self.store.disk_full
+            schema = self.store.schema  # as read at start, and on each lease renewal
+            storage["schema"] = {"version": schema.version, "floor": schema.floor, "known": known_version()}
         if self.retention is not None and self.retention.last is not None:
             storage["last_prune_rows"] = self.retention.last.journal
         return {
@@ -231,7 +236,10 @@ class Daemon:
         ttls = [
             getattr(cfg.access_for(name), "pairing_code_ttl", 0.0) for name in type(cfg.channels).model_fields
         ]
-        self.retention = Retention(self.store, cfg.storage, self.metrics, ttls)
+        web = cfg.channels.web
+        self.retention = Retention(
+            self.store, cfg.storage, self.metrics, ttls, web.keep_days if web.enabled else None
+        )
         try:
             await self.retention.start(prune=not url)  # PostgreSQL: the timers' owner prunes
         except Exception as exc:
@@ -274,7 +282,7 @@ class Daemon:
 
         self.menus = Menus(cfg, self.store, self.tasks.child())
         res.push("the command menus", self.menus.close)
-        channels, self.off = build_channels(cfg)  # the summary says which are off and why
+        channels, self.off = build_channels(cfg, self.store)  # the summary says which are off and why
         for channel in channels:
             sink = self.gateway.attach(channel)
             channel.add_status_listener(self._on_channel_state)
@@ -284,6 +292,7 @@ class Daemon:
             res.push(f"channel {channel.name}", sup.close)
         if self.cluster is not None:
             standby_leader_only(self.supervisors, self.standby, self.cluster)
+            self.cluster.on_refuse.append(self._close_channels)
         for sup in self.supervisors:
             if sup not in self.standby:
                 sup.start()  # (send-only standbys were started by standby_leader_only)
@@ -329,6 +338,12 @@ class Daemon:
         store, self.store = self.store, None
         if store is not None:
             await store.close()
+
+    async def _close_channels(self) -> None:
+        """For good, the daemon staying up (its schema is too old to write, gateway/daemon/cluster.py):
+        their platforms then deliver to the other daemons. The shutdown's release closes them again."""
+        for sup in self.supervisors:
+            await sup.close()
 
     async def _close_gateway(self) -> None:
         """Released on a failed start-up, or after :meth:`stop` drained it (then nothing is left)."""

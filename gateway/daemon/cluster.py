@@ -23,6 +23,14 @@ What each daemon does (docs/scale-out.md):
   silently, without touching the journal (as a shutdown cuts a turn), and gives the lease back when
   it can: whoever holds the lease then answers, in the same message, once. The last check is made
   again just before an answer goes out (:meth:`Leases.keep`).
+- **A schema it does not know.** Each renewal first reads the database's schema version and writer
+  floor (gateway/store/schema_compat.py): two one-row reads every ``ttl / 3``, nothing per message.
+  A newer version whose steps only add is logged once and changes nothing. A floor above what
+  this daemon understands (a newer daemon ran a step older ones must not write beside) stops it
+  writing: it takes nothing in (the gateway's intake refuses, as while stopping), cuts what it
+  works on, closes its channels (``on_refuse``: their platforms deliver to the other daemons),
+  steps down and gives its leases back; ``/readyz`` and ``chital status`` say why until it is
+  stopped. The lease columns are the one thing such a step may never change the meaning of.
 - **A dead lock connection** (a half-open TCP connection, the server restarted): the leader's
   ``SELECT 1`` has a deadline, so a leader that cannot reach the server steps down within
   ``leader_every`` + that deadline, well before the server drops the session (and the lock) on its
@@ -47,6 +55,8 @@ from gateway.ops.tasks import TaskTracker
 from gateway.store.db import PgConnection
 from gateway.store.entries import JournalEntry, JournalState
 from gateway.store.journal import Store
+from gateway.store.schema import known_version
+from gateway.store.schema_compat import newer_note, refusal
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +88,18 @@ class Leases:
         none when it is busy, so that an idle daemon's sweep takes the message instead."""
         return None if busy else (self.node, self.ttl)
 
-    async def claim(self, entry: JournalEntry, working: set[str]) -> bool:
-        """Take the lease of ``entry``; ``working``: the keys this daemon works on now."""
+    async def claim(self, entry: JournalEntry, working: set[str], start: bool = False) -> bool:
+        """Take the lease of ``entry``; ``working``: the keys this daemon works on now. ``start``:
+        a turn about to run, marked running by the same statement (``entry.started``)."""
         await self.give_back(self.store, working)  # a fenced earlier turn must not read as ours and live
-        return await self.store.lease_claim(entry.key, self.node, self.ttl)
+        won = await self.store.lease_claim(entry.key, self.node, self.ttl, start=start)
+        entry.started = won and start
+        return won
+
+    async def claim_next(self, conversation: str) -> JournalEntry | None:
+        """The next turn of ``conversation`` that waits for no one, taken by this daemon (it has just
+        finished the one before): :meth:`Store.lease_claim_next`."""
+        return await self.store.lease_claim_next(conversation, self.node, self.ttl)
 
     async def give_back(self, store: Store, working: set[str]) -> None:
         """Release the leases of fenced entries this daemon has not taken up again."""
@@ -135,6 +153,8 @@ class LocalWork(Protocol):
 
     def pick_up(self, entry: JournalEntry) -> bool: ...
 
+    def stop_intake(self) -> None: ...
+
 
 class Cluster:
     """This daemon's part in the cluster: the loops over its :class:`Leases`. Made after the
@@ -161,6 +181,12 @@ class Cluster:
         """Called when this daemon becomes the leader (start the leader-only channels)."""
         self.on_unlead: list[LeaderHook] = []
         """Called when it stops being the leader (stop them)."""
+        self.on_refuse: list[LeaderHook] = []
+        """Called once when the schema moved beyond what this daemon may write (close the channels)."""
+        self.refusal: str | None = None
+        """Why this daemon writes nothing more (gateway/store/schema_compat.py); None while it may."""
+        self._schema_seen = leases.store.schema.version
+        """The schema version last logged about: a newer one is said once."""
         self.tasks = tasks if tasks is not None else TaskTracker()
         """The cluster's four loops: a loop that fails is logged at once (gateway/ops/tasks.py)."""
         self._lock_conn: Any = None
@@ -223,6 +249,9 @@ class Cluster:
             try:
                 await _bounded(self.renew_once(), self.ttl / 3)
                 self._trying, self._failing = None, False
+                if self.refusal is not None:
+                    await self._stop_writing()
+                    return
             except Exception as exc:
                 self._trying, self._failing = None, True
                 log.warning("cluster: could not renew leases: %s", exc)
@@ -238,6 +267,8 @@ class Cluster:
         if self._beat is None:
             self._beat = Store(await PgConnection.connect(self.url), Path("heartbeat"))
         beat = self._beat
+        if not await self._schema_allows(beat):
+            return
         sent = time.monotonic()
         working = self.work.claimed()
         await self.leases.give_back(beat, working)
@@ -262,6 +293,42 @@ class Cluster:
         if lost:
             self.fence(lost)
 
+    async def _schema_allows(self, beat: Store) -> bool:
+        """This daemon may still write: the database's writer floor is not above the schema it
+        understands. Read before each renewal, so a newer daemon's incompatible step stops the
+        older ones within a heartbeat; the heartbeat then stops writing (:meth:`_stop_writing`)."""
+        state = self.store.schema = await beat.schema_state()
+        known = known_version()
+        self.refusal = refusal(state, known)
+        if self.refusal is None and state.version > max(known, self._schema_seen):
+            self._schema_seen = state.version
+            log.warning("cluster: %s", newer_note(state, known))
+        return self.refusal is None
+
+    async def _stop_writing(self) -> None:
+        """The schema moved beyond this daemon: take nothing in, cut what runs here (another daemon
+        resumes it from the journal), close the channels, step down, give every lease back. The
+        daemon stays up, not ready, saying why, until the operator stops it."""
+        log.error("cluster: %s", self.refusal)
+        self.work.stop_intake()  # no await before the cut: nothing new starts in between
+        working = self.work.claimed()
+        self.leases.fenced |= working
+        cut = self.work.cut(working)
+        if cut:
+            log.warning("cluster: cut %d entr(ies) running here; another daemon resumes them", cut)
+        for hook in self.on_refuse:  # the channels, closed for good: stepping down starts none again
+            try:
+                await hook()
+            except Exception as exc:
+                log.warning("cluster: while stopping intake: %s", exc)
+        await self._step_down()
+        try:
+            released = await self.store.lease_release_all(self.node)
+        except Exception as exc:  # they lapse within the lease instead
+            log.warning("cluster: could not give the leases back: %s", exc)
+            return
+        log.warning("cluster: gave back %d entr(ies); this daemon takes no more work", released)
+
     async def _watch(self) -> None:
         """Fence everything running here once renewals stopped going through (this needs no
         database, so it works while the renewal itself hangs). Only when the database failed or
@@ -278,8 +345,10 @@ class Cluster:
                     self.fence(working)
 
     async def _sweep(self) -> None:
-        while True:
+        while self.refusal is None:
             await asyncio.sleep(self.sweep_every)
+            if self.refusal is not None:
+                return
             try:
                 await self.sweep_once()
             except Exception as exc:
@@ -306,10 +375,13 @@ class Cluster:
         """Try for the leader lock every ``leader_every`` s; once held, check the connection that
         holds it as often, and step down when it fails."""
         key = zlib.crc32(b"chital-leader")
-        while True:
+        while self.refusal is None:
             try:
                 if not self.is_leader:
                     if await self._try_lock(key):
+                        if self.refusal is not None:  # refused while asking: not for this daemon
+                            await self._step_down()
+                            return
                         self.is_leader = True
                         log.info("cluster: node %s is the leader", self.node)
                         for hook in self.on_lead:

@@ -13,6 +13,7 @@ from gateway.daemon.status import snapshot
 from gateway.daemon.summary import summary
 
 if TYPE_CHECKING:
+    from channels.web.channel import WebChannel
     from gateway.console import ConsoleHost
     from gateway.daemon.app import Daemon
 
@@ -50,4 +51,15 @@ def console_host(daemon: Daemon) -> ConsoleHost:
         context=lambda: daemon.gateway.command_context() if daemon.gateway is not None else None,
         status=status,
         summary=startup,
+        web=lambda: web_channel(daemon),
     )
+
+
+def web_channel(daemon: Daemon) -> WebChannel | None:
+    """The web chat's channel, once the daemon built it (None while starting, or when it is off)."""
+    from channels.web.channel import WebChannel
+
+    for sup in daemon.supervisors:
+        if isinstance(sup.channel, WebChannel):
+            return sup.channel
+    return None

@@ -101,6 +101,8 @@ class Gateway:
         """Runs each claimed turn (gateway/turns/runner.py)."""
         self.choices = Choices(config, store, harness, self.channels, self.start_turn)
         self.runner.choices = self.choices  # a question's options as buttons (gateway/turns/choices.py)
+        if cluster is not None:
+            self.runner.hand_on = self.hand_on
         self._connected: set[str] = set()
         self.schedule_clock = schedule_clock or ScheduleClock()  # shared with the ScheduleRunner
         self.confirmations = schedule_confirm.Confirmations(store, config, self.channels, self.schedule_clock)
@@ -250,20 +252,44 @@ class Gateway:
             await self._journal_notice(inbound, refusal)
             return
         inbound, route = await self.busy.route(inbound, admin, asked)  # at once when nothing runs there
-        if await self._journal(inbound, JournalKind.TURN):
+        lease = self._intake_lease()
+        fresh, leased = await self._journal_leased(inbound, JournalKind.TURN, "", lease)
+        if fresh:
             entry = JournalEntry.new(inbound, JournalKind.TURN)
             await self.busy.journaled(entry, route)
-            self._dispatch(entry)
+            if leased or lease is None:
+                self._dispatch(entry)
+            # else: it waits behind another daemon's turn of this conversation; that daemon hands
+            # it on when it finishes (hand_on), or a sweep takes it.
+
+    async def hand_on(self, done: JournalEntry) -> None:
+        """Start here the next turn of ``done``'s conversation, which another daemon journaled
+        while this one ran ``done`` (docs/scale-out.md, "What coordination costs")."""
+        if self.cluster is None:
+            return
+        try:
+            entry = await self.cluster.claim_next(done.conversation)
+            if entry is not None and not self.pick_up(entry) and not self.handles(entry.key):
+                await self.cluster.release(entry)  # closing, or its channel is down here
+        except Exception as exc:  # the sweep takes it instead
+            log.warning("could not hand on %s's next turn: %s", done.conversation, exc)
 
     async def _journal(self, inbound: Inbound, kind: JournalKind, note: str = "") -> bool:
+        fresh, _ = await self._journal_leased(inbound, kind, note, self._intake_lease())
+        return fresh
+
+    async def _journal_leased(
+        self, inbound: Inbound, kind: JournalKind, note: str, lease: tuple[str, float] | None
+    ) -> tuple[bool, bool]:
+        """Journal ``inbound`` (False first: a redelivery), and whether it got ``lease``."""
         with tracing.journal_write(inbound):
-            fresh = await self.store.journal_add(inbound, kind, note, self._intake_lease())
+            fresh, leased = await self.store.journal_add_leased(inbound, kind, note, lease)
         if fresh:
             self.metrics.messages_in.labels(inbound.platform).inc()
         else:
             self.metrics.messages_ignored.labels(inbound.platform, "duplicate").inc()
             log.info("duplicate delivery of %s ignored", inbound.key)
-        return fresh
+        return fresh, leased
 
     async def _journal_notice(self, inbound: Inbound, note: str) -> None:
         if await self._journal(inbound, JournalKind.NOTICE, note):
@@ -348,11 +374,12 @@ class Gateway:
         busy = self.turns.running_count + self.turns.queued_count >= self.config.concurrency.max_turns
         return None if self.cluster is None else self.cluster.intake_lease(busy)
 
-    async def _claim(self, entry: JournalEntry) -> bool:
-        """This daemon may work on ``entry`` (always, when it is alone)."""
+    async def _claim(self, entry: JournalEntry, start: bool = False) -> bool:
+        """This daemon may work on ``entry`` (always, when it is alone). ``start``: a turn about to
+        run, which the claim marks running too (``entry.started``)."""
         if self.cluster is None:
             return True
-        if await self.cluster.claim(entry, self.claimed()):
+        if await self.cluster.claim(entry, self.claimed(), start):
             task = asyncio.current_task()
             if task is not None:
                 self._claimed[entry.key] = task
@@ -363,7 +390,7 @@ class Gateway:
 
     async def _run_claimed(self, entry: JournalEntry) -> None:
         try:
-            claimed = await self._claim(entry)
+            claimed = await self._claim(entry, start=True)
         except Exception as exc:  # the database is unreachable: leave it to the next sweep
             log.warning("could not claim %s: %s", entry.key, exc)
             claimed = False
@@ -466,6 +493,7 @@ class Gateway:
             schedules=self.confirmations,
             download=command_io.downloader(self.channels),
             buttons=command_io.button_poster(self.channels),
+            decide_approval=self.approvals.decide_as_operator,
             busy_changed=self.busy.forget,
             background=self.runner.background,
         )
@@ -482,6 +510,13 @@ class Gateway:
             await self.store.command_result_drop(entry.key)  # kept while the entry may run again
 
     # -- shutdown -------------------------------------------------------------------------------
+    def stop_intake(self) -> None:
+        """Take in and start nothing more, as while closing: what a channel delivers now is not
+        journaled nor acknowledged (its platform delivers it again, to another daemon). For a
+        daemon whose database schema moved beyond what it may write (gateway/daemon/cluster.py)."""
+        self._closing = True
+        self.parking.close()
+
     async def close(self, grace: float) -> int:
         self._closing = True
         self.parking.close()  # parked entries stay pending in the journal: the next start resumes them

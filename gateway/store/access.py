@@ -95,7 +95,7 @@ class AccessTables:
     _db: Connection
     _dm_chats: dict[str, str]
 
-    async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+    async def _write(self, sql: str, params: tuple[Any, ...] = (), *, locks: tuple[str, ...] = ()) -> int:
         raise NotImplementedError  # Store's
 
     async def is_approved(self, user: str) -> bool:
@@ -108,22 +108,19 @@ class AccessTables:
         """The stranger's live request, or a new code once the old one lapsed. Returns
         (request, newly_created).
 
-        One row per user (``user UNIQUE``), so a stranger holds one code at a time. Before a new
-        row goes in, lapsed rows are dropped and then the oldest beyond ``max_pending - 1``: what
-        strangers can make us store is bounded, and so is the number of codes a guess could hit."""
+        One row per user (``user UNIQUE``), so a stranger holds one code at a time. Lapsed rows are
+        dropped before a new row goes in, and the oldest beyond ``max_pending`` after it: what
+        strangers can make us store is bounded, and so is the number of codes a guess could hit.
+        The bound holds across daemons: the trim runs under a lock on the pairing table
+        (PostgreSQL's advisory lock; SQLite's one writer), after the insert, so whichever daemon
+        trims last leaves at most ``max_pending`` (counting then inserting, each daemon could
+        pass the count at once)."""
         now = time.time()
         async with self._db.execute(f"SELECT {_PAIRING_FIELDS} FROM pairing WHERE user = ?", (user,)) as cur:
             row = await cur.fetchone()
         if row and not _pairing_row(row).expired(now):
             return _pairing_row(row), False
         await self._write("DELETE FROM pairing WHERE expires <= ? OR user = ?", (now, user))
-        evicted = await self._write(
-            "DELETE FROM pairing WHERE code NOT IN"
-            " (SELECT code FROM pairing ORDER BY created DESC, rowid DESC LIMIT ?)",
-            (max(max_pending - 1, 0),),
-        )
-        if evicted:
-            log.warning("pairing: %d pending request(s) dropped to stay within %d", evicted, max_pending)
         while True:
             code = "".join(secrets.choice(PAIRING_ALPHABET) for _ in range(PAIRING_CODE_LEN))
             added = await self._write(
@@ -132,7 +129,16 @@ class AccessTables:
                 (code, user, name[:100], now, now + ttl, chat_id),
             )
             if added:  # else the code collided with another pending one (1 in 2^40 per row): redraw
-                return PairingRequest(code, user, name[:100], chat_id, now, now + ttl), True
+                break
+        evicted = await self._write(
+            "DELETE FROM pairing WHERE code NOT IN"
+            " (SELECT code FROM pairing ORDER BY created DESC, rowid DESC LIMIT ?)",
+            (max(max_pending, 1),),
+            locks=("pairing:trim",),
+        )
+        if evicted:
+            log.warning("pairing: %d pending request(s) dropped to stay within %d", evicted, max_pending)
+        return PairingRequest(code, user, name[:100], chat_id, now, now + ttl), True
 
     async def pairing_code_for(
         self, user: str, name: str, chat_id: str = "", *, ttl: float = 3600.0, max_pending: int = 20

@@ -66,6 +66,9 @@ class JournalEntry:
     """For ``notice`` entries: the text to send."""
     from_journal: bool = False
     """Read back from the journal at start-up (a previous run may have sent part of its reply)."""
+    started: bool = False
+    """Its claim also marked it running (several daemons: one statement for both); the runner
+    then does not mark it again."""
 
     @classmethod
     def new(cls, inbound: Inbound, kind: JournalKind, note: str = "") -> JournalEntry:

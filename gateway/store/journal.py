@@ -45,9 +45,11 @@ from gateway.store.grants import GrantTables
 from gateway.store.leases import LeaseTables
 from gateway.store.schedules import ScheduleTables
 from gateway.store.schema import migrate
+from gateway.store.schema_compat import SchemaState, read_state
 from gateway.store.upkeep import FileUpkeep
 from gateway.store.usage import ModelUsageTables
 from gateway.store.voice import VoiceTables
+from gateway.store.webchat import WebChatTables
 
 if TYPE_CHECKING:
     from gateway.config.sections import StorageConfig
@@ -74,6 +76,7 @@ class Store(
     ChoiceTables,
     FileUpkeep,
     ConsoleQueries,
+    WebChatTables,
 ):
     """The gateway's state on SQLite or PostgreSQL (any :class:`Connection`). Create with
     :meth:`open` or :meth:`open_postgres`."""
@@ -87,6 +90,8 @@ class Store(
         self._threads: dict[str, str] = {}
         """conversation → thread id, read through: one daemon owns its SQLite file."""
         self._dm_chats: dict[str, str] = {}
+        self.schema = SchemaState(0)
+        """The schema version and writer floor as last read (at open, then on each lease renewal)."""
 
     @property
     def dialect(self) -> Dialect:
@@ -106,10 +111,12 @@ class Store(
         try:
             with db.on_thread():  # a step may rewrite a large table; the loop serves /healthz meanwhile
                 await migrate(db)
+            store = cls(db, path, reserve)
+            store.schema = await read_state(db)
         except BaseException:
             await db.close()
             raise
-        return cls(db, path, reserve)
+        return store
 
     @classmethod
     async def open_postgres(cls, url: str) -> Store:
@@ -119,13 +126,20 @@ class Store(
         try:
             await migrate(db)
             await db.load_keys()
+            store = cls(db, Path(database_label(url)))
+            store.schema = await read_state(db)
         except BaseException:
             await db.close()
             raise
-        return cls(db, Path(database_label(url)))
+        return store
 
     async def close(self) -> None:
         await self._db.close()
+
+    async def schema_state(self) -> SchemaState:
+        """The schema version and writer floor as committed now (gateway/store/schema_compat.py)."""
+        self.schema = await read_state(self._db)
+        return self.schema
 
     async def _write(
         self,
@@ -200,6 +214,45 @@ class Store(
         )  # fmt: skip
         return count == 1
 
+    async def journal_add_leased(
+        self,
+        inbound: Inbound,
+        kind: JournalKind | str,
+        note: str = "",
+        lease: tuple[str, float] | None = None,
+    ) -> tuple[bool, bool]:
+        """:meth:`journal_add`, and whether the entry got ``lease``: a turn gets it only when that
+        daemon could claim it now (no open turn of its conversation is anybody's but that daemon's
+        live one, as :meth:`lease_claim` decides). The check is part of the insert, so a message
+        that must wait behind another daemon's turn costs no claim that fails and no lease given
+        back: the daemon finishing that turn hands it on (:meth:`lease_claim_next`), or a sweep
+        takes it."""
+        kind = JournalKind(kind)
+        if lease is None or kind is not JournalKind.TURN:
+            fresh = await self.journal_add(inbound, kind, note, lease)
+            return fresh, fresh and lease is not None
+        now = time.time()
+        row = (inbound.key, conversation_of(inbound), kind.value, inbound_to_json(inbound, note),
+               JournalState.PENDING.value, now, now)  # fmt: skip
+        insert = (
+            "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, state, created, updated,"
+            " lease_owner, lease_until)"
+        )
+        free = (
+            "NOT EXISTS (SELECT 1 FROM journal AS e WHERE e.conversation = ? AND e.kind = 'turn'"
+            f" AND e.state IN ({_OPEN_SQL})"
+            " AND (e.lease_owner IS NULL OR e.lease_owner <> ? OR e.lease_until < ?))"
+        )
+        node, conv = lease[0], row[1]
+        async with self._db.execute(
+            f"{insert} SELECT ?, ?, ?, ?, ?, ?, ?, CASE WHEN {free} THEN ? END, CASE WHEN {free} THEN ? END"
+            " RETURNING lease_owner",
+            (*row, conv, node, now, node, conv, node, now, now + lease[1]),
+        ) as cur:
+            got = await cur.fetchall()
+        await self._db.commit()
+        return bool(got), bool(got and got[0][0])
+
     async def journal_seen(self, key: str) -> bool:
         async with self._db.execute("SELECT 1 FROM journal WHERE key = ?", (key,)) as cur:
             return await cur.fetchone() is not None
@@ -210,6 +263,25 @@ class Store(
         await self._write(
             f"UPDATE journal SET state = ?, updated = ?{extra} WHERE key = ?", (state.value, time.time(), key)
         )
+
+    async def journal_done(self, key: str, look_next: bool = False) -> bool:
+        """Mark ``key`` done. With ``look_next`` (several daemons), in the same statement: True when
+        a later turn of its conversation waits with no live lease (journaled by another daemon
+        while this one ran: :meth:`journal_add_leased`), for this daemon to hand it on to itself
+        (:meth:`lease_claim_next`). Without it the same as ``journal_set(key, DONE)``."""
+        if not look_next:
+            await self.journal_set(key, JournalState.DONE)
+            return False
+        async with self._db.execute(
+            "UPDATE journal SET state = ?, updated = ? WHERE key = ? RETURNING EXISTS (SELECT 1 FROM"
+            " journal AS e WHERE e.conversation = journal.conversation AND e.kind = 'turn'"
+            " AND e.key <> journal.key"
+            f" AND e.state IN ({_OPEN_SQL}) AND COALESCE(e.lease_until, 0) < ?)",
+            (JournalState.DONE.value, time.time(), key, time.time()),
+        ) as cur:
+            row = await cur.fetchone()
+        await self._db.commit()
+        return bool(row and row[0])
 
     async def journal_stop(self, entry: JournalEntry, note: str) -> bool:
         """The user stopped the turn ``entry``: from now on the entry is a pending notice whose

@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from gateway.store.entries import JournalEntry, JournalKind, JournalState, inbound_from_json
+
 if TYPE_CHECKING:
     from gateway.store.connection import Connection
 
@@ -26,6 +28,17 @@ LEASE_INDEX = (
     " WHERE state IN ('pending', 'running')"
 )
 _OPEN = "state IN ('pending', 'running')"
+_LAPSED = "COALESCE(lease_until, 0) < ?"
+"""No live lease: never taken or given back (NULL), or lapsed. Spelt as the expiry index below is,
+so that both engines find the sweep's few rows through it instead of reading every open entry."""
+LEASE_WORK_INDEXES = (
+    f"CREATE INDEX IF NOT EXISTS journal_open_owner ON journal(lease_owner) WHERE {_OPEN}",
+    f"CREATE INDEX IF NOT EXISTS journal_open_expiry ON journal(COALESCE(lease_until, 0)) WHERE {_OPEN}",
+)
+"""What keeps a daemon's coordination flat in the number of daemons (docs/scale-out.md, "What
+coordination costs"): its heartbeat (and a clean stop) finds its own open entries by owner, and
+every sweep the open entries with no live lease by expiry, instead of each reading all the open
+entries of every daemon: without them the cluster's sweeps cost daemons x open entries."""
 _TURN_IN_ORDER = (
     " AND (kind <> 'turn' OR NOT EXISTS (SELECT 1 FROM journal AS e"
     " WHERE e.conversation = journal.conversation AND e.kind = 'turn' AND e.key <> journal.key"
@@ -47,17 +60,51 @@ class LeaseTables:
     async def _write(self, sql: str, params: tuple[object, ...] = ()) -> int:
         raise NotImplementedError
 
-    async def lease_claim(self, key: str, node: str, ttl: float) -> bool:
+    async def lease_claim(self, key: str, node: str, ttl: float, start: bool = False) -> bool:
         """Take (or renew) the lease of the open entry ``key`` for ``node``; False when another
         live daemon holds it, it is no longer open, or (a turn) an earlier turn of its
-        conversation is not this node's, or another daemon runs one of its turns now."""
+        conversation is not this node's, or another daemon runs one of its turns now. ``start``:
+        also mark it running, as ``journal_set(key, RUNNING)`` does (one round trip for both)."""
         now = time.time()
+        run = ", state = 'running', updated = ?, attempts = attempts + 1" if start else ""
         count = await self._write(
-            f"UPDATE journal SET lease_owner = ?, lease_until = ? WHERE key = ? AND {_OPEN}"
+            f"UPDATE journal SET lease_owner = ?, lease_until = ?{run} WHERE key = ? AND {_OPEN}"
             " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)" + _TURN_IN_ORDER,
-            (node, now + ttl, key, node, now, node, now, now),
+            (node, now + ttl, *((now,) if start else ()), key, node, now, node, now, now),
         )
         return count == 1
+
+    async def lease_claim_next(self, conversation: str, node: str, ttl: float) -> JournalEntry | None:
+        """Take the lease of ``conversation``'s oldest open turn that no live daemon holds, when
+        ``node`` could claim it now (:meth:`lease_claim`'s conditions); returns the entry (read
+        back from the journal, as a restart reads it), or None. Called by the daemon that has just
+        finished a turn of that conversation: the next one, journaled meanwhile by another daemon
+        that could not run it yet, starts here at once instead of waiting for a sweep (for which
+        every daemon would race)."""
+        now = time.time()
+        async with self._db.execute(
+            "UPDATE journal SET lease_owner = ?, lease_until = ? WHERE key = (SELECT key FROM journal"
+            f" WHERE conversation = ? AND kind = 'turn' AND {_OPEN} AND {_LAPSED} ORDER BY rowid LIMIT 1)"
+            f" AND {_OPEN} AND {_LAPSED}"
+            + _TURN_IN_ORDER
+            + " RETURNING key, conversation, kind, payload, state, attempts",
+            (node, now + ttl, conversation, now, now, node, now, now),
+        ) as cur:
+            row = await cur.fetchone()
+        await self._db.commit()
+        if row is None:
+            return None
+        inbound, note = inbound_from_json(row[3])
+        return JournalEntry(
+            row[0],
+            row[1],
+            JournalKind(row[2]),
+            inbound,
+            JournalState(row[4]),
+            row[5],
+            note,
+            from_journal=True,
+        )
 
     async def lease_keep(self, key: str, node: str, ttl: float) -> bool:
         """Renew ``node``'s lease on ``key``, which it is working on (taken again if it lapsed and
@@ -119,7 +166,7 @@ class LeaseTables:
         now = time.time()
         mine = " OR ".join("conversation LIKE ?" for _ in platforms)
         async with self._db.execute(
-            f"SELECT key FROM journal WHERE {_OPEN} AND (lease_owner IS NULL OR lease_until < ?)"
+            f"SELECT key FROM journal WHERE {_OPEN} AND {_LAPSED}"
             f" AND ({mine})" + _TURN_IN_ORDER + " ORDER BY rowid LIMIT ?",
             (now, *(f"{p}:%" for p in platforms), node, now, now, limit),
         ) as cur:

@@ -41,6 +41,7 @@ class PruneReport:
     pairing: int = 0
     pages_freed: int = 0
     threads_uncached: int = 0
+    web: int = 0
     seconds: float = 0.0
 
 
@@ -53,12 +54,15 @@ class Retention:
         storage: StorageConfig,
         metrics: RetentionMetrics | None = None,
         code_ttls: Iterable[float] = (),
+        web_keep_days: float | None = None,
     ) -> None:
         """``code_ttls``: every channel's pairing-code validity (seconds). A request is kept at least
         twice the longest, since a denial is remembered for one TTL after the code's own lapses."""
         self.store = store
         self.keep_for = storage.retention_days * DAY
         self.pairing_for = max(storage.pairing_retention_hours * 3600.0, 2 * max(code_ttls, default=0.0))
+        self.web_keep_for = web_keep_days * DAY if web_keep_days is not None else None
+        """The web chat's messages and files (channels.web.keep_days); None: the web chat is off."""
         self.interval = storage.prune_interval
         self.metrics = metrics
         self.last: PruneReport | None = None
@@ -89,6 +93,8 @@ class Retention:
         await self.store.approvals_prune(self.keep_for)  # settled requests; pending ones stay
         await self.store.approval_log_prune(self.keep_for)  # decisions; revoked permissions
         await self.store.background_prune(self.keep_for)  # finished background tasks' rows
+        if self.web_keep_for is not None:
+            report.web = await self.store.web_prune(self.web_keep_for)
         report.threads_uncached = self.store.trim_caches()
         if shrink:
             report.pages_freed = await self._shrink()

@@ -17,13 +17,17 @@ may be of any earlier shape: tables missing (``files_out``, ``command_results``,
 ``pairing`` without its later columns, or already complete. Step 1 creates what is missing and adds
 what is absent, so it brings each of those shapes, and a fresh file, to the same version 1.
 
-Adding a change: append a step, never edit a released one.
+Adding a change: append a step, never edit a released one. A step that daemons knowing only the
+earlier steps must not write beside (a changed meaning, not an addition) says ``older_writers=False``:
+it raises the database's writer floor, and those daemons stop writing (gateway/store/schema_compat.py,
+docs/scale-out.md "Upgrading with no downtime").
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,10 +38,21 @@ from gateway.store.busy import BUSY_TABLES
 from gateway.store.choices import CHOICE_TABLES
 from gateway.store.connection import POSTGRES, Connection
 from gateway.store.grants import GRANT_TABLES
-from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX
+from gateway.store.leases import LEASE_COLUMNS, LEASE_INDEX, LEASE_WORK_INDEXES
 from gateway.store.schedules import LAST_RUN_COLUMNS, PROVENANCE_COLUMNS, SCHEDULE_TABLES
+from gateway.store.schema_compat import (
+    FLOOR_SINCE,
+    FLOOR_TABLE,
+    PG_VERSION_TABLE,
+    newer_note,
+    raise_floor,
+    read_state,
+    refusal,
+    user_version,
+)
 from gateway.store.usage import USAGE_COST_COLUMNS
 from gateway.store.voice import VOICE_TABLES
+from gateway.store.webchat import WEB_TABLES
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +103,9 @@ GATEWAY_TABLES = (
 
 
 class SchemaTooNew(sqlite3.DatabaseError):
-    """The file was written by a newer Chital (a downgrade). Starting anyway could misread rows, so
-    the daemon refuses; as a ``DatabaseError`` it ends in the usual one-line start-up error."""
+    """The file was written by a newer Chital whose steps this one must not write beside (the
+    writer floor is above it). Starting anyway could write rows wrong, so the daemon refuses; as a
+    ``DatabaseError`` it ends in the usual one-line start-up error."""
 
 
 Step = Callable[[Connection], Awaitable[None]]
@@ -101,6 +117,9 @@ class Migration:
     """The ``user_version`` the file has once this step is done."""
     what: str
     run: Step
+    older_writers: bool = True
+    """Daemons that know only the steps before this one may go on writing once it ran (it only
+    adds). False raises the writer floor to this step (gateway/store/schema_compat.py)."""
 
 
 async def _columns(db: Connection, table: str) -> set[str]:
@@ -254,6 +273,25 @@ async def _v14_choices(db: Connection) -> None:
         await db.execute(statement)
 
 
+async def _v15_schema_floor(db: Connection) -> None:
+    """``schema_floor``: the oldest schema a daemon may understand and still write (rolling upgrades,
+    gateway/store/schema_compat.py). Empty: no step so far needs more than its own version."""
+    await db.execute(FLOOR_TABLE)
+
+
+async def _v16_web_chat(db: Connection) -> None:
+    """The web chat's messages and files (gateway/store/webchat.py)."""
+    for statement in WEB_TABLES:
+        await db.execute(statement)
+
+
+async def _v17_lease_indexes(db: Connection) -> None:
+    """The open entries by lease owner and by lease expiry (gateway/store/leases.py): a heartbeat and
+    a sweep read their own few rows, not every open entry of every daemon."""
+    for statement in LEASE_WORK_INDEXES:
+        await db.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline: journal, outbox, files, threads, pairing (with expiry), access", _v1_baseline),
     Migration(2, "schedules", _v2_schedules),
@@ -269,31 +307,33 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "standing approvals and the approvals' decision log", _v12_approval_grants),
     Migration(13, "spoken replies per conversation", _v13_voice_modes),
     Migration(14, "questions with options as buttons", _v14_choices),
+    Migration(FLOOR_SINCE, "the writer floor (rolling upgrades)", _v15_schema_floor),
+    Migration(16, "the web chat's messages and files", _v16_web_chat),
+    Migration(
+        17, "journal indexes by lease owner and expiry (coordination flat in daemons)", _v17_lease_indexes
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
 
-PG_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS chital_schema (version INTEGER NOT NULL)"
-"""PostgreSQL has no ``user_version``: the version is the one row of this table."""
+def known_version() -> int:
+    """The schema this daemon understands: the last of :data:`MIGRATIONS` as it is now (read at
+    the call, so a test's launcher that appends a step makes a daemon of the next version)."""
+    return MIGRATIONS[-1].version
+
+
 PG_MIGRATION_LOCK = 0x43484954414C
 """The advisory lock key ("CHITAL") daemons starting together take around each schema step."""
 
 
-async def user_version(db: Connection) -> int:
-    if db.dialect == POSTGRES:
-        async with db.execute("SELECT MAX(version) FROM chital_schema") as cur:
-            row = await cur.fetchone()
-        return int(row[0]) if row and row[0] is not None else 0
-    async with db.execute("PRAGMA user_version") as cur:
-        row = await cur.fetchone()
-    return int(row[0]) if row else 0
-
-
-async def migrate(db: Connection, steps: Sequence[Migration] = MIGRATIONS) -> int:
-    """Bring the file up to the last of ``steps``; returns the version it had before.
+async def migrate(db: Connection, steps: Sequence[Migration] | None = None) -> int:
+    """Bring the file up to the last of ``steps`` (default: :data:`MIGRATIONS`); returns the
+    version it had before.
 
     Each step and its ``user_version`` commit together (``BEGIN IMMEDIATE``: no other writer can
-    slip in between reading the version and writing the next one)."""
+    slip in between reading the version and writing the next one). A file already past them is
+    accepted when its newer steps all let older daemons write (:func:`_check_newer`)."""
+    steps = MIGRATIONS if steps is None else steps
     for i, step in enumerate(steps, start=1):
         if step.version != i:
             raise ValueError(f"migration steps must be numbered 1, 2, ...; step {i} says {step.version}")
@@ -302,16 +342,15 @@ async def migrate(db: Connection, steps: Sequence[Migration] = MIGRATIONS) -> in
         return await _migrate_postgres(db, steps, target)
     start = await user_version(db)
     if start > target:
-        raise SchemaTooNew(
-            f"database schema version {start} is newer than this Chital understands ({target}); "
-            "run the newer version, or restore a backup"
-        )
+        return await _check_newer(db, target)
     await db.commit()  # a step's BEGIN must not nest in an implicit transaction
     ran: list[Migration] = []
     for step in steps[start:]:
         try:
             async with db.transaction():  # BEGIN IMMEDIATE on SQLite
                 await step.run(db)
+                if not step.older_writers:
+                    await raise_floor(db, step.version, step.what, time.time())
                 await db.execute(f"PRAGMA user_version = {int(step.version)}")
         except BaseException:
             _log_migrated(start, ran)
@@ -319,6 +358,25 @@ async def migrate(db: Connection, steps: Sequence[Migration] = MIGRATIONS) -> in
         ran.append(step)
     _log_migrated(start, ran)
     return start
+
+
+async def _check_newer(db: Connection, known: int) -> int:
+    """A database a newer Chital migrated (a rolling upgrade under way, or a downgrade): refused
+    with the floor's line when one of its newer steps must not be written beside, else accepted
+    with a warning (those steps only add). Returns the database's version."""
+    try:
+        state = await read_state(db)
+    except Exception as exc:  # no floor where there must be one: not a file we can judge
+        raise SchemaTooNew(
+            f"database schema version {await user_version(db)} is newer than this Chital understands"
+            f" ({known}) and does not say which daemons may write it ({type(exc).__name__}); run the"
+            " newer version, or restore a backup"
+        ) from exc
+    refused = refusal(state, known)
+    if refused is not None:
+        raise SchemaTooNew(refused)
+    log.warning("%s", newer_note(state, known))
+    return state.version
 
 
 def _log_migrated(start: int, ran: Sequence[Migration]) -> None:
@@ -343,10 +401,7 @@ async def _migrate_postgres(db: Connection, steps: Sequence[Migration], target: 
         await db.execute(PG_VERSION_TABLE)
     start = await user_version(db)
     if start > target:
-        raise SchemaTooNew(
-            f"database schema version {start} is newer than this Chital understands ({target}); "
-            "run the newer version, or restore a backup"
-        )
+        return await _check_newer(db, target)
     ran: list[Migration] = []
     for step in steps[start:]:
         async with db.transaction():
@@ -354,6 +409,8 @@ async def _migrate_postgres(db: Connection, steps: Sequence[Migration], target: 
             if await user_version(db) >= step.version:
                 continue  # another daemon ran it while we waited for the lock
             await step.run(db)
+            if not step.older_writers:
+                await raise_floor(db, step.version, step.what, time.time())
             await db.execute("DELETE FROM chital_schema")
             await db.execute("INSERT INTO chital_schema(version) VALUES (?)", (step.version,))
         ran.append(step)

@@ -377,6 +377,22 @@ class Approvals:
         self.tasks.spawn(self._show(row, action.message_id), f"approval-late:{row.code}")
 
     # -- settling ---------------------------------------------------------------------------------
+    async def decide_as_operator(self, approval_id: str, approve: bool, by: str) -> str:
+        """Approve or deny a pending request from outside its chat (the operator console): the
+        operator may decide any, as an admin may; the decision shows on the request's buttons and
+        the turn goes on, exactly as after a press. Returns the sentence for the operator."""
+        row = await self.store.approval_get(approval_id)
+        if row is None or row.state != PENDING:
+            return "That request is no longer waiting: it was decided, timed out or cancelled."
+        if await self._orphaned(row):
+            await self._settle_orphan(row)
+            return f"The turn that asked for {row.tool} ({row.code}) has ended: the request was cancelled."
+        if not await self.decide(row, APPROVED if approve else DENIED, by):
+            return "Someone decided it a moment earlier."
+        return (
+            f"{'Approved' if approve else 'Denied'}: {row.tool} ({row.code}); the turn goes on in its chat."
+        )
+
     async def decide(self, row: ApprovalRow, state: str, by: str, note: str = "") -> bool:
         """Settle ``row`` (the first decision wins); then show it (with ``note``) and resume the turn."""
         if not await self.store.approval_decide(row.id, state, by):

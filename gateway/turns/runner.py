@@ -11,8 +11,8 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from agent.events import (
     AgentEvent,
@@ -108,6 +108,10 @@ class TurnRunner:
         """Spoken replies (``/voice``): the answer as audio after its text (gateway/turns/spoken.py)."""
         self.choices: Choices | None = None
         """Questions with options as buttons (gateway/turns/choices.py), set by the daemon."""
+        self.hand_on: Callable[[JournalEntry], Coroutine[Any, Any, None]] | None = None
+        """With several daemons (set by the gateway): start the conversation's next turn here, one
+        that another daemon journaled while this one ran the turn just finished
+        (gateway/daemon/gateway.py ``hand_on``)."""
         self.background: BackgroundTasks | None = None
         """Background tasks (gateway/turns/background.py), set by the daemon: a task stopped, revoked
         or forgotten meanwhile ends before it runs and before its answer goes out."""
@@ -129,7 +133,9 @@ class TurnRunner:
         try:
             if entry.from_journal:
                 await reply.load()
-            await self.store.journal_set(entry.key, JournalState.RUNNING)
+            if not entry.started:  # else its claim did (several daemons)
+                await self.store.journal_set(entry.key, JournalState.RUNNING)
+            entry.started = False
             entry.attempts += 1
             if entry.attempts > MAX_ATTEMPTS:
                 await self._give_up(entry, reply)
@@ -184,7 +190,11 @@ class TurnRunner:
                     await self.speaker.deliver(reply, entry, spoken, self.metrics)
                 if self.choices is not None and outcome is TurnOutcome.OK:  # the options, under it
                     await self.choices.post(entry, thread_id)
-            await self.store.journal_set(entry.key, JournalState.DONE)
+            # Several daemons: the conversation's next turn, journaled elsewhere meanwhile, starts
+            # here (unless one is queued here already, which goes first).
+            look = self.hand_on is not None and not self.turns.status(entry.conversation)[1]
+            if await self.store.journal_done(entry.key, look_next=look) and self.hand_on:
+                self.tasks.spawn(self.hand_on(entry), f"hand-on:{entry.key}")
             await quiet.record(self.store, inbound, silent)
             done = reply.channel.capabilities.done_reaction
             if done:

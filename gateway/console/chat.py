@@ -1,0 +1,271 @@
+"""The console's web chat (docs/console.md, "Web chat"): a logged-in person talks to the agent through
+the web channel (channels/web/), the same gateway path as every chat app.
+
+Routes (below ``/console``), all behind the console's gate (session; for posts, Origin and CSRF):
+
+- ``GET /chat``: the person's chats; ``GET /chat?new=1`` opens a new one.
+- ``GET /chat/{chat}``: the chat page (works without script: the form posts and the page reloads).
+- ``POST /chat/{chat}/send``: a message with files (multipart); ``POST /chat/{chat}/press``: a button.
+- ``GET /chat/{chat}/events``: Server-Sent Events, one per message written or edited, so the
+  answer streams into the page as the gateway edits it (static/chat.js reads them).
+- ``GET /chat/{chat}/file/{file}``: a file of the chat, always as a download (never rendered here).
+
+A chat id names its person (``admin~…``): every route refuses a chat that is not the session's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import re
+import secrets
+import time
+from typing import Any
+from urllib.parse import quote
+
+import markupsafe
+from aiohttp import web
+from multidict import MultiDictProxy
+
+from channels.base import ChannelError
+from channels.web.channel import PERSON, Refused, Upload, WebChannel, new_chat_id, owner_of
+from channels.web.room import WebMessage
+from gateway.console.auth import PATH, SECURITY_HEADERS
+from gateway.console.pages import render
+from gateway.console.request import GUARD_KEY, HOST_KEY, session_of
+from gateway.console.text import shown
+
+log = logging.getLogger(__name__)
+
+SHOWN = 200
+"""Messages a chat page shows when it loads (the newest); the stream adds the rest as they come."""
+CHATS_LISTED = 50
+FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,100}")
+STREAM_SECONDS = 300.0
+"""An event stream is closed after this (the browser reconnects at once, from the last event it
+saw): a stream outlives neither a logout nor a session's expiry by more than this."""
+HEARTBEAT_SECONDS = 15.0
+"""A comment line this often keeps proxies from closing an idle stream."""
+MESSAGE_CHARS = 20_000
+"""Longest text one message shows (a bot message is at most 8,000; a person's at most their limit)."""
+
+
+class Streams:
+    """The event streams open on this daemon: past ``max_streams`` the oldest is told to close."""
+
+    def __init__(self) -> None:
+        self.open: collections.OrderedDict[int, asyncio.Event] = collections.OrderedDict()
+        self._next = 0
+
+    def add(self, limit: int) -> tuple[int, asyncio.Event]:
+        while len(self.open) >= limit:
+            _, stop = self.open.popitem(last=False)
+            stop.set()
+        self._next += 1
+        stop = asyncio.Event()
+        self.open[self._next] = stop
+        return self._next, stop
+
+    def remove(self, number: int) -> None:
+        self.open.pop(number, None)
+
+
+STREAMS_KEY: web.AppKey[Streams] = web.AppKey("console_chat_streams", Streams)
+
+
+def person_of(request: web.Request) -> str:
+    """The session's person (``console:admin`` → ``admin``): their chats are ``admin~…``."""
+    person = session_of(request).actor.rpartition(":")[2]
+    if not PERSON.fullmatch(person):
+        raise web.HTTPForbidden(text="This console account has no web chat.")
+    return person
+
+
+def channel_of(request: web.Request) -> WebChannel:
+    channel = request.app[HOST_KEY].web()
+    if channel is None or channel.room is None:
+        why = "The web chat is not running (the daemon is starting, or channels.web is off)."
+        raise web.HTTPServiceUnavailable(text=why)
+    return channel
+
+
+def chat_of(request: web.Request) -> str:
+    """The route's chat, only if it is the session person's (anything else is "no such chat")."""
+    chat = request.match_info["chat"]
+    if owner_of(chat) != person_of(request):
+        raise web.HTTPNotFound(text="No such chat.")
+    return chat
+
+
+def wants_json(request: web.Request) -> bool:
+    return "application/json" in request.headers.get("Accept", "")
+
+
+def shown_text(request: web.Request, text: str) -> str:
+    """A message as the page shows it: masked by the daemon's secrets (the channel's egress masked
+    the bot's already; a person may paste one), control and format characters made visible."""
+    return str(shown(text, request.app[HOST_KEY].redact, MESSAGE_CHARS))
+
+
+def as_event(request: web.Request, chat: str, m: WebMessage) -> dict[str, Any]:
+    files = [
+        {"id": f.file_id, "name": shown_text(request, f.name), "size": f.size,
+         "url": f"{PATH}/chat/{chat}/file/{quote(f.file_id)}"}
+        for f in m.files
+    ]  # fmt: skip
+    buttons = [{"label": shown_text(request, b.label), "value": b.value, "style": b.style} for b in m.buttons]
+    return {
+        "seq": m.seq, "id": m.msg_id, "role": m.role, "author": shown_text(request, m.author),
+        "text": shown_text(request, m.text), "files": files, "buttons": buttons,
+        "time": time.strftime("%H:%M:%S", time.localtime(m.created)),
+    }  # fmt: skip
+
+
+async def chats(request: web.Request) -> web.StreamResponse:
+    person = person_of(request)
+    if request.query.get("new"):
+        raise web.HTTPSeeOther(f"{PATH}/chat/{new_chat_id(person)}")
+    channel = request.app[HOST_KEY].web()
+    found = await channel.room.web_chats(person, CHATS_LISTED) if channel and channel.room else []
+    return render(request, "chats.html", "chat", chats=found, running=channel is not None)
+
+
+async def chat_page(request: web.Request) -> web.StreamResponse:
+    chat = chat_of(request)
+    channel = channel_of(request)
+    assert channel.room is not None
+    recent, after = await channel.room.web_recent(chat, SHOWN)
+    events = []
+    for m in recent:  # masked and cut by as_event: escaped here, so the template does not cut again
+        event = as_event(request, chat, m)
+        events.append({**event, "text": markupsafe.escape(event["text"])})
+    return render(
+        request, "chat.html", "chat", chat=chat, messages=events, after=after, nonce=new_nonce(),
+        limits=channel,
+    )  # fmt: skip
+
+
+def new_nonce() -> str:
+    return secrets.token_urlsafe(18)
+
+
+def uploads_of(form: MultiDictProxy[Any]) -> list[Upload]:
+    out = []
+    for field in form.getall("files", []):
+        if isinstance(field, web.FileField) and field.filename:
+            out.append(Upload(field.filename, field.content_type or "", field.file.read()))
+    return out
+
+
+async def send(request: web.Request) -> web.StreamResponse:
+    chat = chat_of(request)
+    channel = channel_of(request)
+    form = await request.post()
+    text, nonce = form.get("text", ""), form.get("nonce", "")
+    try:
+        if not isinstance(text, str) or not isinstance(nonce, str):
+            raise Refused("The form is out of date: reload the page.")
+        msg_id = await channel.post(chat, person_of(request), nonce, text, uploads_of(form))
+    except Refused as exc:
+        return answer(request, chat, 400, {"ok": False, "error": str(exc)})
+    except ChannelError as exc:
+        log.warning("console: web chat message not taken: %s", type(exc).__name__)
+        why = "The daemon could not take that message right now; send it again."
+        return answer(request, chat, 503, {"ok": False, "error": why})
+    return answer(request, chat, 200, {"ok": True, "id": msg_id, "nonce": new_nonce()})
+
+
+async def press(request: web.Request) -> web.StreamResponse:
+    chat = chat_of(request)
+    channel = channel_of(request)
+    form = await request.post()
+    msg_id, value = form.get("msg", ""), form.get("value", "")
+    if not isinstance(msg_id, str) or not isinstance(value, str):
+        return answer(request, chat, 400, {"ok": False, "error": "That button is no longer there."})
+    try:
+        result = await channel.press(chat, person_of(request), msg_id[:200], value[:200])
+    except Refused as exc:
+        return answer(request, chat, 400, {"ok": False, "error": str(exc)})
+    body = {"ok": not result.refused, "text": shown_text(request, result.text)}
+    return answer(request, chat, 200, body)
+
+
+def answer(request: web.Request, chat: str, status: int, body: dict[str, Any]) -> web.StreamResponse:
+    """JSON for the page's script; without script, back to the chat with a notice."""
+    if wants_json(request):
+        return web.json_response(body, status=status)
+    note = body.get("error") or body.get("text")
+    if note:
+        session_of(request).notice = str(note)
+    raise web.HTTPSeeOther(f"{PATH}/chat/{chat}")
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """Every message of the chat written or edited after ``after`` (or the browser's
+    ``Last-Event-ID``), then each new write as it happens, until the stream's time is up, the
+    session ends or a newer stream pushes this one out."""
+    chat = chat_of(request)
+    channel = channel_of(request)
+    room = channel.room
+    assert room is not None
+    after = 0
+    for raw in (request.headers.get("Last-Event-ID", ""), request.query.get("after", "")):
+        if raw.isdigit() and len(raw) < 19:
+            after = max(after, int(raw))
+    guard = request.app[GUARD_KEY]
+    streams = request.app[STREAMS_KEY]
+    number, stop = streams.add(channel.max_streams)
+    response = web.StreamResponse(
+        headers={**SECURITY_HEADERS, "Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
+    )
+    try:
+        await response.prepare(request)
+        await response.write(b"retry: 1000\n\n")
+        ends = time.monotonic() + STREAM_SECONDS
+        beat = time.monotonic() + HEARTBEAT_SECONDS
+        while not stop.is_set() and time.monotonic() < ends and guard.session_of(request) is not None:
+            batch = await room.web_since(chat, after, 100)
+            for m in batch:
+                data = json.dumps(as_event(request, chat, m), ensure_ascii=True)
+                await response.write(f"id: {m.seq}\nevent: msg\ndata: {data}\n\n".encode())
+                after = m.seq
+            if batch:
+                continue
+            if time.monotonic() >= beat:
+                await response.write(b": beat\n\n")
+                beat = time.monotonic() + HEARTBEAT_SECONDS
+            await channel.bell.wait(channel.poll_seconds)
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass  # the page went away
+    finally:
+        streams.remove(number)
+    return response
+
+
+async def download(request: web.Request) -> web.StreamResponse:
+    chat = chat_of(request)
+    file_id = request.match_info["file"]
+    if not FILE_ID.fullmatch(file_id):
+        raise web.HTTPNotFound(text="No such file.")
+    room = channel_of(request).room
+    assert room is not None
+    found = await room.web_file_get(chat, file_id)
+    if found is None:
+        raise web.HTTPNotFound(text="No such file.")
+    plain = "".join(c if c.isascii() and c.isprintable() and c not in '"\\;' else "_" for c in found.name)
+    disposition = f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(found.name, safe='')}"
+    # Always a download of opaque bytes: a file a person or the agent made is never a page here.
+    headers = {"Content-Disposition": disposition, "Content-Type": "application/octet-stream"}
+    return web.Response(body=found.data, headers=headers)
+
+
+def add_routes(app: web.Application) -> None:
+    app[STREAMS_KEY] = Streams()
+    app.router.add_get("/chat", chats, name="chats")
+    app.router.add_get("/chat/{chat}", chat_page, name="chat")
+    app.router.add_post("/chat/{chat}/send", send, name="chat_send")
+    app.router.add_post("/chat/{chat}/press", press, name="chat_press")
+    app.router.add_get("/chat/{chat}/events", events, name="chat_events")
+    app.router.add_get("/chat/{chat}/file/{file}", download, name="chat_file")

@@ -1,0 +1,29 @@
+"""How the console shows a value people or the model chose: masked, made visible, bounded."""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Callable
+from typing import Any
+
+import markupsafe
+
+from gateway.ops.logs import visible
+
+TEXT_CHARS = 2000
+"""Longest text one template expression shows (a message, a name): the rest is cut with an ellipsis."""
+
+
+def shown(value: Any, redact: Callable[[str], str], limit: int = TEXT_CHARS) -> Any:
+    """Every ``{{ … }}`` of every template passes here before Jinja escapes it: strings are masked
+    by the daemon's secrets, their control, bidi and zero-width characters made visible, and cut at
+    :data:`TEXT_CHARS` or ``limit`` (they are names and texts users and the model chose)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or isinstance(value, markupsafe.Markup):
+        return value  # Markup: a macro's output, whose own expressions passed here already
+    text = "\n".join(visible(line) for line in redact(value).split("\n"))
+    text = "".join(
+        f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" and c not in "\u200d" else c for c in text
+    )
+    return text if len(text) <= limit else text[: limit - 1] + "…"

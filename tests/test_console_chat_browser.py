@@ -1,0 +1,65 @@
+"""The console's web chat in a real browser (headless Chromium, tests/browser.py) against `chital run`
+and the fake model: a person opens a new chat from the nav, types, sends, and watches the answer
+arrive through the page's event stream (static/chat.js); approves a tool call with the button under
+the question; and hostile text they (or the model) wrote stays text: nothing runs, nothing is
+blocked by the Content-Security-Policy because nothing even tries (docs/console.md, "Web chat")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.browser import Browser
+from tests.console_support import click, console_config, log_in, shows, until
+from tests.daemon import started_daemon
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram_server import FakeTelegram
+from tests.test_console_browser import PAYLOADS, assert_nothing_ran, shots_dir
+from tests.test_console_chat import brain
+
+
+async def send(b: Browser, text: str) -> None:
+    await b.call(lambda: b.driver.find_element("id", "chat-text").send_keys(text))
+    await click(b, "#chat-send")
+
+
+async def test_chat_streams_answers_takes_a_button_and_keeps_text_inert(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, browser: Browser
+) -> None:
+    brain(model)
+    cfg = console_config(tmp_path, tg, model)
+    cfg["agent"]["approvals"] = {"tools": ["write_file"], "timeout": 600}
+    async with started_daemon(tmp_path, cfg) as daemon:
+        await log_in(browser, daemon.port)
+        await click(browser, "#nav-chat")
+        await until(browser, shows("No chats yet."), "the chat list")
+        await click(browser, "#new-chat")
+        await until(browser, lambda d: d.find_element("id", "chat-text").is_displayed(), "the chat page")
+
+        await send(browser, "hello from Chromium")
+        await until(browser, shows("echo: hello from Chromium"), "the streamed answer")
+        # Sent through the page's script: the form was cleared, the page never reloaded.
+        assert (
+            await browser.call(lambda: browser.driver.find_element("id", "chat-text").get_attribute("value"))
+            == ""
+        )
+
+        await send(browser, PAYLOADS["text"])
+        answers = "#messages .msg-bot"
+        await until(
+            browser, lambda d: len(d.find_elements("css selector", answers)) == 2, "the second answer"
+        )
+        await assert_nothing_ran(browser, "chat page, streamed")
+        await browser.call(browser.driver.refresh)
+        await until(browser, shows("click me</a> [go](javascript:"), "the hostile text after a reload")
+        await assert_nothing_ran(browser, "chat page, rendered by the server")
+
+        await send(browser, "APPROVEME please")
+        approve = "#messages .msg-buttons button.btn-primary"
+        await until(
+            browser, lambda d: d.find_element("css selector", approve).is_displayed(), "the Approve button"
+        )
+        await browser.screenshot(shots_dir(tmp_path) / "chat-conversation.png")
+        await click(browser, approve)
+        await until(browser, shows("Done:"), "the answer after the approval")
+        assert list(daemon.sandbox_root.glob("**/outputs/x.txt")), "the approved call ran"
+        await assert_nothing_ran(browser, "chat page after the approval")

@@ -1,0 +1,72 @@
+"""The store's side of handing a conversation's next turn from one daemon to another without a
+sweep (docs/scale-out.md, "What coordination costs"), on SQLite and PostgreSQL alike:
+
+- a turn journaled by daemon B while an earlier turn of its conversation is daemon A's gets no
+  lease (B would only fail to claim it and give it back);
+- A's done mark says, in the same statement, that such a turn waits, and A takes it with one claim;
+- a turn's claim can mark it running, as the runner's own statement did.
+"""
+
+from __future__ import annotations
+
+from channels.base import Inbound
+from gateway.store.entries import JournalKind, JournalState, conversation_of
+from gateway.store.journal import Store
+
+
+def _msg(mid: str, chat: str = "1") -> Inbound:
+    return Inbound(
+        platform="slack", chat_id=chat, message_id=mid, sender_id="U9", text=f"m{mid}",
+        is_direct=True, addressed=True,
+    )  # fmt: skip
+
+
+async def test_a_turn_behind_another_daemons_waits_unleased_and_is_handed_on(either_store: Store) -> None:
+    s = either_store
+    first, second, third = _msg("1"), _msg("2"), _msg("3")
+    assert await s.journal_add_leased(first, JournalKind.TURN, lease=("A", 15)) == (True, True)
+    assert await s.lease_claim(first.key, "A", 15, start=True)  # claimed and marked running at once
+    [running] = await s.journal_open()
+    assert (running.state, running.attempts) == (JournalState.RUNNING, 1)
+
+    # B takes the chat's next message while A still runs the first: journaled, with no lease.
+    assert await s.journal_add_leased(second, JournalKind.TURN, lease=("B", 15)) == (True, False)
+    # Another chat's message on B is B's at once; a notice needs no order, so it is leased too.
+    assert await s.journal_add_leased(_msg("1", chat="2"), JournalKind.TURN, lease=("B", 15)) == (True, True)
+    assert await s.journal_add_leased(_msg("n", chat="1"), JournalKind.NOTICE, "hi", ("B", 15)) == (
+        True,
+        True,
+    )
+    # The third message, on A, waits too: an earlier open turn (the second) is nobody's.
+    assert await s.journal_add_leased(third, JournalKind.TURN, lease=("A", 15)) == (True, False)
+    assert await s.journal_add_leased(second, JournalKind.TURN, lease=("B", 15)) == (
+        False,
+        False,
+    )  # redelivery
+    assert await s.lease_holders() == {"A": 1, "B": 2, "": 2}
+
+    conversation = running.conversation
+    assert await s.lease_claim_next(conversation, "B", 15) is None  # the first is A's, live, still open
+    assert await s.journal_done(first.key, look_next=True)  # ... and a later turn waits for no one now
+    nxt = await s.lease_claim_next(conversation, "A", 15)
+    assert nxt is not None and (nxt.key, nxt.kind, nxt.from_journal) == (second.key, JournalKind.TURN, True)
+    assert nxt.inbound.text == "m2"
+    assert await s.lease_owner(second.key) == "A"
+    assert await s.lease_claim_next(conversation, "B", 15) is None  # behind A's live second
+    after = await s.lease_claim_next(conversation, "A", 15)  # A's own queue keeps the order
+    assert after is not None and after.key == third.key
+    assert not await s.journal_done(second.key, look_next=True)  # the third is A's, live: nothing waits
+    assert await s.lease_claim_next(conversation, "A", 15) is None
+    assert not await s.journal_done(third.key)  # without look_next: just done
+    assert {e.key for e in await s.journal_open()} == {"slack:2:1", "slack:1:n"}
+
+
+async def test_a_lapsed_turn_is_handed_on_and_a_live_one_is_not(either_store: Store) -> None:
+    s = either_store
+    first, second = _msg("1"), _msg("2")
+    assert await s.journal_add_leased(first, JournalKind.TURN, lease=("A", 15)) == (True, True)
+    assert await s.journal_add_leased(second, JournalKind.TURN, lease=("A", -1)) == (True, True)  # lapsed
+    assert await s.journal_done(first.key, look_next=True)  # the second's lease lapsed: it waits for anyone
+    nxt = await s.lease_claim_next(conversation_of(first), "B", 15)
+    assert nxt is not None and nxt.key == second.key
+    assert await s.lease_owner(second.key) == "B"
