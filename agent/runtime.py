@@ -36,7 +36,7 @@ from agent.sandbox.backend import SandboxBackend
 from agent.sandbox.files import HostFiles
 from agent.sandbox.paths import OUTPUTS, UPLOADS, PathMapper, PathRefused, ThreadDirs
 from agent.sandbox.probe import SandboxState, close_quietly, run_probe
-from agent.sandbox.quota import check_room, release_walkers
+from agent.sandbox.quota import release_walkers
 from agent.sandbox.routing import ThreadRoutedBackend, bind, unbind
 from agent.skill_tools import build_skill_tools, draft_events
 from agent.skills import SkillCatalog, build_skills
@@ -197,6 +197,8 @@ class AgentRuntime:
     def thread_files(self, thread_id: str) -> HostFiles:
         """The thread's files as its sandbox sees them, opened only through the symlink-safe
         :class:`HostFiles` with the sandbox user's rights (never a plain host path)."""
+        if self.provider is not None and (engine := self.provider.files_for(thread_id)) is not None:
+            return engine  # the shared Docker mode: the files are on the engine, not here
         dirs = ThreadDirs.for_thread(self.sandbox_root, thread_id, self._skills_dir)
         owner = self.provider.owner_for(thread_id) if self.provider is not None else None
         if not dirs.uploads.is_dir():
@@ -210,7 +212,7 @@ class AgentRuntime:
         name the user's file will have) makes it ``name-2.ext``, and no link is followed."""
         files = await asyncio.to_thread(self.thread_files, thread_id)
         # The thread's disk quota and the host's free-space floor hold for users' files too.
-        await asyncio.to_thread(check_room, files.mapper.dirs, len(data))
+        await asyncio.to_thread(files.room, len(data))
         return await asyncio.to_thread(files.create_unique, UPLOADS, name, data)
 
     async def read_output(self, thread_id: str, path: str, max_bytes: int) -> OutputFile:
@@ -250,6 +252,10 @@ class AgentRuntime:
                 "unsandboxed", "local, bubblewrap missing: commands run UNSANDBOXED on this host"
             )
         where = f"bubblewrap {bwrap}" if s.provider == "local" else f"image {s.image}"
+        if s.provider == "docker" and s.docker.shared:
+            return SandboxState(
+                "ready", f"docker, {where}, shared engine (files in per-conversation volumes)"
+            )
         return SandboxState("ready", f"{s.provider}, {where}, root {self.sandbox_root}")
 
     # -- lifecycle ------------------------------------------------------------------------------

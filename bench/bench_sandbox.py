@@ -1,8 +1,9 @@
 """Exec latency of the sandbox providers: p50/p99 of a trivial command, warm and cold.
 
-    python bench/bench_sandbox.py [--warm 50] [--cold 10] [--provider local|docker|all]
+    python bench/bench_sandbox.py [--warm 50] [--cold 10] [--provider local|docker|docker-shared|all]
 
 warm: ``true`` in a sandbox that already exists (Docker: container running).
+read_file: a one-line file read with the file tool (docker-shared: through the engine).
 cold: a new thread's first command, acquire included (Docker: container creation and start).
 A provider that cannot run here (no bwrap, no engine) is reported and skipped.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.sandbox import SandboxProvider, SandboxUnavailable
+from agent.sandbox.docker_shared import SharedDockerProvider
 from agent.sandbox.local import LocalProvider
 
 
@@ -55,6 +57,9 @@ async def bench(name: str, provider: SandboxProvider, warm: int, cold: int) -> N
             return
         warm_s = [await timed(lambda: sb.exec("true")) for _ in range(warm)]
         report(f"{name} warm", warm_s)
+        await sb.write_file("bench.txt", "one line\n")
+        read_s = [await timed(lambda: sb.read_file("bench.txt")) for _ in range(warm)]
+        report(f"{name} read_file", read_s)
         cold_s = []
         for i in range(cold):
 
@@ -67,6 +72,9 @@ async def bench(name: str, provider: SandboxProvider, warm: int, cold: int) -> N
     except SandboxUnavailable as e:
         print(f"{name}: unavailable: {e}")
     finally:
+        if isinstance(provider, SharedDockerProvider):  # its containers and volumes outlive it
+            for tid in ["bench-warm", *(f"bench-cold-{i}" for i in range(cold))]:
+                await provider.discard(tid)
         await provider.close()
 
 
@@ -74,7 +82,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--warm", type=int, default=50)
     ap.add_argument("--cold", type=int, default=10)
-    ap.add_argument("--provider", choices=["local", "docker", "all"], default="all")
+    ap.add_argument("--provider", choices=["local", "docker", "docker-shared", "all"], default="all")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="chital-bench-"))
     os.chmod(root, 0o711)
@@ -94,6 +102,14 @@ async def main() -> None:
                 print(f"docker: unavailable: {e}")
             else:
                 await bench("docker", provider, args.warm, args.cold)
+        if args.provider in ("docker-shared", "all"):
+            shared = SharedDockerProvider(root / "shared")
+            try:
+                await shared.ping()
+            except SandboxUnavailable as e:
+                print(f"docker-shared: unavailable: {e}")
+            else:
+                await bench("docker-shared", shared, args.warm, args.cold)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

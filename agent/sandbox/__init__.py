@@ -59,6 +59,19 @@ __all__ = [
 
 def create_provider(settings: SandboxSettings) -> SandboxProvider:
     """The provider ``settings.provider`` names. Docker is imported lazily (it needs the SDK)."""
+    if settings.provider == "docker" and settings.docker.shared:
+        from .docker_shared import SharedDockerProvider
+
+        return SharedDockerProvider(
+            settings.root,
+            settings.skills_dir,
+            image=settings.image,
+            limits=settings.limits,
+            uid=settings.uid,
+            gid=settings.gid,
+            idle_timeout=settings.idle_timeout,
+            network=settings.network,
+        )
     if settings.provider == "docker":
         from .docker_provider import DockerProvider
 

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .files import Entry, GrepMatch, HostFiles, TextWindow
@@ -202,10 +202,19 @@ class SandboxProvider(abc.ABC):
     def __init__(self, idle_timeout: float) -> None:
         self.idle_timeout = idle_timeout
         self._reaper: asyncio.Task[None] | None = None
+        self.reap_gate: Callable[[], bool] | None = None
+        """For sandboxes every daemon shares (the shared Docker mode): reap only while this says
+        so; the gateway passes "this daemon owns the timers", so one daemon reaps, not all.
+        Providers whose sandboxes are the daemon's own reap them regardless."""
 
     def owner_for(self, thread_id: str) -> tuple[int, int] | None:
         """(uid, gid) that sandboxed code of ``thread_id`` runs as on the host, when it is not the
         daemon's own; host-side file work for that thread runs with these rights (creds.py)."""
+        return None
+
+    def files_for(self, thread_id: str) -> HostFiles | None:
+        """The thread's files when they are not in its host dirs (the shared Docker mode's are
+        on the engine); None: the caller opens the host dirs. Blocking: call from a worker."""
         return None
 
     @abc.abstractmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_ROOT = Path("sandboxes")
 """The one default sandbox root. Relative: the daemon resolves it against the storage path
@@ -41,6 +41,17 @@ class SandboxLimits(BaseModel):
     """Files and directories one thread may hold; also bounds the cost of measuring its usage."""
 
 
+class DockerSettings(BaseModel):
+    """Settings of the ``docker`` provider only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shared: bool = False
+    """Several daemons, one engine: each thread's files live in a named volume on the engine
+    (``DOCKER_HOST``) and its container is found by name, so whichever daemon runs a turn sees
+    the files of the last one; file tools go through the engine. See docs/scale-out.md."""
+
+
 class SandboxSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -72,6 +83,7 @@ class SandboxSettings(BaseModel):
     image: str = "chital-sandbox:latest"
     network: bool = False
     """Docker: give containers a network (bridge) instead of none."""
+    docker: DockerSettings = Field(default_factory=DockerSettings)
 
     @field_validator("uid_range")
     @classmethod
@@ -81,3 +93,9 @@ class SandboxSettings(BaseModel):
             if first < 1000 or count < 1 or first + count > 2**31 - 1:
                 raise ValueError("uid_range is [first uid >= 1000, count >= 1], below 2^31")
         return value
+
+    @model_validator(mode="after")
+    def _shared_needs_docker(self) -> SandboxSettings:
+        if self.docker.shared and self.uid_range is not None:
+            raise ValueError("agent.sandbox.docker.shared does not support uid_range (one uid per volume)")
+        return self

@@ -91,14 +91,24 @@ class DockerSandbox(Sandbox):
         self.touch()
         self.busy += 1
         try:
-            await disk.before_command(self.dirs, self.quota)
+            await self._before_command()
             res = await self._exec(command, timeout, max_output)
-            if res.stopped is None and (note := await disk.after_command(self.dirs, self.quota)):
+            if res.stopped is None and (note := await self._after_command()):
                 res = ExecResult(res.exit_code, f"{res.output}\n{note}", res.truncated, res.timed_out)
             return res
         finally:
             self.busy -= 1
             self.touch()
+
+    async def _before_command(self) -> None:
+        await disk.before_command(self.dirs, self.quota)
+
+    async def _after_command(self) -> str | None:
+        return await disk.after_command(self.dirs, self.quota)
+
+    async def _watch_disk(self) -> str:
+        """Returns why the running command must stop (the disk quota or floor); races it."""
+        return await disk.watch(self.dirs, self.quota)
 
     async def _exec(self, command: str, timeout: float, max_output: int) -> ExecResult:  # noqa: ASYNC109
         api = self.provider.client.api
@@ -149,7 +159,7 @@ class DockerSandbox(Sandbox):
                 cap.feed(chunk)
 
         reader = asyncio.ensure_future(asyncio.to_thread(pump))
-        dog = asyncio.ensure_future(disk.watch(self.dirs, self.quota))
+        dog = asyncio.ensure_future(self._watch_disk())
         timed_out, stopped = False, None
         try:
             if cancelled_early:
@@ -326,9 +336,6 @@ class DockerProvider(SandboxProvider):
             c.remove(force=True)  # stopped or built from older settings: start afresh
         except NotFound:
             pass
-        lim = self.limits
-        mb = 1024 * 1024
-        fsize = min(lim.file_size_mb, lim.disk_mb) * mb  # no single file beyond the disk quota
         mounts = [
             Mount(WORKSPACE, str(dirs.workspace), type="bind"),
             Mount(UPLOADS, str(dirs.uploads), type="bind"),
@@ -336,45 +343,53 @@ class DockerProvider(SandboxProvider):
         ]
         if dirs.skills is not None:
             mounts.append(Mount(SKILLS, str(dirs.skills), type="bind", read_only=True))
+        labels = {
+            LABEL: "1",
+            LABEL_THREAD: dirs.thread_id,
+            LABEL_INSTANCE: self.instance,
+            LABEL_CONFIG: self.config_hash,
+        }
         try:
-            c = self.client.containers.run(
-                self.image,
-                ["sleep", "infinity"],
-                name=name,
-                detach=True,
-                init=True,  # docker-init reaps orphans of killed commands
-                labels={
-                    LABEL: "1",
-                    LABEL_THREAD: dirs.thread_id,
-                    LABEL_INSTANCE: self.instance,
-                    LABEL_CONFIG: self.config_hash,
-                },
-                user=user,
-                environment={**sandbox_env(), "CHITAL_EXEC": "idle"},
-                working_dir=WORKSPACE,
-                hostname="sandbox",
-                network_mode="bridge" if self.network else "none",
-                mem_limit=lim.memory_mb * mb,
-                memswap_limit=lim.memory_mb * mb,
-                nano_cpus=int(lim.cpus * 1e9),
-                pids_limit=lim.pids,
-                ulimits=[
-                    Ulimit(name="fsize", soft=fsize, hard=fsize),
-                    Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
-                    Ulimit(name="core", soft=0, hard=0),
-                ],
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                read_only=True,
-                tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.tmp_size_mb}m,mode=1777"},
-                mounts=mounts,
-                ipc_mode="private",
-            )
+            c = self.client.containers.run(**self._spec(name, labels, mounts, user))
         except APIError as e:
             if e.status_code != 409:  # 409: a concurrent start won the name; use its container
                 raise
             c = self.client.containers.get(name)
         return str(c.id)
+
+    def _spec(self, name: str, labels: dict[str, str], mounts: list[Mount], user: str) -> dict[str, Any]:
+        """The locked-down container of one thread: everything ``containers.run`` is given."""
+        lim = self.limits
+        mb = 1024 * 1024
+        fsize = min(lim.file_size_mb, lim.disk_mb) * mb  # no single file beyond the disk quota
+        return dict(
+            image=self.image,
+            command=["sleep", "infinity"],
+            name=name,
+            detach=True,
+            init=True,  # docker-init reaps orphans of killed commands
+            labels=labels,
+            user=user,
+            environment={**sandbox_env(), "CHITAL_EXEC": "idle"},
+            working_dir=WORKSPACE,
+            hostname="sandbox",
+            network_mode="bridge" if self.network else "none",
+            mem_limit=lim.memory_mb * mb,
+            memswap_limit=lim.memory_mb * mb,
+            nano_cpus=int(lim.cpus * 1e9),
+            pids_limit=lim.pids,
+            ulimits=[
+                Ulimit(name="fsize", soft=fsize, hard=fsize),
+                Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.tmp_size_mb}m,mode=1777"},
+            mounts=mounts,
+            ipc_mode="private",
+        )
 
     def owner_for(self, thread_id: str) -> tuple[int, int] | None:
         """Blocking when ``uid_range`` is on (it may scan the threads dir): call from a worker."""

@@ -169,6 +169,12 @@ class HostFiles:
 
     # --- operations ---------------------------------------------------------------------------
 
+    def room(self, incoming: int) -> None:
+        """Raise ``QuotaExceeded`` unless the thread can take ``incoming`` more bytes."""
+        from .quota import check_room
+
+        check_room(self.mapper.dirs, incoming)
+
     @_as_owner
     def ls(self, path: str) -> list[Entry]:
         synthetic = self.mapper.synthetic_children(path)

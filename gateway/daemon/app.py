@@ -47,7 +47,7 @@ from gateway.daemon.lifecycle import (
 from gateway.daemon.menus import Menus
 from gateway.daemon.standby import standby_leader_only
 from gateway.daemon.status import RecentErrors, StatusServer, StatusUnavailable, snapshot, socket_path
-from gateway.daemon.summary import log_summary
+from gateway.daemon.summary import log_summary, runtime_of
 from gateway.daemon.timers import TimerOwner, take_timers
 from gateway.ops import tracing
 from gateway.ops.http import describe_state
@@ -298,6 +298,9 @@ class Daemon:
                 sup.start()  # (send-only standbys were started by standby_leader_only)
         self.timers, runner = await take_timers(self, clock, scheduler)  # before the cluster's first lead
         res.push("the timers", self.timers.close)
+        if (runtime := runtime_of(self.harness)) is not None and runtime.provider is not None:
+            timers = self.timers  # sandboxes on a shared engine: reaped by the timers' owner alone
+            runtime.provider.reap_gate = lambda: timers.owned
         if self.cluster is not None:
             self.cluster.start()
         if cfg.hooks.hooks or any(ch.web_routes() for ch in channels):

@@ -173,7 +173,13 @@ async def sandbox_line(runtime: AgentRuntime | None, configured: str) -> Line:
             f"  sandbox   local, bubblewrap {provider.bwrap}: isolating (commands run as {uid})",
         )
     from agent.sandbox.docker_provider import DockerProvider
+    from agent.sandbox.docker_shared import SharedDockerProvider
 
+    if isinstance(provider, SharedDockerProvider):
+        return logging.INFO, (
+            f"  sandbox   docker (shared engine), image {provider.image}, network {provider.network}: "
+            "isolating (one container and volume per conversation, found by every daemon)"
+        )
     if isinstance(provider, DockerProvider):
         return logging.INFO, (
             f"  sandbox   docker, image {provider.image}, network {provider.network}: isolating "

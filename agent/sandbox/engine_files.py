@@ -1,0 +1,506 @@
+"""File tools through the Docker engine: the shared Docker mode's :class:`HostFiles`.
+
+With ``agent.sandbox.docker.shared`` a thread's files live in a named volume on the engine every
+daemon talks to, so no daemon has a host path to open. Each operation is a ``docker exec`` of the
+fixed program in engine_script.py inside the thread's container, as the sandbox user, the path an
+argument. The same interface as :class:`HostFiles` (it is one, to the code that calls it), with
+the same bounds: what comes back is read with the daemon's own caps, in bytes and in time, because
+the program runs beside sandboxed code and its output is as hostile as the files are.
+
+Virtual paths are checked here first (normalized, inside a mount, writes not on ``/mnt/skills``);
+the program then checks links against the mount's own directory inside the container.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import posixpath
+import socket
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from docker.errors import APIError, DockerException, NotFound
+from docker.utils.socket import frames_iter
+from wcmatch import glob as wcglob
+
+from . import bounded
+from .engine_script import HELPER
+from .files import _EDIT_LOCKS, Entry, GrepMatch, HostFiles, TextWindow
+from .paths import USER_DATA, Mount, PathMapper, PathRefused, SandboxError
+from .quota import DiskQuota, QuotaExceeded, Usage, usage_problem
+
+if TYPE_CHECKING:
+    from .docker_shared import SharedDockerProvider
+
+_HEADER_CAP = 8 * 1024 * 1024  # one JSON line: an ls of 5000 entries, 1000 grep matches
+_MAX_READ_BYTES = 64 * 1024 * 1024  # as files.py: read_bytes without a cap of its own
+_CHUNK = 96 * 1024  # base64 characters per argument (Linux: 128 KiB per argument string)
+_CHUNKS_PER_EXEC = 12  # ~1.1 MB of argv per exec, well under ARG_MAX (a quarter of the stack)
+_IO_SECONDS = 60.0  # no byte for this long: the operation is abandoned
+_OP_SECONDS = 120.0  # the whole operation, here and (killed) in the container
+_WALK_LIMIT = 50_000
+
+_ERRORS = {
+    "ENOENT": "no such file or directory",
+    "EISDIR": "is a directory",
+    "ENOTDIR": "not a directory",
+    "ELOOP": "a symlink appeared in the path; refused",
+    "notreg": "not a regular file",
+    "EEXIST": "already exists",
+    "EFBIG": "file too large",
+    "ENOSPC": "no space left on the device",
+    "EACCES": "permission denied",
+    "mountroot": "a mount itself cannot be deleted",
+    "toomany": "too many files with that name",
+}
+
+
+class _Reply:
+    """The program's stdout, read with a deadline per read and a cap in bytes."""
+
+    def __init__(self, sock: Any, cap: int) -> None:
+        self.sock = sock
+        self.frames = frames_iter(sock, tty=False)
+        self.buf = bytearray()
+        self.cap = cap
+        self.got = 0
+        self.eof = False
+        self.deadline = time.monotonic() + _OP_SECONDS
+
+    def _more(self) -> bool:
+        for stream, data in self.frames:
+            if time.monotonic() > self.deadline:
+                raise SandboxError("the file operation took too long; refused")
+            if stream != 1:  # stderr: the program writes none; ignore whatever appears
+                continue
+            self.got += len(data)
+            if self.got > self.cap:
+                raise SandboxError("the file operation's reply is larger than its cap; refused")
+            self.buf += data
+            return True
+        self.eof = True
+        return False
+
+    def header(self) -> dict[str, Any]:
+        while b"\n" not in self.buf:
+            if not self._more():
+                raise SandboxError("the file operation gave no answer (the sandbox may be overloaded)")
+        line, _, rest = bytes(self.buf).partition(b"\n")
+        self.buf = bytearray(rest)
+        try:
+            head = json.loads(line)
+        except ValueError:
+            raise SandboxError("the file operation gave an unreadable answer") from None
+        if not isinstance(head, dict):
+            raise SandboxError("the file operation gave an unreadable answer")
+        return head
+
+    def read(self, n: int = -1) -> bytes:
+        """File-like: up to ``n`` bytes of the payload (``bounded.read_lines`` reads from this)."""
+        while not self.eof and (n < 0 or len(self.buf) < n):
+            self._more()
+        n = len(self.buf) if n < 0 else min(n, len(self.buf))
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
+        return data
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.sock.close()
+        with contextlib.suppress(Exception):
+            self.sock._response.close()
+
+
+def _raw_socket(sock: Any) -> socket.socket | None:
+    inner = getattr(sock, "_sock", sock)
+    return inner if isinstance(inner, socket.socket) else None
+
+
+class EngineFiles(HostFiles):
+    """One thread's file operations, run in its container (see the module docstring)."""
+
+    def __init__(self, provider: SharedDockerProvider, mapper: PathMapper, quota: DiskQuota) -> None:
+        super().__init__(mapper, None)
+        self.provider = provider
+        self.quota = quota
+        self.thread_id = mapper.dirs.thread_id
+
+    # --- running the program ---------------------------------------------------------------
+
+    def _open(self, args: list[str], cap: int) -> _Reply:
+        api = self.provider.client.api
+        # coreutils' timeout kills the program even when nobody reads its output any more (the
+        # engine does not stop an exec whose client went away).
+        argv = ["timeout", "-s", "KILL", str(int(_OP_SECONDS)), "python3", "-I", "-c", HELPER, *args]
+
+        def start() -> Any:
+            name = self.provider.ensure_container(self.thread_id, fast=True)
+            exec_id = api.exec_create(
+                name,
+                argv,
+                user=self.provider.user,
+                workdir="/",
+                environment={"CHITAL_EXEC": "files-" + uuid.uuid4().hex},
+                stdout=True,
+                stderr=True,
+            )["Id"]
+            return api.exec_start(exec_id, socket=True)
+
+        try:
+            try:
+                sock = start()
+            except (NotFound, APIError) as e:
+                if isinstance(e, APIError) and e.status_code not in (404, 409):
+                    raise
+                self.provider.ensure_container(self.thread_id, fast=False)  # reaped meanwhile
+                sock = start()
+        except DockerException as e:
+            raise SandboxError(
+                f"the sandbox's files are unreachable: {str(e).splitlines()[0][:200]}"
+            ) from None
+        raw = _raw_socket(sock)
+        if raw is not None:
+            raw.settimeout(_IO_SECONDS)
+        return _Reply(sock, cap)
+
+    def _call(self, virtual: str, args: list[str], cap: int = _HEADER_CAP) -> dict[str, Any]:
+        reply = self._open(args, cap)
+        try:
+            with self._net(virtual):
+                return self._checked(virtual, reply.header())
+        finally:
+            reply.close()
+
+    def _call_some(self, virtual: str, args: list[str], *, several: bool) -> dict[str, Any]:
+        """``_call`` for one of several mounts searched at once: a mount dir that sandboxed code
+        swapped for a link (or removed) is left out of the search, not followed."""
+        try:
+            return self._call(virtual, args)
+        except PathRefused:
+            if not several:
+                raise
+            return {}
+        except SandboxError:
+            if not several:
+                raise
+            return {"cut": True}  # the others' results, marked incomplete
+
+    @contextlib.contextmanager
+    def _net(self, virtual: str) -> Iterator[None]:
+        try:
+            yield
+        except (TimeoutError, OSError) as e:
+            raise SandboxError(f"{virtual}: the file operation failed ({type(e).__name__})") from None
+
+    @staticmethod
+    def _checked(virtual: str, head: dict[str, Any]) -> dict[str, Any]:
+        err = head.get("error")
+        if err is None:
+            return head
+        if err == "outside":
+            raise PathRefused(f"{virtual!r} resolves outside its mount (symlink escape refused)")
+        if err == "ELOOP":
+            raise PathRefused(f"{virtual}: {_ERRORS['ELOOP']}")
+        text = _ERRORS.get(str(err)) or str(head.get("text") or err)[:200]
+        raise SandboxError(f"{virtual}: {text}")
+
+    def _where(self, path: str, *, write: bool = False) -> tuple[str, Mount, str]:
+        """(normalized virtual path, its mount, the part below the mount) without touching disk."""
+        virtual = self.mapper.normalize(path)
+        for mount in self.mapper.mounts:
+            if virtual == mount.virtual or virtual.startswith(mount.virtual + "/"):
+                break
+        else:
+            raise PathRefused(
+                f"{path!r} is outside the sandbox; use paths under {USER_DATA}/ or /mnt/skills/"
+            )
+        if write and not mount.writable:
+            raise PathRefused(f"{mount.virtual} is read-only")
+        return virtual, mount, virtual[len(mount.virtual) :].lstrip("/")
+
+    # --- operations --------------------------------------------------------------------------
+
+    def ls(self, path: str) -> list[Entry]:
+        synthetic = self.mapper.synthetic_children(path)
+        if synthetic is not None:
+            return [Entry(c, True, 0, 0.0) for c in synthetic]
+        virtual, mount, rel = self._where(path)
+        head = self._call(virtual, ["ls", mount.virtual, rel, str(bounded.MAX_LS_ENTRIES)])
+        out = []
+        for item in head.get("entries") or []:
+            name, is_dir, size, mtime = item
+            if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+                continue
+            out.append(Entry(posixpath.join(virtual, name), bool(is_dir), int(size), float(mtime)))
+        out.sort(key=lambda e: e.path)
+        if head.get("cut"):
+            note = f"[listing cut at {bounded.MAX_LS_ENTRIES} entries; use glob or execute]"
+            out.append(Entry(posixpath.join(virtual, note), False, 0, 0.0))
+        return out
+
+    def stat(self, path: str) -> Entry | None:
+        if self.mapper.synthetic_children(path) is not None:
+            return Entry(self.mapper.normalize(path), True, 0, 0.0)
+        virtual, mount, rel = self._where(path)
+        item = self._call(virtual, ["stat", mount.virtual, rel]).get("entry")
+        if item is None:
+            return None
+        is_dir, size, mtime = item
+        return Entry(virtual, bool(is_dir), int(size), float(mtime))
+
+    def _read(self, path: str, cap: int) -> tuple[str, _Reply, int]:
+        virtual, mount, rel = self._where(path)
+        reply = self._open(["read", mount.virtual, rel, str(cap)], _HEADER_CAP + cap + 1)
+        try:
+            with self._net(virtual):
+                size = int(self._checked(virtual, reply.header()).get("size", 0))
+        except BaseException:
+            reply.close()
+            raise
+        return virtual, reply, size
+
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+        cap = _MAX_READ_BYTES if max_bytes is None else max_bytes
+        virtual, reply, size = self._read(path, cap)
+        try:
+            if size > cap:
+                raise SandboxError(f"{virtual}: larger than {cap} bytes")
+            with self._net(virtual):
+                data = reply.read(cap + 1)
+        finally:
+            reply.close()
+        if len(data) > cap:  # the size can grow while it is read
+            raise SandboxError(f"{virtual}: larger than {cap} bytes")
+        return data
+
+    def regular_size(self, path: str) -> int:
+        _, reply, size = self._read(path, 0)
+        reply.close()
+        return size
+
+    def read_text(self, path: str, offset: int = 0, limit: int = 2000) -> TextWindow:
+        offset, limit = max(int(offset), 0), max(int(limit), 0)
+        virtual, reply, _size = self._read(path, bounded.MAX_SCAN_BYTES)
+        try:
+            with self._net(virtual):
+                head = reply.read(8192)
+                if b"\x00" in head:
+                    raise SandboxError(f"{virtual}: binary file, not shown as text")
+                reply.buf[:0] = head
+                try:
+                    found = bounded.read_lines(reply, offset, limit, virtual=virtual)  # type: ignore[arg-type]
+                except bounded.ReadRefused as e:
+                    raise SandboxError(str(e)) from None
+        finally:
+            reply.close()
+        total = found.total
+        if total and offset >= total:
+            raise SandboxError(f"{virtual}: line offset {offset} is past the end ({total} lines)")
+        if not found.lines:
+            return TextWindow("", 0, 0, total or 0)
+        return TextWindow("".join(found.lines), offset + 1, offset + len(found.lines), total)
+
+    def _chunks(self, data: bytes) -> list[list[str]]:
+        text = base64.b64encode(data).decode()
+        parts = [text[i : i + _CHUNK] for i in range(0, len(text), _CHUNK)] or [""]
+        return [parts[i : i + _CHUNKS_PER_EXEC] for i in range(0, len(parts), _CHUNKS_PER_EXEC)]
+
+    def write(self, path: str, content: str | bytes) -> str:
+        data = content.encode() if isinstance(content, str) else content
+        self.room(len(data))
+        return self._put(path, data)
+
+    def _put(self, path: str, data: bytes) -> str:
+        """Write ``data`` to ``path`` (made or truncated), in as many execs as its size needs."""
+        virtual, mount, rel = self._where(path, write=True)
+        for i, group in enumerate(self._chunks(data)):
+            self._call(virtual, ["write", mount.virtual, rel, "append" if i else "truncate", *group])
+        return virtual
+
+    def create_unique(self, folder: str, name: str, data: bytes) -> str:
+        if not name or "/" in name or name in (".", ".."):
+            raise PathRefused(f"invalid file name {name!r}")
+        virtual, mount, rel = self._where(folder, write=True)
+        groups = self._chunks(data)
+        made = self._call(virtual, ["create", mount.virtual, rel, name, *groups[0]]).get("name")
+        if not isinstance(made, str) or "/" in made or not made:
+            raise SandboxError(f"{virtual}: the file could not be created")
+        target = posixpath.join(virtual, made)
+        try:
+            for group in groups[1:]:
+                self._call(target, ["write", mount.virtual, posixpath.join(rel, made), "append", *group])
+        except BaseException:
+            with contextlib.suppress(SandboxError):
+                self.delete(target)
+            raise
+        return target
+
+    def edit(self, path: str, old: str, new: str, replace_all: bool = False) -> int:
+        if not old:
+            raise SandboxError("old_string must not be empty")
+        if old == new:
+            raise SandboxError("old_string and new_string are identical")
+        virtual, _, _ = self._where(path, write=True)
+        # Edits of one file through this daemon are serialized, as on the host (files.py); a
+        # conversation's turns never run on two daemons at once.
+        lock = _EDIT_LOCKS[zlib.crc32(f"{self.thread_id}\0{virtual}".encode()) % len(_EDIT_LOCKS)]
+        with lock:
+            try:
+                raw = self.read_bytes(virtual, bounded.MAX_EDIT_BYTES)
+            except SandboxError as e:
+                if "larger than" not in str(e):
+                    raise
+                raise SandboxError(
+                    f"{virtual}: larger than {bounded.MAX_EDIT_BYTES // (1024 * 1024)} MB, too large "
+                    "for edit_file; use execute (sed -i, a script) instead"
+                ) from None
+            try:
+                content = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise SandboxError(f"{virtual}: not a UTF-8 text file") from None
+            count = content.count(old)
+            if count == 0:
+                raise SandboxError(f"{virtual}: old_string not found")
+            if count > 1 and not replace_all:
+                raise SandboxError(
+                    f"{virtual}: old_string occurs {count} times; add context to make it unique "
+                    "or set replace_all"
+                )
+            updated = content.replace(old, new) if replace_all else content.replace(old, new, 1)
+            self.room(len(updated.encode()) - len(raw))
+            self._put(virtual, updated.encode())  # only the growth counts against the quota
+            return count if replace_all else 1
+
+    def delete(self, path: str) -> str:
+        virtual, mount, rel = self._where(path, write=True)
+        if not rel:
+            raise PathRefused(f"{mount.virtual} itself cannot be deleted")
+        self._call(virtual, ["delete", mount.virtual, rel])
+        return virtual
+
+    def _search_roots(self, path: str) -> list[tuple[Mount, str, str]]:
+        """(mount, part below it, prefix of results) to search, as files.py's ``_roots``."""
+        base = self.mapper.normalize(path)
+        if self.mapper.synthetic_children(base) is None:
+            _, mount, rel = self._where(base)
+            return [(mount, rel, "")]
+        return [
+            (m, "", m.virtual[len(base) :].strip("/"))
+            for m in self.mapper.mounts
+            if m.virtual.startswith(base.rstrip("/") + "/")
+        ]
+
+    @staticmethod
+    def _found(mount: Mount, rel: str, head: dict[str, Any], found: Any) -> str:
+        """The virtual path of a file the walk reported (relative to the searched dir)."""
+        if head.get("single"):
+            return posixpath.join(mount.virtual, rel)
+        return (
+            posixpath.join(mount.virtual, rel, str(found))
+            if rel
+            else posixpath.join(mount.virtual, str(found))
+        )
+
+    def glob(
+        self, pattern: str, path: str = "/mnt/user-data", max_results: int = 1000
+    ) -> tuple[list[str], bool]:
+        match = _glob_matcher(pattern)
+        out: list[str] = []
+        cut = False
+        roots = self._search_roots(path)
+        for mount, rel, prefix in roots:
+            args = ["walk", mount.virtual, rel, str(_WALK_LIMIT), str(bounded.WALK_SECONDS)]
+            head = self._call_some(mount.virtual, args, several=len(roots) > 1)
+            cut = cut or bool(head.get("cut"))
+            for found in head.get("files") or []:
+                if not isinstance(found, str) or ".." in found.split("/"):
+                    continue
+                if match("/".join(p for p in (prefix, found) if p)):
+                    if len(out) >= max_results:
+                        return out, True
+                    out.append(self._found(mount, rel, head, found))
+        return out, cut
+
+    def grep(
+        self,
+        pattern: str,
+        path: str = "/mnt/user-data",
+        glob: str | None = None,
+        max_count: int | None = 1000,
+        regex: bool = False,
+    ) -> tuple[list[GrepMatch], bool]:
+        import re
+
+        if not pattern:
+            raise SandboxError("pattern must not be empty")
+        try:
+            re.compile(pattern if regex else re.escape(pattern))
+        except re.error as e:
+            raise SandboxError(f"invalid regex: {e}") from None
+        rx = pattern if regex else re.escape(pattern)
+        include, base = ("", "0") if not glob else (_glob_regex(glob), "0" if "/" in glob else "1")
+        count = 1_000_000 if max_count is None else max_count
+        out: list[GrepMatch] = []
+        cut = False
+        roots = self._search_roots(path)
+        for mount, rel, prefix in roots:
+            limits = [_WALK_LIMIT, bounded.WALK_SECONDS, bounded.MAX_GREP_BYTES, bounded.MAX_GREP_FILE]
+            limits += [bounded.MAX_GREP_LINE, count - len(out)]
+            args = ["grep", mount.virtual, rel, prefix, rx, include, base, *map(str, limits)]
+            head = self._call_some(mount.virtual, args, several=len(roots) > 1)
+            cut = cut or bool(head.get("cut"))
+            for item in head.get("matches") or []:
+                found, line, text = item
+                if not isinstance(found, str) or ".." in found.split("/"):
+                    continue
+                out.append(GrepMatch(self._found(mount, rel, head, found), int(line), str(text)[:1000]))
+            if cut:
+                break
+        return out, cut
+
+    # --- the disk quota, measured in the volume -----------------------------------------------
+
+    def usage(self) -> Usage:
+        roots = [m.virtual for m in self.mapper.mounts if m.writable]
+        head = self._call(USER_DATA, ["usage", str(self.quota.max_files), *roots])
+        used, files = int(head.get("blocks", 0)), int(head.get("files", 0))
+        if head.get("cut"):
+            problem = (
+                f"file quota exceeded: more than {self.quota.max_files} files and directories in "
+                f"{USER_DATA}; delete some (caches, build trees, node_modules) and try again"
+            )
+            return Usage(used, files, problem)
+        if head.get("unreadable"):
+            problem = (
+                f"a directory in {USER_DATA} is not readable, so its size cannot be checked against "
+                f"the disk quota: make it readable (chmod -R u+rwX {USER_DATA}) or delete it"
+            )
+            return Usage(used, files, problem)
+        return Usage(used, files)
+
+    def room(self, incoming: int) -> None:
+        """Raise :class:`QuotaExceeded` unless the thread can take ``incoming`` more bytes (the
+        engine's free space is the engine host's business: no floor is measured from here)."""
+        if incoming < 0:
+            return
+        problem = usage_problem(self.usage(), self.quota, incoming)
+        if problem:
+            raise QuotaExceeded(problem)
+
+
+def _glob_regex(pattern: str) -> str:
+    if ".." in pattern.split("/"):
+        raise PathRefused("'..' is not allowed in glob patterns")
+    inc, _ = wcglob.translate(pattern.lstrip("/"), flags=wcglob.BRACE | wcglob.GLOBSTAR)
+    return "|".join(f"(?:{r})" for r in inc)
+
+
+def _glob_matcher(pattern: str) -> Callable[[str], bool]:
+    from .files import _compile_glob
+
+    return _compile_glob(pattern)
