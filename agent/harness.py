@@ -37,12 +37,14 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
+from langgraph.channels.delta import DeltaChannel
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 
 from agent import tuning
 from agent.approvals import resume_value
 from agent.checkpoints import InlineSqliteSaver
+from agent.compaction import PRUNE_EVERY
 from agent.config import AgentSettings, ModelSpec
 from agent.events import (
     AgentEvent,
@@ -139,6 +141,9 @@ class Harness:
         self._pictured: dict[str, None] = {}
         """Threads whose history may hold images (agent/vision.py): their next turn reads the
         checkpoint, to fade images shown for long enough."""
+        self._turns_unpruned: dict[str, int] = {}
+        """Finished turns per thread since its checkpoints were last pruned (agent/compaction.py)."""
+        self._delta_channels: tuple[str, ...] = ()
         self._answered: dict[str, None] = {}
         """Message ids this process answered (bounded, oldest dropped): a second run of one of them
         (a delivery retry) must take the slow path that finds and replays its answer."""
@@ -215,6 +220,9 @@ class Harness:
             # same threads).
             state_schema=DeepAgentState,
             checkpointer=saver,
+        )
+        self._delta_channels = tuple(
+            name for name, channel in self._graph.channels.items() if isinstance(channel, DeltaChannel)
         )
 
     async def close(self) -> None:
@@ -380,6 +388,7 @@ class Harness:
                 self._settled.pop(thread_id, None)
                 raise
             self._remember(thread_id, message_id)
+            await self._prune(thread_id)
             yield Final(final)
 
     # ---- turn preparation ----------------------------------------------------------------------
@@ -470,6 +479,30 @@ class Harness:
         if not images and not any(carries_images(m) for m in messages if m.id not in gone):
             self._pictured.pop(thread_id, None)
         return {"messages": [*patches, *old, human]}
+
+    async def _prune(self, thread_id: str) -> None:
+        """Every ``PRUNE_EVERY`` finished turns of a thread, delete the checkpoints its latest does
+        not need (agent/compaction.py). Inside the thread's lock, so no step of the thread runs
+        meanwhile; a failure is logged, never the turn's: the checkpoints stay for the next try."""
+        done = self._turns_unpruned.pop(thread_id, 0) + 1
+        if done < PRUNE_EVERY:
+            if len(self._turns_unpruned) >= _SETTLED_CACHE:
+                self._turns_unpruned.pop(next(iter(self._turns_unpruned)))
+            self._turns_unpruned[thread_id] = done
+            return
+        try:
+            await self.prune(thread_id)
+        except Exception as exc:
+            log.warning("thread %s: pruning its checkpoints failed (%s)", thread_id, type(exc).__name__)
+
+    async def prune(self, thread_id: str) -> int:
+        """Delete the thread's checkpoints that its latest one does not need (agent/compaction.py);
+        the number deleted. Call it between turns of the thread (``run`` does, every few turns)."""
+        if self.checkpoint_url:
+            from agent.postgres import prune
+
+            return await prune(self._saver, thread_id, self._delta_channels)
+        return int(self._saver.prune_thread(thread_id, self._delta_channels))
 
     def _remember(self, thread_id: str, message_id: str) -> None:
         if self.checkpoint_url:
