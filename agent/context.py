@@ -352,6 +352,7 @@ def build_summarization(
 
     class ChitalSummarization(SummarizationMiddleware):
         state_schema = _State
+        summarizes = True  # the harness adds none of its own (agent/harness.py)
 
         async def awrap_model_call(self, request: ModelRequest[Any], handler: Any) -> Any:
             # deepagents counts tokens (tool schemas included) on every model call; a history far

@@ -161,10 +161,23 @@ class Harness:
             StepBudget(self.settings.max_steps),
             SteerInbox(),  # before the others: they see the steered messages as the model will
             *self.extra_middleware,
+            *self._summarization(),
             RetryModelCalls(
                 max_retries=self.settings.model_retries, initial_delay=self.settings.retry_backoff
             ),
         ]
+
+    def _summarization(self) -> list[AgentMiddleware[Any, Any, Any]]:
+        """Summaries of older turns (agent/context.py), unless ``extra_middleware`` brings its own
+        (the runtime's context stack does): without them a thread's state, and the cost of each of
+        its turns, would grow with the conversation (agent/compaction.py)."""
+        if not self.settings.context.summarize_after_tokens:
+            return []
+        if any(getattr(m, "summarizes", False) for m in self.extra_middleware):
+            return []
+        from agent.context import build_summarization
+
+        return [build_summarization(self.settings.context, self._model)]
 
     def _takes_images(self, name: str | None) -> bool:
         """Whether the turn's model (``name``, None: the default) is marked ``vision: true``."""

@@ -32,7 +32,7 @@ def _postgres() -> Iterator[str]:
     from tests.pg_server import postgres_server
 
     with postgres_server() as server:
-        yield server.url(server.create_db("bench_long"))
+        yield server.create_db("bench_long")
 
 
 class _Store:
