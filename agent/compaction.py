@@ -31,10 +31,13 @@ thread, each fixed here with the libraries' own means:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AnyMessage, HumanMessage, RemoveMessage
+
+log = logging.getLogger(__name__)
 
 MAX_SUPERSTEPS_SINCE_SNAPSHOT = 200
 """LangGraph's ``LANGGRAPH_DELTA_MAX_SUPERSTEPS_SINCE_SNAPSHOT`` (its default: 5,000): a delta
@@ -53,14 +56,18 @@ def _turn_start(message: AnyMessage) -> bool:
     return isinstance(message, HumanMessage) and message.additional_kwargs.get("lc_source") != "summarization"
 
 
-def drop_summarised(update: dict[str, Any], state_messages: Sequence[AnyMessage]) -> dict[str, Any]:
+def drop_summarised(
+    update: dict[str, Any], state_messages: Sequence[AnyMessage], seen: Sequence[AnyMessage] | None = None
+) -> dict[str, Any]:
     """``update`` (the state update of a summary step: the new ``_summarization_event``, maybe
     ``messages``) with the messages the new summary covers removed from state and the event's
     indices moved to match. Unchanged when nothing can be dropped.
 
     Dropped: the state's messages before the summary's cut, and never the latest turn's start or
-    anything after it (see the module docstring); the cut also stops at a message without an id
-    (nothing could remove it)."""
+    anything after it (see the module docstring). The cut also stops at a message without an id
+    (nothing could remove it), at one the update itself rewrites (deepagents replaces offloaded
+    tool results by id: removed first, it would come back at the end), and where ``seen`` (the
+    request's messages, which the cut indexes) stops matching the state."""
     event = update.get(EVENT_KEY)
     if not isinstance(event, dict):
         return update
@@ -69,8 +76,12 @@ def drop_summarised(update: dict[str, Any], state_messages: Sequence[AnyMessage]
         return update
     latest = next((i for i in range(len(state_messages) - 1, -1, -1) if _turn_start(state_messages[i])), 0)
     cut = min(cutoff, latest, len(state_messages))
+    tail = update.get("messages")
+    tail_list = list(tail) if isinstance(tail, list) else [tail] if tail is not None else []
+    rewritten = {getattr(m, "id", None) for m in tail_list} - {None}
     for i in range(cut):
-        if state_messages[i].id is None:
+        mid = state_messages[i].id
+        if mid is None or mid in rewritten or (seen is not None and (i >= len(seen) or seen[i].id != mid)):
             cut = i
             break
     if cut <= 0:
@@ -80,8 +91,7 @@ def drop_summarised(update: dict[str, Any], state_messages: Sequence[AnyMessage]
     if isinstance(created, int):
         moved["created_at_index"] = max(created - cut, 0)
     removals: list[Any] = [RemoveMessage(id=str(m.id)) for m in state_messages[:cut]]
-    tail = update.get("messages")
-    messages = removals + (list(tail) if isinstance(tail, list) else [tail] if tail is not None else [])
+    messages = removals + tail_list
     return {**update, EVENT_KEY: moved, "messages": messages}
 
 
@@ -147,3 +157,39 @@ def kept_chain(
         kept.add(parent)
         cid = parent
     return kept
+
+
+class Pruner:
+    """Prunes a harness's threads: every ``PRUNE_EVERY`` finished turns of a thread, its checkpoints
+    that the latest one does not need go (``InlineSqliteSaver.prune_thread``, ``agent.postgres.prune``).
+    Called inside the thread's lock, so no step of the thread runs meanwhile."""
+
+    def __init__(self, saver: Any, graph: Any, *, postgres: bool, threads: int = 4096) -> None:
+        from langgraph.channels.delta import DeltaChannel
+
+        self.saver, self.postgres, self.threads = saver, postgres, threads
+        self.channels = tuple(name for name, ch in graph.channels.items() if isinstance(ch, DeltaChannel))
+        self._unpruned: dict[str, int] = {}
+        """Finished turns per thread since its last prune (the most recent ``threads`` threads)."""
+
+    async def after_turn(self, thread_id: str) -> None:
+        """Count a finished turn; prune on every ``PRUNE_EVERY``-th. A failure is logged, never the
+        turn's: the checkpoints stay for the next try."""
+        done = self._unpruned.pop(thread_id, 0) + 1
+        if done < PRUNE_EVERY:
+            if len(self._unpruned) >= self.threads:
+                self._unpruned.pop(next(iter(self._unpruned)))
+            self._unpruned[thread_id] = done
+            return
+        try:
+            await self.prune(thread_id)
+        except Exception as exc:
+            log.warning("thread %s: pruning its checkpoints failed (%s)", thread_id, type(exc).__name__)
+
+    async def prune(self, thread_id: str) -> int:
+        """Prune one thread now; the number of checkpoints deleted."""
+        if self.postgres:
+            from agent.postgres import prune
+
+            return await prune(self.saver, thread_id, self.channels)
+        return int(self.saver.prune_thread(thread_id, self.channels))

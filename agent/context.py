@@ -382,7 +382,9 @@ def build_summarization(
             command = getattr(response, "command", None)
             if isinstance(response, ExtendedModelResponse) and command is not None:
                 if isinstance(command.update, dict):  # a new summary: drop what it covers from state
-                    update = drop_summarised(command.update, request.state.get("messages", ()))
+                    update = drop_summarised(
+                        command.update, request.state.get("messages", ()), request.messages
+                    )
                     response = dataclasses.replace(
                         response, command=dataclasses.replace(command, update=update)
                     )
@@ -401,6 +403,17 @@ def build_summarization(
         trim_tokens_to_summarize=settings.summary_input_tokens,
         summarizer=summarize,
     )
+
+
+def own_summarization(
+    settings: ContextSettings, model: BaseChatModel, middleware: Sequence[AgentMiddleware[Any, Any, Any]]
+) -> list[AgentMiddleware[Any, Any, Any]]:
+    """The summarization middleware for a harness whose ``middleware`` brings none (``agent.tools:
+    false``, a bare ``Harness``): without summaries a thread's state, and the cost of each of its
+    turns, grow with the conversation (agent/compaction.py). Empty when summaries are off."""
+    if not settings.summarize_after_tokens or any(getattr(m, "summarizes", False) for m in middleware):
+        return []
+    return [build_summarization(settings, model)]
 
 
 _PROMPT_AND_TOOLS_ALLOWANCE = 12_000

@@ -37,15 +37,15 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph.channels.delta import DeltaChannel
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 
 from agent import tuning
 from agent.approvals import resume_value
 from agent.checkpoints import InlineSqliteSaver
-from agent.compaction import PRUNE_EVERY
+from agent.compaction import Pruner
 from agent.config import AgentSettings, ModelSpec
+from agent.context import own_summarization
 from agent.events import (
     AgentEvent,
     ApprovalDecision,
@@ -141,9 +141,7 @@ class Harness:
         self._pictured: dict[str, None] = {}
         """Threads whose history may hold images (agent/vision.py): their next turn reads the
         checkpoint, to fade images shown for long enough."""
-        self._turns_unpruned: dict[str, int] = {}
-        """Finished turns per thread since its checkpoints were last pruned (agent/compaction.py)."""
-        self._delta_channels: tuple[str, ...] = ()
+        self._pruner: Pruner | None = None
         self._answered: dict[str, None] = {}
         """Message ids this process answered (bounded, oldest dropped): a second run of one of them
         (a delivery retry) must take the slow path that finds and replays its answer."""
@@ -161,23 +159,12 @@ class Harness:
             StepBudget(self.settings.max_steps),
             SteerInbox(),  # before the others: they see the steered messages as the model will
             *self.extra_middleware,
-            *self._summarization(),
+            # Summaries of older turns unless the caller's middleware has its own (agent/context.py).
+            *own_summarization(self.settings.context, self._model, self.extra_middleware),
             RetryModelCalls(
                 max_retries=self.settings.model_retries, initial_delay=self.settings.retry_backoff
             ),
         ]
-
-    def _summarization(self) -> list[AgentMiddleware[Any, Any, Any]]:
-        """Summaries of older turns (agent/context.py), unless ``extra_middleware`` brings its own
-        (the runtime's context stack does): without them a thread's state, and the cost of each of
-        its turns, would grow with the conversation (agent/compaction.py)."""
-        if not self.settings.context.summarize_after_tokens:
-            return []
-        if any(getattr(m, "summarizes", False) for m in self.extra_middleware):
-            return []
-        from agent.context import build_summarization
-
-        return [build_summarization(self.settings.context, self._model)]
 
     def _takes_images(self, name: str | None) -> bool:
         """Whether the turn's model (``name``, None: the default) is marked ``vision: true``."""
@@ -234,9 +221,7 @@ class Harness:
             state_schema=DeepAgentState,
             checkpointer=saver,
         )
-        self._delta_channels = tuple(
-            name for name, channel in self._graph.channels.items() if isinstance(channel, DeltaChannel)
-        )
+        self._pruner = Pruner(saver, self._graph, postgres=bool(self.checkpoint_url))
 
     async def close(self) -> None:
         self._graph = None
@@ -401,7 +386,8 @@ class Harness:
                 self._settled.pop(thread_id, None)
                 raise
             self._remember(thread_id, message_id)
-            await self._prune(thread_id)
+            if self._pruner is not None:
+                await self._pruner.after_turn(thread_id)
             yield Final(final)
 
     # ---- turn preparation ----------------------------------------------------------------------
@@ -493,29 +479,12 @@ class Harness:
             self._pictured.pop(thread_id, None)
         return {"messages": [*patches, *old, human]}
 
-    async def _prune(self, thread_id: str) -> None:
-        """Every ``PRUNE_EVERY`` finished turns of a thread, delete the checkpoints its latest does
-        not need (agent/compaction.py). Inside the thread's lock, so no step of the thread runs
-        meanwhile; a failure is logged, never the turn's: the checkpoints stay for the next try."""
-        done = self._turns_unpruned.pop(thread_id, 0) + 1
-        if done < PRUNE_EVERY:
-            if len(self._turns_unpruned) >= _SETTLED_CACHE:
-                self._turns_unpruned.pop(next(iter(self._turns_unpruned)))
-            self._turns_unpruned[thread_id] = done
-            return
-        try:
-            await self.prune(thread_id)
-        except Exception as exc:
-            log.warning("thread %s: pruning its checkpoints failed (%s)", thread_id, type(exc).__name__)
-
     async def prune(self, thread_id: str) -> int:
         """Delete the thread's checkpoints that its latest one does not need (agent/compaction.py);
         the number deleted. Call it between turns of the thread (``run`` does, every few turns)."""
-        if self.checkpoint_url:
-            from agent.postgres import prune
-
-            return await prune(self._saver, thread_id, self._delta_channels)
-        return int(self._saver.prune_thread(thread_id, self._delta_channels))
+        if self._pruner is None:
+            raise HarnessNotStarted("Harness.start() was not called")
+        return await self._pruner.prune(thread_id)
 
     def _remember(self, thread_id: str, message_id: str) -> None:
         if self.checkpoint_url:

@@ -116,6 +116,12 @@ def test_drop_summarised_removes_what_the_summary_covers_and_moves_the_cut() -> 
     state[1] = AIMessage("b")
     assert [m.id for m in drop_summarised({EVENT: event}, state)["messages"]] == ["h1"]
     assert drop_summarised({"messages": []}, state) == {"messages": []}  # no summary, no change
+    state[1] = AIMessage("b", id="a1")
+    # Nor past a message the update rewrites, or where the request's messages differ from the state.
+    rewrites = drop_summarised({EVENT: event, "messages": [AIMessage("B", id="a1")]}, state)
+    assert [(type(m), m.id) for m in rewrites["messages"]] == [(RemoveMessage, "h1"), (AIMessage, "a1")]
+    seen = [state[0], state[1], HumanMessage("other", id="x")]
+    assert [m.id for m in drop_summarised({EVENT: event}, state, seen)["messages"]] == ["h1", "a1"]
 
 
 def test_kept_chain_follows_the_latest_back_to_the_farthest_snapshot() -> None:
