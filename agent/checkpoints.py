@@ -53,6 +53,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from agent.compaction import kept_chain
 from compat import langgraph as langgraph_compat
 
 HISTORY_CACHE = 64
@@ -392,6 +393,36 @@ class InlineSqliteSaver(SqliteSaver):
     def delete_thread(self, thread_id: str) -> None:
         self._drop(str(thread_id))
         super().delete_thread(thread_id)
+
+    def prune_thread(self, thread_id: str, delta_channels: Sequence[str]) -> int:
+        """Delete the thread's checkpoints (root namespace) its latest does not need, and their
+        writes, in one transaction (agent/compaction.py); the number deleted. The kept history in
+        memory stays valid: it only ever reads the latest checkpoint's chain, which is kept."""
+        if not self.own_sql:
+            return 0  # outside the releases the table SQL was verified on (compat/langgraph.py)
+        thread = str(thread_id)
+        latest = self.get_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
+        if latest is None:
+            return 0
+        head = str(latest.config["configurable"]["checkpoint_id"])
+        versions = latest.checkpoint.get("channel_versions") or {}
+        versioned = [ch for ch in delta_channels if ch in versions]
+        counters = (latest.metadata or {}).get("counters_since_delta_snapshot")
+        with self.cursor(transaction=False) as cur:
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                parents = langgraph_compat.checkpoint_parents(cur, thread)
+                kept = kept_chain(head, parents, counters, versioned)
+                # Only older ids: a checkpoint put since the latest was read is not judged here.
+                gone = [] if kept is None else [c for c in parents if c not in kept and c < head]
+                if gone:
+                    langgraph_compat.delete_checkpoints(cur, thread, gone)
+                cur.execute("COMMIT")
+            except BaseException:
+                if self.conn.in_transaction:
+                    cur.execute("ROLLBACK")
+                raise
+        return len(gone)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return self.get_tuple(config)

@@ -44,6 +44,7 @@ from langgraph.config import get_config
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.types import Command
 
+from agent.compaction import bounded_history_backend, drop_summarised
 from agent.model import unstreamed
 from agent.safety import (  # noqa: F401 - re-exported for callers of the stack
     Allow,
@@ -321,7 +322,6 @@ def build_summarization(
     ``backend`` receives the evicted history (``/conversation_history/<session>.md``); default:
     deepagents' StateBackend (the thread's own checkpoint, state key ``files``).
     """
-    from deepagents.backends import StateBackend
     from deepagents.middleware.filesystem import FilesystemState
     from deepagents.middleware.summarization import (
         DEEPAGENTS_DEFAULT_SUMMARY_PROMPT,
@@ -352,31 +352,68 @@ def build_summarization(
 
     class ChitalSummarization(SummarizationMiddleware):
         state_schema = _State
+        summarizes = True  # the harness adds none of its own (agent/harness.py)
 
         async def awrap_model_call(self, request: ModelRequest[Any], handler: Any) -> Any:
-            # deepagents counts tokens (tool schemas included) on every model call; a thread that
-            # was never summarised and is far below the trigger needs none of that work.
-            if not deepagents_compat.maybe_summarised(request.state) and _clearly_short(
-                request.messages, settings.summarize_after_tokens or 0
-            ):
-                return await handler(request)
+            # deepagents counts tokens (tool schemas included) on every model call; a history far
+            # below both triggers needs none of that work. Never summarised: the model sees the
+            # messages as they are; summarised: the summary and the messages since, which is what
+            # deepagents hands the model when it does not summarise (and truncates no arguments:
+            # Chital configures no truncation).
+            if not deepagents_compat.maybe_summarised(request.state):
+                if len(request.messages) < by_count and _clearly_short(request.messages, by_tokens):
+                    return await handler(request)
+            else:
+                effective = deepagents_compat.effective_messages(self, request)
+                if (
+                    effective is not None
+                    and len(effective) < by_count
+                    and _clearly_short(effective, by_tokens)
+                ):
+                    return await handler(request.override(messages=effective))
             try:
-                return await super().awrap_model_call(request, handler)
+                response = await super().awrap_model_call(request, handler)
             except _SummaryFailed as exc:
                 messages = deepagents_compat.effective_messages(self, request)
                 if messages is None:
                     raise
                 log.warning("summary call failed (%s); calling the model with the full history", exc)
                 return await handler(request.override(messages=messages))
+            command = getattr(response, "command", None)
+            if isinstance(response, ExtendedModelResponse) and command is not None:
+                if isinstance(command.update, dict):  # a new summary: drop what it covers from state
+                    update = drop_summarised(
+                        command.update, request.state.get("messages", ()), request.messages
+                    )
+                    response = dataclasses.replace(
+                        response, command=dataclasses.replace(command, update=update)
+                    )
+            return response
 
+    by_count = settings.summarize_after_messages or 1 << 30
+    by_tokens = settings.summarize_after_tokens or 0
+    trigger: list[Any] = [("tokens", settings.summarize_after_tokens or 0)]  # only built when set (below)
+    if settings.summarize_after_messages:
+        trigger.append(("messages", settings.summarize_after_messages))
     return ChitalSummarization(
         model=model,
-        backend=backend if backend is not None else StateBackend(),
-        trigger=("tokens", settings.summarize_after_tokens or 0),  # only built when set (see below)
+        backend=backend if backend is not None else bounded_history_backend(),
+        trigger=trigger,
         keep=("messages", settings.keep_recent_messages),
         trim_tokens_to_summarize=settings.summary_input_tokens,
         summarizer=summarize,
     )
+
+
+def own_summarization(
+    settings: ContextSettings, model: BaseChatModel, middleware: Sequence[AgentMiddleware[Any, Any, Any]]
+) -> list[AgentMiddleware[Any, Any, Any]]:
+    """The summarization middleware for a harness whose ``middleware`` brings none (``agent.tools:
+    false``, a bare ``Harness``): without summaries a thread's state, and the cost of each of its
+    turns, grow with the conversation (agent/compaction.py). Empty when summaries are off."""
+    if not settings.summarize_after_tokens or any(getattr(m, "summarizes", False) for m in middleware):
+        return []
+    return [build_summarization(settings, model)]
 
 
 _PROMPT_AND_TOOLS_ALLOWANCE = 12_000

@@ -43,7 +43,9 @@ from langgraph.types import Command
 from agent import tuning
 from agent.approvals import resume_value
 from agent.checkpoints import InlineSqliteSaver
+from agent.compaction import Pruner
 from agent.config import AgentSettings, ModelSpec
+from agent.context import own_summarization
 from agent.events import (
     AgentEvent,
     ApprovalDecision,
@@ -139,6 +141,7 @@ class Harness:
         self._pictured: dict[str, None] = {}
         """Threads whose history may hold images (agent/vision.py): their next turn reads the
         checkpoint, to fade images shown for long enough."""
+        self._pruner: Pruner | None = None
         self._answered: dict[str, None] = {}
         """Message ids this process answered (bounded, oldest dropped): a second run of one of them
         (a delivery retry) must take the slow path that finds and replays its answer."""
@@ -156,6 +159,8 @@ class Harness:
             StepBudget(self.settings.max_steps),
             SteerInbox(),  # before the others: they see the steered messages as the model will
             *self.extra_middleware,
+            # Summaries of older turns unless the caller's middleware has its own (agent/context.py).
+            *own_summarization(self.settings.context, self._model, self.extra_middleware),
             RetryModelCalls(
                 max_retries=self.settings.model_retries, initial_delay=self.settings.retry_backoff
             ),
@@ -216,6 +221,7 @@ class Harness:
             state_schema=DeepAgentState,
             checkpointer=saver,
         )
+        self._pruner = Pruner(saver, self._graph, postgres=bool(self.checkpoint_url))
 
     async def close(self) -> None:
         self._graph = None
@@ -380,6 +386,8 @@ class Harness:
                 self._settled.pop(thread_id, None)
                 raise
             self._remember(thread_id, message_id)
+            if self._pruner is not None:
+                await self._pruner.after_turn(thread_id)
             yield Final(final)
 
     # ---- turn preparation ----------------------------------------------------------------------
@@ -470,6 +478,13 @@ class Harness:
         if not images and not any(carries_images(m) for m in messages if m.id not in gone):
             self._pictured.pop(thread_id, None)
         return {"messages": [*patches, *old, human]}
+
+    async def prune(self, thread_id: str) -> int:
+        """Delete the thread's checkpoints that its latest one does not need (agent/compaction.py);
+        the number deleted. Call it between turns of the thread (``run`` does, every few turns)."""
+        if self._pruner is None:
+            raise HarnessNotStarted("Harness.start() was not called")
+        return await self._pruner.prune(thread_id)
 
     def _remember(self, thread_id: str, message_id: str) -> None:
         if self.checkpoint_url:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import select
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+
+from agent.compaction import kept_chain
+from compat import langgraph as langgraph_compat
 
 Closer = Callable[[], Awaitable[None]]
 
@@ -118,3 +121,35 @@ async def postgres_store(url: str, max_size: int = 4) -> tuple[Any, Closer]:
     from langgraph.store.postgres.aio import AsyncPostgresStore
 
     return await _open(url, max_size, AsyncPostgresStore)
+
+
+async def prune(saver: Any, thread_id: str, delta_channels: Sequence[str]) -> int:
+    """``InlineSqliteSaver.prune_thread`` for an ``AsyncPostgresSaver``: the thread's checkpoints
+    (root namespace) its latest does not need go with their writes, then the channel values no kept
+    checkpoint refers to, in one transaction (agent/compaction.py); the number deleted.
+
+    Why not the saver's own ``aprune(strategy="keep_latest")``: it refuses threads with delta
+    channels (deleting their ancestors would empty the history), which every Chital thread has."""
+    thread = str(thread_id)
+    latest = await saver.aget_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
+    if latest is None:
+        return 0
+    head = str(latest.config["configurable"]["checkpoint_id"])
+    versions = latest.checkpoint.get("channel_versions") or {}
+    versioned = [ch for ch in delta_channels if ch in versions]
+    counters = (latest.metadata or {}).get("counters_since_delta_snapshot")
+    async with saver.conn.connection() as conn, conn.transaction():
+        cur = await conn.execute(langgraph_compat.PG_PARENTS, (thread,))
+        rows = await cur.fetchall()
+        parents = {
+            str(r["checkpoint_id"]): (str(r["parent_checkpoint_id"]) if r["parent_checkpoint_id"] else None)
+            for r in rows
+        }
+        kept = kept_chain(head, parents, counters, versioned)
+        # Only older ids: a checkpoint put since the latest was read is not judged here.
+        gone = [] if kept is None else [c for c in parents if c not in kept and c < head]
+        if gone:
+            for sql in langgraph_compat.PG_DELETE:
+                await conn.execute(sql, (thread, gone))
+            await conn.execute(langgraph_compat.PG_DELETE_UNUSED_BLOBS, (thread,))
+    return len(gone)

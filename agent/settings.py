@@ -20,6 +20,11 @@ class ContextSettings(BaseModel):
     summarize_after_tokens: int | None = Field(60_000, ge=1)
     """Summarize older history once the request (messages, system prompt, tools) is this many
     tokens (approximate count); None turns summarization off."""
+    summarize_after_messages: int | None = Field(120, ge=2)
+    """...or once the model would see this many messages, however short: a long conversation then
+    costs what a short one does (its state holds the summary and the messages since, and older
+    checkpoints are pruned: agent/compaction.py). None: the token count alone decides. Only with
+    ``summarize_after_tokens`` set."""
     keep_recent_messages: int = Field(20, ge=1)
     """Messages kept verbatim after a summary (tool calls stay with their results)."""
     summary_input_tokens: int | None = Field(8_000, ge=1)

@@ -7,7 +7,15 @@ threads, and every turn on a thread of its own (each needs a checkpoint read to 
 ``--tools``: the whole runtime with the default tool stack (sandbox, sub-agents, skills, memory,
 context) instead of the bare harness. GC is frozen after the warm-up, as the daemon does.
 
+``--long N``: instead, one thread of N turns (issue 27: a long conversation must cost what a short
+one does). Reports the CPU per turn averaged over windows of 20 turns (turns 1-20, i.e. "turn ~10",
+against the last 20, "turn ~N", and every 100 turns between), and the checkpoint database: stored
+bytes (checkpoint, metadata and write payloads) and checkpoint rows of the thread, per turn over the
+last window, and the file with its WAL. ``--postgres``: the checkpoints in a throwaway PostgreSQL
+server (tests/pg_server.py) instead of the SQLite file.
+
     python bench/harness_turns.py [--turns 200] [--tools]
+    python bench/harness_turns.py --long 1000 [--tools] [--postgres]
 """
 
 from __future__ import annotations
@@ -24,9 +32,12 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's packages first
+
 from agent.config import AgentSettings, ModelSpec
 from agent.harness import Final, Harness
 from agent.runtime import AgentRuntime
+from bench.long_thread import long_thread
 
 
 async def _turns(
@@ -46,14 +57,14 @@ async def _turns(
 
 
 @contextlib.asynccontextmanager
-async def fake_model() -> AsyncIterator[str]:
+async def fake_model(*args: str) -> AsyncIterator[str]:
     """The instant fake model (tests/fakes/openai_server.py) in a child process, so that its CPU
     is not counted; yields its base URL. Proxy variables are dropped first: the SDKs would use them."""
     for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
         os.environ.pop(key, None)
     root = Path(__file__).resolve().parents[1]
     fake = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.fakes.openai_server", cwd=root, stdout=asyncio.subprocess.PIPE
+        sys.executable, "-m", "tests.fakes.openai_server", *args, cwd=root, stdout=asyncio.subprocess.PIPE
     )
     try:
         assert fake.stdout is not None
@@ -67,7 +78,14 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--tools", action="store_true", help="the runtime with the default tool stack")
+    parser.add_argument("--long", type=int, default=0, help="one thread of this many turns")
+    parser.add_argument("--postgres", action="store_true", help="checkpoints in PostgreSQL (--long)")
     args = parser.parse_args()
+    if args.long:
+        async with fake_model("--summaries") as base_url:
+            spec = ModelSpec(model="bench-model", base_url=base_url, api_key="sk-bench")
+            await long_thread(spec, args.long, tools=args.tools, postgres=args.postgres)
+        return
     async with fake_model() as base_url:
         spec = ModelSpec(model="bench-model", base_url=base_url, api_key="sk-bench")
         with tempfile.TemporaryDirectory() as tmp:

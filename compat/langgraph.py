@@ -81,3 +81,45 @@ def task_paths(conn: sqlite3.Connection, thread: str, ns: str, checkpoint_id: st
         (thread, ns, checkpoint_id),
     )
     return {str(t): str(p or "") for t, p in rows}
+
+
+# ---- pruning a thread's checkpoints (agent/compaction.py) ----------------------------------------
+def checkpoint_parents(cur: sqlite3.Cursor, thread: str) -> dict[str, str | None]:
+    """``{checkpoint_id: parent_checkpoint_id}`` of a SQLite saver's thread, root namespace."""
+    cur.execute(
+        "SELECT checkpoint_id, parent_checkpoint_id FROM checkpoints"
+        " WHERE thread_id = ? AND checkpoint_ns = ''",
+        (thread,),
+    )
+    return {str(c): (str(p) if p else None) for c, p in cur.fetchall()}
+
+
+def delete_checkpoints(cur: sqlite3.Cursor, thread: str, ids: Sequence[str]) -> None:
+    """Delete checkpoints of a SQLite saver's thread (root namespace) and the writes stored against
+    them. The caller holds the transaction."""
+    rows = [(thread, cid) for cid in ids]
+    cur.executemany(
+        "DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?", rows
+    )
+    cur.executemany(
+        "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?", rows
+    )
+
+
+PG_PARENTS = (
+    "SELECT checkpoint_id, parent_checkpoint_id FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = ''"
+)
+"""The PostgreSQL saver's ``{checkpoint_id: parent}`` of a thread (as :func:`checkpoint_parents`)."""
+PG_DELETE = (
+    "DELETE FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = ANY(%s)",
+    "DELETE FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = ANY(%s)",
+)
+"""Delete a PostgreSQL saver's checkpoints of a thread (root namespace) and their writes; parameters
+(thread_id, [checkpoint ids])."""
+PG_DELETE_UNUSED_BLOBS = (
+    "DELETE FROM checkpoint_blobs b WHERE b.thread_id = %s AND b.checkpoint_ns = ''"
+    " AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.thread_id = b.thread_id"
+    " AND c.checkpoint_ns = b.checkpoint_ns AND c.checkpoint -> 'channel_versions' ->> b.channel = b.version)"
+)
+"""Then the channel values no kept checkpoint of the thread refers to (the PostgreSQL saver stores
+each channel's value once per version, ``checkpoint_blobs``); parameter (thread_id,)."""

@@ -78,7 +78,7 @@ VERIFIED: dict[str, Verified] = {
             ">=3.1,<3.2",
             "compat/langgraph.py",
             "the checkpointer reads every history from the database and writes a step's writes as"
-            " SqliteSaver does (no in-memory history, row-by-row commits)",
+            " SqliteSaver does (no in-memory history, row-by-row commits), and prunes no checkpoints",
         ),
         Verified(
             "deepagents",

@@ -14,7 +14,8 @@ socket write when no delays are scripted.
 Which reply answers a request: the scripted queue first (in order), then the first matching rule
 (``add_rule``), then the default ``echo: <last user text>``. Like the real API, a request whose
 assistant ``tool_calls`` are not all answered by ``tool`` messages gets HTTP 400.
-Standalone (benchmarks): ``python -m tests.fakes.openai_server [--demo-rules]`` prints its base URL.
+Standalone (benchmarks): ``python -m tests.fakes.openai_server [--demo-rules] [--summaries]`` prints
+its base URL.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ from tests.fakes import audio
 EXTRACTION_MARKER = "MEMORY EXTRACTION"
 """How agent/memory/extraction.py starts its request (tests/test_fake_openai.py holds them equal);
 written out so the fake imports nothing of the agent."""
+
+SUMMARY_MARKER = "Context Extraction Assistant"
+"""What the summary prompt of deepagents (LangChain's) starts with (tests/test_long_thread.py holds
+them equal): ``--summaries`` answers it with :data:`SUMMARY_TEXT`."""
+SUMMARY_TEXT = ("The user greeted the assistant many times and was answered each time. " * 20).strip()
+"""A summary of a real summary's size (~1.4 KB); the echo of a summary prompt would be the whole
+history the prompt quotes, which no model answers with."""
 
 ReplyFactory = Callable[[dict[str, Any]], "Reply"]
 
@@ -512,12 +520,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--demo-rules", action="store_true")
+    parser.add_argument("--summaries", action="store_true", help="answer summary prompts with SUMMARY_TEXT")
     args = parser.parse_args()
 
     async def serve() -> None:
         fake = FakeOpenAI(record=False)
         if args.demo_rules:
             fake.add_demo_rules()
+        if args.summaries:
+            fake.add_rule(lambda t: SUMMARY_MARKER in t, Reply(text=SUMMARY_TEXT))
         await fake.start(args.port)
         print(fake.base_url, flush=True)
         await asyncio.Event().wait()
