@@ -38,21 +38,6 @@ def _readable(fd: int) -> bool:
         return True  # a closed descriptor: let the real check say so
 
 
-class _InlineThreads:
-    """The ``asyncio`` LangGraph's Postgres checkpointer sees: ``to_thread`` runs the function
-    inline. It hands each (de)serialisation of a checkpoint to a worker thread, about seven hops per
-    turn; a turn's checkpoint is small, and on a busy machine each hop (a context switch, the GIL
-    handed back and forth) cost more than the work. The SQLite checkpointer runs inline too
-    (agent/checkpoints.py)."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(asyncio, name)
-
-    @staticmethod
-    async def to_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-
 async def _pool(url: str, max_size: int) -> Any:
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
@@ -112,7 +97,7 @@ async def postgres_checkpointer(url: str, max_size: int = 10) -> tuple[Any, Clos
     """An ``AsyncPostgresSaver`` with its tables set up, and how to close it."""
     import langgraph.checkpoint.postgres.aio as saver
 
-    saver.asyncio = _InlineThreads()  # type: ignore[assignment]
+    langgraph_compat.inline_postgres_threads(saver)
     return await _open(url, max_size, saver.AsyncPostgresSaver)
 
 

@@ -16,8 +16,9 @@ as ``SqliteSaver`` does) and ``SqliteSaver``'s own ``put_writes``; :func:`usable
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from compat.versions import usable as _usable
@@ -123,3 +124,30 @@ PG_DELETE_UNUSED_BLOBS = (
 )
 """Then the channel values no kept checkpoint of the thread refers to (the PostgreSQL saver stores
 each channel's value once per version, ``checkpoint_blobs``); parameter (thread_id,)."""
+
+
+POSTGRES_DISTRIBUTION = "langgraph-checkpoint-postgres"
+
+
+class _InlineThreads:
+    """The ``asyncio`` LangGraph's Postgres checkpointer sees: ``to_thread`` runs the function
+    inline. It hands each (de)serialisation of a checkpoint to a worker thread, about seven hops per
+    turn; a turn's checkpoint is small, and on a busy machine each hop (a context switch, the GIL
+    handed back and forth) cost more than the work. The SQLite checkpointer runs inline too
+    (agent/checkpoints.py)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    @staticmethod
+    async def to_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+
+def inline_postgres_threads(module: Any) -> None:
+    """Make ``langgraph.checkpoint.postgres.aio`` (``module``) run its ``asyncio.to_thread`` calls
+    inline (:class:`_InlineThreads` says why): its module global ``asyncio`` is replaced. Public
+    fallback (outside the verified ``langgraph-checkpoint-postgres`` releases): left as it is, each
+    (de)serialisation goes to a worker thread (slower, same result)."""
+    if _usable(POSTGRES_DISTRIBUTION):
+        module.asyncio = _InlineThreads()

@@ -81,6 +81,12 @@ VERIFIED: dict[str, Verified] = {
             " SqliteSaver does (no in-memory history, row-by-row commits), and prunes no checkpoints",
         ),
         Verified(
+            "langgraph-checkpoint-postgres",
+            ">=3.2,<3.3",
+            "compat/langgraph.py",
+            "the PostgreSQL checkpointer hands each (de)serialisation to a worker thread (slower)",
+        ),
+        Verified(
             "deepagents",
             ">=0.7,<0.8",
             "compat/deepagents.py",
@@ -91,6 +97,13 @@ VERIFIED: dict[str, Verified] = {
             ">=3.14,<3.15",
             "compat/aiohttp.py",
             "web_fetch checks addresses at the socket only (allow_hosts name entries then refuse)",
+        ),
+        Verified(
+            "docker",
+            ">=7.1,<7.2",
+            "compat/docker.py",
+            "a shared engine's file operations read with no per-read socket timeout (the operation's"
+            " deadline is checked between frames)",
         ),
         Verified(
             "python-telegram-bot",

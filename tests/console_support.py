@@ -5,6 +5,7 @@ through the console's pages by their ids (docs/console.md)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,60 @@ async def log_in(b: Browser, port: int, token: str = TOKEN) -> None:
     await until(b, heading("Chital console"), "the login page")
     await b.call(lambda: b.driver.find_element("id", "token").send_keys(token))
     await click(b, "#login-submit")
+
+
+# -- what a payload would leave (the browser tests of the console and the web chat) ----------------
+NOTHING_RAN_JS = (
+    "const ours = location.origin + '/console/static/';"
+    " return {pwned: window.chitalPwned === undefined ? null : String(window.chitalPwned),"
+    " jsLinks: [...document.querySelectorAll('a[href]')].filter(a => a.protocol === 'javascript:').length,"
+    " imgs: [...document.images].filter(i => !i.src.startsWith(ours)).length,"
+    " handlers: [...document.querySelectorAll('*')].filter(e => [...e.attributes].some(a => a.name.startsWith('on'))).length,"
+    " scripts: [...document.scripts].filter(s => !s.src.startsWith(ours)).length}"
+)  # fmt: skip
+"""What a payload would leave if it had become live markup or run (see :func:`assert_nothing_ran`)."""
+PAYLOADS = {
+    # A display name, a message and a file name, each trying a script, an inline handler and a
+    # javascript: link; each would set window.chitalPwned and open an alert if it ever ran.
+    "name": "<script>window.chitalPwned='name';alert('name')</script><img src=x onerror=\"window.chitalPwned='name-img'\">",
+    "text": "<img src=x onerror=\"window.chitalPwned='text';alert(2)\"> <a href=\"javascript:window.chitalPwned='link'\">click me</a> [go](javascript:alert(document.domain)) <svg onload=\"window.chitalPwned='svg'\">",
+    "file": "<script>window.chitalPwned='file'</script><img src=x onerror=alert(4)>.txt",
+}  # fmt: skip
+
+
+def shots_dir(tmp_path: Path) -> Path:
+    """Where screenshots go: ``$CHITAL_CONSOLE_SCREENSHOTS`` (docs/console/ to refresh the docs'),
+    else the test's own directory (the screenshot is still taken: a page that cannot render fails)."""
+    where = Path(os.environ.get("CHITAL_CONSOLE_SCREENSHOTS") or tmp_path / "shots")
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+async def csp_violations(b: Browser) -> list[str]:
+    """The browser console's messages since the last call that name the Content-Security-Policy."""
+    return [str(e["message"]) for e in await b.logs() if "Content Security Policy" in str(e["message"])]
+
+
+async def alert_open(b: Browser) -> str | None:
+    """The text of an alert the page opened, or None."""
+    from selenium.common.exceptions import NoAlertPresentException
+
+    def check() -> str | None:
+        try:
+            return str(b.driver.switch_to.alert.text)
+        except NoAlertPresentException:
+            return None
+
+    return await b.call(check)
+
+
+async def assert_nothing_ran(b: Browser, where: str) -> None:
+    """No alert is open, no payload's side effect happened, no live element of a payload is in the
+    page (no javascript: link, no image or script but the console's own static files, no handler
+    attribute) and the browser logged no Content-Security-Policy violation (nothing even tried)."""
+    assert await alert_open(b) is None, where
+    found = await b.call(b.driver.execute_script, NOTHING_RAN_JS)
+    assert found["pwned"] is None and not found["jsLinks"] and not found["imgs"], (where, found)
+    assert not found["handlers"] and not found["scripts"], (where, found)
+    assert await csp_violations(b) == [], where
+    assert not [e for e in await b.logs() if "chitalPwned" in str(e["message"])], where

@@ -14,7 +14,6 @@ Screenshots of each page go to ``$CHITAL_CONSOLE_SCREENSHOTS`` when set (docs/co
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,13 +26,18 @@ from tests.browser import Browser
 from tests.console_support import (
     ADMIN,
     MEMBER,
+    PAYLOADS,
     STRANGER,
+    alert_open,
     answered,
+    assert_nothing_ran,
     click,
     console_config,
+    csp_violations,
     echo_and_schedule,
     heading,
     log_in,
+    shots_dir,
     shows,
     until,
 )
@@ -58,31 +62,7 @@ QUEUE_JS = (
     " return Object.fromEntries([...h.cells].map((c, i) => [c.textContent, v.cells[i].textContent]));"
 )
 """The overview's queue table as {state: count}."""
-NOTHING_RAN_JS = (
-    "const ours = location.origin + '/console/static/';"
-    " return {pwned: window.chitalPwned === undefined ? null : String(window.chitalPwned),"
-    " jsLinks: [...document.querySelectorAll('a[href]')].filter(a => a.protocol === 'javascript:').length,"
-    " imgs: [...document.images].filter(i => !i.src.startsWith(ours)).length,"
-    " handlers: [...document.querySelectorAll('*')].filter(e => [...e.attributes].some(a => a.name.startsWith('on'))).length,"
-    " scripts: [...document.scripts].filter(s => !s.src.startsWith(ours)).length}"
-)  # fmt: skip
-"""What a payload would leave if it had become live markup or run (see :func:`assert_nothing_ran`)."""
 CHART_BARS = "svg#chart-users rect.bar, svg#chart-models rect.bar"
-PAYLOADS = {
-    # A display name, a message and a file name, each trying a script, an inline handler and a
-    # javascript: link; each would set window.chitalPwned and open an alert if it ever ran.
-    "name": "<script>window.chitalPwned='name';alert('name')</script><img src=x onerror=\"window.chitalPwned='name-img'\">",
-    "text": "<img src=x onerror=\"window.chitalPwned='text';alert(2)\"> <a href=\"javascript:window.chitalPwned='link'\">click me</a> [go](javascript:alert(document.domain)) <svg onload=\"window.chitalPwned='svg'\">",
-    "file": "<script>window.chitalPwned='file'</script><img src=x onerror=alert(4)>.txt",
-}  # fmt: skip
-
-
-def shots_dir(tmp_path: Path) -> Path:
-    """Where screenshots go: ``$CHITAL_CONSOLE_SCREENSHOTS`` (docs/console/ to refresh the docs'),
-    else the test's own directory (the screenshot is still taken: a page that cannot render fails)."""
-    where = Path(os.environ.get("CHITAL_CONSOLE_SCREENSHOTS") or tmp_path / "shots")
-    where.mkdir(parents=True, exist_ok=True)
-    return where
 
 
 async def page_text(b: Browser, element_id: str) -> str:
@@ -90,11 +70,6 @@ async def page_text(b: Browser, element_id: str) -> str:
     the walk failed so in a loaded run); ``until`` ignores stale and missing elements."""
     found = await until(b, lambda d: [d.find_element("id", element_id).text], f"the text of #{element_id}")
     return str(found[0])
-
-
-async def csp_violations(b: Browser) -> list[str]:
-    """The browser console's messages since the last call that name the Content-Security-Policy."""
-    return [str(e["message"]) for e in await b.logs() if "Content Security Policy" in str(e["message"])]
 
 
 def refreshed(needle: str) -> Any:
@@ -115,19 +90,6 @@ def settled_queue(driver: Any) -> bool:
         return True
     driver.refresh()
     return False
-
-
-async def alert_open(b: Browser) -> str | None:
-    """The text of an alert the page opened, or None."""
-    from selenium.common.exceptions import NoAlertPresentException
-
-    def check() -> str | None:
-        try:
-            return str(b.driver.switch_to.alert.text)
-        except NoAlertPresentException:
-            return None
-
-    return await b.call(check)
 
 
 async def test_walk_every_page_approve_a_stranger_and_cancel_a_schedule(
@@ -302,18 +264,6 @@ async def test_untrusted_text_renders_as_text_and_the_csp_blocks_what_would_get_
         await poll(violations, "CSP violations for the inline script and the inline handler")
         assert await browser.call(lambda: browser.driver.execute_script("return window.chitalPwned")) is None
         assert await alert_open(browser) is None
-
-
-async def assert_nothing_ran(b: Browser, where: str) -> None:
-    """No alert is open, no payload's side effect happened, no live element of a payload is in the
-    page (no javascript: link, no image or script but the console's own static files, no handler
-    attribute) and the browser logged no Content-Security-Policy violation (nothing even tried)."""
-    assert await alert_open(b) is None, where
-    found = await b.call(b.driver.execute_script, NOTHING_RAN_JS)
-    assert found["pwned"] is None and not found["jsLinks"] and not found["imgs"], (where, found)
-    assert not found["handlers"] and not found["scripts"], (where, found)
-    assert await csp_violations(b) == [], where
-    assert not [e for e in await b.logs() if "chitalPwned" in str(e["message"])], where
 
 
 async def poll(check: Any, what: str, timeout: float = 60) -> None:

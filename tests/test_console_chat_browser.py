@@ -9,12 +9,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.browser import Browser
-from tests.console_support import click, console_config, log_in, shows, until
+from tests.console_support import (
+    PAYLOADS,
+    assert_nothing_ran,
+    click,
+    console_config,
+    log_in,
+    shots_dir,
+    shows,
+    until,
+)
 from tests.daemon import started_daemon
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
-from tests.test_console_browser import PAYLOADS, assert_nothing_ran, shots_dir
-from tests.test_console_chat import brain
+from tests.webchat_client import brain
 
 
 async def send(b: Browser, text: str) -> None:

@@ -20,6 +20,25 @@ LONGER: dict[str, tuple[int, str]] = {
         "the import hook and its table of deferred names: one mechanism, "
         "kept in one file on purpose (the only module that runs import internals)",
     ),
+    "gateway/daemon/gateway.py": (
+        527,
+        "the gateway's intake, dispatch and leases; splits along intake (accept, journal, hand-on) "
+        "versus the leased work (claim, cut, keep, resume), which share the claimed-task map",
+    ),
+    "agent/harness.py": (
+        511,
+        "one turn's lifecycle; splits along turn preparation (history patches, images, steering) "
+        "versus running and replaying the graph",
+    ),
+    "agent/sandbox/docker_provider.py": (
+        513,
+        "the Docker provider's container lifecycle; splits along container settings and quota "
+        "hooks (shared with docker_shared.py) versus acquire/release/reap",
+    ),
+    "agent/sandbox/engine_files.py": (
+        506,
+        "file tools through the engine; splits along the exec transport versus the tools on top",
+    ),
 }
 """Modules allowed past MAX_LINES: their ceiling (a ratchet: they may shrink, not grow) and why.
 Not split yet in issue 21; each reason names the seam along which it splits."""

@@ -20,6 +20,8 @@ from agent.sandbox import SandboxLimits
 from agent.sandbox.backend import TIMEOUT_EXIT_CODE, SandboxBackend
 from agent.sandbox.docker_provider import LABEL_INSTANCE, DockerProvider, DockerSandbox, container_name
 from agent.sandbox.quota import free_bytes
+from tests.docker_support import DOCKER_MISSING as _WHY_NOT
+from tests.docker_support import IMAGE
 from tests.sandbox_checks import (
     assert_daemon_restart_keeps_sandbox,
     assert_disk_quota,
@@ -29,24 +31,7 @@ from tests.sandbox_checks import (
     assert_no_network,
 )
 
-IMAGE = os.environ.get("CHITAL_SANDBOX_IMAGE", "chital-sandbox:latest")
 WS = "/mnt/user-data/workspace"
-
-
-def _engine() -> str | None:
-    """None when a Docker engine answers, else why not."""
-    try:
-        import docker
-
-        client = docker.from_env(timeout=5)
-        client.ping()
-        client.close()
-    except Exception as e:
-        return f"no Docker engine answers ({type(e).__name__}); run scripts/setup-sandbox.sh"
-    return None
-
-
-_WHY_NOT = _engine()
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")]
 
 

@@ -23,7 +23,8 @@ from agent.sandbox.backend import SandboxBackend
 from agent.sandbox.docker_shared import SharedDockerProvider, container_name, volume_name
 from agent.sandbox.paths import PathRefused, SandboxError
 from agent.sandbox.quota import QuotaExceeded
-from tests.test_sandbox_docker import _WHY_NOT, IMAGE
+from tests.docker_support import DOCKER_MISSING as _WHY_NOT
+from tests.docker_support import IMAGE
 
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")]
 

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 
 from tests.daemon import DaemonProcess, base_config, free_port
+from tests.docker_support import DOCKER_MISSING as _WHY_NOT
+from tests.docker_support import IMAGE
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 from tests.scale_out_support import alive, cluster_storage, find_leader, node_of, start_cluster, wait
-from tests.test_sandbox_docker import _WHY_NOT, IMAGE
 
 pytestmark = [
     pytest.mark.slow,

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from tests.console_client import Console
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 
 WAIT = 60.0
 _NONCE = re.compile(r'name="nonce" value="([^"]+)"')
@@ -141,3 +142,31 @@ class WebChat:
         found = _NONCE.search(body)
         assert found, body
         return found.group(1)
+
+
+REPORT = "/mnt/user-data/outputs/report.txt"
+
+
+def brain(model: FakeOpenAI) -> None:
+    """Echo; FILEME makes and presents a report; APPROVEME writes a file (an approval is asked)."""
+
+    def answer(body: dict[str, Any]) -> Reply:
+        last = body["messages"][-1]
+        text = last_user_text(body)
+        if last.get("role") == "tool":
+            if "FILEME" in text and "present" not in str(body["messages"][-2]):
+                return Reply(
+                    tool_calls=[ToolCall("present_files", {"paths": [REPORT], "caption": "the report"})]
+                )
+            return Reply(text=f"Done: {str(last.get('content'))[:80]}")
+        if "FILEME" in text:
+            return Reply(tool_calls=[ToolCall("write_file", {"file_path": REPORT, "content": "all good\n"})])
+        if "APPROVEME" in text:
+            return Reply(
+                tool_calls=[
+                    ToolCall("write_file", {"file_path": "/mnt/user-data/outputs/x.txt", "content": "x"})
+                ]
+            )
+        return Reply(text=f"echo: {text[-120:]}")
+
+    model.add_rule(lambda _t: True, answer)

@@ -149,7 +149,7 @@ class DockerSandbox(Sandbox):
                 raise asyncio.CancelledError from None
             cancelled_early = True
         except DockerException as e:
-            raise SandboxUnavailable(f"docker exec failed: {_short(e)}") from None
+            raise SandboxUnavailable(f"docker exec failed: {short_error(e)}") from None
         else:
             cancelled_early = False
         cap = OutputCap(max_output)
@@ -277,7 +277,7 @@ class DockerProvider(SandboxProvider):
             try:
                 self._client = docker.from_env()
             except DockerException as e:
-                raise SandboxUnavailable(f"no Docker engine answers: {_short(e)}") from None
+                raise SandboxUnavailable(f"no Docker engine answers: {short_error(e)}") from None
         return self._client
 
     async def ping(self) -> None:
@@ -292,7 +292,7 @@ class DockerProvider(SandboxProvider):
                     f"sandbox image {self.image} is missing; run scripts/setup-sandbox.sh"
                 ) from None
             except DockerException as e:
-                raise SandboxUnavailable(f"no Docker engine answers: {_short(e)}") from None
+                raise SandboxUnavailable(f"no Docker engine answers: {short_error(e)}") from None
 
         await asyncio.to_thread(check)
 
@@ -324,7 +324,7 @@ class DockerProvider(SandboxProvider):
         try:
             sb.container_id = await asyncio.to_thread(self._ensure_container, sb.dirs, sb.user)
         except DockerException as e:
-            raise SandboxUnavailable(f"cannot start the sandbox container: {_short(e)}") from None
+            raise SandboxUnavailable(f"cannot start the sandbox container: {short_error(e)}") from None
         self._sandboxes[sb.thread_id] = sb
 
     def _ensure_container(self, dirs: ThreadDirs, user: str) -> str:
@@ -424,7 +424,7 @@ class DockerProvider(SandboxProvider):
         try:
             await asyncio.to_thread(rm)
         except DockerException as e:
-            log.warning("could not remove sandbox container %s: %s", container_id[:12], _short(e))
+            log.warning("could not remove sandbox container %s: %s", container_id[:12], short_error(e))
 
     async def reap_idle(self) -> list[str]:
         cutoff = time.monotonic() - self.idle_timeout
@@ -469,7 +469,7 @@ class DockerProvider(SandboxProvider):
         try:
             containers = await asyncio.to_thread(listing)
         except DockerException as e:
-            raise SandboxUnavailable(f"no Docker engine answers: {_short(e)}") from None
+            raise SandboxUnavailable(f"no Docker engine answers: {short_error(e)}") from None
         adopted = 0
         for c in containers:
             tid = c.labels.get(LABEL_THREAD, "")
@@ -504,7 +504,7 @@ class DockerProvider(SandboxProvider):
             self._client = None
 
 
-def _short(e: BaseException) -> str:
+def short_error(e: BaseException) -> str:
     """First line of an SDK error, bounded: enough to act on, never a wall of text."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return text[:300]

@@ -40,7 +40,7 @@ from docker.types import Mount
 
 from .base import SandboxUnavailable
 from .config import SandboxLimits
-from .docker_provider import LABEL, LABEL_CONFIG, LABEL_THREAD, DockerProvider, DockerSandbox, _short
+from .docker_provider import LABEL, LABEL_CONFIG, LABEL_THREAD, DockerProvider, DockerSandbox, short_error
 from .engine_files import EngineFiles
 from .paths import SKILLS, USER_DATA, ThreadDirs
 from .probe import PROBE_THREAD
@@ -331,7 +331,7 @@ class SharedDockerProvider(DockerProvider):
         try:
             sb.container_id = await asyncio.to_thread(self.ensure_container, sb.thread_id)
         except DockerException as e:
-            raise SandboxUnavailable(f"cannot start the sandbox container: {_short(e)}") from None
+            raise SandboxUnavailable(f"cannot start the sandbox container: {short_error(e)}") from None
         self._sandboxes[sb.thread_id] = sb
 
     async def release(self, thread_id: str) -> None:
@@ -356,7 +356,7 @@ class SharedDockerProvider(DockerProvider):
             try:
                 await asyncio.to_thread(rm)
             except DockerException as e:
-                log.warning("could not remove the sandbox of %s: %s", key, _short(e))
+                log.warning("could not remove the sandbox of %s: %s", key, short_error(e))
 
     # --- lifecycle across daemons ------------------------------------------------------------
 

@@ -17,7 +17,6 @@ import base64
 import contextlib
 import json
 import posixpath
-import socket
 import time
 import uuid
 import zlib
@@ -28,9 +27,11 @@ from docker.errors import APIError, DockerException, NotFound
 from docker.utils.socket import frames_iter
 from wcmatch import glob as wcglob
 
+from compat.docker import close_response, raw_socket
+
 from . import bounded
 from .engine_script import HELPER
-from .files import _EDIT_LOCKS, Entry, GrepMatch, HostFiles, TextWindow
+from .files import EDIT_LOCKS, Entry, GrepMatch, HostFiles, TextWindow
 from .paths import USER_DATA, Mount, PathMapper, PathRefused, SandboxError
 from .quota import DiskQuota, QuotaExceeded, Usage, usage_problem
 
@@ -112,13 +113,7 @@ class _Reply:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.sock.close()
-        with contextlib.suppress(Exception):
-            self.sock._response.close()
-
-
-def _raw_socket(sock: Any) -> socket.socket | None:
-    inner = getattr(sock, "_sock", sock)
-    return inner if isinstance(inner, socket.socket) else None
+        close_response(self.sock)
 
 
 class EngineFiles(HostFiles):
@@ -163,7 +158,7 @@ class EngineFiles(HostFiles):
             raise SandboxError(
                 f"the sandbox's files are unreachable: {str(e).splitlines()[0][:200]}"
             ) from None
-        raw = _raw_socket(sock)
+        raw = raw_socket(sock)
         if raw is not None:
             raw.settimeout(_IO_SECONDS)
         return _Reply(sock, cap)
@@ -348,7 +343,7 @@ class EngineFiles(HostFiles):
         virtual, _, _ = self._where(path, write=True)
         # Edits of one file through this daemon are serialized, as on the host (files.py); a
         # conversation's turns never run on two daemons at once.
-        lock = _EDIT_LOCKS[zlib.crc32(f"{self.thread_id}\0{virtual}".encode()) % len(_EDIT_LOCKS)]
+        lock = EDIT_LOCKS[zlib.crc32(f"{self.thread_id}\0{virtual}".encode()) % len(EDIT_LOCKS)]
         with lock:
             try:
                 raw = self.read_bytes(virtual, bounded.MAX_EDIT_BYTES)
@@ -501,6 +496,6 @@ def _glob_regex(pattern: str) -> str:
 
 
 def _glob_matcher(pattern: str) -> Callable[[str], bool]:
-    from .files import _compile_glob
+    from .files import compile_glob
 
-    return _compile_glob(pattern)
+    return compile_glob(pattern)

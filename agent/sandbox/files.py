@@ -46,7 +46,7 @@ def _as_owner(method: _F) -> _F:
 
 _MAX_READ_BYTES = 64 * 1024 * 1024  # read_bytes without a cap of its own (downloads)
 _WALK_LIMIT = 50_000  # files visited per glob/grep call, so a huge tree cannot hang a tool call
-_EDIT_LOCKS = [threading.Lock() for _ in range(64)]  # striped: bounded memory, per-file exclusion
+EDIT_LOCKS = [threading.Lock() for _ in range(64)]  # striped: bounded memory, per-file exclusion
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class GrepMatch:
     text: str
 
 
-def _compile_glob(pattern: str) -> Callable[[str], bool]:
+def compile_glob(pattern: str) -> Callable[[str], bool]:
     """ripgrep-like include globs (as deepagents documents them): no ``/`` → match the basename at
     any depth; with ``/`` → match the path relative to the search root, ``**`` spans dirs."""
     if ".." in pattern.split("/"):
@@ -331,7 +331,7 @@ class HostFiles:
         if old == new:
             raise SandboxError("old_string and new_string are identical")
         r = self.mapper.resolve(path, write=True)
-        lock = _EDIT_LOCKS[zlib.crc32(str(r.host).encode()) % len(_EDIT_LOCKS)]
+        lock = EDIT_LOCKS[zlib.crc32(str(r.host).encode()) % len(EDIT_LOCKS)]
         with lock, self._errors(r.virtual):
             fd = self._open_file(r, os.O_RDWR)
             with os.fdopen(fd, "r+b") as f:
@@ -437,7 +437,7 @@ class HostFiles:
         self, pattern: str, path: str = "/mnt/user-data", max_results: int = 1000
     ) -> tuple[list[str], bool]:
         """Virtual paths of files matching ``pattern`` below ``path``; True when truncated."""
-        match = _compile_glob(pattern)
+        match = compile_glob(pattern)
         out: list[str] = []
         budget = bounded.Budget()
         with self._errors(self.mapper.normalize(path)):
@@ -464,7 +464,7 @@ class HostFiles:
             rx = re.compile(pattern if regex else re.escape(pattern))
         except re.error as e:
             raise SandboxError(f"invalid regex: {e}") from None
-        include = _compile_glob(glob) if glob else None
+        include = compile_glob(glob) if glob else None
         out: list[GrepMatch] = []
         budget = bounded.Budget()
         with self._errors(self.mapper.normalize(path)):
