@@ -27,7 +27,7 @@ from tests.webchat_client import WebChat
 async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIterator[DaemonProcess]:
     model.add_rule(lambda _t: True, lambda body: Reply(text=f"echo: {last_user_text(body)[-60:]}"))
     cfg = console_config(tmp_path, tg, model)
-    cfg["channels"]["web"] = {"max_file_bytes": 64 * 1024, "max_files": 2}
+    cfg["channels"]["web"] = {"max_file_bytes": 64 * 1024, "max_files": 2, "max_streams": 2}
     async with started_daemon(tmp_path, cfg) as d:
         yield d
 
@@ -177,3 +177,27 @@ async def test_a_retry_after_a_failed_post_is_the_message_the_page_shows(
     assert not any("edited before the retry" in t for t in told), told
     mine = [m["text"] for m in chat.latest().values() if m["role"] == "user"]
     assert mine == ["what the page shows"], mine
+
+
+async def test_a_stream_pushed_out_tells_the_page_not_to_reconnect(browser: Console, chat: WebChat) -> None:
+    """Past ``max_streams`` the oldest stream is closed. A plain end makes the browser reconnect
+    a second later (``retry: 1000``), closing the next oldest, round and round, for as long as
+    the pages stay open: the pushed-out stream says ``closed`` so the page's script waits until
+    it is looked at again (static/chat.js)."""
+
+    async def read_all() -> str:
+        async with browser.http.get(f"{chat.url}/events", timeout=aiohttp.ClientTimeout(total=120)) as r:
+            assert r.status == 200
+            return (await r.read()).decode()
+
+    first = asyncio.create_task(read_all())
+    await asyncio.sleep(0.5)
+    newer = [WebChat(browser, chat.chat) for _ in range(2)]  # the fixture's own stream is one more
+    for n in newer:
+        n.listen()
+    try:
+        body = await asyncio.wait_for(first, 60)
+        assert "event: closed" in body, body[-300:]
+    finally:
+        for n in newer:
+            await n.close()

@@ -243,6 +243,9 @@ async def events(request: web.Request) -> web.StreamResponse:
                 await response.write(b": beat\n\n")
                 beat = time.monotonic() + HEARTBEAT_SECONDS
             await channel.bell.wait(channel.poll_seconds)
+        if stop.is_set():  # pushed out: without this the browser reconnects in a second, pushing
+            # out the next oldest, round and round; the page waits until it is looked at again
+            await response.write(b"event: closed\ndata: {}\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         pass  # the page went away
     finally:
