@@ -145,11 +145,14 @@ class WebChatTables:
         return [_message(r) for r in rows]
 
     async def web_recent(self, chat_id: str, limit: int) -> tuple[list[WebMessage], int]:
+        # The top first: a write landing between the two reads is then in the rows (the stream
+        # sends it again; the page replaces by id). Read second, its seq would be at or below the
+        # top but in no row, and the page would never show it.
+        async with self._db.execute("SELECT MAX(seq) FROM web_messages WHERE chat_id = ?", (chat_id,)) as cur:
+            top = await cur.fetchone()
         sql = f"SELECT {_COLUMNS} FROM web_messages WHERE chat_id = ? ORDER BY id DESC LIMIT ?"
         async with self._db.execute(sql, (chat_id, limit)) as cur:
             rows = await cur.fetchall()
-        async with self._db.execute("SELECT MAX(seq) FROM web_messages WHERE chat_id = ?", (chat_id,)) as cur:
-            top = await cur.fetchone()
         return [_message(r) for r in reversed(rows)], int(top[0] or 0) if top else 0
 
     async def web_chats(self, owner: str, limit: int) -> list[ChatSummary]:
