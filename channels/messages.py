@@ -34,6 +34,16 @@ def clean_text(text: str) -> str:
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
+def clean_words(text: str) -> str:
+    """:func:`clean_text`, and every NUL replaced by U+FFFD too. JSON and a web form may carry a
+    NUL; PostgreSQL refuses it in text columns and in ``jsonb`` (the agent's checkpoints), so on
+    that engine a message holding one failed its turn ("something went wrong") where SQLite took
+    it. For words (texts, names) only: an id with a control character is malformed
+    (channels/malformed.py), not repaired."""
+    text = clean_text(text)
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
 def _clean(value: Any) -> Any:
     if isinstance(value, str):
         return clean_text(value)
@@ -58,7 +68,7 @@ class Attachment:
     (a file: the gateway goes by ``mime_type`` and the name; docs/media.md)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "name", clean_text(self.name))
+        object.__setattr__(self, "name", clean_words(self.name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +79,9 @@ class Inbound:
     ``(platform, chat_id, message_id)`` so a second delivery of the same post is a no-op (Slack: the
     message ``ts``, not the event id).
 
-    Every string is cleaned of lone surrogates when the value is built (see :func:`clean_text`):
-    that is parse time for every adapter, so no platform can hand the journal a string it refuses.
+    Every string is cleaned of lone surrogates when the value is built (see :func:`clean_text`),
+    and the text and names of NUL (:func:`clean_words`): that is parse time for every adapter, so
+    no platform can hand the journal or the agent's checkpoints a string they refuse.
     """
 
     platform: str
@@ -101,6 +112,10 @@ class Inbound:
             value = getattr(self, name)
             if isinstance(value, str) and _SURROGATE.search(value):
                 object.__setattr__(self, name, clean_text(value))
+        for name in ("text", "sender_name", "chat_title"):
+            value = getattr(self, name)
+            if isinstance(value, str) and "\x00" in value:
+                object.__setattr__(self, name, clean_words(value))
         if self.extra:
             object.__setattr__(self, "extra", _clean(self.extra))
 
@@ -165,8 +180,8 @@ class ContextItem:
     """The message the user replied to (rather than an earlier message of the thread)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "author", clean_text(self.author))
-        object.__setattr__(self, "text", clean_text(self.text))
+        object.__setattr__(self, "author", clean_words(self.author))
+        object.__setattr__(self, "text", clean_words(self.text))
 
 
 FORWARDED = "forwarded"

@@ -57,3 +57,17 @@ async def test_files_belong_to_their_chat_and_old_ones_are_pruned(two_stores: tu
     assert await a.web_prune(3600) == 0, "nothing is an hour old"
     assert await a.web_prune(0) == 1
     assert await b.web_since(CHAT, 0, 10) == [] and await b.web_file_get(CHAT, "f-0") is None
+
+
+async def test_a_nul_is_stored_on_both_engines(two_stores: tuple[Store, Store]) -> None:
+    """A NUL a person typed or the model wrote: PostgreSQL's text columns refuse it, so the room
+    stores U+FFFD in its place on both engines (a write failing on one engine only is a 500 there)."""
+    a, b = two_stores
+    await a.web_file_put(CHAT, "f-0", "a\x00b.txt", "text/\x00plain", b"\x00data")
+    await a.web_add(CHAT, "admin", "u-1", "user", "admin\x00", "nul\x00here", buttons=(Button("a\x00", "v"),))
+    assert await b.web_edit(CHAT, "u-1", "edited\x00", None)
+    (message,) = await b.web_since(CHAT, 0, 10)
+    assert message.text == "edited\ufffd" and message.author == "admin\ufffd"
+    assert message.buttons == (Button("a\x00", "v", ""),), "JSON columns keep it, escaped"
+    found = await b.web_file_get(CHAT, "f-0")
+    assert found is not None and found.name == "a\ufffdb.txt" and found.data == b"\x00data"

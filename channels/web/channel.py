@@ -192,17 +192,30 @@ class WebChannel(Channel):
             attachments.append(Attachment(f"{chat_id}:{file_id}", name, upload.mime[:100] or None, size))
             refs.append(FileRef(file_id, name, size))
         await room.web_add(chat_id, person, msg_id, "user", person, text, files=tuple(refs))
+        stored = await room.web_message(chat_id, msg_id)
+        if stored is None:
+            # The nonce is another chat's message (ids are unique across chats): journaled here it
+            # would be answered in a chat whose page never shows it. (Its files stay unlisted
+            # until the prune.)
+            raise Refused("The form is out of date: reload the page.")
         self.bell.ring()
+        # A retry after a 503 (stored, not journaled) may carry other text or files under the same
+        # nonce; the room kept the first try's, so that is what the gateway gets: the page shows
+        # exactly the message the agent answers.
+        mimes = {a.file_id: a.mime_type for a in attachments}
         inbound = Inbound(
             platform=self.name,
             chat_id=chat_id,
             message_id=msg_id,
             sender_id=person,
-            text=text,
+            text=stored.text,
             is_direct=True,
             addressed=True,
             sender_name=person,
-            attachments=tuple(attachments),
+            attachments=tuple(
+                Attachment(f"{chat_id}:{f.file_id}", f.name, mimes.get(f"{chat_id}:{f.file_id}"), f.size)
+                for f in stored.files
+            ),
         )
         await self.hand_over(sink, inbound, ref=f"message {msg_id}")
         return msg_id

@@ -96,7 +96,8 @@ class Room(Protocol):
         ...
 
     async def web_recent(self, chat_id: str, limit: int) -> tuple[list[WebMessage], int]:
-        """The chat's last ``limit`` messages, oldest first, and the chat's highest ``seq``."""
+        """The chat's last ``limit`` messages, oldest first, and the chat's highest ``seq``, read
+        before the messages: every change up to it is in them (a later one may be too)."""
         ...
 
     async def web_chats(self, owner: str, limit: int) -> list[ChatSummary]:

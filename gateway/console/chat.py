@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import re
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 SHOWN = 200
 """Messages a chat page shows when it loads (the newest); the stream adds the rest as they come."""
 CHATS_LISTED = 50
+FIRST_CHARS = 120
+"""Characters of a chat's first message the list of chats shows."""
 FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,100}")
 STREAM_SECONDS = 300.0
 """An event stream is closed after this (the browser reconnects at once, from the last event it
@@ -129,6 +132,9 @@ async def chats(request: web.Request) -> web.StreamResponse:
         raise web.HTTPSeeOther(f"{PATH}/chat/{new_chat_id(person)}")
     channel = request.app[HOST_KEY].web()
     found = await channel.room.web_chats(person, CHATS_LISTED) if channel and channel.room else []
+    # Masked, then cut: cut first, a secret across the cut would show its head unmasked.
+    redact = request.app[HOST_KEY].redact
+    found = [dataclasses.replace(c, first_text=str(shown(c.first_text, redact, FIRST_CHARS))) for c in found]
     return render(request, "chats.html", "chat", chats=found, running=channel is not None)
 
 
@@ -237,6 +243,9 @@ async def events(request: web.Request) -> web.StreamResponse:
                 await response.write(b": beat\n\n")
                 beat = time.monotonic() + HEARTBEAT_SECONDS
             await channel.bell.wait(channel.poll_seconds)
+        if stop.is_set():  # pushed out: without this the browser reconnects in a second, pushing
+            # out the next oldest, round and round; the page waits until it is looked at again
+            await response.write(b"event: closed\ndata: {}\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         pass  # the page went away
     finally:
@@ -254,8 +263,9 @@ async def download(request: web.Request) -> web.StreamResponse:
     found = await room.web_file_get(chat, file_id)
     if found is None:
         raise web.HTTPNotFound(text="No such file.")
-    plain = "".join(c if c.isascii() and c.isprintable() and c not in '"\\;' else "_" for c in found.name)
-    disposition = f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(found.name, safe='')}"
+    name = request.app[HOST_KEY].redact(found.name)  # a secret as a file name: masked here too
+    plain = "".join(c if c.isascii() and c.isprintable() and c not in '"\\;' else "_" for c in name)
+    disposition = f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(name, safe='')}"
     # Always a download of opaque bytes: a file a person or the agent made is never a page here.
     headers = {"Content-Disposition": disposition, "Content-Type": "application/octet-stream"}
     return web.Response(body=found.data, headers=headers)

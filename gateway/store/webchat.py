@@ -50,6 +50,13 @@ _COLUMNS = "seq, msg_id, chat_id, role, author, text, buttons, files, created"
 _NEXT_SEQ = "(SELECT COALESCE(MAX(w.seq), 0) + 1 FROM web_messages w WHERE w.chat_id = ?)"
 
 
+def _clean(text: str) -> str:
+    """``text`` as both engines store it: PostgreSQL's text columns refuse NUL (SQLite takes it), so
+    a NUL a person typed or the model wrote becomes U+FFFD instead of failing the write on one
+    engine only (JSON columns escape it and need nothing)."""
+    return text.replace("\x00", "\ufffd")
+
+
 def _buttons(raw: str) -> tuple[Button, ...]:
     return tuple(Button(str(b[0]), str(b[1]), str(b[2])) for b in json.loads(raw))
 
@@ -98,7 +105,7 @@ class WebChatTables:
             f" files, send_key, created) SELECT ?, ?, ?, {_NEXT_SEQ}, ?, ?, ?, ?, ?, ?, ?"
         )
         params = (
-            chat_id, owner, msg_id, chat_id, role, author, text,
+            chat_id, owner, msg_id, chat_id, role, _clean(author), _clean(text),
             json.dumps([[b.label, b.value, b.style] for b in buttons]),
             json.dumps([[f.file_id, f.name, f.size] for f in files]), send_key, time.time(),
         )  # fmt: skip
@@ -112,7 +119,7 @@ class WebChatTables:
     async def web_edit(
         self, chat_id: str, msg_id: str, text: str, buttons: tuple[Button, ...] | None
     ) -> bool:
-        sets, params = "text = ?", [text]
+        sets, params = "text = ?", [_clean(text)]
         if buttons is not None:
             sets += ", buttons = ?"
             params.append(json.dumps([[b.label, b.value, b.style] for b in buttons]))
@@ -138,11 +145,14 @@ class WebChatTables:
         return [_message(r) for r in rows]
 
     async def web_recent(self, chat_id: str, limit: int) -> tuple[list[WebMessage], int]:
+        # The top first: a write landing between the two reads is then in the rows (the stream
+        # sends it again; the page replaces by id). Read second, its seq would be at or below the
+        # top but in no row, and the page would never show it.
+        async with self._db.execute("SELECT MAX(seq) FROM web_messages WHERE chat_id = ?", (chat_id,)) as cur:
+            top = await cur.fetchone()
         sql = f"SELECT {_COLUMNS} FROM web_messages WHERE chat_id = ? ORDER BY id DESC LIMIT ?"
         async with self._db.execute(sql, (chat_id, limit)) as cur:
             rows = await cur.fetchall()
-        async with self._db.execute("SELECT MAX(seq) FROM web_messages WHERE chat_id = ?", (chat_id,)) as cur:
-            top = await cur.fetchone()
         return [_message(r) for r in reversed(rows)], int(top[0] or 0) if top else 0
 
     async def web_chats(self, owner: str, limit: int) -> list[ChatSummary]:
@@ -170,7 +180,7 @@ class WebChatTables:
         await self._write(
             "INSERT OR IGNORE INTO web_files(chat_id, file_id, name, mime, size, data, created)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (chat_id, file_id, name, mime, len(data), data, time.time()),
+            (chat_id, file_id, _clean(name), _clean(mime), len(data), data, time.time()),
         )
 
     async def web_file_get(self, chat_id: str, file_id: str) -> StoredFile | None:

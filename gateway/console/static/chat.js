@@ -90,14 +90,30 @@
     box.scrollIntoView({block: "end"});
   }
 
-  var source = new EventSource(base + "/events?after=" + after);
-  source.addEventListener("msg", function (e) {
-    var m = JSON.parse(e.data);
-    after = Math.max(after, m.seq);
-    show(m);
-  });
+  var source = null;
+  var gone = false;
+  function listen() {
+    source = new EventSource(base + "/events?after=" + after);
+    source.addEventListener("msg", function (e) {
+      var m = JSON.parse(e.data);
+      after = Math.max(after, m.seq);
+      show(m);
+    });
+    // Too many pages open: this one's stream was closed for a newer one. Reconnecting at once
+    // would close the next oldest, round and round; wait until this page is looked at again.
+    source.addEventListener("closed", function () { source.close(); source = null; });
+  }
+  listen();
+  function again() {
+    if (!gone && !source && document.visibilityState === "visible") { listen(); }
+  }
+  document.addEventListener("visibilitychange", again);
+  window.addEventListener("focus", again);
   // Leaving through the console's boosted links swaps the page without unloading it.
-  document.addEventListener("htmx:beforeSwap", function () { source.close(); });
+  document.addEventListener("htmx:beforeSwap", function () {
+    gone = true;
+    if (source) { source.close(); }
+  });
 
   form.addEventListener("submit", function (e) {
     e.preventDefault();
