@@ -441,7 +441,7 @@ def test_send_targets_are_checked_per_platform() -> None:
     for target, why in [
         (
             "signal:123",
-            "unknown platform 'signal'; use one of dingtalk, discord, lark, matrix, slack, telegram, wecom, whatsapp",
+            "unknown platform 'signal'; use one of dingtalk, discord, lark, matrix, slack, telegram, web, wecom, whatsapp",
         ),
         ("slack:C0123ABCD", "channel slack is off in this config"),
         ("telegram:@channel", "'@channel' is not a telegram chat id: expected a number"),
