@@ -18,7 +18,7 @@ from tests.console_support import XSS_FILE, XSS_TEXT, console_config
 from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
-from tests.webchat_client import WebChat, brain
+from tests.webchat_client import WebChat, brain, logged_in, new_chat
 
 
 @pytest.fixture
@@ -32,19 +32,14 @@ async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIt
 
 @pytest.fixture
 async def browser(daemon: DaemonProcess) -> AsyncIterator[Console]:
-    console = Console(daemon.port)
-    status, _, _ = await console.login()
-    assert status == 303
-    yield console
-    await console.close()
+    async with logged_in(daemon.port) as console:
+        yield console
 
 
 @pytest.fixture
 async def chat(browser: Console) -> AsyncIterator[WebChat]:
-    c = await WebChat.new(browser)
-    c.listen()
-    yield c
-    await c.close()
+    async with new_chat(browser) as c:
+        yield c
 
 
 async def test_a_message_is_journaled_answered_once_and_streamed(

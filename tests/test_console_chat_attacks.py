@@ -20,7 +20,7 @@ from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.gateway_rig import store_at
 from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
-from tests.webchat_client import WebChat
+from tests.webchat_client import WebChat, logged_in, new_chat
 
 
 @pytest.fixture
@@ -34,19 +34,14 @@ async def daemon(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI) -> AsyncIt
 
 @pytest.fixture
 async def browser(daemon: DaemonProcess) -> AsyncIterator[Console]:
-    console = Console(daemon.port)
-    status, _, _ = await console.login()
-    assert status == 303
-    yield console
-    await console.close()
+    async with logged_in(daemon.port) as console:
+        yield console
 
 
 @pytest.fixture
 async def chat(browser: Console) -> AsyncIterator[WebChat]:
-    c = await WebChat.new(browser)
-    c.listen()
-    yield c
-    await c.close()
+    async with new_chat(browser) as c:
+        yield c
 
 
 async def raw_send(chat: WebChat, fields: list[tuple[str, Any, dict[str, str]]]) -> tuple[int, Any]:

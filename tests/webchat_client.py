@@ -10,7 +10,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -170,3 +170,26 @@ def brain(model: FakeOpenAI) -> None:
         return Reply(text=f"echo: {text[-120:]}")
 
     model.add_rule(lambda _t: True, answer)
+
+
+@contextlib.asynccontextmanager
+async def logged_in(port: int) -> AsyncIterator[Console]:
+    """A console browser logged in to the daemon on ``port`` (the web chat tests' ``browser``)."""
+    console = Console(port)
+    status, _, _ = await console.login()
+    assert status == 303
+    try:
+        yield console
+    finally:
+        await console.close()
+
+
+@contextlib.asynccontextmanager
+async def new_chat(browser: Console) -> AsyncIterator[WebChat]:
+    """A new chat of ``browser``'s person, its event stream read (the web chat tests' ``chat``)."""
+    chat = await WebChat.new(browser)
+    chat.listen()
+    try:
+        yield chat
+    finally:
+        await chat.close()
