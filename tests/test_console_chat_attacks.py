@@ -196,3 +196,32 @@ async def test_a_stream_pushed_out_tells_the_page_not_to_reconnect(browser: Cons
     finally:
         for n in newer:
             await n.close()
+
+
+async def test_a_form_of_thousands_of_parts_is_refused_before_it_is_kept(
+    daemon: DaemonProcess, chat: WebChat
+) -> None:
+    # Tiny file parts: each one was a temporary file on the daemon's disk (aiohttp's post()); the
+    # body is far under the size limit, so only a part count stops it.
+    many = [("files", b"x", {"filename": f"f{i}.txt", "content_type": "text/plain"}) for i in range(3000)]
+    status, body = await raw_send(chat, [("text", "hi", {}), ("nonce", "n", {}), *many])
+    assert status == 413, body
+    assert "more than 10 parts" in str(body), body  # max_files 2 + 8
+    # Not even a login form (no session needed) may hold many parts.
+    form = aiohttp.FormData(quote_fields=False)
+    for _ in range(3000):
+        form.add_field("token", "x", content_type="text/plain")
+    one_file = aiohttp.FormData(quote_fields=False)
+    one_file.add_field("token", b"x", filename="t.txt", content_type="text/plain")
+    origin = {"Origin": chat.browser.origin}
+    login = f"http://127.0.0.1:{daemon.port}/console/login"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(login, data=form, headers=origin) as r:
+            assert r.status == 413, await r.text()
+            assert "more than 16 parts" in await r.text()
+        async with http.post(login, data=one_file, headers=origin) as r:
+            assert r.status == 413 and "takes no files" in await r.text()
+    # The daemon goes on: the chat's next message is answered.
+    status, body = await chat.send("after the flood")
+    assert status == 200, body
+    await chat.answer("echo: after the flood")

@@ -18,6 +18,7 @@ from gateway.commands.approvals import revoke_grant
 from gateway.commands.background import stop_task
 from gateway.commands.registry import CommandContext
 from gateway.console.auth import PATH
+from gateway.console.forms import form_of
 from gateway.console.request import HOST_KEY, session_of
 from gateway.intake import access
 from gateway.schedules.runner import cancel_as
@@ -38,7 +39,7 @@ def context_of(request: web.Request) -> CommandContext:
 
 
 async def field(request: web.Request, name: str) -> str:
-    value = (await request.post()).get(name)
+    value = form_of(request).get(name)
     return value.strip()[:200] if isinstance(value, str) else ""
 
 

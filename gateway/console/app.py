@@ -18,6 +18,7 @@ from aiohttp import web
 
 from gateway.console import ConsoleHost, actions, chat, pages
 from gateway.console.auth import PATH, SECURITY_HEADERS, Guard
+from gateway.console.forms import FORM, FormLimits, form_of, read_form
 from gateway.console.request import GUARD_KEY, HOST_KEY, SESSION, session_of
 from gateway.console.text import shown
 
@@ -65,17 +66,16 @@ async def _gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.warning("console: %s %s refused: cross-origin or no Origin/Referer", request.method, request.path)
         return refuse(403, "Refused: this request did not come from the console's own pages (Origin check).")
     session = guard.session_of(request)
+    if changing and route in PUBLIC_ROUTES:  # the login form: read within limits before anything
+        request[FORM] = await read_form(request, FormLimits())
     if route not in PUBLIC_ROUTES:
         if session is None:
             if changing:
                 return refuse(401, "No console session (or it expired): log in at /console/login.")
             raise web.HTTPSeeOther(f"{PATH}/login")
         if changing:
-            if route == "chat_send":  # files: the web chat's limits, for a logged-in person only
-                limits = request.app[HOST_KEY].config.channels.web
-                most = limits.max_file_bytes * max(limits.max_files, 1) + 2**20
-                request = request.clone(client_max_size=most)
-            form = await request.post()
+            form = await read_form(request, form_limits(request, route))
+            request[FORM] = form
             given = form.get("csrf")
             if not guard.csrf_ok(request, session, given if isinstance(given, str) else None):
                 log.warning("console: %s %s refused: no or a wrong CSRF token", request.method, request.path)
@@ -92,7 +92,7 @@ async def login_page(request: web.Request) -> web.StreamResponse:
 
 async def login_post(request: web.Request) -> web.StreamResponse:
     guard = request.app[GUARD_KEY]
-    form = await request.post()
+    form = form_of(request)
     given = form.get("token")
     outcome = guard.login(request, given if isinstance(given, str) else "")
     if isinstance(outcome, str):
@@ -114,6 +114,19 @@ async def logout(request: web.Request) -> web.StreamResponse:
     response = web.HTTPSeeOther(f"{PATH}/login")
     guard.clear_cookie(response)
     return response
+
+
+def form_limits(request: web.Request, route: str | None) -> FormLimits:
+    """A logged-in person's chat message may carry files and a long text; every other form is a
+    few short fields."""
+    if route != "chat_send":
+        return FormLimits()
+    web_chat = request.app[HOST_KEY].config.channels.web
+    files = max(web_chat.max_files, 0)
+    text = web_chat.max_text_chars * 4 + 1024  # UTF-8: up to four bytes a character
+    body = web_chat.max_file_bytes * max(files, 1) + text + 2**20
+    # Each file's own limit is the channel's to say (400 naming it); here only the body's.
+    return FormLimits(parts=files + 8, field_bytes=max(text, 64 * 1024), file_bytes=body, body_bytes=body)
 
 
 def _static_files() -> dict[str, tuple[bytes, str, str]]:

@@ -34,6 +34,7 @@ from channels.base import ChannelError
 from channels.web.channel import PERSON, Refused, Upload, WebChannel, new_chat_id, owner_of
 from channels.web.room import WebMessage
 from gateway.console.auth import PATH, SECURITY_HEADERS
+from gateway.console.forms import form_of
 from gateway.console.pages import render
 from gateway.console.request import GUARD_KEY, HOST_KEY, session_of
 from gateway.console.text import shown
@@ -168,7 +169,7 @@ def uploads_of(form: MultiDictProxy[Any]) -> list[Upload]:
 async def send(request: web.Request) -> web.StreamResponse:
     chat = chat_of(request)
     channel = channel_of(request)
-    form = await request.post()
+    form = form_of(request)
     text, nonce = form.get("text", ""), form.get("nonce", "")
     try:
         if not isinstance(text, str) or not isinstance(nonce, str):
@@ -186,7 +187,7 @@ async def send(request: web.Request) -> web.StreamResponse:
 async def press(request: web.Request) -> web.StreamResponse:
     chat = chat_of(request)
     channel = channel_of(request)
-    form = await request.post()
+    form = form_of(request)
     msg_id, value = form.get("msg", ""), form.get("value", "")
     if not isinstance(msg_id, str) or not isinstance(value, str):
         return answer(request, chat, 400, {"ok": False, "error": "That button is no longer there."})
