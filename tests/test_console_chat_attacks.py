@@ -18,7 +18,7 @@ from tests.console_client import TOKEN, Console
 from tests.console_support import console_config
 from tests.daemon import DaemonProcess, started_daemon
 from tests.fakes.gateway_rig import store_at
-from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 from tests.webchat_client import WebChat, logged_in, new_chat
 
@@ -225,3 +225,25 @@ async def test_a_form_of_thousands_of_parts_is_refused_before_it_is_kept(
     status, body = await chat.send("after the flood")
     assert status == 200, body
     await chat.answer("echo: after the flood")
+
+
+async def test_a_nul_from_the_model_or_a_tool_is_answered_on_both_engines(
+    chat: WebChat, model: FakeOpenAI
+) -> None:
+    """The model's text and a command's output are not parsed by a channel: a NUL in either must
+    not break the thread's checkpoints on PostgreSQL (run with CHITAL_TEST_POSTGRES=1 too)."""
+    model.script(Reply(text="from\x00the model"))
+    status, body = await chat.send("model nul please")
+    assert status == 200, body
+    answer = await chat.answer("the model")
+    assert "\x00" not in answer["text"], answer
+    call = ToolCall("execute", {"command": "printf 'tool\\000out'"})
+    model.script(Reply(tool_calls=[call]), Reply(text="ran it"))
+    status, body = await chat.send("tool nul please")
+    assert status == 200, body
+    await chat.answer("ran it")
+    told = [m for r in model.requests for m in r.get("messages", []) if m.get("role") == "tool"]
+    assert any("tool" in str(m.get("content")) and "out" in str(m.get("content")) for m in told), told
+    status, body = await chat.send("and after")
+    assert status == 200, body
+    await chat.answer("echo: and after")
