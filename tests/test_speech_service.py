@@ -89,5 +89,13 @@ async def test_a_link_local_speech_address_is_never_connected_to(base_url: str) 
     assert "link-local (like a cloud metadata service)" in reason
 
 
+async def test_a_name_is_connected_to_at_the_address_checked(model: FakeOpenAI) -> None:
+    """The transport connects to a literal address it resolved and checked itself; the service
+    must still see its name in ``Host`` (a server behind a name-based proxy answers by it)."""
+    port = model.base_url.split(":")[2].split("/")[0]
+    assert (await synthesize(speech(f"http://localhost:{port}/v1"), TEXT, "opus")).startswith(b"OggS")
+    assert model.speech[-1]["host"] == f"localhost:{port}"
+
+
 async def test_a_speech_url_that_is_not_http_is_refused() -> None:
     assert "not an http(s) URL" in await refused(speech("file:///etc/passwd"))

@@ -21,7 +21,7 @@ import re
 import socket
 import unicodedata
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import unquote
 
 from agent.redact import MIN_SECRET_CHARS, encodings
@@ -133,12 +133,13 @@ async def synthesize(cfg: SpeechConfig, text: str, fmt: Format) -> bytes:
     # Always passed: the SDK would otherwise take $OPENAI_BASE_URL, maybe the chat model's server.
     # Redirects are not followed (the SDK would): a 307 replays the POST, the answer's text, to
     # wherever the service points, another host or a cloud metadata address.
+    transport, refused = _pinned_transport()
     client = openai.AsyncOpenAI(
         api_key=key,
         base_url=cfg.base_url or OPENAI_API,
         timeout=cfg.timeout,
         max_retries=cfg.retries,
-        http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False),
+        http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False, transport=transport),
     )
     try:
         # One deadline over the calls, their retries and the download: a service trickling bytes
@@ -160,7 +161,9 @@ async def synthesize(cfg: SpeechConfig, text: str, fmt: Format) -> bytes:
     except openai.APIStatusError as exc:
         log.warning("speech failed: HTTP %s", exc.status_code)
         raise SpeechFailed(_status_reason(exc.status_code)) from None
-    except openai.APIConnectionError:
+    except openai.APIConnectionError as exc:
+        if isinstance(exc.__cause__, refused):
+            raise SpeechFailed(LINK_LOCAL) from None
         raise SpeechFailed("I could not reach the speech service") from None
     except openai.OpenAIError as exc:
         log.warning("speech failed: %s", type(exc).__name__)
@@ -175,34 +178,79 @@ async def synthesize(cfg: SpeechConfig, text: str, fmt: Format) -> bytes:
     return data
 
 
+LINK_LOCAL = (
+    "the speech service's address is link-local (like a cloud metadata service), "
+    "which I never send text to (ask the admin)"
+)
+
+
+def _forbidden(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Link-local (169.254.169.254, fe80::/10; IPv4 inside IPv6 judged as IPv4), unspecified or
+    multicast. Loopback and private addresses stay open: a self-hosted speech server lives there."""
+    ip = embedded_ipv4(ip) or ip
+    return ip.is_link_local or ip.is_unspecified or ip.is_multicast
+
+
+async def _resolved(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """``host``'s addresses as the system resolves it (legacy spellings like ``2852039166`` too)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
+
+
 async def _check_address(base_url: str) -> None:
-    """Refuse a speech service whose host is, or resolves to, a link-local address (the cloud
-    metadata service at 169.254.169.254, fe80::/10; IPv4 inside IPv6 judged as IPv4) or an
-    unspecified or multicast one. Loopback and private addresses stay open: a self-hosted speech
-    server usually lives there. The host is read as httpx will connect to it and resolved by the
-    same ``getaddrinfo`` (legacy spellings like ``2852039166`` included). A name that resolves
-    differently a moment later (DNS rebinding) is not caught: the address is the operator's
-    config, and the chat model's key is never sent to it (``speech.api_key`` only)."""
-    import httpx
+    """Refuse a speech service whose host is, or resolves to, a forbidden address, before the SDK
+    is even built (so the reason is this one, not a connection error after retries). The
+    connection itself is made by :class:`_PinnedTransport`, to an address it checked."""
+    import httpx2 as httpx
 
     url = httpx.URL(base_url)
     if url.scheme not in ("http", "https") or not url.host:
         raise SpeechFailed("the speech service's address is not an http(s) URL (ask the admin)")
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(
-            url.host, url.port or 443, type=socket.SOCK_STREAM
-        )
-    except OSError:  # not resolvable here (maybe only through a proxy): no address to judge;
-        return  # the call itself then fails, or goes through the proxy, never to a local address
-    for info in infos:
-        ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-        ip = embedded_ipv4(ip) or ip
-        if ip.is_link_local or ip.is_unspecified or ip.is_multicast:
+        addresses = await _resolved(url.host, url.port or 443)
+    except OSError:  # not resolvable here (maybe only through a proxy): the transport decides
+        return
+    for ip in addresses:
+        if _forbidden(ip):
             log.warning("speech: refused, %s resolves to %s", url.host, ip)
-            raise SpeechFailed(
-                "the speech service's address is link-local (like a cloud metadata service), "
-                "which I never send text to (ask the admin)"
-            )
+            raise SpeechFailed(LINK_LOCAL)
+
+
+def _pinned_transport() -> Any:
+    """An httpx transport that resolves the host once, checks the addresses it got and connects to
+    the first allowed one as an IP literal (the ``Host`` header and, for https, the TLS server
+    name and certificate check stay the name's, through httpx's ``sni_hostname`` extension). So
+    the address judged is the address connected to: a name that answers differently a moment
+    later (DNS rebinding) cannot turn the call toward a metadata service."""
+    import httpx2 as httpx
+
+    class Refused(httpx.ConnectError):
+        """The host has no address the speech service may be reached at."""
+
+    class PinnedTransport(httpx.AsyncHTTPTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            host = request.url.host
+            try:
+                addresses = await _resolved(host, request.url.port or 443)
+            except OSError as exc:
+                raise httpx.ConnectError(f"cannot resolve {host}: {type(exc).__name__}") from None
+            allowed = [ip for ip in addresses if not _forbidden(ip)]
+            if len(allowed) < len(addresses) or not allowed:
+                log.warning("speech: refused, %s resolves to %s", host, ", ".join(map(str, addresses)))
+                raise Refused(LINK_LOCAL)
+            if request.url.scheme == "https":
+                request.extensions = {**request.extensions, "sni_hostname": host}
+            url = request.url
+            for n, ip in enumerate(allowed):  # as a resolver's client would: each address in turn
+                request.url = url.copy_with(host=str(ip))
+                try:
+                    return await super().handle_async_request(request)
+                except httpx.ConnectError:  # nothing was sent: the next address may take it
+                    if n == len(allowed) - 1:
+                        raise
+            raise AssertionError("unreachable")
+
+    return PinnedTransport(), Refused
 
 
 async def _read_capped(chunks: AsyncIterator[bytes], limit: int) -> bytes:

@@ -317,7 +317,13 @@ class FakeOpenAI:
     async def _speech(self, request: web.Request) -> web.StreamResponse:
         """OpenAI's text-to-speech: JSON ``model``, ``voice``, ``input``, ``response_format``."""
         body = await request.json()
-        self.speech.append({**body, "authorization": request.headers.get("Authorization", "")})
+        self.speech.append(
+            {
+                **body,
+                "authorization": request.headers.get("Authorization", ""),
+                "host": request.headers.get("Host", ""),
+            }
+        )
         spoken = self.spoken.popleft() if self.spoken else Spoken()
         if spoken.delay:
             await asyncio.sleep(spoken.delay)
