@@ -493,3 +493,30 @@ async def test_a_failed_or_stopped_turn_is_not_spoken(
     mid = await tg_say(tg, "a real question")
     await tg.wait_for(lambda: voices(tg) or None, timeout=30, what="the voice of a real answer")
     assert len(model.speech) == 1 and "a real question" in model.speech[0]["input"]
+
+
+async def test_stop_while_the_voice_is_made_cuts_it_and_keeps_the_text(
+    tg_speaking: DaemonProcess, model: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    """The answer's text is out and cannot be stopped any more; its spoken version, still being
+    made (the speech service holding the call), is what /stop cuts: no voice arrives later."""
+    mid = await tg_say(tg, "/voice all")
+    await tg_answer(tg, mid, "Voice all")
+    gate = asyncio.Event()
+    model.spoken.append(Spoken(gate=gate))
+    mid = await tg_say(tg, "a long answer to hear")
+    await tg_answer(tg, mid, "echo: a long answer to hear")
+    await tg.wait_for(lambda: model.speech or None, timeout=30, what="the speech request")
+    stop = await tg_say(tg, "/stop")
+    assert "Stopped the spoken version" in await tg_answer(tg, stop, "Stopped")
+    assert await tg_answer(tg, mid, "spoken version was stopped") == "(the spoken version was stopped)"
+    gate.set()  # the service answers after all: its audio goes nowhere
+    replies = await settled(tg_speaking, tg, mid)
+    assert not voices(tg) and len([m for m in replies if "echo:" in m.text]) == 1
+    assert 'chital_speech_total{outcome="stopped"} 1.0' in await tg_speaking.metrics()
+    # The next answer is spoken as usual (the slot the stopped one held is free again).
+    mid = await tg_say(tg, "and now speak")
+    await tg.wait_for(lambda: voices(tg) or None, timeout=30, what="the next answer's voice")
+    # /stop with nothing being made says so, as before.
+    stop = await tg_say(tg, "/stop")
+    assert "Stopped the spoken version" not in await tg_answer(tg, stop, "")

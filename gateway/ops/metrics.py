@@ -43,7 +43,10 @@ class Metrics:
         )
         self.edits = Counter("chital_edits", "Message edits sent to a platform", ["channel"], registry=r)
         self.speech = Counter(
-            "chital_speech", "Answers spoken (/voice), by outcome: spoken or failed", ["outcome"], registry=r
+            "chital_speech",
+            "Answers spoken (/voice), by outcome: spoken, failed or stopped (by /stop)",
+            ["outcome"],
+            registry=r,
         )
         self.pushes = Counter(
             "chital_pushes",

@@ -16,7 +16,7 @@ import collections
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,8 @@ class Stop(enum.Enum):
     """Its answer is being delivered already: left alone."""
     ABSENT = "absent"
     """Not queued or running here."""
+    PART = "part"
+    """Its answer is out; the optional part still being made after it (the spoken version) was cut."""
 
 
 @dataclass
@@ -51,6 +53,9 @@ class _Conversation:
     running_task: asyncio.Task[None] | None = None
     finishing: bool = False
     """The running turn is delivering its answer: /stop no longer cuts it."""
+    part: asyncio.Future[Any] | None = None
+    """Work of the running turn after its answer is out that /stop may still cut (the spoken
+    version being made: gateway/turns/spoken.py)."""
 
 
 class TurnQueue:
@@ -147,13 +152,31 @@ class TurnQueue:
             if conv.running is not None and conv.running.key == key:
                 conv.finishing = True
 
-    def stop(self, key: str, note: str | None = None) -> Stop:
+    @contextlib.contextmanager
+    def cuttable(self, key: str, part: asyncio.Future[Any]) -> Iterator[None]:
+        """While inside, /stop of the finishing turn ``key`` cancels ``part`` (an optional piece
+        made after the answer is out, like its spoken version) instead of answering "too late"."""
+        conv = next((c for c in self._convs.values() if c.running is not None and c.running.key == key), None)
+        if conv is None:
+            yield
+            return
+        conv.part = part
+        try:
+            yield
+        finally:
+            conv.part = None
+
+    def stop(self, key: str, note: str | None = None, *, cut_part: bool = False) -> Stop:
         """Stop the turn ``key`` (the user's /stop): cancel it if it runs, take it off the queue if
         it waits. Turns behind it still run. ``note``: what its reply says instead of "Stopped"
-        (a message interrupted it: gateway/turns/busy.py)."""
+        (a message interrupted it: gateway/turns/busy.py). ``cut_part``: a turn whose answer is
+        out has the part still being made after it cut (:meth:`cuttable`; the user's /stop)."""
         for conv in self._convs.values():
             if conv.running is not None and conv.running.key == key:
                 task = conv.running_task
+                if cut_part and conv.finishing and conv.part is not None and not conv.part.done():
+                    conv.part.cancel()
+                    return Stop.PART
                 if conv.finishing or task is None or task.done():
                     return Stop.LATE
                 self._stopped[key] = note

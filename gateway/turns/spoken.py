@@ -57,6 +57,10 @@ def recorded(entry: JournalEntry) -> bool:
     return any(media.kind_of(att) in (media.VOICE, media.AUDIO) for att in entry.inbound.attachments)
 
 
+STOPPED = "the spoken version was stopped"
+"""What :meth:`Speaker._speak` returns when the user's /stop cut the spoken version."""
+
+
 class Speaker:
     """Speaks answers for the turns of one daemon (see the module docstring)."""
 
@@ -99,8 +103,13 @@ class Speaker:
             log.error("speaking %s failed: %s", entry.key, exc, exc_info=True)
             problem = "something went wrong on my side"
         if metrics is not None:
-            metrics.speech.labels("failed" if problem else "spoken").inc()
-        if problem:
+            metrics.speech.labels(
+                "stopped" if problem == STOPPED else "failed" if problem else "spoken"
+            ).inc()
+        if problem == STOPPED:
+            with contextlib.suppress(Exception):
+                await reply.note(VOICE_NOTE_PART, f"({STOPPED})")
+        elif problem:
             with contextlib.suppress(Exception):
                 await reply.note(VOICE_NOTE_PART, f"(couldn't speak this answer: {problem})")
 
@@ -135,6 +144,10 @@ class Speaker:
         self._spoken[inbound.user] = used + chars
         return True
 
+    async def _synthesized(self, text: str, fmt: Format) -> bytes:
+        async with self._slots:
+            return await synthesize(self.cfg, text, fmt)
+
     async def _speak(self, reply: Reply, entry: JournalEntry, answer: str) -> str:
         """Synthesise and send; the reason it failed, or "" when the voice went out."""
         text = speakable(answer, self._redact, self.cfg.max_chars)
@@ -152,8 +165,20 @@ class Speaker:
         fmt: Format = "opus" if native else self.cfg.file_format
         released = self._turns.released() if self._turns is not None else contextlib.nullcontext()
         try:
-            async with released, self._slots:
-                data = await synthesize(self.cfg, text, fmt)
+            async with released:
+                # A task of its own, so the user's /stop can cut it (the turn's answer is out and
+                # the turn itself no longer stoppable); waiting for a slot counts as making it.
+                making = asyncio.ensure_future(self._synthesized(text, fmt))
+                cut = self._turns.cuttable(entry.key, making) if self._turns else contextlib.nullcontext()
+                with cut:
+                    try:
+                        data = await making
+                    except asyncio.CancelledError:
+                        me = asyncio.current_task()
+                        if making.cancelled() and (me is None or not me.cancelling()):
+                            log.info("answer %s: its spoken version stopped by /stop", entry.key)
+                            return STOPPED
+                        raise
         except SpeechFailed as exc:
             log.warning("answer %s not spoken: %s", entry.key, exc)
             return str(exc)

@@ -65,6 +65,8 @@ STOPPED = "⏹ Stopped."
 STOPPING = "⏹ Stopping the current answer."
 """The /stop's own reply when it stopped something."""
 TOO_LATE = "The current answer was already being sent, so there was nothing left to stop."
+VOICE_STOPPED = "⏹ Stopped the spoken version; the answer's text stands."
+"""The /stop's reply when the answer was out and its spoken version still being made."""
 
 
 def stopped_notice(entry: JournalEntry, note: str = STOPPED) -> JournalEntry:
@@ -87,9 +89,11 @@ async def stop(gw: StopHost, entry: JournalEntry) -> str | None:
     if target is None:
         # A re-run after a restart: the stopped entry is a notice now, delivered by the resume.
         return STOPPING
-    done = gw.turns.stop(key)
+    done = gw.turns.stop(key, cut_part=True)
     if done in (Stop.LATE, Stop.ABSENT):
         return TOO_LATE
+    if done is Stop.PART:
+        return VOICE_STOPPED
     if done is Stop.CANCELLED:
         # The turn may have posted approval buttons and not paused yet: withdrawn at once, before
         # anything else awaits, so no press in between can approve a call of a stopped turn (the
