@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.busy_support import NO_MEMORY, asked, held_task
 from tests.daemon import DaemonProcess, chat_config, started_daemon
 from tests.fakes.gateway_rig import daemon_rows, until
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
@@ -30,8 +31,6 @@ OTHER = 1003
 STRANGER = 6666
 GROUP = -100500600
 SECRET = "sk-test-backgroundsecret-9f8e7d6c5b4a"
-NO_MEMORY = {"memory": {"enabled": False}}
-"""No memory extraction: every model call is a turn's."""
 
 
 def tg_config(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, **sections: Any) -> dict[str, Any]:
@@ -69,11 +68,6 @@ async def reply(tg: FakeTelegram, chat: int, update: dict[str, Any], needle: str
     return await tg.wait_for(check, timeout=timeout, what=f"reply with {needle!r}")
 
 
-def asked(model: FakeOpenAI, needle: str) -> list[dict[str, Any]]:
-    """The model requests whose last user message holds ``needle``."""
-    return [r for r in model.requests if needle in last_user_text(r)]
-
-
 async def task_row(daemon: DaemonProcess, task: int) -> tuple[Any, ...] | None:
     """(why it ended, its journal state) of task ``task``, read from the daemon's database."""
     sql = "SELECT t.ended, j.state FROM background_tasks t JOIN journal j ON j.key = t.key WHERE t.id = ?"
@@ -90,13 +84,6 @@ async def settled(daemon: DaemonProcess, task: int) -> str:
         return str(row[1]) if row and row[1] not in ("pending", "running") else None
 
     return str(await until(closed, 20, f"task #{task} to finish"))
-
-
-def held_task(model: FakeOpenAI, needle: str, answer: str) -> asyncio.Event:
-    """A model whose answer to a request carrying ``needle`` waits until the returned event is set."""
-    held = asyncio.Event()
-    model.add_rule(lambda t: needle in t, Reply(text=answer, hold=held))
-    return held
 
 
 # -- /bg: the chat stays free, the result is a reply to the request --------------------------------

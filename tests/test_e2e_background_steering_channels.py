@@ -11,13 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from gateway.turns.busy import ADDED
+from tests.busy_support import (
+    E2E,
+    NO_MEMORY,
+    QUEUED,
+    STEER,
+    TASK,
+    TASK_ANSWER,
+    asked,
+    held_task,
+    requests_with,
+    two_calls,
+)
 from tests.daemon import chat_config, started_daemon
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import until
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.openai_server import FakeOpenAI, Reply
-from tests.test_e2e_background import NO_MEMORY, asked, held_task
-from tests.test_e2e_steering import E2E, QUEUED, STEER, TASK, TASK_ANSWER, requests_with, two_calls
 
 DC_USER = "424242424242424242"
 LARK_USER, LARK_P2P = "ou_friend", "oc_p2p_friend"

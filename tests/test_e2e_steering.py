@@ -15,20 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from gateway.turns.busy import ADDED, INTERRUPTED
+from tests.busy_support import E2E, QUEUED, STEER, TASK, TASK_ANSWER, content_of, requests_with, two_calls
 from tests.daemon import chat_config, started_daemon
 from tests.fakes.gateway_rig import daemon_rows, until
-from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 
 OWNER, OTHER, STRANGER = 1001, 1002, 6666
 GROUP = -100200300
 SLACK_USER, SLACK_DM = "U_FRIEND", "D_FRIEND"
-TASK, TASK_ANSWER = "compare three laptops for me", "Here is the comparison, with the weather."
-STEER = "and mention the weather in Lisbon"
-QUEUED = "Queued behind"
-E2E = 30.0
-"""Seconds a daemon gets for each step (a loaded machine is slow; nothing waits on time)."""
 
 
 def telegram(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, mode: str) -> dict[str, Any]:
@@ -38,31 +34,6 @@ def telegram(tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, mode: str) -> 
     )  # fmt: skip
     cfg["channels"]["telegram"]["busy_mode"] = mode
     return cfg
-
-
-def two_calls(model: FakeOpenAI, text: str, answer: str) -> tuple[asyncio.Event, asyncio.Event]:
-    """``text``'s turn: a first call asking for a missing tool, then the answer; each held until
-    its event is set. The second call is told apart by the tool result in its request."""
-    first, second = asyncio.Event(), asyncio.Event()
-
-    def reply(body: dict[str, Any]) -> Reply:
-        if any(m.get("role") == "tool" for m in body.get("messages") or ()):
-            return Reply(text=answer, hold=second)
-        return Reply(tool_calls=[ToolCall("no_such_tool", {"q": "laptops"})], hold=first)
-
-    model.add_rule(lambda t: t.endswith(text), reply)
-    return first, second
-
-
-def requests_with(model: FakeOpenAI, text: str) -> list[dict[str, Any]]:
-    return [r for r in model.requests if any(text in _content(m) for m in r.get("messages") or ())]
-
-
-def _content(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) else ""
 
 
 def replies(tg: FakeTelegram, chat: int, update: dict[str, Any]) -> list[str]:
@@ -94,9 +65,9 @@ async def test_a_steered_message_reaches_the_running_turn_as_the_users_own_messa
         call = await until(lambda: requests_with(model, STEER), E2E, what="the second call, with the steer")
         assert len(call) == 1
         messages = call[0]["messages"]
-        said = [m for m in messages if STEER in _content(m)]
+        said = [m for m in messages if STEER in content_of(m)]
         assert [m["role"] for m in said] == ["user"], "the user's words, never system text"
-        assert _content(said[0]) == STEER
+        assert content_of(said[0]) == STEER
         assert messages[-1] is said[0] and messages[-2]["role"] == "tool", "after the tool result"
         await tg.wait_for(lambda: replies(tg, OWNER, steer) == [ADDED], 30, "the steer's sign")
         second.set()
@@ -125,7 +96,7 @@ async def test_a_steer_after_the_last_model_call_is_answered_as_a_queued_message
         await tg.wait_for(lambda: replies(tg, OWNER, steer) == ["Lisbon: sunny."], 30, "answered alone")
         assert replies(tg, OWNER, task) == [TASK_ANSWER]
         await until(lambda: set(journal(cfg).values()) == {"done"}, E2E, what="both done")
-        asked = [r for r in model.requests if STEER in "".join(_content(m) for m in r["messages"])]
+        asked = [r for r in model.requests if STEER in "".join(content_of(m) for m in r["messages"])]
         assert len(asked) == 1 and last_user_text(asked[0]) == STEER, "asked once, as its own turn"
 
 
@@ -151,7 +122,7 @@ async def test_in_a_group_only_the_turns_sender_steers_it_others_queue(
         call = await until(
             lambda: requests_with(model, STEER), E2E, what="the second call, with the owner's steer"
         )
-        text = "".join(_content(m) for m in call[0]["messages"])
+        text = "".join(content_of(m) for m in call[0]["messages"])
         assert "what about me?" not in text, "another member's message stays out of the owner's turn"
         second.set()
         await tg.wait_for(lambda: replies(tg, GROUP, task) == [TASK_ANSWER], 30, "the task's answer")
@@ -241,8 +212,8 @@ async def test_steer_and_queue_commands_override_the_mode_for_one_message(
         await tg.wait_for(lambda: any(QUEUED in t for t in replies(tg, OWNER, queued)), 30, "queued waits")
         first.set()
         call = await until(lambda: requests_with(model, STEER), E2E, what="the second call, with the steer")
-        assert all("/steer" not in _content(m) for m in call[0]["messages"]), "the command is not text"
-        assert "later please" not in "".join(_content(m) for m in call[0]["messages"])
+        assert all("/steer" not in content_of(m) for m in call[0]["messages"]), "the command is not text"
+        assert "later please" not in "".join(content_of(m) for m in call[0]["messages"])
         second.set()
         await tg.wait_for(lambda: replies(tg, OWNER, task) == [TASK_ANSWER], 30, "the task's answer")
         await tg.wait_for(lambda: replies(tg, OWNER, queued) == ["later answer"], 30, "queued answered")
@@ -270,8 +241,8 @@ async def test_slack_steer_reaches_the_running_turn_and_says_so(
         await slack.wait_for(lambda: any(QUEUED in t for t in posted()), timeout=30)
         first.set()
         call = await until(lambda: requests_with(model, STEER), E2E, what="the second call, with the steer")
-        said = [m for m in call[0]["messages"] if STEER in _content(m)]
-        assert [(m["role"], _content(m)) for m in said] == [("user", STEER)]
+        said = [m for m in call[0]["messages"] if STEER in content_of(m)]
+        assert [(m["role"], content_of(m)) for m in said] == [("user", STEER)]
         second.set()
         await slack.wait_for(lambda: TASK_ANSWER in posted() and ADDED in posted(), timeout=30)
         await until(lambda: set(journal(cfg).values()) == {"done"}, E2E, what="both done")
