@@ -42,6 +42,13 @@ _STDIN_PER_EXEC = 4 * 1024 * 1024  # raw bytes per exec where data goes in on st
 IO_SECONDS = 60.0  # no byte for this long: the operation is abandoned (the transport's read timeout)
 _OP_SECONDS = 120.0  # the whole operation, here and (killed) in the container
 _WALK_LIMIT = 50_000
+_HELPER_BYTES = HELPER.encode()
+STDIN_BOOT = (
+    "import sys;n=int(sys.argv.pop(1));exec(compile(sys.stdin.buffer.read(n),'<chital-files>','exec'))"
+)
+"""Where the transport takes data on stdin (Kubernetes), the program comes first on stdin too:
+an exec's arguments travel in the request's URL, and proxies in front of an API server commonly
+refuse URLs past 8 KB. Reads exactly its length (``read(n)`` on a pipe waits for n bytes)."""
 
 _ERRORS = {
     "ENOENT": "no such file or directory",
@@ -153,7 +160,12 @@ class EngineFiles(HostFiles):
         # engine stops an exec whose client went away). CHITAL_EXEC marks it as none of a
         # command's, so a command's kill sweep (docker_scripts.KILLER) leaves it alone.
         argv = ["timeout", "-s", "KILL", str(int(_OP_SECONDS))]
-        argv += ["env", "CHITAL_EXEC=files-" + uuid.uuid4().hex, "python3", "-I", "-c", HELPER, *args]
+        argv += ["env", "CHITAL_EXEC=files-" + uuid.uuid4().hex, "python3", "-I", "-c"]
+        if self.transport.stdin_data:  # the program itself goes on stdin, ahead of the data
+            argv += [STDIN_BOOT, str(len(_HELPER_BYTES)), *args]
+            stdin = _HELPER_BYTES + (stdin or b"")
+        else:
+            argv += [HELPER, *args]
         return _Reply(self.transport.open_exec(self.thread_id, argv, stdin), cap)
 
     def _call(

@@ -58,6 +58,12 @@ KILL_GRACE = 30  # the in-pod ``timeout`` fires this long after the daemon's own
 _STDIN_FRAME = 1024 * 1024
 # The command's shell starts in the workspace (an exec has no working directory of its own).
 _WRAPPER = f"cd {WORKSPACE} 2>/dev/null || cd /; " + WRAPPER
+# Reads [wrapper, command, killer] from stdin (exactly its length), gives the command /dev/null
+# as stdin (a v4 exec's stdin never ends) and becomes the wrapper's shell.
+_RUNNER = (
+    "import json,os,sys;d=json.loads(sys.stdin.buffer.read(int(sys.argv[1])));"
+    "f=os.open('/dev/null',os.O_RDONLY);os.dup2(f,0);os.execv('/bin/sh',['sh','-c',d[0],'chital-exec',d[1],d[2]])"
+)
 
 
 class KubernetesUnavailable(SandboxUnavailable):
@@ -199,10 +205,12 @@ class KubernetesSandbox(Sandbox):
         marker = uuid.uuid4().hex
         # The in-pod ``timeout`` is the backstop for a daemon that dies or loses the API mid-command:
         # it kills the command's process group KILL_GRACE seconds after the daemon's own deadline.
+        # The command and the scripts go on stdin (an exec's arguments travel in its URL).
+        script = json.dumps([_WRAPPER, command, KILLER]).encode()
         argv = ["timeout", "-s", "KILL", str(int(timeout) + KILL_GRACE), "env", f"CHITAL_EXEC={marker}"]
-        argv += ["/bin/sh", "-c", _WRAPPER, "chital-exec", command, KILLER]
+        argv += ["python3", "-I", "-c", _RUNNER, str(len(script))]
         p = self.provider
-        starting = asyncio.ensure_future(asyncio.to_thread(p.open_exec, self.thread_id, argv, None, None))
+        starting = asyncio.ensure_future(asyncio.to_thread(p.open_exec, self.thread_id, argv, script, None))
         try:
             stream = await asyncio.shield(starting)
         except asyncio.CancelledError:
@@ -241,9 +249,9 @@ class KubernetesSandbox(Sandbox):
             return ExecResult(None, cap.text(), cap.truncated, True)
         code = stream.exit_code()
         stream.close()
-        if code is None:
+        if code in (None, 137) and not await asyncio.to_thread(p.pod_running, self.thread_id):
             note = "\n[the sandbox pod went away while the command ran; its files are kept, run it again]"
-            return ExecResult(None, cap.text() + note, cap.truncated, False)
+            return ExecResult(code, cap.text() + note, cap.truncated, False)
         return ExecResult(code, cap.text(), cap.truncated, False)
 
     async def _kill(
@@ -421,6 +429,15 @@ class KubernetesProvider(SandboxProvider):
                 kcompat.abort(ws)
                 raise SandboxError(f"the sandbox's files are unreachable ({type(e).__name__})") from None
         return _ExecStream(ws, read_timeout)
+
+    def pod_running(self, thread_id: str) -> bool:
+        """Is the thread's pod there and running (after a command ended by a kill or a cut)?"""
+        core, _, _, _ = self._api()
+        try:
+            pod = core.read_namespaced_pod(ks.pod_name(thread_id), self.namespace)
+        except Exception:  # gone, or the API unreachable: either way, not known to be running
+            return False
+        return pod.metadata.deletion_timestamp is None and pod.status.phase == "Running"
 
     def stamp(self, thread_id: str) -> None:
         """Patch the pod's ``chital/last-used`` to now (a pod that is gone needs none)."""
