@@ -376,3 +376,131 @@ def test_deleting_the_pod_or_leaving_ends_the_exec(
     core.delete_namespaced_pod(sandbox, NS)
     resp.run_forever(timeout=30)
     assert resp.returncode == 137
+
+
+def test_exec_wire_protocol_v4_frames_and_status(k8s: FakeKubernetes, sandbox: str, tmp_path: Path) -> None:
+    """A protocol detail the official client hides: a v4-only client gets v4, every frame is binary
+    with its channel first, and the exit code comes as the kubelet's channel-3 Status."""
+    import ssl
+    import urllib.parse
+
+    import websocket
+
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(k8s.ca_pem)
+    query = urllib.parse.urlencode(
+        [
+            ("command", "sh"),
+            ("command", "-c"),
+            ("command", "echo hi; echo oops >&2; exit 2"),
+            ("stdout", "true"),
+            ("stderr", "true"),
+        ]
+    )
+    url = f"wss://127.0.0.1:{k8s.port}/api/v1/namespaces/{NS}/pods/{sandbox}/exec?{query}"
+    sslopt = {"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": str(ca)}
+    auth = [f"Authorization: Bearer {k8s.token}"]
+    ws = websocket.create_connection(
+        url, header=auth, subprotocols=["v4.channel.k8s.io"], sslopt=sslopt, timeout=30
+    )
+    assert ws.subprotocol == "v4.channel.k8s.io"
+    frames: list[tuple[int, bytes]] = []
+    while True:
+        opcode, data = ws.recv_data()
+        if opcode == websocket.ABNF.OPCODE_CLOSE:
+            break
+        assert opcode == websocket.ABNF.OPCODE_BINARY
+        frames.append((data[0], data[1:]))
+    streams = {ch: b"".join(d for c, d in frames if c == ch) for ch in (1, 2)}
+    assert streams == {1: b"hi\n", 2: b"oops\n"}
+    assert frames[-1][0] == 3
+    status = json.loads(frames[-1][1])
+    assert (status["status"], status["reason"]) == ("Failure", "NonZeroExitCode")
+    assert status["details"]["causes"] == [{"reason": "ExitCode", "message": "2"}]
+
+    # No channel protocol offered (the pre-v4 "channel.k8s.io"): refused before the upgrade.
+    with pytest.raises(websocket.WebSocketBadStatusException) as exc:
+        websocket.create_connection(
+            url, header=auth, subprotocols=["channel.k8s.io"], sslopt=sslopt, timeout=30
+        )
+    assert exc.value.status_code == 400
+
+
+def test_admission_fs_group_graceful_delete_and_more_faults(tmp_path: Path) -> None:
+    fake = FakeKubernetes(
+        tmp_path / "k8s", namespace=NS, start_delay=0.05, runtime_classes={"runc"}, delete_grace=0.5
+    )
+    with fake.threaded(), api_client(fake, tmp_path) as api:
+        core = client.CoreV1Api(api)
+        with pytest.raises(ApiException) as exc:
+            core.create_namespaced_pod(
+                NS, {**pod("g", None), "spec": {**pod("g", None)["spec"], "runtimeClassName": "gvisor"}}
+            )
+        assert exc.value.status == 403 and "RuntimeClass" in json.loads(exc.value.body)["message"]
+
+        # runAsNonRoot with no runAsUser: the kubelet refuses the container, the pod stays Pending.
+        rootish = pod("rootish", None)
+        rootish["spec"]["securityContext"] = {"runAsNonRoot": True}
+        core.create_namespaced_pod(NS, rootish)
+
+        def refused() -> bool:
+            statuses = core.read_namespaced_pod("rootish", NS).status.container_statuses or []
+            return bool(statuses) and statuses[0].state.waiting.reason == "CreateContainerConfigError"
+
+        wait(refused, "CreateContainerConfigError")
+        assert core.read_namespaced_pod("rootish", NS).status.phase == "Pending"
+
+        # fsGroup: the volume gets the group (setgid), the process has it as a supplementary group.
+        core.create_namespaced_persistent_volume_claim(NS, pvc("shared"))
+        grouped = pod("grouped", "shared")
+        grouped["spec"]["securityContext"]["fsGroup"] = 5000
+        core.create_namespaced_pod(NS, grouped)
+        running(core, "grouped")
+        out, _, rc = run(
+            core, "grouped", ["python3", "-I", "-c", "import os; open('f', 'w'); print(os.getgroups())"]
+        )
+        assert (out, rc) == (b"[5000]\n", 0)
+        st = (fake.pvc_dir("shared") / "f").stat()
+        assert (st.st_uid, st.st_gid) == (UID, 5000)
+
+        # JSON patch (a list body) is sent and applied as such.
+        core.patch_namespaced_pod(
+            "grouped", NS, [{"op": "add", "path": "/metadata/annotations", "value": {"k": "v"}}]
+        )
+        assert core.read_namespaced_pod("grouped", NS).metadata.annotations == {"k": "v"}
+        assert fake.requests[-2].content_type == "application/json-patch+json"
+
+        # Graceful deletion: the name stays taken until the grace period ends.
+        gone = core.delete_namespaced_pod("grouped", NS)
+        assert gone.metadata.deletion_timestamp is not None
+        with pytest.raises(ApiException) as exc:
+            core.create_namespaced_pod(NS, grouped)
+        assert exc.value.status == 409
+
+        def absent() -> bool:
+            try:
+                core.read_namespaced_pod("grouped", NS)
+            except ApiException as e:
+                return e.status == 404
+            return False
+
+        wait(absent, "the deleted pod to go")
+        core.create_namespaced_pod(NS, grouped)
+        core.delete_namespaced_pod("grouped", NS, body=client.V1DeleteOptions(grace_period_seconds=0))
+        assert absent()
+
+        # A NetworkPolicy selecting by expression denies egress too; exec faults reach the client.
+        net = client.NetworkingV1Api(api)
+        expr = {"matchExpressions": [{"key": "app", "operator": "Exists"}]}
+        net.create_namespaced_network_policy(
+            NS, {"metadata": {"name": "deny"}, "spec": {"podSelector": expr, "policyTypes": ["Egress"]}}
+        )
+        core.create_namespaced_pod(NS, pod("quiet", None))
+        running(core, "quiet")
+        out, _, _ = run(core, "quiet", ["python3", "-I", "-c", "import socket; print(socket.if_nameindex())"])
+        assert out == b"[(1, 'lo')]\n"
+        fake.fail("exec", "pods", 500)
+        with pytest.raises(ApiException) as exc:
+            run(core, "quiet", ["true"])
+        assert "500" in str(exc.value)
+        assert run(core, "quiet", ["true"]) == (b"", b"", 0)

@@ -181,6 +181,24 @@ def pick_container(obj: dict[str, Any], wanted: str | None) -> dict[str, Any]:
     raise ExecRefused(400, f"container {wanted} is not valid for pod {name}")
 
 
+async def handle_exec(fake: FakeKubernetes, request: web.Request, pod: _Pod) -> web.StreamResponse:
+    """Refuse as the API server does when the container is not running, else serve the exec."""
+    phase = pod.obj["status"].get("phase")
+    try:
+        if phase in ("Succeeded", "Failed"):
+            raise ExecRefused(
+                400, f"cannot exec into a container in a completed pod; current phase is {phase}"
+            )
+        container = pick_container(pod.obj, request.query.get("container"))
+        if phase != "Running" or "deletionTimestamp" in pod.obj["metadata"]:
+            raise ExecRefused(
+                400, f'unable to upgrade connection: container not found ("{container["name"]}")'
+            )
+        return await serve_exec(fake, request, pod, container)
+    except ExecRefused as e:
+        return web.json_response(status_body(e.code, e.message), status=e.code)
+
+
 async def serve_exec(
     fake: FakeKubernetes, request: web.Request, pod: _Pod, container: dict[str, Any]
 ) -> web.StreamResponse:
@@ -265,7 +283,3 @@ async def serve_exec(
             proc.stdin.close()
         await ws.close()
     return ws
-
-
-def refuse(err: ExecRefused) -> web.Response:
-    return web.json_response(status_body(err.code, err.message), status=err.code)

@@ -8,6 +8,7 @@ object whose ``reason`` and ``code`` the official client turns into ``ApiExcepti
 
 from __future__ import annotations
 
+import base64
 import copy
 import datetime as dt
 import ipaddress
@@ -34,6 +35,14 @@ REASONS = {
 
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery's utilrand alphabet
+
+
+class ApiError(Exception):
+    """Raised by the fake's handlers; answered as a ``Status`` with this code."""
+
+    def __init__(self, code: int, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.reason = code, message, reason
 
 
 def status_body(
@@ -121,10 +130,26 @@ def selector_matches(selector: str | None, labels: dict[str, str] | None) -> boo
     return True
 
 
-def match_labels(match: dict[str, str] | None, labels: dict[str, str] | None) -> bool:
-    """A ``LabelSelector``'s ``matchLabels`` part: every pair present (empty selects all)."""
-    labels = labels or {}
-    return all(labels.get(k) == v for k, v in (match or {}).items())
+def label_selector_matches(selector: dict[str, Any] | None, labels: dict[str, str] | None) -> bool:
+    """A ``LabelSelector`` object (a NetworkPolicy's ``podSelector``): ``matchLabels`` and
+    ``matchExpressions`` (In, NotIn, Exists, DoesNotExist), ANDed; an empty one selects all."""
+    labels, selector = labels or {}, selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), set(expr.get("values") or [])
+        present = key in labels
+        ok = {
+            "In": present and labels.get(key) in values,
+            "NotIn": not present or labels.get(key) not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }.get(op)
+        if ok is None:
+            raise ValueError(f"unknown operator {op!r}")
+        if not ok:
+            return False
+    return True
 
 
 # -- PATCH -------------------------------------------------------------------------------------
@@ -143,6 +168,46 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
+
+
+def apply_patch(obj: dict[str, Any], content_type: str, body: Any) -> dict[str, Any]:
+    """``obj`` patched in the dialect ``content_type`` names; the identity fields stay."""
+    try:
+        if content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            if not isinstance(body, dict):
+                raise ValueError("a merge patch is a JSON object")
+            patched = merge_patch(obj, body)
+        elif content_type == "application/json-patch+json":
+            patched = json_patch(obj, body)
+        else:
+            raise ApiError(
+                415,
+                "the body of the request was in an unknown format - accepted media types include: "
+                "application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+            )
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise ApiError(422, str(e)) from None
+    if not isinstance(patched.get("metadata"), dict):
+        raise ApiError(422, "metadata: Required value")
+    for key in ("uid", "name", "namespace", "creationTimestamp", "resourceVersion"):
+        patched["metadata"][key] = obj["metadata"][key]
+    return patched  # type: ignore[no-any-return]
+
+
+def kubeconfig(server: str, ca_pem: bytes | None, token: str, namespace: str) -> dict[str, Any]:
+    """A kubeconfig: one cluster (trusting ``ca_pem``), a token user, a context with the namespace."""
+    cluster: dict[str, Any] = {"server": server}
+    if ca_pem is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
+    context = {"cluster": "fake", "user": "fake-user", "namespace": namespace}
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": cluster}],
+        "users": [{"name": "fake-user", "user": {"token": token}}],
+        "contexts": [{"name": "fake", "context": context}],
+        "current-context": "fake",
+    }
 
 
 def _pointer(path: str) -> list[str]:

@@ -29,7 +29,6 @@ tests that call the blocking client directly.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import copy
 import itertools
@@ -46,12 +45,14 @@ from typing import Any
 from aiohttp import web
 
 from tests.fakes import kubernetes_exec as kexec
+from tests.fakes import kubernetes_pods as kpods
 from tests.fakes.kubernetes_objects import (
+    ApiError,
+    apply_patch,
     generate_name,
-    json_patch,
+    kubeconfig,
+    label_selector_matches,
     make_tls,
-    match_labels,
-    merge_patch,
     now,
     selector_matches,
     status_body,
@@ -66,12 +67,6 @@ KINDS = {
 PVC_FINALIZER = "kubernetes.io/pvc-protection"
 BODY = web.RequestKey("body", object)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class ApiError(Exception):
-    def __init__(self, code: int, message: str, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.reason = code, message, reason
 
 
 @dataclass
@@ -113,6 +108,8 @@ class FakeKubernetes:
         namespace: str = "chital",
         start_delay: float = 0.2,
         tls: bool = True,
+        runtime_classes: set[str] | None = None,
+        delete_grace: float = 0.0,
     ) -> None:
         self.root = Path(root)
         self.token, self.namespace = token, namespace
@@ -120,6 +117,12 @@ class FakeKubernetes:
         self.start_delay = start_delay
         """Seconds from creation to Running (once the pod's PVCs exist)."""
         self.tls = tls
+        self.runtime_classes = runtime_classes
+        """RuntimeClasses that exist (None: any ``runtimeClassName`` is accepted)."""
+        self.delete_grace = delete_grace
+        """Seconds a deleted pod stays (``deletionTimestamp`` set, name taken) before it is gone,
+        like a real pod's graceful termination; a DELETE with ``gracePeriodSeconds: 0`` skips it.
+        Its processes are killed at once either way."""
         self.requests: list[Request] = []
         self.exec_argvs: list[list[str]] = []
         """The sandbox command line of every exec, in order."""
@@ -207,26 +210,8 @@ class FakeKubernetes:
     def write_kubeconfig(self, path: Path, *, token: str | None = None, namespace: str | None = None) -> Path:
         """A kubeconfig (JSON, which is YAML) for this server: cluster, token user, a context
         with the namespace. ``token`` defaults to the right one."""
-        cluster: dict[str, Any] = {"server": self.url}
-        if self.tls:
-            cluster["certificate-authority-data"] = base64.b64encode(self.ca_pem).decode()
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": cluster}],
-            "users": [{"name": "fake-user", "user": {"token": token or self.token}}],
-            "contexts": [
-                {
-                    "name": "fake",
-                    "context": {
-                        "cluster": "fake",
-                        "user": "fake-user",
-                        "namespace": namespace or self.namespace,
-                    },
-                }
-            ],
-            "current-context": "fake",
-        }
+        ca = self.ca_pem if self.tls else None
+        config = kubeconfig(self.url, ca, token or self.token, namespace or self.namespace)
         path.write_text(json.dumps(config, indent=2))
         path.chmod(0o600)
         return path
@@ -246,16 +231,7 @@ class FakeKubernetes:
         def kill() -> None:
             pod = self.objects["pods"][(namespace or self.namespace, name)]
             self._end_pod(pod)
-            pod.obj["status"] = {
-                "phase": "Failed",
-                "reason": "NodeLost",
-                "message": f"Node fake-node which was running pod {name} is unresponsive",
-                "conditions": [{"type": "Ready", "status": "False", "reason": "NodeLost"}],
-                "containerStatuses": [
-                    self._container_status(c, ready=False, terminated=True)
-                    for c in pod.obj["spec"]["containers"]
-                ],
-            }
+            pod.obj["status"] = kpods.node_lost_status(pod.obj)
             self._bump(pod.obj)
 
         self._on_loop(kill)
@@ -273,19 +249,20 @@ class FakeKubernetes:
         if "persistentVolumeClaim" in volume:
             return self.pvc_dir(volume["persistentVolumeClaim"]["claimName"], ns)
         path = pod.dir / "emptydir" / volume["name"]
-        path.mkdir(parents=True, exist_ok=True)
-        path.chmod(0o777)  # the kubelet makes emptyDir world-writable
+        if not path.is_dir():
+            path.mkdir(parents=True)
+            path.chmod(0o777)  # the kubelet makes emptyDir world-writable
         return path
 
     def egress_allowed(self, pod: dict[str, Any]) -> bool:
-        """False when a NetworkPolicy in the pod's namespace selects it with Egress and no rules."""
+        """False when a NetworkPolicy of the pod's namespace selects it with ``Egress`` in its
+        ``policyTypes`` and no egress rules (deny all); any other policy is taken as allowing."""
         ns, labels = pod["metadata"]["namespace"], pod["metadata"].get("labels")
         for (pns, _), policy in self.objects["networkpolicies"].items():
             spec = policy.get("spec") or {}
-            if pns != ns or not match_labels((spec.get("podSelector") or {}).get("matchLabels"), labels):
-                continue
-            if "Egress" in (spec.get("policyTypes") or []) and not spec.get("egress"):
-                return False
+            if pns == ns and label_selector_matches(spec.get("podSelector"), labels):
+                if "Egress" in (spec.get("policyTypes") or []) and not spec.get("egress"):
+                    return False
         return True
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -396,7 +373,7 @@ class FakeKubernetes:
         meta.update(name=name, namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now())
         self._bump(obj)
         if resource == "pods":
-            self._check_pod(obj)
+            kpods.check_pod(obj, self.runtime_classes)
             obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
             pod = _Pod(obj, self.root / "pods" / ns / name)
             self.objects["pods"][(ns, name)] = pod
@@ -414,34 +391,12 @@ class FakeKubernetes:
             d.chmod(0o777)  # as local-path provisioners make them; fsGroup narrows it per pod
             self.objects[resource][(ns, name)] = obj
         else:
+            try:
+                label_selector_matches((obj.get("spec") or {}).get("podSelector"), {})
+            except ValueError as e:
+                raise ApiError(422, f'NetworkPolicy "{name}" is invalid: spec.podSelector: {e}') from None
             self.objects[resource][(ns, name)] = obj
         return self._public(resource, self.objects[resource][(ns, name)])
-
-    @staticmethod
-    def _check_pod(obj: dict[str, Any]) -> None:
-        spec = obj.get("spec") or {}
-        name = obj["metadata"]["name"]
-        if not spec.get("containers"):
-            raise ApiError(422, f'Pod "{name}" is invalid: spec.containers: Required value')
-        volumes = {}
-        for v in spec.get("volumes") or []:
-            if not ({"persistentVolumeClaim", "emptyDir"} & set(v)):
-                raise ApiError(
-                    422,
-                    f'Pod "{name}": volume {v.get("name")!r}: the fake models only persistentVolumeClaim and emptyDir',
-                )
-            volumes[v["name"]] = v
-        for c in spec["containers"]:
-            for m in c.get("volumeMounts") or []:
-                if m.get("name") not in volumes:
-                    raise ApiError(
-                        422,
-                        f'Pod "{name}" is invalid: spec.containers[].volumeMounts.name: Not found: "{m.get("name")}"',
-                    )
-                if ".." in Path(m.get("subPath") or "").parts or (m.get("subPath") or "").startswith("/"):
-                    raise ApiError(
-                        422, f'Pod "{name}" is invalid: subPath must be a relative path without ".."'
-                    )
 
     async def _item(self, request: web.Request) -> web.StreamResponse:
         resource, ns, name = self._resource(request), request.match_info["ns"], request.match_info["name"]
@@ -456,34 +411,17 @@ class FakeKubernetes:
             return web.json_response(self._public(resource, stored))
         if verb == "patch":
             return web.json_response(self._patch(resource, stored, request))
-        return web.json_response(self._delete(resource, ns, name))
+        return web.json_response(self._delete(resource, ns, name, request[BODY]))
 
     def _patch(self, resource: str, stored: Any, request: web.Request) -> dict[str, Any]:
         obj = stored.obj if isinstance(stored, _Pod) else stored
         ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
-        body = request[BODY]
-        try:
-            if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
-                if not isinstance(body, dict):
-                    raise ValueError("a merge patch is a JSON object")
-                patched = merge_patch(obj, body)
-            elif ctype == "application/json-patch+json":
-                patched = json_patch(obj, body)
-            else:
-                raise ApiError(
-                    415,
-                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
-                )
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise ApiError(422, str(e)) from None
-        # Only metadata and (for non-pods) spec may change; pods' spec is immutable but for images.
-        keep = ("uid", "name", "namespace", "creationTimestamp", "resourceVersion")
-        for key in keep:
-            patched.setdefault("metadata", {})[key] = obj["metadata"][key]
+        patched = apply_patch(obj, ctype, request[BODY])
         if resource == "pods" and patched.get("spec") != obj.get("spec"):
+            name = obj["metadata"]["name"]
             raise ApiError(
                 422,
-                f'Pod "{obj["metadata"]["name"]}" is invalid: spec: Forbidden: pod updates may not change fields other than image and tolerations',
+                f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields other than image and tolerations',
             )
         obj["metadata"] = patched["metadata"]
         if resource != "pods":
@@ -491,15 +429,21 @@ class FakeKubernetes:
         self._bump(obj)
         return self._public(resource, stored)
 
-    def _delete(self, resource: str, ns: str, name: str) -> dict[str, Any]:
+    def _delete(self, resource: str, ns: str, name: str, options: Any) -> dict[str, Any]:
         stored = self.objects[resource][(ns, name)]
         if resource == "pods":
             self._end_pod(stored)
-            del self.objects["pods"][(ns, name)]
-            shutil.rmtree(stored.dir, ignore_errors=True)
-            body = self._public(resource, stored)
-            self._release_pvcs(ns)
-            return body
+            if "deletionTimestamp" in stored.obj["metadata"]:
+                return self._public(resource, stored)  # already terminating
+            immediate = isinstance(options, dict) and options.get("gracePeriodSeconds") == 0
+            if self.delete_grace <= 0 or immediate:
+                self._remove_pod(stored)
+                return self._public(resource, stored)
+            stored.obj["metadata"]["deletionTimestamp"] = now()
+            stored.obj["metadata"]["deletionGracePeriodSeconds"] = int(self.delete_grace)
+            self._bump(stored.obj)
+            asyncio.get_running_loop().call_later(self.delete_grace, self._remove_pod, stored)
+            return self._public(resource, stored)
         if resource == "persistentvolumeclaims":
             stored["metadata"].setdefault("deletionTimestamp", now())
             self._bump(stored)
@@ -514,6 +458,13 @@ class FakeKubernetes:
             "uid": gone["metadata"]["uid"],
         }
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
+
+    def _remove_pod(self, pod: _Pod) -> None:
+        ns, name = pod.obj["metadata"]["namespace"], pod.obj["metadata"]["name"]
+        if self.objects["pods"].get((ns, name)) is pod:
+            del self.objects["pods"][(ns, name)]
+            shutil.rmtree(pod.dir, ignore_errors=True)
+            self._release_pvcs(ns)
 
     def _pvc_users(self, ns: str, claim: str) -> list[str]:
         return [
@@ -547,55 +498,30 @@ class FakeKubernetes:
                 return f'persistentvolumeclaim "{claim}" is being deleted'
         return None
 
-    @staticmethod
-    def _container_status(c: dict[str, Any], *, ready: bool, terminated: bool = False) -> dict[str, Any]:
-        state: dict[str, Any] = {"running": {"startedAt": now()}}
-        if terminated:
-            state = {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now()}}
-        return {
-            "name": c["name"], "image": c.get("image", ""), "imageID": "", "containerID": "fake://" + uuid.uuid4().hex,
-            "ready": ready, "started": ready, "restartCount": 0, "state": state,
-        }  # fmt: skip
-
     async def _start_pod(self, pod: _Pod) -> None:
+        """Pending until the claims exist (re-checked, as the scheduler retries), then Running;
+        or stuck in ``CreateContainerConfigError`` when the kubelet would refuse the container."""
         await asyncio.sleep(self.start_delay)
-        while True:
-            why = self._missing_claim(pod)
-            if why is None:
-                break
-            cond = {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": f"0/1 nodes are available: {why}.",
-            }
-            if pod.obj["status"].get("conditions") != [cond]:
-                pod.obj["status"]["conditions"] = [cond]
+        while (why := self._missing_claim(pod)) is not None:
+            if pod.obj["status"].get("conditions") != kpods.unschedulable(why):
+                pod.obj["status"]["conditions"] = kpods.unschedulable(why)
                 self._bump(pod.obj)
             await asyncio.sleep(0.1)
+        refused = kpods.config_error(pod.obj)
+        if refused is not None:
+            pod.obj["status"] = kpods.waiting_status(pod.obj, "CreateContainerConfigError", refused)
+            self._bump(pod.obj)
+            return
         pod.dir.mkdir(parents=True, exist_ok=True)
-        spec, ns = pod.obj["spec"], pod.obj["metadata"]["namespace"]
+        spec = pod.obj["spec"]
         fs_group = (spec.get("securityContext") or {}).get("fsGroup")
         for v in spec.get("volumes") or []:
             d = self.volume_dir(pod, v)
             if fs_group is not None:  # the kubelet's volume ownership management
                 shutil.chown(d, group=int(fs_group))
-                d.chmod(0o2770)
-        conditions = [
-            {"type": t, "status": "True", "lastTransitionTime": now()}
-            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-        ]
-        pod.obj["status"] = {
-            "phase": "Running",
-            "qosClass": "BestEffort",
-            "hostIP": "127.0.0.1",
-            "podIP": "127.0.0.1",
-            "startTime": now(),
-            "conditions": conditions,
-            "containerStatuses": [self._container_status(c, ready=True) for c in spec["containers"]],
-        }
+                d.chmod(d.stat().st_mode & 0o7777 | 0o2070)  # g+rwxs, as SetVolumeOwnership
+        pod.obj["status"] = kpods.running_status(pod.obj)
         self._bump(pod.obj)
-        self._release_pvcs(ns)
 
     def _end_pod(self, pod: _Pod) -> None:
         if pod.task is not None:
@@ -606,24 +532,11 @@ class FakeKubernetes:
 
     # -- exec ------------------------------------------------------------------------------------
     async def _exec(self, request: web.Request) -> web.StreamResponse:
-        ns, name = request.match_info["ns"], request.match_info["name"]
         if request.method not in ("GET", "POST"):
             raise ApiError(405, "the server does not allow this method on the requested resource")
         self._fault("exec", "pods")
+        ns, name = request.match_info["ns"], request.match_info["name"]
         pod = self.objects["pods"].get((ns, name))
         if pod is None:
             raise ApiError(404, f'pods "{name}" not found')
-        phase = pod.obj["status"].get("phase")
-        try:
-            if phase in ("Succeeded", "Failed"):
-                raise kexec.ExecRefused(
-                    400, f"cannot exec into a container in a completed pod; current phase is {phase}"
-                )
-            container = kexec.pick_container(pod.obj, request.query.get("container"))
-            if phase != "Running":
-                raise kexec.ExecRefused(
-                    400, f'unable to upgrade connection: container not found ("{container["name"]}")'
-                )
-            return await kexec.serve_exec(self, request, pod, container)
-        except kexec.ExecRefused as e:
-            return kexec.refuse(e)
+        return await kexec.handle_exec(self, request, pod)
