@@ -110,6 +110,7 @@ def sandbox_argv(
         elif os.path.isdir(d):
             argv += ["--ro-bind", d, d]
     etc = _etc_dir(fake, pod, uid, gid)
+    argv += ["--perms", "0755", "--dir", "/etc"]  # bwrap as root makes missing parents 0700
     for fname in ("passwd", "group", "hosts", "hostname", "nsswitch.conf"):
         argv += ["--ro-bind", str(etc / fname), f"/etc/{fname}"]
     for fname in _ETC_FILES:
@@ -118,6 +119,16 @@ def sandbox_argv(
         argv += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--dir", "/tmp"]
     volumes = {v["name"]: v for v in obj["spec"].get("volumes") or []}
+    made = {"/", "/tmp", "/usr", "/etc", "/proc", "/dev"}
+    for mount in container.get("volumeMounts") or []:  # bwrap as root makes missing parents 0700
+        parent = os.path.dirname(mount["mountPath"].rstrip("/"))
+        chain = []
+        while parent not in made:
+            chain.append(parent)
+            made.add(parent)
+            parent = os.path.dirname(parent)
+        for d in reversed(chain):
+            argv += ["--perms", "0755", "--dir", d]
     for mount in container.get("volumeMounts") or []:
         vol = volumes[mount["name"]]
         source = fake.volume_dir(pod, vol)
