@@ -329,3 +329,45 @@ async def test_a_refused_token_gives_a_specific_error_without_the_token(
     with pytest.raises(SandboxError) as err2:
         await asyncio.to_thread(p.files_for(_thread()).ls, WS)
     assert "401" in str(err2.value) and secret not in str(err2.value)
+
+
+async def test_a_pod_of_other_settings_is_replaced_and_the_files_kept(
+    make: Make, k8s: FakeKubernetes
+) -> None:
+    tid = _thread()
+    sa = await make().acquire(tid)
+    await sa.write_file("kept.txt", "kept\n")
+    first = k8s.pod(ks.pod_name(tid))
+    bigger = make(limits=SandboxLimits(memory_mb=512, disk_mb=20))
+    sb = await bigger.acquire(tid)
+    second = k8s.pod(ks.pod_name(tid))
+    assert first is not None and second is not None
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    assert second["metadata"]["annotations"][ks.SPEC_HASH] != first["metadata"]["annotations"][ks.SPEC_HASH]
+    assert second["spec"]["containers"][0]["resources"]["limits"]["memory"] == "512Mi"
+    assert (await sb.exec("cat kept.txt")).output == "kept\n"
+    assert len(k8s.objects["persistentvolumeclaims"]) == 1
+
+
+async def test_a_pod_that_never_gets_ready_fails_naming_what_was_awaited(
+    tmp_path: Path, k8s: FakeKubernetes
+) -> None:
+    k8s.start_delay = 600
+    config = k8s.write_kubeconfig(tmp_path / "kubeconfig")
+    settings = KubernetesSettings(kubeconfig=config, namespace=NS, start_timeout=1)
+    p = KubernetesProvider(tmp_path / "root", settings)
+    tid = _thread()
+    try:
+        with pytest.raises(SandboxUnavailable) as err:
+            await p.acquire(tid)
+    finally:
+        await p.close()
+    text = str(err.value)
+    assert ks.pod_name(tid) in text and "Running and ready within 1 s" in text and "Pending" in text, text
+
+
+async def test_an_api_error_names_the_status_and_the_api_message(make: Make, k8s: FakeKubernetes) -> None:
+    k8s.fail("create", "pods", 403, message='pods is forbidden: User "chital" cannot create resource')
+    with pytest.raises(SandboxUnavailable) as err:
+        await make().acquire(_thread())
+    assert "403 Forbidden" in str(err.value) and "cannot create resource" in str(err.value), err.value
