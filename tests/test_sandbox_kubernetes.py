@@ -371,3 +371,25 @@ async def test_an_api_error_names_the_status_and_the_api_message(make: Make, k8s
     with pytest.raises(SandboxUnavailable) as err:
         await make().acquire(_thread())
     assert "403 Forbidden" in str(err.value) and "cannot create resource" in str(err.value), err.value
+
+
+async def test_kubeconfig_from_the_environment_and_a_broken_one_quoted_without_its_token(
+    tmp_path: Path, k8s: FakeKubernetes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(k8s.write_kubeconfig(tmp_path / "env-kubeconfig")))
+    p = KubernetesProvider(tmp_path / "root", KubernetesSettings(namespace=NS))
+    try:
+        await p.reconcile()  # lists pods: the credentials of $KUBECONFIG were used
+        assert (NS, ks.DENY_POLICY) in k8s.objects["networkpolicies"]
+    finally:
+        await p.close()
+    secret = "sekrit-" + uuid.uuid4().hex
+    broken = tmp_path / "broken"
+    broken.write_text(f"users:\n- name: u\n  user: {{token: {secret}\n  : [\n")
+    q = KubernetesProvider(tmp_path / "root2", KubernetesSettings(kubeconfig=broken, namespace=NS))
+    try:
+        with pytest.raises(SandboxUnavailable) as err:
+            await q.acquire(_thread())
+    finally:
+        await q.close()
+    assert "client configuration" in str(err.value) and secret not in str(err.value), err.value

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -92,14 +93,16 @@ class KubernetesProvider(SandboxProvider):
                 from kubernetes import client, config
 
                 def new() -> Any:
+                    """The configured kubeconfig, else $KUBECONFIG, else in-cluster (the daemon's
+                    pod's service account), else ~/.kube/config."""
                     path = self.settings.kubeconfig
-                    if path is None:
+                    if path is None and not os.environ.get("KUBECONFIG"):
                         try:
                             cfg = client.Configuration()
                             config.load_incluster_config(client_configuration=cfg)
                             return client.ApiClient(cfg)
                         except config.ConfigException:
-                            pass  # not in a cluster: KUBECONFIG or ~/.kube/config
+                            pass  # not in a cluster: ~/.kube/config
                     return config.new_client_from_config(
                         config_file=str(path) if path else None, context=self.settings.context
                     )
@@ -107,8 +110,11 @@ class KubernetesProvider(SandboxProvider):
                 try:
                     rest, ws = new(), new()
                 except Exception as e:  # a missing or unreadable kubeconfig, no context of that name
+                    # Only the client's own config errors are quoted: a YAML error would quote
+                    # the file's lines, which may hold a token.
+                    why = str(e).splitlines()[0][:200] if isinstance(e, config.ConfigException) else ""
                     raise KubernetesUnavailable(
-                        f"cannot load the Kubernetes client configuration: {type(e).__name__}: {str(e)[:200]}"
+                        f"cannot load the Kubernetes client configuration: {type(e).__name__} {why}".rstrip()
                     ) from None
                 self._clients = (
                     client.CoreV1Api(rest),
