@@ -103,9 +103,9 @@ class KubernetesProvider(SandboxProvider):
                             return client.ApiClient(cfg)
                         except config.ConfigException:
                             pass  # not in a cluster: ~/.kube/config
-                    return config.new_client_from_config(
-                        config_file=str(path) if path else None, context=self.settings.context
-                    )
+                    # $KUBECONFIG read now, not when the client was imported (its default is).
+                    where = str(path) if path else os.environ.get("KUBECONFIG") or None
+                    return config.new_client_from_config(config_file=where, context=self.settings.context)
 
                 try:
                     rest, ws = new(), new()
