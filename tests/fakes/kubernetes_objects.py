@@ -40,9 +40,11 @@ _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery's utilrand al
 class ApiError(Exception):
     """Raised by the fake's handlers; answered as a ``Status`` with this code."""
 
-    def __init__(self, code: int, message: str, reason: str | None = None) -> None:
+    def __init__(
+        self, code: int, message: str, reason: str | None = None, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
-        self.code, self.message, self.reason = code, message, reason
+        self.code, self.message, self.reason, self.details = code, message, reason, details
 
 
 def status_body(

@@ -287,7 +287,9 @@ class FakeKubernetes:
                 raise ApiError(401, "Unauthorized")
             response = await handler(request)
         except ApiError as e:
-            response = web.json_response(status_body(e.code, e.message, reason=e.reason), status=e.code)
+            response = web.json_response(
+                status_body(e.code, e.message, reason=e.reason, details=e.details), status=e.code
+            )
         except web.HTTPNotFound:
             response = web.json_response(
                 status_body(404, "the server could not find the requested resource"), status=404
@@ -353,7 +355,7 @@ class FakeKubernetes:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
         if ns not in self.namespaces:
-            raise ApiError(404, f'namespaces "{ns}" not found')
+            raise ApiError(404, f'namespaces "{ns}" not found', details={"name": ns, "kind": "namespaces"})
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         name = meta.get("name") or (generate_name(meta["generateName"]) if meta.get("generateName") else "")
@@ -368,7 +370,9 @@ class FakeKubernetes:
                 400, "the namespace of the provided object does not match the namespace sent on the request"
             )
         if (ns, name) in self.objects[resource]:
-            raise ApiError(409, f'{resource} "{name}" already exists', "AlreadyExists")
+            raise ApiError(
+                409, f'{resource} "{name}" already exists', "AlreadyExists", {"name": name, "kind": resource}
+            )
         obj["kind"], obj["apiVersion"] = kind, api_version
         meta.update(name=name, namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now())
         self._bump(obj)
@@ -406,7 +410,7 @@ class FakeKubernetes:
             raise ApiError(405, "the server does not allow this method on the requested resource")
         self._fault(verb, resource)
         if stored is None:
-            raise ApiError(404, f'{resource} "{name}" not found')
+            raise ApiError(404, f'{resource} "{name}" not found', details={"name": name, "kind": resource})
         if verb == "get":
             return web.json_response(self._public(resource, stored))
         if verb == "patch":
@@ -538,5 +542,5 @@ class FakeKubernetes:
         ns, name = request.match_info["ns"], request.match_info["name"]
         pod = self.objects["pods"].get((ns, name))
         if pod is None:
-            raise ApiError(404, f'pods "{name}" not found')
+            raise ApiError(404, f'pods "{name}" not found', details={"name": name, "kind": "pods"})
         return await kexec.handle_exec(self, request, pod)
