@@ -504,3 +504,48 @@ def test_admission_fs_group_graceful_delete_and_more_faults(tmp_path: Path) -> N
             run(core, "quiet", ["true"])
         assert "500" in str(exc.value)
         assert run(core, "quiet", ["true"]) == (b"", b"", 0)
+
+
+async def test_the_asyncio_client_speaks_to_it_too(tmp_path: Path) -> None:
+    """kubernetes.aio (aiohttp underneath) on the fake's own loop: REST, and exec over v4, the only
+    protocol its WsApiClient offers (so stdin cannot be closed: the command reads a known length)."""
+    from kubernetes.aio import client as aclient
+    from kubernetes.aio import config as aconfig
+    from kubernetes.aio.stream import WsApiClient
+
+    from tests.fakes.polling import poll
+
+    async with FakeKubernetes(tmp_path / "k8s", namespace=NS, start_delay=0.05) as fake:
+        cfg = aclient.Configuration()
+        await aconfig.load_kube_config(
+            config_file=str(fake.write_kubeconfig(tmp_path / "kc")), client_configuration=cfg
+        )
+        async with aclient.ApiClient(cfg) as api:
+            core = aclient.CoreV1Api(api)
+            await core.create_namespaced_pod(NS, pod("aio", None))
+
+            async def is_running() -> bool:
+                return (await core.read_namespaced_pod("aio", NS)).status.phase == "Running"
+
+            await poll(is_running, 30, "the pod to run")
+            with pytest.raises(aclient.ApiException) as exc:
+                await core.read_namespaced_pod("nope", NS)
+            assert exc.value.status == 404
+        async with WsApiClient(cfg) as ws_api:
+            wcore = aclient.CoreV1Api(api_client=ws_api)
+            connect = await wcore.connect_get_namespaced_pod_exec_without_preload_content(
+                "aio",
+                NS,
+                command=["sh", "-c", "head -c 5; exit 7"],
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                tty=False,
+            )
+            frames: dict[int, bytes] = {}
+            async with connect as ws:
+                await ws.send_bytes(b"\x00hello, and more")
+                async for msg in ws:
+                    frames[msg.data[0]] = frames.get(msg.data[0], b"") + msg.data[1:]
+            assert frames[1] == b"hello"
+            assert WsApiClient.parse_error_data(frames[3]) == 7

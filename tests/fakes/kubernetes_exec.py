@@ -269,7 +269,9 @@ async def serve_exec(
         else:
             code = finishing.result()
             with contextlib.suppress(ConnectionError):
-                await ws.send_bytes(bytes([ERROR]) + json.dumps(exit_status(code)).encode())
+                await ws.send_bytes(
+                    bytes([ERROR]) + json.dumps(exit_status(code), separators=(",", ":")).encode()
+                )
     except ConnectionError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
