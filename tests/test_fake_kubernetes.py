@@ -226,6 +226,21 @@ def test_rest_objects_labels_patch_and_status_errors(
     assert names(
         core.list_namespaced_persistent_volume_claim(NS, label_selector="chital/thread in (a,b)").items
     ) == ["work-a", "work-b"]
+    core.create_namespaced_pod(NS, pod("sb-p", "no-such-claim"))  # stays Pending
+    running(core, "sb-b")
+    running(core, generated.metadata.name)
+    up = sorted(["sb-a", "sb-b", generated.metadata.name])
+    assert names(core.list_namespaced_pod(NS, field_selector="status.phase=Running").items) == up
+    assert names(
+        core.list_namespaced_pod(NS, field_selector="status.phase!=Running,metadata.name!=x").items
+    ) == ["sb-p"]
+    assert names(core.list_namespaced_pod(NS, field_selector="metadata.name==sb-b").items) == ["sb-b"]
+    with pytest.raises(ApiException) as exc:
+        core.list_namespaced_pod(NS, field_selector="spec.hostname=x")
+    assert exc.value.status == 400
+    with pytest.raises(ApiException) as exc:
+        core.list_namespaced_pod(NS, watch=True)
+    assert exc.value.status == 400
 
     # The spec comes back as submitted.
     got = core.read_namespaced_pod("sb-a", NS)

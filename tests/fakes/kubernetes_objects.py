@@ -132,6 +132,26 @@ def selector_matches(selector: str | None, labels: dict[str, str] | None) -> boo
     return True
 
 
+FIELDS = {"metadata.name", "metadata.namespace"}
+POD_FIELDS = FIELDS | {"status.phase"}
+
+
+def field_selector_matches(selector: str | None, obj: dict[str, Any], fields: set[str]) -> bool:
+    """``fieldSelector``: ``f=v``, ``f==v``, ``f!=v`` over ``fields`` (the fake's subset of what the
+    API server indexes); another field raises ValueError (400 ``field label not supported``)."""
+    for term in _split_terms(selector or ""):
+        negate = "!=" in term
+        path, value = (p.strip() for p in term.replace("!=", "=").replace("==", "=").split("=", 1))
+        if path not in fields:
+            raise ValueError(f'field label not supported: "{path}"')
+        got: Any = obj
+        for part in path.split("."):
+            got = got.get(part) if isinstance(got, dict) else None
+        if (got == value) == negate:
+            return False
+    return True
+
+
 def label_selector_matches(selector: dict[str, Any] | None, labels: dict[str, str] | None) -> bool:
     """A ``LabelSelector`` object (a NetworkPolicy's ``podSelector``): ``matchLabels`` and
     ``matchExpressions`` (In, NotIn, Exists, DoesNotExist), ANDed; an empty one selects all."""

@@ -47,8 +47,11 @@ from aiohttp import web
 from tests.fakes import kubernetes_exec as kexec
 from tests.fakes import kubernetes_pods as kpods
 from tests.fakes.kubernetes_objects import (
+    FIELDS,
+    POD_FIELDS,
     ApiError,
     apply_patch,
+    field_selector_matches,
     generate_name,
     kubeconfig,
     label_selector_matches,
@@ -328,12 +331,16 @@ class FakeKubernetes:
         kind, api_version = KINDS[resource]
         if request.method == "GET":
             self._fault("list", resource)
-            selector = request.query.get("labelSelector")
+            if request.query.get("watch") in ("true", "1"):
+                raise ApiError(400, "the fake Kubernetes server does not model watches")
+            labels, fields = request.query.get("labelSelector"), request.query.get("fieldSelector")
+            known = POD_FIELDS if resource == "pods" else FIELDS
             items = []
             for (ons, _), stored in sorted(self.objects[resource].items()):
                 obj = self._public(resource, stored)
                 try:
-                    chosen = ons == ns and selector_matches(selector, obj["metadata"].get("labels"))
+                    chosen = ons == ns and selector_matches(labels, obj["metadata"].get("labels"))
+                    chosen = field_selector_matches(fields, obj, known) and chosen
                 except ValueError as e:
                     raise ApiError(400, str(e)) from None
                 if chosen:
