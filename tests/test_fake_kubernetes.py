@@ -564,3 +564,25 @@ async def test_the_asyncio_client_speaks_to_it_too(tmp_path: Path) -> None:
                     frames[msg.data[0]] = frames.get(msg.data[0], b"") + msg.data[1:]
             assert frames[1] == b"hello"
             assert WsApiClient.parse_error_data(frames[3]) == 7
+
+
+def test_sub_path_is_bound_without_following_the_sandboxs_symlinks(
+    k8s: FakeKubernetes, core: client.CoreV1Api, sandbox: str
+) -> None:
+    """The sandbox writes the claim, so a subPath component may be a symlink it planted to reach
+    the host (CVE-2017-1002101): the fake refuses the exec rather than bind what it points at."""
+    plant = "import os; os.makedirs('/workspace/sub/dir'); open('/workspace/sub/dir/f', 'w').write('in'); os.symlink('/root', '/workspace/evil')"
+    assert run(core, sandbox, ["python3", "-I", "-c", plant])[2] == 0
+    for name, sub in (("sp-ok", "sub/dir"), ("sp-evil", "evil"), ("sp-deep", "evil/chital-fake-k8s-probe")):
+        spec = pod(name, "work-a")
+        spec["spec"]["containers"][0]["volumeMounts"].append(
+            {"name": "work", "mountPath": "/mnt", "subPath": sub}
+        )
+        core.create_namespaced_pod(NS, spec)
+        running(core, name)
+    assert run(core, "sp-ok", ["cat", "/mnt/f"]) == (b"in", b"", 0)
+    for name in ("sp-evil", "sp-deep"):
+        with pytest.raises(ApiException) as exc:
+            run(core, name, ["ls", "/mnt"])
+        assert "failed to prepare subPath" in str(exc.value)
+    assert not Path("/root/chital-fake-k8s-probe").exists()  # the walk created nothing through the link
