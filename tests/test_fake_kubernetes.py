@@ -163,6 +163,18 @@ def test_exec_streams_stdin_stdout_stderr_and_exit_codes(core: client.CoreV1Api,
     assert (out, err, code) == (b"out\n", b"err", 3)
     out, _, code = run(core, sandbox, ["sh", "-c", 'echo "$GREETING $HOSTNAME $(pwd)"; kill -9 $$'])
     assert (out, code) == (b"hi sb-a /workspace\n", 137)
+    # The default, preloaded form returns stdout and stderr together, as text.
+    said = stream(
+        core.connect_get_namespaced_pod_exec,
+        sandbox,
+        NS,
+        command=["echo", "preloaded"],
+        stdin=False,
+        stdout=True,
+        stderr=True,
+        tty=False,
+    )
+    assert said == "preloaded\n"
 
 
 def test_exec_carries_megabytes_both_ways(core: client.CoreV1Api, sandbox: str) -> None:
@@ -359,6 +371,17 @@ def test_pending_pods_missing_pvcs_kill_and_faults(k8s: FakeKubernetes, core: cl
     with pytest.raises(ApiException) as exc:
         core.read_namespaced_persistent_volume_claim("work-c", NS)
     assert exc.value.status == 404 and not k8s.pvc_dir("work-c").exists()
+
+    # hold_pending: pods stay Pending until released; deletecollection by label.
+    k8s.hold_pending = True
+    core.create_namespaced_pod(NS, pod("held", None, {"batch": "x"}))
+    core.create_namespaced_pod(NS, pod("held2", None, {"batch": "x"}))
+    time.sleep(0.3)  # not a threshold: Pending must hold however long this takes
+    assert core.read_namespaced_pod("held", NS).status.phase == "Pending"
+    k8s.hold_pending = False
+    running(core, "held")
+    core.delete_collection_namespaced_pod(NS, label_selector="batch=x")  # answers the deleted list
+    assert core.list_namespaced_pod(NS, label_selector="batch").items == []
 
     k8s.fail("create", "pods", 503, times=1)
     with pytest.raises(ApiException) as exc:

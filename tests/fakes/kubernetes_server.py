@@ -120,6 +120,8 @@ class FakeKubernetes:
         self.start_delay = start_delay
         """Seconds from creation to Running (once the pod's PVCs exist)."""
         self.tls = tls
+        self.hold_pending = False
+        """While True, new pods stay Pending (a slow image pull, a full cluster); False lets them go."""
         self.runtime_classes = runtime_classes
         """RuntimeClasses that exist (None: any ``runtimeClassName`` is accepted)."""
         self.delete_grace = delete_grace
@@ -223,7 +225,7 @@ class FakeKubernetes:
     def fail(
         self, verb: str, resource: str, status: int = 500, *, times: int = 1, message: str | None = None
     ) -> None:
-        """The next ``times`` requests ``verb`` (create/get/list/delete/patch/exec) on ``resource``
+        """The next ``times`` requests ``verb`` (create/get/list/delete/deletecollection/patch/exec) on ``resource``
         (pods, persistentvolumeclaims, networkpolicies) answer ``status`` with a Status body."""
         failure = _Failure(status, message or f"injected failure ({status})", times)
         self._failures.setdefault((verb, resource), []).append(failure)
@@ -329,8 +331,8 @@ class FakeKubernetes:
     async def _collection(self, request: web.Request) -> web.StreamResponse:
         resource, ns = self._resource(request), request.match_info["ns"]
         kind, api_version = KINDS[resource]
-        if request.method == "GET":
-            self._fault("list", resource)
+        if request.method in ("GET", "DELETE"):
+            self._fault("list" if request.method == "GET" else "deletecollection", resource)
             if request.query.get("watch") in ("true", "1"):
                 raise ApiError(400, "the fake Kubernetes server does not model watches")
             labels, fields = request.query.get("labelSelector"), request.query.get("fieldSelector")
@@ -351,6 +353,9 @@ class FakeKubernetes:
                 "metadata": {"resourceVersion": str(next(self._rv))},
                 "items": items,
             }
+            if request.method == "DELETE":  # deletecollection: the selected items, each deleted
+                for obj in items:
+                    self._delete(resource, ns, obj["metadata"]["name"], request[BODY])
             return web.json_response(body)
         if request.method != "POST":
             raise ApiError(405, "the server does not allow this method on the requested resource")
@@ -513,7 +518,10 @@ class FakeKubernetes:
         """Pending until the claims exist (re-checked, as the scheduler retries), then Running;
         or stuck in ``CreateContainerConfigError`` when the kubelet would refuse the container."""
         await asyncio.sleep(self.start_delay)
-        while (why := self._missing_claim(pod)) is not None:
+        while self.hold_pending or (why := self._missing_claim(pod)) is not None:
+            if self.hold_pending:
+                await asyncio.sleep(0.05)
+                continue
             if pod.obj["status"].get("conditions") != kpods.unschedulable(why):
                 pod.obj["status"]["conditions"] = kpods.unschedulable(why)
                 self._bump(pod.obj)
