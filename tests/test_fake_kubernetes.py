@@ -406,6 +406,16 @@ def test_deleting_the_pod_or_leaving_ends_the_exec(
     wait(lambda: k8s.exec_abandoned == 1, "the abandoned exec to be killed")
     wait(lambda: not k8s.objects["pods"][(NS, sandbox)].procs, "the process to be gone")
 
+    # The same while output is pouring out and the client has stopped reading.
+    resp = stream(
+        core.connect_get_namespaced_pod_exec, sandbox, NS, command=["yes"],
+        stdin=False, stdout=True, stderr=True, tty=False, _preload_content=False,
+    )  # fmt: skip
+    wait(lambda: resp.update(timeout=1) or resp.peek_stdout(), "some output")
+    resp.close()
+    wait(lambda: k8s.exec_abandoned == 2, "the pouring exec to be killed")
+    wait(lambda: not k8s.objects["pods"][(NS, sandbox)].procs, "the process to be gone")
+
     resp = stream(
         core.connect_get_namespaced_pod_exec, sandbox, NS, command=["sh", "-c", "echo up; exec sleep 600"],
         stdin=False, stdout=True, stderr=True, tty=False, _preload_content=False,

@@ -309,11 +309,15 @@ async def serve_exec(
                 await ws.send_bytes(
                     bytes([ERROR]) + json.dumps(exit_status(code), separators=(",", ":")).encode()
                 )
-    except ConnectionError:
+    except ConnectionError:  # the client went away while output was being sent
+        fake.exec_abandoned += 1
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
     finally:
+        if proc.returncode is None:  # cancelled (the server stops): nothing outlives the exec
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
         receiving.cancel()
         if not finishing.done():
             finishing.cancel()

@@ -1,29 +1,13 @@
 """A fake Kubernetes API server on 127.0.0.1 for driving the official ``kubernetes`` client offline.
 
-It speaks the REST subset a sandbox provider needs, with the real paths, JSON shapes, status codes
-and ``Status`` error bodies: core/v1 pods (create, get, list by ``labelSelector``, delete, patch in
-the merge, strategic-merge and JSON-patch dialects), core/v1 persistentvolumeclaims, and
-networking.k8s.io/v1 networkpolicies, behind ``Authorization: Bearer <token>`` over HTTPS with a
-throwaway CA (``write_kubeconfig`` writes a kubeconfig that trusts it). ``pods/{name}/exec`` speaks
-the websocket channel protocol and runs each command in a fresh bubblewrap sandbox built from the
-pod spec (tests/fakes/kubernetes_exec.py), so a test sees real isolation, real uids on the PVC
-directory and real network denial.
-
-Lifecycle: a pod is ``Pending`` when created and ``Running`` (ready) ``start_delay`` seconds later
-once every PVC it mounts exists; it stays ``Pending`` with an ``Unschedulable`` condition while one
-is missing or terminating. A PVC is a directory under ``root/pvcs``; deleting one a pod still uses
-leaves it ``Terminating`` (``deletionTimestamp`` set, the pvc-protection finalizer) until the last
-such pod is deleted, as the real pvc-protection controller does. Deleting a pod kills its exec
-processes and removes it at once (no grace period).
-
-Not modelled: scheduling and nodes (every pod "runs" on this host), watches, RBAC, resourceVersion
-preconditions, resource limits, images (every container is the host's /usr with python3), tty exec,
-``valueFrom`` env, volume types other than persistentVolumeClaim and emptyDir, NetworkPolicies
-other than deny-all-egress (see docs/testing.md).
-
-Test hooks: ``fail(verb, resource, status, times)``, ``start_delay``, ``kill_pod`` (node loss),
-``requests`` (the log, never the token), ``exec_argvs``; ``threaded()`` runs it on its own loop for
-tests that call the blocking client directly.
+HTTPS with a throwaway CA and a bearer token (``write_kubeconfig``); core/v1 pods and
+persistentvolumeclaims and networking.k8s.io/v1 networkpolicies with the real paths, JSON shapes,
+status codes and ``Status`` bodies; ``pods/{name}/exec`` over the websocket channel protocol, each
+command in a fresh bubblewrap sandbox built from the pod spec (kubernetes_exec.py). Pods go
+Pending → Running once their claims exist; a claim is a directory under ``root/pvcs``.
+docs/testing.md "Fake Kubernetes API server" lists what it speaks, its test hooks (``fail``,
+``start_delay``, ``hold_pending``, ``kill_pod``, ``requests``, ``exec_argvs``) and what it does not
+model (scheduling, nodes, watches, RBAC, resource limits, images, tty).
 """
 
 from __future__ import annotations
