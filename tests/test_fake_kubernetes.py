@@ -163,6 +163,18 @@ def test_exec_streams_stdin_stdout_stderr_and_exit_codes(core: client.CoreV1Api,
     assert (out, err, code) == (b"out\n", b"err", 3)
     out, _, code = run(core, sandbox, ["sh", "-c", 'echo "$GREETING $HOSTNAME $(pwd)"; kill -9 $$'])
     assert (out, code) == (b"hi sb-a /workspace\n", 137)
+    # The default, preloaded form returns stdout and stderr together, as text.
+    said = stream(
+        core.connect_get_namespaced_pod_exec,
+        sandbox,
+        NS,
+        command=["echo", "preloaded"],
+        stdin=False,
+        stdout=True,
+        stderr=True,
+        tty=False,
+    )
+    assert said == "preloaded\n"
 
 
 def test_exec_carries_megabytes_both_ways(core: client.CoreV1Api, sandbox: str) -> None:
@@ -226,6 +238,21 @@ def test_rest_objects_labels_patch_and_status_errors(
     assert names(
         core.list_namespaced_persistent_volume_claim(NS, label_selector="chital/thread in (a,b)").items
     ) == ["work-a", "work-b"]
+    core.create_namespaced_pod(NS, pod("sb-p", "no-such-claim"))  # stays Pending
+    running(core, "sb-b")
+    running(core, generated.metadata.name)
+    up = sorted(["sb-a", "sb-b", generated.metadata.name])
+    assert names(core.list_namespaced_pod(NS, field_selector="status.phase=Running").items) == up
+    assert names(
+        core.list_namespaced_pod(NS, field_selector="status.phase!=Running,metadata.name!=x").items
+    ) == ["sb-p"]
+    assert names(core.list_namespaced_pod(NS, field_selector="metadata.name==sb-b").items) == ["sb-b"]
+    with pytest.raises(ApiException) as exc:
+        core.list_namespaced_pod(NS, field_selector="spec.hostname=x")
+    assert exc.value.status == 400
+    with pytest.raises(ApiException) as exc:
+        core.list_namespaced_pod(NS, watch=True)
+    assert exc.value.status == 400
 
     # The spec comes back as submitted.
     got = core.read_namespaced_pod("sb-a", NS)
@@ -345,6 +372,17 @@ def test_pending_pods_missing_pvcs_kill_and_faults(k8s: FakeKubernetes, core: cl
         core.read_namespaced_persistent_volume_claim("work-c", NS)
     assert exc.value.status == 404 and not k8s.pvc_dir("work-c").exists()
 
+    # hold_pending: pods stay Pending until released; deletecollection by label.
+    k8s.hold_pending = True
+    core.create_namespaced_pod(NS, pod("held", None, {"batch": "x"}))
+    core.create_namespaced_pod(NS, pod("held2", None, {"batch": "x"}))
+    time.sleep(0.3)  # not a threshold: Pending must hold however long this takes
+    assert core.read_namespaced_pod("held", NS).status.phase == "Pending"
+    k8s.hold_pending = False
+    running(core, "held")
+    core.delete_collection_namespaced_pod(NS, label_selector="batch=x")  # answers the deleted list
+    assert core.list_namespaced_pod(NS, label_selector="batch").items == []
+
     k8s.fail("create", "pods", 503, times=1)
     with pytest.raises(ApiException) as exc:
         core.create_namespaced_pod(NS, pod("sb-d", None))
@@ -366,6 +404,16 @@ def test_deleting_the_pod_or_leaving_ends_the_exec(
     assert resp.readline_stdout(timeout=30) == "up"
     resp.close()  # the client goes away: the process must not outlive it
     wait(lambda: k8s.exec_abandoned == 1, "the abandoned exec to be killed")
+    wait(lambda: not k8s.objects["pods"][(NS, sandbox)].procs, "the process to be gone")
+
+    # The same while output is pouring out and the client has stopped reading.
+    resp = stream(
+        core.connect_get_namespaced_pod_exec, sandbox, NS, command=["yes"],
+        stdin=False, stdout=True, stderr=True, tty=False, _preload_content=False,
+    )  # fmt: skip
+    wait(lambda: resp.update(timeout=1) or resp.peek_stdout(), "some output")
+    resp.close()
+    wait(lambda: k8s.exec_abandoned == 2, "the pouring exec to be killed")
     wait(lambda: not k8s.objects["pods"][(NS, sandbox)].procs, "the process to be gone")
 
     resp = stream(
@@ -504,3 +552,70 @@ def test_admission_fs_group_graceful_delete_and_more_faults(tmp_path: Path) -> N
             run(core, "quiet", ["true"])
         assert "500" in str(exc.value)
         assert run(core, "quiet", ["true"]) == (b"", b"", 0)
+
+
+async def test_the_asyncio_client_speaks_to_it_too(tmp_path: Path) -> None:
+    """kubernetes.aio (aiohttp underneath) on the fake's own loop: REST, and exec over v4, the only
+    protocol its WsApiClient offers (so stdin cannot be closed: the command reads a known length)."""
+    from kubernetes.aio import client as aclient
+    from kubernetes.aio import config as aconfig
+    from kubernetes.aio.stream import WsApiClient
+
+    from tests.fakes.polling import poll
+
+    async with FakeKubernetes(tmp_path / "k8s", namespace=NS, start_delay=0.05) as fake:
+        cfg = aclient.Configuration()
+        await aconfig.load_kube_config(
+            config_file=str(fake.write_kubeconfig(tmp_path / "kc")), client_configuration=cfg
+        )
+        async with aclient.ApiClient(cfg) as api:
+            core = aclient.CoreV1Api(api)
+            await core.create_namespaced_pod(NS, pod("aio", None))
+
+            async def is_running() -> bool:
+                return (await core.read_namespaced_pod("aio", NS)).status.phase == "Running"
+
+            await poll(is_running, 30, "the pod to run")
+            with pytest.raises(aclient.ApiException) as exc:
+                await core.read_namespaced_pod("nope", NS)
+            assert exc.value.status == 404
+        async with WsApiClient(cfg) as ws_api:
+            wcore = aclient.CoreV1Api(api_client=ws_api)
+            connect = await wcore.connect_get_namespaced_pod_exec_without_preload_content(
+                "aio",
+                NS,
+                command=["sh", "-c", "head -c 5; exit 7"],
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                tty=False,
+            )
+            frames: dict[int, bytes] = {}
+            async with connect as ws:
+                await ws.send_bytes(b"\x00hello, and more")
+                async for msg in ws:
+                    frames[msg.data[0]] = frames.get(msg.data[0], b"") + msg.data[1:]
+            assert frames[1] == b"hello"
+            assert WsApiClient.parse_error_data(frames[3]) == 7
+
+
+def test_sub_path_is_bound_without_following_the_sandboxs_symlinks(
+    k8s: FakeKubernetes, core: client.CoreV1Api, sandbox: str
+) -> None:
+    """The sandbox writes the claim, so a subPath component may be a symlink it planted to reach
+    the host (CVE-2017-1002101): the fake refuses the exec rather than bind what it points at."""
+    plant = "import os; os.makedirs('/workspace/sub/dir'); open('/workspace/sub/dir/f', 'w').write('in'); os.symlink('/root', '/workspace/evil')"
+    assert run(core, sandbox, ["python3", "-I", "-c", plant])[2] == 0
+    for name, sub in (("sp-ok", "sub/dir"), ("sp-evil", "evil"), ("sp-deep", "evil/chital-fake-k8s-probe")):
+        spec = pod(name, "work-a")
+        spec["spec"]["containers"][0]["volumeMounts"].append(
+            {"name": "work", "mountPath": "/mnt", "subPath": sub}
+        )
+        core.create_namespaced_pod(NS, spec)
+        running(core, name)
+    assert run(core, "sp-ok", ["cat", "/mnt/f"]) == (b"in", b"", 0)
+    for name in ("sp-evil", "sp-deep"):
+        with pytest.raises(ApiException) as exc:
+            run(core, name, ["ls", "/mnt"])
+        assert "failed to prepare subPath" in str(exc.value)
+    assert not Path("/root/chital-fake-k8s-probe").exists()  # the walk created nothing through the link

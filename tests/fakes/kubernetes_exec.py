@@ -24,7 +24,7 @@ import contextlib
 import json
 import os
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
@@ -88,10 +88,40 @@ def _etc_dir(fake: FakeKubernetes, pod: _Pod, uid: int, gid: int) -> Path:
     return etc
 
 
+def open_sub_path(base: str, sub_path: str, volume: str) -> int:
+    """An ``O_PATH`` fd of ``base/sub_path``, walked one component at a time without following
+    symlinks and created where missing. The sandbox can write the volume, so a component may be a
+    symlink it planted to reach the host (CVE-2017-1002101): that refuses the exec, as the
+    kubelet's "failed to prepare subPath" refuses the container."""
+    fd = os.open(base, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for part in PurePosixPath(sub_path).parts:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except OSError as e:
+        os.close(fd)
+        raise ExecRefused(
+            500, f'failed to prepare subPath for volumeMount "{volume}": {e.strerror}'
+        ) from None
+    return fd
+
+
 def sandbox_argv(
-    fake: FakeKubernetes, pod: _Pod, container: dict[str, Any], command: list[str], *, network: bool
+    fake: FakeKubernetes,
+    pod: _Pod,
+    container: dict[str, Any],
+    command: list[str],
+    fds: list[int],
+    *,
+    network: bool,
 ) -> list[str]:
-    """The bwrap + setpriv command line for one exec in ``container`` of ``pod``."""
+    """The bwrap + setpriv command line for one exec in ``container`` of ``pod``; the fds it
+    needs inherited are appended to ``fds`` (the caller closes them)."""
     assert BWRAP is not None and SETPRIV is not None
     obj = pod.obj
     sc = _security(obj, container)
@@ -131,10 +161,11 @@ def sandbox_argv(
             argv += ["--perms", "0755", "--dir", d]
     for mount in container.get("volumeMounts") or []:
         vol = volumes[mount["name"]]
-        source = fake.volume_dir(pod, vol)
+        source = str(fake.volume_dir(pod, vol))
         if mount.get("subPath"):
-            source = source / mount["subPath"]
-            source.mkdir(parents=True, exist_ok=True)
+            fd = open_sub_path(source, mount["subPath"], f"{mount['name']}")
+            fds.append(fd)
+            source = f"/proc/self/fd/{fd}"  # bwrap inherits the fd: it binds what was checked
         read_only = bool(mount.get("readOnly")) or bool(
             (vol.get("persistentVolumeClaim") or {}).get("readOnly")
         )
@@ -224,20 +255,26 @@ async def serve_exec(
     offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
     if V5 not in offered and V4 not in offered:
         raise ExecRefused(400, "the fake speaks only v5.channel.k8s.io and v4.channel.k8s.io")
-    ws = web.WebSocketResponse(protocols=(V5, V4), max_msg_size=64 * 1024 * 1024, autoping=True)
-    await ws.prepare(request)
+    fds: list[int] = []
+    try:
+        argv = sandbox_argv(fake, pod, container, command, fds, network=fake.egress_allowed(pod.obj))
+        ws = web.WebSocketResponse(protocols=(V5, V4), max_msg_size=64 * 1024 * 1024, autoping=True)
+        await ws.prepare(request)
+        fake.exec_argvs.append(argv)
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if flags["stdin"] else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd="/",
+            env={"PATH": PATH},
+            start_new_session=True,
+            pass_fds=fds,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
     v5 = ws.ws_protocol == V5
-    argv = sandbox_argv(fake, pod, container, command, network=fake.egress_allowed(pod.obj))
-    fake.exec_argvs.append(argv)
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE if flags["stdin"] else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd="/",
-        env={"PATH": PATH},
-        start_new_session=True,
-    )
     pod.procs.add(proc)
 
     async def pump(stream: asyncio.StreamReader, channel: int, wanted: bool) -> None:
@@ -280,12 +317,18 @@ async def serve_exec(
         else:
             code = finishing.result()
             with contextlib.suppress(ConnectionError):
-                await ws.send_bytes(bytes([ERROR]) + json.dumps(exit_status(code)).encode())
-    except ConnectionError:
+                await ws.send_bytes(
+                    bytes([ERROR]) + json.dumps(exit_status(code), separators=(",", ":")).encode()
+                )
+    except ConnectionError:  # the client went away while output was being sent
+        fake.exec_abandoned += 1
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
     finally:
+        if proc.returncode is None:  # cancelled (the server stops): nothing outlives the exec
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
         receiving.cancel()
         if not finishing.done():
             finishing.cancel()

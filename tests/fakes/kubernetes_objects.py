@@ -40,9 +40,11 @@ _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery's utilrand al
 class ApiError(Exception):
     """Raised by the fake's handlers; answered as a ``Status`` with this code."""
 
-    def __init__(self, code: int, message: str, reason: str | None = None) -> None:
+    def __init__(
+        self, code: int, message: str, reason: str | None = None, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
-        self.code, self.message, self.reason = code, message, reason
+        self.code, self.message, self.reason, self.details = code, message, reason, details
 
 
 def status_body(
@@ -127,6 +129,26 @@ def selector_matches(selector: str | None, labels: dict[str, str] | None) -> boo
                 return False
         else:
             raise ValueError(f"unable to parse requirement: {term!r}")
+    return True
+
+
+FIELDS = {"metadata.name", "metadata.namespace"}
+POD_FIELDS = FIELDS | {"status.phase"}
+
+
+def field_selector_matches(selector: str | None, obj: dict[str, Any], fields: set[str]) -> bool:
+    """``fieldSelector``: ``f=v``, ``f==v``, ``f!=v`` over ``fields`` (the fake's subset of what the
+    API server indexes); another field raises ValueError (400 ``field label not supported``)."""
+    for term in _split_terms(selector or ""):
+        negate = "!=" in term
+        path, value = (p.strip() for p in term.replace("!=", "=").replace("==", "=").split("=", 1))
+        if path not in fields:
+            raise ValueError(f'field label not supported: "{path}"')
+        got: Any = obj
+        for part in path.split("."):
+            got = got.get(part) if isinstance(got, dict) else None
+        if (got == value) == negate:
+            return False
     return True
 
 

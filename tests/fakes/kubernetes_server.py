@@ -1,29 +1,13 @@
 """A fake Kubernetes API server on 127.0.0.1 for driving the official ``kubernetes`` client offline.
 
-It speaks the REST subset a sandbox provider needs, with the real paths, JSON shapes, status codes
-and ``Status`` error bodies: core/v1 pods (create, get, list by ``labelSelector``, delete, patch in
-the merge, strategic-merge and JSON-patch dialects), core/v1 persistentvolumeclaims, and
-networking.k8s.io/v1 networkpolicies, behind ``Authorization: Bearer <token>`` over HTTPS with a
-throwaway CA (``write_kubeconfig`` writes a kubeconfig that trusts it). ``pods/{name}/exec`` speaks
-the websocket channel protocol and runs each command in a fresh bubblewrap sandbox built from the
-pod spec (tests/fakes/kubernetes_exec.py), so a test sees real isolation, real uids on the PVC
-directory and real network denial.
-
-Lifecycle: a pod is ``Pending`` when created and ``Running`` (ready) ``start_delay`` seconds later
-once every PVC it mounts exists; it stays ``Pending`` with an ``Unschedulable`` condition while one
-is missing or terminating. A PVC is a directory under ``root/pvcs``; deleting one a pod still uses
-leaves it ``Terminating`` (``deletionTimestamp`` set, the pvc-protection finalizer) until the last
-such pod is deleted, as the real pvc-protection controller does. Deleting a pod kills its exec
-processes and removes it at once (no grace period).
-
-Not modelled: scheduling and nodes (every pod "runs" on this host), watches, RBAC, resourceVersion
-preconditions, resource limits, images (every container is the host's /usr with python3), tty exec,
-``valueFrom`` env, volume types other than persistentVolumeClaim and emptyDir, NetworkPolicies
-other than deny-all-egress (see docs/testing.md).
-
-Test hooks: ``fail(verb, resource, status, times)``, ``start_delay``, ``kill_pod`` (node loss),
-``requests`` (the log, never the token), ``exec_argvs``; ``threaded()`` runs it on its own loop for
-tests that call the blocking client directly.
+HTTPS with a throwaway CA and a bearer token (``write_kubeconfig``); core/v1 pods and
+persistentvolumeclaims and networking.k8s.io/v1 networkpolicies with the real paths, JSON shapes,
+status codes and ``Status`` bodies; ``pods/{name}/exec`` over the websocket channel protocol, each
+command in a fresh bubblewrap sandbox built from the pod spec (kubernetes_exec.py). Pods go
+Pending → Running once their claims exist; a claim is a directory under ``root/pvcs``.
+docs/testing.md "Fake Kubernetes API server" lists what it speaks, its test hooks (``fail``,
+``start_delay``, ``hold_pending``, ``kill_pod``, ``requests``, ``exec_argvs``) and what it does not
+model (scheduling, nodes, watches, RBAC, resource limits, images, tty).
 """
 
 from __future__ import annotations
@@ -47,8 +31,11 @@ from aiohttp import web
 from tests.fakes import kubernetes_exec as kexec
 from tests.fakes import kubernetes_pods as kpods
 from tests.fakes.kubernetes_objects import (
+    FIELDS,
+    POD_FIELDS,
     ApiError,
     apply_patch,
+    field_selector_matches,
     generate_name,
     kubeconfig,
     label_selector_matches,
@@ -117,6 +104,8 @@ class FakeKubernetes:
         self.start_delay = start_delay
         """Seconds from creation to Running (once the pod's PVCs exist)."""
         self.tls = tls
+        self.hold_pending = False
+        """While True, new pods stay Pending (a slow image pull, a full cluster); False lets them go."""
         self.runtime_classes = runtime_classes
         """RuntimeClasses that exist (None: any ``runtimeClassName`` is accepted)."""
         self.delete_grace = delete_grace
@@ -220,7 +209,7 @@ class FakeKubernetes:
     def fail(
         self, verb: str, resource: str, status: int = 500, *, times: int = 1, message: str | None = None
     ) -> None:
-        """The next ``times`` requests ``verb`` (create/get/list/delete/patch/exec) on ``resource``
+        """The next ``times`` requests ``verb`` (create/get/list/delete/deletecollection/patch/exec) on ``resource``
         (pods, persistentvolumeclaims, networkpolicies) answer ``status`` with a Status body."""
         failure = _Failure(status, message or f"injected failure ({status})", times)
         self._failures.setdefault((verb, resource), []).append(failure)
@@ -287,7 +276,9 @@ class FakeKubernetes:
                 raise ApiError(401, "Unauthorized")
             response = await handler(request)
         except ApiError as e:
-            response = web.json_response(status_body(e.code, e.message, reason=e.reason), status=e.code)
+            response = web.json_response(
+                status_body(e.code, e.message, reason=e.reason, details=e.details), status=e.code
+            )
         except web.HTTPNotFound:
             response = web.json_response(
                 status_body(404, "the server could not find the requested resource"), status=404
@@ -324,14 +315,18 @@ class FakeKubernetes:
     async def _collection(self, request: web.Request) -> web.StreamResponse:
         resource, ns = self._resource(request), request.match_info["ns"]
         kind, api_version = KINDS[resource]
-        if request.method == "GET":
-            self._fault("list", resource)
-            selector = request.query.get("labelSelector")
+        if request.method in ("GET", "DELETE"):
+            self._fault("list" if request.method == "GET" else "deletecollection", resource)
+            if request.query.get("watch") in ("true", "1"):
+                raise ApiError(400, "the fake Kubernetes server does not model watches")
+            labels, fields = request.query.get("labelSelector"), request.query.get("fieldSelector")
+            known = POD_FIELDS if resource == "pods" else FIELDS
             items = []
             for (ons, _), stored in sorted(self.objects[resource].items()):
                 obj = self._public(resource, stored)
                 try:
-                    chosen = ons == ns and selector_matches(selector, obj["metadata"].get("labels"))
+                    chosen = ons == ns and selector_matches(labels, obj["metadata"].get("labels"))
+                    chosen = field_selector_matches(fields, obj, known) and chosen
                 except ValueError as e:
                     raise ApiError(400, str(e)) from None
                 if chosen:
@@ -342,6 +337,9 @@ class FakeKubernetes:
                 "metadata": {"resourceVersion": str(next(self._rv))},
                 "items": items,
             }
+            if request.method == "DELETE":  # deletecollection: the selected items, each deleted
+                for obj in items:
+                    self._delete(resource, ns, obj["metadata"]["name"], request[BODY])
             return web.json_response(body)
         if request.method != "POST":
             raise ApiError(405, "the server does not allow this method on the requested resource")
@@ -353,7 +351,7 @@ class FakeKubernetes:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
         if ns not in self.namespaces:
-            raise ApiError(404, f'namespaces "{ns}" not found')
+            raise ApiError(404, f'namespaces "{ns}" not found', details={"name": ns, "kind": "namespaces"})
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         name = meta.get("name") or (generate_name(meta["generateName"]) if meta.get("generateName") else "")
@@ -368,7 +366,9 @@ class FakeKubernetes:
                 400, "the namespace of the provided object does not match the namespace sent on the request"
             )
         if (ns, name) in self.objects[resource]:
-            raise ApiError(409, f'{resource} "{name}" already exists', "AlreadyExists")
+            raise ApiError(
+                409, f'{resource} "{name}" already exists', "AlreadyExists", {"name": name, "kind": resource}
+            )
         obj["kind"], obj["apiVersion"] = kind, api_version
         meta.update(name=name, namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now())
         self._bump(obj)
@@ -406,7 +406,7 @@ class FakeKubernetes:
             raise ApiError(405, "the server does not allow this method on the requested resource")
         self._fault(verb, resource)
         if stored is None:
-            raise ApiError(404, f'{resource} "{name}" not found')
+            raise ApiError(404, f'{resource} "{name}" not found', details={"name": name, "kind": resource})
         if verb == "get":
             return web.json_response(self._public(resource, stored))
         if verb == "patch":
@@ -502,7 +502,10 @@ class FakeKubernetes:
         """Pending until the claims exist (re-checked, as the scheduler retries), then Running;
         or stuck in ``CreateContainerConfigError`` when the kubelet would refuse the container."""
         await asyncio.sleep(self.start_delay)
-        while (why := self._missing_claim(pod)) is not None:
+        while self.hold_pending or (why := self._missing_claim(pod)) is not None:
+            if self.hold_pending:
+                await asyncio.sleep(0.05)
+                continue
             if pod.obj["status"].get("conditions") != kpods.unschedulable(why):
                 pod.obj["status"]["conditions"] = kpods.unschedulable(why)
                 self._bump(pod.obj)
@@ -538,5 +541,5 @@ class FakeKubernetes:
         ns, name = request.match_info["ns"], request.match_info["name"]
         pod = self.objects["pods"].get((ns, name))
         if pod is None:
-            raise ApiError(404, f'pods "{name}" not found')
+            raise ApiError(404, f'pods "{name}" not found', details={"name": name, "kind": "pods"})
         return await kexec.handle_exec(self, request, pod)
