@@ -388,3 +388,17 @@ async def test_kubeconfig_from_the_environment_and_a_broken_one_quoted_without_i
     finally:
         await q.close()
     assert "client configuration" in str(err.value) and secret not in str(err.value), err.value
+
+
+async def test_outside_the_verified_client_versions_the_public_reader_works(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import compat.kubernetes
+
+    monkeypatch.setattr(compat.kubernetes, "usable", lambda _distribution: False)
+    sb = await make().acquire(_thread())
+    res = await sb.exec("echo out; echo err >&2; exit 3")
+    assert res.exit_code == 3 and sorted(res.output.split()) == ["err", "out"], res
+    await sb.write_file("f.txt", "public path\n")
+    assert (await sb.read_file("f.txt")).text == "public path\n"
+    assert (await sb.exec("sleep 30", timeout=1)).timed_out
