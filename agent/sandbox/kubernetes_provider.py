@@ -346,15 +346,18 @@ class KubernetesProvider(SandboxProvider):
 
         key = self._key(thread_id)
         self._sandboxes.pop(key, None)
-        core, _, _, _ = self._api()
 
         def rm() -> None:
+            core, _, _, _ = self._api()
             with contextlib.suppress(ApiException):
                 core.delete_namespaced_pod(ks.pod_name(key), self.namespace, grace_period_seconds=0)
             with contextlib.suppress(ApiException):
                 core.delete_namespaced_persistent_volume_claim(ks.claim_name(key), self.namespace)
 
-        await asyncio.to_thread(rm)
+        try:
+            await asyncio.to_thread(rm)
+        except KubernetesUnavailable as e:
+            log.warning("could not remove the sandbox of %s: %s", key, e)
 
     async def reap_idle(self) -> list[str]:
         """Delete sandbox pods whose ``chital/last-used`` is older than ``idle_timeout`` (any
@@ -364,9 +367,8 @@ class KubernetesProvider(SandboxProvider):
             return []
         from kubernetes.client.rest import ApiException
 
-        core, _, _, _ = self._api()
-
         def sweep() -> list[str]:
+            core, _, _, _ = self._api()
             gone = []
             pods = core.list_namespaced_pod(self.namespace, label_selector=f"{ks.SANDBOX}=1").items
             now = time.time()
@@ -404,9 +406,8 @@ class KubernetesProvider(SandboxProvider):
         """Nothing to adopt: the pods are every daemon's. Check the API, the rights, the policy."""
         from kubernetes.client.rest import ApiException
 
-        core, _, _, _ = self._api()
-
         def check() -> None:
+            core, _, _, _ = self._api()
             try:
                 core.list_namespaced_pod(self.namespace, label_selector=f"{ks.SANDBOX}=1", limit=1)
             except ApiException as e:
