@@ -241,6 +241,19 @@ async def handle_exec(fake: FakeKubernetes, request: web.Request, pod: _Pod) -> 
         return web.json_response(status_body(e.code, e.message), status=e.code)
 
 
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill and wait. The pipes are read to their end meanwhile: asyncio counts a process as
+    exited only once its pipes are closed, and a full, unread pipe is never seen closing."""
+
+    async def drain(stream: asyncio.StreamReader | None) -> None:
+        while stream is not None and await stream.read(CHUNK):
+            pass
+
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    await asyncio.gather(drain(proc.stdout), drain(proc.stderr), proc.wait())
+
+
 async def serve_exec(
     fake: FakeKubernetes, request: web.Request, pod: _Pod, container: dict[str, Any]
 ) -> web.StreamResponse:
@@ -310,10 +323,8 @@ async def serve_exec(
         await asyncio.wait({receiving, finishing}, return_when=asyncio.FIRST_COMPLETED)
         if not finishing.done():  # the client went away first: the process goes with it
             fake.exec_abandoned += 1
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
             finishing.cancel()
-            await proc.wait()
+            await _reap(proc)
         else:
             code = finishing.result()
             with contextlib.suppress(ConnectionError):
@@ -322,9 +333,7 @@ async def serve_exec(
                 )
     except ConnectionError:  # the client went away while output was being sent
         fake.exec_abandoned += 1
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+        await _reap(proc)
     finally:
         if proc.returncode is None:  # cancelled (the server stops): nothing outlives the exec
             with contextlib.suppress(ProcessLookupError):

@@ -17,6 +17,7 @@ import contextlib
 import copy
 import itertools
 import json
+import secrets
 import shutil
 import ssl
 import threading
@@ -264,7 +265,7 @@ class FakeKubernetes:
                 body = json.loads(raw) if raw else None
             except ValueError:
                 body = raw.decode(errors="replace")
-        authorized = request.headers.get("Authorization") == f"Bearer {self.token}"
+        authorized = secrets.compare_digest(request.headers.get("Authorization", ""), f"Bearer {self.token}")
         entry = Request(
             request.method, request.path, list(request.query.items()),
             request.headers.get("Content-Type", ""), body, authorized,
