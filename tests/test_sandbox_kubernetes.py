@@ -402,3 +402,11 @@ async def test_outside_the_verified_client_versions_the_public_reader_works(
     await sb.write_file("f.txt", "public path\n")
     assert (await sb.read_file("f.txt")).text == "public path\n"
     assert (await sb.exec("sleep 30", timeout=1)).timed_out
+
+
+async def test_the_start_up_probe_runs_a_command_and_leaves_nothing(make: Make, k8s: FakeKubernetes) -> None:
+    from agent.sandbox.probe import run_probe
+
+    a, b = make(), make()
+    assert await asyncio.gather(run_probe(a), run_probe(b)) == [None, None]  # each daemon its own
+    assert k8s.objects["pods"] == {} and k8s.objects["persistentvolumeclaims"] == {}
