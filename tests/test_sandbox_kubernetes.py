@@ -410,3 +410,16 @@ async def test_the_start_up_probe_runs_a_command_and_leaves_nothing(make: Make, 
     a, b = make(), make()
     assert await asyncio.gather(run_probe(a), run_probe(b)) == [None, None]  # each daemon its own
     assert k8s.objects["pods"] == {} and k8s.objects["persistentvolumeclaims"] == {}
+
+
+async def test_the_in_pod_timeout_kills_a_command_the_daemon_did_not(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backstop for a daemon that died or lost the API mid-command: the pod's own ``timeout``
+    (here made to fire 58 s before the daemon's deadline) kills the command's group."""
+    from agent.sandbox import kube_exec
+
+    monkeypatch.setattr(kube_exec, "KILL_GRACE", -58)
+    sb = await make().acquire(_thread())
+    res = await sb.exec("echo started; sleep 100", timeout=60)
+    assert res.exit_code == 137 and not res.timed_out and res.output == "started\n", res
