@@ -1,10 +1,14 @@
 """Exec latency of the sandbox providers: p50/p99 of a trivial command, warm and cold.
 
-    python bench/bench_sandbox.py [--warm 50] [--cold 10] [--provider local|docker|docker-shared|all]
+    python bench/bench_sandbox.py [--warm 50] [--cold 10]
+        [--provider local|docker|docker-shared|kubernetes-fake|all]
 
 warm: ``true`` in a sandbox that already exists (Docker: container running).
 read_file: a one-line file read with the file tool (docker-shared: through the engine).
 cold: a new thread's first command, acquire included (Docker: container creation and start).
+kubernetes-fake: the kubernetes provider against our fake API server (tests/fakes/), in this
+process, as root with bwrap: the client's REST and websocket cost plus a bwrap per exec, never a
+cluster's (no kubelet, no container runtime, no network hop).
 A provider that cannot run here (no bwrap, no engine) is reported and skipped.
 """
 
@@ -72,17 +76,29 @@ async def bench(name: str, provider: SandboxProvider, warm: int, cold: int) -> N
     except SandboxUnavailable as e:
         print(f"{name}: unavailable: {e}")
     finally:
-        if isinstance(provider, SharedDockerProvider):  # its containers and volumes outlive it
+        if isinstance(provider, SharedDockerProvider) or name.startswith("kubernetes"):  # they outlive it
             for tid in ["bench-warm", *(f"bench-cold-{i}" for i in range(cold))]:
                 await provider.discard(tid)
         await provider.close()
+
+
+async def bench_fake_kubernetes(root: Path, warm: int, cold: int) -> None:
+    from agent.sandbox.config import KubernetesSettings
+    from agent.sandbox.kubernetes_provider import KubernetesProvider
+    from tests.fakes.kubernetes_server import FakeKubernetes
+
+    async with FakeKubernetes(root / "k8s", namespace="chital", start_delay=0.1) as fake:
+        config = fake.write_kubeconfig(root / "kubeconfig")
+        settings = KubernetesSettings(kubeconfig=config, namespace="chital")
+        await bench("kubernetes-fake", KubernetesProvider(root / "kube", settings), warm, cold)
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--warm", type=int, default=50)
     ap.add_argument("--cold", type=int, default=10)
-    ap.add_argument("--provider", choices=["local", "docker", "docker-shared", "all"], default="all")
+    choices = ["local", "docker", "docker-shared", "kubernetes-fake", "all"]
+    ap.add_argument("--provider", choices=choices, default="all")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="chital-bench-"))
     os.chmod(root, 0o711)
@@ -110,6 +126,11 @@ async def main() -> None:
                 print(f"docker-shared: unavailable: {e}")
             else:
                 await bench("docker-shared", shared, args.warm, args.cold)
+        if args.provider in ("kubernetes-fake", "all"):
+            if shutil.which("bwrap") and os.geteuid() == 0:
+                await bench_fake_kubernetes(root, args.warm, args.cold)
+            else:
+                print("kubernetes-fake: needs bwrap and root (the fake's pods), skipped")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

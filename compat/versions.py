@@ -106,6 +106,13 @@ VERIFIED: dict[str, Verified] = {
             " deadline is checked between frames)",
         ),
         Verified(
+            "kubernetes",
+            ">=37,<38",
+            "compat/kubernetes.py",
+            "exec output is read through the client's public buffered reader (unbounded between"
+            " reads, stopped by polling)",
+        ),
+        Verified(
             "python-telegram-bot",
             ">=22.8,<22.9",
             "channels/telegram/sdk.py",

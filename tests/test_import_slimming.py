@@ -27,6 +27,7 @@ def test_the_daemon_leaves_unused_library_parts_out() -> None:
             "cryptography.hazmat.bindings._rust",  # Telegram Passport
             "PIL",  # until the first image
             "wsgiref.simple_server",  # prometheus_client's own servers
+            "kubernetes", "agent.sandbox.kubernetes_provider",  # only with that sandbox provider
         ]
         print([name for name in unused if name in sys.modules])
         """

@@ -343,4 +343,4 @@ def test_create_provider_from_settings(root: Path) -> None:
     docker = create_provider(SandboxSettings(provider="docker", root=root / "b", idle_timeout=5))
     assert isinstance(docker, DockerProvider) and docker.idle_timeout == 5
     with pytest.raises(ValueError):
-        SandboxSettings(provider="kubernetes")  # type: ignore[arg-type]
+        SandboxSettings(provider="podman")  # type: ignore[arg-type]

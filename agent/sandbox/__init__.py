@@ -58,7 +58,22 @@ __all__ = [
 
 
 def create_provider(settings: SandboxSettings) -> SandboxProvider:
-    """The provider ``settings.provider`` names. Docker is imported lazily (it needs the SDK)."""
+    """The provider ``settings.provider`` names. Docker and Kubernetes are imported lazily (their
+    clients cost memory a daemon that does not use them should not pay)."""
+    if settings.provider == "kubernetes":
+        from .kubernetes_provider import KubernetesProvider
+
+        return KubernetesProvider(
+            settings.root,
+            settings.kubernetes,
+            image=settings.image,
+            limits=settings.limits,
+            uid=settings.uid,
+            gid=settings.gid,
+            idle_timeout=settings.idle_timeout,
+            network=settings.network,
+            skills_dir=settings.skills_dir,
+        )
     if settings.provider == "docker" and settings.docker.shared:
         from .docker_shared import SharedDockerProvider
 

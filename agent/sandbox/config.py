@@ -52,10 +52,37 @@ class DockerSettings(BaseModel):
     the files of the last one; file tools go through the engine. See docs/scale-out.md."""
 
 
+class KubernetesSettings(BaseModel):
+    """Settings of the ``kubernetes`` provider only (docs/scale-out.md, "Kubernetes")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kubeconfig: Path | None = None
+    """Kubeconfig file; unset: the ``KUBECONFIG`` environment variable, else the pod's own
+    service account (in-cluster)."""
+    context: str | None = None
+    """Context of the kubeconfig; unset: its current context."""
+    namespace: str = Field("chital-sandboxes", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    """The one namespace of every sandbox pod, claim and NetworkPolicy (the daemons' Role is
+    scoped to it)."""
+    image: str | None = None
+    """The sandbox image as the cluster's nodes pull it; unset: ``agent.sandbox.image``."""
+    runtime_class: str | None = None
+    """RuntimeClass of the pods (e.g. ``gvisor``): a second kernel boundary where the cluster
+    offers one."""
+    storage_class: str | None = None
+    """StorageClass of the per-thread claims; unset: the cluster's default."""
+    volume_size: str = Field("1Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)?$")
+    """Size requested for each thread's claim; the disk quota (``limits.disk_mb``) is what
+    Chital enforces inside it."""
+    start_timeout: float = Field(120.0, gt=0)
+    """Seconds to wait for a pod to be Running and ready (an image pull counts)."""
+
+
 class SandboxSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    provider: Literal["local", "docker"] = "local"
+    provider: Literal["local", "docker", "kubernetes"] = "local"
     root: Path = DEFAULT_ROOT
     """Host dir holding ``threads/<safe thread id>/{workspace,uploads,outputs}``; relative paths are
     taken from the storage path (see ``DEFAULT_ROOT``)."""
@@ -82,8 +109,10 @@ class SandboxSettings(BaseModel):
     """Local provider without bubblewrap: run commands directly on the host. Never in production."""
     image: str = "chital-sandbox:latest"
     network: bool = False
-    """Docker: give containers a network (bridge) instead of none."""
+    """Docker: give containers a network (bridge) instead of none. Kubernetes: a NetworkPolicy
+    allowing egress instead of one denying it (ingress is denied either way)."""
     docker: DockerSettings = Field(default_factory=DockerSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
 
     @field_validator("uid_range")
     @classmethod
@@ -98,4 +127,6 @@ class SandboxSettings(BaseModel):
     def _shared_needs_docker(self) -> SandboxSettings:
         if self.docker.shared and self.uid_range is not None:
             raise ValueError("agent.sandbox.docker.shared does not support uid_range (one uid per volume)")
+        if self.provider == "kubernetes" and self.uid_range is not None:
+            raise ValueError("the kubernetes sandbox provider does not support uid_range (one uid per claim)")
         return self

@@ -37,12 +37,15 @@ from typing import Any
 import docker
 from docker.errors import APIError, DockerException, NotFound
 from docker.types import Mount
+from docker.utils.socket import frames_iter
+
+from compat.docker import close_response, raw_socket
 
 from .base import SandboxUnavailable
 from .config import SandboxLimits
 from .docker_provider import LABEL, LABEL_CONFIG, LABEL_THREAD, DockerProvider, DockerSandbox, short_error
-from .engine_files import EngineFiles
-from .paths import SKILLS, USER_DATA, ThreadDirs
+from .engine_files import IO_SECONDS, EngineFiles
+from .paths import SKILLS, USER_DATA, SandboxError, ThreadDirs
 from .probe import PROBE_THREAD
 from .quota import QuotaExceeded
 
@@ -83,6 +86,24 @@ def thread_key(thread_id: str) -> str:
 
 def volume_name(thread_id: str) -> str:
     return "chital-ws-" + thread_key(thread_id)
+
+
+class _DockerExecStream:
+    """An exec's attached socket, read as Docker's multiplexed frames with a timeout per read."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        raw = raw_socket(sock)
+        if raw is not None:
+            raw.settimeout(IO_SECONDS)
+
+    def frames(self) -> Any:
+        return frames_iter(self.sock, tty=False)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.sock.close()
+        close_response(self.sock)
 
 
 class SharedDockerSandbox(DockerSandbox):
@@ -161,6 +182,9 @@ class SharedDockerProvider(DockerProvider):
         """The settings' hash without the skills dir's path: each daemon has its own copy of the
         skills (their content is what counts, see ``_skills_volume``)."""
         self._skills: tuple[object, bytes, str] | None = None
+        self.stdin_data = False
+        """engine_files.ExecTransport: data goes in as base64 arguments (an exec's are in its
+        JSON body here, ~1 MB per exec)."""
         self.probe_id = f"{PROBE_THREAD}-{uuid.uuid4().hex[:12]}"
         """The start-up probe's thread, one per daemon: daemons starting together must not
         remove each other's probe container mid-command."""
@@ -178,6 +202,30 @@ class SharedDockerProvider(DockerProvider):
 
         dirs = ThreadDirs.for_thread(self.root, key, self.skills_dir)
         return EngineFiles(self, PathMapper(dirs), self.quota)
+
+    def open_exec(self, thread_id: str, argv: list[str], stdin: bytes | None = None) -> _DockerExecStream:
+        """engine_files.ExecTransport: ``argv`` as the sandbox user in the thread's container."""
+        assert stdin is None  # stdin_data is False: data travels as arguments
+        api = self.client.api
+
+        def start() -> Any:
+            name = self.ensure_container(thread_id, fast=True)
+            exec_id = api.exec_create(name, argv, user=self.user, workdir="/", stdout=True, stderr=True)["Id"]
+            return api.exec_start(exec_id, socket=True)
+
+        try:
+            try:
+                sock = start()
+            except (NotFound, APIError) as e:
+                if isinstance(e, APIError) and e.status_code not in (404, 409):
+                    raise
+                self.ensure_container(thread_id, fast=False)  # reaped meanwhile
+                sock = start()
+        except DockerException as e:
+            raise SandboxError(
+                f"the sandbox's files are unreachable: {str(e).splitlines()[0][:200]}"
+            ) from None
+        return _DockerExecStream(sock)
 
     # --- the container, made once on the engine ----------------------------------------------
 

@@ -1,11 +1,14 @@
-"""File tools through the Docker engine: the shared Docker mode's :class:`HostFiles`.
+"""File tools through a container engine: the shared Docker mode's and Kubernetes' :class:`HostFiles`.
 
 With ``agent.sandbox.docker.shared`` a thread's files live in a named volume on the engine every
-daemon talks to, so no daemon has a host path to open. Each operation is a ``docker exec`` of the
-fixed program in engine_script.py inside the thread's container, as the sandbox user, the path an
-argument. The same interface as :class:`HostFiles` (it is one, to the code that calls it), with
-the same bounds: what comes back is read with the daemon's own caps, in bytes and in time, because
-the program runs beside sandboxed code and its output is as hostile as the files are.
+daemon talks to, and with the ``kubernetes`` provider in a PersistentVolumeClaim, so no daemon has
+a host path to open. Each operation is one exec of the fixed program in engine_script.py inside
+the thread's container, as the sandbox user, the path an argument. How the exec travels is the
+provider's (:class:`ExecTransport`: Docker's attached exec socket, Kubernetes' exec websocket);
+everything else is here, once. The same interface as :class:`HostFiles` (it is one, to the code
+that calls it), with the same bounds: what comes back is read with the daemon's own caps, in
+bytes and in time, because the program runs beside sandboxed code and its output is as hostile
+as the files are.
 
 Virtual paths are checked here first (normalized, inside a mount, writes not on ``/mnt/skills``);
 the program then checks links against the mount's own directory inside the container.
@@ -21,13 +24,9 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from docker.errors import APIError, DockerException, NotFound
-from docker.utils.socket import frames_iter
 from wcmatch import glob as wcglob
-
-from compat.docker import close_response, raw_socket
 
 from . import bounded
 from .engine_script import HELPER
@@ -35,16 +34,21 @@ from .files import EDIT_LOCKS, Entry, GrepMatch, HostFiles, TextWindow
 from .paths import USER_DATA, Mount, PathMapper, PathRefused, SandboxError
 from .quota import DiskQuota, QuotaExceeded, Usage, usage_problem
 
-if TYPE_CHECKING:
-    from .docker_shared import SharedDockerProvider
-
 _HEADER_CAP = 8 * 1024 * 1024  # one JSON line: an ls of 5000 entries, 1000 grep matches
 _MAX_READ_BYTES = 64 * 1024 * 1024  # as files.py: read_bytes without a cap of its own
 _CHUNK = 96 * 1024  # base64 characters per argument (Linux: 128 KiB per argument string)
 _CHUNKS_PER_EXEC = 12  # ~1.1 MB of argv per exec, well under ARG_MAX (a quarter of the stack)
-_IO_SECONDS = 60.0  # no byte for this long: the operation is abandoned
+_STDIN_PER_EXEC = 4 * 1024 * 1024  # raw bytes per exec where data goes in on stdin
+IO_SECONDS = 60.0  # no byte for this long: the operation is abandoned (the transport's read timeout)
 _OP_SECONDS = 120.0  # the whole operation, here and (killed) in the container
 _WALK_LIMIT = 50_000
+_HELPER_BYTES = HELPER.encode()
+STDIN_BOOT = (
+    "import sys;n=int(sys.argv.pop(1));exec(compile(sys.stdin.buffer.read(n),'<chital-files>','exec'))"
+)
+"""Where the transport takes data on stdin (Kubernetes), the program comes first on stdin too:
+an exec's arguments travel in the request's URL, and proxies in front of an API server commonly
+refuse URLs past 8 KB. Reads exactly its length (``read(n)`` on a pipe waits for n bytes)."""
 
 _ERRORS = {
     "ENOENT": "no such file or directory",
@@ -61,12 +65,37 @@ _ERRORS = {
 }
 
 
+class ExecStream(Protocol):
+    """One running exec's output, as (stream, bytes) frames: 1 stdout, 2 stderr."""
+
+    def frames(self) -> Iterator[tuple[int, bytes]]:
+        """The frames until the program ends; a read waiting longer than ``IO_SECONDS`` raises
+        ``TimeoutError`` (or ``OSError``)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ExecTransport(Protocol):
+    """How a provider runs engine_script.py in a thread's container (see the module docstring)."""
+
+    stdin_data: bool
+    """Data goes in on stdin (``@<n>`` arguments: n raw bytes each) rather than as base64
+    arguments: Kubernetes carries an exec's arguments in the URL, whose size the API server caps."""
+
+    def open_exec(self, thread_id: str, argv: list[str], stdin: bytes | None = None) -> ExecStream:
+        """Start ``argv`` as the sandbox user in the thread's container (made or revived as
+        needed) and feed it ``stdin``. Raises :class:`SandboxError` with a reason fit for the
+        model (never a credential) when it cannot."""
+        ...
+
+
 class _Reply:
     """The program's stdout, read with a deadline per read and a cap in bytes."""
 
-    def __init__(self, sock: Any, cap: int) -> None:
-        self.sock = sock
-        self.frames = frames_iter(sock, tty=False)
+    def __init__(self, stream: ExecStream, cap: int) -> None:
+        self.sock = stream
+        self.frames = iter(stream.frames())
         self.buf = bytearray()
         self.cap = cap
         self.got = 0
@@ -113,58 +142,36 @@ class _Reply:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.sock.close()
-        close_response(self.sock)
 
 
 class EngineFiles(HostFiles):
     """One thread's file operations, run in its container (see the module docstring)."""
 
-    def __init__(self, provider: SharedDockerProvider, mapper: PathMapper, quota: DiskQuota) -> None:
+    def __init__(self, transport: ExecTransport, mapper: PathMapper, quota: DiskQuota) -> None:
         super().__init__(mapper, None)
-        self.provider = provider
+        self.transport = transport
         self.quota = quota
         self.thread_id = mapper.dirs.thread_id
 
     # --- running the program ---------------------------------------------------------------
 
-    def _open(self, args: list[str], cap: int) -> _Reply:
-        api = self.provider.client.api
-        # coreutils' timeout kills the program even when nobody reads its output any more (the
-        # engine does not stop an exec whose client went away).
-        argv = ["timeout", "-s", "KILL", str(int(_OP_SECONDS)), "python3", "-I", "-c", HELPER, *args]
+    def _open(self, args: list[str], cap: int, stdin: bytes | None = None) -> _Reply:
+        # coreutils' timeout kills the program even when nobody reads its output any more (neither
+        # engine stops an exec whose client went away). CHITAL_EXEC marks it as none of a
+        # command's, so a command's kill sweep (docker_scripts.KILLER) leaves it alone.
+        argv = ["timeout", "-s", "KILL", str(int(_OP_SECONDS))]
+        argv += ["env", "CHITAL_EXEC=files-" + uuid.uuid4().hex, "python3", "-I", "-c"]
+        if self.transport.stdin_data:  # the program itself goes on stdin, ahead of the data
+            argv += [STDIN_BOOT, str(len(_HELPER_BYTES)), *args]
+            stdin = _HELPER_BYTES + (stdin or b"")
+        else:
+            argv += [HELPER, *args]
+        return _Reply(self.transport.open_exec(self.thread_id, argv, stdin), cap)
 
-        def start() -> Any:
-            name = self.provider.ensure_container(self.thread_id, fast=True)
-            exec_id = api.exec_create(
-                name,
-                argv,
-                user=self.provider.user,
-                workdir="/",
-                environment={"CHITAL_EXEC": "files-" + uuid.uuid4().hex},
-                stdout=True,
-                stderr=True,
-            )["Id"]
-            return api.exec_start(exec_id, socket=True)
-
-        try:
-            try:
-                sock = start()
-            except (NotFound, APIError) as e:
-                if isinstance(e, APIError) and e.status_code not in (404, 409):
-                    raise
-                self.provider.ensure_container(self.thread_id, fast=False)  # reaped meanwhile
-                sock = start()
-        except DockerException as e:
-            raise SandboxError(
-                f"the sandbox's files are unreachable: {str(e).splitlines()[0][:200]}"
-            ) from None
-        raw = raw_socket(sock)
-        if raw is not None:
-            raw.settimeout(_IO_SECONDS)
-        return _Reply(sock, cap)
-
-    def _call(self, virtual: str, args: list[str], cap: int = _HEADER_CAP) -> dict[str, Any]:
-        reply = self._open(args, cap)
+    def _call(
+        self, virtual: str, args: list[str], cap: int = _HEADER_CAP, stdin: bytes | None = None
+    ) -> dict[str, Any]:
+        reply = self._open(args, cap, stdin)
         try:
             with self._net(virtual):
                 return self._checked(virtual, reply.header())
@@ -300,10 +307,14 @@ class EngineFiles(HostFiles):
             return TextWindow("", 0, 0, total or 0)
         return TextWindow("".join(found.lines), offset + 1, offset + len(found.lines), total)
 
-    def _chunks(self, data: bytes) -> list[list[str]]:
+    def _chunks(self, data: bytes) -> list[tuple[list[str], bytes | None]]:
+        """``data`` cut into one (arguments, stdin) pair per exec."""
+        if self.transport.stdin_data:
+            pieces = [data[i : i + _STDIN_PER_EXEC] for i in range(0, len(data), _STDIN_PER_EXEC)] or [b""]
+            return [([f"@{len(p)}"], p) for p in pieces]
         text = base64.b64encode(data).decode()
         parts = [text[i : i + _CHUNK] for i in range(0, len(text), _CHUNK)] or [""]
-        return [parts[i : i + _CHUNKS_PER_EXEC] for i in range(0, len(parts), _CHUNKS_PER_EXEC)]
+        return [(parts[i : i + _CHUNKS_PER_EXEC], None) for i in range(0, len(parts), _CHUNKS_PER_EXEC)]
 
     def write(self, path: str, content: str | bytes) -> str:
         data = content.encode() if isinstance(content, str) else content
@@ -313,8 +324,9 @@ class EngineFiles(HostFiles):
     def _put(self, path: str, data: bytes) -> str:
         """Write ``data`` to ``path`` (made or truncated), in as many execs as its size needs."""
         virtual, mount, rel = self._where(path, write=True)
-        for i, group in enumerate(self._chunks(data)):
-            self._call(virtual, ["write", mount.virtual, rel, "append" if i else "truncate", *group])
+        for i, (group, stdin) in enumerate(self._chunks(data)):
+            mode = "append" if i else "truncate"
+            self._call(virtual, ["write", mount.virtual, rel, mode, *group], stdin=stdin)
         return virtual
 
     def create_unique(self, folder: str, name: str, data: bytes) -> str:
@@ -322,13 +334,15 @@ class EngineFiles(HostFiles):
             raise PathRefused(f"invalid file name {name!r}")
         virtual, mount, rel = self._where(folder, write=True)
         groups = self._chunks(data)
-        made = self._call(virtual, ["create", mount.virtual, rel, name, *groups[0]]).get("name")
+        first, stdin = groups[0]
+        made = self._call(virtual, ["create", mount.virtual, rel, name, *first], stdin=stdin).get("name")
         if not isinstance(made, str) or "/" in made or not made:
             raise SandboxError(f"{virtual}: the file could not be created")
         target = posixpath.join(virtual, made)
         try:
-            for group in groups[1:]:
-                self._call(target, ["write", mount.virtual, posixpath.join(rel, made), "append", *group])
+            for group, stdin in groups[1:]:
+                args = ["write", mount.virtual, posixpath.join(rel, made), "append", *group]
+                self._call(target, args, stdin=stdin)
         except BaseException:
             with contextlib.suppress(SandboxError):
                 self.delete(target)

@@ -70,8 +70,20 @@ def openfile(top, parts, flags, create=False):
 def entry(st):
     d = stat.S_ISDIR(st.st_mode)
     return [d, 0 if d else st.st_size, st.st_mtime]
+def chunk(c):
+    # "@<n>": n raw bytes from stdin (Kubernetes, whose exec arguments travel in the URL).
+    if not c.startswith("@"):
+        return base64.b64decode(c)
+    want, got = int(c[1:]), []
+    while want > 0:
+        b = sys.stdin.buffer.read(want)
+        if not b:
+            raise Err("EIO")
+        got.append(b)
+        want -= len(b)
+    return b"".join(got)
 def decode(chunks):
-    return b"".join(base64.b64decode(c) for c in chunks)
+    return b"".join(chunk(c) for c in chunks)
 def op_stat(root, rel):
     top, parts = resolve(root, rel)
     try:

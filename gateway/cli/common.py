@@ -177,6 +177,9 @@ def sandbox_note(cfg: Config) -> tuple[bool, str]:
         return True, "none (agent.tools: false)"
     if sandbox.provider == "docker":
         return True, f"docker, image {sandbox.image}"
+    if sandbox.provider == "kubernetes":
+        k8s = sandbox.kubernetes
+        return True, f"kubernetes, namespace {k8s.namespace}, image {k8s.image or sandbox.image}"
     bwrap = shutil.which("bwrap")
     if bwrap:
         return True, f"local, bubblewrap {bwrap}"

@@ -67,6 +67,9 @@ def check_sandbox(cfg: Config) -> SandboxState:
             return SandboxState("failed", f"{s.provider}: {problem}")
         if s.provider == "docker":
             return SandboxState("ready", f"docker, image {s.image}: a test command ran in a container")
+        if s.provider == "kubernetes":
+            where = f"namespace {s.kubernetes.namespace}"
+            return SandboxState("ready", f"kubernetes, {where}: a test command ran in a pod")
         bwrap = getattr(provider, "bwrap", None)
         if bwrap is None:
             return SandboxState(

@@ -1,0 +1,261 @@
+"""Commands in a ``kubernetes`` sandbox: the exec websocket, the wrapper, the kill, the caps.
+
+Split from kubernetes_provider.py (the pod's lifecycle). A command is one exec whose program comes
+on stdin (an exec's arguments travel in the request URL, which proxies cap near 8 KB): a small
+runner reads the wrapper, the command and the killer, gives the command /dev/null as stdin and
+becomes the wrapper's shell (docker_scripts.WRAPPER, as in Docker). Every process of the command
+carries its marker (``CHITAL_EXEC``); on a timeout, a cancel or the disk quota, the daemon runs
+the killer in an exec of its own, then cuts the stream. An in-pod ``timeout`` is the backstop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from compat import kubernetes as kcompat
+
+from .base import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT, ExecResult, OutputCap, Sandbox, SandboxUnavailable
+from .docker_scripts import KILLER, WRAPPER
+from .engine_files import EngineFiles
+from .local import MAX_COMMAND_BYTES
+from .paths import WORKSPACE, SandboxError, ThreadDirs
+from .quota import QuotaExceeded, stopped_note
+
+if TYPE_CHECKING:
+    from .kubernetes_provider import KubernetesProvider
+
+log = logging.getLogger(__name__)
+
+WATCH_EVERY = 2.0  # seconds between disk measurements while a command runs
+KILL_GRACE = 30  # the in-pod ``timeout`` fires this long after the daemon's own deadline
+# The command's shell starts in the workspace (an exec has no working directory of its own).
+_WRAPPER = f"cd {WORKSPACE} 2>/dev/null || cd /; " + WRAPPER
+# Reads [wrapper, command, killer] from stdin (exactly its length), gives the command /dev/null
+# as stdin (a v4 exec's stdin never ends) and becomes the wrapper's shell.
+_RUNNER = (
+    "import json,os,sys;d=json.loads(sys.stdin.buffer.read(int(sys.argv[1])));"
+    "f=os.open('/dev/null',os.O_RDONLY);os.dup2(f,0);os.execv('/bin/sh',['sh','-c',d[0],'chital-exec',d[1],d[2]])"
+)
+
+
+class KubernetesUnavailable(SandboxUnavailable):
+    """The API refused or could not be reached; the text names what, never a credential."""
+
+
+def api_problem(e: BaseException, what: str, secrets: tuple[str, ...] = ()) -> str:
+    """One line on a failed API call, with the status and the API's own reason, never headers,
+    and with any credential this daemon holds cut out (a proxy may echo one back)."""
+    status = getattr(e, "status", None)
+    reason = str(getattr(e, "reason", "") or "")
+    if status == 0 or status is None:  # the websocket handshake: "Handshake status 401 ..."
+        found = re.search(r"Handshake status (\d{3})", reason)
+        status = int(found.group(1)) if found else None
+        reason = "" if found else type(e).__name__
+    message = ""
+    body = getattr(e, "body", None)
+    if body:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            message = str(json.loads(body).get("message") or "")[:200]
+    if status == 401:
+        text = f"{what}: the Kubernetes API refused this daemon's credentials (401 Unauthorized)"
+    elif status == 403:
+        text = f"{what}: the Kubernetes API forbids it (403 Forbidden; see the Role in docs/scale-out.md)"
+        text += f": {message}" if message else ""
+    elif status is None:
+        text = f"{what}: the Kubernetes API is unreachable ({reason or type(e).__name__})"
+    else:
+        text = f"{what}: the Kubernetes API answered {status} {reason}".rstrip() + (
+            f": {message}" if message else ""
+        )
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    return text
+
+
+class ExecStream:
+    """One exec websocket, read frame by frame (compat/kubernetes.py); keeps the final Status."""
+
+    def __init__(self, ws: Any, timeout: float | None) -> None:
+        self.ws = ws
+        self.timeout = timeout
+        self.status: dict[str, Any] | None = None
+
+    def frames(self) -> Iterator[tuple[int, bytes]]:
+        for channel, data in kcompat.frames(self.ws, self.timeout):
+            if channel == kcompat.ERROR_CHANNEL:
+                with contextlib.suppress(ValueError):
+                    got = json.loads(data)
+                    self.status = got if isinstance(got, dict) else None
+                continue
+            yield channel, data
+
+    def exit_code(self) -> int | None:
+        """The program's exit status from the Status the API sends last; None: none came (the
+        connection was cut, e.g. the pod went away)."""
+        if self.status is None:
+            return None
+        if self.status.get("status") == "Success":
+            return 0
+        for cause in (self.status.get("details") or {}).get("causes") or []:
+            if cause.get("reason") == "ExitCode":
+                with contextlib.suppress(ValueError, TypeError):
+                    return int(cause.get("message"))
+        return None
+
+    def close(self) -> None:
+        kcompat.abort(self.ws)
+
+
+class KubernetesSandbox(Sandbox):
+    """A thread's pod; its files are in the claim (EngineFiles over the exec websocket)."""
+
+    def __init__(self, provider: KubernetesProvider, dirs: ThreadDirs) -> None:
+        super().__init__(dirs, (provider.uid, provider.gid), provider.quota)
+        self.provider = provider
+        self.files: EngineFiles = EngineFiles(provider, self.mapper, provider.quota)
+        self.busy = 0
+        self.room_known = False
+        """As in the shared Docker mode: the last measurement, after this turn's previous command,
+        found room, so the check before the next command is skipped (``acquire`` clears it)."""
+
+    async def exec(
+        self,
+        command: str,
+        timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the command's limit, not ours
+        max_output: int = DEFAULT_MAX_OUTPUT,
+    ) -> ExecResult:
+        if len(command.encode()) > MAX_COMMAND_BYTES:
+            raise SandboxError(
+                f"command longer than {MAX_COMMAND_BYTES} bytes; write a script file and run that"
+            )
+        self.touch()
+        self.busy += 1
+        beat = asyncio.ensure_future(self._heartbeat())
+        try:
+            if not self.room_known:
+                await asyncio.to_thread(self.files.room, 0)
+            res = await self._exec(command, timeout, max_output)
+            if res.stopped is None and (note := await self._after_command()):
+                res = ExecResult(res.exit_code, f"{res.output}\n{note}", res.truncated, res.timed_out)
+            return res
+        finally:
+            beat.cancel()
+            self.busy -= 1
+            self.touch()
+
+    async def _heartbeat(self) -> None:
+        """Stamp the pod while a command runs, so the reaper never takes a busy one."""
+        every = min(30.0, self.provider.idle_timeout / 3)
+        while True:
+            await asyncio.sleep(every)
+            await asyncio.to_thread(self.provider.stamp, self.thread_id)
+
+    async def _after_command(self) -> str | None:
+        self.room_known = False
+        try:
+            await asyncio.to_thread(self.files.room, 0)
+        except QuotaExceeded as e:
+            return f"[{e}; further commands are refused until then]"
+        except Exception:  # a failed measurement must not fail the command that ran
+            log.exception("sandbox quota check after a command in %s failed", self.id)
+            return None
+        self.room_known = True
+        return None
+
+    async def _watch_disk(self) -> str:
+        while True:
+            await asyncio.sleep(WATCH_EVERY)
+            try:
+                await asyncio.to_thread(self.files.room, 0)
+            except QuotaExceeded as e:
+                return str(e)
+            except Exception:  # try again next tick
+                log.exception("sandbox quota watchdog for %s failed", self.id)
+
+    async def _exec(self, command: str, timeout: float, max_output: int) -> ExecResult:  # noqa: ASYNC109
+        marker = uuid.uuid4().hex
+        # The in-pod ``timeout`` is the backstop for a daemon that dies or loses the API mid-command:
+        # it kills the command's process group KILL_GRACE seconds after the daemon's own deadline.
+        # The command and the scripts go on stdin (an exec's arguments travel in its URL).
+        script = json.dumps([_WRAPPER, command, KILLER]).encode()
+        argv = ["timeout", "-s", "KILL", str(int(timeout) + KILL_GRACE), "env", f"CHITAL_EXEC={marker}"]
+        argv += ["python3", "-I", "-c", _RUNNER, str(len(script))]
+        p = self.provider
+        starting = asyncio.ensure_future(asyncio.to_thread(p.open_exec, self.thread_id, argv, script, None))
+        try:
+            stream = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                (await starting).close()
+            await asyncio.shield(self._kill(marker))
+            raise
+        except SandboxError as e:
+            raise SandboxUnavailable(str(e)) from None
+        cap = OutputCap(max_output)
+
+        def pump() -> None:
+            with contextlib.suppress(TimeoutError, OSError):
+                for _channel, data in stream.frames():
+                    cap.feed(data)
+
+        reader = asyncio.ensure_future(asyncio.to_thread(pump))
+        dog = asyncio.ensure_future(self._watch_disk())
+        timed_out, stopped = False, None
+        try:
+            done, _ = await asyncio.wait({reader, dog}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if reader not in done:
+                if dog in done:
+                    stopped = dog.result()
+                else:
+                    timed_out = True
+                await self._kill(marker, reader, stream)
+        except BaseException:  # cancelled (/stop) or failed: nothing may keep running
+            await asyncio.shield(self._kill(marker, reader, stream))
+            raise
+        finally:
+            dog.cancel()
+        if stopped is not None:
+            return ExecResult(None, cap.text() + stopped_note(stopped), cap.truncated, False, stopped)
+        if timed_out:
+            return ExecResult(None, cap.text(), cap.truncated, True)
+        code = stream.exit_code()
+        stream.close()
+        if code in (None, 137) and not await asyncio.to_thread(p.pod_running, self.thread_id):
+            note = "\n[the sandbox pod went away while the command ran; its files are kept, run it again]"
+            return ExecResult(code, cap.text() + note, cap.truncated, False)
+        return ExecResult(code, cap.text(), cap.truncated, False)
+
+    async def _kill(
+        self, marker: str, reader: asyncio.Future[None] | None = None, stream: Any = None
+    ) -> None:
+        """Kill every process of one command: an exec of the killer (docker_scripts.KILLER) with
+        its marker, then the stream is cut. Should that exec fail (the API unreachable), the
+        in-pod ``timeout`` still kills the command's group later; what left that group (setsid)
+        lives until the pod is reaped or replaced."""
+        argv = ["env", "CHITAL_EXEC=killer-" + uuid.uuid4().hex, "python3", "-I", "-c", KILLER, marker]
+
+        def sweep() -> None:
+            killer = self.provider.open_exec(self.thread_id, argv, None, 30.0, revive=False)
+            try:
+                for _ in killer.frames():
+                    pass
+            finally:
+                killer.close()
+
+        try:
+            await asyncio.wait_for(asyncio.to_thread(sweep), 30)
+        except (TimeoutError, SandboxError, OSError) as e:
+            log.warning("sandbox %s: the kill exec failed (%s); the pod's timeout remains", self.id, e)
+        if stream is not None:
+            stream.close()
+        if reader is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(reader, 10)
