@@ -254,6 +254,7 @@ def test_rest_objects_labels_patch_and_status_errors(
         core.list_namespaced_pod(NS, watch=True)
     assert exc.value.status == 400
 
+    assert core.read_namespaced_pod_status("sb-a", NS).status.phase == "Running"
     # The spec comes back as submitted.
     got = core.read_namespaced_pod("sb-a", NS)
     assert got.spec.automount_service_account_token is False

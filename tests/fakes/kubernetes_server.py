@@ -136,6 +136,7 @@ class FakeKubernetes:
         for prefix in ("/api/v1", "/apis/networking.k8s.io/v1"):
             app.router.add_route("*", prefix + "/namespaces/{ns}/{resource}", self._collection)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{resource}/{name}", self._item)
+            app.router.add_get(prefix + "/namespaces/{ns}/{resource}/{name}/status", self._item)
         app.router.add_route("*", "/api/v1/namespaces/{ns}/pods/{name}/exec", self._exec)
         ctx = None
         if self.tls:
