@@ -44,7 +44,8 @@ from compat.docker import close_response, raw_socket
 from .base import SandboxUnavailable
 from .config import SandboxLimits
 from .docker_provider import LABEL, LABEL_CONFIG, LABEL_THREAD, DockerProvider, DockerSandbox, short_error
-from .engine_files import IO_SECONDS, EngineFiles
+from .engine_exec import IO_SECONDS
+from .engine_files import EngineFiles
 from .paths import SKILLS, USER_DATA, SandboxError, ThreadDirs
 from .probe import PROBE_THREAD
 from .quota import QuotaExceeded
@@ -183,7 +184,7 @@ class SharedDockerProvider(DockerProvider):
         skills (their content is what counts, see ``_skills_volume``)."""
         self._skills: tuple[object, bytes, str] | None = None
         self.stdin_data = False
-        """engine_files.ExecTransport: data goes in as base64 arguments (an exec's are in its
+        """engine_exec.ExecTransport: data goes in as base64 arguments (an exec's are in its
         JSON body here, ~1 MB per exec)."""
         self.probe_id = f"{PROBE_THREAD}-{uuid.uuid4().hex[:12]}"
         """The start-up probe's thread, one per daemon: daemons starting together must not
@@ -204,7 +205,7 @@ class SharedDockerProvider(DockerProvider):
         return EngineFiles(self, PathMapper(dirs), self.quota)
 
     def open_exec(self, thread_id: str, argv: list[str], stdin: bytes | None = None) -> _DockerExecStream:
-        """engine_files.ExecTransport: ``argv`` as the sandbox user in the thread's container."""
+        """engine_exec.ExecTransport: ``argv`` as the sandbox user in the thread's container."""
         assert stdin is None  # stdin_data is False: data travels as arguments
         api = self.client.api
 

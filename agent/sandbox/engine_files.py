@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import posixpath
-import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from wcmatch import glob as wcglob
 
 from . import bounded
+from .engine_exec import OP_SECONDS, STDIN_BOOT, ExecTransport, Reply
 from .engine_script import HELPER
 from .files import EDIT_LOCKS, Entry, GrepMatch, HostFiles, TextWindow
 from .paths import USER_DATA, Mount, PathMapper, PathRefused, SandboxError
@@ -39,17 +38,8 @@ _MAX_READ_BYTES = 64 * 1024 * 1024  # as files.py: read_bytes without a cap of i
 _CHUNK = 96 * 1024  # base64 characters per argument (Linux: 128 KiB per argument string)
 _CHUNKS_PER_EXEC = 12  # ~1.1 MB of argv per exec, well under ARG_MAX (a quarter of the stack)
 _STDIN_PER_EXEC = 4 * 1024 * 1024  # raw bytes per exec where data goes in on stdin
-IO_SECONDS = 60.0  # no byte for this long: the operation is abandoned (the transport's read timeout)
-_OP_SECONDS = 120.0  # the whole operation, here and (killed) in the container
 _WALK_LIMIT = 50_000
 _HELPER_BYTES = HELPER.encode()
-STDIN_BOOT = (
-    "import sys;n=int(sys.argv.pop(1));exec(compile(sys.stdin.buffer.read(n),'<chital-files>','exec'))"
-)
-"""Where the transport takes data on stdin (Kubernetes), the program comes first on stdin too:
-an exec's arguments travel in the request's URL, and proxies in front of an API server commonly
-refuse URLs past 8 KB. Reads exactly its length (``read(n)`` on a pipe waits for n bytes)."""
-
 _ERRORS = {
     "ENOENT": "no such file or directory",
     "EISDIR": "is a directory",
@@ -65,85 +55,6 @@ _ERRORS = {
 }
 
 
-class ExecStream(Protocol):
-    """One running exec's output, as (stream, bytes) frames: 1 stdout, 2 stderr."""
-
-    def frames(self) -> Iterator[tuple[int, bytes]]:
-        """The frames until the program ends; a read waiting longer than ``IO_SECONDS`` raises
-        ``TimeoutError`` (or ``OSError``)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class ExecTransport(Protocol):
-    """How a provider runs engine_script.py in a thread's container (see the module docstring)."""
-
-    stdin_data: bool
-    """Data goes in on stdin (``@<n>`` arguments: n raw bytes each) rather than as base64
-    arguments: Kubernetes carries an exec's arguments in the URL, whose size the API server caps."""
-
-    def open_exec(self, thread_id: str, argv: list[str], stdin: bytes | None = None) -> ExecStream:
-        """Start ``argv`` as the sandbox user in the thread's container (made or revived as
-        needed) and feed it ``stdin``. Raises :class:`SandboxError` with a reason fit for the
-        model (never a credential) when it cannot."""
-        ...
-
-
-class _Reply:
-    """The program's stdout, read with a deadline per read and a cap in bytes."""
-
-    def __init__(self, stream: ExecStream, cap: int) -> None:
-        self.sock = stream
-        self.frames = iter(stream.frames())
-        self.buf = bytearray()
-        self.cap = cap
-        self.got = 0
-        self.eof = False
-        self.deadline = time.monotonic() + _OP_SECONDS
-
-    def _more(self) -> bool:
-        for stream, data in self.frames:
-            if time.monotonic() > self.deadline:
-                raise SandboxError("the file operation took too long; refused")
-            if stream != 1:  # stderr: the program writes none; ignore whatever appears
-                continue
-            self.got += len(data)
-            if self.got > self.cap:
-                raise SandboxError("the file operation's reply is larger than its cap; refused")
-            self.buf += data
-            return True
-        self.eof = True
-        return False
-
-    def header(self) -> dict[str, Any]:
-        while b"\n" not in self.buf:
-            if not self._more():
-                raise SandboxError("the file operation gave no answer (the sandbox may be overloaded)")
-        line, _, rest = bytes(self.buf).partition(b"\n")
-        self.buf = bytearray(rest)
-        try:
-            head = json.loads(line)
-        except ValueError:
-            raise SandboxError("the file operation gave an unreadable answer") from None
-        if not isinstance(head, dict):
-            raise SandboxError("the file operation gave an unreadable answer")
-        return head
-
-    def read(self, n: int = -1) -> bytes:
-        """File-like: up to ``n`` bytes of the payload (``bounded.read_lines`` reads from this)."""
-        while not self.eof and (n < 0 or len(self.buf) < n):
-            self._more()
-        n = len(self.buf) if n < 0 else min(n, len(self.buf))
-        data = bytes(self.buf[:n])
-        del self.buf[:n]
-        return data
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.sock.close()
-
-
 class EngineFiles(HostFiles):
     """One thread's file operations, run in its container (see the module docstring)."""
 
@@ -155,18 +66,18 @@ class EngineFiles(HostFiles):
 
     # --- running the program ---------------------------------------------------------------
 
-    def _open(self, args: list[str], cap: int, stdin: bytes | None = None) -> _Reply:
+    def _open(self, args: list[str], cap: int, stdin: bytes | None = None) -> Reply:
         # coreutils' timeout kills the program even when nobody reads its output any more (neither
         # engine stops an exec whose client went away). CHITAL_EXEC marks it as none of a
         # command's, so a command's kill sweep (docker_scripts.KILLER) leaves it alone.
-        argv = ["timeout", "-s", "KILL", str(int(_OP_SECONDS))]
+        argv = ["timeout", "-s", "KILL", str(int(OP_SECONDS))]
         argv += ["env", "CHITAL_EXEC=files-" + uuid.uuid4().hex, "python3", "-I", "-c"]
         if self.transport.stdin_data:  # the program itself goes on stdin, ahead of the data
             argv += [STDIN_BOOT, str(len(_HELPER_BYTES)), *args]
             stdin = _HELPER_BYTES + (stdin or b"")
         else:
             argv += [HELPER, *args]
-        return _Reply(self.transport.open_exec(self.thread_id, argv, stdin), cap)
+        return Reply(self.transport.open_exec(self.thread_id, argv, stdin), cap)
 
     def _call(
         self, virtual: str, args: list[str], cap: int = _HEADER_CAP, stdin: bytes | None = None
@@ -255,7 +166,7 @@ class EngineFiles(HostFiles):
         is_dir, size, mtime = item
         return Entry(virtual, bool(is_dir), int(size), float(mtime))
 
-    def _read(self, path: str, cap: int) -> tuple[str, _Reply, int]:
+    def _read(self, path: str, cap: int) -> tuple[str, Reply, int]:
         virtual, mount, rel = self._where(path)
         reply = self._open(["read", mount.virtual, rel, str(cap)], _HEADER_CAP + cap + 1)
         try:

@@ -35,7 +35,8 @@ from compat import kubernetes as kcompat
 from . import kube_spec as ks
 from .base import SandboxProvider
 from .config import KubernetesSettings, SandboxLimits
-from .engine_files import IO_SECONDS, EngineFiles
+from .engine_exec import IO_SECONDS
+from .engine_files import EngineFiles
 from .kube_exec import ExecStream, KubernetesSandbox, KubernetesUnavailable, api_problem
 from .paths import OUTPUTS, UPLOADS, WORKSPACE, PathMapper, SandboxError, ThreadDirs
 from .probe import PROBE_THREAD
@@ -74,7 +75,7 @@ class KubernetesProvider(SandboxProvider):
             log.warning("agent.sandbox.skills_dir is not mounted in kubernetes sandboxes (not supported yet)")
         self.image = settings.image or image
         self.stdin_data = True
-        """engine_files.ExecTransport: an exec's arguments travel in its URL; data goes on stdin."""
+        """engine_exec.ExecTransport: an exec's arguments travel in its URL; data goes on stdin."""
         self._sandboxes: dict[str, KubernetesSandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._clients: tuple[Any, Any, Any, Any] | None = None
@@ -154,7 +155,7 @@ class KubernetesProvider(SandboxProvider):
         *,
         revive: bool = True,
     ) -> ExecStream:
-        """engine_files.ExecTransport: ``argv`` in the thread's pod over the exec websocket, with
+        """engine_exec.ExecTransport: ``argv`` in the thread's pod over the exec websocket, with
         ``stdin`` written to it; a pod that is gone is made again first (``revive``)."""
         from kubernetes.client.rest import ApiException
         from kubernetes.stream import stream
