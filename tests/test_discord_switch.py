@@ -10,7 +10,6 @@ bot waits for it: the call must come back over the same HTTP session, once, with
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -124,7 +123,9 @@ async def test_a_send_and_an_edit_under_way_go_on_across_a_leadership_change(
     assert dc.open_sessions() == 1
 
 
-async def test_leadership_goes_back_and_forth_on_one_login(dc: FakeDiscord, pair: tuple[Daemon, Daemon]) -> None:
+async def test_leadership_goes_back_and_forth_on_one_login(
+    dc: FakeDiscord, pair: tuple[Daemon, Daemon]
+) -> None:
     """Each change opens a fresh gateway session on the new leader (an IDENTIFY, a READY whose
     cache replaces the last), logs in no second time, and the one that stepped down receives
     nothing more."""
@@ -140,21 +141,24 @@ async def test_leadership_goes_back_and_forth_on_one_login(dc: FakeDiscord, pair
     assert dc.max_open_sessions == 1
 
 
-async def test_a_switch_during_the_gateway_handshake_leaves_no_session_open(dc: FakeDiscord) -> None:
-    """A step-down that lands while the gateway connection is still being made (the websocket
-    open, IDENTIFY maybe sent, READY not yet read) closes that websocket too: no session of the
-    former leader lingers beside the next one's."""
+async def test_a_step_down_during_the_gateway_handshake_leaves_no_session_open(dc: FakeDiscord) -> None:
+    """A step-down that lands after this daemon identified but before its READY arrived closes
+    that connection too: no session of the former leader lingers beside the next leader's (its
+    heartbeat thread would keep it open until the heartbeat timeout)."""
     d = _daemon(dc, receive=False)
     try:
         await dc.wait_for(lambda: d.channel.state is ChannelState.CONNECTED, 15)
-        for _ in range(5):
+        for n in range(1, 4):
+            ready = dc.hold_ready()
             await d.sup.switch(receive=True)
-            await dc.wait_for(lambda: dc.gateway_connections >= 1, 15)
+            await dc.wait_for(lambda: dc.identifies == 2 * n - 1, 15)  # noqa: B023
+            await d.sup.switch(receive=False)  # caught before its READY
+            await dc.wait_for(lambda: dc.gateway_connections == 0, 15)
+            ready.set()
+            await d.sup.switch(receive=True)  # and once through, to a live session
+            await dc.wait_for(lambda: dc.identifies == 2 * n and dc.connected, 15)  # noqa: B023
             await d.sup.switch(receive=False)
             await dc.wait_for(lambda: dc.gateway_connections == 0, 15)
-        await d.sup.switch(receive=True)
-        await dc.wait_for(lambda: dc.connected, 15)
-        assert dc.open_sessions() == 1
+        assert dc.max_open_sessions == 1
     finally:
-        with contextlib.suppress(Exception):
-            await d.sup.close()
+        await d.sup.close()

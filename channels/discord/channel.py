@@ -149,7 +149,6 @@ class DiscordChannel(Channel):
         self._gateway_url = gateway_url or DEFAULT_GATEWAY_URL
         self._heartbeat_timeout = heartbeat_timeout
         self._client: _Client | None = None
-        self._sockets = sdk.GatewaySockets()
         self._sink: InboundSink | None = None
         self._sink_lock = asyncio.Lock()
         self._stopping = False
@@ -224,7 +223,6 @@ class DiscordChannel(Channel):
         if client is not None and not client.is_closed():  # a login that failed half-way
             await client.close()
         client = self._client = self._make_client()
-        self._sockets = sdk.track_gateway(client)
         try:
             await client.login(self._token)
         except BaseException:
@@ -274,7 +272,7 @@ class DiscordChannel(Channel):
         edits under way keep the client's HTTP session, and the next run reuses its login."""
         self._stopping = True
         if self._client is not None and not self._client.is_closed():
-            await sdk.close_gateway(self._client, self._sockets)
+            await sdk.close_gateway(self._client)
 
     # -- inbound ------------------------------------------------------------------------------
     async def _on_message(self, message: discord.Message) -> None:

@@ -10,11 +10,9 @@
   (``discord.http._set_api_version()`` would reset Route.BASE; it is never called.)
 - ``VoiceClient.warn_nacl`` / ``warn_dave``: class flags that silence the one-time "voice will NOT
   be supported" warnings (Chital never uses voice).
-- ``Client.ws`` and ``Client.http.ws_connect``: the gateway websocket, closed apart from the HTTP
-  session. discord.py's public ``Client.close()`` closes both (and the client for good); a leadership
-  change must drop only the gateway, so that sends and edits under way on the same HTTP session go
-  on (docs/scale-out.md). ``ws_connect`` is wrapped to know a websocket cut mid-handshake (between
-  its opening and ``Client.ws`` being set, an IDENTIFY may already be sent): it is closed too.
+- ``Client.ws``: the gateway websocket, closed apart from the HTTP session. discord.py's public
+  ``Client.close()`` closes both (and the client for good); a leadership change must drop only the
+  gateway, so that sends and edits under way on the same HTTP session go on (docs/scale-out.md).
 
 No public fallback for the parsers (outside :data:`compat.versions.VERIFIED`'s ``discord.py``
 set the daemon refuses to start): without the guard one unreadable event would drop the
@@ -28,7 +26,6 @@ import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import aiohttp
 import discord
 import discord.gateway
 import discord.http
@@ -61,46 +58,19 @@ def guard_parsers(
 
 
 GATEWAY_CLOSE_TIMEOUT = 10.0
-"""How long closing a gateway websocket may wait for Discord's close frame (aiohttp waits 30 s)."""
+"""How long closing the gateway websocket may wait for Discord's close frame (aiohttp waits 30 s)."""
 
 
-class GatewaySockets:
-    """The websockets one client opened to the gateway (:func:`track_gateway`)."""
-
-    def __init__(self) -> None:
-        self.opened: list[aiohttp.ClientWebSocketResponse] = []
-
-    def add(self, socket: aiohttp.ClientWebSocketResponse) -> None:
-        self.opened = [s for s in self.opened if not s.closed]
-        self.opened.append(socket)
-
-
-def track_gateway(client: discord.Client) -> GatewaySockets:
-    """Record every websocket ``client`` opens (its HTTP client's ``ws_connect``), for
-    :func:`close_gateway`."""
-    sockets = GatewaySockets()
-    http: Any = client.http
-    connect = http.ws_connect
-
-    async def ws_connect(url: str, *, compress: int = 0) -> aiohttp.ClientWebSocketResponse:
-        socket: aiohttp.ClientWebSocketResponse = await connect(url, compress=compress)
-        sockets.add(socket)
-        return socket
-
-    http.ws_connect = ws_connect
-    return sockets
-
-
-async def close_gateway(client: discord.Client, sockets: GatewaySockets) -> None:
+async def close_gateway(client: discord.Client) -> None:
     """Close ``client``'s gateway websocket with 1000 (Discord ends the session: no events go to it
-    any more) and any other it opened, leaving its HTTP session open. Call once the task running
-    ``client.connect()`` has ended (cancelled): that loop would otherwise open a new one."""
+    any more), leaving its HTTP session open. Call once the task running ``client.connect()`` has
+    ended (cancelled): that loop would otherwise open a new one.
+
+    A connection cut before discord.py hands it to the client (``Client.ws`` is set once IDENTIFY is
+    sent) is not reached here: cut before HELLO, it is closed as it is dropped (nothing holds it);
+    cut in the instant between HELLO and IDENTIFY's return, its heartbeat thread holds it until
+    the heartbeat timeout closes it (no events are read from it)."""
     ws: Any = client.ws
     if ws is not None and ws.open:  # DiscordWebSocket.close also stops its heartbeat thread
         with contextlib.suppress(Exception):
             await asyncio.wait_for(ws.close(code=1000), GATEWAY_CLOSE_TIMEOUT)
-    for socket in sockets.opened:  # one cut mid-handshake: its heartbeat thread ends at its next beat
-        if not socket.closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(socket.close(code=1000), GATEWAY_CLOSE_TIMEOUT)
-    sockets.opened = []

@@ -18,7 +18,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
@@ -152,6 +152,8 @@ class FakeDiscord:
         """POST /channels/{id}/messages per nonce, a deduplicated repeat included: a send cut and
         retried counts twice even when it is posted once."""
         self._held: list[_Held] = []
+        self._ready_held: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.resumes = 0
         self.heartbeats = 0
         self.intents: int | None = None
@@ -196,6 +198,10 @@ class FakeDiscord:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
+        for held in self._held:  # a test that failed mid-hold: its handlers end now
+            held.release.set()
+        if self._ready_held is not None:
+            self._ready_held.set()
         for conn in list(self._conns):
             with contextlib.suppress(Exception):
                 await conn.ws.close(code=1001)
@@ -295,6 +301,12 @@ class FakeDiscord:
         held = _Held(method, when, asyncio.Event())
         self._held.append(held)
         return held.release
+
+    def hold_ready(self) -> asyncio.Event:
+        """An IDENTIFY starts its session but gets no READY until the returned event is set: the
+        bot is caught in its handshake (identified, not yet told so)."""
+        self._ready_held = asyncio.Event()
+        return self._ready_held
 
     @property
     def holding(self) -> int:
@@ -610,6 +622,7 @@ class FakeDiscord:
         await ws.prepare(request)
         conn = _Conn(ws=ws, request=request)
         self._conns.add(conn)
+        self._notify()
         await self._send(
             conn,
             {
@@ -663,8 +676,24 @@ class FakeDiscord:
             "private_channels": [],
             "relationships": [],
         }
+        if self._ready_held is None:
+            await self._ready(session, ready)
+        else:  # the read loop goes on meanwhile: a close from the bot ends the connection
+            self._spawn(self._ready_later(self._ready_held, session, ready))
+
+    async def _ready(self, session: _Session, ready: dict[str, Any]) -> None:
         await self._dispatch("READY", ready, session)
         await self._dispatch("GUILD_CREATE", self._guild_data(), session)
+
+    async def _ready_later(self, held: asyncio.Event, session: _Session, ready: dict[str, Any]) -> None:
+        await held.wait()
+        if not session.dead and session.conn is not None and not session.conn.ws.closed:
+            await self._ready(session, ready)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _resume(self, conn: _Conn, d: dict[str, Any]) -> None:
         if d.get("token") != self.token:
