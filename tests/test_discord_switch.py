@@ -63,6 +63,10 @@ async def pair(dc: FakeDiscord) -> AsyncIterator[tuple[Daemon, Daemon]]:
         await d.sup.close()
 
 
+def ids(d: Daemon) -> list[str]:
+    return [m.message_id for m in d.inbox]
+
+
 def _target(dc: FakeDiscord) -> ReplyTarget:
     return ReplyTarget(platform="discord", chat_id=dc.dm_channel(USER))
 
@@ -128,7 +132,7 @@ async def test_leadership_goes_back_and_forth_on_one_login(
 ) -> None:
     """Each change opens a fresh gateway session on the new leader (an IDENTIFY, a READY whose
     cache replaces the last), logs in no second time, and the one that stepped down receives
-    nothing more."""
+    nothing more: messages and application commands reach the new leader only."""
     a, b = pair
     logins = sum(1 for m, p in dc.rest_calls if m == "GET" and p.endswith("/users/@me"))
     for n, (down, up) in enumerate(((a, b), (b, a), (a, b)), start=2):
@@ -136,6 +140,9 @@ async def test_leadership_goes_back_and_forth_on_one_login(
         await up.sup.switch(receive=True)
         await dc.wait_for(lambda: dc.identifies == n and dc.connected, 15)  # noqa: B023
         await _receives(dc, f"change {n}", up, down)
+        iid = await dc.run_command(USER, "help")  # an application command: answered by the leader
+        await dc.wait_for(lambda: iid in dc.interaction_responses and iid in ids(up), 15)  # noqa: B023
+        assert iid not in ids(down)
         assert up.channel.state is ChannelState.CONNECTED and down.channel.state is ChannelState.CONNECTED
     assert sum(1 for m, p in dc.rest_calls if m == "GET" and p.endswith("/users/@me")) == logins
     assert dc.max_open_sessions == 1
