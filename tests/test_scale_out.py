@@ -313,3 +313,60 @@ async def test_a_new_leader_starts_polling_without_cutting_the_telegram_answer_i
         assert tg.poll_conflicts == 0
     finally:
         await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)
+
+
+async def test_a_new_leader_opens_the_discord_gateway_without_cutting_the_answer_it_is_sending(
+    tmp_path: Path, pg_url: str, model: FakeOpenAI
+) -> None:
+    """The Discord case of the test above: the standby's answer reached Discord, its response is
+    held, the leader is killed and the standby opens the gateway on the client it sends with. The
+    send comes back over the same HTTP session: one POST (the old code closed the whole client, so
+    the send was cut and retried; the fake's nonce check kept the retry from posting twice), and
+    at no moment were two gateway sessions open."""
+    from tests.fakes.discord_server import FakeDiscord
+
+    hold_first = asyncio.Event()
+    model.add_rule(lambda t: "HOLDA" in t, Reply(text="echo: HOLDA done", hold=hold_first))
+    dc = FakeDiscord(heartbeat_interval=1.0)
+    await dc.start()
+    daemons = []
+    for n in range(2):
+        cfg = cluster_storage(base_config(tmp_path / f"data-{n}", model.base_url, free_port()), pg_url)
+        cfg["channels"]["discord"] = dc.channel_settings()
+        cfg["concurrency"]["max_turns"] = 1 if n == 0 else 4  # the busy leader leaves the next one
+        daemons.append(DaemonProcess(tmp_path / f"d{n}", cfg))
+        daemons[-1].workdir.mkdir(parents=True, exist_ok=True)
+    leader, standby = daemons
+
+    def dm_answers(user: str) -> list[str]:
+        return [a for m in dc.bot_messages(dc.dm_channel(user)) if (a := answer(m.content))]
+
+    try:
+        await leader.start(timeout=90)
+        assert await find_leader([leader]) is leader
+        await standby.start(timeout=90)
+        await dc.inject_dm("810000000000000001", "HOLDA keeps the leader busy")
+        await wait(lambda: any("HOLDA" in str(r) for r in model.requests), 30, "the leader's held turn")
+        release = dc.hold_answer("POST", lambda p: "STANDBYX" in str(p.get("content")))
+        await dc.inject_dm("810000000000000002", "STANDBYX answered by the standby")
+        await wait(lambda: dc.holding == 1, 60, "the standby's answer sent, its result held")
+        leader.kill9()
+        await leader.wait_exit()
+        await find_leader([standby], timeout=30)
+        await dc.wait_for(lambda: dc.identifies == 2 and dc.connected, timeout=30)
+        await asyncio.sleep(1.0)  # a cut send fails at once; one that goes on is still waiting
+        release.set()
+        hold_first.set()
+        await dc.inject_dm("810000000000000003", "after the takeover")
+        await wait(lambda: bool(dm_answers("810000000000000003")), 60, "the new leader receiving")
+        await wait(
+            lambda: bool(dm_answers("810000000000000001")), 60, "the held turn finished by the survivor"
+        )
+        await asyncio.sleep(LEASE)  # a retry of a cut send would have landed by now
+        assert dm_answers("810000000000000002") == ["echo: STANDBYX answered by the standby"]
+        (sent,) = [m for m in dc.bot_messages() if "STANDBYX" in m.content and m.nonce]
+        assert dc.message_posts[str(sent.nonce)] == 1, "the send went on, not cut and retried"
+        assert dc.max_open_sessions == 1
+    finally:
+        await asyncio.gather(*(d.close() for d in daemons if d.proc), return_exceptions=True)
+        await dc.stop()

@@ -31,9 +31,8 @@ import io
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
-import aiohttp
 import discord
 
 from channels import malformed
@@ -53,13 +52,13 @@ from channels.base import (
     PermanentSendError,
     Rendered,
     ReplyTarget,
-    RetryAfter,
     TransientSendError,
     replied_item,
 )
-from channels.limits import check_size, header, retry_after
+from channels.limits import check_size
 
 from . import appcommands, interactions, render, sdk
+from .errors import raise_mapped as _raise_mapped
 from .inbound import context_item, recover_ids, to_action, to_inbound
 from .render import MAX_LEN
 from .settings import DiscordSettings
@@ -69,9 +68,6 @@ log = logging.getLogger(__name__)
 DEFAULTS = DiscordSettings()
 DEFAULT_GATEWAY_URL = "wss://gateway.discord.gg/"
 NONCE_LEN = 25  # Discord's limit for a string nonce
-SDK_RETRIED = frozenset({500, 502, 504, 524})
-"""Statuses discord.py's HTTPClient.request already retried five times (1, 3, 5, 7 s apart)."""
-_CONNECTION_RESET = (54, 10054)  # errnos it retries likewise
 
 # Auth failed / invalid intents / privileged intents not enabled: a human must act.
 _FATAL_CLOSE_CODES = {
@@ -216,17 +212,33 @@ class DiscordChannel(Channel):
         sdk.guard_parsers(client, self._guarded, keep=("READY", "RESUMED"))
         return client
 
+    async def _logged_in(self) -> _Client:
+        """This daemon's one client, logged in (REST): kept across runs, so a leadership change or a
+        gateway restart leaves the HTTP session that sends and edits go over (docs/scale-out.md). A
+        new one only when the last was closed (shutdown, or discord.py closing it on a close code
+        it does not reconnect after)."""
+        client = self._client
+        if client is not None and not client.is_closed() and client.user is not None:
+            return client
+        if client is not None and not client.is_closed():  # a login that failed half-way
+            await client.close()
+        client = self._client = self._make_client()
+        try:
+            await client.login(self._token)
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
     async def run(self, sink: InboundSink) -> None:
         self._sink, self._stopping = sink, False
         sdk.set_endpoints(self._api_base_url, self._gateway_url)
-        client = self._client = self._make_client()
         try:
-            if self.receive:
-                await client.start(self._token, reconnect=True)
-            else:  # a standby daemon: REST only (sends, edits); the leader holds the gateway
-                await client.login(self._token)
+            client = await self._logged_in()
+            if not self.receive:  # a standby daemon: REST only (sends, edits); the leader holds the gateway
                 self.report_connected()
                 await asyncio.Event().wait()
+            await client.connect(reconnect=True)  # the gateway session (the leader, or one daemon)
         except discord.LoginFailure:
             raise FatalChannelError("Discord rejected the bot token (401 Unauthorized)") from None
         except discord.PrivilegedIntentsRequired:
@@ -240,9 +252,6 @@ class DiscordChannel(Channel):
         except asyncio.CancelledError:
             self._stopping = True
             raise
-        finally:
-            if not client.is_closed():
-                await client.close()
         raise ChannelError("Discord client stopped unexpectedly")
 
     def _live(self) -> None:
@@ -257,6 +266,13 @@ class DiscordChannel(Channel):
         self._stopping = True
         if self._client is not None and not self._client.is_closed():
             await self._client.close()
+
+    async def disconnect(self) -> None:
+        """Only the gateway websocket (the supervisor's restart, a leadership change): sends and
+        edits under way keep the client's HTTP session, and the next run reuses its login."""
+        self._stopping = True
+        if self._client is not None and not self._client.is_closed():
+            await sdk.close_gateway(self._client)
 
     # -- inbound ------------------------------------------------------------------------------
     async def _on_message(self, message: discord.Message) -> None:
@@ -472,27 +488,3 @@ def _ids_of(message: discord.Message) -> dict[str, Any]:
         "message_id": str(getattr(message, "id", "")),
         "is_direct": getattr(message, "guild", True) is None,
     }
-
-
-def _raise_mapped(exc: BaseException, what: str) -> NoReturn:
-    """Translate discord.py / transport errors into the channel contract's errors.
-
-    discord.py already retries short 429s (sleeping retry_after) and 500/502/504/524; what reaches us
-    is a 429 longer than ``max_ratelimit_timeout`` (RateLimited), or what its retries could not fix
-    (marked ``retried`` so the pacer does not retry it again)."""
-    if isinstance(exc, ChannelError):
-        raise exc
-    if isinstance(exc, discord.RateLimited):
-        raise RetryAfter(exc.retry_after, f"Discord {what} rate limited") from exc
-    if isinstance(exc, discord.HTTPException):
-        detail = f"Discord {what} failed: {exc.status} (code {exc.code}) {exc.text}".strip()
-        if exc.status == 429:
-            seconds = retry_after(header(getattr(exc.response, "headers", None), "Retry-After"))
-            raise RetryAfter(seconds, f"Discord {what} rate limited") from exc
-        if exc.status >= 500:
-            raise TransientSendError(detail, retried=exc.status in SDK_RETRIED) from exc
-        raise PermanentSendError(detail) from exc  # 400 (50035 ...), 403 Forbidden, 404 NotFound
-    if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
-        reset = isinstance(exc, OSError) and exc.errno in _CONNECTION_RESET
-        raise TransientSendError(f"Discord {what} failed: {type(exc).__name__}", retried=reset) from exc
-    raise exc

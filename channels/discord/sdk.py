@@ -10,6 +10,9 @@
   (``discord.http._set_api_version()`` would reset Route.BASE; it is never called.)
 - ``VoiceClient.warn_nacl`` / ``warn_dave``: class flags that silence the one-time "voice will NOT
   be supported" warnings (Chital never uses voice).
+- ``Client.ws``: the gateway websocket, closed apart from the HTTP session. discord.py's public
+  ``Client.close()`` closes both (and the client for good); a leadership change must drop only the
+  gateway, so that sends and edits under way on the same HTTP session go on (docs/scale-out.md).
 
 No public fallback for the parsers (outside :data:`compat.versions.VERIFIED`'s ``discord.py``
 set the daemon refuses to start): without the guard one unreadable event would drop the
@@ -18,6 +21,8 @@ connection and everything in flight on it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -50,3 +55,22 @@ def guard_parsers(
     for event, parse in list(parsers.items()):
         if event not in kept:
             parsers[event] = wrap(event, parse)
+
+
+GATEWAY_CLOSE_TIMEOUT = 10.0
+"""How long closing the gateway websocket may wait for Discord's close frame (aiohttp waits 30 s)."""
+
+
+async def close_gateway(client: discord.Client) -> None:
+    """Close ``client``'s gateway websocket with 1000 (Discord ends the session: no events go to it
+    any more), leaving its HTTP session open. Call once the task running ``client.connect()`` has
+    ended (cancelled): that loop would otherwise open a new one.
+
+    A connection cut before discord.py hands it to the client (``Client.ws`` is set once IDENTIFY is
+    sent) is not reached here: cut before HELLO, it is closed as it is dropped (nothing holds it);
+    cut in the instant between HELLO and IDENTIFY's return, its heartbeat thread holds it until
+    the heartbeat timeout closes it (no events are read from it)."""
+    ws: Any = client.ws
+    if ws is not None and ws.open:  # DiscordWebSocket.close also stops its heartbeat thread
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(ws.close(code=1000), GATEWAY_CLOSE_TIMEOUT)

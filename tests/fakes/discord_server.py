@@ -18,7 +18,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
@@ -54,6 +54,17 @@ class _Failure:
     times: int
     retry_after: float
     code: int
+
+
+@dataclass
+class _Held:
+    """An answer the fake holds back (:meth:`FakeDiscord.hold_answer`): the call took effect."""
+
+    method: str
+    when: Callable[[dict[str, Any]], bool]
+    release: asyncio.Event
+    waiting: bool = False
+    used: bool = False
 
 
 @dataclass
@@ -133,6 +144,16 @@ class FakeDiscord:
         self.no_history: set[str] = set()
         """Channels whose history the bot may not read (no Read Message History): 403 on GET."""
         self.identifies = 0
+        self.max_open_sessions = 0
+        """The most identified gateway connections open at one moment. Discord sends every event
+        to each session of a bot (unsharded), so two would see each message twice; this fake keeps
+        one session live (an IDENTIFY ends the previous one), and this counter tells the tests."""
+        self.message_posts: Counter[str] = Counter()
+        """POST /channels/{id}/messages per nonce, a deduplicated repeat included: a send cut and
+        retried counts twice even when it is posted once."""
+        self._held: list[_Held] = []
+        self._ready_held: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.resumes = 0
         self.heartbeats = 0
         self.intents: int | None = None
@@ -177,6 +198,10 @@ class FakeDiscord:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
+        for held in self._held:  # a test that failed mid-hold: its handlers end now
+            held.release.set()
+        if self._ready_held is not None:
+            self._ready_held.set()
         for conn in list(self._conns):
             with contextlib.suppress(Exception):
                 await conn.ws.close(code=1001)
@@ -268,6 +293,46 @@ class FakeDiscord:
         """Answer the next ``times`` matching REST calls with ``status`` (429 carries retry_after in
         the body and X-RateLimit-* headers, like Discord's)."""
         self._failures.append(_Failure(status, method, path_contains, times, retry_after, code))
+
+    def hold_answer(self, method: str, when: Callable[[dict[str, Any]], bool]) -> asyncio.Event:
+        """The next message create (``POST``) or edit (``PATCH``) whose JSON payload satisfies
+        ``when`` takes effect (the user sees it), but its answer is held until the returned event
+        is set: the bot is caught between a call and its result for as long as the test needs."""
+        held = _Held(method, when, asyncio.Event())
+        self._held.append(held)
+        return held.release
+
+    def hold_ready(self) -> asyncio.Event:
+        """An IDENTIFY starts its session but gets no READY until the returned event is set: the
+        bot is caught in its handshake (identified, not yet told so)."""
+        self._ready_held = asyncio.Event()
+        return self._ready_held
+
+    @property
+    def holding(self) -> int:
+        """How many answers are held back right now."""
+        return sum(1 for h in self._held if h.waiting)
+
+    async def _hold(self, method: str, payload: dict[str, Any]) -> None:
+        held = next((h for h in self._held if not h.used and h.method == method and h.when(payload)), None)
+        if held is None:
+            return
+        held.used = held.waiting = True
+        self._notify()
+        try:
+            await held.release.wait()
+        finally:
+            held.waiting = False
+            self._notify()
+
+    @property
+    def gateway_connections(self) -> int:
+        """Gateway websockets open now, identified or not."""
+        return len(self._conns)
+
+    def open_sessions(self) -> int:
+        """Identified (or resumed) gateway connections open now."""
+        return sum(1 for c in self._conns if c.session is not None and not c.ws.closed)
 
     def _take_failure(self, request: web.Request) -> _Failure | None:
         for f in self._failures:
@@ -557,6 +622,7 @@ class FakeDiscord:
         await ws.prepare(request)
         conn = _Conn(ws=ws, request=request)
         self._conns.add(conn)
+        self._notify()
         await self._send(
             conn,
             {
@@ -598,6 +664,7 @@ class FakeDiscord:
         session = _Session(id=uuid.uuid4().hex)
         self._sessions[session.id] = session
         self._session, conn.session, session.conn = session, session, conn
+        self.max_open_sessions = max(self.max_open_sessions, self.open_sessions())
         ready = {
             "v": 10,
             "user": self._bot_user(),
@@ -609,8 +676,24 @@ class FakeDiscord:
             "private_channels": [],
             "relationships": [],
         }
+        if self._ready_held is None:
+            await self._ready(session, ready)
+        else:  # the read loop goes on meanwhile: a close from the bot ends the connection
+            self._spawn(self._ready_later(self._ready_held, session, ready))
+
+    async def _ready(self, session: _Session, ready: dict[str, Any]) -> None:
         await self._dispatch("READY", ready, session)
         await self._dispatch("GUILD_CREATE", self._guild_data(), session)
+
+    async def _ready_later(self, held: asyncio.Event, session: _Session, ready: dict[str, Any]) -> None:
+        await held.wait()
+        if not session.dead and session.conn is not None and not session.conn.ws.closed:
+            await self._ready(session, ready)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _resume(self, conn: _Conn, d: dict[str, Any]) -> None:
         if d.get("token") != self.token:
@@ -631,6 +714,7 @@ class FakeDiscord:
             with contextlib.suppress(Exception):
                 await old.ws.close(code=4000)
         self.resumes += 1
+        self.max_open_sessions = max(self.max_open_sessions, self.open_sessions())
         await self._dispatch("RESUMED", {}, session)
 
     async def drop_connection(self, mode: Literal["close", "abort", "stall"] = "close") -> None:
@@ -738,6 +822,7 @@ class FakeDiscord:
         if not content and not files and not payload.get("components"):
             return _error(400, 50006, "Cannot send an empty message")
         nonce = payload.get("nonce")
+        self.message_posts[str(nonce)] += 1
         if nonce is not None and payload.get("enforce_nonce") and str(nonce) in self._nonces:
             return _json(self._messages[self._nonces[str(nonce)]])
         extra: dict[str, Any] = {"nonce": nonce} if nonce is not None else {}
@@ -776,6 +861,7 @@ class FakeDiscord:
         if self._session is not None and not self._session.dead:
             await self._dispatch("MESSAGE_CREATE", data)  # Discord echoes the bot's own posts
         self._notify()
+        await self._hold("POST", payload)
         return _json(data)
 
     async def _list_messages(self, request: web.Request) -> web.Response:
@@ -830,6 +916,7 @@ class FakeDiscord:
             data["components"] = payload["components"] or []
             self._offered.setdefault(mid, []).extend(_buttons(data["components"]))
         self._notify()
+        await self._hold("PATCH", payload)
         return _json(data)
 
     # -- components and interactions ----------------------------------------------------------
