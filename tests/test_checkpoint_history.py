@@ -248,7 +248,7 @@ def test_a_write_put_twice_keeps_the_first_as_the_database_does(savers: list[Inl
 
 
 def test_a_history_unread_for_long_is_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import agent.checkpoints as checkpoints
+    import agent.history_cache as checkpoints
 
     saver = InlineSqliteSaver.open(tmp_path / "c.sqlite")
     graph = _graph(saver, Unsnapshotted)
