@@ -258,6 +258,17 @@ class KeptHistories:
         if merged:
             known.writes[target] = merged
 
+    def knows(self, thread: str, target: str, writes: frozenset[tuple[str, str]]) -> bool:
+        """Whether every write in ``writes`` ((task_id, channel) stored against ``target``, as a
+        read of the checkpoint returned them) is among those kept against it."""
+        known = self.known.get(thread)
+        if known is None or known.target != target:
+            return False
+        if not writes:
+            return True
+        mine = {(task_id, ch) for (task_id, _), (_, ch, _) in known.writes.get(target, {}).items()}
+        return writes <= mine
+
     def drop(self, thread: str) -> None:
         known = self.known.pop(thread, None)
         if known is not None:

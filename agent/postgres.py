@@ -94,11 +94,14 @@ async def _open(url: str, max_size: int, factory: Callable[[Any], Any]) -> tuple
 
 
 async def postgres_checkpointer(url: str, max_size: int = 10) -> tuple[Any, Closer]:
-    """An ``AsyncPostgresSaver`` with its tables set up, and how to close it."""
+    """An ``AsyncPostgresSaver`` (agent/postgres_saver.py: keeping recent threads' history) with
+    its tables set up, and how to close it."""
     import langgraph.checkpoint.postgres.aio as saver
 
+    from agent.postgres_saver import KeptPostgresSaver
+
     langgraph_compat.inline_postgres_threads(saver)
-    return await _open(url, max_size, saver.AsyncPostgresSaver)
+    return await _open(url, max_size, KeptPostgresSaver)
 
 
 async def postgres_store(url: str, max_size: int = 4) -> tuple[Any, Closer]:
