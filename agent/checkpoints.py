@@ -21,8 +21,9 @@ checkpoints from it leads back to the one read, through checkpoints this saver p
 connection to the file) is read from the database as before. The history is handed out as new
 lists of message copies whose lists and dicts (content blocks, tool calls and their arguments,
 kwargs) are their own, so a middleware that changes a message it was handed (human-in-the-loop
-rewrites ``tool_calls``) cannot change what the next turn reads. SQLite only: PostgreSQL
-deployments share threads between daemons.
+rewrites ``tool_calls``) cannot change what the next turn reads. The keeping itself is
+agent/history_cache.py, shared with the PostgreSQL saver (agent/postgres_saver.py), where several
+daemons share a thread; here any commit by another connection to the file drops it all.
 
 A step's writes go in one transaction (``SqliteSaver`` commits row by row): a batch that fails
 halfway on a full disk would leave rows LangGraph then counts as the whole step.
