@@ -18,8 +18,11 @@ from langgraph.types import Command
 from agent.history_cache import OLDER, KeptHistories
 from agent.postgres import _pool
 from agent.postgres_saver import KeptPostgresSaver
-from tests.test_checkpoint_history import Boom, State, Unsnapshotted, _graph, _shape
-from tests.test_checkpoint_history_attack import FAIL, _fan, _full
+from tests.checkpoint_history_support import FAIL, Boom, State, Unsnapshotted
+from tests.checkpoint_history_support import fan as _fan
+from tests.checkpoint_history_support import full as _full
+from tests.checkpoint_history_support import graph as _graph
+from tests.checkpoint_history_support import shape as _shape
 
 pytestmark = pytest.mark.usefixtures("pg_server")
 
