@@ -24,6 +24,7 @@ without this.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,17 @@ from agent.history_cache import HISTORY_CACHE, OLDER, KeptHistories, Stored
 from compat import langgraph as langgraph_compat
 
 
+class _Activity:
+    """Writes of one thread begun or ended in this process. A read from the database that saw it
+    change (a write landed between its statements) hands its history out without keeping it; a
+    write waits for nothing before LangGraph serialises its values (a node may change them)."""
+
+    __slots__ = ("__weakref__", "count")
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class KeptPostgresSaver(AsyncPostgresSaver):
     """``AsyncPostgresSaver`` with :class:`agent.history_cache.KeptHistories` (see the module
     docstring). Outside the verified releases of langgraph-checkpoint-postgres (its writes table is
@@ -55,6 +67,14 @@ class KeptPostgresSaver(AsyncPostgresSaver):
         # Per thread, the checkpoint its last tuple read returned and its pending writes'
         # (task_id, channel): used (once) by the history read that follows.
         self._pending: dict[str, tuple[str, frozenset[tuple[str, str]]]] = {}
+        self._activity: weakref.WeakValueDictionary[str, _Activity] = weakref.WeakValueDictionary()
+
+    def _writes_of(self, thread: str) -> _Activity:
+        """The thread's write counter, alive while a read or a write of the thread holds it."""
+        act = self._activity.get(thread)
+        if act is None:
+            act = self._activity[thread] = _Activity()
+        return act
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         found = await super().aget_tuple(config)
@@ -83,11 +103,15 @@ class KeptPostgresSaver(AsyncPostgresSaver):
             if seen is None or seen[0] != target or not self.kept.knows(thread, target, seen[1]):
                 self.kept.stored_at(thread, target, await self._stored(thread, target, wanted))
             return dict(found)
+        activity = self._writes_of(thread)
+        before = activity.count
         history = dict(await super().aget_delta_channel_history(config=config, channels=channels))
         size = self.kept.size_of(history)
         if size is None:
             return history  # too big to keep: read from the database each time
         stored = await self._stored(thread, target, wanted)
+        if activity.count != before:
+            return history  # a write of the thread landed meanwhile: kept at the next read
         return self.kept.keep(thread, target, wanted, history, size, stored)
 
     async def _stored(self, thread: str, target: str, wanted: tuple[str, ...]) -> Stored:
@@ -113,6 +137,8 @@ class KeptPostgresSaver(AsyncPostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        activity = self._writes_of(str(config["configurable"]["thread_id"]))
+        activity.count += 1
         found = self.kept.for_config(config)
         try:
             saved = await super().aput(config, checkpoint, metadata, new_versions)
@@ -120,6 +146,8 @@ class KeptPostgresSaver(AsyncPostgresSaver):
             if found is not None:
                 self.kept.drop(found[0])
             raise
+        finally:
+            activity.count += 1
         self.kept.put(found, config, checkpoint)
         return saved
 
@@ -129,24 +157,39 @@ class KeptPostgresSaver(AsyncPostgresSaver):
         """The saver's own ``aput_writes`` (one statement batch in a pipeline, so all or none of a
         step's rows). What is kept is serialised and read back before the first wait, so it is the
         value the database gets even if a node changes the object while the write is under way."""
+        thread = str(config["configurable"]["thread_id"])
         found = self.kept.for_config(config)
         kept: list[tuple[int, str, Any]] = []
-        if found is not None:
+        if found is not None:  # before the first wait (see above)
             channels = found[1].channels
             dumps, loads = self.serde.dumps_typed, self.serde.loads_typed
             kept = [
                 (WRITES_IDX_MAP.get(ch, idx), ch, loads(dumps(value)) if ch in channels else None)
                 for idx, (ch, value) in enumerate(writes)
             ]
+        activity = self._writes_of(thread)
+        activity.count += 1
         try:
             await super().aput_writes(config, writes, task_id, task_path)
         except BaseException:
-            self.kept.drop(str(config["configurable"]["thread_id"]))
+            self.kept.drop(thread)
             raise
-        if found is not None:
+        finally:
+            activity.count += 1
+        now = self.kept.for_config(config)
+        if (now and now[1]) is not (found and found[1]):
+            # A read kept the thread anew while this was under way: it may not have seen it.
+            self.kept.drop(thread)
+        elif found is not None:
             replace = all(ch in WRITES_IDX_MAP for ch, _ in writes)
             self.kept.put_writes(config, task_id, task_path, kept, replace)
 
     async def adelete_thread(self, thread_id: str) -> None:
+        activity = self._writes_of(str(thread_id))
+        activity.count += 1
         self.kept.drop(str(thread_id))
-        await super().adelete_thread(thread_id)
+        try:
+            await super().adelete_thread(thread_id)
+        finally:
+            activity.count += 1
+            self.kept.drop(str(thread_id))

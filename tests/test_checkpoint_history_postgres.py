@@ -148,3 +148,33 @@ async def test_writes_a_dying_daemon_stored_on_the_kept_checkpoint(daemons: Daem
     assert [m.content for m in theirs] == ["go", "from w0", "from w1"]
     assert _full((await a.aget_state(config)).values["messages"]) == _full(theirs)
     assert "t" in a_saver.kept.known
+
+
+async def test_reads_of_a_thread_during_its_runs_keep_what_the_database_has(daemons: Daemons) -> None:
+    """The console or a choices check reading a thread while its turn runs (on this daemon): the
+    kept history must still equal the database's afterwards. (The saver's guard against a write
+    landing between a read's statements is reasoned, agent/postgres_saver.py ``_Activity``: this
+    interleaving did not reach that window in the runs tried without it.)"""
+    import asyncio
+
+    kept_saver, plain_saver = await daemons.saver(), await daemons.saver(0)
+    kept, plain = _graph(kept_saver, Unsnapshotted), _graph(plain_saver, Unsnapshotted)
+    config: dict[str, Any] = {"configurable": {"thread_id": "busy"}}
+    running = True
+
+    async def reader() -> None:
+        while running:
+            await kept.aget_state(config)
+            await asyncio.sleep(0)
+
+    readers = [asyncio.create_task(reader()) for _ in range(3)]
+    try:
+        for i in range(25):
+            plan = ("answer", "fan", "rewrite")[i % 3]
+            await kept.ainvoke({"messages": [HumanMessage(f"m{i}", id=f"m{i}")], "plan": plan}, config)
+            ours = (await kept.aget_state(config)).values["messages"]
+            theirs = (await plain.aget_state(config)).values["messages"]
+            assert _shape(ours) == _shape(theirs), i
+    finally:
+        running = False
+        await asyncio.gather(*readers)
