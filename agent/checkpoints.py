@@ -21,8 +21,9 @@ checkpoints from it leads back to the one read, through checkpoints this saver p
 connection to the file) is read from the database as before. The history is handed out as new
 lists of message copies whose lists and dicts (content blocks, tool calls and their arguments,
 kwargs) are their own, so a middleware that changes a message it was handed (human-in-the-loop
-rewrites ``tool_calls``) cannot change what the next turn reads. SQLite only: PostgreSQL
-deployments share threads between daemons.
+rewrites ``tool_calls``) cannot change what the next turn reads. The keeping itself is
+agent/history_cache.py, shared with the PostgreSQL saver (agent/postgres_saver.py), where several
+daemons share a thread; here any commit by another connection to the file drops it all.
 
 A step's writes go in one transaction (``SqliteSaver`` commits row by row): a batch that fails
 halfway on a full disk would leave rows LangGraph then counts as the whole step.
@@ -31,14 +32,10 @@ halfway on a full disk would leave rows LangGraph then counts as the whole step.
 from __future__ import annotations
 
 import sqlite3
-import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -47,152 +44,15 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
     DeltaChannelHistory,
-    PendingWrite,
     get_checkpoint_id,
-    writes_sort_key,
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from agent.compaction import kept_chain
+from agent.history_cache import HISTORY_BYTES, HISTORY_CACHE, HISTORY_IDLE, OLDER, KeptHistories
 from compat import langgraph as langgraph_compat
 
-HISTORY_CACHE = 64
-"""Threads whose rebuilt history is kept (the most recently read): enough for as many conversations
-answered in turn (a cycle over more than this would miss every time)."""
-HISTORY_BYTES = 16 << 20
-"""Rough size (text and encoded media) of all kept histories together; the least recently read go
-first. A thread whose history alone is over a quarter of it is read from the database each time."""
-HISTORY_IDLE = 900.0
-"""Seconds after its thread's last read that a kept history is dropped (at the next read of any
-thread): threads that went quiet give their memory back."""
-
-_Key = tuple[str, int]
-"""A write's identity in its checkpoint, as the writes table's primary key has it: (task_id, idx)."""
-
-
-@dataclass(slots=True)
-class _Known:
-    """One thread's delta-channel history at checkpoint ``target``, and what was put after it."""
-
-    target: str
-    channels: tuple[str, ...]
-    history: dict[str, DeltaChannelHistory]
-    used: float = 0.0  # time.monotonic() of the last read
-    size: int = 0  # rough bytes held (see _size)
-    # Checkpoints put since, by id: their parent's id.
-    parents: dict[str, str] = field(default_factory=dict)
-    # Writes stored against a checkpoint: {(task_id, idx): (task_path, channel, value)}, every
-    # channel's (for INSERT OR IGNORE), values kept for ``channels`` only.
-    writes: dict[str, dict[_Key, tuple[str, str, Any]]] = field(default_factory=dict)
-    # The checkpoints the last advance folded into ``history``.
-    folded: frozenset[str] = frozenset()
-
-    def advance(self, target: str) -> dict[str, DeltaChannelHistory] | None:
-        """The history at ``target``, when the checkpoints put since lead from it back to
-        ``self.target``; then ``target`` becomes the new base. None otherwise."""
-        if target == self.target:
-            return self.history
-        chain: list[str] = []  # target's ancestors, newest first, down to self.target
-        cid = self.parents.get(target)
-        while cid is not None and cid != self.target and len(chain) <= len(self.parents):
-            chain.append(cid)
-            cid = self.parents.get(cid)
-        if cid != self.target:
-            return None
-        chain.append(self.target)
-        history: dict[str, DeltaChannelHistory] = {}
-        for ch in self.channels:
-            base = self.history[ch]
-            collected: list[PendingWrite] = list(base["writes"])
-            for cid in reversed(chain):  # oldest first, as the contract orders them
-                stored = self.writes.get(cid, {})
-                for key in sorted(stored, key=lambda k: writes_sort_key(stored[k][0], k[0], k[1])):
-                    _, channel, value = stored[key]
-                    if channel == ch:
-                        collected.append((key[0], ch, value))
-            entry: DeltaChannelHistory = {"writes": collected}
-            if "seed" in base:
-                entry["seed"] = base["seed"]
-            history[ch] = entry
-        self.target, self.history = target, history
-        # What is older than the new base is in its history now. Kept: the writes already stored
-        # against the new base (a paused or failed step's, not part of its history; later steps
-        # will chain through it) and those of checkpoints not put yet (see put_writes).
-        gone = set(chain) | (self.parents.keys() - {target})
-        self.writes = {c: w for c, w in self.writes.items() if c not in gone}
-        self.parents = {}
-        self.folded = frozenset(chain)
-        return history
-
-
-_MESSAGE_PARTS = ("content", "additional_kwargs", "response_metadata", "tool_calls", "invalid_tool_calls")
-
-
-def _fresh_message(message: BaseMessage) -> BaseMessage:
-    """A copy whose fields, the lists and dicts in them, and the dicts in those (content blocks,
-    tool calls) and their ``args`` are its own. ``copy.deepcopy`` would cost more (8 µs a message)
-    than reading the message back from the database (6 µs); this costs ~2 µs."""
-    copy = message.model_copy()
-    fields = copy.__dict__
-    for name in _MESSAGE_PARTS:
-        part = fields.get(name)
-        if isinstance(part, list):
-            fields[name] = [_one_level(item) for item in part] if part else []
-        elif isinstance(part, dict):
-            fields[name] = {k: _one_level(v) for k, v in part.items()} if part else {}
-    return copy
-
-
-def _one_level(item: Any) -> Any:
-    if isinstance(item, dict):
-        return {k: _own(v) for k, v in item.items()}
-    if isinstance(item, list):
-        return list(item)
-    return item
-
-
-def _own(item: Any) -> Any:
-    if isinstance(item, dict):
-        return dict(item)
-    if isinstance(item, list):
-        return list(item)
-    return item
-
-
-def _size(value: Any, depth: int = 0) -> int:
-    """Rough bytes of a kept value: its strings (text, encoded images) and some per object."""
-    if isinstance(value, str | bytes):
-        return len(value) + 50
-    if depth > 8:
-        return 50
-    if isinstance(value, BaseMessage):
-        return 300 + sum(_size(value.__dict__.get(name), depth + 1) for name in _MESSAGE_PARTS)
-    if isinstance(value, dict):
-        return 60 + sum(_size(v, depth + 1) + 50 for v in value.values())
-    if isinstance(value, list | tuple):
-        return 60 + sum(_size(v, depth + 1) + 8 for v in value)
-    return 30
-
-
-def _fresh(value: Any) -> Any:
-    """``value`` with new lists and a copy of each message (see the module docstring)."""
-    if isinstance(value, BaseMessage):
-        return _fresh_message(value)
-    if isinstance(value, list):
-        return [_fresh(v) for v in value]
-    if isinstance(value, tuple) and hasattr(value, "_replace") and hasattr(value, "value"):
-        return value._replace(value=_fresh(value.value))  # a _DeltaSnapshot seed
-    return value
-
-
-def _handed_out(history: Mapping[str, DeltaChannelHistory]) -> dict[str, DeltaChannelHistory]:
-    out: dict[str, DeltaChannelHistory] = {}
-    for ch, entry in history.items():
-        copy: DeltaChannelHistory = {"writes": [(t, c, _fresh(v)) for t, c, v in entry["writes"]]}
-        if "seed" in entry:
-            copy["seed"] = _fresh(entry["seed"])
-        out[ch] = copy
-    return out
+__all__ = ["HISTORY_BYTES", "HISTORY_CACHE", "HISTORY_IDLE", "InlineSqliteSaver"]
 
 
 class InlineSqliteSaver(SqliteSaver):
@@ -204,8 +64,8 @@ class InlineSqliteSaver(SqliteSaver):
         # history, row-by-row writes (compat/langgraph.py).
         self.own_sql = langgraph_compat.usable()
         self.history_cache = history_cache if self.own_sql else 0
-        self._known: OrderedDict[str, _Known] = OrderedDict()
-        self._kept_bytes = 0
+        self.kept = KeptHistories(self.history_cache)
+        self._known = self.kept.known  # the kept threads (read by tests)
         self._data_version: int | None = None
 
     @classmethod
@@ -220,18 +80,10 @@ class InlineSqliteSaver(SqliteSaver):
         return saver
 
     def close(self) -> None:
-        self._forget_all()
+        self.kept.forget_all()
         self.conn.close()
 
-    # ---- the kept histories (see the module docstring) -----------------------------------------
-    def _known_for(self, config: RunnableConfig) -> tuple[str, _Known] | None:
-        conf = config.get("configurable") or {}
-        if conf.get("checkpoint_ns", ""):
-            return None
-        thread = str(conf.get("thread_id"))
-        known = self._known.get(thread)
-        return None if known is None else (thread, known)
-
+    # ---- the kept histories (agent/history_cache.py) ---------------------------------------------
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
@@ -241,70 +93,31 @@ class InlineSqliteSaver(SqliteSaver):
         if conf.get("checkpoint_ns", "") or not target or not wanted or self.history_cache <= 0:
             return super().get_delta_channel_history(config=config, channels=channels)
         thread = str(conf["thread_id"])
-        now = time.monotonic()
         with self.cursor(transaction=False) as cur:
             version = cur.execute("PRAGMA data_version").fetchone()[0]
         if version != self._data_version:
             # Another connection (another process) committed to the file: what is kept may miss it.
             self._data_version = version
-            self._forget_all()
-        while self._known and next(iter(self._known.values())).used < now - HISTORY_IDLE:
-            self._drop(next(iter(self._known)))
-        known = self._known.get(thread)
-        if known is not None and known.channels == wanted:
-            history = known.advance(target)
-            if history is not None:
-                known.used = now
-                self._known.move_to_end(thread)
-                out = _handed_out(history)
-                if known.size > HISTORY_BYTES // 4:
-                    self._drop(thread)  # grew too big to keep (pictures, long tool output)
-                self._trim()
-                return out
-            if target < known.target:
-                # An older checkpoint (the state history, a fork): read it, keep the newer one.
-                # Checkpoint ids (uuid6) sort by time; a wrong guess only costs a walk later.
-                return super().get_delta_channel_history(config=config, channels=channels)
-        self._drop(thread)
+            self.kept.forget_all()
+        found = self.kept.lookup(thread, target, wanted)
+        if found is OLDER:
+            return super().get_delta_channel_history(config=config, channels=channels)
+        if found is not None:
+            return dict(found)
         history = dict(super().get_delta_channel_history(config=config, channels=channels))
-        size = _size([entry.get("seed") for entry in history.values()]) + sum(
-            _size(v) for entry in history.values() for _, _, v in entry["writes"]
-        )
-        if size > HISTORY_BYTES // 4:
+        size = self.kept.size_of(history)
+        if size is None:
             return history  # too big to keep: read from the database each time, as before
-        known = _Known(target, wanted, history, now, size)
-        # Writes already stored against the target (a paused or failed step's) are not part of its
-        # history, but later checkpoints will chain through it.
         with self.cursor(transaction=False) as cur:
             rows = langgraph_compat.stored_writes(cur, thread, target, with_path=self._task_path())
             stored = {
                 (task_id, idx): (path, ch, self.serde.loads_typed((kind, blob)) if ch in wanted else None)
                 for task_id, idx, path, ch, kind, blob in rows
             }
-        if stored:
-            known.writes[target] = stored
-        self._known[thread] = known
-        self._kept_bytes += size
-        out = _handed_out(history)
-        self._trim()
-        return out
+        return self.kept.keep(thread, target, wanted, history, size, stored)
 
     def _task_path(self) -> bool:
         return langgraph_compat.has_task_path(self)
-
-    def _drop(self, thread: str) -> None:
-        known = self._known.pop(thread, None)
-        if known is not None:
-            self._kept_bytes -= known.size
-
-    def _forget_all(self) -> None:
-        self._known.clear()
-        self._kept_bytes = 0
-
-    def _trim(self) -> None:
-        """Least recently read first, until within ``history_cache`` threads and HISTORY_BYTES."""
-        while self._known and (len(self._known) > self.history_cache or self._kept_bytes > HISTORY_BYTES):
-            self._drop(next(iter(self._known)))
 
     def put(
         self,
@@ -313,22 +126,14 @@ class InlineSqliteSaver(SqliteSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        found = self._known_for(config)
+        found = self.kept.for_config(config)
         try:
             saved = super().put(config, checkpoint, metadata, new_versions)
         except BaseException:
             if found is not None:
-                self._drop(found[0])
+                self.kept.drop(found[0])
             raise
-        if found is not None:
-            thread, known = found
-            cid, parent = checkpoint["id"], config["configurable"].get("checkpoint_id")
-            values = checkpoint.get("channel_values") or {}
-            if cid == known.target or cid in known.parents or any(ch in values for ch in known.channels):
-                # A re-put id, or a snapshot the database walk would now seed from: read it there.
-                self._drop(thread)
-            elif parent is not None:
-                known.parents[cid] = parent
+        self.kept.put(found, config, checkpoint)
         return saved
 
     def put_writes(
@@ -363,35 +168,20 @@ class InlineSqliteSaver(SqliteSaver):
                         cur.execute("ROLLBACK")
                     raise
         except BaseException:
-            self._drop(thread)
+            self.kept.drop(thread)
             raise
-        found = self._known_for(config)
+        found = self.kept.for_config(config)
         if found is None:
             return
-        thread, known = found
-        if cid in known.folded:
-            # A write to a checkpoint already folded into the kept history (it came after a later
-            # checkpoint was read): let the database walk place it.
-            if any(ch in known.channels for ch, _ in writes):
-                self._drop(thread)
-            return
-        # Writes may also come before their checkpoint's ``put`` (the sync graph API stores both
-        # from worker threads): kept by id until a chain reaches it.
-        stored = known.writes.setdefault(cid, {})
-        path = task_path if self._task_path() else ""
-        for _, _, _, _, _, idx, ch, kind, blob in rows:
-            key = (task_id, idx)
-            if key in stored and not replace:
-                continue  # INSERT OR IGNORE: the database keeps the first
-            if ch in known.channels:
-                stored[key] = (path, ch, self.serde.loads_typed((kind, blob)))
-                known.size += len(blob) + 100
-                self._kept_bytes += len(blob) + 100
-            else:
-                stored[key] = (path, ch, None)
+        channels = found[1].channels
+        kept = [
+            (idx, ch, self.serde.loads_typed((kind, blob)) if ch in channels else None)
+            for _, _, _, _, _, idx, ch, kind, blob in rows
+        ]
+        self.kept.put_writes(config, task_id, task_path if self._task_path() else "", kept, replace)
 
     def delete_thread(self, thread_id: str) -> None:
-        self._drop(str(thread_id))
+        self.kept.drop(str(thread_id))
         super().delete_thread(thread_id)
 
     def prune_thread(self, thread_id: str, delta_channels: Sequence[str]) -> int:

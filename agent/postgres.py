@@ -42,14 +42,18 @@ async def _pool(url: str, max_size: int) -> Any:
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
 
-    # The settings LangGraph's savers expect: autocommit, dict rows, no server-side prepares
-    # (safe behind PgBouncer in transaction mode).
+    # The settings LangGraph's savers expect: autocommit, dict rows. A statement run five times is
+    # prepared on its connection (psycopg's default, as the gateway's own connection does): the
+    # server no longer parses and plans the checkpointer's statements on every call (about half of
+    # PostgreSQL's CPU per message: docs/scale-out.md, "What coordination costs"). Behind
+    # PgBouncer in transaction mode that needs PgBouncer 1.21 or later (`max_prepared_statements`),
+    # as the gateway's connection already did.
     pool = AsyncConnectionPool(
         url,
         min_size=1,
         max_size=max_size,
         open=False,
-        kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+        kwargs={"autocommit": True, "prepare_threshold": 5, "row_factory": dict_row},
         # A connection the server dropped (a restart, a failover) is replaced when it is taken,
         # instead of failing one turn per dead connection.
         check=_check_when_told,
@@ -94,11 +98,14 @@ async def _open(url: str, max_size: int, factory: Callable[[Any], Any]) -> tuple
 
 
 async def postgres_checkpointer(url: str, max_size: int = 10) -> tuple[Any, Closer]:
-    """An ``AsyncPostgresSaver`` with its tables set up, and how to close it."""
+    """An ``AsyncPostgresSaver`` (agent/postgres_saver.py: keeping recent threads' history) with
+    its tables set up, and how to close it."""
     import langgraph.checkpoint.postgres.aio as saver
 
+    from agent.postgres_saver import KeptPostgresSaver
+
     langgraph_compat.inline_postgres_threads(saver)
-    return await _open(url, max_size, saver.AsyncPostgresSaver)
+    return await _open(url, max_size, KeptPostgresSaver)
 
 
 async def postgres_store(url: str, max_size: int = 4) -> tuple[Any, Closer]:

@@ -126,7 +126,22 @@ PG_DELETE_UNUSED_BLOBS = (
 each channel's value once per version, ``checkpoint_blobs``); parameter (thread_id,)."""
 
 
+PG_STORED_WRITES = (
+    "SELECT task_id, idx, task_path, channel, type, blob FROM checkpoint_writes"
+    " WHERE thread_id = %s AND checkpoint_ns = '' AND checkpoint_id = %s"
+)
+"""The writes stored against one checkpoint of a PostgreSQL saver's thread (root namespace), as
+rows {task_id, idx, task_path, channel, type, blob}; parameters (thread_id, checkpoint_id). Read by
+agent/postgres_saver.py ``KeptPostgresSaver`` on every read it serves from memory."""
+
+
 POSTGRES_DISTRIBUTION = "langgraph-checkpoint-postgres"
+
+
+def postgres_usable() -> bool:
+    """Whether the PostgreSQL saver's tables may be read with :data:`PG_STORED_WRITES` (and its
+    history kept, agent/postgres_saver.py): the installed release is a verified one."""
+    return _usable(POSTGRES_DISTRIBUTION)
 
 
 class _InlineThreads:

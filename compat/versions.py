@@ -84,7 +84,8 @@ VERIFIED: dict[str, Verified] = {
             "langgraph-checkpoint-postgres",
             ">=3.2,<3.3",
             "compat/langgraph.py",
-            "the PostgreSQL checkpointer hands each (de)serialisation to a worker thread (slower)",
+            "the PostgreSQL checkpointer hands each (de)serialisation to a worker thread and reads"
+            " every history from the database (no in-memory history: slower)",
         ),
         Verified(
             "deepagents",

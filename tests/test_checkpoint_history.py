@@ -6,122 +6,21 @@ every step, at the latest checkpoint and at older ones."""
 
 from __future__ import annotations
 
-import operator
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 import pytest
-from deepagents._messages_reducer import _messages_delta_reducer
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, RemoveMessage, ToolMessage
-from langgraph.channels.delta import DeltaChannel
+from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
-from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, Send, interrupt
+from langgraph.types import Command
 
 from agent.checkpoints import InlineSqliteSaver
-
-
-class State(TypedDict, total=False):
-    messages: Annotated[list[AnyMessage], DeltaChannel(_messages_delta_reducer, snapshot_frequency=7)]
-    plan: str
-    fanout: Annotated[list[str], operator.add]
-
-
-class Unsnapshotted(TypedDict, total=False):
-    """No snapshot in a test's lifetime: every read extends the kept history."""
-
-    messages: Annotated[list[AnyMessage], DeltaChannel(_messages_delta_reducer, snapshot_frequency=10_000)]
-    plan: str
-    fanout: Annotated[list[str], operator.add]
-
-
-class Boom(RuntimeError):
-    pass
-
-
-def _graph(saver: InlineSqliteSaver, state: type[Any] = State) -> Any:
-    """A graph whose nodes do, on the input's orders, what real agents do to ``messages``."""
-
-    def route(state: Any) -> str:
-        return state.get("plan") or "answer"
-
-    def answer(state: Any) -> dict[str, Any]:
-        n = len(state.get("messages", []))
-        return {"messages": [AIMessage(f"answer {n}", id=f"ai-{n}-{random.random()}")]}
-
-    def parallel(state: Any) -> list[Send]:
-        flaky = state.get("plan") == "fanfail"
-        return [Send("worker", {"plan": f"{'flaky' if flaky else 'w'}{i}"}) for i in range(3)]
-
-    def worker(state: Any) -> dict[str, Any]:
-        plan = state.get("plan", "")
-        if plan.startswith("flaky") and random.random() < 0.4:
-            # The others' writes of this step are kept as pending writes of the checkpoint; a
-            # retry runs only the failed ones.
-            raise Boom(f"{plan} failed")
-        return {"messages": [AIMessage(f"from {plan}")], "fanout": [plan]}
-
-    def rewrite(state: Any) -> dict[str, Any]:
-        messages = state.get("messages", [])
-        if len(messages) < 3:
-            return {}
-        old, gone = messages[0], messages[1]
-        # The same id with new content replaces it; RemoveMessage takes one out.
-        return {"messages": [HumanMessage(f"{old.content} (edited)", id=old.id), RemoveMessage(id=gone.id)]}
-
-    def tool_then_ask(state: Any) -> dict[str, Any]:
-        call = {"name": "shell", "args": {"cmd": "ls"}, "id": f"call-{len(state.get('messages', []))}"}
-        return {"messages": [AIMessage("", tool_calls=[call])]}
-
-    def ask(state: Any) -> dict[str, Any]:
-        calls = [m for m in state.get("messages", []) if isinstance(m, AIMessage) and m.tool_calls]
-        decision = interrupt({"approve": calls[-1].tool_calls[0]["id"] if calls else None})
-        if not calls:  # a fork replaced the history under the paused step
-            return {"messages": [AIMessage(f"nothing to decide ({decision})")]}
-        last = calls[-1]
-        # Reassigns a field of a message it read, in place, as human-in-the-loop does.
-        last.tool_calls = [] if decision == "no" else last.tool_calls
-        return {"messages": [last, ToolMessage(f"decided {decision}", tool_call_id=f"t-{random.random()}")]}
-
-    def fail(state: Any) -> dict[str, Any]:
-        raise Boom("node failed")
-
-    def mutate(state: Any) -> dict[str, Any]:
-        # Changes messages it was handed without writing anything back: the stored history must
-        # not change, so the next read must not show it either.
-        for message in state.get("messages", []):
-            message.content = "MUTATED"
-        return {}
-
-    builder = StateGraph(state)
-    for name, fn in (
-        ("answer", answer), ("worker", worker), ("rewrite", rewrite), ("tool_then_ask", tool_then_ask),
-        ("ask", ask), ("fail", fail), ("mutate", mutate),
-    ):  # fmt: skip
-        builder.add_node(name, fn)
-    builder.add_node("fan", lambda state: {})
-    builder.add_conditional_edges(
-        START, route, {"answer": "answer", "fan": "fan", "fanfail": "fan", "rewrite": "rewrite",
-                       "tool_then_ask": "tool_then_ask", "fail": "fail", "mutate": "mutate"},
-    )  # fmt: skip
-    builder.add_conditional_edges("fan", parallel, ["worker"])
-    builder.add_edge("worker", "answer")
-    builder.add_edge("rewrite", "answer")
-    builder.add_edge("tool_then_ask", "ask")
-    builder.add_edge("ask", "answer")
-    builder.add_edge("mutate", "answer")
-    builder.add_edge("fail", END)
-    builder.add_edge("answer", END)
-    return builder.compile(checkpointer=saver)
-
-
-def _shape(messages: list[Any]) -> list[tuple[Any, ...]]:
-    return [
-        (type(m).__name__, m.id, m.content, [c["id"] for c in getattr(m, "tool_calls", [])]) for m in messages
-    ]
+from tests.checkpoint_history_support import Boom, State, Unsnapshotted
+from tests.checkpoint_history_support import graph as _graph
+from tests.checkpoint_history_support import shape as _shape
 
 
 @pytest.fixture
@@ -248,7 +147,7 @@ def test_a_write_put_twice_keeps_the_first_as_the_database_does(savers: list[Inl
 
 
 def test_a_history_unread_for_long_is_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import agent.checkpoints as checkpoints
+    import agent.history_cache as checkpoints
 
     saver = InlineSqliteSaver.open(tmp_path / "c.sqlite")
     graph = _graph(saver, Unsnapshotted)

@@ -28,7 +28,6 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.channels.delta import DeltaChannel
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Send
 
 from agent.approvals import with_approvals
 from agent.checkpoints import InlineSqliteSaver
@@ -37,6 +36,9 @@ from agent.events import AgentEvent, ApprovalDecision, ApprovalRequested, Final,
 from agent.harness import Harness
 from agent.settings import ApprovalSettings
 from agent.turn import ImagePart, TurnOptions
+from tests.checkpoint_history_support import FAIL
+from tests.checkpoint_history_support import fan as _fan
+from tests.checkpoint_history_support import full as _full
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
 API_KEY = "sk-test-secret-0123456789"
@@ -78,10 +80,6 @@ def _toy(saver: InlineSqliteSaver) -> Any:
     builder.add_edge("answer", END)
     builder.add_edge("mutate", END)
     return builder.compile(checkpointer=saver)
-
-
-def _full(messages: Any) -> list[dict[str, Any]]:
-    return [m.model_dump() for m in messages]
 
 
 def _fill_disk(conn: Any, table: str, when: str) -> None:
@@ -150,28 +148,6 @@ def test_messages_changed_in_place_by_a_node_do_not_change_later_reads(
     theirs = plain.get_state(config).values["messages"]
     assert theirs[1].tool_calls[0]["args"] == {"cmd": "ls"}
     assert _full(ours) == _full(theirs)
-
-
-FAIL = {"w0": True, "w1": True}
-
-
-def _worker(state: Any) -> dict[str, Any]:
-    plan = state["plan"]
-    if FAIL[plan]:
-        raise RuntimeError(f"{plan} failed")
-    return {"messages": [AIMessage(f"from {plan}", id=f"id-{plan}")]}
-
-
-def _fan(saver: InlineSqliteSaver) -> Any:
-    builder = StateGraph(State)
-    builder.add_node("fan", lambda state: {})
-    builder.add_node("worker", _worker)
-    builder.add_edge(START, "fan")
-    builder.add_conditional_edges(
-        "fan", lambda s: [Send("worker", {"plan": f"w{i}"}) for i in range(2)], ["worker"]
-    )
-    builder.add_edge("worker", END)
-    return builder.compile(checkpointer=saver)
 
 
 def test_writes_another_process_stored_on_the_kept_checkpoint(tmp_path: Path) -> None:

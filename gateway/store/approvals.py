@@ -148,6 +148,20 @@ class ApprovalTables:
         ) as cur:
             return [_row(r) for r in await cur.fetchall()]
 
+    async def approvals_at_turn(
+        self, key: str, conversation: str, platform: str
+    ) -> tuple[list[ApprovalRow], list[ApprovalRow]]:
+        """At a turn's start, one statement: its own requests (:meth:`approvals_for`) and the others
+        still pending in its conversation (a new turn cancels them). The conversation's, not the
+        platform's: what waits in other chats costs a turn nothing (docs/scale-out.md)."""
+        async with self._db.execute(
+            f"SELECT {_FIELDS} FROM approvals WHERE key = ?"
+            " OR (state = ? AND conversation = ? AND platform = ?) ORDER BY created, rowid",
+            (key, PENDING, conversation, platform),
+        ) as cur:
+            rows = [_row(r) for r in await cur.fetchall()]
+        return [r for r in rows if r.key == key], [r for r in rows if r.key != key]
+
     async def approvals_pending(self, platform: str | None = None) -> list[ApprovalRow]:
         sql = f"SELECT {_FIELDS} FROM approvals WHERE state = ?"
         params: tuple[Any, ...] = (PENDING,)

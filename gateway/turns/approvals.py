@@ -90,16 +90,10 @@ class Approvals:
     entry again."""
 
     def __init__(
-        self,
-        config: Config,
-        store: Store,
-        harness: AgentHarness,
-        metrics: Metrics,
-        channels: Mapping[str, Channel],
-        inflight: InFlight,
-        tasks: TaskTracker,
+        self, config: Config, store: Store, harness: AgentHarness, metrics: Metrics,
+        channels: Mapping[str, Channel], inflight: InFlight, tasks: TaskTracker,
         dispatch: Callable[[JournalEntry], bool],
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.config = config
         self.store = store
         self.harness = harness
@@ -128,10 +122,12 @@ class Approvals:
         paused, or ``fresh()`` (a new run) when there are none. Each ApprovalRequested is
         recorded and posted here (once per request, however often a replay asks again) and
         passed on, so the turn knows it paused."""
-        settled = [r for r in await self.store.approvals_for(entry.key) if r.state != PENDING]
+        platform = entry.inbound.platform
+        mine, waiting = await self.store.approvals_at_turn(entry.key, entry.conversation, platform)
+        settled = [r for r in mine if r.state != PENDING]
         todo = [r for r in settled if not r.resumed]
         if not todo and not settled:
-            await self.cancel(entry.conversation, entry.inbound.platform, NEWER, keep=entry.key)
+            await self.cancel(entry.conversation, platform, NEWER, keep=entry.key, pending=waiting)
         streams: list[Callable[[], AsyncIterator[AgentEvent]]] = []
         for row in todo:
             streams.append(self._resumer(entry, thread_id, row))
@@ -430,13 +426,15 @@ class Approvals:
             if entry.key == key:
                 self.dispatch(entry)
 
-    async def cancel(self, conversation: str, platform: str, why: str, *, keep: str = "") -> int:
-        """End the paused turns of ``conversation`` (but ``keep``): their requests are cancelled
-        (the buttons say ``why``), their replies say nothing was run, their entries are done. A new
-        turn there does this (the agent closes the paused call as stopped), and so does ``/stop``.
-        Returns how many requests were cancelled."""
+    async def cancel(
+        self, conversation: str, platform: str, why: str, *, keep: str = "",
+        pending: list[ApprovalRow] | None = None,
+    ) -> int:  # fmt: skip
+        """End the paused turns of ``conversation`` (but ``keep``; ``pending``: its requests, if read
+        already): requests cancelled (buttons say ``why``), replies say nothing ran, entries done. A
+        new turn there does this, and so does ``/stop``. Returns how many requests were cancelled."""
         cancelled = 0
-        for row in await self.store.approvals_pending(platform):
+        for row in await self.store.approvals_pending(platform) if pending is None else pending:
             if row.conversation != conversation or row.key == keep:
                 continue
             if not await self.store.approval_decide(row.id, CANCELLED, why):
