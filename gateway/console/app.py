@@ -21,6 +21,7 @@ from gateway.console.auth import PATH, SECURITY_HEADERS, Guard
 from gateway.console.forms import FORM, FormLimits, form_of, read_form
 from gateway.console.request import GUARD_KEY, HOST_KEY, SESSION, session_of
 from gateway.console.text import shown
+from gateway.ops.logs import visible
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +52,30 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         exc.headers.update(SECURITY_HEADERS)
         raise
     except Exception as exc:  # a database gone away: say so, specifically, not "Internal Server Error"
-        log.error("console: %s %s failed: %s: %s", request.method, request.path, type(exc).__name__, exc)
+        log.error(
+            "console: %s %s failed: %s: %s",
+            request.method,
+            where(request),
+            type(exc).__name__,
+            one_line(str(exc)),
+        )
         why = f"The console could not read the daemon's state ({type(exc).__name__}); see the daemon's log."
         response = refuse(500, why)
     response.headers.update(SECURITY_HEADERS)
     return response
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` for one log line: a newline or carriage return in it (a path's ``%0a``, anyone's,
+    before any login) would start a forged line of its own; controls and bidi marks made visible
+    (:func:`visible` keeps newlines, for tracebacks), cut."""
+    text = visible(text).replace("\n", "\\n").replace("\r", "\\r")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def where(request: web.Request) -> str:
+    """The request's path for a log line (decoded, so ``%0a`` is a newline: :func:`one_line`)."""
+    return one_line(request.path, 200)
 
 
 async def _gate(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -63,8 +83,13 @@ async def _gate(request: web.Request, handler: Handler) -> web.StreamResponse:
     route = request.match_info.route.name
     changing = request.method not in ("GET", "HEAD", "OPTIONS")
     if changing and not guard.origin_ok(request):
-        log.warning("console: %s %s refused: cross-origin or no Origin/Referer", request.method, request.path)
+        log.warning(
+            "console: %s %s refused: cross-origin or no Origin/Referer", request.method, where(request)
+        )
         return refuse(403, "Refused: this request did not come from the console's own pages (Origin check).")
+    if any("\x00" in k or "\x00" in v for k, v in request.query.items()):
+        # No page takes one, and PostgreSQL's text refuses it (a search for one was a 500 there).
+        return refuse(400, "Refused: the address holds a NUL character (%00); no console page takes one.")
     session = guard.session_of(request)
     if changing and route in PUBLIC_ROUTES:  # the login form: read within limits before anything
         request[FORM] = await read_form(request, FormLimits())
@@ -78,7 +103,9 @@ async def _gate(request: web.Request, handler: Handler) -> web.StreamResponse:
             request[FORM] = form
             given = form.get("csrf")
             if not guard.csrf_ok(request, session, given if isinstance(given, str) else None):
-                log.warning("console: %s %s refused: no or a wrong CSRF token", request.method, request.path)
+                log.warning(
+                    "console: %s %s refused: no or a wrong CSRF token", request.method, where(request)
+                )
                 return refuse(403, "Refused: the form's CSRF token is missing or wrong. Reload the page.")
         request[SESSION] = session
     return await handler(request)

@@ -47,6 +47,8 @@ CHATS_LISTED = 50
 FIRST_CHARS = 120
 """Characters of a chat's first message the list of chats shows."""
 FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,100}")
+SEQ = re.compile(r"[0-9]{1,18}")
+"""A ``seq`` the page or the browser names (``after``, ``Last-Event-ID``); anything else is 0."""
 STREAM_SECONDS = 300.0
 """An event stream is closed after this (the browser reconnects at once, from the last event it
 saw): a stream outlives neither a logout nor a session's expiry by more than this."""
@@ -200,7 +202,10 @@ async def press(request: web.Request) -> web.StreamResponse:
 
 
 def answer(request: web.Request, chat: str, status: int, body: dict[str, Any]) -> web.StreamResponse:
-    """JSON for the page's script; without script, back to the chat with a notice."""
+    """JSON for the page's script; without script, back to the chat with a notice. An error may
+    quote what the person sent (a file's name): masked like every text the page shows."""
+    if isinstance(body.get("error"), str):
+        body = {**body, "error": shown_text(request, body["error"])}
     if wants_json(request):
         return web.json_response(body, status=status)
     note = body.get("error") or body.get("text")
@@ -219,7 +224,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     assert room is not None
     after = 0
     for raw in (request.headers.get("Last-Event-ID", ""), request.query.get("after", "")):
-        if raw.isdigit() and len(raw) < 19:
+        if SEQ.fullmatch(raw):  # not str.isdigit: "²" is a digit to it, and int() refuses it (a 500)
             after = max(after, int(raw))
     guard = request.app[GUARD_KEY]
     streams = request.app[STREAMS_KEY]
