@@ -142,3 +142,26 @@ async def test_a_secret_quoted_in_an_error_is_masked(chat: WebChat) -> None:
     assert status == 400 and isinstance(body, dict), (status, body)
     assert "larger than" in body["error"] and TOKEN not in body["error"], body
     assert TOKEN[:12] not in body["error"], body
+
+
+async def test_head_and_options_hold_no_stream_and_do_nothing(browser: Console, chat: WebChat) -> None:
+    """HEAD is a GET without the body: on the event stream it held one of ``max_streams`` for its
+    five minutes (a page's own stream pushed out by requests that never read a byte). OPTIONS and
+    HEAD on an action change nothing."""
+    streams = 16  # channels.web.max_streams' default; the fixture's own stream is one more
+    for _ in range(streams):
+        async with browser.http.head(f"{chat.url}/events", timeout=aiohttp.ClientTimeout(total=60)) as r:
+            assert r.status == 200, r.status
+    await asyncio.sleep(1.0)
+    assert not chat.stream_ended.is_set(), "a HEAD pushed the page's stream out"
+    status, body = await chat.send("still streaming")
+    assert status == 200, body
+    await chat.answer("echo: still streaming")
+    for method in ("HEAD", "OPTIONS"):
+        for path in ("/people/approve", f"/chat/{chat.chat}/send", "/logout"):
+            async with browser.http.request(
+                method, browser.origin + "/console" + path, headers={"Origin": browser.origin}
+            ) as r:
+                assert r.status == 405, (method, path, r.status)
+    status, _, _ = await browser.get("/")
+    assert status == 200, "still logged in"

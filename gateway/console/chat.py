@@ -226,6 +226,10 @@ async def events(request: web.Request) -> web.StreamResponse:
     for raw in (request.headers.get("Last-Event-ID", ""), request.query.get("after", "")):
         if SEQ.fullmatch(raw):  # not str.isdigit: "²" is a digit to it, and int() refuses it (a 500)
             after = max(after, int(raw))
+    if request.method == "HEAD":
+        # The headers only: streamed, a HEAD held one of max_streams for minutes, and the bytes
+        # written after them came to the client as the start of its next response.
+        return web.Response(content_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
     guard = request.app[GUARD_KEY]
     streams = request.app[STREAMS_KEY]
     number, stop = streams.add(channel.max_streams)
