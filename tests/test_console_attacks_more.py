@@ -165,3 +165,32 @@ async def test_head_and_options_hold_no_stream_and_do_nothing(browser: Console, 
                 assert r.status == 405, (method, path, r.status)
     status, _, _ = await browser.get("/")
     assert status == 200, "still logged in"
+
+
+async def raw_request(port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(4000), 30)
+    finally:
+        writer.close()
+
+
+async def test_malformed_requests_do_not_flood_the_recent_errors(
+    daemon: DaemonProcess, browser: Console
+) -> None:
+    """aiohttp logged each request line it could not parse as an ERROR with a traceback: anyone,
+    before any login, pushed the errors that matter out of the console's "Recent errors" (and
+    ``chital status``) and filled the log with tracebacks. Now one INFO line each."""
+    for line in (b"GET /console/conver\xff HTTP/1.1", b"GET /console/?" + b"q" * 10_000 + b" HTTP/1.1"):
+        answer = await raw_request(daemon.port, line + b"\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n")[0], answer[:200]
+    status, page, _ = await browser.get("/")
+    assert status == 200
+    errors = page.split('id="errors"', 1)[1].split("</table>", 1)[0]
+    assert "Error handling request" not in errors and "malformed" not in errors, errors
+    log = log_of(daemon)
+    assert "Traceback" not in log and "http: a malformed request from 127.0.0.1 refused (400" in log, log[
+        -2000:
+    ]
