@@ -194,3 +194,16 @@ async def test_malformed_requests_do_not_flood_the_recent_errors(
     assert "Traceback" not in log and "http: a malformed request from 127.0.0.1 refused (400" in log, log[
         -2000:
     ]
+
+
+async def test_the_daemon_stopping_ends_an_open_stream_cleanly(daemon: DaemonProcess, chat: WebChat) -> None:
+    """The worst moment for a page: the daemon stops while its stream is open. The stream read the
+    database the stopping daemon had closed: an ERROR "events failed: ProgrammingError: Cannot
+    operate on a closed database" at every stop with a page open. It ends when the channel stops."""
+    status, body = await chat.send("before the stop")
+    assert status == 200, body
+    await chat.answer("echo: before the stop")
+    assert await daemon.terminate(timeout=120) == 0
+    await asyncio.wait_for(chat.stream_ended.wait(), 30)
+    errors = [line for line in log_of(daemon).splitlines() if " ERROR " in line]
+    assert not errors, errors

@@ -155,6 +155,13 @@ class WebChannel(Channel):
             await asyncio.Event().wait()
         finally:
             self._sink = None
+            self.bell.ring()  # open pages' streams end now, before the daemon closes the database
+
+    @property
+    def taking(self) -> bool:
+        """Whether the channel runs (between start and stop): an open page's stream ends when it
+        stops, so it never reads a database the stopping daemon is closing."""
+        return self._sink is not None
 
     # -- from the page --------------------------------------------------------------------------
     async def post(self, chat_id: str, person: str, nonce: str, text: str, uploads: Sequence[Upload]) -> str:

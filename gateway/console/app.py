@@ -20,8 +20,7 @@ from gateway.console import ConsoleHost, actions, chat, pages
 from gateway.console.auth import PATH, SECURITY_HEADERS, Guard
 from gateway.console.forms import FORM, FormLimits, form_of, read_form
 from gateway.console.request import GUARD_KEY, HOST_KEY, SESSION, session_of
-from gateway.console.text import shown
-from gateway.ops.logs import visible
+from gateway.console.text import one_line, shown
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +62,6 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = refuse(500, why)
     response.headers.update(SECURITY_HEADERS)
     return response
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """``text`` for one log line: a newline or carriage return in it (a path's ``%0a``, anyone's,
-    before any login) would start a forged line of its own; controls and bidi marks made visible
-    (:func:`visible` keeps newlines, for tracebacks), cut."""
-    text = visible(text).replace("\n", "\\n").replace("\r", "\\r")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def where(request: web.Request) -> str:

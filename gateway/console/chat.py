@@ -37,7 +37,7 @@ from gateway.console.auth import PATH, SECURITY_HEADERS
 from gateway.console.forms import form_of
 from gateway.console.pages import render
 from gateway.console.request import GUARD_KEY, HOST_KEY, session_of
-from gateway.console.text import shown
+from gateway.console.text import one_line, shown
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,12 @@ async def events(request: web.Request) -> web.StreamResponse:
         await response.write(b"retry: 1000\n\n")
         ends = time.monotonic() + STREAM_SECONDS
         beat = time.monotonic() + HEARTBEAT_SECONDS
-        while not stop.is_set() and time.monotonic() < ends and guard.session_of(request) is not None:
+        while (
+            not stop.is_set()
+            and channel.taking
+            and time.monotonic() < ends
+            and guard.session_of(request) is not None
+        ):
             batch = await room.web_since(chat, after, 100)
             for m in batch:
                 data = json.dumps(as_event(request, chat, m), ensure_ascii=True)
@@ -258,6 +263,9 @@ async def events(request: web.Request) -> web.StreamResponse:
             await response.write(b"event: closed\ndata: {}\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         pass  # the page went away
+    except Exception as exc:  # the database went away mid-stream: the headers are sent, so no 500
+        # can follow; end the stream (the browser reconnects and is told what is wrong then)
+        log.error("console: a web chat's event stream ended: %s: %s", type(exc).__name__, one_line(str(exc)))
     finally:
         streams.remove(number)
     return response

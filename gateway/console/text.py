@@ -27,3 +27,11 @@ def shown(value: Any, redact: Callable[[str], str], limit: int = TEXT_CHARS) -> 
         f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" and c not in "\u200d" else c for c in text
     )
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` for one log line: a newline or carriage return in it (a path's ``%0a``, anyone's,
+    before any login) would start a forged line of its own; controls and bidi marks made visible
+    (:func:`visible` keeps newlines, for tracebacks), cut."""
+    text = visible(text).replace("\n", "\\n").replace("\r", "\\r")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
