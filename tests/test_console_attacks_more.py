@@ -207,3 +207,22 @@ async def test_the_daemon_stopping_ends_an_open_stream_cleanly(daemon: DaemonPro
     await asyncio.wait_for(chat.stream_ended.wait(), 30)
     errors = [line for line in log_of(daemon).splitlines() if " ERROR " in line]
     assert not errors, errors
+
+
+async def test_the_chat_script_is_told_why_a_post_was_refused(browser: Console, chat: WebChat) -> None:
+    """The page's script reads JSON: a refusal of the gate (no session, a wrong CSRF token, a form
+    too large or malformed) was plain text, which the script could not read and showed as "That
+    did not reach the daemon; send it again" (an expired session: sent again and again)."""
+    status, body = await chat.send("wrong token", csrf="nope")
+    assert status == 403 and isinstance(body, dict) and "CSRF" in body["error"], (status, body)
+    status, body = await chat.send("too many", tuple((f"f{i}", b"x") for i in range(11)))
+    assert status == 413 and isinstance(body, dict) and "parts" in body["error"], (status, body)
+    status, text = await raw_post(browser, f"/chat/{chat.chat}/send", b"x", "multipart/form-data")
+    assert status == 400 and '"ok": false' in text and "multipart" in text, (status, text)
+    status, _, _ = await browser.post("/logout", {"csrf": await browser.csrf()})
+    assert status == 303
+    status, body = await chat.send("after the logout", csrf="stale")
+    assert status == 401 and isinstance(body, dict) and "log in" in body["error"], (status, body)
+    # A page (no Accept: JSON) still gets the text it always got.
+    status, text, _ = await browser.post(f"/chat/{chat.chat}/send", {"csrf": "x", "text": "y"})
+    assert status == 401 and text.startswith("No console session"), (status, text)

@@ -48,8 +48,10 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         response = await _gate(request, handler)
     except web.HTTPException as exc:
-        exc.headers.update(SECURITY_HEADERS)
-        raise
+        if exc.status < 400 or not chat.wants_json(request):
+            exc.headers.update(SECURITY_HEADERS)
+            raise
+        response = refuse(exc.status, (exc.text or exc.reason or "").strip())
     except Exception as exc:  # a database gone away: say so, specifically, not "Internal Server Error"
         log.error(
             "console: %s %s failed: %s: %s",
@@ -60,8 +62,20 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         )
         why = f"The console could not read the daemon's state ({type(exc).__name__}); see the daemon's log."
         response = refuse(500, why)
+    if response.status >= 400 and isinstance(response, web.Response) and chat.wants_json(request):
+        response = as_json(response)
     response.headers.update(SECURITY_HEADERS)
     return response
+
+
+def as_json(response: web.Response) -> web.Response:
+    """A refusal as the chat page's script reads its answers (``{"ok": false, "error": …}``): as
+    text it was "That did not reach the daemon; send it again" for an expired session, a wrong
+    CSRF token or a form too large, never what happened."""
+    if response.content_type == "application/json":
+        return response
+    why = (response.text or response.reason or "").strip()
+    return web.json_response({"ok": False, "error": why}, status=response.status)
 
 
 def where(request: web.Request) -> str:
