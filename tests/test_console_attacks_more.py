@@ -18,7 +18,7 @@ import pytest
 from tests.console_client import TOKEN, Console
 from tests.console_support import console_config
 from tests.daemon import DaemonProcess, started_daemon
-from tests.fakes.openai_server import FakeOpenAI, Reply, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, last_user_text
 from tests.fakes.telegram_server import FakeTelegram
 from tests.webchat_client import WebChat, logged_in, new_chat
 
@@ -231,3 +231,20 @@ async def test_the_chat_script_is_told_why_a_post_was_refused(browser: Console, 
     # A page (no Accept: JSON) still gets the text it always got.
     status, text, _ = await browser.post(f"/chat/{chat.chat}/send", {"csrf": "x", "text": "y"})
     assert status == 401 and text.startswith("No console session"), (status, text)
+
+
+async def test_a_secret_across_the_transcripts_cut_is_masked_whole(
+    browser: Console, chat: WebChat, model: FakeOpenAI
+) -> None:
+    """The conversation page's transcript cuts a tool call's arguments at 600 characters; the page
+    masked afterwards, so a secret across the cut kept its head (the chat list's fixed hole, again
+    in the transcript). Masked first, then cut."""
+    command = "echo " + "x" * 570 + TOKEN  # the token starts ~590 characters into the JSON
+    model.script(Reply(tool_calls=[ToolCall("execute", {"command": command})]), Reply(text="ran it"))
+    status, body = await chat.send("run the long one")
+    assert status == 200, body
+    await chat.answer("ran it")
+    status, page, _ = await browser.get(f"/conversation?c=web:{chat.chat}")
+    assert status == 200 and 'class="tool-call"' in page, (status, page[-2000:])
+    assert "execute {" in page and "xxxxxxxxxx" in page
+    assert TOKEN[:8] not in page, "the head of a secret cut in the transcript"
