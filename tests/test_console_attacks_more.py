@@ -68,9 +68,11 @@ async def test_bodies_no_page_makes_get_a_reason_not_a_500(
         (b"text=hi", "multipart/form-data"),  # no boundary
         (part + b'--b\r\nContent-Disposition: form-data; name="text"\r\n\r\nhi', "multipart/form-data; boundary=b"),
         (b"not multipart at all", "multipart/form-data; boundary=b"),
+        (b"not multipart at all", f"multipart/form-data; boundary={TOKEN}"),
     ):  # fmt: skip
         status, text = await raw_post(browser, send, body, kind)
         assert status == 400 and "multipart body could not be read" in text, (kind, status, text)
+        assert TOKEN[:8] not in text, text  # the sender's boundary is not echoed
     # Not UTF-8, or a charset nobody knows: read as UTF-8 with U+FFFD, answered by the action.
     for body, kind in (
         (b"csrf=" + csrf + b"&code=\xff\xfe", FORM),
