@@ -251,3 +251,21 @@ async def test_a_secret_across_the_transcripts_cut_is_masked_whole(
     assert status == 200 and 'class="tool-call"' in page, (status, page[-2000:])
     assert "execute {" in page and "xxxxxxxxxx" in page
     assert TOKEN[:8] not in page, "the head of a secret cut in the transcript"
+
+
+async def test_a_secret_in_an_uploaded_files_bytes_is_masked_in_its_download(
+    browser: Console, chat: WebChat
+) -> None:
+    """The name was masked in the download's Content-Disposition; the bytes of a person's upload
+    were served as sent (the agent's files are masked by the channel's egress on their way in)."""
+    data = f"api_key = {TOKEN}\n".encode()
+    status, body = await chat.send("a config file", (("settings.ini", data),))
+    assert status == 200, body
+    mine = await chat.wait(
+        lambda: next((m for m in chat.latest().values() if m["role"] == "user" and m["files"]), None),
+        "the file message",
+    )
+    async with browser.http.get(browser.origin + mine["files"][0]["url"]) as r:
+        assert r.status == 200
+        got = await r.read()
+    assert TOKEN.encode() not in got and got.startswith(b"api_key = ") and len(got) == len(data), got

@@ -286,7 +286,10 @@ async def download(request: web.Request) -> web.StreamResponse:
     disposition = f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(name, safe='')}"
     # Always a download of opaque bytes: a file a person or the agent made is never a page here.
     headers = {"Content-Disposition": disposition, "Content-Type": "application/octet-stream"}
-    return web.Response(body=found.data, headers=headers)
+    # The agent's files were masked on their way in (the channel's egress); a person's upload was
+    # stored as sent: masked here, as every egress masks a file's bytes (each secret overwritten
+    # by as many "*": the length and the format's structure stay).
+    return web.Response(body=request.app[HOST_KEY].redact.data(found.data), headers=headers)
 
 
 def add_routes(app: web.Application) -> None:
