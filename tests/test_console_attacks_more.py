@@ -9,6 +9,7 @@ CHITAL_TEST_POSTGRES=1 too (a NUL is refused by PostgreSQL's text only)."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -73,6 +74,24 @@ async def test_bodies_no_page_makes_get_a_reason_not_a_500(
         status, text = await raw_post(browser, send, body, kind)
         assert status == 400 and "multipart body could not be read" in text, (kind, status, text)
         assert TOKEN[:8] not in text, text  # the sender's boundary is not echoed
+
+    # A file part whose headers hold a control character (400), or a Content-Type that is not
+    # UTF-8 (lone surrogates, which neither database stores: a 500): the message is taken.
+    def file_part(disposition: bytes, kind: bytes) -> bytes:
+        nonce = secrets.token_urlsafe(18).encode()
+        return (
+            part + b'--b\r\nContent-Disposition: form-data; name="nonce"\r\n\r\n' + nonce + b"\r\n"
+            b'--b\r\nContent-Disposition: form-data; name="text"\r\n\r\nodd file\r\n'
+            b'--b\r\nContent-Disposition: form-data; name="files"; ' + disposition + b"\r\n"
+            b"Content-Type: " + kind + b"\r\n\r\nDATA\r\n--b--\r\n"
+        )
+
+    multipart = "multipart/form-data; boundary=b"
+    status, text = await raw_post(browser, send, file_part(b'filename="a\x01.txt"', b"text/plain"), multipart)
+    assert status == 400 and "headers" in text, (status, text)
+    status, text = await raw_post(browser, send, file_part(b'filename="a.txt"', b"text/\xff\xfe"), multipart)
+    assert status == 200, (status, text)
+    await chat.answer("uploads/a.txt")
     # Not UTF-8, or a charset nobody knows: read as UTF-8 with U+FFFD, answered by the action.
     for body, kind in (
         (b"csrf=" + csrf + b"&code=\xff\xfe", FORM),

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 
 FORM: web.RequestKey[MultiDictProxy[Any]] = web.RequestKey("chital_console_form", MultiDictProxy)
@@ -67,12 +68,14 @@ async def read_form(request: web.Request, limits: FormLimits) -> MultiDictProxy[
         return MultiDictProxy(MultiDict())
     try:
         return await _multipart(request, limits)
-    except (ValueError, AssertionError, LookupError) as exc:
+    except (ValueError, AssertionError, LookupError, HttpProcessingError) as exc:
         # aiohttp's reader says "boundary missed", "Reading after EOF", "Could not find starting
         # boundary b'…'": a body no browser sends. Said in our words: its own would echo the
         # sender's boundary, cut (a secret there would show its head, unmasked).
         if "boundary missed" in str(exc):
             why = "its Content-Type names no boundary"
+        elif isinstance(exc, HttpProcessingError):  # a part's header holds a control character
+            why = "a part's headers are not valid HTTP headers"
         else:
             why = "it is cut short, or is not the multipart body its Content-Type says"
         raise FormMalformed(f"The form's multipart body could not be read: {why}.") from None
