@@ -288,3 +288,19 @@ async def test_a_secret_in_an_uploaded_files_bytes_is_masked_in_its_download(
         assert r.status == 200
         got = await r.read()
     assert TOKEN.encode() not in got and got.startswith(b"api_key = ") and len(got) == len(data), got
+
+
+async def test_a_header_that_is_not_utf8_is_refused_not_a_500(
+    daemon: DaemonProcess, browser: Console
+) -> None:
+    """A CSRF token sent in ``X-CSRF-Token`` with bytes that are not UTF-8: aiohttp reads them as
+    lone surrogates, and the strict encode of the comparison raised (a 500). A wrong token: 403."""
+    cookie = "; ".join(f"{c.key}={c.value}" for c in browser.http.cookie_jar).encode()
+    head = b"POST /console/people/revoke HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % daemon.port
+    answer = await raw_request(
+        daemon.port,
+        head + b"Origin: " + browser.origin.encode() + b"\r\nCookie: " + cookie + b"\r\n"
+        b"X-CSRF-Token: ab\xffcd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    assert answer.split(b"\r\n")[0].endswith(b"403 Forbidden") and b"CSRF" in answer, answer[:300]
+    assert "failed:" not in log_of(daemon)
