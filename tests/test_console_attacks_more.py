@@ -304,3 +304,44 @@ async def test_a_header_that_is_not_utf8_is_refused_not_a_500(
     )
     assert answer.split(b"\r\n")[0].endswith(b"403 Forbidden") and b"CSRF" in answer, answer[:300]
     assert "failed:" not in log_of(daemon)
+
+
+async def test_uploads_read_at_once_are_bounded(
+    daemon: DaemonProcess, browser: Console, chat: WebChat
+) -> None:
+    """Each chat message with files is held in memory whole while it is read (up to max_files x
+    max_file_bytes: 50 MB by default, 1 GB at the settings' maximum), and any number were read at
+    once. Two slow uploads hold the two slots; a third is told to send again, not read."""
+    cookie = "; ".join(f"{c.key}={c.value}" for c in browser.http.cookie_jar).encode()
+    head = (
+        b"POST /console/chat/%s/send HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nOrigin: %s\r\nCookie: %s\r\n"
+        b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 1100000\r\n\r\n"
+        % (chat.chat.encode(), daemon.port, browser.origin.encode(), cookie)
+    )
+    slow = []
+    for _ in range(2):
+        reader, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
+        writer.write(
+            head + b'--b\r\nContent-Disposition: form-data; name="files"; filename="x"\r\n\r\n' + b"x" * 1000
+        )
+        await writer.drain()
+        slow.append((reader, writer))
+    try:
+        for _ in range(60):  # until both are being read (they wait for the rest of their bodies)
+            status, body = await chat.send("a third", (("big.bin", b"y" * 300_000),))
+            if status == 503:
+                break
+            await asyncio.sleep(0.5)
+        assert status == 503 and isinstance(body, dict) and "send again" in body["error"], (status, body)
+        status, body = await chat.send("no files, no wait")
+        assert status == 200, body
+    finally:
+        for _, writer in slow:
+            writer.close()
+    # The slots are given back when the slow bodies end: read, then refused by its size.
+    for _ in range(60):
+        status, body = await chat.send("a big file now", (("small.txt", b"z" * 300_000),))
+        if status != 503:
+            break
+        await asyncio.sleep(0.5)
+    assert status == 400 and "larger than" in str(body), (status, body)

@@ -7,14 +7,17 @@ without one there is no console at all, not a console with an empty password.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from importlib import resources
+from typing import Any
 
 import aiohttp_jinja2
 import jinja2
 from aiohttp import web
+from multidict import MultiDictProxy
 
 from gateway.console import ConsoleHost, actions, chat, pages
 from gateway.console.auth import PATH, SECURITY_HEADERS, Guard
@@ -104,7 +107,9 @@ async def _gate(request: web.Request, handler: Handler) -> web.StreamResponse:
                 return refuse(401, "No console session (or it expired): log in at /console/login.")
             raise web.HTTPSeeOther(f"{PATH}/login")
         if changing:
-            form = await read_form(request, form_limits(request, route))
+            form = await _read_bounded(request, route)
+            if isinstance(form, web.Response):
+                return form
             request[FORM] = form
             given = form.get("csrf")
             if not guard.csrf_ok(request, session, given if isinstance(given, str) else None):
@@ -148,6 +153,31 @@ async def logout(request: web.Request) -> web.StreamResponse:
     return response
 
 
+UPLOADS_AT_ONCE = 2
+"""Chat messages with files the daemon reads at once: each is held in memory whole (up to
+``max_files`` x ``max_file_bytes``, 50 MB by default, 1 GB at the settings' maximum), so without
+a bound a few posts at once were gigabytes. Past it the post is refused (503, "send it again")."""
+UPLOAD_BYTES = 256 * 1024
+"""A body larger than this (or of unknown length) counts as an upload."""
+UPLOADS_KEY: web.AppKey[asyncio.Semaphore] = web.AppKey("console_uploads", asyncio.Semaphore)
+
+
+async def _read_bounded(request: web.Request, route: str | None) -> MultiDictProxy[Any] | web.Response:
+    """The form within its limits; a large chat message only while fewer than
+    :data:`UPLOADS_AT_ONCE` others are being read."""
+    limits = form_limits(request, route)
+    length = request.content_length
+    if route != "chat_send" or (length is not None and length <= UPLOAD_BYTES):
+        return await read_form(request, limits)
+    uploads = request.app[UPLOADS_KEY]
+    if uploads.locked():
+        return refuse(
+            503, f"The daemon is receiving {UPLOADS_AT_ONCE} other messages with files: send again soon."
+        )
+    async with uploads:
+        return await read_form(request, limits)
+
+
 def form_limits(request: web.Request, route: str | None) -> FormLimits:
     """A logged-in person's chat message may carry files and a long text; every other form is a
     few short fields."""
@@ -176,6 +206,7 @@ def build(host: ConsoleHost, token: str) -> web.Application:
     app = web.Application(middlewares=[gate])
     app[HOST_KEY] = host
     app[GUARD_KEY] = Guard(host.config.console, token)
+    app[UPLOADS_KEY] = asyncio.Semaphore(UPLOADS_AT_ONCE)
     env = aiohttp_jinja2.setup(
         app,
         loader=jinja2.PackageLoader("gateway.console", "templates"),
