@@ -61,7 +61,7 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
             request.method,
             where(request),
             type(exc).__name__,
-            one_line(str(exc)),
+            one_line(str(exc), redact=request.app[HOST_KEY].redact),
         )
         why = f"The console could not read the daemon's state ({type(exc).__name__}); see the daemon's log."
         response = refuse(500, why)
@@ -83,7 +83,7 @@ def as_json(response: web.Response) -> web.Response:
 
 def where(request: web.Request) -> str:
     """The request's path for a log line (decoded, so ``%0a`` is a newline: :func:`one_line`)."""
-    return one_line(request.path, 200)
+    return one_line(request.path, 200, request.app[HOST_KEY].redact)
 
 
 async def _gate(request: web.Request, handler: Handler) -> web.StreamResponse:

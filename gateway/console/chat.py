@@ -265,7 +265,11 @@ async def events(request: web.Request) -> web.StreamResponse:
         pass  # the page went away
     except Exception as exc:  # the database went away mid-stream: the headers are sent, so no 500
         # can follow; end the stream (the browser reconnects and is told what is wrong then)
-        log.error("console: a web chat's event stream ended: %s: %s", type(exc).__name__, one_line(str(exc)))
+        log.error(
+            "console: a web chat's event stream ended: %s: %s",
+            type(exc).__name__,
+            one_line(str(exc), redact=request.app[HOST_KEY].redact),
+        )
     finally:
         streams.remove(number)
     return response
