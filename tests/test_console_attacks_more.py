@@ -51,6 +51,11 @@ def log_of(daemon: DaemonProcess) -> str:
     return daemon.log_path.read_text(errors="replace")
 
 
+def console_failures(daemon: DaemonProcess) -> list[str]:
+    """The console's 500s ("console: GET /x failed: …") in the daemon's log."""
+    return [line for line in log_of(daemon).splitlines() if "ERROR gateway.console" in line]
+
+
 async def raw_post(browser: Console, path: str, body: bytes, kind: str) -> tuple[int, str]:
     """A body exactly as given, from the console's own origin with the session's cookie."""
     headers = {"Content-Type": kind, "Origin": browser.origin, "Accept": "application/json"}
@@ -116,7 +121,7 @@ async def test_bodies_no_page_makes_get_a_reason_not_a_500(
             assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream"), r.status
             assert (await r.content.readuntil(b"\n\n")).startswith(b"retry:")
     # Nothing was a 500 ("could not read the daemon's state"), and the chat goes on.
-    assert "failed:" not in log_of(daemon), log_of(daemon)[-3000:]
+    assert not console_failures(daemon), console_failures(daemon)
     status, body = await chat.send("after the bad bodies")
     assert status == 200, body
     await chat.answer("echo: after the bad bodies")
@@ -137,7 +142,7 @@ async def test_a_nul_in_the_address_or_a_field_is_answered_on_both_engines(
         page = r.headers["Location"].removeprefix("/console")
         status, text, _ = await browser.get(page)
         assert status == 200 and 'id="notice"' in text, (path, status)
-    assert "failed:" not in log_of(daemon), log_of(daemon)[-3000:]
+    assert not console_failures(daemon), console_failures(daemon)
 
 
 async def test_a_path_cannot_forge_a_log_line(daemon: DaemonProcess, browser: Console) -> None:
@@ -237,7 +242,7 @@ async def test_the_daemon_stopping_ends_an_open_stream_cleanly(daemon: DaemonPro
     await chat.answer("echo: before the stop")
     assert await daemon.terminate(timeout=120) == 0
     await asyncio.wait_for(chat.stream_ended.wait(), 30)
-    errors = [line for line in log_of(daemon).splitlines() if " ERROR " in line]
+    errors = [line for line in log_of(daemon).splitlines() if " ERROR gateway.console" in line]
     assert not errors, errors
 
 
@@ -308,7 +313,7 @@ async def test_a_header_that_is_not_utf8_is_refused_not_a_500(
         b"X-CSRF-Token: ab\xffcd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
     )
     assert answer.split(b"\r\n")[0].endswith(b"403 Forbidden") and b"CSRF" in answer, answer[:300]
-    assert "failed:" not in log_of(daemon)
+    assert not console_failures(daemon), console_failures(daemon)
 
 
 async def test_uploads_read_at_once_are_bounded(
