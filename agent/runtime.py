@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import posixpath
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,11 +182,14 @@ class AgentRuntime:
         assert self.harness is not None
         return await self.harness.plan(thread_id)
 
-    async def transcript(self, thread_id: str, last: int = 200) -> tuple[TranscriptLine, ...]:
-        """The thread's last ``last`` messages as readable lines (the console's transcript)."""
+    async def transcript(
+        self, thread_id: str, last: int = 200, mask: Callable[[str], str] | None = None
+    ) -> tuple[TranscriptLine, ...]:
+        """The thread's last ``last`` messages as readable lines (the console's transcript), each
+        text ``mask``-ed before it is cut."""
         assert self.harness is not None
         snap = await self.harness.require_graph().aget_state({"configurable": {"thread_id": thread_id}})
-        return transcript_of(snap.values.get("messages", ()), last)
+        return transcript_of(snap.values.get("messages", ()), last, mask)
 
     async def title(self, thread_id: str) -> str | None:
         assert self.harness is not None

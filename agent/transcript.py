@@ -1,12 +1,13 @@
 """A thread's history as lines a person reads (the operator console's transcript, docs/console.md):
 who spoke, what they said, which tools were called with which arguments and what they returned.
-Every text is cut (a 50 MB tool result must not become a 50 MB page); the reader masks secrets
-and escapes it."""
+Every text is cut (a 50 MB tool result must not become a 50 MB page), after ``mask`` (the reader's
+secret redactor): cut first, a secret across the cut showed its head, which no mask after the cut
+can find; the reader escapes it."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,17 +47,29 @@ def _text(content: Any) -> str:
     return str(content)
 
 
-def transcript_of(messages: Iterable[Any], last: int = 200) -> tuple[TranscriptLine, ...]:
-    """The last ``last`` messages of a thread (LangChain message objects) as lines."""
+def _args(call: dict[str, Any]) -> str:
+    return json.dumps(call.get("args", {}), ensure_ascii=False)
+
+
+def _same(text: str) -> str:
+    return text
+
+
+def transcript_of(
+    messages: Iterable[Any], last: int = 200, mask: Callable[[str], str] | None = None
+) -> tuple[TranscriptLine, ...]:
+    """The last ``last`` messages of a thread (LangChain message objects) as lines, each text
+    ``mask``-ed before it is cut."""
+    mask = mask or _same
     lines = []
     for message in list(messages)[-last:]:
         role = ROLES.get(str(getattr(message, "type", "")), str(getattr(message, "type", "?")))
         calls = tuple(
-            f"{call.get('name', '?')} {_cut(json.dumps(call.get('args', {}), ensure_ascii=False), ARGS)}"
+            f"{call.get('name', '?')} {_cut(mask(_args(call)), ARGS)}"
             for call in (getattr(message, "tool_calls", None) or ())
             if isinstance(call, dict)
         )
         name = str(getattr(message, "name", "") or "") if role == "tool" else ""
-        text = _cut(_text(getattr(message, "content", "")), TEXT_CHARS)
+        text = _cut(mask(_text(getattr(message, "content", ""))), TEXT_CHARS)
         lines.append(TranscriptLine(role, text, calls, name))
     return tuple(lines)

@@ -11,7 +11,7 @@ pyproject.toml).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from agent.events import AgentEvent, ApprovalDecision, OutputFile, PlanItem
@@ -96,8 +96,11 @@ class AgentHarness(Protocol):
         """The conversation's short title, when it has one."""
         ...
 
-    async def transcript(self, thread_id: str, last: int = 200) -> tuple[TranscriptLine, ...]:
-        """The thread's last ``last`` messages, with their tool calls, as readable lines (cut)."""
+    async def transcript(
+        self, thread_id: str, last: int = 200, mask: Callable[[str], str] | None = None
+    ) -> tuple[TranscriptLine, ...]:
+        """The thread's last ``last`` messages, with their tool calls, as readable lines, each
+        ``mask``-ed (the daemon's secrets) before it is cut."""
         ...
 
     async def open_choices(self, thread_id: str) -> tuple[str, tuple[str, ...]] | None:

@@ -71,3 +71,27 @@ async def test_chat_streams_answers_takes_a_button_and_keeps_text_inert(
         await until(browser, shows("Done:"), "the answer after the approval")
         assert list(daemon.sandbox_root.glob("**/outputs/x.txt")), "the approved call ran"
         await assert_nothing_ran(browser, "chat page after the approval")
+
+
+async def test_a_refused_post_says_why_on_the_page(
+    tmp_path: Path, tg: FakeTelegram, model: FakeOpenAI, browser: Browser
+) -> None:
+    """A refusal of the gate (here a wrong CSRF token, as after a logout in another tab) was plain
+    text; the page's script could not read it and said "That did not reach the daemon"."""
+    brain(model)
+    async with started_daemon(tmp_path, console_config(tmp_path, tg, model)) as daemon:
+        await log_in(browser, daemon.port)
+        await click(browser, "#nav-chat")
+        await click(browser, "#new-chat")
+        await until(browser, lambda d: d.find_element("id", "chat-text").is_displayed(), "the chat page")
+        await browser.call(
+            browser.driver.execute_script,
+            "document.querySelector('#chat-form input[name=csrf]').value = 'stale';",
+        )
+        await send(browser, "with a stale token")
+        status = "#chat-status"
+        await until(
+            browser, lambda d: "CSRF" in d.find_element("css selector", status).text, "the refusal's reason"
+        )
+        text = await browser.call(lambda: browser.driver.find_element("css selector", status).text)
+        assert "did not reach" not in text, text

@@ -79,6 +79,14 @@ def file_name(raw: str) -> str:
     return name[:MAX_NAME] or "file"
 
 
+def mime_type(raw: str) -> str:
+    """A MIME type a person's browser gave a file, kept only when it is printable ASCII (a header
+    of bytes that are not UTF-8 reads as lone surrogates, which neither database can store: the
+    post was a 500), cut; else none (the gateway guesses from the name)."""
+    mime = raw.strip()[:100]
+    return mime if mime.isascii() and mime.isprintable() else ""
+
+
 @dataclass(frozen=True, slots=True)
 class Upload:
     """A file as the console received it from the page."""
@@ -155,6 +163,13 @@ class WebChannel(Channel):
             await asyncio.Event().wait()
         finally:
             self._sink = None
+            self.bell.ring()  # open pages' streams end now, before the daemon closes the database
+
+    @property
+    def taking(self) -> bool:
+        """Whether the channel runs (between start and stop): an open page's stream ends when it
+        stops, so it never reads a database the stopping daemon is closing."""
+        return self._sink is not None
 
     # -- from the page --------------------------------------------------------------------------
     async def post(self, chat_id: str, person: str, nonce: str, text: str, uploads: Sequence[Upload]) -> str:
@@ -186,10 +201,10 @@ class WebChannel(Channel):
         attachments, refs = [], []
         for i, upload in enumerate(uploads):
             file_id = f"{nonce}-{i}"  # the same post again stores the same files again, in place
-            name = file_name(upload.name)
-            await room.web_file_put(chat_id, file_id, name, upload.mime[:100], upload.data)
+            name, mime = file_name(upload.name), mime_type(upload.mime)
+            await room.web_file_put(chat_id, file_id, name, mime, upload.data)
             size = len(upload.data)
-            attachments.append(Attachment(f"{chat_id}:{file_id}", name, upload.mime[:100] or None, size))
+            attachments.append(Attachment(f"{chat_id}:{file_id}", name, mime or None, size))
             refs.append(FileRef(file_id, name, size))
         await room.web_add(chat_id, person, msg_id, "user", person, text, files=tuple(refs))
         stored = await room.web_message(chat_id, msg_id)

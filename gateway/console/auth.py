@@ -186,7 +186,11 @@ class Guard:
 
     def csrf_ok(self, request: web.Request, session: Session, given: str | None) -> bool:
         sent = given or request.headers.get("X-CSRF-Token") or ""
-        return bool(sent) and hmac.compare_digest(sent.encode(), session.csrf.encode())
+        # surrogateescape: a header's bytes that are not UTF-8 are lone surrogates here, which a
+        # strict encode refuses (a 500 for a wrong token); escaped back, they just do not match.
+        return bool(sent) and hmac.compare_digest(
+            sent.encode("utf-8", "surrogateescape"), session.csrf.encode()
+        )
 
     def origin_ok(self, request: web.Request) -> bool:
         return same_origin(request, self.config.origins)

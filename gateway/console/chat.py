@@ -37,7 +37,7 @@ from gateway.console.auth import PATH, SECURITY_HEADERS
 from gateway.console.forms import form_of
 from gateway.console.pages import render
 from gateway.console.request import GUARD_KEY, HOST_KEY, session_of
-from gateway.console.text import shown
+from gateway.console.text import one_line, shown
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ CHATS_LISTED = 50
 FIRST_CHARS = 120
 """Characters of a chat's first message the list of chats shows."""
 FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,100}")
+SEQ = re.compile(r"[0-9]{1,18}")
+"""A ``seq`` the page or the browser names (``after``, ``Last-Event-ID``); anything else is 0."""
 STREAM_SECONDS = 300.0
 """An event stream is closed after this (the browser reconnects at once, from the last event it
 saw): a stream outlives neither a logout nor a session's expiry by more than this."""
@@ -200,7 +202,10 @@ async def press(request: web.Request) -> web.StreamResponse:
 
 
 def answer(request: web.Request, chat: str, status: int, body: dict[str, Any]) -> web.StreamResponse:
-    """JSON for the page's script; without script, back to the chat with a notice."""
+    """JSON for the page's script; without script, back to the chat with a notice. An error may
+    quote what the person sent (a file's name): masked like every text the page shows."""
+    if isinstance(body.get("error"), str):
+        body = {**body, "error": shown_text(request, body["error"])}
     if wants_json(request):
         return web.json_response(body, status=status)
     note = body.get("error") or body.get("text")
@@ -219,8 +224,12 @@ async def events(request: web.Request) -> web.StreamResponse:
     assert room is not None
     after = 0
     for raw in (request.headers.get("Last-Event-ID", ""), request.query.get("after", "")):
-        if raw.isdigit() and len(raw) < 19:
+        if SEQ.fullmatch(raw):  # not str.isdigit: "²" is a digit to it, and int() refuses it (a 500)
             after = max(after, int(raw))
+    if request.method == "HEAD":
+        # The headers only: streamed, a HEAD held one of max_streams for minutes, and the bytes
+        # written after them came to the client as the start of its next response.
+        return web.Response(content_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
     guard = request.app[GUARD_KEY]
     streams = request.app[STREAMS_KEY]
     number, stop = streams.add(channel.max_streams)
@@ -232,7 +241,12 @@ async def events(request: web.Request) -> web.StreamResponse:
         await response.write(b"retry: 1000\n\n")
         ends = time.monotonic() + STREAM_SECONDS
         beat = time.monotonic() + HEARTBEAT_SECONDS
-        while not stop.is_set() and time.monotonic() < ends and guard.session_of(request) is not None:
+        while (
+            not stop.is_set()
+            and channel.taking
+            and time.monotonic() < ends
+            and guard.session_of(request) is not None
+        ):
             batch = await room.web_since(chat, after, 100)
             for m in batch:
                 data = json.dumps(as_event(request, chat, m), ensure_ascii=True)
@@ -249,6 +263,13 @@ async def events(request: web.Request) -> web.StreamResponse:
             await response.write(b"event: closed\ndata: {}\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         pass  # the page went away
+    except Exception as exc:  # the database went away mid-stream: the headers are sent, so no 500
+        # can follow; end the stream (the browser reconnects and is told what is wrong then)
+        log.error(
+            "console: a web chat's event stream ended: %s: %s",
+            type(exc).__name__,
+            one_line(str(exc), redact=request.app[HOST_KEY].redact),
+        )
     finally:
         streams.remove(number)
     return response
@@ -269,7 +290,10 @@ async def download(request: web.Request) -> web.StreamResponse:
     disposition = f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(name, safe='')}"
     # Always a download of opaque bytes: a file a person or the agent made is never a page here.
     headers = {"Content-Disposition": disposition, "Content-Type": "application/octet-stream"}
-    return web.Response(body=found.data, headers=headers)
+    # The agent's files were masked on their way in (the channel's egress); a person's upload was
+    # stored as sent: masked here, as every egress masks a file's bytes (each secret overwritten
+    # by as many "*": the length and the format's structure stay).
+    return web.Response(body=request.app[HOST_KEY].redact.data(found.data), headers=headers)
 
 
 def add_routes(app: web.Application) -> None:

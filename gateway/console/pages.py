@@ -91,7 +91,8 @@ async def conversation(request: web.Request) -> web.Response:
     approvals = {e["key"]: await store.approvals_for(e["key"]) for e in entries}
     ctx = request.app[HOST_KEY].context()
     thread = await store.thread_get(key)
-    history = await ctx.harness.transcript(thread) if ctx is not None and thread else ()
+    redact = request.app[HOST_KEY].redact  # masked before the transcript cuts (a secret's head)
+    history = await ctx.harness.transcript(thread, mask=redact) if ctx is not None and thread else ()
     return render(
         request,
         "conversation.html",

@@ -27,3 +27,14 @@ def shown(value: Any, redact: Callable[[str], str], limit: int = TEXT_CHARS) -> 
         f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" and c not in "\u200d" else c for c in text
     )
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def one_line(text: str, limit: int = 300, redact: Callable[[str], str] | None = None) -> str:
+    """``text`` for one log line: a newline or carriage return in it (a path's ``%0a``, anyone's,
+    before any login) would start a forged line of its own (so would U+2028 for a reader that splits
+    with ``str.splitlines``, as the recent errors do); controls and bidi marks made visible
+    (:func:`visible` keeps newlines, for tracebacks), cut."""
+    # Masked before the cut (the log's own filter masks whole secrets only: a cut one keeps its head).
+    text = visible(redact(text) if redact else text).replace("\n", "\\n").replace("\r", "\\r")
+    text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")  # lines to splitlines()
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from agent.events import AgentEvent, ApprovalDecision, OutputFile, PlanItem, TurnFailed
@@ -72,7 +72,9 @@ class UnconfiguredHarness:
     async def title(self, thread_id: str) -> str | None:
         return None
 
-    async def transcript(self, thread_id: str, last: int = 200) -> tuple[TranscriptLine, ...]:
+    async def transcript(
+        self, thread_id: str, last: int = 200, mask: Callable[[str], str] | None = None
+    ) -> tuple[TranscriptLine, ...]:
         return ()
 
     async def open_choices(self, thread_id: str) -> tuple[str, tuple[str, ...]] | None:

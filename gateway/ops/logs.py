@@ -68,6 +68,31 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+class MalformedRequests(logging.Filter):
+    """aiohttp's server logs every request it cannot parse (a bad character in the path, a line
+    over 8 KB, a header no client sends) as an ERROR with a traceback: anyone who can reach a
+    listener, before any login, wrote a traceback per request and pushed the errors that matter
+    out of ``chital status`` and the console's "Recent errors". Such a record becomes one INFO line
+    (the client was answered 400 by aiohttp; nothing of ours failed). Other errors stay as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        if not logging.getLogger().isEnabledFor(logging.INFO):
+            return False
+        # Its class, not its message: the message quotes the request (a secret in the path, cut
+        # at a length of aiohttp's choosing, would keep its head past the redactor).
+        client = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        record.msg = "http: a malformed request from %s refused (%s %s)"
+        record.args = (client, exc.code, type(exc).__name__)
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
 def redact_loggers(names: Iterable[str], redactor: RedactingFilter) -> None:
     """Put ``redactor`` on each named logger, replacing one an earlier set-up installed."""
     for name in names:
@@ -89,6 +114,10 @@ def setup_logging(cfg: Config, handler: logging.Handler | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(cfg.log_level)
+    server = logging.getLogger("aiohttp.server")
+    for old in [f for f in server.filters if isinstance(f, MalformedRequests)]:
+        server.removeFilter(old)
+    server.addFilter(MalformedRequests())
     sdks = sdk_loggers()
     redact_loggers(sdks, redactor)
     for name in (*QUIET, *sdks):

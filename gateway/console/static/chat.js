@@ -16,6 +16,16 @@
     status.className = bad ? "error" : "muted";
   }
 
+  // Every answer is JSON ({ok, error}), refusals too; anything else (a proxy's page) is shown as
+  // its status, never as "did not reach the daemon" when it did.
+  function read(r) {
+    return r.text().then(function (body) {
+      try { return JSON.parse(body); } catch (e) {
+        return {ok: false, error: "The daemon answered " + r.status + ": " + body.slice(0, 200)};
+      }
+    });
+  }
+
   function press(msgId, value) {
     var body = new FormData();
     body.append("csrf", csrf);
@@ -23,7 +33,7 @@
     body.append("value", value);
     fetch(base + "/press", {method: "POST", body: body, credentials: "same-origin",
                             headers: {"Accept": "application/json"}})
-      .then(function (r) { return r.json(); })
+      .then(read)
       .then(function (a) { say(a.text || a.error || "", !a.ok); })
       .catch(function () { say("That did not reach the daemon; press again.", true); });
   }
@@ -123,10 +133,7 @@
     say("Sending…", false);
     fetch(form.action, {method: "POST", body: body, credentials: "same-origin",
                         headers: {"Accept": "application/json"}})
-      .then(function (r) {
-        if (r.status === 413) { return {ok: false, error: "Those files are too large to send."}; }
-        return r.json();
-      })
+      .then(read)
       .then(function (a) {
         if (a.ok) {
           form.elements.text.value = "";
