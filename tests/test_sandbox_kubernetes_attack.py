@@ -4,11 +4,21 @@ answers, and faults at the worst moment."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from agent.sandbox import SandboxUnavailable, kubernetes_provider
+from agent.sandbox.paths import SandboxError
+from tests.fakes.kubernetes_server import FakeKubernetes
 from tests.kubernetes_support import WS, Make, thread_id
 
 pytestmark = pytest.mark.skipif(
@@ -30,3 +40,46 @@ async def test_a_link_to_an_unreadable_directory_does_not_block_the_thread(make:
     # A directory of the thread's own that it made unreadable still counts as unmeasurable.
     res = await sb.exec("mkdir mine && chmod 000 mine && echo made")
     assert "not readable" in res.output, res
+
+
+@pytest.fixture
+def tarpit() -> Iterator[int]:
+    """A TCP port on 127.0.0.1 that accepts connections and never answers (a stalled API server)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(srv.accept()[0])
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join(5)
+    for s in held:
+        s.close()
+    srv.close()
+
+
+async def test_a_stalled_api_server_fails_the_call_instead_of_hanging_it(
+    make: Make, k8s: FakeKubernetes, tarpit: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every REST call and every exec connect has a deadline: an API server (or a proxy in front of
+    it) that accepts and never answers fails the call with a specific error, rather than holding a
+    worker thread, the thread's lock and (for an exec's connect) every other thread's execs."""
+    monkeypatch.setattr(kubernetes_provider, "API_SECONDS", 1.0)
+    config = k8s.write_kubeconfig(tmp_path / "stalled")
+    data = json.loads(config.read_text())
+    data["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{tarpit}"
+    config.write_text(json.dumps(data))
+    p = make(kubeconfig=config)
+    with pytest.raises(SandboxUnavailable) as err:
+        await asyncio.wait_for(p.acquire(thread_id()), 90)
+    assert "unreachable" in str(err.value), err.value
+    with pytest.raises(SandboxError) as err2:
+        await asyncio.wait_for(asyncio.to_thread(p.files_for(thread_id()).ls, WS), 90)
+    assert "unreachable" in str(err2.value), err2.value

@@ -57,7 +57,8 @@ def api_problem(e: BaseException, what: str, secrets: tuple[str, ...] = ()) -> s
     if status == 0 or status is None:  # the websocket handshake: "Handshake status 401 ..."
         found = re.search(r"Handshake status (\d{3})", reason)
         status = int(found.group(1)) if found else None
-        reason = "" if found else type(e).__name__
+        timed_out = "timed out" in reason.lower() or isinstance(e, TimeoutError)
+        reason = "" if found else "no answer in time" if timed_out else type(e).__name__
     message = ""
     body = getattr(e, "body", None)
     if body:

@@ -44,7 +44,14 @@ from .quota import DiskQuota, register
 
 log = logging.getLogger(__name__)
 
+_UNREACHABLE: tuple[type[Exception], ...] = (OSError, kcompat.TransportError)
+"""What a REST call raises when the API server cannot be reached or does not answer in time."""
+
 _STDIN_FRAME = 1024 * 1024  # bytes per websocket frame of an exec's stdin
+API_SECONDS = 30.0
+"""Each REST call's connect and read deadline, and an exec's connect deadline: an API server (or a
+proxy in front of it) that accepts and never answers fails the call rather than holding a worker
+thread, the thread's lock and, for an exec's connect, every other thread's execs."""
 
 
 class KubernetesProvider(SandboxProvider):
@@ -117,9 +124,10 @@ class KubernetesProvider(SandboxProvider):
                     raise KubernetesUnavailable(
                         f"cannot load the Kubernetes client configuration: {type(e).__name__} {why}".rstrip()
                     ) from None
+                kcompat.timed_connect(lambda: API_SECONDS)
                 self._clients = (
-                    client.CoreV1Api(rest),
-                    client.NetworkingV1Api(rest),
+                    _Timed(client.CoreV1Api(rest)),
+                    _Timed(client.NetworkingV1Api(rest)),
                     client.CoreV1Api(ws),
                     ws,
                 )
@@ -235,6 +243,10 @@ class KubernetesProvider(SandboxProvider):
                     raise self._problem(
                         e, f"cannot create the NetworkPolicy {policy['metadata']['name']}"
                     ) from None
+            except _UNREACHABLE as e:
+                raise self._problem(
+                    e, f"cannot create the NetworkPolicy {policy['metadata']['name']}"
+                ) from None
         self._policies = True
 
     def ensure_pod(self, thread_id: str) -> str:
@@ -299,6 +311,8 @@ class KubernetesProvider(SandboxProvider):
                         return uid
             except ApiException as e:
                 raise self._problem(e, f"cannot make the sandbox pod {name}") from None
+            except _UNREACHABLE as e:
+                raise self._problem(e, f"cannot make the sandbox pod {name}") from None
             if time.monotonic() > deadline:
                 raise KubernetesUnavailable(
                     f"the sandbox pod {name} in namespace {self.namespace} was not Running and ready "
@@ -350,9 +364,9 @@ class KubernetesProvider(SandboxProvider):
 
         def rm() -> None:
             core, _, _, _ = self._api()
-            with contextlib.suppress(ApiException):
+            with contextlib.suppress(ApiException), contextlib.suppress(*_UNREACHABLE):
                 core.delete_namespaced_pod(ks.pod_name(key), self.namespace, grace_period_seconds=0)
-            with contextlib.suppress(ApiException):
+            with contextlib.suppress(ApiException), contextlib.suppress(*_UNREACHABLE):
                 core.delete_namespaced_persistent_volume_claim(ks.claim_name(key), self.namespace)
 
         try:
@@ -397,6 +411,8 @@ class KubernetesProvider(SandboxProvider):
             gone = await asyncio.to_thread(sweep)
         except ApiException as e:
             raise self._problem(e, "cannot list the sandbox pods") from None
+        except _UNREACHABLE as e:
+            raise self._problem(e, "cannot list the sandbox pods") from None
         for tid in gone:
             self._sandboxes.pop(tid, None)
         if gone:
@@ -412,6 +428,8 @@ class KubernetesProvider(SandboxProvider):
             try:
                 core.list_namespaced_pod(self.namespace, label_selector=f"{ks.SANDBOX}=1", limit=1)
             except ApiException as e:
+                raise self._problem(e, f"cannot list pods in namespace {self.namespace}") from None
+            except _UNREACHABLE as e:
                 raise self._problem(e, f"cannot list pods in namespace {self.namespace}") from None
             self.ensure_policies()
 
@@ -429,6 +447,26 @@ class KubernetesProvider(SandboxProvider):
             }.values():
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(api.close)
+
+
+class _Timed:
+    """A generated API object whose every call has :data:`API_SECONDS` as its (connect, read)
+    deadline unless it names its own: no REST call of this provider can wait forever."""
+
+    def __init__(self, api: Any) -> None:
+        self.api_client = api.api_client
+        self._api = api
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._api, name)
+        if not callable(method):
+            return method
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("_request_timeout", (API_SECONDS, API_SECONDS))
+            return method(*args, **kwargs)
+
+        return call
 
 
 def _pod_state(pod: Any) -> str:
