@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from agent.sandbox import SandboxUnavailable, kubernetes_provider
+from agent.sandbox import kube_spec as ks
 from agent.sandbox.paths import SandboxError
+from tests.fakes.canary_server import Canary
 from tests.fakes.kubernetes_server import FakeKubernetes
-from tests.kubernetes_support import WS, Make, thread_id
+from tests.kubernetes_support import NS, WS, Make, thread_id
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0,
@@ -83,3 +85,27 @@ async def test_a_stalled_api_server_fails_the_call_instead_of_hanging_it(
     with pytest.raises(SandboxError) as err2:
         await asyncio.wait_for(asyncio.to_thread(p.files_for(thread_id()).ls, WS), 90)
     assert "unreachable" in str(err2.value), err2.value
+
+
+async def test_a_deny_policy_of_other_content_under_our_name_is_put_right(
+    make: Make, k8s: FakeKubernetes, canary: Canary, tmp_path: Path
+) -> None:
+    """Network deny by default does not rest on a name alone: a NetworkPolicy already called
+    ``chital-sandbox-deny`` that selects nothing (an older release's, an operator's edit, a typo)
+    is replaced by ours when the daemon finds it, before any pod runs without network."""
+    from kubernetes import client, config
+
+    def plant() -> None:
+        api = config.new_client_from_config(config_file=str(k8s.write_kubeconfig(tmp_path / "op")))
+        body = ks.deny_policy()
+        body["spec"]["podSelector"] = {"matchLabels": {"nothing": "selected"}}
+        client.NetworkingV1Api(api).create_namespaced_network_policy(NS, body)
+        api.close()
+
+    await asyncio.to_thread(plant)
+    sb = await make().acquire(thread_id())
+    probe = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {canary.port}), 5); print('connected')\""
+    res = await sb.exec(probe)
+    assert res.exit_code != 0 and "connected" not in res.output, res
+    assert canary.connections == 0
+    assert k8s.objects["networkpolicies"][(NS, ks.DENY_POLICY)]["spec"] == ks.deny_policy()["spec"]

@@ -146,6 +146,23 @@ def pod(thread_id: str, spec: dict[str, Any], network: bool) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
+def same_policy(found: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Does a NetworkPolicy spec read back from the API say what ``wanted`` says? (The API omits
+    empty lists and may order ``policyTypes`` its own way.)"""
+
+    def norm(spec: dict[str, Any]) -> tuple[Any, ...]:
+        selector = spec.get("podSelector") or {}
+        return (
+            selector.get("matchLabels") or {},
+            selector.get("matchExpressions") or [],
+            sorted(spec.get("policyTypes") or []),
+            spec.get("ingress") or [],
+            spec.get("egress") or [],
+        )
+
+    return norm(found) == norm(wanted)
+
+
 def deny_policy() -> dict[str, Any]:
     """Sandbox pods without network (label chital/network=off): no ingress, no egress."""
     return {

@@ -236,18 +236,34 @@ class KubernetesProvider(SandboxProvider):
             return
         _, net, _, _ = self._api()
         for policy in (ks.deny_policy(), ks.ingress_policy()):
+            name = policy["metadata"]["name"]
             try:
-                net.create_namespaced_network_policy(self.namespace, policy)
+                try:
+                    net.create_namespaced_network_policy(self.namespace, policy)
+                except ApiException as e:
+                    if e.status != 409:
+                        raise
+                    self._put_right(net, policy)
             except ApiException as e:
-                if e.status != 409:
-                    raise self._problem(
-                        e, f"cannot create the NetworkPolicy {policy['metadata']['name']}"
-                    ) from None
+                raise self._problem(e, f"cannot create the NetworkPolicy {name}") from None
             except _UNREACHABLE as e:
-                raise self._problem(
-                    e, f"cannot create the NetworkPolicy {policy['metadata']['name']}"
-                ) from None
+                raise self._problem(e, f"cannot create the NetworkPolicy {name}") from None
         self._policies = True
+
+    def _put_right(self, net: Any, policy: dict[str, Any]) -> None:
+        """A policy of our name that exists (409) is ours only if it says what ours says: one of
+        other content (an older release's, an operator's edit) would leave pods of that label
+        with a network, so its spec is replaced with ours (a JSON patch of ``/spec``)."""
+        name = policy["metadata"]["name"]
+        found = net.api_client.sanitize_for_serialization(
+            net.read_namespaced_network_policy(name, self.namespace)
+        )
+        if ks.same_policy(found.get("spec") or {}, policy["spec"]):
+            return
+        log.warning("the NetworkPolicy %s in %s differed from the sandbox's; replaced", name, self.namespace)
+        net.patch_namespaced_network_policy(
+            name, self.namespace, [{"op": "replace", "path": "/spec", "value": policy["spec"]}]
+        )
 
     def ensure_pod(self, thread_id: str) -> str:
         """The uid of the thread's Running and ready pod, made if missing, replaced if made from
