@@ -109,3 +109,14 @@ async def test_a_deny_policy_of_other_content_under_our_name_is_put_right(
     assert res.exit_code != 0 and "connected" not in res.output, res
     assert canary.connections == 0
     assert k8s.objects["networkpolicies"][(NS, ks.DENY_POLICY)]["spec"] == ks.deny_policy()["spec"]
+
+
+async def test_a_full_namespace_quota_says_so_not_the_role(make: Make, k8s: FakeKubernetes) -> None:
+    """Many threads make many pods and claims; the bound is the namespace's ResourceQuota
+    (docs/scale-out.md). When it is reached the error says so, not "see the Role"."""
+    quota = 'pods "chital-sbx-1" is forbidden: exceeded quota: sandboxes, requested: count/pods=1, used: count/pods=50, limited: count/pods=50'
+    k8s.fail("create", "pods", 403, message=quota)
+    with pytest.raises(SandboxUnavailable) as err:
+        await make().acquire(thread_id())
+    text = str(err.value)
+    assert "ResourceQuota" in text and "count/pods=50" in text and "Role" not in text, text

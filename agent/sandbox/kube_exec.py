@@ -66,6 +66,9 @@ def api_problem(e: BaseException, what: str, secrets: tuple[str, ...] = ()) -> s
             message = str(json.loads(body).get("message") or "")[:200]
     if status == 401:
         text = f"{what}: the Kubernetes API refused this daemon's credentials (401 Unauthorized)"
+    elif status == 403 and "exceeded quota" in message:
+        text = f"{what}: the namespace's ResourceQuota is full (too many sandboxes at once; "
+        text += f"idle ones are reaped): {message}"
     elif status == 403:
         text = f"{what}: the Kubernetes API forbids it (403 Forbidden; see the Role in docs/scale-out.md)"
         text += f": {message}" if message else ""
