@@ -108,10 +108,13 @@ class ExecStream:
             return None
         if self.status.get("status") == "Success":
             return 0
-        for cause in (self.status.get("details") or {}).get("causes") or []:
-            if cause.get("reason") == "ExitCode":
-                with contextlib.suppress(ValueError, TypeError):
-                    return int(cause.get("message"))
+        details = self.status.get("details")
+        causes = details.get("causes") if isinstance(details, dict) else None
+        for cause in causes if isinstance(causes, list) else []:
+            if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
+                message = cause.get("message")
+                if isinstance(message, str) and re.fullmatch(r"-?[0-9]{1,10}", message):
+                    return int(message)
         return None
 
     def close(self) -> None:
