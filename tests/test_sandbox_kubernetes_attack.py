@@ -120,3 +120,37 @@ async def test_a_full_namespace_quota_says_so_not_the_role(make: Make, k8s: Fake
         await make().acquire(thread_id())
     text = str(err.value)
     assert "ResourceQuota" in text and "count/pods=50" in text and "Role" not in text, text
+
+
+async def test_names_with_newlines_quotes_and_nuls_reach_engine_script_intact_or_refused(make: Make) -> None:
+    """File names travel as exec arguments in the request URL: a newline, quotes, a leading dash,
+    ``@`` (the stdin-chunk marker) or non-ASCII arrive as one argument each; a NUL is refused."""
+    sb = await make().acquire(thread_id())
+    odd = ["a\nb.txt", "-rf", "@5", "q'\"$(id).txt", "ü \u202e.txt"]
+    for name in odd:
+        await sb.write_file(f"{WS}/{name}", f"content of {name!r}")
+    for name in odd:
+        assert (await sb.read_file(f"{WS}/{name}")).text == f"content of {name!r}"
+    assert sorted(e.path for e in await sb.ls(WS)) == sorted(f"{WS}/{n}" for n in odd)
+    with pytest.raises(SandboxError):
+        await sb.write_file(f"{WS}/nul\x00.txt", "x")
+
+
+async def test_a_mount_dir_swapped_for_a_link_is_refused_by_every_file_tool(make: Make) -> None:
+    """The workspace is a plain directory of the claim, so sandboxed code can swap it for a link
+    (to /etc, or to a FIFO): every file tool refuses it, and the quota walk skips it."""
+    sb = await make().acquire(thread_id())
+    res = await sb.exec("cd .. && mv workspace old && ln -s /etc workspace && mkfifo uploads/f && echo swapped")
+    assert res.output.startswith("swapped"), res
+    for call in (
+        sb.read_file(f"{WS}/passwd"),
+        sb.write_file(f"{WS}/x", "x"),
+        sb.ls(WS),
+        sb.delete(f"{WS}/passwd"),
+        sb.read_file("/mnt/user-data/uploads/f"),
+    ):
+        with pytest.raises(SandboxError):
+            await call
+    assert await sb.glob("**/passwd", "/mnt/user-data") == []
+    assert await sb.grep("root:", "/mnt/user-data") == []
+    assert (await sb.exec("echo still")).output.startswith("still")
