@@ -140,7 +140,9 @@ async def test_a_mount_dir_swapped_for_a_link_is_refused_by_every_file_tool(make
     """The workspace is a plain directory of the claim, so sandboxed code can swap it for a link
     (to /etc, or to a FIFO): every file tool refuses it, and the quota walk skips it."""
     sb = await make().acquire(thread_id())
-    res = await sb.exec("cd .. && mv workspace old && ln -s /etc workspace && mkfifo uploads/f && echo swapped")
+    res = await sb.exec(
+        "cd .. && mv workspace old && ln -s /etc workspace && mkfifo uploads/f && echo swapped"
+    )
     assert res.output.startswith("swapped"), res
     for call in (
         sb.read_file(f"{WS}/passwd"),
