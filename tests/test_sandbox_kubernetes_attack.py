@@ -156,3 +156,40 @@ async def test_a_mount_dir_swapped_for_a_link_is_refused_by_every_file_tool(make
     assert await sb.glob("**/passwd", "/mnt/user-data") == []
     assert await sb.grep("root:", "/mnt/user-data") == []
     assert (await sb.exec("echo still")).output.startswith("still")
+
+
+async def test_the_api_token_reaches_no_pod_argv_error_or_log(
+    make: Make, k8s: FakeKubernetes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon's API token is in no pod (spec, environment, files), no exec's argv, and no
+    error text or log line, even when an API (or a proxy before it) echoes it in its message."""
+    caplog.set_level("DEBUG")
+    p = make()
+    tid = thread_id()
+    sb = await p.acquire(tid)
+    res = await sb.exec(
+        "env; cat /proc/self/environ; ls -a /var/run/secrets 2>&1; grep -rl . /mnt 2>/dev/null"
+    )
+    await sb.write_file(f"{WS}/f.txt", "x")
+    assert k8s.token not in res.output
+    assert k8s.token not in json.dumps(k8s.pod(ks.pod_name(tid)))
+    assert not any(k8s.token in " ".join(a) for a in k8s.exec_argvs)
+    k8s.fail("create", "pods", 403, message=f"forbidden for Bearer {k8s.token}")
+    k8s.fail("get", "pods", 500, message=f"upstream said Authorization: Bearer {k8s.token}")
+    with pytest.raises(SandboxUnavailable) as err:
+        await p.acquire(thread_id())
+    assert k8s.token not in str(err.value) and "[redacted]" in str(err.value), err.value
+    assert k8s.token not in caplog.text
+
+
+async def test_a_token_rotated_on_one_client_only_is_still_redacted(make: Make, k8s: FakeKubernetes) -> None:
+    """The REST and the exec clients each refresh their token (in-cluster, a projected token
+    rotates): every token either holds is cut from errors, not only the exec client's."""
+    p = make()
+    await p.acquire(thread_id())
+    assert p._clients is not None
+    p._clients[3].configuration.api_key = {"authorization": "Bearer an-older-token"}  # rotated apart
+    k8s.fail("get", "pods", 500, message=f"upstream said Authorization: Bearer {k8s.token}")
+    with pytest.raises(SandboxUnavailable) as err:
+        await p.acquire(thread_id())
+    assert k8s.token not in str(err.value), err.value

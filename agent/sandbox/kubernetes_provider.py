@@ -136,8 +136,12 @@ class KubernetesProvider(SandboxProvider):
     def _secrets(self) -> tuple[str, ...]:
         if self._clients is None:
             return ()
-        cfg = self._clients[3].configuration
-        return (*tuple(str(v).split()[-1] for v in (cfg.api_key or {}).values() if v), cfg.password or "")
+        found: list[str] = []
+        for cfg in (self._clients[0].api_client.configuration, self._clients[3].configuration):
+            # Both clients: each refreshes its own token (a rotating in-cluster one may differ).
+            found += [str(v).split()[-1] for v in (cfg.api_key or {}).values() if str(v).split()]
+            found.append(cfg.password or "")
+        return tuple(found)
 
     def _problem(self, e: BaseException, what: str) -> KubernetesUnavailable:
         return KubernetesUnavailable(api_problem(e, what, self._secrets()))
