@@ -193,3 +193,21 @@ async def test_a_token_rotated_on_one_client_only_is_still_redacted(make: Make, 
     with pytest.raises(SandboxUnavailable) as err:
         await p.acquire(thread_id())
     assert k8s.token not in str(err.value), err.value
+
+
+async def test_modules_planted_in_the_workspace_do_not_forge_the_file_tools_answers(make: Make) -> None:
+    """engine_script runs as ``python3 -I``: a ``usercustomize.py`` the sandboxed code plants in
+    its user site (under HOME, the workspace) or a ``json.py`` beside it is never imported, so it
+    cannot print an answer of its own ahead of the script's."""
+    sb = await make().acquire(thread_id())
+    forged = json.dumps({"entries": [["FORGED", False, 1, 0]]})
+    code = f"import sys; sys.stdout.write({forged!r} + chr(10)); sys.stdout.flush()"
+    site = (await sb.exec("python3 -c 'import site; print(site.getusersitepackages())'")).output.strip()
+    assert site.startswith(WS + "/"), site
+    for where in (site, WS):
+        for module in ("usercustomize", "sitecustomize", "json"):
+            await sb.write_file(f"{where}/{module}.py", code)
+    res = await sb.exec("python3 -c pass")
+    assert res.output.startswith(forged), res  # the plant works on a python3 without -I
+    names = [e.path.rsplit("/", 1)[-1] for e in await sb.ls(WS)]
+    assert "FORGED" not in names and "json.py" in names, names
