@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sandbox import SandboxUnavailable, kubernetes_provider
+from agent.sandbox import SandboxLimits, SandboxUnavailable, kubernetes_provider
 from agent.sandbox import kube_spec as ks
 from agent.sandbox.paths import SandboxError
 from tests.fakes.canary_server import Canary
@@ -211,3 +211,39 @@ async def test_modules_planted_in_the_workspace_do_not_forge_the_file_tools_answ
     assert res.output.startswith(forged), res  # the plant works on a python3 without -I
     names = [e.path.rsplit("/", 1)[-1] for e in await sb.ls(WS)]
     assert "FORGED" not in names and "json.py" in names, names
+
+
+async def test_a_pod_of_another_thread_under_the_same_name_is_refused(
+    make: Make, k8s: FakeKubernetes, tmp_path: Path
+) -> None:
+    """Names are 64 bits of a hash: should two thread ids ever meet on one (or a pod be made by
+    hand under a sandbox's name), the pod's ``chital/thread`` says whose it is, and a thread
+    never runs in, or reads the files of, a pod made for another."""
+    from kubernetes import client, config
+
+    tid, other = thread_id("mine"), thread_id("other")
+    spec = ks.pod_spec(
+        other, image="chital-sandbox:test", limits=SandboxLimits(), uid=1000, gid=1000, runtime_class=None
+    )
+    theirs = ks.pod(other, spec, False)
+    theirs["metadata"]["name"] = ks.pod_name(tid)
+    theirs["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] = ks.claim_name(tid)
+    claim = ks.claim(other, "1Gi", None)
+    claim["metadata"]["name"] = ks.claim_name(tid)
+
+    def plant() -> None:
+        api = config.new_client_from_config(config_file=str(k8s.write_kubeconfig(tmp_path / "op")))
+        core = client.CoreV1Api(api)
+        core.create_namespaced_persistent_volume_claim(NS, claim)
+        core.create_namespaced_pod(NS, theirs)
+        api.close()
+
+    await asyncio.to_thread(plant)
+    p = make()
+    with pytest.raises(SandboxUnavailable) as err:
+        await p.acquire(tid)
+    assert "another thread" in str(err.value), err.value
+    k8s._on_loop(lambda: k8s.objects["pods"].clear())
+    with pytest.raises(SandboxUnavailable) as err:
+        await p.acquire(tid)  # the pod gone, the claim still another thread's
+    assert "another thread" in str(err.value), err.value

@@ -297,6 +297,8 @@ class KubernetesProvider(SandboxProvider):
                     if e.status != 404:
                         raise
                     found = None
+                if found is not None and (found.metadata.annotations or {}).get(ks.THREAD) != thread_id:
+                    raise KubernetesUnavailable(_taken("pod", name, self.namespace))
                 if found is not None and found.metadata.deletion_timestamp is not None:
                     state = "being deleted"
                 elif found is not None and (
@@ -315,6 +317,7 @@ class KubernetesProvider(SandboxProvider):
                     except ApiException as e:
                         if e.status != 409:  # 409: the claim exists (an earlier pod, another daemon)
                             raise
+                        self._claim_is_ours(thread_id)
                     try:
                         core.create_namespaced_pod(self.namespace, manifest)
                     except ApiException as e:
@@ -339,6 +342,15 @@ class KubernetesProvider(SandboxProvider):
                     f"within {self.settings.start_timeout:g} s (last seen: {state})"
                 )
             time.sleep(0.5)
+
+    def _claim_is_ours(self, thread_id: str) -> None:
+        """A claim of the thread's name that exists was made for this thread (its
+        ``chital/thread``), not for another whose id met this one's on the name's 64 bits."""
+        core, _, _, _ = self._api()
+        name = ks.claim_name(thread_id)
+        found = core.read_namespaced_persistent_volume_claim(name, self.namespace)
+        if (found.metadata.annotations or {}).get(ks.THREAD) != thread_id:
+            raise KubernetesUnavailable(_taken("claim", name, self.namespace))
 
     def _prepare(self, thread_id: str) -> None:
         """The three dirs of /mnt/user-data, in a claim that may be new (as the sandbox user; the
@@ -487,6 +499,13 @@ class _Timed:
             return method(*args, **kwargs)
 
         return call
+
+
+def _taken(kind: str, name: str, namespace: str) -> str:
+    return (
+        f"the sandbox {kind} {name} in namespace {namespace} belongs to another thread (its "
+        f"chital/thread annotation differs); refused so no thread reaches another's files"
+    )
 
 
 def _pod_state(pod: Any) -> str:
