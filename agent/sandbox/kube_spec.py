@@ -192,3 +192,25 @@ def ingress_policy() -> dict[str, Any]:
             "ingress": [],
         },
     }
+
+
+def taken(kind: str, name: str, namespace: str) -> str:
+    return (
+        f"the sandbox {kind} {name} in namespace {namespace} belongs to another thread (its "
+        f"chital/thread annotation differs); refused so no thread reaches another's files"
+    )
+
+
+def pod_state(pod: Any) -> str:
+    """ "ready", or what the pod is waiting on (its phase and its container's reason), for the
+    error that names what the daemon waited for."""
+    status = pod.status
+    ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+    if status.phase == "Running" and ready:
+        return "ready"
+    why = [str(status.phase)]
+    for c in status.container_statuses or []:
+        waiting = c.state.waiting if c.state is not None else None
+        if waiting is not None and waiting.reason:
+            why.append(f"{waiting.reason}: {(waiting.message or '')[:200]}".rstrip(": "))
+    return "; ".join(why)

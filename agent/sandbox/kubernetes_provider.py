@@ -298,7 +298,7 @@ class KubernetesProvider(SandboxProvider):
                         raise
                     found = None
                 if found is not None and (found.metadata.annotations or {}).get(ks.THREAD) != thread_id:
-                    raise KubernetesUnavailable(_taken("pod", name, self.namespace))
+                    raise KubernetesUnavailable(ks.taken("pod", name, self.namespace))
                 if found is not None and found.metadata.deletion_timestamp is not None:
                     state = "being deleted"
                 elif found is not None and (
@@ -325,7 +325,7 @@ class KubernetesProvider(SandboxProvider):
                             raise
                     continue
                 else:
-                    state = _pod_state(found)
+                    state = ks.pod_state(found)
                     if state == "ready":
                         uid = str(found.metadata.uid)
                         if uid not in self._ready:
@@ -350,7 +350,7 @@ class KubernetesProvider(SandboxProvider):
         name = ks.claim_name(thread_id)
         found = core.read_namespaced_persistent_volume_claim(name, self.namespace)
         if (found.metadata.annotations or {}).get(ks.THREAD) != thread_id:
-            raise KubernetesUnavailable(_taken("claim", name, self.namespace))
+            raise KubernetesUnavailable(ks.taken("claim", name, self.namespace))
 
     def _prepare(self, thread_id: str) -> None:
         """The three dirs of /mnt/user-data, in a claim that may be new (as the sandbox user; the
@@ -499,25 +499,3 @@ class _Timed:
             return method(*args, **kwargs)
 
         return call
-
-
-def _taken(kind: str, name: str, namespace: str) -> str:
-    return (
-        f"the sandbox {kind} {name} in namespace {namespace} belongs to another thread (its "
-        f"chital/thread annotation differs); refused so no thread reaches another's files"
-    )
-
-
-def _pod_state(pod: Any) -> str:
-    """ "ready", or what the pod is waiting on (its phase and its container's reason), for the
-    error that names what the daemon waited for."""
-    status = pod.status
-    ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
-    if status.phase == "Running" and ready:
-        return "ready"
-    why = [str(status.phase)]
-    for c in status.container_statuses or []:
-        waiting = c.state.waiting if c.state is not None else None
-        if waiting is not None and waiting.reason:
-            why.append(f"{waiting.reason}: {(waiting.message or '')[:200]}".rstrip(": "))
-    return "; ".join(why)
