@@ -247,3 +247,26 @@ async def test_a_pod_of_another_thread_under_the_same_name_is_refused(
     with pytest.raises(SandboxUnavailable) as err:
         await p.acquire(tid)  # the pod gone, the claim still another thread's
     assert "another thread" in str(err.value), err.value
+
+
+async def test_long_commands_do_not_take_the_daemons_worker_threads(make: Make, k8s: FakeKubernetes) -> None:
+    """A running command's output is read by a blocking client for as long as it runs: on the
+    loop's default executor (min(32, cores + 4) threads), a few long commands in a few threads
+    would hold every worker the rest of the daemon's ``to_thread`` calls need."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    small = ThreadPoolExecutor(max_workers=3)  # a small machine's default executor, busy
+    loop.set_default_executor(small)
+    p = make()
+    boxes = [await p.acquire(thread_id(str(n))) for n in range(3)]
+    runs = [asyncio.ensure_future(sb.exec("echo started; sleep 600", timeout=600)) for sb in boxes]
+    try:
+        while sum("630" in a for a in k8s.exec_argvs) < len(boxes):  # the in-pod timeout: 600 + 30
+            await asyncio.sleep(0.05)  # each command's exec has reached its pod
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 60) == "free"
+        assert (await asyncio.wait_for(boxes[0].exec("echo meanwhile"), 60)).output == "meanwhile\n"
+    finally:
+        for r in runs:
+            r.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)

@@ -37,7 +37,7 @@ from .base import SandboxProvider
 from .config import KubernetesSettings, SandboxLimits
 from .engine_exec import IO_SECONDS
 from .engine_files import EngineFiles
-from .kube_exec import ExecStream, KubernetesSandbox, KubernetesUnavailable, api_problem
+from .kube_exec import ExecStream, KubernetesSandbox, KubernetesUnavailable, api_problem, own_thread
 from .paths import OUTPUTS, UPLOADS, WORKSPACE, PathMapper, SandboxError, ThreadDirs
 from .probe import PROBE_THREAD
 from .quota import DiskQuota, register
@@ -376,7 +376,7 @@ class KubernetesProvider(SandboxProvider):
                 sb = KubernetesSandbox(self, ThreadDirs.for_thread(self.root, key, None))
                 self._sandboxes[key] = sb
             sb.room_known = False  # a new turn: other daemons may have run commands meanwhile
-            await asyncio.to_thread(self.ensure_pod, key)
+            await own_thread(lambda: self.ensure_pod(key))  # up to start_timeout: a thread of its own
             await asyncio.to_thread(self.stamp, key)
             sb.touch()
             return sb
