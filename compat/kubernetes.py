@@ -16,10 +16,15 @@ grow), a closing ``close`` instead of an abort (a blocked read ends at its poll 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from urllib3.exceptions import HTTPError
+
 from compat.versions import usable
+
+TransportError = HTTPError
+"""What the REST client raises (urllib3's) when the API server is unreachable or slow: no status."""
 
 DISTRIBUTION = "kubernetes"
 _OPCODE_TEXT, _OPCODE_BINARY, _OPCODE_CLOSE = 0x1, 0x2, 0x8
@@ -85,3 +90,29 @@ def abort(ws: Any) -> None:
             ws.sock.abort()
     with contextlib.suppress(Exception):
         ws.close()
+
+
+def timed_connect(seconds: Callable[[], float]) -> None:
+    """Give every exec websocket's connect (TCP, TLS, the upgrade) a deadline of ``seconds()``.
+
+    ``kubernetes.stream.ws_client.create_websocket`` connects a ``websocket.WebSocket`` with no
+    timeout and no way to pass one, so an API server that accepts and never answers would hold
+    the connect (and the provider's connect lock, every thread's execs) forever. The client's
+    module-level ``WebSocket`` name is replaced, once, by a subclass whose ``connect`` defaults
+    ``timeout``. Only for the verified client versions (outside them a connect has no deadline)."""
+    if not usable(DISTRIBUTION):
+        return
+    import websocket
+    from kubernetes.stream import ws_client
+
+    if getattr(ws_client.WebSocket, "chital_timed", False):
+        return
+
+    class TimedWebSocket(websocket.WebSocket):
+        chital_timed = True
+
+        def connect(self, url: str, **options: Any) -> None:
+            options.setdefault("timeout", seconds())
+            super().connect(url, **options)
+
+    ws_client.WebSocket = TimedWebSocket  # type: ignore[misc]

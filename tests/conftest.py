@@ -1,11 +1,12 @@
 """Fixtures the tests share, each defined once here: the fake model, the fake Telegram, Slack, Discord
 and Lark servers, the in-process gateway rig, the loopback canary, the fake search providers and the
-fake LangSmith endpoint.
+fake LangSmith endpoint, the fake Kubernetes API server with a provider per daemon.
 A test module uses these rather than writing its own copy (tests/test_suite_shape.py keeps modules
 from importing each other's helpers; support modules hold the plain helpers)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import discord.gateway
 import discord.http
@@ -28,6 +29,7 @@ from tests.fakes.canary_server import Canary
 from tests.fakes.dingtalk_server import FakeDingTalk
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.gateway_rig import Rig, fake_rig, gateway_rig
+from tests.fakes.kubernetes_server import FakeKubernetes
 from tests.fakes.langsmith_server import FakeLangSmith
 from tests.fakes.lark_server import FakeLark
 from tests.fakes.matrix_server import FakeMatrix
@@ -42,6 +44,7 @@ from tests.telegram_daemon import telegram_config
 
 if TYPE_CHECKING:
     from gateway.store.journal import Store
+    from tests.kubernetes_support import Make
 
 
 @pytest.fixture(autouse=True)
@@ -385,3 +388,39 @@ async def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
     yield stores[0], stores[1]
     for s in stores:
         await s.close()
+
+
+@pytest.fixture
+async def k8s(tmp_path: Path) -> AsyncIterator[FakeKubernetes]:
+    """The fake Kubernetes API server (tests/fakes/kubernetes_server.py), namespace ``chital``."""
+    from tests.kubernetes_support import NS
+
+    async with FakeKubernetes(tmp_path / "k8s", namespace=NS, start_delay=0.1) as fake:
+        yield fake
+
+
+@pytest.fixture
+async def make(tmp_path: Path, k8s: FakeKubernetes) -> AsyncIterator[Make]:
+    """A kubernetes provider per call against ``k8s`` (a daemon each), closed after the test."""
+    from agent.sandbox import SandboxLimits
+    from agent.sandbox.config import KubernetesSettings
+    from agent.sandbox.kubernetes_provider import KubernetesProvider
+    from tests.kubernetes_support import NS
+
+    made: list[KubernetesProvider] = []
+    config = k8s.write_kubeconfig(tmp_path / "kubeconfig")
+
+    def new(**kw: Any) -> KubernetesProvider:
+        settings = KubernetesSettings(
+            kubeconfig=kw.pop("kubeconfig", config),
+            namespace=NS,
+            image="chital-sandbox:test",
+            start_timeout=60,
+        )
+        limits = kw.pop("limits", SandboxLimits(memory_mb=256, disk_mb=20))
+        p = KubernetesProvider(tmp_path / f"root-{len(made)}", settings, limits=limits, **kw)
+        made.append(p)
+        return p
+
+    yield new
+    await asyncio.gather(*(p.close() for p in made))

@@ -341,6 +341,19 @@ async def test_a_tree_hidden_from_the_quota_counts_as_over_it(
         await sb.write_file("x.txt", "x")
 
 
+async def test_a_link_to_an_unreadable_directory_does_not_block_the_thread(
+    pair: tuple[SharedDockerProvider, SharedDockerProvider], threads: list[str]
+) -> None:
+    """The measurement never follows a link: one to a directory the sandbox user cannot read
+    (``ln -s /root``) is a link, not a hidden tree that blocks the thread's commands and writes."""
+    a, _ = pair
+    sb = await a.acquire(_thread(threads))
+    res = await sb.exec("mkdir /tmp/locked && chmod 000 /tmp/locked && ln -s /tmp/locked locked && echo made")
+    assert res.output.strip() == "made", res
+    assert (await sb.exec("echo still")).output.startswith("still")
+    await sb.write_file("after.txt", "written\n")
+
+
 async def test_a_container_removed_under_a_running_command_is_an_answer_not_a_crash(
     pair: tuple[SharedDockerProvider, SharedDockerProvider], threads: list[str]
 ) -> None:

@@ -15,9 +15,8 @@ import shutil
 import socket
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -28,52 +27,17 @@ from agent.sandbox.kubernetes_provider import KubernetesProvider
 from agent.sandbox.paths import PathRefused, SandboxError
 from agent.sandbox.quota import QuotaExceeded
 from tests.fakes.kubernetes_server import FakeKubernetes
+from tests.kubernetes_support import NS, WS, Make, thread_id
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0,
     reason="the fake API server runs each pod as a bubblewrap sandbox, started as root",
 )
 
-WS = "/mnt/user-data/workspace"
-NS = "chital"
-Make = Callable[..., KubernetesProvider]
-
-
-@pytest.fixture
-async def k8s(tmp_path: Path) -> AsyncIterator[FakeKubernetes]:
-    async with FakeKubernetes(tmp_path / "k8s", namespace=NS, start_delay=0.1) as fake:
-        yield fake
-
-
-@pytest.fixture
-async def make(tmp_path: Path, k8s: FakeKubernetes) -> AsyncIterator[Make]:
-    """A provider per call (a daemon each), closed after the test."""
-    made: list[KubernetesProvider] = []
-    config = k8s.write_kubeconfig(tmp_path / "kubeconfig")
-
-    def new(**kw: Any) -> KubernetesProvider:
-        settings = KubernetesSettings(
-            kubeconfig=kw.pop("kubeconfig", config),
-            namespace=NS,
-            image="chital-sandbox:test",
-            start_timeout=60,
-        )
-        limits = kw.pop("limits", SandboxLimits(memory_mb=256, disk_mb=20))
-        p = KubernetesProvider(tmp_path / f"root-{len(made)}", settings, limits=limits, **kw)
-        made.append(p)
-        return p
-
-    yield new
-    await asyncio.gather(*(p.close() for p in made))
-
-
-def _thread(name: str = "") -> str:
-    return f"slack:T1/{name or 'x'}/../ü {uuid.uuid4().hex[:8]}\n;$(id)"
-
 
 async def test_a_file_written_on_one_daemon_is_read_on_another(make: Make, k8s: FakeKubernetes) -> None:
     a, b = make(), make()
-    tid = _thread()
+    tid = thread_id()
     sa = await a.acquire(tid)
     res = await sa.exec("echo from-a > made-by-shell.txt && id -u && pwd")
     assert res.exit_code == 0 and res.output.split() == ["1000", WS], res
@@ -109,7 +73,7 @@ async def test_two_daemons_starting_one_thread_at_once_get_one_pod_and_one_claim
     make: Make, k8s: FakeKubernetes
 ) -> None:
     a, b = make(), make()
-    tid = _thread()
+    tid = thread_id()
     sa, sb = await asyncio.gather(a.acquire(tid), b.acquire(tid))
     ra, rb = await asyncio.gather(sa.exec("echo a >> both"), sb.exec("echo b >> both"))
     assert ra.exit_code == rb.exit_code == 0
@@ -120,7 +84,7 @@ async def test_two_daemons_starting_one_thread_at_once_get_one_pod_and_one_claim
 
 async def test_the_pod_sent_holds_the_sandbox_guarantees(make: Make, k8s: FakeKubernetes) -> None:
     p = make(uid=1000, gid=1000)
-    tid = _thread()
+    tid = thread_id()
     await p.acquire(tid)
     pod = k8s.pod(ks.pod_name(tid))
     assert pod is not None
@@ -185,10 +149,10 @@ async def test_network_is_denied_by_default_and_allowed_when_configured(
     make: Make, k8s: FakeKubernetes, listener: int
 ) -> None:
     probe = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {listener}), 5); print('connected')\""
-    closed = await make().acquire(_thread("closed"))
+    closed = await make().acquire(thread_id("closed"))
     res = await closed.exec(probe)
     assert res.exit_code != 0 and "connected" not in res.output, res
-    opened = await make(network=True).acquire(_thread("open"))
+    opened = await make(network=True).acquire(thread_id("open"))
     res = await opened.exec(probe)
     assert res.exit_code == 0 and res.output.strip() == "connected", res
     ingress = k8s.objects["networkpolicies"][(NS, ks.INGRESS_POLICY)]["spec"]
@@ -197,7 +161,7 @@ async def test_network_is_denied_by_default_and_allowed_when_configured(
 
 
 async def test_links_out_of_the_workspace_are_not_followed(make: Make) -> None:
-    sb = await make().acquire(_thread())
+    sb = await make().acquire(thread_id())
     res = await sb.exec("ln -s /etc/passwd pw && ln -s / root && mkdir d && ln -s /etc d/etc")
     assert res.exit_code == 0, res
     for call in (
@@ -217,7 +181,7 @@ async def test_links_out_of_the_workspace_are_not_followed(make: Make) -> None:
 
 
 async def test_a_timeout_kills_the_command_and_what_it_started(make: Make, k8s: FakeKubernetes) -> None:
-    sb = await make().acquire(_thread())
+    sb = await make().acquire(thread_id())
     res = await sb.exec("(while true; do echo t >> tick; sleep 0.1; done) & sleep 100", timeout=2)
     assert res.timed_out and res.exit_code is None, res
     size = (await sb.stat("tick")).size  # type: ignore[union-attr]
@@ -227,7 +191,7 @@ async def test_a_timeout_kills_the_command_and_what_it_started(make: Make, k8s: 
 
 
 async def test_output_is_capped_head_and_tail(make: Make) -> None:
-    sb = await make().acquire(_thread())
+    sb = await make().acquire(thread_id())
     res = await sb.exec("echo START; head -c 3000000 /dev/zero | tr '\\0' a; echo; echo END", max_output=4096)
     assert res.exit_code == 0 and res.truncated, res
     assert res.output.startswith("START\n") and res.output.rstrip().endswith("END")
@@ -235,7 +199,7 @@ async def test_output_is_capped_head_and_tail(make: Make) -> None:
 
 
 async def test_the_disk_quota_holds(make: Make) -> None:
-    sb = await make(limits=SandboxLimits(memory_mb=256, disk_mb=2)).acquire(_thread())
+    sb = await make(limits=SandboxLimits(memory_mb=256, disk_mb=2)).acquire(thread_id())
     with pytest.raises(QuotaExceeded):
         await sb.write_file("big.bin", b"x" * (3 * 1024 * 1024))
     res = await sb.exec("head -c 3000000 /dev/urandom > fill.bin; echo done")
@@ -259,7 +223,7 @@ async def test_reaping_removes_an_idle_pod_keeps_its_claim_and_spares_busy_and_r
     make: Make, k8s: FakeKubernetes
 ) -> None:
     p = make(idle_timeout=6.0)
-    idle, busy, recent = _thread("idle"), _thread("busy"), _thread("recent")
+    idle, busy, recent = thread_id("idle"), thread_id("busy"), thread_id("recent")
     for tid in (idle, busy, recent):
         await (await p.acquire(tid)).exec(f"echo {tid.split('/')[1]} > mine")
         await p.release(tid)
@@ -293,7 +257,7 @@ async def test_a_pod_killed_under_a_command_ends_it_and_the_next_turn_gets_a_new
     make: Make, k8s: FakeKubernetes
 ) -> None:
     p = make()
-    tid = _thread()
+    tid = thread_id()
     sb = await p.acquire(tid)
     await sb.write_file("kept.txt", "still here\n")
     first = k8s.pod(ks.pod_name(tid))["metadata"]["uid"]  # type: ignore[index]
@@ -318,18 +282,18 @@ async def test_a_refused_token_gives_a_specific_error_without_the_token(
     bad = k8s.write_kubeconfig(tmp_path / "bad-kubeconfig", token=secret)
     p = make(kubeconfig=bad)
     with pytest.raises(SandboxUnavailable) as err:
-        await p.acquire(_thread())
+        await p.acquire(thread_id())
     assert "401" in str(err.value) and "credentials" in str(err.value), err.value
     assert secret not in str(err.value) and secret not in repr(err.value.__context__)
     with pytest.raises(SandboxError) as err2:
-        await asyncio.to_thread(p.files_for(_thread()).ls, WS)
+        await asyncio.to_thread(p.files_for(thread_id()).ls, WS)
     assert "401" in str(err2.value) and secret not in str(err2.value)
 
 
 async def test_a_pod_of_other_settings_is_replaced_and_the_files_kept(
     make: Make, k8s: FakeKubernetes
 ) -> None:
-    tid = _thread()
+    tid = thread_id()
     sa = await make().acquire(tid)
     await sa.write_file("kept.txt", "kept\n")
     first = k8s.pod(ks.pod_name(tid))
@@ -351,7 +315,7 @@ async def test_a_pod_that_never_gets_ready_fails_naming_what_was_awaited(
     config = k8s.write_kubeconfig(tmp_path / "kubeconfig")
     settings = KubernetesSettings(kubeconfig=config, namespace=NS, start_timeout=1)
     p = KubernetesProvider(tmp_path / "root", settings)
-    tid = _thread()
+    tid = thread_id()
     try:
         with pytest.raises(SandboxUnavailable) as err:
             await p.acquire(tid)
@@ -364,7 +328,7 @@ async def test_a_pod_that_never_gets_ready_fails_naming_what_was_awaited(
 async def test_an_api_error_names_the_status_and_the_api_message(make: Make, k8s: FakeKubernetes) -> None:
     k8s.fail("create", "pods", 403, message='pods is forbidden: User "chital" cannot create resource')
     with pytest.raises(SandboxUnavailable) as err:
-        await make().acquire(_thread())
+        await make().acquire(thread_id())
     assert "403 Forbidden" in str(err.value) and "cannot create resource" in str(err.value), err.value
 
 
@@ -384,7 +348,7 @@ async def test_kubeconfig_from_the_environment_and_a_broken_one_quoted_without_i
     q = KubernetesProvider(tmp_path / "root2", KubernetesSettings(kubeconfig=broken, namespace=NS))
     try:
         with pytest.raises(SandboxUnavailable) as err:
-            await q.acquire(_thread())
+            await q.acquire(thread_id())
     finally:
         await q.close()
     assert "client configuration" in str(err.value) and secret not in str(err.value), err.value
@@ -396,7 +360,7 @@ async def test_outside_the_verified_client_versions_the_public_reader_works(
     import compat.kubernetes
 
     monkeypatch.setattr(compat.kubernetes, "usable", lambda _distribution: False)
-    sb = await make().acquire(_thread())
+    sb = await make().acquire(thread_id())
     res = await sb.exec("echo out; echo err >&2; exit 3")
     assert res.exit_code == 3 and sorted(res.output.split()) == ["err", "out"], res
     await sb.write_file("f.txt", "public path\n")
@@ -420,6 +384,6 @@ async def test_the_in_pod_timeout_kills_a_command_the_daemon_did_not(
     from agent.sandbox import kube_exec
 
     monkeypatch.setattr(kube_exec, "KILL_GRACE", -58)
-    sb = await make().acquire(_thread())
+    sb = await make().acquire(thread_id())
     res = await sb.exec("echo started; sleep 100", timeout=60)
     assert res.exit_code == 137 and not res.timed_out and res.output == "started\n", res

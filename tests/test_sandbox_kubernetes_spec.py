@@ -72,3 +72,25 @@ def test_errors_carry_the_status_and_message_never_a_credential() -> None:
     assert "403 Forbidden" in text and token not in text and "Bearer" not in text
     down = _ApiException(0, "[Errno 111] Connection refused")
     assert "unreachable" in api_problem(down, "x")
+
+
+def test_a_malformed_exit_status_from_the_api_is_no_status_not_a_crash() -> None:
+    """The channel-3 Status is the API server's (or whatever answers in its place): a shape it
+    should not have is "no exit status known", never an exception out of the command's result."""
+    from agent.sandbox.kube_exec import ExecStream
+
+    for status in (
+        {"status": "Failure", "details": "x"},
+        {"status": "Failure", "details": {"causes": "x"}},
+        {"status": "Failure", "details": {"causes": ["x", None, 3]}},
+        {"status": "Failure", "details": {"causes": [{"reason": "ExitCode", "message": [1]}]}},
+        {"status": "Failure", "details": {"causes": [{"reason": "ExitCode", "message": "1e999"}]}},
+        {"status": "Failure", "details": {"causes": [{"reason": "ExitCode", "message": "9" * 5000}]}},
+        {"status": "Failure", "details": {"causes": [{"reason": "ExitCode", "message": "\u0663"}]}},
+    ):
+        s = ExecStream(None, None)
+        s.status = status
+        assert s.exit_code() is None, status
+    s = ExecStream(None, None)
+    s.status = {"status": "Failure", "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}}
+    assert s.exit_code() == 3

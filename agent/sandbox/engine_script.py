@@ -175,6 +175,13 @@ def op_delete(root, rel):
     finally:
         os.close(dfd)
     return {"ok": True}
+def islink(name, dfd):
+    # os.fwalk lists a link to a directory among the dirs and opens it, following it, before it
+    # finds it is not one to descend: pruned first, so nothing is ever opened through a link.
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return True
 def walk(root, rel, most, seconds):
     top, parts = resolve(root, rel)
     deadline = time.monotonic() + float(seconds)
@@ -188,7 +195,7 @@ def walk(root, rel, most, seconds):
     seen = 0
     try:
         for dirpath, dirs, files, dfd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
-            dirs.sort()
+            dirs[:] = sorted(d for d in dirs if not islink(d, dfd))
             sub = "" if dirpath == "." else dirpath[2:] + "/"
             for name in sorted(files):
                 try:
@@ -262,7 +269,9 @@ def op_usage(most, *roots):
             raise
         try:
             for _, dirs, names_, dfd in os.fwalk(".", dir_fd=fd, follow_symlinks=False, onerror=failed):
-                for name in dirs + names_:
+                links = [d for d in dirs if islink(d, dfd)]  # never opened; counted as files
+                dirs[:] = [d for d in dirs if d not in links]
+                for name in dirs + names_ + links:
                     files += 1
                     if files > int(most):
                         return {"blocks": blocks, "files": files, "cut": True}

@@ -15,9 +15,10 @@ import contextlib
 import json
 import logging
 import re
+import threading
 import uuid
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from compat import kubernetes as kcompat
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .kubernetes_provider import KubernetesProvider
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 WATCH_EVERY = 2.0  # seconds between disk measurements while a command runs
 KILL_GRACE = 30  # the in-pod ``timeout`` fires this long after the daemon's own deadline
@@ -43,6 +45,35 @@ _RUNNER = (
     "import json,os,sys;d=json.loads(sys.stdin.buffer.read(int(sys.argv[1])));"
     "f=os.open('/dev/null',os.O_RDONLY);os.dup2(f,0);os.execv('/bin/sh',['sh','-c',d[0],'chital-exec',d[1],d[2]])"
 )
+
+
+def own_thread(fn: Callable[[], T]) -> asyncio.Future[T]:
+    """``fn`` in a thread of its own, as a future of the running loop.
+
+    For the blocking calls that last as long as a command or a pod's start (reading a command's
+    stream, making a pod): on the loop's default executor (min(32, cores + 4) workers) a few of
+    them would hold every worker the rest of the daemon's ``to_thread`` calls need."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as e:  # handed to the awaiting task, as to_thread would
+            result, error = None, e
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="chital-kube-exec", daemon=True).start()
+    return fut
 
 
 class KubernetesUnavailable(SandboxUnavailable):
@@ -57,7 +88,8 @@ def api_problem(e: BaseException, what: str, secrets: tuple[str, ...] = ()) -> s
     if status == 0 or status is None:  # the websocket handshake: "Handshake status 401 ..."
         found = re.search(r"Handshake status (\d{3})", reason)
         status = int(found.group(1)) if found else None
-        reason = "" if found else type(e).__name__
+        timed_out = "timed out" in reason.lower() or isinstance(e, TimeoutError)
+        reason = "" if found else "no answer in time" if timed_out else type(e).__name__
     message = ""
     body = getattr(e, "body", None)
     if body:
@@ -65,6 +97,9 @@ def api_problem(e: BaseException, what: str, secrets: tuple[str, ...] = ()) -> s
             message = str(json.loads(body).get("message") or "")[:200]
     if status == 401:
         text = f"{what}: the Kubernetes API refused this daemon's credentials (401 Unauthorized)"
+    elif status == 403 and "exceeded quota" in message:
+        text = f"{what}: the namespace's ResourceQuota is full (too many sandboxes at once; "
+        text += f"idle ones are reaped): {message}"
     elif status == 403:
         text = f"{what}: the Kubernetes API forbids it (403 Forbidden; see the Role in docs/scale-out.md)"
         text += f": {message}" if message else ""
@@ -104,10 +139,13 @@ class ExecStream:
             return None
         if self.status.get("status") == "Success":
             return 0
-        for cause in (self.status.get("details") or {}).get("causes") or []:
-            if cause.get("reason") == "ExitCode":
-                with contextlib.suppress(ValueError, TypeError):
-                    return int(cause.get("message"))
+        details = self.status.get("details")
+        causes = details.get("causes") if isinstance(details, dict) else None
+        for cause in causes if isinstance(causes, list) else []:
+            if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
+                message = cause.get("message")
+                if isinstance(message, str) and re.fullmatch(r"-?[0-9]{1,10}", message):
+                    return int(message)
         return None
 
     def close(self) -> None:
@@ -189,7 +227,7 @@ class KubernetesSandbox(Sandbox):
         argv = ["timeout", "-s", "KILL", str(int(timeout) + KILL_GRACE), "env", f"CHITAL_EXEC={marker}"]
         argv += ["python3", "-I", "-c", _RUNNER, str(len(script))]
         p = self.provider
-        starting = asyncio.ensure_future(asyncio.to_thread(p.open_exec, self.thread_id, argv, script, None))
+        starting = own_thread(lambda: p.open_exec(self.thread_id, argv, script, None))
         try:
             stream = await asyncio.shield(starting)
         except asyncio.CancelledError:
@@ -206,11 +244,12 @@ class KubernetesSandbox(Sandbox):
                 for _channel, data in stream.frames():
                     cap.feed(data)
 
-        reader = asyncio.ensure_future(asyncio.to_thread(pump))
+        reader = own_thread(pump)
         dog = asyncio.ensure_future(self._watch_disk())
         timed_out, stopped = False, None
         try:
-            done, _ = await asyncio.wait({reader, dog}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            racing: set[asyncio.Future[Any]] = {reader, dog}
+            done, _ = await asyncio.wait(racing, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if reader not in done:
                 if dog in done:
                     stopped = dog.result()

@@ -146,6 +146,23 @@ def pod(thread_id: str, spec: dict[str, Any], network: bool) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
+def same_policy(found: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Does a NetworkPolicy spec read back from the API say what ``wanted`` says? (The API omits
+    empty lists and may order ``policyTypes`` its own way.)"""
+
+    def norm(spec: dict[str, Any]) -> tuple[Any, ...]:
+        selector = spec.get("podSelector") or {}
+        return (
+            selector.get("matchLabels") or {},
+            selector.get("matchExpressions") or [],
+            sorted(spec.get("policyTypes") or []),
+            spec.get("ingress") or [],
+            spec.get("egress") or [],
+        )
+
+    return norm(found) == norm(wanted)
+
+
 def deny_policy() -> dict[str, Any]:
     """Sandbox pods without network (label chital/network=off): no ingress, no egress."""
     return {
@@ -175,3 +192,25 @@ def ingress_policy() -> dict[str, Any]:
             "ingress": [],
         },
     }
+
+
+def taken(kind: str, name: str, namespace: str) -> str:
+    return (
+        f"the sandbox {kind} {name} in namespace {namespace} belongs to another thread (its "
+        f"chital/thread annotation differs); refused so no thread reaches another's files"
+    )
+
+
+def pod_state(pod: Any) -> str:
+    """ "ready", or what the pod is waiting on (its phase and its container's reason), for the
+    error that names what the daemon waited for."""
+    status = pod.status
+    ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+    if status.phase == "Running" and ready:
+        return "ready"
+    why = [str(status.phase)]
+    for c in status.container_statuses or []:
+        waiting = c.state.waiting if c.state is not None else None
+        if waiting is not None and waiting.reason:
+            why.append(f"{waiting.reason}: {(waiting.message or '')[:200]}".rstrip(": "))
+    return "; ".join(why)

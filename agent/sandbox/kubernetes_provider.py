@@ -37,14 +37,21 @@ from .base import SandboxProvider
 from .config import KubernetesSettings, SandboxLimits
 from .engine_exec import IO_SECONDS
 from .engine_files import EngineFiles
-from .kube_exec import ExecStream, KubernetesSandbox, KubernetesUnavailable, api_problem
+from .kube_exec import ExecStream, KubernetesSandbox, KubernetesUnavailable, api_problem, own_thread
 from .paths import OUTPUTS, UPLOADS, WORKSPACE, PathMapper, SandboxError, ThreadDirs
 from .probe import PROBE_THREAD
 from .quota import DiskQuota, register
 
 log = logging.getLogger(__name__)
 
+_UNREACHABLE: tuple[type[Exception], ...] = (OSError, kcompat.TransportError)
+"""What a REST call raises when the API server cannot be reached or does not answer in time."""
+
 _STDIN_FRAME = 1024 * 1024  # bytes per websocket frame of an exec's stdin
+API_SECONDS = 30.0
+"""Each REST call's connect and read deadline, and an exec's connect deadline: an API server (or a
+proxy in front of it) that accepts and never answers fails the call rather than holding a worker
+thread, the thread's lock and, for an exec's connect, every other thread's execs."""
 
 
 class KubernetesProvider(SandboxProvider):
@@ -117,9 +124,10 @@ class KubernetesProvider(SandboxProvider):
                     raise KubernetesUnavailable(
                         f"cannot load the Kubernetes client configuration: {type(e).__name__} {why}".rstrip()
                     ) from None
+                kcompat.timed_connect(lambda: API_SECONDS)
                 self._clients = (
-                    client.CoreV1Api(rest),
-                    client.NetworkingV1Api(rest),
+                    _Timed(client.CoreV1Api(rest)),
+                    _Timed(client.NetworkingV1Api(rest)),
                     client.CoreV1Api(ws),
                     ws,
                 )
@@ -128,8 +136,12 @@ class KubernetesProvider(SandboxProvider):
     def _secrets(self) -> tuple[str, ...]:
         if self._clients is None:
             return ()
-        cfg = self._clients[3].configuration
-        return (*tuple(str(v).split()[-1] for v in (cfg.api_key or {}).values() if v), cfg.password or "")
+        found: list[str] = []
+        for cfg in (self._clients[0].api_client.configuration, self._clients[3].configuration):
+            # Both clients: each refreshes its own token (a rotating in-cluster one may differ).
+            found += [str(v).split()[-1] for v in (cfg.api_key or {}).values() if str(v).split()]
+            found.append(cfg.password or "")
+        return tuple(found)
 
     def _problem(self, e: BaseException, what: str) -> KubernetesUnavailable:
         return KubernetesUnavailable(api_problem(e, what, self._secrets()))
@@ -228,14 +240,34 @@ class KubernetesProvider(SandboxProvider):
             return
         _, net, _, _ = self._api()
         for policy in (ks.deny_policy(), ks.ingress_policy()):
+            name = policy["metadata"]["name"]
             try:
-                net.create_namespaced_network_policy(self.namespace, policy)
+                try:
+                    net.create_namespaced_network_policy(self.namespace, policy)
+                except ApiException as e:
+                    if e.status != 409:
+                        raise
+                    self._put_right(net, policy)
             except ApiException as e:
-                if e.status != 409:
-                    raise self._problem(
-                        e, f"cannot create the NetworkPolicy {policy['metadata']['name']}"
-                    ) from None
+                raise self._problem(e, f"cannot create the NetworkPolicy {name}") from None
+            except _UNREACHABLE as e:
+                raise self._problem(e, f"cannot create the NetworkPolicy {name}") from None
         self._policies = True
+
+    def _put_right(self, net: Any, policy: dict[str, Any]) -> None:
+        """A policy of our name that exists (409) is ours only if it says what ours says: one of
+        other content (an older release's, an operator's edit) would leave pods of that label
+        with a network, so its spec is replaced with ours (a JSON patch of ``/spec``)."""
+        name = policy["metadata"]["name"]
+        found = net.api_client.sanitize_for_serialization(
+            net.read_namespaced_network_policy(name, self.namespace)
+        )
+        if ks.same_policy(found.get("spec") or {}, policy["spec"]):
+            return
+        log.warning("the NetworkPolicy %s in %s differed from the sandbox's; replaced", name, self.namespace)
+        net.patch_namespaced_network_policy(
+            name, self.namespace, [{"op": "replace", "path": "/spec", "value": policy["spec"]}]
+        )
 
     def ensure_pod(self, thread_id: str) -> str:
         """The uid of the thread's Running and ready pod, made if missing, replaced if made from
@@ -265,6 +297,8 @@ class KubernetesProvider(SandboxProvider):
                     if e.status != 404:
                         raise
                     found = None
+                if found is not None and (found.metadata.annotations or {}).get(ks.THREAD) != thread_id:
+                    raise KubernetesUnavailable(ks.taken("pod", name, self.namespace))
                 if found is not None and found.metadata.deletion_timestamp is not None:
                     state = "being deleted"
                 elif found is not None and (
@@ -283,6 +317,7 @@ class KubernetesProvider(SandboxProvider):
                     except ApiException as e:
                         if e.status != 409:  # 409: the claim exists (an earlier pod, another daemon)
                             raise
+                        self._claim_is_ours(thread_id)
                     try:
                         core.create_namespaced_pod(self.namespace, manifest)
                     except ApiException as e:
@@ -290,7 +325,7 @@ class KubernetesProvider(SandboxProvider):
                             raise
                     continue
                 else:
-                    state = _pod_state(found)
+                    state = ks.pod_state(found)
                     if state == "ready":
                         uid = str(found.metadata.uid)
                         if uid not in self._ready:
@@ -299,12 +334,23 @@ class KubernetesProvider(SandboxProvider):
                         return uid
             except ApiException as e:
                 raise self._problem(e, f"cannot make the sandbox pod {name}") from None
+            except _UNREACHABLE as e:
+                raise self._problem(e, f"cannot make the sandbox pod {name}") from None
             if time.monotonic() > deadline:
                 raise KubernetesUnavailable(
                     f"the sandbox pod {name} in namespace {self.namespace} was not Running and ready "
                     f"within {self.settings.start_timeout:g} s (last seen: {state})"
                 )
             time.sleep(0.5)
+
+    def _claim_is_ours(self, thread_id: str) -> None:
+        """A claim of the thread's name that exists was made for this thread (its
+        ``chital/thread``), not for another whose id met this one's on the name's 64 bits."""
+        core, _, _, _ = self._api()
+        name = ks.claim_name(thread_id)
+        found = core.read_namespaced_persistent_volume_claim(name, self.namespace)
+        if (found.metadata.annotations or {}).get(ks.THREAD) != thread_id:
+            raise KubernetesUnavailable(ks.taken("claim", name, self.namespace))
 
     def _prepare(self, thread_id: str) -> None:
         """The three dirs of /mnt/user-data, in a claim that may be new (as the sandbox user; the
@@ -330,7 +376,7 @@ class KubernetesProvider(SandboxProvider):
                 sb = KubernetesSandbox(self, ThreadDirs.for_thread(self.root, key, None))
                 self._sandboxes[key] = sb
             sb.room_known = False  # a new turn: other daemons may have run commands meanwhile
-            await asyncio.to_thread(self.ensure_pod, key)
+            await own_thread(lambda: self.ensure_pod(key))  # up to start_timeout: a thread of its own
             await asyncio.to_thread(self.stamp, key)
             sb.touch()
             return sb
@@ -350,9 +396,9 @@ class KubernetesProvider(SandboxProvider):
 
         def rm() -> None:
             core, _, _, _ = self._api()
-            with contextlib.suppress(ApiException):
+            with contextlib.suppress(ApiException), contextlib.suppress(*_UNREACHABLE):
                 core.delete_namespaced_pod(ks.pod_name(key), self.namespace, grace_period_seconds=0)
-            with contextlib.suppress(ApiException):
+            with contextlib.suppress(ApiException), contextlib.suppress(*_UNREACHABLE):
                 core.delete_namespaced_persistent_volume_claim(ks.claim_name(key), self.namespace)
 
         try:
@@ -397,6 +443,8 @@ class KubernetesProvider(SandboxProvider):
             gone = await asyncio.to_thread(sweep)
         except ApiException as e:
             raise self._problem(e, "cannot list the sandbox pods") from None
+        except _UNREACHABLE as e:
+            raise self._problem(e, "cannot list the sandbox pods") from None
         for tid in gone:
             self._sandboxes.pop(tid, None)
         if gone:
@@ -412,6 +460,8 @@ class KubernetesProvider(SandboxProvider):
             try:
                 core.list_namespaced_pod(self.namespace, label_selector=f"{ks.SANDBOX}=1", limit=1)
             except ApiException as e:
+                raise self._problem(e, f"cannot list pods in namespace {self.namespace}") from None
+            except _UNREACHABLE as e:
                 raise self._problem(e, f"cannot list pods in namespace {self.namespace}") from None
             self.ensure_policies()
 
@@ -431,16 +481,21 @@ class KubernetesProvider(SandboxProvider):
                     await asyncio.to_thread(api.close)
 
 
-def _pod_state(pod: Any) -> str:
-    """ "ready", or what the pod is waiting on (its phase and its container's reason), for the
-    error that names what the daemon waited for."""
-    status = pod.status
-    ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
-    if status.phase == "Running" and ready:
-        return "ready"
-    why = [str(status.phase)]
-    for c in status.container_statuses or []:
-        waiting = c.state.waiting if c.state is not None else None
-        if waiting is not None and waiting.reason:
-            why.append(f"{waiting.reason}: {(waiting.message or '')[:200]}".rstrip(": "))
-    return "; ".join(why)
+class _Timed:
+    """A generated API object whose every call has :data:`API_SECONDS` as its (connect, read)
+    deadline unless it names its own: no REST call of this provider can wait forever."""
+
+    def __init__(self, api: Any) -> None:
+        self.api_client = api.api_client
+        self._api = api
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._api, name)
+        if not callable(method):
+            return method
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("_request_timeout", (API_SECONDS, API_SECONDS))
+            return method(*args, **kwargs)
+
+        return call
