@@ -13,9 +13,8 @@ not a root-owned file as in Docker but an annotation ``chital/last-used`` that t
 (sandboxed code has no API credentials: no service account token is mounted). The reaper, on the
 timers' owner only, deletes pods whose stamp is older than ``idle_timeout``; claims stay.
 
-Commands: kube_exec.py. The client is blocking; every call runs in a worker thread.
-``stream()`` swaps the ApiClient's ``call_api`` while it connects, so execs use an ApiClient of
-their own, one connect at a time.
+Commands: kube_exec.py. The client is blocking; every call runs in a worker thread. ``stream()``
+swaps the ApiClient's ``call_api`` while it connects, so execs use their own, one connect at a time.
 """
 
 from __future__ import annotations
