@@ -306,7 +306,7 @@ async def test_a_turn_given_up_after_its_last_attempt_ends_its_checklist_not_don
             held.set()
     lists = await tg.wait_for(
         lambda: [m for m in checklists_tg(tg, mid) if "not finished" in m.text] or None,
-        timeout=10,
+        timeout=30,
         what="the checklist's final state after the turn was given up",
     )
     assert "1 of 3 steps done" in lists[0].text and "◐" not in lists[0].text

@@ -404,9 +404,12 @@ class TurnRunner:
     async def _give_up(self, entry: JournalEntry, reply: Reply) -> None:
         """The turn kept dying: a note instead of an answer, and the checklist a run before posted
         (if any) closed from the checkpoint's plan, so it does not look as if work went on."""
-        with contextlib.suppress(Exception):
+        try:
             thread_id = await self.store.thread_for(entry.conversation)
             await self._close_plan(self._plan(reply, thread_id))
+        except Exception as exc:  # the note still goes out; say why the checklist stayed open
+            why = f"{type(exc).__name__}: {exc}"
+            log.warning("could not close the checklist of %s, given up: %s", entry.key, why)
         with contextlib.suppress(Exception):
             await reply.finish("⚠️ I could not finish this answer after several tries. Please ask again.")
         await self.store.journal_set(entry.key, JournalState.FAILED)
