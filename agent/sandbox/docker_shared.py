@@ -45,10 +45,9 @@ from .base import SandboxUnavailable
 from .config import SandboxLimits
 from .docker_provider import LABEL, LABEL_CONFIG, LABEL_THREAD, DockerProvider, DockerSandbox, short_error
 from .engine_exec import IO_SECONDS
-from .engine_files import EngineFiles
+from .engine_files import EngineFiles, EngineRoom
 from .paths import SKILLS, USER_DATA, SandboxError, ThreadDirs
 from .probe import PROBE_THREAD
-from .quota import QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,6 @@ LABEL_SHARED = "chital.shared"
 LABEL_SKILLS = "chital.skills"
 STAMP_DIR = "/run/chital"
 STAMP = f"{STAMP_DIR}/used"
-WATCH_EVERY = 2.0  # seconds between disk measurements while a command runs
 
 # Run as root in the container (no capabilities): seconds since the stamp, and how many processes
 # run besides docker-init, the idle ``sleep`` and this one (a command, or a file operation).
@@ -107,46 +105,12 @@ class _DockerExecStream:
         close_response(self.sock)
 
 
-class SharedDockerSandbox(DockerSandbox):
+class SharedDockerSandbox(EngineRoom, DockerSandbox):
     """A thread's container on the shared engine; its files are in the volume (EngineFiles)."""
 
     def __init__(self, provider: SharedDockerProvider, dirs: ThreadDirs, container_id: str) -> None:
         super().__init__(provider, dirs, container_id, None)
         self.files: EngineFiles = EngineFiles(provider, self.mapper, provider.quota)
-
-        self.room_known = False
-        """The last measurement, after this turn's previous command, found room. Each measurement
-        is an exec through the engine (~0.1 s), so the check before a command is skipped then:
-        within a turn only this daemon runs commands of the thread, and file writes and uploads
-        check the quota themselves. ``acquire`` (a new turn) clears it."""
-
-    async def _before_command(self) -> None:
-        if self.room_known:
-            return
-        await asyncio.to_thread(self.files.room, 0)
-        self.room_known = True
-
-    async def _after_command(self) -> str | None:
-        self.room_known = False
-        try:
-            await asyncio.to_thread(self.files.room, 0)
-        except QuotaExceeded as e:
-            return f"[{e}; further commands are refused until then]"
-        except Exception:  # a failed measurement must not fail the command that ran
-            log.exception("sandbox quota check after a command in %s failed", self.id)
-            return None
-        self.room_known = True
-        return None
-
-    async def _watch_disk(self) -> str:
-        while True:
-            await asyncio.sleep(WATCH_EVERY)
-            try:
-                await asyncio.to_thread(self.files.room, 0)
-            except QuotaExceeded as e:
-                return str(e)
-            except Exception:  # try again next tick
-                log.exception("sandbox quota watchdog for %s failed", self.id)
 
 
 class SharedDockerProvider(DockerProvider):

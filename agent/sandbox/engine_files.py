@@ -16,8 +16,10 @@ the program then checks links against the mount's own directory inside the conta
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
+import logging
 import posixpath
 import uuid
 import zlib
@@ -40,6 +42,8 @@ _CHUNKS_PER_EXEC = 12  # ~1.1 MB of argv per exec, well under ARG_MAX (a quarter
 _STDIN_PER_EXEC = 4 * 1024 * 1024  # raw bytes per exec where data goes in on stdin
 _WALK_LIMIT = 50_000
 _HELPER_BYTES = HELPER.encode()
+log = logging.getLogger(__name__)
+
 _ERRORS = {
     "ENOENT": "no such file or directory",
     "EISDIR": "is a directory",
@@ -424,3 +428,47 @@ def _glob_matcher(pattern: str) -> Callable[[str], bool]:
     from .files import compile_glob
 
     return compile_glob(pattern)
+
+
+WATCH_EVERY = 2.0  # seconds between disk measurements while a command runs
+
+
+class EngineRoom:
+    """The quota around a command, for sandboxes whose files are behind the engine (the shared
+    Docker mode's and Kubernetes'): each measurement is an exec (~0.1 s), so the check before a
+    command is skipped while :attr:`room_known` holds (within a turn only this daemon runs the
+    thread's commands, and file writes and uploads check the quota themselves; ``acquire``, a new
+    turn, clears it); after a command, and every :data:`WATCH_EVERY` seconds while one runs, the
+    workspace is measured again."""
+
+    files: EngineFiles
+    id: str
+    room_known: bool = False
+
+    async def _before_command(self) -> None:
+        if self.room_known:
+            return
+        await asyncio.to_thread(self.files.room, 0)
+        self.room_known = True
+
+    async def _after_command(self) -> str | None:
+        self.room_known = False
+        try:
+            await asyncio.to_thread(self.files.room, 0)
+        except QuotaExceeded as e:
+            return f"[{e}; further commands are refused until then]"
+        except Exception:  # a failed measurement must not fail the command that ran
+            log.exception("sandbox quota check after a command in %s failed", self.id)
+            return None
+        self.room_known = True
+        return None
+
+    async def _watch_disk(self) -> str:
+        while True:
+            await asyncio.sleep(WATCH_EVERY)
+            try:
+                await asyncio.to_thread(self.files.room, 0)
+            except QuotaExceeded as e:
+                return str(e)
+            except Exception:  # try again next tick
+                log.exception("sandbox quota watchdog for %s failed", self.id)

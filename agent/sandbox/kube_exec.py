@@ -24,10 +24,10 @@ from compat import kubernetes as kcompat
 
 from .base import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT, ExecResult, OutputCap, Sandbox, SandboxUnavailable
 from .docker_scripts import KILLER, WRAPPER
-from .engine_files import EngineFiles
+from .engine_files import EngineFiles, EngineRoom
 from .local import MAX_COMMAND_BYTES
 from .paths import WORKSPACE, SandboxError, ThreadDirs
-from .quota import QuotaExceeded, stopped_note
+from .quota import stopped_note
 
 if TYPE_CHECKING:
     from .kubernetes_provider import KubernetesProvider
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-WATCH_EVERY = 2.0  # seconds between disk measurements while a command runs
 KILL_GRACE = 30  # the in-pod ``timeout`` fires this long after the daemon's own deadline
 # The command's shell starts in the workspace (an exec has no working directory of its own).
 _WRAPPER = f"cd {WORKSPACE} 2>/dev/null || cd /; " + WRAPPER
@@ -152,7 +151,7 @@ class ExecStream:
         kcompat.abort(self.ws)
 
 
-class KubernetesSandbox(Sandbox):
+class KubernetesSandbox(EngineRoom, Sandbox):
     """A thread's pod; its files are in the claim (EngineFiles over the exec websocket)."""
 
     def __init__(self, provider: KubernetesProvider, dirs: ThreadDirs) -> None:
@@ -160,9 +159,6 @@ class KubernetesSandbox(Sandbox):
         self.provider = provider
         self.files: EngineFiles = EngineFiles(provider, self.mapper, provider.quota)
         self.busy = 0
-        self.room_known = False
-        """As in the shared Docker mode: the last measurement, after this turn's previous command,
-        found room, so the check before the next command is skipped (``acquire`` clears it)."""
 
     async def exec(
         self,
@@ -178,8 +174,7 @@ class KubernetesSandbox(Sandbox):
         self.busy += 1
         beat = asyncio.ensure_future(self._heartbeat())
         try:
-            if not self.room_known:
-                await asyncio.to_thread(self.files.room, 0)
+            await self._before_command()
             res = await self._exec(command, timeout, max_output)
             if res.stopped is None and (note := await self._after_command()):
                 res = ExecResult(res.exit_code, f"{res.output}\n{note}", res.truncated, res.timed_out)
@@ -195,28 +190,6 @@ class KubernetesSandbox(Sandbox):
         while True:
             await asyncio.sleep(every)
             await asyncio.to_thread(self.provider.stamp, self.thread_id)
-
-    async def _after_command(self) -> str | None:
-        self.room_known = False
-        try:
-            await asyncio.to_thread(self.files.room, 0)
-        except QuotaExceeded as e:
-            return f"[{e}; further commands are refused until then]"
-        except Exception:  # a failed measurement must not fail the command that ran
-            log.exception("sandbox quota check after a command in %s failed", self.id)
-            return None
-        self.room_known = True
-        return None
-
-    async def _watch_disk(self) -> str:
-        while True:
-            await asyncio.sleep(WATCH_EVERY)
-            try:
-                await asyncio.to_thread(self.files.room, 0)
-            except QuotaExceeded as e:
-                return str(e)
-            except Exception:  # try again next tick
-                log.exception("sandbox quota watchdog for %s failed", self.id)
 
     async def _exec(self, command: str, timeout: float, max_output: int) -> ExecResult:  # noqa: ASYNC109
         marker = uuid.uuid4().hex
