@@ -287,7 +287,13 @@ class DaemonProcess:
         assert self.proc is not None
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(self.proc.wait(), timeout)
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            tail = self.log_path.read_text(errors="replace")[-4000:]
+            raise AssertionError(
+                f"the daemon did not exit {timeout:g}s after SIGTERM; its log ends:\n{tail}"
+            ) from None
         # A stop must release every thread: one left over held `docker stop` for the CLI's 3 s
         # grace (gateway/cli/main.py _exit_if_threads_linger), an idle quota pool among them.
         # Nor a background task: each part cancels its own (gateway/ops/tasks.py).

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from channels.base import ChannelState
-from gateway.ops.tasks import TaskTracker
+from gateway.ops import tasks as tasks_module
+from gateway.ops.tasks import TaskTracker, cancel_and_wait, report_slow_stop
 from tests.fakes.gateway_rig import make_config, make_gateway, skip_on_postgres, until
 
 
@@ -77,6 +78,91 @@ async def test_a_part_stops_only_its_own_tasks_and_the_root_holds_them_all(
     late = cluster.spawn(forever(), "resume:telegram")  # its owner has stopped
     await asyncio.sleep(0)
     assert late.cancelled() and not root.running, "a closed tracker starts nothing"
+
+
+async def test_a_part_cancelled_while_it_stops_another_part_ends_and_its_owner_stops() -> None:
+    """The daemon that never exited on SIGTERM (CI): the cluster's leader loop became the leader
+    just as the stop began, and its hook was stopping a channel's tasks (which take a moment to
+    end) when the stop cancelled the loop. That cancel was swallowed with the channel task's, the
+    loop slept on, and the cluster's close waited for it for ever."""
+    cluster, channel = TaskTracker(), TaskTracker()
+    in_hook = asyncio.Event()
+
+    async def slow_to_end() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.2)  # closing a connection on the way out
+
+    async def leader_loop() -> None:
+        while True:
+            in_hook.set()
+            await channel.cancel_running()  # the lead hook switching the channel over
+            await asyncio.sleep(3600)
+
+    channel.spawn(slow_to_end(), "channel:telegram")
+    await asyncio.sleep(0)
+    loop = cluster.spawn(leader_loop(), "cluster:leader")
+    await in_hook.wait()
+    closing = asyncio.create_task(cluster.close())
+    await asyncio.wait({closing}, timeout=5)  # not wait_for: its cancel at the deadline is swallowed too
+    stopped = closing.done()
+    closing.cancel()
+    loop.cancel()
+    assert stopped, "the cluster's close waited for its leader loop for ever"
+    assert loop.cancelled(), "the loop ended by its cancel, not by an error of its own"
+
+
+async def test_a_loop_that_lost_its_cancel_is_cancelled_again_and_named(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel swallowed inside a library (a shielded clean-up that then ends normally) must not
+    hold the daemon's stop for ever: the loop is cancelled again, and the log says which."""
+    monkeypatch.setattr(tasks_module, "AGAIN_AFTER", 0.2)
+    tracker = TaskTracker()
+    started = asyncio.Event()
+
+    async def sweep_loop() -> None:
+        started.set()
+        while True:
+            try:
+                await asyncio.sleep(3600)  # the cancel lands here and is eaten, as a library did
+            except asyncio.CancelledError:
+                pass
+            await asyncio.sleep(3600)
+
+    loop = tracker.spawn(sweep_loop(), "cluster:sweep")
+    await started.wait()
+    with caplog.at_level(logging.WARNING, logger="gateway.ops.tasks"):
+        await asyncio.wait_for(tracker.close(), 5)
+    assert loop.cancelled()
+    (again,) = [r.getMessage() for r in caplog.records if "again" in r.getMessage()]
+    assert again.startswith("cluster:sweep: sweep_loop > sleep (tasks.py:")
+    assert again.endswith("did not end 0.2s after its cancel: cancelling it again")
+
+
+async def test_a_stop_that_waits_says_which_tasks_it_waits_for_and_where(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What the operator reads when a stop hangs: each waiting task by name, with the chain of
+    calls it waits in, instead of silence until the supervisor's SIGKILL."""
+
+    async def close_the_pool() -> None:
+        await asyncio.Event().wait()
+
+    async def release_all() -> None:
+        await close_the_pool()
+
+    stuck = asyncio.create_task(release_all(), name="store-close")
+    with caplog.at_level(logging.WARNING, logger="gateway.ops.tasks"):
+        reporter = asyncio.create_task(report_slow_stop(0.05, every=0.6))
+        await until(lambda: len([r for r in caplog.records if "still waiting" in r.getMessage()]) >= 2)
+        await cancel_and_wait([reporter, stuck])
+    first, second = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()][:2]
+    assert first.startswith("the stop is still waiting after 0s for: ")
+    assert "store-close: release_all > close_the_pool > Event.wait (locks.py:" in first
+    assert "after 0s" not in second, "each report says how long it has waited"
+    assert reporter.cancelled() and stuck.cancelled()
 
 
 @skip_on_postgres(

@@ -259,10 +259,7 @@ class SandboxProvider(abc.ABC):
             self._reaper = asyncio.create_task(loop(), name="sandbox-reaper")
 
     async def stop_reaper(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            try:
-                await self._reaper
-            except asyncio.CancelledError:
-                pass
-            self._reaper = None
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.cancel()
+            await asyncio.wait({reaper})  # not ``await reaper``: a cancel of ours must not be swallowed

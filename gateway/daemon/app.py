@@ -12,7 +12,6 @@ ends in one :class:`StartupError` line instead of a traceback and a half-started
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import functools
 import gc
@@ -55,7 +54,7 @@ from gateway.ops.logs import RedactingFilter
 from gateway.ops.metrics import Metrics
 from gateway.ops.supervisor import ChannelSupervisor
 from gateway.ops.systemd import Notifier
-from gateway.ops.tasks import TaskTracker
+from gateway.ops.tasks import TaskTracker, cancel_and_wait, report_slow_stop
 from gateway.store.journal import Store
 from gateway.store.retention import Retention
 from gateway.store.schema import known_version
@@ -422,9 +421,9 @@ class Daemon:
         await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
             log.info("stop requested during start-up: releasing what was opened")
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
+            await cancel_and_wait([starting])
+            if not starting.cancelled():
+                starting.result()  # a StartupError that won the race is still the daemon's exit
             return
         if starting.exception() is not None:
             signalled.cancel()
@@ -439,11 +438,14 @@ class Daemon:
         log.info("stopping: draining running turns (up to %.0fs)", self.config.concurrency.shutdown_grace)
         if notifier is not None:
             notifier.send("STOPPING=1", "STATUS=stopping: draining running turns")
-        errors = await self.stop()
+        grace = self.config.concurrency.shutdown_grace
+        slow = asyncio.create_task(report_slow_stop(grace + 15), name="slow-stop")
+        try:
+            errors = await self.stop()
+        finally:
+            slow.cancel()
         if watchdog is not None:
-            watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watchdog
+            await cancel_and_wait([watchdog])
         if errors:
             log.error("stopped with %d error(s) while closing", len(errors))
         else:

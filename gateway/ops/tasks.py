@@ -20,12 +20,14 @@ owner retrieves their result.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+AGAIN_AFTER = 5.0
+"""Seconds a background task may take to end after its cancel before it is cancelled again."""
 
 
 class TaskTracker:
@@ -91,9 +93,64 @@ class TaskTracker:
     async def cancel_running(self) -> None:
         """Cancel the tasks running now and wait for them; the tracker stays open (a part that
         stops to start again, such as a supervisor whose channel goes send-only)."""
-        tasks = list(self._tasks)
-        for task in tasks:
+        await cancel_and_wait(self._tasks, again_after=AGAIN_AFTER)
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]], *, again_after: float | None = None) -> None:
+    """Cancel ``tasks`` and wait until each has ended. How each ended (cancelled, failed) is not
+    raised here; a cancellation of the *caller* is.
+
+    Why not ``with suppress(CancelledError): await task``: the caller's own cancel arrives as the
+    same exception and is swallowed with the task's. A cluster's leader loop, cancelled by the
+    daemon's stop while its hook was stopping a channel that way, lived on in its sleep, and the
+    stop waited for it for ever (seen in CI as a daemon that never exited on SIGTERM).
+
+    ``again_after``: a task still running that long after its cancel is cancelled again (and
+    named in the log). Libraries swallow a cancel too (a shielded clean-up that ends normally
+    eats the one that arrived meanwhile), and a background loop that lost its cancel would
+    otherwise hold the stop for ever. Not for turns: their clean-up (killing a started command)
+    must not itself be cut."""
+    pending = {task for task in tasks if not task.done()}
+    everything = list(pending)
+    for task in pending:
+        task.cancel()
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=again_after)
+        for task in pending:
+            log.warning(
+                "%s did not end %gs after its cancel: cancelling it again", where_waiting(task), again_after
+            )
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+    for task in everything:
+        if not task.cancelled():
+            task.exception()  # retrieved: the owner logged it if it mattered
+
+
+def where_waiting(task: asyncio.Future[Any]) -> str:
+    """``name: outer > … > inner (file:line)`` of the coroutines ``task`` is suspended in: what a
+    stop that hangs is waiting for, in one line (no locals, so no secret)."""
+    if not isinstance(task, asyncio.Task):
+        return "a future"
+    coro: Any = task.get_coro()
+    chain: list[str] = []
+    where = ""
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+        if frame is not None:
+            chain.append(frame.f_code.co_qualname.rsplit("<locals>.", 1)[-1])
+            where = f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno}"
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+    return f"{task.get_name()}: {' > '.join(chain[-6:])} ({where})"
+
+
+async def report_slow_stop(after: float, every: float = 30.0) -> None:
+    """Cancelled when the stop ends. Until then, ``after`` s into it and every ``every`` s after,
+    log which tasks are still waiting and where: a stop that hangs names its culprit in the log
+    instead of waiting silently for the supervisor's SIGKILL."""
+    await asyncio.sleep(after)
+    me = asyncio.current_task()
+    while True:
+        waiting = sorted(where_waiting(t) for t in asyncio.all_tasks() if t is not me)
+        log.warning("the stop is still waiting after %.0fs for: %s", after, "; ".join(waiting) or "nothing")
+        await asyncio.sleep(every)
+        after += every

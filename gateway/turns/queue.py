@@ -22,6 +22,7 @@ from typing import Any
 
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
+from gateway.ops.tasks import cancel_and_wait
 from gateway.store.entries import JournalEntry
 
 log = logging.getLogger(__name__)
@@ -272,15 +273,6 @@ class TurnQueue:
         if running:
             _, pending = await asyncio.wait(running, timeout=grace)
             cut = len(pending)
-            for task in pending:
-                task.cancel()
-            for task in pending:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        workers = [c.worker for c in self._convs.values() if c.worker]
-        for w in workers:
-            w.cancel()
-        for w in workers:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await w
+            await cancel_and_wait(pending)
+        await cancel_and_wait([c.worker for c in self._convs.values() if c.worker])
         return cut
