@@ -268,9 +268,8 @@ class TitleMiddleware(AgentMiddleware[Any, Any, Any]):
         if self._model is None:
             return fallback
         try:
-            reply = await asyncio.wait_for(
-                self._model.ainvoke(TITLE_PROMPT.format(message=first[:2000])), self.timeout
-            )
+            async with asyncio.timeout(self.timeout):
+                reply = await self._model.ainvoke(TITLE_PROMPT.format(message=first[:2000]))
         except Exception as exc:
             log.info("title call failed (%s); using the first message", type(exc).__name__)
             return fallback

@@ -200,7 +200,8 @@ class GuardrailMiddleware(AgentMiddleware[Any, Any, Any]):
         ctx = self._context(request)
         for guardrail in self.guardrails:
             try:
-                verdict = await asyncio.wait_for(guardrail(name, args, ctx), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    verdict = await guardrail(name, args, ctx)
             except GraphBubbleUp:
                 raise
             except TimeoutError:

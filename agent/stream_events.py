@@ -131,7 +131,8 @@ async def stream_events(
         if not runner.done():  # cancelled (/stop) or closed early: stop the graph, let it settle
             runner.cancel()
             with suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(runner), 10)
+                async with asyncio.timeout(10):
+                    await asyncio.shield(runner)
     if final is not None and not final.tool_calls:
         yield Final(final.text)
 
@@ -155,7 +156,8 @@ async def _run_graph(
         for arg in exc.args:
             if isinstance(arg, asyncio.Future):
                 with suppress(BaseException):
-                    await asyncio.wait_for(asyncio.shield(arg), 5)
+                    async with asyncio.timeout(5):
+                        await asyncio.shield(arg)
         raise
 
 

@@ -213,7 +213,8 @@ def _bounded(
 
 async def _exited(name: str, phase: str, proc: asyncio.subprocess.Process) -> DelegationError:
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(proc.wait(), 2)  # the pipe closes a moment before the exit is seen
+        async with asyncio.timeout(2):  # the pipe closes a moment before the exit is seen
+            await proc.wait()
     code = proc.returncode
     how = f" (exit status {code})" if code is not None else ""
     return DelegationError(f"the coding agent {name} exited during {phase}{how} before answering")
@@ -233,17 +234,22 @@ async def _end(
     async def finish() -> None:
         if session_id and proc.returncode is None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.cancel(session_id=session_id), 1)  # type: ignore[attr-defined]
+                async with asyncio.timeout(1):
+                    await conn.cancel(session_id=session_id)  # type: ignore[attr-defined]
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), CANCEL_GRACE)
+                async with asyncio.timeout(CANCEL_GRACE):
+                    await proc.wait()
         kill_group(proc)
         pump.cancel()  # only now: its end of file would close the connection before the cancel
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(conn.close(), 2)  # type: ignore[attr-defined]
+            async with asyncio.timeout(2):
+                await conn.close()  # type: ignore[attr-defined]
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), 10)
+            async with asyncio.timeout(10):
+                await proc.wait()
         with contextlib.suppress(Exception):  # read its pipe to the end, so the transport closes
-            await asyncio.wait_for(_drain(proc.stdout), 5)
+            async with asyncio.timeout(5):
+                await _drain(proc.stdout)
 
     ending = asyncio.ensure_future(finish())
     try:

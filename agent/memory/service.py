@@ -341,7 +341,8 @@ class MemoryService:
             if delay > 0:
                 wake.clear()
                 with suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await wake.wait()
                 continue
             self._due.pop(user, None)
             self._first.pop(user, None)

@@ -205,7 +205,8 @@ class DockerSandbox(Sandbox):
                 return False
 
         try:
-            clean = await asyncio.wait_for(asyncio.to_thread(sweep), 10)
+            async with asyncio.timeout(10):
+                clean = await asyncio.to_thread(sweep)
         except TimeoutError:
             clean = False
         done = False
@@ -220,7 +221,8 @@ class DockerSandbox(Sandbox):
             with contextlib.suppress(Exception):
                 stream.close()
         with contextlib.suppress(BaseException):
-            await asyncio.wait_for(reader, 5)
+            async with asyncio.timeout(5):
+                await reader
 
     async def alive(self) -> bool:
         def check() -> bool:

@@ -263,11 +263,13 @@ class KubernetesSandbox(EngineRoom, Sandbox):
                 killer.close()
 
         try:
-            await asyncio.wait_for(asyncio.to_thread(sweep), 30)
+            async with asyncio.timeout(30):
+                await asyncio.to_thread(sweep)
         except (TimeoutError, SandboxError, OSError) as e:
             log.warning("sandbox %s: the kill exec failed (%s); the pod's timeout remains", self.id, e)
         if stream is not None:
             stream.close()
         if reader is not None:
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(reader, 10)
+                async with asyncio.timeout(10):
+                    await reader

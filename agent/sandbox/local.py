@@ -120,8 +120,10 @@ async def run_capped(
             _killpg(proc.pid)
             # The namespace dies with bwrap; drain what is left, bounded.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(reader, 5)
-        rc = await asyncio.wait_for(proc.wait(), 10)
+                async with asyncio.timeout(5):
+                    await reader
+        async with asyncio.timeout(10):
+            rc = await proc.wait()
     except BaseException:
         _killpg(proc.pid)
         reader.cancel()

@@ -76,6 +76,7 @@ def remove_probe_dirs(root: Path) -> None:
 
 async def close_quietly(provider: SandboxProvider) -> None:
     try:
-        await asyncio.wait_for(provider.close(), 30)
+        async with asyncio.timeout(30):
+            await provider.close()
     except Exception:  # the probe's answer is what matters; a close failure changes nothing
         return

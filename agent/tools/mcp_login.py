@@ -67,7 +67,8 @@ class _Loopback:
 
     async def wait(self) -> tuple[str, str | None]:
         try:
-            return await asyncio.wait_for(asyncio.shield(self.result), LOGIN_TIMEOUT)
+            async with asyncio.timeout(LOGIN_TIMEOUT):
+                return await asyncio.shield(self.result)
         except TimeoutError:
             raise LoginFailed(f"no authorization within {LOGIN_TIMEOUT:g}s") from None
 

@@ -73,4 +73,5 @@ async def close_gateway(client: discord.Client) -> None:
     ws: Any = client.ws
     if ws is not None and ws.open:  # DiscordWebSocket.close also stops its heartbeat thread
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(ws.close(code=1000), GATEWAY_CLOSE_TIMEOUT)
+            async with asyncio.timeout(GATEWAY_CLOSE_TIMEOUT):
+                await ws.close(code=1000)

@@ -337,7 +337,8 @@ class WsRunner:
             conn, client._conn = client._conn, None
             if conn is not None:
                 try:
-                    await asyncio.wait_for(conn.close(), 1)  # a half-open peer never answers
+                    async with asyncio.timeout(1):  # a half-open peer never answers
+                        await conn.close()
                 except Exception:
                     with contextlib.suppress(Exception):
                         conn.transport.abort()

@@ -146,7 +146,8 @@ class LarkChannel(Channel):
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), check_every)
+                    async with asyncio.timeout(check_every):
+                        await self._wake.wait()
                 self._wake.clear()
                 problem = runner.problem(self.liveness_timeout)
                 if problem:

@@ -199,7 +199,8 @@ class SlackChannel(Channel):
             # which would hide a revoked app token.
             sm.wss_uri = await self._call(sm.issue_new_wss_url(), "apps.connections.open")
             try:  # connect() also retries forever when the socket URL does not answer
-                await asyncio.wait_for(handler.connect_async(), self.give_up_after)
+                async with asyncio.timeout(self.give_up_after):
+                    await handler.connect_async()
             except TimeoutError:
                 raise ChannelError("slack socket mode did not connect") from None
             self.report_connected()

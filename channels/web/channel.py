@@ -114,7 +114,8 @@ class Bell:
     async def wait(self, seconds: float) -> None:
         event = self._event
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await event.wait()
 
 
 class WebChannel(Channel):

@@ -464,7 +464,8 @@ class WeComChannel(Channel):
     async def _request(self, cmd: str, req_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """One frame over the live connection (waiting up to 15 s for one while it reconnects)."""
         try:
-            await asyncio.wait_for(self._live.wait(), 15.0)
+            async with asyncio.timeout(15.0):
+                await self._live.wait()
         except TimeoutError:
             raise TransientSendError("WeCom is not connected") from None
         wire = self._wire

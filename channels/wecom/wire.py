@@ -146,7 +146,8 @@ class Wire:
                 except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
                     raise TransientSendError(f"WeCom send failed: {type(exc).__name__}") from None
                 try:
-                    answer = await asyncio.wait_for(future, self._ack_timeout)
+                    async with asyncio.timeout(self._ack_timeout):
+                        answer = await future
                 except (TimeoutError, ConnectionError):
                     raise TransientSendError("WeCom did not answer the frame", maybe_sent=True) from None
             finally:

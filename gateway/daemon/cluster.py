@@ -399,9 +399,8 @@ class Cluster:
         if self._lock_conn is None or self._lock_conn.closed:
             import psycopg
 
-            self._lock_conn = await asyncio.wait_for(
-                psycopg.AsyncConnection.connect(self.url, autocommit=True), self.leader_every * 2
-            )
+            async with asyncio.timeout(self.leader_every * 2):
+                self._lock_conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
             await self._ask(LOCK_KEEPALIVE)
         cur = await self._ask("SELECT pg_try_advisory_lock(%s)", (key,))
         row = await cur.fetchone()

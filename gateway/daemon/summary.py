@@ -107,7 +107,8 @@ async def bwrap_problem(bwrap: str, run_as: tuple[int, int] | None) -> str | Non
     except OSError as exc:
         return f"cannot run {bwrap}: {exc.strerror or exc}"
     try:
-        _, err = await asyncio.wait_for(proc.communicate(), PROBE_TIMEOUT)
+        async with asyncio.timeout(PROBE_TIMEOUT):
+            _, err = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()

@@ -128,7 +128,8 @@ class PlanMessage:
             if delay > 0:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
                 continue
             items, self._pending = self._pending, None
             if items is None:

@@ -261,7 +261,8 @@ class Reply:
             if delay > 0:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
                 continue  # re-check: closing, or simply due now
             text, self._pending = self._pending, None
             if text is None or text == self._shown:

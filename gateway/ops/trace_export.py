@@ -148,7 +148,8 @@ async def start_exporters(cfg: Config) -> Callable[[], Awaitable[None]]:
         agent_tracing.install(None)
         for closer in closers:
             try:
-                await asyncio.wait_for(asyncio.to_thread(closer), CLOSE_WAIT)
+                async with asyncio.timeout(CLOSE_WAIT):
+                    await asyncio.to_thread(closer)
             except TimeoutError:
                 log.warning("tracing: the last spans could not be flushed within %.0fs", CLOSE_WAIT)
             except Exception as exc:

@@ -30,5 +30,6 @@ class ScheduleClock:
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds``, or less when poked meanwhile (a poke since the last sleep counts)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), max(0.0, seconds))
+            async with asyncio.timeout(max(0.0, seconds)):
+                await self._wake.wait()
         self._wake.clear()

@@ -106,7 +106,8 @@ class ApprovalTimers:
                 log.warning("approval timers: could not read the pending requests: %s", exc)
                 wait = self.look_every
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(wait, 0.05))
+                async with asyncio.timeout(max(wait, 0.05)):
+                    await self._wake.wait()
 
     async def _expire(self, row: ApprovalRow) -> None:
         try:

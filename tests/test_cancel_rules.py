@@ -1,0 +1,91 @@
+"""Two ways a cancel gets lost, kept out of the code (Python 3.11, what the daemon runs on).
+
+- ``asyncio.wait_for``: when the cancel of the *caller* races the awaited call finishing, 3.11's
+  ``wait_for`` returns the result and the cancel is gone (CPython gh-86296, fixed in 3.12). A
+  cluster's leader loop lost the daemon's stop that way while connecting for the leader lock, and
+  the daemon never exited on SIGTERM (CI). ``async with asyncio.timeout(...)`` keeps it.
+- ``with suppress(CancelledError): await task``: the caller's own cancel is the same exception and
+  is swallowed with the task's. ``gateway.ops.tasks.cancel_and_wait`` (or ``asyncio.wait``) instead.
+
+Checked on the syntax tree, so a docstring that names them does not count."""
+
+from __future__ import annotations
+
+import ast
+
+from tests.daemon import REPO
+
+ROOTS = ("gateway", "channels", "agent", "compat")
+SUPPRESS_ALLOWED = {
+    "agent/subagents.py": "a sub-agent cancelled again until it is done; the first cancel is re-raised by the caller",
+}
+
+
+def _calls(tree: ast.AST) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+
+
+def _name(node: ast.AST) -> str:
+    return ast.unparse(node)
+
+
+def _sources() -> list[tuple[str, ast.AST]]:
+    return [
+        (str(path.relative_to(REPO)), ast.parse(path.read_text(), str(path)))
+        for root in ROOTS
+        for path in sorted((REPO / root).rglob("*.py"))
+    ]
+
+
+def wait_fors(tree: ast.AST) -> list[int]:
+    """Lines that call ``asyncio.wait_for``."""
+    return [c.lineno for c in _calls(tree) if _name(c.func) in ("asyncio.wait_for", "wait_for")]
+
+
+def suppressed_awaits(tree: ast.AST) -> list[int]:
+    """Lines of ``with suppress(… CancelledError …):`` blocks that await something."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.With | ast.AsyncWith):
+            continue
+        suppresses = any(
+            isinstance(item.context_expr, ast.Call)
+            and _name(item.context_expr.func).endswith("suppress")
+            and any("CancelledError" in _name(arg) for arg in item.context_expr.args)
+            for item in node.items
+        )
+        if suppresses and any(isinstance(n, ast.Await) for stmt in node.body for n in ast.walk(stmt)):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_asyncio_wait_for_in_the_daemon() -> None:
+    found = [f"{path}:{line}" for path, tree in _sources() for line in wait_fors(tree)]
+    assert not found, f"asyncio.wait_for loses a racing cancel on 3.11; use asyncio.timeout: {found}"
+
+
+def test_no_cancel_suppressed_around_an_await_but_where_a_reason_is_written() -> None:
+    found = [
+        f"{path}:{line}"
+        for path, tree in _sources()
+        if path not in SUPPRESS_ALLOWED
+        for line in suppressed_awaits(tree)
+    ]
+    assert not found, f"a suppressed CancelledError around an await swallows the caller's cancel too: {found}"
+
+
+def test_the_checks_see_what_they_forbid() -> None:
+    """Not vacuous: both shapes are found in a sample, and their right forms are not."""
+    tree = ast.parse(
+        "async def f(t):\n"
+        "    await asyncio.wait_for(t, 1)\n"
+        "    with contextlib.suppress(asyncio.CancelledError):\n"
+        "        await t\n"
+        "    async with asyncio.timeout(1):\n"
+        "        await t\n"
+        "    with contextlib.suppress(asyncio.CancelledError):\n"
+        "        t.cancel()\n"
+        '    """asyncio.wait_for(t, 1) in a docstring"""\n'
+    )
+    assert wait_fors(tree) == [2]
+    assert suppressed_awaits(tree) == [3]
