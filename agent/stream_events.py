@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import aclosing, suppress
+from contextlib import aclosing
 from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -130,9 +130,9 @@ async def stream_events(
     finally:
         if not runner.done():  # cancelled (/stop) or closed early: stop the graph, let it settle
             runner.cancel()
-            with suppress(BaseException):
-                async with asyncio.timeout(10):
-                    await asyncio.shield(runner)
+            await asyncio.wait({runner}, timeout=10)  # not a suppress: a second cancel of ours goes on
+            if runner.done() and not runner.cancelled():
+                runner.exception()  # retrieved: the turn is over, its late failure is not news
     if final is not None and not final.tool_calls:
         yield Final(final.text)
 
@@ -155,9 +155,7 @@ async def _run_graph(
         # the next turn reads a settled history.
         for arg in exc.args:
             if isinstance(arg, asyncio.Future):
-                with suppress(BaseException):
-                    async with asyncio.timeout(5):
-                        await asyncio.shield(arg)
+                await asyncio.wait({arg}, timeout=5)  # not a suppress: a second cancel goes on
         raise
 
 

@@ -16,6 +16,7 @@ import ast
 from tests.daemon import REPO
 
 ROOTS = ("gateway", "channels", "agent", "compat")
+SWALLOWS = {"CancelledError", "BaseException"}
 SUPPRESS_ALLOWED = {
     "agent/subagents.py": "a sub-agent cancelled again until it is done; the first cancel is re-raised by the caller",
 }
@@ -39,11 +40,19 @@ def _sources() -> list[tuple[str, ast.AST]]:
 
 def wait_fors(tree: ast.AST) -> list[int]:
     """Lines that call ``asyncio.wait_for``."""
-    return [c.lineno for c in _calls(tree) if _name(c.func) in ("asyncio.wait_for", "wait_for")]
+    calls = [c.lineno for c in _calls(tree) if _name(c.func).split(".")[-1] == "wait_for"]
+    imports = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom)
+        and (n.module or "").startswith("asyncio")
+        and any(a.name == "wait_for" for a in n.names)
+    ]
+    return sorted(calls + imports)
 
 
 def suppressed_awaits(tree: ast.AST) -> list[int]:
-    """Lines of ``with suppress(… CancelledError …):`` blocks that await something."""
+    """Lines of ``with suppress(… CancelledError or BaseException …):`` blocks that await something."""
     lines = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.With | ast.AsyncWith):
@@ -51,7 +60,7 @@ def suppressed_awaits(tree: ast.AST) -> list[int]:
         suppresses = any(
             isinstance(item.context_expr, ast.Call)
             and _name(item.context_expr.func).endswith("suppress")
-            and any("CancelledError" in _name(arg) for arg in item.context_expr.args)
+            and any(_name(arg).split(".")[-1] in SWALLOWS for arg in item.context_expr.args)
             for item in node.items
         )
         if suppresses and any(isinstance(n, ast.Await) for stmt in node.body for n in ast.walk(stmt)):
@@ -85,7 +94,11 @@ def test_the_checks_see_what_they_forbid() -> None:
         "        await t\n"
         "    with contextlib.suppress(asyncio.CancelledError):\n"
         "        t.cancel()\n"
+        "    with suppress(BaseException):\n"
+        "        await t\n"
+        "    from asyncio import wait_for as wf\n"
+        "    await aio.wait_for(t, 1)\n"
         '    """asyncio.wait_for(t, 1) in a docstring"""\n'
     )
-    assert wait_fors(tree) == [2]
-    assert suppressed_awaits(tree) == [3]
+    assert wait_fors(tree) == [2, 11, 12]
+    assert suppressed_awaits(tree) == [3, 9]

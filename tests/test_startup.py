@@ -249,3 +249,19 @@ async def test_readyz_ready_names_the_model(tmp_path: Path, model: FakeOpenAI) -
         assert "stopped cleanly" in d.logs()
     finally:
         await d.close()
+
+
+async def test_sigterm_during_start_up_releases_what_was_opened_and_exits(tmp_path: Path) -> None:
+    """SIGTERM as soon as /healthz answers (the HTTP listener opens first, the agent stack is
+    still being built): the start is cancelled, what it opened is released, the process exits 0,
+    and no task is left behind."""
+    d = DaemonProcess(tmp_path, offline_config(tmp_path, free_port()))
+    try:
+        await d.start(wait_ready=False)
+        code = await d.terminate(timeout=30)
+        log = d.log_path.read_text()
+        assert code == 0, log
+        assert "stop requested during start-up: releasing what was opened" in log, log
+        assert "Traceback" not in log and "still waiting" not in log, log
+    finally:
+        await d.close()

@@ -137,7 +137,7 @@ async def test_a_loop_that_lost_its_cancel_is_cancelled_again_and_named(
         await asyncio.wait_for(tracker.close(), 5)
     assert loop.cancelled()
     (again,) = [r.getMessage() for r in caplog.records if "again" in r.getMessage()]
-    assert again.startswith("cluster:sweep: sweep_loop > sleep (tasks.py:")
+    assert again.startswith("cluster:sweep: sweep_loop > sleep (asyncio/tasks.py:")
     assert again.endswith("did not end 0.2s after its cancel: cancelling it again")
 
 
@@ -160,7 +160,7 @@ async def test_a_stop_that_waits_says_which_tasks_it_waits_for_and_where(
         await cancel_and_wait([reporter, stuck])
     first, second = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()][:2]
     assert first.startswith("the stop is still waiting after 0s for: ")
-    assert "store-close: release_all > close_the_pool > Event.wait (locks.py:" in first
+    assert "store-close: release_all > close_the_pool > Event.wait (asyncio/locks.py:" in first
     assert "after 0s" not in second, "each report says how long it has waited"
     assert reporter.cancelled() and stuck.cancelled()
 

@@ -260,6 +260,8 @@ class SandboxProvider(abc.ABC):
 
     async def stop_reaper(self) -> None:
         reaper, self._reaper = self._reaper, None
-        if reaper is not None:
+        # Not ``await reaper`` under a suppress: a cancel of ours must not be swallowed. Cancelled
+        # again every 5 s: a loop that lost its cancel must not hold the daemon's stop for ever.
+        while reaper is not None and not reaper.done():
             reaper.cancel()
-            await asyncio.wait({reaper})  # not ``await reaper``: a cancel of ours must not be swallowed
+            await asyncio.wait({reaper}, timeout=5)

@@ -220,9 +220,10 @@ class DockerSandbox(Sandbox):
         if not done:
             with contextlib.suppress(Exception):
                 stream.close()
-        with contextlib.suppress(BaseException):
-            async with asyncio.timeout(5):
-                await reader
+        if not (await asyncio.wait({reader}, timeout=5))[0]:  # a cancel of ours is not swallowed
+            reader.cancel()
+        elif not reader.cancelled():
+            reader.exception()  # retrieved: the command is being killed, the reader's end is moot
 
     async def alive(self) -> bool:
         def check() -> bool:

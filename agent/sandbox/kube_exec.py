@@ -270,6 +270,7 @@ class KubernetesSandbox(EngineRoom, Sandbox):
         if stream is not None:
             stream.close()
         if reader is not None:
-            with contextlib.suppress(BaseException):
-                async with asyncio.timeout(10):
-                    await reader
+            if not (await asyncio.wait({reader}, timeout=10))[0]:  # a cancel of ours is not swallowed
+                reader.cancel()
+            elif not reader.cancelled():
+                reader.exception()  # retrieved: the command is being killed, the reader's end is moot

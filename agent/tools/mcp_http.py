@@ -21,7 +21,6 @@ timeouts, no redirects followed by httpx itself).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -96,8 +95,9 @@ async def guarded(make: Callable[[], Awaitable[T]], *, limit: float) -> T:
         waiter.cancel()
         if not task.done():
             task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            await asyncio.wait({task})  # not ``await task`` under a suppress: our own cancel goes on
+            if not task.cancelled():
+                task.exception()  # retrieved: a call given up on has no result to report
     if task in done:
         return task.result()
     if fault.exc is not None:

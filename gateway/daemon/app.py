@@ -421,9 +421,16 @@ class Daemon:
         await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
             log.info("stop requested during start-up: releasing what was opened")
-            await cancel_and_wait([starting])
-            if not starting.cancelled():
-                starting.result()  # a StartupError that won the race is still the daemon's exit
+            slow = asyncio.create_task(report_slow_stop(15), name="slow-stop")
+            try:
+                # Again after 30 s only: the start's own release of what it opened runs under
+                # its first cancel and must not be cut, but a cancel it lost must not hang us.
+                await cancel_and_wait([starting], again_after=30)
+                if not starting.cancelled():
+                    starting.result()  # a StartupError that won the race is still the daemon's exit
+                    await self.stop()  # the start finished despite the cancel: all of it is open
+            finally:
+                slow.cancel()
             return
         if starting.exception() is not None:
             signalled.cancel()
@@ -439,7 +446,7 @@ class Daemon:
         if notifier is not None:
             notifier.send("STOPPING=1", "STATUS=stopping: draining running turns")
         grace = self.config.concurrency.shutdown_grace
-        slow = asyncio.create_task(report_slow_stop(grace + 15), name="slow-stop")
+        slow = asyncio.create_task(report_slow_stop(grace + 5), name="slow-stop")
         try:
             errors = await self.stop()
         finally:

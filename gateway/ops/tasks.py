@@ -110,47 +110,63 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]], *, again_after: 
     eats the one that arrived meanwhile), and a background loop that lost its cancel would
     otherwise hold the stop for ever. Not for turns: their clean-up (killing a started command)
     must not itself be cut."""
-    pending = {task for task in tasks if not task.done()}
-    everything = list(pending)
+    if again_after is not None and again_after <= 0:
+        raise ValueError("again_after must be positive")
+    everything = list(tasks)
+    pending = {task for task in everything if not task.done()}
     for task in pending:
         task.cancel()
-    while pending:
-        _, pending = await asyncio.wait(pending, timeout=again_after)
-        for task in pending:
-            log.warning(
-                "%s did not end %gs after its cancel: cancelling it again", where_waiting(task), again_after
-            )
-            task.cancel()
-    for task in everything:
-        if not task.cancelled():
-            task.exception()  # retrieved: the owner logged it if it mattered
+    try:
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=again_after)
+            for task in pending:
+                log.warning(
+                    "%s did not end %gs after its cancel: cancelling it again",
+                    where_waiting(task),
+                    again_after,
+                )
+                task.cancel()
+    finally:  # also when the caller is cancelled: what has ended is retrieved, never "never retrieved"
+        for task in everything:
+            if task.done() and not task.cancelled():
+                task.exception()
 
 
 def where_waiting(task: asyncio.Future[Any]) -> str:
-    """``name: outer > … > inner (file:line)`` of the coroutines ``task`` is suspended in: what a
-    stop that hangs is waiting for, in one line (no locals, so no secret)."""
+    """``name: outer > … > inner (dir/file:line)`` of the coroutines ``task`` is suspended in: what
+    a stop that hangs is waiting for, in one line (no locals, so no secret)."""
     if not isinstance(task, asyncio.Task):
         return "a future"
     coro: Any = task.get_coro()
     chain: list[str] = []
     where = ""
-    while coro is not None:
+    for _ in range(50):  # an object that always answers ``cr_await`` must not loop for ever
+        if coro is None:
+            break
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
         if frame is not None:
             chain.append(frame.f_code.co_qualname.rsplit("<locals>.", 1)[-1])
-            where = f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno}"
+            where = "/".join(frame.f_code.co_filename.rsplit("/", 2)[-2:]) + f":{frame.f_lineno}"
         coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+    if not chain:
+        return f"{task.get_name()}: (not started or finished)"
     return f"{task.get_name()}: {' > '.join(chain[-6:])} ({where})"
 
 
-async def report_slow_stop(after: float, every: float = 30.0) -> None:
+async def report_slow_stop(after: float, every: float = 10.0, most: int = 30) -> None:
     """Cancelled when the stop ends. Until then, ``after`` s into it and every ``every`` s after,
-    log which tasks are still waiting and where: a stop that hangs names its culprit in the log
-    instead of waiting silently for the supervisor's SIGKILL."""
+    log which tasks are still waiting and where (at most ``most`` of them): a stop that hangs
+    names its culprit in the log instead of waiting silently for the supervisor's SIGKILL."""
     await asyncio.sleep(after)
     me = asyncio.current_task()
     while True:
         waiting = sorted(where_waiting(t) for t in asyncio.all_tasks() if t is not me)
-        log.warning("the stop is still waiting after %.0fs for: %s", after, "; ".join(waiting) or "nothing")
+        more = f"; and {len(waiting) - most} more" if len(waiting) > most else ""
+        log.warning(
+            "the stop is still waiting after %.0fs for: %s%s",
+            after,
+            "; ".join(waiting[:most]) or "nothing",
+            more,
+        )
         await asyncio.sleep(every)
         after += every
