@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .files import Entry, GrepMatch, HostFiles, TextWindow
 from .paths import PathMapper, SandboxError, ThreadDirs
@@ -182,6 +183,15 @@ class Sandbox(abc.ABC):
         max_count: int | None = 1000,
     ) -> list[GrepMatch]:
         return (await asyncio.to_thread(self.files.grep, pattern, path, glob, max_count))[0]
+
+
+async def settle(reader: asyncio.Future[Any], seconds: float) -> None:
+    """Give an output reader ``seconds`` to end after its command was killed, then cancel it. Not
+    ``await`` under a suppress: that would swallow a cancel of the caller's own (a stop) too."""
+    if not (await asyncio.wait({reader}, timeout=seconds))[0]:
+        reader.cancel()
+    elif not reader.cancelled():
+        reader.exception()  # retrieved: the command is being killed, the reader's end is moot
 
 
 def kill_group(process: asyncio.subprocess.Process) -> None:

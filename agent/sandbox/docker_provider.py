@@ -40,6 +40,7 @@ from .base import (
     Sandbox,
     SandboxProvider,
     SandboxUnavailable,
+    settle,
 )
 from .config import SandboxLimits
 from .docker_scripts import KILLER, WRAPPER
@@ -197,10 +198,8 @@ class DockerSandbox(Sandbox):
 
         def sweep() -> bool:
             try:
-                exec_id = api.exec_create(self.container_id, ["python3", "-c", KILLER, marker], user=user)[
-                    "Id"
-                ]
-                return b"left=0" in api.exec_start(exec_id)
+                made = api.exec_create(self.container_id, ["python3", "-c", KILLER, marker], user=user)
+                return b"left=0" in api.exec_start(made["Id"])
             except DockerException:
                 return False
 
@@ -220,10 +219,7 @@ class DockerSandbox(Sandbox):
         if not done:
             with contextlib.suppress(Exception):
                 stream.close()
-        if not (await asyncio.wait({reader}, timeout=5))[0]:  # a cancel of ours is not swallowed
-            reader.cancel()
-        elif not reader.cancelled():
-            reader.exception()  # retrieved: the command is being killed, the reader's end is moot
+        await settle(reader, 5)
 
     async def alive(self) -> bool:
         def check() -> bool:

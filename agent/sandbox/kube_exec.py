@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from compat import kubernetes as kcompat
 
-from .base import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT, ExecResult, OutputCap, Sandbox, SandboxUnavailable
+from .base import (
+    DEFAULT_MAX_OUTPUT,
+    DEFAULT_TIMEOUT,
+    ExecResult,
+    OutputCap,
+    Sandbox,
+    SandboxUnavailable,
+    settle,
+)
 from .docker_scripts import KILLER, WRAPPER
 from .engine_files import EngineFiles, EngineRoom
 from .local import MAX_COMMAND_BYTES
@@ -270,7 +278,4 @@ class KubernetesSandbox(EngineRoom, Sandbox):
         if stream is not None:
             stream.close()
         if reader is not None:
-            if not (await asyncio.wait({reader}, timeout=10))[0]:  # a cancel of ours is not swallowed
-                reader.cancel()
-            elif not reader.cancelled():
-                reader.exception()  # retrieved: the command is being killed, the reader's end is moot
+            await settle(reader, 10)
