@@ -54,7 +54,7 @@ from gateway.ops.logs import RedactingFilter
 from gateway.ops.metrics import Metrics
 from gateway.ops.supervisor import ChannelSupervisor
 from gateway.ops.systemd import Notifier
-from gateway.ops.tasks import TaskTracker, cancel_and_wait, report_slow_stop
+from gateway.ops.tasks import TaskTracker, cancel_and_wait, slow_stop_reported
 from gateway.store.journal import Store
 from gateway.store.retention import Retention
 from gateway.store.schema import known_version
@@ -421,16 +421,13 @@ class Daemon:
         await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
             log.info("stop requested during start-up: releasing what was opened")
-            slow = asyncio.create_task(report_slow_stop(15), name="slow-stop")
-            try:
+            async with slow_stop_reported(15):
                 # Again after 30 s only: the start's own release of what it opened runs under
                 # its first cancel and must not be cut, but a cancel it lost must not hang us.
                 await cancel_and_wait([starting], again_after=30)
                 if not starting.cancelled():
                     starting.result()  # a StartupError that won the race is still the daemon's exit
                     await self.stop()  # the start finished despite the cancel: all of it is open
-            finally:
-                slow.cancel()
             return
         if starting.exception() is not None:
             signalled.cancel()
@@ -442,15 +439,12 @@ class Daemon:
             notifier.send("READY=1", f"STATUS=running, health on port {self.http_port}")
             watchdog = asyncio.create_task(notifier.watchdog(), name="systemd-watchdog")
         await signalled
-        log.info("stopping: draining running turns (up to %.0fs)", self.config.concurrency.shutdown_grace)
+        grace = self.config.concurrency.shutdown_grace
+        log.info("stopping: draining running turns (up to %.0fs)", grace)
         if notifier is not None:
             notifier.send("STOPPING=1", "STATUS=stopping: draining running turns")
-        grace = self.config.concurrency.shutdown_grace
-        slow = asyncio.create_task(report_slow_stop(grace + 5), name="slow-stop")
-        try:
+        async with slow_stop_reported(grace + 5):
             errors = await self.stop()
-        finally:
-            slow.cancel()
         if watchdog is not None:
             await cancel_and_wait([watchdog])
         if errors:

@@ -20,8 +20,9 @@ owner retrieves their result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -170,3 +171,13 @@ async def report_slow_stop(after: float, every: float = 10.0, most: int = 30) ->
         )
         await asyncio.sleep(every)
         after += every
+
+
+@contextlib.asynccontextmanager
+async def slow_stop_reported(after: float) -> AsyncIterator[None]:
+    """:func:`report_slow_stop` from ``after`` s into the block until it ends."""
+    reporter = asyncio.create_task(report_slow_stop(after), name="slow-stop")
+    try:
+        yield
+    finally:
+        reporter.cancel()
