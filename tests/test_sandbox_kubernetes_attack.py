@@ -270,3 +270,47 @@ async def test_long_commands_do_not_take_the_daemons_worker_threads(make: Make, 
         for r in runs:
             r.cancel()
         await asyncio.gather(*runs, return_exceptions=True)
+
+
+FORGED_ANSWERS = [
+    ("ls", b'{"entries": [["a", false, "big", 0]]}'),
+    ("ls", b'{"entries": [["a", false]]}'),
+    ("ls", b'{"entries": 5}'),
+    ("ls", b'{"entries": [["a", false, 1e999, 0]]}'),
+    ("ls", b"[" * 100_000),
+    ("ls", b'"a string"'),
+    ("stat", b'{"entry": [true, "x", 0]}'),
+    ("stat", b'{"entry": 7}'),
+    ("read", b'{"size": "many"}'),
+    ("read", b'{"size": [1]}'),
+    ("grep", b'{"matches": [["f", "x", "t"]]}'),
+    ("grep", b'{"matches": [1]}'),
+    ("glob", b'{"files": 3}'),
+    ("write", b'{"blocks": "x", "files": 0}'),
+]
+
+
+@pytest.mark.parametrize(
+    ("op", "answer"), FORGED_ANSWERS, ids=[f"{o}-{i}" for i, (o, _) in enumerate(FORGED_ANSWERS)]
+)
+async def test_a_forged_file_tool_answer_of_the_wrong_shape_is_refused_by_name(
+    make: Make, k8s: FakeKubernetes, op: str, answer: bytes
+) -> None:
+    """engine_script runs as the sandbox user beside sandboxed code, which can forge what it prints
+    (ptrace, /proc/PID/mem). An answer of the wrong shape is refused with the reason the model
+    can act on, never a TypeError or ValueError out of the tool; the next operation is answered."""
+    sb = await make().acquire(thread_id())
+    await sb.write_file(f"{WS}/real.txt", "real\n")
+    k8s.forged_answers.append(answer + b"\n")
+    calls = {
+        "ls": lambda: sb.ls(WS),
+        "stat": lambda: sb.stat(f"{WS}/real.txt"),
+        "read": lambda: sb.read_bytes(f"{WS}/real.txt"),
+        "grep": lambda: sb.grep("real", WS),
+        "glob": lambda: sb.glob("*.txt", WS),
+        "write": lambda: sb.write_file(f"{WS}/new.txt", "new\n"),
+    }
+    with pytest.raises(SandboxError, match="the file operation gave an unreadable answer"):
+        await calls[op]()
+    assert not k8s.forged_answers  # the forged answer was the one read
+    assert [e.path for e in await sb.ls(WS) if e.path.endswith(".txt")] == [f"{WS}/real.txt"]

@@ -85,7 +85,7 @@ class Reply:
         self.buf = bytearray(rest)
         try:
             head = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the limit
             raise SandboxError("the file operation gave an unreadable answer") from None
         if not isinstance(head, dict):
             raise SandboxError("the file operation gave an unreadable answer")

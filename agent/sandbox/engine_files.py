@@ -149,11 +149,12 @@ class EngineFiles(HostFiles):
         virtual, mount, rel = self._where(path)
         head = self._call(virtual, ["ls", mount.virtual, rel, str(bounded.MAX_LS_ENTRIES)])
         out = []
-        for item in head.get("entries") or []:
-            name, is_dir, size, mtime = item
-            if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
-                continue
-            out.append(Entry(posixpath.join(virtual, name), bool(is_dir), int(size), float(mtime)))
+        with _answer(virtual):
+            for item in head.get("entries") or []:
+                name, is_dir, size, mtime = item
+                if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+                    continue
+                out.append(Entry(posixpath.join(virtual, name), bool(is_dir), int(size), float(mtime)))
         out.sort(key=lambda e: e.path)
         if head.get("cut"):
             note = f"[listing cut at {bounded.MAX_LS_ENTRIES} entries; use glob or execute]"
@@ -167,14 +168,15 @@ class EngineFiles(HostFiles):
         item = self._call(virtual, ["stat", mount.virtual, rel]).get("entry")
         if item is None:
             return None
-        is_dir, size, mtime = item
-        return Entry(virtual, bool(is_dir), int(size), float(mtime))
+        with _answer(virtual):
+            is_dir, size, mtime = item
+            return Entry(virtual, bool(is_dir), int(size), float(mtime))
 
     def _read(self, path: str, cap: int) -> tuple[str, Reply, int]:
         virtual, mount, rel = self._where(path)
         reply = self._open(["read", mount.virtual, rel, str(cap)], _HEADER_CAP + cap + 1)
         try:
-            with self._net(virtual):
+            with self._net(virtual), _answer(virtual):
                 size = int(self._checked(virtual, reply.header()).get("size", 0))
         except BaseException:
             reply.close()
@@ -341,7 +343,9 @@ class EngineFiles(HostFiles):
             args = ["walk", mount.virtual, rel, str(_WALK_LIMIT), str(bounded.WALK_SECONDS)]
             head = self._call_some(mount.virtual, args, several=len(roots) > 1)
             cut = cut or bool(head.get("cut"))
-            for found in head.get("files") or []:
+            with _answer(mount.virtual):
+                files = list(head.get("files") or [])
+            for found in files:
                 if not isinstance(found, str) or ".." in found.split("/"):
                     continue
                 if match("/".join(p for p in (prefix, found) if p)):
@@ -378,11 +382,13 @@ class EngineFiles(HostFiles):
             args = ["grep", mount.virtual, rel, prefix, rx, include, base, *map(str, limits)]
             head = self._call_some(mount.virtual, args, several=len(roots) > 1)
             cut = cut or bool(head.get("cut"))
-            for item in head.get("matches") or []:
-                found, line, text = item
-                if not isinstance(found, str) or ".." in found.split("/"):
-                    continue
-                out.append(GrepMatch(self._found(mount, rel, head, found), int(line), str(text)[:1000]))
+            with _answer(mount.virtual):
+                for item in head.get("matches") or []:
+                    found, line, text = item
+                    if not isinstance(found, str) or ".." in found.split("/"):
+                        continue
+                    where = self._found(mount, rel, head, found)
+                    out.append(GrepMatch(where, int(line), str(text)[:1000]))
             if cut:
                 break
         return out, cut
@@ -392,7 +398,8 @@ class EngineFiles(HostFiles):
     def usage(self) -> Usage:
         roots = [m.virtual for m in self.mapper.mounts if m.writable]
         head = self._call(USER_DATA, ["usage", str(self.quota.max_files), *roots])
-        used, files = int(head.get("blocks", 0)), int(head.get("files", 0))
+        with _answer(USER_DATA):
+            used, files = int(head.get("blocks", 0)), int(head.get("files", 0))
         if head.get("cut"):
             problem = (
                 f"file quota exceeded: more than {self.quota.max_files} files and directories in "
@@ -415,6 +422,18 @@ class EngineFiles(HostFiles):
         problem = usage_problem(self.usage(), self.quota, incoming)
         if problem:
             raise QuotaExceeded(problem)
+
+
+@contextlib.contextmanager
+def _answer(virtual: str) -> Iterator[None]:
+    """Reading the fields of the program's answer. It runs as the sandbox user beside sandboxed
+    code, which can forge what it prints (ptrace, /proc/PID/mem): a field of the wrong shape (a
+    name where a size goes, three items where four do, 1e999) is refused as unreadable JSON is,
+    never a TypeError out of a file tool."""
+    try:
+        yield
+    except (TypeError, ValueError, OverflowError):
+        raise SandboxError(f"{virtual}: the file operation gave an unreadable answer") from None
 
 
 def _glob_regex(pattern: str) -> str:

@@ -116,6 +116,8 @@ class FakeKubernetes:
         self.requests: list[Request] = []
         self.exec_argvs: list[list[str]] = []
         """The sandbox command line of every exec, in order."""
+        self.forged_answers: list[bytes] = []
+        """The next file operations' execs (``python3 -I``) print these instead of running, one each."""
         self.exec_abandoned = 0
         """Execs whose client went away before the command ended (their process was killed)."""
         self.objects: dict[str, dict[tuple[str, str], Any]] = {k: {} for k in KINDS}
