@@ -27,7 +27,12 @@ TransportError = HTTPError
 """What the REST client raises (urllib3's) when the API server is unreachable or slow: no status."""
 
 DISTRIBUTION = "kubernetes"
-_OPCODE_TEXT, _OPCODE_BINARY, _OPCODE_CLOSE = 0x1, 0x2, 0x8
+WEBSOCKET = "websocket-client"
+MAX_FRAME = 4 * 1024 * 1024
+"""The largest exec frame read (bytes). An API server sends a command's output in chunks of tens
+of KB; a frame's header can announce 2**63 bytes, which websocket-client would gather in memory
+before handing any of it over. Checked from the header, before the payload is read."""
+_OPCODE_CONT, _OPCODE_TEXT, _OPCODE_BINARY, _OPCODE_CLOSE, _OPCODE_PING = 0x0, 0x1, 0x2, 0x8, 0x9
 _CLOSE_CHANNEL = 255
 ERROR_CHANNEL = 3
 
@@ -43,21 +48,49 @@ def frames(ws: Any, timeout: float | None) -> Iterator[tuple[int, bytes]]:
 
     sock = ws.sock
     sock.settimeout(timeout)
+    capped = usable(WEBSOCKET)
+    channel = -1  # the channel of a message continued in CONT frames (its first byte)
     while True:
         try:
-            opcode, frame = sock.recv_data_frame(True)
+            if capped and _announced(sock.frame_buffer) > MAX_FRAME:
+                raise FrameTooLarge(f"the exec stream sent a frame over {MAX_FRAME // 1024**2} MB; cut there")
+            frame = sock.recv_frame()
+        except FrameTooLarge:
+            raise
         except websocket.WebSocketTimeoutException:
             raise TimeoutError("no data from the exec stream in time") from None
         except (websocket.WebSocketConnectionClosedException, OSError):
             return
+        opcode, data = frame.opcode, bytes(frame.data)
         if opcode == _OPCODE_CLOSE:
+            with contextlib.suppress(Exception):
+                sock.send_close()
             return
-        if opcode not in (_OPCODE_TEXT, _OPCODE_BINARY):
+        if opcode == _OPCODE_PING:
+            with contextlib.suppress(Exception):
+                sock.pong(data[:125])
             continue
-        data = bytes(frame.data)
-        if not data or data[0] == _CLOSE_CHANNEL:  # v5: one of the streams closed
+        if opcode in (_OPCODE_TEXT, _OPCODE_BINARY):
+            channel, data = (data[0], data[1:]) if data else (-1, b"")
+        elif opcode != _OPCODE_CONT:
             continue
-        yield data[0], data[1:]
+        if channel < 0 or channel == _CLOSE_CHANNEL or not data:  # v5: one of the streams closed
+            continue
+        yield channel, data
+
+
+class FrameTooLarge(ConnectionError):
+    """An exec frame over :data:`MAX_FRAME`: the stream is cut there (its message says so)."""
+
+
+def _announced(buffer: Any) -> int:
+    """The next frame's length from its header, read ahead of its payload (websocket-client's
+    frame buffer keeps the header and length for the ``recv_frame`` that follows)."""
+    if buffer.needs_header():
+        buffer.recv_header()
+    if buffer.needs_length():
+        buffer.recv_length()
+    return int(buffer.length)
 
 
 def _public_frames(ws: Any, timeout: float | None) -> Iterator[tuple[int, bytes]]:

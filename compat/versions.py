@@ -114,6 +114,13 @@ VERIFIED: dict[str, Verified] = {
             " reads, stopped by polling)",
         ),
         Verified(
+            "websocket-client",
+            ">=1.9,<1.10",
+            "compat/kubernetes.py",
+            "an exec websocket's frames are read whole, with no cap on one frame's size (the"
+            " output's own cap applies after)",
+        ),
+        Verified(
             "python-telegram-bot",
             ">=22.8,<22.9",
             "channels/telegram/sdk.py",

@@ -314,3 +314,19 @@ async def test_a_forged_file_tool_answer_of_the_wrong_shape_is_refused_by_name(
         await calls[op]()
     assert not k8s.forged_answers  # the forged answer was the one read
     assert [e.path for e in await sb.ls(WS) if e.path.endswith(".txt")] == [f"{WS}/real.txt"]
+
+
+async def test_a_frame_announcing_a_terabyte_is_cut_at_its_header(make: Make, k8s: FakeKubernetes) -> None:
+    """A hostile API server announces a 2**40-byte frame: websocket-client would gather it in
+    memory (or wait for it until the command's timeout); the header is refused at once, the
+    command's result says where its output was cut, a file tool fails by name, and the next
+    command runs."""
+    sb = await make().acquire(thread_id())
+    k8s.huge_frame_for = "command"
+    async with asyncio.timeout(30):  # the command's own timeout is 120 s: refused, not waited out
+        res = await sb.exec("echo never", timeout=120)
+    assert "over 4 MB; cut there" in res.output and not k8s.huge_frame_for, res
+    k8s.huge_frame_for = "files"
+    with pytest.raises(SandboxError, match="FrameTooLarge"):
+        await sb.ls(WS)
+    assert (await sb.exec("echo after")).output.startswith("after")

@@ -221,9 +221,13 @@ class KubernetesSandbox(EngineRoom, Sandbox):
         cap = OutputCap(max_output)
 
         def pump() -> None:
-            with contextlib.suppress(TimeoutError, OSError):
+            try:
                 for _channel, data in stream.frames():
                     cap.feed(data)
+            except kcompat.FrameTooLarge as e:
+                cap.feed(f"\n[{e}]\n".encode())
+            except (TimeoutError, OSError):
+                pass
 
         reader = own_thread(pump)
         dog = asyncio.ensure_future(self._watch_disk())

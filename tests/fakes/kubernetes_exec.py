@@ -236,6 +236,9 @@ async def handle_exec(fake: FakeKubernetes, request: web.Request, pod: _Pod) -> 
             raise ExecRefused(
                 400, f'unable to upgrade connection: container not found ("{container["name"]}")'
             )
+        if fake.huge_frame_for and fake.huge_frame_for == _kind(request.query.getall("command", [])):
+            fake.huge_frame_for = ""
+            return await _serve_huge_frame(request)
         if fake.forged_answers and "-I" in request.query.getall("command", []):
             return await _serve_forged(request, fake.forged_answers.pop(0))
         return await serve_exec(fake, request, pod, container)
@@ -254,6 +257,26 @@ async def _serve_forged(request: web.Request, stdout: bytes) -> web.WebSocketRes
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(5):
             async for _ in ws:  # what the client sends (the program, on stdin) until it closes
+                pass
+    await ws.close()
+    return ws
+
+
+def _kind(command: list[str]) -> str:
+    """``files`` for a file tool's exec, ``command`` for a command's (by their CHITAL_EXEC mark)."""
+    marks = [a.removeprefix("CHITAL_EXEC=") for a in command if a.startswith("CHITAL_EXEC=")]
+    return "" if not marks else "files" if marks[0].startswith("files-") else "command"
+
+
+async def _serve_huge_frame(request: web.Request) -> web.WebSocketResponse:
+    """A hostile API server: a stdout frame whose header announces 2**40 bytes, then 16 of them."""
+    ws = web.WebSocketResponse(protocols=(V5, V4))
+    await ws.prepare(request)
+    assert request.transport is not None
+    request.transport.write(b"\x82\x7f" + (2**40).to_bytes(8, "big") + bytes([STDOUT]) + b"x" * 15)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(5):
+            async for _ in ws:
                 pass
     await ws.close()
     return ws
