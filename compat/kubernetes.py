@@ -49,7 +49,7 @@ def frames(ws: Any, timeout: float | None) -> Iterator[tuple[int, bytes]]:
     sock = ws.sock
     sock.settimeout(timeout)
     capped = usable(WEBSOCKET)
-    channel = -1  # the channel of a message continued in CONT frames (its first byte)
+    channel: int | None = None  # the message under way: its channel (-1: not known yet), or None
     while True:
         try:
             if capped and _announced(sock.frame_buffer) > MAX_FRAME:
@@ -59,7 +59,11 @@ def frames(ws: Any, timeout: float | None) -> Iterator[tuple[int, bytes]]:
             raise
         except websocket.WebSocketTimeoutException:
             raise TimeoutError("no data from the exec stream in time") from None
-        except (websocket.WebSocketConnectionClosedException, OSError):
+        except websocket.WebSocketConnectionClosedException:
+            return
+        except websocket.WebSocketException as e:  # reserved opcode or bits, a fragmented ping, ...
+            raise StreamBroken(f"the exec stream broke the websocket protocol ({type(e).__name__})") from None
+        except OSError:
             return
         opcode, data = frame.opcode, bytes(frame.data)
         if opcode == _OPCODE_CLOSE:
@@ -71,15 +75,28 @@ def frames(ws: Any, timeout: float | None) -> Iterator[tuple[int, bytes]]:
                 sock.pong(data[:125])
             continue
         if opcode in (_OPCODE_TEXT, _OPCODE_BINARY):
-            channel, data = (data[0], data[1:]) if data else (-1, b"")
+            if channel is not None:
+                raise StreamBroken("the exec stream began a message inside another")
+            channel = -1
         elif opcode != _OPCODE_CONT:
+            continue  # a pong
+        elif channel is None:
+            raise StreamBroken("the exec stream continued a message it had not begun")
+        if channel < 0 and data:  # the message's first byte says its channel
+            channel, data = data[0], data[1:]
+        current = channel
+        if frame.fin:
+            channel = None
+        if current < 0 or current == _CLOSE_CHANNEL or not data:  # v5: one of the streams closed
             continue
-        if channel < 0 or channel == _CLOSE_CHANNEL or not data:  # v5: one of the streams closed
-            continue
-        yield channel, data
+        yield current, data
 
 
-class FrameTooLarge(ConnectionError):
+class StreamBroken(ConnectionError):
+    """An exec stream that broke the websocket protocol: cut there."""
+
+
+class FrameTooLarge(StreamBroken):
     """An exec frame over :data:`MAX_FRAME`: the stream is cut there (its message says so)."""
 
 

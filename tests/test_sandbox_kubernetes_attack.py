@@ -18,7 +18,9 @@ import pytest
 
 from agent.sandbox import SandboxLimits, SandboxUnavailable, kubernetes_provider
 from agent.sandbox import kube_spec as ks
+from agent.sandbox.backend import SandboxBackend
 from agent.sandbox.paths import SandboxError
+from tests.fakes import kubernetes_exec as kexec
 from tests.fakes.canary_server import Canary
 from tests.fakes.kubernetes_server import FakeKubernetes
 from tests.kubernetes_support import NS, WS, Make, thread_id
@@ -287,6 +289,10 @@ FORGED_ANSWERS = [
     ("grep", b'{"matches": [1]}'),
     ("glob", b'{"files": 3}'),
     ("write", b'{"blocks": "x", "files": 0}'),
+    ("write", b'{"blocks": -4096, "files": 0}'),  # a negative size would pass the quota
+    ("ls", b'{"entries": [["a", false, 1' + b"0" * 400 + b", 0]]}"),  # overflows a division later
+    ("read", b'{"size": -1}'),
+    ("stat", b'{"entry": [false, 1, NaN]}'),
 ]
 
 
@@ -322,11 +328,81 @@ async def test_a_frame_announcing_a_terabyte_is_cut_at_its_header(make: Make, k8
     command's result says where its output was cut, a file tool fails by name, and the next
     command runs."""
     sb = await make().acquire(thread_id())
-    k8s.huge_frame_for = "command"
+
+    def killers() -> int:
+        return sum(any(a.startswith("CHITAL_EXEC=killer-") for a in argv) for argv in k8s.exec_argvs)
+
+    k8s.raw_answers["command"] = kexec.TERABYTE_FRAME
     async with asyncio.timeout(30):  # the command's own timeout is 120 s: refused, not waited out
         res = await sb.exec("echo never", timeout=120)
-    assert "over 4 MB; cut there" in res.output and not k8s.huge_frame_for, res
-    k8s.huge_frame_for = "files"
+    assert "over 4 MB; cut there; the command was killed" in res.output and not k8s.raw_answers, res
+    assert killers() == 1  # a cut stream does not stop a real exec: the command is killed by marker
+    k8s.raw_answers["files"] = kexec.TERABYTE_FRAME
     with pytest.raises(SandboxError, match="FrameTooLarge"):
         await sb.ls(WS)
     assert (await sb.exec("echo after")).output.startswith("after")
+
+
+async def test_a_forged_walk_cannot_point_outside_and_a_far_future_mtime_is_left_out(
+    make: Make, k8s: FakeKubernetes
+) -> None:
+    """What passes the shape checks is still held to meaning: a search result that is an absolute
+    path or climbs out is dropped (posixpath.join would drop the mount's prefix), a created name of
+    ``..`` is refused, and an mtime of year 11476 (tmpfs keeps what ``touch -d @300000000000``
+    sets, no forging needed) leaves the listing's time out instead of failing the listing."""
+    sb = await make().acquire(thread_id())
+    k8s.forged_answers.append(b'{"files": ["/etc/passwd", "../up.txt", "", "fine.txt"]}\n')
+    assert await sb.glob("*", WS) == [f"{WS}/fine.txt"]
+    k8s.forged_answers.append(b'{"name": ".."}\n')
+    with pytest.raises(SandboxError, match="could not be created"):
+        await asyncio.to_thread(sb.files.create_unique, "/mnt/user-data/uploads", "x.txt", b"x")
+    k8s.forged_answers.append(b'{"entries": [["far.txt", false, 3, 300000000000]]}\n')
+    listing = await asyncio.to_thread(SandboxBackend(sb).ls, WS)
+    assert listing.error is None and listing.entries == [
+        {"path": f"{WS}/far.txt", "is_dir": False, "size": 3}
+    ]
+
+
+OUT, ERR = bytes([kexec.STDOUT]), bytes([kexec.ERROR])
+SUCCESS = ERR + b'{"status":"Success"}'
+BROKEN_STREAMS = {
+    "reserved opcode": kexec.frame(0x3, OUT + b"x"),
+    "reserved bit": kexec.frame(0x2, OUT + b"x", rsv=4),
+    "fragmented ping": kexec.frame(0x9, b"p", fin=False),
+    "continuation out of nowhere": kexec.frame(0x2, OUT + b"a") + kexec.frame(0x0, b"b"),
+    "message inside a message": kexec.frame(0x2, OUT + b"a", fin=False) + kexec.frame(0x2, OUT + b"b"),
+}
+
+
+@pytest.mark.parametrize("raw", BROKEN_STREAMS.values(), ids=BROKEN_STREAMS.keys())
+async def test_an_exec_stream_that_breaks_the_protocol_is_cut_and_its_command_killed(
+    make: Make, k8s: FakeKubernetes, raw: bytes
+) -> None:
+    """A frame websocket-client's own checks refuse, or one the channel protocol cannot place (a
+    continuation after a whole message would be read as more of it: a stray one after the Status
+    rewrote the exit code): the stream is cut, the command killed, the result says so, and a
+    file tool fails by name."""
+    sb = await make().acquire(thread_id())
+    k8s.raw_answers["command"] = raw + SUCCESS
+    res = await sb.exec("echo never")
+    assert "broke the websocket protocol" in res.output or "a message" in res.output, res
+    assert "the command was killed" in res.output and res.exit_code is None, res
+    k8s.raw_answers["files"] = raw
+    with pytest.raises(SandboxError, match="StreamBroken"):
+        await sb.ls(WS)
+    assert (await sb.exec("echo after")).output.startswith("after")
+
+
+async def test_a_status_in_fragments_still_gives_the_exit_code(make: Make, k8s: FakeKubernetes) -> None:
+    """RFC 6455 lets a message come in fragments, a ping between them: the Status is read whole."""
+    sb = await make().acquire(thread_id())
+    status = b'{"status":"Failure","details":{"causes":[{"reason":"ExitCode","message":"7"}]}}'
+    k8s.raw_answers["command"] = (
+        kexec.frame(0x2, OUT + b"out\n")
+        + kexec.frame(0x2, ERR + status[:20], fin=False)
+        + kexec.frame(0x9, b"ping")
+        + kexec.frame(0x0, status[20:])
+        + kexec.frame(0x8, (1000).to_bytes(2, "big"))
+    )
+    res = await sb.exec("echo never")
+    assert (res.output, res.exit_code) == ("out\n", 7), res

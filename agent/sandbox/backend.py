@@ -61,14 +61,20 @@ _UNCLEANABLE_NOTE = (
 TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` reports; the model knows it
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat()
+def _iso(ts: float) -> str | None:
+    """The time as ISO 8601, or None for one ``datetime`` cannot hold: sandboxed code sets any
+    mtime it likes (``touch -d @300000000000`` is year 11476 on tmpfs), and a listing must not
+    fail on it."""
+    try:
+        return datetime.fromtimestamp(ts, UTC).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def _info(e: Entry) -> FileInfo:
     info = FileInfo(path=e.path + "/" if e.is_dir else e.path, is_dir=e.is_dir, size=e.size)
-    if e.modified:
-        info["modified_at"] = _iso(e.modified)
+    if e.modified and (when := _iso(e.modified)) is not None:
+        info["modified_at"] = when
     return info
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -103,3 +104,38 @@ class Reply:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.sock.close()
+
+
+def answer_count(value: Any) -> int:
+    """A size, count or line number from the answer: an int in [0, 2**63), or ValueError (a
+    forged 10**400 would overflow a division later, a negative size would pass the quota)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise ValueError("not a count")
+    return value
+
+
+def answer_time(value: Any) -> float:
+    """A modification time from the answer: a finite number, or ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError("not a time")
+    return float(value)
+
+
+def answer_below(found: Any) -> bool:
+    """Whether a path the walk reported is relative and stays below the searched directory."""
+    if not isinstance(found, str) or not found or found.startswith("/"):
+        return False
+    return ".." not in found.split("/")
+
+
+@contextlib.contextmanager
+def answer_read(virtual: str) -> Iterator[None]:
+    """Reading the fields of the program's answer. It runs as the sandbox user beside sandboxed
+    code, which can forge what it prints (a write to /proc/PID/fd/1 ahead of the program's own
+    line is enough; no ptrace needed): a field of the wrong shape (a
+    name where a size goes, three items where four do, 1e999) is refused as unreadable JSON is,
+    never a TypeError out of a file tool."""
+    try:
+        yield
+    except (TypeError, ValueError, OverflowError):
+        raise SandboxError(f"{virtual}: the file operation gave an unreadable answer") from None

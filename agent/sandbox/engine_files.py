@@ -29,7 +29,16 @@ from typing import Any
 from wcmatch import glob as wcglob
 
 from . import bounded
-from .engine_exec import OP_SECONDS, STDIN_BOOT, ExecTransport, Reply
+from .engine_exec import (
+    OP_SECONDS,
+    STDIN_BOOT,
+    ExecTransport,
+    Reply,
+    answer_below,
+    answer_count,
+    answer_read,
+    answer_time,
+)
 from .engine_script import HELPER
 from .files import EDIT_LOCKS, Entry, GrepMatch, HostFiles, TextWindow
 from .paths import USER_DATA, Mount, PathMapper, PathRefused, SandboxError
@@ -149,12 +158,14 @@ class EngineFiles(HostFiles):
         virtual, mount, rel = self._where(path)
         head = self._call(virtual, ["ls", mount.virtual, rel, str(bounded.MAX_LS_ENTRIES)])
         out = []
-        with _answer(virtual):
+        with answer_read(virtual):
             for item in head.get("entries") or []:
                 name, is_dir, size, mtime = item
                 if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
                     continue
-                out.append(Entry(posixpath.join(virtual, name), bool(is_dir), int(size), float(mtime)))
+                out.append(
+                    Entry(posixpath.join(virtual, name), bool(is_dir), answer_count(size), answer_time(mtime))
+                )
         out.sort(key=lambda e: e.path)
         if head.get("cut"):
             note = f"[listing cut at {bounded.MAX_LS_ENTRIES} entries; use glob or execute]"
@@ -168,16 +179,16 @@ class EngineFiles(HostFiles):
         item = self._call(virtual, ["stat", mount.virtual, rel]).get("entry")
         if item is None:
             return None
-        with _answer(virtual):
+        with answer_read(virtual):
             is_dir, size, mtime = item
-            return Entry(virtual, bool(is_dir), int(size), float(mtime))
+            return Entry(virtual, bool(is_dir), answer_count(size), answer_time(mtime))
 
     def _read(self, path: str, cap: int) -> tuple[str, Reply, int]:
         virtual, mount, rel = self._where(path)
         reply = self._open(["read", mount.virtual, rel, str(cap)], _HEADER_CAP + cap + 1)
         try:
-            with self._net(virtual), _answer(virtual):
-                size = int(self._checked(virtual, reply.header()).get("size", 0))
+            with self._net(virtual), answer_read(virtual):
+                size = answer_count(self._checked(virtual, reply.header()).get("size", 0))
         except BaseException:
             reply.close()
             raise
@@ -253,7 +264,7 @@ class EngineFiles(HostFiles):
         groups = self._chunks(data)
         first, stdin = groups[0]
         made = self._call(virtual, ["create", mount.virtual, rel, name, *first], stdin=stdin).get("name")
-        if not isinstance(made, str) or "/" in made or not made:
+        if not isinstance(made, str) or "/" in made or made in ("", ".", ".."):
             raise SandboxError(f"{virtual}: the file could not be created")
         target = posixpath.join(virtual, made)
         try:
@@ -343,10 +354,10 @@ class EngineFiles(HostFiles):
             args = ["walk", mount.virtual, rel, str(_WALK_LIMIT), str(bounded.WALK_SECONDS)]
             head = self._call_some(mount.virtual, args, several=len(roots) > 1)
             cut = cut or bool(head.get("cut"))
-            with _answer(mount.virtual):
+            with answer_read(mount.virtual):
                 files = list(head.get("files") or [])
             for found in files:
-                if not isinstance(found, str) or ".." in found.split("/"):
+                if not answer_below(found):
                     continue
                 if match("/".join(p for p in (prefix, found) if p)):
                     if len(out) >= max_results:
@@ -382,13 +393,13 @@ class EngineFiles(HostFiles):
             args = ["grep", mount.virtual, rel, prefix, rx, include, base, *map(str, limits)]
             head = self._call_some(mount.virtual, args, several=len(roots) > 1)
             cut = cut or bool(head.get("cut"))
-            with _answer(mount.virtual):
+            with answer_read(mount.virtual):
                 for item in head.get("matches") or []:
                     found, line, text = item
-                    if not isinstance(found, str) or ".." in found.split("/"):
+                    if not answer_below(found):
                         continue
                     where = self._found(mount, rel, head, found)
-                    out.append(GrepMatch(where, int(line), str(text)[:1000]))
+                    out.append(GrepMatch(where, answer_count(line), str(text)[:1000]))
             if cut:
                 break
         return out, cut
@@ -398,8 +409,8 @@ class EngineFiles(HostFiles):
     def usage(self) -> Usage:
         roots = [m.virtual for m in self.mapper.mounts if m.writable]
         head = self._call(USER_DATA, ["usage", str(self.quota.max_files), *roots])
-        with _answer(USER_DATA):
-            used, files = int(head.get("blocks", 0)), int(head.get("files", 0))
+        with answer_read(USER_DATA):
+            used, files = answer_count(head.get("blocks", 0)), answer_count(head.get("files", 0))
         if head.get("cut"):
             problem = (
                 f"file quota exceeded: more than {self.quota.max_files} files and directories in "
@@ -422,18 +433,6 @@ class EngineFiles(HostFiles):
         problem = usage_problem(self.usage(), self.quota, incoming)
         if problem:
             raise QuotaExceeded(problem)
-
-
-@contextlib.contextmanager
-def _answer(virtual: str) -> Iterator[None]:
-    """Reading the fields of the program's answer. It runs as the sandbox user beside sandboxed
-    code, which can forge what it prints (ptrace, /proc/PID/mem): a field of the wrong shape (a
-    name where a size goes, three items where four do, 1e999) is refused as unreadable JSON is,
-    never a TypeError out of a file tool."""
-    try:
-        yield
-    except (TypeError, ValueError, OverflowError):
-        raise SandboxError(f"{virtual}: the file operation gave an unreadable answer") from None
 
 
 def _glob_regex(pattern: str) -> str:

@@ -122,31 +122,44 @@ def api_problem(e: BaseException, what: str, secrets: tuple[str, ...] = ()) -> s
     return text
 
 
+_STATUS_CAP = 64 * 1024  # the exec's final Status (channel 3): a few hundred bytes from a real API
+
+
 class ExecStream:
     """One exec websocket, read frame by frame (compat/kubernetes.py); keeps the final Status."""
 
     def __init__(self, ws: Any, timeout: float | None) -> None:
         self.ws = ws
         self.timeout = timeout
-        self.status: dict[str, Any] | None = None
+        self._status = bytearray()
 
     def frames(self) -> Iterator[tuple[int, bytes]]:
         for channel, data in kcompat.frames(self.ws, self.timeout):
-            if channel == kcompat.ERROR_CHANNEL:
-                with contextlib.suppress(ValueError):
-                    got = json.loads(data)
-                    self.status = got if isinstance(got, dict) else None
+            if channel == kcompat.ERROR_CHANNEL:  # the Status, possibly in several frames
+                if len(self._status) + len(data) <= _STATUS_CAP:
+                    self._status += data
                 continue
             yield channel, data
+
+    @property
+    def status(self) -> dict[str, Any] | None:
+        """The exec's final Status, or None: none came, or not a JSON object (nested past the
+        parser's depth included: the API server's answer is read as hostile)."""
+        try:
+            got = json.loads(bytes(self._status)) if self._status else None
+        except (ValueError, RecursionError):
+            return None
+        return got if isinstance(got, dict) else None
 
     def exit_code(self) -> int | None:
         """The program's exit status from the Status the API sends last; None: none came (the
         connection was cut, e.g. the pod went away)."""
-        if self.status is None:
+        status = self.status
+        if status is None:
             return None
-        if self.status.get("status") == "Success":
+        if status.get("status") == "Success":
             return 0
-        details = self.status.get("details")
+        details = status.get("details")
         causes = details.get("causes") if isinstance(details, dict) else None
         for cause in causes if isinstance(causes, list) else []:
             if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
@@ -220,14 +233,17 @@ class KubernetesSandbox(EngineRoom, Sandbox):
             raise SandboxUnavailable(str(e)) from None
         cap = OutputCap(max_output)
 
-        def pump() -> None:
+        def pump() -> bool:
+            """Whether the stream ended as streams end (a close, a cut connection), not broken."""
             try:
                 for _channel, data in stream.frames():
                     cap.feed(data)
-            except kcompat.FrameTooLarge as e:
-                cap.feed(f"\n[{e}]\n".encode())
+            except kcompat.StreamBroken as e:
+                cap.feed(f"\n[{e}; the command was killed]\n".encode())
+                return False
             except (TimeoutError, OSError):
                 pass
+            return True
 
         reader = own_thread(pump)
         dog = asyncio.ensure_future(self._watch_disk())
@@ -240,6 +256,8 @@ class KubernetesSandbox(EngineRoom, Sandbox):
                     stopped = dog.result()
                 else:
                     timed_out = True
+                await self._kill(marker, reader, stream)
+            elif not reader.result():  # cut in mid-stream: the command would run on unread
                 await self._kill(marker, reader, stream)
         except BaseException:  # cancelled (/stop) or failed: nothing may keep running
             await asyncio.shield(self._kill(marker, reader, stream))
@@ -257,9 +275,7 @@ class KubernetesSandbox(EngineRoom, Sandbox):
             return ExecResult(code, cap.text() + note, cap.truncated, False)
         return ExecResult(code, cap.text(), cap.truncated, False)
 
-    async def _kill(
-        self, marker: str, reader: asyncio.Future[None] | None = None, stream: Any = None
-    ) -> None:
+    async def _kill(self, marker: str, reader: asyncio.Future[Any] | None = None, stream: Any = None) -> None:
         """Kill every process of one command: an exec of the killer (docker_scripts.KILLER) with
         its marker, then the stream is cut. Should that exec fail (the API unreachable), the
         in-pod ``timeout`` still kills the command's group later; what left that group (setsid)

@@ -236,9 +236,9 @@ async def handle_exec(fake: FakeKubernetes, request: web.Request, pod: _Pod) -> 
             raise ExecRefused(
                 400, f'unable to upgrade connection: container not found ("{container["name"]}")'
             )
-        if fake.huge_frame_for and fake.huge_frame_for == _kind(request.query.getall("command", [])):
-            fake.huge_frame_for = ""
-            return await _serve_huge_frame(request)
+        raw = fake.raw_answers.pop(_kind(request.query.getall("command", [])), None)
+        if raw is not None:
+            return await _serve_raw(request, raw)
         if fake.forged_answers and "-I" in request.query.getall("command", []):
             return await _serve_forged(request, fake.forged_answers.pop(0))
         return await serve_exec(fake, request, pod, container)
@@ -268,12 +268,27 @@ def _kind(command: list[str]) -> str:
     return "" if not marks else "files" if marks[0].startswith("files-") else "command"
 
 
-async def _serve_huge_frame(request: web.Request) -> web.WebSocketResponse:
-    """A hostile API server: a stdout frame whose header announces 2**40 bytes, then 16 of them."""
+def frame(opcode: int, payload: bytes, fin: bool = True, rsv: int = 0) -> bytes:
+    """One unmasked server frame, as RFC 6455 lays it out (any opcode, bits and length)."""
+    head = bytes([(0x80 if fin else 0) | rsv << 4 | opcode])
+    n = len(payload)
+    if n < 126:
+        return head + bytes([n]) + payload
+    if n < 2**16:
+        return head + b"\x7e" + n.to_bytes(2, "big") + payload
+    return head + b"\x7f" + n.to_bytes(8, "big") + payload
+
+
+TERABYTE_FRAME = b"\x82\x7f" + (2**40).to_bytes(8, "big") + bytes([STDOUT]) + b"x" * 15
+"""A stdout frame whose header announces 2**40 bytes, then 16 of them."""
+
+
+async def _serve_raw(request: web.Request, raw: bytes) -> web.WebSocketResponse:
+    """A hostile API server: the upgrade, then ``raw`` bytes as they are (frames of any shape)."""
     ws = web.WebSocketResponse(protocols=(V5, V4))
     await ws.prepare(request)
     assert request.transport is not None
-    request.transport.write(b"\x82\x7f" + (2**40).to_bytes(8, "big") + bytes([STDOUT]) + b"x" * 15)
+    request.transport.write(raw)
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(5):
             async for _ in ws:

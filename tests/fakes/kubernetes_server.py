@@ -118,9 +118,9 @@ class FakeKubernetes:
         """The sandbox command line of every exec, in order."""
         self.forged_answers: list[bytes] = []
         """The next file operations' execs (``python3 -I``) print these instead of running, one each."""
-        self.huge_frame_for = ""
-        """``command`` or ``files``: the next exec of that kind is answered with a frame announcing
-        2**40 bytes (a hostile API server)."""
+        self.raw_answers: dict[str, bytes] = {}
+        """``command`` or ``files`` -> bytes: the next exec of that kind is answered with these bytes
+        after the upgrade, as they are (a hostile API server; kubernetes_exec.frame builds frames)."""
         self.exec_abandoned = 0
         """Execs whose client went away before the command ended (their process was killed)."""
         self.objects: dict[str, dict[tuple[str, str], Any]] = {k: {} for k in KINDS}
