@@ -63,9 +63,17 @@ def suppressed_awaits(tree: ast.AST) -> list[int]:
             and any(_name(arg).split(".")[-1] in SWALLOWS for arg in item.context_expr.args)
             for item in node.items
         )
-        if suppresses and any(isinstance(n, ast.Await) for stmt in node.body for n in ast.walk(stmt)):
+        if suppresses and any(_waits(n) for stmt in node.body for n in ast.walk(stmt)):
             lines.append(node.lineno)
     return lines
+
+
+def _waits(node: ast.AST) -> bool:
+    """An await, spelled out or not: ``async for`` and ``async with`` await their iterator's
+    ``__anext__`` and the manager's ``__aenter__``/``__aexit__``, as an async comprehension does."""
+    if isinstance(node, ast.Await | ast.AsyncFor | ast.AsyncWith):
+        return True
+    return isinstance(node, ast.comprehension) and bool(node.is_async)
 
 
 def test_no_asyncio_wait_for_in_the_daemon() -> None:
@@ -99,6 +107,17 @@ def test_the_checks_see_what_they_forbid() -> None:
         "    from asyncio import wait_for as wf\n"
         "    await aio.wait_for(t, 1)\n"
         '    """asyncio.wait_for(t, 1) in a docstring"""\n'
+        "    with suppress(asyncio.CancelledError):\n"
+        "        async for _ in t:\n"
+        "            pass\n"
+        "    with suppress(asyncio.CancelledError):\n"
+        "        async with t:\n"
+        "            pass\n"
+        "    with suppress(asyncio.CancelledError):\n"
+        "        x = [y async for y in t]\n"
+        "    with suppress(asyncio.CancelledError):\n"
+        "        for _ in t:\n"
+        "            pass\n"
     )
     assert wait_fors(tree) == [2, 11, 12]
-    assert suppressed_awaits(tree) == [3, 9]
+    assert suppressed_awaits(tree) == [3, 9, 14, 17, 20]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -153,14 +154,24 @@ async def test_a_stop_that_waits_says_which_tasks_it_waits_for_and_where(
     async def release_all() -> None:
         await close_the_pool()
 
+    async def events() -> AsyncIterator[int]:
+        await asyncio.Event().wait()
+        yield 1
+
+    async def run_graph() -> None:
+        async for _ in events():
+            pass
+
     stuck = asyncio.create_task(release_all(), name="store-close")
+    streaming = asyncio.create_task(run_graph(), name="turn")
     with caplog.at_level(logging.WARNING, logger="gateway.ops.tasks"):
         reporter = asyncio.create_task(report_slow_stop(0.05, every=0.6))
         await until(lambda: len([r for r in caplog.records if "still waiting" in r.getMessage()]) >= 2)
-        await cancel_and_wait([reporter, stuck])
+        await cancel_and_wait([reporter, stuck, streaming])
     first, second = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()][:2]
     assert first.startswith("the stop is still waiting after 0s for: ")
     assert "store-close: release_all > close_the_pool > Event.wait (asyncio/locks.py:" in first
+    assert "turn: run_graph > events > Event.wait (asyncio/locks.py:" in first  # into the async for
     assert "after 0s" not in second, "each report says how long it has waited"
     assert reporter.cancelled() and stuck.cancelled()
 

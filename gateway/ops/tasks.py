@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator, Coroutine, Iterable
 from typing import Any
@@ -148,10 +149,22 @@ def where_waiting(task: asyncio.Future[Any]) -> str:
         if frame is not None:
             chain.append(frame.f_code.co_qualname.rsplit("<locals>.", 1)[-1])
             where = "/".join(frame.f_code.co_filename.rsplit("/", 2)[-2:]) + f":{frame.f_lineno}"
-        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None) or _generator_of(coro)
     if not chain:
         return f"{task.get_name()}: (not started or finished)"
     return f"{task.get_name()}: {' > '.join(chain[-6:])} ({where})"
+
+
+_ANEXT_TYPES = ("async_generator_asend", "async_generator_athrow")
+
+
+def _generator_of(awaitable: Any) -> Any:
+    """The async generator an ``async for`` waits in: its ``__anext__`` awaitable
+    (``async_generator_asend``) names it only to the garbage collector, so without this the chain
+    stopped at the loop (a stop waiting in a stream's ``async for`` said only where the loop was)."""
+    if type(awaitable).__name__ not in _ANEXT_TYPES:
+        return None
+    return next((r for r in gc.get_referents(awaitable) if hasattr(r, "ag_frame")), None)
 
 
 async def report_slow_stop(after: float, every: float = 10.0, most: int = 30) -> None:
