@@ -23,7 +23,7 @@ import logging
 import posixpath
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from wcmatch import glob as wcglob
@@ -41,6 +41,7 @@ from .engine_exec import (
 )
 from .engine_script import HELPER
 from .files import EDIT_LOCKS, Entry, GrepMatch, HostFiles, TextWindow
+from .globs import compile_glob
 from .paths import USER_DATA, Mount, PathMapper, PathRefused, SandboxError
 from .quota import DiskQuota, QuotaExceeded, Usage, usage_problem
 
@@ -346,7 +347,7 @@ class EngineFiles(HostFiles):
     def glob(
         self, pattern: str, path: str = "/mnt/user-data", max_results: int = 1000
     ) -> tuple[list[str], bool]:
-        match = _glob_matcher(pattern)
+        match = compile_glob(pattern)
         out: list[str] = []
         cut = False
         roots = self._search_roots(path)
@@ -440,12 +441,6 @@ def _glob_regex(pattern: str) -> str:
         raise PathRefused("'..' is not allowed in glob patterns")
     inc, _ = wcglob.translate(pattern.lstrip("/"), flags=wcglob.BRACE | wcglob.GLOBSTAR)
     return "|".join(f"(?:{r})" for r in inc)
-
-
-def _glob_matcher(pattern: str) -> Callable[[str], bool]:
-    from .files import compile_glob
-
-    return compile_glob(pattern)
 
 
 WATCH_EVERY = 2.0  # seconds between disk measurements while a command runs

@@ -20,13 +20,11 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any, TypeVar
-
-from wcmatch import glob as wcglob
 
 from . import bounded
 from .creds import can_switch, fs_identity
+from .globs import compile_glob
 from .nofollow import DIR_FLAGS, FILE_FLAGS, exists_at, is_link_at, numbered_names
 from .paths import Mount, PathMapper, PathRefused, Resolved, SandboxError
 
@@ -73,17 +71,6 @@ class GrepMatch:
     path: str
     line: int
     text: str
-
-
-def compile_glob(pattern: str) -> Callable[[str], bool]:
-    """ripgrep-like include globs (as deepagents documents them): no ``/`` → match the basename at
-    any depth; with ``/`` → match the path relative to the search root, ``**`` spans dirs."""
-    if ".." in pattern.split("/"):
-        raise PathRefused("'..' is not allowed in glob patterns")
-    compiled = wcglob.compile(pattern.lstrip("/"), flags=wcglob.BRACE | wcglob.GLOBSTAR)
-    if "/" in pattern:
-        return lambda rel: bool(compiled.match(rel))
-    return lambda rel: bool(compiled.match(PurePosixPath(rel).name))
 
 
 class HostFiles:
