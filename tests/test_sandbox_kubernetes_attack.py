@@ -406,3 +406,24 @@ async def test_a_status_in_fragments_still_gives_the_exit_code(make: Make, k8s: 
     )
     res = await sb.exec("echo never")
     assert (res.output, res.exit_code) == ("out\n", 7), res
+
+
+async def test_a_tree_a_thousand_levels_deep_does_not_lock_the_thread(make: Make) -> None:
+    """``os.fwalk`` recurses: sandboxed code's 1,200-level tree made the quota's walk die with no
+    answer, so every later command and write was refused and nothing could remove it. Now the quota
+    counts what it reached, commands and writes go on, a search or delete that meets the tree says
+    what to do, and once removed the tools work again."""
+    sb = await make().acquire(thread_id())
+    made = await sb.exec(
+        "python3 -c \"import os\nfor _ in range(1200): os.mkdir('d'); os.chdir('d')\nopen('x.txt', 'w')\""
+        " && mkdir deep && mv d deep/ && echo made"
+    )
+    assert made.output.strip().endswith("made"), made
+    assert (await sb.exec("echo still")).output.startswith("still")
+    await sb.write_file(f"{WS}/after.txt", "written\n")
+    with pytest.raises(SandboxError, match=r"about 1000 levels deep is in the way; remove it with execute"):
+        await sb.glob("**/*.txt", WS)
+    with pytest.raises(SandboxError, match=r"remove it with execute \(rm -rf DIR\)"):
+        await sb.delete(f"{WS}/deep")
+    assert (await sb.exec("rm -rf deep && echo gone")).output.startswith("gone")
+    assert await sb.glob("**/*.txt", WS) == [f"{WS}/after.txt"]

@@ -66,6 +66,7 @@ _ERRORS = {
     "EACCES": "permission denied",
     "mountroot": "a mount itself cannot be deleted",
     "toomany": "too many files with that name",
+    "deep": "a directory tree about 1000 levels deep is in the way; remove it with execute (rm -rf DIR)",
 }
 
 

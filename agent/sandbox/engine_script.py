@@ -10,7 +10,10 @@ It keeps the rules of :class:`~agent.sandbox.files.HostFiles`: the path, links f
 inside its mount's own directory (``realpath``), and the link-free result is then opened one
 component at a time relative to a directory fd with ``O_NOFOLLOW`` (``O_NONBLOCK`` too, then
 ``fstat``: only a regular file is read or written), so a link swapped in after the check makes the
-call fail. Trees are walked with ``os.fwalk(follow_symlinks=False)``.
+call fail. Trees are walked with ``os.fwalk(follow_symlinks=False)``, which recurses: a tree about
+1,000 levels deep (sandboxed code makes one in a line) fails a walk, a search or a delete with
+the error ``deep`` (the model is told to remove it with a command), and is measured for the quota
+as far as the walk got (``deep``), so it never blocks the thread's commands.
 
 Output: one JSON line (``{"error": ...}`` or the result), then for ``read`` the file's bytes.
 The daemon trusts none of it beyond its own caps (engine_files.py): the script runs beside
@@ -254,7 +257,7 @@ def op_grep(root, rel, prefix, rx, inc, base, most, seconds, total, per_file, wi
                 found.append([path, n, line[: int(width)]])
     return {"matches": found, "cut": cut, "single": single(root, rel)}
 def op_usage(most, *roots):
-    blocks, files, seen, denied = 0, 0, set(), []
+    blocks, files, seen, denied, deep = 0, 0, set(), [], False
     def failed(e):
         if isinstance(e, PermissionError):
             denied.append(1)
@@ -282,9 +285,11 @@ def op_usage(most, *roots):
                     if (st.st_dev, st.st_ino) not in seen:
                         seen.add((st.st_dev, st.st_ino))
                         blocks += st.st_blocks * 512
+        except RecursionError:  # os.fwalk recurses: a tree ~1000 levels deep ends the walk
+            deep = True
         finally:
             os.close(fd)
-    return {"blocks": blocks, "files": files, "cut": False, "unreadable": bool(denied)}
+    return {"blocks": blocks, "files": files, "cut": False, "unreadable": bool(denied), "deep": deep}
 OPS = {"stat": op_stat, "ls": op_ls, "read": op_read, "write": op_write, "create": op_create,
        "delete": op_delete, "walk": op_walk, "grep": op_grep, "usage": op_usage}
 try:
@@ -297,4 +302,6 @@ except OSError as e:
     say({"error": errno.errorcode.get(e.errno or 0, "EIO"), "text": e.strerror or ""})
 except (re.error, UnicodeError, ValueError) as e:
     say({"error": "invalid", "text": str(e)[:200]})
+except RecursionError:
+    say({"error": "deep"})
 """
