@@ -427,3 +427,16 @@ async def test_a_tree_a_thousand_levels_deep_does_not_lock_the_thread(make: Make
         await sb.delete(f"{WS}/deep")
     assert (await sb.exec("rm -rf deep && echo gone")).output.startswith("gone")
     assert await sb.glob("**/*.txt", WS) == [f"{WS}/after.txt"]
+
+
+async def test_a_text_file_over_the_read_cap_shows_its_first_lines(make: Make) -> None:
+    """A 75 MB log read as text showed as empty (0 lines): the program sent nothing past its cap.
+    Now read_file shows its first lines (its total unknown, as on host dirs) and a whole-file read
+    is still refused by size."""
+    sb = await make(limits=SandboxLimits(memory_mb=256, disk_mb=100)).acquire(thread_id())
+    made = await sb.exec("python3 -c \"open('big.log', 'w').write('line\\n' * 15_000_000)\" && echo made")
+    assert made.output.strip() == "made", made
+    window = await sb.read_file("big.log", limit=2)
+    assert (window.text, window.start_line, window.end_line) == ("line\nline\n", 1, 2), window
+    with pytest.raises(SandboxError, match="larger than"):
+        await sb.read_bytes("big.log", 1024 * 1024)
