@@ -440,3 +440,24 @@ async def test_a_text_file_over_the_read_cap_shows_its_first_lines(make: Make) -
     assert (window.text, window.start_line, window.end_line) == ("line\nline\n", 1, 2), window
     with pytest.raises(SandboxError, match="larger than"):
         await sb.read_bytes("big.log", 1024 * 1024)
+
+
+async def test_entries_that_are_not_regular_files_count_against_the_walk_and_the_listing(
+    make: Make,
+) -> None:
+    """The walk counted and timed regular files only, and ``ls`` did not count what it left out:
+    a directory of dangling links (2 M of them took a listing 85 s and answered "empty", not cut)
+    is now cut at four times the cap, and said to be."""
+    from agent.sandbox import bounded
+
+    sb = await make().acquire(thread_id())
+    n = 4 * bounded.MAX_LS_ENTRIES + 10
+    made = await sb.exec(
+        f"mkdir links && cd links && python3 -c \"import os\nfor i in range({n}): os.symlink('/nowhere', str(i))\""
+        " && echo made"
+    )
+    assert made.output.strip() == "made", made
+    listing = await sb.ls(f"{WS}/links")
+    assert [e.path for e in listing] == [
+        f"{WS}/links/[listing cut at {bounded.MAX_LS_ENTRIES} entries; use glob or execute]"
+    ]

@@ -26,6 +26,7 @@ import base64, errno, json, os, re, shutil, stat, sys, time
 D = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 F = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 out = sys.stdout.buffer
+LS_SECONDS, LS_LOOK, WALK_LOOK = 20.0, 4, 4  # entries looked at: up to 4x those kept
 class Err(Exception):
     pass
 def say(obj):
@@ -97,11 +98,13 @@ def op_stat(root, rel):
 def op_ls(root, rel, most):
     top, parts = resolve(root, rel)
     fd = opendir(top, parts)
-    found, cut = [], False
+    found, cut, looked = [], False, 0
+    deadline = time.monotonic() + LS_SECONDS
     try:
         with os.scandir(fd) as it:
             for de in it:
-                if len(found) >= int(most):
+                looked += 1  # entries left out (a dangling link) count too: 2 M of them took 85 s
+                if len(found) >= int(most) or looked > LS_LOOK * int(most) or time.monotonic() > deadline:
                     cut = True
                     break
                 try:
@@ -193,19 +196,25 @@ def walk(root, rel, most, seconds):
         yield parts[-1], parts[-1], dfd
         os.close(dfd)
         return
-    seen = 0
+    seen = regular = 0
     try:
         for dirpath, dirs, files, dfd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
             dirs[:] = sorted(d for d in dirs if not islink(d, dfd))
             sub = "" if dirpath == "." else dirpath[2:] + "/"
-            for name in sorted(files):
+            for name in [None] + sorted(files):  # None: the directory itself
+                seen += 1  # every entry counts and is timed, not regular files only (links, FIFOs)
+                if seen > WALK_LOOK * int(most) or time.monotonic() > deadline:
+                    yield None, None, None
+                    return
+                if name is None:
+                    continue
                 try:
                     if not stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
                         continue
                 except OSError:
                     continue
-                seen += 1
-                if seen > int(most) or time.monotonic() > deadline:
+                regular += 1
+                if regular > int(most):
                     yield None, None, None
                     return
                 yield sub + name, name, dfd
