@@ -461,3 +461,17 @@ async def test_entries_that_are_not_regular_files_count_against_the_walk_and_the
     assert [e.path for e in listing] == [
         f"{WS}/links/[listing cut at {bounded.MAX_LS_ENTRIES} entries; use glob or execute]"
     ]
+
+
+async def test_deleting_a_link_in_the_pod_removes_the_link_not_its_target(make: Make) -> None:
+    """As on host dirs: the delete tool removes a link, not the file it points at, and a link
+    pointing out of the mount can be deleted (it was refused as an escape)."""
+    sb = await make().acquire(thread_id())
+    made = await sb.exec(
+        "echo keep > important.txt && ln -s important.txt link && ln -s /etc/passwd out && echo made"
+    )
+    assert made.output.strip() == "made", made
+    for name in ("link", "out"):
+        assert await sb.delete(f"{WS}/{name}") == f"{WS}/{name}"
+    left = await sb.exec("ls -A && cat important.txt")
+    assert left.output.split() == ["important.txt", "keep"], left

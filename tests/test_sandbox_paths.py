@@ -151,6 +151,23 @@ async def test_mount_roots_cannot_be_deleted(plain_sb: LocalSandbox) -> None:
     assert not (plain_sb.dirs.workspace / "x").exists()
 
 
+async def test_deleting_a_link_removes_the_link_not_its_target(plain_sb: LocalSandbox, root: Path) -> None:
+    """The delete tool names a link, not what it points at: the link goes, its target stays (the
+    target was deleted before), and a link pointing out of the mount can be deleted too (refused
+    before as an escape) without touching the outside file."""
+    await plain_sb.write_file("important.txt", "keep\n")
+    ws = plain_sb.dirs.workspace
+    (ws / "link").symlink_to(ws / "important.txt")
+    (ws / "dirlink").symlink_to(ws)
+    outside = root / "outside.txt"
+    outside.write_text("host\n")
+    (ws / "out").symlink_to(outside)
+    for name in ("link", "dirlink", "out"):
+        assert await plain_sb.delete(name) == f"{WS}/{name}"
+        assert not (ws / name).is_symlink()
+    assert (ws / "important.txt").read_text() == "keep\n" and outside.read_text() == "host\n"
+
+
 async def test_synthetic_dirs(plain_sb: LocalSandbox) -> None:
     assert [e.path for e in await plain_sb.ls("/")] == ["/mnt"]
     assert [e.path for e in await plain_sb.ls("/mnt/user-data")] == [

@@ -166,16 +166,19 @@ def op_create(root, rel, name, *chunks):
         os.close(dfd)
     raise Err("toomany")
 def op_delete(root, rel):
-    top, parts = resolve(root, rel)
-    if not parts:
+    # The last component is the thing named, never followed: deleting a link removes the link
+    # (resolving the whole path removed its target, and refused a link pointing outside).
+    head, _, last = rel.rpartition("/")
+    if not last or last in (".", ".."):
         raise Err("mountroot")
-    dfd = opendir(top, parts[:-1])
+    top, parts = resolve(root, head)
+    dfd = opendir(top, parts)
     try:
-        st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        st = os.stat(last, dir_fd=dfd, follow_symlinks=False)
         if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(parts[-1], dir_fd=dfd)
+            shutil.rmtree(last, dir_fd=dfd)
         else:
-            os.unlink(parts[-1], dir_fd=dfd)
+            os.unlink(last, dir_fd=dfd)
     finally:
         os.close(dfd)
     return {"ok": True}

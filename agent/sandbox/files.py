@@ -13,6 +13,7 @@ import contextlib
 import errno
 import functools
 import os
+import posixpath
 import re
 import shutil
 import stat
@@ -351,9 +352,19 @@ class HostFiles:
 
     @_as_owner
     def delete(self, path: str) -> str:
-        r = self.mapper.resolve(path, write=True)
-        if not r.parts:
-            raise PathRefused(f"{r.mount.virtual} itself cannot be deleted")
+        """Delete the file, directory or link ``path`` names. Its last component is never followed:
+        deleting a link removes the link (resolving the whole path removed the link's target, and
+        refused a link pointing out of the mount)."""
+        virtual = self.mapper.normalize(path)
+        for m in self.mapper.mounts:
+            if virtual == m.virtual or virtual.startswith(m.virtual + "/"):
+                if not m.writable:
+                    raise PathRefused(f"{m.virtual} is read-only")
+                if virtual == m.virtual:
+                    raise PathRefused(f"{virtual} itself cannot be deleted")
+                break
+        parent = self.mapper.resolve(posixpath.dirname(virtual), write=True)
+        r = Resolved(virtual, parent.mount, parent.root, (*parent.parts, posixpath.basename(virtual)))
         with self._errors(r.virtual):
             dfd = self._open_dir(r, r.parts[:-1])
             try:
