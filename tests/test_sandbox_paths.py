@@ -168,6 +168,26 @@ async def test_deleting_a_link_removes_the_link_not_its_target(plain_sb: LocalSa
     assert (ws / "important.txt").read_text() == "keep\n" and outside.read_text() == "host\n"
 
 
+async def test_a_name_that_is_not_utf8_is_shown_escaped_and_fits_a_request(plain_sb: LocalSandbox) -> None:
+    """Bytes 0xff 0xfe in a file's name (sandboxed code can make one) reached the model as lone
+    surrogates, which UTF-8 JSON (``ensure_ascii=False``) and the checkpoint's msgpack both refuse
+    to encode. The file tools show the name with ``\\x`` escapes."""
+    import json
+
+    import ormsgpack
+
+    (plain_sb.dirs.workspace / os.fsdecode(b"\xff\xfe.txt")).write_bytes(b"TODO \xff\n")
+    be = SandboxBackend(plain_sb)
+    listed = [e["path"] for e in be.ls(WS).entries or []]
+    globbed = [m["path"] for m in (await be.aglob("*.txt", WS)).matches or []]
+    grepped = (await be.agrep("TODO", path=WS)).matches or []
+    want = f"{WS}/\\xff\\xfe.txt"
+    assert listed == globbed == [g["path"] for g in grepped] == [want]
+    for result in (listed, globbed, grepped):
+        json.dumps(result, ensure_ascii=False).encode("utf-8")
+        ormsgpack.packb(result)
+
+
 async def test_synthetic_dirs(plain_sb: LocalSandbox) -> None:
     assert [e.path for e in await plain_sb.ls("/")] == ["/mnt"]
     assert [e.path for e in await plain_sb.ls("/mnt/user-data")] == [

@@ -71,8 +71,21 @@ def _iso(ts: float) -> str | None:
         return None
 
 
+def shown(path: str) -> str:
+    """A path as the model is shown it. A name that is not UTF-8 (bytes 0xff 0xfe, which sandboxed
+    code can give a file) arrives with lone surrogates, which UTF-8 JSON and the checkpoint's
+    msgpack both refuse to encode: shown with ``\\xff`` escapes instead (that name does not
+    address the file; ``execute`` can)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return path
+
+
 def _info(e: Entry) -> FileInfo:
-    info = FileInfo(path=e.path + "/" if e.is_dir else e.path, is_dir=e.is_dir, size=e.size)
+    path = shown(e.path)
+    info = FileInfo(path=path + "/" if e.is_dir else path, is_dir=e.is_dir, size=e.size)
     if e.modified and (when := _iso(e.modified)) is not None:
         info["modified_at"] = when
     return info
@@ -204,7 +217,7 @@ class SandboxBackend(SandboxBackendProtocol):
         except SandboxError as e:
             return GlobResult(error=str(e))
         return GlobResult(
-            matches=[FileInfo(path=p) for p in found],
+            matches=[FileInfo(path=shown(p)) for p in found],
             truncated=truncated,
             truncation_reason="budget" if truncated else None,
         )
@@ -219,7 +232,7 @@ class SandboxBackend(SandboxBackendProtocol):
             found, truncated = self.files.grep(pattern, path or USER_DATA, glob, max_count)
         except SandboxError as e:
             return GrepResult(error=str(e))
-        matches = [GrepMatch(path=m.path, line=m.line, text=m.text) for m in found]
+        matches = [GrepMatch(path=shown(m.path), line=m.line, text=shown(m.text)) for m in found]
         return GrepResult(matches=matches, truncated=truncated)
 
     # agrep: the protocol's default wraps grep in a thread with its own timeout; that fits.
