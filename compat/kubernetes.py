@@ -6,7 +6,11 @@ is already waiting, without a bound, and copies all output into a second buffer 
 which ``stream`` does not let a caller turn off). A sandboxed command's output is hostile in size,
 so the provider reads one frame at a time from the websocket-client connection the ``WSClient``
 holds (its ``sock`` attribute, not documented), with a timeout per read, and stops a blocked read
-from another thread with that connection's ``abort``.
+from another thread with that connection's ``abort``. Each frame's header and length are read
+ahead of its payload through websocket-client's frame buffer (``needs_header``/``recv_header``/
+``recv_length``, not documented either; websocket-client has its own line in
+:data:`compat.versions.VERIFIED`), so a frame announcing more than :data:`MAX_FRAME` is refused
+before its payload is gathered.
 
 Public fallback (outside :data:`compat.versions.VERIFIED`'s ``kubernetes`` set): the public
 ``update``/``read_channel`` loop, draining ``read_all`` after each pass (so the copy does not
