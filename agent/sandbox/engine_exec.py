@@ -132,9 +132,9 @@ def answer_below(found: Any) -> bool:
 def answer_read(virtual: str) -> Iterator[None]:
     """Reading the fields of the program's answer. It runs as the sandbox user beside sandboxed
     code, which can forge what it prints (a write to /proc/PID/fd/1 ahead of the program's own
-    line is enough; no ptrace needed): a field of the wrong shape (a
-    name where a size goes, three items where four do, 1e999) is refused as unreadable JSON is,
-    never a TypeError out of a file tool."""
+    line is enough; no ptrace needed): a field of the wrong shape (a name where a size goes,
+    three items where four do, 1e999) is refused as unreadable JSON is, never a TypeError out
+    of a file tool."""
     try:
         yield
     except (TypeError, ValueError, OverflowError):

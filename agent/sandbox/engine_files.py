@@ -185,9 +185,12 @@ class EngineFiles(HostFiles):
             is_dir, size, mtime = item
             return Entry(virtual, bool(is_dir), answer_count(size), answer_time(mtime))
 
-    def _read(self, path: str, cap: int) -> tuple[str, Reply, int]:
+    def _read(self, path: str, cap: int, head: bool = False) -> tuple[str, Reply, int]:
+        """The file's size and a reply to read its bytes from: up to ``cap`` + 1 of them, or (not
+        ``head``) none when the file is larger than ``cap``."""
         virtual, mount, rel = self._where(path)
-        reply = self._open(["read", mount.virtual, rel, str(cap)], _HEADER_CAP + cap + 1)
+        args = ["read", mount.virtual, rel, str(cap)] + (["head"] if head else [])
+        reply = self._open(args, _HEADER_CAP + cap + 1)
         try:
             with self._net(virtual), answer_read(virtual):
                 size = answer_count(self._checked(virtual, reply.header()).get("size", 0))
@@ -217,7 +220,7 @@ class EngineFiles(HostFiles):
 
     def read_text(self, path: str, offset: int = 0, limit: int = 2000) -> TextWindow:
         offset, limit = max(int(offset), 0), max(int(limit), 0)
-        virtual, reply, _size = self._read(path, bounded.MAX_SCAN_BYTES)
+        virtual, reply, _size = self._read(path, bounded.MAX_SCAN_BYTES, head=True)
         try:
             with self._net(virtual):
                 head = reply.read(8192)

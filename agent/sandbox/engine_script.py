@@ -118,13 +118,15 @@ def op_ls(root, rel, most):
     finally:
         os.close(fd)
     return {"entries": found, "cut": cut}
-def op_read(root, rel, cap):
+def op_read(root, rel, cap, head=""):
     top, parts = resolve(root, rel)
     fd = openfile(top, parts, os.O_RDONLY)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         say({"size": size})
-        left = int(cap) + 1  # the first bytes even of a larger file: read_file shows its head
+        if size > int(cap) and not head:  # a whole-file read, refused by size: nothing to send
+            return None
+        left = int(cap) + 1  # "head": the first bytes even of a larger file (read_file's lines)
         while left > 0:
             b = f.read(min(left, 1 << 20))
             if not b:
