@@ -122,7 +122,10 @@ def segment_matches(toks: list[Token], name: str) -> bool:
 def _path_matcher(pattern: str) -> Callable[[list[str]], bool]:
     """A matcher of a path's segments against one brace-free pattern with ``/``."""
     parts: list[list[Token] | None] = []  # None: ``**``
-    for seg in pattern.split("/"):
+    segments = pattern.split("/")
+    for i, seg in enumerate(segments):
+        if not seg and 0 < i < len(segments) - 1:
+            continue  # "a//b" is "a/b" (a brace like ``{,x}`` can leave one)
         if seg == "**":
             if not parts or parts[-1] is not None:
                 parts.append(None)
