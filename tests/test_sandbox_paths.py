@@ -188,6 +188,21 @@ async def test_a_name_that_is_not_utf8_is_shown_escaped_and_fits_a_request(plain
         ormsgpack.packb(result)
 
 
+async def test_a_listing_of_dangling_links_is_cut_not_called_empty(plain_sb: LocalSandbox) -> None:
+    """Entries a listing leaves out (links pointing out of the sandbox) count towards its cut: a
+    directory of them was listed whole, however many, and answered as empty."""
+    from agent.sandbox import bounded
+
+    links = plain_sb.dirs.workspace / "links"
+    links.mkdir()
+    for i in range(4 * bounded.MAX_LS_ENTRIES + 1):
+        (links / str(i)).symlink_to("/nowhere")
+    listing = await plain_sb.ls(f"{WS}/links")
+    assert [e.path for e in listing] == [
+        f"{WS}/links/[listing cut at {bounded.MAX_LS_ENTRIES} entries; use glob or execute]"
+    ]
+
+
 async def test_synthetic_dirs(plain_sb: LocalSandbox) -> None:
     assert [e.path for e in await plain_sb.ls("/")] == ["/mnt"]
     assert [e.path for e in await plain_sb.ls("/mnt/user-data")] == [

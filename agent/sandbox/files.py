@@ -172,10 +172,12 @@ class HostFiles:
         out: list[Entry] = []
         with self._errors(r.virtual):
             fd = self._open_dir(r, r.parts)
+            looked = 0
             try:
                 with os.scandir(fd) as it:
                     for de in it:
-                        if len(out) >= bounded.MAX_LS_ENTRIES:
+                        looked += 1  # what is left out (a dangling link) counts too
+                        if len(out) >= bounded.MAX_LS_ENTRIES or looked > 4 * bounded.MAX_LS_ENTRIES:
                             note = f"[listing cut at {bounded.MAX_LS_ENTRIES} entries; use glob or execute]"
                             where = self.mapper.to_virtual(r.mount, (*r.parts, note))
                             out.append(Entry(where, False, 0, 0.0))
