@@ -3,6 +3,7 @@ change its hash (so a daemon of other settings replaces it), and no credential r
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from agent.sandbox import SandboxLimits
@@ -89,8 +90,8 @@ def test_a_malformed_exit_status_from_the_api_is_no_status_not_a_crash() -> None
         {"status": "Failure", "details": {"causes": [{"reason": "ExitCode", "message": "\u0663"}]}},
     ):
         s = ExecStream(None, None)
-        s.status = status
+        s._status += json.dumps(status).encode()  # the bytes channel 3 brought
         assert s.exit_code() is None, status
     s = ExecStream(None, None)
-    s.status = {"status": "Failure", "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}}
+    s._status += b'{"status": "Failure", "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}}'
     assert s.exit_code() == 3
