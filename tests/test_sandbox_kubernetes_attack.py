@@ -303,7 +303,7 @@ async def test_a_forged_file_tool_answer_of_the_wrong_shape_is_refused_by_name(
     make: Make, k8s: FakeKubernetes, op: str, answer: bytes
 ) -> None:
     """engine_script runs as the sandbox user beside sandboxed code, which can forge what it prints
-    (ptrace, /proc/PID/mem). An answer of the wrong shape is refused with the reason the model
+    (a line written to /proc/PID/fd/1 ahead of its own). An answer of the wrong shape is refused with the reason the model
     can act on, never a TypeError or ValueError out of the tool; the next operation is answered."""
     sb = await make().acquire(thread_id())
     await sb.write_file(f"{WS}/real.txt", "real\n")
