@@ -451,7 +451,7 @@ async def test_entries_that_are_not_regular_files_count_against_the_walk_and_the
     from agent.sandbox import bounded
 
     sb = await make().acquire(thread_id())
-    n = 4 * bounded.MAX_LS_ENTRIES + 10
+    n = bounded.MAX_LS_LOOKED + 10
     made = await sb.exec(
         f"mkdir links && cd links && python3 -c \"import os\nfor i in range({n}): os.symlink('/nowhere', str(i))\""
         " && echo made"

@@ -195,7 +195,7 @@ async def test_a_listing_of_dangling_links_is_cut_not_called_empty(plain_sb: Loc
 
     links = plain_sb.dirs.workspace / "links"
     links.mkdir()
-    for i in range(4 * bounded.MAX_LS_ENTRIES + 1):
+    for i in range(bounded.MAX_LS_LOOKED + 1):
         (links / str(i)).symlink_to("/nowhere")
     listing = await plain_sb.ls(f"{WS}/links")
     assert [e.path for e in listing] == [

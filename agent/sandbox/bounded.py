@@ -33,6 +33,9 @@ MAX_EDIT_BYTES = 8 * 1024 * 1024
 """Larger files are not edited in the daemon's memory (edit_file); the agent can use a shell."""
 MAX_LS_ENTRIES = 5000
 """Entries of one directory listed; a larger directory is listed in part, and says so."""
+MAX_LS_LOOKED = 4 * MAX_LS_ENTRIES
+"""Entries of one directory looked at, those left out (a dangling link) included: a directory of
+millions of them is cut here instead of read whole and answered as empty."""
 WALK_SECONDS = 20.0
 """Wall time one glob or grep call may spend; then it returns what it found, marked truncated."""
 MAX_GREP_BYTES = 256 * 1024 * 1024

@@ -158,7 +158,9 @@ class EngineFiles(HostFiles):
         if synthetic is not None:
             return [Entry(c, True, 0, 0.0) for c in synthetic]
         virtual, mount, rel = self._where(path)
-        head = self._call(virtual, ["ls", mount.virtual, rel, str(bounded.MAX_LS_ENTRIES)])
+        head = self._call(
+            virtual, ["ls", mount.virtual, rel, str(bounded.MAX_LS_ENTRIES), str(bounded.MAX_LS_LOOKED)]
+        )
         out = []
         with answer_read(virtual):
             for item in head.get("entries") or []:

@@ -26,7 +26,7 @@ import base64, errno, json, os, re, shutil, stat, sys, time
 D = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 F = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 out = sys.stdout.buffer
-LS_SECONDS, LS_LOOK, WALK_LOOK = 20.0, 4, 4  # entries looked at: up to 4x those kept
+LS_SECONDS, WALK_LOOK = 20.0, 4  # a walk looks at up to 4x the files it may keep
 class Err(Exception):
     pass
 def say(obj):
@@ -95,7 +95,7 @@ def op_stat(root, rel):
     except FileNotFoundError:
         return {"entry": None}
     return {"entry": entry(st)}
-def op_ls(root, rel, most):
+def op_ls(root, rel, most, most_looked):
     top, parts = resolve(root, rel)
     fd = opendir(top, parts)
     found, cut, looked = [], False, 0
@@ -104,7 +104,7 @@ def op_ls(root, rel, most):
         with os.scandir(fd) as it:
             for de in it:
                 looked += 1  # entries left out (a dangling link) count too: 2 M of them took 85 s
-                if len(found) >= int(most) or looked > LS_LOOK * int(most) or time.monotonic() > deadline:
+                if len(found) >= int(most) or looked > int(most_looked) or time.monotonic() > deadline:
                     cut = True
                     break
                 try:

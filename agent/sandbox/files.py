@@ -177,7 +177,7 @@ class HostFiles:
                 with os.scandir(fd) as it:
                     for de in it:
                         looked += 1  # what is left out (a dangling link) counts too
-                        if len(out) >= bounded.MAX_LS_ENTRIES or looked > 4 * bounded.MAX_LS_ENTRIES:
+                        if len(out) >= bounded.MAX_LS_ENTRIES or looked > bounded.MAX_LS_LOOKED:
                             note = f"[listing cut at {bounded.MAX_LS_ENTRIES} entries; use glob or execute]"
                             where = self.mapper.to_virtual(r.mount, (*r.parts, note))
                             out.append(Entry(where, False, 0, 0.0))

@@ -28,7 +28,6 @@ from .paths import PathRefused
 MAX_EXPANSIONS = 1000
 
 _STAR = ("*",)
-_GLOBSTAR = ("**",)
 Token = tuple[object, ...]
 """``("lit", c)``, ``("?",)``, ``("*",)`` or ``("[", negated, frozenset of chars, ranges)``."""
 

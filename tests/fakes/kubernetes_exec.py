@@ -240,26 +240,13 @@ async def handle_exec(fake: FakeKubernetes, request: web.Request, pod: _Pod) -> 
         if raw is not None:
             return await _serve_raw(request, raw)
         if fake.forged_answers and "-I" in request.query.getall("command", []):
-            return await _serve_forged(request, fake.forged_answers.pop(0))
+            # as sandboxed code that forged engine_script's answer would make it: nothing runs
+            forged = bytes([STDOUT]) + fake.forged_answers.pop(0)
+            status = bytes([ERROR]) + json.dumps(exit_status(0)).encode()
+            return await _serve_raw(request, frame(0x2, forged) + frame(0x2, status))
         return await serve_exec(fake, request, pod, container)
     except ExecRefused as e:
         return web.json_response(status_body(e.code, e.message), status=e.code)
-
-
-async def _serve_forged(request: web.Request, stdout: bytes) -> web.WebSocketResponse:
-    """A file operation's exec (``python3 -I``) answered with ``stdout`` and exit status 0, as
-    sandboxed code that forged engine_script's answer would make it: nothing runs."""
-    ws = web.WebSocketResponse(protocols=(V5, V4), max_msg_size=64 * 1024 * 1024)
-    await ws.prepare(request)
-    with contextlib.suppress(ConnectionError):
-        await ws.send_bytes(bytes([STDOUT]) + stdout)
-        await ws.send_bytes(bytes([ERROR]) + json.dumps(exit_status(0)).encode())
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(5):
-            async for _ in ws:  # what the client sends (the program, on stdin) until it closes
-                pass
-    await ws.close()
-    return ws
 
 
 def _kind(command: list[str]) -> str:
@@ -291,7 +278,7 @@ async def _serve_raw(request: web.Request, raw: bytes) -> web.WebSocketResponse:
     request.transport.write(raw)
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(5):
-            async for _ in ws:
+            async for _ in ws:  # what the client sends (a program, on stdin) until it closes
                 pass
     await ws.close()
     return ws
