@@ -102,15 +102,32 @@ def shows(needle: str) -> Any:
 
 
 async def click(b: Browser, css: str) -> None:
-    await b.call(lambda: b.driver.find_element("css selector", css).click())
+    """Click ``css`` once it is on the page and takes a click, as a person waits for a page to load
+    before clicking: right after a boosted link the element may not be there yet, or be stale."""
+    from selenium.common.exceptions import (
+        ElementClickInterceptedException,
+        ElementNotInteractableException,
+    )
+
+    def clicked(driver: Any) -> bool:
+        try:
+            driver.find_element("css selector", css).click()
+        except (ElementClickInterceptedException, ElementNotInteractableException):
+            return False
+        return True
+
+    await until(b, clicked, f"a clickable {css}")
 
 
-async def log_in(b: Browser, port: int, token: str = TOKEN) -> None:
-    """Log in as a person does: open the console, land on the login page, type the token, submit."""
+async def log_in(b: Browser, port: int, token: str = TOKEN, lands_on: str | None = "Overview") -> None:
+    """Log in as a person does: open the console, land on the login page, type the token, submit,
+    and (unless ``lands_on`` is None, as for a wrong token) wait for the page the login leads to."""
     await b.get(f"http://127.0.0.1:{port}/console/")
     await until(b, heading("Chital console"), "the login page")
     await b.call(lambda: b.driver.find_element("id", "token").send_keys(token))
     await click(b, "#login-submit")
+    if lands_on is not None:
+        await until(b, heading(lands_on), f"the {lands_on.lower()} after logging in")
 
 
 # -- what a payload would leave (the browser tests of the console and the web chat) ----------------

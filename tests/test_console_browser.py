@@ -121,7 +121,6 @@ async def test_walk_every_page_approve_a_stranger_and_cancel_a_schedule(
         assert (await browser.url()).endswith("/console/login")
         await browser.screenshot(shots / "login.png")
         await log_in(browser, daemon.port)
-        await until(browser, heading("Overview"), "the overview after logging in")
         cookie = {c["name"]: c for c in await browser.cookies()}["chital_console"]
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/console", cookie
 
@@ -226,7 +225,6 @@ async def test_untrusted_text_renders_as_text_and_the_csp_blocks_what_would_get_
         await answered(tg, MEMBER, sent, "echo:")
 
         await log_in(browser, daemon.port)
-        await until(browser, heading("Overview"), "the overview after logging in")
         await browser.logs()  # what the login page logged is not this test's
         pages = [f"/{nav}" if nav != "overview" else "/" for nav, _, _ in PAGES]
         pages += [f"/conversation?c=telegram%3A{MEMBER}", f"/conversation?c=telegram%3A{STRANGER}"]
@@ -355,11 +353,10 @@ async def forged_framed_and_traversed(
     await browser.get(f"{same_site}/forge?to=/people/approve&code={code}")
     refused = lambda d: re.search(r"Refused|No console session", d.find_element("tag name", "body").text)  # noqa: E731
     await until(browser, refused, "the forged form's refusal without a session")
-    await log_in(browser, daemon.port, "not-the-console-token-at-all")
+    await log_in(browser, daemon.port, "not-the-console-token-at-all", lands_on=None)
     await until(browser, shows("That is not the console token."), "the wrong token's refusal")
 
     await log_in(browser, daemon.port)
-    await until(browser, heading("Overview"), "the overview after logging in")
     # HttpOnly: the page's scripts cannot read the session cookie.
     assert "chital_console" not in await browser.call(
         lambda: browser.driver.execute_script("return document.cookie")
