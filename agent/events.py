@@ -120,9 +120,16 @@ class OutputFile:
 
 @dataclass(frozen=True, slots=True)
 class Final:
-    """The turn's complete answer text (Markdown). Always the last event of a successful turn."""
+    """The turn's complete answer text (Markdown). Always the last event of a successful turn.
+
+    ``fresh``: this run built the turn from new input, its whole stream seen here (not a replay of
+    an earlier answer, not the continuation of a stored step). Then a question with options it
+    ended on was seen as a :class:`Clarification`, and the thread cannot end on an older one (the
+    new input came after it), so without that event nobody needs the checkpoint read that looks
+    for open options (gateway/turns/choices.py)."""
 
     text: str
+    fresh: bool = field(default=False, compare=False)  # two answers are equal by their text
 
 
 @dataclass(frozen=True, slots=True)

@@ -388,7 +388,7 @@ class Harness:
             self._remember(thread_id, message_id)
             if self._pruner is not None:
                 await self._pruner.after_turn(thread_id)
-            yield Final(final)
+            yield Final(final, fresh=isinstance(inp, dict) and bool(inp.get("messages")))
 
     # ---- turn preparation ----------------------------------------------------------------------
     async def _prepare(

@@ -109,6 +109,28 @@ async def test_telegram_a_press_answers_the_question_across_a_restart(
         assert len(model.requests) == 2
 
 
+async def test_telegram_a_kill_9_before_the_buttons_posts_them_after_the_restart(
+    tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
+) -> None:
+    """The question went out, then the daemon died (kill -9) before its buttons: at start-up the
+    turn is replayed from its checkpoint (no second model call) and the buttons come then. A turn
+    that ran whole here skips the checkpoint read for open options when it asked nothing
+    (agent/events.py, ``Final.fresh``); a replay must not."""
+    model.script(Reply(tool_calls=[ASK]))
+    held = tg.hold_answer("sendMessage", lambda p: "Which size" in str(p.get("text")))
+    async with started_daemon(tmp_path, _config(tmp_path, tg, model)) as daemon:
+        tg.inject_mention(GROUP, OWNER, "order a coffee", first_name="Olga")
+        await tg.wait_for(lambda: tg.holding == 1, timeout=30, what="the question being sent")
+        assert not any(tg.buttons(GROUP, m.message_id) for m in tg.bot_messages(GROUP))
+        daemon.kill9()
+        await daemon.wait_exit()
+        held.set()
+        await daemon.start()
+        choice = await _buttons(tg, GROUP)
+        assert tg.buttons(GROUP, choice.message_id)[0] == "Small"
+        assert len(model.requests) == 1  # replayed from the checkpoint, not asked again
+
+
 async def test_telegram_a_typed_answer_makes_the_buttons_stale(
     tmp_path: Any, tg: FakeTelegram, model: FakeOpenAI
 ) -> None:

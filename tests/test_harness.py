@@ -244,12 +244,15 @@ async def test_failures_map_to_user_safe_messages(
 
 async def test_answered_message_is_replayed_not_re_asked(fake: FakeOpenAI, make: Callable[..., Any]) -> None:
     first = await make()
-    assert (await turn(first, "hello", "m1"))[-1] == Final("echo: hello")
+    ran = (await turn(first, "hello", "m1"))[-1]
+    assert ran == Final("echo: hello") and isinstance(ran, Final) and ran.fresh  # ran whole here
     await first.close()
 
     second = await make()  # a restarted daemon: same file, new process state
     assert await second.message_count("t1") == 2
-    assert await turn(second, "hello", "m1") == [Final("echo: hello")]
+    replayed = await turn(second, "hello", "m1")
+    assert replayed == [Final("echo: hello")]
+    assert not replayed[0].fresh  # a replay: whether it ended on a question is the checkpoint's
     assert len(fake.requests) == 1
     # A new message on the same thread runs normally and sees the history.
     assert (await turn(second, "more", "m2"))[-1] == Final("echo: more")

@@ -158,7 +158,7 @@ class TurnRunner:
             plan = self._plan(reply, thread_id)
             uploads = await fetch_attachments(self.host, reply.channel, entry, thread_id)
             async with self._slot(entry):
-                final, outcome = await self._agent_turn(entry, thread_id, uploads, reply, plan)
+                final, outcome, may_ask = await self._agent_turn(entry, thread_id, uploads, reply, plan)
             if typing is not None:
                 typing.cancel()
             if not await self._keep(entry):  # lost to another daemon meanwhile: it answers
@@ -188,7 +188,9 @@ class TurnRunner:
                 await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
                 if outcome is TurnOutcome.OK:
                     await self.speaker.deliver(reply, entry, spoken, self.metrics)
-                if self.choices is not None and outcome is TurnOutcome.OK:  # the options, under it
+                if (
+                    self.choices is not None and outcome is TurnOutcome.OK and may_ask
+                ):  # the options, under it
                     await self.choices.post(entry, thread_id)
             # Several daemons: the conversation's next turn, journaled elsewhere meanwhile, starts
             # here (unless one is queued here already, which goes first).
@@ -328,9 +330,13 @@ class TurnRunner:
 
     async def _agent_turn(
         self, entry: JournalEntry, thread_id: str, uploads: Uploads, reply: Reply, plan: PlanMessage
-    ) -> tuple[str, TurnOutcome]:
+    ) -> tuple[str, TurnOutcome, bool]:
+        """The turn's answer, its outcome, and whether it may end on a question with options (False
+        only when the harness ran it from new input here and no Clarification came: see
+        :class:`agent.events.Final`)."""
         inbound = entry.inbound
         text, final, outcome = "", "", TurnOutcome.OK
+        asked, fresh = False, False
         message = uploads.message(inbound.text)  # with what a voice note said (gateway/intake/media.py)
         if self.choices is not None:  # a typed "2" answers an open question with its option
             message = await self.choices.typed(entry, thread_id, message)
@@ -363,6 +369,8 @@ class TurnRunner:
                     if isinstance(event, PlanUpdated):
                         plan.update(event.items)
                         continue
+                    asked = asked or isinstance(event, Clarification)
+                    fresh = fresh or (isinstance(event, Final) and event.fresh)
                     text, final, outcome = self._on_event(event, text, final, outcome, reply)
         except TimeoutError:
             took = in_words(limit)
@@ -373,7 +381,7 @@ class TurnRunner:
             final, outcome = text or "⚠️ The agent ended without an answer.", outcome
         if uploads.notes:
             final = "\n".join(uploads.notes) + "\n\n" + final
-        return final, outcome
+        return final, outcome, asked or not fresh
 
     @staticmethod
     def _on_event(
