@@ -136,8 +136,10 @@ class Harness:
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # thread id -> message id of the last turn this process finished cleanly on that thread.
-        # A different message id on such a thread needs no checkpoint read to know it is new.
+        # A different message id on such a thread needs no state read to know it is new (on shared
+        # checkpoints once _unchanged, a read the graph's start reuses, says nobody else wrote).
         self._settled: dict[str, str] = {}
+        self._unchanged: Callable[[str], Awaitable[bool]] | None = None
         self._pictured: dict[str, None] = {}
         """Threads whose history may hold images (agent/vision.py): their next turn reads the
         checkpoint, to fade images shown for long enough."""
@@ -206,6 +208,7 @@ class Harness:
             from agent.postgres import postgres_checkpointer
 
             saver, self._close_saver = await postgres_checkpointer(self.checkpoint_url)
+            self._unchanged = saver.unchanged_since_own  # agent/postgres_saver.py
         else:
             saver = InlineSqliteSaver.open(self.checkpoint_path)
         self._saver = saver
@@ -429,6 +432,7 @@ class Harness:
             and settled != message_id
             and message_id not in self._answered
             and thread_id not in self._pictured
+            and (self._unchanged is None or await self._unchanged(thread_id))
         ):
             return {"messages": [human]}
         snap = await graph.aget_state(config)
@@ -487,10 +491,6 @@ class Harness:
         return await self._pruner.prune(thread_id)
 
     def _remember(self, thread_id: str, message_id: str) -> None:
-        if self.checkpoint_url:
-            # Shared checkpoints: another daemon may take the thread's next turn, or re-run this
-            # one after our lease lapsed, so only the checkpoint can say what is new.
-            return
         if len(self._settled) >= _SETTLED_CACHE:
             self._settled.pop(next(iter(self._settled)))
         self._settled[thread_id] = message_id

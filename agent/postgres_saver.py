@@ -20,10 +20,19 @@ write this saver does not know of, nothing more is asked; otherwise the writes s
 target are read (one statement) and added to what is kept. Two daemons writing the same thread at
 once is what the lease fence prevents (docs/scale-out.md); it would corrupt the thread with or
 without this.
+
+**Whether anyone else wrote a thread.** A turn on a thread whose last turn finished here needs no
+state read to know its message is new (agent/harness.py), if no other daemon touched the thread
+since. :meth:`KeptPostgresSaver.unchanged_since_own` answers that with the read the graph's start
+makes anyway (the thread's latest checkpoint, with its pending writes): the checkpoint must be
+the one this process put last, with nothing stored against it. That read is then handed to the
+graph's own ``aget_tuple`` (once, within seconds, when this process wrote nothing of the thread
+meanwhile), so the check costs no statement of its own.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,6 +51,13 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
 from agent.history_cache import HISTORY_CACHE, OLDER, KeptHistories, Stored
 from compat import langgraph as langgraph_compat
+
+PEEK_SECONDS = 5.0
+"""How long the read :meth:`KeptPostgresSaver.unchanged_since_own` made answers the next
+``aget_tuple`` of the thread (the graph's start, milliseconds later). Under the conversation's
+lease nobody else writes the thread meanwhile; past a lease's life nothing is assumed."""
+_OWN_PUTS = 1024
+"""Threads whose last checkpoint put by this process is remembered (oldest forgotten)."""
 
 
 class _Activity:
@@ -68,6 +84,10 @@ class KeptPostgresSaver(AsyncPostgresSaver):
         # (task_id, channel): used (once) by the history read that follows.
         self._pending: dict[str, tuple[str, frozenset[tuple[str, str]]]] = {}
         self._activity: weakref.WeakValueDictionary[str, _Activity] = weakref.WeakValueDictionary()
+        # Per thread, the id of the last checkpoint this process put (root namespace), and the
+        # latest read kept for the next aget_tuple: (tuple, when, activity, its count then).
+        self._own: dict[str, str] = {}
+        self._peeked: dict[str, tuple[CheckpointTuple, float, _Activity, int]] = {}
 
     def _writes_of(self, thread: str) -> _Activity:
         """The thread's write counter, alive while a read or a write of the thread holds it."""
@@ -76,8 +96,44 @@ class KeptPostgresSaver(AsyncPostgresSaver):
             act = self._activity[thread] = _Activity()
         return act
 
+    async def unchanged_since_own(self, thread_id: str) -> bool:
+        """Whether the thread's latest checkpoint in the database is the last one this process put,
+        with no writes stored against it: then no other daemon wrote the thread since. The read is
+        kept for the thread's next ``aget_tuple`` (see the module docstring)."""
+        thread = str(thread_id)
+        own = self._own.get(thread)
+        self._peeked.pop(thread, None)
+        if own is None:
+            return False
+        activity = self._writes_of(thread)
+        count = activity.count
+        found = await self.aget_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
+        if found is None:
+            return False
+        if activity.count == count and count % 2 == 0:  # no write of ours under way or landed
+            self._peeked[thread] = (found, time.monotonic(), activity, count)
+            while len(self._peeked) > 64:
+                self._peeked.pop(next(iter(self._peeked)))
+        return found.checkpoint["id"] == own and not found.pending_writes
+
+    def _take_peek(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The read :meth:`unchanged_since_own` kept, for a read of the thread's latest checkpoint,
+        while it is young and this process wrote nothing of the thread since (else None)."""
+        conf = config["configurable"]
+        if not self._peeked or conf.get("checkpoint_ns", "") or get_checkpoint_id(config):
+            return None
+        peek = self._peeked.pop(str(conf["thread_id"]), None)
+        if peek is None:
+            return None
+        found, when, activity, count = peek
+        if time.monotonic() - when > PEEK_SECONDS or activity.count != count:
+            return None
+        return found
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        found = await super().aget_tuple(config)
+        found = self._take_peek(config)
+        if found is None:
+            found = await super().aget_tuple(config)
         conf = found.config["configurable"] if found is not None else {}
         if found is not None and not conf.get("checkpoint_ns") and self.history_cache > 0:
             pending = frozenset((str(t), str(ch)) for t, ch, _ in found.pending_writes or ())
@@ -137,9 +193,13 @@ class KeptPostgresSaver(AsyncPostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        activity = self._writes_of(str(config["configurable"]["thread_id"]))
+        thread = str(config["configurable"]["thread_id"])
+        root = not config["configurable"].get("checkpoint_ns", "")
+        activity = self._writes_of(thread)
         activity.count += 1
         found = self.kept.for_config(config)
+        if root:
+            self._own.pop(thread, None)
         try:
             saved = await super().aput(config, checkpoint, metadata, new_versions)
         except BaseException:
@@ -149,6 +209,10 @@ class KeptPostgresSaver(AsyncPostgresSaver):
         finally:
             activity.count += 1
         self.kept.put(found, config, checkpoint)
+        if root:
+            self._own[thread] = str(checkpoint["id"])
+            if len(self._own) > _OWN_PUTS:
+                self._own.pop(next(iter(self._own)))
         return saved
 
     async def aput_writes(
@@ -188,6 +252,8 @@ class KeptPostgresSaver(AsyncPostgresSaver):
         activity = self._writes_of(str(thread_id))
         activity.count += 1
         self.kept.drop(str(thread_id))
+        self._own.pop(str(thread_id), None)
+        self._peeked.pop(str(thread_id), None)
         try:
             await super().adelete_thread(thread_id)
         finally:

@@ -18,18 +18,12 @@ from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
-from agent.config import AgentSettings, ModelSpec
-from agent.events import AgentEvent, Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
+from agent.config import AgentSettings
+from agent.events import Final, StatusUpdate, TextDelta, ToolProgress, TurnFailed
 from agent.harness import Harness
 from tests.daemon import REPO, env_without
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
-
-API_KEY = "sk-test-secret-0123456789"
-FAST = AgentSettings(retry_backoff=0.001, model_retries=2, model_timeout=5)
-
-
-def spec(fake: FakeOpenAI) -> ModelSpec:
-    return ModelSpec(model="fake-model", base_url=fake.base_url, api_key=API_KEY)
+from tests.harness_support import API_KEY, FAST, roles, spec, turn, user_texts
 
 
 @pytest.fixture
@@ -46,21 +40,6 @@ async def make(fake: FakeOpenAI, tmp_path: Path) -> AsyncIterator[Callable[..., 
     yield build
     for harness in made:
         await harness.close()
-
-
-async def turn(
-    harness: Harness, text: str, message_id: str, thread: str = "t1", **kw: Any
-) -> list[AgentEvent]:
-    async with aclosing(harness.run(thread, user_id="u1", message_id=message_id, text=text, **kw)) as run:
-        return [event async for event in run]
-
-
-def roles(request: dict[str, Any]) -> list[str]:
-    return [m["role"] for m in request["messages"]]
-
-
-def user_texts(request: dict[str, Any]) -> list[str]:
-    return [m["content"] for m in request["messages"] if m["role"] == "user"]
 
 
 # ---- streaming and tools --------------------------------------------------------------------
