@@ -122,11 +122,12 @@ class OutputFile:
 class Final:
     """The turn's complete answer text (Markdown). Always the last event of a successful turn.
 
-    ``fresh``: this run built the turn from new input, its whole stream seen here (not a replay of
-    an earlier answer, not the continuation of a stored step). Then a question with options it
-    ended on was seen as a :class:`Clarification`, and the thread cannot end on an older one (the
-    new input came after it), so without that event nobody needs the checkpoint read that looks
-    for open options (gateway/turns/choices.py)."""
+    ``fresh``: this run started the turn, its message new to the thread, and its whole stream was
+    seen here (not a replay of an earlier answer, not the continuation of a stored step or of an
+    earlier attempt). Then what the turn left for after its answer came as events: a question
+    with options as a :class:`Clarification` (the thread cannot end on an older one: the message
+    came after it), a presented file as a ``FileOut``. Without them, nobody needs the reads that
+    look for open options and presented files (gateway/turns/runner.py)."""
 
     text: str
     fresh: bool = field(default=False, compare=False)  # two answers are equal by their text

@@ -55,7 +55,7 @@ from agent.events import (
     TurnFailed,
 )
 from agent.failures import turn_failure
-from agent.history import earlier_answer, messages_of, tool_patches, with_files
+from agent.history import earlier_answer, messages_of, starts_turn, tool_patches, with_files
 from agent.merge import merge_model_calls
 from agent.middleware import RetryModelCalls, StepBudget
 from agent.model import build_chat_model, model_display_name
@@ -391,7 +391,7 @@ class Harness:
             self._remember(thread_id, message_id)
             if self._pruner is not None:
                 await self._pruner.after_turn(thread_id)
-            yield Final(final, fresh=isinstance(inp, dict) and bool(inp.get("messages")))
+            yield Final(final, fresh=starts_turn(inp, message_id))
 
     # ---- turn preparation ----------------------------------------------------------------------
     async def _prepare(

@@ -97,3 +97,9 @@ def brief(args: Any, limit: int = 200) -> str:
     except (TypeError, ValueError):
         text = str(args)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def starts_turn(inp: object, message_id: str) -> bool:
+    """Whether a run's input ``inp`` starts the turn of ``message_id``: it holds the message, which
+    the harness puts there only when the thread does not have it yet (``Final.fresh``)."""
+    return isinstance(inp, dict) and any(getattr(m, "id", None) == message_id for m in inp["messages"])

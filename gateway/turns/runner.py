@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.events import (
     AgentEvent,
@@ -72,6 +72,15 @@ AFTER_ANSWER_NOTE = (
     "⚠️ Something went wrong on my side after this answer: the answer above is complete, "
     "but a file or a follow-up it announced may be missing."
 )
+
+
+class Leftovers(NamedTuple):
+    """What a turn may have left for after its answer, each looked up in the database only when it
+    may: a question's options (from the checkpoint) and presented files (from the store). Both
+    False only for a turn the harness started here that sent neither (``Final.fresh``)."""
+
+    options: bool
+    files: bool
 
 
 class TurnRunner:
@@ -158,7 +167,7 @@ class TurnRunner:
             plan = self._plan(reply, thread_id)
             uploads = await fetch_attachments(self.host, reply.channel, entry, thread_id)
             async with self._slot(entry):
-                final, outcome, may_ask = await self._agent_turn(entry, thread_id, uploads, reply, plan)
+                final, outcome, left = await self._agent_turn(entry, thread_id, uploads, reply, plan)
             if typing is not None:
                 typing.cancel()
             if not await self._keep(entry):  # lost to another daemon meanwhile: it answers
@@ -185,13 +194,12 @@ class TurnRunner:
                 await reply.finish(final)
                 answered = True
                 await push_copy.journal_copies(self.store, self.config, entry.key, inbound, final)
-                await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
+                if left.files:
+                    await deliver_files(self.harness, self.store, reply, entry.key, thread_id)
                 if outcome is TurnOutcome.OK:
                     await self.speaker.deliver(reply, entry, spoken, self.metrics)
-                if (
-                    self.choices is not None and outcome is TurnOutcome.OK and may_ask
-                ):  # the options, under it
-                    await self.choices.post(entry, thread_id)
+                if self.choices is not None and outcome is TurnOutcome.OK and left.options:
+                    await self.choices.post(entry, thread_id)  # the options, under it
             # Several daemons: the conversation's next turn, journaled elsewhere meanwhile, starts
             # here (unless one is queued here already, which goes first).
             look = self.hand_on is not None and not self.turns.status(entry.conversation)[1]
@@ -330,13 +338,10 @@ class TurnRunner:
 
     async def _agent_turn(
         self, entry: JournalEntry, thread_id: str, uploads: Uploads, reply: Reply, plan: PlanMessage
-    ) -> tuple[str, TurnOutcome, bool]:
-        """The turn's answer, its outcome, and whether it may end on a question with options (False
-        only when the harness ran it from new input here and no Clarification came: see
-        :class:`agent.events.Final`)."""
+    ) -> tuple[str, TurnOutcome, Leftovers]:
         inbound = entry.inbound
         text, final, outcome = "", "", TurnOutcome.OK
-        asked, fresh = False, False
+        asked, presented, fresh = False, False, False
         message = uploads.message(inbound.text)  # with what a voice note said (gateway/intake/media.py)
         if self.choices is not None:  # a typed "2" answers an open question with its option
             message = await self.choices.typed(entry, thread_id, message)
@@ -365,6 +370,7 @@ class TurnRunner:
                     if isinstance(event, FileOut):
                         # Recorded before anything is sent: a replay after a crash still sends it.
                         await self.store.files_add(entry.key, event.path, event.caption)
+                        presented = True
                         continue
                     if isinstance(event, PlanUpdated):
                         plan.update(event.items)
@@ -381,7 +387,7 @@ class TurnRunner:
             final, outcome = text or "⚠️ The agent ended without an answer.", outcome
         if uploads.notes:
             final = "\n".join(uploads.notes) + "\n\n" + final
-        return final, outcome, asked or not fresh
+        return final, outcome, Leftovers(options=asked or not fresh, files=presented or not fresh)
 
     @staticmethod
     def _on_event(
