@@ -26,7 +26,7 @@ state read to know its message is new (agent/harness.py), if no other daemon tou
 since. :meth:`KeptPostgresSaver.unchanged_since_own` answers that with the read the graph's start
 makes anyway (the thread's latest checkpoint, with its pending writes): the checkpoint must be
 the one this process put last, with nothing stored against it. That read is then handed to the
-graph's own ``aget_tuple`` (once, within seconds, when this process wrote nothing of the thread
+graph's own ``aget_tuple`` (once, within a second, when this process wrote nothing of the thread
 meanwhile), so the check costs no statement of its own.
 """
 
@@ -52,10 +52,11 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from agent.history_cache import HISTORY_CACHE, OLDER, KeptHistories, Stored
 from compat import langgraph as langgraph_compat
 
-PEEK_SECONDS = 5.0
+PEEK_SECONDS = 1.0
 """How long the read :meth:`KeptPostgresSaver.unchanged_since_own` made answers the next
 ``aget_tuple`` of the thread (the graph's start, milliseconds later). Under the conversation's
-lease nobody else writes the thread meanwhile; past a lease's life nothing is assumed."""
+lease nobody else writes the thread meanwhile; half the shortest lease a config allows
+(``cluster.lease_seconds`` >= 2), so a stalled daemon's read never outlives its lease."""
 _OWN_PUTS = 1024
 """Threads whose last checkpoint put by this process is remembered (oldest forgotten)."""
 

@@ -5,6 +5,7 @@ daemon wrote the thread since (agent/harness.py ``_unchanged_elsewhere``, agent/
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
+from agent import postgres_saver
 from agent.events import Final
 from agent.harness import Harness
 from tests.fakes.openai_server import FakeOpenAI
@@ -103,3 +105,25 @@ async def test_a_turn_of_its_own_after_a_delete_starts_a_new_history(
     assert not await saver.unchanged_since_own("t1")
     assert (await turn(a, "two", "m2"))[-1] == Final("echo: two")
     assert user_texts(fake.requests[-1]) == ["two"]
+
+
+async def test_the_checks_read_is_handed_on_once_while_young(
+    daemons: Callable[..., Any], reads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check's read answers the next read of the thread's latest checkpoint once; an older one
+    (past half the shortest lease: a stalled daemon) is read again from the database."""
+    a = await daemons()
+    await turn(a, "one", "m1")
+    saver: Any = a.require_graph().checkpointer
+    latest = {"configurable": {"thread_id": "t1"}}
+    reads.clear()
+    assert await saver.unchanged_since_own("t1")
+    handed = await saver.aget_tuple(latest)
+    assert reads == ["t1"] and handed.checkpoint["id"] == saver._own["t1"]
+    await saver.aget_tuple(latest)
+    assert reads == ["t1", "t1"]  # once only
+    monkeypatch.setattr(postgres_saver, "PEEK_SECONDS", 0.0)
+    assert await saver.unchanged_since_own("t1")
+    await asyncio.sleep(0.01)
+    await saver.aget_tuple(latest)
+    assert reads == ["t1"] * 4  # too old to hand on
