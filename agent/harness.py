@@ -62,7 +62,8 @@ from agent.model import build_chat_model, model_display_name
 from agent.plan import plan_of
 from agent.provenance import PROVENANCE_KEY, Provenance, Source, of_context
 from agent.safety import Redactor
-from agent.steering import Inbox, SteerInbox, receiving, steered_after, turn_start
+from agent.settled import SettledThreads
+from agent.steering import Inbox, SteerInbox, Taken, receiving, steered_after, turn_start
 from agent.stream_events import CustomEventConverter, stream_events
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
@@ -135,18 +136,11 @@ class Harness:
         self._saver: Any = None
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-        # thread id -> message id of the last turn this process finished cleanly on that thread.
-        # A different message id on such a thread needs no state read to know it is new (on shared
-        # checkpoints once _unchanged, a read the graph's start reuses, says nobody else wrote).
-        self._settled: dict[str, str] = {}
+        # What lets a turn skip its state read (agent/settled.py); on shared checkpoints only once
+        # _unchanged, a read the graph's start reuses, says no other daemon wrote the thread since.
+        self._known = SettledThreads()
         self._unchanged: Callable[[str], Awaitable[bool]] | None = None
-        self._pictured: dict[str, None] = {}
-        """Threads whose history may hold images (agent/vision.py): their next turn reads the
-        checkpoint, to fade images shown for long enough."""
         self._pruner: Pruner | None = None
-        self._answered: dict[str, None] = {}
-        """Message ids this process answered (bounded, oldest dropped): a second run of one of them
-        (a delivery retry) must take the slow path that finds and replays its answer."""
 
     @property
     def model_name(self) -> str:
@@ -329,6 +323,7 @@ class Harness:
             if any(i.id == approval_id for i in snap.interrupts):
                 return Command(resume={approval_id: resume_value(decision)})
             log.info("thread %s: approval %s is no longer pending; continuing", thread_id, approval_id)
+            self._known.forget(thread_id)  # the message is in the thread: only the read says how
             return await self._prepare(graph, config, thread_id, message_id, "", (), user_id)
 
         async with aclosing(
@@ -352,6 +347,7 @@ class Harness:
         lock = self._locks.get(thread_id)
         if lock is None:
             lock = self._locks[thread_id] = asyncio.Lock()
+        steered = Taken(inbox)  # the messages steered into the turn
         async with lock:
             try:
                 inp = await prepare()
@@ -362,7 +358,7 @@ class Harness:
                 paused = False
                 async with AsyncExitStack() as scope:
                     scope.enter_context(choose(choice))
-                    scope.enter_context(receiving(inbox))  # messages steered into the turn
+                    scope.enter_context(receiving(steered if inbox is not None else None))
                     if self._turn_scope is not None:
                         await scope.enter_async_context(self._turn_scope(thread_id))
                     events = stream_events(
@@ -377,18 +373,18 @@ class Harness:
                                 paused = paused or isinstance(event, ApprovalRequested)
                                 yield event
                 if paused:  # the turn waits for a person; resume() continues it
-                    self._settled.pop(thread_id, None)
+                    self._known.forget(thread_id)
                     return
                 if final is None:
                     final = await self._final_from_state(graph, config)
             except Exception as exc:
-                self._settled.pop(thread_id, None)
+                self._known.forget(thread_id)
                 yield turn_failure(exc)
                 return
             except BaseException:  # cancelled (/stop) or closed early: the history may dangle
-                self._settled.pop(thread_id, None)
+                self._known.forget(thread_id)
                 raise
-            self._remember(thread_id, message_id)
+            self._known.finished(thread_id, message_id, steered.ids)
             if self._pruner is not None:
                 await self._pruner.after_turn(thread_id)
             yield Final(final, fresh=starts_turn(inp, message_id))
@@ -423,16 +419,9 @@ class Harness:
             },
         )
         if images:  # its history holds images until they fade (agent/vision.py)
-            if len(self._pictured) >= _SETTLED_CACHE:
-                self._pictured.pop(next(iter(self._pictured)))
-            self._pictured[thread_id] = None
-        settled = self._settled.get(thread_id)
-        if (
-            settled is not None
-            and settled != message_id
-            and message_id not in self._answered
-            and thread_id not in self._pictured
-            and (self._unchanged is None or await self._unchanged(thread_id))
+            self._known.pictured(thread_id, True)
+        if self._known.is_new(thread_id, message_id) and (
+            self._unchanged is None or await self._unchanged(thread_id)
         ):
             return {"messages": [human]}
         snap = await graph.aget_state(config)
@@ -449,7 +438,7 @@ class Harness:
         pending = {m.id for task in snap.tasks if task.result for m in messages_of(task.result)}
         if last_human is not None and last_human.id == message_id:
             # Messages steered into this turn: their own runs must read the history (agent/history.py).
-            self._answered.update(dict.fromkeys(steered_after(messages, last_human)))
+            self._known.answered(steered_after(messages, last_human))
             if pending and not snap.next:
                 log.info("thread %s: finishing the stored step of message %s", thread_id, message_id)
                 return None
@@ -479,8 +468,10 @@ class Harness:
         # switch to a text-only model must not send it the pictures of earlier turns).
         old = faded(messages, self.settings.vision.keep_turns if takes_images else 0)
         gone = {m.id for m in old}
-        if not images and not any(carries_images(m) for m in messages if m.id not in gone):
-            self._pictured.pop(thread_id, None)
+        # Marked either way: a turn another daemon ran may have brought the images.
+        self._known.pictured(
+            thread_id, bool(images) or any(carries_images(m) for m in messages if m.id not in gone)
+        )
         return {"messages": [*patches, *old, human]}
 
     async def prune(self, thread_id: str) -> int:
@@ -489,14 +480,6 @@ class Harness:
         if self._pruner is None:
             raise HarnessNotStarted("Harness.start() was not called")
         return await self._pruner.prune(thread_id)
-
-    def _remember(self, thread_id: str, message_id: str) -> None:
-        if len(self._settled) >= _SETTLED_CACHE:
-            self._settled.pop(next(iter(self._settled)))
-        self._settled[thread_id] = message_id
-        if len(self._answered) >= _SETTLED_CACHE * 4:
-            self._answered.pop(next(iter(self._answered)))
-        self._answered[message_id] = None
 
     async def _final_from_state(
         self, graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig

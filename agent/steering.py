@@ -57,6 +57,20 @@ class Inbox(Protocol):
     def take(self) -> list[SteerMessage]: ...
 
 
+class Taken:
+    """``inbox`` keeping the ids of what it handed out: messages steered into a turn are part of it,
+    so a later run of one of them (its own journal entry, run again) must replay, not answer."""
+
+    def __init__(self, inbox: Inbox | None) -> None:
+        self.inbox = inbox
+        self.ids: list[str] = []
+
+    def take(self) -> list[SteerMessage]:
+        got = self.inbox.take() if self.inbox is not None else []
+        self.ids.extend(m.message_id for m in got)
+        return got
+
+
 _CURRENT: contextvars.ContextVar[Inbox | None] = contextvars.ContextVar("chital_inbox", default=None)
 
 

@@ -46,7 +46,9 @@ def wipe(path: str) -> str:
     return "wiped"
 
 
-def harness_for(fake: FakeOpenAI, path: Path, policy: ApprovalSettings) -> Harness:
+def harness_for(
+    fake: FakeOpenAI, path: Path, policy: ApprovalSettings, checkpoint_url: str | None = None
+) -> Harness:
     spec = ModelSpec(model="fake-model", base_url=fake.base_url, api_key=API_KEY)
     middleware = with_approvals([], policy, ["shell", "wipe"])
     return Harness(
@@ -56,6 +58,7 @@ def harness_for(fake: FakeOpenAI, path: Path, policy: ApprovalSettings) -> Harne
         extra_tools=[shell, wipe],
         extra_middleware=middleware,
         redact=Redactor(["hunter2-secret"]),
+        checkpoint_url=checkpoint_url,
     )
 
 

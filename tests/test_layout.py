@@ -25,11 +25,6 @@ LONGER: dict[str, tuple[int, str]] = {
         "the gateway's intake, dispatch and leases; splits along intake (accept, journal, hand-on) "
         "versus the leased work (claim, cut, keep, resume), which share the claimed-task map",
     ),
-    "agent/harness.py": (
-        511,
-        "one turn's lifecycle; splits along turn preparation (history patches, images, steering) "
-        "versus running and replaying the graph",
-    ),
     "agent/sandbox/docker_provider.py": (
         513,
         "the Docker provider's container lifecycle; splits along container settings and quota "
