@@ -63,7 +63,7 @@ from agent.plan import plan_of
 from agent.provenance import PROVENANCE_KEY, Provenance, Source, of_context
 from agent.safety import Redactor
 from agent.settled import SettledThreads
-from agent.steering import Inbox, SteerInbox, Taken, receiving, steered_after, turn_start
+from agent.steering import Inbox, SteerInbox, Taken, receiving, steered_ids, turn_start
 from agent.stream_events import CustomEventConverter, stream_events
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
@@ -320,6 +320,7 @@ class Harness:
 
         async def prepare() -> dict[str, Any] | Command[Any] | Final | None:
             snap = await graph.aget_state(config)
+            self._known.answered(thread_id, steered_ids(snap.values.get("messages", ())))
             if any(i.id == approval_id for i in snap.interrupts):
                 return Command(resume={approval_id: resume_value(decision)})
             log.info("thread %s: approval %s is no longer pending; continuing", thread_id, approval_id)
@@ -373,16 +374,16 @@ class Harness:
                                 paused = paused or isinstance(event, ApprovalRequested)
                                 yield event
                 if paused:  # the turn waits for a person; resume() continues it
-                    self._known.forget(thread_id)
+                    self._known.forget(thread_id, steered.ids)
                     return
                 if final is None:
                     final = await self._final_from_state(graph, config)
             except Exception as exc:
-                self._known.forget(thread_id)
+                self._known.forget(thread_id, steered.ids)
                 yield turn_failure(exc)
                 return
             except BaseException:  # cancelled (/stop) or closed early: the history may dangle
-                self._known.forget(thread_id)
+                self._known.forget(thread_id, steered.ids)
                 raise
             self._known.finished(thread_id, message_id, steered.ids)
             if self._pruner is not None:
@@ -426,6 +427,9 @@ class Harness:
             return {"messages": [human]}
         snap = await graph.aget_state(config)
         messages: list[AnyMessage] = list(snap.values.get("messages", ()))
+        # Steered messages (agent/steering.py) are part of the turns that took them: their own
+        # runs must read the history too, wherever and whenever those turns ran (agent/settled.py).
+        self._known.answered(thread_id, steered_ids(messages))
         earlier = earlier_answer(messages, message_id)
         if earlier is not None:
             log.info("thread %s: message %s was answered before later ones; replaying", thread_id, message_id)
@@ -437,8 +441,6 @@ class Harness:
         # state shows them, a run with new input drops them, a run with no input applies them.
         pending = {m.id for task in snap.tasks if task.result for m in messages_of(task.result)}
         if last_human is not None and last_human.id == message_id:
-            # Messages steered into this turn: their own runs must read the history (agent/history.py).
-            self._known.answered(steered_after(messages, last_human))
             if pending and not snap.next:
                 log.info("thread %s: finishing the stored step of message %s", thread_id, message_id)
                 return None

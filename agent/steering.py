@@ -98,10 +98,9 @@ def steered(message: AnyMessage) -> bool:
     return isinstance(message, HumanMessage) and bool(message.additional_kwargs.get(STEERED_KEY))
 
 
-def steered_after(messages: Sequence[AnyMessage], start: AnyMessage) -> list[str]:
-    """Ids of the messages steered into the turn ``start`` began (a continued turn's)."""
-    at = next((i for i, m in enumerate(messages) if m is start), len(messages))
-    return [m.id for m in messages[at + 1 :] if steered(m) and m.id]
+def steered_ids(messages: Sequence[AnyMessage]) -> list[str]:
+    """Ids of every message steered into a turn of the thread."""
+    return [m.id for m in messages if steered(m) and m.id]
 
 
 def turn_start(message: AnyMessage) -> bool:

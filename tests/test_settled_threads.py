@@ -15,9 +15,10 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from agent.config import AgentSettings, ModelSpec, VisionSettings
-from agent.events import ApprovalDecision, ApprovalRequested, Final
+from agent.events import ApprovalDecision, ApprovalRequested, Final, TurnFailed
 from agent.harness import Harness
 from agent.settings import ApprovalSettings
+from agent.settled import SettledThreads
 from agent.steering import SteerMessage
 from agent.turn import ImagePart, TurnOptions
 from tests.approvals_support import RAN, collect, harness_for
@@ -133,3 +134,108 @@ async def test_images_another_daemon_brought_fade_and_skip_a_text_only_model(
     await turn(a, "back here", "m4")
     await turn(b, "blind", "m5", options=TurnOptions(model="small"))
     assert fake.requests[-1]["model"] == "small" and not _pictures(fake.requests[-1])
+
+
+async def test_a_message_steered_into_a_turn_that_paused_replays_after_the_resume(
+    fake: FakeOpenAI, tmp_path: Path, shared: str | None, started: list[Harness]
+) -> None:
+    """m2 was steered into m1's turn, which paused on an approval and was resumed: m2's own entry
+    run again replays the answer it was taken into (the ids the paused run took are kept)."""
+    harness = harness_for(fake, tmp_path / "cp.sqlite", ApprovalSettings(tools=["shell"]), shared)
+    await harness.start()
+    started.append(harness)
+    fake.script(Reply(text="zero"))
+    await turn(harness, "zero", "m0")
+    fake.script(Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]))
+    steer = OneSteer(SteerMessage("m2", "u1", "two"))
+    events = await collect(
+        harness.run("t1", user_id="u1", message_id="m1", text="one", options=TurnOptions(inbox=steer))
+    )
+    (ask,) = [e for e in events if isinstance(e, ApprovalRequested)]
+    fake.script(Reply(text="one and two"))
+    approved = ApprovalDecision(True)
+    await collect(harness.resume("t1", user_id="u1", message_id="m1", approval_id=ask.id, decision=approved))
+    asked = len(fake.requests)
+    fake.script(Reply(text="A SECOND ANSWER"))
+    assert await turn(harness, "two", "m2") == [Final("one and two")]
+    assert len(fake.requests) == asked
+
+
+async def test_a_message_steered_into_a_failed_turn_is_not_answered_again_after_a_newer_turn(
+    fake: FakeOpenAI, tmp_path: Path, started: list[Harness]
+) -> None:
+    """m2 was steered into m1's turn, which failed after storing it; m3 ran; then m2's own entry runs
+    again. m2 is in the thread: it is not asked of the model anew."""
+    harness = harness_for(fake, tmp_path / "cp.sqlite", ApprovalSettings(tools=[]))
+    await harness.start()
+    started.append(harness)
+    fake.script(Reply(text="zero"))
+    await turn(harness, "zero", "m0")
+    fake.script(Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]), Reply(status=400))
+    steer = OneSteer(SteerMessage("m2", "u1", "two"))
+    assert isinstance((await turn(harness, "one", "m1", options=TurnOptions(inbox=steer)))[-1], TurnFailed)
+    fake.script(Reply(text="three"))
+    await turn(harness, "three", "m3")
+    asked = len(fake.requests)
+    fake.script(Reply(text="A SECOND ANSWER"))
+    await turn(harness, "two", "m2")
+    assert len(fake.requests) == asked
+
+
+async def test_a_thread_is_forgotten_whole_its_images_mark_with_its_last_turn(
+    fake: FakeOpenAI, tmp_path: Path, started: list[Harness]
+) -> None:
+    """Image turns on other threads push the thread out of a small memory: it is forgotten whole,
+    so its next turn reads it and a text-only model gets no picture."""
+    seeing = ModelSpec(name="default", model="big", base_url=fake.base_url, api_key="k", vision=True)
+    blind = ModelSpec(name="small", model="small", base_url=fake.base_url, api_key="k")
+    settings = AgentSettings(tools=False, vision=VisionSettings(keep_turns=2), model_retries=0)
+    image = ImagePart("image/png", b"\x89PNG-bytes", name="p.png", path="/mnt/user-data/uploads/p.png")
+    harness = Harness(settings, seeing, tmp_path / "cp.sqlite", models=[seeing, blind])
+    harness._known = SettledThreads(capacity=2)
+    await harness.start()
+    started.append(harness)
+    await turn(harness, "what is it", "m1", options=TurnOptions(images=(image,)))
+    for other in ("tx", "ty"):  # image turns of other threads that fail
+        fake.script(Reply(status=400))
+        failed = await turn(harness, "pic", f"m-{other}", thread=other, options=TurnOptions(images=(image,)))
+        assert isinstance(failed[-1], TurnFailed)
+    await turn(harness, "blind", "m2", options=TurnOptions(model="small"))
+    assert fake.requests[-1]["model"] == "small" and not _pictures(fake.requests[-1])
+
+
+async def test_a_thread_is_forgotten_whole_its_answered_ids_with_its_last_turn(
+    fake: FakeOpenAI, tmp_path: Path, started: list[Harness]
+) -> None:
+    """Other threads' answers push a thread's answered ids out of a small memory: its last turn goes
+    with them, so an old message of it run again reads the thread and replays its answer."""
+    harness = Harness(FAST, spec(fake), tmp_path / "cp.sqlite")
+    harness._known = SettledThreads(capacity=8, ids=4)
+    await harness.start()
+    started.append(harness)
+    for n in range(3):
+        fake.script(Reply(text=f"answer {n}"))
+        await turn(harness, f"q{n}", f"m{n}")
+    for other in ("tx", "ty", "tz"):
+        await turn(harness, "hi", f"m-{other}", thread=other)
+    asked = len(fake.requests)
+    assert await turn(harness, "q0", "m0") == [Final("answer 0")]  # m0's entry run again
+    assert len(fake.requests) == asked
+
+
+def test_the_memory_keeps_a_threads_newest_answered_ids_within_its_bounds() -> None:
+    known = SettledThreads(capacity=2, ids=100, per_thread=3)
+    for n in range(5):
+        known.finished("t1", f"m{n}")
+    assert known.is_new("t1", "m9") and not known.is_new("t1", "m4") and not known.is_new("t1", "m2")
+    assert known.is_new("t1", "m1")  # past the per-thread bound (see agent/settled.py)
+    known.finished("t2", "a")
+    known.finished("t3", "b")  # the thread used longest ago goes, whole
+    assert not known.is_new("t1", "m9") and known.is_new("t3", "z")
+    known.pictured("t3", True)
+    assert not known.is_new("t3", "z")
+    known.forget("t3", ["s1"])
+    known.pictured("t3", False)
+    assert not known.is_new("t3", "z")  # forgotten: its next turn reads
+    known.finished("t3", "c")
+    assert not known.is_new("t3", "s1") and known.is_new("t3", "z")
