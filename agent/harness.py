@@ -136,8 +136,7 @@ class Harness:
         self._saver: Any = None
         self._graph: CompiledStateGraph[Any, Any, Any, Any] | None = None
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-        # What lets a turn skip its state read (agent/settled.py); on shared checkpoints only once
-        # _unchanged, a read the graph's start reuses, says no other daemon wrote the thread since.
+        # What lets a turn skip its state read (agent/settled.py; shared checkpoints: _unchanged too).
         self._known = SettledThreads()
         self._unchanged: Callable[[str], Awaitable[bool]] | None = None
         self._pruner: Pruner | None = None
@@ -320,7 +319,7 @@ class Harness:
 
         async def prepare() -> dict[str, Any] | Command[Any] | Final | None:
             snap = await graph.aget_state(config)
-            self._known.answered(thread_id, steered_ids(snap.values.get("messages", ())))
+            self._read(thread_id, snap.values.get("messages", ()))
             if any(i.id == approval_id for i in snap.interrupts):
                 return Command(resume={approval_id: resume_value(decision)})
             log.info("thread %s: approval %s is no longer pending; continuing", thread_id, approval_id)
@@ -350,6 +349,7 @@ class Harness:
             lock = self._locks[thread_id] = asyncio.Lock()
         steered = Taken(inbox)  # the messages steered into the turn
         async with lock:
+            begun = self._known.begin(thread_id)
             try:
                 inp = await prepare()
                 if isinstance(inp, Final):
@@ -374,18 +374,18 @@ class Harness:
                                 paused = paused or isinstance(event, ApprovalRequested)
                                 yield event
                 if paused:  # the turn waits for a person; resume() continues it
-                    self._known.forget(thread_id, steered.ids)
+                    self._known.forget(thread_id, (message_id, *steered.ids))
                     return
                 if final is None:
                     final = await self._final_from_state(graph, config)
             except Exception as exc:
-                self._known.forget(thread_id, steered.ids)
+                self._known.forget(thread_id, (message_id, *steered.ids))
                 yield turn_failure(exc)
                 return
             except BaseException:  # cancelled (/stop) or closed early: the history may dangle
-                self._known.forget(thread_id, steered.ids)
+                self._known.forget(thread_id, (message_id, *steered.ids))
                 raise
-            self._known.finished(thread_id, message_id, steered.ids)
+            self._known.finished(thread_id, message_id, steered.ids, begun)
             if self._pruner is not None:
                 await self._pruner.after_turn(thread_id)
             yield Final(final, fresh=starts_turn(inp, message_id))
@@ -427,9 +427,7 @@ class Harness:
             return {"messages": [human]}
         snap = await graph.aget_state(config)
         messages: list[AnyMessage] = list(snap.values.get("messages", ()))
-        # Steered messages (agent/steering.py) are part of the turns that took them: their own
-        # runs must read the history too, wherever and whenever those turns ran (agent/settled.py).
-        self._known.answered(thread_id, steered_ids(messages))
+        self._read(thread_id, messages)
         earlier = earlier_answer(messages, message_id)
         if earlier is not None:
             log.info("thread %s: message %s was answered before later ones; replaying", thread_id, message_id)
@@ -475,6 +473,10 @@ class Harness:
             thread_id, bool(images) or any(carries_images(m) for m in messages if m.id not in gone)
         )
         return {"messages": [*patches, *old, human]}
+
+    def _read(self, thread_id: str, messages: Sequence[AnyMessage]) -> None:
+        """What any read tells agent/settled.py: steered messages, and images (whoever ran them)."""
+        self._known.seen(thread_id, steered_ids(messages), any(carries_images(m) for m in messages))
 
     async def prune(self, thread_id: str) -> int:
         """Delete the thread's checkpoints that its latest one does not need (agent/compaction.py);

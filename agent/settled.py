@@ -17,17 +17,22 @@ cleanly here, a different message is new, and the read would only say so, unless
 
 All of it is kept per thread, so a thread is forgotten whole (its last turn with its answered ids
 and its images mark): forgetting costs a read, never a wrong answer. Bounded: the threads used
-longest ago go first (:data:`CAPACITY`, and :data:`IDS` ids in all); within a thread, the
-:data:`PER_THREAD` newest answered ids. An older one cannot run again here while it matters: a
-message runs again only while its journal entry is open (seconds to a lease's life), and a
-thread's turns run one at a time, so :data:`PER_THREAD` newer turns of the same thread on this
-daemon do not fit in that time. Not thread-safe; the harness calls it from the event loop.
+longest ago go first (:data:`CAPACITY`, and :data:`IDS` ids in all). Within a thread the
+:data:`PER_THREAD` ids first seen most recently are kept; an id already held is never moved, and a
+read adds only the :data:`READ_STEERED` newest steered ids it sees, so neither a read nor a turn
+(at most ten steered messages, gateway/turns/busy.py) can push out the ids of the last turns. An
+older id cannot run again here while it matters: a message runs again only while its journal
+entry is open (a failed done mark, a lapsed lease: seconds to a lease's life), and the dozens of
+newer turns of its thread it would take do not fit in that time. A turn's bookkeeping lands only
+on the entry its turn began with (:meth:`SettledThreads.begin`): a thread forgotten while its turn
+ran is not brought back with a last turn but no answered ids. Not thread-safe; the harness calls
+it from the event loop.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 CAPACITY = 4096
 """Threads remembered."""
@@ -35,6 +40,8 @@ IDS = 4 * CAPACITY
 """Answered message ids remembered, all threads together."""
 PER_THREAD = 64
 """Answered message ids remembered per thread (see the module docstring)."""
+READ_STEERED = 16
+"""Steered ids a read of the thread adds, the newest (older ones' entries are long closed)."""
 
 
 class _Thread:
@@ -67,20 +74,32 @@ class SettledThreads:
             and not known.pictured
         )
 
-    def finished(self, thread_id: str, message_id: str, steered: Iterable[str] = ()) -> None:
-        """The turn of ``message_id`` finished cleanly here, with ``steered`` taken into it."""
+    def begin(self, thread_id: str) -> object:
+        """A turn of the thread begins: the handle its :meth:`finished` must present."""
         known = self._touch(thread_id)
+        self._trim()
+        return known
+
+    def finished(self, thread_id: str, message_id: str, steered: Iterable[str], begun: object) -> None:
+        """The turn of ``message_id`` (``begun``) finished cleanly here, with ``steered`` taken into
+        it. Its last turn is kept only on the entry the turn began with, and only when no answered
+        id had to go for it."""
+        known = self._threads.get(thread_id)
+        if known is not begun or known is None:
+            self.answered(thread_id, (message_id, *steered))
+            return
+        self._threads.move_to_end(thread_id)
         known.last = message_id
         self._answer(known, (message_id, *steered))
         self._trim()
 
-    def forget(self, thread_id: str, steered: Iterable[str] = ()) -> None:
+    def forget(self, thread_id: str, message_ids: Iterable[str] = ()) -> None:
         """The thread's last turn did not finish cleanly (paused, failed, stopped): its next turn
-        reads it. What the turn took in (``steered``) stays answered."""
+        reads it. Its message and what it took in (``message_ids``) count as answered."""
         known = self._threads.get(thread_id)
         if known is not None:
             known.last = None
-        self.answered(thread_id, steered)
+        self.answered(thread_id, message_ids)
 
     def answered(self, thread_id: str, message_ids: Iterable[str]) -> None:
         """``message_ids`` are part of the thread (answered, or steered into a turn of it)."""
@@ -88,6 +107,14 @@ class SettledThreads:
         if ids:
             self._answer(self._touch(thread_id), ids)
             self._trim()
+
+    def seen(self, thread_id: str, steered: Sequence[str], images: bool) -> None:
+        """What a read of the thread found: the ids of its steered messages, oldest first (the
+        newest :data:`READ_STEERED` are kept), and whether it holds images (it is marked, whoever
+        brought them; only the new turn's own reckoning unmarks it)."""
+        self.answered(thread_id, steered[-READ_STEERED:])
+        if images:
+            self.pictured(thread_id, True)
 
     def pictured(self, thread_id: str, holds: bool) -> None:
         """Whether the thread's history may hold images (its next turn reads it to fade them)."""
@@ -105,9 +132,10 @@ class SettledThreads:
         return known
 
     def _answer(self, known: _Thread, message_ids: Iterable[str]) -> None:
+        """Add the ids not held yet, in the order first seen (a read repeating old steered ids
+        moves nothing); past the bound the first seen go (see the module docstring)."""
         for message_id in message_ids:
             if message_id in known.answered:
-                known.answered.move_to_end(message_id)
                 continue
             known.answered[message_id] = None
             self._held += 1

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import HumanMessage
 
+from agent.approvals import with_approvals
 from agent.config import AgentSettings, ModelSpec, VisionSettings
 from agent.events import ApprovalDecision, ApprovalRequested, Final, TurnFailed
 from agent.harness import Harness
@@ -21,7 +22,7 @@ from agent.settings import ApprovalSettings
 from agent.settled import SettledThreads
 from agent.steering import SteerMessage
 from agent.turn import ImagePart, TurnOptions
-from tests.approvals_support import RAN, collect, harness_for
+from tests.approvals_support import RAN, collect, harness_for, shell
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.harness_support import FAST, spec, turn
 
@@ -225,17 +226,94 @@ async def test_a_thread_is_forgotten_whole_its_answered_ids_with_its_last_turn(
 
 def test_the_memory_keeps_a_threads_newest_answered_ids_within_its_bounds() -> None:
     known = SettledThreads(capacity=2, ids=100, per_thread=3)
+
+    def ran(thread: str, message: str) -> None:
+        known.finished(thread, message, (), known.begin(thread))
+
     for n in range(5):
-        known.finished("t1", f"m{n}")
+        ran("t1", f"m{n}")
     assert known.is_new("t1", "m9") and not known.is_new("t1", "m4") and not known.is_new("t1", "m2")
     assert known.is_new("t1", "m1")  # past the per-thread bound (see agent/settled.py)
-    known.finished("t2", "a")
-    known.finished("t3", "b")  # the thread used longest ago goes, whole
+    ran("t2", "a")
+    ran("t3", "b")  # the thread used longest ago goes, whole
     assert not known.is_new("t1", "m9") and known.is_new("t3", "z")
     known.pictured("t3", True)
     assert not known.is_new("t3", "z")
     known.forget("t3", ["s1"])
     known.pictured("t3", False)
     assert not known.is_new("t3", "z")  # forgotten: its next turn reads
-    known.finished("t3", "c")
+    ran("t3", "c")
     assert not known.is_new("t3", "s1") and known.is_new("t3", "z")
+
+
+async def test_a_failed_turns_own_message_run_again_after_a_newer_turn_is_not_asked_anew(
+    fake: FakeOpenAI, tmp_path: Path, started: list[Harness]
+) -> None:
+    """m1's turn failed after m1 was stored in the thread; m3 ran; m1's entry runs again: m1 is in
+    the thread, so the read decides (it says the answer was lost), not the model."""
+    harness = harness_for(fake, tmp_path / "cp.sqlite", ApprovalSettings(tools=[]))
+    await harness.start()
+    started.append(harness)
+    await turn(harness, "zero", "m0")
+    fake.script(Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]), Reply(status=400))
+    assert isinstance((await turn(harness, "one", "m1"))[-1], TurnFailed)
+    await turn(harness, "three", "m3")
+    asked = len(fake.requests)
+    again = await turn(harness, "one", "m1")
+    assert len(fake.requests) == asked and isinstance(again[-1], Final) and not again[-1].fresh
+
+
+async def test_images_a_resumed_turn_read_are_kept_from_a_text_only_model(
+    fake: FakeOpenAI, tmp_path: Path, started: list[Harness]
+) -> None:
+    """m1 with a picture paused on an approval; a restarted daemon resumes it (its read sees the
+    picture); m2 on a text-only model must be read and faded, not sent the picture."""
+    seeing = ModelSpec(name="default", model="big", base_url=fake.base_url, api_key="k", vision=True)
+    blind = ModelSpec(name="small", model="small", base_url=fake.base_url, api_key="k")
+    settings = AgentSettings(vision=VisionSettings(keep_turns=2), model_retries=0)
+    image = ImagePart("image/png", b"\x89PNG-bytes", name="p.png", path="/mnt/user-data/uploads/p.png")
+
+    def build() -> Harness:
+        return Harness(
+            settings, seeing, tmp_path / "cp.sqlite", models=[seeing, blind], extra_tools=[shell],
+            extra_middleware=with_approvals([], ApprovalSettings(tools=["shell"]), ["shell"]),
+        )  # fmt: skip
+
+    first = build()
+    await first.start()
+    fake.script(Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]))
+    events = await collect(
+        first.run("t1", user_id="u1", message_id="m1", text="look", options=TurnOptions(images=(image,)))
+    )
+    (ask,) = [e for e in events if isinstance(e, ApprovalRequested)]
+    await first.close()
+    second = build()  # the restarted daemon
+    await second.start()
+    started.append(second)
+    fake.script(Reply(text="seen"))
+    approved = ApprovalDecision(True)
+    await collect(second.resume("t1", user_id="u1", message_id="m1", approval_id=ask.id, decision=approved))
+    await turn(second, "blind", "m2", options=TurnOptions(model="small"))
+    assert fake.requests[-1]["model"] == "small" and not _pictures(fake.requests[-1])
+
+
+def test_a_read_full_of_old_steered_ids_does_not_push_out_a_newer_answer() -> None:
+    known = SettledThreads()
+    steered = [f"s{n}" for n in range(200)]  # a long thread that took many steered messages
+    known.seen("t", steered, images=False)
+    known.finished("t", "mA", (), known.begin("t"))
+    for _ in range(3):  # later reads see the same steered messages
+        known.seen("t", steered, images=False)
+    known.finished("t", "mB", (), known.begin("t"))
+    assert not known.is_new("t", "mA") and not known.is_new("t", "s199")
+
+
+def test_a_thread_forgotten_while_its_turn_ran_is_not_brought_back_half() -> None:
+    known = SettledThreads(capacity=2)
+    known.finished("t", "mA", (), known.begin("t"))
+    known.pictured("t", True)
+    begun = known.begin("t")  # mB's turn begins...
+    known.finished("u", "x", (), known.begin("u"))
+    known.finished("v", "y", (), known.begin("v"))  # ...and t is forgotten meanwhile
+    known.finished("t", "mB", (), begun)
+    assert not known.is_new("t", "mC") and not known.is_new("t", "mA")
