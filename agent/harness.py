@@ -63,7 +63,7 @@ from agent.plan import plan_of
 from agent.provenance import PROVENANCE_KEY, Provenance, Source, of_context
 from agent.safety import Redactor
 from agent.settled import SettledThreads
-from agent.steering import Inbox, SteerInbox, Taken, receiving, steered_ids, turn_start
+from agent.steering import Inbox, SteerInbox, Taken, receiving, turn_start
 from agent.stream_events import CustomEventConverter, stream_events
 from agent.thread_context import with_context
 from agent.turn import PLAIN, ContextMessage, ImagePart, TurnOptions
@@ -352,7 +352,8 @@ class Harness:
             begun = self._known.begin(thread_id)
             try:
                 inp = await prepare()
-                if isinstance(inp, Final):
+                if isinstance(inp, Final):  # a replay: the message is in the thread
+                    self._known.answered(thread_id, (message_id,))
                     yield inp
                     return
                 final: str | None = None
@@ -475,8 +476,9 @@ class Harness:
         return {"messages": [*patches, *old, human]}
 
     def _read(self, thread_id: str, messages: Sequence[AnyMessage]) -> None:
-        """What any read tells agent/settled.py: steered messages, and images (whoever ran them)."""
-        self._known.seen(thread_id, steered_ids(messages), any(carries_images(m) for m in messages))
+        """What any read tells agent/settled.py: people's messages in it, and images (whoever sent them)."""
+        people = [m.id for m in messages if isinstance(m, HumanMessage) and m.id]
+        self._known.seen(thread_id, people, any(carries_images(m) for m in messages))
 
     async def prune(self, thread_id: str) -> int:
         """Delete the thread's checkpoints that its latest one does not need (agent/compaction.py);

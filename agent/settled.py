@@ -4,11 +4,12 @@ A turn's prepare reads the thread's state to choose between replaying an answer,
 interrupted turn and starting a new one (agent/harness.py). On a thread whose last turn finished
 cleanly here, a different message is new, and the read would only say so, unless:
 
-- the message was answered on the thread before (a delivery retry, a journal entry run again after
-  its done mark failed or its lease lapsed), or was steered into a turn of it (agent/steering.py):
-  a run of it must find that and replay. Steered ids are kept however the turn that took them
-  ended, and every read keeps the steered ids it sees (a turn before a restart, or on another
-  daemon, may have taken them);
+- the message is in the thread already: answered before (a delivery retry, a journal entry run
+  again after its done mark failed, its delivery was parked or its lease lapsed), steered into a
+  turn of it (agent/steering.py), or the message of a turn that did not finish cleanly: a run of
+  it must find that and replay. Kept however the turn ended, for a replayed answer too, and every
+  read keeps the newest ids of people's messages it sees (a turn before a restart, or on another
+  daemon, may have answered them);
 - the thread's history may hold images: they fade after some turns, and a text-only model gets
   none (agent/vision.py), which only the read can apply. A thread is marked when a turn brings
   images and when a read finds them (a turn another daemon ran may have brought them);
@@ -19,8 +20,8 @@ All of it is kept per thread, so a thread is forgotten whole (its last turn with
 and its images mark): forgetting costs a read, never a wrong answer. Bounded: the threads used
 longest ago go first (:data:`CAPACITY`, and :data:`IDS` ids in all). Within a thread the
 :data:`PER_THREAD` ids first seen most recently are kept; an id already held is never moved, and a
-read adds only the :data:`READ_STEERED` newest steered ids it sees, so neither a read nor a turn
-(at most ten steered messages, gateway/turns/busy.py) can push out the ids of the last turns. An
+read adds only the :data:`READ_IDS` newest ids it sees, so neither a read nor a turn (at most
+ten steered messages, gateway/turns/busy.py) can push out the ids of the last turns. An
 older id cannot run again here while it matters: a message runs again only while its journal
 entry is open (a failed done mark, a lapsed lease: seconds to a lease's life), and the dozens of
 newer turns of its thread it would take do not fit in that time. A turn's bookkeeping lands only
@@ -40,8 +41,9 @@ IDS = 4 * CAPACITY
 """Answered message ids remembered, all threads together."""
 PER_THREAD = 64
 """Answered message ids remembered per thread (see the module docstring)."""
-READ_STEERED = 16
-"""Steered ids a read of the thread adds, the newest (older ones' entries are long closed)."""
+READ_IDS = 16
+"""Ids of people's messages a read of the thread adds, the newest (older ones' entries are long
+closed)."""
 
 
 class _Thread:
@@ -82,8 +84,7 @@ class SettledThreads:
 
     def finished(self, thread_id: str, message_id: str, steered: Iterable[str], begun: object) -> None:
         """The turn of ``message_id`` (``begun``) finished cleanly here, with ``steered`` taken into
-        it. Its last turn is kept only on the entry the turn began with, and only when no answered
-        id had to go for it."""
+        it. Its last turn is kept only on the entry the turn began with."""
         known = self._threads.get(thread_id)
         if known is not begun or known is None:
             self.answered(thread_id, (message_id, *steered))
@@ -108,11 +109,11 @@ class SettledThreads:
             self._answer(self._touch(thread_id), ids)
             self._trim()
 
-    def seen(self, thread_id: str, steered: Sequence[str], images: bool) -> None:
-        """What a read of the thread found: the ids of its steered messages, oldest first (the
-        newest :data:`READ_STEERED` are kept), and whether it holds images (it is marked, whoever
-        brought them; only the new turn's own reckoning unmarks it)."""
-        self.answered(thread_id, steered[-READ_STEERED:])
+    def seen(self, thread_id: str, message_ids: Sequence[str], images: bool) -> None:
+        """What a read of the thread found: the ids of people's messages in it (turns' and steered
+        ones), oldest first (the newest :data:`READ_IDS` are kept), and whether it holds images (it
+        is marked, whoever brought them; only the new turn's own reckoning unmarks it)."""
+        self.answered(thread_id, message_ids[-READ_IDS:])
         if images:
             self.pictured(thread_id, True)
 

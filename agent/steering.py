@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -96,11 +96,6 @@ def steered(message: AnyMessage) -> bool:
     """A user's message that reached a running turn by steering (agent/steering.py): part of that
     turn, not the start of a turn of its own."""
     return isinstance(message, HumanMessage) and bool(message.additional_kwargs.get(STEERED_KEY))
-
-
-def steered_ids(messages: Sequence[AnyMessage]) -> list[str]:
-    """Ids of every message steered into a turn of the thread."""
-    return [m.id for m in messages if steered(m) and m.id]
 
 
 def turn_start(message: AnyMessage) -> bool:

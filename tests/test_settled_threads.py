@@ -317,3 +317,25 @@ def test_a_thread_forgotten_while_its_turn_ran_is_not_brought_back_half() -> Non
     known.finished("v", "y", (), known.begin("v"))  # ...and t is forgotten meanwhile
     known.finished("t", "mB", (), begun)
     assert not known.is_new("t", "mC") and not known.is_new("t", "mA")
+
+
+async def test_a_message_only_replayed_here_is_replayed_again_after_a_newer_turn(
+    fake: FakeOpenAI, tmp_path: Path, shared: str | None, started: list[Harness]
+) -> None:
+    """m1 was answered before a restart (or by another daemon); its delivery was parked, so here it
+    is replayed, parked again, and runs once more after m2's turn: replayed again, never asked of
+    the model a second time."""
+    before = Harness(FAST, spec(fake), tmp_path / "cp.sqlite", checkpoint_url=shared)
+    await before.start()
+    fake.script(Reply(text="answer one"))
+    await turn(before, "one", "m1")
+    await before.close()
+    harness = Harness(FAST, spec(fake), tmp_path / "cp.sqlite", checkpoint_url=shared)
+    await harness.start()
+    started.append(harness)
+    assert await turn(harness, "one", "m1") == [Final("answer one")]
+    await turn(harness, "two", "m2")
+    asked = len(fake.requests)
+    fake.script(Reply(text="A SECOND ANSWER"))
+    assert await turn(harness, "one", "m1") == [Final("answer one")]
+    assert len(fake.requests) == asked
