@@ -138,6 +138,15 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 
 
 @pytest.fixture
+async def harnesses() -> AsyncIterator[list[Any]]:
+    """The agent harnesses a test started (it appends each): all closed when the test ends."""
+    made: list[Any] = []
+    yield made
+    for harness in made:
+        await harness.close()
+
+
+@pytest.fixture
 def threaded_model() -> Iterator[FakeOpenAI]:
     """A fake model with no rules on a thread of its own, for tests that block their loop
     (pexpect, subprocess.run) while the model must keep answering."""

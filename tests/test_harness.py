@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -27,19 +27,16 @@ from tests.harness_support import API_KEY, FAST, roles, spec, turn, user_texts
 
 
 @pytest.fixture
-async def make(fake: FakeOpenAI, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+def make(fake: FakeOpenAI, tmp_path: Path, harnesses: list[Harness]) -> Callable[..., Any]:
     """``await make(settings=..., tools=...)``: a started Harness on ``tmp_path/cp.sqlite``."""
-    made: list[Harness] = []
 
     async def build(settings: AgentSettings = FAST, tools: Sequence[Any] = ()) -> Harness:
         harness = Harness(settings, spec(fake), tmp_path / "cp.sqlite", extra_tools=tools)
         await harness.start()
-        made.append(harness)
+        harnesses.append(harness)
         return harness
 
-    yield build
-    for harness in made:
-        await harness.close()
+    return build
 
 
 # ---- streaming and tools --------------------------------------------------------------------

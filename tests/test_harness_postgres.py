@@ -6,7 +6,7 @@ daemon wrote the thread since (agent/harness.py ``_unchanged_elsewhere``, agent/
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +23,17 @@ pytestmark = pytest.mark.usefixtures("pg_server")
 
 
 @pytest.fixture
-async def daemons(fake: FakeOpenAI, tmp_path: Path, pg_url: str) -> AsyncIterator[Callable[..., Any]]:
+def daemons(fake: FakeOpenAI, tmp_path: Path, pg_url: str, harnesses: list[Harness]) -> Callable[..., Any]:
     """``await daemons()``: a started Harness on the shared database (a daemon of its own)."""
-    made: list[Harness] = []
 
     async def build() -> Harness:
-        n = len(made)
+        n = len(harnesses)
         harness = Harness(FAST, spec(fake), tmp_path / f"unused-{n}.sqlite", checkpoint_url=pg_url)
         await harness.start()
-        made.append(harness)
+        harnesses.append(harness)
         return harness
 
-    yield build
-    for harness in made:
-        await harness.close()
+    return build
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ sent to a text-only model while the read was skipped."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -49,22 +48,14 @@ def shared(request: pytest.FixtureRequest) -> str | None:
     return str(request.getfixturevalue("pg_url"))
 
 
-@pytest.fixture
-async def started(tmp_path: Path) -> AsyncIterator[list[Harness]]:
-    made: list[Harness] = []
-    yield made
-    for harness in made:
-        await harness.close()
-
-
 async def test_a_steered_messages_own_entry_run_again_replays(
-    fake: FakeOpenAI, tmp_path: Path, shared: str | None, started: list[Harness]
+    fake: FakeOpenAI, tmp_path: Path, shared: str | None, harnesses: list[Harness]
 ) -> None:
     """m2 was steered into m1's turn; its own journal entry runs again on the same daemon (its
     done mark failed, or m1's turn was fenced): the answer that took it in is replayed."""
     harness = Harness(FAST, spec(fake), tmp_path / "cp.sqlite", checkpoint_url=shared)
     await harness.start()
-    started.append(harness)
+    harnesses.append(harness)
     fake.script(Reply(text="zero"))
     await turn(harness, "zero", "m0")
     fake.script(Reply(text="one and two"))
@@ -78,14 +69,14 @@ async def test_a_steered_messages_own_entry_run_again_replays(
 
 
 async def test_an_approval_pressed_after_a_newer_turn_does_not_overwrite_its_message(
-    fake: FakeOpenAI, tmp_path: Path, shared: str | None, started: list[Harness]
+    fake: FakeOpenAI, tmp_path: Path, shared: str | None, harnesses: list[Harness]
 ) -> None:
     """m1 paused on an approval; m2 ran to its answer; then m1's approval is pressed (before m2's
     turn cancelled it). m1 is in the thread with its own words: it is replayed, not asked anew as
     an empty message."""
     harness = harness_for(fake, tmp_path / "cp.sqlite", ApprovalSettings(tools=["shell"]), shared)
     await harness.start()
-    started.append(harness)
+    harnesses.append(harness)
     fake.script(Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]))
     events = await collect(harness.run("t1", user_id="u1", message_id="m1", text="list files"))
     (ask,) = [e for e in events if isinstance(e, ApprovalRequested)]
@@ -111,7 +102,7 @@ def _pictures(request: dict[str, Any]) -> bool:
 
 @pytest.mark.usefixtures("pg_server")
 async def test_images_another_daemon_brought_fade_and_skip_a_text_only_model(
-    fake: FakeOpenAI, tmp_path: Path, pg_url: str, started: list[Harness]
+    fake: FakeOpenAI, tmp_path: Path, pg_url: str, harnesses: list[Harness]
 ) -> None:
     """Daemon A ran the turn with a picture; B runs the next ones. B's reads find the picture, so
     it fades after ``keep_turns`` and a switch to a text-only model sends it none."""
@@ -125,7 +116,7 @@ async def test_images_another_daemon_brought_fade_and_skip_a_text_only_model(
     )
     for harness in (a, b):
         await harness.start()
-        started.append(harness)
+        harnesses.append(harness)
     await turn(a, "what is it", "m1", options=TurnOptions(images=(image,)))
     assert _pictures(fake.requests[-1])
     await turn(b, "and now", "m2")  # the conversation moved to daemon B
@@ -138,13 +129,13 @@ async def test_images_another_daemon_brought_fade_and_skip_a_text_only_model(
 
 
 async def test_a_message_steered_into_a_turn_that_paused_replays_after_the_resume(
-    fake: FakeOpenAI, tmp_path: Path, shared: str | None, started: list[Harness]
+    fake: FakeOpenAI, tmp_path: Path, shared: str | None, harnesses: list[Harness]
 ) -> None:
     """m2 was steered into m1's turn, which paused on an approval and was resumed: m2's own entry
     run again replays the answer it was taken into (the ids the paused run took are kept)."""
     harness = harness_for(fake, tmp_path / "cp.sqlite", ApprovalSettings(tools=["shell"]), shared)
     await harness.start()
-    started.append(harness)
+    harnesses.append(harness)
     fake.script(Reply(text="zero"))
     await turn(harness, "zero", "m0")
     fake.script(Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]))
@@ -163,13 +154,13 @@ async def test_a_message_steered_into_a_turn_that_paused_replays_after_the_resum
 
 
 async def test_a_message_steered_into_a_failed_turn_is_not_answered_again_after_a_newer_turn(
-    fake: FakeOpenAI, tmp_path: Path, started: list[Harness]
+    fake: FakeOpenAI, tmp_path: Path, harnesses: list[Harness]
 ) -> None:
     """m2 was steered into m1's turn, which failed after storing it; m3 ran; then m2's own entry runs
     again. m2 is in the thread: it is not asked of the model anew."""
     harness = harness_for(fake, tmp_path / "cp.sqlite", ApprovalSettings(tools=[]))
     await harness.start()
-    started.append(harness)
+    harnesses.append(harness)
     fake.script(Reply(text="zero"))
     await turn(harness, "zero", "m0")
     fake.script(Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]), Reply(status=400))
@@ -184,7 +175,7 @@ async def test_a_message_steered_into_a_failed_turn_is_not_answered_again_after_
 
 
 async def test_a_thread_is_forgotten_whole_its_images_mark_with_its_last_turn(
-    fake: FakeOpenAI, tmp_path: Path, started: list[Harness]
+    fake: FakeOpenAI, tmp_path: Path, harnesses: list[Harness]
 ) -> None:
     """Image turns on other threads push the thread out of a small memory: it is forgotten whole,
     so its next turn reads it and a text-only model gets no picture."""
@@ -195,7 +186,7 @@ async def test_a_thread_is_forgotten_whole_its_images_mark_with_its_last_turn(
     harness = Harness(settings, seeing, tmp_path / "cp.sqlite", models=[seeing, blind])
     harness._known = SettledThreads(capacity=2)
     await harness.start()
-    started.append(harness)
+    harnesses.append(harness)
     await turn(harness, "what is it", "m1", options=TurnOptions(images=(image,)))
     for other in ("tx", "ty"):  # image turns of other threads that fail
         fake.script(Reply(status=400))
@@ -206,14 +197,14 @@ async def test_a_thread_is_forgotten_whole_its_images_mark_with_its_last_turn(
 
 
 async def test_a_thread_is_forgotten_whole_its_answered_ids_with_its_last_turn(
-    fake: FakeOpenAI, tmp_path: Path, started: list[Harness]
+    fake: FakeOpenAI, tmp_path: Path, harnesses: list[Harness]
 ) -> None:
     """Other threads' answers push a thread's answered ids out of a small memory: its last turn goes
     with them, so an old message of it run again reads the thread and replays its answer."""
     harness = Harness(FAST, spec(fake), tmp_path / "cp.sqlite")
     harness._known = SettledThreads(capacity=8, ids=4)
     await harness.start()
-    started.append(harness)
+    harnesses.append(harness)
     for n in range(3):
         fake.script(Reply(text=f"answer {n}"))
         await turn(harness, f"q{n}", f"m{n}")
@@ -247,13 +238,13 @@ def test_the_memory_keeps_a_threads_newest_answered_ids_within_its_bounds() -> N
 
 
 async def test_a_failed_turns_own_message_run_again_after_a_newer_turn_is_not_asked_anew(
-    fake: FakeOpenAI, tmp_path: Path, started: list[Harness]
+    fake: FakeOpenAI, tmp_path: Path, harnesses: list[Harness]
 ) -> None:
     """m1's turn failed after m1 was stored in the thread; m3 ran; m1's entry runs again: m1 is in
     the thread, so the read decides (it says the answer was lost), not the model."""
     harness = harness_for(fake, tmp_path / "cp.sqlite", ApprovalSettings(tools=[]))
     await harness.start()
-    started.append(harness)
+    harnesses.append(harness)
     await turn(harness, "zero", "m0")
     fake.script(Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]), Reply(status=400))
     assert isinstance((await turn(harness, "one", "m1"))[-1], TurnFailed)
@@ -264,7 +255,7 @@ async def test_a_failed_turns_own_message_run_again_after_a_newer_turn_is_not_as
 
 
 async def test_images_a_resumed_turn_read_are_kept_from_a_text_only_model(
-    fake: FakeOpenAI, tmp_path: Path, started: list[Harness]
+    fake: FakeOpenAI, tmp_path: Path, harnesses: list[Harness]
 ) -> None:
     """m1 with a picture paused on an approval; a restarted daemon resumes it (its read sees the
     picture); m2 on a text-only model must be read and faded, not sent the picture."""
@@ -289,7 +280,7 @@ async def test_images_a_resumed_turn_read_are_kept_from_a_text_only_model(
     await first.close()
     second = build()  # the restarted daemon
     await second.start()
-    started.append(second)
+    harnesses.append(second)
     fake.script(Reply(text="seen"))
     approved = ApprovalDecision(True)
     await collect(second.resume("t1", user_id="u1", message_id="m1", approval_id=ask.id, decision=approved))
@@ -320,7 +311,7 @@ def test_a_thread_forgotten_while_its_turn_ran_is_not_brought_back_half() -> Non
 
 
 async def test_a_message_only_replayed_here_is_replayed_again_after_a_newer_turn(
-    fake: FakeOpenAI, tmp_path: Path, shared: str | None, started: list[Harness]
+    fake: FakeOpenAI, tmp_path: Path, shared: str | None, harnesses: list[Harness]
 ) -> None:
     """m1 was answered before a restart (or by another daemon); its delivery was parked, so here it
     is replayed, parked again, and runs once more after m2's turn: replayed again, never asked of
@@ -332,7 +323,7 @@ async def test_a_message_only_replayed_here_is_replayed_again_after_a_newer_turn
     await before.close()
     harness = Harness(FAST, spec(fake), tmp_path / "cp.sqlite", checkpoint_url=shared)
     await harness.start()
-    started.append(harness)
+    harnesses.append(harness)
     assert await turn(harness, "one", "m1") == [Final("answer one")]
     await turn(harness, "two", "m2")
     asked = len(fake.requests)
