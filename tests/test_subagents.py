@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import aclosing, suppress
 from pathlib import Path
 from typing import Any
@@ -138,9 +138,7 @@ def status_events(part: Any) -> list[AgentEvent]:
 
 
 @pytest.fixture
-async def make_harness(spy_model: SpyOpenAI, tmp_path: Path) -> AsyncIterator[Factory]:
-    harnesses: list[Harness] = []
-
+def make_harness(spy_model: SpyOpenAI, tmp_path: Path, harnesses: list[Harness]) -> Factory:
     async def make(sub_middleware: Sequence[Any] = (), **limits: Any) -> tuple[Harness, ChitalSubAgents]:
         settings = AgentSettings(model_retries=0, retry_backoff=0, model_timeout=10, max_steps=6)
         spec = ModelSpec(name="fake", base_url=spy_model.base_url, api_key="test-key", model="fake-model")
@@ -158,9 +156,7 @@ async def make_harness(spy_model: SpyOpenAI, tmp_path: Path) -> AsyncIterator[Fa
         harnesses.append(harness)
         return harness, middleware
 
-    yield make
-    for harness in harnesses:
-        await harness.close()
+    return make
 
 
 async def turn(harness: Harness, text: str, message_id: str, thread: str = "t1") -> list[AgentEvent]:
