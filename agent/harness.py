@@ -121,7 +121,7 @@ class Harness:
         self._close_saver: Callable[[], Awaitable[None]] | None = None
         self.tools: list[BaseTool | Callable[..., Any]] = list(extra_tools)
         self.extra_middleware = list(extra_middleware)
-        self._turn_scope = turn_scope
+        self._turn_scope = self._scope = turn_scope
         self._custom_events = list(custom_events)
         self._redact = redact or Redactor()
         """Masks secrets in the arguments an approval request shows (agent/approvals.py)."""
@@ -202,6 +202,7 @@ class Harness:
 
             saver, self._close_saver = await postgres_checkpointer(self.checkpoint_url)
             self._unchanged = saver.unchanged_since_own  # agent/postgres_saver.py
+            self._scope = saver.scoped(self._turn_scope)  # its input held until its first step
         else:
             saver = InlineSqliteSaver.open(self.checkpoint_path)
         self._saver = saver
@@ -242,12 +243,8 @@ class Harness:
         return self._graph
 
     def _config(self, thread_id: str, **metadata: str) -> RunnableConfig:
-        return {
-            "configurable": {"thread_id": thread_id},
-            # A model call and its tool step are two super-steps; a few more for the edges.
-            "recursion_limit": 2 * self.settings.max_steps + 5,
-            "metadata": metadata,
-        }
+        limit = 2 * self.settings.max_steps + 5  # a model call and its tool step: two super-steps
+        return {"configurable": {"thread_id": thread_id}, "recursion_limit": limit, "metadata": metadata}
 
     async def message_count(self, thread_id: str) -> int:
         """Messages in the thread's history (for /status)."""
@@ -361,8 +358,8 @@ class Harness:
                 async with AsyncExitStack() as scope:
                     scope.enter_context(choose(choice))
                     scope.enter_context(receiving(steered if inbox is not None else None))
-                    if self._turn_scope is not None:
-                        await scope.enter_async_context(self._turn_scope(thread_id))
+                    if self._scope is not None:
+                        await scope.enter_async_context(self._scope(thread_id))
                     events = stream_events(
                         graph, inp, config, redact=self._redact, custom_events=self._custom_events,
                         model_retries=self.settings.model_retries,

@@ -28,14 +28,28 @@ makes anyway (the thread's latest checkpoint, with its pending writes): the chec
 the one this process put last, with nothing stored against it. That read is then handed to the
 graph's own ``aget_tuple`` (once, within a second, when this process wrote nothing of the thread
 meanwhile), so the check costs no statement of its own.
+
+**A turn's input in the same round trip as its first step.** A run with new input puts the input
+checkpoint, then the input's writes, then step 0's checkpoint, before its first node runs: three
+round trips, with nothing in between that lasts (no model call, no tool). The input checkpoint
+and its writes are held in memory, their statements already serialised
+(``compat/langgraph.py`` ``RecordingCursor``), and sent with step 0's checkpoint in one pipeline:
+one round trip, and the three commit together. A crash before it loses the input, as a crash
+before the first put did: the message is still journaled and the turn starts again. What is held
+is sent before any other statement of the thread (a read, other writes) and when the turn ends
+without its step 0 (:meth:`KeptPostgresSaver.scoped`, a cancel in between); outside the verified
+releases of langgraph-checkpoint-postgres nothing is held.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 import weakref
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -47,10 +61,19 @@ from langgraph.checkpoint.base import (
     DeltaChannelHistory,
     get_checkpoint_id,
 )
-from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
 
 from agent.history_cache import HISTORY_CACHE, OLDER, KeptHistories, Stored
 from compat import langgraph as langgraph_compat
+
+if TYPE_CHECKING:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver as _Saver
+else:
+    _Saver = langgraph_compat.postgres_saver_base()
+
+log = logging.getLogger(__name__)
+TurnScope = Callable[[str], contextlib.AbstractAsyncContextManager[Any]]
 
 PEEK_SECONDS = 1.0
 """How long the read :meth:`KeptPostgresSaver.unchanged_since_own` made answers the next
@@ -59,6 +82,31 @@ lease nobody else writes the thread meanwhile; half the shortest lease a config 
 (``cluster.lease_seconds`` >= 2), so a stalled daemon's read never outlives its lease."""
 _OWN_PUTS = 1024
 """Threads whose last checkpoint put by this process is remembered (oldest forgotten)."""
+_HELD_MAX = 1024
+"""Threads whose input may be held at once (one per running turn); past it, inputs go out at once."""
+
+
+@dataclass(slots=True)
+class _HeldWrites:
+    config: RunnableConfig
+    task_id: str
+    task_path: str
+    writes: list[tuple[str, Any]]
+    found: tuple[str, Any] | None
+    """The thread's kept history when the writes were held."""
+    kept: list[tuple[int, str, Any]]
+    """The values as the database will return them, serialised when held (see aput_writes)."""
+    statements: list[tuple[str, Any, bool]]
+
+
+@dataclass(slots=True)
+class _Held:
+    """A turn's input checkpoint and its writes, not sent yet (see the module docstring)."""
+
+    config: RunnableConfig
+    checkpoint: Checkpoint
+    statements: list[tuple[str, Any, bool]]
+    writes: list[_HeldWrites] = field(default_factory=list)
 
 
 class _Activity:
@@ -72,7 +120,7 @@ class _Activity:
         self.count = 0
 
 
-class KeptPostgresSaver(AsyncPostgresSaver):
+class KeptPostgresSaver(_Saver):
     """``AsyncPostgresSaver`` with :class:`agent.history_cache.KeptHistories` (see the module
     docstring). Outside the verified releases of langgraph-checkpoint-postgres (its writes table is
     read with Chital's SQL) nothing is kept: every read walks the database, as the saver does."""
@@ -89,6 +137,8 @@ class KeptPostgresSaver(AsyncPostgresSaver):
         # latest read kept for the next aget_tuple: (tuple, when, activity, its count then).
         self._own: dict[str, str] = {}
         self._peeked: dict[str, tuple[CheckpointTuple, float, _Activity, int]] = {}
+        self._held: dict[str, _Held] = {}
+        self.holds_input = langgraph_compat.postgres_usable() and isinstance(conn, AsyncConnectionPool)
 
     def _writes_of(self, thread: str) -> _Activity:
         """The thread's write counter, alive while a read or a write of the thread holds it."""
@@ -132,6 +182,8 @@ class KeptPostgresSaver(AsyncPostgresSaver):
         return found
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        if self._held:
+            await self.send_held(config["configurable"]["thread_id"])
         found = self._take_peek(config)
         if found is None:
             found = await super().aget_tuple(config)
@@ -147,6 +199,8 @@ class KeptPostgresSaver(AsyncPostgresSaver):
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
         conf = config["configurable"]
+        if self._held:
+            await self.send_held(conf["thread_id"])
         target = get_checkpoint_id(config)
         wanted = tuple(channels)
         if conf.get("checkpoint_ns", "") or not target or not wanted or self.history_cache <= 0:
@@ -196,42 +250,148 @@ class KeptPostgresSaver(AsyncPostgresSaver):
     ) -> RunnableConfig:
         thread = str(config["configurable"]["thread_id"])
         root = not config["configurable"].get("checkpoint_ns", "")
+        if root and self.holds_input and metadata.get("source") == "input" and len(self._held) < _HELD_MAX:
+            await self.send_held(thread)  # an earlier input whose turn stopped before its step 0
+            rec = langgraph_compat.RecordingCursor()
+            with langgraph_compat.saver_statements_to(rec):
+                saved = await super().aput(config, checkpoint, metadata, new_versions)
+            self._held[thread] = _Held(config, checkpoint, rec.statements)
+            return saved
+        held = self._held.pop(thread, None) if self._held else None
+        if held is not None and not root:  # a subgraph's checkpoint: the input goes first, alone
+            self._held[thread] = held
+            await self.send_held(thread)
+            held = None
         activity = self._writes_of(thread)
         activity.count += 1
         found = self.kept.for_config(config)
         if root:
             self._own.pop(thread, None)
         try:
-            saved = await super().aput(config, checkpoint, metadata, new_versions)
+            if held is None:
+                saved = await super().aput(config, checkpoint, metadata, new_versions)
+            else:
+                rec = langgraph_compat.RecordingCursor()
+                with langgraph_compat.saver_statements_to(rec):
+                    saved = await super().aput(config, checkpoint, metadata, new_versions)
+                await self._send(held, rec.statements)
         except BaseException:
             if found is not None:
                 self.kept.drop(found[0])
             raise
         finally:
             activity.count += 1
+        if held is not None:
+            self._kept_held(thread, held)
         self.kept.put(found, config, checkpoint)
         if root:
-            self._own[thread] = str(checkpoint["id"])
-            if len(self._own) > _OWN_PUTS:
-                self._own.pop(next(iter(self._own)))
+            self._owned(thread, str(checkpoint["id"]))
         return saved
+
+    def _owned(self, thread: str, checkpoint_id: str) -> None:
+        self._own[thread] = checkpoint_id
+        if len(self._own) > _OWN_PUTS:
+            self._own.pop(next(iter(self._own)))
+
+    async def _send(self, held: _Held, then: Sequence[tuple[str, Any, bool]] = ()) -> None:
+        """The held statements, then ``then``, in one pipeline on one pooled connection: one round
+        trip, and one transaction (no sync in between), as the library's own puts are."""
+        pool: Any = self.conn
+        async with (
+            pool.connection() as conn,
+            conn.pipeline(),
+            conn.cursor(binary=True, row_factory=dict_row) as cur,
+        ):
+            await langgraph_compat.run_statements(cur, held.statements)
+            for w in held.writes:
+                await langgraph_compat.run_statements(cur, w.statements)
+            await langgraph_compat.run_statements(cur, then)
+
+    def _kept_held(self, thread: str, held: _Held) -> None:
+        """Bookkeeping of a held input checkpoint and its writes, now stored, in the order LangGraph
+        made the calls (before the checkpoint that followed them)."""
+        self.kept.put(self.kept.for_config(held.config), held.config, held.checkpoint)
+        for w in held.writes:
+            self._kept_writes(thread, w.config, w.task_id, w.task_path, w.writes, w.found, w.kept)
+
+    async def send_held(self, thread_id: str) -> None:
+        """Store what is held of the thread (its input checkpoint and writes) now, alone: before
+        another statement of the thread, or when its turn ended without a step 0."""
+        thread = str(thread_id)
+        held = self._held.pop(thread, None) if self._held else None
+        if held is None:
+            return
+        activity = self._writes_of(thread)
+        activity.count += 1
+        self._own.pop(thread, None)
+        try:
+            await self._send(held)
+        except BaseException:
+            self.kept.drop(thread)
+            raise
+        finally:
+            activity.count += 1
+        self._kept_held(thread, held)
+        self._owned(thread, str(held.checkpoint["id"]))
+
+    def scoped(self, inner: TurnScope | None) -> TurnScope:
+        """The harness's per-turn scope (``inner``, if any) that, on leaving, stores what is still
+        held of the thread: a turn cancelled between its input and its step 0 leaves the database
+        as it did before inputs were held."""
+
+        @contextlib.asynccontextmanager
+        async def scope(thread_id: str) -> AsyncIterator[None]:
+            try:
+                if inner is None:
+                    yield
+                else:
+                    async with inner(thread_id):
+                        yield
+            finally:
+                try:
+                    await self.send_held(thread_id)
+                except Exception as exc:  # the turn's own outcome stands; the input is as if never put
+                    log.warning("thread %s: its input checkpoint could not be stored: %s", thread_id, exc)
+
+        return scope
+
+    def _kept_rows(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]]
+    ) -> tuple[tuple[str, Any] | None, list[tuple[int, str, Any]]]:
+        """The thread's kept history and the writes' values as the database will return them,
+        serialised now (see :meth:`aput_writes`)."""
+        found = self.kept.for_config(config)
+        if found is None:
+            return None, []
+        channels = found[1].channels
+        dumps, loads = self.serde.dumps_typed, self.serde.loads_typed
+        return found, [
+            (WRITES_IDX_MAP.get(ch, idx), ch, loads(dumps(value)) if ch in channels else None)
+            for idx, (ch, value) in enumerate(writes)
+        ]
 
     async def aput_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
         """The saver's own ``aput_writes`` (one statement batch in a pipeline, so all or none of a
         step's rows). What is kept is serialised and read back before the first wait, so it is the
-        value the database gets even if a node changes the object while the write is under way."""
+        value the database gets even if a node changes the object while the write is under way.
+        The writes of a held input checkpoint are held with it."""
         thread = str(config["configurable"]["thread_id"])
-        found = self.kept.for_config(config)
-        kept: list[tuple[int, str, Any]] = []
-        if found is not None:  # before the first wait (see above)
-            channels = found[1].channels
-            dumps, loads = self.serde.dumps_typed, self.serde.loads_typed
-            kept = [
-                (WRITES_IDX_MAP.get(ch, idx), ch, loads(dumps(value)) if ch in channels else None)
-                for idx, (ch, value) in enumerate(writes)
-            ]
+        held = self._held.get(thread) if self._held else None
+        if held is not None:
+            conf = config["configurable"]
+            mine = not conf.get("checkpoint_ns", "") and conf.get("checkpoint_id") == held.checkpoint["id"]
+            if mine and len(held.writes) < 8:
+                found, kept = self._kept_rows(config, writes)
+                rec = langgraph_compat.RecordingCursor()
+                with langgraph_compat.saver_statements_to(rec):
+                    await super().aput_writes(config, writes, task_id, task_path)
+                w = _HeldWrites(config, task_id, task_path, list(writes), found, kept, rec.statements)
+                held.writes.append(w)
+                return
+            await self.send_held(thread)
+        found, kept = self._kept_rows(config, writes)  # before the first wait (see above)
         activity = self._writes_of(thread)
         activity.count += 1
         try:
@@ -241,6 +401,18 @@ class KeptPostgresSaver(AsyncPostgresSaver):
             raise
         finally:
             activity.count += 1
+        self._kept_writes(thread, config, task_id, task_path, writes, found, kept)
+
+    def _kept_writes(
+        self,
+        thread: str,
+        config: RunnableConfig,
+        task_id: str,
+        task_path: str,
+        writes: Sequence[tuple[str, Any]],
+        found: tuple[str, Any] | None,
+        kept: list[tuple[int, str, Any]],
+    ) -> None:
         now = self.kept.for_config(config)
         if (now and now[1]) is not (found and found[1]):
             # A read kept the thread anew while this was under way: it may not have seen it.
@@ -250,6 +422,7 @@ class KeptPostgresSaver(AsyncPostgresSaver):
             self.kept.put_writes(config, task_id, task_path, kept, replace)
 
     async def adelete_thread(self, thread_id: str) -> None:
+        self._held.pop(str(thread_id), None)
         activity = self._writes_of(str(thread_id))
         activity.count += 1
         self.kept.drop(str(thread_id))

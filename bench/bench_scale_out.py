@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import os
 import signal
@@ -167,7 +168,8 @@ async def run_config(
             if args.spy:
                 out = Path(args.spy) / f"{name}-d{n}.raw"
                 out.parent.mkdir(parents=True, exist_ok=True)
-                d.prefix = [args.py_spy, "record", "--format", "raw", "-r", "200", "-o", str(out), "--"]
+                gil = ["--gil"] if args.spy_gil else []
+                d.prefix = [args.py_spy, "record", *gil, "--format", "raw", "-r", "200", "-o", str(out), "--"]
             daemons.append(d)
         await asyncio.gather(*(d.start(timeout=120) for d in daemons))
 
@@ -179,6 +181,11 @@ async def run_config(
         for i in range(3):  # warm-up: imports, connections, first threads
             await exchange(1, f"warm {i}")
         pids = [_daemon_pid(d) for d in daemons]
+        if args.idle:
+            i0, t_idle = sum(cpu_seconds(p) for p in pids), time.monotonic()
+            await asyncio.sleep(args.idle)
+            idle = (sum(cpu_seconds(p) for p in pids) - i0) / (time.monotonic() - t_idle)
+            print(f"  {name}: idle, all daemons together: {idle * 1000:.1f} ms CPU per second", flush=True)
         if url and args.statements:
             await _sql(url, "SELECT pg_stat_statements_reset()")
         c0 = sum(cpu_seconds(p) for p in pids)
@@ -189,12 +196,17 @@ async def run_config(
             for i in range(args.messages):
                 lat.append(await exchange(chat, f"m{i} c{chat}"))
 
+        calls0 = len(slack.calls)
         t0 = time.monotonic()
         await asyncio.gather(*(user(1000 + c) for c in range(args.chats)))
         wall = time.monotonic() - t0
         cpu = sum(cpu_seconds(p) for p in pids) - c0
         pg_cpu = _pg_cpu(pg) - pg0 if pg else 0.0  # before the daemons (and their backends) go
         stmts = await _statements(url) if url and args.statements else []
+        if args.platform == "slack":
+            methods = collections.Counter(c.method for c in slack.calls[calls0:])
+            per = ", ".join(f"{m} {k / len(lat):.2f}" for m, k in methods.most_common(6))
+            print(f"  {name}: Slack calls per message: {per}", flush=True)
         return name, wall, lat, cpu, len(lat), pg_cpu, stmts
     finally:
         await _stop_spied(daemons)
@@ -216,6 +228,15 @@ async def main() -> None:
     ap.add_argument("--statements", type=int, default=0, help="print the N most run statements")
     ap.add_argument("--spy", default="", help="py-spy profiles of every daemon into this directory")
     ap.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
+    ap.add_argument(
+        "--idle", type=float, default=0, help="also measure N seconds of idling, after the warm-up"
+    )
+    ap.add_argument(
+        "--spy-gil",
+        action="store_true",
+        help="sample only the thread holding the GIL (py-spy --gil): CPU spent in Python, not a wait"
+        " inside a C call that released the GIL, which plain sampling counts as busy",
+    )
     args = ap.parse_args()
     model = FakeOpenAI(record=False)
     await model.start()

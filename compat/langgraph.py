@@ -17,8 +17,11 @@ as ``SqliteSaver`` does) and ``SqliteSaver``'s own ``put_writes``; :func:`usable
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from compat.versions import usable as _usable
@@ -166,3 +169,65 @@ def inline_postgres_threads(module: Any) -> None:
     (de)serialisation goes to a worker thread (slower, same result)."""
     if _usable(POSTGRES_DISTRIBUTION):
         module.asyncio = _InlineThreads()
+
+
+# -- statements of the PostgreSQL saver, recorded or sent on a given cursor ----------------------
+_PG_CURSOR: ContextVar[Any] = ContextVar("chital_pg_saver_cursor", default=None)
+
+
+class RecordingCursor:
+    """Stands in for the PostgreSQL saver's cursor: each statement ``aput``/``aput_writes`` would
+    run is kept, its parameters already serialised (bytes, ``Jsonb`` of primitives), to be run
+    later with :func:`run_statements`. Why: agent/postgres_saver.py sends a turn's input
+    checkpoint, its input's writes and the first step's checkpoint in one round trip."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, Any, bool]] = []
+
+    async def execute(self, query: str, params: Any = None) -> None:
+        self.statements.append((query, params, False))
+
+    async def executemany(self, query: str, params_seq: Any) -> None:
+        self.statements.append((query, list(params_seq), True))
+
+
+@contextlib.contextmanager
+def saver_statements_to(cursor: Any) -> Iterator[None]:
+    """Within: the PostgreSQL saver's statements go to ``cursor`` (a :class:`RecordingCursor`, or a
+    cursor of a connection in a pipeline the caller opened), not to a connection of its pool."""
+    token = _PG_CURSOR.set(cursor)
+    try:
+        yield
+    finally:
+        _PG_CURSOR.reset(token)
+
+
+async def run_statements(cursor: Any, statements: Sequence[tuple[str, Any, bool]]) -> None:
+    """Run what a :class:`RecordingCursor` kept, in order, on ``cursor``."""
+    for query, params, many in statements:
+        if many:
+            await cursor.executemany(query, params)
+        else:
+            await cursor.execute(query, params)
+
+
+@functools.cache
+def postgres_saver_base() -> type[Any]:
+    """``AsyncPostgresSaver`` whose private ``_cursor`` (every statement of ``aput`` and
+    ``aput_writes`` runs on the cursor it yields, after taking the saver's lock and a pooled
+    connection) yields the cursor :func:`saver_statements_to` set, when one is set and the release
+    is a verified one; otherwise the library's own. Outside the verified releases nothing sets one
+    (agent/postgres_saver.py asks :func:`postgres_usable` first), so the library runs as it is."""
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    class StatementsSaver(AsyncPostgresSaver):
+        @contextlib.asynccontextmanager
+        async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[Any]:
+            given = _PG_CURSOR.get()
+            if given is None:
+                async with super()._cursor(pipeline=pipeline) as cur:
+                    yield cur
+            else:
+                yield given
+
+    return StatementsSaver

@@ -76,7 +76,8 @@ if [ "${CHITAL_SKIP_POSTGRES_PASS:-0}" != 1 ]; then
         slack_robustness wecom_robustness whatsapp_robustness e2e_wecom_cards wecom_cards
         e2e_wecom_attacks wecom_attacks rolling_upgrade schema_floor webchat_store lease_handoff postgres_pool
         fake_kubernetes sandbox_kubernetes sandbox_kubernetes_spec e2e_background_steering_channels discord_switch
-        checkpoint_history_postgres harness_postgres settled_threads approvals_store sandbox_kubernetes_attack)
+        checkpoint_history_postgres harness_postgres settled_threads approvals_store sandbox_kubernetes_attack
+        held_input)
   ignore=()
   for name in "${skip[@]}"; do ignore+=("--ignore=tests/test_$name.py"); done
   pg_log="$(mktemp "${TMPDIR:-/tmp}/chital-pg-pass.XXXXXX")"

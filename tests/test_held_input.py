@@ -1,0 +1,167 @@
+"""A turn's input checkpoint held until its first step, on PostgreSQL (agent/postgres_saver.py,
+"A turn's input in the same round trip as its first step"): one round trip where there were
+three, the three committing together, and what is held stored as before when the turn stops in
+between (a cancel) or something else of the thread comes first (a read)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from langgraph.checkpoint.base import empty_checkpoint
+
+from agent import postgres_saver
+from agent.events import Final, TurnFailed
+from agent.harness import Harness
+from tests.fakes.openai_server import FakeOpenAI
+from tests.harness_support import FAST, spec, turn, user_texts
+
+pytestmark = pytest.mark.usefixtures("pg_server")
+
+
+@pytest.fixture
+def daemon(fake: FakeOpenAI, tmp_path: Path, pg_url: str, harnesses: list[Harness]) -> Callable[..., Any]:
+    async def build() -> Harness:
+        harness = Harness(
+            FAST, spec(fake), tmp_path / f"unused-{len(harnesses)}.sqlite", checkpoint_url=pg_url
+        )
+        await harness.start()
+        harnesses.append(harness)
+        return harness
+
+    return build
+
+
+async def _sql(url: str, sql: str, *params: Any) -> list[Any]:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(sql, params or None)
+        return await cur.fetchall() if cur.description else []
+
+
+async def _stored(url: str, thread: str) -> tuple[int, int]:
+    """(checkpoints, writes) of ``thread`` in the database."""
+    [(checkpoints,)] = await _sql(url, "SELECT count(*) FROM checkpoints WHERE thread_id = %s", thread)
+    [(writes,)] = await _sql(url, "SELECT count(*) FROM checkpoint_writes WHERE thread_id = %s", thread)
+    return checkpoints, writes
+
+
+def _count_connections(saver: Any) -> list[int]:
+    """Count the connections the saver takes from its pool (one per round trip it makes)."""
+    taken = [0]
+    pool = saver.conn
+    take = pool.connection
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        taken[0] += 1
+        return take(*args, **kwargs)
+
+    pool.connection = counted
+    return taken
+
+
+async def test_a_new_turns_input_and_first_step_take_one_round_trip_not_three(
+    fake: FakeOpenAI, daemon: Callable[..., Any]
+) -> None:
+    a = await daemon()
+    saver: Any = a.require_graph().checkpointer
+    assert saver.holds_input
+    taken = _count_connections(saver)
+    for n in range(3):  # the thread's history kept, its last turn this process's
+        await turn(a, f"turn {n}", f"m{n}")
+    counts = []
+    for n, hold in ((3, True), (4, False), (5, True), (6, False)):
+        saver.holds_input = hold
+        taken[0] = 0
+        assert (await turn(a, f"turn {n}", f"m{n}"))[-1] == Final(f"echo: turn {n}")
+        counts.append(taken[0])
+    assert counts == [counts[0], counts[0] + 2] * 2, counts
+    assert user_texts(fake.requests[-1]) == [f"turn {n}" for n in range(7)]
+
+
+async def test_the_input_and_the_first_step_commit_together_or_not_at_all(
+    fake: FakeOpenAI, daemon: Callable[..., Any], pg_url: str
+) -> None:
+    """Step 0's checkpoint is refused by the database (a trigger): the turn fails before the model
+    is asked, and none of the three is stored, not the input either. Asked again, the message is
+    answered once, and the thread holds it once."""
+    a = await daemon()
+    await turn(a, "warm", "m0", thread="other")  # the tables exist
+    await _sql(
+        pg_url,
+        "CREATE FUNCTION refuse_step_0() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.thread_id = 't1' AND NEW.metadata->>'step' = '0' THEN"
+        " RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; END $$",
+    )
+    await _sql(
+        pg_url,
+        "CREATE TRIGGER refuse BEFORE INSERT ON checkpoints FOR EACH ROW EXECUTE FUNCTION refuse_step_0()",
+    )
+    asked = len(fake.requests)
+    failed = await turn(a, "one", "m1")
+    assert isinstance(failed[-1], TurnFailed) and "refused by the test" not in failed[-1].message
+    assert len(fake.requests) == asked  # step 0 comes before the model call
+    assert await _stored(pg_url, "t1") == (0, 0)
+    await _sql(pg_url, "DROP TRIGGER refuse ON checkpoints")
+    assert (await turn(a, "one", "m1"))[-1] == Final("echo: one")
+    assert user_texts(fake.requests[-1]) == ["one"] and len(fake.requests) == asked + 1
+    assert await a.message_count("t1") == 2
+
+
+async def test_a_turn_cancelled_between_its_input_and_first_step_stores_the_input_as_before(
+    fake: FakeOpenAI, daemon: Callable[..., Any], pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn is cancelled while its input is held (its input's writes never come): leaving the
+    turn stores the input checkpoint, as the library's own put would have before the cancel; the
+    next turn of the thread answers, and no model call was made for the cancelled one."""
+    a = await daemon()
+    await turn(a, "one", "m1")
+    saver: Any = a.require_graph().checkpointer
+    held, never = asyncio.Event(), asyncio.Event()
+    writes = postgres_saver.KeptPostgresSaver.aput_writes
+
+    async def stalled(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        if self._held:
+            held.set()
+            await never.wait()
+        await writes(self, config, *args, **kwargs)
+
+    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "aput_writes", stalled)
+    before = await _stored(pg_url, "t1")
+    asked = len(fake.requests)
+    task = asyncio.create_task(turn(a, "two", "m2"))
+    await asyncio.wait_for(held.wait(), 10)
+    assert await _stored(pg_url, "t1") == before  # held: nothing sent yet
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await _stored(pg_url, "t1") == (before[0] + 1, before[1])  # the input checkpoint alone
+    assert not saver._held
+    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "aput_writes", writes)
+    assert (await turn(a, "three", "m3"))[-1] == Final("echo: three")
+    assert len(fake.requests) == asked + 1
+    assert user_texts(fake.requests[-1]) == ["one", "three"]
+
+
+async def test_a_read_of_the_thread_sends_what_is_held_first(daemon: Callable[..., Any], pg_url: str) -> None:
+    """A held input is stored before any other statement of its thread: a read of the thread (or
+    a write of another checkpoint) finds it in the database."""
+    a = await daemon()
+    await turn(a, "one", "m1", thread="warm")
+    saver: Any = a.require_graph().checkpointer
+    config = {"configurable": {"thread_id": "t9", "checkpoint_ns": ""}}
+    checkpoint = empty_checkpoint()
+    await saver.aput(config, checkpoint, {"source": "input", "step": -1}, {})
+    assert await _stored(pg_url, "t9") == (0, 0)
+    found = await saver.aget_tuple(config)
+    assert found is not None and found.checkpoint["id"] == checkpoint["id"]
+    assert await _stored(pg_url, "t9") == (1, 0) and not saver._held
+    # Writes against another checkpoint than the held one: the held one goes first, alone.
+    other = empty_checkpoint()
+    await saver.aput(config, other, {"source": "input", "step": -1}, {})
+    stray = {"configurable": {"thread_id": "t9", "checkpoint_ns": "", "checkpoint_id": checkpoint["id"]}}
+    await saver.aput_writes(stray, [("messages", [])], "task-1")
+    assert await _stored(pg_url, "t9") == (2, 1) and not saver._held
