@@ -9,8 +9,11 @@ sweep (docs/scale-out.md, "What coordination costs"), on SQLite and PostgreSQL a
 
 from __future__ import annotations
 
+import time
+
 from channels.base import Inbound
-from gateway.store.entries import JournalKind, JournalState, conversation_of
+from channels.messages import ReplyTarget
+from gateway.store.entries import AtClaim, JournalKind, JournalState, conversation_of
 from gateway.store.journal import Store
 
 
@@ -70,3 +73,42 @@ async def test_a_lapsed_turn_is_handed_on_and_a_live_one_is_not(either_store: St
     nxt = await s.lease_claim_next(conversation_of(first), "B", 15)
     assert nxt is not None and nxt.key == second.key
     assert await s.lease_owner(second.key) == "B"
+
+
+async def test_a_turns_claim_says_which_reads_its_start_can_skip(either_store: Store) -> None:
+    """The claim that marks a turn running also says whether its conversation has a ``/model``
+    choice, an open question, and approvals of the turn or pending ones (each a read the turn's
+    start skips when the answer is no); another conversation's rows do not count."""
+    s = either_store
+    first, elsewhere = _msg("1"), _msg("1", chat="2")
+    conv, other = conversation_of(first), conversation_of(elsewhere)
+    await s.journal_add_leased(first, JournalKind.TURN, lease=("A", 15))
+    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, False)
+    assert await s.lease_claim_turn(first.key, "B", 15) is None  # A's live lease: not claimed
+
+    await s.choose_model(other, "big", "U9")
+    await s.choice_add("C0", "k0", other)
+    await _approval(s, "x0", "k0", other)
+    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, False)
+
+    await s.choose_model(conv, "big", "U9")
+    await s.choice_add("C1", "k1", conv)
+    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(True, True, False)
+    await s.choose_model(conv, None, "U9")
+    assert await s.choice_close("C1")
+    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, False)
+
+    await _approval(s, "p1", "k1", conv)  # an earlier turn's, pending: this turn cancels it
+    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, True)
+    assert await s.approval_decide("p1", "denied", "U9")
+    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, False)
+    await _approval(s, "m1", first.key, conv)  # this turn's own, decided: its resume reads it
+    assert await s.approval_decide("m1", "approved", "U9")
+    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, True)
+
+
+async def _approval(s: Store, id: str, key: str, conversation: str) -> None:
+    target = ReplyTarget(platform="slack", chat_id=conversation.rsplit(":", 1)[-1])
+    await s.approval_add(
+        id, id.upper(), key, conversation, target, "U9", "Ann", "shell", "ls", time.time() + 60
+    )

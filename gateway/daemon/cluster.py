@@ -90,11 +90,14 @@ class Leases:
 
     async def claim(self, entry: JournalEntry, working: set[str], start: bool = False) -> bool:
         """Take the lease of ``entry``; ``working``: the keys this daemon works on now. ``start``:
-        a turn about to run, marked running by the same statement (``entry.started``)."""
+        a turn about to run, marked running by the same statement (``entry.started``), which also
+        says what the turn's start need not read (``entry.at_claim``)."""
         await self.give_back(self.store, working)  # a fenced earlier turn must not read as ours and live
-        won = await self.store.lease_claim(entry.key, self.node, self.ttl, start=start)
-        entry.started = won and start
-        return won
+        if not start:
+            return await self.store.lease_claim(entry.key, self.node, self.ttl)
+        entry.at_claim = await self.store.lease_claim_turn(entry.key, self.node, self.ttl)
+        entry.started = entry.at_claim is not None
+        return entry.started
 
     async def claim_next(self, conversation: str) -> JournalEntry | None:
         """The next turn of ``conversation`` that waits for no one, taken by this daemon (it has just

@@ -53,11 +53,12 @@ class InUse:
     """True when ``/model`` picked :attr:`model`."""
 
 
-async def in_use(config: Config, store: Store, inbound: Inbound) -> InUse:
+async def in_use(config: Config, store: Store, inbound: Inbound, chosen_any: bool = True) -> InUse:
+    """``chosen_any``: False when the caller knows no ``/model`` choice is recorded (no read)."""
     found = profile_for(config, inbound.platform, inbound.chat_id)
     name, profile = found if found else (None, Profile())
     default = profile.model or config.agent.model
-    chosen = await store.chosen_model(inbound.conversation)
+    chosen = await store.chosen_model(inbound.conversation) if chosen_any else None
     names = [m.name for m in config.models]
     if chosen is not None and chosen not in names:
         log.warning(
@@ -140,9 +141,12 @@ def skill_for(config: Config, text: str) -> str | None:
 
 
 # -- the turn ------------------------------------------------------------------------------------
-async def conversation_options(gateway: IntakeHost, entry: JournalEntry, options: TurnOptions) -> TurnOptions:
-    """``options`` with the conversation's model and persona and the skill the message asks for."""
-    now = await in_use(gateway.config, gateway.store, entry.inbound)
+async def conversation_options(
+    gateway: IntakeHost, entry: JournalEntry, options: TurnOptions, chosen_any: bool = True
+) -> TurnOptions:
+    """``options`` with the conversation's model and persona and the skill the message asks for
+    (``chosen_any``: as :func:`in_use`'s)."""
+    now = await in_use(gateway.config, gateway.store, entry.inbound, chosen_any)
     model = now.model if now.model != gateway.config.agent.model else None
     skill = skill_for(gateway.config, entry.inbound.text)
     if model is None and now.persona is None and skill is None:

@@ -54,6 +54,21 @@ def conversation_of(inbound: Inbound) -> str:
     return f"{inbound.conversation}:bg:{task}" if task is not None else inbound.conversation
 
 
+@dataclass(frozen=True, slots=True)
+class AtClaim:
+    """What a turn's claim saw of its conversation, in the claim's own statement (several daemons,
+    gateway/store/leases.py): the turn's start skips each read this says would find nothing. A
+    message costs a round trip per statement on PostgreSQL (docs/scale-out.md, "What coordination
+    costs"); these were three of them."""
+
+    model_chosen: bool
+    """``/model`` chose a model for the conversation (gateway/store/usage.py ``chosen_model``)."""
+    choice_open: bool
+    """A question with options is open in it (gateway/turns/choices.py ``close``)."""
+    approvals: bool
+    """Approvals of this turn, or pending ones in the conversation (``approvals_at_turn``)."""
+
+
 @dataclass(slots=True)
 class JournalEntry:
     key: str
@@ -69,6 +84,8 @@ class JournalEntry:
     started: bool = False
     """Its claim also marked it running (several daemons: one statement for both); the runner
     then does not mark it again."""
+    at_claim: AtClaim | None = None
+    """What that claim saw of the conversation; taken (and cleared) by the runner as it starts."""
 
     @classmethod
     def new(cls, inbound: Inbound, kind: JournalKind, note: str = "") -> JournalEntry:

@@ -33,7 +33,7 @@ from gateway.delivery.plan import PlanMessage
 from gateway.delivery.reply import Reply
 from gateway.intake.access import Verdict, decide, is_admin
 from gateway.store.approvals import APPROVED, CANCELLED, DENIED, PENDING, TIMED_OUT, ApprovalRow
-from gateway.store.entries import JournalEntry, JournalKind, JournalState
+from gateway.store.entries import AtClaim, JournalEntry, JournalKind, JournalState
 from gateway.turns import grants, skill_drafts
 from gateway.turns.approval_text import request_text
 from gateway.turns.approval_timers import ApprovalTimers
@@ -116,14 +116,19 @@ class Approvals:
         entry: JournalEntry,
         thread_id: str,
         reply: Reply,
+        at_claim: AtClaim | None,
         fresh: Callable[[], AsyncIterator[AgentEvent]],
     ) -> AsyncIterator[AgentEvent]:
         """The agent's events for ``entry``: the continuation with the decisions taken since it
         paused, or ``fresh()`` (a new run) when there are none. Each ApprovalRequested is
         recorded and posted here (once per request, however often a replay asks again) and
-        passed on, so the turn knows it paused."""
+        passed on, so the turn knows it paused. ``at_claim``: what its claim saw (no approvals:
+        nothing to read)."""
         platform = entry.inbound.platform
-        mine, waiting = await self.store.approvals_at_turn(entry.key, entry.conversation, platform)
+        mine: list[ApprovalRow] = []
+        waiting: list[ApprovalRow] = []
+        if at_claim is None or at_claim.approvals:
+            mine, waiting = await self.store.approvals_at_turn(entry.key, entry.conversation, platform)
         settled = [r for r in mine if r.state != PENDING]
         todo = [r for r in settled if not r.resumed]
         if not todo and not settled:

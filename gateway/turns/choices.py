@@ -27,7 +27,7 @@ from channels.base import Action, ActionAnswer, Button, Inbound, PermanentSendEr
 from channels.messages import FORWARDED, REPLIED, REPLIED_FILE
 from gateway.config.secrets import redactor_for
 from gateway.intake.access import STARTED_BY_BOT, Verdict, decide, is_admin
-from gateway.store.entries import JournalEntry
+from gateway.store.entries import AtClaim, JournalEntry
 from gateway.turns import usage
 
 if TYPE_CHECKING:
@@ -196,10 +196,13 @@ class Choices:
         log.info("choices %s: option %d chosen by %s", row.code, n + 1, action.user)
         return ActionAnswer(f"✔ {toast(option, self.redact)}")  # inert like the label, and no Markdown
 
-    async def close(self, entry: JournalEntry) -> None:
+    async def close(self, entry: JournalEntry, at_claim: AtClaim | None = None) -> None:
         """At the start of a turn in a conversation with open buttons: close them, showing the
         choice (this turn is the press) or that the question was answered in the chat. Run by
-        every turn, so a restart between the press and the close still closes them."""
+        every turn, so a restart between the press and the close still closes them. ``at_claim``:
+        what the turn's claim saw (no open question: nothing to read)."""
+        if at_claim is not None and not at_claim.choice_open:
+            return
         row = await self.store.choice_latest(entry.conversation)
         if row is None or not row.message_id or row.key == entry.key:
             return

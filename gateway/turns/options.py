@@ -20,14 +20,18 @@ from gateway.intake.thread_context import thread_context
 if TYPE_CHECKING:
     from gateway.intake.attachments import Uploads
     from gateway.intake.host import IntakeHost
-    from gateway.store.entries import JournalEntry
+    from gateway.store.entries import AtClaim, JournalEntry
 
 
 async def turn_options(
-    gateway: IntakeHost, entry: JournalEntry, thread_id: str, uploads: Uploads
+    gateway: IntakeHost,
+    entry: JournalEntry,
+    thread_id: str,
+    uploads: Uploads,
+    at_claim: AtClaim | None = None,
 ) -> TurnOptions:
     """The extras for the turn answering ``entry``; ``uploads`` are its files, already saved where
-    the agent sees them (gateway/intake/attachments.py)."""
+    the agent sees them (gateway/intake/attachments.py); ``at_claim``: what its claim saw."""
     context = await thread_context(gateway, entry)  # the thread it was written in (bounded)
     options = TurnOptions(context=context) if context else PLAIN
     # A firing of a schedule made after reading untrusted content carries those sources on
@@ -35,7 +39,8 @@ async def turn_options(
     # turn does that lasts is marked (agent/provenance.py).
     sources = inbound_sources(entry.inbound) + forwarded_sources(entry.inbound)
     options = replace(options, provenance=sources) if sources else options
-    options = await conversation_options(gateway, entry, options)  # model, persona, /<skill> (profiles.py)
+    # Model, persona, /<skill> (profiles.py); no /model choice to read when the claim saw none.
+    options = await conversation_options(gateway, entry, options, at_claim is None or at_claim.model_chosen)
     # Images the user sent, when the turn's model takes them (models[].vision; gateway/intake/media.py).
     images = await shown_images(gateway, uploads, options.model)
     return replace(options, images=images) if images else options

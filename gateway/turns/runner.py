@@ -34,7 +34,7 @@ from gateway.delivery.plan import PlanMessage
 from gateway.intake.attachments import Uploads, deliver_files, fetch_attachments
 from gateway.ops import tracing
 from gateway.store.disk import StorageFull
-from gateway.store.entries import BACKGROUND_MARK, JournalEntry, JournalState
+from gateway.store.entries import BACKGROUND_MARK, AtClaim, JournalEntry, JournalState
 from gateway.turns import push_copy, quiet
 from gateway.turns.approvals import STOPPED_WHY, WAITING_NOTE
 from gateway.turns.options import turn_options
@@ -144,7 +144,7 @@ class TurnRunner:
                 await reply.load()
             if not entry.started:  # else its claim did (several daemons)
                 await self.store.journal_set(entry.key, JournalState.RUNNING)
-            entry.started = False
+            entry.started, at_claim, entry.at_claim = False, entry.at_claim, None
             entry.attempts += 1
             if entry.attempts > MAX_ATTEMPTS:
                 await self._give_up(entry, reply)
@@ -163,11 +163,12 @@ class TurnRunner:
                 typing = asyncio.create_task(self._keep_typing(reply))
             thread_id = await self.store.thread_for(entry.conversation)  # a background task's own
             if self.choices is not None:  # open buttons of this conversation are answered now
-                await self.choices.close(entry)
+                await self.choices.close(entry, at_claim)
             plan = self._plan(reply, thread_id)
             uploads = await fetch_attachments(self.host, reply.channel, entry, thread_id)
             async with self._slot(entry):
-                final, outcome, left = await self._agent_turn(entry, thread_id, uploads, reply, plan)
+                turn = self._agent_turn(entry, thread_id, uploads, reply, plan, at_claim)
+                final, outcome, left = await turn
             if typing is not None:
                 typing.cancel()
             if not await self._keep(entry):  # lost to another daemon meanwhile: it answers
@@ -337,7 +338,13 @@ class TurnRunner:
         log.error("could not mark %s done; it may run again after a restart", key)
 
     async def _agent_turn(
-        self, entry: JournalEntry, thread_id: str, uploads: Uploads, reply: Reply, plan: PlanMessage
+        self,
+        entry: JournalEntry,
+        thread_id: str,
+        uploads: Uploads,
+        reply: Reply,
+        plan: PlanMessage,
+        at_claim: AtClaim | None = None,
     ) -> tuple[str, TurnOutcome, Leftovers]:
         inbound = entry.inbound
         text, final, outcome = "", "", TurnOutcome.OK
@@ -349,7 +356,8 @@ class TurnRunner:
         background = BACKGROUND_MARK in inbound.extra  # a background task has its own time limit
         limit = self.config.tasks.timeout if background else self.config.concurrency.turn_timeout
         try:
-            options = masked_context(await turn_options(self.host, entry, thread_id, uploads), self.redact)
+            options = await turn_options(self.host, entry, thread_id, uploads, at_claim)
+            options = masked_context(options, self.redact)
             if self.busy is not None:
                 options = self.busy.with_inbox(entry, options)
             async with asyncio.timeout(limit):
@@ -357,6 +365,7 @@ class TurnRunner:
                     entry,
                     thread_id,
                     reply,
+                    at_claim,
                     lambda: self.harness.run(
                         thread_id,
                         user_id=inbound.user,
