@@ -64,12 +64,6 @@ LeaderHook = Callable[[], Awaitable[None]]
 FENCE_AFTER = 3 / 4
 """Renewals failing for this share of the lease: stop working on its entries (another daemon may
 take them once the lease lapses, at 1)."""
-KEEP_FRESH = 1 / 2
-"""A lease confirmed ours in the database (a claim, a renewal, a check) less than this share of
-the lease ago is still ours: :meth:`Leases.keep` then needs no statement. No other daemon takes a
-lease before it lapses, and the daemons' clocks agree within a quarter of it (fencing assumes as
-much, docs/scale-out.md "Limits, plainly")."""
-_CONFIRMED_MAX = 4096
 LOCK_KEEPALIVE = "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3"
 """The server drops the lock connection's session (and the lock) ~11 s after its leader's host
 went silent, not the operating system's default two hours."""
@@ -87,8 +81,6 @@ class Leases:
         self.node = node or uuid.uuid4().hex[:12]
         self.fenced: set[str] = set()
         """Keys whose work this daemon stopped, to give back at the next renewal that goes through."""
-        self._confirmed: dict[str, float] = {}
-        """Per key: when (monotonic, before the statement) the database last said its lease is ours."""
 
     def intake_lease(self, busy: bool) -> tuple[str, float] | None:
         """The lease a message journaled here starts with: this daemon's while it has room for
@@ -101,35 +93,11 @@ class Leases:
         a turn about to run, marked running by the same statement (``entry.started``), which also
         says what the turn's start need not read (``entry.at_claim``)."""
         await self.give_back(self.store, working)  # a fenced earlier turn must not read as ours and live
-        sent = time.monotonic()
-        if start:
-            entry.at_claim = await self.store.lease_claim_turn(entry.key, self.node, self.ttl)
-            won = entry.started = entry.at_claim is not None
-        else:
-            won = await self.store.lease_claim(entry.key, self.node, self.ttl)
-        if won:
-            self._confirm(entry.key, sent)
-        return won
-
-    def _confirm(self, key: str, at: float) -> None:
-        self._confirmed[key] = at
-        if len(self._confirmed) > _CONFIRMED_MAX:
-            self._confirmed.pop(next(iter(self._confirmed)))
-
-    def renewed(self, keys: set[str], at: float) -> None:
-        """A renewal sent at ``at`` found ``keys`` (of those worked on here) still ours; what it did
-        not find is forgotten, unless confirmed since it was sent (a claim meanwhile)."""
-        self._confirmed = {
-            k: at if k in keys else t for k, t in self._confirmed.items() if k in keys or t > at
-        }
-
-    def forget(self, *keys: str) -> None:
-        """Given back: a check before sending asks the database again."""
-        for key in keys:
-            self._confirmed.pop(key, None)
-
-    def forget_all(self) -> None:
-        self._confirmed.clear()
+        if not start:
+            return await self.store.lease_claim(entry.key, self.node, self.ttl)
+        entry.at_claim = await self.store.lease_claim_turn(entry.key, self.node, self.ttl)
+        entry.started = entry.at_claim is not None
+        return entry.started
 
     async def claim_next(self, conversation: str) -> JournalEntry | None:
         """The next turn of ``conversation`` that waits for no one, taken by this daemon (it has just
@@ -140,7 +108,6 @@ class Leases:
         """Release the leases of fenced entries this daemon has not taken up again."""
         for key in list(self.fenced):
             if key not in working:
-                self.forget(key)
                 await store.lease_release(key, self.node)
             self.fenced.discard(key)
 
@@ -149,24 +116,14 @@ class Leases:
         return await self.store.lease_owner(entry.key) == self.node
 
     async def release(self, entry: JournalEntry) -> None:
-        self.forget(entry.key)
         await self.store.lease_release(entry.key, self.node)
 
     async def keep(self, entry: JournalEntry) -> bool:
         """Just before an answer goes out: this daemon still holds the lease of ``entry`` (taken
         again if it lapsed and nobody else took it). False: another daemon has it, or the database
-        cannot say; the entry is then fenced, and its caller gives the work up and sends nothing.
-        A lease the database confirmed ours within :data:`KEEP_FRESH` of the lease is ours without
-        asking (a statement per answer, on every message)."""
-        now = time.monotonic()
-        if (
-            entry.key not in self.fenced
-            and now - self._confirmed.get(entry.key, -self.ttl) < self.ttl * KEEP_FRESH
-        ):
-            return True
+        cannot say; the entry is then fenced, and its caller gives the work up and sends nothing."""
         try:
             if await self.store.lease_keep(entry.key, self.node, self.ttl):
-                self._confirm(entry.key, now)
                 return True
         except Exception as exc:
             log.warning("cluster: could not check the lease of %s: %s", entry.key, exc)
@@ -282,7 +239,6 @@ class Cluster:
         beat, self._beat = self._beat, None
         if beat is not None:
             await asyncio.wait({_forget(asyncio.ensure_future(beat.close()))}, timeout=1.0)
-        self.leases.forget_all()
         with contextlib.suppress(Exception):
             released = await self.store.lease_release_all(self.node)
             if released:
@@ -321,7 +277,6 @@ class Cluster:
         await self.leases.give_back(beat, working)
         renewed = await beat.lease_renew(self.node, self.ttl)
         self._renewed = sent
-        self.leases.renewed(renewed & working, sent)
         # Held but not worked on: given back, for the sweeps. A parked reply, or a queued turn, for
         # a channel that is down here: a daemon that can reach the platform delivers it (and the
         # next turns of that chat, which wait for it) instead of this one waiting out the retry
@@ -334,7 +289,6 @@ class Cluster:
                 continue
             down = not gw.connected(key.split(":", 1)[0])
             if down or not (gw.handles(key) or gw.parking.is_parked(key)):
-                self.leases.forget(key)
                 await beat.lease_release(key, self.node)
         lost = [k for k in working & gw.claimed() if k not in renewed]
         # Not renewed: finished meanwhile (its lease still reads as ours), or taken over.
@@ -371,7 +325,6 @@ class Cluster:
             except Exception as exc:
                 log.warning("cluster: while stopping intake: %s", exc)
         await self._step_down()
-        self.leases.forget_all()
         try:
             released = await self.store.lease_release_all(self.node)
         except Exception as exc:  # they lapse within the lease instead
