@@ -36,8 +36,11 @@ and its writes are held in memory, their statements already serialised
 (``compat/langgraph.py`` ``RecordingCursor``), and sent with step 0's checkpoint in one pipeline:
 one round trip, and the three commit together. A crash before it loses the input, as a crash
 before the first put did: the message is still journaled and the turn starts again. What is held
-is sent before any other statement of the thread (a read, other writes) and when the turn ends
-without its step 0 (:meth:`KeptPostgresSaver.scoped`, a cancel in between); outside the verified
+is sent by the turn itself: before another write of the thread (a subgraph's, writes against
+another checkpoint) and when the turn ends without its step 0 (:meth:`KeptPostgresSaver.scoped`,
+a cancel in between); a send that fails keeps it held (a step stored without the input before it
+would cut the thread's history there). A reader of the thread meanwhile (``/status``) sees it as
+before the turn began, which is what the input checkpoint's values said too. Outside the verified
 releases of langgraph-checkpoint-postgres nothing is held.
 """
 
@@ -182,8 +185,6 @@ class KeptPostgresSaver(_Saver):
         return found
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        if self._held:
-            await self.send_held(config["configurable"]["thread_id"])
         found = self._take_peek(config)
         if found is None:
             found = await super().aget_tuple(config)
@@ -199,8 +200,6 @@ class KeptPostgresSaver(_Saver):
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
         conf = config["configurable"]
-        if self._held:
-            await self.send_held(conf["thread_id"])
         target = get_checkpoint_id(config)
         wanted = tuple(channels)
         if conf.get("checkpoint_ns", "") or not target or not wanted or self.history_cache <= 0:
@@ -316,7 +315,10 @@ class KeptPostgresSaver(_Saver):
 
     async def send_held(self, thread_id: str) -> None:
         """Store what is held of the thread (its input checkpoint and writes) now, alone: before
-        another statement of the thread, or when its turn ended without a step 0."""
+        another write of the thread than its step 0, or when its turn ended without one. Only the
+        turn's own calls send it (a reader of the thread meanwhile sees it as before the turn,
+        the input's message being in its pending writes, not in its values); one that fails keeps
+        it held, so what follows in the chain never lands without it."""
         thread = str(thread_id)
         held = self._held.pop(thread, None) if self._held else None
         if held is None:
@@ -328,6 +330,7 @@ class KeptPostgresSaver(_Saver):
             await self._send(held)
         except BaseException:
             self.kept.drop(thread)
+            self._held.setdefault(thread, held)  # not lost: its turn's next put sends it again
             raise
         finally:
             activity.count += 1

@@ -146,22 +146,69 @@ async def test_a_turn_cancelled_between_its_input_and_first_step_stores_the_inpu
     assert user_texts(fake.requests[-1]) == ["one", "three"]
 
 
-async def test_a_read_of_the_thread_sends_what_is_held_first(daemon: Callable[..., Any], pg_url: str) -> None:
-    """A held input is stored before any other statement of its thread: a read of the thread (or
-    a write of another checkpoint) finds it in the database."""
+async def test_a_reader_of_the_thread_meanwhile_sees_it_as_before_and_takes_nothing(
+    fake: FakeOpenAI, daemon: Callable[..., Any], pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/status`` reads the thread while a turn's input is held: it sees the thread as before the
+    turn (the input's message was only in its pending writes anyway) and sends nothing; the turn
+    then stores its input with step 0, and the history stays whole (a hostile review: a reader
+    that sent it, and failed, once cut the thread's history at that turn)."""
+    a = await daemon()
+    await turn(a, "one", "m1")
+    saver: Any = a.require_graph().checkpointer
+    held, go = asyncio.Event(), asyncio.Event()
+    writes = postgres_saver.KeptPostgresSaver.aput_writes
+
+    async def stalled(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        if self._held:
+            held.set()
+            await go.wait()
+        await writes(self, config, *args, **kwargs)
+
+    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "aput_writes", stalled)
+    before = await _stored(pg_url, "t1")
+    task = asyncio.create_task(turn(a, "two", "m2"))
+    await asyncio.wait_for(held.wait(), 10)
+    assert await a.message_count("t1") == 2
+    assert await _stored(pg_url, "t1") == before and "t1" in saver._held
+    go.set()
+    assert (await task)[-1] == Final("echo: two")
+    assert (await turn(a, "three", "m3"))[-1] == Final("echo: three")
+    assert user_texts(fake.requests[-1]) == ["one", "two", "three"]
+
+
+async def test_a_send_that_fails_keeps_the_input_held_for_its_turn(
+    daemon: Callable[..., Any], pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes against another checkpoint send the held input first, alone; when that send fails,
+    the input stays held, and the turn's next put sends it: a step never lands without the input
+    checkpoint it follows."""
     a = await daemon()
     await turn(a, "one", "m1", thread="warm")
     saver: Any = a.require_graph().checkpointer
     config = {"configurable": {"thread_id": "t9", "checkpoint_ns": ""}}
     checkpoint = empty_checkpoint()
     await saver.aput(config, checkpoint, {"source": "input", "step": -1}, {})
-    assert await _stored(pg_url, "t9") == (0, 0)
     found = await saver.aget_tuple(config)
-    assert found is not None and found.checkpoint["id"] == checkpoint["id"]
-    assert await _stored(pg_url, "t9") == (1, 0) and not saver._held
-    # Writes against another checkpoint than the held one: the held one goes first, alone.
-    other = empty_checkpoint()
-    await saver.aput(config, other, {"source": "input", "step": -1}, {})
-    stray = {"configurable": {"thread_id": "t9", "checkpoint_ns": "", "checkpoint_id": checkpoint["id"]}}
-    await saver.aput_writes(stray, [("messages", [])], "task-1")
-    assert await _stored(pg_url, "t9") == (2, 1) and not saver._held
+    assert found is None and await _stored(pg_url, "t9") == (0, 0)  # a reader sends nothing
+    send = postgres_saver.KeptPostgresSaver._send
+    failing = [1]
+
+    async def fails_once(self: Any, *args: Any) -> None:
+        if failing:
+            failing.pop()
+            raise psycopg.OperationalError("the connection dropped (the test)")
+        await send(self, *args)
+
+    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "_send", fails_once)
+    stray = {"configurable": {"thread_id": "t9", "checkpoint_ns": "", "checkpoint_id": "other"}}
+    with pytest.raises(psycopg.OperationalError):
+        await saver.aput_writes(stray, [("messages", [])], "task-1")
+    assert "t9" in saver._held and await _stored(pg_url, "t9") == (0, 0)
+    step0 = empty_checkpoint()
+    after = {"configurable": {"thread_id": "t9", "checkpoint_ns": "", "checkpoint_id": checkpoint["id"]}}
+    await saver.aput(after, step0, {"source": "loop", "step": 0}, {})
+    assert not saver._held and await _stored(pg_url, "t9") == (2, 0)
+    found = await saver.aget_tuple(config)
+    assert found is not None and found.checkpoint["id"] == step0["id"]
+    assert found.parent_config["configurable"]["checkpoint_id"] == checkpoint["id"]

@@ -9,11 +9,15 @@ sweep (docs/scale-out.md, "What coordination costs"), on SQLite and PostgreSQL a
 
 from __future__ import annotations
 
+import dataclasses
 import time
+
+import pytest
 
 from channels.base import Inbound
 from channels.messages import ReplyTarget
-from gateway.store.entries import AtClaim, JournalKind, JournalState, conversation_of
+from gateway.store import entries
+from gateway.store.entries import BACKGROUND_MARK, AtClaim, JournalKind, JournalState, conversation_of
 from gateway.store.journal import Store
 
 
@@ -83,28 +87,44 @@ async def test_a_turns_claim_says_which_reads_its_start_can_skip(either_store: S
     first, elsewhere = _msg("1"), _msg("1", chat="2")
     conv, other = conversation_of(first), conversation_of(elsewhere)
     await s.journal_add_leased(first, JournalKind.TURN, lease=("A", 15))
-    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, False)
-    assert await s.lease_claim_turn(first.key, "B", 15) is None  # A's live lease: not claimed
+    assert await s.lease_claim_turn(first.key, "A", 15, conv) == AtClaim(False, False, False)
+    assert await s.lease_claim_turn(first.key, "B", 15, conv) is None  # A's live lease: not claimed
 
     await s.choose_model(other, "big", "U9")
     await s.choice_add("C0", "k0", other)
     await _approval(s, "x0", "k0", other)
-    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, False)
+    assert await s.lease_claim_turn(first.key, "A", 15, conv) == AtClaim(False, False, False)
 
     await s.choose_model(conv, "big", "U9")
     await s.choice_add("C1", "k1", conv)
-    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(True, True, False)
+    assert await s.lease_claim_turn(first.key, "A", 15, conv) == AtClaim(True, True, False)
     await s.choose_model(conv, None, "U9")
     assert await s.choice_close("C1")
-    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, False)
+    assert await s.lease_claim_turn(first.key, "A", 15, conv) == AtClaim(False, False, False)
 
     await _approval(s, "p1", "k1", conv)  # an earlier turn's, pending: this turn cancels it
-    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, True)
+    assert await s.lease_claim_turn(first.key, "A", 15, conv) == AtClaim(False, False, True)
     assert await s.approval_decide("p1", "denied", "U9")
-    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, False)
+    assert await s.lease_claim_turn(first.key, "A", 15, conv) == AtClaim(False, False, False)
     await _approval(s, "m1", first.key, conv)  # this turn's own, decided: its resume reads it
     assert await s.approval_decide("m1", "approved", "U9")
-    assert await s.lease_claim_turn(first.key, "A", 15) == AtClaim(False, False, True)
+    assert await s.lease_claim_turn(first.key, "A", 15, conv) == AtClaim(False, False, True)
+
+    # A background task's turn is a conversation of its own, but takes its chat's /model choice.
+    task = dataclasses.replace(_msg("7"), extra={BACKGROUND_MARK: "3"})
+    await s.journal_add_leased(task, JournalKind.TURN, lease=("A", 15))
+    assert conversation_of(task) == f"{conv}:bg:3"
+    await s.choose_model(conv, "big", "U9")
+    assert await s.lease_claim_turn(task.key, "A", 15, task.conversation) == AtClaim(True, False, False)
+
+
+def test_a_claims_no_model_choice_stands_for_a_moment_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``/model`` may come at any time: a turn that starts long after its claim (a background task
+    waiting for a slot) reads the choice again."""
+    seen = AtClaim(False, False, False)
+    assert seen.no_model_choice() and not AtClaim(True, False, False).no_model_choice()
+    monkeypatch.setattr(entries.time, "monotonic", lambda: seen.at + entries.MODEL_HINT_SECONDS + 0.1)
+    assert not seen.no_model_choice()
 
 
 async def _approval(s: Store, id: str, key: str, conversation: str) -> None:

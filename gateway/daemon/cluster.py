@@ -95,7 +95,9 @@ class Leases:
         await self.give_back(self.store, working)  # a fenced earlier turn must not read as ours and live
         if not start:
             return await self.store.lease_claim(entry.key, self.node, self.ttl)
-        entry.at_claim = await self.store.lease_claim_turn(entry.key, self.node, self.ttl)
+        entry.at_claim = await self.store.lease_claim_turn(
+            entry.key, self.node, self.ttl, entry.inbound.conversation
+        )
         entry.started = entry.at_claim is not None
         return entry.started
 

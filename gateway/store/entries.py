@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from channels.base import Attachment, Inbound
@@ -54,6 +55,10 @@ def conversation_of(inbound: Inbound) -> str:
     return f"{inbound.conversation}:bg:{task}" if task is not None else inbound.conversation
 
 
+MODEL_HINT_SECONDS = 1.0
+"""How long a claim's "no ``/model`` choice" stands for the turn it claimed."""
+
+
 @dataclass(frozen=True, slots=True)
 class AtClaim:
     """What a turn's claim saw of its conversation, in the claim's own statement (several daemons,
@@ -62,11 +67,19 @@ class AtClaim:
     costs"); these were three of them."""
 
     model_chosen: bool
-    """``/model`` chose a model for the conversation (gateway/store/usage.py ``chosen_model``)."""
+    """``/model`` chose a model for the chat (gateway/store/usage.py ``chosen_model``)."""
     choice_open: bool
     """A question with options is open in it (gateway/turns/choices.py ``close``)."""
     approvals: bool
     """Approvals of this turn, or pending ones in the conversation (``approvals_at_turn``)."""
+    at: float = field(default_factory=time.monotonic, compare=False)
+
+    def no_model_choice(self) -> bool:
+        """No ``/model`` choice to read: none at the claim, made moments ago. A ``/model`` may come
+        at any time (a command is no turn, it waits for none), and a turn can start long after
+        its claim (a background task waits for a slot, attachments are fetched first): then the
+        choice is read, as it was before the claim said anything."""
+        return not self.model_chosen and time.monotonic() - self.at < MODEL_HINT_SECONDS
 
 
 @dataclass(slots=True)

@@ -52,17 +52,17 @@ while it waited, so a later turn could start elsewhere) must not run beside it o
 thread; on one daemon it queues behind it."""
 
 _AT_CLAIM = (
-    " RETURNING EXISTS (SELECT 1 FROM conversation_models AS m WHERE m.conversation = journal.conversation),"
+    " RETURNING EXISTS (SELECT 1 FROM conversation_models AS m WHERE m.conversation = ?),"
     " EXISTS (SELECT 1 FROM choices AS c WHERE c.conversation = journal.conversation AND c.closed = 0),"
     " EXISTS (SELECT 1 FROM approvals AS a WHERE a.key = journal.key"
     " OR (a.state = 'pending' AND a.conversation = journal.conversation))"
 )
 """What a turn's claim returns (:class:`AtClaim`): whether its conversation has a model chosen,
 an open question with options, and approvals of this turn or pending ones. The tables belong to
-gateway/store/usage.py, choices.py and approvals.py. A "no" lets the turn's start skip that read,
-milliseconds later; meanwhile questions and approvals of the conversation cannot appear (its turns
-make them, and they wait for this one), and a ``/model`` sent to another daemon in between counts
-as sent just after the turn began, as it would have a moment later anyway."""
+gateway/store/usage.py, choices.py and approvals.py. A "no" lets the turn's start skip that read.
+Questions and approvals of the conversation cannot appear in between (its turns make them, and
+they wait for this one); a ``/model`` can, at any time, so that "no" holds only for a moment
+(:meth:`AtClaim.no_model_choice`)."""
 
 
 class LeaseTables:
@@ -78,25 +78,25 @@ class LeaseTables:
         live daemon holds it, it is no longer open, or (a turn) an earlier turn of its
         conversation is not this node's, or another daemon runs one of its turns now. ``start``:
         also mark it running, as ``journal_set(key, RUNNING)`` does (one round trip for both)."""
-        if start:
-            return await self.lease_claim_turn(key, node, ttl) is not None
         now = time.time()
+        run = ", state = 'running', updated = ?, attempts = attempts + 1" if start else ""
         count = await self._write(
-            f"UPDATE journal SET lease_owner = ?, lease_until = ? WHERE key = ? AND {_OPEN}"
+            f"UPDATE journal SET lease_owner = ?, lease_until = ?{run} WHERE key = ? AND {_OPEN}"
             " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)" + _TURN_IN_ORDER,
-            (node, now + ttl, key, node, now, node, now, now),
+            (node, now + ttl, *((now,) if start else ()), key, node, now, node, now, now),
         )
         return count == 1
 
-    async def lease_claim_turn(self, key: str, node: str, ttl: float) -> AtClaim | None:
+    async def lease_claim_turn(self, key: str, node: str, ttl: float, chat: str) -> AtClaim | None:
         """:meth:`lease_claim` with ``start``, returning in the same statement what the turn's
-        start would read next (:class:`AtClaim`); None when not claimed."""
+        start would read next (:class:`AtClaim`; ``chat``: the conversation whose ``/model``
+        choice the turn takes, the chat's own for a background task); None when not claimed."""
         now = time.time()
         async with self._db.execute(
             "UPDATE journal SET lease_owner = ?, lease_until = ?, state = 'running', updated = ?,"
             f" attempts = attempts + 1 WHERE key = ? AND {_OPEN}"
             " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)" + _TURN_IN_ORDER + _AT_CLAIM,
-            (node, now + ttl, now, key, node, now, node, now, now),
+            (node, now + ttl, now, key, node, now, node, now, now, chat),
         ) as cur:
             row = await cur.fetchone()
         await self._db.commit()

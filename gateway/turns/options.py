@@ -39,8 +39,10 @@ async def turn_options(
     # turn does that lasts is marked (agent/provenance.py).
     sources = inbound_sources(entry.inbound) + forwarded_sources(entry.inbound)
     options = replace(options, provenance=sources) if sources else options
-    # Model, persona, /<skill> (profiles.py); no /model choice to read when the claim saw none.
-    options = await conversation_options(gateway, entry, options, at_claim is None or at_claim.model_chosen)
+    # Model, persona, /<skill> (profiles.py); no /model choice to read when the claim just saw none.
+    options = await conversation_options(
+        gateway, entry, options, not (at_claim and at_claim.no_model_choice())
+    )
     # Images the user sent, when the turn's model takes them (models[].vision; gateway/intake/media.py).
     images = await shown_images(gateway, uploads, options.model)
     return replace(options, images=images) if images else options
