@@ -29,13 +29,18 @@ the one this process put last, with nothing stored against it. That read is then
 graph's own ``aget_tuple`` (once, within a second, when this process wrote nothing of the thread
 meanwhile), so the check costs no statement of its own.
 
-**A turn's input in the same round trip as its first step.** A run with new input puts the input
+**A turn's input in the same round trip as its first step, the model's writes in the same as its
+step's checkpoint.** A run with new input puts the input
 checkpoint, then the input's writes, then step 0's checkpoint, before its first node runs: three
 round trips, with nothing in between that lasts (no model call, no tool). The input checkpoint
 and its writes are held in memory, their statements already serialised
 (``compat/langgraph.py`` ``RecordingCursor``), and sent with step 0's checkpoint in one pipeline:
 one round trip, and the three commit together. A crash before it loses the input, as a crash
-before the first put did: the message is still journaled and the turn starts again. What is held
+before the first put did: the message is still journaled and the turn starts again. So are the
+writes of the lead model's node (``held_nodes``), which runs alone in its step: they and the
+step's checkpoint, which LangGraph puts right after them, go in one round trip; a crash or a
+failure before it costs the model call again, as one a moment earlier did (the tools' writes are
+sent at once: several run side by side in one step, and each must be stored as it ends). What is held
 is sent by the turn itself: before another write of the thread (a subgraph's, writes against
 another checkpoint) and when the turn ends without its step 0 (:meth:`KeptPostgresSaver.scoped`,
 a cancel in between); a send that fails keeps it held (a step stored without the input before it
@@ -104,10 +109,14 @@ class _HeldWrites:
 
 @dataclass(slots=True)
 class _Held:
-    """A turn's input checkpoint and its writes, not sent yet (see the module docstring)."""
+    """A turn's input checkpoint and its writes, or the lead model's writes, not sent yet (see the
+    module docstring)."""
 
     config: RunnableConfig
-    checkpoint: Checkpoint
+    checkpoint: Checkpoint | None
+    """None: only writes are held (the model's)."""
+    target: str
+    """The checkpoint the held writes go against."""
     statements: list[tuple[str, Any, bool]]
     writes: list[_HeldWrites] = field(default_factory=list)
 
@@ -128,7 +137,14 @@ class KeptPostgresSaver(_Saver):
     docstring). Outside the verified releases of langgraph-checkpoint-postgres (its writes table is
     read with Chital's SQL) nothing is kept: every read walks the database, as the saver does."""
 
-    def __init__(self, conn: Any, *args: Any, history_cache: int = HISTORY_CACHE, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        conn: Any,
+        *args: Any,
+        history_cache: int = HISTORY_CACHE,
+        held_nodes: Sequence[str] = ("model",),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(conn, *args, **kwargs)
         self.history_cache = history_cache if langgraph_compat.postgres_usable() else 0
         self.kept = KeptHistories(self.history_cache)
@@ -142,6 +158,8 @@ class KeptPostgresSaver(_Saver):
         self._peeked: dict[str, tuple[CheckpointTuple, float, _Activity, int]] = {}
         self._held: dict[str, _Held] = {}
         self.holds_input = langgraph_compat.postgres_usable() and isinstance(conn, AsyncConnectionPool)
+        self.held_nodes = frozenset(held_nodes)
+        """Nodes whose writes wait for their step's checkpoint: each runs alone in its step."""
 
     def _writes_of(self, thread: str) -> _Activity:
         """The thread's write counter, alive while a read or a write of the thread holds it."""
@@ -254,7 +272,7 @@ class KeptPostgresSaver(_Saver):
             rec = langgraph_compat.RecordingCursor()
             with langgraph_compat.saver_statements_to(rec):
                 saved = await super().aput(config, checkpoint, metadata, new_versions)
-            self._held[thread] = _Held(config, checkpoint, rec.statements)
+            self._held[thread] = _Held(config, checkpoint, str(checkpoint["id"]), rec.statements)
             return saved
         held = self._held.pop(thread, None) if self._held else None
         if held is not None and not root:  # a subgraph's checkpoint: the input goes first, alone
@@ -309,16 +327,18 @@ class KeptPostgresSaver(_Saver):
     def _kept_held(self, thread: str, held: _Held) -> None:
         """Bookkeeping of a held input checkpoint and its writes, now stored, in the order LangGraph
         made the calls (before the checkpoint that followed them)."""
-        self.kept.put(self.kept.for_config(held.config), held.config, held.checkpoint)
+        if held.checkpoint is not None:
+            self.kept.put(self.kept.for_config(held.config), held.config, held.checkpoint)
         for w in held.writes:
             self._kept_writes(thread, w.config, w.task_id, w.task_path, w.writes, w.found, w.kept)
 
-    async def send_held(self, thread_id: str) -> None:
+    async def send_held(self, thread_id: str, *, keep: bool = True) -> None:
         """Store what is held of the thread (its input checkpoint and writes) now, alone: before
         another write of the thread than its step 0, or when its turn ended without one. Only the
         turn's own calls send it (a reader of the thread meanwhile sees it as before the turn,
         the input's message being in its pending writes, not in its values); one that fails keeps
-        it held, so what follows in the chain never lands without it."""
+        it held, so what follows in the chain never lands without it (``keep`` False: the turn
+        ended, nothing follows, and what could not be sent is dropped, as if never put)."""
         thread = str(thread_id)
         held = self._held.pop(thread, None) if self._held else None
         if held is None:
@@ -330,12 +350,14 @@ class KeptPostgresSaver(_Saver):
             await self._send(held)
         except BaseException:
             self.kept.drop(thread)
-            self._held.setdefault(thread, held)  # not lost: its turn's next put sends it again
+            if keep:
+                self._held.setdefault(thread, held)  # not lost: its turn's next put sends it again
             raise
         finally:
             activity.count += 1
         self._kept_held(thread, held)
-        self._owned(thread, str(held.checkpoint["id"]))
+        if held.checkpoint is not None:
+            self._owned(thread, str(held.checkpoint["id"]))
 
     def scoped(self, inner: TurnScope | None) -> TurnScope:
         """The harness's per-turn scope (``inner``, if any) that, on leaving, stores what is still
@@ -352,7 +374,7 @@ class KeptPostgresSaver(_Saver):
                         yield
             finally:
                 try:
-                    await self.send_held(thread_id)
+                    await self.send_held(thread_id, keep=False)
                 except Exception as exc:  # the turn's own outcome stands; the input is as if never put
                     log.warning("thread %s: its input checkpoint could not be stored: %s", thread_id, exc)
 
@@ -380,12 +402,15 @@ class KeptPostgresSaver(_Saver):
         step's rows). What is kept is serialised and read back before the first wait, so it is the
         value the database gets even if a node changes the object while the write is under way.
         The writes of a held input checkpoint are held with it."""
-        thread = str(config["configurable"]["thread_id"])
+        conf = config["configurable"]
+        thread = str(conf["thread_id"])
+        root = not conf.get("checkpoint_ns", "")
         held = self._held.get(thread) if self._held else None
+        if held is None and root and self.holds_input and len(self._held) < _HELD_MAX:
+            if langgraph_compat.pulled_node(task_path) in self.held_nodes:  # the step's one task
+                held = self._held[thread] = _Held(config, None, str(conf.get("checkpoint_id")), [])
         if held is not None:
-            conf = config["configurable"]
-            mine = not conf.get("checkpoint_ns", "") and conf.get("checkpoint_id") == held.checkpoint["id"]
-            if mine and len(held.writes) < 8:
+            if root and conf.get("checkpoint_id") == held.target and len(held.writes) < 8:
                 found, kept = self._kept_rows(config, writes)
                 rec = langgraph_compat.RecordingCursor()
                 with langgraph_compat.saver_statements_to(rec):

@@ -211,6 +211,20 @@ async def run_statements(cursor: Any, statements: Sequence[tuple[str, Any, bool]
             await cursor.execute(query, params)
 
 
+_PULLED = "~__pregel_pull, "
+
+
+def pulled_node(task_path: str) -> str | None:
+    """The node a task's path names when its edges triggered it (``"~__pregel_pull, model"``); None
+    for a task sent on its own (``Send``: the tool calls of one step run side by side) or a path
+    of another shape. LangGraph's task paths are private; agent/postgres_saver.py holds the lead
+    model's writes by it."""
+    if not task_path.startswith(_PULLED):
+        return None
+    node = task_path[len(_PULLED) :]
+    return node if node and "," not in node else None
+
+
 @functools.cache
 def postgres_saver_base() -> type[Any]:
     """``AsyncPostgresSaver`` whose private ``_cursor`` (every statement of ``aput`` and

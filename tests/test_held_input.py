@@ -1,7 +1,7 @@
-"""A turn's input checkpoint held until its first step, on PostgreSQL (agent/postgres_saver.py,
-"A turn's input in the same round trip as its first step"): one round trip where there were
-three, the three committing together, and what is held stored as before when the turn stops in
-between (a cancel) or something else of the thread comes first (a read)."""
+"""A turn's input checkpoint held until its first step, and the model's writes until their step's
+checkpoint, on PostgreSQL (agent/postgres_saver.py, "A turn's input in the same round trip as its
+first step"): two round trips where there were five, each batch committing together, what is held
+stored when the turn stops in between (a cancel), and a reader meanwhile taking nothing."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def _count_connections(saver: Any) -> list[int]:
     return taken
 
 
-async def test_a_new_turns_input_and_first_step_take_one_round_trip_not_three(
+async def test_a_new_turns_checkpoints_take_two_round_trips_not_five(
     fake: FakeOpenAI, daemon: Callable[..., Any]
 ) -> None:
     a = await daemon()
@@ -78,7 +78,8 @@ async def test_a_new_turns_input_and_first_step_take_one_round_trip_not_three(
         taken[0] = 0
         assert (await turn(a, f"turn {n}", f"m{n}"))[-1] == Final(f"echo: turn {n}")
         counts.append(taken[0])
-    assert counts == [counts[0], counts[0] + 2] * 2, counts
+    # Held: the input, its writes and step 0 in one; the model's writes and step 1 in one.
+    assert counts == [counts[0], counts[0] + 3] * 2, counts
     assert user_texts(fake.requests[-1]) == [f"turn {n}" for n in range(7)]
 
 
@@ -108,6 +109,34 @@ async def test_the_input_and_the_first_step_commit_together_or_not_at_all(
     await _sql(pg_url, "DROP TRIGGER refuse ON checkpoints")
     assert (await turn(a, "one", "m1"))[-1] == Final("echo: one")
     assert user_texts(fake.requests[-1]) == ["one"] and len(fake.requests) == asked + 1
+    assert await a.message_count("t1") == 2
+
+
+async def test_the_models_writes_and_their_steps_checkpoint_commit_together(
+    fake: FakeOpenAI, daemon: Callable[..., Any], pg_url: str
+) -> None:
+    """Step 1's checkpoint (after the model's answer) is refused: the turn fails and the model's
+    writes are not stored either, so the thread is as it was after step 0; asked again, the model
+    answers again and the thread holds the exchange once."""
+    a = await daemon()
+    await turn(a, "warm", "m0", thread="other")
+    await _sql(
+        pg_url,
+        "CREATE FUNCTION refuse_step_1() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.thread_id = 't1' AND NEW.metadata->>'step' = '1' THEN"
+        " RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; END $$",
+    )
+    await _sql(
+        pg_url,
+        "CREATE TRIGGER refuse BEFORE INSERT ON checkpoints FOR EACH ROW EXECUTE FUNCTION refuse_step_1()",
+    )
+    failed = await turn(a, "one", "m1")
+    assert isinstance(failed[-1], TurnFailed)
+    assert await _stored(pg_url, "t1") == (2, 2)  # the input and step 0, the input's two writes
+    await _sql(pg_url, "DROP TRIGGER refuse ON checkpoints")
+    asked = len(fake.requests)
+    assert (await turn(a, "one", "m1"))[-1] == Final("echo: one")
+    assert len(fake.requests) == asked + 1
     assert await a.message_count("t1") == 2
 
 
@@ -212,3 +241,39 @@ async def test_a_send_that_fails_keeps_the_input_held_for_its_turn(
     found = await saver.aget_tuple(config)
     assert found is not None and found.checkpoint["id"] == step0["id"]
     assert found.parent_config["configurable"]["checkpoint_id"] == checkpoint["id"]
+
+
+async def test_an_input_its_ended_turn_could_not_store_is_dropped_not_kept(
+    fake: FakeOpenAI, daemon: Callable[..., Any], pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn cancelled while its input is held, and the send on leaving fails (the database away
+    a moment): nothing of that turn follows, so the input is dropped (as if never put), not kept
+    to fail the thread's next turn or to stay in memory (a second hostile review)."""
+    a = await daemon()
+    await turn(a, "one", "m1")
+    saver: Any = a.require_graph().checkpointer
+    held = asyncio.Event()
+    writes, send = postgres_saver.KeptPostgresSaver.aput_writes, postgres_saver.KeptPostgresSaver._send
+
+    async def stalled(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        if self._held and self._held[next(iter(self._held))].checkpoint is not None:
+            held.set()
+            await asyncio.Event().wait()
+        await writes(self, config, *args, **kwargs)
+
+    async def refused(self: Any, *args: Any) -> None:
+        raise psycopg.OperationalError("the database is away (the test)")
+
+    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "aput_writes", stalled)
+    before = await _stored(pg_url, "t1")
+    task = asyncio.create_task(turn(a, "two", "m2"))
+    await asyncio.wait_for(held.wait(), 10)
+    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "_send", refused)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not saver._held and await _stored(pg_url, "t1") == before
+    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "aput_writes", writes)
+    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "_send", send)
+    assert (await turn(a, "three", "m3"))[-1] == Final("echo: three")
+    assert user_texts(fake.requests[-1]) == ["one", "three"]

@@ -91,7 +91,7 @@ class LeaseTables:
         """:meth:`lease_claim` with ``start``, returning in the same statement what the turn's
         start would read next (:class:`AtClaim`; ``chat``: the conversation whose ``/model``
         choice the turn takes, the chat's own for a background task); None when not claimed."""
-        now = time.time()
+        now, sent = time.time(), time.monotonic()
         async with self._db.execute(
             "UPDATE journal SET lease_owner = ?, lease_until = ?, state = 'running', updated = ?,"
             f" attempts = attempts + 1 WHERE key = ? AND {_OPEN}"
@@ -100,7 +100,7 @@ class LeaseTables:
         ) as cur:
             row = await cur.fetchone()
         await self._db.commit()
-        return None if row is None else AtClaim(bool(row[0]), bool(row[1]), bool(row[2]))
+        return None if row is None else AtClaim(bool(row[0]), bool(row[1]), bool(row[2]), sent)
 
     async def lease_claim_next(self, conversation: str, node: str, ttl: float) -> JournalEntry | None:
         """Take the lease of ``conversation``'s oldest open turn that no live daemon holds, when

@@ -86,8 +86,7 @@ class Approvals:
 
     Given what it uses, not the Gateway: the channels by name (the Gateway's live mapping: adapters
     attach after this is made), the in-flight registry (a paused run must have left before its
-    continuation is dispatched), the task tracker, and ``dispatch``, which starts handling a journal
-    entry again."""
+    continuation is dispatched), the task tracker, and ``dispatch`` (handles an entry again)."""
 
     def __init__(
         self, config: Config, store: Store, harness: AgentHarness, metrics: Metrics,
@@ -122,13 +121,12 @@ class Approvals:
         """The agent's events for ``entry``: the continuation with the decisions taken since it
         paused, or ``fresh()`` (a new run) when there are none. Each ApprovalRequested is
         recorded and posted here (once per request, however often a replay asks again) and
-        passed on, so the turn knows it paused. ``at_claim``: what its claim saw (no approvals:
-        nothing to read)."""
+        passed on, so the turn knows it paused. ``at_claim``: what its claim saw."""
         platform = entry.inbound.platform
-        mine: list[ApprovalRow] = []
-        waiting: list[ApprovalRow] = []
-        if at_claim is None or at_claim.approvals:
-            mine, waiting = await self.store.approvals_at_turn(entry.key, entry.conversation, platform)
+        read = at_claim is None or at_claim.approvals  # else the claim saw none: nothing to read
+        mine, waiting = (
+            await self.store.approvals_at_turn(entry.key, entry.conversation, platform) if read else ([], [])
+        )
         settled = [r for r in mine if r.state != PENDING]
         todo = [r for r in settled if not r.resumed]
         if not todo and not settled:
@@ -341,8 +339,7 @@ class Approvals:
     async def withdraw(self, key: str, why: str) -> int:
         """Cancel the pending requests of the turn ``key`` (stopped with ``/stop`` while it was
         asking, before it had paused): each is settled as cancelled, so no press can approve it,
-        and its buttons are replaced by ``why``. The turn's reply is left to the turn (it says
-        "Stopped"). Returns how many were cancelled."""
+        and its buttons are replaced by ``why``. The reply is the turn's ("Stopped"). How many."""
         cancelled = 0
         for row in await self.store.approvals_for(key):
             if row.state != PENDING or not await self.store.approval_decide(row.id, CANCELLED, why):
