@@ -56,6 +56,7 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,10 @@ lease nobody else writes the thread meanwhile; half the shortest lease a config 
 (``cluster.lease_seconds`` >= 2), so a stalled daemon's read never outlives its lease."""
 _OWN_PUTS = 1024
 """Threads whose last checkpoint put by this process is remembered (oldest forgotten)."""
+_TURN: ContextVar[str | None] = ContextVar("chital_held_turn", default=None)
+"""The thread whose turn runs in this context, inside :meth:`KeptPostgresSaver.scoped`: only a turn
+holds anything (``chital migrate`` and any other writer of the saver send at once), because only
+its scope's end sends what is left."""
 _HELD_MAX = 1024
 """Threads whose input may be held at once (one per running turn); past it, inputs go out at once."""
 
@@ -267,7 +272,8 @@ class KeptPostgresSaver(_Saver):
     ) -> RunnableConfig:
         thread = str(config["configurable"]["thread_id"])
         root = not config["configurable"].get("checkpoint_ns", "")
-        if root and self.holds_input and metadata.get("source") == "input" and len(self._held) < _HELD_MAX:
+        holding = root and self.holds_input and _TURN.get() == thread and len(self._held) < _HELD_MAX
+        if holding and metadata.get("source") == "input":
             await self.send_held(thread)  # an earlier input whose turn stopped before its step 0
             rec = langgraph_compat.RecordingCursor()
             with langgraph_compat.saver_statements_to(rec):
@@ -366,6 +372,7 @@ class KeptPostgresSaver(_Saver):
 
         @contextlib.asynccontextmanager
         async def scope(thread_id: str) -> AsyncIterator[None]:
+            token = _TURN.set(str(thread_id))
             try:
                 if inner is None:
                     yield
@@ -373,10 +380,11 @@ class KeptPostgresSaver(_Saver):
                     async with inner(thread_id):
                         yield
             finally:
+                _TURN.reset(token)
                 try:
                     await self.send_held(thread_id, keep=False)
-                except Exception as exc:  # the turn's own outcome stands; the input is as if never put
-                    log.warning("thread %s: its input checkpoint could not be stored: %s", thread_id, exc)
+                except Exception as exc:  # the turn's own outcome stands; what it held is as if never put
+                    log.warning("thread %s: what its turn held could not be stored: %s", thread_id, exc)
 
         return scope
 
@@ -406,7 +414,13 @@ class KeptPostgresSaver(_Saver):
         thread = str(conf["thread_id"])
         root = not conf.get("checkpoint_ns", "")
         held = self._held.get(thread) if self._held else None
-        if held is None and root and self.holds_input and len(self._held) < _HELD_MAX:
+        if (
+            held is None
+            and root
+            and self.holds_input
+            and _TURN.get() == thread
+            and len(self._held) < _HELD_MAX
+        ):
             if langgraph_compat.pulled_node(task_path) in self.held_nodes:  # the step's one task
                 held = self._held[thread] = _Held(config, None, str(conf.get("checkpoint_id")), [])
         if held is not None:

@@ -6,6 +6,7 @@ stored when the turn stops in between (a cancel), and a reader meanwhile taking 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -217,30 +218,51 @@ async def test_a_send_that_fails_keeps_the_input_held_for_its_turn(
     saver: Any = a.require_graph().checkpointer
     config = {"configurable": {"thread_id": "t9", "checkpoint_ns": ""}}
     checkpoint = empty_checkpoint()
-    await saver.aput(config, checkpoint, {"source": "input", "step": -1}, {})
-    found = await saver.aget_tuple(config)
-    assert found is None and await _stored(pg_url, "t9") == (0, 0)  # a reader sends nothing
-    send = postgres_saver.KeptPostgresSaver._send
-    failing = [1]
+    async with saver.scoped(None)("t9"):  # a turn of t9 runs: it holds
+        await saver.aput(config, checkpoint, {"source": "input", "step": -1}, {})
+        found = await saver.aget_tuple(config)
+        assert found is None and await _stored(pg_url, "t9") == (0, 0)  # a reader sends nothing
+        send = postgres_saver.KeptPostgresSaver._send
+        failing = [1]
 
-    async def fails_once(self: Any, *args: Any) -> None:
-        if failing:
-            failing.pop()
-            raise psycopg.OperationalError("the connection dropped (the test)")
-        await send(self, *args)
+        async def fails_once(self: Any, *args: Any) -> None:
+            if failing:
+                failing.pop()
+                raise psycopg.OperationalError("the connection dropped (the test)")
+            await send(self, *args)
 
-    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "_send", fails_once)
-    stray = {"configurable": {"thread_id": "t9", "checkpoint_ns": "", "checkpoint_id": "other"}}
-    with pytest.raises(psycopg.OperationalError):
-        await saver.aput_writes(stray, [("messages", [])], "task-1")
-    assert "t9" in saver._held and await _stored(pg_url, "t9") == (0, 0)
-    step0 = empty_checkpoint()
-    after = {"configurable": {"thread_id": "t9", "checkpoint_ns": "", "checkpoint_id": checkpoint["id"]}}
-    await saver.aput(after, step0, {"source": "loop", "step": 0}, {})
-    assert not saver._held and await _stored(pg_url, "t9") == (2, 0)
+        monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "_send", fails_once)
+        stray = {"configurable": {"thread_id": "t9", "checkpoint_ns": "", "checkpoint_id": "other"}}
+        with pytest.raises(psycopg.OperationalError):
+            await saver.aput_writes(stray, [("messages", [])], "task-1")
+        assert "t9" in saver._held and await _stored(pg_url, "t9") == (0, 0)
+        step0 = empty_checkpoint()
+        after = {"configurable": {"thread_id": "t9", "checkpoint_ns": "", "checkpoint_id": checkpoint["id"]}}
+        await saver.aput(after, step0, {"source": "loop", "step": 0}, {})
+        assert not saver._held and await _stored(pg_url, "t9") == (2, 0)
     found = await saver.aget_tuple(config)
     assert found is not None and found.checkpoint["id"] == step0["id"]
     assert found.parent_config["configurable"]["checkpoint_id"] == checkpoint["id"]
+
+
+async def test_outside_a_turn_nothing_is_held(daemon: Callable[..., Any], pg_url: str) -> None:
+    """Only a turn's scope sends what is left held, so only a turn holds: another writer of the
+    saver (``chital migrate`` copying a thread, newest checkpoint first) or a turn of another
+    thread stores at once (a third hostile review: migration lost each thread's oldest input and
+    model writes)."""
+    a = await daemon()
+    saver: Any = a.require_graph().checkpointer
+    for scope in (None, "another thread"):
+        thread = f"t-{scope}"
+        config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        checkpoint = empty_checkpoint()
+        async with contextlib.AsyncExitStack() as stack:
+            if scope is not None:
+                await stack.enter_async_context(saver.scoped(None)(scope))
+            await saver.aput(config, checkpoint, {"source": "input", "step": -1}, {})
+            written = {"configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]}}
+            await saver.aput_writes(written, [("messages", [])], "task-1", "~__pregel_pull, model")
+            assert not saver._held and await _stored(pg_url, thread) == (1, 1)
 
 
 async def test_an_input_its_ended_turn_could_not_store_is_dropped_not_kept(

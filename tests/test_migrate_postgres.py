@@ -195,3 +195,39 @@ async def test_an_interrupted_run_finishes_and_a_full_target_is_refused(tmp_path
     lines.clear()
     await migrate(other, other / "memory.sqlite", pg_url, force=True, say=lines.append)
     assert re.search(r"journal\s+2 rows$", "\n".join(lines), re.M)
+
+
+async def test_every_checkpoint_and_write_of_a_thread_is_copied(
+    tmp_path: Path, pg_url: str, fake: FakeOpenAI, harnesses: list[Any]
+) -> None:
+    """The copy writes through the daemon's own PostgreSQL saver, which holds a turn's input and
+    the model's writes only inside a turn: copying a thread (newest checkpoint first) stores every
+    row, and the thread reads back whole (a hostile review found its oldest input and model writes
+    held and never sent)."""
+    from agent.harness import Harness
+    from gateway.cli.migrate import _copy_checkpoints
+    from tests.harness_support import FAST, spec, turn
+
+    path = tmp_path / "checkpoints.sqlite"
+    source = Harness(FAST, spec(fake), path)
+    await source.start()
+    harnesses.append(source)
+    for n in range(3):
+        await turn(source, f"turn {n}", f"m{n}")
+    messages = await source.message_count("t1")
+    with sqlite3.connect(path) as db:
+        [(checkpoints,)] = db.execute("SELECT count(*) FROM checkpoints").fetchall()
+        [(writes,)] = db.execute("SELECT count(*) FROM writes").fetchall()
+    assert (checkpoints, writes) == (9, 9) and messages == 6
+    copied = await _copy_checkpoints(path, pg_url)
+    assert copied[:2] == (checkpoints, writes)
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        [(got_checkpoints,)] = await (await conn.execute("SELECT count(*) FROM checkpoints")).fetchall()
+        [(got_writes,)] = await (await conn.execute("SELECT count(*) FROM checkpoint_writes")).fetchall()
+    assert (got_checkpoints, got_writes) == (checkpoints, writes)
+    target = Harness(FAST, spec(fake), tmp_path / "unused.sqlite", checkpoint_url=pg_url)
+    await target.start()
+    harnesses.append(target)
+    assert await target.message_count("t1") == messages
