@@ -202,7 +202,7 @@ class Harness:
 
             saver, self._close_saver = await postgres_checkpointer(self.checkpoint_url)
             self._unchanged = saver.unchanged_since_own  # agent/postgres_saver.py
-            self._scope = saver.scoped(self._turn_scope)  # its input held until its first step
+            self._scope = saver.scoped(self._turn_scope)  # a turn holds some checkpoint writes
         else:
             saver = InlineSqliteSaver.open(self.checkpoint_path)
         self._saver = saver
