@@ -64,6 +64,22 @@ def _count_connections(saver: Any) -> list[int]:
     return taken
 
 
+def _stall_while_input_held(monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Event, asyncio.Event]:
+    """Writes that come while a turn's input is held wait for ``go``; ``held`` is set when one
+    comes (the turn is then between its input and its step 0). ``monkeypatch.undo()`` ends it."""
+    held, go = asyncio.Event(), asyncio.Event()
+    writes = postgres_saver.KeptPostgresSaver.aput_writes
+
+    async def stalled(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        if any(h.checkpoint is not None for h in self._held.values()):
+            held.set()
+            await go.wait()
+        await writes(self, config, *args, **kwargs)
+
+    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "aput_writes", stalled)
+    return held, go
+
+
 async def test_a_new_turns_checkpoints_take_two_round_trips_not_five(
     fake: FakeOpenAI, daemon: Callable[..., Any]
 ) -> None:
@@ -150,16 +166,7 @@ async def test_a_turn_cancelled_between_its_input_and_first_step_stores_the_inpu
     a = await daemon()
     await turn(a, "one", "m1")
     saver: Any = a.require_graph().checkpointer
-    held, never = asyncio.Event(), asyncio.Event()
-    writes = postgres_saver.KeptPostgresSaver.aput_writes
-
-    async def stalled(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
-        if self._held:
-            held.set()
-            await never.wait()
-        await writes(self, config, *args, **kwargs)
-
-    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "aput_writes", stalled)
+    held, _ = _stall_while_input_held(monkeypatch)
     before = await _stored(pg_url, "t1")
     asked = len(fake.requests)
     task = asyncio.create_task(turn(a, "two", "m2"))
@@ -170,7 +177,7 @@ async def test_a_turn_cancelled_between_its_input_and_first_step_stores_the_inpu
         await task
     assert await _stored(pg_url, "t1") == (before[0] + 1, before[1])  # the input checkpoint alone
     assert not saver._held
-    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "aput_writes", writes)
+    monkeypatch.undo()
     assert (await turn(a, "three", "m3"))[-1] == Final("echo: three")
     assert len(fake.requests) == asked + 1
     assert user_texts(fake.requests[-1]) == ["one", "three"]
@@ -186,16 +193,7 @@ async def test_a_reader_of_the_thread_meanwhile_sees_it_as_before_and_takes_noth
     a = await daemon()
     await turn(a, "one", "m1")
     saver: Any = a.require_graph().checkpointer
-    held, go = asyncio.Event(), asyncio.Event()
-    writes = postgres_saver.KeptPostgresSaver.aput_writes
-
-    async def stalled(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
-        if self._held:
-            held.set()
-            await go.wait()
-        await writes(self, config, *args, **kwargs)
-
-    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "aput_writes", stalled)
+    held, go = _stall_while_input_held(monkeypatch)
     before = await _stored(pg_url, "t1")
     task = asyncio.create_task(turn(a, "two", "m2"))
     await asyncio.wait_for(held.wait(), 10)
@@ -274,19 +272,11 @@ async def test_an_input_its_ended_turn_could_not_store_is_dropped_not_kept(
     a = await daemon()
     await turn(a, "one", "m1")
     saver: Any = a.require_graph().checkpointer
-    held = asyncio.Event()
-    writes, send = postgres_saver.KeptPostgresSaver.aput_writes, postgres_saver.KeptPostgresSaver._send
-
-    async def stalled(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
-        if self._held and self._held[next(iter(self._held))].checkpoint is not None:
-            held.set()
-            await asyncio.Event().wait()
-        await writes(self, config, *args, **kwargs)
+    held, _ = _stall_while_input_held(monkeypatch)
 
     async def refused(self: Any, *args: Any) -> None:
         raise psycopg.OperationalError("the database is away (the test)")
 
-    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "aput_writes", stalled)
     before = await _stored(pg_url, "t1")
     task = asyncio.create_task(turn(a, "two", "m2"))
     await asyncio.wait_for(held.wait(), 10)
@@ -295,7 +285,6 @@ async def test_an_input_its_ended_turn_could_not_store_is_dropped_not_kept(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not saver._held and await _stored(pg_url, "t1") == before
-    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "aput_writes", writes)
-    monkeypatch.setattr(postgres_saver.KeptPostgresSaver, "_send", send)
+    monkeypatch.undo()  # writes and sends as they are
     assert (await turn(a, "three", "m3"))[-1] == Final("echo: three")
     assert user_texts(fake.requests[-1]) == ["one", "three"]
