@@ -29,23 +29,22 @@ the one this process put last, with nothing stored against it. That read is then
 graph's own ``aget_tuple`` (once, within a second, when this process wrote nothing of the thread
 meanwhile), so the check costs no statement of its own.
 
-**A turn's input in the same round trip as its first step, the model's writes in the same as its
-step's checkpoint.** A run with new input puts the input
-checkpoint, then the input's writes, then step 0's checkpoint, before its first node runs: three
-round trips, with nothing in between that lasts (no model call, no tool). The input checkpoint
-and its writes are held in memory, their statements already serialised
-(``compat/langgraph.py`` ``RecordingCursor``), and sent with step 0's checkpoint in one pipeline:
-one round trip, and the three commit together. A crash before it loses the input, as a crash
-before the first put did: the message is still journaled and the turn starts again. So are the
-writes of the lead model's node (``held_nodes``), which runs alone in its step: they and the
-step's checkpoint, which LangGraph puts right after them, go in one round trip; a crash or a
-failure before it costs the model call again, as one a moment earlier did (the tools' writes are
-sent at once: several run side by side in one step, and each must be stored as it ends). What is held
-is sent by the turn itself: before another write of the thread (a subgraph's, writes against
-another checkpoint) and when the turn ends without its step 0 (:meth:`KeptPostgresSaver.scoped`,
-a cancel in between); a send that fails keeps it held (a step stored without the input before it
-would cut the thread's history there). A reader of the thread meanwhile (``/status``) sees it as
-before the turn began, which is what the input checkpoint's values said too. Outside the verified
+**A turn's first step in one round trip.** A run with new input puts the input checkpoint, the
+input's writes and step 0's checkpoint before its first node runs, then the lead model's writes and
+step 1's checkpoint after it: five round trips, with nothing in between that lasts but the model
+call (no tool has run). All five are held in memory, their statements already serialised
+(``compat/langgraph.py`` ``RecordingCursor``), and sent with step 1's checkpoint in one pipeline:
+one round trip, and they commit together. A crash or a failure before it costs the model call
+again, as one a moment earlier did: the message is still journaled, the thread is as before the
+turn, and the turn starts again. Only the model's node (``held_nodes``, which runs alone in its
+step) joins step 0: any other node's writes send what is held first, alone, then go as the library
+sends them (the tools' at once: several run side by side in one step, and each must be stored as
+it ends). A later model step holds its writes the same way, until its step's checkpoint. What is
+held is sent by the turn itself: before another write of the thread that cannot join (a
+subgraph's, writes against another checkpoint) and when the turn ends before the step does
+(:meth:`KeptPostgresSaver.scoped`: a cancel, the model failing); a send that fails keeps it held
+(a step stored without the input before it would cut the thread's history there). A reader of the
+thread meanwhile (``/status``) sees it as before the turn began. Outside the verified
 releases of langgraph-checkpoint-postgres nothing is held.
 """
 
@@ -57,7 +56,6 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
@@ -73,6 +71,7 @@ from langgraph.checkpoint.base import (
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from agent.held_checkpoints import Held, HeldPut, HeldWrites
 from agent.history_cache import HISTORY_CACHE, OLDER, KeptHistories, Stored
 from compat import langgraph as langgraph_compat
 
@@ -97,33 +96,6 @@ holds anything (``chital migrate`` and any other writer of the saver send at onc
 its scope's end sends what is left."""
 _HELD_MAX = 1024
 """Threads whose input may be held at once (one per running turn); past it, inputs go out at once."""
-
-
-@dataclass(slots=True)
-class _HeldWrites:
-    config: RunnableConfig
-    task_id: str
-    task_path: str
-    writes: list[tuple[str, Any]]
-    found: tuple[str, Any] | None
-    """The thread's kept history when the writes were held."""
-    kept: list[tuple[int, str, Any]]
-    """The values as the database will return them, serialised when held (see aput_writes)."""
-    statements: list[tuple[str, Any, bool]]
-
-
-@dataclass(slots=True)
-class _Held:
-    """A turn's input checkpoint and its writes, or the lead model's writes, not sent yet (see the
-    module docstring)."""
-
-    config: RunnableConfig
-    checkpoint: Checkpoint | None
-    """None: only writes are held (the model's)."""
-    target: str
-    """The checkpoint the held writes go against."""
-    statements: list[tuple[str, Any, bool]]
-    writes: list[_HeldWrites] = field(default_factory=list)
 
 
 class _Activity:
@@ -161,7 +133,7 @@ class KeptPostgresSaver(_Saver):
         # latest read kept for the next aget_tuple: (tuple, when, activity, its count then).
         self._own: dict[str, str] = {}
         self._peeked: dict[str, tuple[CheckpointTuple, float, _Activity, int]] = {}
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Held] = {}
         self.holds_input = langgraph_compat.postgres_usable() and isinstance(conn, AsyncConnectionPool)
         self.held_nodes = frozenset(held_nodes)
         """Nodes whose writes wait for their step's checkpoint: each runs alone in its step."""
@@ -275,16 +247,29 @@ class KeptPostgresSaver(_Saver):
         holding = root and self.holds_input and _TURN.get() == thread and len(self._held) < _HELD_MAX
         if holding and metadata.get("source") == "input":
             await self.send_held(thread)  # an earlier input whose turn stopped before its step 0
-            rec = langgraph_compat.RecordingCursor()
-            with langgraph_compat.saver_statements_to(rec):
-                saved = await super().aput(config, checkpoint, metadata, new_versions)
-            self._held[thread] = _Held(config, checkpoint, str(checkpoint["id"]), rec.statements)
+            saved, statements = await self._recorded_put(config, checkpoint, metadata, new_versions)
+            self._held[thread] = Held(str(checkpoint["id"]), [HeldPut(config, checkpoint)], statements)
             return saved
-        held = self._held.pop(thread, None) if self._held else None
+        held: Held | None = self._held.pop(thread, None) if self._held else None
         if held is not None and not root:  # a subgraph's checkpoint: the input goes first, alone
             self._held[thread] = held
             await self.send_held(thread)
             held = None
+        if (
+            holding
+            and held is not None
+            and not held.stepped
+            and isinstance(held.items[0], HeldPut)
+            and metadata.get("source") == "loop"
+        ):
+            # Step 0's checkpoint, after a held input: held too, until the model's step ends (or
+            # a write that cannot join comes first). Nothing with a lasting effect came before it.
+            saved, statements = await self._recorded_put(config, checkpoint, metadata, new_versions)
+            held.items.append(HeldPut(config, checkpoint))
+            held.statements.extend(statements)
+            held.target, held.stepped = str(checkpoint["id"]), True
+            self._held[thread] = held
+            return saved
         activity = self._writes_of(thread)
         activity.count += 1
         found = self.kept.for_config(config)
@@ -294,10 +279,8 @@ class KeptPostgresSaver(_Saver):
             if held is None:
                 saved = await super().aput(config, checkpoint, metadata, new_versions)
             else:
-                rec = langgraph_compat.RecordingCursor()
-                with langgraph_compat.saver_statements_to(rec):
-                    saved = await super().aput(config, checkpoint, metadata, new_versions)
-                await self._send(held, rec.statements)
+                saved, statements = await self._recorded_put(config, checkpoint, metadata, new_versions)
+                await self._send(held, statements)
         except BaseException:
             if found is not None:
                 self.kept.drop(found[0])
@@ -311,12 +294,25 @@ class KeptPostgresSaver(_Saver):
             self._owned(thread, str(checkpoint["id"]))
         return saved
 
+    async def _recorded_put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        versions: ChannelVersions,
+    ) -> tuple[RunnableConfig, list[tuple[str, Any, bool]]]:
+        """The library's put, its statements recorded (serialised) instead of sent."""
+        rec = langgraph_compat.RecordingCursor()
+        with langgraph_compat.saver_statements_to(rec):
+            saved = await super().aput(config, checkpoint, metadata, versions)
+        return saved, rec.statements
+
     def _owned(self, thread: str, checkpoint_id: str) -> None:
         self._own[thread] = checkpoint_id
         if len(self._own) > _OWN_PUTS:
             self._own.pop(next(iter(self._own)))
 
-    async def _send(self, held: _Held, then: Sequence[tuple[str, Any, bool]] = ()) -> None:
+    async def _send(self, held: Held, then: Sequence[tuple[str, Any, bool]] = ()) -> None:
         """The held statements, then ``then``, in one pipeline on one pooled connection: one round
         trip, and one transaction (no sync in between), as the library's own puts are."""
         pool: Any = self.conn
@@ -326,21 +322,21 @@ class KeptPostgresSaver(_Saver):
             conn.cursor(binary=True, row_factory=dict_row) as cur,
         ):
             await langgraph_compat.run_statements(cur, held.statements)
-            for w in held.writes:
-                await langgraph_compat.run_statements(cur, w.statements)
             await langgraph_compat.run_statements(cur, then)
 
-    def _kept_held(self, thread: str, held: _Held) -> None:
-        """Bookkeeping of a held input checkpoint and its writes, now stored, in the order LangGraph
-        made the calls (before the checkpoint that followed them)."""
-        if held.checkpoint is not None:
-            self.kept.put(self.kept.for_config(held.config), held.config, held.checkpoint)
-        for w in held.writes:
-            self._kept_writes(thread, w.config, w.task_id, w.task_path, w.writes, w.found, w.kept)
+    def _kept_held(self, thread: str, held: Held) -> None:
+        """Bookkeeping of the held checkpoints and writes, now stored, in the order LangGraph made
+        the calls (before the checkpoint that followed them)."""
+        for item in held.items:
+            if isinstance(item, HeldPut):
+                self.kept.put(self.kept.for_config(item.config), item.config, item.checkpoint)
+            else:
+                w = item
+                self._kept_writes(thread, w.config, w.task_id, w.task_path, w.writes, w.found, w.kept)
 
     async def send_held(self, thread_id: str, *, keep: bool = True) -> None:
-        """Store what is held of the thread (its input checkpoint and writes) now, alone: before
-        another write of the thread than its step 0, or when its turn ended without one. Only the
+        """Store what is held of the thread (see :class:`Held`) now, alone: before another write of
+        the thread that cannot join it, or when its turn ended before its step did. Only the
         turn's own calls send it (a reader of the thread meanwhile sees it as before the turn,
         the input's message being in its pending writes, not in its values); one that fails keeps
         it held, so what follows in the chain never lands without it (``keep`` False: the turn
@@ -362,8 +358,9 @@ class KeptPostgresSaver(_Saver):
         finally:
             activity.count += 1
         self._kept_held(thread, held)
-        if held.checkpoint is not None:
-            self._owned(thread, str(held.checkpoint["id"]))
+        last = held.last_put
+        if last is not None:
+            self._owned(thread, str(last.checkpoint["id"]))
 
     def scoped(self, inner: TurnScope | None) -> TurnScope:
         """The harness's per-turn scope (``inner``, if any) that, on leaving, stores what is still
@@ -422,15 +419,16 @@ class KeptPostgresSaver(_Saver):
             and len(self._held) < _HELD_MAX
         ):
             if langgraph_compat.pulled_node(task_path) in self.held_nodes:  # the step's one task
-                held = self._held[thread] = _Held(config, None, str(conf.get("checkpoint_id")), [])
+                held = self._held[thread] = Held(str(conf.get("checkpoint_id")))
         if held is not None:
-            if root and conf.get("checkpoint_id") == held.target and len(held.writes) < 8:
+            joins = not held.stepped or langgraph_compat.pulled_node(task_path) in self.held_nodes
+            if root and joins and conf.get("checkpoint_id") == held.target and held.writes < 8:
                 found, kept = self._kept_rows(config, writes)
                 rec = langgraph_compat.RecordingCursor()
                 with langgraph_compat.saver_statements_to(rec):
                     await super().aput_writes(config, writes, task_id, task_path)
-                w = _HeldWrites(config, task_id, task_path, list(writes), found, kept, rec.statements)
-                held.writes.append(w)
+                held.items.append(HeldWrites(config, task_id, task_path, list(writes), found, kept))
+                held.statements.extend(rec.statements)
                 return
             await self.send_held(thread)
         found, kept = self._kept_rows(config, writes)  # before the first wait (see above)

@@ -1,0 +1,53 @@
+"""What a turn holds of its thread's checkpoints before sending them in one round trip.
+
+Kept apart from agent/postgres_saver.py, which decides what is held and when it is sent (its
+module docstring says why): these are only the records, in the order LangGraph made the calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import Checkpoint
+
+
+@dataclass(slots=True)
+class HeldWrites:
+    config: RunnableConfig
+    task_id: str
+    task_path: str
+    writes: list[tuple[str, Any]]
+    found: tuple[str, Any] | None
+    """The thread's kept history when the writes were held."""
+    kept: list[tuple[int, str, Any]]
+    """The values as the database will return them, serialised when held (``aput_writes``)."""
+
+
+@dataclass(slots=True)
+class HeldPut:
+    config: RunnableConfig
+    checkpoint: Checkpoint
+
+
+@dataclass(slots=True)
+class Held:
+    """What a turn holds of its thread, not sent yet, in the order LangGraph made the calls: its
+    input checkpoint, the input's writes and step 0's checkpoint, or only the lead model's writes;
+    then the model's writes against step 0 (agent/postgres_saver.py says why)."""
+
+    target: str
+    """The checkpoint the next held writes go against (the last held one)."""
+    items: list[HeldPut | HeldWrites] = field(default_factory=list)
+    statements: list[tuple[str, Any, bool]] = field(default_factory=list)
+    stepped: bool = False
+    """Step 0's checkpoint is held (after the input): only the held nodes' writes join it."""
+
+    @property
+    def last_put(self) -> HeldPut | None:
+        return next((i for i in reversed(self.items) if isinstance(i, HeldPut)), None)
+
+    @property
+    def writes(self) -> int:
+        return sum(isinstance(i, HeldWrites) for i in self.items)
