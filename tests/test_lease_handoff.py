@@ -118,6 +118,42 @@ async def test_a_turns_claim_says_which_reads_its_start_can_skip(either_store: S
     assert await s.lease_claim_turn(task.key, "A", 15, task.conversation) == AtClaim(True, False, False)
 
 
+async def test_a_turn_alone_in_its_conversation_is_claimed_by_its_insert(either_store: Store) -> None:
+    """A turn that will start at once (``start``) and finds no other open turn of its conversation
+    is journaled running, with one attempt and the daemon's lease, and the insert returns what its
+    claim would (one statement where there were two); one behind an open turn, even the same
+    daemon's, is journaled pending and claimed later; a redelivery is neither."""
+    s = either_store
+    first, second, third, elsewhere = _msg("1"), _msg("2"), _msg("3"), _msg("1", chat="2")
+    conv = conversation_of(first)
+    await s.choose_model(conv, "big", "U9")
+    await _approval(s, "p1", "k0", conv)  # an earlier turn's, pending
+    fresh, leased, at_claim = await s.journal_add_turn(first, JournalKind.TURN, "", ("A", 15), start=True)
+    assert (fresh, leased, at_claim) == (True, True, AtClaim(True, False, True))
+    [entry] = await s.journal_open()
+    assert (entry.key, entry.state, entry.attempts) == (first.key, JournalState.RUNNING, 1)
+    assert await s.lease_owner(first.key) == "A"
+    assert await s.lease_claim_turn(first.key, "B", 15, conv) is None  # A's now: nobody else claims it
+
+    # Behind A's open turn: leased to A (it queues here) but pending, and claimed when it starts.
+    assert await s.journal_add_turn(second, JournalKind.TURN, "", ("A", 15), start=True) == (True, True, None)
+    # Behind another daemon's: neither leased nor claimed.
+    assert await s.journal_add_turn(third, JournalKind.TURN, "", ("B", 15), start=True) == (True, False, None)
+    assert await s.journal_add_turn(first, JournalKind.TURN, "", ("A", 15), start=True) == (
+        False,
+        False,
+        None,
+    )
+    states = {e.key: (e.state, e.attempts) for e in await s.journal_open()}
+    assert states[second.key] == states[third.key] == (JournalState.PENDING, 0)
+    assert await s.lease_claim_turn(second.key, "A", 15, conv) is not None  # A's next, in order
+
+    # Without ``start`` (a turn that waits for a slot) the insert leases it only.
+    assert await s.journal_add_turn(elsewhere, JournalKind.TURN, "", ("B", 15)) == (True, True, None)
+    states = {e.key: (e.state, e.attempts) for e in await s.journal_open()}
+    assert states[elsewhere.key] == (JournalState.PENDING, 0)
+
+
 def test_a_claims_no_model_choice_stands_for_a_moment_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``/model`` may come at any time: a turn that starts long after its claim (a background task
     waiting for a slot) reads the choice again."""

@@ -95,6 +95,8 @@ class Leases:
         await self.give_back(self.store, working)  # a fenced earlier turn must not read as ours and live
         if not start:
             return await self.store.lease_claim(entry.key, self.node, self.ttl)
+        if entry.started:  # its insert claimed it (Store.journal_add_turn): running, this daemon's
+            return True
         entry.at_claim = await self.store.lease_claim_turn(
             entry.key, self.node, self.ttl, entry.inbound.conversation
         )

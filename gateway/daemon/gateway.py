@@ -44,7 +44,7 @@ from gateway.ops.metrics import Metrics
 from gateway.ops.tasks import TaskTracker
 from gateway.schedules import confirm as schedule_confirm
 from gateway.schedules.clock import ScheduleClock
-from gateway.store.entries import JournalEntry, JournalKind, JournalState
+from gateway.store.entries import AtClaim, JournalEntry, JournalKind, JournalState
 from gateway.store.journal import Store
 from gateway.turns import busy, choices, queued_sign, quiet, stopping, usage
 from gateway.turns.approvals import Approvals
@@ -253,9 +253,10 @@ class Gateway:
             return
         inbound, route = await self.busy.route(inbound, admin, asked)  # at once when nothing runs there
         lease = self._intake_lease()
-        fresh, leased = await self._journal_leased(inbound, JournalKind.TURN, "", lease)
+        fresh, leased, at_claim = await self._journal_leased(inbound, JournalKind.TURN, "", lease)
         if fresh:
             entry = JournalEntry.new(inbound, JournalKind.TURN)
+            entry.at_claim, entry.started = at_claim, at_claim is not None  # claimed by its insert
             await self.busy.journaled(entry, route)
             if leased or lease is None:
                 self._dispatch(entry)
@@ -275,21 +276,20 @@ class Gateway:
             log.warning("could not hand on %s's next turn: %s", done.conversation, exc)
 
     async def _journal(self, inbound: Inbound, kind: JournalKind, note: str = "") -> bool:
-        fresh, _ = await self._journal_leased(inbound, kind, note, self._intake_lease())
-        return fresh
+        return (await self._journal_leased(inbound, kind, note, self._intake_lease()))[0]
 
     async def _journal_leased(
         self, inbound: Inbound, kind: JournalKind, note: str, lease: tuple[str, float] | None
-    ) -> tuple[bool, bool]:
-        """Journal ``inbound`` (False first: a redelivery), and whether it got ``lease``."""
+    ) -> tuple[bool, bool, AtClaim | None]:
+        """Journal ``inbound`` (False: a redelivery), whether it got ``lease``, a turn's claim if made."""
         with tracing.journal_write(inbound):
-            fresh, leased = await self.store.journal_add_leased(inbound, kind, note, lease)
+            fresh, leased, at_claim = await self.store.journal_add_turn(inbound, kind, note, lease, True)
         if fresh:
             self.metrics.messages_in.labels(inbound.platform).inc()
         else:
             self.metrics.messages_ignored.labels(inbound.platform, "duplicate").inc()
             log.info("duplicate delivery of %s ignored", inbound.key)
-        return fresh, leased
+        return fresh, leased, at_claim
 
     async def _journal_notice(self, inbound: Inbound, note: str) -> None:
         if await self._journal(inbound, JournalKind.NOTICE, note):

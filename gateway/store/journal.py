@@ -34,6 +34,7 @@ from gateway.store.db import PgConnection, SqliteConnection
 from gateway.store.disk import DEFAULT_RESERVE, DiskReserve, StorageFull, is_full
 from gateway.store.entries import (
     OPEN_STATES,
+    AtClaim,
     JournalEntry,
     JournalKind,
     JournalState,
@@ -227,31 +228,28 @@ class Store(
         that must wait behind another daemon's turn costs no claim that fails and no lease given
         back: the daemon finishing that turn hands it on (:meth:`lease_claim_next`), or a sweep
         takes it."""
+        fresh, leased, _ = await self.journal_add_turn(inbound, kind, note, lease)
+        return fresh, leased
+
+    async def journal_add_turn(
+        self,
+        inbound: Inbound,
+        kind: JournalKind | str,
+        note: str = "",
+        lease: tuple[str, float] | None = None,
+        start: bool = False,
+    ) -> tuple[bool, bool, AtClaim | None]:
+        """:meth:`journal_add_leased`; ``start``: a turn that will start here at once if it gets
+        the lease is also claimed by the insert when no other turn of its conversation is open
+        (:meth:`lease_intake`): the third value is then what its claim would have returned
+        (``entry.at_claim``), and the entry is running already (``entry.started``)."""
         kind = JournalKind(kind)
         if lease is None or kind is not JournalKind.TURN:
             fresh = await self.journal_add(inbound, kind, note, lease)
-            return fresh, fresh and lease is not None
+            return fresh, fresh and lease is not None, None
         now = time.time()
-        row = (inbound.key, conversation_of(inbound), kind.value, inbound_to_json(inbound, note),
-               JournalState.PENDING.value, now, now)  # fmt: skip
-        insert = (
-            "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, state, created, updated,"
-            " lease_owner, lease_until)"
-        )
-        free = (
-            "NOT EXISTS (SELECT 1 FROM journal AS e WHERE e.conversation = ? AND e.kind = 'turn'"
-            f" AND e.state IN ({_OPEN_SQL})"
-            " AND (e.lease_owner IS NULL OR e.lease_owner <> ? OR e.lease_until < ?))"
-        )
-        node, conv = lease[0], row[1]
-        async with self._db.execute(
-            f"{insert} SELECT ?, ?, ?, ?, ?, ?, ?, CASE WHEN {free} THEN ? END, CASE WHEN {free} THEN ? END"
-            " RETURNING lease_owner",
-            (*row, conv, node, now, node, conv, node, now, now + lease[1]),
-        ) as cur:
-            got = await cur.fetchall()
-        await self._db.commit()
-        return bool(got), bool(got and got[0][0])
+        row = (inbound.key, conversation_of(inbound), kind.value, inbound_to_json(inbound, note), now)
+        return await self.lease_intake(row, lease, inbound.conversation if start else None)
 
     async def journal_seen(self, key: str) -> bool:
         async with self._db.execute("SELECT 1 FROM journal WHERE key = ?", (key,)) as cur:

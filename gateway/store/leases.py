@@ -102,6 +102,44 @@ class LeaseTables:
         await self._db.commit()
         return None if row is None else AtClaim(bool(row[0]), bool(row[1]), bool(row[2]), sent)
 
+    async def lease_intake(
+        self, row: tuple[str, str, str, str, float], lease: tuple[str, float], chat: str | None
+    ) -> tuple[bool, bool, AtClaim | None]:
+        """Journal a turn (``row``: key, conversation, kind, payload, time) with ``lease`` (node,
+        seconds) when that daemon could claim it now: no open turn of its conversation is anybody's
+        but its live one. ``chat`` (not None: the turn starts here at once when leased, and takes
+        that chat's ``/model`` choice): when no other turn of its conversation is open at all, the
+        insert is also the turn's claim (:meth:`lease_claim_turn`): running, one attempt, and what
+        the claim returns (:class:`AtClaim`). One round trip where there were two. Returns
+        (journaled now, leased, AtClaim or None)."""
+        node, conv, now = lease[0], row[1], row[4]
+        free = (
+            "NOT EXISTS (SELECT 1 FROM journal AS e WHERE e.conversation = ? AND e.kind = 'turn'"
+            f" AND e.{_OPEN} AND (e.lease_owner IS NULL OR e.lease_owner <> ? OR e.lease_until < ?))"
+        )
+        alone = "NOT EXISTS (SELECT 1 FROM journal AS e WHERE e.conversation = ? AND e.kind = 'turn'"
+        alone += f" AND e.{_OPEN})"
+        starts = chat is not None
+        state, tries = (
+            (f"CASE WHEN {alone} THEN 'running' ELSE 'pending' END", f"CASE WHEN {alone} THEN 1 ELSE 0 END")
+            if starts
+            else ("'pending'", "0")
+        )
+        async with self._db.execute(
+            "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, created, updated, state,"
+            f" attempts, lease_owner, lease_until) SELECT ?, ?, ?, ?, ?, ?, {state}, {tries},"
+            f" CASE WHEN {free} THEN ? END, CASE WHEN {free} THEN ? END"
+            + (_AT_CLAIM + ", lease_owner, state" if starts else " RETURNING lease_owner, state"),
+            (*row, row[4], *((conv, conv) if starts else ()), conv, node, now, node, conv, node, now,
+             now + lease[1], *((chat,) if starts else ())),
+        ) as cur:  # fmt: skip
+            got = await cur.fetchone()
+        await self._db.commit()
+        if got is None:
+            return False, False, None
+        leased, running = bool(got[-2]), got[-1] == JournalState.RUNNING.value
+        return True, leased, AtClaim(bool(got[0]), bool(got[1]), bool(got[2])) if running else None
+
     async def lease_claim_next(self, conversation: str, node: str, ttl: float) -> JournalEntry | None:
         """Take the lease of ``conversation``'s oldest open turn that no live daemon holds, when
         ``node`` could claim it now (:meth:`lease_claim`'s conditions); returns the entry (read
