@@ -5,6 +5,7 @@
     python bench/bench_scale_out.py --tools              # the default tool stack (sandbox etc.)
     python bench/bench_scale_out.py --statements 25      # + the statements per message (pg_stat_statements)
     python bench/bench_scale_out.py --spy /tmp/prof      # + py-spy profiles of every daemon (raw stacks)
+    taskset -c 1 python bench/bench_scale_out.py --daemon-cpus 0   # the daemons on a core of their own
 
 Each configuration starts fresh (a new SQLite file, or a new database on one throw-away PostgreSQL
 cluster from tests/pg_server.py), warms up, then runs closed-loop users: each chat sends its next
@@ -92,7 +93,7 @@ def _children(pid: int) -> list[int]:
 def _daemon_pid(d: DaemonProcess) -> int:
     """The daemon's own pid (under ``--spy`` the process started is py-spy, the daemon its child)."""
     assert d.proc is not None
-    if not d.prefix:
+    if not d.prefix or d.prefix[0] == "taskset":  # taskset execs the daemon: the same process
         return d.proc.pid
     kids = _children(d.proc.pid)
     return kids[0] if kids else d.proc.pid
@@ -165,6 +166,8 @@ async def run_config(
                 }  # fmt: skip
             d = DaemonProcess(root / name / f"d{n}", cfg)
             d.workdir.mkdir(parents=True, exist_ok=True)
+            if args.daemon_cpus:
+                d.prefix = ["taskset", "-c", args.daemon_cpus]
             if args.spy:
                 out = Path(args.spy) / f"{name}-d{n}.raw"
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -228,6 +231,13 @@ async def main() -> None:
     ap.add_argument("--statements", type=int, default=0, help="print the N most run statements")
     ap.add_argument("--spy", default="", help="py-spy profiles of every daemon into this directory")
     ap.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
+    ap.add_argument(
+        "--daemon-cpus",
+        default="",
+        help="run the daemons on these CPUs only (taskset -c), e.g. 0; start this script itself with"
+        " `taskset -c 1` so that it, its fakes and PostgreSQL keep off them: the daemons' CPU per"
+        " message then leaves out what sharing their cores with the database costs them",
+    )
     ap.add_argument(
         "--idle", type=float, default=0, help="also measure N seconds of idling, after the warm-up"
     )

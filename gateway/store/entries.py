@@ -95,8 +95,9 @@ class JournalEntry:
     from_journal: bool = False
     """Read back from the journal at start-up (a previous run may have sent part of its reply)."""
     started: bool = False
-    """Its claim also marked it running (several daemons: one statement for both); the runner
-    then does not mark it again."""
+    """Its claim also marked it running (several daemons: one statement for both; for a turn
+    alone in its conversation, the journal insert itself: ``Store.journal_add_turn``); the runner
+    then does not mark it again, and its claim makes no statement of its own."""
     at_claim: AtClaim | None = None
     """What that claim saw of the conversation; taken (and cleared) by the runner as it starts."""
 

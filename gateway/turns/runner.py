@@ -142,7 +142,7 @@ class TurnRunner:
         try:
             if entry.from_journal:
                 await reply.load()
-            if not entry.started:  # else its claim did (several daemons)
+            if not entry.started:  # else its claim, or its insert, did (several daemons)
                 await self.store.journal_set(entry.key, JournalState.RUNNING)
             entry.started, at_claim, entry.at_claim = False, entry.at_claim, None
             entry.attempts += 1
