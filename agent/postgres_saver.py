@@ -134,7 +134,8 @@ class KeptPostgresSaver(_Saver):
         self._own: dict[str, str] = {}
         self._peeked: dict[str, tuple[CheckpointTuple, float, _Activity, int]] = {}
         self._held: dict[str, Held] = {}
-        self.holds_input = langgraph_compat.postgres_usable() and isinstance(conn, AsyncConnectionPool)
+        self.holds_turns = langgraph_compat.postgres_usable() and isinstance(conn, AsyncConnectionPool)
+        """Whether a turn's checkpoints and the model's writes are held at all (see the module docstring)."""
         self.held_nodes = frozenset(held_nodes)
         """Nodes whose writes wait for their step's checkpoint: each runs alone in its step."""
 
@@ -244,7 +245,7 @@ class KeptPostgresSaver(_Saver):
     ) -> RunnableConfig:
         thread = str(config["configurable"]["thread_id"])
         root = not config["configurable"].get("checkpoint_ns", "")
-        holding = root and self.holds_input and _TURN.get() == thread and len(self._held) < _HELD_MAX
+        holding = root and self.holds_turns and _TURN.get() == thread and len(self._held) < _HELD_MAX
         if holding and metadata.get("source") == "input":
             await self.send_held(thread)  # an earlier input whose turn stopped before its step 0
             saved, statements = await self._recorded_put(config, checkpoint, metadata, new_versions)
@@ -414,7 +415,7 @@ class KeptPostgresSaver(_Saver):
         if (
             held is None
             and root
-            and self.holds_input
+            and self.holds_turns
             and _TURN.get() == thread
             and len(self._held) < _HELD_MAX
         ):

@@ -86,13 +86,13 @@ async def test_a_new_turns_checkpoints_take_one_round_trip_not_five(
 ) -> None:
     a = await daemon()
     saver: Any = a.require_graph().checkpointer
-    assert saver.holds_input
+    assert saver.holds_turns
     taken = _count_connections(saver)
     for n in range(3):  # the thread's history kept, its last turn this process's
         await turn(a, f"turn {n}", f"m{n}")
     counts = []
     for n, hold in ((3, True), (4, False), (5, True), (6, False)):
-        saver.holds_input = hold
+        saver.holds_turns = hold
         taken[0] = 0
         assert (await turn(a, f"turn {n}", f"m{n}"))[-1] == Final(f"echo: turn {n}")
         counts.append(taken[0])
