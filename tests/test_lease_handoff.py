@@ -9,6 +9,7 @@ sweep (docs/scale-out.md, "What coordination costs"), on SQLite and PostgreSQL a
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
@@ -152,6 +153,37 @@ async def test_a_turn_alone_in_its_conversation_is_claimed_by_its_insert(either_
     assert await s.journal_add_turn(elsewhere, JournalKind.TURN, "", ("B", 15)) == (True, True, None)
     states = {e.key: (e.state, e.attempts) for e in await s.journal_open()}
     assert states[elsewhere.key] == (JournalState.PENDING, 0)
+
+
+async def test_two_daemons_journaling_one_chats_messages_at_once_start_one_turn(pg_url: str) -> None:
+    """Two daemons journal two messages of one chat at the same moment, each insert slowed by a
+    trigger so that both run before either commits: behind the conversation's lock only the
+    first starts its turn, the second is journaled pending behind it (without the lock both saw
+    no other open turn, and both started one on the same agent thread)."""
+    import psycopg
+
+    first, second = _msg("1"), _msg("2")
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        a, b = await Store.open_postgres(pg_url), await Store.open_postgres(pg_url)
+        try:
+            await conn.execute(
+                "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                " PERFORM pg_sleep(0.3); RETURN NEW; END $$"
+            )
+            await conn.execute(
+                "CREATE TRIGGER slow BEFORE INSERT ON journal FOR EACH ROW EXECUTE FUNCTION slow_insert()"
+            )
+            got = await asyncio.gather(
+                a.journal_add_turn(first, JournalKind.TURN, "", ("A", 15), start=True),
+                b.journal_add_turn(second, JournalKind.TURN, "", ("B", 15), start=True),
+            )
+            started = [at_claim is not None for _, _, at_claim in got]
+            states = sorted(e.state.value for e in await a.journal_open())
+        finally:
+            await a.close()
+            await b.close()
+    assert started.count(True) == 1, got
+    assert states == ["pending", "running"]
 
 
 def test_a_claims_no_model_choice_stands_for_a_moment_only(monkeypatch: pytest.MonkeyPatch) -> None:

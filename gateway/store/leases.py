@@ -111,7 +111,13 @@ class LeaseTables:
         that chat's ``/model`` choice): when no other turn of its conversation is open at all, the
         insert is also the turn's claim (:meth:`lease_claim_turn`): running, one attempt, and what
         the claim returns (:class:`AtClaim`). One round trip where there were two. Returns
-        (journaled now, leased, AtClaim or None)."""
+        (journaled now, leased, AtClaim or None).
+
+        That insert runs behind an advisory lock on the conversation (PostgreSQL; SQLite has one
+        writer at a time): two daemons journaling two messages of one chat at the same moment
+        would otherwise each see no other open turn (neither sees the other's uncommitted row)
+        and both start one, on the same agent thread. Behind the lock the second sees the first
+        and waits for it, as a separate claim did (:data:`_TURN_IN_ORDER`)."""
         node, conv, now = lease[0], row[1], row[4]
         free = (
             "NOT EXISTS (SELECT 1 FROM journal AS e WHERE e.conversation = ? AND e.kind = 'turn'"
@@ -125,15 +131,19 @@ class LeaseTables:
             if starts
             else ("'pending'", "0")
         )
-        async with self._db.execute(
+        sql = (
             "INSERT OR IGNORE INTO journal(key, conversation, kind, payload, created, updated, state,"
             f" attempts, lease_owner, lease_until) SELECT ?, ?, ?, ?, ?, ?, {state}, {tries},"
             f" CASE WHEN {free} THEN ? END, CASE WHEN {free} THEN ? END"
-            + (_AT_CLAIM + ", lease_owner, state" if starts else " RETURNING lease_owner, state"),
-            (*row, row[4], *((conv, conv) if starts else ()), conv, node, now, node, conv, node, now,
-             now + lease[1], *((chat,) if starts else ())),
-        ) as cur:  # fmt: skip
-            got = await cur.fetchone()
+            + (_AT_CLAIM + ", lease_owner, state" if starts else " RETURNING lease_owner, state")
+        )
+        params = (*row, row[4], *((conv, conv) if starts else ()), conv, node, now, node, conv, node,
+                  now, now + lease[1], *((chat,) if starts else ()))  # fmt: skip
+        if starts:  # two daemons journaling the chat's messages at once must not both start one
+            cur = await self._db.execute_locked([f"intake:{conv}"], sql, params)
+        else:
+            cur = await self._db.execute(sql, params)
+        got = await cur.fetchone()
         await self._db.commit()
         if got is None:
             return False, False, None
