@@ -260,6 +260,7 @@ class KeptPostgresSaver(_Saver):
             holding
             and held is not None
             and not held.stepped
+            and held.items
             and isinstance(held.items[0], HeldPut)
             and metadata.get("source") == "loop"
         ):
@@ -412,15 +413,16 @@ class KeptPostgresSaver(_Saver):
         thread = str(conf["thread_id"])
         root = not conf.get("checkpoint_ns", "")
         held = self._held.get(thread) if self._held else None
-        if (
+        new = (
             held is None
             and root
             and self.holds_turns
             and _TURN.get() == thread
             and len(self._held) < _HELD_MAX
-        ):
-            if langgraph_compat.pulled_node(task_path) in self.held_nodes:  # the step's one task
-                held = self._held[thread] = Held(str(conf.get("checkpoint_id")))
+            and langgraph_compat.pulled_node(task_path) in self.held_nodes  # the step's one task
+        )
+        if new:
+            held = Held(str(conf.get("checkpoint_id")))  # registered once its writes are recorded
         if held is not None:
             joins = not held.stepped or langgraph_compat.pulled_node(task_path) in self.held_nodes
             if root and joins and conf.get("checkpoint_id") == held.target and held.writes < 8:
@@ -428,10 +430,13 @@ class KeptPostgresSaver(_Saver):
                 rec = langgraph_compat.RecordingCursor()
                 with langgraph_compat.saver_statements_to(rec):
                     await super().aput_writes(config, writes, task_id, task_path)
-                held.items.append(HeldWrites(config, task_id, task_path, list(writes), found, kept))
-                held.statements.extend(rec.statements)
-                return
-            await self.send_held(thread)
+                # Still the thread's held (not sent by a put meanwhile): they join it; else alone.
+                if (self._held.setdefault(thread, held) if new else self._held.get(thread)) is held:
+                    held.items.append(HeldWrites(config, task_id, task_path, list(writes), found, kept))
+                    held.statements.extend(rec.statements)
+                    return
+            else:
+                await self.send_held(thread)
         found, kept = self._kept_rows(config, writes)  # before the first wait (see above)
         activity = self._writes_of(thread)
         activity.count += 1

@@ -17,8 +17,16 @@ import pytest
 
 from channels.base import Inbound
 from channels.messages import ReplyTarget
+from gateway.daemon.cluster import Leases
 from gateway.store import entries
-from gateway.store.entries import BACKGROUND_MARK, AtClaim, JournalKind, JournalState, conversation_of
+from gateway.store.entries import (
+    BACKGROUND_MARK,
+    AtClaim,
+    JournalEntry,
+    JournalKind,
+    JournalState,
+    conversation_of,
+)
 from gateway.store.journal import Store
 
 
@@ -184,6 +192,31 @@ async def test_two_daemons_journaling_one_chats_messages_at_once_start_one_turn(
             await b.close()
     assert started.count(True) == 1, got
     assert states == ["pending", "running"]
+
+
+async def test_a_turn_its_insert_claimed_starts_only_while_its_lease_holds(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """A turn claimed by its insert starts with no statement of its own while that claim is young;
+    one that waited longer (a queue, a stall) asks again: when its lease lapsed and another
+    daemon's sweep took and started it meanwhile, it does not start here too (a review found
+    it did, running the model and writing the thread beside the other daemon)."""
+    a, b = two_stores
+    leases = Leases(a, node="A", ttl=0.4)
+    young, old = _msg("1"), _msg("1", chat="2")
+    entries_ = []
+    for msg in (young, old):
+        fresh, leased, at_claim = await a.journal_add_turn(msg, JournalKind.TURN, "", ("A", 0.4), start=True)
+        assert fresh and leased and at_claim is not None
+        entry = JournalEntry.new(msg, JournalKind.TURN)
+        entry.at_claim, entry.started = at_claim, True
+        entries_.append(entry)
+    assert await leases.claim(entries_[0], set(), start=True)  # young: its own lease, no statement
+    await asyncio.sleep(0.6)  # A's lease on the other lapses before its queue reaches it
+    assert old.key in await b.lease_orphans("B", ["slack"])
+    assert await b.lease_claim_turn(old.key, "B", 15, old.conversation, conversation_of(old)) is not None
+    assert not await leases.claim(entries_[1], set(), start=True)
+    assert await b.lease_owner(old.key) == "B"
 
 
 def test_a_claims_no_model_choice_stands_for_a_moment_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -96,9 +96,13 @@ class Leases:
         if not start:
             return await self.store.lease_claim(entry.key, self.node, self.ttl)
         if entry.started:  # its insert claimed it (Store.journal_add_turn): running, this daemon's
-            return True
+            if entry.at_claim is not None and entry.at_claim.within(self.ttl / 2):
+                return True  # so young that its lease cannot have lapsed
+            # It waited here (a queue, a stall): still this daemon's, or taken by another meanwhile.
+            entry.started = await self.store.lease_keep(entry.key, self.node, self.ttl)
+            return entry.started
         entry.at_claim = await self.store.lease_claim_turn(
-            entry.key, self.node, self.ttl, entry.inbound.conversation
+            entry.key, self.node, self.ttl, entry.inbound.conversation, entry.conversation
         )
         entry.started = entry.at_claim is not None
         return entry.started

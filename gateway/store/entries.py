@@ -73,6 +73,13 @@ class AtClaim:
     approvals: bool
     """Approvals of this turn, or pending ones in the conversation (``approvals_at_turn``)."""
     at: float = field(default_factory=time.monotonic, compare=False)
+    wall: float = field(default_factory=time.time, compare=False)
+    """When the claim was sent, on the wall clock too: a pause of the whole machine (a frozen VM)
+    may not move the monotonic one, and leases expire by the wall clock."""
+
+    def within(self, seconds: float) -> bool:
+        """The claim was made less than ``seconds`` ago by both clocks."""
+        return time.monotonic() - self.at < seconds and time.time() - self.wall < seconds
 
     def no_model_choice(self) -> bool:
         """No ``/model`` choice to read: none at the claim, made moments ago. A ``/model`` may come

@@ -65,6 +65,11 @@ they wait for this one); a ``/model`` can, at any time, so that "no" holds only 
 (:meth:`AtClaim.no_model_choice`)."""
 
 
+def _intake_lock(conversation: str) -> str:
+    """The advisory lock a turn's start takes on its conversation (:meth:`LeaseTables.lease_intake`)."""
+    return f"intake:{conversation}"
+
+
 class LeaseTables:
     """The lease statements of :class:`gateway.store.journal.Store` (a mixin over its connection)."""
 
@@ -87,18 +92,26 @@ class LeaseTables:
         )
         return count == 1
 
-    async def lease_claim_turn(self, key: str, node: str, ttl: float, chat: str) -> AtClaim | None:
+    async def lease_claim_turn(
+        self, key: str, node: str, ttl: float, chat: str, conversation: str | None = None
+    ) -> AtClaim | None:
         """:meth:`lease_claim` with ``start``, returning in the same statement what the turn's
         start would read next (:class:`AtClaim`; ``chat``: the conversation whose ``/model``
-        choice the turn takes, the chat's own for a background task); None when not claimed."""
+        choice the turn takes, the chat's own for a background task); None when not claimed.
+        ``conversation`` (the entry's): behind the lock :meth:`lease_intake` takes, so that a turn
+        resumed here and one journaled there at the same moment cannot both start."""
         now, sent = time.time(), time.monotonic()
-        async with self._db.execute(
+        sql = (
             "UPDATE journal SET lease_owner = ?, lease_until = ?, state = 'running', updated = ?,"
             f" attempts = attempts + 1 WHERE key = ? AND {_OPEN}"
-            " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)" + _TURN_IN_ORDER + _AT_CLAIM,
-            (node, now + ttl, now, key, node, now, node, now, now, chat),
-        ) as cur:
-            row = await cur.fetchone()
+            " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)" + _TURN_IN_ORDER + _AT_CLAIM
+        )
+        params = (node, now + ttl, now, key, node, now, node, now, now, chat)
+        if conversation is not None:
+            cur = await self._db.execute_locked([_intake_lock(conversation)], sql, params)
+        else:
+            cur = await self._db.execute(sql, params)
+        row = await cur.fetchone()
         await self._db.commit()
         return None if row is None else AtClaim(bool(row[0]), bool(row[1]), bool(row[2]), sent)
 
@@ -118,7 +131,7 @@ class LeaseTables:
         would otherwise each see no other open turn (neither sees the other's uncommitted row)
         and both start one, on the same agent thread. Behind the lock the second sees the first
         and waits for it, as a separate claim did (:data:`_TURN_IN_ORDER`)."""
-        node, conv, now = lease[0], row[1], row[4]
+        node, conv, now, sent = lease[0], row[1], row[4], time.monotonic()
         free = (
             "NOT EXISTS (SELECT 1 FROM journal AS e WHERE e.conversation = ? AND e.kind = 'turn'"
             f" AND e.{_OPEN} AND (e.lease_owner IS NULL OR e.lease_owner <> ? OR e.lease_until < ?))"
@@ -140,7 +153,7 @@ class LeaseTables:
         params = (*row, row[4], *((conv, conv) if starts else ()), conv, node, now, node, conv, node,
                   now, now + lease[1], *((chat,) if starts else ()))  # fmt: skip
         if starts:  # two daemons journaling the chat's messages at once must not both start one
-            cur = await self._db.execute_locked([f"intake:{conv}"], sql, params)
+            cur = await self._db.execute_locked([_intake_lock(conv)], sql, params)
         else:
             cur = await self._db.execute(sql, params)
         got = await cur.fetchone()
@@ -148,7 +161,7 @@ class LeaseTables:
         if got is None:
             return False, False, None
         leased, running = bool(got[-2]), got[-1] == JournalState.RUNNING.value
-        return True, leased, AtClaim(bool(got[0]), bool(got[1]), bool(got[2])) if running else None
+        return True, leased, AtClaim(bool(got[0]), bool(got[1]), bool(got[2]), sent, now) if running else None
 
     async def lease_claim_next(self, conversation: str, node: str, ttl: float) -> JournalEntry | None:
         """Take the lease of ``conversation``'s oldest open turn that no live daemon holds, when
