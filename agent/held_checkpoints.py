@@ -1,11 +1,13 @@
 """What a turn holds of its thread's checkpoints before sending them in one round trip.
 
 Kept apart from agent/postgres_saver.py, which decides what is held and when it is sent (its
-module docstring says why): these are only the records, in the order LangGraph made the calls.
+module docstring says why): these are the records, in the order LangGraph made the calls, and the
+turn scope that alone may hold them.
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,3 +53,23 @@ class Held:
     @property
     def writes(self) -> int:
         return sum(isinstance(i, HeldWrites) for i in self.items)
+
+
+@dataclass(slots=True)
+class HeldScope:
+    thread: str
+    live: bool = True
+    """False once the scope is left: a task of the turn that outlived it (a write cut short by a
+    second cancel) holds nothing more, as nothing would send it."""
+
+
+TURN: ContextVar[HeldScope | None] = ContextVar("chital_held_turn", default=None)
+"""The turn running in this context, inside ``KeptPostgresSaver.scoped``: only a turn holds
+anything (``chital migrate`` and any other writer of the saver send at once), because only its
+scope's end sends what is left."""
+
+
+def in_turn(thread: str) -> bool:
+    """A turn of ``thread`` runs in this context, its scope not left yet: it may hold."""
+    scope = TURN.get()
+    return scope is not None and scope.live and scope.thread == thread

@@ -43,8 +43,9 @@ it ends). A later model step holds its writes the same way, until its step's che
 held is sent by the turn itself: before another write of the thread that cannot join (a
 subgraph's, writes against another checkpoint) and when the turn ends before the step does
 (:meth:`KeptPostgresSaver.scoped`: a cancel, the model failing); a send that fails keeps it held
-(a step stored without the input before it would cut the thread's history there). A reader of the
-thread meanwhile (``/status``) sees it as before the turn began. Outside the verified
+(a step stored without the input before it would cut the thread's history there). A task of the
+turn that outlives its scope holds nothing (nothing would send it). A reader of the thread
+meanwhile (``/status``) sees it as before the turn began. Outside the verified
 releases of langgraph-checkpoint-postgres nothing is held.
 """
 
@@ -55,7 +56,6 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
@@ -71,7 +71,7 @@ from langgraph.checkpoint.base import (
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from agent.held_checkpoints import Held, HeldPut, HeldWrites
+from agent.held_checkpoints import TURN, Held, HeldPut, HeldScope, HeldWrites, in_turn
 from agent.history_cache import HISTORY_CACHE, OLDER, KeptHistories, Stored
 from compat import langgraph as langgraph_compat
 
@@ -90,10 +90,7 @@ lease nobody else writes the thread meanwhile; half the shortest lease a config 
 (``cluster.lease_seconds`` >= 2), so a stalled daemon's read never outlives its lease."""
 _OWN_PUTS = 1024
 """Threads whose last checkpoint put by this process is remembered (oldest forgotten)."""
-_TURN: ContextVar[str | None] = ContextVar("chital_held_turn", default=None)
-"""The thread whose turn runs in this context, inside :meth:`KeptPostgresSaver.scoped`: only a turn
-holds anything (``chital migrate`` and any other writer of the saver send at once), because only
-its scope's end sends what is left."""
+
 _HELD_MAX = 1024
 """Threads whose input may be held at once (one per running turn); past it, inputs go out at once."""
 
@@ -245,11 +242,12 @@ class KeptPostgresSaver(_Saver):
     ) -> RunnableConfig:
         thread = str(config["configurable"]["thread_id"])
         root = not config["configurable"].get("checkpoint_ns", "")
-        holding = root and self.holds_turns and _TURN.get() == thread and len(self._held) < _HELD_MAX
+        holding = root and self.holds_turns and in_turn(thread) and len(self._held) < _HELD_MAX
         if holding and metadata.get("source") == "input":
             await self.send_held(thread)  # an earlier input whose turn stopped before its step 0
             saved, statements = await self._recorded_put(config, checkpoint, metadata, new_versions)
             self._held[thread] = Held(str(checkpoint["id"]), [HeldPut(config, checkpoint)], statements)
+            await self._unlessin_turn(thread)
             return saved
         held: Held | None = self._held.pop(thread, None) if self._held else None
         if held is not None and not root:  # a subgraph's checkpoint: the input goes first, alone
@@ -271,6 +269,7 @@ class KeptPostgresSaver(_Saver):
             held.statements.extend(statements)
             held.target, held.stepped = str(checkpoint["id"]), True
             self._held[thread] = held
+            await self._unlessin_turn(thread)
             return saved
         activity = self._writes_of(thread)
         activity.count += 1
@@ -308,6 +307,11 @@ class KeptPostgresSaver(_Saver):
         with langgraph_compat.saver_statements_to(rec):
             saved = await super().aput(config, checkpoint, metadata, versions)
         return saved, rec.statements
+
+    async def _unlessin_turn(self, thread: str) -> None:
+        """Send what was just held if the turn's scope ended while it was being recorded."""
+        if not in_turn(thread):
+            await self.send_held(thread)
 
     def _owned(self, thread: str, checkpoint_id: str) -> None:
         self._own[thread] = checkpoint_id
@@ -371,7 +375,8 @@ class KeptPostgresSaver(_Saver):
 
         @contextlib.asynccontextmanager
         async def scope(thread_id: str) -> AsyncIterator[None]:
-            token = _TURN.set(str(thread_id))
+            turn = HeldScope(str(thread_id))
+            token = TURN.set(turn)
             try:
                 if inner is None:
                     yield
@@ -379,7 +384,8 @@ class KeptPostgresSaver(_Saver):
                     async with inner(thread_id):
                         yield
             finally:
-                _TURN.reset(token)
+                turn.live = False
+                TURN.reset(token)
                 try:
                     await self.send_held(thread_id, keep=False)
                 except Exception as exc:  # the turn's own outcome stands; what it held is as if never put
@@ -417,7 +423,7 @@ class KeptPostgresSaver(_Saver):
             held is None
             and root
             and self.holds_turns
-            and _TURN.get() == thread
+            and in_turn(thread)
             and len(self._held) < _HELD_MAX
             and langgraph_compat.pulled_node(task_path) in self.held_nodes  # the step's one task
         )
@@ -430,8 +436,12 @@ class KeptPostgresSaver(_Saver):
                 rec = langgraph_compat.RecordingCursor()
                 with langgraph_compat.saver_statements_to(rec):
                     await super().aput_writes(config, writes, task_id, task_path)
-                # Still the thread's held (not sent by a put meanwhile): they join it; else alone.
-                if (self._held.setdefault(thread, held) if new else self._held.get(thread)) is held:
+                # Still the thread's held (not sent by a put meanwhile), or a new one in a turn
+                # still running: they join it; else they are written alone, now.
+                current = self._held.get(thread)
+                if new and current is None and in_turn(thread):
+                    current = self._held[thread] = held
+                if current is held:
                     held.items.append(HeldWrites(config, task_id, task_path, list(writes), found, kept))
                     held.statements.extend(rec.statements)
                     return

@@ -323,3 +323,38 @@ async def test_only_the_models_writes_join_a_held_step_0(daemon: Callable[..., A
             assert not saver._held and await _stored(pg_url, thread) == (3, 2)
         found = await saver.aget_tuple(config)
         assert found is not None and found.checkpoint["id"] == step1["id"]
+
+
+async def test_writes_recorded_after_their_turn_ended_are_written_not_held(
+    daemon: Callable[..., Any], pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model's writes are still being serialised (in a thread) when their turn's scope ends (a
+    second cancel cut LangGraph's wait for them short): nothing would send a hold made now, so
+    they are written at once, as before anything was held (a review found them left held in
+    memory, or lost when appended to a hold already sent)."""
+    a = await daemon()
+    await turn(a, "one", "m1", thread="warm")
+    saver: Any = a.require_graph().checkpointer
+    thread, checkpoint = "t-late", empty_checkpoint()
+    config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    saved = await saver.aput(config, checkpoint, {"source": "loop", "step": 1}, {})  # outside a turn
+    started, go = asyncio.Event(), asyncio.Event()
+    base = type(saver).__mro__[1]  # the library's saver, whose aput_writes the held path records
+    library_writes = base.aput_writes
+
+    async def slow_writes(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        if config["configurable"]["thread_id"] == thread:  # its values still being serialised
+            started.set()
+            await go.wait()
+        await library_writes(self, config, *args, **kwargs)
+
+    monkeypatch.setattr(base, "aput_writes", slow_writes)
+    async with saver.scoped(None)(thread):
+        task = asyncio.create_task(
+            saver.aput_writes(saved, [("messages", [])], "task-m", "~__pregel_pull, model")
+        )
+        await asyncio.wait_for(started.wait(), 10)
+    go.set()
+    await task
+    assert thread not in saver._held
+    assert await _stored(pg_url, thread) == (1, 1)

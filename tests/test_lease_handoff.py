@@ -219,6 +219,32 @@ async def test_a_turn_its_insert_claimed_starts_only_while_its_lease_holds(
     assert await b.lease_owner(old.key) == "B"
 
 
+async def test_a_late_start_is_claimed_again_in_order(two_stores: tuple[Store, Store]) -> None:
+    """A turn its insert claimed waits here past half its lease; meanwhile its chat's earlier turn,
+    paused for an approval when the insert ran, was approved and resumed by another daemon (the
+    later turn's lease had lapsed). The late start claims again, in order: it does not run beside
+    the earlier turn on the same agent thread (a second review found it did)."""
+    a, b = two_stores
+    leases = Leases(a, node="A", ttl=0.4)
+    t1, t2 = _msg("1"), _msg("2")
+    conv = conversation_of(t1)
+    assert (await a.journal_add_turn(t1, JournalKind.TURN, "", ("A", 0.4), start=True))[2] is not None
+    await a.journal_pause(t1.key)  # T1 waits for an approval: not open
+    _, _, at2 = await a.journal_add_turn(t2, JournalKind.TURN, "", ("A", 0.4), start=True)
+    assert at2 is not None  # alone among the open turns: claimed by its insert
+    late = JournalEntry.new(t2, JournalKind.TURN)
+    late.at_claim, late.started = at2, True
+    assert await b.journal_unpause(t1.key)  # approved: T1 is open again, before T2
+    await asyncio.sleep(0.6)  # A stalls: its lease on T2 lapses
+    assert await b.lease_claim_turn(t1.key, "B", 15, t1.conversation, conv) is not None
+    assert not await leases.claim(late, set(), start=True)
+    await b.journal_done(t1.key)
+    assert await leases.claim(late, set(), start=True)  # its turn now
+    # The insert's attempt stays counted although that start never ran (docs/scale-out.md).
+    states = {e.key: (e.state, e.attempts) for e in await a.journal_open()}
+    assert states[t2.key] == (JournalState.RUNNING, 2)
+
+
 def test_a_claims_no_model_choice_stands_for_a_moment_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``/model`` may come at any time: a turn that starts long after its claim (a background task
     waiting for a slot) reads the choice again."""

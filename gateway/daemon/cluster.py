@@ -95,14 +95,16 @@ class Leases:
         await self.give_back(self.store, working)  # a fenced earlier turn must not read as ours and live
         if not start:
             return await self.store.lease_claim(entry.key, self.node, self.ttl)
+        tries = 1
         if entry.started:  # its insert claimed it (Store.journal_add_turn): running, this daemon's
             if entry.at_claim is not None and entry.at_claim.within(self.ttl / 2):
                 return True  # so young that its lease cannot have lapsed
-            # It waited here (a queue, a stall): still this daemon's, or taken by another meanwhile.
-            entry.started = await self.store.lease_keep(entry.key, self.node, self.ttl)
-            return entry.started
+            # It waited here (a queue, a stall) and its lease may have lapsed: another daemon may
+            # run it, or an earlier turn of its chat, now. Claimed again, in order, with fresh
+            # hints; its insert counted its attempt.
+            tries = 0
         entry.at_claim = await self.store.lease_claim_turn(
-            entry.key, self.node, self.ttl, entry.inbound.conversation, entry.conversation
+            entry.key, self.node, self.ttl, entry.inbound.conversation, entry.conversation, tries
         )
         entry.started = entry.at_claim is not None
         return entry.started

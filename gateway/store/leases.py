@@ -93,27 +93,28 @@ class LeaseTables:
         return count == 1
 
     async def lease_claim_turn(
-        self, key: str, node: str, ttl: float, chat: str, conversation: str | None = None
+        self, key: str, node: str, ttl: float, chat: str, conversation: str | None = None, tries: int = 1
     ) -> AtClaim | None:
         """:meth:`lease_claim` with ``start``, returning in the same statement what the turn's
         start would read next (:class:`AtClaim`; ``chat``: the conversation whose ``/model``
         choice the turn takes, the chat's own for a background task); None when not claimed.
         ``conversation`` (the entry's): behind the lock :meth:`lease_intake` takes, so that a turn
-        resumed here and one journaled there at the same moment cannot both start."""
+        resumed here and one journaled there at the same moment cannot both start. ``tries``: the
+        attempts it counts (0: a turn its insert claimed, and counted, asks again)."""
         now, sent = time.time(), time.monotonic()
         sql = (
             "UPDATE journal SET lease_owner = ?, lease_until = ?, state = 'running', updated = ?,"
-            f" attempts = attempts + 1 WHERE key = ? AND {_OPEN}"
+            f" attempts = attempts + ? WHERE key = ? AND {_OPEN}"
             " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)" + _TURN_IN_ORDER + _AT_CLAIM
         )
-        params = (node, now + ttl, now, key, node, now, node, now, now, chat)
+        params = (node, now + ttl, now, tries, key, node, now, node, now, now, chat)
         if conversation is not None:
             cur = await self._db.execute_locked([_intake_lock(conversation)], sql, params)
         else:
             cur = await self._db.execute(sql, params)
         row = await cur.fetchone()
         await self._db.commit()
-        return None if row is None else AtClaim(bool(row[0]), bool(row[1]), bool(row[2]), sent)
+        return None if row is None else AtClaim(bool(row[0]), bool(row[1]), bool(row[2]), sent, now)
 
     async def lease_intake(
         self, row: tuple[str, str, str, str, float], lease: tuple[str, float], chat: str | None
