@@ -29,17 +29,19 @@ the one this process put last, with nothing stored against it. That read is then
 graph's own ``aget_tuple`` (once, within a second, when this process wrote nothing of the thread
 meanwhile), so the check costs no statement of its own.
 
-**A turn's first step in one round trip.** A run with new input puts the input checkpoint, the
-input's writes and step 0's checkpoint before its first node runs, then the lead model's writes and
-step 1's checkpoint after it: five round trips, with nothing in between that lasts but the model
-call (no tool has run). All five are held in memory, their statements already serialised
-(``compat/langgraph.py`` ``RecordingCursor``), and sent with step 1's checkpoint in one pipeline:
-one round trip, and they commit together. A crash or a failure before it costs the model call
-again, as one a moment earlier did: the message is still journaled, the thread is as before the
-turn, and the turn starts again. Only the model's node (``held_nodes``, which runs alone in its
-step) joins step 0: any other node's writes send what is held first, alone, then go as the library
-sends them (the tools' at once: several run side by side in one step, and each must be stored as
-it ends). A later model step holds its writes the same way, until its step's checkpoint. What is
+**A turn's first step.** A run with new input puts the input checkpoint, the input's writes and
+step 0's checkpoint before its first node runs, then the lead model's writes and step 1's
+checkpoint after it: five round trips, with nothing in between that lasts but the model call (no
+tool has run). The first three are held in memory, their statements already serialised
+(``compat/langgraph.py`` ``RecordingCursor``), and sent with step 0's checkpoint in one pipeline;
+the model's writes are held and sent with step 1's: two round trips, each batch committing
+together. (``hold_step_0`` would hold step 0 too, for one round trip; it is off, because a reader
+then sees nothing of a turn during its model call.) A crash or a failure before a send costs what
+one a moment earlier did: the message is still journaled, and the turn starts again (the model is
+asked again). Only the model's node (``held_nodes``, which runs alone in its step) has its writes
+held: any other node's writes send what is held first, alone, then go as the library sends them
+(the tools' at once: several run side by side in one step, and each must be stored as it ends).
+A later model step holds its writes the same way, until its step's checkpoint. What is
 held is sent by the turn itself: before another write of the thread that cannot join (a
 subgraph's, writes against another checkpoint) and when the turn ends before the step does
 (:meth:`KeptPostgresSaver.scoped`: a cancel, the model failing); a send that fails keeps it held
@@ -133,6 +135,11 @@ class KeptPostgresSaver(_Saver):
         self._held: dict[str, Held] = {}
         self.holds_turns = langgraph_compat.postgres_usable() and isinstance(conn, AsyncConnectionPool)
         """Whether a turn's checkpoints and the model's writes are held at all (see the module docstring)."""
+        self.hold_step_0 = False
+        """Hold step 0's checkpoint too, until the model's step ends (one round trip a turn instead
+        of two). Off: while it is held, a reader sees nothing of the running turn (``/tasks``
+        said a running background task still waited for a slot), so a turn's input and step 0 are
+        stored before its model call, as they were."""
         self.held_nodes = frozenset(held_nodes)
         """Nodes whose writes wait for their step's checkpoint: each runs alone in its step."""
 
@@ -256,6 +263,7 @@ class KeptPostgresSaver(_Saver):
             held = None
         if (
             holding
+            and self.hold_step_0
             and held is not None
             and not held.stepped
             and held.items

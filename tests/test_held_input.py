@@ -1,7 +1,7 @@
-"""A turn's input checkpoint, its step 0 and the model's writes held until the model's step ends, on
-PostgreSQL (agent/postgres_saver.py, "A turn's first step in one round trip"): one round trip where
-there were five, committing together, what is held stored when the turn stops in between (a
-cancel), and a reader meanwhile taking nothing."""
+"""A turn's input checkpoint held until its first step, and the model's writes until their step's
+checkpoint, on PostgreSQL (agent/postgres_saver.py, "A turn's first step"): two round trips where
+there were five, each batch committing together, what is held stored when the turn stops in
+between (a cancel), a reader meanwhile taking nothing, and (switched on) step 0 held too."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def _stall_while_input_held(monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Ev
     return held, go
 
 
-async def test_a_new_turns_checkpoints_take_one_round_trip_not_five(
+async def test_a_new_turns_checkpoints_take_two_round_trips_not_five(
     fake: FakeOpenAI, daemon: Callable[..., Any]
 ) -> None:
     a = await daemon()
@@ -96,17 +96,17 @@ async def test_a_new_turns_checkpoints_take_one_round_trip_not_five(
         taken[0] = 0
         assert (await turn(a, f"turn {n}", f"m{n}"))[-1] == Final(f"echo: turn {n}")
         counts.append(taken[0])
-    # Held: the input, its writes, step 0, the model's writes and step 1 in one round trip.
-    assert counts == [counts[0], counts[0] + 4] * 2, counts
+    # Held: the input, its writes and step 0 in one; the model's writes and step 1 in one.
+    assert counts == [counts[0], counts[0] + 3] * 2, counts
     assert user_texts(fake.requests[-1]) == [f"turn {n}" for n in range(7)]
 
 
 async def test_the_input_and_the_first_step_commit_together_or_not_at_all(
     fake: FakeOpenAI, daemon: Callable[..., Any], pg_url: str
 ) -> None:
-    """Step 0's checkpoint is refused by the database (a trigger): it goes with the model's step,
-    so the turn fails once the model has answered, and nothing of it is stored, not the input
-    either. Asked again, the message is answered once, and the thread holds it once."""
+    """Step 0's checkpoint is refused by the database (a trigger): the turn fails before the model
+    is asked, and none of the three is stored, not the input either. Asked again, the message is
+    answered once, and the thread holds it once."""
     a = await daemon()
     await turn(a, "warm", "m0", thread="other")  # the tables exist
     await _sql(
@@ -122,20 +122,20 @@ async def test_the_input_and_the_first_step_commit_together_or_not_at_all(
     asked = len(fake.requests)
     failed = await turn(a, "one", "m1")
     assert isinstance(failed[-1], TurnFailed) and "refused by the test" not in failed[-1].message
-    assert len(fake.requests) == asked + 1  # step 0 is sent with the model's step
+    assert len(fake.requests) == asked  # step 0 comes before the model call
     assert await _stored(pg_url, "t1") == (0, 0)
     await _sql(pg_url, "DROP TRIGGER refuse ON checkpoints")
     assert (await turn(a, "one", "m1"))[-1] == Final("echo: one")
-    assert user_texts(fake.requests[-1]) == ["one"] and len(fake.requests) == asked + 2
+    assert user_texts(fake.requests[-1]) == ["one"] and len(fake.requests) == asked + 1
     assert await a.message_count("t1") == 2
 
 
 async def test_the_models_writes_and_their_steps_checkpoint_commit_together(
     fake: FakeOpenAI, daemon: Callable[..., Any], pg_url: str
 ) -> None:
-    """Step 1's checkpoint (after the model's answer) is refused: the turn fails and nothing that
-    went with it is stored (the model's writes, step 0, the input), so the thread is as it was
-    before the turn; asked again, the model answers again and the thread holds the exchange once."""
+    """Step 1's checkpoint (after the model's answer) is refused: the turn fails and the model's
+    writes are not stored either, so the thread is as it was after step 0; asked again, the model
+    answers again and the thread holds the exchange once."""
     a = await daemon()
     await turn(a, "warm", "m0", thread="other")
     await _sql(
@@ -150,7 +150,7 @@ async def test_the_models_writes_and_their_steps_checkpoint_commit_together(
     )
     failed = await turn(a, "one", "m1")
     assert isinstance(failed[-1], TurnFailed)
-    assert await _stored(pg_url, "t1") == (0, 0)
+    assert await _stored(pg_url, "t1") == (2, 2)  # the input and step 0, the input's two writes
     await _sql(pg_url, "DROP TRIGGER refuse ON checkpoints")
     asked = len(fake.requests)
     assert (await turn(a, "one", "m1"))[-1] == Final("echo: one")
@@ -210,8 +210,8 @@ async def test_a_send_that_fails_keeps_the_input_held_for_its_turn(
     daemon: Callable[..., Any], pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Writes against another checkpoint send the held input first, alone; when that send fails,
-    the input stays held, step 0 joins it, and the turn's end sends both: a step never lands
-    without the input checkpoint it follows."""
+    the input stays held, and the turn's next put sends it: a step never lands without the input
+    checkpoint it follows."""
     a = await daemon()
     await turn(a, "one", "m1", thread="warm")
     saver: Any = a.require_graph().checkpointer
@@ -238,8 +238,7 @@ async def test_a_send_that_fails_keeps_the_input_held_for_its_turn(
         step0 = empty_checkpoint()
         after = {"configurable": {"thread_id": "t9", "checkpoint_ns": "", "checkpoint_id": checkpoint["id"]}}
         await saver.aput(after, step0, {"source": "loop", "step": 0}, {})
-        assert "t9" in saver._held and await _stored(pg_url, "t9") == (0, 0)  # held with step 0
-    assert not saver._held and await _stored(pg_url, "t9") == (2, 0)  # the turn's end sent both
+        assert not saver._held and await _stored(pg_url, "t9") == (2, 0)
     found = await saver.aget_tuple(config)
     assert found is not None and found.checkpoint["id"] == step0["id"]
     assert found.parent_config["configurable"]["checkpoint_id"] == checkpoint["id"]
@@ -299,6 +298,7 @@ async def test_only_the_models_writes_join_a_held_step_0(daemon: Callable[..., A
     a = await daemon()
     await turn(a, "one", "m1", thread="warm")
     saver: Any = a.require_graph().checkpointer
+    saver.hold_step_0 = True  # off by default (see KeptPostgresSaver.hold_step_0)
 
     def at(thread: str, checkpoint: Any) -> Any:
         return {"configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": checkpoint["id"]}}
