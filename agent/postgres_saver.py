@@ -92,7 +92,6 @@ lease nobody else writes the thread meanwhile; half the shortest lease a config 
 (``cluster.lease_seconds`` >= 2), so a stalled daemon's read never outlives its lease."""
 _OWN_PUTS = 1024
 """Threads whose last checkpoint put by this process is remembered (oldest forgotten)."""
-
 _HELD_MAX = 1024
 """Threads whose input may be held at once (one per running turn); past it, inputs go out at once."""
 
@@ -254,7 +253,7 @@ class KeptPostgresSaver(_Saver):
             await self.send_held(thread)  # an earlier input whose turn stopped before its step 0
             saved, statements = await self._recorded_put(config, checkpoint, metadata, new_versions)
             self._held[thread] = Held(str(checkpoint["id"]), [HeldPut(config, checkpoint)], statements)
-            await self._unlessin_turn(thread)
+            await self._send_unless_in_turn(thread)
             return saved
         held: Held | None = self._held.pop(thread, None) if self._held else None
         if held is not None and not root:  # a subgraph's checkpoint: the input goes first, alone
@@ -277,7 +276,7 @@ class KeptPostgresSaver(_Saver):
             held.statements.extend(statements)
             held.target, held.stepped = str(checkpoint["id"]), True
             self._held[thread] = held
-            await self._unlessin_turn(thread)
+            await self._send_unless_in_turn(thread)
             return saved
         activity = self._writes_of(thread)
         activity.count += 1
@@ -316,7 +315,7 @@ class KeptPostgresSaver(_Saver):
             saved = await super().aput(config, checkpoint, metadata, versions)
         return saved, rec.statements
 
-    async def _unlessin_turn(self, thread: str) -> None:
+    async def _send_unless_in_turn(self, thread: str) -> None:
         """Send what was just held if the turn's scope ended while it was being recorded."""
         if not in_turn(thread):
             await self.send_held(thread)
@@ -437,10 +436,11 @@ class KeptPostgresSaver(_Saver):
         )
         if new:
             held = Held(str(conf.get("checkpoint_id")))  # registered once its writes are recorded
+        rows = None
         if held is not None:
             joins = not held.stepped or langgraph_compat.pulled_node(task_path) in self.held_nodes
             if root and joins and conf.get("checkpoint_id") == held.target and held.writes < 8:
-                found, kept = self._kept_rows(config, writes)
+                rows = found, kept = self._kept_rows(config, writes)
                 rec = langgraph_compat.RecordingCursor()
                 with langgraph_compat.saver_statements_to(rec):
                     await super().aput_writes(config, writes, task_id, task_path)
@@ -455,7 +455,8 @@ class KeptPostgresSaver(_Saver):
                     return
             else:
                 await self.send_held(thread)
-        found, kept = self._kept_rows(config, writes)  # before the first wait (see above)
+        # Before the first wait (see above); a hold that could not take the writes made them already.
+        found, kept = rows if rows is not None else self._kept_rows(config, writes)
         activity = self._writes_of(thread)
         activity.count += 1
         try:
