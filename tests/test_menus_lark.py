@@ -41,6 +41,8 @@ async def test_menu_events_run_commands_like_typed_text(
         inj = lark.inject_menu(FRIEND, "help")
         text = await shows(lark, P2P, "Commands:")
         assert "/approve" not in text, "a non-admin's /help"
+        # The ack travels on the websocket, the answer over HTTP: either may reach the fake first.
+        await lark.wait_for_async(lambda f: f.acks_for(inj), timeout=20)
         assert lark.acks_for(inj) == [200]
         # After a message in the DM, the menu's commands act on that same conversation.
         lark.inject_message(P2P, FRIEND, "hello")
