@@ -29,9 +29,12 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 
-HISTORY_CACHE = 64
+HISTORY_CACHE = 256
 """Threads whose rebuilt history is kept (the most recently read): enough for as many conversations
-answered in turn (a cycle over more than this would miss every time)."""
+answered in turn (a cycle over more than this would miss every time). 64 was too few: a burst of
+100 chats missed on four turns in five, and on PostgreSQL each miss is three more round trips
+(docs/performance.md, "A hundred chats at once"). Memory stays bounded by HISTORY_BYTES and
+HISTORY_IDLE, not by this count."""
 HISTORY_BYTES = 16 << 20
 """Rough size (text and encoded media) of all kept histories together; the least recently read go
 first. A thread whose history alone is over a quarter of it is read from the database each time."""
