@@ -180,6 +180,7 @@ from tests.fakes.gateway_rig import (  # noqa: E402
     dm,
     fake_rig,
     quiet,
+    settled,
     store_at,
     until,
 )
@@ -201,7 +202,8 @@ async def test_the_exact_call_is_shown_and_an_approval_resumes_in_the_same_reply
         assert [b.label for b in request.buttons] == BUTTONS
         reply = await until(lambda: rig.channel.replies_to(inbound.message_id)[0].startswith("🔐") or None)
         assert reply and rig.harness.resumed == []
-        assert await rig.store.journal_open() == []  # parked, not open: a restart does not re-run it
+        # Parked a moment after the note is sent, not open: a restart does not re-run it.
+        assert (await settled(rig.store)).get(JournalState.WAITING.value) == 1
 
         answer = await rig.channel.press(request.message_id, "✅", USER, "Alice")
         assert not answer.refused and "Approved" in answer.text
@@ -371,7 +373,7 @@ async def test_stop_cancels_the_waiting_request(tmp_path: Path) -> None:
         assert "Cancelled the request" in rig.channel.replies_to(stop.message_id)[0]
         await until(lambda: request.text.endswith("❌ Cancelled: stopped by `Alice`"))
         await until(lambda: "stopped by `Alice`" in rig.channel.replies_to(first.message_id)[0])
-        assert await rig.store.journal_counts() == {"done": 2}
+        assert await settled(rig.store) == {"done": 2}  # done a moment after the last send
         assert rig.harness.resumed == []
 
 
