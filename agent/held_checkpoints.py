@@ -36,15 +36,13 @@ class HeldPut:
 @dataclass(slots=True)
 class Held:
     """What a turn holds of its thread, not sent yet, in the order LangGraph made the calls: its
-    input checkpoint, the input's writes and step 0's checkpoint, or only the lead model's writes;
-    then the model's writes against step 0 (agent/postgres_saver.py says why)."""
+    input checkpoint and the input's writes (sent with step 0's checkpoint), or the lead model's
+    writes (sent with the next step's checkpoint); agent/postgres_saver.py says why."""
 
     target: str
     """The checkpoint the next held writes go against (the last held one)."""
     items: list[HeldPut | HeldWrites] = field(default_factory=list)
     statements: list[tuple[str, Any, bool]] = field(default_factory=list)
-    stepped: bool = False
-    """Step 0's checkpoint is held (after the input): only the held nodes' writes join it."""
 
     @property
     def last_put(self) -> HeldPut | None:

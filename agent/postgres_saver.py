@@ -29,26 +29,25 @@ the one this process put last, with nothing stored against it. That read is then
 graph's own ``aget_tuple`` (once, within a second, when this process wrote nothing of the thread
 meanwhile), so the check costs no statement of its own.
 
-**A turn's first step.** A run with new input puts the input checkpoint, the input's writes and
-step 0's checkpoint before its first node runs, then the lead model's writes and step 1's
-checkpoint after it: five round trips, with nothing in between that lasts but the model call (no
-tool has run). The first three are held in memory, their statements already serialised
-(``compat/langgraph.py`` ``RecordingCursor``), and sent with step 0's checkpoint in one pipeline;
-the model's writes are held and sent with step 1's: two round trips, each batch committing
-together. (``hold_step_0`` would hold step 0 too, for one round trip; it is off, because a reader
-then sees nothing of a turn during its model call.) A crash or a failure before a send costs what
+**A turn's first step.** A run with new input puts the input checkpoint, the input's writes and step
+0's checkpoint before its first node runs, then the lead model's writes and step 1's checkpoint
+after it: five round trips, with nothing in between that lasts but the model call (no tool has run).
+The first three are held in memory, their statements already serialised (``compat/langgraph.py``
+``RecordingCursor``), and sent with step 0's checkpoint in one pipeline; the model's writes are held
+and sent with step 1's: two round trips, each batch committing together. (Step 0 is not held with
+the input: one round trip fewer, but a reader would then see nothing of a turn during its model
+call; ``/tasks`` said a running task still waited.) A crash or a failure before a send costs what
 one a moment earlier did: the message is still journaled, and the turn starts again (the model is
 asked again). Only the model's node (``held_nodes``, which runs alone in its step) has its writes
-held: any other node's writes send what is held first, alone, then go as the library sends them
-(the tools' at once: several run side by side in one step, and each must be stored as it ends).
-A later model step holds its writes the same way, until its step's checkpoint. What is
-held is sent by the turn itself: before another write of the thread that cannot join (a
-subgraph's, writes against another checkpoint) and when the turn ends before the step does
-(:meth:`KeptPostgresSaver.scoped`: a cancel, the model failing); a send that fails keeps it held
-(a step stored without the input before it would cut the thread's history there). A task of the
-turn that outlives its scope holds nothing (nothing would send it). A reader of the thread
-meanwhile (``/status``) sees it as before the turn began. Outside the verified
-releases of langgraph-checkpoint-postgres nothing is held.
+held: any other node's writes send what is held first, alone, then go as the library sends them (the
+tools' at once: several run side by side in one step, and each must be stored as it ends). A later
+model step holds its writes the same way, until its step's checkpoint. What is held is sent by the
+turn itself: before another write of the thread that cannot join (a subgraph's, writes against
+another checkpoint) and when the turn ends before the step does (:meth:`KeptPostgresSaver.scoped`: a
+cancel, the model failing); a send that fails keeps it held (a step stored without the input before
+it would cut the thread's history there). A task of the turn that outlives its scope holds nothing
+(nothing would send it). A reader of the thread meanwhile (``/status``) sees it as before the turn
+began. Outside the verified releases of langgraph-checkpoint-postgres nothing is held.
 """
 
 from __future__ import annotations
@@ -134,11 +133,6 @@ class KeptPostgresSaver(_Saver):
         self._held: dict[str, Held] = {}
         self.holds_turns = langgraph_compat.postgres_usable() and isinstance(conn, AsyncConnectionPool)
         """Whether a turn's checkpoints and the model's writes are held at all (see the module docstring)."""
-        self.hold_step_0 = False
-        """Hold step 0's checkpoint too, until the model's step ends (one round trip a turn instead
-        of two). Off: while it is held, a reader sees nothing of the running turn (``/tasks``
-        said a running background task still waited for a slot), so a turn's input and step 0 are
-        stored before its model call, as they were."""
         self.held_nodes = frozenset(held_nodes)
         """Nodes whose writes wait for their step's checkpoint: each runs alone in its step."""
 
@@ -260,24 +254,6 @@ class KeptPostgresSaver(_Saver):
             self._held[thread] = held
             await self.send_held(thread)
             held = None
-        if (
-            holding
-            and self.hold_step_0
-            and held is not None
-            and not held.stepped
-            and held.items
-            and isinstance(held.items[0], HeldPut)
-            and metadata.get("source") == "loop"
-        ):
-            # Step 0's checkpoint, after a held input: held too, until the model's step ends (or
-            # a write that cannot join comes first). Nothing with a lasting effect came before it.
-            saved, statements = await self._recorded_put(config, checkpoint, metadata, new_versions)
-            held.items.append(HeldPut(config, checkpoint))
-            held.statements.extend(statements)
-            held.target, held.stepped = str(checkpoint["id"]), True
-            self._held[thread] = held
-            await self._send_unless_in_turn(thread)
-            return saved
         activity = self._writes_of(thread)
         activity.count += 1
         found = self.kept.for_config(config)
@@ -438,8 +414,7 @@ class KeptPostgresSaver(_Saver):
             held = Held(str(conf.get("checkpoint_id")))  # registered once its writes are recorded
         rows = None
         if held is not None:
-            joins = not held.stepped or langgraph_compat.pulled_node(task_path) in self.held_nodes
-            if root and joins and conf.get("checkpoint_id") == held.target and held.writes < 8:
+            if root and conf.get("checkpoint_id") == held.target and held.writes < 8:
                 rows = found, kept = self._kept_rows(config, writes)
                 rec = langgraph_compat.RecordingCursor()
                 with langgraph_compat.saver_statements_to(rec):

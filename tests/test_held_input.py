@@ -291,40 +291,6 @@ async def test_an_input_its_ended_turn_could_not_store_is_dropped_not_kept(
     assert user_texts(fake.requests[-1]) == ["one", "three"]
 
 
-async def test_only_the_models_writes_join_a_held_step_0(daemon: Callable[..., Any], pg_url: str) -> None:
-    """Step 0's checkpoint is held with the input; the model's writes against it join them, another
-    node's (a tool, a middleware) send what is held first, alone, and are stored at once, as the
-    library stores them; a step's checkpoint after the model's writes sends all of it at once."""
-    a = await daemon()
-    await turn(a, "one", "m1", thread="warm")
-    saver: Any = a.require_graph().checkpointer
-    saver.hold_step_0 = True  # off by default (see KeptPostgresSaver.hold_step_0)
-
-    def at(thread: str, checkpoint: Any) -> Any:
-        return {"configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": checkpoint["id"]}}
-
-    for node, stored_then in (("tools", (2, 2)), ("model", (0, 0))):
-        thread = f"t-{node}"
-        config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-        async with saver.scoped(None)(thread):
-            first, step0, step1 = empty_checkpoint(), empty_checkpoint(), empty_checkpoint()
-            await saver.aput(config, first, {"source": "input", "step": -1}, {})
-            await saver.aput_writes(
-                at(thread, first), [("messages", [])], "input-task", "~__pregel_pull, __start__"
-            )
-            await saver.aput(at(thread, first), step0, {"source": "loop", "step": 0}, {})
-            assert await _stored(pg_url, thread) == (0, 0)
-            await saver.aput_writes(
-                at(thread, step0), [("messages", [])], "task-1", f"~__pregel_pull, {node}"
-            )
-            assert await _stored(pg_url, thread) == stored_then
-            assert (thread in saver._held) == (node == "model")
-            await saver.aput(at(thread, step0), step1, {"source": "loop", "step": 1}, {})
-            assert not saver._held and await _stored(pg_url, thread) == (3, 2)
-        found = await saver.aget_tuple(config)
-        assert found is not None and found.checkpoint["id"] == step1["id"]
-
-
 async def test_writes_recorded_after_their_turn_ended_are_written_not_held(
     daemon: Callable[..., Any], pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
