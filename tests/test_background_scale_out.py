@@ -88,7 +88,12 @@ async def test_a_task_runs_on_one_daemon_and_moves_once_when_that_one_is_killed(
         results = [p for p in slack.posts if p.channel == DM and "PG result" in p.text]
         assert len(results) == 1 and results[0].text.startswith("🧵 Background task #1:")
         assert _asked(model) == 2, "the survivor resumed it once"
-        (state,) = daemon_rows(storage, "SELECT state FROM journal WHERE key LIKE ?", ("%:bg-1",))
+
+        def finished() -> list[tuple[Any, ...]] | None:  # marked done a moment after its answer is sent
+            rows = daemon_rows(storage, "SELECT state FROM journal WHERE key LIKE ?", ("%:bg-1",))
+            return rows if rows and all(r[0] not in ("pending", "running") for r in rows) else None
+
+        (state,) = await until(finished, 30, "the task's entry finished")
         assert state == ("done",)
         assert other.proc is not None and other.proc.returncode is None
     finally:

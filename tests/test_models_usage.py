@@ -39,6 +39,7 @@ from tests.fakes.gateway_rig import (
     fake_rig,
     make_config,
     quiet,
+    settled,
     store_at,
     until,
 )
@@ -406,6 +407,7 @@ async def test_usage_command_and_daily_budget(tmp_path: Path) -> None:
         assert "renews at midnight (UTC)" in text
         await quiet(0.2)
         assert len(rig.harness.calls) == calls, "the turn did not run"
+        await settled(rig.store)  # the note's entry is marked done a moment after the note is sent
         entries = await (
             await rig.store._db.execute("SELECT kind, state FROM journal WHERE key = ?", (note.key,))
         ).fetchall()
