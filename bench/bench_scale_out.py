@@ -6,6 +6,8 @@
     python bench/bench_scale_out.py --statements 25      # + the statements per message (pg_stat_statements)
     python bench/bench_scale_out.py --spy /tmp/prof      # + py-spy profiles of every daemon (raw stacks)
     taskset -c 1 python bench/bench_scale_out.py --daemon-cpus 0   # the daemons on a core of their own
+    taskset -c 1 python bench/bench_scale_out.py --daemon-cpus 0 --chats 100 --messages 6 --rounds 6
+        # issue 27's two ratios as means and round by round (the rounds alternate their order)
 
 Each configuration starts fresh (a new SQLite file, or a new database on one throw-away PostgreSQL
 cluster from tests/pg_server.py), warms up, then runs closed-loop users: each chat sends its next
@@ -36,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -247,47 +249,113 @@ async def main() -> None:
         help="sample only the thread holding the GIL (py-spy --gil): CPU spent in Python, not a wait"
         " inside a C call that released the GIL, which plain sampling counts as busy",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the configurations N times, in alternating order, and print the means and the"
+        " ratios issue 27 names (one PostgreSQL daemon / SQLite, three / one) round by round",
+    )
     args = ap.parse_args()
     model = FakeOpenAI(record=False)
     await model.start()
-    rows: list[tuple[str, float, list[float], float, int, float]] = []
+    rows: list[Row] = []
     stats: dict[str, list[tuple[str, int, float]]] = {}
     wanted = set(filter(None, args.only.split(",")))
+    configs = [
+        c
+        for c in ["sqlite-1", *(f"postgres-{k}" for k in range(1, args.max + 1))]
+        if not wanted or c in wanted
+    ]
     settings = ("shared_preload_libraries = 'pg_stat_statements'",) if args.statements else ()
     with tempfile.TemporaryDirectory() as tmp, postgres_server(settings) as pg:
-        root = Path(tmp)
-        if not wanted or "sqlite-1" in wanted:
-            name, wall, lat, cpu, n, _, _ = await run_config("sqlite-1", 1, None, args, model, root)
-            rows.append((name, wall, lat, cpu, n, 0.0))
-        for k in range(1, args.max + 1):
-            if wanted and f"postgres-{k}" not in wanted:
-                continue
-            url = pg.create_db(f"bench{k}")
-            if args.statements:
-                await _sql(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            name, wall, lat, cpu, n, pg_cpu, stmts = await run_config(
-                f"postgres-{k}", k, url, args, model, root, pg
-            )
-            rows.append((name, wall, lat, cpu, n, pg_cpu))
-            if args.statements:
-                stats[name] = [(q, c, t) for q, c, t in stmts if "pg_stat_statements" not in q]
+        for r in range(args.rounds):
+            root = Path(tmp) / f"round-{r}"
+            for config in configs if r % 2 == 0 else configs[::-1]:  # drift spreads over both ends
+                if config == "sqlite-1":
+                    name, wall, lat, cpu, n, _, _ = await run_config(config, 1, None, args, model, root)
+                    rows.append(Row(r, name, wall, lat, cpu, n, 0.0))
+                    continue
+                k = int(config.split("-")[1])
+                url = pg.create_db(f"bench{k}r{r}")
+                if args.statements:
+                    await _sql(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                name, wall, lat, cpu, n, pg_cpu, stmts = await run_config(
+                    config, k, url, args, model, root, pg
+                )
+                rows.append(Row(r, name, wall, lat, cpu, n, pg_cpu))
+                if args.statements:
+                    stats[name] = [(q, c, t) for q, c, t in stmts if "pg_stat_statements" not in q]
     await model.aclose()
-    for name, stmts in stats.items():
-        n = next(r[4] for r in rows if r[0] == name)
+    for name, stmts in stats.items():  # the last round's
+        n = next(row.n for row in reversed(rows) if row.name == name)
         calls = sum(c for _, c, _ in stmts)
         print(f"\n-- {name}: {calls / n:.1f} statements per message ({calls} in all), most run first")
         for q, c, t in stmts[: args.statements]:
             print(f"{c / n:7.2f}/msg {t / max(c, 1) * 1000:6.0f} us  {' '.join(q.split())[:150]}")
     what = f"{args.platform} DMs, {args.chats} chats x {args.messages}, tools {'on' if args.tools else 'off'}"
     print(f"\n== {what} ==")
-    print(f"{'config':<12} {'msg/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/msg':>11} {'(+postgres)':>12}")
-    base = rows[0][4] / rows[0][1] if rows[0][0] == "sqlite-1" else 0.0
-    for name, wall, lat, cpu, n, pg_cpu in rows:
-        rel = f"   ({(n / wall) / base:.2f}x sqlite-1)" if base else ""
+    print(f"{'config':<16} {'msg/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/msg':>11} {'(+postgres)':>12}")
+    for row in rows:
+        base = next((b for b in rows if b.round == row.round and b.name == "sqlite-1"), None)
+        rel = f"   ({row.rate / base.rate:.2f}x sqlite-1)" if base else ""
+        label = row.name if args.rounds == 1 else f"{row.name} r{row.round + 1}"
         print(
-            f"{name:<12} {n / wall:7.1f} {statistics.median(lat) * 1000:8.0f} {pct(lat, 99) * 1000:8.0f}"
-            f" {cpu / n * 1000:11.2f} {pg_cpu / n * 1000:12.2f}{rel}"
+            f"{label:<16} {row.rate:7.1f} {statistics.median(row.lat) * 1000:8.0f}"
+            f" {pct(row.lat, 99) * 1000:8.0f} {row.cpu_ms:11.2f} {row.pg_ms:12.2f}{rel}"
         )
+    if args.rounds > 1:
+        print(summary(rows, configs))
+
+
+class Row(NamedTuple):
+    round: int
+    name: str
+    wall: float
+    lat: list[float]
+    cpu: float
+    n: int
+    pg_cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.n / self.wall
+
+    @property
+    def cpu_ms(self) -> float:
+        """Daemon CPU per message (all daemons together), ms."""
+        return self.cpu / self.n * 1000
+
+    @property
+    def pg_ms(self) -> float:
+        return self.pg_cpu / self.n * 1000
+
+
+def summary(rows: list[Row], configs: list[str]) -> str:
+    """Per configuration the mean, median and spread of CPU per message over the rounds, then the
+    two ratios of issue 27, item 4: as the ratio of the means, and round by round (the machine's
+    noise shows in the spread of the second)."""
+    out = [f"\n== over {len({r.round for r in rows})} rounds: daemon CPU ms per message ==",
+           f"{'config':<12} {'mean':>7} {'median':>7} {'min':>7} {'max':>7} {'(+postgres)':>12}"]  # fmt: skip
+    mean: dict[str, float] = {}
+    for config in configs:
+        values = [r.cpu_ms for r in rows if r.name == config]
+        mean[config] = statistics.fmean(values)
+        server = statistics.fmean(r.pg_ms for r in rows if r.name == config)
+        out.append(
+            f"{config:<12} {mean[config]:7.2f} {statistics.median(values):7.2f} {min(values):7.2f}"
+            f" {max(values):7.2f} {server:12.2f}"
+        )
+    for top, bottom in (("postgres-1", "sqlite-1"), ("postgres-3", "postgres-1")):
+        if top not in mean or bottom not in mean:
+            continue
+        by_round = {r.round: r.cpu_ms for r in rows if r.name == bottom}
+        ratios = sorted(r.cpu_ms / by_round[r.round] for r in rows if r.name == top and r.round in by_round)
+        out.append(
+            f"{top} / {bottom}: {mean[top] / mean[bottom]:.2f} (ratio of the means); round by round"
+            f" median {statistics.median(ratios):.2f}, {ratios[0]:.2f}–{ratios[-1]:.2f}; target 1.25"
+        )
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
