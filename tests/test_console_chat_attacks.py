@@ -247,3 +247,40 @@ async def test_a_nul_from_the_model_or_a_tool_is_answered_on_both_engines(
     status, body = await chat.send("and after")
     assert status == 200, body
     await chat.answer("echo: and after")
+
+
+async def test_the_agents_markdown_is_rendered_and_stays_inert(
+    browser: Console, chat: WebChat, model: FakeOpenAI
+) -> None:
+    """A bot message is Markdown the server renders (gateway/console/markdown.py), in its event and
+    in the page; a person's text is shown as typed; the model's HTML, script links and images stay
+    text; a secret that markup splits is shown as plain text, never joined (docs/console.md)."""
+    model.script(
+        Reply(
+            text="**Done**: see below\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n[go](javascript:alert(1))"
+            " <img src=x onerror=alert(1)> ![p](https://evil.example/p.png)"
+        )
+    )
+    status, body = await chat.send("**mine** stays as typed")
+    assert status == 200, body
+    answer = await chat.answer("Done")
+    html = answer["html"]
+    assert "<strong>Done</strong>" in html and "<td>1</td>" in html, html
+    assert 'href="javascript' not in html and "<img" not in html, html
+    assert '<a href="https://evil.example/p.png" rel="noopener noreferrer nofollow"' in html, html
+    mine = next(m for m in chat.latest().values() if m["role"] == "user")
+    assert "html" not in mine and mine["text"] == "**mine** stays as typed", mine
+    status, page, _ = await browser.get(f"/chat/{chat.chat}")
+    assert status == 200
+    assert '<div class="msg-text msg-md"><p><strong>Done</strong>' in page and "<td>2</td>" in page
+    assert "**mine** stays as typed" in page and "<strong>mine</strong>" not in page
+    assert "<img src=x" not in page and 'href="javascript' not in page
+
+    half = len(TOKEN) // 2
+    model.script(Reply(text=f"the key: {TOKEN[:half]}**{TOKEN[half:]}**"))
+    status, body = await chat.send("show me the key")
+    assert status == 200, body
+    answer = await chat.answer("the key:")
+    assert "html" not in answer and answer["text"].endswith("**"), answer
+    status, page, _ = await browser.get(f"/chat/{chat.chat}")
+    assert status == 200 and TOKEN not in page and f"<strong>{TOKEN[half:]}" not in page

@@ -57,8 +57,27 @@ async def test_chat_streams_answers_takes_a_button_and_keeps_text_inert(
             browser, lambda d: len(d.find_elements("css selector", answers)) == 2, "the second answer"
         )
         await assert_nothing_ran(browser, "chat page, streamed")
+        # The agent's Markdown is rendered (set by the page's script from the server's HTML), a
+        # person's is shown as typed.
+        await send(browser, "**bold** and [a link](https://example.com/x)")
+        strong = "#messages .msg-bot .msg-md strong"
+        await until(browser, lambda d: d.find_element("css selector", strong).text == "bold", "bold")
+        link = "#messages .msg-bot .msg-md a"
+        rel = await browser.call(
+            lambda: browser.driver.find_element("css selector", link).get_attribute("rel")
+        )
+        assert rel == "noopener noreferrer nofollow", rel
+        assert (
+            await browser.call(
+                lambda: browser.driver.find_elements("css selector", "#messages .msg-user strong")
+            )
+            == []
+        ), "a person's Markdown is not rendered"
         await browser.call(browser.driver.refresh)
         await until(browser, shows("click me</a> [go](javascript:"), "the hostile text after a reload")
+        await until(
+            browser, lambda d: d.find_element("css selector", strong).text == "bold", "bold, reloaded"
+        )
         await assert_nothing_ran(browser, "chat page, rendered by the server")
 
         await send(browser, "APPROVEME please")

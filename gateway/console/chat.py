@@ -35,6 +35,7 @@ from channels.web.channel import PERSON, Refused, Upload, WebChannel, new_chat_i
 from channels.web.room import WebMessage
 from gateway.console.auth import PATH, SECURITY_HEADERS
 from gateway.console.forms import form_of
+from gateway.console.markdown import rendered
 from gateway.console.pages import render
 from gateway.console.request import GUARD_KEY, HOST_KEY, session_of
 from gateway.console.text import one_line, shown
@@ -122,11 +123,26 @@ def as_event(request: web.Request, chat: str, m: WebMessage) -> dict[str, Any]:
         for f in m.files
     ]  # fmt: skip
     buttons = [{"label": shown_text(request, b.label), "value": b.value, "style": b.style} for b in m.buttons]
-    return {
+    text = shown_text(request, m.text)
+    event = {
         "seq": m.seq, "id": m.msg_id, "role": m.role, "author": shown_text(request, m.author),
-        "text": shown_text(request, m.text), "files": files, "buttons": buttons,
+        "text": text, "files": files, "buttons": buttons,
         "time": time.strftime("%H:%M:%S", time.localtime(m.created)),
     }  # fmt: skip
+    if m.role == "bot":  # the agent writes Markdown; a person's text is shown as they typed it
+        page = rendered(text, request.app[HOST_KEY].redact)
+        if page is not None:
+            event["html"] = page
+    return event
+
+
+async def as_events(request: web.Request, chat: str, messages: list[WebMessage]) -> list[dict[str, Any]]:
+    """:func:`as_event` of each message, on a worker thread: a page of long answers is a second of
+    Markdown rendering (200 messages of up to 8,000 characters), which on the loop would hold up
+    every chat the daemon serves meanwhile."""
+    if not any(m.role == "bot" for m in messages):
+        return [as_event(request, chat, m) for m in messages]
+    return await asyncio.to_thread(lambda: [as_event(request, chat, m) for m in messages])
 
 
 async def chats(request: web.Request) -> web.StreamResponse:
@@ -147,9 +163,12 @@ async def chat_page(request: web.Request) -> web.StreamResponse:
     assert channel.room is not None
     recent, after = await channel.room.web_recent(chat, SHOWN)
     events = []
-    for m in recent:  # masked and cut by as_event: escaped here, so the template does not cut again
-        event = as_event(request, chat, m)
-        events.append({**event, "text": markupsafe.escape(event["text"])})
+    for event in await as_events(request, chat, recent):
+        # Masked and cut by as_event: escaped here, so the template does not cut again.
+        event["text"] = markupsafe.escape(event["text"])
+        if "html" in event:  # rendered from the masked text by gateway/console/markdown.py
+            event["html"] = markupsafe.Markup(event["html"])
+        events.append(event)
     return render(
         request, "chat.html", "chat", chat=chat, messages=events, after=after, nonce=new_nonce(),
         limits=channel,
@@ -248,8 +267,8 @@ async def events(request: web.Request) -> web.StreamResponse:
             and guard.session_of(request) is not None
         ):
             batch = await room.web_since(chat, after, 100)
-            for m in batch:
-                data = json.dumps(as_event(request, chat, m), ensure_ascii=True)
+            for m, event in zip(batch, await as_events(request, chat, batch), strict=True):
+                data = json.dumps(event, ensure_ascii=True)
                 await response.write(f"id: {m.seq}\nevent: msg\ndata: {data}\n\n".encode())
                 after = m.seq
             if batch:

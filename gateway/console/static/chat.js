@@ -1,5 +1,7 @@
 // The web chat page's only script (templates/chat.html). No inline script anywhere: the console's
-// CSP forbids it. Every text from the server is set with textContent, never as markup.
+// CSP forbids it. Every text from the server is set with textContent, never as markup, but for one:
+// a bot message's `html`, which the server rendered from the masked text (gateway/console/markdown.py:
+// no HTML of the text's own, links to http, https and mailto only, no images).
 (function () {
   "use strict";
   var root = document.getElementById("chat");
@@ -55,8 +57,13 @@
     head.appendChild(when);
     box.appendChild(head);
     var text = document.createElement("div");
-    text.className = "msg-text";
-    text.textContent = m.text;
+    if (m.role === "bot" && typeof m.html === "string") {
+      text.className = "msg-text msg-md";
+      text.innerHTML = m.html;
+    } else {
+      text.className = "msg-text";
+      text.textContent = m.text;
+    }
     box.appendChild(text);
     m.files.forEach(function (f) {
       var line = document.createElement("div");
