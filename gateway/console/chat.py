@@ -23,6 +23,7 @@ import logging
 import re
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
@@ -35,7 +36,7 @@ from channels.web.channel import PERSON, Refused, Upload, WebChannel, new_chat_i
 from channels.web.room import WebMessage
 from gateway.console.auth import PATH, SECURITY_HEADERS
 from gateway.console.forms import form_of
-from gateway.console.markdown import rendered
+from gateway.console.markdown import new_pool, rendered
 from gateway.console.pages import render
 from gateway.console.request import GUARD_KEY, HOST_KEY, session_of
 from gateway.console.text import one_line, shown
@@ -80,6 +81,7 @@ class Streams:
 
 
 STREAMS_KEY: web.AppKey[Streams] = web.AppKey("console_chat_streams", Streams)
+RENDER_KEY: web.AppKey[ThreadPoolExecutor] = web.AppKey("console_chat_render", ThreadPoolExecutor)
 
 
 def person_of(request: web.Request) -> str:
@@ -137,12 +139,16 @@ def as_event(request: web.Request, chat: str, m: WebMessage) -> dict[str, Any]:
 
 
 async def as_events(request: web.Request, chat: str, messages: list[WebMessage]) -> list[dict[str, Any]]:
-    """:func:`as_event` of each message, on a worker thread: a page of long answers is a second of
-    Markdown rendering (200 messages of up to 8,000 characters), which on the loop would hold up
-    every chat the daemon serves meanwhile."""
+    """:func:`as_event` of each message, on the Markdown renderer's own thread: a page of long
+    answers is a second of rendering (200 messages of up to 8,000 characters), which on the loop
+    would hold up every chat the daemon serves meanwhile, and in the default pool the store's
+    and the sandbox's work queued behind it."""
     if not any(m.role == "bot" for m in messages):
         return [as_event(request, chat, m) for m in messages]
-    return await asyncio.to_thread(lambda: [as_event(request, chat, m) for m in messages])
+    pool = request.app[RENDER_KEY]
+    return await asyncio.get_running_loop().run_in_executor(
+        pool, lambda: [as_event(request, chat, m) for m in messages]
+    )
 
 
 async def chats(request: web.Request) -> web.StreamResponse:
@@ -317,9 +323,17 @@ async def download(request: web.Request) -> web.StreamResponse:
 
 def add_routes(app: web.Application) -> None:
     app[STREAMS_KEY] = Streams()
+    app[RENDER_KEY] = new_pool()
+    app.on_cleanup.append(_stop_rendering)
     app.router.add_get("/chat", chats, name="chats")
     app.router.add_get("/chat/{chat}", chat_page, name="chat")
     app.router.add_post("/chat/{chat}/send", send, name="chat_send")
     app.router.add_post("/chat/{chat}/press", press, name="chat_press")
     app.router.add_get("/chat/{chat}/events", events, name="chat_events")
     app.router.add_get("/chat/{chat}/file/{file}", download, name="chat_file")
+
+
+async def _stop_rendering(app: web.Application) -> None:
+    """The renderer's thread ends with the console: a daemon's stop leaves no thread behind (a page
+    being rendered is dropped; its request is gone by now anyway)."""
+    app[RENDER_KEY].shutdown(wait=False, cancel_futures=True)

@@ -22,11 +22,19 @@ def shown(value: Any, redact: Callable[[str], str], limit: int = TEXT_CHARS) -> 
         return ""
     if not isinstance(value, str) or isinstance(value, markupsafe.Markup):
         return value  # Markup: a macro's output, whose own expressions passed here already
-    text = "\n".join(visible(line) for line in redact(value).split("\n"))
-    text = "".join(
-        f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" and c not in "\u200d" else c for c in text
-    )
+    text = made_visible(redact(value))
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def made_visible(text: str) -> str:
+    """``text`` with its control, bidi and other format characters (but the zero-width joiner of
+    emoji sequences) written as ``\\uXXXX``: newlines and tabs stay."""
+    text = visible(text)
+    if text.isascii():  # no format character is ASCII; the controls are visible() already
+        return text
+    return "".join(
+        f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" and c != "\u200d" else c for c in text
+    )
 
 
 def one_line(text: str, limit: int = 300, redact: Callable[[str], str] | None = None) -> str:
